@@ -1,0 +1,90 @@
+"""nbtrainer: fast, visible, controllable PyTorch training in Jupyter and in plain scripts.
+
+Public names are resolved lazily (PEP 562), so ``import nbtrainer`` is cheap: torch is imported when
+the first trainer name is used, and the widget layer (ipywidgets, bqplot, IPython) only when
+``TrainerWidget`` / ``ProfileCard`` are touched or ``%load_ext nbtrainer`` runs.
+
+Example:
+    >>> import torch
+    >>> from nbtrainer import Trainer
+    >>> model = torch.nn.Linear(4, 2)
+    >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                   progress=False)
+    >>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(3)]
+    >>> len(trainer.fit(data, epochs=2).epochs)
+    2
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_LAZY: dict[str, str] = {
+    "Trainer": "nbtrainer._trainer",
+    "History": "nbtrainer._history",
+    "Callback": "nbtrainer._callbacks",
+    "EarlyStopping": "nbtrainer._callbacks",
+    "ModelCheckpoint": "nbtrainer._checkpoint_cb",
+    "LRMonitor": "nbtrainer._callbacks",
+    "ProgressBar": "nbtrainer._progress",
+    "Progress": "nbtrainer._events",
+    "EVENTS": "nbtrainer._events",
+    "seed_everything": "nbtrainer._seed",
+    "precision_support": "nbtrainer._precision",
+    "PrecisionError": "nbtrainer._precision",
+    "load_checkpoint": "nbtrainer._checkpoint_io",
+    "CheckpointError": "nbtrainer._checkpoint_io",
+    "profile_model": "nbtrainer._profile",
+    "ModelProfile": "nbtrainer._profile",
+    "profile_training": "nbtrainer._profile_trace",
+    "TrainerWidget": "nbtrainer.widgets",
+    "ProfileCard": "nbtrainer.widgets",
+}
+
+__all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbtrainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbtrainer``: register the ``%nbtrainer`` line magic."""
+    from nbtrainer import _magics
+
+    _magics.load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbtrainer``: remove the ``%nbtrainer`` magic."""
+    from nbtrainer import _magics
+
+    _magics.unload(ipython)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
+    from nbtrainer._checkpoint_cb import ModelCheckpoint
+    from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
+    from nbtrainer._events import EVENTS, Progress
+    from nbtrainer._history import History
+    from nbtrainer._precision import PrecisionError, precision_support
+    from nbtrainer._profile import ModelProfile, profile_model
+    from nbtrainer._profile_trace import profile_training
+    from nbtrainer._progress import ProgressBar
+    from nbtrainer._seed import seed_everything
+    from nbtrainer._trainer import Trainer
+    from nbtrainer.widgets import ProfileCard, TrainerWidget
