@@ -1,0 +1,182 @@
+"""Packaging: the wheel installs ``widgets/`` as ``nbtrainer.widgets`` and the core stays Jupyter-free.
+
+(a) Build the wheel from a copy of the repository, install it into a fresh venv and import
+    ``nbtrainer`` / ``nbtrainer.widgets`` from a directory outside the repo: both must come from the
+    new venv. Dependencies are not downloaded: a ``.pth`` file appends the dev venv's site-packages
+    *after* the new venv's own, so the new venv's copy of nbtrainer wins and nothing else is needed.
+    (Paths listed in a ``.pth`` file are appended to ``sys.path`` but their own ``.pth`` files are not
+    run, so the dev venv's editable-install finder stays inactive: the control case checks that.)
+(b) The repo's ``widgets/`` imported as a top-level ``widgets`` package raises ImportError.
+(c) ``import nbtrainer`` (and the core modules behind its public names) imports none of ipywidgets,
+    bqplot, IPython, tqdm.notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("ipywidgets", "bqplot", "IPython", "tqdm.notebook")
+
+# Everything the build needs is copied; these are never part of a wheel's inputs.
+_COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+    "test-artifacts", ".ipynb_checkpoints", "bench", "notebooks", "node_modules", ".whl",
+)
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment for child interpreters: no PYTHONPATH/PYTHONHOME leaking in from the runner."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def _dev_site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def make_overlay_venv(path: Path) -> Path:
+    """A fresh venv (no pip of its own) that sees the dev venv's packages *after* its own.
+
+    Returns the new venv's python. Install into it with ``python -m pip --python <it> ...``.
+    """
+    _run([sys.executable, "-m", "venv", "--without-pip", str(path)], cwd=path.parent)
+    py = path / "bin" / "python"
+    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     cwd=path.parent).stdout.strip())
+    (site / "zz_nbtrainer_dev_site.pth").write_text("\n".join(_dev_site_dirs()) + "\n")
+    return py
+
+
+def _probe(py: Path, cwd: Path, code: str) -> dict:
+    out = _run([str(py), "-c", code], cwd=cwd).stdout.strip().splitlines()
+    return json.loads(out[-1])
+
+
+PROBE = textwrap.dedent(
+    """
+    import json, sys, importlib.metadata as md
+    import nbtrainer, nbtrainer.widgets
+    print(json.dumps({
+        "nbtrainer": nbtrainer.__file__,
+        "widgets": nbtrainer.widgets.__file__,
+        "version": md.version("nbtrainer"),
+        "prefix": sys.prefix,
+        "top_level_widgets": "widgets" in sys.modules,
+    }))
+    """
+)
+
+
+def _inside(path: str, root: Path) -> bool:
+    return Path(path).resolve().is_relative_to(root.resolve())
+
+
+@pytest.mark.slow
+def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=_COPY_IGNORE)
+    dist = tmp_path / "dist"
+    # --no-isolation: build with the dev venv's setuptools (offline); -x: `wheel` is not needed by
+    # setuptools >= 70.1 even though build-system.requires lists it.
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-x", "--outdir", str(dist), str(src)],
+         cwd=tmp_path)
+    wheels = sorted(dist.glob("nbtrainer-*.whl"))
+    assert len(wheels) == 1, wheels
+
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert "nbtrainer/__init__.py" in names
+    assert "nbtrainer/widgets/__init__.py" in names
+    assert not [n for n in names if n.startswith("widgets/")], "a top-level widgets/ package leaked into the wheel"
+    assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
+
+    venv = tmp_path / "venv"
+    py = make_overlay_venv(venv)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    # Control: before the install, nbtrainer is NOT importable there (the dev venv's editable finder is
+    # inactive through the .pth), so the import below really exercises the wheel.
+    ctrl = subprocess.run([str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(),
+                          capture_output=True, text=True)
+    assert ctrl.returncode != 0 and "No module named 'nbtrainer'" in ctrl.stderr, ctrl.stderr
+
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+          str(wheels[0])], cwd=outside)
+
+    info = _probe(py, outside, PROBE)
+    assert _inside(info["widgets"], venv), info
+    assert _inside(info["nbtrainer"], venv), info
+    assert Path(info["widgets"]).parent.name == "widgets" and Path(info["widgets"]).parent.parent.name == "nbtrainer"
+    assert not _inside(info["widgets"], REPO), info
+    assert info["version"], info
+    assert info["top_level_widgets"] is False, info
+
+
+def test_top_level_widgets_import_is_refused(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        try:
+            import widgets
+        except ImportError as exc:
+            print("IMPORTERROR:", exc)
+        else:
+            print("IMPORTED:", widgets.__file__)
+        """
+    )
+    proc = _run([sys.executable, "-c", code], cwd=tmp_path)
+    assert "IMPORTERROR:" in proc.stdout, proc.stdout
+    assert "nbtrainer.widgets" in proc.stdout, proc.stdout
+
+
+def _core_modules() -> list[str]:
+    """The core modules behind ``nbtrainer``'s public names (the widget layer excluded), as present now."""
+    import nbtrainer
+
+    mods = sorted({m for m in nbtrainer._LAZY.values() if m.startswith("nbtrainer._")})
+    return [m for m in mods if (REPO / "nbtrainer" / (m.rsplit(".", 1)[1] + ".py")).exists()]
+
+
+_CHECK = textwrap.dedent(
+    """
+    import importlib, json, sys
+    for name in {mods!r}:
+        importlib.import_module(name)
+    print(json.dumps(sorted(m for m in {forbidden!r}
+                            if m in sys.modules or any(k.startswith(m + ".") for k in sys.modules))))
+    """
+)
+
+
+@pytest.mark.parametrize("what", ["package", "core-modules"])
+def test_core_import_pulls_no_jupyter(tmp_path: Path, what: str) -> None:
+    mods = ["nbtrainer"] if what == "package" else ["nbtrainer", *_core_modules()]
+    proc = _run([sys.executable, "-c", _CHECK.format(mods=mods, forbidden=FORBIDDEN)], cwd=tmp_path)
+    leaked = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert leaked == [], f"importing {mods} imported {leaked}"
