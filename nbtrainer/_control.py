@@ -1,0 +1,88 @@
+"""Thread-safe control of a running fit: stop, pause/resume, lr and accumulation changes, saves.
+
+Requests come from any thread (a widget's button, a magic, a signal handler) and are applied by the
+training thread at the next optimizer-step boundary. The hot loop only reads ``dirty`` (a plain
+attribute) per step; the lock is taken when something was requested.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+__all__ = ["Control"]
+
+
+class Control:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._resume = threading.Event()
+        self._resume.set()
+        self.dirty = False  # read without the lock in the hot loop: a stale read only delays by one step
+        self.stop_requested = False
+        self.stop_reason: str | None = None
+        self._pending: dict[str, Any] = {}
+        self._calls: list[tuple[Callable[[], Any], Future]] = []
+
+    # -- requests (any thread) ---------------------------------------------------------------
+    def request_stop(self, reason: str = "requested") -> None:
+        with self._lock:
+            if not self.stop_requested:
+                self.stop_requested = True
+                self.stop_reason = reason
+            self.dirty = True
+        self._resume.set()  # a paused run must wake up to stop
+
+    def pause(self) -> None:
+        with self._lock:
+            self._resume.clear()
+            self._pending["pause"] = True
+            self.dirty = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._pending["pause"] = False
+            self.dirty = True
+        self._resume.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._resume.is_set()
+
+    def set(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._pending[key] = value
+            self.dirty = True
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the training thread at the next step boundary; returns a Future."""
+        fut: Future = Future()
+        with self._lock:
+            self._calls.append((fn, fut))
+            self.dirty = True
+        return fut
+
+    # -- the training thread -------------------------------------------------------------------
+    def take(self) -> tuple[dict[str, Any], list[tuple[Callable[[], Any], Future]]]:
+        with self._lock:
+            pending, calls = self._pending, self._calls
+            self._pending, self._calls = {}, []
+            self.dirty = self.stop_requested
+        return pending, calls
+
+    def wait_while_paused(self, poll: float = 0.1) -> None:
+        while not self._resume.wait(poll):
+            if self.stop_requested or self._calls:
+                return
+
+    def reset(self) -> None:
+        with self._lock:
+            self.stop_requested = False
+            self.stop_reason = None
+            self._pending.clear()
+            for _, fut in self._calls:
+                fut.cancel()
+            self._calls.clear()
+            self.dirty = False
+        self._resume.set()

@@ -1,0 +1,369 @@
+"""The fit loop: epochs, micro-batches, accumulation windows, optimizer steps and the throttled refresh.
+
+Sync budget (host <-> device) of one fit, on purpose and nowhere else:
+
+1. the throttled refresh (``refresh_interval``, default 0.25 s): one ``tolist()`` of the pending
+   per-micro-batch losses and callable-metric values, stacked on the device first;
+2. the end of each epoch: the same flush, torchmetrics' ``compute``, and validation's single read;
+3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step);
+4. the sampled step-time breakdown (every ``timing_every`` micro-batches, CUDA only: ``synchronize``
+   around the phases of that one step).
+
+Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
+learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Iterator
+
+import torch
+
+from nbtrainer._batch import batch_size_of, move_to_device
+from nbtrainer._events import Progress
+
+__all__ = ["FitLoop", "LoopState"]
+
+_NULL = contextlib.nullcontext()
+
+
+class LoopState:
+    """Where a fit is: everything needed to continue exactly (plain data)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0  # 0-based index of the current epoch
+        self.batch = 0  # batches consumed in the current epoch
+        self.global_step = 0  # optimizer-step windows completed (skipped fp16 steps included)
+        self.skipped_steps = 0
+        self.epoch_complete = False
+        self.samples = 0
+        self.loss_sum = 0.0
+        self.epoch_time = 0.0  # seconds spent in this epoch before a resume
+        self.sampler_state: torch.Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
+    """Yield (item, is_last) with one item of lookahead (for loaders without len)."""
+    try:
+        current = next(it)
+    except StopIteration:
+        return
+    for nxt in it:
+        yield current, False
+        current = nxt
+    yield current, True
+
+
+class FitLoop:
+    def __init__(self, trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None,
+                 profiler: Any) -> None:
+        self.t = trainer
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.epochs = epochs
+        self.max_steps = max_steps
+        self.profiler = profiler
+        self.state = trainer._state
+        self.n_batches = _safe_len(train_loader)
+        # pending, not yet read from the device (see the sync budget above)
+        self._pend_loss: list[torch.Tensor] = []
+        self._pend_bs: list[int] = []
+        self._pend_base = 0  # cumulative micro-batch index of _pend_loss[0]
+        self._micro_total = 0
+        self._step_marks: list[tuple[int, int, float]] = []  # (global_step, cum micro end, lr)
+        self._open_window: list[tuple[float, int]] = []
+        self._stepped = False
+        self._fit_start = time.perf_counter()
+        self._epoch_start = self._fit_start
+        self._last_refresh = self._fit_start
+        self._next_refresh = 0.0
+        self._step_times: dict[str, float] | None = None
+        self.progress = trainer.progress
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _range(self, name: str):
+        return torch.profiler.record_function(name) if self.profiler is not None else _NULL
+
+    def _sync(self) -> None:
+        if self.t.device.type == "cuda":
+            torch.cuda.synchronize(self.t.device)
+
+    def _on_step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+
+    # -- the fit -------------------------------------------------------------------------------
+    def run(self) -> None:
+        t, st = self.t, self.state
+        hook = t.optimizer.register_step_post_hook(self._on_step_hook)
+        try:
+            while st.epoch < self.epochs and not t._control.stop_requested:
+                if st.epoch_complete:
+                    st.epoch += 1
+                    st.epoch_complete = False
+                    st.batch = 0
+                    continue
+                self._train_epoch()
+                if t._control.stop_requested and not st.epoch_complete:
+                    break
+        finally:
+            hook.remove()
+
+    def _train_epoch(self) -> None:
+        t, st, cb = self.t, self.state, self.t.callbacks
+        resumed_mid_epoch = st.batch > 0
+        epoch_no = st.epoch + 1
+        loader = self.train_loader
+        t.strategy.set_epoch(loader, st.epoch)
+        gen = t._sampler_generator(loader)
+        if gen is not None:
+            if resumed_mid_epoch and st.sampler_state is not None:
+                gen.set_state(st.sampler_state)
+            else:
+                st.sampler_state = gen.get_state()
+        if not resumed_mid_epoch:
+            st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
+            t._train_metrics.reset()
+        t.model.train()
+        p = self.progress
+        p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
+        self._epoch_start = time.perf_counter() - st.epoch_time
+        cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
+
+        it: Iterator = iter(loader)
+        rng_after_skip = t._pending_rng
+        if resumed_mid_epoch:
+            for _ in range(st.batch):  # reproduce the data order; restore RNG afterwards
+                next(it)
+        if rng_after_skip is not None:
+            from nbtrainer._seed import restore_rng
+
+            restore_rng(rng_after_skip)
+            t._pending_rng = None
+
+        n = self.n_batches
+        pairs = ((b, False) for b in it) if n is not None else _lookahead(it)
+        window, in_window = 0, 0
+        timing_every = t.timing_every
+        has_batch_start = cb.has("on_train_batch_start")
+        has_batch_end = cb.has("on_train_batch_end")
+        metrics = t._train_metrics
+        first = st.global_step == 0 and st.batch == 0
+        device, spec = t.device, t.batch_spec
+        scaler = t.scaler
+        model = t.model
+        while True:
+            sample = timing_every and (self._micro_total % timing_every == 0)
+            t0 = time.perf_counter() if sample else 0.0
+            with self._range("nbt.data"):
+                try:
+                    batch, is_last = next(pairs)
+                except StopIteration:
+                    break
+                batch = move_to_device(batch, device, t.non_blocking)
+            if in_window == 0:
+                k = t.grad_accum_steps
+                remaining = n - st.batch if n is not None else 0
+                window = min(k, remaining) if remaining > 0 else k
+            in_window += 1
+            closes = in_window == window or is_last or (n is not None and st.batch + 1 >= n)
+            if sample:
+                self._sync()
+                t1 = time.perf_counter()
+            if has_batch_start:
+                cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
+            # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
+            with t.strategy.no_sync(model, not closes):
+                with self._range("nbt.forward"), t._autocast():
+                    loss, outputs, targets = t._compute(batch)
+                if first:
+                    t._check_first_loss(loss, outputs, targets)
+                if metrics:
+                    with torch.no_grad():
+                        metrics.update(outputs, targets)
+                    if first:
+                        metrics.check_first()
+                if sample:
+                    self._sync()
+                    t2 = time.perf_counter()
+                with self._range("nbt.backward"):
+                    scaled = loss / window if window != 1 else loss
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            first = False
+            bs = batch_size_of(targets, batch)
+            self._pend_loss.append(loss.detach())
+            self._pend_bs.append(bs)
+            self._micro_total += 1
+            st.batch += 1
+            st.samples += bs
+            if has_batch_end:
+                cb.call("on_train_batch_end", trainer=t, batch_idx=st.batch - 1, loss=loss.detach())
+            del loss, outputs, targets, batch, scaled
+            if sample:
+                self._sync()
+                t3 = time.perf_counter()
+            if closes:
+                with self._range("nbt.optimizer_step"):
+                    self._optimizer_step(window / in_window if in_window != window else 1.0)
+                in_window = 0
+                if sample:
+                    self._sync()
+                    t4 = time.perf_counter()
+                    self._step_times = {"data": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
+                                        "backward": (t3 - t2) * 1e3, "optimizer": (t4 - t3) * 1e3}
+                if t._control.dirty:
+                    t._apply_control()
+                if self.max_steps is not None and st.global_step >= self.max_steps:
+                    t._control.request_stop(f"max_steps={self.max_steps} reached")
+                if t._control.stop_requested:
+                    break
+            now = time.perf_counter()
+            if now >= self._next_refresh:
+                self._refresh(now)
+        if in_window:  # the loader ended inside a window (len() was wrong): step with the exact scale
+            self._optimizer_step(window / in_window)
+        if t._control.stop_requested and (n is None or st.batch < n):
+            self._refresh(time.perf_counter())
+            return
+        self._end_epoch()
+
+    def _optimizer_step(self, rescale: float) -> None:
+        t, st = self.t, self.state
+        opt, scaler = t.optimizer, t.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
+        if rescale != 1.0:
+            grads = [p.grad for p in t._params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, rescale)
+        if t.max_grad_norm is not None:
+            # Never read the returned norm here: that would be a sync per step.
+            torch.nn.utils.clip_grad_norm_(t._params, t.max_grad_norm)
+        t.callbacks.call("on_before_optimizer_step", trainer=t, optimizer=opt)
+        lr = opt.param_groups[0]["lr"]
+        self._stepped = False
+        if scaler is not None:
+            scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        skipped = not self._stepped
+        st.global_step += 1
+        if skipped:
+            st.skipped_steps += 1
+        elif t.scheduler is not None and t._scheduler_per_step:
+            t.scheduler.step()
+        self._step_marks.append((st.global_step, self._micro_total, float(lr)))
+        t.callbacks.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
+        t._run_deferred()
+        if self.profiler is not None:
+            self.profiler.step()
+
+    # -- reading the device: throttled --------------------------------------------------------
+    def flush(self) -> None:
+        """Read pending losses/metric values (one transfer) into host sums and per-step points."""
+        t, st = self.t, self.state
+        if not self._pend_loss:
+            return
+        n = len(self._pend_loss)
+        parts = [torch.stack([v.reshape(()) for v in self._pend_loss]).float()]
+        parts += t._train_metrics.drain()
+        host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
+        losses = host[:n]
+        metric_vals = {name: host[n * (i + 1): n * (i + 2)] for i, name in enumerate(t._train_metrics.pending)}
+        bss = self._pend_bs
+        st.loss_sum += math.fsum(v * b for v, b in zip(losses, bss))
+        t._train_metrics.absorb(metric_vals, bss)
+        points: list[tuple[int, float, float]] = []
+        base = self._pend_base
+        marks = self._step_marks
+        j = 0
+        for i, (v, b) in enumerate(zip(losses, bss)):
+            self._open_window.append((v, b))
+            cum = base + i + 1
+            while j < len(marks) and marks[j][1] <= cum:
+                step, _, lr = marks[j]
+                total = sum(bb for _, bb in self._open_window) or 1
+                points.append((step, sum(vv * bb for vv, bb in self._open_window) / total, lr))
+                self._open_window = []
+                j += 1
+        self._step_marks = marks[j:]
+        self._pend_base = base + n
+        self._pend_loss, self._pend_bs = [], []
+        self._new_points = getattr(self, "_new_points", []) + points
+        t._check_nonfinite(losses, points)
+
+    def _refresh(self, now: float, final: bool = False) -> None:
+        t, st, p = self.t, self.state, self.progress
+        self.flush()
+        elapsed_epoch = now - self._epoch_start
+        p.status = "paused" if t._control.paused else ("stopping" if t._control.stop_requested else "running")
+        p.batch, p.global_step, p.samples = st.batch, st.global_step, st.samples
+        p.elapsed = now - self._fit_start + t._elapsed_before
+        p.epoch_elapsed = elapsed_epoch
+        p.samples_per_s = st.samples / elapsed_epoch if elapsed_epoch > 0 else 0.0
+        p.loss = st.loss_sum / st.samples if st.samples else None
+        p.lr = float(t.optimizer.param_groups[0]["lr"])
+        p.metrics = t._train_metrics.running(st.samples)
+        p.step_points, self._new_points = getattr(self, "_new_points", []), []
+        p.grad_accum_steps = t.grad_accum_steps
+        p.skipped_steps = st.skipped_steps
+        p.step_times = self._step_times
+        if self.n_batches and st.batch:
+            rate = elapsed_epoch / st.batch
+            p.eta_epoch = rate * (self.n_batches - st.batch)
+            p.eta_fit = p.eta_epoch + rate * self.n_batches * (self.epochs - st.epoch - 1)
+        t.callbacks.call("on_refresh", trainer=t, progress=p)
+        self._last_refresh = now
+        self._next_refresh = time.perf_counter() + t.refresh_interval
+
+    def _end_epoch(self) -> None:
+        t, st, cb = self.t, self.state, self.t.callbacks
+        now = time.perf_counter()
+        self._refresh(now)
+        epoch_no = st.epoch + 1
+        epoch_time = now - self._epoch_start
+        samples, loss_sum = st.samples, st.loss_sum
+        metric_sums = [t._train_metrics.sums[n] for n in t._train_metrics.sums]
+        reduced = t.strategy.reduce_sums([float(samples), loss_sum] + metric_sums)
+        count = reduced[0] or 1.0
+        logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": reduced[1] / count}
+        for name, total in zip(t._train_metrics.sums, reduced[2:]):
+            logs[name] = total / count
+        logs.update({k: v for k, v in t._train_metrics.compute(int(count)).items() if k not in t._train_metrics.sums})
+        if self.val_loader is not None and epoch_no % t.val_every_n_epochs == 0:
+            cb.call("on_validation_start", trainer=t)
+            self.progress.stage = "val"
+            val_logs = t._evaluate(self.val_loader, prefix="val_")
+            cb.call("on_validation_end", trainer=t, logs=val_logs)
+            logs.update(val_logs)
+        logs["time"] = epoch_time
+        logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
+        logs["steps"] = st.global_step
+        logs["skipped_steps"] = st.skipped_steps
+        if t.scheduler is not None and not t._scheduler_per_step:
+            t._step_epoch_scheduler(logs)
+        st.epoch_complete = True
+        st.epoch_time = epoch_time
+        cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
+        t._run_deferred()
+        # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
+        if t.strategy.any_rank(t._control.stop_requested) and not t._control.stop_requested:
+            t._control.request_stop("another rank stopped")
+
+
+def _safe_len(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None

@@ -1,0 +1,141 @@
+"""Metrics without per-step host syncs.
+
+Two kinds, one dict: callables ``fn(outputs, targets) -> tensor`` (a batch mean) and torchmetrics
+``Metric`` / ``MetricCollection`` objects (moved to the device, ``update`` per batch, ``compute`` at
+epoch end, then ``reset``). Callable values stay on the device in a pending list until the trainer's
+throttled refresh reads them in one transfer together with the losses; epoch values are
+sample-weighted.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+
+__all__ = ["MetricSet", "is_torchmetric"]
+
+
+def is_torchmetric(obj: Any) -> bool:
+    try:
+        import torchmetrics
+    except ImportError:  # pragma: no cover - torchmetrics is a dependency
+        return False
+    return isinstance(obj, (torchmetrics.Metric, torchmetrics.MetricCollection))
+
+
+class MetricSet:
+    """The metrics of one stage (train or validation)."""
+
+    def __init__(self, metrics: Mapping[str, Any] | None, device: torch.device) -> None:
+        self.callables: list[tuple[str, Callable]] = []
+        self.torchmetrics: list[tuple[str, Any]] = []
+        for name, metric in (metrics or {}).items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"Metric names must be non-empty strings, got {name!r}.")
+            if is_torchmetric(metric):
+                self.torchmetrics.append((name, metric.to(device)))
+            elif callable(metric):
+                self.callables.append((name, metric))
+            else:
+                raise TypeError(f"Metric {name!r} is a {type(metric).__name__}; pass a torchmetrics Metric or a "
+                                "callable(outputs, targets) -> scalar tensor.")
+        self.pending: dict[str, list[torch.Tensor]] = {n: [] for n, _ in self.callables}
+        self.sums: dict[str, float] = {n: 0.0 for n, _ in self.callables}
+
+    def clone(self, device: torch.device) -> "MetricSet":
+        """An independent copy for another stage (validation keeps its own torchmetrics state)."""
+        new = MetricSet(None, device)
+        new.callables = list(self.callables)
+        new.torchmetrics = [(n, copy.deepcopy(m).to(device)) for n, m in self.torchmetrics]
+        new.pending = {n: [] for n, _ in self.callables}
+        new.sums = {n: 0.0 for n, _ in self.callables}
+        return new
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.callables] + [n for n, _ in self.torchmetrics]
+
+    def __bool__(self) -> bool:
+        return bool(self.callables or self.torchmetrics)
+
+    def update(self, outputs: Any, targets: Any) -> None:
+        for name, fn in self.callables:
+            value = fn(outputs, targets)
+            if not isinstance(value, torch.Tensor):
+                value = torch.as_tensor(value, dtype=torch.float32)
+            self.pending[name].append(value.detach())
+        for _, metric in self.torchmetrics:
+            metric.update(outputs, targets)
+
+    def check_first(self) -> None:
+        """Validate the first batch's callable values (cheap attribute reads, no sync)."""
+        for name, values in self.pending.items():
+            if values and values[-1].numel() != 1:
+                raise ValueError(f"Metric {name!r} returned a tensor of shape {tuple(values[-1].shape)}; a metric "
+                                 "must return one number per batch (e.g. reduce with .mean()).")
+
+    def drain(self) -> list[torch.Tensor]:
+        """Stack each callable's pending values (one device op each) and clear the lists."""
+        stacked = []
+        for name, _ in self.callables:
+            vals = self.pending[name]
+            stacked.append(torch.stack([v.reshape(()) for v in vals]).float() if vals else torch.empty(0))
+            self.pending[name] = []
+        return stacked
+
+    def absorb(self, host_values: dict[str, list[float]], batch_sizes: list[int]) -> None:
+        for name, values in host_values.items():
+            self.sums[name] += math.fsum(v * n for v, n in zip(values, batch_sizes))
+
+    def running(self, count: int) -> dict[str, float]:
+        return {n: self.sums[n] / count for n in self.sums} if count else {}
+
+    def compute(self, count: int) -> dict[str, float]:
+        """Epoch values (host floats). torchmetrics' compute syncs: call at epoch end only."""
+        out = self.running(count)
+        for name, metric in self.torchmetrics:
+            value = metric.compute()
+            if isinstance(value, dict):  # MetricCollection
+                for k, v in value.items():
+                    out[k] = _scalar(k, v)
+            else:
+                out[name] = _scalar(name, value)
+        return out
+
+    def reset(self) -> None:
+        for name in self.sums:
+            self.sums[name] = 0.0
+            self.pending[name] = []
+        for _, metric in self.torchmetrics:
+            metric.reset()
+
+    # -- exact resume --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": dict(self.sums),
+                "torchmetrics": {n: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
+                                         [t.detach().cpu() for t in v])
+                                     for k, v in m.metric_state.items()}
+                                 for n, m in self.torchmetrics if hasattr(m, "metric_state")}}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self.sums.update(state.get("sums", {}))
+        tm_states = state.get("torchmetrics", {})
+        for name, metric in self.torchmetrics:
+            for key, value in tm_states.get(name, {}).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(metric, key, value.to(device))
+                else:
+                    setattr(metric, key, [t.to(device) for t in value])
+                metric._update_count = max(getattr(metric, "_update_count", 0), 1)
+
+
+def _scalar(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; configure it to "
+                             "return a scalar (e.g. average='macro').")
+        return float(value)
+    return float(value)

@@ -1,0 +1,86 @@
+"""Seeding, determinism, and RNG state capture as tensors (so checkpoints load with weights_only=True)."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "set_deterministic", "capture_rng", "restore_rng", "seed_worker"]
+
+
+def seed_everything(seed: int, *, deterministic: bool = False) -> int:
+    """Seed python, numpy and torch (CPU and every CUDA device); optionally force determinism.
+
+    Args:
+        seed: the seed.
+        deterministic: also call :func:`set_deterministic`.
+
+    Returns:
+        The seed, for logging.
+
+    Example:
+        >>> seed_everything(0)
+        0
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device (lazily)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    if deterministic:
+        set_deterministic(True)
+    return seed
+
+
+def set_deterministic(enabled: bool = True) -> None:
+    """``torch.use_deterministic_algorithms``, the cuDNN flags and ``CUBLAS_WORKSPACE_CONFIG``."""
+    if enabled:
+        # cuBLAS needs a fixed workspace for reproducible GEMMs; must be set before the first cuBLAS call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.deterministic = enabled
+    torch.backends.cudnn.benchmark = False if enabled else torch.backends.cudnn.benchmark
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: seed numpy and python from the worker's torch seed."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """All RNG states as tensors and ints (no pickled objects)."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64),
+                   "gauss": None if gauss is None else float(gauss)},
+        "numpy": {"keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": [],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        if len(cuda) != torch.cuda.device_count():
+            raise RuntimeError(f"The checkpoint holds RNG states for {len(cuda)} CUDA devices but "
+                               f"{torch.cuda.device_count()} are visible; set CUDA_VISIBLE_DEVICES to match.")
+        torch.cuda.set_rng_state_all(cuda)

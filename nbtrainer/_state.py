@@ -1,0 +1,148 @@
+"""Checkpoint state of a Trainer: assembling it, loading it back (with clear mismatch errors), resume,
+and LR rescaling that keeps any scheduler consistent."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from nbtrainer._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
+from nbtrainer._seed import capture_rng
+from nbtrainer._strategy import unwrap_model
+
+__all__ = ["trainer_state_dict", "load_trainer_state", "resume", "rescale_lr"]
+
+VERSION = 1
+
+
+def _callback_key(index: int, cb: Any) -> str:
+    return f"{type(cb).__name__}:{index}"
+
+
+def _stateful(trainer: Any) -> list[tuple[str, Any]]:
+    return [(_callback_key(i, cb), cb) for i, cb in enumerate(trainer.callbacks.callbacks)
+            if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))]
+
+
+def trainer_state_dict(trainer: Any) -> dict[str, Any]:
+    loop = trainer._loop
+    if loop is not None:
+        loop.flush()  # running sums must be on the host and complete
+    st = trainer._state
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": VERSION,
+        "torch_version": torch.__version__,
+        "model": unwrap_model(trainer.model).state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+        "loop": st.state_dict(),
+        "config": {"precision": trainer.precision, "grad_accum_steps": trainer.grad_accum_steps,
+                   "elapsed": trainer._elapsed_before + (0.0 if loop is None else
+                                                         __import__("time").perf_counter() - loop._fit_start)},
+        "metrics": trainer._train_metrics.state_dict(),
+        "rng": capture_rng(),
+        "history": trainer.history.state_dict(),
+        "callbacks": {key: cb.state_dict() for key, cb in _stateful(trainer)},
+    }
+
+
+def _load_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
+    model = unwrap_model(trainer.model)
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in state and hasattr(state[k], "shape") and state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing in checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"unexpected in checkpoint: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        if shapes:
+            parts.append("shape mismatch: " + "; ".join(shapes[:8]))
+        raise CheckpointError("The checkpoint's model does not match this model (different architecture?). "
+                              + " | ".join(parts) + ". Resume with the model that wrote the checkpoint.")
+    model.load_state_dict(state)
+
+
+def _load_optimizer(trainer: Any, state: dict[str, Any]) -> None:
+    opt = trainer.optimizer
+    groups = opt.state_dict()["param_groups"]
+    saved = state.get("param_groups", [])
+    if len(groups) != len(saved) or any(len(a["params"]) != len(b["params"]) for a, b in zip(groups, saved)):
+        raise CheckpointError(
+            f"The checkpoint's optimizer has {len(saved)} param groups of sizes "
+            f"{[len(g['params']) for g in saved]}, this one {len(groups)} of sizes {[len(g['params']) for g in groups]}. "
+            "Build the optimizer exactly as for the run that wrote the checkpoint.")
+    saved_keys = {k for s in state.get("state", {}).values() for k in s}
+    own_default = {k for g in groups for k in g if k != "params"}
+    saved_default = {k for g in saved for k in g if k != "params"}
+    if saved_keys and own_default != saved_default:
+        raise CheckpointError(
+            f"The checkpoint was written by a different optimizer (hyper-parameters {sorted(saved_default)} vs "
+            f"this optimizer's {sorted(own_default)}). Use the same optimizer class to resume.")
+    opt.load_state_dict(state)
+
+
+def load_trainer_state(trainer: Any, ckpt: dict[str, Any]) -> None:
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError("Not an nbtrainer checkpoint (no format marker).")
+    _load_model(trainer, ckpt["model"])
+    _load_optimizer(trainer, ckpt["optimizer"])
+    if trainer.scheduler is not None and ckpt.get("scheduler") is not None:
+        trainer.scheduler.load_state_dict(ckpt["scheduler"])
+    elif (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
+        raise CheckpointError("The checkpoint was written " + ("with" if ckpt.get("scheduler") is not None else "without")
+                              + " an LR scheduler and this trainer has " + ("none" if trainer.scheduler is None else "one")
+                              + ". Configure the scheduler as in the original run.")
+    if trainer.scaler is not None and ckpt.get("scaler"):
+        trainer.scaler.load_state_dict(ckpt["scaler"])
+    config = ckpt.get("config", {})
+    trainer.grad_accum_steps = int(config.get("grad_accum_steps", trainer.grad_accum_steps))
+    trainer._elapsed_before = float(config.get("elapsed", 0.0))
+    trainer._state.load_state_dict(ckpt["loop"])
+    trainer._train_metrics.load_state_dict(ckpt.get("metrics", {}), trainer.device)
+    trainer.history.load_state_dict(ckpt["history"])
+    saved_cbs = ckpt.get("callbacks", {})
+    for key, cb in _stateful(trainer):
+        if key in saved_cbs:
+            cb.load_state_dict(saved_cbs[key])
+    # RNG is restored by the loop after it has replayed the epoch's data order up to the saved batch.
+    trainer._pending_rng = ckpt["rng"]
+
+
+def resume(trainer: Any, resume_from: str) -> None:
+    path = os.fspath(resume_from)
+    if path == "last":
+        dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+        if not dirs:
+            raise CheckpointError("resume_from='last' needs a ModelCheckpoint callback (its dirpath holds last.ckpt); "
+                                  "pass a checkpoint path instead.")
+        path = os.path.join(dirs[0], "last.ckpt")
+        if not os.path.exists(path):
+            raise CheckpointError(f"resume_from='last': no {path!r} yet. Train with ModelCheckpoint(save_last=True) "
+                                  "first, or pass a checkpoint path.")
+    load_trainer_state(trainer, load_checkpoint(path, map_location=trainer.device))
+
+
+def rescale_lr(trainer: Any, factor: float) -> None:
+    """Multiply the LR schedule by ``factor``: current LRs and every scheduler reference value
+    (``initial_lr``, OneCycle's ``max_lr``/``min_lr``, ``base_lrs``), so the schedule continues scaled."""
+    for group in trainer.optimizer.param_groups:
+        for key in ("lr", "initial_lr", "max_lr", "min_lr"):
+            if key in group and isinstance(group[key], (int, float)):
+                group[key] = group[key] * factor
+    sched = trainer.scheduler
+    if sched is not None:
+        if hasattr(sched, "base_lrs"):
+            sched.base_lrs = [lr * factor for lr in sched.base_lrs]
+        if hasattr(sched, "min_lrs"):
+            sched.min_lrs = [lr * factor for lr in sched.min_lrs]
+        last = getattr(sched, "_last_lr", None)
+        if last is not None:
+            sched._last_lr = [g["lr"] for g in trainer.optimizer.param_groups]

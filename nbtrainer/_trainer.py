@@ -1,0 +1,594 @@
+"""The Trainer facade: configuration, validation up front, fit / evaluate / predict, and control.
+
+Mechanics live in focused modules: the loop (``_loop``), precision (``_precision``), batches
+(``_batch``), metrics (``_metrics``), control (``_control``), checkpoint state (``_state``) and
+checkpoint I/O (``_checkpoint_io``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+
+import torch
+
+from nbtrainer import _state
+from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
+from nbtrainer._callbacks import HistoryRecorder
+from nbtrainer._control import Control
+from nbtrainer._events import CallbackList, Progress
+from nbtrainer._history import History
+from nbtrainer._loop import FitLoop, LoopState, _safe_len
+from nbtrainer._metrics import MetricSet
+from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
+from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
+from nbtrainer._strategy import SingleDevice, unwrap_model
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """Train any PyTorch model, headless or in a notebook.
+
+    Args:
+        model: the ``nn.Module``.
+        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
+        optimizer: an optimizer over the model's parameters.
+        scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
+        scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
+            ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
+        scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss``, else ``loss``).
+        metrics: ``{"acc": torchmetrics.Accuracy(...), "mae": callable(outputs, targets)}``.
+        callbacks: objects with any of the hooks in ``nbtrainer.EVENTS``.
+        precision: ``"fp32"``, ``"fp16-mixed"`` or ``"bf16-mixed"`` (aliases ``"32"``, ``"16"``, ``"bf16"``...).
+        grad_accum_steps: micro-batches per optimizer step.
+        max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        seed: seed everything at the start of ``fit``.
+        deterministic: deterministic algorithms and seeded data order.
+        progress: tqdm bars (notebook or console, picked at run time).
+        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last).
+        target_keys: keys of a dict batch that hold targets.
+        compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch
+            becomes a loss (subclasses can override :meth:`compute_loss` instead).
+        refresh_interval: seconds between reads of running values (progress, history, widget).
+        timing_every: sample the step-time breakdown every n micro-batches (0: off).
+        val_every_n_epochs: validate every n epochs.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(3, 1)
+        >>> trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                   progress=False, seed=0)
+        >>> data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+        >>> history = trainer.fit(data, epochs=3)
+        >>> history.status, len(history.epochs)
+        ('finished', 3)
+    """
+
+    _active: ClassVar[weakref.WeakSet] = weakref.WeakSet()
+
+    def __init__(self, model: torch.nn.Module, criterion: Callable | None, optimizer: torch.optim.Optimizer, *,
+                 scheduler: Any = None, scheduler_interval: str = "step", scheduler_monitor: str | None = None,
+                 metrics: Mapping[str, Any] | None = None, callbacks: Iterable[Any] = (),
+                 precision: str = "fp32", grad_accum_steps: int = 1, max_grad_norm: float | None = None,
+                 device: str | torch.device = "auto", seed: int | None = None, deterministic: bool = False,
+                 progress: bool = True, num_inputs: int | None = None, target_keys: Sequence[str] | str | None = None,
+                 compute_loss: Callable | None = None, refresh_interval: float = 0.25, timing_every: int = 50,
+                 val_every_n_epochs: int = 1, non_blocking: bool = True) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        if criterion is not None and not callable(criterion):
+            raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                            "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters()).")
+        _validate_optimizer(model, optimizer)
+        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+            raise ValueError("The scheduler is bound to a different optimizer than the one given to the Trainer. "
+                             "Create the scheduler from this trainer's optimizer.")
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
+        _check_accum(grad_accum_steps)
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
+            raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+        self.device = resolve_device(device)
+        self.precision = require_precision(precision, self.device)
+        self.model = model
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.scheduler_monitor = scheduler_monitor
+        self.grad_accum_steps = grad_accum_steps
+        self.max_grad_norm = max_grad_norm
+        self.seed = seed
+        self.deterministic = deterministic
+        self.batch_spec = BatchSpec(num_inputs=num_inputs, target_keys=target_keys,
+                                    pass_targets_to_model=criterion is None)
+        self._compute_loss_fn = compute_loss
+        self.refresh_interval = float(refresh_interval)
+        self.timing_every = int(timing_every)
+        self.val_every_n_epochs = val_every_n_epochs
+        self.non_blocking = non_blocking and self.device.type == "cuda"
+        self.strategy: Any = SingleDevice(self.device)
+        self.scaler = make_scaler(self.precision, self.device)
+        self._metric_spec = dict(metrics or {})
+        self._train_metrics = MetricSet(self._metric_spec, self.device)
+        self._val_metrics = self._train_metrics.clone(self.device)
+        self.history = History()
+        user_callbacks = list(callbacks)
+        if progress:
+            from nbtrainer._progress import ProgressBar
+
+            user_callbacks.append(ProgressBar())
+        self.callbacks = CallbackList([HistoryRecorder(self.history), *user_callbacks])
+        self.progress = Progress()
+        self.status = "idle"
+        self._control = Control()
+        self._state = LoopState()
+        self._loop: FitLoop | None = None
+        self._deferred: list[Callable[[], Any]] = []
+        self._pending_rng: dict[str, Any] | None = None
+        self._fit_thread: int | None = None
+        self._elapsed_before = 0.0
+        self._has_val = False
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    # -- small public properties ---------------------------------------------------------------
+    @classmethod
+    def active(cls) -> list["Trainer"]:
+        """Trainers currently inside ``fit`` in this process (for ``%nbtrainer status/stop``)."""
+        return list(cls._active)
+
+    @property
+    def global_step(self) -> int:
+        return self._state.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """1-based number of the epoch running (or last run)."""
+        return self._state.epoch + 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def has_validation(self) -> bool:
+        return self._has_val
+
+    @property
+    def lr(self) -> float:
+        """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+        group = self.optimizer.param_groups[0]
+        return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+
+    @property
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def _scheduler_per_step(self) -> bool:
+        return self.scheduler_interval == "step" and not _is_plateau(self.scheduler)
+
+    def expected_log_keys(self) -> set[str]:
+        names = set(self._train_metrics.names) | _collection_names(self._metric_spec)
+        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
+        if self._has_val:
+            keys |= {"val_loss"} | {f"val_{n}" for n in names}
+        return keys
+
+    def total_steps(self, train_loader: Any, epochs: int) -> int:
+        """Optimizer steps of ``fit(train_loader, epochs=epochs)``: ``ceil(batches / accum) * epochs``.
+
+        Example:
+            >>> # OneCycleLR(optimizer, max_lr=1e-2, total_steps=trainer.total_steps(loader, epochs=5))
+        """
+        n = _safe_len(train_loader)
+        if n is None:
+            raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
+        return math.ceil(n / self.grad_accum_steps) * epochs
+
+    # -- the three verbs -----------------------------------------------------------------------
+    def fit(self, train_loader: Iterable, val_loader: Iterable | None = None, epochs: int = 1, *,
+            max_steps: int | None = None, resume_from: str | None = None, profiler: Any = None) -> History:
+        """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
+
+        Args:
+            train_loader: any iterable of batches (DataLoader, list...).
+            val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
+            epochs: total epochs (a resumed fit continues up to this number).
+            max_steps: stop after this many optimizer steps in total.
+            resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
+            profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
+        """
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
+        if self._fit_thread is not None:
+            raise RuntimeError("This trainer is already fitting (in another thread?). Call request_stop() "
+                               "and wait for it to end before starting another fit.")
+        n = _safe_len(train_loader)
+        if n == 0:
+            raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
+        if val_loader is not None and _safe_len(val_loader) == 0:
+            raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
+        self._has_val = val_loader is not None
+        self._control.reset()
+        if resume_from is not None:
+            _state.resume(self, resume_from)
+        else:
+            if self.seed is not None:
+                seed_everything(self.seed)
+            self._state = LoopState()
+            self._elapsed_before = 0.0
+        if self.deterministic:
+            set_deterministic(True)
+        self.model = self.strategy.setup_model(self.model)
+        _move_optimizer_state(self.optimizer, self.device)
+        train_loader = self.strategy.prepare_loader(train_loader, train=True)
+        if val_loader is not None:
+            val_loader = self.strategy.prepare_loader(val_loader, train=False)
+        self.progress = Progress(epochs=epochs, epoch=self._state.epoch + 1, batches=n,
+                                 total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
+                                 grad_accum_steps=self.grad_accum_steps)
+        loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
+        self._loop = loop
+        self._fit_thread = threading.get_ident()
+        Trainer._active.add(self)
+        self.status = self.history.status = "running"
+        self.history.stop_reason = None
+        try:
+            self.callbacks.call("on_fit_start", trainer=self)
+            loop.run()
+            if self._control.stop_requested and self._control.stop_reason and not (
+                    self._control.stop_reason.startswith("max_steps") and self._state.epoch_complete):
+                self.status = "stopped"
+                self.history.stop_reason = self._control.stop_reason
+            else:
+                self.status = "finished"
+        except KeyboardInterrupt:
+            # Ctrl-C: stop at this point, drop the half-accumulated window, keep the kernel alive.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.status = "interrupted"
+            self.history.stop_reason = "KeyboardInterrupt"
+        except BaseException as exc:
+            self.status = "failed"
+            self.history.stop_reason = f"{type(exc).__name__}: {exc}"
+            self.history.status = "failed"
+            self.optimizer.zero_grad(set_to_none=True)
+            try:
+                self.callbacks.call("on_exception", trainer=self, exception=exc)
+            finally:
+                self._end_fit()
+            raise
+        self._end_fit()
+        return self.history
+
+    def _end_fit(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.flush()
+            except Exception:  # noqa: BLE001 - a failed read must not hide the original error
+                pass
+            self._elapsed_before += time.perf_counter() - self._loop._fit_start
+        self.history.status = self.status
+        self.progress.status = self.status
+        self._deferred.clear()
+        try:
+            self.callbacks.call("on_fit_end", trainer=self, history=self.history)
+        finally:
+            self._loop = None  # drop references to batches/outputs held by the loop
+            self._fit_thread = None
+            Trainer._active.discard(self)
+            self.strategy.barrier()
+
+    def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
+        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``)."""
+        if _safe_len(loader) == 0:
+            raise ValueError("The evaluation loader is empty (len 0).")
+        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        return self._evaluate(loader, prefix=prefix)
+
+    def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+        model, metrics = self.model, self._val_metrics
+        was_training = model.training
+        model.eval()
+        metrics.reset()
+        losses: list[torch.Tensor] = []
+        sizes: list[int] = []
+        try:
+            with torch.inference_mode(), self._autocast():
+                for batch in loader:
+                    batch = move_to_device(batch, self.device, self.non_blocking)
+                    loss, outputs, targets = self._compute(batch, need_loss=True, training=False)
+                    if loss is not None:
+                        losses.append(loss.detach().reshape(()).float())
+                    from nbtrainer._batch import batch_size_of
+
+                    sizes.append(batch_size_of(targets, batch))
+                    if metrics:
+                        metrics.update(outputs, targets)
+            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
+            host = torch.cat([p.reshape(-1).cpu() for p in parts]).tolist() if parts else []  # SYNC: once per eval
+        finally:
+            model.train(was_training)
+        n = len(losses)
+        values = {name: host[n + i * len(sizes): n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
+        metrics.absorb(values, sizes)
+        reduced = self.strategy.reduce_sums([float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes))]
+                                            + [metrics.sums[k] for k in metrics.sums])
+        count = reduced[0] or 1.0
+        out: dict[str, float] = {}
+        if n:
+            out[f"{prefix}loss"] = reduced[1] / count
+        for name, total in zip(metrics.sums, reduced[2:]):
+            out[f"{prefix}{name}"] = total / count
+        for k, v in metrics.compute(int(count)).items():
+            if k not in metrics.sums:
+                out[f"{prefix}{k}"] = v
+        metrics.reset()
+        return out
+
+    def predict(self, loader: Iterable) -> Any:
+        """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such)."""
+        model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        was_training = model.training
+        model.eval()
+        chunks = []
+        try:
+            with torch.no_grad(), self._autocast():
+                for batch in loader:
+                    batch = move_to_device(batch, self.device, self.non_blocking)
+                    args, kwargs, _ = self.batch_spec.split(batch)
+                    chunks.append(move_to_device(model(*args, **kwargs), torch.device("cpu")))
+        finally:
+            model.train(was_training)
+        return concat_outputs(chunks)
+
+    # -- how a batch becomes a loss ------------------------------------------------------------
+    def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
+        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``."""
+        args, kwargs, targets = self.batch_spec.split(batch)
+        outputs = self.model(*args, **kwargs)
+        return loss_from_outputs(self.criterion, outputs, targets), outputs, targets
+
+    def _compute(self, batch: Any, need_loss: bool = True, training: bool = True) -> tuple[Any, Any, Any]:
+        if self._compute_loss_fn is None:
+            if not training and self.criterion is not None and self.batch_spec.split(batch)[2] is None:
+                args, kwargs, _ = self.batch_spec.split(batch)
+                return None, self.model(*args, **kwargs), None
+            return self.compute_loss(batch)
+        result = self._compute_loss_fn(self.model, batch)
+        if isinstance(result, tuple) and len(result) == 3:
+            return result
+        if self._train_metrics:
+            raise ValueError("compute_loss returned only a loss, but metrics need outputs and targets: return "
+                             "(loss, outputs, targets) from compute_loss.")
+        return result, None, None
+
+    def _autocast(self):
+        return autocast(self.precision, self.device)
+
+    def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"The loss is a {type(loss).__name__}, not a tensor. The criterion / compute_loss must "
+                            "return a scalar torch.Tensor.")
+        if loss.ndim != 0:
+            raise ValueError(f"The loss has shape {tuple(loss.shape)}; it must be a scalar. Use reduction='mean' "
+                             "(or 'sum') in the criterion, or reduce it in compute_loss.")
+        if not loss.requires_grad:
+            frozen = not any(p.requires_grad for p in self.model.parameters())
+            why = ("every parameter of the model has requires_grad=False (unfreeze some)" if frozen else
+                   "it was computed without autograd (torch.no_grad / inference_mode / .detach() in the model or criterion)")
+            raise RuntimeError(f"The loss has no grad_fn: {why}. Nothing can be trained from it.")
+
+    def _check_nonfinite(self, losses: list[float], points: list) -> None:
+        return None
+
+    def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
+        if _is_plateau(self.scheduler):
+            key = self.scheduler_monitor or ("val_loss" if "val_loss" in logs else "loss")
+            if key not in logs:
+                raise KeyError(f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= "
+                               f"to one of {sorted(logs)}.")
+            self.scheduler.step(logs[key])
+        else:
+            self.scheduler.step()
+
+    # -- control from any thread ---------------------------------------------------------------
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop at the next optimizer-step boundary (thread-safe); ``fit`` returns normally."""
+        self._control.request_stop(reason)
+
+    def pause(self) -> None:
+        """Hold at the next optimizer-step boundary until :meth:`resume` (thread-safe)."""
+        self._control.pause()
+
+    def resume(self) -> None:
+        self._control.resume()
+
+    def set_lr(self, lr: float) -> None:
+        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled."""
+        if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
+        self._apply_or_queue("lr", float(lr))
+
+    def set_grad_accum_steps(self, steps: int) -> None:
+        """Change accumulation at the next optimizer-step boundary (thread-safe)."""
+        _check_accum(steps)
+        self._apply_or_queue("grad_accum_steps", int(steps))
+
+    def add_callback(self, callback: Any) -> None:
+        """Attach a callback (any object with some ``nbtrainer.EVENTS`` hooks); also mid-fit."""
+        self.callbacks.append(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callbacks.remove(callback)
+
+    def _require_idle(self, what: str) -> None:
+        if self._fit_thread is not None:
+            raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
+
+    def set_precision(self, precision: str) -> None:
+        """Change precision between fits (checked against the device; never silently downgraded)."""
+        self._require_idle("precision")
+        self.precision = require_precision(precision, self.device)
+        self.scaler = make_scaler(self.precision, self.device)
+
+    def set_scheduler(self, scheduler: Any, interval: str = "step") -> None:
+        """Replace the LR scheduler between fits (``None`` removes it)."""
+        self._require_idle("The scheduler")
+        if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not self.optimizer:
+            raise ValueError("The scheduler is bound to a different optimizer; build it from trainer.optimizer.")
+        if interval not in ("step", "epoch"):
+            raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}.")
+        self.scheduler, self.scheduler_interval = scheduler, interval
+
+    def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        self.max_grad_norm = max_grad_norm
+
+    def _apply_or_queue(self, key: str, value: Any) -> None:
+        self._control.set(key, value)
+        if self._fit_thread is None:
+            self._apply_control()
+
+    def _apply_control(self) -> None:
+        while True:
+            pending, calls = self._control.take()
+            for key, value in pending.items():
+                if key == "lr":
+                    old = self.lr
+                    _state.rescale_lr(self, value / old)
+                    self._event("lr", old, value)
+                elif key == "grad_accum_steps":
+                    old, self.grad_accum_steps = self.grad_accum_steps, value
+                    self.progress.grad_accum_steps = value
+                    self._event("grad_accum_steps", old, value)
+                elif key == "pause" and self._fit_thread is not None:
+                    self._event("pause" if value else "resume", None, None)
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                        fut.set_exception(exc)
+            if self._fit_thread is None or not self._control.paused or self._control.stop_requested:
+                return
+            self.status = "paused"
+            if self._loop is not None:
+                self._loop._refresh(time.perf_counter())
+            self._control.wait_while_paused()
+            if not self._control.paused:
+                self.status = "running"
+                if not self._control.dirty:
+                    self._event("resume", None, None)
+                    return
+
+    def _event(self, kind: str, old: Any, new: Any) -> None:
+        event = {"step": self._state.global_step, "epoch": self._state.epoch + 1, "kind": kind, "old": old, "new": new}
+        self.callbacks.call("on_control", trainer=self, event=event)
+
+    def defer(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` once the current event has reached every callback (used for checkpoint saves)."""
+        if self._fit_thread is None:
+            fn()
+        else:
+            self._deferred.append(fn)
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> str:
+        """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
+        if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
+            return self._control.submit(lambda: self.save_checkpoint(path)).result()
+        if self.is_global_zero:
+            from nbtrainer._checkpoint_io import save_checkpoint_file
+
+            save_checkpoint_file(path, self.state_dict())
+        self.strategy.barrier()
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs, as tensors and plain data (loads with ``weights_only=True``)."""
+        return _state.trainer_state_dict(self)
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        _state.load_trainer_state(self, checkpoint)
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        return unwrap_model(self.model).state_dict()
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        unwrap_model(self.model).load_state_dict(state)
+
+    # -- data order ----------------------------------------------------------------------------
+    def _sampler_generator(self, loader: Any) -> torch.Generator | None:
+        """The generator that shuffles ``loader`` (installed if it has none), so the data order of an
+        epoch is a function of a state we can save and restore (exact mid-epoch resume)."""
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None or not hasattr(sampler, "generator"):
+            return None
+        if sampler.generator is None:
+            gen = torch.Generator()
+            gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
+            sampler.generator = gen
+            if getattr(loader, "generator", "absent") is None:
+                loader.generator = gen  # worker base seeds follow the same state
+            if self.deterministic and getattr(loader, "num_workers", 0) and loader.worker_init_fn is None:
+                loader.worker_init_fn = seed_worker
+        return sampler.generator
+
+    def __repr__(self) -> str:
+        return (f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
+                f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})")
+
+
+def _check_accum(steps: Any) -> None:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")
+
+
+def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model_ids = {id(p) for p in model.parameters()}
+    opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not opt_params:
+        raise ValueError("The optimizer holds no parameters. Build it from model.parameters().")
+    if not any(id(p) in model_ids for p in opt_params):
+        raise ValueError("The optimizer holds none of the model's parameters (was it built for another model "
+                         "instance, or before the model was re-created?). Build it from this model's parameters.")
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device != device and key != "step":
+                state[key] = value.to(device)
+
+
+def _is_plateau(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _collection_names(spec: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    try:
+        import torchmetrics
+    except ImportError:  # pragma: no cover
+        return names
+    for value in spec.values():
+        if isinstance(value, torchmetrics.MetricCollection):
+            names |= set(value.keys())
+    return names
