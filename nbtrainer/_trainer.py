@@ -248,10 +248,13 @@ class Trainer:
         try:
             self.callbacks.call("on_fit_start", trainer=self)
             loop.run()
-            if self._control.stop_requested and self._control.stop_reason and not (
-                    self._control.stop_reason.startswith("max_steps") and self._state.epoch_complete):
+            st, reason = self._state, self._control.stop_reason
+            completed = st.epoch_complete and st.epoch + 1 >= epochs
+            if reason:
+                self.history.stop_reason = reason
+            # A stop that lands after the last epoch, or max_steps reached, is a normal finish.
+            if self._control.stop_requested and not completed and not (reason or "").startswith("max_steps"):
                 self.status = "stopped"
-                self.history.stop_reason = self._control.stop_reason
             else:
                 self.status = "finished"
         except KeyboardInterrupt:
