@@ -1,0 +1,330 @@
+"""Jupyter servers and page helpers for the real-browser tests (used by ``conftest.py``).
+
+Servers listen on 127.0.0.1 on a free port, run with HOME / JUPYTER_* / IPYTHONDIR / XDG_* pointed at
+a temp dir (so a test run leaves nothing in the user's home), log to a file that failures quote, and
+are stopped by PID: the server's descendants (kernels run in their own process session) are recorded
+before SIGTERM and any survivor is killed by PID afterwards. Nothing is ever killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import psutil  # ipykernel depends on it
+
+__all__ = [
+    "Server",
+    "free_port",
+    "isolated_env",
+    "start_voila",
+    "start_lab",
+    "write_notebook",
+    "chromium_args",
+    "chromium_env",
+    "BAD_WIDGET_TEXTS",
+    "widget_problems",
+    "wait_widgets_rendered",
+    "lab_run_all",
+]
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (the server is told to fail rather than move)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def isolated_env(base: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a server (and its kernels) with every per-user dir inside ``base``."""
+    dirs = {
+        "HOME": base / "home",
+        "JUPYTER_CONFIG_DIR": base / "jupyter-config",
+        "JUPYTER_DATA_DIR": base / "jupyter-data",
+        "JUPYTER_RUNTIME_DIR": base / "jupyter-runtime",
+        "IPYTHONDIR": base / "ipython",
+        "XDG_CONFIG_HOME": base / "xdg-config",
+        "XDG_CACHE_HOME": base / "xdg-cache",
+        "XDG_DATA_HOME": base / "xdg-data",
+        "MPLCONFIGDIR": base / "mpl",
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "JPY_"))}
+    env.update({k: str(v) for k, v in dirs.items()})
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    # the venv's scripts first, so kernels and servers are this interpreter's
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Server:
+    """A running Jupyter server. ``url`` is its root (``http://127.0.0.1:PORT``), without a slash."""
+
+    kind: str
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    env: dict[str, str]
+    root_dir: Path
+    _known: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "<no log>"
+
+    # -- process tree --------------------------------------------------------------------------
+    def descendants(self) -> dict[int, float]:
+        """``{pid: create_time}`` of the server's live descendants (kernels included)."""
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return {}
+        out = {}
+        for k in kids:
+            with contextlib.suppress(psutil.Error):
+                out[k.pid] = k.create_time()
+        return out
+
+    def remember_children(self) -> None:
+        """Record the current descendants (call it while kernels run; ``stop`` does it too)."""
+        self._known.update(self.descendants())
+
+    def stop(self, grace: float = 8.0) -> None:
+        """SIGTERM the server, wait, then SIGKILL it and any recorded descendant still alive, by PID."""
+        self.remember_children()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                self.proc.wait(timeout=5)
+        deadline = time.monotonic() + 3.0
+        for pid, created in self._known.items():
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - created) > 0.01:
+                    continue  # the PID was reused by someone else's process: not ours
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except psutil.TimeoutExpired:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+                    p.wait(timeout=3)
+            except psutil.Error:
+                continue
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:  # noqa: S310 - loopback only
+            return r.status, r.read()
+
+    def wait_ready(self, path: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.kind} exited with {self.proc.returncode} before it was ready\n{self.log_tail()}"
+                )
+            try:
+                status, _ = self.get(path, timeout=2.0)
+                if status == 200:
+                    return
+                last = status
+            except (urllib.error.URLError, ConnectionError, OSError) as exc:
+                last = exc
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.kind} not ready at {self.url}{path} after {timeout:.0f}s ({last!r})\n"
+                           f"{self.log_tail()}")
+
+
+def _spawn(kind: str, cmd: Sequence[str], port: int, workdir: Path, root_dir: Path,
+           env: dict[str, str], ready_path: str, timeout: float) -> Server:
+    log_path = workdir / f"{kind}-{port}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child, closed with the Popen below
+    try:
+        proc = subprocess.Popen(list(cmd), cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        log.close()  # the child has its own descriptor
+    server = Server(kind, proc, port, log_path, env, root_dir)
+    try:
+        server.wait_ready(ready_path, timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_voila(notebook: Path, workdir: Path, *, timeout: float = 60.0,
+                extra_args: Iterable[str] = (), env: dict[str, str] | None = None) -> Server:
+    """Voila 0.5 serving ``notebook`` at ``server.url + "/"`` (GET ``/`` executes it).
+
+    Readiness is polled on ``/voila/static/voila.js``, which does not start a kernel.
+    """
+    notebook = Path(notebook).resolve()
+    port = free_port()
+    cmd = [sys.executable, "-m", "voila", str(notebook), "--no-browser",
+           f"--Voila.ip={HOST}", f"--Voila.port={port}", "--Voila.port_retries=0",
+           "--VoilaConfiguration.show_tracebacks=True", *extra_args]
+    return _spawn("voila", cmd, port, workdir, notebook.parent, env or isolated_env(workdir),
+                  "/voila/static/voila.js", timeout)
+
+
+LAB_NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
+
+
+def start_lab(root_dir: Path, workdir: Path, *, timeout: float = 90.0,
+              extra_args: Iterable[str] = (), env: dict[str, str] | None = None) -> Server:
+    """JupyterLab 4 with no token/password, serving ``root_dir``; ready when ``GET /api`` answers.
+
+    ``window.jupyterapp`` is exposed (``--LabApp.expose_app_in_browser``) and the news / update
+    notification is switched off through a user-settings file, so nothing covers the notebook.
+    """
+    env = env or isolated_env(workdir)
+    settings = (Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab"
+                / "apputils-extension" / "notification.jupyterlab-settings")
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(LAB_NOTIFICATION_SETTINGS))
+    port = free_port()
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+           f"--ServerApp.ip={HOST}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           "--IdentityProvider.token=", "--PasswordIdentityProvider.hashed_password=",
+           f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+           "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.extension_manager=readonly",
+           "--LabApp.expose_app_in_browser=True",
+           f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
+           *extra_args]
+    return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+
+
+def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
+    """Write a notebook (python3 kernelspec, no outputs). A cell is code, or ``("markdown", text)``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for cell in cells:
+        if isinstance(cell, tuple):
+            kind, src = cell
+            nb.cells.append(nbformat.v4.new_markdown_cell(src) if kind == "markdown"
+                            else nbformat.v4.new_code_cell(src))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(cell))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+# -- Chromium --------------------------------------------------------------------------------------
+
+def chromium_args() -> list[str]:
+    """Flags for Debian's Chromium here: headless, no sandbox (root), no outside look-ups."""
+    return [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage",
+        # outside names fail fast; without the two EXCLUDEs every local page fails
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+    ]
+
+
+def chromium_env(base: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        d = base / name.lower()
+        d.mkdir(parents=True, exist_ok=True)
+        env[name] = str(d)
+    return env
+
+
+# -- page helpers ----------------------------------------------------------------------------------
+
+BAD_WIDGET_TEXTS = ("Loading widget", "Error displaying widget", "Error rendering")
+
+
+def widget_problems(page: Any) -> list[str]:
+    """What says a widget did not render: the bad texts in the page, and error-widget elements."""
+    text = page.evaluate("() => document.body ? document.body.innerText : ''")
+    problems = [t for t in BAD_WIDGET_TEXTS if t in text]
+    n_err = page.locator(".jupyter-widgets-error-widget").count()
+    if n_err:
+        problems.append(f"{n_err} .jupyter-widgets-error-widget element(s)")
+    return problems
+
+
+def wait_widgets_rendered(page: Any, selectors: Sequence[str], timeout: float = 30.0) -> None:
+    """Wait until every selector is visible and no widget is loading or broken; raise with the reason."""
+    deadline = time.monotonic() + timeout
+    missing: list[str] = list(selectors)
+    problems: list[str] = []
+    while time.monotonic() < deadline:
+        missing = [s for s in selectors if page.locator(s).count() == 0 or not page.locator(s).first.is_visible()]
+        problems = widget_problems(page)
+        if not missing and not problems:
+            return
+        if any(p.startswith("Error") or "error-widget" in p for p in problems):
+            break  # a failed render does not recover
+        page.wait_for_timeout(200)
+    raise AssertionError(f"widgets not rendered: missing={missing} problems={problems}")
+
+
+def lab_run_all(page: Any, timeout: float = 60.0) -> None:
+    """In JupyterLab (``expose_app_in_browser``): wait for the notebook's kernel to be idle, run all cells,
+    and wait until the kernel is idle again with every code cell executed."""
+    ms = int(timeout * 1000)
+    kernel_idle = """() => {
+        const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+        const s = w && w.sessionContext;
+        return !!(s && s.session && s.session.kernel && s.session.kernel.status === 'idle'
+                  && !s.pendingInput);
+    }"""
+    page.wait_for_function(kernel_idle, timeout=ms)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            if (!w || !w.content || !w.sessionContext.session) return false;
+            const kernel = w.sessionContext.session.kernel;
+            const cells = w.content.widgets.filter(c => c.model.type === 'code');
+            return kernel && kernel.status === 'idle'
+                && cells.every(c => c.model.executionCount !== null && !c.node.classList.contains('jp-mod-running'))
+                && cells.every(c => c.promptNode === undefined || !/\\[\\*\\]/.test(c.promptNode.textContent));
+        }""",
+        timeout=ms,
+    )

@@ -1,0 +1,235 @@
+"""Fixtures for real-browser tests: Voila / JupyterLab on loopback, driven by Debian's Chromium.
+
+Every test in ``tests/browser/`` is marked ``browser`` automatically (deselect with ``-m "not browser"``).
+When Chromium (``/usr/bin/chromium``, or ``$NBT_CHROMIUM``), Playwright, Voila or JupyterLab is missing
+these tests are skipped -- except when ``CI`` is set, where they fail: CI installs them (``.ci/run``).
+Playwright drives the system Chromium through ``executable_path``; ``playwright install`` is never needed.
+
+Fixtures
+--------
+``browser``  (session)  a ``playwright.sync_api.Browser`` (headless Chromium, flags from
+                        ``_servers.chromium_args()``: no sandbox, no outside DNS, loopback only).
+``page``     (function) a fresh context + ``Page`` (1280x900, 30 s default timeout). If the test fails, a
+                        full-page screenshot goes to ``test-artifacts/<test>-failure.png`` and the
+                        browser console and the server logs are printed with the report.
+``console_log`` (function) ``list[str]`` of the page's console messages and page errors (``"error: ..."``).
+``voila_server`` (function) factory ``voila_server(notebook: Path, *, timeout=60, extra_args=()) -> Server``:
+                        Voila 0.5 on ``server.url`` (``page.goto(server.url + "/")`` executes the notebook;
+                        its kernel runs with cwd = the notebook's folder and stays alive, so widget
+                        callbacks work). Stopped by PID at teardown.
+``lab_server``   (function) factory ``lab_server(root_dir: Path, *, timeout=90, extra_args=()) -> Server``:
+                        JupyterLab 4, no token, ``window.jupyterapp`` exposed, news/update pop-up off.
+                        Open ``f"{server.url}/lab/tree/{name}.ipynb"`` then ``lab_run_all(page)``.
+``make_notebook`` (function) ``make_notebook(name: str, cells: list[str | ("markdown", str)]) -> Path``
+                        writes ``<tmp>/nb/<name>.ipynb`` (python3 kernelspec, no outputs).
+``screenshot``   (function) ``screenshot(page, name, *, selector=None) -> Path`` saves
+                        ``test-artifacts/<name>.png`` (a selector is scrolled into view and shot alone).
+``artifacts_dir`` (session) ``Path`` of ``test-artifacts/`` (gitignored; ``$NBT_ARTIFACTS`` overrides).
+
+``Server`` has ``url``, ``pid``, ``port``, ``root_dir``, ``log_tail()``, ``get(path)``, ``stop()``.
+Page helpers live in ``_servers`` (import them: ``from _servers import wait_widgets_rendered, lab_run_all``):
+``wait_widgets_rendered(page, selectors, timeout=30)`` waits until every selector is visible and no
+"Loading widget" / "Error displaying widget" / "Error rendering" / error-widget remains;
+``widget_problems(page)`` lists those problems now; ``lab_run_all(page, timeout=60)`` waits for the kernel,
+runs all cells through ``window.jupyterapp.commands`` and waits until every code cell has executed.
+
+Example::
+
+    def test_panel(voila_server, make_notebook, page, screenshot):
+        nb = make_notebook("panel", ["from nbtrainer import TrainerWidget", "...", "w"])
+        server = voila_server(nb)
+        page.goto(server.url + "/")
+        wait_widgets_rendered(page, [".nbt-panel", "svg.svg-figure"])
+        page.locator(".nbt-start").click()
+        screenshot(page, "panel-running")
+
+Select on stable ``nbt-...`` classes (``widget.add_class``), not on Lab internals. bqplot draws marks in
+several steps: poll until every property you check agrees (``page.wait_for_function``). A button clicked
+while a cell is busy is only delivered when the cell ends: training must run in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _servers  # noqa: E402
+from _servers import Server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _missing_or_skip(what: str) -> None:
+    msg = f"browser tests need {what}"
+    if _in_ci():
+        pytest.fail(f"{msg} (CI is set: browser tests must run here; .ci/run installs chromium)", pytrace=False)
+    pytest.skip(msg)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.browser)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"_nbt_rep_{rep.when}", rep)
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    rep = getattr(request.node, "_nbt_rep_call", None)
+    return rep is None or rep.failed  # no call report: setup failed
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name).strip("_")[:120] or "shot"
+
+
+# -- requirements ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    path = os.environ.get("NBT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        _missing_or_skip("Debian's chromium (apt-get install -y chromium)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def _jupyter_servers_available() -> None:
+    for mod, what in (("voila", "voila"), ("jupyterlab", "jupyterlab"), ("nbformat", "nbformat")):
+        try:
+            __import__(mod)
+        except ImportError:
+            _missing_or_skip(f"{what} (pip install -e .[test])")
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    d = Path(os.environ.get("NBT_ARTIFACTS") or REPO / "test-artifacts")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# -- browser ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing_or_skip("playwright (pip install -e .[test]; never `playwright install`)")
+    home = tmp_path_factory.mktemp("chromium")
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=chromium_path, headless=True, args=_servers.chromium_args(),
+                               env=_servers.chromium_env(home), timeout=60_000)
+    except Exception as exc:  # noqa: BLE001
+        pw.stop()
+        if _in_ci():
+            raise
+        pytest.skip(f"chromium at {chromium_path} did not start: {exc}")
+    try:
+        yield b
+    finally:
+        b.close()
+        pw.stop()
+
+
+@pytest.fixture
+def console_log() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest,
+         artifacts_dir: Path) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
+    pg.on("pageerror", lambda e: console_log.append(f"pageerror: {e}"))
+    try:
+        yield pg
+    finally:
+        if _failed(request):
+            try:
+                shot = artifacts_dir / f"{_safe(request.node.name)}-failure.png"
+                pg.screenshot(path=str(shot), full_page=True, timeout=10_000)
+                print(f"\n[screenshot] {shot}")
+            except Exception as exc:  # noqa: BLE001 - best effort while reporting a failure
+                print(f"\n[screenshot failed] {exc}")
+            print("[browser console]\n" + "\n".join(console_log[-80:]))
+        context.close()
+
+
+@pytest.fixture
+def screenshot(artifacts_dir: Path) -> Callable[..., Path]:
+    def take(page: Any, name: str, *, selector: str | None = None) -> Path:
+        path = artifacts_dir / f"{_safe(name)}.png"
+        if selector:
+            loc = page.locator(selector).first
+            loc.scroll_into_view_if_needed()
+            loc.screenshot(path=str(path))
+        else:
+            page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+# -- servers and notebooks -------------------------------------------------------------------------
+
+@pytest.fixture
+def make_notebook(tmp_path: Path) -> Callable[..., Path]:
+    def make(name: str, cells: list[Any]) -> Path:
+        return _servers.write_notebook(tmp_path / "nb" / f"{_safe(name)}.ipynb", cells)
+
+    return make
+
+
+def _server_factory(start: Callable[..., Server], request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def factory(target: Path, **kw: Any) -> Server:
+        workdir = tmp_path_factory.mktemp(start.__name__.removeprefix("start_"))
+        server = start(Path(target), workdir, **kw)
+        started.append(server)
+        return server
+
+    try:
+        yield factory
+    finally:
+        failed = _failed(request)
+        for server in reversed(started):
+            if failed:
+                print(f"\n[{server.kind} log, pid {server.pid}]\n{server.log_tail()}")
+            server.stop()
+
+
+@pytest.fixture
+def voila_server(_jupyter_servers_available: None, request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    yield from _server_factory(_servers.start_voila, request, tmp_path_factory)
+
+
+@pytest.fixture
+def lab_server(_jupyter_servers_available: None, request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    yield from _server_factory(_servers.start_lab, request, tmp_path_factory)

@@ -1,0 +1,66 @@
+"""Smoke tests that prove the browser fixtures: an ipywidgets Button and a bqplot Figure render in a real
+Chromium, in Voila and in JupyterLab, and a click travels to the kernel and back."""
+
+from __future__ import annotations
+
+import pytest
+from _servers import wait_widgets_rendered, lab_run_all, widget_problems
+
+SMOKE_CELLS = [
+    ("markdown", "# nbtrainer browser smoke test"),
+    "import ipywidgets as w\n"
+    "import bqplot as bq\n"
+    "clicks = {'n': 0}\n"
+    "button = w.Button(description='Smoke')\n"
+    "button.add_class('nbt-smoke-button')\n"
+    "label = w.Label(value='clicks: 0')\n"
+    "label.add_class('nbt-smoke-label')\n"
+    "def on_click(_):\n"
+    "    clicks['n'] += 1\n"
+    "    label.value = f\"clicks: {clicks['n']}\"\n"
+    "button.on_click(on_click)\n"
+    "sx, sy = bq.LinearScale(), bq.LinearScale()\n"
+    "line = bq.Lines(x=[0, 1, 2, 3], y=[0, 1, 4, 9], scales={'x': sx, 'y': sy})\n"
+    "fig = bq.Figure(marks=[line], axes=[bq.Axis(scale=sx), bq.Axis(scale=sy, orientation='vertical')],\n"
+    "                title='smoke', layout=w.Layout(width='500px', height='300px'))\n"
+    "fig.add_class('nbt-smoke-figure')\n"
+    "w.VBox([w.HBox([button, label]), fig])",
+]
+
+SELECTORS = ["button.jupyter-button.nbt-smoke-button", ".nbt-smoke-figure svg.svg-figure", ".nbt-smoke-label"]
+
+# the line path is drawn after the figure: wait until it has a real path
+LINE_DRAWN = """() => {
+    const p = document.querySelector('.nbt-smoke-figure svg.svg-figure path.line');
+    return !!(p && (p.getAttribute('d') || '').length > 10);
+}"""
+
+
+def _click_round_trip(page) -> None:
+    page.locator(".nbt-smoke-button").click()
+    page.locator(".nbt-smoke-label", has_text="clicks: 1").wait_for(timeout=15_000)
+
+
+@pytest.mark.timeout(60)
+def test_voila_renders_button_and_bqplot(voila_server, make_notebook, page, screenshot, console_log):
+    server = voila_server(make_notebook("smoke", SMOKE_CELLS))
+    page.goto(server.url + "/", wait_until="domcontentloaded")
+    wait_widgets_rendered(page, SELECTORS, timeout=40)
+    page.wait_for_function(LINE_DRAWN, timeout=10_000)
+    _click_round_trip(page)
+    assert widget_problems(page) == []
+    assert not [m for m in console_log if m.startswith("pageerror")], console_log
+    assert screenshot(page, "smoke-voila").stat().st_size > 0
+
+
+@pytest.mark.timeout(60)
+def test_lab_runs_notebook_and_renders_widgets(lab_server, make_notebook, page, screenshot):
+    nb = make_notebook("smoke_lab", SMOKE_CELLS)
+    server = lab_server(nb.parent)
+    page.goto(f"{server.url}/lab/tree/{nb.name}", wait_until="domcontentloaded")
+    lab_run_all(page, timeout=40)
+    wait_widgets_rendered(page, SELECTORS, timeout=20)
+    page.wait_for_function(LINE_DRAWN, timeout=10_000)
+    _click_round_trip(page)
+    assert widget_problems(page) == []
+    assert screenshot(page, "smoke-lab", selector=".nbt-smoke-figure").stat().st_size > 0
