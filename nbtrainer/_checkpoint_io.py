@@ -77,6 +77,11 @@ def save_checkpoint_file(path: str | os.PathLike, checkpoint: dict[str, Any]) ->
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _why(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln or "Unsupported operand" in ln]
+    return (lines[0] if lines else str(exc).splitlines()[0])[:300]
+
+
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``) and check it is an nbtrainer checkpoint.
 
@@ -101,7 +106,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"Refused to load {path!r}: it needs unpickling objects that are not plain tensors/containers "
-            f"({str(exc).splitlines()[0][:200]}). nbtrainer loads with weights_only=True and ran none of it. "
+            f"({_why(exc)}). nbtrainer loads with weights_only=True and ran none of it. "
             "Only load checkpoints you trust; nbtrainer's own checkpoints never need this."
         ) from exc
     except (RuntimeError, EOFError, OSError, ValueError) as exc:

@@ -34,7 +34,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
     return {
         "format": CHECKPOINT_FORMAT,
         "version": VERSION,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),
         "model": unwrap_model(trainer.model).state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,

@@ -1,0 +1,41 @@
+"""Shared fixtures: small real models and synthetic data (fast on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Tests share 2 cores with each other's subprocesses; more threads only adds contention.
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+os.environ.setdefault("TQDM_DISABLE", "0")
+
+
+def make_classification(n: int = 256, d: int = 10, classes: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(d, classes, generator=g)
+    y = (x @ w).argmax(dim=1)
+    return x, y
+
+
+def make_loader(x, y, batch_size: int = 32, shuffle: bool = False, seed: int = 0, **kw):
+    ds = torch.utils.data.TensorDataset(x, y)
+    gen = torch.Generator().manual_seed(seed) if shuffle else None
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=gen, **kw)
+
+
+def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out)).to(dtype)
+
+
+@pytest.fixture
+def classification():
+    x, y = make_classification()
+    return x, y
+
+
+def accuracy(outputs, targets):
+    return (outputs.argmax(dim=1) == targets).float().mean()

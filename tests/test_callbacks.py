@@ -1,0 +1,124 @@
+"""EarlyStopping, ModelCheckpoint, duck-typed callbacks and the event order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from conftest import make_classification, make_loader, mlp
+from nbtrainer import EVENTS, EarlyStopping, LRMonitor, ModelCheckpoint, Trainer, load_checkpoint
+
+
+class Scripted:
+    """Overwrites val_loss with a scripted sequence, so the expected stop epoch is known exactly."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        logs["val_loss"] = self.values[epoch - 1]
+
+
+def _trainer(callbacks, **kw):
+    model = mlp()
+    return Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05),
+                   callbacks=callbacks, progress=False, **kw)
+
+
+@pytest.mark.parametrize("values,patience,stop_epoch", [
+    ([1.0, 0.9, 0.95, 0.96, 0.97, 0.5, 0.4], 3, 5),
+    ([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], 2, None),
+    ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 1, 2),
+])
+def test_early_stopping_stops_at_the_right_epoch(values, patience, stop_epoch):
+    x, y = make_classification(n=64)
+    es = EarlyStopping("val_loss", patience=patience)
+    h = _trainer([Scripted(values), es]).fit(make_loader(x, y), make_loader(x, y), epochs=7)
+    assert len(h) == (stop_epoch or 7)
+    assert es.stopped_epoch == stop_epoch
+    assert h.status == ("stopped" if stop_epoch else "finished")
+
+
+def test_early_stopping_non_finite_and_restore_best():
+    x, y = make_classification(n=64)
+    es = EarlyStopping("val_loss", patience=5, restore_best_weights=True)
+    trainer = _trainer([Scripted([1.0, 0.5, 0.7, float("nan"), 0.1]), es])
+    snapshots = []
+    trainer.add_callback(type("Snap", (), {"on_epoch_end": lambda self, trainer, epoch, logs: snapshots.append(
+        {k: v.clone() for k, v in trainer.model.state_dict().items()})})())
+    h = trainer.fit(make_loader(x, y), make_loader(x, y), epochs=5)
+    assert len(h) == 4 and "nan" in h.stop_reason
+    best = snapshots[1]  # epoch 2 had the best val_loss
+    assert all(torch.equal(v, best[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_monitoring_a_key_that_never_exists_fails_before_training(tmp_path):
+    x, y = make_classification(n=64)
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      callbacks=[EarlyStopping("val_loss")], progress=False)
+    with pytest.raises(ValueError, match="no val_loader was given"):
+        trainer.fit(make_loader(x, y), epochs=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    ck = ModelCheckpoint(tmp_path / "ck", monitor="val_accuracy")
+    with pytest.raises(ValueError, match="val_accuracy"):
+        _trainer([ck]).fit(make_loader(x, y), make_loader(x, y), epochs=2)
+    assert not any(p.suffix == ".ckpt" for p in (tmp_path / "ck").glob("*"))
+
+
+def test_model_checkpoint_top_k_and_last(tmp_path):
+    x, y = make_classification(n=64)
+    ck = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=2, save_last=True)
+    scripted = Scripted([0.9, 0.5, 0.7, 0.3, 0.8])
+    trainer = _trainer([scripted, ck])
+    trainer.fit(make_loader(x, y), make_loader(x, y), epochs=5)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["epoch002-0.5000.ckpt", "epoch004-0.3000.ckpt", "last.ckpt"]
+    assert ck.best_model_path.endswith("epoch004-0.3000.ckpt")
+    last = load_checkpoint(tmp_path / "last.ckpt")
+    assert len(last["history"]["epochs"]) == 5 and last["loop"]["global_step"] == trainer.global_step
+    best = load_checkpoint(ck.best_model_path)
+    assert best["history"]["epochs"][-1]["val_loss"] == 0.3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_checkpoint_roundtrip_restores_weights(tmp_path):
+    x, y = make_classification(n=64)
+    trainer = _trainer([])
+    trainer.fit(make_loader(x, y), epochs=2)
+    path = trainer.save_checkpoint(str(tmp_path / "a.ckpt"))
+    other = _trainer([])
+    other.load_state_dict(load_checkpoint(path))
+    for a, b in zip(trainer.model.parameters(), other.model.parameters()):
+        assert torch.equal(a, b)
+    assert other.history.epochs == trainer.history.epochs
+
+
+def test_event_order_and_duck_typing():
+    seen = []
+
+    class Partial:  # defines only two hooks: the others are never looked up
+        def on_epoch_start(self, trainer, epoch):
+            seen.append(("epoch_start", epoch))
+
+        def on_fit_end(self, trainer, history):
+            seen.append(("fit_end", history.status))
+
+    class All:
+        def __getattr__(self, name):
+            if name in EVENTS:
+                return lambda **kw: seen.append((name,))
+            raise AttributeError(name)
+
+    x, y = make_classification(n=64)
+    _trainer([Partial(), All(), LRMonitor()]).fit(make_loader(x, y, batch_size=32), make_loader(x, y), epochs=1)
+    names = [s[0] for s in seen]
+    assert names[0] == "on_fit_start" and names[-2:] == ["fit_end", "on_fit_end"] and ("epoch_start", 1) in seen
+    order = [n for n in names if n in ("on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
+                                       "on_optimizer_step", "on_validation_start", "on_validation_end",
+                                       "on_epoch_end")]
+    assert order == ["on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step", "on_optimizer_step"] * 2 \
+        + ["on_validation_start", "on_validation_end", "on_epoch_end"]

@@ -1,0 +1,62 @@
+"""Schedulers: one step per optimizer step (OneCycle total_steps exact), never when fp16 skipped it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_classification, make_loader, mlp
+from nbtrainer import Trainer
+
+
+@pytest.mark.parametrize("accum,n,bs", [(1, 256, 32), (3, 256, 32), (4, 250, 32)])
+def test_onecycle_steps_equal_total_steps(accum, n, bs):
+    x, y = make_classification(n=n)
+    loader = make_loader(x, y, batch_size=bs)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, grad_accum_steps=accum, progress=False)
+    total = trainer.total_steps(loader, epochs=3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
+    trainer.set_scheduler(sched)
+    history = trainer.fit(loader, epochs=3)  # OneCycleLR raises if stepped past total_steps
+    assert sched.last_epoch == total == trainer.global_step
+    assert len(history.steps["lr"]) == total
+    # The recorded per-step LR is the schedule: warm-up then anneal, peak at max_lr.
+    lrs = history.steps["lr"]
+    assert max(lrs) == pytest.approx(0.1, rel=0.05) and lrs[0] < 0.01 and lrs[-1] < 1e-3
+
+
+def test_epoch_interval_and_plateau():
+    x, y = make_classification(n=128)
+    loader = make_loader(x, y)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step_lr = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=step_lr, scheduler_interval="epoch",
+                      progress=False)
+    h = trainer.fit(loader, epochs=3)
+    assert h["lr"] == pytest.approx([0.1, 0.05, 0.025])
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # threshold=1.0 (rel): only a 100% improvement counts, so every epoch after the first is a plateau.
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5, threshold=1.0)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=plateau, progress=False)
+    h = trainer.fit(loader, make_loader(x, y), epochs=3)  # default interval "step": plateau still per epoch
+    assert h["lr"] == pytest.approx([0.1, 0.05, 0.025])  # reduced on val_loss, once per epoch
+
+
+def test_scheduler_not_stepped_when_fp16_skips():
+    x, y = make_classification(n=256)
+    loader = make_loader(x, y)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=sched, precision="fp16-mixed", progress=False)
+    # A huge initial scale overflows fp16 grads: the scaler skips steps and backs off.
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)
+    history = trainer.fit(loader, epochs=2)
+    skipped = history.last["skipped_steps"]
+    assert skipped > 0
+    assert sched.last_epoch == trainer.global_step - skipped
