@@ -127,7 +127,8 @@ class Trainer:
             from nbtrainer._progress import ProgressBar
 
             user_callbacks.append(ProgressBar())
-        self.callbacks = CallbackList([HistoryRecorder(self.history), *user_callbacks])
+        self._recorder = HistoryRecorder(self.history)
+        self.callbacks = CallbackList([self._recorder, *user_callbacks])
         self.progress = Progress()
         self.status = "idle"
         self._control = Control()
@@ -229,6 +230,8 @@ class Trainer:
                 seed_everything(self.seed)
             self._state = LoopState()
             self._elapsed_before = 0.0
+            self.history = History()  # each fit gets its own History (the returned object)
+            self._recorder.history = self.history
         if self.deterministic:
             set_deterministic(True)
         self.model = self.strategy.setup_model(self.model)
@@ -320,7 +323,7 @@ class Trainer:
                     if metrics:
                         metrics.update(outputs, targets)
             parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
-            host = torch.cat([p.reshape(-1).cpu() for p in parts]).tolist() if parts else []  # SYNC: once per eval
+            host = torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []  # SYNC: once per eval
         finally:
             model.train(was_training)
         n = len(losses)
