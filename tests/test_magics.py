@@ -1,0 +1,376 @@
+"""``%load_ext nbtrainer`` and the ``%nbtrainer`` magic, exercised through a real IPython InteractiveShell.
+
+Only nbtrainer's own collaborators that other work is still building (``profile_model``,
+``TrainerWidget``, ``ProfileCard``) are replaced in the *plumbing* tests; the same subcommands also run
+against the real implementations when those are importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
+
+import nbtrainer  # noqa: E402
+from nbtrainer import _magics  # noqa: E402
+from nbtrainer._precision import PRECISIONS, precision_support  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def _shell_instance(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The InteractiveShell singleton, created with a temp IPYTHONDIR and in-memory history; when this
+    module created it, it is cleared afterwards and the interpreter hooks it replaced are restored."""
+    import sys
+
+    from traitlets.config import Config
+
+    existed = InteractiveShell.initialized()
+    hooks = (sys.displayhook, sys.excepthook)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    try:
+        yield InteractiveShell.instance(config=cfg)
+    finally:
+        if not existed:
+            InteractiveShell.clear_instance()
+            sys.displayhook, sys.excepthook = hooks
+        mp.undo()
+
+
+@pytest.fixture
+def shell(_shell_instance: Any) -> Any:
+    sh = _shell_instance
+    before = set(sh.user_ns)
+    sh.run_line_magic("load_ext", "nbtrainer")
+    yield sh
+    sh.run_line_magic("unload_ext", "nbtrainer")
+    for name in set(sh.user_ns) - before:
+        sh.user_ns.pop(name, None)
+
+
+def nbt(sh: Any, line: str) -> Any:
+    return sh.run_line_magic("nbtrainer", line)
+
+
+# -- load / unload ---------------------------------------------------------------------------------
+
+def test_load_ext_registers_and_unload_removes(shell: Any) -> None:
+    assert "nbtrainer" in shell.magics_manager.magics["line"]
+    shell.run_line_magic("unload_ext", "nbtrainer")
+    assert "nbtrainer" not in shell.magics_manager.magics["line"]
+    result = shell.run_cell("%load_ext nbtrainer")
+    assert result.success
+    assert "nbtrainer" in shell.magics_manager.magics["line"]
+
+
+def test_help_lists_every_subcommand(shell: Any, capsys: pytest.CaptureFixture) -> None:
+    nbt(shell, "help")
+    out = capsys.readouterr().out
+    for sub in ("doctor", "profile", "train", "status", "stop"):
+        assert f"%nbtrainer {sub}" in out
+    nbt(shell, "profile -h")
+    out = capsys.readouterr().out
+    assert out.startswith("usage: %nbtrainer profile") and "--input-shape" in out
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+def _precision_lines(text: str) -> dict[str, bool]:
+    found = {}
+    for name in PRECISIONS:
+        m = re.search(rf"^\s*(ok|FAIL)\s+{re.escape(name)}\s+(supported|not available)", text, re.M)
+        assert m, f"no precision line for {name}:\n{text}"
+        found[name] = m.group(1) == "ok"
+    return found
+
+
+def test_doctor_reports_torch_devices_and_checked_precisions(shell: Any) -> None:
+    report = nbt(shell, "doctor")
+    text = str(report)
+    assert torch.__version__ in text
+    assert ("CPU build" in text) == (torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
+    assert re.search(r"^\s+cpu\s+\S", text, re.M), text
+    # the precision lines agree with the real check for the CPU
+    assert _precision_lines(text) == {k: v[0] for k, v in precision_support("cpu").items()}
+    for pkg in ("ipywidgets", "jupyterlab_widgets", "bqplot", "ipykernel"):
+        assert re.search(rf"^\s*\S*\s+{pkg}\s+\S", text, re.M), pkg
+    assert "@jupyter-widgets/jupyterlab-manager" in text and "front-end extensions" in text
+    assert "ipykernel" in text and ("thread" in text)
+    html = report._repr_html_()
+    assert 'class="nbt-doctor"' in html and torch.__version__ in html
+    # the alias gives the same report
+    assert re.sub(r"\d+\.\d+s", "", str(nbt(shell, "env"))) == re.sub(r"\d+\.\d+s", "", text)
+
+
+def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
+    with capture_output() as cap:
+        result = shell.run_cell("%nbtrainer doctor --device cpu")
+    assert result.success, result.error_in_exec
+    assert isinstance(result.result, _magics.DoctorReport)
+    assert "nbtrainer doctor" in cap.stdout  # the displayhook printed the text form
+
+
+def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(shell: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Any) -> None:
+    real = _magics._version
+    fake = {"ipykernel": "7.0.1", "ipywidgets": "8.1.5", "jupyterlab_widgets": "1.1.11"}
+    monkeypatch.setattr(_magics, "_version", lambda name: fake.get(name, real(name)))
+    monkeypatch.setattr(_magics, "_labextension_dirs", lambda: [str(tmp_path)])
+    report = nbt(shell, "doctor --device cpu")
+    assert not report.ok
+    problems = {p.what: p.fix for p in report.problems}
+    thread = [f for w, f in problems.items() if "thread-update bug" in w and "7.0.1" in w]
+    assert thread and 'ipykernel>=7.1' in thread[0]
+    mismatch = [f for w, f in problems.items() if "jupyterlab_widgets 3.x" in w]
+    assert mismatch and "jupyterlab_widgets>=3" in mismatch[0]
+    missing = [f for w, f in problems.items() if "front-end extension is not installed" in w]
+    assert len(missing) == 2 and any("jupyterlab_widgets" in f for f in missing) and any("bqplot" in f for f in missing)
+    text = str(report)
+    assert "FAIL" in text and "fix:" in text
+    assert len(re.findall(r"^\s+fix: ", text, re.M)) == len(report.problems)
+
+
+# -- usage errors ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    "bogus",
+    "profile",
+    "profile model",                          # neither --input-shape nor --inputs
+    "profile model --input-shape 1,a",
+    "profile model --input-shape 2,8 --precision fp8",
+    "profile model --inputs x --input-shape 2,8",
+    "profile missing_model --input-shape 2,8",
+    "profile model --inputs 'unclosed",
+    "train model crit",
+    "train model crit opt loader --epochs 0",
+    "train model crit opt loader --epochs two",
+    "train model crit opt loader --precision fp8",
+    "stop x",
+    "doctor --nope",
+    "status extra",
+])
+def test_bad_arguments_raise_usage_error(shell: Any, line: str) -> None:
+    shell.user_ns["model"] = torch.nn.Linear(8, 2)
+    shell.user_ns["x"] = torch.randn(2, 8)
+    with pytest.raises(UsageError) as info:
+        nbt(shell, line)
+    msg = str(info.value)
+    assert msg.strip(), line
+    if line.split()[0] in ("bogus", "profile", "train", "stop", "doctor", "status") and "not defined" not in msg:
+        assert "%nbtrainer" in msg, msg
+
+
+def test_usage_error_in_a_cell_is_clean(shell: Any, capsys: pytest.CaptureFixture) -> None:
+    result = shell.run_cell("%nbtrainer train only_two_args x")
+    assert isinstance(result.error_in_exec, UsageError)
+    captured = capsys.readouterr()
+    both = captured.out + captured.err
+    assert "UsageError" in both and "usage: %nbtrainer train" in both
+    assert "Traceback" not in both
+
+
+# -- profile ---------------------------------------------------------------------------------------
+
+class _FakeProfile:
+    def __init__(self, **kw: Any) -> None:
+        self.kw = kw
+
+    def _repr_html_(self) -> str:
+        return "<div class='fake-profile'>profile</div>"
+
+
+def test_profile_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict] = []
+
+    def fake_profile_model(model: Any, example: Any, *, devices: Any, precisions: Any) -> _FakeProfile:
+        calls.append(dict(model=model, example=example, devices=devices, precisions=precisions))
+        return _FakeProfile()
+
+    monkeypatch.setitem(vars(nbtrainer), "profile_model", fake_profile_model)
+    # no ProfileCard: the profile's own HTML is shown
+    monkeypatch.delitem(vars(nbtrainer), "ProfileCard", raising=False)
+    monkeypatch.setitem(nbtrainer._LAZY, "ProfileCard", "nbtrainer._no_such_module_for_test")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    shell.user_ns["net"] = model
+    with capture_output() as cap:
+        assert nbt(shell, "profile net --input-shape 2,8 --device cpu --precision bf16") is None
+    call = calls[-1]
+    assert call["model"] is model
+    assert isinstance(call["example"], torch.Tensor) and tuple(call["example"].shape) == (2, 8)
+    assert call["devices"] == (torch.device("cpu"),) and call["precisions"] == ("bf16-mixed",)
+    assert isinstance(shell.user_ns["_nbt_profile"], _FakeProfile)
+    assert any("fake-profile" in o.data.get("text/html", "") for o in cap.outputs)
+
+    # --inputs passes the namespace object itself; several shapes make a tuple; comma lists
+    shell.user_ns["batch"] = {"x": torch.randn(3, 8)}
+    nbt(shell, "profile net --inputs batch --precision fp32,fp16")
+    assert calls[-1]["example"] is shell.user_ns["batch"]
+    assert calls[-1]["precisions"] == ("fp32", "fp16-mixed")
+    nbt(shell, "profile net --input-shape 1,8 --input-shape 1,3")
+    assert [tuple(t.shape) for t in calls[-1]["example"]] == [(1, 8), (1, 3)]
+
+    # with a ProfileCard, the card is displayed
+    cards: list[Any] = []
+
+    class FakeCard:
+        def __init__(self, profile: Any) -> None:
+            cards.append(profile)
+
+        def _repr_html_(self) -> str:
+            return "<div class='fake-card'></div>"
+
+    monkeypatch.setitem(vars(nbtrainer), "ProfileCard", FakeCard)
+    with capture_output() as cap:
+        nbt(shell, "profile net --input-shape 2,8")
+    assert cards and cards[-1] is shell.user_ns["_nbt_profile"]
+    assert any("fake-card" in o.data.get("text/html", "") for o in cap.outputs)
+
+
+def test_profile_rejects_non_module(shell: Any) -> None:
+    shell.user_ns["notamodel"] = 3
+    with pytest.raises(UsageError, match="not a torch.nn.Module"):
+        nbt(shell, "profile notamodel --input-shape 1,2")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nbtrainer._profile") is None,
+                    reason="nbtrainer.profile_model is not written yet")
+def test_profile_real_model(shell: Any) -> None:
+    shell.user_ns["net"] = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                               torch.nn.LazyLinear(2))
+    shell.user_ns["net"](torch.randn(1, 3, 8, 8))  # materialize the lazy layer
+    with capture_output() as cap:
+        assert nbt(shell, "profile net --input-shape 1,3,8,8 --device cpu --precision fp32") is None
+    profile = shell.user_ns["_nbt_profile"]
+    assert type(profile).__name__ == "ModelProfile"
+    assert cap.outputs, "nothing was displayed"
+
+
+# -- train -----------------------------------------------------------------------------------------
+
+def _data() -> dict[str, Any]:
+    model = torch.nn.Linear(4, 2)
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    return dict(model=model, crit=torch.nn.CrossEntropyLoss(), opt=torch.optim.SGD(model.parameters(), lr=0.1),
+                train_dl=torch.utils.data.DataLoader(ds, batch_size=8),
+                val_dl=torch.utils.data.DataLoader(ds, batch_size=8),
+                mets={"mae": lambda out, y: (out.argmax(1) - y).abs().float().mean()})
+
+
+def test_train_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Any] = []
+
+    class FakeWidget:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.args, self.kwargs = args, kwargs
+            made.append(self)
+
+        def _repr_html_(self) -> str:
+            return "<div class='fake-widget'></div>"
+
+    monkeypatch.setitem(vars(nbtrainer), "TrainerWidget", FakeWidget)
+    ns = _data()
+    shell.user_ns.update(ns)
+    with capture_output() as cap:
+        out = nbt(shell, "train model crit opt train_dl val_dl --epochs 3 --precision bf16 --accum 2 --metrics mets")
+    assert out is None
+    w = made[-1]
+    assert shell.user_ns["_nbt_widget"] is w
+    assert w.args == (ns["model"], ns["crit"], ns["opt"], ns["train_dl"], ns["val_dl"])
+    assert w.kwargs == dict(epochs=3, precision="bf16-mixed", grad_accum_steps=2, metrics=ns["mets"])
+    assert any("fake-widget" in o.data.get("text/html", "") for o in cap.outputs)
+
+    nbt(shell, "train model None opt train_dl")
+    assert made[-1].args == (ns["model"], None, ns["opt"], ns["train_dl"], None)
+    assert made[-1].kwargs == dict(epochs=1, precision="fp32", grad_accum_steps=1, metrics=None)
+
+    with pytest.raises(UsageError, match="not defined"):
+        nbt(shell, "train model crit opt no_such_loader")
+
+
+def _widget_available() -> bool:
+    try:
+        from nbtrainer.widgets import TrainerWidget  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _widget_available(), reason="nbtrainer.widgets.TrainerWidget is not written yet")
+def test_train_builds_real_widget(shell: Any) -> None:
+    from nbtrainer.widgets import TrainerWidget
+
+    shell.user_ns.update(_data())
+    with capture_output():
+        nbt(shell, "train model crit opt train_dl val_dl --epochs 2")
+    assert isinstance(shell.user_ns["_nbt_widget"], TrainerWidget)
+
+
+# -- status / stop ---------------------------------------------------------------------------------
+
+def test_status_and_stop_with_no_runs(shell: Any, capsys: pytest.CaptureFixture) -> None:
+    assert nbt(shell, "status") is None
+    assert "No training runs in progress" in capsys.readouterr().out
+    assert nbt(shell, "stop") is None
+    assert "No training runs in progress" in capsys.readouterr().out
+
+
+class _SlowLoader:
+    """A loader slow enough that the run is still going when the magic looks at it."""
+
+    def __init__(self, n: int = 400) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        for _ in range(self.n):
+            time.sleep(0.01)
+            yield torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+
+def test_status_and_stop_a_background_run(shell: Any, capsys: pytest.CaptureFixture) -> None:
+    from nbtrainer import Trainer
+
+    model = torch.nn.Linear(4, 2)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      progress=False, refresh_interval=0.05)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("history", trainer.fit(_SlowLoader(), epochs=5)),
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while trainer not in Trainer.active() or trainer.progress.global_step < 2:
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.02)
+        nbt(shell, "status")
+        out = capsys.readouterr().out
+        assert "1 training run(s) in progress" in out
+        assert re.search(r"\[0\] Linear · running · epoch 1/5 · step \d+/\d+", out), out
+
+        with pytest.raises(UsageError, match="no run 3"):
+            nbt(shell, "stop 3")
+        nbt(shell, "stop 0 --wait 15")
+        out = capsys.readouterr().out
+        assert "stop requested" in out and "all stopped." in out
+    finally:
+        trainer.request_stop("test teardown")
+        thread.join(20)
+    assert not thread.is_alive()
+    assert trainer not in Trainer.active()
+    assert result["history"].status == "stopped"
+    assert len(result["history"].epochs) < 5
