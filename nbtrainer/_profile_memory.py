@@ -271,3 +271,4 @@ def measure_training_memory(
         "scaling": scaling,
         "method": "saved_tensors_hooks" + (" + torch.cuda.max_memory_allocated" if device.type == "cuda" else ""),
     }
+
