@@ -1,0 +1,172 @@
+"""``profile_training``: a few real training steps under ``torch.profiler``, a Chrome/Perfetto trace
+and the ``key_averages()`` table.
+
+The Trainer's loop marks its phases with ``torch.profiler.record_function`` ranges named
+``nbt.data``, ``nbt.forward``, ``nbt.backward`` and ``nbt.optimizer_step`` when ``fit(profiler=...)``
+is given one, and calls ``profiler.step()`` after each optimizer step; the schedule
+(``wait`` / ``warmup`` / ``active`` optimizer steps) therefore counts optimizer steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["PHASES", "TrainingProfile", "profile_training"]
+
+PHASES = ("nbt.data", "nbt.forward", "nbt.backward", "nbt.optimizer_step")
+
+
+@dataclass
+class TrainingProfile:
+    """What :func:`profile_training` recorded.
+
+    Attributes:
+        trace_path: The Chrome/Perfetto trace (open in ``chrome://tracing`` or https://ui.perfetto.dev).
+        table: ``key_averages().table(...)`` as text.
+        rows: The same averages as records (times in µs, memory in bytes); see :meth:`to_pandas`.
+        phases: Mean ms per profiled step of each ``nbt.*`` range (CPU wall time of the range).
+        steps: Optimizer steps recorded (the ``active`` part of the schedule).
+        sort_by: The column the table is sorted by.
+    """
+
+    trace_path: str
+    table: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    sort_by: str = "self_cpu_time_total"
+
+    def to_pandas(self) -> Any:
+        """``key_averages()`` as a ``pandas.DataFrame``, one row per op / range."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        phases = ", ".join(f"{k}: {v:.3f} ms" for k, v in self.phases.items())
+        return (f"<div><b>Training profile</b> ({self.steps} steps; trace: <code>{html.escape(self.trace_path)}</code>)"
+                f"<br>{html.escape(phases)}<pre style='font-size:smaller'>{html.escape(self.table)}</pre></div>")
+
+    def __str__(self) -> str:
+        return self.table
+
+
+def _row(event: Any) -> dict[str, Any]:
+    return {
+        "name": event.key,
+        "count": event.count,
+        "cpu_time_total_us": float(event.cpu_time_total),
+        "self_cpu_time_total_us": float(event.self_cpu_time_total),
+        "cpu_time_avg_us": float(event.cpu_time_total) / max(event.count, 1),
+        "device_time_total_us": float(getattr(event, "device_time_total", 0) or 0),
+        "self_device_time_total_us": float(getattr(event, "self_device_time_total", 0) or 0),
+        "cpu_memory_usage": int(getattr(event, "cpu_memory_usage", 0) or 0),
+        "device_memory_usage": int(getattr(event, "device_memory_usage", 0) or 0),
+    }
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """A detached CPU copy of a state dict (nested dicts/lists of tensors), to restore later."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _snapshot(trainer: Any) -> dict[str, Any]:
+    parts = {"model": trainer.model, "optimizer": trainer.optimizer,
+             "scheduler": getattr(trainer, "scheduler", None), "scaler": getattr(trainer, "scaler", None)}
+    return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
+
+
+def profile_training(
+    trainer: Any,
+    train_loader: Any,
+    *,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+    trace_path: str | os.PathLike[str] = "trace.json",
+    row_limit: int = 20,
+    restore: bool = True,
+    record_shapes: bool = False,
+    profile_memory: bool = False,
+) -> TrainingProfile:
+    """Profile ``wait + warmup + active`` optimizer steps of ``trainer.fit(train_loader, ...)``.
+
+    Args:
+        trainer: An :class:`nbtrainer.Trainer`.
+        train_loader: Batches to train on (re-iterated for more epochs if it is short).
+        wait: Steps run before the profiler starts.
+        warmup: Steps profiled but discarded (the profiler's own start-up cost).
+        active: Steps recorded.
+        trace_path: Where to write the Chrome/Perfetto JSON trace (parent folders are created).
+        row_limit: Rows in the text table.
+        restore: Put the model, optimizer, scheduler and GradScaler state back afterwards (these steps
+            really train; the trainer's ``history`` is the profiling run's).
+        record_shapes: Record input shapes of ops (bigger trace).
+        profile_memory: Record tensor allocations (bigger trace).
+
+    Returns:
+        A :class:`TrainingProfile`.
+
+    Raises:
+        RuntimeError: The loader ran out before any step was recorded.
+
+    Example:
+        >>> # prof = profile_training(trainer, train_loader, trace_path="runs/trace.json")
+        >>> # prof.phases  -> {"nbt.data": 0.2, "nbt.forward": 3.1, "nbt.backward": 5.9, ...}
+    """
+    if min(wait, warmup) < 0 or active < 1:
+        raise ValueError("wait and warmup must be >= 0 and active >= 1")
+    needed = wait + warmup + active
+    try:
+        per_epoch = math.ceil(len(train_loader) / max(getattr(trainer, "grad_accum_steps", 1), 1))
+    except TypeError:
+        per_epoch = 0
+    epochs = max(1, math.ceil(needed / per_epoch)) if per_epoch else needed
+    path = os.fspath(trace_path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    device = torch.device(getattr(trainer, "device", "cpu"))
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    result: dict[str, Any] = {}
+
+    def ready(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(path)
+        averages = prof.key_averages()
+        result["table"] = averages.table(sort_by=sort_by, row_limit=row_limit)
+        result["rows"] = sorted((_row(e) for e in averages), key=lambda r: -r[sort_by + "_us"])
+        # completed optimizer steps (a ProfilerStep range can be open when the loader runs dry)
+        result["steps"] = sum(r["count"] for r in result["rows"] if r["name"] == "nbt.optimizer_step")
+
+    saved = _snapshot(trainer) if restore else {}
+    schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    try:
+        with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=ready,
+                                    record_shapes=record_shapes, profile_memory=profile_memory) as prof:
+            trainer.fit(train_loader, epochs=epochs, max_steps=needed, profiler=prof)
+    finally:
+        for obj, state in saved.values():
+            obj.load_state_dict(state)
+    steps = int(result.get("steps", 0))
+    if not steps:
+        raise RuntimeError(f"No training step was recorded: the loader gave fewer than wait + warmup + 1 = "
+                           f"{wait + warmup + 1} optimizer steps. Lower wait/warmup or pass more batches.")
+    phases = {r["name"]: r["cpu_time_total_us"] / 1000.0 / steps for r in result["rows"] if r["name"] in PHASES}
+    return TrainingProfile(trace_path=path, table=result["table"], rows=result["rows"],
+                           phases={name: phases[name] for name in PHASES if name in phases},
+                           steps=steps, sort_by=sort_by)

@@ -1,0 +1,81 @@
+"""profile_training: torch.profiler over real Trainer steps, Chrome trace with the nbt.* ranges."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+
+from nbtrainer import Trainer, profile_training
+from nbtrainer._profile_trace import PHASES, TrainingProfile
+
+
+def _trainer(model: torch.nn.Module, **kw) -> Trainer:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, progress=False, device="cpu", **kw)
+
+
+def test_trace_is_valid_json_with_the_named_ranges(tmp_path) -> None:
+    x, y = make_classification(192)
+    trainer = _trainer(mlp())
+    path = tmp_path / "sub" / "trace.json"
+    prof = profile_training(trainer, make_loader(x, y, batch_size=32), wait=1, warmup=1, active=3, trace_path=path)
+    assert isinstance(prof, TrainingProfile) and prof.trace_path == str(path)
+    trace = json.loads(path.read_text())
+    names = [e.get("name") for e in trace["traceEvents"]]
+    for phase in PHASES:
+        assert names.count(phase) == 3, phase  # one range per recorded step
+    assert prof.steps == 3
+    assert set(prof.phases) == set(PHASES) and all(v > 0 for v in prof.phases.values())
+    assert "nbt.forward" in prof.table and "Self CPU" in prof.table
+    frame = prof.to_pandas()
+    assert {"name", "count", "self_cpu_time_total_us"} <= set(frame.columns)
+    assert set(PHASES) <= set(frame["name"])
+    assert "Training profile" in prof._repr_html_()
+
+
+def test_schedule_counts_optimizer_steps_with_accumulation(tmp_path) -> None:
+    x, y = make_classification(64)  # 8 batches of 8 = 4 optimizer steps per epoch: needs 2 epochs
+    trainer = _trainer(mlp(), grad_accum_steps=2)
+    prof = profile_training(trainer, make_loader(x, y, batch_size=8), wait=2, warmup=1, active=2,
+                            trace_path=tmp_path / "t.json")
+    assert prof.steps == 2
+    counts = {r["name"]: r["count"] for r in prof.rows}
+    assert counts["nbt.optimizer_step"] == 2
+    assert counts["nbt.forward"] == counts["nbt.backward"] == 4  # two micro-batches per step
+
+
+def test_restore_puts_model_and_optimizer_back(tmp_path) -> None:
+    x, y = make_classification(128)
+    model = mlp()
+    trainer = _trainer(model)
+    loader = make_loader(x, y, batch_size=32)
+    trainer.fit(loader, epochs=1)  # optimizer has state to protect
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_before = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    profile_training(trainer, loader, trace_path=tmp_path / "t.json")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(trainer.optimizer.state_dict()["state"][0]["exp_avg"], opt_before)
+    profile_training(trainer, loader, trace_path=tmp_path / "t2.json", restore=False)
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_too_few_steps_raises(tmp_path) -> None:
+    x, y = make_classification(64)
+    batches = list(make_loader(x, y, batch_size=32))  # a one-shot iterable of 2 batches
+    with pytest.raises(RuntimeError, match="No training step was recorded"):
+        profile_training(_trainer(mlp()), (b for b in batches), wait=2, warmup=1, active=1,
+                         trace_path=tmp_path / "t.json")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_trace_has_device_time(tmp_path) -> None:
+    x, y = make_classification(256)
+    model = mlp()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      progress=False, device="cuda")
+    prof = profile_training(trainer, make_loader(x, y, batch_size=32), trace_path=tmp_path / "t.json")
+    assert prof.sort_by == "self_device_time_total"
+    assert any(r["self_device_time_total_us"] > 0 for r in prof.rows)
