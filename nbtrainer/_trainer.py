@@ -25,6 +25,7 @@ from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._metrics import MetricSet
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
+from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
 
 __all__ = ["Trainer"]
@@ -36,7 +37,8 @@ class Trainer:
     Args:
         model: the ``nn.Module``.
         criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
-        optimizer: an optimizer over the model's parameters.
+        optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
+            ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
         scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
             ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
@@ -57,6 +59,14 @@ class Trainer:
         refresh_interval: seconds between reads of running values (progress, history, widget).
         timing_every: sample the step-time breakdown every n micro-batches (0: off).
         val_every_n_epochs: validate every n epochs.
+        lr: learning rate of an optimizer given by name (default: torch's default for it).
+        activation_checkpointing: ``True`` (the model's own ``gradient_checkpointing_enable()``, else its
+            repeated blocks) or a list of module types / names; switch later with
+            :meth:`set_activation_checkpointing`.
+        trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
+            counts in :attr:`param_counts`.
+        compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
+        channels_last: convert a conv net to ``torch.channels_last`` memory format.
 
     Example:
         >>> import torch
@@ -71,18 +81,25 @@ class Trainer:
 
     _active: ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
-    def __init__(self, model: torch.nn.Module, criterion: Callable | None, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, model: torch.nn.Module, criterion: Callable | None, optimizer: torch.optim.Optimizer | str, *,
                  scheduler: Any = None, scheduler_interval: str = "step", scheduler_monitor: str | None = None,
                  metrics: Mapping[str, Any] | None = None, callbacks: Iterable[Any] = (),
                  precision: str = "fp32", grad_accum_steps: int = 1, max_grad_norm: float | None = None,
                  device: str | torch.device = "auto", seed: int | None = None, deterministic: bool = False,
                  progress: bool = True, num_inputs: int | None = None, target_keys: Sequence[str] | str | None = None,
                  compute_loss: Callable | None = None, refresh_interval: float = 0.25, timing_every: int = 50,
-                 val_every_n_epochs: int = 1, non_blocking: bool = True) -> None:
+                 val_every_n_epochs: int = 1, non_blocking: bool = True, lr: float | None = None,
+                 activation_checkpointing: Any = False, trainable: Any = None, freeze: Any = None,
+                 compile: Any = False, channels_last: bool = False) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
+        # Strategy options (nbtrainer._strategies): checked, and a named optimizer built, now; applied last.
+        self._setup = ModelSetup(model, optimizer, lr=lr, device=device, trainable=trainable, freeze=freeze,
+                                 activation_checkpointing=activation_checkpointing, compile=compile,
+                                 channels_last=channels_last)
+        optimizer = self._setup.optimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
                             "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters()).")
@@ -140,6 +157,7 @@ class Trainer:
         self._elapsed_before = 0.0
         self._has_val = False
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
 
     # -- small public properties ---------------------------------------------------------------
     @classmethod
@@ -457,6 +475,25 @@ class Trainer:
         if interval not in ("step", "epoch"):
             raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}.")
         self.scheduler, self.scheduler_interval = scheduler, interval
+
+    def set_activation_checkpointing(self, value: Any) -> list[str]:
+        """Activation checkpointing between fits: ``True``, a list of module types / names, or ``False``
+        (the model is restored exactly). Returns the checkpointed blocks."""
+        self._require_idle("activation_checkpointing")
+        return self._setup.set_activation_checkpointing(value)
+
+    @property
+    def param_counts(self) -> Any:
+        """Trainable / frozen parameter counts of the model (``str()`` gives one line)."""
+        return self._setup.param_counts()
+
+    def lr_find(self, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100,
+                **kwargs: Any) -> Any:
+        """LR range test (exponential sweep); model and optimizer are restored afterwards. See
+        :func:`nbtrainer._lr_find.lr_find` for the options and the :class:`LRFinderResult`."""
+        from nbtrainer._lr_find import lr_find
+
+        return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, **kwargs)
 
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
