@@ -16,6 +16,7 @@ learned without reading it (the optimizer's step post-hook tells whether fp16's 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from typing import Any, Iterator
@@ -24,6 +25,9 @@ import torch
 
 from nbtrainer._batch import batch_size_of, move_to_device
 from nbtrainer._events import Progress
+
+Tensor = torch.Tensor
+_PAIR = (tuple, list)
 
 __all__ = ["FitLoop", "LoopState"]
 
@@ -91,9 +95,6 @@ class FitLoop:
         self.progress = trainer.progress
 
     # -- helpers -------------------------------------------------------------------------------
-    def _range(self, name: str):
-        return torch.profiler.record_function(name) if self.profiler is not None else _NULL
-
     def _sync(self) -> None:
         if self.t.device.type == "cuda":
             torch.cuda.synchronize(self.t.device)
@@ -151,43 +152,63 @@ class FitLoop:
             t._pending_rng = None
 
         n = self.n_batches
-        pairs = ((b, False) for b in it) if n is not None else _lookahead(it)
-        window, in_window = 0, 0
-        timing_every = t.timing_every
-        has_batch_start = cb.has("on_train_batch_start")
-        has_batch_end = cb.has("on_train_batch_end")
-        metrics = t._train_metrics
+        # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
+        pairs = zip(it, itertools.repeat(False)) if n is not None else _lookahead(it)
+        window = in_window = 0
+        timing_every = t.timing_every or 0
+        metrics = t._train_metrics if t._train_metrics else None
         first = st.global_step == 0 and st.batch == 0
-        device, spec = t.device, t.batch_spec
-        scaler = t.scaler
-        model = t.model
+        device, non_blocking, scaler, model, control = t.device, t.non_blocking, t.scaler, t.model, t._control
+        criterion, bound = t.criterion, cb._bound
+        no_sync = t.strategy.no_sync if t.strategy.distributed else None
+        fast = t._default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
+        prof = self.profiler is not None
+        r_data = torch.profiler.record_function("nbt.data") if prof else _NULL
+        r_fwd = torch.profiler.record_function("nbt.forward") if prof else _NULL
+        r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
+        amp = t._autocast()
+        pend_loss, pend_bs = self._pend_loss, self._pend_bs
+        t1 = t2 = t3 = 0.0
         while True:
-            sample = timing_every and (self._micro_total % timing_every == 0)
+            sample = timing_every and not self._micro_total % timing_every
             t0 = time.perf_counter() if sample else 0.0
-            with self._range("nbt.data"):
+            with r_data:
                 try:
                     batch, is_last = next(pairs)
                 except StopIteration:
                     break
-                batch = move_to_device(batch, device, t.non_blocking)
             if in_window == 0:
                 k = t.grad_accum_steps
                 remaining = n - st.batch if n is not None else 0
                 window = min(k, remaining) if remaining > 0 else k
             in_window += 1
             closes = in_window == window or is_last or (n is not None and st.batch + 1 >= n)
+            pair = fast and type(batch) in _PAIR and len(batch) == 2
+            if pair:
+                x, targets = batch
+                if type(x) is not Tensor or x.device != device:
+                    x = move_to_device(x, device, non_blocking)
+                if type(targets) is not Tensor or targets.device != device:
+                    targets = move_to_device(targets, device, non_blocking)
+                batch = (x, targets)
+            else:
+                batch = move_to_device(batch, device, non_blocking)
             if sample:
                 self._sync()
                 t1 = time.perf_counter()
-            if has_batch_start:
+            if bound["on_train_batch_start"]:
                 cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
             # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
-            with t.strategy.no_sync(model, not closes):
-                with self._range("nbt.forward"), t._autocast():
-                    loss, outputs, targets = t._compute(batch)
+            with (no_sync(model, not closes) if no_sync is not None else _NULL):
+                with r_fwd, amp:
+                    if pair:
+                        outputs = model(x)
+                        loss = criterion(outputs, targets)
+                    else:
+                        loss, outputs, targets = t._compute(batch)
                 if first:
                     t._check_first_loss(loss, outputs, targets)
-                if metrics:
+                if metrics is not None:
                     with torch.no_grad():
                         metrics.update(outputs, targets)
                     if first:
@@ -195,77 +216,82 @@ class FitLoop:
                 if sample:
                     self._sync()
                     t2 = time.perf_counter()
-                with self._range("nbt.backward"):
+                with r_bwd:
                     scaled = loss / window if window != 1 else loss
                     (scaler.scale(scaled) if scaler is not None else scaled).backward()
             first = False
-            bs = batch_size_of(targets, batch)
-            self._pend_loss.append(loss.detach())
-            self._pend_bs.append(bs)
+            bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
+            detached = loss.detach()
+            pend_loss.append(detached)
+            pend_bs.append(bs)
             self._micro_total += 1
             st.batch += 1
             st.samples += bs
-            if has_batch_end:
-                cb.call("on_train_batch_end", trainer=t, batch_idx=st.batch - 1, loss=loss.detach())
-            del loss, outputs, targets, batch, scaled
+            if bound["on_train_batch_end"]:
+                cb.call("on_train_batch_end", trainer=t, batch_idx=st.batch - 1, loss=detached)
+            del loss, outputs, targets, batch, scaled, detached
+            x = None
             if sample:
                 self._sync()
                 t3 = time.perf_counter()
             if closes:
-                with self._range("nbt.optimizer_step"):
-                    self._optimizer_step(window / in_window if in_window != window else 1.0)
+                self._optimizer_step(window / in_window if in_window != window else 1.0)
                 in_window = 0
                 if sample:
                     self._sync()
                     t4 = time.perf_counter()
                     self._step_times = {"data": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                                         "backward": (t3 - t2) * 1e3, "optimizer": (t4 - t3) * 1e3}
-                if t._control.dirty:
+                if control.dirty:
                     t._apply_control()
                 if self.max_steps is not None and st.global_step >= self.max_steps:
-                    t._control.request_stop(f"max_steps={self.max_steps} reached")
-                if t._control.stop_requested:
+                    control.request_stop(f"max_steps={self.max_steps} reached")
+                if control.stop_requested:
                     break
-            now = time.perf_counter()
-            if now >= self._next_refresh:
-                self._refresh(now)
+            if time.perf_counter() >= self._next_refresh:
+                self._refresh(time.perf_counter())
         if in_window:  # the loader ended inside a window (len() was wrong): step with the exact scale
             self._optimizer_step(window / in_window)
-        if t._control.stop_requested and (n is None or st.batch < n):
+        if control.stop_requested and (n is None or st.batch < n):
             self._refresh(time.perf_counter())
             return
         self._end_epoch()
 
     def _optimizer_step(self, rescale: float) -> None:
         t, st = self.t, self.state
-        opt, scaler = t.optimizer, t.scaler
-        if scaler is not None:
-            scaler.unscale_(opt)
-        if rescale != 1.0:
-            grads = [p.grad for p in t._params if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, rescale)
-        if t.max_grad_norm is not None:
-            # Never read the returned norm here: that would be a sync per step.
-            torch.nn.utils.clip_grad_norm_(t._params, t.max_grad_norm)
-        t.callbacks.call("on_before_optimizer_step", trainer=t, optimizer=opt)
-        lr = opt.param_groups[0]["lr"]
-        self._stepped = False
-        if scaler is not None:
-            scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt, scaler, bound = t.optimizer, t.scaler, t.callbacks._bound
+        r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
+        with r_opt:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if rescale != 1.0:
+                grads = [p.grad for p in t._params if p.grad is not None]
+                if grads:
+                    torch._foreach_mul_(grads, rescale)
+            if t.max_grad_norm is not None:
+                # Never read the returned norm here: that would be a sync per step.
+                torch.nn.utils.clip_grad_norm_(t._params, t.max_grad_norm)
+            if bound["on_before_optimizer_step"]:
+                t.callbacks.call("on_before_optimizer_step", trainer=t, optimizer=opt)
+            lr = opt.param_groups[0]["lr"]
+            self._stepped = False
+            if scaler is not None:
+                scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
         skipped = not self._stepped
         st.global_step += 1
         if skipped:
             st.skipped_steps += 1
         elif t.scheduler is not None and t._scheduler_per_step:
             t.scheduler.step()
-        self._step_marks.append((st.global_step, self._micro_total, float(lr)))
-        t.callbacks.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
-        t._run_deferred()
+        self._step_marks.append((st.global_step, self._micro_total, lr))
+        if bound["on_optimizer_step"]:
+            t.callbacks.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
+        if t._deferred:
+            t._run_deferred()
         if self.profiler is not None:
             self.profiler.step()
 
@@ -276,7 +302,7 @@ class FitLoop:
         if not self._pend_loss:
             return
         n = len(self._pend_loss)
-        parts = [torch.stack([v.reshape(()) for v in self._pend_loss]).float()]
+        parts = [torch.stack(self._pend_loss).float()]  # 0-d losses (checked on the first batch)
         parts += t._train_metrics.drain()
         host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
         losses = host[:n]
@@ -294,12 +320,14 @@ class FitLoop:
             while j < len(marks) and marks[j][1] <= cum:
                 step, _, lr = marks[j]
                 total = sum(bb for _, bb in self._open_window) or 1
-                points.append((step, sum(vv * bb for vv, bb in self._open_window) / total, lr))
+                points.append((step, sum(vv * bb for vv, bb in self._open_window) / total, float(lr)))
                 self._open_window = []
                 j += 1
         self._step_marks = marks[j:]
         self._pend_base = base + n
-        self._pend_loss, self._pend_bs = [], []
+        # cleared in place: the epoch loop holds local aliases of these lists
+        self._pend_loss.clear()
+        self._pend_bs.clear()
         self._new_points = getattr(self, "_new_points", []) + points
         t._check_nonfinite(losses, points)
 

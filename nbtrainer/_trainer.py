@@ -384,6 +384,11 @@ class Trainer:
         outputs = self.model(*args, **kwargs)
         return loss_from_outputs(self.criterion, outputs, targets), outputs, targets
 
+    def _default_compute(self) -> bool:
+        """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
+        return (self._compute_loss_fn is None and type(self).compute_loss is Trainer.compute_loss
+                and self.criterion is not None and self.batch_spec.num_inputs is None)
+
     def _compute(self, batch: Any, need_loss: bool = True, training: bool = True) -> tuple[Any, Any, Any]:
         if self._compute_loss_fn is None:
             if not training and self.criterion is not None and self.batch_spec.split(batch)[2] is None:
