@@ -488,6 +488,11 @@ class Trainer:
         return self._setup.set_activation_checkpointing(value)
 
     @property
+    def checkpointed_blocks(self) -> list[str]:
+        """The blocks under activation checkpointing now (empty when it is off)."""
+        return self._setup.checkpointed_blocks
+
+    @property
     def param_counts(self) -> Any:
         """Trainable / frozen parameter counts of the model (``str()`` gives one line)."""
         return self._setup.param_counts()
