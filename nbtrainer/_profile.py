@@ -3,7 +3,8 @@
 Everything that runs the model runs on deep copies (one per device), with the global RNG forked, so
 the caller's model, optimizer and random streams are left exactly as they were: device, train/eval
 mode of every submodule, ``requires_grad``, parameter and buffer values (no buffers added), ``.grad``
-tensors and hooks.
+tensors and hooks. (Two things are global and can't be left untouched: user hooks registered on the
+model also run on the copies, and on CUDA the memory step resets the device's peak-memory statistics.)
 """
 
 from __future__ import annotations
@@ -105,7 +106,12 @@ class ModelProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested data (dicts, lists, numbers, strings): every field above."""
-        return copy.deepcopy(asdict(self))
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
+        """Rebuild a profile from :meth:`to_dict` output (e.g. loaded back from JSON)."""
+        return cls(**copy.deepcopy(data))
 
     def to_pandas(self) -> Any:
         """One long table: columns ``section, device, precision, metric, value, unit, source``."""

@@ -345,7 +345,7 @@ def test_checkpointing_same_gradients_and_exact_removal() -> None:
 def test_to_dict_to_pandas_and_html() -> None:
     prof = profile_model(Stack(), torch.randn(8, 8), n_iters=5)
     data = prof.to_dict()
-    json.dumps(data)
+    assert ModelProfile.from_dict(json.loads(json.dumps(data))).to_dict() == data
     assert {"params", "trainable_params", "size_mb", "macs", "flops", "latency_ms", "memory"} <= data.keys()
     frame = prof.to_pandas()
     assert list(frame.columns) == ["section", "device", "precision", "metric", "value", "unit", "source"]
