@@ -134,7 +134,8 @@ class DoctorReport:
             for r in rows:
                 parts.append(
                     f"<tr><td style='color:{color[r.ok]};padding:0 6px;text-align:center'>{mark[r.ok]}</td>"
-                    f"<td style='padding:0 12px 0 0;white-space:nowrap'>{e(r.label)}</td>"
+                    f"<td style='padding:0 12px 0 {16 if r.label.startswith(' ') else 0}px;white-space:nowrap'>"
+                    f"{e(r.label.strip())}</td>"
                     f"<td style='padding:0'><code>{e(r.value)}</code></td></tr>")
             parts.append("</table>")
         if self.problems:

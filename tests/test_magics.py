@@ -374,3 +374,20 @@ def test_status_and_stop_a_background_run(shell: Any, capsys: pytest.CaptureFixt
     assert trainer not in Trainer.active()
     assert result["history"].status == "stopped"
     assert len(result["history"].epochs) < 5
+
+
+@pytest.mark.slow
+def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a Jupyter kernel the doctor report is displayed as HTML and knows it runs in a kernel."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in
+                ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")]
+    nbclient.NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    [result] = [o for o in nb.cells[1].outputs if o.output_type == "execute_result"]
+    assert 'class="nbt-doctor"' in result.data["text/html"]
+    assert "ZMQInteractiveShell" in result.data["text/plain"]
+    assert "No training runs in progress" in "".join(o.get("text", "") for o in nb.cells[2].outputs)

@@ -43,7 +43,8 @@ Example::
         page.locator(".nbt-start").click()
         screenshot(page, "panel-running")
 
-Select on stable ``nbt-...`` classes (``widget.add_class``), not on Lab internals. bqplot draws marks in
+Voila streams the page while it executes the cells, so ``page.goto`` returns only after the last cell ran:
+give it a ``timeout=`` (ms) above the notebook's run time (the default is 30 s). Select on stable ``nbt-...`` classes (``widget.add_class``), not on Lab internals. bqplot draws marks in
 several steps: poll until every property you check agrees (``page.wait_for_function``). A button clicked
 while a cell is busy is only delivered when the cell ends: training must run in a thread.
 """
