@@ -1,5 +1,30 @@
 """nbtrainer.widgets: the notebook UI layer (ipywidgets + bqplot).
 
+``TrainerWidget`` trains a model in a background thread behind a panel of live charts, progress and
+controls; ``ProfileCard`` shows a ``profile_model`` result. Both are re-exported lazily as
+``nbtrainer.TrainerWidget`` / ``nbtrainer.ProfileCard``. This layer uses only the core's public API
+and event stream.
+
+Stable CSS classes (``add_class``), for browser tests and custom styling:
+
+==========================  =================================================================
+``nbt-panel``               the root VBox (``TrainerWidget.panel``)
+``nbt-header``              header row: ``nbt-title`` (model, device, params) and ``nbt-status``
+``nbt-status``              status badge; its inner span also has ``nbt-status-<status>``
+``nbt-controls``            controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
+                            ``nbt-lr``, ``nbt-epochs``, ``nbt-scheduler``, ``nbt-clip``,
+                            ``nbt-checkpointing``
+``nbt-buttons``             ``nbt-start``, ``nbt-pause``, ``nbt-stop``, ``nbt-save`` (+ ``nbt-save-path``),
+                            ``nbt-profile``
+``nbt-progress``            ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``
+``nbt-charts``              bqplot figures ``nbt-chart-loss``, ``nbt-chart-lr``, ``nbt-chart-metrics``
+``nbt-stats``               stat cards (each ``nbt-stat``): best validation, peak memory, throughput, step time
+``nbt-profile-area``        holds a ``nbt-profile-card`` after Profile
+``nbt-messages``            messages (``nbt-message-info|warning|error``; tracebacks in ``nbt-traceback``)
+``nbt-summary``             the static end-of-run HTML summary (a plain output below the panel;
+                            ``nbt-summary-table``, SVG charts ``nbt-summary-chart``)
+==========================  =================================================================
+
 This folder lives at the top of the repository as ``widgets/`` but is installed as
 ``nbtrainer.widgets`` (setuptools ``package-dir``). Importing it as a top-level ``widgets``
 package would shadow other packages and break relative imports, so it is refused.
@@ -12,4 +37,9 @@ if __name__ != "nbtrainer.widgets":  # pragma: no cover - exercised by a subproc
         "ahead of site-packages on sys.path)."
     )
 
-__all__: list[str] = []
+from ._decimate import MinMaxStream, decimate, minmax_indices  # noqa: E402
+from ._panel import TrainerWidget  # noqa: E402
+from ._profile_card import ProfileCard  # noqa: E402
+from ._summary import summary_html  # noqa: E402
+
+__all__ = ["TrainerWidget", "ProfileCard", "summary_html", "decimate", "minmax_indices", "MinMaxStream"]

@@ -1,0 +1,182 @@
+"""The panel's controls, bound to the Trainer's public setters.
+
+LR, gradient accumulation and clipping change mid-run (applied by the trainer at the next optimizer
+step and recorded in ``history.events``); precision, epochs, the schedule and activation
+checkpointing are locked while a run is alive and take effect at the next Start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from nbtrainer import precision_support
+
+__all__ = ["Controls", "SCHEDULES"]
+
+SCHEDULES = {"constant": "constant LR", "onecycle": "one-cycle (max LR)", "cosine": "cosine decay"}
+_OneCycle = torch.optim.lr_scheduler.OneCycleLR
+
+
+class Controls:
+    def __init__(self, view: Any, trainer: Any, epochs: int, notify: Callable[[str, str], None]) -> None:
+        self.view, self.trainer, self.notify = view, trainer, notify
+        self.running = False
+        self._syncing = False
+        self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
+        self.support = precision_support(trainer.device)
+        v = view
+        v.precision.options = [(n if ok else f"{n} (unavailable)", n) for n, (ok, _) in self.support.items()]
+        v.precision.value = trainer.precision
+        off = [f"{n}: {reason}" for n, (ok, reason) in self.support.items() if not ok]
+        v.precision_note.value = ("<span style='font-size:11px;color:#666'>unavailable on "
+                                  f"{trainer.device}: " + "; ".join(off) + "</span>") if off else ""
+        v.precision.tooltip = "; ".join(off) or f"all precisions run on {trainer.device}"
+        v.accum.value = trainer.grad_accum_steps
+        self._fit_lr_range(trainer.lr)
+        v.lr.value = trainer.lr
+        v.epochs.value = epochs
+        options = []
+        if trainer.scheduler is not None:
+            options.append((f"keep {type(trainer.scheduler).__name__}", "keep"))
+        options += [(label, key) for key, label in SCHEDULES.items()]
+        v.scheduler.options = options
+        v.scheduler.value = options[0][1]
+        v.max_grad_norm.value = float(trainer.max_grad_norm or 0.0)
+        v.checkpointing.value = bool(trainer.checkpointed_blocks)
+        self._lr_label()
+        v.precision.observe(self._on_precision, "value")
+        v.accum.observe(self._on_accum, "value")
+        v.lr.observe(self._on_lr, "value")
+        v.max_grad_norm.observe(self._on_clip, "value")
+        v.checkpointing.observe(self._on_checkpointing, "value")
+        v.scheduler.observe(lambda _: self._lr_label(), "value")
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _set(self, widget: Any, name: str, value: Any) -> None:
+        """Change a control from code without triggering its handler."""
+        self._syncing = True
+        try:
+            setattr(widget, name, value)
+        finally:
+            self._syncing = False
+
+    def _fit_lr_range(self, lr: float) -> None:
+        e = math.log10(lr)
+        lo, hi = min(self.view.lr.min, math.floor(e) - 3), max(self.view.lr.max, math.ceil(e) + 1)
+        if (lo, hi) != (self.view.lr.min, self.view.lr.max):
+            self._set(self.view.lr, "min", lo)
+            self._set(self.view.lr, "max", hi)
+
+    def _lr_label(self) -> None:
+        choice = self.view.scheduler.value
+        one_cycle = choice == "onecycle" or (choice == "keep" and isinstance(self._user_scheduler, _OneCycle))
+        self.view.lr.description = "max LR" if one_cycle else "LR"
+
+    def set_running(self, running: bool) -> None:
+        self.running = running
+        for w in (self.view.precision, self.view.epochs, self.view.scheduler, self.view.checkpointing):
+            w.disabled = running
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """A control change that took effect (maybe requested from code): show it in the controls."""
+        kind, new = event.get("kind"), event.get("new")
+        if kind == "lr" and isinstance(new, (int, float)) and new > 0:
+            self._fit_lr_range(new)
+            self._set(self.view.lr, "value", new)
+        elif kind == "grad_accum_steps" and isinstance(new, int):
+            self._set(self.view.accum, "value", new)
+
+    # -- handlers (the kernel's thread) ---------------------------------------------------------
+    def _on_precision(self, change: Any) -> None:
+        if self._syncing:
+            return
+        name = change["new"]
+        ok, reason = self.support.get(name, (False, "unknown precision"))
+        try:
+            if not ok:
+                raise ValueError(f"{name} is not available on {self.trainer.device}: {reason}")
+            self.trainer.set_precision(name)
+            self.notify("info", f"precision {name} from the next run")
+        except Exception as exc:  # noqa: BLE001 - shown, and the control goes back
+            self.notify("warning", str(exc))
+            self._set(self.view.precision, "value", self.trainer.precision)
+
+    def _on_accum(self, change: Any) -> None:
+        if self._syncing:
+            return
+        k, t = change["new"], self.trainer
+        if self.running and isinstance(t.scheduler, _OneCycle) and k < t.grad_accum_steps:
+            self.notify("warning", "Lowering accumulation mid-run adds optimizer steps beyond the OneCycleLR "
+                                   "schedule's total_steps (it would fail). Change it between runs instead.")
+            self._set(self.view.accum, "value", t.grad_accum_steps)
+            return
+        t.set_grad_accum_steps(int(k))
+        if self.running:
+            self.notify("info", f"gradient accumulation -> {k} at the next optimizer step")
+
+    def _on_lr(self, change: Any) -> None:
+        if self._syncing:
+            return
+        try:
+            self.trainer.set_lr(float(change["new"]))
+        except ValueError as exc:
+            self.notify("warning", str(exc))
+            return
+        if self.running:
+            self.notify("info", f"{self.view.lr.description} -> {change['new']:.3g} at the next optimizer step")
+
+    def _on_clip(self, change: Any) -> None:
+        if self._syncing:
+            return
+        value = float(change["new"])
+        self.trainer.set_max_grad_norm(value if value > 0 else None)
+
+    def _on_checkpointing(self, change: Any) -> None:
+        if self._syncing:
+            return
+        try:
+            blocks = self.trainer.set_activation_checkpointing(bool(change["new"]))
+            self.notify("info", f"activation checkpointing on {len(blocks)} block(s)" if change["new"]
+                        else "activation checkpointing off")
+        except Exception as exc:  # noqa: BLE001 - e.g. a model without repeated blocks
+            self.notify("warning", f"activation checkpointing: {exc}")
+            self._set(self.view.checkpointing, "value", bool(self.trainer.checkpointed_blocks))
+
+    # -- at Start ------------------------------------------------------------------------------------
+    def apply_schedule(self, train_loader: Any, epochs: int) -> None:
+        """Install the chosen LR schedule for a run of ``epochs`` (raises ValueError with the reason)."""
+        t, choice = self.trainer, self.view.scheduler.value
+        if choice == "keep":
+            if t.scheduler is not self._user_scheduler:
+                t.set_scheduler(self._user_scheduler, self._user_interval)
+            s = t.scheduler
+            if isinstance(s, _OneCycle) and s.last_epoch >= s.total_steps:
+                raise ValueError("The OneCycleLR schedule is used up (it ran all its total_steps). Pick "
+                                 "'one-cycle' in the schedule menu to rebuild it for this run.")
+            return
+        total = None
+        if choice != "constant":
+            try:
+                total = t.total_steps(train_loader, epochs)
+            except TypeError as exc:
+                raise ValueError(f"The {SCHEDULES[choice]} schedule needs the number of steps: {exc}") from None
+        self._reset_groups(float(self.view.lr.value))
+        if choice == "constant":
+            t.set_scheduler(None)
+        elif choice == "onecycle":
+            t.set_scheduler(_OneCycle(t.optimizer, max_lr=[g["lr"] for g in t.optimizer.param_groups],
+                                      total_steps=total), "step")
+        else:
+            t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(t.optimizer, T_max=total), "step")
+
+    def _reset_groups(self, lr: float) -> None:
+        """Every group back to a plain LR (scaled so group 0 gets ``lr``), scheduler bookkeeping removed."""
+        ref = self.trainer.lr
+        factor = lr / ref if ref > 0 else 1.0
+        for g in self.trainer.optimizer.param_groups:
+            g["lr"] = float(g.get("max_lr", g.get("initial_lr", g["lr"]))) * factor
+            for key in ("initial_lr", "max_lr", "min_lr"):
+                g.pop(key, None)

@@ -1,0 +1,26 @@
+"""Is there a notebook front end to draw the panel in? Decided at call time, never by importing IPython."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["in_notebook"]
+
+#: ``NBTRAINER_FRONTEND=console`` / ``notebook`` overrides the detection (scripts run through a kernel, CI).
+ENV = "NBTRAINER_FRONTEND"
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (ZMQ shell: JupyterLab, Notebook, Voila, nbclient)."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced in ("console", "script", "headless"):
+        return False
+    if forced in ("notebook", "jupyter", "widget"):
+        return True
+    ipython_mod = sys.modules.get("IPython")
+    if ipython_mod is None:
+        return False
+    get_ipython = getattr(ipython_mod, "get_ipython", None)
+    shell = get_ipython() if get_ipython else None
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"

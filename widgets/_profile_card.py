@@ -1,0 +1,123 @@
+"""``ProfileCard``: a widget showing what ``nbtrainer.profile_model`` measured.
+
+Built only from ``ModelProfile.to_dict()`` (or that dict itself), read defensively: a field the
+profile did not measure is left out, never an error.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as W
+
+__all__ = ["ProfileCard", "profile_html"]
+
+_MEMORY_ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "activations", "total",
+                "activations_checkpointed", "total_checkpointed", "cuda_peak")
+_CELL = "padding:1px 8px;text-align:left"
+
+
+def _count(n: Any, unit: str = "") -> str:
+    if not isinstance(n, (int, float)):
+        return "n/a"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.4g} {unit}".rstrip()
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "n/a"
+    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {suffix}"
+    return f"{n:.0f} B"
+
+
+def _ms(ms: Any) -> str:
+    if not isinstance(ms, (int, float)):
+        return "n/a"
+    return f"{ms * 1000:.1f} µs" if ms < 1 else f"{ms:.2f} ms"
+
+
+def _table(header: list[str], body: list[list[str]], css: str) -> str:
+    head = "".join(f"<th style='{_CELL}'>{html.escape(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td style='{_CELL}'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+    return f"<table class='{css}' style='border-collapse:collapse;margin:2px 0 6px'><tr>{head}</tr>{rows}</table>"
+
+
+def _combos(data: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    if not isinstance(data, dict):
+        return []
+    return [(d, p, e) for d, per in data.items() if isinstance(per, dict)
+            for p, e in per.items() if isinstance(e, dict)]
+
+
+def profile_html(data: dict[str, Any]) -> str:
+    """The card's HTML from a ``ModelProfile.to_dict()`` dict."""
+    esc = html.escape
+    name = data.get("model_name", "model")
+    parts = [f"<div><b>{esc(str(name))}</b> · profile at batch size {esc(str(data.get('batch_size', '?')))}</div>"]
+    size = data.get("size") or {}
+    summary = [["parameters", f"{_count(data.get('params'))} ({_count(data.get('trainable_params'))} trainable)"]]
+    if isinstance(data.get("size_mb"), (int, float)):
+        summary.append(["size in memory", _bytes(data["size_mb"] * 2**20)])
+    if "serialized_bytes" in size:
+        summary.append(["checkpoint size", _bytes(size["serialized_bytes"])])
+    compute = data.get("compute") or {}
+    counters = compute.get("counters") or {}
+    if data.get("macs") is not None:
+        summary.append(["MACs / sample (fwd)", f"{_count(data['macs'], 'MAC')} [{counters.get('macs', '?')}]"])
+    if data.get("flops") is not None:
+        summary.append(["FLOPs / sample (fwd)", f"{_count(data['flops'], 'FLOP')} [{counters.get('flops', '?')}]"])
+    fb = ((compute.get("flop_counter_flops") or {}).get("forward_backward") or {}).get("per_sample")
+    if fb is not None:
+        summary.append(["FLOPs / sample (fwd+bwd)", _count(fb, "FLOP")])
+    parts.append(_table(["", ""], summary, "nbt-profile-summary"))
+    latency = _combos(data.get("latency_ms"))
+    if latency:
+        body = []
+        for dev, prec, e in latency:
+            if not e.get("supported", True):
+                body.append([dev, prec, f"not run: {e.get('reason', '')}", "", ""])
+            else:
+                body.append([dev, prec, _ms(e.get("median")), _ms(e.get("p90")), f"{_count(e.get('throughput'))}/s"])
+        parts.append("<b>Inference latency per precision</b>"
+                     + _table(["device", "precision", "median", "p90", "samples"], body, "nbt-profile-latency"))
+    memory = _combos(data.get("memory"))
+    if memory:
+        header = ["training step"] + [f"{d} {p}" for d, p, _ in memory]
+        body = []
+        for key in _MEMORY_ROWS:
+            vals = [e.get(key) if e.get("supported", True) else None for _, _, e in memory]
+            if any(v is not None for v in vals):
+                body.append([key.replace("_", " ")] + [_bytes(v) if v is not None else "" for v in vals])
+        skipped = [f"{d} {p}: {e.get('reason', '')}" for d, p, e in memory if not e.get("supported", True)]
+        parts.append("<b>Training memory breakdown</b>" + _table(header, body, "nbt-profile-memory"))
+        parts += [f"<div style='color:#a60'>{esc(s)}</div>" for s in skipped]
+    return "<div style='font-family:sans-serif;font-size:12px'>" + "".join(parts) + "</div>"
+
+
+class ProfileCard(W.VBox):
+    """A card with params, size, MACs, FLOPs, latency per precision and the training-memory breakdown.
+
+    Args:
+        profile: a ``ModelProfile`` (from ``nbtrainer.profile_model``) or its ``to_dict()``.
+
+    Example:
+        >>> import torch
+        >>> from nbtrainer import profile_model
+        >>> card = ProfileCard(profile_model(torch.nn.Linear(8, 2), torch.randn(4, 8), n_iters=10))
+        >>> "nbt-profile-card" in card._dom_classes
+        True
+    """
+
+    def __init__(self, profile: Any, **kwargs: Any) -> None:
+        data = profile.to_dict() if hasattr(profile, "to_dict") else dict(profile)
+        self.profile = profile
+        self.data = data
+        self.html = W.HTML(profile_html(data))
+        super().__init__([self.html], **kwargs)
+        self.add_class("nbt-profile-card")

@@ -1,0 +1,147 @@
+"""Background fits: the training thread, its event feed, and the registry of live runs by model.
+
+The registry exists so that re-running a notebook cell (a new widget on the same model) cannot leave
+the old widget's thread training in the background: the old run is stopped first, and a run this
+layer did not start (a plain ``fit`` in another thread) is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+import traceback
+from typing import Any, Callable
+
+from nbtrainer import Trainer
+
+__all__ = ["Feed", "Run", "live_run", "claim_model"]
+
+_LIVE: dict[int, "Run"] = {}  # id(model) -> the widget run training it
+_LOCK = threading.Lock()
+
+
+class Feed:
+    """The widget's callback. It runs on the training thread, so it only appends to a deque (O(1)):
+    it never touches a widget, never waits and never reads the device."""
+
+    def __init__(self) -> None:
+        self.queue: collections.deque = collections.deque()
+        self.wake = threading.Event()
+
+    def drain(self) -> list[tuple[str, Any]]:
+        items = []
+        q = self.queue
+        while q:
+            items.append(q.popleft())
+        return items
+
+    def on_fit_start(self, trainer: Any) -> None:
+        self.queue.append(("start", None))
+
+    def on_refresh(self, trainer: Any, progress: Any) -> None:
+        # Shallow copy: the loop reuses the object, but replaces (never mutates) its lists and dicts.
+        self.queue.append(("progress", copy.copy(progress)))
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        self.queue.append(("epoch", logs))  # the History row itself: keys other callbacks add land too
+        self.wake.set()
+
+    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+        self.queue.append(("control", dict(event)))
+        self.wake.set()
+
+    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        self.queue.append(("exception", exception))
+        self.wake.set()
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        self.queue.append(("end", history))
+        self.wake.set()
+
+
+class Run:
+    """One ``trainer.fit(...)`` in a daemon thread; the error, if any, is kept for ``wait()``."""
+
+    def __init__(self, trainer: Trainer, model_key: int, fit_kwargs: dict[str, Any], *, owner: str,
+                 on_done: Callable[["Run"], None] | None = None) -> None:
+        self.trainer = trainer
+        self.model_key = model_key
+        self.fit_kwargs = fit_kwargs
+        self.owner = owner
+        self.on_done = on_done
+        self.history: Any = None
+        self.error: BaseException | None = None
+        self.traceback = ""
+        self.stop_reason: str | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._main, name=f"nbtrainer-fit ({owner})", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self.done.is_set()
+
+    def start(self) -> None:
+        with _LOCK:
+            other = _LIVE.get(self.model_key)
+            if other is not None and other.alive:
+                raise RuntimeError(f"{other.owner} is already training this model; stop it first.")
+            _LIVE[self.model_key] = self
+        self.thread.start()
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.trainer.request_stop(reason)
+
+    def join(self, timeout: float | None = None) -> bool:
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def _main(self) -> None:
+        try:
+            self.history = self.trainer.fit(**self.fit_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait() and shown in the panel
+            self.error = exc
+            self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.history = self.trainer.history
+        finally:
+            with _LOCK:
+                if _LIVE.get(self.model_key) is self:
+                    del _LIVE[self.model_key]
+            try:
+                if self.on_done is not None:
+                    self.on_done(self)
+            finally:
+                self.done.set()
+
+
+def live_run(model: Any) -> Run | None:
+    """The widget run training ``model`` now, if any."""
+    with _LOCK:
+        run = _LIVE.get(id(model))
+    return run if run is not None and run.alive else None
+
+
+def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: float = 10.0) -> str | None:
+    """Make sure nothing else trains ``model``: stop another widget's run (returns a message saying so),
+    refuse (RuntimeError) a fit this layer did not start, or a run that does not stop in ``timeout``."""
+    for t in Trainer.active():
+        if t.model is model and (exclude is None or t is not exclude.trainer):
+            run = live_run(model)
+            if run is None or run.trainer is not t:
+                raise RuntimeError(
+                    f"This model is being trained by another fit() in this process (status {t.status!r}, step "
+                    f"{t.global_step}), not started by a TrainerWidget. Stop it first (trainer.request_stop() or "
+                    "`%nbtrainer stop`), then start this widget.")
+    run = live_run(model)
+    if run is None or run is exclude:
+        return None
+    step = run.trainer.global_step
+    run.stop(f"replaced by {owner}")
+    if not run.join(timeout):
+        raise RuntimeError(
+            f"{run.owner} is still training this model and did not stop within {timeout:g} s (a slow batch or "
+            "validation?). Call .stop() on that widget or `%nbtrainer stop`, wait for it, then try again.")
+    return (f"Stopped the previous run on this model ({run.owner}, at step {step}) so that it does not keep "
+            "training in the background.")
