@@ -23,7 +23,7 @@ from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 import nbtrainer  # noqa: E402
-from nbtrainer import _magics  # noqa: E402
+from nbtrainer import _doctor, _magics  # noqa: E402
 from nbtrainer._precision import PRECISIONS, precision_support  # noqa: E402
 
 
@@ -125,10 +125,10 @@ def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
 
 def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(shell: Any, monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Any) -> None:
-    real = _magics._version
+    real = _doctor._version
     fake = {"ipykernel": "7.0.1", "ipywidgets": "8.1.5", "jupyterlab_widgets": "1.1.11"}
-    monkeypatch.setattr(_magics, "_version", lambda name: fake.get(name, real(name)))
-    monkeypatch.setattr(_magics, "_labextension_dirs", lambda: [str(tmp_path)])
+    monkeypatch.setattr(_doctor, "_version", lambda name: fake.get(name, real(name)))
+    monkeypatch.setattr(_doctor, "_labextension_dirs", lambda: [str(tmp_path)])
     report = nbt(shell, "doctor --device cpu")
     assert not report.ok
     problems = {p.what: p.fix for p in report.problems}
