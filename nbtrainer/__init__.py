@@ -41,6 +41,12 @@ _LAZY: dict[str, str] = {
     "profile_model": "nbtrainer._profile",
     "ModelProfile": "nbtrainer._profile",
     "profile_training": "nbtrainer._profile_trace",
+    "compare_strategies": "nbtrainer._compare",
+    "StrategyComparison": "nbtrainer._compare",
+    "LRFinderResult": "nbtrainer._lr_find",
+    "build_optimizer": "nbtrainer._strategies",
+    "freeze_parameters": "nbtrainer._strategies",
+    "ParamCounts": "nbtrainer._strategies",
     "TrainerWidget": "nbtrainer.widgets",
     "ProfileCard": "nbtrainer.widgets",
 }
@@ -79,12 +85,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
+    from nbtrainer._compare import StrategyComparison, compare_strategies
     from nbtrainer._events import EVENTS, Progress
     from nbtrainer._history import History
+    from nbtrainer._lr_find import LRFinderResult
     from nbtrainer._precision import PrecisionError, precision_support
     from nbtrainer._profile import ModelProfile, profile_model
     from nbtrainer._profile_trace import profile_training
     from nbtrainer._progress import ProgressBar
     from nbtrainer._seed import seed_everything
+    from nbtrainer._strategies import ParamCounts, build_optimizer, freeze_parameters
     from nbtrainer._trainer import Trainer
     from nbtrainer.widgets import ProfileCard, TrainerWidget
