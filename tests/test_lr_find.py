@@ -1,0 +1,142 @@
+"""LR finder: suggestions inside a known-good range, early stop on divergence, state restored exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_classification, make_loader
+from nbtrainer import LRFinderResult, Trainer
+from nbtrainer._lr_find import suggest
+
+
+def _regression(seed: int = 0, n: int = 256, d: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * torch.linspace(0.5, 2.0, d)
+    y = x @ torch.randn(d, 1, generator=g) + 0.5
+    xa = torch.cat([x, torch.ones(n, 1)], dim=1)  # the bias is a parameter too
+    # MSE's Hessian is 2 X^T X / n; gradient descent diverges for lr > 2 / L
+    L = torch.linalg.eigvalsh(2 * xa.T @ xa / n).max().item()
+    return x, y, 2.0 / L
+
+
+@pytest.mark.parametrize("batch_size", [256, 64])
+def test_suggestion_falls_in_the_known_good_range_of_linear_regression(batch_size):
+    x, y, diverge_lr = _regression()
+    torch.manual_seed(0)
+    model = nn.Linear(x.shape[1], 1)
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), progress=False)
+    result = trainer.lr_find(make_loader(x, y, batch_size=batch_size, shuffle=True), min_lr=1e-7, max_lr=10, steps=100)
+    assert isinstance(result, LRFinderResult)
+    good = (diverge_lr / 100, diverge_lr)  # below divergence, and not uselessly small
+    for rule, lr in result.suggestions.items():
+        assert good[0] < lr < good[1], (rule, lr, good)
+    assert result.suggestion == result.suggestions["valley"]
+    # the sweep went past 2/L, saw the loss blow up and stopped before max_lr
+    assert result.stopped_early and "diverged" in result.stop_reason
+    assert len(result.lrs) < 100 and result.lrs[-1] > diverge_lr
+    assert result.lrs[0] == pytest.approx(1e-7)
+    ratios = [b / a for a, b in zip(result.lrs, result.lrs[1:])]
+    assert max(ratios) == pytest.approx(min(ratios)) == pytest.approx(1e8 ** (1 / 99))
+
+
+def _snapshot(trainer):
+    model = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt = trainer.optimizer.state_dict()
+    state = {id_: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for id_, s in opt["state"].items()}
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]
+    return model, state, groups
+
+
+def test_model_optimizer_and_data_order_are_restored():
+    x, y = make_classification(n=128)
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return Trainer(model, nn.CrossEntropyLoss(), opt, scheduler=sched, progress=False)
+
+    loader_a = make_loader(x, y, batch_size=16, shuffle=True, seed=1)
+    loader_b = make_loader(x, y, batch_size=16, shuffle=True, seed=1)
+    a, b = build(), build()
+    torch.manual_seed(123)  # dropout draws from the global RNG: the sweep must give it back too
+    a.fit(loader_a, epochs=1)
+    before = _snapshot(a)
+    assert before[1], "the optimizer has state to restore"
+    result = a.lr_find(loader_a, steps=30, max_lr=100.0)
+    assert len(result.lrs) >= 5 and "model" in result.restored
+    after = _snapshot(a)
+    for k, v in before[0].items():
+        assert torch.equal(after[0][k], v), k
+    assert before[1].keys() == after[1].keys()
+    for pid, s in before[1].items():
+        for k, v in s.items():
+            assert torch.equal(torch.as_tensor(after[1][pid][k]), torch.as_tensor(v)), (pid, k)
+    assert after[2] == before[2]  # lr, initial_lr, betas, weight decay...
+    assert a.model.training
+    assert all(p.grad is None for p in a.model.parameters())
+    # ... and the next fit is exactly the fit that would have happened without the sweep
+    a.fit(loader_a, epochs=1)
+    torch.manual_seed(123)
+    b.fit(loader_b, epochs=1)
+    b.fit(loader_b, epochs=1)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb), name
+
+
+def test_restored_even_when_the_sweep_fails():
+    model = nn.Linear(10, 3)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+
+    def loader():
+        for i in range(100):
+            calls.append(i)
+            if i == 7:
+                raise RuntimeError("bad batch")
+            yield torch.randn(8, 10), torch.randint(0, 3, (8,))
+
+    class Loader:
+        def __iter__(self):
+            return loader()
+
+    with pytest.raises(RuntimeError, match="bad batch"):
+        trainer.lr_find(Loader(), steps=20)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_result_table_chart_and_argument_checks():
+    x, y = make_classification(n=64)
+    model = nn.Linear(10, 3)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False,
+                      grad_accum_steps=2)
+    result = trainer.lr_find(make_loader(x, y, batch_size=16), steps=20, max_lr=1.0)
+    frame = result.to_pandas()
+    assert list(frame.columns) == ["lr", "loss", "smoothed"] and len(frame) == len(result.lrs)
+    page = result._repr_html_()
+    assert "<svg" in page and "</svg>" in page and "valley" in page
+    assert set(result.alternatives) == {"steepest", "minimum/10"}
+    assert "LRFinderResult(suggestion=" in repr(result)
+    for bad in ({"min_lr": 1.0, "max_lr": 0.1}, {"steps": 2}, {"rule": "median"}):
+        with pytest.raises(ValueError):
+            trainer.lr_find(make_loader(x, y), **bad)
+
+
+def test_suggest_rules_on_a_synthetic_curve():
+    lrs = [10 ** (-6 + 6 * i / 99) for i in range(100)]
+    # flat at 2, falls between 1e-4 and 1e-2 (steepest at 1e-3), minimum near 1e-1, then rises
+    losses = [2 - 1.5 / (1 + math.exp(-3 * (math.log10(lr) + 3))) + 4 * max(0.0, math.log10(lr) + 1) ** 2
+              for lr in lrs]
+    s = suggest(lrs, losses)
+    assert 3e-4 < s["steepest"] < 3e-3
+    assert 1e-4 < s["valley"] < 1e-1
+    assert 3e-3 < s["minimum/10"] < 3e-2
+    assert suggest(lrs[:2], losses[:2]) == {"valley": None, "steepest": None, "minimum/10": None}
