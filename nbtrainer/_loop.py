@@ -25,6 +25,7 @@ import torch
 
 from nbtrainer._batch import batch_size_of, move_to_device
 from nbtrainer._events import Progress
+from nbtrainer._metrics import exact_add
 
 Tensor = torch.Tensor
 _PAIR = (tuple, list)
@@ -45,7 +46,11 @@ class LoopState:
         self.epoch_complete = False
         self.samples = 0
         self.loss_sum = 0.0
+        self.loss_parts: list[float] = []  # exact running sum of loss * batch size (see _metrics.exact_add)
+        self.nonfinite_samples = 0  # samples whose loss was left out (on_nonfinite="skip"/"stop")
         self.epoch_time = 0.0  # seconds spent in this epoch before a resume
+        # The sampler generator's state at the start of the current epoch; advanced to the next
+        # epoch's start state when an epoch completes (exact resume mid-epoch and at epoch boundaries).
         self.sampler_state: torch.Tensor | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -116,8 +121,16 @@ class FitLoop:
                 self._train_epoch()
                 if t._control.stop_requested and not st.epoch_complete:
                     break
+            if t._pending_rng is not None:  # resumed a run that had nothing left to do
+                self._restore_rng()
         finally:
             hook.remove()
+
+    def _restore_rng(self) -> None:
+        from nbtrainer._seed import restore_rng
+
+        restore_rng(self.t._pending_rng)
+        self.t._pending_rng = None
 
     def _train_epoch(self) -> None:
         t, st, cb = self.t, self.state, self.t.callbacks
@@ -127,13 +140,16 @@ class FitLoop:
         t.strategy.set_epoch(loader, st.epoch)
         gen = t._sampler_generator(loader)
         if gen is not None:
-            if resumed_mid_epoch and st.sampler_state is not None:
+            if st.sampler_state is not None:  # this epoch's start state (saved, or left by the last epoch)
                 gen.set_state(st.sampler_state)
             else:
                 st.sampler_state = gen.get_state()
         if not resumed_mid_epoch:
             st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
+            st.loss_parts, st.nonfinite_samples = [], 0
             t._train_metrics.reset()
+            if t._pending_rng is not None:  # resumed at an epoch boundary: RNG as it was when saved
+                self._restore_rng()
         t.model.train()
         p = self.progress
         p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
@@ -141,15 +157,11 @@ class FitLoop:
         cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
         it: Iterator = iter(loader)
-        rng_after_skip = t._pending_rng
         if resumed_mid_epoch:
             for _ in range(st.batch):  # reproduce the data order; restore RNG afterwards
                 next(it)
-        if rng_after_skip is not None:
-            from nbtrainer._seed import restore_rng
-
-            restore_rng(rng_after_skip)
-            t._pending_rng = None
+        if t._pending_rng is not None:
+            self._restore_rng()
 
         n = self.n_batches
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
@@ -158,6 +170,8 @@ class FitLoop:
         timing_every = t.timing_every or 0
         metrics = t._train_metrics if t._train_metrics else None
         first = st.global_step == 0 and st.batch == 0
+        guard = t._nonfinite
+        gating = guard.gating
         device, non_blocking, scaler, model, control = t.device, t.non_blocking, t.scaler, t.model, t._control
         criterion, bound = t.criterion, cb._bound
         no_sync = t.strategy.no_sync if t.strategy.distributed else None
@@ -201,13 +215,17 @@ class FitLoop:
             # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
             with (no_sync(model, not closes) if no_sync is not None else _NULL):
                 with r_fwd, amp:
-                    if pair:
+                    if first:  # staged, with clear errors (same computation)
+                        loss, outputs, targets = t._first_compute(batch)
+                    elif pair:
                         outputs = model(x)
                         loss = criterion(outputs, targets)
                     else:
                         loss, outputs, targets = t._compute(batch)
                 if first:
                     t._check_first_loss(loss, outputs, targets)
+                if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
+                    guard.observe(loss)
                 if metrics is not None:
                     with torch.no_grad():
                         metrics.update(outputs, targets)
@@ -275,10 +293,12 @@ class FitLoop:
                 t.callbacks.call("on_before_optimizer_step", trainer=t, optimizer=opt)
             lr = opt.param_groups[0]["lr"]
             self._stepped = False
+            # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
+            allowed = t._nonfinite.allow_step(opt, scaler) if t._nonfinite.gating else True
             if scaler is not None:
                 scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
                 scaler.update()
-            else:
+            elif allowed:
                 opt.step()
             opt.zero_grad(set_to_none=True)
         skipped = not self._stepped
@@ -308,7 +328,11 @@ class FitLoop:
         losses = host[:n]
         metric_vals = {name: host[n * (i + 1): n * (i + 2)] for i, name in enumerate(t._train_metrics.pending)}
         bss = self._pend_bs
-        st.loss_sum += math.fsum(v * b for v, b in zip(losses, bss))
+        if t._nonfinite.gating:  # skipped windows stay out of the running loss
+            st.nonfinite_samples += sum(b for v, b in zip(losses, bss) if not math.isfinite(v))
+            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss) if math.isfinite(v)])
+        else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
+            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss)])
         t._train_metrics.absorb(metric_vals, bss)
         points: list[tuple[int, float, float]] = []
         base = self._pend_base
@@ -340,7 +364,8 @@ class FitLoop:
         p.elapsed = now - self._fit_start + t._elapsed_before
         p.epoch_elapsed = elapsed_epoch
         p.samples_per_s = st.samples / elapsed_epoch if elapsed_epoch > 0 else 0.0
-        p.loss = st.loss_sum / st.samples if st.samples else None
+        counted = st.samples - st.nonfinite_samples
+        p.loss = st.loss_sum / counted if counted else None
         p.lr = float(t.optimizer.param_groups[0]["lr"])
         p.metrics = t._train_metrics.running(st.samples)
         p.step_points, self._new_points = getattr(self, "_new_points", []), []
@@ -363,10 +388,12 @@ class FitLoop:
         epoch_time = now - self._epoch_start
         samples, loss_sum = st.samples, st.loss_sum
         metric_sums = [t._train_metrics.sums[n] for n in t._train_metrics.sums]
-        reduced = t.strategy.reduce_sums([float(samples), loss_sum] + metric_sums)
+        reduced = t.strategy.reduce_sums([float(samples), loss_sum, float(samples - st.nonfinite_samples)]
+                                         + metric_sums)
         count = reduced[0] or 1.0
-        logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": reduced[1] / count}
-        for name, total in zip(t._train_metrics.sums, reduced[2:]):
+        loss = reduced[1] / reduced[2] if reduced[2] else math.nan
+        logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": loss}
+        for name, total in zip(t._train_metrics.sums, reduced[3:]):
             logs[name] = total / count
         logs.update({k: v for k, v in t._train_metrics.compute(int(count)).items() if k not in t._train_metrics.sums})
         if self.val_loader is not None and epoch_no % t.val_every_n_epochs == 0:
@@ -381,6 +408,9 @@ class FitLoop:
         logs["skipped_steps"] = st.skipped_steps
         if t.scheduler is not None and not t._scheduler_per_step:
             t._step_epoch_scheduler(logs)
+        gen = t._sampler_generator(self.train_loader)
+        if gen is not None:
+            st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
         st.epoch_complete = True
         st.epoch_time = epoch_time
         cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)

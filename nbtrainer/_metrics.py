@@ -15,7 +15,43 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-__all__ = ["MetricSet", "is_torchmetric"]
+__all__ = ["MetricSet", "is_torchmetric", "exact_add"]
+
+
+def exact_add(parts: list[float], values: Any) -> float:
+    """Add ``values`` to the running sum kept in ``parts`` (in place) and return the sum.
+
+    The result is the correctly rounded sum of every value ever added, whatever the chunking (Shewchuk's
+    partials, as in ``math.fsum``), so an epoch's loss does not depend on when the throttled refresh
+    happened to read the device: a resumed run reproduces it bit for bit. ``parts[0]`` holds the
+    non-finite part (inf/nan), the rest the exact partials; plain floats, so it travels in checkpoints.
+    """
+    if not parts:
+        parts.append(0.0)
+    special = parts[0]
+    partials = parts[1:]
+    for x in values:
+        x = float(x)
+        if not math.isfinite(x):
+            special += x
+            continue
+        i = 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+    parts[:] = [special, *partials]
+    try:
+        total = math.fsum(partials)
+    except OverflowError:  # finite values whose sum overflows
+        total = math.inf if sum(partials) > 0 else -math.inf
+    return total + special if special else total
 
 
 def is_torchmetric(obj: Any) -> bool:
@@ -44,6 +80,7 @@ class MetricSet:
                                 "callable(outputs, targets) -> scalar tensor.")
         self.pending: dict[str, list[torch.Tensor]] = {n: [] for n, _ in self.callables}
         self.sums: dict[str, float] = {n: 0.0 for n, _ in self.callables}
+        self._parts: dict[str, list[float]] = {n: [] for n, _ in self.callables}  # exact sums (see exact_add)
 
     def clone(self, device: torch.device) -> "MetricSet":
         """An independent copy for another stage (validation keeps its own torchmetrics state)."""
@@ -52,6 +89,7 @@ class MetricSet:
         new.torchmetrics = [(n, copy.deepcopy(m).to(device)) for n, m in self.torchmetrics]
         new.pending = {n: [] for n, _ in self.callables}
         new.sums = {n: 0.0 for n, _ in self.callables}
+        new._parts = {n: [] for n, _ in self.callables}
         return new
 
     @property
@@ -88,7 +126,7 @@ class MetricSet:
 
     def absorb(self, host_values: dict[str, list[float]], batch_sizes: list[int]) -> None:
         for name, values in host_values.items():
-            self.sums[name] += math.fsum(v * n for v, n in zip(values, batch_sizes))
+            self.sums[name] = exact_add(self._parts.setdefault(name, []), [v * n for v, n in zip(values, batch_sizes)])
 
     def running(self, count: int) -> dict[str, float]:
         return {n: self.sums[n] / count for n in self.sums} if count else {}
@@ -108,28 +146,55 @@ class MetricSet:
     def reset(self) -> None:
         for name in self.sums:
             self.sums[name] = 0.0
+            self._parts[name] = []
             self.pending[name] = []
         for _, metric in self.torchmetrics:
             metric.reset()
 
     # -- exact resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"sums": dict(self.sums),
-                "torchmetrics": {n: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
-                                         [t.detach().cpu() for t in v])
-                                     for k, v in m.metric_state.items()}
-                                 for n, m in self.torchmetrics if hasattr(m, "metric_state")}}
+        """Running sums (exact partials) and torchmetrics states (``Metric`` or ``MetricCollection``),
+        as tensors and plain data."""
+        return {"sums": dict(self.sums), "parts": {k: list(v) for k, v in self._parts.items()},
+                "torchmetrics": {n: _cpu_state(m.metric_state) for n, m in self.torchmetrics
+                                 if hasattr(m, "metric_state")}}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self.sums.update(state.get("sums", {}))
+        for name, parts in state.get("parts", {}).items():
+            self._parts[name] = [float(v) for v in parts]
         tm_states = state.get("torchmetrics", {})
         for name, metric in self.torchmetrics:
-            for key, value in tm_states.get(name, {}).items():
-                if isinstance(value, torch.Tensor):
-                    setattr(metric, key, value.to(device))
-                else:
-                    setattr(metric, key, [t.to(device) for t in value])
-                metric._update_count = max(getattr(metric, "_update_count", 0), 1)
+            if name in tm_states:
+                _load_tm_state(metric, tm_states[name], device)
+
+
+def _cpu_state(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):  # a MetricCollection: {member: {attr: state}}
+        return {k: _cpu_state(v) for k, v in state.items()}
+    return [_cpu_state(t) for t in state]  # list states ("cat" reductions)
+
+
+def _load_tm_state(metric: Any, state: dict[str, Any], device: torch.device) -> None:
+    import torchmetrics
+
+    if isinstance(metric, torchmetrics.MetricCollection):
+        members = dict(metric.items(keep_base=False, copy_state=False))
+        for key, sub in state.items():
+            if key in members:
+                _load_tm_state(members[key], sub, device)
+        if getattr(metric, "_groups_checked", False):
+            metric._state_is_copy = True  # compute groups re-link their shared state on the next update
+        return
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            setattr(metric, key, value.to(device))
+        else:
+            setattr(metric, key, [t.to(device) for t in value])
+    metric._update_count = max(getattr(metric, "_update_count", 0), 1)
+    metric._computed = None
 
 
 def _scalar(name: str, value: Any) -> float:

@@ -4,6 +4,7 @@ and LR rescaling that keeps any scheduler consistent."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -29,8 +30,22 @@ def _stateful(trainer: Any) -> list[tuple[str, Any]]:
 def trainer_state_dict(trainer: Any) -> dict[str, Any]:
     loop = trainer._loop
     if loop is not None:
-        loop.flush()  # running sums must be on the host and complete
+        # Running sums must be on the host and complete. This also checks the pending losses: with
+        # on_nonfinite="raise" a NaN/inf raises here, so no checkpoint is written from poisoned weights.
+        loop.flush()
     st = trainer._state
+    loop_state = st.state_dict()
+    history = trainer.history.state_dict()
+    if loop is not None:
+        # Per-step points read by the flush reach the History at the next refresh: put them in the saved
+        # copy now, or a resumed run's step series would have a hole.
+        pending = list(getattr(loop, "_new_points", []))
+        epoch = st.epoch + 1
+        for step, loss, lr in pending:
+            for key, value in (("step", step), ("epoch", epoch), ("loss", loss), ("lr", lr)):
+                history["steps"][key].append(value)
+        if not st.epoch_complete:
+            loop_state["epoch_time"] = time.perf_counter() - loop._epoch_start
     return {
         "format": CHECKPOINT_FORMAT,
         "version": VERSION,
@@ -39,13 +54,13 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
-        "loop": st.state_dict(),
+        "loop": loop_state,
         "config": {"precision": trainer.precision, "grad_accum_steps": trainer.grad_accum_steps,
                    "elapsed": trainer._elapsed_before + (0.0 if loop is None else
-                                                         __import__("time").perf_counter() - loop._fit_start)},
+                                                         time.perf_counter() - loop._fit_start)},
         "metrics": trainer._train_metrics.state_dict(),
         "rng": capture_rng(),
-        "history": trainer.history.state_dict(),
+        "history": history,
         "callbacks": {key: cb.state_dict() for key, cb in _stateful(trainer)},
     }
 

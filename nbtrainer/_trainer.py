@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import torch
 
-from nbtrainer import _state
+from nbtrainer import _state, _validate
 from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -23,6 +23,7 @@ from nbtrainer._events import CallbackList, Progress
 from nbtrainer._history import History
 from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._metrics import MetricSet
+from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
@@ -59,6 +60,9 @@ class Trainer:
         refresh_interval: seconds between reads of running values (progress, history, widget).
         timing_every: sample the step-time breakdown every n micro-batches (0: off).
         val_every_n_epochs: validate every n epochs.
+        on_nonfinite: a NaN/inf training loss: ``"raise"`` (default; detected at the throttled read,
+            no extra sync), ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit
+            (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
         lr: learning rate of an optimizer given by name (default: torch's default for it).
         activation_checkpointing: ``True`` (the model's own ``gradient_checkpointing_enable()``, else its
             repeated blocks) or a list of module types / names; switch later with
@@ -90,9 +94,12 @@ class Trainer:
                  compute_loss: Callable | None = None, refresh_interval: float = 0.25, timing_every: int = 50,
                  val_every_n_epochs: int = 1, non_blocking: bool = True, lr: float | None = None,
                  activation_checkpointing: Any = False, trainable: Any = None, freeze: Any = None,
-                 compile: Any = False, channels_last: bool = False) -> None:
+                 compile: Any = False, channels_last: bool = False, on_nonfinite: str = "raise") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        _validate.check_args(criterion=criterion, optimizer=optimizer, scheduler=scheduler, metrics=metrics,
+                             callbacks=callbacks, device=device, seed=seed, refresh_interval=refresh_interval,
+                             on_nonfinite=on_nonfinite)
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Strategy options (nbtrainer._strategies): checked, and a named optimizer built, now; applied last.
@@ -153,6 +160,7 @@ class Trainer:
         self._loop: FitLoop | None = None
         self._deferred: list[Callable[[], Any]] = []
         self._pending_rng: dict[str, Any] | None = None
+        self._nonfinite = NonFiniteGuard(on_nonfinite)
         self._fit_thread: int | None = None
         self._elapsed_before = 0.0
         self._has_val = False
@@ -240,10 +248,13 @@ class Trainer:
         if val_loader is not None and _safe_len(val_loader) == 0:
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
         self._has_val = val_loader is not None
+        _validate.check_fit(self, train_loader, val_loader, epochs, max_steps, resume_from is not None)
         self._control.reset()
+        self._nonfinite.reset()
         if resume_from is not None:
             _state.resume(self, resume_from)
         else:
+            self._pending_rng = None
             if self.seed is not None:
                 seed_everything(self.seed)
             self._state = LoopState()
@@ -267,6 +278,8 @@ class Trainer:
         self.status = self.history.status = "running"
         self.history.stop_reason = None
         try:
+            if val_loader is not None and resume_from is None:
+                _validate.check_val_loader(self, val_loader)  # its first batch, now, under restored RNG
             self.callbacks.call("on_fit_start", trainer=self)
             loop.run()
             st, reason = self._state, self._control.stop_reason
@@ -419,8 +432,16 @@ class Trainer:
                    "it was computed without autograd (torch.no_grad / inference_mode / .detach() in the model or criterion)")
             raise RuntimeError(f"The loss has no grad_fn: {why}. Nothing can be trained from it.")
 
+    def _first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
+        """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
+        loss, outputs, targets = _validate.first_compute(self, batch)
+        if self._train_metrics:
+            with torch.no_grad():
+                _validate.dry_metrics(self, self._train_metrics, outputs, targets, "training")
+        return loss, outputs, targets
+
     def _check_nonfinite(self, losses: list[float], points: list) -> None:
-        return None
+        self._nonfinite.check(self, losses, points)
 
     def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
         if _is_plateau(self.scheduler):
@@ -457,6 +478,7 @@ class Trainer:
 
     def add_callback(self, callback: Any) -> None:
         """Attach a callback (any object with some ``nbtrainer.EVENTS`` hooks); also mid-fit."""
+        _validate.check_callback(callback)
         self.callbacks.append(callback)
 
     def remove_callback(self, callback: Any) -> None:

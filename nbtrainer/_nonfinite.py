@@ -1,0 +1,129 @@
+"""Non-finite (NaN / inf) training losses: detected without a per-step host sync.
+
+``Trainer(on_nonfinite=...)``:
+
+``"raise"`` (default)
+    The loop already reads every micro-batch loss at the throttled refresh (``refresh_interval``), at
+    the end of each epoch and before every checkpoint save; a non-finite value there raises
+    :class:`NonFiniteLossError` naming the optimizer step(s) and epoch. **Extra syncs: none.** Steps
+    taken between the bad loss and its detection (at most ``refresh_interval`` seconds) may have made
+    the weights non-finite, but no checkpoint is ever written from them: a save reads the pending
+    losses first and raises instead of writing.
+
+``"skip"``
+    Each accumulation window keeps a device-side flag (``~isfinite(loss)`` OR-ed over its micro-batches;
+    never read per micro-batch). A window whose flag is set does not update anything:
+
+    * fp16-mixed: the flag is folded into the GradScaler's own ``found_inf`` after ``unscale_``, so
+      ``scaler.step`` skips the step on the inf check it makes anyway. **Extra syncs: none** (the
+      scaler also backs its scale off, as for an overflow).
+    * fp32 / bf16-mixed: the flag is read once per *optimizer step* (not per micro-batch) to decide
+      whether to call ``optimizer.step()``. On CPU that read is not a device sync at all; on CUDA it
+      is **one sync per optimizer step**, the same price fp16's scaler pays. An exactly sync-free
+      skip would need a copy of the parameters and optimizer state per step (or a fused optimizer's
+      ``found_inf``); we chose the read.
+
+    Skipped windows count in ``skipped_steps`` (history rows), are left out of the running and epoch
+    loss, the scheduler does not step for them, and each is reported as a ``"nonfinite"`` history
+    event with its step.
+
+``"stop"``
+    Like ``"skip"`` (the bad window does not update the weights, same sync cost), then the fit stops
+    at the refresh that sees it, with ``history.stop_reason`` naming the step range.
+
+fp16 overflow handled by the scaler (inf gradients with a finite loss) is not a non-finite *loss*:
+it is counted in ``skipped_steps`` and never raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["NonFiniteLossError", "NonFiniteGuard", "MODES"]
+
+MODES = ("raise", "skip", "stop")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss was NaN or inf; the message names where and what to do."""
+
+
+def check_mode(mode: Any) -> str:
+    if mode not in MODES:
+        raise ValueError(f"on_nonfinite must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}. "
+                         "'raise' stops with an error, 'skip' skips the optimizer step of a window with a "
+                         "NaN/inf loss, 'stop' skips it and ends the fit.")
+    return mode
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "?"
+    lo, hi = min(steps), max(steps)
+    return f"step {lo}" if lo == hi else f"steps {lo}-{hi}"
+
+
+class NonFiniteGuard:
+    def __init__(self, mode: str = "raise") -> None:
+        self.mode = check_mode(mode)
+        self.gating = self.mode in ("skip", "stop")
+        self._bad: torch.Tensor | None = None  # OR of ~isfinite(loss) over the open window (device)
+        self.count = 0  # non-finite micro-batch losses seen in this fit
+
+    def reset(self) -> None:
+        self._bad = None
+        self.count = 0
+
+    # -- the hot loop (gating modes only) ---------------------------------------------------------
+    def observe(self, loss: torch.Tensor) -> None:
+        """Fold this micro-batch's loss into the window flag: device ops only, no read."""
+        bad = ~torch.isfinite(loss.detach())
+        self._bad = bad if self._bad is None else self._bad | bad
+
+    def allow_step(self, optimizer: torch.optim.Optimizer, scaler: Any) -> bool:
+        """Whether ``optimizer.step()`` may run for the window that just closed (called after
+        ``scaler.unscale_``). With a scaler the flag joins its ``found_inf`` and this returns True:
+        ``scaler.step`` then skips on its own inf check."""
+        bad, self._bad = self._bad, None
+        if bad is None:
+            return True
+        if scaler is not None:
+            found = scaler._per_optimizer_states[id(optimizer)].get("found_inf_per_device") or {}
+            if found:
+                for value in found.values():
+                    value.add_(bad.to(device=value.device, dtype=value.dtype))
+                return True
+        return not bool(bad)  # SYNC on CUDA: one per optimizer step, "skip"/"stop" only (see module doc)
+
+    # -- at the throttled read ---------------------------------------------------------------------
+    def check(self, trainer: Any, losses: list[float], points: list[tuple[int, float, float]]) -> None:
+        """Called with the host values of one flush: every micro-batch loss and the per-step points."""
+        bad = [v for v in losses if not math.isfinite(v)]
+        if not bad:
+            return
+        self.count += len(bad)
+        st = trainer._state
+        steps = [step for step, loss, _ in points if not math.isfinite(loss)]
+        loop = trainer._loop
+        open_bad = loop is not None and any(not math.isfinite(v) for v, _ in loop._open_window)
+        if open_bad or not steps:
+            steps.append(st.global_step + 1)  # the window still accumulating
+        where = f"{_steps_text(steps)} (epoch {st.epoch + 1})"
+        kinds = sorted({"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") for v in bad})
+        what = f"{len(bad)} micro-batch loss{'es' if len(bad) > 1 else ''} {'/'.join(kinds)}"
+        if self.mode == "raise":
+            raise NonFiniteLossError(
+                f"The training loss was non-finite at optimizer {where}: {what}. Usual causes: a learning "
+                "rate too high, log(0) or a division by zero in the loss, NaN/inf in the input data, fp16 "
+                "without loss scaling. Fix the cause (lower the lr, set max_grad_norm, check the data), or "
+                "pass Trainer(on_nonfinite='skip') to skip such steps or 'stop' to end the fit cleanly. "
+                "Weights updated after the bad step may be non-finite; no checkpoint was written from them.")
+        action = "skipped" if self.mode == "skip" else "skipped; stopping"
+        for step in sorted(set(steps)):
+            trainer.history.add_event(step=step, epoch=st.epoch + 1, kind="nonfinite", old=None,
+                                      new=f"loss non-finite: step {action}")
+        if self.mode == "stop":
+            trainer.request_stop(f"non-finite loss at optimizer {where}: {what}")
