@@ -27,7 +27,7 @@ _EVENT_KINDS = {"lr": "lr", "grad_accum_steps": "accum"}
 
 def _figure(title: str, css: str, marks: list, x: Any, y: Any, xlabel: str) -> bq.Figure:
     axes = [bq.Axis(scale=x, label=xlabel, num_ticks=5),
-            bq.Axis(scale=y, orientation="vertical", tick_format=".3g", num_ticks=5)]
+            bq.Axis(scale=y, side="left", tick_format=".3g", num_ticks=5)]
     fig = bq.Figure(marks=marks, axes=axes, title=title, fig_margin=dict(_MARGIN), legend_location="top-right",
                     animation_duration=0, layout=W.Layout(**_LAYOUT))
     fig.add_class(css)

@@ -74,6 +74,7 @@ class Run:
         self.error: BaseException | None = None
         self.traceback = ""
         self.stop_reason: str | None = None
+        self.status = "running"  # the trainer's final status once the fit has returned
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-fit ({owner})", daemon=True)
 
@@ -106,6 +107,7 @@ class Run:
             self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.history = self.trainer.history
         finally:
+            self.status = "failed" if self.error is not None else self.trainer.status
             with _LOCK:
                 if _LIVE.get(self.model_key) is self:
                     del _LIVE[self.model_key]

@@ -1,0 +1,194 @@
+"""Steering a running panel from other threads: stop, pause/resume, LR and accumulation, failures,
+zombie runs, and the UI throttle."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+from nbtrainer import Trainer, TrainerWidget
+from widget_helpers import CountRefresh, Slow, make_widget, parts, wait_for
+
+
+def test_stop_from_another_thread_ends_within_one_step():
+    w = make_widget(n=2048, epochs=3, slow=0.003)
+    w.view.start.click()
+    wait_for(lambda: w.trainer.global_step >= 5, what="5 steps")
+    box = {}
+
+    def stopper():
+        box["step"] = w.trainer.global_step
+        w.stop("user clicked stop")
+
+    th = threading.Thread(target=stopper)
+    th.start()
+    th.join()
+    h = w.wait(timeout=20)
+    assert h.status == "stopped" and h.stop_reason == "user clicked stop" and w.status == "stopped"
+    assert w.trainer.global_step <= box["step"] + 1
+    assert "stopped" in w.view.status.value and not w.view.start.disabled
+    assert not Trainer.active()
+
+
+def test_stop_button_while_paused():
+    w = make_widget(n=2048, epochs=3, slow=0.003)
+    w.start()
+    wait_for(lambda: w.trainer.global_step >= 3)
+    w.view.pause.click()
+    wait_for(lambda: w.status == "paused", what="paused")
+    w.view.stop.click()
+    assert w.wait(timeout=20).status == "stopped"
+
+
+def test_pause_holds_and_resume_continues():
+    w = make_widget(n=1024, epochs=1, slow=0.003)
+    w.start()
+    wait_for(lambda: w.trainer.global_step >= 3)
+    w.view.pause.click()
+    assert w.view.pause.description == "Resume"
+    wait_for(lambda: w.status == "paused", what="paused")
+    held = w.trainer.global_step
+    time.sleep(0.3)
+    assert w.trainer.global_step == held
+    wait_for(lambda: "paused" in w.view.status.value, 5, "paused badge")
+    w.view.pause.click()  # Resume
+    assert w.view.pause.description == "Pause"
+    h = w.wait(timeout=30)
+    assert h.status == "finished" and len(h.steps["step"]) == 64
+    assert [e["kind"] for e in h.events] == ["pause", "resume"]
+
+
+def test_lr_and_accumulation_changes_mid_run_reach_optimizer_history_and_charts():
+    w = make_widget(n=2048, bs=16, epochs=1, slow=0.003, val=False)
+    w.start()
+    wait_for(lambda: w.trainer.global_step >= 10)
+    w.view.lr.value = 0.2  # what dragging the slider does
+    w.view.accum.value = 4
+    h = w.wait(timeout=60)
+    assert w.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
+    events = {e["kind"]: e for e in h.events}
+    assert events["lr"]["new"] == pytest.approx(0.2) and events["lr"]["old"] == pytest.approx(0.05)
+    assert events["grad_accum_steps"]["new"] == 4
+    lrs = dict(zip(h.steps["step"], h.steps["lr"]))
+    assert lrs[events["lr"]["step"] + 1] == pytest.approx(0.2)
+    assert len(h.steps["step"]) < 128  # fewer optimizer steps after accumulating 4
+    labels = list(w.charts.lr_events.names)
+    assert any(lab.startswith("lr 0.2") for lab in labels) and "accum 4" in labels
+    assert len(w.charts.loss_events.x) == 2
+    assert any("lr" in text and "0.2" in text for _, text in w.view.message_log)
+
+
+def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
+    calls = {"n": 0}
+
+    def flaky(outputs, targets):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise ValueError("metric exploded")
+        return (outputs.argmax(1) == targets).float().mean()
+
+    model, crit, opt, loader = parts()
+    w = TrainerWidget(model, crit, opt, loader, metrics={"flaky": flaky}, epochs=2, progress=False,
+                      refresh_interval=0.05, ui_interval=0.05)
+    w.view.start.click()
+    with pytest.raises(ValueError, match="metric exploded"):
+        w.wait(timeout=30)
+    assert w.status == "failed" and w.history.status == "failed"
+    assert "failed" in w.view.status.value
+    errors = [m for m in w.view.messages.children if "nbt-message-error" in m._dom_classes]
+    assert errors and "metric exploded" in errors[-1].value and "nbt-traceback" in errors[-1].value
+    assert "<details" in errors[-1].value and "Traceback" in errors[-1].value
+    assert not w.view.start.disabled and w.view.stop.disabled
+    assert not Trainer.active()
+    w.start()  # the kernel (and this widget) stay usable: the metric works again now
+    assert w.wait(timeout=30).status == "finished"
+
+
+def test_a_second_widget_on_the_same_model_stops_the_first():
+    w1 = make_widget(n=4096, epochs=5, slow=0.003)
+    w1.start()
+    wait_for(lambda: w1.trainer.global_step >= 3)
+    with pytest.warns(RuntimeWarning, match="Stopped the previous run"):
+        w2 = TrainerWidget(w1._model, w1.trainer.criterion, w1.trainer.optimizer, w1.train_loader, epochs=1,
+                           progress=False, ui_interval=0.05)
+    assert w1._run.done.is_set() and w1.status == "stopped"
+    assert "replaced by" in (w1.history.stop_reason or "")
+    assert any("Stopped the previous run" in text for _, text in w2.view.message_log)
+    w2.start()
+    assert w2.wait(timeout=30).status == "finished"
+
+
+def test_start_while_another_widget_runs_the_model_stops_that_run():
+    w1 = make_widget(n=4096, epochs=5, slow=0.003)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing runs yet: no warning
+        w2 = TrainerWidget(w1.trainer, w1.train_loader, epochs=1, ui_interval=0.05)
+    w1.start()
+    wait_for(lambda: w1.trainer.global_step >= 3)
+    w2.start()  # same model (and trainer): the old run is stopped first, not left training
+    assert w1.status == "stopped"
+    assert w2.wait(timeout=30).status == "finished"
+
+
+def test_a_fit_not_started_by_a_widget_is_refused_with_a_clear_message():
+    model, crit, opt, loader = parts(n=4096)
+    trainer = Trainer(model, crit, opt, progress=False, callbacks=[Slow(0.003)])
+    th = threading.Thread(target=lambda: trainer.fit(loader, epochs=5), daemon=True)
+    th.start()
+    try:
+        wait_for(lambda: trainer.global_step >= 2)
+        with pytest.warns(RuntimeWarning, match="not started by a TrainerWidget"):
+            w = TrainerWidget(model, crit, opt, loader, progress=False)
+        with pytest.raises(RuntimeError, match="not started by a TrainerWidget"):
+            w.start()
+        assert w.status == "idle" and th.is_alive()
+    finally:
+        trainer.request_stop()
+        th.join(20)
+
+
+def test_ui_updates_are_throttled_by_wall_clock():
+    counter = CountRefresh()
+    w = make_widget(n=4096, epochs=1, slow=0.004, refresh_interval=0.0, ui_interval=0.2, callbacks=[counter])
+    t0 = time.monotonic()
+    w.start()
+    w.wait(timeout=60)
+    duration = time.monotonic() - t0
+    times = w.ui_update_times
+    assert duration > 0.8, "the run must be long enough to mean something"
+    assert counter.n > 5 * len(times), (counter.n, len(times))  # the trainer refreshed far more often
+    assert len(times) <= duration / 0.2 + 2
+    gaps = [b - a for a, b in zip(times, times[1:-1])]  # the final push is immediate
+    assert min(gaps) >= 0.2 * 0.9, gaps
+
+
+def test_long_runs_send_a_bounded_number_of_points_with_spikes():
+    spike_step = 700
+
+    class Spike:  # the loss of one micro-batch is made huge through the criterion
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, outputs, targets):
+            self.calls += 1
+            loss = torch.nn.functional.cross_entropy(outputs, targets)
+            return loss * 1000 if self.calls == spike_step else loss
+
+    model, _, opt, _ = parts()
+    from widget_helpers import make_classification, make_loader
+
+    x, y = make_classification(n=1200 * 4)
+    w = TrainerWidget(model, Spike(), opt, make_loader(x, y, 4), epochs=1, progress=False, refresh_interval=0.02,
+                      ui_interval=0.05, max_points=100)
+    h = w.wait() if w.start() is None else None
+    assert len(h.steps["step"]) == 1200
+    pts = w.charts.sent_points()
+    assert pts["loss"] <= 100 and pts["smoothed"] <= 100 and pts["lr"] <= 100
+    top = max(range(1200), key=lambda i: h.steps["loss"][i])
+    assert h.steps["loss"][top] > 50 * sorted(h.steps["loss"])[600]  # a real spike
+    assert max(w.charts.raw.y) == pytest.approx(h.steps["loss"][top])
+    assert h.steps["step"][top] in w.charts.raw.x.tolist()

@@ -1,0 +1,188 @@
+"""The panel as Python objects (no kernel, no browser): build, click Start, charts, history, summary."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from nbtrainer import History, Trainer, TrainerWidget
+from nbtrainer.widgets import ProfileCard
+from widget_helpers import classes, make_widget, parts, wait_for
+
+CSS = {"nbt-panel", "nbt-header", "nbt-status", "nbt-start", "nbt-pause", "nbt-stop", "nbt-save", "nbt-profile",
+       "nbt-progress-step", "nbt-progress-epoch", "nbt-chart-loss", "nbt-chart-lr", "nbt-chart-metrics",
+       "nbt-messages", "nbt-controls", "nbt-precision", "nbt-accum", "nbt-lr", "nbt-epochs", "nbt-scheduler",
+       "nbt-clip", "nbt-checkpointing", "nbt-stats", "nbt-profile-area"}
+
+
+def test_lazy_reexports_and_all():
+    import nbtrainer
+    import nbtrainer.widgets as w
+
+    assert nbtrainer.TrainerWidget is w.TrainerWidget and nbtrainer.ProfileCard is w.ProfileCard
+    assert {"TrainerWidget", "ProfileCard"} <= set(w.__all__)
+    assert all(name in w.__doc__ for name in ("nbt-panel", "nbt-chart-loss", "nbt-profile-card", "nbt-messages"))
+
+
+def test_panel_builds_and_trains_without_a_kernel():
+    from nbtrainer.widgets._frontend import in_notebook
+
+    assert not in_notebook() and "ipykernel.kernelapp" not in sys.modules  # ipywidgets present, no kernel
+    w = make_widget(epochs=2)
+    assert CSS <= classes(w.panel), CSS - classes(w.panel)
+    assert w.status == "idle" and w.view.start.disabled is False and w.view.stop.disabled is True
+    bundle = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.panel.model_id
+    assert "Sequential" in w.view.title.value and "parameters" in w.view.title.value
+
+    w.view.start.click()  # what the browser click does
+    assert w.view.start.disabled and not w.view.stop.disabled
+    h = w.wait()
+    assert isinstance(h, History) and h is w.history and h.status == "finished" and w.status == "finished"
+    assert len(h) == 2 and len(h.steps["step"]) == 2 * 32
+    pts = w.charts.sent_points()
+    assert pts["loss"] == pts["lr"] == len(h.steps["step"]) == 64  # short run: every step drawn
+    np.testing.assert_allclose(w.charts.raw.y, h.steps["loss"])
+    np.testing.assert_allclose(w.charts.lr.y, h.steps["lr"])
+    assert w.charts.val.y.tolist() == pytest.approx(h["val_loss"])
+    assert list(w.charts.train_metrics.labels) == ["loss", "acc"]
+    assert w.charts.val_metrics.y[1].tolist() == pytest.approx(h["val_acc"])
+    assert w.view.epoch_bar.value == 2 and w.view.step_bar.value == 32
+    assert "finished" in w.view.status.value and "step 64/64" in w.view.progress_info.value
+    assert "best val_loss" in w.view.stats.value and f"{min(h['val_loss']):.4g}" in w.view.stats.value
+    assert not w.view.start.disabled and w.view.stop.disabled and w.view.pause.disabled
+    assert w.ui_updates >= 1
+    # the trainer is given back as it was: the panel's callback is removed
+    assert all(type(cb).__name__ != "Feed" for cb in w.trainer.callbacks.callbacks)
+
+
+def test_start_again_trains_on_with_a_fresh_history_and_charts():
+    w = make_widget(epochs=1, val=False)
+    w.start()
+    h1 = w.wait()
+    w.view.epochs.value = 2
+    w.start()
+    h2 = w.wait()
+    assert h2 is not h1 and len(h2) == 2 and w.charts.sent_points()["loss"] == len(h2.steps["step"]) == 64
+    assert h2.epochs[-1]["loss"] < h1.epochs[0]["loss"]  # same weights, trained further
+    assert w.charts.val.x.size == 0  # no validation loader: no val points
+
+
+def test_trainer_form_and_argument_errors():
+    model, crit, opt, loader = parts()
+    trainer = Trainer(model, crit, opt, progress=True, refresh_interval=0.05)
+    w = TrainerWidget(trainer, loader, epochs=1, ui_interval=0.05)
+    assert w.trainer is trainer
+    w.start()
+    assert not any(type(cb).__name__ == "ProgressBar" for cb in trainer.callbacks.callbacks)  # the panel shows it
+    assert w.wait().status == "finished"
+    assert any(type(cb).__name__ == "ProgressBar" for cb in trainer.callbacks.callbacks)  # given back
+    with pytest.raises(TypeError, match="uses the trainer as configured"):
+        TrainerWidget(trainer, loader, precision="bf16")
+    with pytest.raises(TypeError, match="criterion, optimizer and train_loader"):
+        TrainerWidget(model, crit)
+    with pytest.raises(TypeError, match="train_loader is required"):
+        TrainerWidget(trainer)
+    with pytest.raises(ValueError, match="epochs"):
+        TrainerWidget(trainer, loader, epochs=0)
+    with pytest.raises(RuntimeError, match="has not been started"):
+        TrainerWidget(trainer, loader).wait()
+
+
+def test_schedule_menu_builds_onecycle_with_the_slider_as_max_lr():
+    w = make_widget(epochs=2, val=False)
+    assert w.view.scheduler.value == "constant" and w.view.lr.description == "LR"
+    w.view.scheduler.value = "onecycle"
+    assert w.view.lr.description == "max LR"
+    w.view.lr.value = 0.2
+    w.start()
+    h = w.wait()
+    lrs = h.steps["lr"]
+    assert max(lrs) == pytest.approx(0.2, rel=0.05) and lrs[0] < 0.02 and lrs[-1] < 1e-3
+    w.start()  # rebuilt for the second run (a used-up OneCycleLR would fail)
+    assert w.wait().status == "finished"
+    w.view.scheduler.value = "constant"
+    w.start()
+    lrs = w.wait().steps["lr"]
+    assert lrs == pytest.approx([0.2] * len(lrs))
+
+
+def test_precision_menu_and_unavailable_options():
+    w = make_widget(epochs=1)
+    support = w.controls.support
+    labels = dict((v, k) for k, v in w.view.precision.options)
+    for name, (ok, _) in support.items():
+        assert labels[name] == (name if ok else f"{name} (unavailable)")
+    w.view.precision.value = "bf16-mixed"
+    if support["bf16-mixed"][0]:
+        assert w.trainer.precision == "bf16-mixed"
+    else:
+        assert w.view.precision.value == w.trainer.precision == "fp32"
+    w.view.max_grad_norm.value = 1.5
+    assert w.trainer.max_grad_norm == 1.5
+    w.view.max_grad_norm.value = 0
+    assert w.trainer.max_grad_norm is None
+
+
+def test_activation_checkpointing_toggle():
+    from widget_helpers import make_classification, make_loader
+
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential
+    model = seq(seq(torch.nn.Linear(10, 16), torch.nn.ReLU()), seq(torch.nn.Linear(16, 16), torch.nn.ReLU()),
+                seq(torch.nn.Linear(16, 3)))
+    x, y = make_classification(n=64)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      make_loader(x, y, 16), progress=False, ui_interval=0.05)
+    w.view.checkpointing.value = True
+    assert w.trainer.checkpointed_blocks == ["0", "1", "2"]
+    w.start()
+    assert w.view.checkpointing.disabled  # locked while running
+    assert w.wait().status == "finished"
+    w.view.checkpointing.value = False
+    assert w.trainer.checkpointed_blocks == [] and "forward" not in model[1].__dict__
+
+    flat = make_widget(epochs=1)  # Linear, ReLU, Linear: nothing to checkpoint -> reverted with the reason
+    flat.view.checkpointing.value = True
+    assert flat.view.checkpointing.value is False and "No blocks" in flat.view.message_log[-1][1]
+
+
+def test_summary_is_static_html_with_svg_and_reaches_the_display_slot(monkeypatch):
+    import IPython.display as disp
+
+    shown, updates = [], []
+    monkeypatch.setattr(disp, "display", lambda *a, **k: shown.append((a, k)))
+    monkeypatch.setattr(disp, "update_display", lambda obj, **k: updates.append((obj, k)))
+    w = make_widget(epochs=2)
+    w._ipython_display_()
+    assert shown[0][0][0] is w.panel
+    slot = shown[1][1]["display_id"]
+    assert "nbt-summary-slot" in shown[1][0][0]["text/html"]
+    w.start()
+    h = w.wait()
+    html = w.summary_html
+    assert "nbt-summary" in html and "<svg" in html and "nbt-summary-table" in html and "<polyline" in html
+    assert f"{h.last['val_acc']:.4g}" in html and "finished" in html
+    assert updates and all(k["display_id"] == slot and k["raw"] for _, k in updates)
+    assert updates[-1][0]["text/html"] == html and "finished" in updates[-1][0]["text/plain"]
+
+
+def test_profile_button_shows_a_profile_card():
+    w = make_widget(epochs=1)
+    w.view.profile.click()
+    wait_for(lambda: w.view.profile_area.children, 60, "profile card")
+    card = w.view.profile_area.children[0]
+    assert isinstance(card, ProfileCard) and "nbt-profile-card" in card._dom_classes
+    assert "parameters" in card.html.value and "latency" in card.html.value.lower()
+    wait_for(lambda: not w.view.start.disabled, 10, "start re-enabled")
+
+
+def test_profile_card_is_defensive_about_missing_keys():
+    card = ProfileCard({"model_name": "Net", "params": 1234, "latency_ms": {"cpu": {"fp16-mixed": {
+        "supported": False, "reason": "no fp16 here"}}}})
+    assert "Net" in card.html.value and "1.23 K" in card.html.value and "no fp16 here" in card.html.value
+    assert ProfileCard({}).html.value  # nothing measured: still a card

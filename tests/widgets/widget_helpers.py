@@ -1,0 +1,68 @@
+"""Small real models, synthetic data and helpers shared by the widget tests (no kernel, no browser)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from conftest import make_classification, make_loader, mlp
+
+
+class Slow:
+    """Each optimizer step takes a little wall time, so another thread can act mid-run."""
+
+    def __init__(self, delay: float = 0.002) -> None:
+        self.delay = delay
+
+    def on_optimizer_step(self, trainer, step, skipped):
+        time.sleep(self.delay)
+
+
+class CountRefresh:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def on_refresh(self, trainer, progress):
+        self.n += 1
+
+
+def accuracy(outputs, targets):
+    return (outputs.argmax(dim=1) == targets).float().mean()
+
+
+def parts(n: int = 512, bs: int = 16, lr: float = 0.05, seed: int = 0):
+    x, y = make_classification(n=n, seed=seed)
+    model = mlp(seed=seed)
+    return model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=lr), make_loader(x, y, bs)
+
+
+def make_widget(n: int = 512, bs: int = 16, epochs: int = 2, slow: float | None = None, val: bool = True, **kw):
+    from nbtrainer import TrainerWidget
+
+    model, crit, opt, loader = parts(n=n, bs=bs)
+    x, y = make_classification(n=128, seed=1)
+    callbacks = list(kw.pop("callbacks", []))
+    if slow:
+        callbacks.append(Slow(slow))
+    kw.setdefault("refresh_interval", 0.05)
+    kw.setdefault("progress", False)
+    kw.setdefault("ui_interval", 0.05)
+    return TrainerWidget(model, crit, opt, loader, make_loader(x, y, 32) if val else None, epochs=epochs,
+                         metrics={"acc": accuracy}, callbacks=callbacks, **kw)
+
+
+def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what} not reached in {timeout} s")
+        time.sleep(0.005)
+
+
+def classes(widget) -> set[str]:
+    """Every CSS class in a widget tree."""
+    out = set(getattr(widget, "_dom_classes", ()))
+    for child in getattr(widget, "children", ()) or ():
+        out |= classes(child)
+    return out
