@@ -513,7 +513,10 @@ def compare_strategies(make_model: Callable[[], nn.Module],
     def run(name: str, options: dict[str, Any], measure: bool) -> dict[str, Any]:
         options = dict(options)
         split = options.pop("split_batches", split_batches)
-        row: dict[str, Any] = {"name": name, "status": "ok", "reason": None, "options": dict(options), "note": ""}
+        row: dict[str, Any] = {"name": name, "status": "ok", "reason": None, "options": dict(options), "note": "",
+                               **dict.fromkeys(("steps", "step_time_s", "samples_per_s", "samples_per_step",
+                                                "train_time_s", "peak_memory_bytes", "memory_detail", "final_loss",
+                                                "metric"))}
         trainer = model = None
         try:
             order.reset()
@@ -575,8 +578,8 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             row.update(status="failed", reason=_reason(exc))
         finally:
             del trainer, model
-            gc.collect()
-            if cuda:
+            if cuda:  # give the next strategy the memory back (and a clean peak)
+                gc.collect()
                 torch.cuda.empty_cache()
             order.reset()
         return row

@@ -1,0 +1,141 @@
+"""compare_strategies: one row per strategy, ratios to the baseline, failures as rows, identical starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_classification, make_loader
+from nbtrainer import StrategyComparison, compare_strategies
+from nbtrainer._compare import resolve_strategies, split_batch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models: with the 2 shared cores busy, a second intra-op thread makes each op wait for a core
+    # (we measured a 32x128 Linear at 10 ms with 2 threads vs 16 us with 1).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class Net(nn.Module):
+    """Residual MLP: wide activations relative to its parameters (checkpointing has something to save)."""
+
+    def __init__(self, d: int = 10, hidden: int = 32, n: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, hidden)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+                                    for _ in range(n))
+        self.head = nn.Linear(hidden, 3)
+        self.seen: list[float] = []  # what the model was fed, in order (data-order check)
+
+    def forward(self, x):
+        if self.training:
+            self.seen.append(float(x[:, 0].sum()))
+        x = self.inp(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = make_classification(n=128)
+    return make_loader(x, y, batch_size=32, shuffle=True, seed=3), make_loader(x, y, batch_size=128)
+
+
+def test_rows_ratios_failure_row_and_outputs(data):
+    train, val = data
+    table = compare_strategies(
+        Net, lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3), nn.CrossEntropyLoss(), train, val,
+        {"fp32": {}, "bf16": {"precision": "bf16-mixed"}, "fp8": {"precision": "fp8"},
+         "ckpt": {"activation_checkpointing": True}, "accum4": {"grad_accum_steps": 4},
+         "adafactor": {"optimizer": "adafactor", "lr": 1e-2}}, epochs=1, metric="val_acc")
+    assert isinstance(table, StrategyComparison)
+    assert table.names == ["fp32", "bf16", "fp8", "ckpt", "accum4", "adafactor"]
+    base = table["fp32"]
+    assert base["step_time_ratio"] == base["samples_per_s_ratio"] == base["peak_memory_ratio"] == 1.0
+    bad = table["fp8"]
+    assert bad["status"] == "failed" and "fp8" in bad["reason"] and bad["step_time_s"] is None
+    for name in ("fp32", "bf16", "ckpt", "accum4", "adafactor"):
+        row = table[name]
+        assert row["status"] == "ok", row.get("reason")
+        assert row["steps"] == 4 and row["step_time_s"] > 0 and row["samples_per_s"] > 0
+        assert row["samples_per_step"] == 32  # accum4 splits each batch: same samples per optimizer step
+        assert 0 <= row["metric"] <= 1 and row["final_loss"] > 0
+        assert row["step_time_ratio"] == pytest.approx(row["step_time_s"] / base["step_time_s"])
+        assert row["peak_memory_ratio"] == pytest.approx(row["peak_memory_bytes"] / base["peak_memory_bytes"])
+    # same samples per step and exact accumulation: the same training as fp32
+    assert table["accum4"]["final_loss"] == pytest.approx(base["final_loss"], rel=1e-4)
+    assert table["ckpt"]["final_loss"] == pytest.approx(base["final_loss"], rel=1e-4)
+    # measured memory (CPU): checkpointing keeps fewer activations, adafactor less optimizer state,
+    # accumulation's micro-batches a quarter of the activations
+    mem = {n: table[n]["memory_detail"] for n in ("fp32", "ckpt", "accum4", "adafactor")}
+    assert mem["ckpt"]["activations"] < 0.8 * mem["fp32"]["activations"]
+    assert mem["accum4"]["activations"] < 0.5 * mem["fp32"]["activations"]
+    assert mem["adafactor"]["optimizer_state"] < 0.5 * mem["fp32"]["optimizer_state"]
+    assert table["ckpt"]["peak_memory_ratio"] < 1.0
+    assert "measured" in table.memory_kind
+
+    frame = table.to_pandas()
+    assert list(frame.index) == table.names and "val_acc" in frame.columns
+    assert frame.loc["fp32", "step_time_ratio"] == 1.0 and frame.loc["fp8", "status"] == "failed"
+    page = table._repr_html_()
+    assert "failed" in page and "(100%)" in page and "<table" in page
+    text = str(table)
+    assert "fp8" in text and "failed" in text and "(100%)" in text
+    assert table.to_markdown().count("\n") == len(table) + 1
+
+
+def test_same_initial_weights_and_data_order(data):
+    train, _ = data
+    counter = iter(range(100))
+    starts, seen = [], {}
+
+    def make_model():
+        model = Net()
+        with torch.no_grad():  # every call a different model: the comparison must reset the weights
+            model.head.weight.fill_(float(next(counter)))
+        return model
+
+    def make_optimizer(model):
+        starts.append({k: v.clone() for k, v in model.state_dict().items()})
+        seen[len(starts)] = model.seen  # the model of this strategy
+        return torch.optim.SGD(model.parameters(), lr=0.01)
+
+    # a shuffling loader without its own generator, too: the Trainer installs one; it must not leak
+    x, y = make_classification(n=128)
+    plain = make_loader(x, y, batch_size=32, shuffle=True)
+    for loader in (train, plain):
+        starts.clear()
+        seen.clear()
+        table = compare_strategies(make_model, make_optimizer, nn.CrossEntropyLoss(), loader, None,
+                                   {"a": {}, "b": {"max_grad_norm": 1e6}, "c": {"seed": 5}}, steps=3,
+                                   measure_memory=False)
+        assert [r["status"] for r in table.rows] == ["ok", "ok", "ok"]
+        assert len(starts) == 3
+        for state in starts[1:]:
+            for k, v in starts[0].items():
+                assert torch.equal(state[k], v), k
+        assert len(seen[1]) == 3 and seen[1] == seen[2]  # same batches, same order
+    assert table["a"]["metric"] is None  # no val_loader: no metric
+
+
+def test_steps_mode_presets_and_split():
+    x, y = make_classification(n=64)
+    train, val = make_loader(x, y, batch_size=16, shuffle=True, seed=0), make_loader(x, y, batch_size=64)
+    table = compare_strategies(lambda: Net(hidden=16), lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                               nn.CrossEntropyLoss(), train, val, ["fp32", "accum2"], steps=6, warmup=1,
+                               metric="val_loss", repeats=2)
+    assert table["fp32"]["steps"] == 6 and table["accum2"]["steps"] == 6  # several passes over 4 batches
+    assert table["fp32"]["metric"] > 0  # validated once at the end
+    assert table.settings["repeats"] == 2
+    assert resolve_strategies("fp32, ckpt accum8") == {"fp32": {}, "ckpt": {"activation_checkpointing": True},
+                                                       "accum8": {"grad_accum_steps": 8}}
+    with pytest.raises(ValueError, match="Unknown strategy preset"):
+        resolve_strategies(["fp64"])
+    parts = split_batch({"x": torch.zeros(5, 2), "y": torch.arange(5), "tag": "t"}, 2)
+    assert [p["y"].tolist() for p in parts] == [[0, 1, 2], [3, 4]] and parts[1]["tag"] == "t"
