@@ -584,11 +584,24 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             order.reset()
         return row
 
+    def finish(row: dict[str, Any]) -> None:
+        timed = row.pop("_timed", [])
+        if row["status"] == "ok":
+            row["train_time_s"] /= repeats
+            # medians, not sums: on a shared machine one stalled step must not move the row
+            row["step_time_s"] = statistics.median(t for t, _ in timed) if timed else None
+            rates = [n / t for t, n in timed if t > 0]
+            row["samples_per_s"] = statistics.median(rates) if rates else None
+            row["samples_per_step"] = statistics.median(n for _, n in timed) if timed else None
+            row["repeats"] = repeats
+        if on_row is not None:
+            on_row(row)
+
     rows: dict[str, dict[str, Any]] = {}
     for rep in range(repeats):  # round-robin: a slow spell of a shared machine hits every strategy alike
         for name, options in plan.items():
             if rep and rows[name]["status"] != "ok":
-                continue
+                continue  # failed before: already finished
             row = run(name, options, measure=measure_memory and not cuda and rep == 0)
             if rep == 0:
                 rows[name] = row
@@ -599,18 +612,8 @@ def compare_strategies(make_model: Callable[[], nn.Module],
                 rows[name]["train_time_s"] += row["train_time_s"]
                 if cuda:
                     rows[name]["peak_memory_bytes"] = max(rows[name]["peak_memory_bytes"], row["peak_memory_bytes"])
-            if rep == repeats - 1 and on_row is not None:
-                on_row(rows[name])
-    for row in rows.values():
-        timed = row.pop("_timed", [])
-        if row["status"] == "ok":
-            row["train_time_s"] /= repeats
-            # medians, not sums: on a shared machine one stalled step must not move the row
-            row["step_time_s"] = statistics.median(t for t, _ in timed) if timed else None
-            rates = [n / t for t, n in timed if t > 0]
-            row["samples_per_s"] = statistics.median(rates) if rates else None
-            row["samples_per_step"] = statistics.median(n for _, n in timed) if timed else None
-            row["repeats"] = repeats
+            if rep == repeats - 1 or rows[name]["status"] != "ok":
+                finish(rows[name])
     rows = list(rows.values())  # type: ignore[assignment]
 
     base = next(r for r in rows if r["name"] == baseline)

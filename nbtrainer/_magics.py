@@ -12,6 +12,9 @@ Subcommands (``%nbtrainer help`` prints every usage):
     stored as ``_nbt_profile``.
 ``train MODEL CRITERION OPTIMIZER TRAIN_LOADER [VAL_LOADER] [--epochs N] [--precision P] [--accum K] [--metrics VAR]``
     builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``.
+``compare MAKE_MODEL MAKE_OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
+    ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
+    or a dict of the namespace) and shows the table; stored as ``_nbt_compare``.
 ``status`` / ``stop [N] [--wait S]``
     the runs inside ``Trainer.fit`` in this kernel, and stopping them at the next optimizer step. A magic
     only runs when no cell is busy, so this reaches runs in background threads (the widget's); a run in
@@ -79,6 +82,28 @@ def _profile_args() -> None: ...
 def _train_args() -> None: ...
 
 
+@_subcommand("compare", "Train once per strategy; compare step time, memory, loss and a metric (stored as "
+                        "_nbt_compare).")
+@magic_arguments.argument("make_model", metavar="MAKE_MODEL", help="name of a function returning a fresh model")
+@magic_arguments.argument("make_optimizer", metavar="MAKE_OPTIMIZER",
+                          help="name of a function model -> optimizer, or None (AdamW)")
+@magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
+@magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
+@magic_arguments.argument("val_loader", metavar="VAL_LOADER", nargs="?", default=None,
+                          help="validation loader (optional)")
+@magic_arguments.argument("--strategies", default="fp32,bf16,ckpt,accum4,adafactor", metavar="LIST|VAR",
+                          help="comma list of presets (fp32, fp16, bf16, ckpt, accumN, adafactor, all) or the "
+                               "name of a dict {name: {trainer options}}")
+@magic_arguments.argument("--steps", type=int, default=None, metavar="N",
+                          help="optimizer steps per strategy (default: one epoch)")
+@magic_arguments.argument("--epochs", type=int, default=None, metavar="N", help="epochs per strategy")
+@magic_arguments.argument("--metric", default="val_acc", metavar="KEY", help="validation key to report, or none")
+@magic_arguments.argument("--metrics", metavar="VAR", help="name of a dict of metrics in the namespace")
+@magic_arguments.argument("--device", default="auto", metavar="DEV")
+@magic_arguments.argument("--repeats", type=int, default=1, metavar="R", help="round-robin repeats for timings")
+def _compare_args() -> None: ...
+
+
 @_subcommand("status", "List the training runs going on in this kernel.")
 def _status_args() -> None: ...
 
@@ -96,10 +121,11 @@ _PARSERS: dict[str, Callable] = {
     "env": _doctor_args,
     "profile": _profile_args,
     "train": _train_args,
+    "compare": _compare_args,
     "status": _status_args,
     "stop": _stop_args,
 }
-_ORDER = ("doctor", "profile", "train", "status", "stop")
+_ORDER = ("doctor", "profile", "train", "compare", "status", "stop")
 
 
 def _usage(fn: Callable) -> str:
@@ -284,6 +310,46 @@ class NbtrainerMagics(Magics):
                                precision=precision, grad_accum_steps=args.accum, metrics=metrics)
         self.shell.user_ns["_nbt_widget"] = widget
         self._display(widget)
+        return None
+
+    def _cmd_compare(self, args: Any) -> None:
+        usage = _usage(_compare_args)
+        for opt in ("steps", "epochs", "repeats"):
+            value = getattr(args, opt)
+            if value is not None and value < 1:
+                raise UsageError(f"%nbtrainer compare: --{opt} must be >= 1, got {value}\n{usage}")
+        if args.steps is not None and args.epochs is not None:
+            raise UsageError(f"%nbtrainer compare: give --steps or --epochs, not both\n{usage}")
+        from nbtrainer._compare import compare_strategies, resolve_strategies
+
+        make_model = self._lookup(args.make_model, "MAKE_MODEL")
+        if not callable(make_model) or hasattr(make_model, "parameters"):
+            raise UsageError(f"MAKE_MODEL {args.make_model!r} must be a function returning a fresh model "
+                             "(each strategy trains its own copy), not a model")
+        make_optimizer = None if args.make_optimizer == "None" else self._lookup(args.make_optimizer, "MAKE_OPTIMIZER")
+        criterion = None if args.criterion == "None" else self._lookup(args.criterion, "CRITERION")
+        train_loader = self._lookup(args.train_loader, "TRAIN_LOADER")
+        val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
+        metrics = self._lookup(args.metrics, "--metrics") if args.metrics else None
+        spec: Any = args.strategies
+        if re.fullmatch(r"[A-Za-z_]\w*", spec) and isinstance(self.shell.user_ns.get(spec), dict):
+            spec = self.shell.user_ns[spec]
+        try:
+            strategies = resolve_strategies(spec)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"%nbtrainer compare: {exc}") from None
+        metric = None if str(args.metric).lower() == "none" else args.metric
+
+        def progress(row: dict) -> None:
+            done = "failed: " + str(row["reason"]) if row["status"] != "ok" else "done"
+            print(f"  {row['name']}: {done}", flush=True)
+
+        print(f"Comparing {len(strategies)} strategies: {', '.join(strategies)}", flush=True)
+        table = compare_strategies(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
+                                   epochs=args.epochs, steps=args.steps, metric=metric, metrics=metrics,
+                                   device=args.device, repeats=args.repeats, on_row=progress)
+        self.shell.user_ns["_nbt_compare"] = table
+        self._display(table)
         return None
 
     @staticmethod
