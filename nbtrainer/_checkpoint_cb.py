@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from nbtrainer._callbacks import Callback, check_monitor, resolve_mode
+from nbtrainer._checkpoint_io import remove_stale_temps
 
 __all__ = ["ModelCheckpoint"]
 
@@ -47,6 +48,7 @@ class ModelCheckpoint(Callback):
         self.best_k: list[tuple[float, str]] = []  # (score, path), best first
         self.best_model_path: str | None = None
         self.last_model_path: str | None = None
+        self._pending_drops: list[str] = []  # top-k files pushed out, removed after the new save succeeded
 
     @property
     def last_path(self) -> str:
@@ -62,9 +64,10 @@ class ModelCheckpoint(Callback):
         except OSError as exc:
             raise PermissionError(f"ModelCheckpoint cannot create dirpath {self.dirpath!r}: {exc.strerror}. "
                                   "Pass a writable directory.") from exc
-        if not os.access(self.dirpath, os.W_OK | os.X_OK):
+        if not os.access(self.dirpath, os.W_OK | os.X_OK) or not _can_create_file(self.dirpath):
             raise PermissionError(f"ModelCheckpoint dirpath {self.dirpath!r} is not writable. Pass a writable "
                                   "directory (or fix its permissions) before training.")
+        remove_stale_temps(self.dirpath)  # temp files of a run that was killed while saving
 
     def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
         if self.every_n_steps and step % self.every_n_steps == 0:
@@ -85,6 +88,8 @@ class ModelCheckpoint(Callback):
         if self.save_last:
             self._save(trainer, self.last_path)
             self.last_model_path = self.last_path
+        if self._pending_drops:  # only once the saves above went through: a failed save keeps the old best
+            trainer.defer(self._remove_dropped)
 
     def _qualifies(self, score: float) -> bool:
         if self.save_top_k < 0 or len(self.best_k) < self.save_top_k:
@@ -99,8 +104,16 @@ class ModelCheckpoint(Callback):
         while self.save_top_k >= 0 and len(self.best_k) > self.save_top_k:
             _, dropped = self.best_k.pop()
             if dropped != self.last_path and os.path.exists(dropped):
-                os.remove(dropped)
+                self._pending_drops.append(dropped)
         self.best_model_path = self.best_k[0][1] if self.best_k else None
+
+    def _remove_dropped(self) -> None:
+        drops, self._pending_drops = self._pending_drops, []
+        for path in drops:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     def _save(self, trainer: Any, path: str) -> None:
         # Deferred until every callback has seen this event, so their state (patience counters, this
@@ -115,3 +128,16 @@ class ModelCheckpoint(Callback):
         self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", [])]
         self.best_model_path = state.get("best_model_path")
         self.last_model_path = state.get("last_model_path")
+
+
+def _can_create_file(directory: str) -> bool:
+    """``os.access`` says yes to root on any mode bits; actually create (and remove) a file."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nbt-probe-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True

@@ -56,6 +56,8 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "loop": loop_state,
         "config": {"precision": trainer.precision, "grad_accum_steps": trainer.grad_accum_steps,
+                   "optimizer": type(trainer.optimizer).__name__,
+                   "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
                    "elapsed": trainer._elapsed_before + (0.0 if loop is None else
                                                          time.perf_counter() - loop._fit_start)},
         "metrics": trainer._train_metrics.state_dict(),
@@ -65,7 +67,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
     }
 
 
-def _load_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
+def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
     model = unwrap_model(trainer.model)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
@@ -82,11 +84,15 @@ def _load_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
             parts.append("shape mismatch: " + "; ".join(shapes[:8]))
         raise CheckpointError("The checkpoint's model does not match this model (different architecture?). "
                               + " | ".join(parts) + ". Resume with the model that wrote the checkpoint.")
-    model.load_state_dict(state)
 
 
-def _load_optimizer(trainer: Any, state: dict[str, Any]) -> None:
+def _check_optimizer(trainer: Any, state: dict[str, Any], saved_class: str | None) -> None:
     opt = trainer.optimizer
+    own_class = type(opt).__name__
+    if saved_class is not None and saved_class != own_class:
+        raise CheckpointError(f"The checkpoint was written by {saved_class}, this optimizer is {own_class}. Use the "
+                              f"same optimizer (torch.optim.{saved_class}, same param groups) to resume, or load only "
+                              "the weights with trainer.load_model_state_dict(ckpt['model']).")
     groups = opt.state_dict()["param_groups"]
     saved = state.get("param_groups", [])
     if len(groups) != len(saved) or any(len(a["params"]) != len(b["params"]) for a, b in zip(groups, saved)):
@@ -97,31 +103,70 @@ def _load_optimizer(trainer: Any, state: dict[str, Any]) -> None:
     saved_keys = {k for s in state.get("state", {}).values() for k in s}
     own_default = {k for g in groups for k in g if k != "params"}
     saved_default = {k for g in saved for k in g if k != "params"}
-    if saved_keys and own_default != saved_default:
+    if saved_class is None and (saved_keys or len(own_default ^ saved_default) > 2) and own_default != saved_default:
         raise CheckpointError(
             f"The checkpoint was written by a different optimizer (hyper-parameters {sorted(saved_default)} vs "
             f"this optimizer's {sorted(own_default)}). Use the same optimizer class to resume.")
-    opt.load_state_dict(state)
+    # Same class and group sizes, but the parameters in another order (e.g. groups built differently):
+    # the per-parameter state would land on the wrong tensors.
+    saved_state = state.get("state", {})
+    for gi, (group, sgroup) in enumerate(zip(opt.param_groups, saved)):
+        for j, (param, index) in enumerate(zip(group["params"], sgroup["params"])):
+            for key, value in saved_state.get(index, {}).items():
+                if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != param.shape:
+                    raise CheckpointError(
+                        f"The checkpoint's optimizer state {key!r} for parameter {j} of group {gi} has shape "
+                        f"{tuple(value.shape)}, this parameter {tuple(param.shape)}: the optimizer's parameters are "
+                        "not in the order of the run that wrote the checkpoint. Build the optimizer the same way.")
+
+
+def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
+    """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
+    for key in ("model", "optimizer", "loop", "history", "rng"):
+        if key not in ckpt:
+            raise CheckpointError(f"The checkpoint has no {key!r} entry (written by another tool, or damaged). "
+                                  "Resume from a checkpoint written by ModelCheckpoint or trainer.save_checkpoint().")
+    config = ckpt.get("config", {})
+    _check_model(trainer, ckpt["model"])
+    _check_optimizer(trainer, ckpt["optimizer"], config.get("optimizer"))
+    if (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
+        raise CheckpointError("The checkpoint was written " + ("with" if ckpt.get("scheduler") is not None else "without")
+                              + " an LR scheduler and this trainer has " + ("none" if trainer.scheduler is None else "one")
+                              + ". Configure the scheduler as in the original run.")
+    saved_sched = config.get("scheduler")
+    if trainer.scheduler is not None and saved_sched is not None and saved_sched != type(trainer.scheduler).__name__:
+        raise CheckpointError(f"The checkpoint was written with the scheduler {saved_sched}, this trainer has "
+                              f"{type(trainer.scheduler).__name__}. Configure the scheduler as in the original run.")
+    saved_precision = config.get("precision")
+    if saved_precision is not None and saved_precision != trainer.precision:
+        raise CheckpointError(f"The checkpoint was written with precision={saved_precision!r}, this trainer has "
+                              f"precision={trainer.precision!r}: the run would not continue as it was (GradScaler "
+                              f"state, numerics). Create the Trainer with precision={saved_precision!r}, or load "
+                              "only the weights with trainer.load_model_state_dict(ckpt['model']).")
 
 
 def load_trainer_state(trainer: Any, ckpt: dict[str, Any]) -> None:
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError("Not an nbtrainer checkpoint (no format marker).")
-    _load_model(trainer, ckpt["model"])
-    _load_optimizer(trainer, ckpt["optimizer"])
+    _check_compatible(trainer, ckpt)
+    unwrap_model(trainer.model).load_state_dict(ckpt["model"])
+    trainer.optimizer.load_state_dict(ckpt["optimizer"])
     if trainer.scheduler is not None and ckpt.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
-    elif (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
-        raise CheckpointError("The checkpoint was written " + ("with" if ckpt.get("scheduler") is not None else "without")
-                              + " an LR scheduler and this trainer has " + ("none" if trainer.scheduler is None else "one")
-                              + ". Configure the scheduler as in the original run.")
     if trainer.scaler is not None and ckpt.get("scaler"):
         trainer.scaler.load_state_dict(ckpt["scaler"])
     config = ckpt.get("config", {})
     trainer.grad_accum_steps = int(config.get("grad_accum_steps", trainer.grad_accum_steps))
     trainer._elapsed_before = float(config.get("elapsed", 0.0))
+    from nbtrainer._loop import LoopState
+
+    trainer._state = LoopState()  # fresh: a checkpoint from an older version may lack newer fields
     trainer._state.load_state_dict(ckpt["loop"])
     trainer._train_metrics.load_state_dict(ckpt.get("metrics", {}), trainer.device)
+    from nbtrainer._history import History
+
+    trainer.history = History()  # the resumed fit's own History (an earlier fit's stays as it was)
+    trainer._recorder.history = trainer.history
     trainer.history.load_state_dict(ckpt["history"])
     saved_cbs = ckpt.get("callbacks", {})
     for key, cb in _stateful(trainer):

@@ -10,6 +10,7 @@ Usage::
 
     python tests/_resume_worker.py --dir CKPTS --out OUT.pt [--seed S] [--kill-at M] [--resume]
     python tests/_resume_worker.py --reference --seeds 0,1,2 --out-dir D   # uninterrupted runs
+    python tests/_resume_worker.py --jobs '[{"seed": 0, "dir": ..., "out": ..., "resume": true}, ...]'
 
 ``--kill-at M`` SIGKILLs the process itself right after micro-batch ``M`` (counted over the whole
 run); ``--step-sleep`` slows every micro-batch down so an outside killer lands at random moments.
@@ -123,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--precision", default="fp32")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--jobs", help="JSON list of runs ({seed, dir, out, resume, precision, kill_at}) done in turn "
+                                  "in this process (each fit is seeded or restores every RNG, so they are independent)")
     a = p.parse_args(argv)
+    if a.jobs:
+        for job in json.loads(a.jobs):
+            run(job["seed"], job["dir"], job["out"], resume=job.get("resume", False),
+                precision=job.get("precision", "fp32"), every=job.get("every", 2), kill_at=job.get("kill_at"))
+        return 0
     if a.reference:
         for s in [int(v) for v in a.seeds.split(",") if v]:
             run(s, os.path.join(a.out_dir, f"ckpt-ref-{s}"), os.path.join(a.out_dir, f"ref-{s}.pt"),
