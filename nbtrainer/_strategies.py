@@ -268,6 +268,22 @@ def _check_checkpointing_value(value: Any) -> None:
                         f"qualified module names, got {value!r}.")
 
 
+def _check_blocks_exist(model: nn.Module, value: Any) -> None:
+    """Raise now (before anything changes) if checkpointing ``value`` would find nothing to wrap."""
+    if not value or (value is True and has_own_checkpointing(model)):
+        return
+    from nbtrainer._checkpointing import _select
+
+    try:
+        found = _select(model, True if value is True else list(value))
+    except AttributeError as exc:  # a qualified name that is not a submodule
+        raise ValueError(f"activation_checkpointing: {exc}") from None
+    if not found:
+        raise ValueError("activation_checkpointing found no blocks to checkpoint: the model has no nn.ModuleList / "
+                         "nn.Sequential of >= 2 identical modules, or the given types match none. Pass a list of "
+                         "module types or qualified names, e.g. activation_checkpointing=[MyBlock].")
+
+
 def enable_activation_checkpointing(model: nn.Module, value: Any) -> Any:
     """Turn activation checkpointing on; returns a handle with ``names`` and ``remove()`` (None for off).
 
@@ -322,6 +338,7 @@ class ModelSetup:
             raise ValueError("lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
                              "already has its learning rate.")
         _check_checkpointing_value(activation_checkpointing)
+        _check_blocks_exist(model, activation_checkpointing)
         self.compile_options = _compile_options(compile)
         self.channels_last = bool(channels_last)
         if self.channels_last and not has_conv2d(model):
@@ -361,7 +378,7 @@ class ModelSetup:
     def set_activation_checkpointing(self, value: Any) -> list[str]:
         """Switch activation checkpointing (off: the model is restored exactly); returns the wrapped blocks."""
         _check_checkpointing_value(value)
-        new = None
+        _check_blocks_exist(self.model, value)
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

@@ -193,8 +193,16 @@ def test_bad_pattern_or_failed_validation_leaves_the_model_untouched():
     with pytest.raises(ValueError):  # precision is checked after the strategy options
         Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, trainable=["head.*"], activation_checkpointing=True,
                 precision="fp8", progress=False)
+    with pytest.raises(ValueError, match="no blocks to checkpoint"):
+        Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, trainable=["head.*"], activation_checkpointing=[nn.Conv2d],
+                progress=False)
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, freeze=["inp"], activation_checkpointing=["blocks.7"],
+                progress=False)
     assert all(p.requires_grad for p in model.parameters())
     assert all("forward" not in m.__dict__ for m in model.modules())
+    with pytest.raises(ValueError, match="no blocks to checkpoint"):  # nothing repeated in a lone Linear
+        Trainer(nn.Linear(3, 2), nn.MSELoss(), "sgd", lr=0.1, activation_checkpointing=True, progress=False)
 
 
 def test_freeze_parameters_function():
