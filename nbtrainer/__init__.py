@@ -41,6 +41,8 @@ _LAZY: dict[str, str] = {
     "profile_model": "nbtrainer._profile",
     "ModelProfile": "nbtrainer._profile",
     "profile_training": "nbtrainer._profile_trace",
+    "launch": "nbtrainer._launch",
+    "DDP": "nbtrainer._distributed",
     "compare_strategies": "nbtrainer._compare",
     "StrategyComparison": "nbtrainer._compare",
     "LRFinderResult": "nbtrainer._lr_find",
@@ -86,8 +88,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
     from nbtrainer._compare import StrategyComparison, compare_strategies
+    from nbtrainer._distributed import DDP
     from nbtrainer._events import EVENTS, Progress
     from nbtrainer._history import History
+    from nbtrainer._launch import launch
     from nbtrainer._lr_find import LRFinderResult
     from nbtrainer._precision import PrecisionError, precision_support
     from nbtrainer._profile import ModelProfile, profile_model

@@ -84,7 +84,7 @@ class ModelCheckpoint(Callback):
                 name = self.filename.format(**{**logs, "epoch": epoch, "step": trainer.global_step})
                 path = os.path.join(self.dirpath, name + ".ckpt")
                 self._save(trainer, path)
-                self._insert(score, path)
+                self._insert(score, path, remove=trainer.is_global_zero)
         if self.save_last:
             self._save(trainer, self.last_path)
             self.last_model_path = self.last_path
@@ -97,13 +97,13 @@ class ModelCheckpoint(Callback):
         worst = self.best_k[-1][0]
         return score < worst if self.mode == "min" else score > worst
 
-    def _insert(self, score: float, path: str) -> None:
+    def _insert(self, score: float, path: str, remove: bool = True) -> None:
         self.best_k = [(s, p) for s, p in self.best_k if p != path]
         self.best_k.append((score, path))
         self.best_k.sort(key=lambda sp: sp[0], reverse=self.mode == "max")
         while self.save_top_k >= 0 and len(self.best_k) > self.save_top_k:
             _, dropped = self.best_k.pop()
-            if dropped != self.last_path and os.path.exists(dropped):
+            if remove and dropped != self.last_path and os.path.exists(dropped):  # rank 0 only under DDP
                 self._pending_drops.append(dropped)
         self.best_model_path = self.best_k[0][1] if self.best_k else None
 

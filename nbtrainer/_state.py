@@ -13,7 +13,7 @@ from nbtrainer._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_ch
 from nbtrainer._seed import capture_rng
 from nbtrainer._strategy import unwrap_model
 
-__all__ = ["trainer_state_dict", "load_trainer_state", "resume", "rescale_lr"]
+__all__ = ["trainer_state_dict", "load_trainer_state", "rank_state", "resume", "rescale_lr"]
 
 VERSION = 1
 
@@ -145,9 +145,38 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
                               "only the weights with trainer.load_model_state_dict(ckpt['model']).")
 
 
+# What differs between DDP ranks: saved for every rank (``ckpt["ranks"]``), the rest comes from rank 0.
+_PER_RANK = ("loop", "metrics", "rng")
+
+
+def rank_state(trainer: Any) -> dict[str, Any]:
+    """This rank's own part of a checkpoint: RNG, loop sums (samples, loss) and metric states."""
+    full = trainer_state_dict(trainer)
+    return {key: full[key] for key in _PER_RANK}
+
+
+def _this_rank(trainer: Any, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint as this rank should load it: its own RNG/sums when the world size matches."""
+    strategy = getattr(trainer, "strategy", None)
+    world, rank = getattr(strategy, "world_size", 1), getattr(strategy, "rank", 0)
+    ranks = ckpt.get("ranks") or []
+    if len(ranks) == world and world > 1:
+        return {**ckpt, **{k: v for k, v in ranks[rank].items() if k in _PER_RANK}}
+    saved = len(ranks) or 1
+    loop = ckpt.get("loop", {})
+    if saved != world and loop.get("batch", 0) and not loop.get("epoch_complete", False):
+        import warnings
+
+        warnings.warn(f"This checkpoint was written mid-epoch by {saved} process(es) and is resumed by {world}: the "
+                      "rest of that epoch sees a different data order than the original run (epoch-end checkpoints "
+                      "resume exactly across world sizes).", stacklevel=4)
+    return ckpt
+
+
 def load_trainer_state(trainer: Any, ckpt: dict[str, Any]) -> None:
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError("Not an nbtrainer checkpoint (no format marker).")
+    ckpt = _this_rank(trainer, ckpt)
     _check_compatible(trainer, ckpt)
     unwrap_model(trainer.model).load_state_dict(ckpt["model"])
     trainer.optimizer.load_state_dict(ckpt["optimizer"])

@@ -71,6 +71,9 @@ class Trainer:
             counts in :attr:`param_counts`.
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
         channels_last: convert a conv net to ``torch.channels_last`` memory format.
+        strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
+            process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
+            DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
 
     Example:
         >>> import torch
@@ -94,7 +97,8 @@ class Trainer:
                  compute_loss: Callable | None = None, refresh_interval: float = 0.25, timing_every: int = 50,
                  val_every_n_epochs: int = 1, non_blocking: bool = True, lr: float | None = None,
                  activation_checkpointing: Any = False, trainable: Any = None, freeze: Any = None,
-                 compile: Any = False, channels_last: bool = False, on_nonfinite: str = "raise") -> None:
+                 compile: Any = False, channels_last: bool = False, on_nonfinite: str = "raise",
+                 strategy: Any = "auto") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         _validate.check_args(criterion=criterion, optimizer=optimizer, scheduler=scheduler, metrics=metrics,
@@ -102,6 +106,10 @@ class Trainer:
                              on_nonfinite=on_nonfinite)
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
+        # Where the model runs: one device, or DDP under torchrun (nbtrainer._distributed). First, so that
+        # under DDP nothing touches a CUDA device before this rank's device is set.
+        self.strategy: Any = _make_strategy(strategy, device, seed)
+        device = self.strategy.device
         # Strategy options (nbtrainer._strategies): checked, and a named optimizer built, now; applied last.
         self._setup = ModelSetup(model, optimizer, lr=lr, device=device, trainable=trainable, freeze=freeze,
                                  activation_checkpointing=activation_checkpointing, compile=compile,
@@ -140,7 +148,6 @@ class Trainer:
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
         self.non_blocking = non_blocking and self.device.type == "cuda"
-        self.strategy: Any = SingleDevice(self.device)
         self.scaler = make_scaler(self.precision, self.device)
         self._metric_spec = dict(metrics or {})
         self._train_metrics = MetricSet(self._metric_spec, self.device)
@@ -217,7 +224,7 @@ class Trainer:
         Example:
             >>> # OneCycleLR(optimizer, max_lr=1e-2, total_steps=trainer.total_steps(loader, epochs=5))
         """
-        n = _safe_len(train_loader)
+        n = _safe_len(self.strategy.prepare_loader(train_loader, train=True))  # this rank's share under DDP
         if n is None:
             raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
         return math.ceil(n / self.grad_accum_steps) * epochs
@@ -268,6 +275,7 @@ class Trainer:
         train_loader = self.strategy.prepare_loader(train_loader, train=True)
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
+        n = _safe_len(train_loader)  # this rank's share under DDP
         self.progress = Progress(epochs=epochs, epoch=self._state.epoch + 1, batches=n,
                                  total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
                                  grad_accum_steps=self.grad_accum_steps)
@@ -332,7 +340,7 @@ class Trainer:
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        return self._evaluate(loader, prefix=prefix)
+        return self._evaluate(self.strategy.prepare_loader(loader, train=False), prefix=prefix)
 
     def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
         model, metrics = self.model, self._val_metrics
@@ -589,10 +597,15 @@ class Trainer:
         """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
         if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
             return self._control.submit(lambda: self.save_checkpoint(path)).result()
+        # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
+        ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
         if self.is_global_zero:
             from nbtrainer._checkpoint_io import save_checkpoint_file
 
-            save_checkpoint_file(path, self.state_dict())
+            state = self.state_dict()
+            if ranks is not None:
+                state["ranks"] = ranks
+            save_checkpoint_file(path, state)
         self.strategy.barrier()
         return path
 
@@ -629,6 +642,14 @@ class Trainer:
     def __repr__(self) -> str:
         return (f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
                 f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})")
+
+
+def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
+    if isinstance(strategy, str) and strategy == "single":
+        return SingleDevice(resolve_device(device))
+    from nbtrainer._distributed import resolve_strategy
+
+    return resolve_strategy(strategy, device, seed=seed)
 
 
 def _check_accum(steps: Any) -> None:
