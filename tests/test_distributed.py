@@ -1,0 +1,303 @@
+"""DDP (issue 8) on CPU with gloo and 2 processes: the same Trainer under torchrun.
+
+The 2-process runs (``tests/ddp_scripts/scenario.py`` under ``torchrun --standalone``) are compared with
+single-process references computed here: same weights as one process with twice the per-device batch,
+the same reduced metrics, rank-0-only files and output, EarlyStopping without hangs, one gradient
+all-reduce per optimizer step under accumulation, exact resume, and checkpoints that move between DDP
+and single-process runs. Every launch has a timeout, so a hang fails instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
+    pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
+
+from nbtrainer import DDP, ModelCheckpoint, Trainer, load_checkpoint
+from nbtrainer._distributed import ShardSampler, destroy_process_group
+from nbtrainer._strategy import SingleDevice
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "ddp_scripts")
+sys.path.insert(0, SCRIPTS)
+import common  # noqa: E402
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+LAUNCH_TIMEOUT = 150  # a hang fails the test; a normal launch takes ~10-20 s on 2 busy cores
+ATOL = 1e-6
+LOG_KEYS = ("loss", "acc_fn", "acc_tm", "val_loss", "val_acc_fn", "val_acc_tm")
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TQDM_DISABLE"):
+        env.pop(key, None)
+    return env
+
+
+def torchrun(tmp_path, *args: str) -> None:
+    cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=_env())
+    except subprocess.TimeoutExpired as exc:  # a hang: show what the ranks printed
+        pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT}s (hang?)\n{(exc.stderr or b'')[-3000:]!r}")
+    assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+
+
+def results(out, name: str) -> list[dict]:
+    return [json.load(open(os.path.join(out, f"{name}.rank{r}.json"))) for r in (0, 1)]
+
+
+def weights(out, name: str) -> list[dict]:
+    return [torch.load(os.path.join(out, f"{name}.rank{r}.pt"), weights_only=True) for r in (0, 1)]
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = ATOL) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def assert_same_logs(a: dict, b: dict, keys=LOG_KEYS) -> None:
+    for k in keys:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a[k], b[k])
+
+
+def reference(epochs: int, accum: int = 1, callbacks=(), resume_from=None):
+    """One process, twice the per-device batch, the same global data order."""
+    model = common.make_model(0)
+    train, val = common.reference_loaders()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(),
+                      seed=common.SAMPLER_SEED, progress=False, grad_accum_steps=accum, strategy="single",
+                      callbacks=list(callbacks))
+    history = trainer.fit(train, val, epochs=epochs, resume_from=resume_from)
+    return trainer, history
+
+
+@pytest.fixture(scope="module")
+def parity_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_parity")
+    torchrun(out, "parity", str(out), str(out / "ckpts"))
+    return out
+
+
+def test_two_processes_match_one_with_twice_the_batch(parity_run):
+    r0, r1 = results(parity_run, "parity")
+    assert r0["type"] == "DDP" and r0["world_size"] == 2 and r0["device"] == "cpu"  # strategy="auto" under torchrun
+    assert r0["model_type"] == "DistributedDataParallel" and not r0["ckpt_keys_prefixed"]
+    ref, ref_history = reference(epochs=3)
+    w0, w1 = weights(parity_run, "parity")
+    assert_same_weights(w0, w1, atol=0)  # ranks stay identical
+    assert_same_weights(w0, ref.model_state_dict())
+    # Loss, a callable metric and a torchmetrics Accuracy: reduced over ranks = the single-process values,
+    # for training (sharded by a DistributedSampler) and validation (37 samples: an uneven, unpadded shard).
+    for r in (r0, r1):
+        assert len(r["epochs"]) == 3 and r["status"] == "finished" and r["steps"] == ref.global_step == 12
+        for got, want in zip(r["epochs"], ref_history.epochs):
+            assert_same_logs(got, want)
+    evaluated = ref.evaluate(common.reference_loaders()[1])
+    assert_same_logs(r0["evaluate"], evaluated, keys=("val_loss", "val_acc_fn", "val_acc_tm"))
+    assert r1["evaluate"] == r0["evaluate"]
+
+
+def test_only_rank_zero_writes_and_prints(parity_run):
+    r0, r1 = results(parity_run, "parity")
+    assert r1["writes"] == []
+    assert len(r0["writes"]) == 6  # top-2 candidates and last.ckpt at each of 3 epochs
+    # top-2 by val_loss (which falls every epoch here) and last: no duplicates, no temp files left
+    files = sorted(os.listdir(parity_run / "ckpts"))
+    best = sorted(e for e in r0["writes"] if e != "last.ckpt")[1:]
+    assert files == sorted(best + ["last.ckpt"]), files
+    assert "epoch 3/3" in r0["output"] and "epochs:" in r0["output"]  # bars and printed epochs on rank 0
+    assert "epoch" not in r1["output"] and "%|" not in r1["output"], r1["output"][-500:]
+
+
+def test_accumulation_all_reduces_once_per_optimizer_step(parity_run):
+    a0, a1 = results(parity_run, "accum")
+    # 4 micro-batches per rank and epoch with grad_accum_steps=3: windows of 3 and 1 (ragged), 2 epochs.
+    assert a0["steps"] == a1["steps"] == 4
+    assert a0["hook_calls"] == a1["hook_calls"] == 4  # no_sync on forward+backward of non-final micro-steps
+    assert all(a0["hook_last"])  # one bucket per step for this tiny model
+    ref, ref_history = reference(epochs=2, accum=3)
+    w0, w1 = weights(parity_run, "accum")
+    assert_same_weights(w0, ref.model_state_dict())
+    assert_same_weights(w0, w1, atol=0)
+    for got, want in zip(a0["epochs"], ref_history.epochs):
+        assert_same_logs(got, want)
+
+
+def test_ddp_checkpoint_resumes_in_a_single_process(parity_run):
+    path = str(parity_run / "ckpts" / "last.ckpt")
+    ckpt = load_checkpoint(path)
+    assert not any(k.startswith("module.") for k in ckpt["model"])
+    assert len(ckpt["ranks"]) == 2 and ckpt["loop"]["epoch_complete"]
+    model = common.make_model(0)
+    single = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False)
+    single.load_model_state_dict(ckpt["model"])  # plain load_state_dict keys
+    ref4, ref4_history = reference(epochs=4)
+    resumed, resumed_history = reference(epochs=4, resume_from=path)  # continues epoch 4 in one process
+    assert_same_weights(resumed.model_state_dict(), ref4.model_state_dict())
+    assert_same_logs(resumed_history.epochs[-1], ref4_history.epochs[-1])
+    assert len(resumed_history.epochs) == 4
+
+
+def test_early_stopping_stops_every_rank(tmp_path):
+    torchrun(tmp_path, "stop", str(tmp_path))
+    r0, r1 = results(tmp_path, "stop")
+    for r in (r0, r1):
+        # constant val_loss (lr=0), patience=1: both ranks stop after epoch 2, on the same reduced value
+        assert r["early"]["epochs"] == 2 and r["early"]["status"] == "stopped"
+        assert "EarlyStopping" in r["early"]["reason"]
+        # a stop decided by rank 1 alone at epoch 3 is shared at the epoch end: both stop, none hangs
+        assert r["one_rank"]["epochs"] == 3 and r["one_rank"]["status"] == "stopped"
+    assert r1["one_rank"]["reason"] == "rank 1 says stop"
+    assert r0["one_rank"]["reason"] == "another rank stopped"
+
+
+def test_resume_under_ddp_and_single_checkpoint_into_ddp(tmp_path):
+    # A single-process checkpoint at the end of epoch 2 (continued under DDP by the scenario).
+    single_dir = tmp_path / "single"
+    reference(epochs=2, callbacks=[ModelCheckpoint(single_dir, save_top_k=0, save_last=True)])
+    ref3, ref3_history = reference(epochs=3)
+    torchrun(tmp_path, "resume", str(tmp_path), str(tmp_path / "ckpts"), str(single_dir / "last.ckpt"))
+    r0, r1 = results(tmp_path, "resume")
+    # Mid-epoch checkpoint (step 6 = batch 2 of epoch 2) holding each rank's own RNG and running sums.
+    assert r0["ckpt_ranks"] == 2 and r0["ckpt_epoch"] == 1 and r0["ckpt_batch"] == 2
+    assert r0["ckpt_samples"] == [16, 16]
+    w0, w1 = weights(tmp_path, "resume")
+    for w in (w0, w1):  # resumed (per-rank dropout RNG restored) == uninterrupted, exactly
+        assert_same_weights(w["b"], w["c"], atol=0)
+    assert_same_weights(w0["b"], w1["b"], atol=0)
+    for r in (r0, r1):
+        assert r["b_status"] == "finished" and len(r["b"]) == len(r["c"]) == 3
+        for got, want in zip(r["b"], r["c"]):
+            assert_same_logs(got, want)
+    # The single-process checkpoint continued under DDP == the single-process run to epoch 3.
+    s0, s1 = results(tmp_path, "from_single")
+    f0, f1 = weights(tmp_path, "from_single")
+    assert s0["status"] == "finished" and len(s0["epochs"]) == 3
+    assert_same_weights(f0, ref3.model_state_dict())
+    assert_same_weights(f0, f1, atol=0)
+    assert_same_logs(s0["epochs"][-1], ref3_history.epochs[-1])
+
+
+LAUNCH_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    import nbtrainer
+    from nbtrainer import Trainer
+
+    def train(epochs):  # defined in __main__, as in a notebook cell
+        import torch.distributed as dist
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        x = torch.randn(32, 4); y = x.sum(1, keepdim=True)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
+        trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), progress=False,
+                          seed=0)
+        history = trainer.fit(loader, epochs=epochs)
+        return {"rank": dist.get_rank(), "world": dist.get_world_size(), "strategy": type(trainer.strategy).__name__,
+                "batches": trainer.progress.batches, "weight": trainer.model_state_dict()["weight"].tolist(),
+                "epochs": len(history.epochs)}
+
+    if __name__ == "__main__":
+        print("RESULT", json.dumps(nbtrainer.launch(train, 2, nprocs=2)))
+""")
+
+
+def test_launch_from_main_module(tmp_path):
+    script = tmp_path / "nb.py"
+    script.write_text(LAUNCH_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+                          cwd=tmp_path, env=_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    r0, r1 = json.loads(line[len("RESULT "):])
+    assert (r0["rank"], r1["rank"]) == (0, 1) and r0["world"] == 2 and r0["strategy"] == r1["strategy"] == "DDP"
+    assert r0["batches"] == 4 and r0["epochs"] == 2  # each rank trains on half of the 8 batches
+    assert r0["weight"] == r1["weight"]
+
+
+def test_launch_refuses_after_cuda_init(monkeypatch):
+    import nbtrainer
+    from nbtrainer import _launch
+
+    monkeypatch.setattr(_launch, "_cuda_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA has already been initialised in this kernel"):
+        nbtrainer.launch(print, nprocs=2, start_method="fork")
+    with pytest.raises(ValueError, match="nprocs"):
+        nbtrainer.launch(print, nprocs=0)
+
+
+def test_launch_propagates_a_rank_failure(tmp_path):
+    code = textwrap.dedent("""
+        import nbtrainer, os
+        def boom():
+            if os.environ["RANK"] == "1":
+                raise ValueError("rank one failed")
+            import torch.distributed as dist  # rank 0 would wait forever for rank 1 in a collective
+            import time; time.sleep(60)
+        if __name__ == "__main__":
+            nbtrainer.launch(boom, nprocs=2)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                          env=_env())
+    assert proc.returncode != 0 and "rank one failed" in proc.stderr
+
+
+# -- in-process: strategy selection, a world of one, sharding helpers --------------------------------
+def test_strategy_selection(monkeypatch):
+    model = common.make_model(0)
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    t = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False)
+    assert isinstance(t.strategy, SingleDevice) and t.is_global_zero
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False, strategy="fsdp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="launch with torchrun"):
+        Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False)
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    yield
+    destroy_process_group()
+
+
+def test_ddp_world_of_one_matches_single_device(world_of_one, tmp_path):
+    """strategy="ddp" outside a launcher: a one-process group (in-process store); same result as single."""
+    def run(strategy):
+        model = common.make_model(0)
+        train, val = common.ddp_loaders()
+        t = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False,
+                    seed=1, strategy=strategy, grad_accum_steps=2)
+        return t, t.fit(train, val, epochs=2)
+
+    ddp, h_ddp = run("ddp")
+    assert isinstance(ddp.strategy, DDP) and ddp.strategy.world_size == 1 and ddp.strategy.backend == "gloo"
+    assert type(ddp.model).__name__ == "DistributedDataParallel"
+    single, h_single = run("single")
+    assert_same_weights(ddp.model_state_dict(), single.model_state_dict())
+    for a, b in zip(h_ddp.epochs, h_single.epochs):
+        assert_same_logs(a, b)
+    path = ddp.save_checkpoint(str(tmp_path / "one.ckpt"))
+    assert len(load_checkpoint(path)["ranks"]) == 1
+    assert ddp.strategy.reduce_sums([1.5, 2.0]) == [1.5, 2.0] and ddp.strategy.any_rank(True)
+
+
+def test_shard_sampler_covers_every_sample_once():
+    shards = [list(ShardSampler(37, r, 3)) for r in range(3)]
+    assert sorted(i for s in shards for i in s) == list(range(37))
+    assert [len(ShardSampler(37, r, 3)) for r in range(3)] == [13, 12, 12]
