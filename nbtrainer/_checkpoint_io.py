@@ -133,10 +133,39 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], Any]) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError):
-            raise _write_error(path, exc, stage) from exc
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None and interrupt is not exc:
+            # torch's zip writer turns a Ctrl-C inside torch.save into its own RuntimeError on exit
+            raise interrupt.with_traceback(interrupt.__traceback__) from None
+        os_error = _os_error_in(exc)
+        if os_error is not None:
+            raise _write_error(path, os_error, stage) from exc
         raise
     _fsync_dir(directory)
+
+
+def _interrupt_in(exc: BaseException | None) -> BaseException | None:
+    """A KeyboardInterrupt/SystemExit anywhere in the context chain of ``exc``."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        if not isinstance(exc, Exception):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc`` (torch's zip writer can mask it with its own RuntimeError on exit)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError):
+            return exc
+        if not isinstance(exc, Exception):  # KeyboardInterrupt & co. propagate as they are
+            return None
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -183,6 +212,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _verify_crc(path: str) -> None:
+    """torch's reader does not check the CRC-32 that torch.save writes for every record; a damaged
+    file would load with wrong weights. Check them (one read of the file)."""
+    import zipfile
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size:  # written without CRCs: nothing to check
+                    continue
+                crc = 0
+                with archive.open(info) as member:
+                    while chunk := member.read(1 << 22):
+                        crc = zlib.crc32(chunk, crc)
+                if crc != info.CRC:
+                    raise CheckpointError(f"{path!r} is corrupt: record {info.filename!r} fails its CRC check (damaged "
+                                          "on disk or in transfer). Resume from an earlier checkpoint.")
+    except zipfile.BadZipFile as exc:
+        raise CheckpointError(f"{path!r} is not a readable checkpoint: truncated or corrupt ({exc}). Resume from an "
+                              "earlier checkpoint.") from None
+    except zipfile.error:
+        pass  # let torch.load judge formats zipfile does not know
+
+
 def _why(exc: BaseException) -> str:
     text = str(exc)
     found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"Unsupported global: ([\w.]+)", text)
@@ -217,6 +271,8 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     with open(path, "rb") as fh:
         head = fh.read(4)
     is_zip = head == b"PK\x03\x04"
+    if is_zip:
+        _verify_crc(path)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
