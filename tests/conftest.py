@@ -7,9 +7,10 @@ import os
 import pytest
 import torch
 
-# Tests share 2 cores with each other's subprocesses; more threads only adds contention.
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-os.environ.setdefault("TQDM_DISABLE", "0")
+# Tests are tiny and share 2 cores with their own subprocesses (DDP ranks, kernels, servers): intra-op
+# threads only add contention (spinning OpenMP workers made tiny ops orders of magnitude slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 def make_classification(n: int = 256, d: int = 10, classes: int = 3, seed: int = 0):
