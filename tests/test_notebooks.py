@@ -1,0 +1,222 @@
+"""Execute every demo notebook in a real Jupyter kernel (nbclient) and check what it produced.
+
+* the kernel is this venv's interpreter: a temporary ``python3`` kernelspec whose argv is ``sys.executable``
+  is put first on ``JUPYTER_PATH`` (and a test proves the kernel really runs it);
+* no cell errors, no traceback in any output;
+* notebooks that show widgets leave widget state in the notebook metadata
+  (``application/vnd.jupyter.widget-state+json``) and ``application/vnd.jupyter.widget-view+json`` outputs whose
+  models are all in that state; the quickstart's panel state says the run finished and its loss chart got data,
+  and the static HTML summary (``nbt-summary``) is in the outputs;
+* on disk, every notebook is saved without outputs or execution counts, opens with a usage card, and is what
+  ``notebooks/_build.py`` generates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+REPO = Path(__file__).resolve().parents[1]
+NB_DIR = REPO / "notebooks"
+DEMOS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+ALL_ON_DISK = DEMOS + sorted((REPO / "tests" / "browser" / "notebooks").glob("*.ipynb"))
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# notebooks that display widgets (the panel, a ProfileCard, a bqplot chart)
+WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output"}
+CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A ``python3`` kernelspec that runs this interpreter, first on JUPYTER_PATH; per-user dirs in a temp dir."""
+    base = tmp_path_factory.mktemp("jupyter")
+    spec_dir = base / "share" / "kernels" / "python3"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (nbtrainer venv)", "language": "python",
+        "metadata": {"debugger": False},
+    }))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUPYTER_PATH", str(base / "share"))
+    for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        (base / sub).mkdir()
+        mp.setenv(name, str(base / sub))
+    mp.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    mp.setenv("OMP_NUM_THREADS", "2")
+    mp.delenv("NBTRAINER_FRONTEND", raising=False)
+    try:
+        yield base
+    finally:
+        mp.undo()
+
+
+_CACHE: dict[str, tuple[Any, float]] = {}
+
+
+def execute(path: Path) -> tuple[Any, float]:
+    """Run ``path`` top to bottom in a fresh kernel (cwd = its folder); cached per test module run."""
+    key = str(path)
+    if key not in _CACHE:
+        nb = nbformat.read(path, as_version=4)
+        client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                         store_widget_state=True,
+                                         resources={"metadata": {"path": str(path.parent)}})
+        start = time.perf_counter()
+        client.execute()
+        _CACHE[key] = (nb, time.perf_counter() - start)
+    return _CACHE[key]
+
+
+def outputs(nb: Any) -> list[dict[str, Any]]:
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+
+
+def widget_state(nb: Any) -> dict[str, Any]:
+    return nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+
+def models_with_class(state: dict[str, Any], css: str) -> list[dict[str, Any]]:
+    return [m for m in state.values() if css in (m.get("state", {}).get("_dom_classes") or [])]
+
+
+# -- the kernel ------------------------------------------------------------------------------------
+
+def test_kernel_is_this_venv(kernel_env: Path, tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
+    nbclient.NotebookClient(nb, timeout=60, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = "".join(o.get("text", "") for o in outputs(nb)).strip()
+    assert Path(printed) == Path(sys.executable), (printed, sys.executable)
+
+
+# -- every demo notebook ---------------------------------------------------------------------------
+
+def test_there_are_five_demo_notebooks() -> None:
+    assert [p.stem[:2] for p in DEMOS] == ["01", "02", "03", "04", "05"], DEMOS
+
+
+@pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
+def test_notebook_executes(kernel_env: Path, path: Path) -> None:
+    nb, seconds = execute(path)
+    print(f"\n{path.name}: executed in {seconds:.1f} s")
+    for out in outputs(nb):
+        assert out.output_type != "error", f"{path.name}: {out.get('ename')}: {out.get('evalue')}"
+        text = out.get("text", "") if out.output_type == "stream" else ""
+        assert "Traceback (most recent call last)" not in text, f"{path.name}:\n{text}"
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code_cells)
+    # "well under a minute" on 2 cores; the bound leaves room for a loaded CI machine
+    assert seconds < 120, f"{path.name} took {seconds:.0f} s"
+    if path.stem in WIDGET_NOTEBOOKS:
+        state = widget_state(nb)
+        assert state, f"{path.name}: no {WIDGET_STATE} in the notebook metadata"
+        views = [o["data"][WIDGET_VIEW]["model_id"] for o in outputs(nb) if WIDGET_VIEW in o.get("data", {})]
+        assert views, f"{path.name}: no {WIDGET_VIEW} output"
+        missing = [m for m in views if m not in state]
+        assert not missing, f"{path.name}: widget views without state: {missing}"
+
+
+def _quickstart() -> Any:
+    return execute(NB_DIR / "01_quickstart.ipynb")[0]
+
+
+def test_quickstart_panel_state_shows_a_finished_run(kernel_env: Path) -> None:
+    state = widget_state(_quickstart())
+    panels = models_with_class(state, "nbt-panel")
+    assert len(panels) == 1, "the quickstart shows one panel"
+    assert panels[0]["model_name"] == "VBoxModel"
+    status = models_with_class(state, "nbt-status")
+    assert status and "finished" in status[0]["state"]["value"], status
+    for css in ("nbt-start", "nbt-pause", "nbt-stop", "nbt-save", "nbt-profile"):
+        assert models_with_class(state, css), f"no {css} button in the widget state"
+    for css in ("nbt-chart-loss", "nbt-chart-lr", "nbt-chart-metrics"):
+        figs = models_with_class(state, css)
+        assert figs and figs[0]["model_name"] == "FigureModel", css
+    # the loss chart's marks received the run's points (array traits are stored with their shape)
+    loss_fig = models_with_class(state, "nbt-chart-loss")[0]["state"]
+    marks = [state[ref.removeprefix("IPY_MODEL_")]["state"] for ref in loss_fig["marks"]]
+    sizes = [m["x"]["shape"][0] for m in marks if isinstance(m.get("x"), dict) and "shape" in m["x"]]
+    assert sizes and max(sizes) >= 5 * 23, f"loss chart points per mark: {sizes}"  # 5 epochs x 23 steps
+    step_bar = models_with_class(state, "nbt-progress-step")[0]["state"]
+    epoch_bar = models_with_class(state, "nbt-progress-epoch")[0]["state"]
+    assert epoch_bar["value"] == epoch_bar["max"] == 5, epoch_bar
+    assert step_bar["value"] == step_bar["max"], step_bar
+
+
+def test_quickstart_leaves_static_html_summary(kernel_env: Path) -> None:
+    nb = _quickstart()
+    htmls = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
+    summaries = [h for h in htmls if "nbt-summary" in h and "nbt-summary-slot" not in h]
+    assert summaries, "no static HTML summary (class nbt-summary) in the quickstart's outputs"
+    summary = summaries[0]
+    assert "nbt-summary-table" in summary and "<svg" in summary, summary[:500]
+    assert "val_acc" in summary
+    # the History table and the bqplot chart follow
+    assert any("val_acc" in h and "<table" in h for h in htmls if h is not summary)
+    figures = [m for m in widget_state(nb).values() if m["model_name"] == "FigureModel"]
+    panel_charts = [f for f in figures if any(c.startswith("nbt-chart") for c in f["state"].get("_dom_classes") or [])]
+    assert len(figures) > len(panel_charts), "the History chart (a bqplot Figure) is missing"
+
+
+def test_precision_notebook_compares_every_config(kernel_env: Path) -> None:
+    nb, _ = execute(NB_DIR / "02_precision_and_accumulation.ipynb")
+    tables = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
+    results = [t for t in tables if "step memory (KiB)" in t and "val_acc" in t]
+    assert results, "no results table"
+    for name in ("fp32", "bf16-mixed", "fp16-mixed"):
+        assert name in results[0]
+
+
+def test_profiling_notebook_uses_the_magics(kernel_env: Path) -> None:
+    nb, _ = execute(NB_DIR / "03_profiling.ipynb")
+    sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "%load_ext nbtrainer" in sources and "%nbtrainer profile" in sources
+    state = widget_state(nb)
+    assert len(models_with_class(state, "nbt-profile-card")) >= 3, "ProfileCard + two %nbtrainer profile cards"
+    text = json.dumps([o for o in outputs(nb)])
+    assert "nbtrainer doctor" in text
+
+
+def test_scripts_notebook_trains_headless(kernel_env: Path) -> None:
+    nb, _ = execute(NB_DIR / "05_scripts.ipynb")
+    streams = "".join(o.get("text", "") for o in outputs(nb) if o.output_type == "stream")
+    assert "no notebook front end" in streams, streams[-2000:]
+    assert "finished: 3 epochs" in streams, streams[-2000:]  # examples/train_digits.py's last line
+    assert not widget_state(nb) or not models_with_class(widget_state(nb), "nbt-panel")
+
+
+# -- on disk ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ALL_ON_DISK, ids=[p.stem for p in ALL_ON_DISK])
+def test_saved_without_outputs_and_with_a_usage_card(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: cell {cell.id} has output"
+    assert "widgets" not in nb.metadata, f"{path.name}: saved with widget state"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# ")
+    if path in DEMOS:
+        assert "**Usage:**" in first.source and "\n\n" in first.source.strip(), "usage card: a title + one paragraph"
+
+
+def test_notebooks_match_their_generator() -> None:
+    proc = subprocess.run([sys.executable, str(NB_DIR / "_build.py"), "--check"], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
