@@ -59,13 +59,6 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def _steps_text(steps: list[int]) -> str:
-    if not steps:
-        return "?"
-    lo, hi = min(steps), max(steps)
-    return f"step {lo}" if lo == hi else f"steps {lo}-{hi}"
-
-
 class NonFiniteGuard:
     def __init__(self, mode: str = "raise") -> None:
         self.mode = check_mode(mode)
@@ -106,23 +99,23 @@ class NonFiniteGuard:
             return
         self.count += len(bad)
         st = trainer._state
-        steps = [step for step, loss, _ in points if not math.isfinite(loss)]
+        closed = [step for step, loss, _ in points if not math.isfinite(loss)]
         loop = trainer._loop
         open_bad = loop is not None and any(not math.isfinite(v) for v, _ in loop._open_window)
-        if open_bad or not steps:
-            steps.append(st.global_step + 1)  # the window still accumulating
-        where = f"{_steps_text(steps)} (epoch {st.epoch + 1})"
+        steps = closed + ([st.global_step + 1] if open_bad or not closed else [])  # + the window still open
+        first, last = min(steps), max(steps)
+        where = f"step {first} (epoch {st.epoch + 1})" + (f", and at later steps up to {last}" if last > first else "")
         kinds = sorted({"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") for v in bad})
         what = f"{len(bad)} micro-batch loss{'es' if len(bad) > 1 else ''} {'/'.join(kinds)}"
         if self.mode == "raise":
             raise NonFiniteLossError(
-                f"The training loss was non-finite at optimizer {where}: {what}. Usual causes: a learning "
+                f"The training loss was non-finite first at optimizer {where}: {what}. Usual causes: a learning "
                 "rate too high, log(0) or a division by zero in the loss, NaN/inf in the input data, fp16 "
                 "without loss scaling. Fix the cause (lower the lr, set max_grad_norm, check the data), or "
                 "pass Trainer(on_nonfinite='skip') to skip such steps or 'stop' to end the fit cleanly. "
                 "Weights updated after the bad step may be non-finite; no checkpoint was written from them.")
         action = "skipped" if self.mode == "skip" else "skipped; stopping"
-        for step in sorted(set(steps)):
+        for step in closed:  # an open window is reported when it closes (at a later read)
             trainer.history.add_event(step=step, epoch=st.epoch + 1, kind="nonfinite", old=None,
                                       new=f"loss non-finite: step {action}")
         if self.mode == "stop":
