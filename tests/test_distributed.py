@@ -301,3 +301,44 @@ def test_shard_sampler_covers_every_sample_once():
     shards = [list(ShardSampler(37, r, 3)) for r in range(3)]
     assert sorted(i for s in shards for i in s) == list(range(37))
     assert [len(ShardSampler(37, r, 3)) for r in range(3)] == [13, 12, 12]
+
+
+NOTEBOOK_CELLS = (
+    textwrap.dedent("""
+        import torch, nbtrainer
+        from nbtrainer import Trainer
+
+        def train(epochs):  # defined in a notebook cell: launch forks, so the children have it
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            x = torch.randn(32, 4); y = x.sum(1, keepdim=True)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
+            trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05),
+                              progress=False, seed=0)
+            history = trainer.fit(loader, epochs=epochs)
+            print(f"rank {trainer.strategy.rank} of {trainer.strategy.world_size} done", flush=True)
+            return [round(e["loss"], 6) for e in history.epochs]
+    """),
+    "results = nbtrainer.launch(train, 2, nprocs=2)\nprint('RESULTS', results)",
+)
+
+
+@pytest.mark.slow
+def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
+    """From a Jupyter kernel: a cell-defined function on 2 forked ranks; their prints reach the cell."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    for key, value in _env().items():
+        monkeypatch.setenv(key, value)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nbclient.NotebookClient(nb, timeout=LAUNCH_TIMEOUT, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.output_type == "stream")
+    assert "rank 0 of 2 done" in text and "rank 1 of 2 done" in text, nb.cells[1].outputs
+    line = next(ln for ln in text.splitlines() if ln.startswith("RESULTS"))
+    r0, r1 = eval(line[len("RESULTS "):])  # noqa: S307 - our own printed list of floats
+    assert r0 == r1 and len(r0) == 2  # epoch losses are global: the same on both ranks
