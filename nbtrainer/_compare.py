@@ -242,11 +242,11 @@ def _measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[
             make_optimizer=optimizer_factory(base, trainer.optimizer),
             criterion=trainer.criterion, targets=targets, checkpointing=ckpt is True and not own)
     del work
-    total = mem["total_checkpointed"] if (ckpt is True and not own and mem["total_checkpointed"] is not None) \
-        else mem["total"]
+    use_ckpt = ckpt is True and not own and mem["total_checkpointed"] is not None
+    total = mem["total_checkpointed"] if use_ckpt else mem["total"]
     detail = {k: mem[k] for k in ("parameters", "buffers", "gradients", "optimizer_state", "inputs")}
-    detail["activations"] = (mem["activations_checkpointed"] + (mem["recompute_peak"] or 0)
-                             if total is mem["total_checkpointed"] and mem["activations_checkpointed"] is not None
+    # checkpointed: what the blocks keep + the largest block's activations re-materialised in backward
+    detail["activations"] = (mem["activations_checkpointed"] + (mem["recompute_peak"] or 0) if use_ckpt
                              else mem["activations"])
     if note:
         detail["note"] = note
@@ -445,7 +445,8 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             model's, so every strategy starts identical).
         make_optimizer: ``model -> optimizer`` (``None``: AdamW, fused where possible). A strategy's
             ``optimizer="adafactor"`` (any name of :func:`nbtrainer._strategies.build_optimizer`) replaces it,
-            with the strategy's ``lr`` or else the learning rate ``make_optimizer`` would use.
+            with the strategy's ``lr`` or else the learning rate ``make_optimizer`` would use; a strategy's
+            ``optimizer`` may also be its own ``model -> optimizer`` function.
         criterion: the loss, as for :class:`~nbtrainer.Trainer`.
         train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
         strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
@@ -519,6 +520,8 @@ def compare_strategies(make_model: Callable[[], nn.Module],
                                                 "metric"))}
         trainer = model = None
         try:
+            if "device" in options:
+                raise ValueError("device is chosen for the whole comparison: compare_strategies(device=...)")
             order.reset()
             seed_everything(seed)
             model = make_model()
@@ -529,8 +532,8 @@ def compare_strategies(make_model: Callable[[], nn.Module],
                 if "lr" not in kwargs and make_optimizer is not None:
                     kwargs["lr"] = float(make_optimizer(model).param_groups[0]["lr"])
                 opt = opt or "adamw"
-            elif opt is None:
-                opt = make_optimizer(model)
+            elif opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
+                opt = (opt or make_optimizer)(model)  # a strategy may bring its own model -> optimizer
                 if "lr" in kwargs:  # a strategy's lr= with the usual optimizer: set it on every group
                     lr = float(kwargs.pop("lr"))
                     for group in opt.param_groups:
@@ -538,15 +541,16 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             accum = int(kwargs.get("grad_accum_steps", 1))
             loader = _SplitLoader(train_loader, accum) if split and accum > 1 else train_loader
             timer = _StepTimer(dev)
-            trainer = Trainer(model, criterion, opt, metrics=metrics, seed=seed, device=dev, progress=False,
-                              **{k: v for k, v in kwargs.items() if k not in ("metrics", "seed", "device",
-                                                                               "progress", "callbacks")},
-                              callbacks=[*kwargs.get("callbacks", ()), timer])
+            options_kw = {k: v for k, v in kwargs.items() if k != "callbacks"}  # a strategy's seed=, metrics= win
+            trainer = Trainer(model, criterion, opt, callbacks=[*kwargs.get("callbacks", ()), timer],
+                              **{"metrics": metrics, "seed": seed, "device": dev, "progress": False, **options_kw})
             if measure:
                 micro = split_batch(first_batch, accum)[0] if split and accum > 1 else first_batch
                 try:
                     row["peak_memory_bytes"], row["memory_detail"] = _measure_cpu_memory(
                         trainer, micro, kwargs.get("activation_checkpointing", False))
+                    if row["memory_detail"].get("note"):
+                        row["note"] = row["memory_detail"]["note"]
                 except Exception as exc:  # noqa: BLE001 - the timing is still worth having
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {_reason(exc)}"
             if cuda:

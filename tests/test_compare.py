@@ -113,10 +113,12 @@ def test_same_initial_weights_and_data_order(data):
         starts.clear()
         seen.clear()
         table = compare_strategies(make_model, make_optimizer, nn.CrossEntropyLoss(), loader, None,
-                                   {"a": {}, "b": {"max_grad_norm": 1e6}, "c": {"seed": 5}}, steps=3,
-                                   measure_memory=False)
-        assert [r["status"] for r in table.rows] == ["ok", "ok", "ok"]
-        assert len(starts) == 3
+                                   {"a": {}, "b": {"max_grad_norm": 1e6}, "c": {"seed": 5},
+                                    "d": {"optimizer": lambda m: torch.optim.SGD(m.parameters(), lr=0.05)},
+                                    "e": {"device": "cpu"}}, steps=3, measure_memory=False)
+        assert [r["status"] for r in table.rows] == ["ok", "ok", "ok", "ok", "failed"]
+        assert "whole comparison" in table["e"]["reason"]
+        assert len(starts) == 3  # d brought its own optimizer
         for state in starts[1:]:
             for k, v in starts[0].items():
                 assert torch.equal(state[k], v), k
