@@ -113,20 +113,15 @@ class Controls:
                                    "schedule's total_steps (it would fail). Change it between runs instead.")
             self._set(self.view.accum, "value", t.grad_accum_steps)
             return
-        t.set_grad_accum_steps(int(k))
-        if self.running:
-            self.notify("info", f"gradient accumulation -> {k} at the next optimizer step")
+        t.set_grad_accum_steps(int(k))  # mid-run: applied at the next step; the event is shown then
 
     def _on_lr(self, change: Any) -> None:
         if self._syncing:
             return
         try:
-            self.trainer.set_lr(float(change["new"]))
+            self.trainer.set_lr(float(change["new"]))  # mid-run: applied at the next step; the event is shown then
         except ValueError as exc:
             self.notify("warning", str(exc))
-            return
-        if self.running:
-            self.notify("info", f"{self.view.lr.description} -> {change['new']:.3g} at the next optimizer step")
 
     def _on_clip(self, change: Any) -> None:
         if self._syncing:

@@ -23,7 +23,7 @@ from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._controls import Controls
 from ._display import SummaryDisplay
-from ._frontend import in_notebook
+from . import _frontend
 from ._pump import UiPump, peak_memory
 from ._runner import Feed, Run, claim_model
 from ._view import PanelView
@@ -61,7 +61,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
                                 f"options to Trainer(...). Got {sorted(trainer_options) or ['metrics']}. {_USAGE}")
             if len(args) > 2:
                 raise TypeError(f"Too many positional arguments. {_USAGE}")
-            trainer, user_model = model, model.model
+            trainer, user_model = model, getattr(model.model, "_orig_mod", model.model)  # torch.compile
         else:
             if len(args) < 2 or len(args) > 4:
                 raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {_USAGE}")
@@ -106,8 +106,9 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v.profile.on_click(lambda _: self._in_background("profile", self.profile))
         v.set_status("idle")
         v.set_stats(None, peak_memory(trainer.device), None)
+        self._cell = _frontend.cell_id()
         try:
-            msg = claim_model(user_model, owner=self._label)
+            msg = claim_model(user_model, owner=self._label, cell=self._cell)
             if msg:
                 self._notify("warning", msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -128,8 +129,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
     def status(self) -> str:
         """``idle``, ``running``, ``paused``, then ``finished``, ``stopped`` or ``failed``."""
         run = self._run
-        if run is None:
-            return "idle"
+        if run is None:  # never started here (or trained by the headless fallback)
+            return self.trainer.status
         if run.alive:
             return "paused" if self.trainer.status == "paused" else "running"
         return run.status
@@ -140,7 +141,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             raise RuntimeError(f"{self._label} is already running; stop() or wait() first.")
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
-        msg = claim_model(self._model, owner=self._label)
+        msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self._notify("warning", msg)
         self.controls.apply_schedule(self.train_loader, self.epochs)
@@ -153,7 +154,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.trainer.add_callback(feed)
         kwargs = dict(train_loader=self.train_loader, val_loader=self.val_loader, epochs=self.epochs,
                       max_steps=self.max_steps)
-        run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=self._on_run_done)
+        run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=self._on_run_done,
+                  cell=self._cell)
         self._run = run
         self._set_running(True)
         self.view.set_status("running", "starting")
@@ -212,7 +214,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
 
     def fit(self) -> Any:
         """``start()`` + ``wait()``; without a notebook front end, train in the foreground with console bars."""
-        if not in_notebook():
+        if not _frontend.in_notebook():
             print(f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
                   "foreground with console progress bars.", file=sys.stderr, flush=True)
             claim_model(self._model, owner=self._label)

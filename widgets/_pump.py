@@ -40,6 +40,8 @@ class UiPump:
         self.progress: Any = None
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
+        self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
+        self.cpu_total_s = 0.0  # ... including the final push and the static summary
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
 
     def start(self) -> None:
@@ -50,6 +52,13 @@ class UiPump:
 
     def _main(self) -> None:
         run, feed, last = self.run, self.feed, 0.0
+        cpu0 = time.thread_time()
+        try:
+            self._loop(run, feed, last, cpu0)
+        finally:
+            self.cpu_total_s = time.thread_time() - cpu0
+
+    def _loop(self, run: Run, feed: Feed, last: float, cpu0: float) -> None:
         while True:
             final = run.done.is_set()
             if not final:
@@ -60,6 +69,8 @@ class UiPump:
                     run.done.wait(rest)
                 final = run.done.is_set()
             items = feed.drain()
+            if final:
+                self.cpu_live_s = time.thread_time() - cpu0
             if items or final:
                 try:
                     self._apply(items, final)
@@ -97,8 +108,11 @@ class UiPump:
                 v.set_progress(p)
             v.set_stats(self.best, peak_memory(w.trainer.device), p)
             if not final:
+                status = "stopping" if run.stop_reason else w.status
                 detail = run.stop_reason or (f"epoch {p.epoch}/{p.epochs}" if p is not None else "")
-                v.set_status("stopping" if run.stop_reason else w.status, detail)
+                if status == "running" and w._paused_requested:
+                    detail = "pausing at the next step"
+                v.set_status(status, detail)
             charts.render()
         w.ui_updates += 1
         w.ui_update_times.append(time.monotonic())

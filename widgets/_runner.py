@@ -64,8 +64,9 @@ class Run:
     """One ``trainer.fit(...)`` in a daemon thread; the error, if any, is kept for ``wait()``."""
 
     def __init__(self, trainer: Trainer, model_key: int, fit_kwargs: dict[str, Any], *, owner: str,
-                 on_done: Callable[["Run"], None] | None = None) -> None:
+                 on_done: Callable[["Run"], None] | None = None, cell: tuple[str, str] | None = None) -> None:
         self.trainer = trainer
+        self.cell = cell  # (cell id, execution) that created the widget: a re-run must not leave a zombie
         self.model_key = model_key
         self.fit_kwargs = fit_kwargs
         self.owner = owner
@@ -125,25 +126,38 @@ def live_run(model: Any) -> Run | None:
     return run if run is not None and run.alive else None
 
 
-def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: float = 10.0) -> str | None:
-    """Make sure nothing else trains ``model``: stop another widget's run (returns a message saying so),
-    refuse (RuntimeError) a fit this layer did not start, or a run that does not stop in ``timeout``."""
+def _rerun(earlier: tuple[str, str] | None, now: tuple[str, str] | None) -> bool:
+    """Same notebook cell, another execution of it."""
+    return earlier is not None and now is not None and earlier[0] == now[0] and earlier[1] != now[1]
+
+
+def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: float = 10.0,
+                cell: tuple[str, str] | None = None) -> str | None:
+    """Make sure nothing else trains ``model`` and no earlier widget of the same notebook ``cell`` still
+    trains (re-running a cell that re-creates the model): stop those widget runs (returns a message
+    saying so); refuse (RuntimeError) a fit this layer did not start, or a run that does not stop in
+    ``timeout``."""
     for t in Trainer.active():
-        if t.model is model and (exclude is None or t is not exclude.trainer):
+        trains = t.model is model or getattr(t.model, "_orig_mod", None) is model  # torch.compile wraps it
+        if trains and (exclude is None or t is not exclude.trainer):
             run = live_run(model)
             if run is None or run.trainer is not t:
                 raise RuntimeError(
                     f"This model is being trained by another fit() in this process (status {t.status!r}, step "
                     f"{t.global_step}), not started by a TrainerWidget. Stop it first (trainer.request_stop() or "
                     "`%nbtrainer stop`), then start this widget.")
-    run = live_run(model)
-    if run is None or run is exclude:
-        return None
-    step = run.trainer.global_step
-    run.stop(f"replaced by {owner}")
-    if not run.join(timeout):
-        raise RuntimeError(
-            f"{run.owner} is still training this model and did not stop within {timeout:g} s (a slow batch or "
-            "validation?). Call .stop() on that widget or `%nbtrainer stop`, wait for it, then try again.")
-    return (f"Stopped the previous run on this model ({run.owner}, at step {step}) so that it does not keep "
-            "training in the background.")
+    with _LOCK:
+        runs = [r for r in _LIVE.values() if r.alive and r is not exclude
+                and (r.model_key == id(model) or _rerun(r.cell, cell))]
+    messages = []
+    for run in runs:
+        step = run.trainer.global_step
+        why = "this model" if run.model_key == id(model) else "a model of this notebook cell (re-run)"
+        run.stop(f"replaced by {owner}")
+        if not run.join(timeout):
+            raise RuntimeError(
+                f"{run.owner} is still training {why} and did not stop within {timeout:g} s (a slow batch or "
+                "validation?). Call .stop() on that widget or `%nbtrainer stop`, wait for it, then try again.")
+        messages.append(f"Stopped the previous run on {why} ({run.owner}, at step {step}) so that it does not "
+                        "keep training in the background.")
+    return " ".join(messages) or None
