@@ -171,6 +171,7 @@ def _format_keys(fmt: str) -> set[str]:
 
 def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None,
               resuming: bool) -> None:
+    from nbtrainer._callbacks import check_monitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._loop import _safe_len
 
@@ -204,6 +205,8 @@ def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max
                                  f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
                                  "with total_steps=trainer.total_steps(train_loader, epochs).")
     for cb in trainer.callbacks.callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.monitor:
+            check_monitor("ModelCheckpoint", cb.monitor, trainer)
         if isinstance(cb, ModelCheckpoint) and cb.save_top_k != 0:
             missing = sorted(_format_keys(cb.filename) - keys - {"epoch", "step"})
             if missing:
@@ -450,7 +453,7 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
             value = fn(outputs, targets)
         except Exception as exc:  # noqa: BLE001
             raise _rewrap(exc, f"Metric {name!r} raised on the first {where} batch (outputs {_desc(outputs)}, "
-                               f"targets {_desc(targets)}): {type(exc).__name__}: {exc}. A metric is called as "
+                               f"targets {_desc(targets)}): {type(exc).__name__}: {str(exc).rstrip('.')}. A metric is called as "
                                "fn(outputs, targets) and must return one number per batch.") from exc
         _check_value(name, value)
     for name, metric in metrics.torchmetrics:
@@ -462,7 +465,7 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
         except Exception as exc:  # noqa: BLE001
             raise _rewrap(exc, f"Metric {name!r} ({type(metric).__name__}) failed on the first {where} batch "
                                f"(outputs {_desc(outputs)}, targets {_desc(targets)}): {type(exc).__name__}: "
-                               f"{str(exc)[:300]}. Configure it for this task (task=, num_classes=) or adapt "
+                               f"{str(exc)[:300].rstrip('.')}. Configure it for this task (task=, num_classes=) or adapt "
                                "the model's outputs.") from exc
         values = value.items() if isinstance(value, dict) else [(name, value)]
         for key, val in values:

@@ -50,6 +50,9 @@ class Killer:
     def __init__(self, kill_at: int | None, sleep: float) -> None:
         self.kill_at, self.sleep, self.n = kill_at, sleep, 0
 
+    def on_fit_start(self, trainer):
+        print("fit-started", flush=True)  # bench/crash_soak.py times its kill from here
+
     def on_train_batch_end(self, trainer, batch_idx, loss):
         self.n += 1
         if self.sleep:

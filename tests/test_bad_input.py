@@ -1,0 +1,453 @@
+"""Mistakes users really make, each caught before it costs anything.
+
+Every case asserts: the error type; that the message names the problem AND the fix; that it was
+raised before the first optimizer step (Adam's state is still empty and every parameter unchanged);
+and that no file was written (the ModelCheckpoint directory is absent or empty).
+
+====  ==========================================================  ====================  ==================================
+ #    mistake                                                      error                 fix named in the message
+====  ==========================================================  ====================  ==================================
+ 1    criterion given as a class (``nn.CrossEntropyLoss``)          TypeError             ``CrossEntropyLoss()``
+ 2    optimizer given as a class (``torch.optim.Adam``)             TypeError             ``Adam(model.parameters(), ...)``
+ 3    optimizer built for another model instance                    ValueError            build it from this model
+ 4    optimizer holds only frozen parameters                        ValueError            unfreeze / filter requires_grad
+ 5    scheduler bound to another optimizer                          ValueError            build it from this optimizer
+ 6    scheduler given as a class                                    TypeError             ``StepLR(optimizer, ...)``
+ 7    ``grad_accum_steps=0``                                        ValueError            int >= 1
+ 8    ``grad_accum_steps=2.0`` (not an int)                         ValueError            int >= 1
+ 9    ``epochs=0``                                                  ValueError            int >= 1
+ 10   unknown precision string (``"fp8"``)                          PrecisionError        the valid names
+ 11   precision the device can't run                                PrecisionError        the precisions that work here
+ 12   ``device="cuda"`` on a machine without CUDA                   RuntimeError          ``device='cpu'``
+ 13   unknown device string (``"gpu"``)                             ValueError            the valid device strings
+ 14   metrics given as a list                                       TypeError             ``{'acc': ...}``
+ 15   a metric that raises on the batch                             KeyError (same type)  ``fn(outputs, targets)``
+ 16   a metric returning a per-sample tensor                        ValueError            reduce with ``.mean()``
+ 17   torchmetrics metric computing a vector (``average=None``)     ValueError            ``average='macro'``
+ 18   torchmetrics metric configured for another task               RuntimeError (same)   ``task=``, ``num_classes=``
+ 19   EarlyStopping on ``val_loss`` with no val_loader              ValueError            a logged key
+ 20   ModelCheckpoint monitoring a key never logged                 ValueError            a logged key
+ 21   ModelCheckpoint filename using a key never logged             ValueError            ``{epoch}``/``{step}``/logged key
+ 22   ReduceLROnPlateau on ``val_loss`` with no val_loader          ValueError            ``scheduler_monitor=``
+ 23   OneCycleLR built for fewer steps than the fit takes           ValueError            ``trainer.total_steps(...)``
+ 24   checkpoint directory not writable                             PermissionError       a writable directory
+ 25   ``resume_from`` path missing                                  CheckpointError       check the path / 'last'
+ 26   ``resume_from`` a truncated file                              CheckpointError       an earlier checkpoint
+ 27   ``resume_from`` a plain state_dict (not a checkpoint)         CheckpointError       ``model.load_state_dict``
+ 28   ``resume_from="last"`` without a ModelCheckpoint              CheckpointError       add one / pass a path
+ 29   empty train loader                                            ValueError            dataset size / drop_last
+ 30   a Dataset passed where a loader is expected                   TypeError             ``DataLoader(dataset, ...)``
+ 31   a tensor passed as the loader                                 TypeError             ``DataLoader(TensorDataset...)``
+ 32   a generator as train_loader with epochs > 1                   TypeError             a DataLoader or a list
+ 33   loader yielding numpy arrays                                  TypeError             ``torch.as_tensor`` / collate
+ 34   loader yielding python lists of numbers                       TypeError             ``torch.as_tensor`` / collate
+ 35   batch with more inputs than the model's forward takes         TypeError (same)      ``num_inputs=``
+ 36   input feature size the model can't take                       RuntimeError (same)   check feature size / layout
+ 37   outputs [B, 1] vs targets [B] for MSELoss (silent broadcast)  ValueError            ``y.view(-1, 1)``
+ 38   CrossEntropyLoss with targets of shape [B, 1]                 RuntimeError (same)   ``y.squeeze(1)``
+ 39   CrossEntropyLoss with float class indices                     RuntimeError (same)   ``y.long()``
+ 40   a label >= the number of model outputs                        IndexError (same)     widen the last layer
+ 41   BCEWithLogitsLoss with integer targets                        RuntimeError (same)   ``y.float()``
+ 42   loss is not a scalar (``reduction='none'``)                   ValueError            ``reduction='mean'``
+ 43   loss computed under ``torch.no_grad``                         RuntimeError          remove no_grad/detach
+ 44   loss returned as a python float (``.item()``)                 TypeError             return a tensor
+ 45   callbacks given as one object, not a list                     TypeError             ``callbacks=[cb]``
+ 46   callback given as a class                                     TypeError             ``EarlyStopping(...)``
+ 47   callback using another trainer's hook name                    ValueError            the nbtrainer hook name
+ 48   ``precision='fp16-mixed'`` with a ``.half()`` model            TypeError             drop ``.half()``
+ 49   a plain tensor attribute on another device than the model     RuntimeError          ``register_buffer``
+ 50   model on the meta device                                      RuntimeError          ``to_empty``
+ 51   seed not an int                                               TypeError             ``seed=42``
+ 52   validation batches the model can't take                       RuntimeError (same)   check feature size
+ 53   ``on_nonfinite`` misspelled                                   ValueError            the three modes
+ 54   no criterion and a model output without ``.loss``             ValueError            pass a criterion
+ 55   ``target_keys`` not in the dict batch                         KeyError              the batch's keys
+ 56   ``compute_loss`` returning only a loss with metrics           ValueError            return (loss, outputs, targets)
+====  ==========================================================  ====================  ==================================
+
+"(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
+with a message that adds the batch's shapes/dtypes, what nbtrainer did with the batch and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+import torch
+import torchmetrics
+from torch import nn
+
+from conftest import make_classification, make_loader
+from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
+
+X, Y = make_classification(n=64)
+
+
+def _model(d=10, out=3):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d, 16), nn.ReLU(), nn.Linear(16, out))
+
+
+def _loader(x=X, y=Y, bs=16, **kw):
+    return make_loader(x, y, batch_size=bs, **kw)
+
+
+class Env:
+    """A model, an Adam optimizer and a checkpoint dir; ``trainer(**kw)`` builds a Trainer over them."""
+
+    def __init__(self, ck, model=None):
+        self.ck = str(ck)
+        self.model = model if model is not None else _model()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.before = [p.detach().clone() for p in self.model.parameters()]
+
+    def trainer(self, criterion=None, callbacks=None, ckpt=True, **kw):
+        cbs = list(callbacks or []) + ([ModelCheckpoint(self.ck, every_n_steps=1, save_last=True)] if ckpt else [])
+        crit = nn.CrossEntropyLoss() if criterion is None else criterion
+        kw.setdefault("device", "cpu")
+        return Trainer(self.model, crit, kw.pop("optimizer", self.opt), callbacks=cbs, progress=False, **kw)
+
+    def untouched(self):
+        assert not self.opt.state, "an optimizer step happened"
+        assert all(torch.equal(a, b) for a, b in zip(self.before, self.model.parameters())), "weights changed"
+        assert not os.path.exists(self.ck) or os.listdir(self.ck) == [], f"files written: {os.listdir(self.ck)}"
+
+
+CASES = {}
+
+
+def case(name, exc, *patterns):
+    def deco(fn):
+        CASES[name] = (fn, exc, patterns)
+        return fn
+    return deco
+
+
+# 1-13: arguments --------------------------------------------------------------------------------------
+case("01-criterion-class", TypeError, "class CrossEntropyLoss, not an instance", r"CrossEntropyLoss\(\)")(
+    lambda e: e.trainer(criterion=nn.CrossEntropyLoss))
+case("02-optimizer-class", TypeError, "class Adam, not an optimizer", r"Adam\(model.parameters\(\), lr=")(
+    lambda e: e.trainer(optimizer=torch.optim.Adam))
+case("03-optimizer-other-model", ValueError, "none of the model's parameters", "Build it from this model's parameters")(
+    lambda e: e.trainer(optimizer=torch.optim.Adam(_model().parameters())))
+
+
+def _frozen(e):
+    for p in e.model.parameters():
+        p.requires_grad_(False)
+    return e.trainer().fit(_loader(), epochs=1)
+
+
+case("04-optimizer-all-frozen", ValueError, "requires_grad=False", "Unfreeze")(_frozen)
+case("05-scheduler-other-optimizer", ValueError, "different optimizer", "Create the scheduler from this trainer's")(
+    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(_model().parameters(), 0.1), 1)))
+case("06-scheduler-class", TypeError, "class StepLR, not a scheduler", r"StepLR\(optimizer")(
+    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR))
+case("07-accum-zero", ValueError, "grad_accum_steps must be an int >= 1, got 0")(
+    lambda e: e.trainer(grad_accum_steps=0))
+case("08-accum-float", ValueError, "grad_accum_steps must be an int >= 1, got 2.0")(
+    lambda e: e.trainer(grad_accum_steps=2.0))
+case("09-epochs-zero", ValueError, "epochs must be an int >= 1, got 0")(
+    lambda e: e.trainer().fit(_loader(), epochs=0))
+case("10-precision-unknown", PrecisionError, "Unknown precision 'fp8'", "Use one of fp32, fp16-mixed, bf16-mixed")(
+    lambda e: e.trainer(precision="fp8"))
+
+
+def _precision_unsupported(e):
+    import nbtrainer._precision as prec
+
+    real = prec._trial
+
+    def broken(device, dtype):
+        if dtype is torch.bfloat16:
+            raise RuntimeError("no bf16 kernels on this device")
+        return real(device, dtype)
+
+    prec._support.cache_clear()
+    prec._trial = broken
+    try:
+        return e.trainer(precision="bf16-mixed")
+    finally:
+        prec._trial = real
+        prec._support.cache_clear()
+
+
+case("11-precision-unsupported", PrecisionError, "bf16-mixed' is not available on cpu", "no bf16 kernels",
+     r"Choose one of \['fp32', 'fp16-mixed'\]", "never switches precision silently")(_precision_unsupported)
+if not torch.cuda.is_available():
+    case("12-cuda-unavailable", RuntimeError, "CUDA is not available", "Use device='cpu'")(
+        lambda e: e.trainer(device="cuda"))
+case("13-device-unknown", ValueError, "Unknown device 'gpu'", "Use 'auto', 'cpu', 'cuda'")(
+    lambda e: e.trainer(device="gpu"))
+
+# 14-18: metrics --------------------------------------------------------------------------------------------
+case("14-metrics-list", TypeError, "metrics must be a dict", r"metrics=\{'acc'")(
+    lambda e: e.trainer(metrics=[torchmetrics.Accuracy(task="multiclass", num_classes=3)]))
+
+
+def _raising_metric(outputs, targets):
+    return {"a": 1}["missing"]
+
+
+case("15-metric-raises", KeyError, "Metric 'bad' raised on the first training batch", r"fn\(outputs, targets\)")(
+    lambda e: e.trainer(metrics={"bad": _raising_metric}).fit(_loader(), epochs=1))
+case("16-metric-not-scalar", ValueError, r"Metric 'acc' returned a tensor of shape \(16,\)", r"\.mean\(\)")(
+    lambda e: e.trainer(metrics={"acc": lambda o, t: (o.argmax(1) == t).float()}).fit(_loader(), epochs=1))
+case("17-torchmetric-vector", ValueError, r"Metric 'acc' computed a tensor of shape \(3,\)", "average='macro'")(
+    lambda e: e.trainer(metrics={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3, average=None)})
+    .fit(_loader(), epochs=1))
+case("18-torchmetric-wrong-task", RuntimeError, "Metric 'f1' .*failed on the first training batch", "task=, num_classes=")(
+    lambda e: e.trainer(metrics={"f1": torchmetrics.F1Score(task="binary")}).fit(_loader(), epochs=1))
+
+# 19-24: callbacks, schedules, files ------------------------------------------------------------------------
+case("19-earlystopping-no-val", ValueError, "EarlyStopping monitors 'val_loss', which this fit will never log",
+     "no val_loader", "Pick one of them")(
+    lambda e: e.trainer(callbacks=[EarlyStopping("val_loss")]).fit(_loader(), epochs=2))
+case("20-checkpoint-monitor-missing", ValueError, "ModelCheckpoint monitors 'val_acc'", "Pick one of them")(
+    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, monitor="val_acc")], ckpt=False).fit(_loader(), _loader(), epochs=1))
+case("21-checkpoint-filename-key", ValueError, r"filename 'best-\{val_f1:.3f\}' uses \['val_f1'\]",
+     r"Use \{epoch\}, \{step\}")(
+    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, filename="best-{val_f1:.3f}")], ckpt=False)
+    .fit(_loader(), _loader(), epochs=1))
+
+
+def _plateau(e):
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(e.opt)
+    return e.trainer(scheduler=sched, scheduler_monitor="val_loss").fit(_loader(), epochs=2)
+
+
+case("22-plateau-no-val", ValueError, "ReduceLROnPlateau would monitor 'val_loss'", "no val_loader",
+     "Set scheduler_monitor=")(_plateau)
+
+
+def _onecycle(e):
+    sched = torch.optim.lr_scheduler.OneCycleLR(e.opt, max_lr=0.1, total_steps=len(_loader()) * 2)
+    return e.trainer(scheduler=sched).fit(_loader(), epochs=3)
+
+
+case("23-onecycle-too-short", ValueError, "OneCycleLR was built for total_steps=8 but this fit takes 12",
+     r"total_steps=trainer.total_steps\(train_loader, epochs\)")(_onecycle)
+
+
+def _unwritable(e):
+    blocker = os.path.join(os.path.dirname(e.ck), "a-file")
+    with open(blocker, "w") as fh:
+        fh.write("x")
+    e.ck = os.path.join(blocker, "ckpts")
+    return e.trainer().fit(_loader(), epochs=1)
+
+
+case("24-checkpoint-dir-unwritable", PermissionError, "cannot create dirpath", "Pass a writable directory")(_unwritable)
+
+# 25-28: resume ------------------------------------------------------------------------------------------------
+case("25-resume-missing", CheckpointError, "No checkpoint at .*nope.ckpt", "Check the path")(
+    lambda e: e.trainer().fit(_loader(), epochs=1, resume_from=os.path.join(os.path.dirname(e.ck), "nope.ckpt")))
+
+
+def _resume_truncated(e):
+    other = Env(os.path.join(os.path.dirname(e.ck), "src"))
+    t = other.trainer(ckpt=False)
+    t.fit(_loader(), epochs=1)
+    path = t.save_checkpoint(os.path.join(os.path.dirname(e.ck), "full.ckpt"))
+    data = open(path, "rb").read()
+    cut = os.path.join(os.path.dirname(e.ck), "cut.ckpt")
+    with open(cut, "wb") as fh:
+        fh.write(data[: len(data) // 3])
+    return e.trainer().fit(_loader(), epochs=2, resume_from=cut)
+
+
+case("26-resume-truncated", CheckpointError, "truncated or corrupt", "Resume from an earlier checkpoint")(_resume_truncated)
+
+
+def _resume_state_dict(e):
+    path = os.path.join(os.path.dirname(e.ck), "weights.pt")
+    torch.save(_model().state_dict(), path)
+    return e.trainer().fit(_loader(), epochs=1, resume_from=path)
+
+
+case("27-resume-not-a-checkpoint", CheckpointError, "not an nbtrainer checkpoint", r"model.load_state_dict")(
+    _resume_state_dict)
+case("28-resume-last-no-callback", CheckpointError, "needs a ModelCheckpoint callback", "pass a checkpoint path")(
+    lambda e: e.trainer(ckpt=False).fit(_loader(), epochs=1, resume_from="last"))
+
+# 29-34: loaders and batches -----------------------------------------------------------------------------------
+case("29-empty-loader", ValueError, "train_loader is empty", "batch_size and drop_last")(
+    lambda e: e.trainer().fit(_loader(X[:8], Y[:8], bs=16, drop_last=True), epochs=1))
+case("30-dataset-not-loader", TypeError, "train_loader is a Dataset", r"DataLoader\(dataset, batch_size=32")(
+    lambda e: e.trainer().fit(torch.utils.data.TensorDataset(X, Y), epochs=1))
+case("31-tensor-as-loader", TypeError, "train_loader is a tensor", r"DataLoader\(TensorDataset\(x, y\)")(
+    lambda e: e.trainer().fit(X, epochs=1))
+case("32-generator-several-epochs", TypeError, "one-shot iterator", "a DataLoader or a list")(
+    lambda e: e.trainer().fit((b for b in _loader()), epochs=2))
+case("33-numpy-batches", TypeError, r"batch\[0\] is a numpy.ndarray", r"torch.as_tensor")(
+    lambda e: e.trainer().fit([(X[:16].numpy(), Y[:16])], epochs=1))
+case("34-list-batches", TypeError, r"batch\[1\] is a python list of numbers", "collate_fn")(
+    lambda e: e.trainer().fit([(X[:16], Y[:16].tolist())], epochs=1))
+
+# 35-44: the first batch through model and criterion -------------------------------------------------------------
+case("35-too-many-inputs", TypeError, "The model could not take the first train_loader batch",
+     r"2 positional input\(s\)", "set num_inputs=")(
+    lambda e: e.trainer().fit([(X[:16], X[:16], Y[:16])], epochs=1))
+case("36-feature-size", RuntimeError, r"shapes cannot be multiplied", r"float32\[16, 7\]", "check the feature size")(
+    lambda e: e.trainer().fit([(X[:16, :7], Y[:16])], epochs=1))
+
+
+def _mse_shapes(e):
+    e.model[2] = nn.Linear(16, 1)
+    e.__init__(e.ck, e.model)
+    return e.trainer(criterion=nn.MSELoss()).fit([(X[:16], Y[:16].float())], epochs=1)
+
+
+case("37-mse-broadcast", ValueError, r"MSELoss got outputs of shape \[16, 1\] and targets of shape \[16\]",
+     r"broadcast to \[16, 16\]", r"y.view\(-1, 1\)")(_mse_shapes)
+case("38-ce-target-2d", RuntimeError, r"targets int64\[16, 1\]", r"y.squeeze\(1\)")(
+    lambda e: e.trainer().fit([(X[:16], Y[:16, None])], epochs=1))
+case("39-ce-float-targets", RuntimeError, "wants integer class indices", r"y.long\(\)")(
+    lambda e: e.trainer().fit([(X[:16], Y[:16].float())], epochs=1))
+case("40-label-out-of-range", IndexError, "Target 3 is out of bounds", r"number of model outputs \(3\)",
+     "last layer as wide as the number of classes")(
+    lambda e: e.trainer().fit([(X[:16], torch.full((16,), 3))], epochs=1))
+
+
+def _bce_int(e):
+    e.model[2] = nn.Linear(16, 1)
+    e.__init__(e.ck, e.model)
+    return e.trainer(criterion=nn.BCEWithLogitsLoss()).fit([(X[:16], (Y[:16, None] > 0).long())], epochs=1)
+
+
+case("41-bce-int-targets", RuntimeError, "BCEWithLogitsLoss wants float targets", r"y.float\(\)")(_bce_int)
+case("42-loss-not-scalar", ValueError, r"loss has shape \(16,\)", "reduction='mean'")(
+    lambda e: e.trainer(criterion=nn.CrossEntropyLoss(reduction="none")).fit(_loader(), epochs=1))
+
+
+def _no_grad_loss(model, batch):
+    with torch.no_grad():
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+case("43-loss-no-grad", RuntimeError, "The loss has no grad_fn", "torch.no_grad")(
+    lambda e: e.trainer(compute_loss=_no_grad_loss).fit(_loader(), epochs=1))
+case("44-loss-python-float", TypeError, "loss is a float, not a tensor", "scalar torch.Tensor")(
+    lambda e: e.trainer(compute_loss=lambda m, b: float(nn.functional.cross_entropy(m(b[0]), b[1]))).fit(_loader(), epochs=1))
+
+# 45-56: callbacks, model, misc ----------------------------------------------------------------------------------
+
+
+class _LightningStyle:
+    def on_train_epoch_end(self, trainer):
+        pass
+
+
+case("45-callbacks-not-a-list", TypeError, "callbacks must be a list", r"callbacks=\[cb\]")(
+    lambda e: Trainer(e.model, nn.CrossEntropyLoss(), e.opt, callbacks=EarlyStopping("loss"), progress=False))
+case("46-callback-class", TypeError, "class EarlyStopping, not an instance", r"EarlyStopping\(")(
+    lambda e: e.trainer(callbacks=[EarlyStopping]))
+case("47-foreign-hook-name", ValueError, r"defines on_train_epoch_end\(\), which nbtrainer never calls",
+     r"Rename it to on_epoch_end\(\)")(lambda e: e.trainer(callbacks=[_LightningStyle()]))
+
+
+def _half_fp16(e):
+    e.model.half()
+    e.__init__(e.ck, e.model)
+    return e.trainer(precision="fp16-mixed").fit(_loader(), epochs=1)
+
+
+case("48-fp16-half-model", TypeError, "are float16", r"Drop .half\(\)")(_half_fp16)
+
+
+class _WithMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(10, 3)
+        self.scale = torch.ones(3, device="meta")  # a plain attribute, not a buffer: .to() never moves it
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+case("49-tensor-attribute-other-device", RuntimeError, "model.scale is a plain tensor attribute on meta",
+     r"register_buffer\('scale'")(lambda e: Env(e.ck, _WithMask()).trainer().fit(_loader(), epochs=1))
+
+
+def _meta_model(e):
+    with torch.device("meta"):
+        model = _model()
+    env = Env(e.ck, model)
+    return env.trainer().fit(_loader(), epochs=1)
+
+
+case("50-meta-model", RuntimeError, "parameters on the 'meta' device", r"to_empty\(device=")(_meta_model)
+case("51-seed-not-int", TypeError, "seed must be an int or None, got '42'", "seed=42")(
+    lambda e: e.trainer(seed="42"))
+case("52-val-batches-wrong", RuntimeError, "could not take the first val_loader batch", "check the feature size")(
+    lambda e: e.trainer().fit(_loader(), _loader(X[:, :7], Y), epochs=1))
+case("53-on-nonfinite-typo", ValueError, "on_nonfinite must be one of 'raise', 'skip', 'stop', got 'skipp'")(
+    lambda e: e.trainer(on_nonfinite="skipp"))
+case("54-no-criterion-no-loss", ValueError, "model output has no 'loss'", r"Pass a criterion")(
+    lambda e: Trainer(e.model, None, e.opt, progress=False, device="cpu",
+                      callbacks=[ModelCheckpoint(e.ck)]).fit(_loader(), epochs=1))
+case("55-target-keys-missing", KeyError, r"target_keys \['label'\] not in the batch", "Set target_keys=")(
+    lambda e: e.trainer(target_keys="label").fit([{"x": X[:16], "y": Y[:16]}], epochs=1))
+case("56-compute-loss-only-loss-with-metrics", ValueError, "compute_loss returned only a loss",
+     r"return \(loss, outputs, targets\)")(
+    lambda e: e.trainer(metrics={"acc": lambda o, t: o.sum()},
+                        compute_loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])).fit(_loader(), epochs=1))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mistake_is_caught_before_anything_happens(tmp_path, name):
+    fn, exc, patterns = CASES[name]
+    env = Env(tmp_path / "ckpts")
+    with pytest.raises(exc) as err:
+        fn(env)
+    message = str(err.value.args[0]) if isinstance(err.value, KeyError) and err.value.args else str(err.value)
+    for pattern in patterns:
+        assert re.search(pattern, message), f"{pattern!r} not in: {message}"
+    env.untouched()
+
+
+def test_catalogue_is_large_and_documented():
+    assert len(CASES) >= 25
+    doc = sys.modules[__name__].__doc__
+    for name in CASES:
+        number = str(int(name.split("-")[0]))
+        assert f"\n {number} " in doc or f"\n {number}  " in doc, f"case {name} missing from the table"
+
+
+def test_a_failed_first_batch_leaves_no_trace(tmp_path):
+    """After a first-batch error the RNG is where seeding put it... and a fixed retry runs normally."""
+    env = Env(tmp_path / "ck")
+    trainer = env.trainer(seed=3)
+    with pytest.raises(RuntimeError):
+        trainer.fit([(X[:16, :7], Y[:16])], epochs=1)
+    env.untouched()
+    history = trainer.fit(_loader(), epochs=1)
+    assert history.status == "finished"
+
+
+def test_validation_peek_changes_nothing(tmp_path):
+    """Trying the first validation batch up front restores every RNG: same run with or without it."""
+    import nbtrainer._validate as validate
+
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 3))
+        trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), seed=1,
+                          progress=False, device="cpu")
+        # shuffled without its own generator: each iter() draws from the global RNG
+        val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16, shuffle=True)
+        trainer.fit(_loader(shuffle=True), val, epochs=2)
+        return [p.detach().clone() for p in model.parameters()], trainer.history.steps["loss"]
+
+    with_peek = run()
+    real = validate.check_val_loader
+    validate.check_val_loader = lambda *a: None
+    try:
+        without = run()
+    finally:
+        validate.check_val_loader = real
+    assert with_peek[1] == without[1]
+    assert all(torch.equal(a, b) for a, b in zip(with_peek[0], without[0]))
