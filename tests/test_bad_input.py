@@ -451,3 +451,39 @@ def test_validation_peek_changes_nothing(tmp_path):
         validate.check_val_loader = real
     assert with_peek[1] == without[1]
     assert all(torch.equal(a, b) for a, b in zip(with_peek[0], without[0]))
+
+
+# -- after an error or an interrupt the trainer holds nothing of the batch ------------------------------------
+class _Boom(nn.Module):
+    def __init__(self, at: int, exc: type) -> None:
+        super().__init__()
+        self.lin, self.n, self.at, self.exc = nn.Linear(10, 3), 0, at, exc
+
+    def forward(self, x):
+        self.n += 1
+        if self.n == self.at:
+            raise self.exc("boom")
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("exc,accum", [(RuntimeError, 2), (KeyboardInterrupt, 2), (RuntimeError, 1)])
+def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
+    import gc
+    import weakref
+
+    model = _Boom(at=4, exc=exc)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), progress=False,
+                      device="cpu", grad_accum_steps=accum, metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
+    batches = [(X[i:i + 16].clone(), Y[i:i + 16].clone()) for i in range(0, 64, 16)]
+    refs = [weakref.ref(t) for b in batches for t in b]
+    try:
+        trainer.fit(batches, epochs=1)
+    except RuntimeError:
+        pass
+    assert trainer.status == ("interrupted" if exc is KeyboardInterrupt else "failed")
+    del batches
+    alive = [r for r in refs if r() is not None]
+    gc.collect()
+    assert not [r for r in refs if r() is not None], "a batch is still referenced after the fit ended"
+    assert not alive, "a reference cycle held a batch until gc ran"
+    assert trainer._loop is None and all(p.grad is None for p in model.parameters())
