@@ -26,7 +26,9 @@ _EVENT_KINDS = {"lr": "lr", "grad_accum_steps": "accum"}
 
 
 def _figure(title: str, css: str, marks: list, x: Any, y: Any, xlabel: str) -> bq.Figure:
-    axes = [bq.Axis(scale=x, label=xlabel, num_ticks=5),
+    # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
+    # domain has zero width (the first step or epoch), and the axis never recovered from that error.
+    axes = [bq.Axis(scale=x, label=xlabel, tick_format=",~g"),
             bq.Axis(scale=y, side="left", tick_format=".3g", num_ticks=5)]
     fig = bq.Figure(marks=marks, axes=axes, title=title, fig_margin=dict(_MARGIN), legend_location="top-right",
                     animation_duration=0, layout=W.Layout(**_LAYOUT))
@@ -57,7 +59,7 @@ class LiveCharts:
         self.loss_fig = _figure("loss", "nbt-chart-loss", [self.raw, self.smooth, self.val, self.loss_events],
                                 sx, sy, "optimizer step")
 
-        lx, ly = bq.LinearScale(), bq.LinearScale()
+        lx, ly = bq.LinearScale(), bq.LinearScale(min=0.0)  # from 0: a constant LR still has a y range
         self.lr = bq.Lines(x=empty, y=empty, scales={"x": lx, "y": ly}, colors=[PALETTE[2]], stroke_width=2,
                            labels=["lr"])
         self.lr_events = bq.Scatter(x=empty, y=empty, scales={"x": lx, "y": ly}, marker="triangle-down",
@@ -163,9 +165,14 @@ class LiveCharts:
                 continue
             y = np.asarray([[float(r[k]) if isinstance(r.get(k), (int, float)) else math.nan for r in rows]
                             for k, _ in present])
-            idx = minmax_indices(y, self.max_points)
+            # bqplot squeezes a 2-D y: k series over one epoch, (k, 1), would arrive as one series of k points
+            # (and (1, 1) as a 0-d array). Drawing the lone epoch twice keeps the shape (k, 2).
+            idx = minmax_indices(y, self.max_points) if len(epochs) > 1 else np.zeros(2, dtype=int)
             mark.x, mark.y = epochs[idx], y[:, idx]
             mark.labels, mark.colors = [k for k, _ in present], [c for _, c in present]
+        # ticks on whole epochs only (at most ~8 of them)
+        n = len(rows)
+        self.metrics_fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
 
     def sent_points(self) -> dict[str, int]:
         """How many points each per-step mark currently holds (what a front end received)."""

@@ -56,8 +56,31 @@ def test_panel_builds_and_trains_without_a_kernel():
     assert "best val_loss" in w.view.stats.value and f"{min(h['val_loss']):.4g}" in w.view.stats.value
     assert not w.view.start.disabled and w.view.stop.disabled and w.view.pause.disabled
     assert w.ui_updates >= 1
+    assert [m for m in w.view.message_log if m[0] != "info"] == []  # no drawing or update error was reported
     # the trainer is given back as it was: the panel's callback is removed
     assert all(type(cb).__name__ != "Feed" for cb in w.trainer.callbacks.callbacks)
+
+
+@pytest.mark.parametrize("metrics", [["acc"], ["acc", "f1"]])
+def test_charts_draw_each_epoch_as_it_ends(metrics):
+    """The first epoch's row arrives alone (one point per series): bqplot squeezes a (1, 1) y to 0-d."""
+    from nbtrainer.widgets._charts import LiveCharts
+
+    charts = LiveCharts()
+    charts.add_steps([(float(i), 1.0 / i, 1e-3) for i in range(1, 11)])
+    for epoch in (1, 2):
+        row = {"epoch": epoch, "steps": 10 * epoch, "loss": 1.0 / epoch, "val_loss": 1.1 / epoch}
+        row.update({m: 0.5 + 0.1 * epoch for m in metrics})
+        row.update({f"val_{m}": 0.4 + 0.1 * epoch for m in metrics})
+        charts.add_epoch(row)
+        assert charts.render()
+        series = ["loss", *metrics]
+        for mark, names in ((charts.train_metrics, series), (charts.val_metrics, [f"val_{n}" for n in series])):
+            y, x = np.atleast_2d(mark.y), mark.x.tolist()
+            assert list(mark.labels) == names and y.shape == (len(names), len(x))
+            assert sorted(set(x)) == list(range(1, epoch + 1))  # the first epoch may be drawn twice
+            assert y[-1, -1] == pytest.approx(row[names[-1]])
+        assert charts.val.x.tolist() == [10.0 * e for e in range(1, epoch + 1)]
 
 
 def test_start_again_trains_on_with_a_fresh_history_and_charts():

@@ -40,8 +40,10 @@ def parts(n: int = 512, bs: int = 16, lr: float = 0.05, seed: int = 0):
 def make_widget(n: int = 512, bs: int = 16, epochs: int = 2, slow: float | None = None, val: bool = True, **kw):
     from nbtrainer import TrainerWidget
 
-    model, crit, opt, loader = parts(n=n, bs=bs)
-    x, y = make_classification(n=128, seed=1)
+    model, crit, opt, _ = parts(n=8, bs=bs)
+    x, y = make_classification(n=n + 128)  # one task: the last 128 samples are the validation set
+    loader = make_loader(x[:n], y[:n], bs)
+    x, y = x[n:], y[n:]
     callbacks = list(kw.pop("callbacks", []))
     if slow:
         callbacks.append(Slow(slow))
