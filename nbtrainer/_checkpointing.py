@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["CheckpointHandle", "apply_activation_checkpointing", "find_checkpointable_blocks"]
+__all__ = ["CheckpointHandle", "apply_activation_checkpointing", "find_checkpointable_blocks",
+           "strip_activation_checkpointing"]
 
 _MISSING = object()
 
@@ -165,3 +166,31 @@ def apply_activation_checkpointing(
         module.__dict__["forward"] = _CheckpointedForward(module.forward)
         wrapped.append((name, module, previous))
     return CheckpointHandle(wrapped)
+
+
+def strip_activation_checkpointing(model: nn.Module) -> list[str]:
+    """Remove our checkpointing wrappers from ``model`` (e.g. from a deep copy, whose handle is gone).
+
+    Returns:
+        Names of the blocks that were wrapped.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        >>> _ = apply_activation_checkpointing(model)
+        >>> strip_activation_checkpointing(model), "forward" in model[0].__dict__
+        (['0', '1'], False)
+    """
+    names = []
+    for name, module in model.named_modules():
+        wrapper = module.__dict__.get("forward")
+        while isinstance(wrapper, _CheckpointedForward):
+            inner = wrapper.inner
+            bound_default = getattr(inner, "__self__", None) is module and getattr(inner, "__func__", None) is \
+                getattr(type(module).forward, "__func__", type(module).forward)
+            if bound_default:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = inner
+            names.append(name)
+            wrapper = module.__dict__.get("forward")
+    return names

@@ -205,17 +205,10 @@ def _accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (outputs.argmax(dim=-1) == targets).float().mean()
 
 
-def _strip_checkpointing(model: nn.Module) -> None:
-    from nbtrainer._checkpointing import _CheckpointedForward
-
-    for module in model.modules():
-        if isinstance(module.__dict__.get("forward"), _CheckpointedForward):
-            del module.__dict__["forward"]
-
-
 def _measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[str, Any]]:
     """Measured training-memory bytes of one step of ``trainer``'s setup on ``batch`` (a private copy)."""
     from nbtrainer._batch import move_to_device
+    from nbtrainer._checkpointing import strip_activation_checkpointing
     from nbtrainer._profile_memory import measure_training_memory, optimizer_factory
     from nbtrainer._strategies import has_own_checkpointing
     from nbtrainer._strategy import unwrap_model
@@ -225,7 +218,7 @@ def _measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[
     own = bool(ckpt) and has_own_checkpointing(base)
     note = ""
     if ckpt is True and not own:
-        _strip_checkpointing(work)  # measure_training_memory checkpoints the same blocks itself
+        strip_activation_checkpointing(work)  # measure_training_memory checkpoints the same blocks itself
     elif ckpt:
         note = "checkpointing applied; recompute peak of backward not included"
     batch = move_to_device(batch, trainer.device)

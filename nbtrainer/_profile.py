@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._checkpointing import strip_activation_checkpointing
 from nbtrainer._precision import normalize_precision, precision_support, resolve_device
 from nbtrainer._profile_fit import FitResult, plan_fit
 from nbtrainer._profile_flops import count_flops
@@ -245,6 +246,7 @@ def _profile_on(prof: ModelProfile, model: nn.Module, device: torch.device, exam
     start = time.perf_counter()
     work = copy.deepcopy(model).to(device)
     work.zero_grad(set_to_none=True)
+    strip_activation_checkpointing(work)  # measure without, then with, checkpointing ourselves
     inputs = to_device(example_inputs, device)
     tgt = to_device(targets, device)
     seconds[f"copy {key}"] = time.perf_counter() - start

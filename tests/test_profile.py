@@ -333,6 +333,9 @@ def test_checkpointing_same_gradients_and_exact_removal() -> None:
     model(x).sum().backward()
     for ref, p in zip(reference, model.parameters()):
         torch.testing.assert_close(p.grad, ref)
+    mem = profile_model(model, x, include=("memory",)).memory["cpu"]["fp32"]  # copies strip the wrappers
+    assert mem["activations_checkpointed"] < mem["activations"] / 3
+    assert all("forward" in vars(b) for b in model.blocks)  # the caller's wrappers stay
     handle.remove()
     handle.remove()  # idempotent
     assert {n: set(vars(m)) for n, m in model.named_modules()} == attrs
