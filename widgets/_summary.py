@@ -65,7 +65,7 @@ def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, width: i
     if y1 == y0:
         y0, y1 = y0 - abs(y0) * 0.1 - 1e-12, y1 + abs(y1) * 0.1 + 1e-12
     pad = (y1 - y0) * 0.05
-    y0, y1 = y0 - pad, y1 + pad
+    y0, y1 = (y0 - pad if y0 < 0 else max(0.0, y0 - pad)), y1 + pad  # data >= 0 never gets a negative axis
     pw, ph = width - left - right, height - top - bottom
 
     def px(v: float) -> float:
