@@ -6,7 +6,6 @@ Subclassing :class:`Callback` is optional: any object with some of the hook meth
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 

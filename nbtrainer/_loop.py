@@ -24,7 +24,6 @@ from typing import Any, Iterator
 import torch
 
 from nbtrainer._batch import batch_size_of, move_to_device
-from nbtrainer._events import Progress
 from nbtrainer._metrics import exact_add
 
 Tensor = torch.Tensor

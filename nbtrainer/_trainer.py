@@ -428,17 +428,7 @@ class Trainer:
         return autocast(self.precision, self.device)
 
     def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"The loss is a {type(loss).__name__}, not a tensor. The criterion / compute_loss must "
-                            "return a scalar torch.Tensor.")
-        if loss.ndim != 0:
-            raise ValueError(f"The loss has shape {tuple(loss.shape)}; it must be a scalar. Use reduction='mean' "
-                             "(or 'sum') in the criterion, or reduce it in compute_loss.")
-        if not loss.requires_grad:
-            frozen = not any(p.requires_grad for p in self.model.parameters())
-            why = ("every parameter of the model has requires_grad=False (unfreeze some)" if frozen else
-                   "it was computed without autograd (torch.no_grad / inference_mode / .detach() in the model or criterion)")
-            raise RuntimeError(f"The loss has no grad_fn: {why}. Nothing can be trained from it.")
+        _validate.check_loss(self, loss, "training", needs_grad=True)
 
     def _first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
         """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""

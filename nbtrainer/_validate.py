@@ -395,7 +395,8 @@ def _trainer_cls() -> Any:
     return Trainer
 
 
-def check_loss(trainer: Any, loss: Any, where: str) -> None:
+def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False) -> None:
+    """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
     if loss is None:
         return
     if not isinstance(loss, torch.Tensor):
@@ -403,7 +404,12 @@ def check_loss(trainer: Any, loss: Any, where: str) -> None:
                         "must return a scalar torch.Tensor (don't call .item() on it).")
     if loss.ndim != 0:
         raise ValueError(f"The {where} loss has shape {tuple(loss.shape)}; it must be a scalar. Use "
-                         "reduction='mean' in the criterion, or reduce it in compute_loss.")
+                         "reduction='mean' (or 'sum') in the criterion, or reduce it in compute_loss.")
+    if needs_grad and not loss.requires_grad:
+        frozen = not any(p.requires_grad for p in trainer.model.parameters())
+        why = ("every parameter of the model has requires_grad=False (unfreeze some)" if frozen else
+               "it was computed without autograd (torch.no_grad / inference_mode / .detach() in the model or criterion)")
+        raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
 
 
 def check_val_loader(trainer: Any, val_loader: Any) -> None:

@@ -328,7 +328,7 @@ def _no_grad_loss(model, batch):
         return nn.functional.cross_entropy(model(batch[0]), batch[1])
 
 
-case("43-loss-no-grad", RuntimeError, "The loss has no grad_fn", "torch.no_grad")(
+case("43-loss-no-grad", RuntimeError, "training loss has no grad_fn", "torch.no_grad")(
     lambda e: e.trainer(compute_loss=_no_grad_loss).fit(_loader(), epochs=1))
 case("44-loss-python-float", TypeError, "loss is a float, not a tensor", "scalar torch.Tensor")(
     lambda e: e.trainer(compute_loss=lambda m, b: float(nn.functional.cross_entropy(m(b[0]), b[1]))).fit(_loader(), epochs=1))
