@@ -14,17 +14,16 @@ JupyterLab on the quickstart notebook, and that notebook must exist.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import tomllib
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
+from _venvs import clean_env as _clean_env, make_overlay_venv, run as _run
 
 REPO = Path(__file__).resolve().parents[1]
 BINDER = REPO / "binder"
@@ -103,34 +102,6 @@ def test_readme_has_binder_badge_to_quickstart_in_lab() -> None:
 
 # -- the install, as repo2docker does it -------------------------------------------------------
 
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    env.update(PYTHONNOUSERSITE="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    return env
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
-            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
-        )
-    return proc
-
-
-def _overlay_venv(path: Path) -> tuple[Path, Path]:
-    """Fresh venv without pip whose sys.path ends with the dev venv's site-packages (via a .pth file)."""
-    _run([sys.executable, "-m", "venv", "--without-pip", str(path)], cwd=path.parent)
-    py = path / "bin" / "python"
-    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=path.parent).stdout.strip())
-    paths = sysconfig.get_paths()
-    dev = dict.fromkeys([paths["purelib"], paths["platlib"]])
-    (site / "zz_nbtrainer_dev_site.pth").write_text("\n".join(dev) + "\n")
-    return py, site
-
-
 @pytest.mark.slow
 def test_binder_requirements_install_the_project(tmp_path: Path) -> None:
     kept = []
@@ -143,7 +114,7 @@ def test_binder_requirements_install_the_project(tmp_path: Path) -> None:
     reqs = tmp_path / "binder-requirements.txt"
     reqs.write_text("\n".join(kept) + "\n")
 
-    py, site = _overlay_venv(tmp_path / "venv")
+    py, site = make_overlay_venv(tmp_path / "venv")
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     ctrl = subprocess.run([str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(),

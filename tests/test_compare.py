@@ -11,16 +11,6 @@ from nbtrainer import StrategyComparison, compare_strategies
 from nbtrainer._compare import resolve_strategies, split_batch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: with the 2 shared cores busy, a second intra-op thread makes each op wait for a core
-    # (we measured a 32x128 Linear at 10 ms with 2 threads vs 16 us with 1).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Net(nn.Module):
     """Residual MLP: wide activations relative to its parameters (checkpointing has something to save)."""
 
@@ -170,7 +160,9 @@ def test_magic_compare_runs_from_namespace_names(tmp_path, monkeypatch, capsys):
             mine={"base": {}, "bad": {"precision": "fp8"}})
         shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 3")
         table = shell.user_ns["_nbt_compare"]
-        assert shown == [table] and table.names == ["fp32", "accum2"] and table["fp32"]["steps"] == 3
+        # with the widget layer installed the magic shows a CompareWidget of the table (else the table itself)
+        assert [getattr(obj, "comparison", obj) for obj in shown] == [table]
+        assert table.names == ["fp32", "accum2"] and table["fp32"]["steps"] == 3
         shell.run_line_magic("nbtrainer", "compare make_model None crit tl --strategies mine --epochs 1")
         table = shell.user_ns["_nbt_compare"]
         assert table["bad"]["status"] == "failed" and table["base"]["status"] == "ok"

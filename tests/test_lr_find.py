@@ -13,16 +13,6 @@ from nbtrainer import LRFinderResult, Trainer
 from nbtrainer._lr_find import suggest
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: with the 2 shared cores busy, a second intra-op thread makes each op wait for a core
-    # (we measured a 32x128 Linear at 10 ms with 2 threads vs 16 us with 1).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _regression(seed: int = 0, n: int = 256, d: int = 10):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g) * torch.linspace(0.5, 2.0, d)

@@ -14,16 +14,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
+from _venvs import clean_env as _clean_env, make_overlay_venv, run as _run
 
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("ipywidgets", "bqplot", "IPython", "tqdm.notebook")
@@ -33,43 +32,6 @@ _COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
     "test-artifacts", ".ipynb_checkpoints", "bench", "notebooks", "node_modules", ".whl",
 )
-
-
-def _clean_env() -> dict[str, str]:
-    """The environment for child interpreters: no PYTHONPATH/PYTHONHOME leaking in from the runner."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    env["PYTHONNOUSERSITE"] = "1"
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env["PIP_NO_INPUT"] = "1"
-    return env
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
-            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
-        )
-    return proc
-
-
-def _dev_site_dirs() -> list[str]:
-    paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
-
-
-def make_overlay_venv(path: Path) -> Path:
-    """A fresh venv (no pip of its own) that sees the dev venv's packages *after* its own.
-
-    Returns the new venv's python. Install into it with ``python -m pip --python <it> ...``.
-    """
-    _run([sys.executable, "-m", "venv", "--without-pip", str(path)], cwd=path.parent)
-    py = path / "bin" / "python"
-    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=path.parent).stdout.strip())
-    (site / "zz_nbtrainer_dev_site.pth").write_text("\n".join(_dev_site_dirs()) + "\n")
-    return py
 
 
 def _probe(py: Path, cwd: Path, code: str) -> dict:
@@ -115,7 +77,7 @@ def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
 
     venv = tmp_path / "venv"
-    py = make_overlay_venv(venv)
+    py, _ = make_overlay_venv(venv)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
 

@@ -13,16 +13,6 @@ from conftest import make_classification, make_loader
 from nbtrainer import Trainer, build_optimizer, freeze_parameters
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: with the 2 shared cores busy, a second intra-op thread makes each op wait for a core
-    # (we measured a 32x128 Linear at 10 ms with 2 threads vs 16 us with 1).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Blocks(nn.Module):
     """A small residual MLP with a ModuleList of identical blocks (what checkpointing finds)."""
 
