@@ -333,19 +333,28 @@ class FitLoop:
         else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
             st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss)])
         t._train_metrics.absorb(metric_vals, bss)
-        points: list[tuple[int, float, float]] = []
+        # One point per closed optimizer step: its window's sample-weighted mean loss. Windows are found
+        # from the step marks' cumulative micro-batch ends (a one-batch window is just its loss).
         base = self._pend_base
+        vals = self._open_window
+        vals.extend(zip(losses, bss))
+        first = base + n - len(vals)  # cumulative micro-batch index of vals[0]
+        points: list[tuple[int, float, float]] = []
         marks = self._step_marks
-        j = 0
-        for i, (v, b) in enumerate(zip(losses, bss)):
-            self._open_window.append((v, b))
-            cum = base + i + 1
-            while j < len(marks) and marks[j][1] <= cum:
-                step, _, lr = marks[j]
-                total = sum(bb for _, bb in self._open_window) or 1
-                points.append((step, sum(vv * bb for vv, bb in self._open_window) / total, float(lr)))
-                self._open_window = []
-                j += 1
+        lo = j = 0
+        for step, cum, lr in marks:
+            if cum > base + n:
+                break
+            hi = cum - first
+            if hi - lo == 1:
+                points.append((step, vals[lo][0], float(lr)))
+            else:
+                window = vals[lo:hi]
+                total = sum(b for _, b in window) or 1
+                points.append((step, sum(v * b for v, b in window) / total, float(lr)))
+            lo = hi
+            j += 1
+        self._open_window = vals[lo:]
         self._step_marks = marks[j:]
         self._pend_base = base + n
         # cleared in place: the epoch loop holds local aliases of these lists
