@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
+# The detection (and its NBTRAINER_FRONTEND override) is the core's, so bars and panel always agree.
+from nbtrainer import in_notebook
+
 __all__ = ["cell_id", "in_notebook"]
-
-#: ``NBTRAINER_FRONTEND=console`` / ``notebook`` overrides the detection (scripts run through a kernel, CI).
-ENV = "NBTRAINER_FRONTEND"
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (ZMQ shell: JupyterLab, Notebook, Voila, nbclient)."""
-    forced = os.environ.get(ENV, "").strip().lower()
-    if forced in ("console", "script", "headless"):
-        return False
-    if forced in ("notebook", "jupyter", "widget"):
-        return True
-    ipython_mod = sys.modules.get("IPython")
-    if ipython_mod is None:
-        return False
-    get_ipython = getattr(ipython_mod, "get_ipython", None)
-    shell = get_ipython() if get_ipython else None
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def cell_id() -> tuple[str, str] | None:
