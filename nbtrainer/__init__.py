@@ -2,7 +2,7 @@
 
 Public names are resolved lazily (PEP 562), so ``import nbtrainer`` is cheap: torch is imported when
 the first trainer name is used, and the widget layer (ipywidgets, bqplot, IPython) only when
-``TrainerWidget`` / ``ProfileCard`` are touched or ``%load_ext nbtrainer`` runs.
+``TrainerWidget`` / ``ProfileCard`` / ``CompareWidget`` are touched or ``%load_ext nbtrainer`` runs.
 
 Example:
     >>> import torch
@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "EVENTS": "nbtrainer._events",
     "seed_everything": "nbtrainer._seed",
     "precision_support": "nbtrainer._precision",
+    "in_notebook": "nbtrainer._frontend",
     "PrecisionError": "nbtrainer._precision",
     "load_checkpoint": "nbtrainer._checkpoint_io",
     "CheckpointError": "nbtrainer._checkpoint_io",
@@ -51,6 +52,7 @@ _LAZY: dict[str, str] = {
     "ParamCounts": "nbtrainer._strategies",
     "TrainerWidget": "nbtrainer.widgets",
     "ProfileCard": "nbtrainer.widgets",
+    "CompareWidget": "nbtrainer.widgets",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension", "__version__"]
@@ -93,6 +95,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._history import History
     from nbtrainer._launch import launch
     from nbtrainer._lr_find import LRFinderResult
+    from nbtrainer._frontend import in_notebook
     from nbtrainer._precision import PrecisionError, precision_support
     from nbtrainer._profile import ModelProfile, profile_model
     from nbtrainer._profile_trace import profile_training
@@ -100,4 +103,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._seed import seed_everything
     from nbtrainer._strategies import ParamCounts, build_optimizer, freeze_parameters
     from nbtrainer._trainer import Trainer
-    from nbtrainer.widgets import ProfileCard, TrainerWidget
+    from nbtrainer.widgets import CompareWidget, ProfileCard, TrainerWidget

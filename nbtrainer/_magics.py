@@ -14,7 +14,9 @@ Subcommands (``%nbtrainer help`` prints every usage):
     builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``.
 ``compare MAKE_MODEL MAKE_OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
     ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
-    or a dict of the namespace) and shows the table; stored as ``_nbt_compare``.
+    or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. With ipywidgets and
+    bqplot installed it shows a ``CompareWidget`` (table and bar charts, rows added as each strategy
+    finishes; stored as ``_nbt_compare_widget``), else the table's own HTML/text.
 ``status`` / ``stop [N] [--wait S]``
     the runs inside ``Trainer.fit`` in this kernel, and stopping them at the next optimizer step. A magic
     only runs when no cell is busy, so this reaches runs in background threads (the widget's); a run in
@@ -344,12 +346,23 @@ class NbtrainerMagics(Magics):
             done = "failed: " + str(row["reason"]) if row["status"] != "ok" else "done"
             print(f"  {row['name']}: {done}", flush=True)
 
+        try:  # the widget layer is optional: without ipywidgets/bqplot the table's own text/HTML is shown
+            from nbtrainer.widgets import CompareWidget
+        except ImportError:
+            CompareWidget = None  # noqa: N806
         print(f"Comparing {len(strategies)} strategies: {', '.join(strategies)}", flush=True)
-        table = compare_strategies(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
-                                   epochs=args.epochs, steps=args.steps, metric=metric, metrics=metrics,
-                                   device=args.device, repeats=args.repeats, on_row=progress)
+        options = dict(epochs=args.epochs, steps=args.steps, metric=metric, metrics=metrics, device=args.device,
+                       repeats=args.repeats)
+        if CompareWidget is not None:  # shown before the first strategy trains; rows and bars fill in as they come
+            widget = CompareWidget.run(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
+                                       show=self._display, on_row=progress, **options)
+            table = widget.comparison
+            self.shell.user_ns["_nbt_compare_widget"] = widget
+        else:
+            table = compare_strategies(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
+                                       on_row=progress, **options)
+            self._display(table)
         self.shell.user_ns["_nbt_compare"] = table
-        self._display(table)
         return None
 
     @staticmethod

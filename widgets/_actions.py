@@ -1,4 +1,4 @@
-"""The panel's side actions: Save checkpoint and Profile (in helper threads), and safe click handlers."""
+"""The panel's side actions: Save checkpoint, Profile and LR finder (in helper threads), and safe click handlers."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ from typing import Any
 
 __all__ = ["PanelActions"]
 
+# Actions that keep Start off while they run, with the message shown when they begin.
+_EXCLUSIVE = {"profile": "profiling one batch (runs on copies of the model)...",
+              "lrfind": "LR finder: sweeping the learning rate on the train loader (model and optimizer are "
+                        "restored afterwards)..."}
+
 
 class PanelActions:
     """Mixed into :class:`TrainerWidget` (uses its ``trainer``, ``view``, ``train_loader``, ``_run``...)."""
 
     def save_checkpoint(self, path: str | None = None) -> str:
         """Write a checkpoint (mid-run: at the next step boundary, from the training thread)."""
+        if self._lr_find_lock.locked():  # the sweep's weights are not the model's: they are put back at its end
+            raise RuntimeError("The LR finder is running: save when it has finished.")
         path = path or self.view.save_path.value
         out = self.trainer.save_checkpoint(path)
         self._notify("info", f"checkpoint saved to {out} (step {self.trainer.global_step})")
@@ -38,6 +45,37 @@ class PanelActions:
         self.view.profile_area.children = (ProfileCard(prof),)
         return prof
 
+    def lr_find(self, **kwargs: Any) -> Any:
+        """The LR range test (``Trainer.lr_find``) on the train loader, shown below the charts.
+
+        Click a point of the curve, or a "use ..." button, to set the LR control to that learning rate.
+        The model and optimizer are restored after the sweep. Runs between runs only.
+
+        Args:
+            **kwargs: ``min_lr``, ``max_lr``, ``steps``, ``smoothing``, ``diverge``, ``rule`` of
+                ``Trainer.lr_find``.
+
+        Returns:
+            The ``nbtrainer.LRFinderResult``; the chart is ``self.lr_finder`` (an ``LRFinderView``).
+        """
+        from ._lr_finder import LRFinderView
+
+        if self._run is not None and self._run.alive:
+            raise RuntimeError("The LR finder runs between runs (it trains the model, then restores it): "
+                               "stop the run or wait for it to end.")
+        if not self._lr_find_lock.acquire(blocking=False):
+            raise RuntimeError("The LR finder is already running.")
+        try:
+            result = self.trainer.lr_find(self.train_loader, **kwargs)
+        finally:
+            self._lr_find_lock.release()
+        self.lr_finder = LRFinderView(result, on_choose=self.controls.choose_lr, lr=float(self.view.lr.value))
+        self.view.lrfinder_area.children = (self.lr_finder.root,)
+        sug = "none" if result.suggestion is None else f"{result.suggestion:.2e}"
+        self._notify("info", f"LR finder: {len(result.lrs)} steps, {result.stop_reason}; suggestion {sug} "
+                             f"({result.rule}). Click the curve or a 'use' button to set the LR.")
+        return result
+
     def _guarded(self, fn: Any) -> None:
         """Click handlers: an error becomes a panel message (an exception there would be lost in a log)."""
         try:
@@ -49,11 +87,16 @@ class PanelActions:
         if name in self._busy:
             return
         self._busy.add(name)
-        button = self.view.save if name == "save" else self.view.profile
-        button.disabled = True
-        if name == "profile":
-            self.view.start.disabled = True
-            self._notify("info", "profiling one batch (runs on copies of the model)...")
+        v = self.view
+        button = {"save": v.save, "profile": v.profile, "lrfind": v.lrfind}[name]
+        exclusive = (v.start, v.profile, v.lrfind)  # Profile and the LR finder: one at a time, never with a run
+        # The sweep trains the real model: no Save (it would write the sweep's weights) and no LR control
+        # (the restore at its end would silently undo a change made meanwhile).
+        locked = (button, *(exclusive if name in _EXCLUSIVE else ()), *((v.save, v.lr) if name == "lrfind" else ()))
+        for widget in locked:
+            widget.disabled = True
+        if name in _EXCLUSIVE:
+            self._notify("info", _EXCLUSIVE[name])
 
         def target() -> None:
             try:
@@ -62,8 +105,20 @@ class PanelActions:
                 self._notify("error", f"{name} failed: {type(exc).__name__}: {exc}")
             finally:
                 self._busy.discard(name)
-                running = self._run is not None and self._run.alive
-                button.disabled = name == "profile" and running
-                self.view.start.disabled = running
+                off = (self._run is not None and self._run.alive) or bool(self._busy & _EXCLUSIVE.keys())
+                button.disabled = False
+                for widget in exclusive:
+                    widget.disabled = off
+                if name == "lrfind":
+                    v.save.disabled = "save" in self._busy
+                    v.lr.disabled = False
 
         threading.Thread(target=target, name=f"nbtrainer-{name}", daemon=True).start()
+
+    def _click_lr_find(self) -> None:
+        """The LR finder button: refused at once (a panel message) while a run is alive, else a helper thread."""
+        if self._run is not None and self._run.alive:
+            raise RuntimeError("LR finder: stop the run first (the sweep trains the model, then restores it).")
+        if "save" in self._busy:
+            raise RuntimeError("LR finder: a checkpoint is being written; try again when it is saved.")
+        self._in_background("lrfind", self.lr_find)

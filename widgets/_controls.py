@@ -75,6 +75,21 @@ class Controls:
         one_cycle = choice == "onecycle" or (choice == "keep" and isinstance(self._user_scheduler, _OneCycle))
         self.view.lr.description = "max LR" if one_cycle else "LR"
 
+    def choose_lr(self, lr: float) -> None:
+        """Set the LR from code (the LR finder) as if the slider had been moved there.
+
+        The slider is set without its handler and ``set_lr`` is called directly: if the slider already
+        showed this value there would be no change event, yet the trainer may hold another LR (a
+        schedule ran since). Idle: applied now (and Start uses the slider value); mid-run: next step.
+        """
+        lr = float(lr)
+        self._fit_lr_range(lr)
+        self._set(self.view.lr, "value", lr)
+        try:
+            self.trainer.set_lr(lr)
+        except ValueError as exc:
+            self.notify("warning", str(exc))
+
     def set_running(self, running: bool) -> None:
         self.running = running
         for w in (self.view.precision, self.view.epochs, self.view.scheduler, self.view.checkpointing):

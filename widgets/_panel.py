@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -85,6 +86,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self._detached: list[Any] = []
         self._paused_requested = False
         self._busy: set[str] = set()
+        self._lr_find_lock = threading.Lock()
+        self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
         self._display_ids: list[str] = []
         self.summary_html: str | None = None
         self.ui_updates = 0
@@ -104,6 +107,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v.stop.on_click(lambda _: self._guarded(self.stop))
         v.save.on_click(lambda _: self._in_background("save", self.save_checkpoint))
         v.profile.on_click(lambda _: self._in_background("profile", self.profile))
+        v.lrfind.on_click(lambda _: self._guarded(self._click_lr_find))
         v.set_status("idle")
         v.set_stats(None, peak_memory(trainer.device), None)
         self._cell = _frontend.cell_id()
@@ -139,6 +143,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         """Start training in a background thread (the kernel stays free for clicks)."""
         if self._run is not None and self._run.alive:
             raise RuntimeError(f"{self._label} is already running; stop() or wait() first.")
+        if self._lr_find_lock.locked():  # the sweep is training the model (and restores it when it ends)
+            raise RuntimeError("The LR finder is running; start when it has finished.")
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
@@ -238,7 +244,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v = self.view
         v.start.disabled = running
         v.pause.disabled = v.stop.disabled = not running
-        v.profile.disabled = running
+        v.profile.disabled = v.lrfind.disabled = running
         v.pause.description, v.pause.icon = "Pause", "pause"
         self._paused_requested = False
         self.controls.set_running(running)

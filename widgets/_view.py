@@ -77,8 +77,11 @@ class PanelView:
         self.save = _cls(W.Button(description="Save checkpoint", icon="save"), "nbt-save")
         self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="240px")), "nbt-save-path")
         self.profile = _cls(W.Button(description="Profile", icon="tachometer"), "nbt-profile")
-        self.buttons = _cls(W.HBox([self.start, self.pause, self.stop, self.save, self.save_path, self.profile],
-                                   layout=W.Layout(flex_flow="row wrap")), "nbt-buttons")
+        self.lrfind = _cls(W.Button(description="LR finder", icon="search",
+                                    tooltip="LR range test on the train loader; click its curve to set the LR"),
+                           "nbt-lrfind")
+        self.buttons = _cls(W.HBox([self.start, self.pause, self.stop, self.save, self.save_path, self.profile,
+                                    self.lrfind], layout=W.Layout(flex_flow="row wrap")), "nbt-buttons")
 
         self.epoch_bar = _cls(W.IntProgress(value=0, min=0, max=1, description="epoch 0/?", style=_WIDE,
                                             layout=W.Layout(width="48%")), "nbt-progress-epoch")
@@ -89,11 +92,12 @@ class PanelView:
 
         self.stats = _cls(W.HTML(), "nbt-stats")
         self.profile_area = _cls(W.VBox(), "nbt-profile-area")
+        self.lrfinder_area = _cls(W.VBox(), "nbt-lrfinder-area")
         self.messages = _cls(W.VBox(), "nbt-messages")
         self.message_log: list[tuple[str, str]] = []
         self._msg_lock = threading.Lock()
         self.root = _cls(W.VBox([self.header, self.controls, self.buttons, self.progress, charts_box, self.stats,
-                                 self.profile_area, self.messages],
+                                 self.profile_area, self.lrfinder_area, self.messages],
                                 layout=W.Layout(border="1px solid #ddd", padding="6px")), "nbt-panel")
 
     # -- text ----------------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""The panel's LR finder: the sweep's chart, choosing an LR by button or by clicking the curve, the button
+running it in a helper thread, and refusals while the model is busy (no kernel, no browser)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import bqplot as bq
+import numpy as np
+import pytest
+import torch
+
+from nbtrainer import LRFinderResult
+from nbtrainer.widgets import LRFinderView
+from widget_helpers import classes, make_widget, wait_for
+
+
+def browser_click(mark: bq.Scatter, index: int) -> None:
+    """What the front end sends when a point of a mark with ``interactions={"click": "select"}`` is clicked:
+    an ``update`` of ``selected`` to ``Uint32Array([index])``, delivered through the widget's comm handler."""
+    buf = np.array([index], dtype=np.uint32).tobytes()
+    mark._handle_msg({"content": {"data": {"method": "update", "buffer_paths": [["selected", "value"]],
+                                           "state": {"selected": {"dtype": "uint32", "shape": [1]}}}},
+                      "buffers": [memoryview(buf)]})
+
+
+def state(w) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in w.trainer.model.state_dict().items()}
+
+
+def test_lr_find_chart_suggestions_buttons_and_curve_click():
+    w = make_widget(epochs=1)
+    before, lr_before = state(w), w.trainer.lr
+    result = w.lr_find(steps=30)
+
+    assert isinstance(result, LRFinderResult) and len(result.lrs) >= 5
+    after = state(w)
+    assert all(torch.equal(before[k], after[k]) for k in before), "lr_find changed the weights"
+    assert w.trainer.lr == lr_before  # the optimizer (and its LR) restored too
+
+    view = w.lr_finder
+    assert isinstance(view, LRFinderView) and w.view.lrfinder_area.children == (view.root,)
+    assert {"nbt-lrfind", "nbt-lrfinder-area", "nbt-lrfinder", "nbt-lrfinder-chart", "nbt-lrfinder-use",
+            "nbt-lrfinder-choice"} <= classes(w.panel)
+    assert isinstance(view.line.scales["x"], bq.LogScale)
+    keep = [i for i, s in enumerate(result.smoothed) if math.isfinite(s) and math.isfinite(result.losses[i])]
+    lrs = [result.lrs[i] for i in keep]
+    np.testing.assert_allclose(view.line.x, lrs)
+    np.testing.assert_allclose(view.line.y, [result.smoothed[i] for i in keep])
+    np.testing.assert_allclose(view.raw.y, [result.losses[i] for i in keep])
+    np.testing.assert_allclose(view.points.x, lrs)  # the clickable copy of the smoothed curve
+    assert view.points.interactions.get("click") == "select"
+    rules = {k: v for k, v in result.suggestions.items() if v is not None}
+    assert rules and result.rule in rules
+    np.testing.assert_allclose(view.suggested.x, list(rules.values()))
+    assert [n.split()[0] for n in view.suggested.names] == list(rules)
+    # the marker starts at the LR control's value
+    np.testing.assert_allclose(view.marker.x, [w.view.lr.value] * 2)
+
+    for rule, lr in rules.items():  # each "use ..." button sets the control and the trainer's LR
+        button = view.use_buttons[rule]
+        assert "nbt-lrfinder-use" in button._dom_classes and rule in button.description
+        button.click()
+        assert w.view.lr.value == pytest.approx(lr) and w.trainer.lr == pytest.approx(lr)
+        assert view.chosen == pytest.approx(lr) and f"{lr:.3e}" in view.choice.value
+        np.testing.assert_allclose(view.marker.x, [lr, lr])
+
+    i = min(10, len(lrs) - 1)
+    browser_click(view.points, i)
+    assert w.view.lr.value == pytest.approx(lrs[i]) and w.trainer.lr == pytest.approx(lrs[i])
+    assert "clicked" in view.choice.value and view.points.selected is None
+    view.use_buttons[result.rule].click()
+    browser_click(view.points, i)  # the same point again is a change again
+    assert w.trainer.lr == pytest.approx(lrs[i])
+
+    # an idle control is what the next Start uses
+    w.view.scheduler.value = "constant"
+    w.start()
+    h = w.wait()
+    assert h.steps["lr"][0] == pytest.approx(lrs[i])
+
+
+class SlowLoader:
+    """The widget's loader, a little slower per batch, recording the threads that iterate it."""
+
+    def __init__(self, loader, delay: float = 0.01) -> None:
+        self.loader, self.delay = loader, delay
+        self.threads: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.threads.add(threading.current_thread().name)
+            time.sleep(self.delay)
+            yield batch
+
+
+def test_lr_find_button_runs_in_a_helper_thread_and_is_refused_mid_run():
+    w = make_widget(epochs=2, slow=0.005)
+    fast_loader = w.train_loader
+    w.train_loader = slow = SlowLoader(fast_loader)
+    w.view.lrfind.click()
+    v = w.view
+    # returned at once; the sweep (up to 100 steps, 10 ms a batch) holds Start, Save and the LR control meanwhile
+    assert v.start.disabled and v.lrfind.disabled and v.save.disabled and v.lr.disabled
+    with pytest.raises(RuntimeError, match="LR finder is running"):
+        w.start()
+    with pytest.raises(RuntimeError, match="already running"):
+        w.lr_find(steps=5)
+    wait_for(lambda: v.lrfinder_area.children and not v.lr.disabled, 120, "LR finder view")
+    assert slow.threads == {"nbtrainer-lrfind"}
+    assert not (v.start.disabled or v.lrfind.disabled or v.save.disabled or v.lr.disabled)
+    assert [m for m in v.message_log if m[0] != "info"] == []
+    assert any(text.startswith("LR finder: ") and "suggestion" in text for _, text in v.message_log)
+
+    w.train_loader = fast_loader
+    view = w.lr_finder
+    w.start()
+    try:
+        assert v.lrfind.disabled  # off while a run is alive
+        v.lrfind.click()  # a click that got through anyway (a stale front end): refused with a message
+        assert v.message_log[-1][0] == "error" and "stop the run first" in v.message_log[-1][1]
+        with pytest.raises(RuntimeError, match="between runs"):
+            w.lr_find(steps=5)
+        assert w.lr_finder is view and v.lrfinder_area.children == (view.root,)
+    finally:
+        w.stop()
+        w.wait()
+    assert not v.lrfind.disabled

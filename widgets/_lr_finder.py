@@ -1,0 +1,136 @@
+"""``LRFinderView``: an ``LRFinderResult`` as an interactive chart; clicking the curve picks the LR.
+
+The smoothed loss is drawn twice: as a line (what the eye follows) and as small clickable points. bqplot
+0.13 only lets Scatter/Bars marks react to clicks (a Lines mark can only show a tooltip), so the points
+carry ``interactions={"click": "select"}``: a click in the browser sets the mark's ``selected`` trait
+to ``[index]`` and that change is what picks the LR. Buttons offer each rule's suggestion for users who
+would rather not aim at a 6-pixel point.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Callable
+
+import bqplot as bq
+import ipywidgets as W
+import numpy as np
+
+__all__ = ["LRFinderView"]
+
+RULE_COLORS = {"valley": "#d62728", "steepest": "#2ca02c", "minimum/10": "#9467bd"}
+_MARGIN = {"top": 20, "bottom": 45, "left": 60, "right": 15}
+
+
+def _y_range(smoothed: list[float]) -> tuple[float, float]:
+    """From the minimum to the plateau before it (as ``LRFinderResult.to_svg``): the divergence is clipped."""
+    i_min = int(np.argmin(smoothed))
+    lo, hi = smoothed[i_min], max(smoothed[: i_min + 1])
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        hi = lo + max(1e-3, abs(lo) * 0.1)
+    pad = (hi - lo) * 0.08
+    return lo - pad, hi + 3 * pad
+
+
+class LRFinderView:
+    """The LR range test's curve; click a point (or a "use ..." button) to choose the learning rate.
+
+    Args:
+        result: an ``LRFinderResult`` (from ``Trainer.lr_find`` or ``TrainerWidget.lr_find``).
+        on_choose: called with the chosen LR (the panel passes its LR control's setter).
+        lr: the LR marked on the chart at first (e.g. the current one).
+
+    Example:
+        >>> view = LRFinderView(trainer.lr_find(train_loader, steps=50), on_choose=trainer.set_lr)  # doctest: +SKIP
+        >>> view                    # in a notebook: the chart; click it, then view.chosen  # doctest: +SKIP
+    """
+
+    def __init__(self, result: Any, on_choose: Callable[[float], None] | None = None,
+                 lr: float | None = None) -> None:
+        self.result, self.on_choose = result, on_choose
+        self.chosen: float | None = None
+        pts = [(x, r, s) for x, r, s in zip(result.lrs, result.losses, result.smoothed)
+               if x > 0 and math.isfinite(s) and math.isfinite(r)]
+        self.lrs = np.array([p[0] for p in pts], dtype=float)
+        self.smoothed = np.array([p[2] for p in pts], dtype=float)
+        y_lo, y_hi = _y_range(list(self.smoothed)) if pts else (0.0, 1.0)
+        self._y = (y_lo, y_hi)
+        sx, sy = bq.LogScale(), bq.LinearScale(min=y_lo, max=y_hi)
+        scales = {"x": sx, "y": sy}
+        self.raw = bq.Lines(x=self.lrs, y=np.array([p[1] for p in pts], dtype=float), scales=scales,
+                            colors=["#9ecae1"], opacities=[0.6], stroke_width=1, labels=["loss"])
+        self.line = bq.Lines(x=self.lrs, y=self.smoothed, scales=scales, colors=["#1f77b4"], stroke_width=2,
+                             labels=["smoothed loss"])
+        tooltip = bq.Tooltip(fields=["x", "y"], formats=[".2e", ".4g"], labels=["lr", "smoothed loss"])
+        self.points = bq.Scatter(x=self.lrs, y=self.smoothed, scales=scales, colors=["#1f77b4"], default_size=36,
+                                 opacities=[0.5], interactions={"click": "select", "hover": "tooltip"},
+                                 tooltip=tooltip)
+        rules = [(k, v) for k, v in result.suggestions.items() if v is not None and math.isfinite(v) and v > 0]
+        self.suggested = bq.Scatter(x=np.array([v for _, v in rules], dtype=float),
+                                    y=np.array([self._loss_at(v) for _, v in rules], dtype=float), scales=scales,
+                                    colors=[RULE_COLORS.get(k, "#555") for k, _ in rules] or ["#555"],
+                                    marker="diamond", default_size=90, names=[f"{k} {v:.1e}" for k, v in rules],
+                                    display_names=True)
+        self.marker = bq.Lines(x=np.empty(0), y=np.empty(0), scales=scales, colors=["#444"], line_style="dashed",
+                               stroke_width=1.5)
+        axes = [bq.Axis(scale=sx, label="learning rate", tick_format=".0e"),
+                bq.Axis(scale=sy, side="left", label="loss", tick_format=".3g", num_ticks=5)]
+        self.figure = bq.Figure(marks=[self.raw, self.line, self.points, self.suggested, self.marker], axes=axes,
+                                fig_margin=dict(_MARGIN), animation_duration=0,
+                                layout=W.Layout(width="100%", max_width="720px", height="300px"))
+        self.figure.add_class("nbt-lrfinder-chart")
+        self.use_buttons: dict[str, W.Button] = {}
+        for rule, value in rules:
+            b = W.Button(description=f"use {rule} {value:.1e}", tooltip=f"set the LR to the {rule} suggestion",
+                         layout=W.Layout(width="auto"))
+            b.add_class("nbt-lrfinder-use")
+            b.on_click(lambda _, v=value, r=rule: self.choose(v, r))
+            self.use_buttons[rule] = b
+        sug = result.suggestion
+        self.head = W.HTML(f"<b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
+                           f"{html.escape(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
+                           f"<b>{'none' if sug is None else f'{sug:.2e}'}</b> · model and optimizer restored. "
+                           "<span style='color:#666'>Click the curve to set the learning rate.</span>")
+        self.choice = W.HTML()
+        self.choice.add_class("nbt-lrfinder-choice")
+        self.root = W.VBox([self.head, self.figure, W.HBox(list(self.use_buttons.values()),
+                                                           layout=W.Layout(flex_flow="row wrap")), self.choice])
+        self.root.add_class("nbt-lrfinder")
+        self.points.observe(self._on_select, "selected")
+        if lr is not None:
+            self._mark(float(lr), "current LR")
+
+    def _loss_at(self, lr: float) -> float:
+        """The smoothed loss at ``lr``, interpolated on the log axis (``minimum/10`` is between points)."""
+        if not len(self.lrs):
+            return math.nan
+        return float(np.interp(math.log10(lr), np.log10(self.lrs), self.smoothed))
+
+    def _mark(self, lr: float, what: str) -> None:
+        with self.marker.hold_sync():
+            self.marker.x, self.marker.y = np.array([lr, lr]), np.array(self._y)
+        self.choice.value = f"<span style='font-size:12px'>{html.escape(what)}: <b>{lr:.3e}</b></span>"
+
+    def choose(self, lr: float, source: str = "chosen") -> None:
+        """Pick ``lr``: mark it on the chart, show it, and hand it to ``on_choose``."""
+        lr = float(lr)
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning rate must be a positive number, got {lr!r}")
+        self.chosen = lr
+        self._mark(lr, f"learning rate set ({source})")
+        if self.on_choose is not None:
+            self.on_choose(lr)
+
+    def _on_select(self, change: Any) -> None:
+        """A click on a point (the front end set ``selected``): choose that point's LR."""
+        picked = change["new"]
+        if picked is None or len(picked) == 0:
+            return
+        i = int(picked[-1])
+        self.points.selected = None  # so that clicking the same point again is a change again
+        if 0 <= i < len(self.lrs):
+            self.choose(float(self.lrs[i]), "clicked on the curve")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.root._repr_mimebundle_(**kwargs)
