@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
 
 import pytest
 import torch
@@ -40,3 +42,38 @@ def classification():
 
 def accuracy(outputs, targets):
     return (outputs.argmax(dim=1) == targets).float().mean()
+
+
+@pytest.fixture(scope="module")
+def _shell_instance(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The IPython InteractiveShell singleton, created with a temp IPYTHONDIR and in-memory history; when this
+    module created it, it is cleared afterwards and the interpreter hooks it replaced are restored."""
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    existed = InteractiveShell.initialized()
+    hooks = (sys.displayhook, sys.excepthook)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    try:
+        yield InteractiveShell.instance(config=cfg)
+    finally:
+        if not existed:
+            InteractiveShell.clear_instance()
+            sys.displayhook, sys.excepthook = hooks
+        mp.undo()
+
+
+@pytest.fixture
+def shell(_shell_instance: Any) -> Any:
+    """A real InteractiveShell with ``%load_ext nbtrainer`` done; unloaded and the namespace cleaned after."""
+    sh = _shell_instance
+    before = set(sh.user_ns)
+    sh.run_line_magic("load_ext", "nbtrainer")
+    yield sh
+    sh.run_line_magic("unload_ext", "nbtrainer")
+    for name in set(sh.user_ns) - before:
+        sh.user_ns.pop(name, None)

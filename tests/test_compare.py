@@ -133,51 +133,33 @@ def test_steps_mode_presets_and_split():
     assert [p["y"].tolist() for p in parts] == [[0, 1, 2], [3, 4]] and parts[1]["tag"] == "t"
 
 
-def test_magic_compare_runs_from_namespace_names(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("IPython")
-    import sys
-
+def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     from IPython.core.error import UsageError
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
 
-    existed = InteractiveShell.initialized()
-    hooks = (sys.displayhook, sys.excepthook)
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
-    cfg = Config()
-    cfg.HistoryManager.hist_file = ":memory:"
-    shell = InteractiveShell.instance(config=cfg)
+    from nbtrainer import _magics
+
     shown = []
-    try:
-        shell.run_line_magic("load_ext", "nbtrainer")
-        from nbtrainer import _magics
-
-        monkeypatch.setattr(_magics.NbtrainerMagics, "_display", lambda self, obj: shown.append(obj))
-        x, y = make_classification(n=64)
-        shell.user_ns.update(
-            make_model=lambda: Net(hidden=16), make_opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-            crit=nn.CrossEntropyLoss(), tl=make_loader(x, y, batch_size=16), vl=make_loader(x, y, batch_size=64),
-            mine={"base": {}, "bad": {"precision": "fp8"}})
-        shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 3")
-        table = shell.user_ns["_nbt_compare"]
-        # with the widget layer installed the magic shows a CompareWidget of the table (else the table itself)
-        assert [getattr(obj, "comparison", obj) for obj in shown] == [table]
-        assert table.names == ["fp32", "accum2"] and table["fp32"]["steps"] == 3
-        shell.run_line_magic("nbtrainer", "compare make_model None crit tl --strategies mine --epochs 1")
-        table = shell.user_ns["_nbt_compare"]
-        assert table["bad"]["status"] == "failed" and table["base"]["status"] == "ok"
-        out = capsys.readouterr().out
-        assert "Comparing 2 strategies" in out and "bad: failed" in out
-        for line in ("compare make_model make_opt crit tl --steps 0",
-                     "compare make_model make_opt crit tl --steps 2 --epochs 1",
-                     "compare make_model make_opt crit tl --strategies fp64",
-                     "compare crit make_opt crit tl"):
-            with pytest.raises(UsageError):
-                shell.run_line_magic("nbtrainer", line)
-        shell.run_line_magic("nbtrainer", "help")
-        assert "%nbtrainer compare" in capsys.readouterr().out
-    finally:
-        shell.run_line_magic("unload_ext", "nbtrainer")
-        if not existed:
-            InteractiveShell.clear_instance()
-            sys.displayhook, sys.excepthook = hooks
+    monkeypatch.setattr(_magics.NbtrainerMagics, "_display", lambda self, obj: shown.append(obj))
+    x, y = make_classification(n=64)
+    shell.user_ns.update(
+        make_model=lambda: Net(hidden=16), make_opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        crit=nn.CrossEntropyLoss(), tl=make_loader(x, y, batch_size=16), vl=make_loader(x, y, batch_size=64),
+        mine={"base": {}, "bad": {"precision": "fp8"}})
+    shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 3")
+    table = shell.user_ns["_nbt_compare"]
+    # with the widget layer installed the magic shows a CompareWidget of the table (else the table itself)
+    assert [getattr(obj, "comparison", obj) for obj in shown] == [table]
+    assert table.names == ["fp32", "accum2"] and table["fp32"]["steps"] == 3
+    shell.run_line_magic("nbtrainer", "compare make_model None crit tl --strategies mine --epochs 1")
+    table = shell.user_ns["_nbt_compare"]
+    assert table["bad"]["status"] == "failed" and table["base"]["status"] == "ok"
+    out = capsys.readouterr().out
+    assert "Comparing 2 strategies" in out and "bad: failed" in out
+    for line in ("compare make_model make_opt crit tl --steps 0",
+                 "compare make_model make_opt crit tl --steps 2 --epochs 1",
+                 "compare make_model make_opt crit tl --strategies fp64",
+                 "compare crit make_opt crit tl"):
+        with pytest.raises(UsageError):
+            shell.run_line_magic("nbtrainer", line)
+    shell.run_line_magic("nbtrainer", "help")
+    assert "%nbtrainer compare" in capsys.readouterr().out

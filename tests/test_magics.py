@@ -19,46 +19,11 @@ import torch
 pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 import nbtrainer  # noqa: E402
 from nbtrainer import _doctor, _magics  # noqa: E402
 from nbtrainer._precision import PRECISIONS, precision_support  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def _shell_instance(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The InteractiveShell singleton, created with a temp IPYTHONDIR and in-memory history; when this
-    module created it, it is cleared afterwards and the interpreter hooks it replaced are restored."""
-    import sys
-
-    from traitlets.config import Config
-
-    existed = InteractiveShell.initialized()
-    hooks = (sys.displayhook, sys.excepthook)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-    cfg = Config()
-    cfg.HistoryManager.hist_file = ":memory:"
-    try:
-        yield InteractiveShell.instance(config=cfg)
-    finally:
-        if not existed:
-            InteractiveShell.clear_instance()
-            sys.displayhook, sys.excepthook = hooks
-        mp.undo()
-
-
-@pytest.fixture
-def shell(_shell_instance: Any) -> Any:
-    sh = _shell_instance
-    before = set(sh.user_ns)
-    sh.run_line_magic("load_ext", "nbtrainer")
-    yield sh
-    sh.run_line_magic("unload_ext", "nbtrainer")
-    for name in set(sh.user_ns) - before:
-        sh.user_ns.pop(name, None)
 
 
 def nbt(sh: Any, line: str) -> Any:

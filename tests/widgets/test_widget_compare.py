@@ -100,27 +100,6 @@ def test_run_adds_each_row_as_it_is_measured(data):
     assert w.table.value == w.comparison._repr_html_() and "comparing" not in w.status.value
 
 
-@pytest.fixture
-def shell(tmp_path, monkeypatch):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    existed = InteractiveShell.initialized()
-    hooks = (sys.displayhook, sys.excepthook)
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
-    cfg = Config()
-    cfg.HistoryManager.hist_file = ":memory:"
-    sh = InteractiveShell.instance(config=cfg)
-    sh.run_line_magic("load_ext", "nbtrainer")
-    try:
-        yield sh
-    finally:
-        sh.run_line_magic("unload_ext", "nbtrainer")
-        if not existed:
-            InteractiveShell.clear_instance()
-            sys.displayhook, sys.excepthook = hooks
-
-
 def test_magic_compare_shows_the_widget_or_the_table_without_widgets(shell, data, monkeypatch, capsys):
     from nbtrainer import _magics
 
