@@ -191,7 +191,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.trainer.resume()
         self.view.pause.description, self.view.pause.icon = "Pause", "pause"
 
-    def stop(self, reason: str = "stopped from the panel") -> None:
+    def stop(self, reason: str = "Stop pressed in the panel") -> None:
         """Stop at the next optimizer step (also when paused); ``wait()`` then returns the History."""
         run = self._run
         if run is not None and run.alive:

@@ -74,7 +74,8 @@ def test_panel_in_voila_start_live_updates_stop(voila_server, page, screenshot, 
     # Stop: "stopped" within a few seconds, and nothing grows any more
     page.locator("button.nbt-stop").click()
     clicked = time.monotonic()
-    page.locator(".nbt-status", has_text="stopped").wait_for(timeout=STOP_WITHIN_S * 1000)
+    # the badge itself (its class names the status), not the detail text beside it
+    page.locator(".nbt-status .nbt-status-stopped").wait_for(timeout=STOP_WITHIN_S * 1000)
     took = time.monotonic() - clicked
     print(f"\nstatus 'stopped' {took:.2f} s after the click; test ran {time.monotonic() - t0:.1f} s")
     settled = global_step(page)
