@@ -15,14 +15,12 @@ Example:
     2
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
-# name -> module that defines it
+# name -> module that defines it (resolved on first use, PEP 562)
 _LAZY: dict[str, str] = {
     "Trainer": "nbtrainer._trainer",
     "History": "nbtrainer._history",
@@ -50,52 +48,97 @@ _LAZY: dict[str, str] = {
     "build_optimizer": "nbtrainer._strategies",
     "freeze_parameters": "nbtrainer._strategies",
     "ParamCounts": "nbtrainer._strategies",
+    "format_number": "nbtrainer._format",
+    "format_lr": "nbtrainer._format",
+    "format_count": "nbtrainer._format",
+    "format_bytes": "nbtrainer._format",
+    "format_duration": "nbtrainer._format",
     "TrainerWidget": "nbtrainer.widgets",
     "ProfileCard": "nbtrainer.widgets",
     "CompareWidget": "nbtrainer.widgets",
 }
 
-__all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension", "__version__"]
+__all__ = [
+    "DDP",
+    "EVENTS",
+    "Callback",
+    "CheckpointError",
+    "CompareWidget",
+    "EarlyStopping",
+    "History",
+    "LRFinderResult",
+    "LRMonitor",
+    "ModelCheckpoint",
+    "ModelProfile",
+    "ParamCounts",
+    "PrecisionError",
+    "ProfileCard",
+    "Progress",
+    "ProgressBar",
+    "StrategyComparison",
+    "Trainer",
+    "TrainerWidget",
+    "__version__",
+    "build_optimizer",
+    "compare_strategies",
+    "format_bytes",
+    "format_count",
+    "format_duration",
+    "format_lr",
+    "format_number",
+    "freeze_parameters",
+    "in_notebook",
+    "launch",
+    "load_checkpoint",
+    "load_ipython_extension",
+    "precision_support",
+    "profile_model",
+    "profile_training",
+    "seed_everything",
+    "unload_ipython_extension",
+]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbtrainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value  # cache: next access is a plain attribute lookup
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # Only the public names (tab completion, help()): not the helpers this module imports for itself.
+    return sorted(__all__)
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: _typing.Any) -> None:
     """``%load_ext nbtrainer``: register the ``%nbtrainer`` line magic."""
     from nbtrainer import _magics
 
     _magics.load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: _typing.Any) -> None:
     """``%unload_ext nbtrainer``: remove the ``%nbtrainer`` magic."""
     from nbtrainer import _magics
 
     _magics.unload(ipython)
 
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
     from nbtrainer._compare import StrategyComparison, compare_strategies
     from nbtrainer._distributed import DDP
     from nbtrainer._events import EVENTS, Progress
+    from nbtrainer._format import format_bytes, format_count, format_duration, format_lr, format_number
+    from nbtrainer._frontend import in_notebook
     from nbtrainer._history import History
     from nbtrainer._launch import launch
     from nbtrainer._lr_find import LRFinderResult
-    from nbtrainer._frontend import in_notebook
     from nbtrainer._precision import PrecisionError, precision_support
     from nbtrainer._profile import ModelProfile, profile_model
     from nbtrainer._profile_trace import profile_training

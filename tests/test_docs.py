@@ -7,8 +7,18 @@ import importlib
 
 import pytest
 
-MODULES = ["nbtrainer", "nbtrainer._trainer", "nbtrainer._history", "nbtrainer._callbacks", "nbtrainer._checkpoint_cb",
-           "nbtrainer._checkpoint_io", "nbtrainer._seed", "nbtrainer._precision", "nbtrainer._events"]
+MODULES = [
+    "nbtrainer",
+    "nbtrainer._trainer",
+    "nbtrainer._history",
+    "nbtrainer._callbacks",
+    "nbtrainer._checkpoint_cb",
+    "nbtrainer._checkpoint_io",
+    "nbtrainer._seed",
+    "nbtrainer._precision",
+    "nbtrainer._events",
+    "nbtrainer._format",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
