@@ -54,13 +54,27 @@ def main() -> int:
     t_start = time.time()
 
     seeds = list(range(100, 100 + args.trials))
-    refs = [{"seed": s, "dir": os.path.join(root, f"ref-ckpt-{s}"), "out": os.path.join(root, f"ref-{s}.pt")}
-            for s in seeds]
+    refs = [
+        {"seed": s, "dir": os.path.join(root, f"ref-ckpt-{s}"), "out": os.path.join(root, f"ref-{s}.pt")} for s in seeds
+    ]
     subprocess.run([sys.executable, WORKER, "--jobs", json.dumps(refs)], check=True, capture_output=True)
     # how long the training part of one slowed-down run takes (kills are drawn over this span)
-    probe = subprocess.Popen([sys.executable, WORKER, "--seed", str(seeds[0]), "--dir", os.path.join(root, "probe"),
-                              "--out", os.path.join(root, "p.pt"), "--step-sleep", str(args.step_sleep)],
-                             stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen(
+        [
+            sys.executable,
+            WORKER,
+            "--seed",
+            str(seeds[0]),
+            "--dir",
+            os.path.join(root, "probe"),
+            "--out",
+            os.path.join(root, "p.pt"),
+            "--step-sleep",
+            str(args.step_sleep),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     probe.stdout.readline()
     t0 = time.time()
     probe.wait()
@@ -69,8 +83,18 @@ def main() -> int:
     rows = []
     for i, seed in enumerate(seeds):
         d = os.path.join(root, f"run-{seed}")
-        cmd = [sys.executable, WORKER, "--seed", str(seed), "--dir", d, "--out", os.path.join(root, "never.pt"),
-               "--step-sleep", str(args.step_sleep)]
+        cmd = [
+            sys.executable,
+            WORKER,
+            "--seed",
+            str(seed),
+            "--dir",
+            d,
+            "--out",
+            os.path.join(root, "never.pt"),
+            "--step-sleep",
+            str(args.step_sleep),
+        ]
         for attempt in range(4):  # a run that finished before its kill is drawn again (it was not killed)
             shutil.rmtree(d, ignore_errors=True)
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -86,8 +110,16 @@ def main() -> int:
         stray = [f for f in os.listdir(d) if f.endswith(".tmp")] if os.path.isdir(d) else []
         out = os.path.join(root, f"resumed-{seed}.pt")
         res = subprocess.run(_job(seed=seed, dir=d, out=out, resume=had_ckpt), capture_output=True, text=True)
-        row = {"seed": seed, "kill_after_s": round(delay, 3), "killed": killed, "resumed_from_checkpoint": had_ckpt,
-               "temp_files_at_kill": len(stray), "resume_ok": res.returncode == 0, "identical": False, "error": None}
+        row = {
+            "seed": seed,
+            "kill_after_s": round(delay, 3),
+            "killed": killed,
+            "resumed_from_checkpoint": had_ckpt,
+            "temp_files_at_kill": len(stray),
+            "resume_ok": res.returncode == 0,
+            "identical": False,
+            "error": None,
+        }
         if res.returncode != 0:
             row["error"] = res.stderr.strip().splitlines()[-1][:300] if res.stderr.strip() else f"rc={res.returncode}"
         else:
@@ -100,9 +132,12 @@ def main() -> int:
                 row["error"] = str(exc)[:300]
             row["temp_files_after_resume"] = len([f for f in os.listdir(d) if f.endswith(".tmp")])
         rows.append(row)
-        print(f"[{i + 1:2d}/{len(seeds)}] seed={seed} kill@{delay:.2f}s killed={killed} "
-              f"from_ckpt={had_ckpt} stray_tmp={len(stray)} resumed={row['resume_ok']} identical={row['identical']}"
-              + (f" error={row['error']}" if row["error"] else ""), flush=True)
+        print(
+            f"[{i + 1:2d}/{len(seeds)}] seed={seed} kill@{delay:.2f}s killed={killed} "
+            f"from_ckpt={had_ckpt} stray_tmp={len(stray)} resumed={row['resume_ok']} identical={row['identical']}"
+            + (f" error={row['error']}" if row["error"] else ""),
+            flush=True,
+        )
 
     summary = {
         "trials": len(rows),
@@ -115,7 +150,8 @@ def main() -> int:
         "temp_files_after_resume": sum(r.get("temp_files_after_resume", 0) for r in rows),
         "run_span_s": round(span, 2),
         "wall_s": round(time.time() - t_start, 1),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU" if not torch.cuda.is_available()
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU"
+        if not torch.cuda.is_available()
         else torch.cuda.get_device_name(0),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }

@@ -28,19 +28,27 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import nbtrainer  # noqa: E402
-from nbtrainer import Trainer  # noqa: E402
+import nbtrainer
+from nbtrainer import Trainer
 
 
 def make_model(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                             nn.Linear(512, 10))
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
     if name == "cnn":
-        return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(32 * 7 * 7, 10))
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 10),
+        )
     raise ValueError(name)
 
 
@@ -55,27 +63,47 @@ def worker(model_name: str, samples: int, global_batch: int, epochs: int, device
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = make_model(model_name)
     loader = torch.utils.data.DataLoader(dataset(samples), batch_size=global_batch // world, shuffle=True)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                      progress=False, seed=0, device=device, strategy=strategy, timing_every=0)
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        progress=False,
+        seed=0,
+        device=device,
+        strategy=strategy,
+        timing_every=0,
+    )
     t0 = time.perf_counter()
     history = trainer.fit(loader, epochs=epochs)
     wall = time.perf_counter() - t0
     times = [e["time"] for e in history.epochs]
-    return {"rank": trainer.strategy.rank, "world": trainer.strategy.world_size,
-            "strategy": type(trainer.strategy).__name__, "backend": getattr(trainer.strategy, "backend", None),
-            "device": str(trainer.device), "epoch_times": times, "wall": wall, "threads": torch.get_num_threads(),
-            "loss": history.epochs[-1]["loss"], "batches_per_rank": trainer.progress.batches}
+    return {
+        "rank": trainer.strategy.rank,
+        "world": trainer.strategy.world_size,
+        "strategy": type(trainer.strategy).__name__,
+        "backend": getattr(trainer.strategy, "backend", None),
+        "device": str(trainer.device),
+        "epoch_times": times,
+        "wall": wall,
+        "threads": torch.get_num_threads(),
+        "loss": history.epochs[-1]["loss"],
+        "batches_per_rank": trainer.progress.batches,
+    }
 
 
 def configs(device: str) -> list[dict]:
     if device == "cpu":
         cores = os.cpu_count() or 2
-        return [{"name": "1 proc x 1 thread", "nprocs": 1, "threads": 1, "strategy": "auto"},
-                {"name": f"1 proc x {cores} threads", "nprocs": 1, "threads": cores, "strategy": "auto"},
-                {"name": f"{cores} procs x 1 thread (DDP gloo)", "nprocs": cores, "threads": 1, "strategy": "auto"}]
+        return [
+            {"name": "1 proc x 1 thread", "nprocs": 1, "threads": 1, "strategy": "auto"},
+            {"name": f"1 proc x {cores} threads", "nprocs": 1, "threads": cores, "strategy": "auto"},
+            {"name": f"{cores} procs x 1 thread (DDP gloo)", "nprocs": cores, "threads": 1, "strategy": "auto"},
+        ]
     gpus = torch.cuda.device_count()  # does not initialise CUDA (launch forks)
-    out = [{"name": "1 GPU, single device", "nprocs": 1, "threads": None, "strategy": "single"},
-           {"name": "1 GPU, DDP world size 1 (NCCL)", "nprocs": 1, "threads": None, "strategy": "ddp"}]
+    out = [
+        {"name": "1 GPU, single device", "nprocs": 1, "threads": None, "strategy": "single"},
+        {"name": "1 GPU, DDP world size 1 (NCCL)", "nprocs": 1, "threads": None, "strategy": "ddp"},
+    ]
     if gpus > 1:
         out.append({"name": f"{gpus} GPUs, DDP (NCCL)", "nprocs": gpus, "threads": None, "strategy": "auto"})
     return out
@@ -96,43 +124,73 @@ def main() -> None:
         args.rounds, args.epochs, args.samples = 1, 3, 4096
     if args.device == "cuda" and args.samples == 8192:
         args.samples = 65536
-    results: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                                 "device": args.device, "loadavg_start": os.getloadavg(),
-                                 "gpus": torch.cuda.device_count() if args.device == "cuda" else 0},
-                     "args": vars(args), "runs": {}}
+    results: dict = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": args.device,
+            "loadavg_start": os.getloadavg(),
+            "gpus": torch.cuda.device_count() if args.device == "cuda" else 0,
+        },
+        "args": vars(args),
+        "runs": {},
+    }
     cfgs = configs(args.device)
     for model_name in args.models:
         per_cfg: dict[str, list[float]] = {c["name"]: [] for c in cfgs}
         info: dict[str, dict] = {}
         for rnd in range(args.rounds):
-            order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]  # rotate: drift hits all alike
+            order = cfgs[rnd % len(cfgs) :] + cfgs[: rnd % len(cfgs)]  # rotate: drift hits all alike
             for cfg in order:
-                out = nbtrainer.launch(worker, model_name, args.samples, args.batch, args.epochs, args.device,
-                                       cfg["strategy"], nprocs=cfg["nprocs"], threads_per_process=cfg["threads"])
+                out = nbtrainer.launch(
+                    worker,
+                    model_name,
+                    args.samples,
+                    args.batch,
+                    args.epochs,
+                    args.device,
+                    cfg["strategy"],
+                    nprocs=cfg["nprocs"],
+                    threads_per_process=cfg["threads"],
+                )
                 r0 = out[0]
                 per_cfg[cfg["name"]].append(statistics.median(r0["epoch_times"][1:]))
-                info[cfg["name"]] = {k: r0[k] for k in ("world", "strategy", "backend", "device", "threads",
-                                                        "batches_per_rank", "loss")}
-                print(f"[{model_name}] round {rnd + 1} {cfg['name']:<34} "
-                      f"{per_cfg[cfg['name']][-1] * 1e3:8.1f} ms/epoch  ({r0['strategy']}, world {r0['world']})",
-                      flush=True)
+                info[cfg["name"]] = {
+                    k: r0[k] for k in ("world", "strategy", "backend", "device", "threads", "batches_per_rank", "loss")
+                }
+                print(
+                    f"[{model_name}] round {rnd + 1} {cfg['name']:<34} "
+                    f"{per_cfg[cfg['name']][-1] * 1e3:8.1f} ms/epoch  ({r0['strategy']}, world {r0['world']})",
+                    flush=True,
+                )
         base = statistics.median(per_cfg[cfgs[0]["name"]])
         rows = {}
         for cfg in cfgs:
             vals = per_cfg[cfg["name"]]
             med = statistics.median(vals)
-            rows[cfg["name"]] = {"ms_per_epoch": med * 1e3, "min_ms": min(vals) * 1e3, "max_ms": max(vals) * 1e3,
-                                 "samples_per_s": args.samples / med, "vs_first": med / base, **info[cfg["name"]]}
+            rows[cfg["name"]] = {
+                "ms_per_epoch": med * 1e3,
+                "min_ms": min(vals) * 1e3,
+                "max_ms": max(vals) * 1e3,
+                "samples_per_s": args.samples / med,
+                "vs_first": med / base,
+                **info[cfg["name"]],
+            }
         results["runs"][model_name] = rows
     results["machine"]["loadavg_end"] = os.getloadavg()
-    print(f"\nload average (1/5/15 min) at start {results['machine']['loadavg_start']}, "
-          f"at end {results['machine']['loadavg_end']}")
+    print(
+        f"\nload average (1/5/15 min) at start {results['machine']['loadavg_start']}, "
+        f"at end {results['machine']['loadavg_end']}"
+    )
     print("| model | configuration | ms / epoch (median) | range | samples/s | vs first row |")
     print("|---|---|---:|---:|---:|---:|")  # "vs first row": time ratio to the first configuration
     for model_name, rows in results["runs"].items():
         for name, row in rows.items():
-            print(f"| {model_name} | {name} | {row['ms_per_epoch']:.0f} | {row['min_ms']:.0f}-{row['max_ms']:.0f} | "
-                  f"{row['samples_per_s']:,.0f} | {row['vs_first']:.2f}x |")
+            print(
+                f"| {model_name} | {name} | {row['ms_per_epoch']:.0f} | {row['min_ms']:.0f}-{row['max_ms']:.0f} | "
+                f"{row['samples_per_s']:,.0f} | {row['vs_first']:.2f}x |"
+            )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

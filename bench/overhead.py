@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -64,17 +64,36 @@ def workloads(scale: float = 1.0) -> dict[str, Workload]:
         return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
     def cnn():
-        return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 10),
+        )
 
     return {
-        "tiny": Workload("tiny MLP 32-64-10, batch 32", tiny,
-                         lambda: (torch.randn(32, 32), torch.randint(0, 10, (32,))), int(3000 * scale)),
-        "medium": Workload("medium MLP 784-1024-1024-10, batch 128", medium,
-                           lambda: (torch.randn(128, 784), torch.randint(0, 10, (128,))), int(150 * scale)),
-        "cnn": Workload("small CNN 1x28x28, batch 64", cnn,
-                        lambda: (torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))), int(150 * scale)),
+        "tiny": Workload(
+            "tiny MLP 32-64-10, batch 32",
+            tiny,
+            lambda: (torch.randn(32, 32), torch.randint(0, 10, (32,))),
+            int(3000 * scale),
+        ),
+        "medium": Workload(
+            "medium MLP 784-1024-1024-10, batch 128",
+            medium,
+            lambda: (torch.randn(128, 784), torch.randint(0, 10, (128,))),
+            int(150 * scale),
+        ),
+        "cnn": Workload(
+            "small CNN 1x28x28, batch 64",
+            cnn,
+            lambda: (torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))),
+            int(150 * scale),
+        ),
     }
 
 
@@ -109,7 +128,7 @@ def run_nbtrainer(w: Workload, device: torch.device) -> float:
 def run_lightning(w: Workload, device: torch.device) -> float:
     import lightning as L
 
-    model, opt, crit = w.fresh()
+    model, _opt, crit = w.fresh()
 
     class Module(L.LightningModule):
         def __init__(self):
@@ -123,11 +142,22 @@ def run_lightning(w: Workload, device: torch.device) -> float:
         def configure_optimizers(self):
             return torch.optim.Adam(self.net.parameters(), lr=1e-3)
 
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
-        trainer = L.Trainer(max_epochs=1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
-                            logger=False, enable_checkpointing=False, enable_model_summary=False,
-                            enable_progress_bar=True, num_sanity_val_steps=0)
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=True,
+            num_sanity_val_steps=0,
+        )
         module = Module()
         start = time.perf_counter()
         trainer.fit(module, train_dataloaders=w.data)
@@ -154,7 +184,7 @@ def measure(w: Workload, names: list[str], rounds: int, device: torch.device) ->
     for n in names:  # warm-up round (allocator, lazy imports, autograd caches)
         VARIANTS[n](w, device)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             per_step[n].append(VARIANTS[n](w, device) / w.steps)
     return per_step
@@ -176,9 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     missing = [v for v in args.variants if v not in VARIANTS]
     if missing:
         raise SystemExit(f"unknown variants {missing}; known: {sorted(VARIANTS)}")
-    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
-          f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, python {platform.python_version()}")
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
+        f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
+        f"torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, python {platform.python_version()}"
+    )
     try:
         import lightning
 

@@ -31,12 +31,14 @@ def transformer(d: int, layers: int, ff: int, heads: int = 8) -> nn.Module:
 def cnn() -> nn.Module:
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
     return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                         nn.Linear(256, 10))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
 
 
 class Attention(nn.Module):
@@ -60,23 +62,32 @@ def ptflops_pytorch_backend(model: nn.Module, x: torch.Tensor) -> int | None:
 
     sink = io.StringIO()
     with redirect_stdout(sink), redirect_stderr(sink):
-        macs, _ = get_model_complexity_info(copy.deepcopy(model), tuple(x.shape[1:]), as_strings=False,
-                                            print_per_layer_stat=False, backend="pytorch")
+        macs, _ = get_model_complexity_info(
+            copy.deepcopy(model), tuple(x.shape[1:]), as_strings=False, print_per_layer_stat=False, backend="pytorch"
+        )
     return macs
 
 
 def compare_counters() -> list[tuple[str, int, int | None, int, int | None]]:
     torch.manual_seed(0)
-    cases = [("MLP 784-512-256-10", mlp(), torch.randn(1, 1, 28, 28)),
-             ("CNN 3x(conv-bn-relu-pool) 32x32", cnn(), torch.randn(1, 3, 32, 32)),
-             ("Transformer encoder d=256 L=4 seq=128", transformer(256, 4, 1024, 4), torch.randn(1, 128, 256)),
-             ("Functional attention (q@k + F.sdpa) d=256 seq=128", Attention(), torch.randn(1, 128, 256))]
+    cases = [
+        ("MLP 784-512-256-10", mlp(), torch.randn(1, 1, 28, 28)),
+        ("CNN 3x(conv-bn-relu-pool) 32x32", cnn(), torch.randn(1, 3, 32, 32)),
+        ("Transformer encoder d=256 L=4 seq=128", transformer(256, 4, 1024, 4), torch.randn(1, 128, 256)),
+        ("Functional attention (q@k + F.sdpa) d=256 seq=128", Attention(), torch.randn(1, 128, 256)),
+    ]
     rows = []
     for name, model, x in cases:
         counts = count_flops(copy.deepcopy(model), x, batch_size=1)
-        rows.append((name, counts["ptflops_macs"]["forward"]["per_batch"], ptflops_pytorch_backend(model, x),
-                     counts["flop_counter_flops"]["forward"]["per_batch"],
-                     counts["flop_counter_flops"]["forward_backward"]["per_batch"]))
+        rows.append(
+            (
+                name,
+                counts["ptflops_macs"]["forward"]["per_batch"],
+                ptflops_pytorch_backend(model, x),
+                counts["flop_counter_flops"]["forward"]["per_batch"],
+                counts["flop_counter_flops"]["forward_backward"]["per_batch"],
+            )
+        )
     return rows
 
 
@@ -109,20 +120,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch threads {torch.get_num_threads()}, CUDA {torch.cuda.is_available()}; "
-          f"python {platform.python_version()}, torch {torch.__version__}, "
-          f"ptflops {importlib.metadata.version('ptflops')}; load average {os.getloadavg()}")
-    print("\n| model | ptflops aten MACs | ptflops pytorch-backend MACs | FlopCounterMode FLOPs fwd | "
-          "2*MACs / FLOPs | FlopCounterMode FLOPs fwd+bwd |")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch threads {torch.get_num_threads()}, CUDA {torch.cuda.is_available()}; "
+        f"python {platform.python_version()}, torch {torch.__version__}, "
+        f"ptflops {importlib.metadata.version('ptflops')}; load average {os.getloadavg()}"
+    )
+    print(
+        "\n| model | ptflops aten MACs | ptflops pytorch-backend MACs | FlopCounterMode FLOPs fwd | "
+        "2*MACs / FLOPs | FlopCounterMode FLOPs fwd+bwd |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for name, macs, hook_macs, flops, fwd_bwd in compare_counters():
         hook = f"{hook_macs:,}" if hook_macs is not None else "failed"
         print(f"| {name} | {macs:,} | {hook} | {flops:,} | {2 * macs / flops:.4f} | {fwd_bwd:,} |")
     params, totals, last = time_profile(args.repeats)
-    print(f"\nprofile_model(TransformerEncoder d=512 L=8 ff=2048, {params / 1e6:.1f}M params, input 8x128x512, "
-          f"precisions fp32+bf16, all steps) over {args.repeats} runs: median {statistics.median(totals):.2f} s, "
-          f"min {min(totals):.2f} s, max {max(totals):.2f} s")
+    print(
+        f"\nprofile_model(TransformerEncoder d=512 L=8 ff=2048, {params / 1e6:.1f}M params, input 8x128x512, "
+        f"precisions fp32+bf16, all steps) over {args.repeats} runs: median {statistics.median(totals):.2f} s, "
+        f"min {min(totals):.2f} s, max {max(totals):.2f} s"
+    )
     print("per step (fastest run, s): " + ", ".join(f"{k}={v:.3f}" for k, v in last.items() if not k.startswith("_")))
     print("measured: " + ", ".join(f"{k[1:]}={v:.3f}" for k, v in last.items() if k.startswith("_")))
 

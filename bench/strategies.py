@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import platform
 import re
 import sys
@@ -32,13 +33,13 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nbtrainer import compare_strategies  # noqa: E402
+from nbtrainer import compare_strategies
 
 SIZES = {
     # ~25M parameters, 256 tokens: a BERT-small-like fine-tuning step
-    "gpu": dict(vocab=8000, d_model=512, heads=8, layers=8, seq=256, batch=32, samples=32 * 60),
+    "gpu": {"vocab": 8000, "d_model": 512, "heads": 8, "layers": 8, "seq": 256, "batch": 32, "samples": 32 * 60},
     # small enough for two shared CPU cores
-    "cpu": dict(vocab=128, d_model=128, heads=4, layers=4, seq=64, batch=16, samples=16 * 40),
+    "cpu": {"vocab": 128, "d_model": 128, "heads": 4, "layers": 4, "seq": 64, "batch": 16, "samples": 16 * 40},
 }
 
 STRATEGIES = {
@@ -55,15 +56,22 @@ ALL = {"activation_checkpointing": True, "grad_accum_steps": 4, "optimizer": "ad
 
 
 class Encoder(nn.Module):
-    def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq: int, classes: int = 2,
-                 **_: int) -> None:
+    def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq: int, classes: int = 2, **_: int) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, d_model)
         self.positions = nn.Embedding(seq, d_model)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model, dropout=0.1, activation="gelu",
-                                       batch_first=True, norm_first=True)
-            for _ in range(layers))
+            nn.TransformerEncoderLayer(
+                d_model,
+                heads,
+                dim_feedforward=4 * d_model,
+                dropout=0.1,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(layers)
+        )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, classes)
 
@@ -84,9 +92,12 @@ def make_data(cfg: dict, seed: int = 0):
     n_val = max(cfg["batch"] * 4, cfg["samples"] // 8)
     train = torch.utils.data.TensorDataset(ids[n_val:], labels[n_val:])
     val = torch.utils.data.TensorDataset(ids[:n_val], labels[:n_val])
-    return (torch.utils.data.DataLoader(train, batch_size=cfg["batch"], shuffle=True, drop_last=True,
-                                        generator=torch.Generator().manual_seed(seed)),
-            torch.utils.data.DataLoader(val, batch_size=cfg["batch"] * 2))
+    return (
+        torch.utils.data.DataLoader(
+            train, batch_size=cfg["batch"], shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+        ),
+        torch.utils.data.DataLoader(val, batch_size=cfg["batch"] * 2),
+    )
 
 
 def environment(device: torch.device) -> str:
@@ -106,21 +117,24 @@ def environment(device: torch.device) -> str:
 def write_results(path: str, kind: str, block: str) -> None:
     """Replace this device kind's subsection (### CPU / ### CUDA) of '## Strategy comparison (issue 7)'."""
     title = "## Strategy comparison (issue 7)"
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmark results\n"
+    text = pathlib.Path(path).read_text(encoding="utf-8") if os.path.exists(path) else "# Benchmark results\n"
     m = re.search(rf"^{re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
     section = m.group(1) if m else ""
     subs = dict(re.findall(r"^### (CPU|CUDA)\n(.*?)(?=^### |\Z)", section, flags=re.S | re.M))
     intro = re.split(r"^### ", section, maxsplit=1, flags=re.M)[0].strip() or (
         "`python bench/strategies.py` (nbtrainer.compare_strategies on a small transformer encoder defined in "
         "torch, random init, synthetic tokens). Every strategy starts from the same weights and sees the same "
-        "batches; accum4 splits each batch into 4 micro-batches. Step time: median after warm-up; ratios to fp32.")
+        "batches; accum4 splits each batch into 4 micro-batches. Step time: median after warm-up; ratios to fp32."
+    )
     subs[kind] = block.strip() + "\n"
     if "CUDA" not in subs:
-        subs["CUDA"] = "Pending: no GPU in the session that wrote this section; run `python bench/strategies.py " \
-                       "--write-results` on a CUDA machine.\n"
+        subs["CUDA"] = (
+            "Pending: no GPU in the session that wrote this section; run `python bench/strategies.py "
+            "--write-results` on a CUDA machine.\n"
+        )
     body = f"{title}\n\n{intro}\n\n" + "\n".join(f"### {k}\n\n{subs[k].strip()}\n" for k in ("CUDA", "CPU")) + "\n"
     if m:
-        text = text[:m.start()] + body + text[m.end():]
+        text = text[: m.start()] + body + text[m.end() :]
     else:
         text = text.rstrip("\n") + "\n\n" + body
     with open(path, "w", encoding="utf-8") as fh:
@@ -154,24 +168,38 @@ def main() -> None:
     print(f"{environment(device)}\nmodel: {params / 1e6:.2f}M params, size {size}: {cfg}", flush=True)
 
     def show(row):
-        state = row["reason"] if row["status"] != "ok" else (
-            f"{row['step_time_s'] * 1e3:.1f} ms/step, loss {row['final_loss']:.3f}")
+        state = (
+            row["reason"]
+            if row["status"] != "ok"
+            else (f"{row['step_time_s'] * 1e3:.1f} ms/step, loss {row['final_loss']:.3f}")
+        )
         print(f"  {row['name']}: {state}", flush=True)
 
     start = time.perf_counter()
-    table = compare_strategies(lambda: Encoder(**cfg), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
-                               nn.CrossEntropyLoss(), train, val, strategies, steps=args.steps,
-                               warmup=args.warmup, repeats=args.repeats, device=device, metric="val_acc",
-                               on_row=show)
+    table = compare_strategies(
+        lambda: Encoder(**cfg),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        nn.CrossEntropyLoss(),
+        train,
+        val,
+        strategies,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        device=device,
+        metric="val_acc",
+        on_row=show,
+    )
     wall = time.perf_counter() - start
     print(table)
     steps = table.settings["steps"] or f"1 epoch ({len(train)} steps)"
-    block = (f"Machine: {environment(device)}.\n"
-             f"Model: {params / 1e6:.2f}M-parameter encoder (`--size {size}`: d_model {cfg['d_model']}, "
-             f"{cfg['layers']} layers, {cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}); "
-             f"{steps} per strategy, warm-up {args.warmup}, repeats {args.repeats}; AdamW lr 1e-3 "
-             f"(adafactor lr 1e-2); {wall:.0f} s in all.\n\n"
-             + table.to_markdown() + "\n\n*" + table.memory_kind + ".")
+    block = (
+        f"Machine: {environment(device)}.\n"
+        f"Model: {params / 1e6:.2f}M-parameter encoder (`--size {size}`: d_model {cfg['d_model']}, "
+        f"{cfg['layers']} layers, {cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}); "
+        f"{steps} per strategy, warm-up {args.warmup}, repeats {args.repeats}; AdamW lr 1e-3 "
+        f"(adafactor lr 1e-2); {wall:.0f} s in all.\n\n" + table.to_markdown() + "\n\n*" + table.memory_kind + "."
+    )
     if device.type == "cuda":
         base = table["fp32"]
         checks = []

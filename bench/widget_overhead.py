@@ -29,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import overhead  # noqa: E402
+import overhead
 
 END_TO_END: dict[str, list[float]] = {}
 UI_CPU: dict[str, list[float]] = {}  # the panel's UI-thread CPU time during the run / the run's wall time
@@ -78,8 +78,7 @@ def run_widget(w, device) -> float:
 
 for _mod in {sys.modules.get("__main__"), overhead}:  # also when overhead.py is the script
     if _mod is not None and hasattr(_mod, "VARIANTS"):
-        _mod.VARIANTS.update({"headless": run_headless, "headless-thread": run_headless_thread,
-                              "widget": run_widget})
+        _mod.VARIANTS.update({"headless": run_headless, "headless-thread": run_headless_thread, "widget": run_widget})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,11 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     import ipywidgets
 
     device = torch.device("cpu")
-    print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, no GPU; torch {torch.__version__}, threads "
-          f"{torch.get_num_threads()}, python {platform.python_version()}, ipywidgets {ipywidgets.__version__}, "
-          f"bqplot {bqplot.__version__}; {args.rounds} interleaved rounds")
-    print("| workload | steps/round | headless ms/step | in a thread | widget ms/step | widget / headless | "
-          "widget / thread | end-to-end / headless | UI-thread CPU share |")
+    print(
+        f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, no GPU; torch {torch.__version__}, threads "
+        f"{torch.get_num_threads()}, python {platform.python_version()}, ipywidgets {ipywidgets.__version__}, "
+        f"bqplot {bqplot.__version__}; {args.rounds} interleaved rounds"
+    )
+    print(
+        "| workload | steps/round | headless ms/step | in a thread | widget ms/step | widget / headless | "
+        "widget / thread | end-to-end / headless | UI-thread CPU share |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     all_w = overhead.workloads(args.scale)
     for key in args.workloads:
@@ -110,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
         base, thr, wid = (statistics.median(res[k]) for k in ("headless", "headless-thread", "widget"))
         e2e = statistics.median(END_TO_END[w.name][1:])  # [0] is the warm-up round
         share = statistics.median(UI_CPU[w.name][1:])
-        print(f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr * 1e3:.4f} | {wid * 1e3:.4f} | {wid / base:.3f}x | "
-              f"{wid / thr:.3f}x | {e2e / base:.3f}x | {share:.2%} |", flush=True)
+        print(
+            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr * 1e3:.4f} | {wid * 1e3:.4f} | {wid / base:.3f}x | "
+            f"{wid / thr:.3f}x | {e2e / base:.3f}x | {share:.2%} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

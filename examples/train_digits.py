@@ -35,9 +35,18 @@ def digits_loaders(batch_size: int = 64, seed: int = 0) -> tuple[DataLoader, Dat
 
 def small_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dropout(0.2), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.2),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
     )
 
 
@@ -59,18 +68,28 @@ def main(argv: list[str] | None = None) -> int:
     train, val = digits_loaders(seed=args.seed)
     model = small_cnn()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), optimizer, metrics={"acc": accuracy},
-                      precision=args.precision, grad_accum_steps=args.accum, seed=args.seed,
-                      callbacks=[EarlyStopping("val_acc", patience=5)])
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr,
-                                                    total_steps=trainer.total_steps(train, args.epochs))
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        optimizer,
+        metrics={"acc": accuracy},
+        precision=args.precision,
+        grad_accum_steps=args.accum,
+        seed=args.seed,
+        callbacks=[EarlyStopping("val_acc", patience=5)],
+    )
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=args.lr, total_steps=trainer.total_steps(train, args.epochs)
+    )
     trainer.set_scheduler(scheduler, interval="step")
     start = time.perf_counter()
     history = trainer.fit(train, val, epochs=args.epochs)
     took = time.perf_counter() - start
     best = history.best("val_acc", mode="max")
-    print(f"\n{history.status}: {len(history)} epochs in {took:.1f} s on {trainer.device} ({trainer.precision}); "
-          f"best val_acc={best['val_acc']:.4f} at epoch {best['epoch']}, final val_acc={history.last['val_acc']:.4f}")
+    print(
+        f"\n{history.status}: {len(history)} epochs in {took:.1f} s on {trainer.device} ({trainer.precision}); "
+        f"best val_acc={best['val_acc']:.4f} at epoch {best['epoch']}, final val_acc={history.last['val_acc']:.4f}"
+    )
     return 0 if best["val_acc"] >= 0.95 else 1
 
 

@@ -14,11 +14,12 @@ Batch shapes understood by default:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["BatchSpec", "move_to_device", "batch_size_of", "concat_outputs", "loss_from_outputs"]
+__all__ = ["BatchSpec", "batch_size_of", "concat_outputs", "loss_from_outputs", "move_to_device"]
 
 _DEFAULT_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
@@ -87,8 +88,10 @@ class BatchSpec:
                 raise ValueError("The loader yielded an empty batch (). Yield (inputs, targets) or a dict.")
             k = self.num_inputs if self.num_inputs is not None else max(n - 1, 1)
             if k > n:
-                raise ValueError(f"num_inputs={k} but the batch has only {n} elements. Set num_inputs to the "
-                                 "number of model inputs at the front of each batch.")
+                raise ValueError(
+                    f"num_inputs={k} but the batch has only {n} elements. Set num_inputs to the "
+                    "number of model inputs at the front of each batch."
+                )
             rest = tuple(batch[k:])
             targets = None if not rest else (rest[0] if len(rest) == 1 else rest)
             return tuple(batch[:k]), {}, targets
@@ -102,8 +105,10 @@ class BatchSpec:
             keys = [self.target_keys] if isinstance(self.target_keys, str) else list(self.target_keys)
             missing = [k for k in keys if k not in batch]
             if missing:
-                raise KeyError(f"target_keys {missing} not in the batch; it has keys {list(batch)}. "
-                               "Set target_keys= to the names of the target entries.")
+                raise KeyError(
+                    f"target_keys {missing} not in the batch; it has keys {list(batch)}. "
+                    "Set target_keys= to the names of the target entries."
+                )
             return keys
         for key in _DEFAULT_TARGET_KEYS:
             if key in batch:
@@ -121,12 +126,16 @@ def loss_from_outputs(criterion: Callable | None, outputs: Any, targets: Any) ->
     if criterion is None:
         loss = _get_loss_attr(outputs)
         if loss is None:
-            raise ValueError("No criterion was given and the model output has no 'loss'. Pass a criterion "
-                             "(e.g. nn.CrossEntropyLoss()) or return a loss from the model.")
+            raise ValueError(
+                "No criterion was given and the model output has no 'loss'. Pass a criterion "
+                "(e.g. nn.CrossEntropyLoss()) or return a loss from the model."
+            )
         return loss
     if targets is None:
-        raise ValueError("The batch has no targets for the criterion. Yield (inputs, targets), set "
-                         "num_inputs=/target_keys=, or use compute_loss= for unsupervised losses.")
+        raise ValueError(
+            "The batch has no targets for the criterion. Yield (inputs, targets), set "
+            "num_inputs=/target_keys=, or use compute_loss= for unsupervised losses."
+        )
     return criterion(outputs, targets)
 
 

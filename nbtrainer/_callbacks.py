@@ -13,7 +13,7 @@ import torch
 
 from nbtrainer._events import Progress
 
-__all__ = ["Callback", "EarlyStopping", "LRMonitor", "HistoryRecorder", "resolve_mode"]
+__all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
 
 _MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map")
 
@@ -30,9 +30,13 @@ def check_monitor(owner: str, monitor: str, trainer: Any) -> None:
     """Refuse, before the first step, to monitor a key the fit will never log."""
     keys = trainer.expected_log_keys()
     if monitor not in keys:
-        hint = " (no val_loader was given to fit())" if monitor.startswith("val_") and not trainer.has_validation else ""
-        raise ValueError(f"{owner} monitors {monitor!r}, which this fit will never log{hint}. "
-                         f"Logged keys: {sorted(keys)}. Pick one of them.")
+        hint = (
+            " (no val_loader was given to fit())" if monitor.startswith("val_") and not trainer.has_validation else ""
+        )
+        raise ValueError(
+            f"{owner} monitors {monitor!r}, which this fit will never log{hint}. "
+            f"Logged keys: {sorted(keys)}. Pick one of them."
+        )
 
 
 class Callback:
@@ -68,9 +72,18 @@ class EarlyStopping(Callback):
         >>> es = EarlyStopping(monitor="val_loss", patience=2)
     """
 
-    def __init__(self, monitor: str = "val_loss", *, mode: str = "auto", patience: int = 3, min_delta: float = 0.0,
-                 check_finite: bool = True, stopping_threshold: float | None = None,
-                 divergence_threshold: float | None = None, restore_best_weights: bool = False) -> None:
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        mode: str = "auto",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        restore_best_weights: bool = False,
+    ) -> None:
         if not isinstance(patience, int) or patience < 0:
             raise ValueError(f"patience must be an int >= 0, got {patience!r}.")
         self.monitor = monitor
@@ -109,10 +122,19 @@ class EarlyStopping(Callback):
         else:
             self.wait += 1
             if self.wait >= self.patience:
-                reason = f"{self.monitor} did not improve for {self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch})"
-        if reason is None and self.divergence_threshold is not None and math.isfinite(value):
-            if self._better(self.divergence_threshold, value) and value != self.divergence_threshold:
-                reason = f"{self.monitor}={value:.6g} is worse than divergence_threshold={self.divergence_threshold}"
+                reason = (
+                    f"{self.monitor} did not improve for {self.wait} epochs "
+                    f"(best {self.best:.6g} at epoch {self.best_epoch})"
+                )
+        diverged = (
+            reason is None
+            and self.divergence_threshold is not None
+            and math.isfinite(value)
+            and self._better(self.divergence_threshold, value)
+            and value != self.divergence_threshold
+        )
+        if diverged:
+            reason = f"{self.monitor}={value:.6g} is worse than divergence_threshold={self.divergence_threshold}"
         if reason is not None:
             self.stopped_epoch = epoch
             trainer.request_stop(f"EarlyStopping: {reason}")
@@ -120,12 +142,22 @@ class EarlyStopping(Callback):
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         if self.restore_best_weights and self._best_weights is not None:
             trainer.load_model_state_dict(self._best_weights)
-            history.add_event(step=trainer.global_step, epoch=self.best_epoch, kind="restore_best_weights",
-                              old=None, new=self.best_epoch)
+            history.add_event(
+                step=trainer.global_step,
+                epoch=self.best_epoch,
+                kind="restore_best_weights",
+                old=None,
+                new=self.best_epoch,
+            )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
-                "stopped_epoch": self.stopped_epoch, "best_weights": self._best_weights}
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "wait": self.wait,
+            "stopped_epoch": self.stopped_epoch,
+            "best_weights": self._best_weights,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch = state.get("best"), state.get("best_epoch")

@@ -30,9 +30,18 @@ class ModelCheckpoint(Callback):
         >>> ckpt = ModelCheckpoint("checkpoints", monitor="val_loss", save_top_k=2, save_last=True)
     """
 
-    def __init__(self, dirpath: str | os.PathLike = "checkpoints", *, monitor: str | None = None, mode: str = "auto",
-                 save_top_k: int = 1, save_last: bool = False, every_n_epochs: int = 1,
-                 every_n_steps: int | None = None, filename: str | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | os.PathLike = "checkpoints",
+        *,
+        monitor: str | None = None,
+        mode: str = "auto",
+        save_top_k: int = 1,
+        save_last: bool = False,
+        every_n_epochs: int = 1,
+        every_n_steps: int | None = None,
+        filename: str | None = None,
+    ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
         if every_n_steps is not None and every_n_steps < 1:
@@ -62,11 +71,14 @@ class ModelCheckpoint(Callback):
         try:
             os.makedirs(self.dirpath, exist_ok=True)
         except OSError as exc:
-            raise PermissionError(f"ModelCheckpoint cannot create dirpath {self.dirpath!r}: {exc.strerror}. "
-                                  "Pass a writable directory.") from exc
+            raise PermissionError(
+                f"ModelCheckpoint cannot create dirpath {self.dirpath!r}: {exc.strerror}. Pass a writable directory."
+            ) from exc
         if not os.access(self.dirpath, os.W_OK | os.X_OK) or not _can_create_file(self.dirpath):
-            raise PermissionError(f"ModelCheckpoint dirpath {self.dirpath!r} is not writable. Pass a writable "
-                                  "directory (or fix its permissions) before training.")
+            raise PermissionError(
+                f"ModelCheckpoint dirpath {self.dirpath!r} is not writable. Pass a writable "
+                "directory (or fix its permissions) before training."
+            )
         remove_stale_temps(self.dirpath)  # temp files of a run that was killed while saving
 
     def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
@@ -121,8 +133,11 @@ class ModelCheckpoint(Callback):
         trainer.defer(lambda: trainer.save_checkpoint(path))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best_k": [[s, p] for s, p in self.best_k], "best_model_path": self.best_model_path,
-                "last_model_path": self.last_model_path}
+        return {
+            "best_k": [[s, p] for s, p in self.best_k],
+            "best_model_path": self.best_model_path,
+            "last_model_path": self.last_model_path,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", [])]

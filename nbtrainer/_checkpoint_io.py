@@ -14,12 +14,20 @@ import pickle
 import re
 import socket
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "atomic_write", "atomic_write_bytes", "save_checkpoint_file", "load_checkpoint",
-           "remove_stale_temps", "CHECKPOINT_FORMAT"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "atomic_write",
+    "atomic_write_bytes",
+    "load_checkpoint",
+    "remove_stale_temps",
+    "save_checkpoint_file",
+]
 
 CHECKPOINT_FORMAT = "nbtrainer.checkpoint"
 
@@ -84,18 +92,29 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-            errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-            errno.EROFS: "the file system is read-only", errno.ENOENT: "the directory does not exist",
-            errno.ENOTDIR: "a part of the path is a file, not a directory", errno.EIO: "an I/O error"}
+_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "the file system is read-only",
+    errno.ENOENT: "the directory does not exist",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+    errno.EIO: "an I/O error",
+}
 
 
 def _write_error(path: str, exc: OSError, stage: str) -> CheckpointError:
     reason = _REASONS.get(exc.errno or -1, exc.strerror or str(exc))
-    fix = ("free some disk space or choose another directory" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
-           "choose a writable directory (or fix its permissions)")
-    return CheckpointError(f"Could not write {path!r}: {reason} ({stage}: {exc.strerror or exc}). The previous "
-                           f"file, if any, is intact and no partial file was left behind; {fix}.")
+    fix = (
+        "free some disk space or choose another directory"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "choose a writable directory (or fix its permissions)"
+    )
+    return CheckpointError(
+        f"Could not write {path!r}: {reason} ({stage}: {exc.strerror or exc}). The previous "
+        f"file, if any, is intact and no partial file was left behind; {fix}."
+    )
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], Any]) -> None:
@@ -228,11 +247,14 @@ def _verify_crc(path: str) -> None:
                     while chunk := member.read(1 << 22):
                         crc = zlib.crc32(chunk, crc)
                 if crc != info.CRC:
-                    raise CheckpointError(f"{path!r} is corrupt: record {info.filename!r} fails its CRC check (damaged "
-                                          "on disk or in transfer). Resume from an earlier checkpoint.")
+                    raise CheckpointError(
+                        f"{path!r} is corrupt: record {info.filename!r} fails its CRC check (damaged "
+                        "on disk or in transfer). Resume from an earlier checkpoint."
+                    )
     except zipfile.BadZipFile as exc:
-        raise CheckpointError(f"{path!r} is not a readable checkpoint: truncated or corrupt ({exc}). Resume from an "
-                              "earlier checkpoint.") from None
+        raise CheckpointError(
+            f"{path!r} is not a readable checkpoint: truncated or corrupt ({exc}). Resume from an earlier checkpoint."
+        ) from None
     except zipfile.error:
         pass  # let torch.load judge formats zipfile does not know
 
@@ -261,11 +283,15 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise CheckpointError(f"No checkpoint at {path!r}. Check the path (or use resume_from='last' with "
-                              "the ModelCheckpoint dirpath that wrote it).")
+        raise CheckpointError(
+            f"No checkpoint at {path!r}. Check the path (or use resume_from='last' with "
+            "the ModelCheckpoint dirpath that wrote it)."
+        )
     if os.path.isdir(path):
-        raise CheckpointError(f"{path!r} is a directory, not a checkpoint file. Pass the file, e.g. "
-                              f"{os.path.join(path, 'last.ckpt')!r}, or resume_from='last' with ModelCheckpoint({path!r}).")
+        raise CheckpointError(
+            f"{path!r} is a directory, not a checkpoint file. Pass the file, e.g. "
+            f"{os.path.join(path, 'last.ckpt')!r}, or resume_from='last' with ModelCheckpoint({path!r})."
+        )
     if os.path.getsize(path) == 0:
         raise CheckpointError(f"{path!r} is empty (0 bytes): not a checkpoint. Resume from another file.")
     with open(path, "rb") as fh:

@@ -20,8 +20,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["CheckpointHandle", "apply_activation_checkpointing", "find_checkpointable_blocks",
-           "strip_activation_checkpointing"]
+__all__ = [
+    "CheckpointHandle",
+    "apply_activation_checkpointing",
+    "find_checkpointable_blocks",
+    "strip_activation_checkpointing",
+]
 
 _MISSING = object()
 
@@ -129,9 +133,7 @@ def _select(model: nn.Module, blocks: bool | Sequence[type | str]) -> list[tuple
     return [(n, m) for n, m in ordered if not any(n.startswith(o + ".") for o, _ in ordered if o != n)]
 
 
-def apply_activation_checkpointing(
-    model: nn.Module, blocks: bool | Sequence[type | str] = True
-) -> CheckpointHandle:
+def apply_activation_checkpointing(model: nn.Module, blocks: bool | Sequence[type | str] = True) -> CheckpointHandle:
     """Wrap blocks of ``model`` with non-reentrant activation checkpointing, reversibly.
 
     Args:
@@ -185,8 +187,9 @@ def strip_activation_checkpointing(model: nn.Module) -> list[str]:
         wrapper = module.__dict__.get("forward")
         while isinstance(wrapper, _CheckpointedForward):
             inner = wrapper.inner
-            bound_default = getattr(inner, "__self__", None) is module and getattr(inner, "__func__", None) is \
-                getattr(type(module).forward, "__func__", type(module).forward)
+            bound_default = getattr(inner, "__self__", None) is module and getattr(inner, "__func__", None) is getattr(
+                type(module).forward, "__func__", type(module).forward
+            )
             if bound_default:
                 del module.__dict__["forward"]
             else:

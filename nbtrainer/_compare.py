@@ -27,8 +27,9 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,8 +44,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "ckpt": {"activation_checkpointing": True},
     "accum4": {"grad_accum_steps": 4},
     "adafactor": {"optimizer": "adafactor"},
-    "all": {"precision": "bf16-mixed", "activation_checkpointing": True, "grad_accum_steps": 4,
-            "optimizer": "adafactor"},
+    "all": {
+        "precision": "bf16-mixed",
+        "activation_checkpointing": True,
+        "grad_accum_steps": 4,
+        "optimizer": "adafactor",
+    },
 }
 
 _COMPARE_KEYS = {"split_batches"}  # strategy keys for the comparison itself, not for the Trainer
@@ -76,8 +81,10 @@ def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[st
             elif m:
                 out[name] = {"grad_accum_steps": int(m.group(1))}
             else:
-                raise ValueError(f"Unknown strategy preset {name!r}: use one of {sorted(PRESETS)} or 'accumN', "
-                                 "or pass a dict {name: {trainer options}}.")
+                raise ValueError(
+                    f"Unknown strategy preset {name!r}: use one of {sorted(PRESETS)} or 'accumN', "
+                    "or pass a dict {name: {trainer options}}."
+                )
     if not out:
         raise ValueError("No strategies to compare.")
     return out
@@ -86,6 +93,7 @@ def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[st
 # =============================================================================================
 # data: same order for every strategy, batches split for accumulation
 # =============================================================================================
+
 
 def _split(obj: Any, k: int, size: int) -> list[Any]:
     if isinstance(obj, torch.Tensor):
@@ -174,6 +182,7 @@ class _DataOrder:
 # measuring one strategy
 # =============================================================================================
 
+
 class _StepTimer:
     """Callback: wall time and samples of every optimizer step (CUDA: synchronized at each step)."""
 
@@ -231,16 +240,24 @@ def _measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[
     bs = batch_size_of(targets, batch)
     with torch.random.fork_rng(devices=[trainer.device] if trainer.device.type == "cuda" else []):
         mem = measure_training_memory(
-            work, inputs, device=trainer.device, precision=trainer.precision, batch_size=bs,
+            work,
+            inputs,
+            device=trainer.device,
+            precision=trainer.precision,
+            batch_size=bs,
             make_optimizer=optimizer_factory(base, trainer.optimizer),
-            criterion=trainer.criterion, targets=targets, checkpointing=ckpt is True and not own)
+            criterion=trainer.criterion,
+            targets=targets,
+            checkpointing=ckpt is True and not own,
+        )
     del work
     use_ckpt = ckpt is True and not own and mem["total_checkpointed"] is not None
     total = mem["total_checkpointed"] if use_ckpt else mem["total"]
     detail = {k: mem[k] for k in ("parameters", "buffers", "gradients", "optimizer_state", "inputs")}
     # checkpointed: what the blocks keep + the largest block's activations re-materialised in backward
-    detail["activations"] = (mem["activations_checkpointed"] + (mem["recompute_peak"] or 0) if use_ckpt
-                             else mem["activations"])
+    detail["activations"] = (
+        mem["activations_checkpointed"] + (mem["recompute_peak"] or 0) if use_ckpt else mem["activations"]
+    )
     if note:
         detail["note"] = note
     return int(total), detail
@@ -256,7 +273,7 @@ def _reason(exc: BaseException) -> str:
 def _final_loss(history: Any) -> float | None:
     losses = [v for v in history.steps.get("loss", []) if v is not None]
     if losses:
-        tail = losses[-max(1, math.ceil(len(losses) / 10)):]
+        tail = losses[-max(1, math.ceil(len(losses) / 10)) :]
         return float(sum(tail) / len(tail))
     if history.epochs:
         return history.epochs[-1].get("loss")
@@ -266,6 +283,7 @@ def _final_loss(history: Any) -> float | None:
 # =============================================================================================
 # the table
 # =============================================================================================
+
 
 def _fmt_bytes(n: float | None) -> str:
     if n is None:
@@ -326,9 +344,20 @@ class StrategyComparison:
         """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline."""
         import pandas as pd
 
-        cols = ["status", "step_time_s", "step_time_ratio", "samples_per_s", "samples_per_s_ratio",
-                "peak_memory_bytes", "peak_memory_ratio", "final_loss", "metric", "steps", "train_time_s",
-                "reason"]
+        cols = [
+            "status",
+            "step_time_s",
+            "step_time_ratio",
+            "samples_per_s",
+            "samples_per_s_ratio",
+            "peak_memory_bytes",
+            "peak_memory_ratio",
+            "final_loss",
+            "metric",
+            "steps",
+            "train_time_s",
+            "reason",
+        ]
         frame = pd.DataFrame([{c: r.get(c) for c in cols} for r in self.rows], index=self.names, columns=cols)
         frame.index.name = "strategy"
         if self.metric:
@@ -347,16 +376,27 @@ class StrategyComparison:
         if row["status"] != "ok":
             return [row["name"], "failed", "", "", "", "", row.get("reason") or ""]  # full reason: to_pandas()
         loss = row.get("final_loss")
-        return [row["name"], _fmt_time(row["step_time_s"]) + _pct(row.get("step_time_ratio")),
-                (f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-") + _pct(row.get("samples_per_s_ratio")),
-                _fmt_bytes(row.get("peak_memory_bytes")) + _pct(row.get("peak_memory_ratio")),
-                "-" if loss is None else f"{loss:.4g}", self._metric_text(row.get("metric")), row.get("note", "")]
+        return [
+            row["name"],
+            _fmt_time(row["step_time_s"]) + _pct(row.get("step_time_ratio")),
+            (f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-") + _pct(row.get("samples_per_s_ratio")),
+            _fmt_bytes(row.get("peak_memory_bytes")) + _pct(row.get("peak_memory_ratio")),
+            "-" if loss is None else f"{loss:.4g}",
+            self._metric_text(row.get("metric")),
+            row.get("note", ""),
+        ]
 
     @property
     def _header(self) -> list[str]:
-        return ["strategy", "step time (median)", "samples/s", "peak memory*",
-                "final loss",
-                self.metric or "metric", "note"]
+        return [
+            "strategy",
+            "step time (median)",
+            "samples/s",
+            "peak memory*",
+            "final loss",
+            self.metric or "metric",
+            "note",
+        ]
 
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files)."""
@@ -369,7 +409,7 @@ class StrategyComparison:
         widths = [max(len(row[i]) for row in table) for i in range(len(self._header))]
         table = [[c if len(c) <= 90 else c[:87] + "..." for c in row] for row in table]
         widths = [max(len(row[i]) for row in table) for i in range(len(self._header))]
-        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
         out.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(out) + f"\n(ratios to {self.baseline!r}; {self._where()})"
 
@@ -385,28 +425,39 @@ class StrategyComparison:
             if ratio is None:
                 return ""
             width = max(1.0, min(ratio, 2.0) * 50)
-            return (f"<div style='background:{color};height:4px;width:{width:.0f}px;margin-top:2px' "
-                    f"title='{ratio:.0%} of baseline'></div>")
+            return (
+                f"<div style='background:{color};height:4px;width:{width:.0f}px;margin-top:2px' "
+                f"title='{ratio:.0%} of baseline'></div>"
+            )
 
         head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self._header)
         body = []
         for row in self.rows:
             cells = self._cells(row)
             if row["status"] == "ok":
-                cells_html = [html.escape(cells[0]),
-                              html.escape(cells[1]) + bar(row.get("step_time_ratio"), "#1f77b4"),
-                              html.escape(cells[2]) + bar(row.get("samples_per_s_ratio"), "#2ca02c"),
-                              html.escape(cells[3]) + bar(row.get("peak_memory_ratio"), "#ff7f0e"),
-                              html.escape(cells[4]), html.escape(cells[5]), html.escape(cells[6])]
+                cells_html = [
+                    html.escape(cells[0]),
+                    html.escape(cells[1]) + bar(row.get("step_time_ratio"), "#1f77b4"),
+                    html.escape(cells[2]) + bar(row.get("samples_per_s_ratio"), "#2ca02c"),
+                    html.escape(cells[3]) + bar(row.get("peak_memory_ratio"), "#ff7f0e"),
+                    html.escape(cells[4]),
+                    html.escape(cells[5]),
+                    html.escape(cells[6]),
+                ]
             else:
-                cells_html = [html.escape(cells[0]), "<b style='color:#c00'>failed</b>",
-                              f"<td colspan='5' style='color:#c00'>{html.escape(cells[6])}</td>"]
+                cells_html = [
+                    html.escape(cells[0]),
+                    "<b style='color:#c00'>failed</b>",
+                    f"<td colspan='5' style='color:#c00'>{html.escape(cells[6])}</td>",
+                ]
                 body.append("<tr><td>" + "</td><td>".join(cells_html[:2]) + "</td>" + cells_html[2] + "</tr>")
                 continue
             body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells_html) + "</tr>")
-        return (f"<div class='nbt-compare'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
-                f"</table><small>Ratios to {html.escape(self.baseline)!s} (bars: 100% = 50 px). "
-                f"{html.escape(self._where())}.</small></div>")
+        return (
+            f"<div class='nbt-compare'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+            f"</table><small>Ratios to {html.escape(self.baseline)!s} (bars: 100% = 50 px). "
+            f"{html.escape(self._where())}.</small></div>"
+        )
 
 
 def _environment(device: torch.device) -> dict[str, Any]:
@@ -421,16 +472,29 @@ def _environment(device: torch.device) -> dict[str, Any]:
 # the comparison
 # =============================================================================================
 
-def compare_strategies(make_model: Callable[[], nn.Module],
-                       make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None,
-                       criterion: Callable | None, train_loader: Iterable, val_loader: Iterable | None = None,
-                       strategies: Mapping[str, Mapping[str, Any]] | Sequence[str] | None = None, *,
-                       epochs: int | None = None, steps: int | None = None, metric: str | None = "val_acc",
-                       metrics: Mapping[str, Any] | None = None, baseline: str | None = None, warmup: int = 2,
-                       seed: int = 0, device: str | torch.device = "auto", split_batches: bool = True,
-                       measure_memory: bool = True, repeats: int = 1,
-                       trainer_kwargs: Mapping[str, Any] | None = None,
-                       on_row: Callable[[dict[str, Any]], None] | None = None) -> StrategyComparison:
+
+def compare_strategies(
+    make_model: Callable[[], nn.Module],
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None,
+    criterion: Callable | None,
+    train_loader: Iterable,
+    val_loader: Iterable | None = None,
+    strategies: Mapping[str, Mapping[str, Any]] | Sequence[str] | None = None,
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+    metric: str | None = "val_acc",
+    metrics: Mapping[str, Any] | None = None,
+    baseline: str | None = None,
+    warmup: int = 2,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    split_batches: bool = True,
+    measure_memory: bool = True,
+    repeats: int = 1,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> StrategyComparison:
     """Train once per strategy from the same weights and data order, and tabulate time, memory, quality.
 
     Args:
@@ -492,8 +556,11 @@ def compare_strategies(make_model: Callable[[], nn.Module],
         metrics["acc"] = _accuracy
     if metric and val_loader is None:
         metric = None
-    memory_kind = ("CUDA peak allocated" if cuda else
-                   "measured bytes of one step: params+buffers+grads+optimizer state+inputs+saved activations")
+    memory_kind = (
+        "CUDA peak allocated"
+        if cuda
+        else "measured bytes of one step: params+buffers+grads+optimizer state+inputs+saved activations"
+    )
     order = _DataOrder([train_loader, val_loader])
     seed_everything(seed)
     first_model = make_model()
@@ -507,10 +574,26 @@ def compare_strategies(make_model: Callable[[], nn.Module],
     def run(name: str, options: dict[str, Any], measure: bool) -> dict[str, Any]:
         options = dict(options)
         split = options.pop("split_batches", split_batches)
-        row: dict[str, Any] = {"name": name, "status": "ok", "reason": None, "options": dict(options), "note": "",
-                               **dict.fromkeys(("steps", "step_time_s", "samples_per_s", "samples_per_step",
-                                                "train_time_s", "peak_memory_bytes", "memory_detail", "final_loss",
-                                                "metric"))}
+        row: dict[str, Any] = {
+            "name": name,
+            "status": "ok",
+            "reason": None,
+            "options": dict(options),
+            "note": "",
+            **dict.fromkeys(
+                (
+                    "steps",
+                    "step_time_s",
+                    "samples_per_s",
+                    "samples_per_step",
+                    "train_time_s",
+                    "peak_memory_bytes",
+                    "memory_detail",
+                    "final_loss",
+                    "metric",
+                )
+            ),
+        }
         trainer = model = None
         try:
             if "device" in options:
@@ -535,16 +618,22 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             loader = _SplitLoader(train_loader, accum) if split and accum > 1 else train_loader
             timer = _StepTimer(dev)
             options_kw = {k: v for k, v in kwargs.items() if k != "callbacks"}  # a strategy's seed=, metrics= win
-            trainer = Trainer(model, criterion, opt, callbacks=[*kwargs.get("callbacks", ()), timer],
-                              **{"metrics": metrics, "seed": seed, "device": dev, "progress": False, **options_kw})
+            trainer = Trainer(
+                model,
+                criterion,
+                opt,
+                callbacks=[*kwargs.get("callbacks", ()), timer],
+                **{"metrics": metrics, "seed": seed, "device": dev, "progress": False, **options_kw},
+            )
             if measure:
                 micro = split_batch(first_batch, accum)[0] if split and accum > 1 else first_batch
                 try:
                     row["peak_memory_bytes"], row["memory_detail"] = _measure_cpu_memory(
-                        trainer, micro, kwargs.get("activation_checkpointing", False))
+                        trainer, micro, kwargs.get("activation_checkpointing", False)
+                    )
                     if row["memory_detail"].get("note"):
                         row["note"] = row["memory_detail"]["note"]
-                except Exception as exc:  # noqa: BLE001 - the timing is still worth having
+                except Exception as exc:
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {_reason(exc)}"
             if cuda:
                 gc.collect()
@@ -560,7 +649,7 @@ def compare_strategies(make_model: Callable[[], nn.Module],
             skip = warmup if len(times) > warmup else (1 if len(times) > 1 else 0)
             if skip < warmup:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"only {len(times)} steps: warm-up {skip}"
-            row["_timed"] = list(zip(times[skip:], samples[skip:]))
+            row["_timed"] = list(zip(times[skip:], samples[skip:], strict=True))
             row["steps"] = len(times)
             row["final_loss"] = _final_loss(history)
             if metric:
@@ -571,7 +660,7 @@ def compare_strategies(make_model: Callable[[], nn.Module],
                     row["note"] = (row["note"] + "; " if row["note"] else "") + f"{metric} not logged"
                 row["metric"] = value
             row["setup"] = trainer._setup.describe()
-        except Exception as exc:  # noqa: BLE001 - one failing strategy must not kill the comparison
+        except Exception as exc:
             row.update(status="failed", reason=_reason(exc))
         finally:
             del trainer, model
@@ -615,13 +704,26 @@ def compare_strategies(make_model: Callable[[], nn.Module],
 
     base = next(r for r in rows if r["name"] == baseline)
     for row in rows:
-        for key, ratio_key in (("step_time_s", "step_time_ratio"), ("samples_per_s", "samples_per_s_ratio"),
-                               ("peak_memory_bytes", "peak_memory_ratio")):
+        for key, ratio_key in (
+            ("step_time_s", "step_time_ratio"),
+            ("samples_per_s", "samples_per_s_ratio"),
+            ("peak_memory_bytes", "peak_memory_ratio"),
+        ):
             b, v = base.get(key), row.get(key)
             ok = base["status"] == "ok" and row["status"] == "ok" and b and v is not None
             row[ratio_key] = v / b if ok else None
-    return StrategyComparison(rows=rows, baseline=baseline, metric=metric, memory_kind=memory_kind,
-                              environment=_environment(dev),
-                              settings={"epochs": None if steps is not None else epochs, "steps": steps,
-                                        "warmup": warmup, "seed": seed, "split_batches": split_batches,
-                                        "repeats": repeats})
+    return StrategyComparison(
+        rows=rows,
+        baseline=baseline,
+        metric=metric,
+        memory_kind=memory_kind,
+        environment=_environment(dev),
+        settings={
+            "epochs": None if steps is not None else epochs,
+            "steps": steps,
+            "warmup": warmup,
+            "seed": seed,
+            "split_batches": split_batches,
+            "repeats": repeats,
+        },
+    )

@@ -8,8 +8,9 @@ attribute) per step; the lock is taken when something was requested.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Control"]
 

@@ -26,7 +26,8 @@ import contextlib
 import datetime
 import os
 import warnings
-from typing import Any, ContextManager, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from nbtrainer._strategy import SingleDevice
 
-__all__ = ["DDP", "ShardSampler", "env_world_size", "resolve_strategy", "destroy_process_group"]
+__all__ = ["DDP", "ShardSampler", "destroy_process_group", "env_world_size", "resolve_strategy"]
 
 _NULL = contextlib.nullcontext()
 _CREATED_GROUP = False  # whether nbtrainer initialised the default process group (and so destroys it)
@@ -112,9 +113,21 @@ class ShardSampler(Sampler[int]):
 
 
 # DataLoader arguments copied when a loader is rebuilt with a distributed sampler.
-_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
-                "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device",
-                "in_order")
+_LOADER_ARGS = (
+    "batch_size",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 class DDP:
@@ -140,14 +153,25 @@ class DDP:
 
     distributed = True
 
-    def __init__(self, *, backend: str | None = None, find_unused_parameters: bool = False,
-                 broadcast_buffers: bool | None = None, static_graph: bool = False, bucket_cap_mb: float | None = None,
-                 gradient_as_bucket_view: bool = False, sync_batchnorm: bool = False,
-                 timeout: float | None = None, shard_data: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        backend: str | None = None,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool | None = None,
+        static_graph: bool = False,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool = False,
+        sync_batchnorm: bool = False,
+        timeout: float | None = None,
+        shard_data: bool = True,
+    ) -> None:
         self.backend = backend
-        self.ddp_kwargs: dict[str, Any] = {"find_unused_parameters": find_unused_parameters,
-                                           "static_graph": static_graph,
-                                           "gradient_as_bucket_view": gradient_as_bucket_view}
+        self.ddp_kwargs: dict[str, Any] = {
+            "find_unused_parameters": find_unused_parameters,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+        }
         if broadcast_buffers is not None:  # torch's default (True) unless asked: newer torch deprecates the name
             self.ddp_kwargs["broadcast_buffers"] = broadcast_buffers
         if bucket_cap_mb is not None:
@@ -168,11 +192,10 @@ class DDP:
         return self.rank == 0
 
     def __repr__(self) -> str:
-        return (f"DDP(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
-                f"backend={self.backend!r})")
+        return f"DDP(rank={self.rank}, world_size={self.world_size}, device={self.device}, backend={self.backend!r})"
 
     # -- process group and device -----------------------------------------------------------------
-    def connect(self, device: str | torch.device | None = "auto", *, seed: int | None = None) -> "DDP":
+    def connect(self, device: str | torch.device | None = "auto", *, seed: int | None = None) -> DDP:
         """Pick this rank's device and make sure the default process group exists. Idempotent."""
         global _CREATED_GROUP
         if not dist.is_available():
@@ -201,8 +224,10 @@ class DDP:
                 dist.init_process_group(backend, init_method="env://", **kwargs)
             else:
                 if env_world_size() > 1:
-                    raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR/RANK are not set: launch with torchrun "
-                                       "(or nbtrainer.launch), or initialise the process group yourself.")
+                    raise RuntimeError(
+                        "WORLD_SIZE > 1 but MASTER_ADDR/RANK are not set: launch with torchrun "
+                        "(or nbtrainer.launch), or initialise the process group yourself."
+                    )
                 # strategy="ddp" outside a launcher: a world of one, over an in-process store (no network).
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
             if not _CREATED_GROUP:
@@ -238,14 +263,14 @@ class DDP:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # reuses the same Parameters
         model = model.to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
-            raise RuntimeError("DDP needs at least one trainable parameter; every parameter has "
-                               "requires_grad=False (unfreeze some).")
+            raise RuntimeError(
+                "DDP needs at least one trainable parameter; every parameter has requires_grad=False (unfreeze some)."
+            )
         ids = [self.device.index] if self.device.type == "cuda" else None
         # The constructor broadcasts rank 0's parameters and buffers: every rank starts identical.
-        return DistributedDataParallel(model, device_ids=ids, output_device=ids[0] if ids else None,
-                                       **self.ddp_kwargs)
+        return DistributedDataParallel(model, device_ids=ids, output_device=ids[0] if ids else None, **self.ddp_kwargs)
 
-    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> ContextManager:
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:
         if skip_sync and isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return _NULL
@@ -265,41 +290,64 @@ class DDP:
         if isinstance(loader, Sequence) and not isinstance(loader, (str, bytes)):
             # A list of ready batches: every world_size-th batch. Training keeps equal counts on every
             # rank (a rank with one more backward would wait forever for the others' all-reduce).
-            shard = list(loader[self.rank::self.world_size])
+            shard = list(loader[self.rank :: self.world_size])
             if train:
                 keep = len(loader) // self.world_size
                 if keep * self.world_size != len(loader):
-                    self._warn_once("list-tail", f"DDP: {len(loader) - keep * self.world_size} trailing batch(es) "
-                                    f"of the list are dropped so every rank trains on {keep}.")
+                    self._warn_once(
+                        "list-tail",
+                        f"DDP: {len(loader) - keep * self.world_size} trailing batch(es) "
+                        f"of the list are dropped so every rank trains on {keep}.",
+                    )
                 if keep == 0:
                     raise ValueError(f"DDP: {len(loader)} batch(es) cannot be shared by {self.world_size} ranks.")
                 shard = shard[:keep]
             return shard
-        self._warn_once("iterable", f"DDP: {type(loader).__name__} is not a DataLoader or a list, so every rank "
-                        "iterates all of it. Shard the data per rank yourself (e.g. in an IterableDataset), and "
-                        "make every rank yield the same number of batches.")
+        self._warn_once(
+            "iterable",
+            f"DDP: {type(loader).__name__} is not a DataLoader or a list, so every rank "
+            "iterates all of it. Shard the data per rank yourself (e.g. in an IterableDataset), and "
+            "make every rank yield the same number of batches.",
+        )
         return loader
 
     def _prepare_dataloader(self, loader: DataLoader, train: bool) -> DataLoader:
         sampler, batch_sampler = loader.sampler, loader.batch_sampler
         if isinstance(sampler, (DistributedSampler, ShardSampler)) or isinstance(
-                getattr(batch_sampler, "sampler", None), (DistributedSampler, ShardSampler)):
+            getattr(batch_sampler, "sampler", None), (DistributedSampler, ShardSampler)
+        ):
             return loader  # the user's own distributed sampler
         if getattr(loader, "_dataset_kind", None) == 1 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
-            self._warn_once("iterable-ds", "DDP: an IterableDataset is not sharded by the trainer; split it per "
-                            "rank (torch.utils.data.get_worker_info / dist.get_rank()) and yield equal counts.")
+            self._warn_once(
+                "iterable-ds",
+                "DDP: an IterableDataset is not sharded by the trainer; split it per "
+                "rank (torch.utils.data.get_worker_info / dist.get_rank()) and yield equal counts.",
+            )
             return loader
-        plain = type(loader) is DataLoader and type(batch_sampler) is BatchSampler and (
-            type(sampler) is SequentialSampler
-            or (type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None))
+        plain = (
+            type(loader) is DataLoader
+            and type(batch_sampler) is BatchSampler
+            and (
+                type(sampler) is SequentialSampler
+                or (type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None)
+            )
+        )
         if not plain:
-            self._warn_once("custom-sampler", f"DDP: the loader's {type(sampler).__name__} / "
-                            f"{type(batch_sampler).__name__} is used as given, so each rank sees what it yields; "
-                            "use a DistributedSampler (or shard in your sampler) to split the data across ranks.")
+            self._warn_once(
+                "custom-sampler",
+                f"DDP: the loader's {type(sampler).__name__} / "
+                f"{type(batch_sampler).__name__} is used as given, so each rank sees what it yields; "
+                "use a DistributedSampler (or shard in your sampler) to split the data across ranks.",
+            )
             return loader
         if train:
-            new_sampler: Sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size, rank=self.rank,
-                                                      shuffle=type(sampler) is RandomSampler, seed=self.seed)
+            new_sampler: Sampler = DistributedSampler(
+                loader.dataset,
+                num_replicas=self.world_size,
+                rank=self.rank,
+                shuffle=type(sampler) is RandomSampler,
+                seed=self.seed,
+            )
         else:
             new_sampler = ShardSampler(len(loader.dataset), self.rank, self.world_size)
         kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS if hasattr(loader, k)}

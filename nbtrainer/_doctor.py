@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Check", "Problem", "DoctorReport", "doctor_report"]
+__all__ = ["Check", "DoctorReport", "Problem", "doctor_report"]
 
 # ipykernel releases before 7.1 drop widget/comm messages sent from background threads (7.0.x) or
 # deliver them only when the cell ends, so a training thread cannot update the panel live.
@@ -28,13 +28,24 @@ LABEXTENSIONS = {
     "@jupyter-widgets/jupyterlab-manager": "jupyterlab_widgets",
     "bqplot": "bqplot",
 }
-PACKAGES = ("ipywidgets", "jupyterlab_widgets", "bqplot", "ipykernel", "jupyterlab", "notebook", "voila",
-            "torchmetrics", "ptflops", "tqdm")
+PACKAGES = (
+    "ipywidgets",
+    "jupyterlab_widgets",
+    "bqplot",
+    "ipykernel",
+    "jupyterlab",
+    "notebook",
+    "voila",
+    "torchmetrics",
+    "ptflops",
+    "tqdm",
+)
 
 
 # =============================================================================================
 # doctor
 # =============================================================================================
+
 
 @dataclass
 class Check:
@@ -104,9 +115,11 @@ class DoctorReport:
         e = html.escape
         mark = {True: "&#x2714;", False: "&#x2718;", None: ""}
         color = {True: "#1a7f37", False: "#cf222e", None: "inherit"}
-        parts = ['<div class="nbt-doctor" style="font-family:var(--jp-ui-font-family,sans-serif);'
-                 'font-size:13px;line-height:1.4">',
-                 "<h4 style='margin:4px 0'>nbtrainer doctor</h4>"]
+        parts = [
+            '<div class="nbt-doctor" style="font-family:var(--jp-ui-font-family,sans-serif);'
+            'font-size:13px;line-height:1.4">',
+            "<h4 style='margin:4px 0'>nbtrainer doctor</h4>",
+        ]
         for title, rows in self.sections:
             parts.append(f"<div style='margin-top:8px;font-weight:600'>{e(title)}</div>")
             parts.append("<table style='border-collapse:collapse;margin-left:8px'>")
@@ -115,19 +128,23 @@ class DoctorReport:
                     f"<tr><td style='color:{color[r.ok]};padding:0 6px;text-align:center'>{mark[r.ok]}</td>"
                     f"<td style='padding:0 12px 0 {16 if r.label.startswith(' ') else 0}px;white-space:nowrap'>"
                     f"{e(r.label.strip())}</td>"
-                    f"<td style='padding:0'><code>{e(r.value)}</code></td></tr>")
+                    f"<td style='padding:0'><code>{e(r.value)}</code></td></tr>"
+                )
             parts.append("</table>")
         if self.problems:
-            parts.append(f"<div style='margin-top:10px;font-weight:600;color:#cf222e'>"
-                         f"Problems ({len(self.problems)})</div><ol style='margin:4px 0'>")
+            parts.append(
+                f"<div style='margin-top:10px;font-weight:600;color:#cf222e'>"
+                f"Problems ({len(self.problems)})</div><ol style='margin:4px 0'>"
+            )
             for p in self.problems:
                 parts.append(f"<li>{e(p.what)}<br><b>Fix:</b> <code>{e(p.fix)}</code></li>")
             parts.append("</ol>")
         else:
             parts.append("<div style='margin-top:10px;color:#1a7f37;font-weight:600'>No problems found.</div>")
         if self.notes:
-            parts.append("<ul style='margin:6px 0;color:#57606a'>"
-                         + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
+            parts.append(
+                "<ul style='margin:6px 0;color:#57606a'>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>"
+            )
         parts.append("</div>")
         return "".join(parts)
 
@@ -232,7 +249,8 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         rep.notes.append(
             "torch is a GPU build but no GPU is visible (driver, container flags or CUDA_VISIBLE_DEVICES). "
             "On a CPU-only machine the CPU build is much smaller: "
-            "pip install torch --index-url https://download.pytorch.org/whl/cpu")
+            "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+        )
     rows = rep.section("devices and precisions (each checked with a real autocast forward + backward)")
     for dev in devices:
         if dev == "cpu":
@@ -240,19 +258,21 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         elif dev.startswith("cuda"):
             idx = torch.device(dev).index or 0
             props = torch.cuda.get_device_properties(idx)
-            desc = (f"{props.name}, compute capability {props.major}.{props.minor}, "
-                    f"{props.total_memory / 2**30:.1f} GiB")
+            desc = f"{props.name}, compute capability {props.major}.{props.minor}, {props.total_memory / 2**30:.1f} GiB"
         else:
             desc = dev
         rows.append(Check(dev, desc))
         try:
             support = precision_support(dev)
-        except Exception as exc:  # noqa: BLE001 - a broken device is a finding, not a crash
+        except Exception as exc:
             rows.append(Check("  precisions", f"could not be checked: {type(exc).__name__}: {exc}", False))
-            rep.problems.append(Problem(
-                f"device {dev} failed the precision check ({type(exc).__name__}: {exc})",
-                "check the driver with `nvidia-smi` and that torch.version.cuda is supported by it; "
-                "restart the kernel after changing drivers or CUDA_VISIBLE_DEVICES"))
+            rep.problems.append(
+                Problem(
+                    f"device {dev} failed the precision check ({type(exc).__name__}: {exc})",
+                    "check the driver with `nvidia-smi` and that torch.version.cuda is supported by it; "
+                    "restart the kernel after changing drivers or CUDA_VISIBLE_DEVICES",
+                )
+            )
             continue
         for name in PRECISIONS:
             ok, reason = support[name]
@@ -270,36 +290,54 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
 
     ipw, jlw, bq, ipk = (versions[n] for n in ("ipywidgets", "jupyterlab_widgets", "bqplot", "ipykernel"))
     if ipw is None:
-        rep.problems.append(Problem("ipywidgets is not installed: no panel, no notebook progress bars",
-                                    'pip install "ipywidgets>=8.1"   (then restart the kernel)'))
+        rep.problems.append(
+            Problem(
+                "ipywidgets is not installed: no panel, no notebook progress bars",
+                'pip install "ipywidgets>=8.1"   (then restart the kernel)',
+            )
+        )
     elif _vtuple(ipw) < (8, 1):
-        rep.problems.append(Problem(f"ipywidgets {ipw} is older than 8.1, which nbtrainer's panel needs",
-                                    'pip install -U "ipywidgets>=8.1" "jupyterlab_widgets>=3"   '
-                                    "(then restart the kernel and reload the page)"))
+        rep.problems.append(
+            Problem(
+                f"ipywidgets {ipw} is older than 8.1, which nbtrainer's panel needs",
+                'pip install -U "ipywidgets>=8.1" "jupyterlab_widgets>=3"   '
+                "(then restart the kernel and reload the page)",
+            )
+        )
     if ipw and jlw:
         want = _WIDGETS_FRONTEND_MAJOR.get(_vtuple(ipw)[:1][0] if _vtuple(ipw) else -1)
         if want is not None and _vtuple(jlw)[:1] != (want,):
-            rep.problems.append(Problem(
-                f"ipywidgets {ipw} needs jupyterlab_widgets {want}.x, found {jlw}: widgets show "
-                "'Error displaying widget: model not found'",
-                f'pip install -U "ipywidgets>=8.1" "jupyterlab_widgets>={want},<{want + 1}"   '
-                "(in the environment that runs JupyterLab; then reload the page)"))
+            rep.problems.append(
+                Problem(
+                    f"ipywidgets {ipw} needs jupyterlab_widgets {want}.x, found {jlw}: widgets show "
+                    "'Error displaying widget: model not found'",
+                    f'pip install -U "ipywidgets>=8.1" "jupyterlab_widgets>={want},<{want + 1}"   '
+                    "(in the environment that runs JupyterLab; then reload the page)",
+                )
+            )
     if bq is None:
-        rep.problems.append(Problem("bqplot is not installed: the panel's live charts need it",
-                                    'pip install "bqplot>=0.13"   (then restart the kernel and reload the page)'))
+        rep.problems.append(
+            Problem(
+                "bqplot is not installed: the panel's live charts need it",
+                'pip install "bqplot>=0.13"   (then restart the kernel and reload the page)',
+            )
+        )
     elif _vtuple(bq) < (0, 13):
         rep.problems.append(Problem(f"bqplot {bq} is older than 0.13", 'pip install -U "bqplot>=0.13"'))
     if ipk is None:
-        rep.problems.append(Problem("ipykernel is not installed in this environment",
-                                    'pip install "ipykernel>=7.1"'))
+        rep.problems.append(Problem("ipykernel is not installed in this environment", 'pip install "ipykernel>=7.1"'))
     elif _vtuple(ipk) < IPYKERNEL_THREAD_FIX:
-        rep.problems.append(Problem(
-            f"ipykernel {ipk} is in the thread-update bug range (< 7.1): widget and chart updates sent from "
-            "a background thread (the training thread) do not reach the browser while it runs",
-            'pip install -U "ipykernel>=7.1"   (then restart the kernel)'))
+        rep.problems.append(
+            Problem(
+                f"ipykernel {ipk} is in the thread-update bug range (< 7.1): widget and chart updates sent from "
+                "a background thread (the training thread) do not reach the browser while it runs",
+                'pip install -U "ipykernel>=7.1"   (then restart the kernel)',
+            )
+        )
     else:
-        rows.append(Check("thread updates", f"ipykernel {ipk} >= 7.1: live updates from the training thread work",
-                          True))
+        rows.append(
+            Check("thread updates", f"ipykernel {ipk} >= 7.1: live updates from the training thread work", True)
+        )
 
     # -- front-end extensions -------------------------------------------------------------------
     rows = rep.section("front-end extensions (JupyterLab / Notebook 7 / Voila)")
@@ -310,14 +348,19 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
             rows.append(Check(ext, f"{found[0]} in {found[1]}", True))
         else:
             rows.append(Check(ext, "not found", False))
-            rep.problems.append(Problem(
-                f"the {ext} front-end extension is not installed: widgets show 'Loading widget...' or "
-                "'Error displaying widget'",
-                f'pip install "{dist}"   (in the environment that runs JupyterLab/Voila; then restart the '
-                "server and reload the page; `jupyter labextension list` shows what it sees)"))
+            rep.problems.append(
+                Problem(
+                    f"the {ext} front-end extension is not installed: widgets show 'Loading widget...' or "
+                    "'Error displaying widget'",
+                    f'pip install "{dist}"   (in the environment that runs JupyterLab/Voila; then restart the '
+                    "server and reload the page; `jupyter labextension list` shows what it sees)",
+                )
+            )
     if dirs:
-        rep.notes.append("Front-end extensions were looked up in this kernel's Jupyter paths; if JupyterLab runs "
-                         "from another environment, check there with `jupyter labextension list`.")
+        rep.notes.append(
+            "Front-end extensions were looked up in this kernel's Jupyter paths; if JupyterLab runs "
+            "from another environment, check there with `jupyter labextension list`."
+        )
 
     rows = rep.section("shell")
     rows.append(Check("front end", _shell_kind()))

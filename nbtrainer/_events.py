@@ -26,9 +26,10 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["EVENTS", "Progress", "CallbackList"]
+__all__ = ["EVENTS", "CallbackList", "Progress"]
 
 EVENTS: tuple[str, ...] = (
     "on_fit_start",
@@ -95,8 +96,7 @@ class CallbackList:
 
     def rebuild(self) -> None:
         self._bound = {
-            name: [getattr(cb, name) for cb in self.callbacks if callable(getattr(cb, name, None))]
-            for name in EVENTS
+            name: [getattr(cb, name) for cb in self.callbacks if callable(getattr(cb, name, None))] for name in EVENTS
         }
 
     def append(self, callback: Any) -> None:

@@ -10,7 +10,8 @@ import csv
 import io
 import json
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["History"]
 
@@ -90,7 +91,9 @@ class History:
 
     def __repr__(self) -> str:
         last = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.last.items()}
-        return f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
+        return (
+            f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
+        )
 
     # -- export ------------------------------------------------------------------------------
     def to_pandas(self, what: str = "epochs"):
@@ -128,8 +131,13 @@ class History:
         return text
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epochs": [dict(r) for r in self.epochs], "steps": {k: list(v) for k, v in self.steps.items()},
-                "events": [dict(e) for e in self.events], "status": self.status, "stop_reason": self.stop_reason}
+        return {
+            "epochs": [dict(r) for r in self.epochs],
+            "steps": {k: list(v) for k, v in self.steps.items()},
+            "events": [dict(e) for e in self.events],
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epochs = [dict(r) for r in state.get("epochs", [])]
@@ -140,7 +148,7 @@ class History:
         self.stop_reason = state.get("stop_reason")
 
     @classmethod
-    def from_json(cls, path: str) -> "History":
+    def from_json(cls, path: str) -> History:
         with open(path, encoding="utf-8") as fh:
             state = json.load(fh)
         history = cls()

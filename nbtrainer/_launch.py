@@ -15,7 +15,8 @@ import pickle
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["launch"]
 
@@ -27,11 +28,27 @@ def _cuda_initialized() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
-def _worker(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, addr: str, port: int,
-            result_dir: str, threads: int | None) -> None:
-    os.environ.update({"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nprocs),
-                       "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": addr,
-                       "MASTER_PORT": str(port)})
+def _worker(
+    local_rank: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    nprocs: int,
+    addr: str,
+    port: int,
+    result_dir: str,
+    threads: int | None,
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(nprocs),
+            "LOCAL_WORLD_SIZE": str(nprocs),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+        }
+    )
     import torch
 
     if threads:
@@ -40,10 +57,12 @@ def _worker(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, a
         result = fn(*args)
         try:
             payload = pickle.dumps(result)
-        except Exception as exc:  # noqa: BLE001 - say which value, not just "can't pickle"
-            raise TypeError(f"nbtrainer.launch: rank {local_rank}'s return value ({type(result).__name__}) cannot "
-                            f"be pickled back to the notebook: {exc}. Return plain data (numbers, dicts, "
-                            "state_dicts, History) instead.") from exc
+        except Exception as exc:
+            raise TypeError(
+                f"nbtrainer.launch: rank {local_rank}'s return value ({type(result).__name__}) cannot "
+                f"be pickled back to the notebook: {exc}. Return plain data (numbers, dicts, "
+                "state_dicts, History) instead."
+            ) from exc
         with open(os.path.join(result_dir, f"{local_rank}.pkl"), "wb") as fh:
             fh.write(payload)
     finally:
@@ -53,9 +72,15 @@ def _worker(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, a
             dist.destroy_process_group()
 
 
-def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_method: str | None = None,
-           master_addr: str = "127.0.0.1", master_port: int | None = None,
-           threads_per_process: int | None = None) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    nprocs: int | None = None,
+    start_method: str | None = None,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    threads_per_process: int | None = None,
+) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` processes as a torchrun-like world; return each rank's result.
 
     Build the model, data and ``Trainer`` inside ``fn``: with ``strategy="auto"`` (the default) the
@@ -108,17 +133,22 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_
                 "nbtrainer.launch: CUDA has already been initialised in this kernel (a tensor or model was put on "
                 "the GPU, or torch.cuda was queried), and forked processes cannot use CUDA after that. Restart the "
                 "kernel and call nbtrainer.launch before any CUDA work (create models and data inside the launched "
-                "function), or use start_method='spawn' with the function defined in an importable .py module.")
+                "function), or use start_method='spawn' with the function defined in an importable .py module."
+            )
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            raise RuntimeError("nbtrainer.launch: a process group is already initialised in this process; forked "
-                               "children cannot share it. Destroy it first "
-                               "(torch.distributed.destroy_process_group()).")
+            raise RuntimeError(
+                "nbtrainer.launch: a process group is already initialised in this process; forked "
+                "children cannot share it. Destroy it first "
+                "(torch.distributed.destroy_process_group())."
+            )
     elif getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__"):
-        raise RuntimeError("nbtrainer.launch: with start_method='spawn' the function must be importable by the new "
-                           "processes, and functions defined in a notebook are not. Move it to a .py module and "
-                           "import it, or use start_method='fork' (before any CUDA work in the kernel).")
+        raise RuntimeError(
+            "nbtrainer.launch: with start_method='spawn' the function must be importable by the new "
+            "processes, and functions defined in a notebook are not. Move it to a .py module and "
+            "import it, or use start_method='fork' (before any CUDA work in the kernel)."
+        )
     if master_port is None:
         from nbtrainer._distributed import _free_port
 
@@ -127,9 +157,13 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_
         threads_per_process = max(1, torch.get_num_threads() // nprocs)
     result_dir = tempfile.mkdtemp(prefix="nbtrainer-launch-")
     try:
-        context = mp.start_processes(_worker, args=(fn, args, nprocs, master_addr, master_port, result_dir,
-                                                    threads_per_process),
-                                     nprocs=nprocs, join=False, start_method=start_method)
+        context = mp.start_processes(
+            _worker,
+            args=(fn, args, nprocs, master_addr, master_port, result_dir, threads_per_process),
+            nprocs=nprocs,
+            join=False,
+            start_method=start_method,
+        )
         try:
             while not context.join():
                 pass

@@ -19,7 +19,8 @@ import contextlib
 import itertools
 import math
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -73,8 +74,9 @@ def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
 
 
 class FitLoop:
-    def __init__(self, trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None,
-                 profiler: Any) -> None:
+    def __init__(
+        self, trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, profiler: Any
+    ) -> None:
         self.t = trainer
         self.train_loader = train_loader
         self.val_loader = val_loader
@@ -212,7 +214,7 @@ class FitLoop:
             if bound["on_train_batch_start"]:
                 cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
             # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
-            with (no_sync(model, not closes) if no_sync is not None else _NULL):
+            with no_sync(model, not closes) if no_sync is not None else _NULL:
                 with r_fwd, amp:
                     if first:  # staged, with clear errors (same computation)
                         loss, outputs, targets = t._first_compute(batch)
@@ -257,8 +259,12 @@ class FitLoop:
                 if sample:
                     self._sync()
                     t4 = time.perf_counter()
-                    self._step_times = {"data": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
-                                        "backward": (t3 - t2) * 1e3, "optimizer": (t4 - t3) * 1e3}
+                    self._step_times = {
+                        "data": (t1 - t0) * 1e3,
+                        "forward": (t2 - t1) * 1e3,
+                        "backward": (t3 - t2) * 1e3,
+                        "optimizer": (t4 - t3) * 1e3,
+                    }
                 if control.dirty:
                     t._apply_control()
                 if self.max_steps is not None and st.global_step >= self.max_steps:
@@ -325,19 +331,21 @@ class FitLoop:
         parts += t._train_metrics.drain()
         host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
         losses = host[:n]
-        metric_vals = {name: host[n * (i + 1): n * (i + 2)] for i, name in enumerate(t._train_metrics.pending)}
+        metric_vals = {name: host[n * (i + 1) : n * (i + 2)] for i, name in enumerate(t._train_metrics.pending)}
         bss = self._pend_bs
         if t._nonfinite.gating:  # skipped windows stay out of the running loss
-            st.nonfinite_samples += sum(b for v, b in zip(losses, bss) if not math.isfinite(v))
-            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss) if math.isfinite(v)])
+            st.nonfinite_samples += sum(b for v, b in zip(losses, bss, strict=True) if not math.isfinite(v))
+            st.loss_sum = exact_add(
+                st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True) if math.isfinite(v)]
+            )
         else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
-            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss)])
+            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True)])
         t._train_metrics.absorb(metric_vals, bss)
         # One point per closed optimizer step: its window's sample-weighted mean loss. Windows are found
         # from the step marks' cumulative micro-batch ends (a one-batch window is just its loss).
         base = self._pend_base
         vals = self._open_window
-        vals.extend(zip(losses, bss))
+        vals.extend(zip(losses, bss, strict=True))
         first = base + n - len(vals)  # cumulative micro-batch index of vals[0]
         points: list[tuple[int, float, float]] = []
         marks = self._step_marks
@@ -396,12 +404,13 @@ class FitLoop:
         epoch_time = now - self._epoch_start
         samples, loss_sum = st.samples, st.loss_sum
         metric_sums = [t._train_metrics.sums[n] for n in t._train_metrics.sums]
-        reduced = t.strategy.reduce_sums([float(samples), loss_sum, float(samples - st.nonfinite_samples)]
-                                         + metric_sums)
+        reduced = t.strategy.reduce_sums(
+            [float(samples), loss_sum, float(samples - st.nonfinite_samples), *metric_sums]
+        )
         count = reduced[0] or 1.0
         loss = reduced[1] / reduced[2] if reduced[2] else math.nan
         logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": loss}
-        for name, total in zip(t._train_metrics.sums, reduced[3:]):
+        for name, total in zip(t._train_metrics.sums, reduced[3:], strict=True):
             logs[name] = total / count
         logs.update({k: v for k, v in t._train_metrics.compute(int(count)).items() if k not in t._train_metrics.sums})
         if self.val_loader is not None and epoch_no % t.val_every_n_epochs == 0:

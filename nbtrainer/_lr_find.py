@@ -22,8 +22,9 @@ from __future__ import annotations
 import copy
 import html
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ RULES = ("valley", "steepest", "minimum/10")
 # =============================================================================================
 # suggestions
 # =============================================================================================
+
 
 def _valley(losses: list[float]) -> int | None:
     """fastai's valley: index a little past the first third of the longest decreasing run."""
@@ -84,10 +86,10 @@ def suggest(lrs: list[float], smoothed: list[float]) -> dict[str, float | None]:
         >>> 1e-4 < s["valley"] < 1e-2 and 1e-4 < s["steepest"] < 1e-2
         True
     """
-    finite = [(lr, v) for lr, v in zip(lrs, smoothed) if math.isfinite(v)]
+    finite = [(lr, v) for lr, v in zip(lrs, smoothed, strict=True) if math.isfinite(v)]
     lrs = [lr for lr, _ in finite]
     losses = [v for _, v in finite]
-    out: dict[str, float | None] = {rule: None for rule in RULES}
+    out: dict[str, float | None] = dict.fromkeys(RULES)
     if len(losses) < 3:
         return out
     # The valley starts where the loss has begun to fall (5% of its total drop): on a clean curve the
@@ -106,6 +108,7 @@ def suggest(lrs: list[float], smoothed: list[float]) -> dict[str, float | None]:
 # =============================================================================================
 # the result
 # =============================================================================================
+
 
 @dataclass
 class LRFinderResult:
@@ -156,19 +159,26 @@ class LRFinderResult:
             return "None" if v is None else f"{v:.3g}"
 
         alts = ", ".join(f"{k}={fmt(v)}" for k, v in self.alternatives.items())
-        return (f"LRFinderResult(suggestion={fmt(self.suggestion)} ({self.rule}); {alts}; "
-                f"{len(self.lrs)}/{self.steps} steps, {self.stop_reason})")
+        return (
+            f"LRFinderResult(suggestion={fmt(self.suggestion)} ({self.rule}); {alts}; "
+            f"{len(self.lrs)}/{self.steps} steps, {self.stop_reason})"
+        )
 
     # -- chart ---------------------------------------------------------------------------------
     def to_svg(self, width: int = 520, height: int = 300) -> str:
         """The smoothed loss against the LR (log axis), the raw loss faint, the suggestions marked."""
-        pts = [(lr, raw, sm) for lr, raw, sm in zip(self.lrs, self.losses, self.smoothed)
-               if lr > 0 and math.isfinite(sm)]
+        pts = [
+            (lr, raw, sm)
+            for lr, raw, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)
+            if lr > 0 and math.isfinite(sm)
+        ]
         left, right, top, bottom = 56, 14, 14, 40
         w, h = width - left - right, height - top - bottom
-        head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" '
-                f'class="nbt-lr-find" role="img" aria-label="LR finder: loss against learning rate">')
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" '
+            f'class="nbt-lr-find" role="img" aria-label="LR finder: loss against learning rate">'
+        )
         if len(pts) < 2:
             return head + f'<text x="{left}" y="{top + 20}">Too few points to plot ({self.stop_reason}).</text></svg>'
         x0, x1 = math.log10(pts[0][0]), math.log10(pts[-1][0])
@@ -192,45 +202,55 @@ class LRFinderResult:
 
         parts = [head, f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#bbb"/>']
         for d in range(math.ceil(x0), math.floor(x1) + 1):  # decade ticks
-            x = px(10.0 ** d)
+            x = px(10.0**d)
             parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" stroke="#eee"/>')
             parts.append(f'<text x="{x:.1f}" y="{top + h + 14}" text-anchor="middle">1e{d}</text>')
         for k in range(5):
             v = y_lo + (y_hi - y_lo) * k / 4
             parts.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
         parts.append(f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle">learning rate</text>')
-        parts.append(f'<text x="12" y="{top + h / 2}" text-anchor="middle" '
-                     f'transform="rotate(-90 12 {top + h / 2})">loss</text>')
+        parts.append(
+            f'<text x="12" y="{top + h / 2}" text-anchor="middle" transform="rotate(-90 12 {top + h / 2})">loss</text>'
+        )
         raw = " ".join(f"{px(lr):.1f},{py(r):.1f}" for lr, r, _ in pts)
         smooth = " ".join(f"{px(lr):.1f},{py(s):.1f}" for lr, _, s in pts)
         parts.append(f'<polyline points="{raw}" fill="none" stroke="#9ecae1" stroke-width="1"/>')
         parts.append(f'<polyline points="{smooth}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
         colors = {"valley": "#d62728", "steepest": "#2ca02c", "minimum/10": "#9467bd"}
         for n, (rule, lr) in enumerate(self.suggestions.items()):
-            if lr is None or not (10.0 ** x0 <= lr <= 10.0 ** x1):
+            if lr is None or not (10.0**x0 <= lr <= 10.0**x1):
                 continue
             x, color = px(lr), colors.get(rule, "#555")
             dash = "" if rule == self.rule else ' stroke-dasharray="4 3"'
-            parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" stroke="{color}"{dash}>'
-                         f'<title>{html.escape(rule)}: {lr:.3g}</title></line>')
-            parts.append(f'<text x="{x + 3:.1f}" y="{top + 12 + 12 * n}" fill="{color}">'
-                         f'{html.escape(rule)} {lr:.2g}</text>')
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" stroke="{color}"{dash}>'
+                f"<title>{html.escape(rule)}: {lr:.3g}</title></line>"
+            )
+            parts.append(
+                f'<text x="{x + 3:.1f}" y="{top + 12 + 12 * n}" fill="{color}">{html.escape(rule)} {lr:.2g}</text>'
+            )
         parts.append("</svg>")
         return "".join(parts)
 
     def _repr_html_(self) -> str:
         sug = self.suggestion
-        head = (f"<b>LR finder</b>: suggestion <b>{sug:.3g}</b> ({html.escape(self.rule)})" if sug is not None
-                else "<b>LR finder</b>: no suggestion")
+        head = (
+            f"<b>LR finder</b>: suggestion <b>{sug:.3g}</b> ({html.escape(self.rule)})"
+            if sug is not None
+            else "<b>LR finder</b>: no suggestion"
+        )
         alts = ", ".join(f"{html.escape(k)} {v:.3g}" for k, v in self.alternatives.items() if v is not None)
-        return (f"<div class='nbt-lr-find'>{head}; {alts}<br>{self.to_svg()}<br>"
-                f"<small>{len(self.lrs)} of {self.steps} steps, {self.min_lr:g} to {self.max_lr:g}: "
-                f"{html.escape(self.stop_reason)}. Model and optimizer restored.</small></div>")
+        return (
+            f"<div class='nbt-lr-find'>{head}; {alts}<br>{self.to_svg()}<br>"
+            f"<small>{len(self.lrs)} of {self.steps} steps, {self.min_lr:g} to {self.max_lr:g}: "
+            f"{html.escape(self.stop_reason)}. Model and optimizer restored.</small></div>"
+        )
 
 
 # =============================================================================================
 # the sweep
 # =============================================================================================
+
 
 class _Snapshot:
     """Everything the sweep changes, copied, and put back by :meth:`restore`."""
@@ -263,7 +283,7 @@ class _Snapshot:
             gen.set_state(state)
         if self.generators:
             what.append("data order")
-        return what + ["RNG"]
+        return [*what, "RNG"]
 
 
 def _batches(loader: Iterable) -> Iterable[Any]:
@@ -276,8 +296,17 @@ def _batches(loader: Iterable) -> Iterable[Any]:
             raise ValueError("train_loader is empty: nothing to run the LR sweep on.")
 
 
-def lr_find(trainer: Any, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, *,
-            smoothing: float = 0.98, diverge: float = 4.0, rule: str = "valley") -> LRFinderResult:
+def lr_find(
+    trainer: Any,
+    train_loader: Iterable,
+    min_lr: float = 1e-7,
+    max_lr: float = 10.0,
+    steps: int = 100,
+    *,
+    smoothing: float = 0.98,
+    diverge: float = 4.0,
+    rule: str = "valley",
+) -> LRFinderResult:
     """Run the LR range test with ``trainer``'s model, optimizer, precision and accumulation.
 
     Each of ``steps`` optimizer steps uses the next ``trainer.grad_accum_steps`` batches (the loader is
@@ -332,8 +361,8 @@ def lr_find(trainer: Any, train_loader: Iterable, min_lr: float = 1e-7, max_lr: 
             opt.zero_grad(set_to_none=True)
             batches = iter(_batches(train_loader))
             for i in range(steps):
-                lr = min_lr * ratio ** i
-                for g, f in zip(groups, factors):
+                lr = min_lr * ratio**i
+                for g, f in zip(groups, factors, strict=True):
                     g["lr"] = lr * f
                 total = None
                 for j in range(k):
@@ -372,6 +401,16 @@ def lr_find(trainer: Any, train_loader: Iterable, min_lr: float = 1e-7, max_lr: 
                     break
     finally:
         restored = snap.restore()
-    return LRFinderResult(lrs=lrs, losses=losses, smoothed=smoothed, suggestions=suggest(lrs, smoothed), rule=rule,
-                          stopped_early=stopped, stop_reason=reason, min_lr=float(min_lr), max_lr=float(max_lr),
-                          steps=steps, restored=restored)
+    return LRFinderResult(
+        lrs=lrs,
+        losses=losses,
+        smoothed=smoothed,
+        suggestions=suggest(lrs, smoothed),
+        rule=rule,
+        stopped_early=stopped,
+        stop_reason=reason,
+        min_lr=float(min_lr),
+        max_lr=float(max_lr),
+        steps=steps,
+        restored=restored,
+    )

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
@@ -37,36 +38,47 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbtrainer._doctor import DoctorReport, doctor_report
 
-__all__ = ["NbtrainerMagics", "DoctorReport", "doctor_report", "load", "unload"]
+__all__ = ["DoctorReport", "NbtrainerMagics", "doctor_report", "load", "unload"]
 
 # =============================================================================================
 # argument parsing: one MagicArgumentParser per subcommand
 # =============================================================================================
 
+
 def _subcommand(name: str, description: str) -> Callable[[Callable], Callable]:
     """Decorate a stub so magic_arguments builds a parser whose usage reads ``%nbtrainer <name> ...``."""
+
     def wrap(fn: Callable) -> Callable:
         fn.__doc__ = description
         return magic_arguments.magic_arguments(name=f"nbtrainer {name}")(fn)
+
     return wrap
 
 
 @_subcommand("doctor", "Check torch, devices, precisions and the notebook stack; suggest fixes.")
-@magic_arguments.argument("--device", action="append", metavar="DEV",
-                          help="check only this device (repeatable); default: every device found")
+@magic_arguments.argument(
+    "--device", action="append", metavar="DEV", help="check only this device (repeatable); default: every device found"
+)
 def _doctor_args() -> None: ...
 
 
 @_subcommand("profile", "Profile a model of the namespace (FLOPs, parameters, memory, latency).")
 @magic_arguments.argument("model", metavar="MODEL", help="name of an nn.Module in the namespace")
-@magic_arguments.argument("--input-shape", metavar="SHAPE", action="append",
-                          help="shape of a random float input, e.g. 1,3,32,32 (repeat for several inputs)")
-@magic_arguments.argument("--inputs", metavar="VAR",
-                          help="name of the example inputs in the namespace (tensor, tuple or dict)")
-@magic_arguments.argument("--device", default="auto", metavar="DEV",
-                          help="auto | cpu | cuda | cuda:1 ..., or a comma list (default auto)")
-@magic_arguments.argument("--precision", default="fp32", metavar="P",
-                          help="fp32 | fp16-mixed | bf16-mixed, or a comma list (default fp32)")
+@magic_arguments.argument(
+    "--input-shape",
+    metavar="SHAPE",
+    action="append",
+    help="shape of a random float input, e.g. 1,3,32,32 (repeat for several inputs)",
+)
+@magic_arguments.argument(
+    "--inputs", metavar="VAR", help="name of the example inputs in the namespace (tensor, tuple or dict)"
+)
+@magic_arguments.argument(
+    "--device", default="auto", metavar="DEV", help="auto | cpu | cuda | cuda:1 ..., or a comma list (default auto)"
+)
+@magic_arguments.argument(
+    "--precision", default="fp32", metavar="P", help="fp32 | fp16-mixed | bf16-mixed, or a comma list (default fp32)"
+)
 def _profile_args() -> None: ...
 
 
@@ -75,8 +87,9 @@ def _profile_args() -> None: ...
 @magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
 @magic_arguments.argument("optimizer", metavar="OPTIMIZER")
 @magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
-@magic_arguments.argument("val_loader", metavar="VAL_LOADER", nargs="?", default=None,
-                          help="validation loader (optional)")
+@magic_arguments.argument(
+    "val_loader", metavar="VAL_LOADER", nargs="?", default=None, help="validation loader (optional)"
+)
 @magic_arguments.argument("--epochs", type=int, default=1, metavar="N", help="number of epochs (default 1)")
 @magic_arguments.argument("--precision", default="fp32", metavar="P", help="fp32 | fp16-mixed | bf16-mixed")
 @magic_arguments.argument("--accum", type=int, default=1, metavar="K", help="gradient accumulation steps")
@@ -84,20 +97,28 @@ def _profile_args() -> None: ...
 def _train_args() -> None: ...
 
 
-@_subcommand("compare", "Train once per strategy; compare step time, memory, loss and a metric (stored as "
-                        "_nbt_compare).")
+@_subcommand(
+    "compare", "Train once per strategy; compare step time, memory, loss and a metric (stored as _nbt_compare)."
+)
 @magic_arguments.argument("make_model", metavar="MAKE_MODEL", help="name of a function returning a fresh model")
-@magic_arguments.argument("make_optimizer", metavar="MAKE_OPTIMIZER",
-                          help="name of a function model -> optimizer, or None (AdamW)")
+@magic_arguments.argument(
+    "make_optimizer", metavar="MAKE_OPTIMIZER", help="name of a function model -> optimizer, or None (AdamW)"
+)
 @magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
 @magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
-@magic_arguments.argument("val_loader", metavar="VAL_LOADER", nargs="?", default=None,
-                          help="validation loader (optional)")
-@magic_arguments.argument("--strategies", default="fp32,bf16,ckpt,accum4,adafactor", metavar="LIST|VAR",
-                          help="comma list of presets (fp32, fp16, bf16, ckpt, accumN, adafactor, all) or the "
-                               "name of a dict {name: {trainer options}}")
-@magic_arguments.argument("--steps", type=int, default=None, metavar="N",
-                          help="optimizer steps per strategy (default: one epoch)")
+@magic_arguments.argument(
+    "val_loader", metavar="VAL_LOADER", nargs="?", default=None, help="validation loader (optional)"
+)
+@magic_arguments.argument(
+    "--strategies",
+    default="fp32,bf16,ckpt,accum4,adafactor",
+    metavar="LIST|VAR",
+    help="comma list of presets (fp32, fp16, bf16, ckpt, accumN, adafactor, all) or the "
+    "name of a dict {name: {trainer options}}",
+)
+@magic_arguments.argument(
+    "--steps", type=int, default=None, metavar="N", help="optimizer steps per strategy (default: one epoch)"
+)
 @magic_arguments.argument("--epochs", type=int, default=None, metavar="N", help="epochs per strategy")
 @magic_arguments.argument("--metric", default="val_acc", metavar="KEY", help="validation key to report, or none")
 @magic_arguments.argument("--metrics", metavar="VAR", help="name of a dict of metrics in the namespace")
@@ -111,10 +132,17 @@ def _status_args() -> None: ...
 
 
 @_subcommand("stop", "Stop the training runs in this kernel at the next optimizer step.")
-@magic_arguments.argument("run", metavar="N", nargs="?", type=int, default=None,
-                          help="the run number from %%nbtrainer status (default: all runs)")
-@magic_arguments.argument("--wait", type=float, default=0.0, metavar="S",
-                          help="wait up to S seconds for the runs to stop")
+@magic_arguments.argument(
+    "run",
+    metavar="N",
+    nargs="?",
+    type=int,
+    default=None,
+    help="the run number from %%nbtrainer status (default: all runs)",
+)
+@magic_arguments.argument(
+    "--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the runs to stop"
+)
 def _stop_args() -> None: ...
 
 
@@ -152,7 +180,7 @@ def _parse(name: str, argstring: str) -> Any:
     fn = _PARSERS[name]
     if re.search(r"(^|\s)(-h|--help)(\s|$)", argstring):
         help_text = fn.parser.format_help()
-        print(_usage(fn) + help_text[help_text.find("\n\n", len("::\n\n")):].rstrip())
+        print(_usage(fn) + help_text[help_text.find("\n\n", len("::\n\n")) :].rstrip())
         return None
     try:
         return fn.parser.parse_argstring(argstring)
@@ -176,14 +204,17 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     except ValueError:
         shape = ()
     if not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"%nbtrainer profile: bad --input-shape {text!r}: use positive integers like 1,3,32,32\n"
-                         f"{_usage(_profile_args)}")
+        raise UsageError(
+            f"%nbtrainer profile: bad --input-shape {text!r}: use positive integers like 1,3,32,32\n"
+            f"{_usage(_profile_args)}"
+        )
     return shape
 
 
 # =============================================================================================
 # the magic
 # =============================================================================================
+
 
 @magics_class
 class NbtrainerMagics(Magics):
@@ -249,8 +280,9 @@ class NbtrainerMagics(Magics):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
         if bool(args.inputs) == bool(args.input_shape):
-            raise UsageError("%nbtrainer profile: give exactly one of --input-shape SHAPE or --inputs VAR\n"
-                             + _usage(_profile_args))
+            raise UsageError(
+                "%nbtrainer profile: give exactly one of --input-shape SHAPE or --inputs VAR\n" + _usage(_profile_args)
+            )
         if args.inputs:
             example = self._lookup(args.inputs, "--inputs")
         else:
@@ -277,7 +309,7 @@ class NbtrainerMagics(Magics):
         try:
             from nbtrainer import ProfileCard
         except (ImportError, AttributeError):
-            ProfileCard = None  # noqa: N806 - the widget layer is not there: show the profile's own HTML
+            ProfileCard = None
         if ProfileCard is not None:
             self._display(ProfileCard(profile))
         elif hasattr(profile, "_repr_html_"):
@@ -308,8 +340,17 @@ class NbtrainerMagics(Magics):
 
         from nbtrainer import TrainerWidget
 
-        widget = TrainerWidget(model, criterion, optimizer, train_loader, val_loader, epochs=args.epochs,
-                               precision=precision, grad_accum_steps=args.accum, metrics=metrics)
+        widget = TrainerWidget(
+            model,
+            criterion,
+            optimizer,
+            train_loader,
+            val_loader,
+            epochs=args.epochs,
+            precision=precision,
+            grad_accum_steps=args.accum,
+            metrics=metrics,
+        )
         self.shell.user_ns["_nbt_widget"] = widget
         self._display(widget)
         return None
@@ -326,8 +367,10 @@ class NbtrainerMagics(Magics):
 
         make_model = self._lookup(args.make_model, "MAKE_MODEL")
         if not callable(make_model) or hasattr(make_model, "parameters"):
-            raise UsageError(f"MAKE_MODEL {args.make_model!r} must be a function returning a fresh model "
-                             "(each strategy trains its own copy), not a model")
+            raise UsageError(
+                f"MAKE_MODEL {args.make_model!r} must be a function returning a fresh model "
+                "(each strategy trains its own copy), not a model"
+            )
         make_optimizer = None if args.make_optimizer == "None" else self._lookup(args.make_optimizer, "MAKE_OPTIMIZER")
         criterion = None if args.criterion == "None" else self._lookup(args.criterion, "CRITERION")
         train_loader = self._lookup(args.train_loader, "TRAIN_LOADER")
@@ -349,18 +392,34 @@ class NbtrainerMagics(Magics):
         try:  # the widget layer is optional: without ipywidgets/bqplot the table's own text/HTML is shown
             from nbtrainer.widgets import CompareWidget
         except ImportError:
-            CompareWidget = None  # noqa: N806
+            CompareWidget = None
         print(f"Comparing {len(strategies)} strategies: {', '.join(strategies)}", flush=True)
-        options = dict(epochs=args.epochs, steps=args.steps, metric=metric, metrics=metrics, device=args.device,
-                       repeats=args.repeats)
+        options = {
+            "epochs": args.epochs,
+            "steps": args.steps,
+            "metric": metric,
+            "metrics": metrics,
+            "device": args.device,
+            "repeats": args.repeats,
+        }
         if CompareWidget is not None:  # shown before the first strategy trains; rows and bars fill in as they come
-            widget = CompareWidget.run(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
-                                       show=self._display, on_row=progress, **options)
+            widget = CompareWidget.run(
+                make_model,
+                make_optimizer,
+                criterion,
+                train_loader,
+                val_loader,
+                strategies,
+                show=self._display,
+                on_row=progress,
+                **options,
+            )
             table = widget.comparison
             self.shell.user_ns["_nbt_compare_widget"] = widget
         else:
-            table = compare_strategies(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
-                                       on_row=progress, **options)
+            table = compare_strategies(
+                make_model, make_optimizer, criterion, train_loader, val_loader, strategies, on_row=progress, **options
+            )
             self._display(table)
         self.shell.user_ns["_nbt_compare"] = table
         return None
@@ -405,8 +464,9 @@ class NbtrainerMagics(Magics):
             return None
         if args.run is not None:
             if not 0 <= args.run < len(runs):
-                raise UsageError(f"%nbtrainer stop: no run {args.run}; runs are 0..{len(runs) - 1} "
-                                 "(see %nbtrainer status)")
+                raise UsageError(
+                    f"%nbtrainer stop: no run {args.run}; runs are 0..{len(runs) - 1} (see %nbtrainer status)"
+                )
             runs = [runs[args.run]]
         for t in runs:
             t.request_stop("stopped by %nbtrainer stop")

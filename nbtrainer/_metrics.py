@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-__all__ = ["MetricSet", "is_torchmetric", "exact_add"]
+__all__ = ["MetricSet", "exact_add", "is_torchmetric"]
 
 
 def exact_add(parts: list[float], values: Any) -> float:
@@ -81,13 +82,15 @@ class MetricSet:
             elif callable(metric):
                 self.callables.append((name, metric))
             else:
-                raise TypeError(f"Metric {name!r} is a {type(metric).__name__}; pass a torchmetrics Metric or a "
-                                "callable(outputs, targets) -> scalar tensor.")
+                raise TypeError(
+                    f"Metric {name!r} is a {type(metric).__name__}; pass a torchmetrics Metric or a "
+                    "callable(outputs, targets) -> scalar tensor."
+                )
         self.pending: dict[str, list[torch.Tensor]] = {n: [] for n, _ in self.callables}
         self.sums: dict[str, float] = {n: 0.0 for n, _ in self.callables}
         self._parts: dict[str, list[float]] = {n: [] for n, _ in self.callables}  # exact sums (see exact_add)
 
-    def clone(self, device: torch.device) -> "MetricSet":
+    def clone(self, device: torch.device) -> MetricSet:
         """An independent copy for another stage (validation keeps its own torchmetrics state)."""
         new = MetricSet(None, device)
         new.callables = list(self.callables)
@@ -117,8 +120,10 @@ class MetricSet:
         """Validate the first batch's callable values (cheap attribute reads, no sync)."""
         for name, values in self.pending.items():
             if values and values[-1].numel() != 1:
-                raise ValueError(f"Metric {name!r} returned a tensor of shape {tuple(values[-1].shape)}; a metric "
-                                 "must return one number per batch (e.g. reduce with .mean()).")
+                raise ValueError(
+                    f"Metric {name!r} returned a tensor of shape {tuple(values[-1].shape)}; a metric "
+                    "must return one number per batch (e.g. reduce with .mean())."
+                )
 
     def drain(self) -> list[torch.Tensor]:
         """Stack each callable's pending values (one device op each) and clear the lists."""
@@ -131,7 +136,9 @@ class MetricSet:
 
     def absorb(self, host_values: dict[str, list[float]], batch_sizes: list[int]) -> None:
         for name, values in host_values.items():
-            self.sums[name] = exact_add(self._parts.setdefault(name, []), [v * n for v, n in zip(values, batch_sizes)])
+            self.sums[name] = exact_add(
+                self._parts.setdefault(name, []), [v * n for v, n in zip(values, batch_sizes, strict=True)]
+            )
 
     def running(self, count: int) -> dict[str, float]:
         return {n: self.sums[n] / count for n in self.sums} if count else {}
@@ -160,9 +167,11 @@ class MetricSet:
     def state_dict(self) -> dict[str, Any]:
         """Running sums (exact partials) and torchmetrics states (``Metric`` or ``MetricCollection``),
         as tensors and plain data."""
-        return {"sums": dict(self.sums), "parts": {k: list(v) for k, v in self._parts.items()},
-                "torchmetrics": {n: _cpu_state(m.metric_state) for n, m in self.torchmetrics
-                                 if hasattr(m, "metric_state")}}
+        return {
+            "sums": dict(self.sums),
+            "parts": {k: list(v) for k, v in self._parts.items()},
+            "torchmetrics": {n: _cpu_state(m.metric_state) for n, m in self.torchmetrics if hasattr(m, "metric_state")},
+        }
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self.sums.update(state.get("sums", {}))
@@ -205,7 +214,9 @@ def _load_tm_state(metric: Any, state: dict[str, Any], device: torch.device) -> 
 def _scalar(name: str, value: Any) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; configure it to "
-                             "return a scalar (e.g. average='macro').")
+            raise ValueError(
+                f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; configure it to "
+                "return a scalar (e.g. average='macro')."
+            )
         return float(value)
     return float(value)

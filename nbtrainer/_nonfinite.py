@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["NonFiniteLossError", "NonFiniteGuard", "MODES"]
+__all__ = ["MODES", "NonFiniteGuard", "NonFiniteLossError"]
 
 MODES = ("raise", "skip", "stop")
 
@@ -53,9 +53,11 @@ class NonFiniteLossError(FloatingPointError):
 
 def check_mode(mode: Any) -> str:
     if mode not in MODES:
-        raise ValueError(f"on_nonfinite must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}. "
-                         "'raise' stops with an error, 'skip' skips the optimizer step of a window with a "
-                         "NaN/inf loss, 'stop' skips it and ends the fit.")
+        raise ValueError(
+            f"on_nonfinite must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}. "
+            "'raise' stops with an error, 'skip' skips the optimizer step of a window with a "
+            "NaN/inf loss, 'stop' skips it and ends the fit."
+        )
     return mode
 
 
@@ -115,10 +117,12 @@ class NonFiniteGuard:
                 "rate too high, log(0) or a division by zero in the loss, NaN/inf in the input data, fp16 "
                 "without loss scaling. Fix the cause (lower the lr, set max_grad_norm, check the data), or "
                 "pass Trainer(on_nonfinite='skip') to skip such steps or 'stop' to end the fit cleanly. "
-                "Weights updated after the bad step may be non-finite; no checkpoint was written from them.")
+                "Weights updated after the bad step may be non-finite; no checkpoint was written from them."
+            )
         action = "skipped" if self.mode == "skip" else "skipped; stopping"
         for step in closed:  # an open window is reported when it closes (at a later read)
-            trainer.history.add_event(step=step, epoch=st.epoch + 1, kind="nonfinite", old=None,
-                                      new=f"loss non-finite: step {action}")
+            trainer.history.add_event(
+                step=step, epoch=st.epoch + 1, kind="nonfinite", old=None, new=f"loss non-finite: step {action}"
+            )
         if self.mode == "stop":
             trainer.request_stop(f"non-finite loss at optimizer {where}: {what}")

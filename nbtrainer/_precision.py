@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import ContextManager
 
 import torch
 
@@ -28,10 +27,22 @@ __all__ = [
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed")
 
 _ALIASES = {
-    "fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32", "f32": "fp32", "full": "fp32",
-    "fp16-mixed": "fp16-mixed", "16": "fp16-mixed", "16-mixed": "fp16-mixed", "fp16": "fp16-mixed",
-    "float16": "fp16-mixed", "half": "fp16-mixed", "amp": "fp16-mixed",
-    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed", "bfloat16": "bf16-mixed",
+    "fp32": "fp32",
+    "32": "fp32",
+    "32-true": "fp32",
+    "float32": "fp32",
+    "f32": "fp32",
+    "full": "fp32",
+    "fp16-mixed": "fp16-mixed",
+    "16": "fp16-mixed",
+    "16-mixed": "fp16-mixed",
+    "fp16": "fp16-mixed",
+    "float16": "fp16-mixed",
+    "half": "fp16-mixed",
+    "amp": "fp16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "bf16": "bf16-mixed",
+    "bfloat16": "bf16-mixed",
 }
 
 
@@ -70,7 +81,7 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"fp32": None, "fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}[precision]
 
 
-def autocast(precision: str, device: torch.device) -> ContextManager:
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """Autocast context for forward + loss (fp32: a no-op context)."""
     dtype = autocast_dtype(precision)
     if dtype is None:
@@ -93,22 +104,27 @@ def _trial(device: torch.device, dtype: torch.dtype) -> None:
     out.backward()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _support(device_key: str) -> tuple[tuple[str, bool, str], ...]:
     device = torch.device(device_key)
     rows: list[tuple[str, bool, str]] = [("fp32", True, "")]
     for name, dtype in (("fp16-mixed", torch.float16), ("bf16-mixed", torch.bfloat16)):
         reason = ""
-        if device.type == "cuda" and dtype is torch.bfloat16:
-            # The default is_bf16_supported() also says True where bf16 is only emulated (T4, V100).
-            if not torch.cuda.is_bf16_supported(including_emulation=False):
-                cap = torch.cuda.get_device_capability(device)
-                reason = (f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) "
-                          "has no native bf16; it would be emulated and slow. Use fp16-mixed.")
+        # The default is_bf16_supported() also says True where bf16 is only emulated (T4, V100).
+        if (
+            device.type == "cuda"
+            and dtype is torch.bfloat16
+            and not torch.cuda.is_bf16_supported(including_emulation=False)
+        ):
+            cap = torch.cuda.get_device_capability(device)
+            reason = (
+                f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) "
+                "has no native bf16; it would be emulated and slow. Use fp16-mixed."
+            )
         if not reason:
             try:
                 _trial(device, dtype)
-            except Exception as exc:  # noqa: BLE001 - any failure means "not supported here"
+            except Exception as exc:
                 reason = f"autocast({device.type}, {dtype}) failed here: {type(exc).__name__}: {exc}"
         rows.append((name, not reason, reason))
     return tuple(rows)

@@ -71,8 +71,16 @@ class ModelProfile:
     environment: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def fits(self, budget_gb: float, batch_size: int | None = None, *, device: str | None = None,
-             precision: str | None = None, checkpointing: bool = False, headroom: float = 0.0) -> FitResult:
+    def fits(
+        self,
+        budget_gb: float,
+        batch_size: int | None = None,
+        *,
+        device: str | None = None,
+        precision: str | None = None,
+        checkpointing: bool = False,
+        headroom: float = 0.0,
+    ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
 
         Args:
@@ -102,8 +110,13 @@ class ModelProfile:
         prec = normalize_precision(precision) if precision is not None else next(iter(measured[dev]))
         if prec not in measured[dev]:
             raise ValueError(f"Memory was not measured for {prec!r} on {dev}; measured: {sorted(measured[dev])}")
-        return plan_fit(measured[dev][prec], budget_gb=budget_gb, batch_size=batch_size or self.batch_size,
-                        checkpointing=checkpointing, headroom=headroom)
+        return plan_fit(
+            measured[dev][prec],
+            budget_gb=budget_gb,
+            batch_size=batch_size or self.batch_size,
+            checkpointing=checkpointing,
+            headroom=headroom,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested data (dicts, lists, numbers, strings): every field above."""
@@ -210,9 +223,13 @@ def profile_model(
     start = time.perf_counter()
     params = list(model.parameters())
     prof = ModelProfile(
-        model_name=type(model).__name__, batch_size=batch_size,
-        params=sum(p.numel() for p in params), trainable_params=sum(p.numel() for p in params if p.requires_grad),
-        size_mb=0.0, size=_size(model), seconds=seconds,
+        model_name=type(model).__name__,
+        batch_size=batch_size,
+        params=sum(p.numel() for p in params),
+        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        size_mb=0.0,
+        size=_size(model),
+        seconds=seconds,
         environment={"torch": torch.__version__, "ptflops": importlib.metadata.version("ptflops"), "devices": {}},
     )
     prof.size_mb = (prof.size["parameters_bytes"] + prof.size["buffers_bytes"]) / 2**20
@@ -222,20 +239,46 @@ def profile_model(
     cuda = [d for d in resolved if d.type == "cuda" and torch.cuda.is_available()]
     with torch.random.fork_rng(devices=cuda):  # dropout etc. must not advance the caller's RNG
         for device in resolved:
-            _profile_on(prof, model, device, example_inputs, targets, precisions, include=include,
-                        make_optimizer=make_optimizer, criterion=criterion, checkpointing=checkpointing,
-                        n_warmup=n_warmup, n_iters=n_iters, time_budget_s=time_budget_s)
+            _profile_on(
+                prof,
+                model,
+                device,
+                example_inputs,
+                targets,
+                precisions,
+                include=include,
+                make_optimizer=make_optimizer,
+                criterion=criterion,
+                checkpointing=checkpointing,
+                n_warmup=n_warmup,
+                n_iters=n_iters,
+                time_budget_s=time_budget_s,
+            )
     seconds["total"] = time.perf_counter() - start
     return prof
 
 
-def _profile_on(prof: ModelProfile, model: nn.Module, device: torch.device, example_inputs: Any, targets: Any,
-                precisions: list[str], *, include: Collection[str], make_optimizer: Any, criterion: Any,
-                checkpointing: bool, n_warmup: int, n_iters: int | None, time_budget_s: float) -> None:
+def _profile_on(
+    prof: ModelProfile,
+    model: nn.Module,
+    device: torch.device,
+    example_inputs: Any,
+    targets: Any,
+    precisions: list[str],
+    *,
+    include: Collection[str],
+    make_optimizer: Any,
+    criterion: Any,
+    checkpointing: bool,
+    n_warmup: int,
+    n_iters: int | None,
+    time_budget_s: float,
+) -> None:
     key = str(device)
     problem = _device_check(device)
     prof.environment["devices"][key] = problem or (
-        torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+        torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    )
     if problem:  # reported, not silently dropped
         for name, step in (("latency", prof.latency_ms), ("memory", prof.memory)):
             if name in include:
@@ -268,14 +311,28 @@ def _profile_on(prof: ModelProfile, model: nn.Module, device: torch.device, exam
                 continue
             start = time.perf_counter()
             if name == "latency":
-                per[precision] = measure_latency(work, inputs, device=device, precision=precision,
-                                                 batch_size=prof.batch_size, n_warmup=n_warmup,
-                                                 n_iters=n_iters, time_budget_s=time_budget_s)
+                per[precision] = measure_latency(
+                    work,
+                    inputs,
+                    device=device,
+                    precision=precision,
+                    batch_size=prof.batch_size,
+                    n_warmup=n_warmup,
+                    n_iters=n_iters,
+                    time_budget_s=time_budget_s,
+                )
             else:
                 per[precision] = measure_training_memory(
-                    work, inputs, device=device, precision=precision, batch_size=prof.batch_size,
-                    make_optimizer=make_optimizer, criterion=criterion, targets=tgt,
-                    checkpointing=checkpointing)
+                    work,
+                    inputs,
+                    device=device,
+                    precision=precision,
+                    batch_size=prof.batch_size,
+                    make_optimizer=make_optimizer,
+                    criterion=criterion,
+                    targets=tgt,
+                    checkpointing=checkpointing,
+                )
             seconds[f"{name} {key} {precision}"] = time.perf_counter() - start
     del work, inputs, tgt
     if device.type == "cuda":

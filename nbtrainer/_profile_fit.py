@@ -52,13 +52,14 @@ def _needed(memory: dict[str, Any], batch_size: int, checkpointing: bool) -> dic
     line = memory["scaling"]["activations_checkpointed" if checkpointing else "activations"]
     inputs = memory["scaling"]["inputs"]
     parts = {key: int(memory[key]) for key in ("parameters", "buffers", "gradients", "optimizer_state")}
-    parts["activations"] = int(round(line["fixed"] + line["per_sample"] * batch_size))
-    parts["inputs"] = int(round(inputs["fixed"] + inputs["per_sample"] * batch_size))
+    parts["activations"] = round(line["fixed"] + line["per_sample"] * batch_size)
+    parts["inputs"] = round(inputs["fixed"] + inputs["per_sample"] * batch_size)
     return parts
 
 
-def plan_fit(memory: dict[str, Any], *, budget_gb: float, batch_size: int, checkpointing: bool = False,
-             headroom: float = 0.0) -> FitResult:
+def plan_fit(
+    memory: dict[str, Any], *, budget_gb: float, batch_size: int, checkpointing: bool = False, headroom: float = 0.0
+) -> FitResult:
     """Check one measured memory breakdown against ``budget_gb`` GiB (2**30 bytes) and suggest a split.
 
     Args:
@@ -73,34 +74,60 @@ def plan_fit(memory: dict[str, Any], *, budget_gb: float, batch_size: int, check
     budget = int(budget_gb * _GIB * (1.0 - headroom))
     parts = _needed(memory, batch_size, checkpointing)
     needed = sum(parts.values())
-    common = dict(needed_bytes=needed, budget_bytes=budget, batch_size=batch_size, device=memory["device"],
-                  precision=memory["precision"], checkpointing=checkpointing, breakdown=parts)
+    common = {
+        "needed_bytes": needed,
+        "budget_bytes": budget,
+        "batch_size": batch_size,
+        "device": memory["device"],
+        "precision": memory["precision"],
+        "checkpointing": checkpointing,
+        "breakdown": parts,
+    }
     if needed <= budget:
-        return FitResult(fits=True, micro_batch_size=batch_size, accumulation_steps=1, suggestion=(
-            f"Fits: {fmt_bytes(needed)} of {fmt_bytes(budget)} at batch size {batch_size}."), **common)
+        return FitResult(
+            fits=True,
+            micro_batch_size=batch_size,
+            accumulation_steps=1,
+            suggestion=(f"Fits: {fmt_bytes(needed)} of {fmt_bytes(budget)} at batch size {batch_size}."),
+            **common,
+        )
     alternative = ""
     if not checkpointing and memory["scaling"]["activations_checkpointed"] is not None:
         with_ckpt = sum(_needed(memory, batch_size, True).values())
         if with_ckpt <= budget:
             alternative = f" Or enable activation checkpointing: {fmt_bytes(with_ckpt)} at batch size {batch_size}."
+
     def total(micro: int) -> int:
         return sum(_needed(memory, micro, checkpointing).values())
 
     if total(1) > budget:
         fixed = sum(parts[k] for k in ("parameters", "buffers", "gradients", "optimizer_state"))
-        return FitResult(fits=False, micro_batch_size=None, accumulation_steps=None, suggestion=(
-            f"Does not fit even at micro-batch 1: {fmt_bytes(total(1))} of {fmt_bytes(budget)}, of which "
-            f"parameters, buffers, gradients and optimizer state take {fmt_bytes(fixed)}. Use an optimizer with "
-            f"less state, freeze layers or a device with more memory." + alternative), **common)
+        return FitResult(
+            fits=False,
+            micro_batch_size=None,
+            accumulation_steps=None,
+            suggestion=(
+                f"Does not fit even at micro-batch 1: {fmt_bytes(total(1))} of {fmt_bytes(budget)}, of which "
+                f"parameters, buffers, gradients and optimizer state take {fmt_bytes(fixed)}. Use an optimizer with "
+                f"less state, freeze layers or a device with more memory." + alternative
+            ),
+            **common,
+        )
     largest = max(m for m in range(1, batch_size + 1) if total(m) <= budget)
     micro = max(m for m in range(1, largest + 1) if batch_size % m == 0)  # even split: same effective batch
     steps = batch_size // micro
     uneven = ""
     if micro < largest:
         n = -(-batch_size // largest)
-        uneven = (f" (Micro-batches of {largest} also fit: {n} steps give an effective batch of "
-                  f"{largest * n}.)")
-    return FitResult(fits=False, micro_batch_size=micro, accumulation_steps=steps, suggestion=(
-        f"Needs {fmt_bytes(needed)} > {fmt_bytes(budget)} at batch size {batch_size}. Use micro-batches of "
-        f"{micro} with {steps} accumulation steps ({fmt_bytes(total(micro))}, same effective batch "
-        f"{batch_size}).{uneven}" + alternative), **common)
+        uneven = f" (Micro-batches of {largest} also fit: {n} steps give an effective batch of {largest * n}.)"
+    return FitResult(
+        fits=False,
+        micro_batch_size=micro,
+        accumulation_steps=steps,
+        suggestion=(
+            f"Needs {fmt_bytes(needed)} > {fmt_bytes(budget)} at batch size {batch_size}. Use micro-batches of "
+            f"{micro} with {steps} accumulation steps ({fmt_bytes(total(micro))}, same effective batch "
+            f"{batch_size}).{uneven}" + alternative
+        ),
+        **common,
+    )

@@ -44,10 +44,14 @@ aten = torch.ops.aten
 
 # Fused attention kernels: (query, key, value, ...) come first in each of them.
 _SDPA_FORWARD = [
-    name for name in (
-        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    ) if hasattr(aten, name)
+    name
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(aten, name)
 ]
 
 
@@ -60,8 +64,9 @@ def _sdpa_forward_flops(query: Any, key: Any, value: Any, *args: Any, out_shape:
     return _fc.sdpa_flop_count(query, key, value)
 
 
-def _sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
-                         **kwargs: Any) -> int:
+def _sdpa_backward_flops(
+    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
     return _fc.sdpa_backward_flop_count(grad_out, query, key, value)
 
 
@@ -95,9 +100,14 @@ def _ptflops_macs(model: nn.Module, inputs: Any) -> tuple[int | None, str]:
     sink = io.StringIO()  # ptflops prints failures instead of raising; keep them for the report
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         macs, _ = get_model_complexity_info(
-            _Adapter(model), (1,), input_constructor=lambda _: {"nbt_inputs": inputs},
-            print_per_layer_stat=False, as_strings=False, backend="aten",
-            custom_modules_hooks=hooks, ost=sink,
+            _Adapter(model),
+            (1,),
+            input_constructor=lambda _: {"nbt_inputs": inputs},
+            print_per_layer_stat=False,
+            as_strings=False,
+            backend="aten",
+            custom_modules_hooks=hooks,
+            ost=sink,
         )
     return (int(macs) if macs is not None else None), ("" if macs is not None else sink.getvalue()[-500:])
 
@@ -144,7 +154,7 @@ def count_flops(model: nn.Module, inputs: Any, *, batch_size: int) -> dict[str, 
             p.requires_grad_(True)  # disables fused inference fast paths that no counter understands
     macs, error = _ptflops_macs(model, inputs)
     fwd = _torch_flops(model, inputs, backward=False)
-    for p, flag in zip(model.parameters(), trainable):
+    for p, flag in zip(model.parameters(), trainable, strict=True):
         p.requires_grad_(flag)
     model.train()
     fwd_bwd = _torch_flops(model, inputs, backward=True) if any(trainable) else None

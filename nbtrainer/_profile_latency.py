@@ -62,8 +62,7 @@ def _time_cpu(step: Callable[[], Any], n_iters: int | None, time_budget_s: float
             return samples
 
 
-def _time_cuda(step: Callable[[], Any], n_iters: int | None, time_budget_s: float,
-               device: torch.device) -> list[float]:
+def _time_cuda(step: Callable[[], Any], n_iters: int | None, time_budget_s: float, device: torch.device) -> list[float]:
     if n_iters is None:  # size the run from one synchronised probe iteration
         probe_start = time.perf_counter()
         step()

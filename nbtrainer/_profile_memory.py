@@ -67,9 +67,13 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
     if not isinstance(optimizer, torch.optim.Optimizer):
         return lambda copy: optimizer(copy.parameters())
     names = {id(p): name for name, p in model.named_parameters()}
-    groups = [{**{k: v for k, v in group.items() if k != "params"},
-               "params": [names[id(p)] for p in group["params"] if id(p) in names]}
-              for group in optimizer.param_groups]
+    groups = [
+        {
+            **{k: v for k, v in group.items() if k != "params"},
+            "params": [names[id(p)] for p in group["params"] if id(p) in names],
+        }
+        for group in optimizer.param_groups
+    ]
     cls, defaults = type(optimizer), dict(optimizer.defaults)
 
     def make(copy: nn.Module) -> torch.optim.Optimizer:
@@ -98,6 +102,7 @@ def _saved_tensor_tracker(exclude: set[Any], blocks: list[nn.Module]) -> tuple[A
     def enter(index: int) -> Callable[..., None]:
         def hook(*_: Any) -> None:
             current.append(index)
+
         return hook
 
     def leave(*_: Any) -> None:  # must return None: a forward hook's return value replaces the output
@@ -111,9 +116,16 @@ def _saved_tensor_tracker(exclude: set[Any], blocks: list[nn.Module]) -> tuple[A
     return hooks, saved, per_block, handles
 
 
-def _forward_saved(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor], *,
-                   device: torch.device, precision: str, exclude: set[Any],
-                   blocks: list[nn.Module]) -> tuple[torch.Tensor, int, int]:
+def _forward_saved(
+    model: nn.Module,
+    inputs: Any,
+    loss_fn: Callable[[Any], torch.Tensor],
+    *,
+    device: torch.device,
+    precision: str,
+    exclude: set[Any],
+    blocks: list[nn.Module],
+) -> tuple[torch.Tensor, int, int]:
     """Forward + loss under autocast; returns (loss, bytes saved for backward, largest block's share)."""
     hooks, saved, per_block, handles = _saved_tensor_tracker(exclude, blocks)
     try:
@@ -125,8 +137,14 @@ def _forward_saved(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch
     return loss, sum(saved.values()), max((sum(b.values()) for b in per_block.values()), default=0)
 
 
-def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor], *,
-              make_optimizer: OptimizerFactory, **forward: Any) -> dict[str, Any]:
+def _one_step(
+    model: nn.Module,
+    inputs: Any,
+    loss_fn: Callable[[Any], torch.Tensor],
+    *,
+    make_optimizer: OptimizerFactory,
+    **forward: Any,
+) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     device = forward["device"]
     cuda = device.type == "cuda"
@@ -145,9 +163,15 @@ def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tens
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 state_by_key[str(key)] = state_by_key.get(str(key), 0) + _unique_bytes([value])
-    result = {"activations": activations, "recompute_peak": recompute_peak, "gradients": grads,
-              "optimizer": type(optimizer).__name__, "optimizer_state": sum(state_by_key.values()),
-              "optimizer_state_by_key": state_by_key, "cuda_peak_delta": None}
+    result = {
+        "activations": activations,
+        "recompute_peak": recompute_peak,
+        "gradients": grads,
+        "optimizer": type(optimizer).__name__,
+        "optimizer_state": sum(state_by_key.values()),
+        "optimizer_state_by_key": state_by_key,
+        "cuda_peak_delta": None,
+    }
     if cuda:
         torch.cuda.synchronize(device)
         result["cuda_peak_delta"] = torch.cuda.max_memory_allocated(device) - base
@@ -217,7 +241,7 @@ def measure_training_memory(
     half = batch_size // 2 if batch_size >= 2 else None
     loss_full = make_loss(criterion, targets)
     loss_half = make_loss(criterion, None if targets is None else slice_batch(targets, batch_size, half or 1))
-    fwd = dict(device=device, precision=precision, exclude=exclude)
+    fwd = {"device": device, "precision": precision, "exclude": exclude}
 
     def half_batch(track: list[nn.Module]) -> tuple[int, int] | tuple[None, None]:
         if half is None:
@@ -253,10 +277,14 @@ def measure_training_memory(
     }
     if act_ckpt is not None:
         scaling["activations_checkpointed"] = _linear(
-            act_ckpt + recompute, None if half is None else half_ckpt + half_rec, batch_size)
+            act_ckpt + recompute, None if half is None else half_ckpt + half_rec, batch_size
+        )
     return {
-        "device": str(device), "precision": precision, "batch_size": batch_size,
-        "optimizer": plain["optimizer"], **fixed,
+        "device": str(device),
+        "precision": precision,
+        "batch_size": batch_size,
+        "optimizer": plain["optimizer"],
+        **fixed,
         "optimizer_state_by_key": plain["optimizer_state_by_key"],
         "inputs": inputs_bytes,
         "activations": plain["activations"],
@@ -266,9 +294,9 @@ def measure_training_memory(
         "recompute_peak": recompute,
         "total_checkpointed": None if act_ckpt is None else total - plain["activations"] + act_ckpt + recompute,
         "cuda_peak": None if plain["cuda_peak_delta"] is None else plain["cuda_peak_delta"] + resident,
-        "cuda_peak_checkpointed": (ckpt["cuda_peak_delta"] + resident
-                                   if ckpt.get("cuda_peak_delta") is not None else None),
+        "cuda_peak_checkpointed": (
+            ckpt["cuda_peak_delta"] + resident if ckpt.get("cuda_peak_delta") is not None else None
+        ),
         "scaling": scaling,
         "method": "saved_tensors_hooks" + (" + torch.cuda.max_memory_allocated" if device.type == "cuda" else ""),
     }
-

@@ -10,9 +10,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["fmt_bytes", "fmt_count", "fmt_ms", "rows", "to_frame", "to_html", "to_text"]
 
-_MEMORY_ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "activations", "total",
-                "activations_checkpointed", "recompute_peak", "total_checkpointed", "cuda_peak",
-                "cuda_peak_checkpointed")
+_MEMORY_ROWS = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "total",
+    "activations_checkpointed",
+    "recompute_peak",
+    "total_checkpointed",
+    "cuda_peak",
+    "cuda_peak_checkpointed",
+)
 _LATENCY_ROWS = ("median", "p90", "mean", "min", "throughput")
 
 
@@ -45,10 +56,20 @@ def rows(prof: ModelProfile) -> list[dict[str, Any]]:
     """Long-format records ``{section, device, precision, metric, value, unit, source}``."""
     out: list[dict[str, Any]] = []
 
-    def add(section: str, metric: str, value: Any, unit: str = "", source: str = "",
-            device: str = "", precision: str = "") -> None:
-        out.append({"section": section, "device": device, "precision": precision, "metric": metric,
-                    "value": value, "unit": unit, "source": source})
+    def add(
+        section: str, metric: str, value: Any, unit: str = "", source: str = "", device: str = "", precision: str = ""
+    ) -> None:
+        out.append(
+            {
+                "section": section,
+                "device": device,
+                "precision": precision,
+                "metric": metric,
+                "value": value,
+                "unit": unit,
+                "source": source,
+            }
+        )
 
     add("model", "params", prof.params, "count")
     add("model", "trainable_params", prof.trainable_params, "count")
@@ -96,8 +117,9 @@ def to_frame(prof: ModelProfile) -> Any:
 
 def _table(header: list[str], body: list[list[str]]) -> str:
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header)
-    lines = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>"
-                    for r in body)
+    lines = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body
+    )
     return f"<table style='border-collapse:collapse;margin:4px 0'><tr>{head}</tr>{lines}</table>"
 
 
@@ -107,17 +129,20 @@ def _combos(data: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, 
 
 def to_html(prof: ModelProfile) -> str:
     """The notebook view: model summary, compute, latency and memory tables."""
-    parts = [f"<div class='nbtrainer-profile'><b>{html.escape(prof.model_name)}</b> "
-             f"(batch size {prof.batch_size})"]
-    summary = [["parameters", f"{fmt_count(prof.params)} ({fmt_count(prof.trainable_params)} trainable)"],
-               ["size in memory", fmt_bytes(prof.size_mb * 2**20)],
-               ["serialized", fmt_bytes(prof.size["serialized_bytes"])]]
+    parts = [f"<div class='nbtrainer-profile'><b>{html.escape(prof.model_name)}</b> (batch size {prof.batch_size})"]
+    summary = [
+        ["parameters", f"{fmt_count(prof.params)} ({fmt_count(prof.trainable_params)} trainable)"],
+        ["size in memory", fmt_bytes(prof.size_mb * 2**20)],
+        ["serialized", fmt_bytes(prof.size["serialized_bytes"])],
+    ]
     if prof.compute:
         c = prof.compute
         bwd = c["flop_counter_flops"]["forward_backward"]["per_sample"]
-        summary += [["MACs / sample (forward)", f"{fmt_count(prof.macs, 'MAC')}  [{c['counters']['macs']}]"],
-                    ["FLOPs / sample (forward)", f"{fmt_count(prof.flops, 'FLOP')}  [{c['counters']['flops']}]"],
-                    ["FLOPs / sample (fwd+bwd)", f"{fmt_count(bwd, 'FLOP')}  [FlopCounterMode]"]]
+        summary += [
+            ["MACs / sample (forward)", f"{fmt_count(prof.macs, 'MAC')}  [{c['counters']['macs']}]"],
+            ["FLOPs / sample (forward)", f"{fmt_count(prof.flops, 'FLOP')}  [{c['counters']['flops']}]"],
+            ["FLOPs / sample (fwd+bwd)", f"{fmt_count(bwd, 'FLOP')}  [FlopCounterMode]"],
+        ]
     parts.append(_table(["", ""], summary))
     if prof.compute:
         parts.append(f"<div style='font-size:smaller'>{html.escape(prof.compute['convention'])}</div>")
@@ -127,10 +152,18 @@ def to_html(prof: ModelProfile) -> str:
             if not e.get("supported", True):
                 body.append([device, precision, f"not run: {e['reason']}", "", "", "", ""])
                 continue
-            body.append([device, precision, *(fmt_ms(e[k]) for k in ("median", "p90", "mean", "min")),
-                         f"{fmt_count(e['throughput'])} samples/s"])
-        parts.append("<b>Inference latency</b>" + _table(
-            ["device", "precision", "median", "p90", "mean", "min", "throughput"], body))
+            body.append(
+                [
+                    device,
+                    precision,
+                    *(fmt_ms(e[k]) for k in ("median", "p90", "mean", "min")),
+                    f"{fmt_count(e['throughput'])} samples/s",
+                ]
+            )
+        parts.append(
+            "<b>Inference latency</b>"
+            + _table(["device", "precision", "median", "p90", "mean", "min", "throughput"], body)
+        )
     if prof.memory:
         combos = _combos(prof.memory)
         header = ["training step (one optimizer step)"] + [f"{d} {p}" for d, p, _ in combos]
@@ -140,16 +173,17 @@ def to_html(prof: ModelProfile) -> str:
             if any(v is not None for v in values):
                 body.append([key.replace("_", " ")] + [fmt_bytes(v) for v in values])
         optimizers = sorted({e["optimizer"] for _, _, e in combos if e.get("supported", True)})
-        parts.append(f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers))})"
-                     + _table(header, body))
+        parts.append(f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers))})" + _table(header, body))
     return "".join(parts) + "</div>"
 
 
 def to_text(prof: ModelProfile) -> str:
     """A short one-screen summary (the ``repr``)."""
-    lines = [f"ModelProfile({prof.model_name}, batch_size={prof.batch_size}, params={fmt_count(prof.params)}, "
-             f"trainable={fmt_count(prof.trainable_params)}, size={fmt_bytes(prof.size_mb * 2**20)}, "
-             f"macs/sample={fmt_count(prof.macs)}, flops/sample={fmt_count(prof.flops)})"]
+    lines = [
+        f"ModelProfile({prof.model_name}, batch_size={prof.batch_size}, params={fmt_count(prof.params)}, "
+        f"trainable={fmt_count(prof.trainable_params)}, size={fmt_bytes(prof.size_mb * 2**20)}, "
+        f"macs/sample={fmt_count(prof.macs)}, flops/sample={fmt_count(prof.flops)})"
+    ]
     for device, precision, e in _combos(prof.latency_ms):
         if e.get("supported", True):
             lines.append(f"  latency {device} {precision}: median {fmt_ms(e['median'])}, p90 {fmt_ms(e['p90'])}")

@@ -52,8 +52,10 @@ class TrainingProfile:
         import html
 
         phases = ", ".join(f"{k}: {v:.3f} ms" for k, v in self.phases.items())
-        return (f"<div><b>Training profile</b> ({self.steps} steps; trace: <code>{html.escape(self.trace_path)}</code>)"
-                f"<br>{html.escape(phases)}<pre style='font-size:smaller'>{html.escape(self.table)}</pre></div>")
+        return (
+            f"<div><b>Training profile</b> ({self.steps} steps; trace: <code>{html.escape(self.trace_path)}</code>)"
+            f"<br>{html.escape(phases)}<pre style='font-size:smaller'>{html.escape(self.table)}</pre></div>"
+        )
 
     def __str__(self) -> str:
         return self.table
@@ -85,8 +87,12 @@ def _cpu_copy(obj: Any) -> Any:
 
 
 def _snapshot(trainer: Any) -> dict[str, Any]:
-    parts = {"model": trainer.model, "optimizer": trainer.optimizer,
-             "scheduler": getattr(trainer, "scheduler", None), "scaler": getattr(trainer, "scaler", None)}
+    parts = {
+        "model": trainer.model,
+        "optimizer": trainer.optimizer,
+        "scheduler": getattr(trainer, "scheduler", None),
+        "scaler": getattr(trainer, "scaler", None),
+    }
     return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
 
 
@@ -156,17 +162,29 @@ def profile_training(
     saved = _snapshot(trainer) if restore else {}
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     try:
-        with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=ready,
-                                    record_shapes=record_shapes, profile_memory=profile_memory) as prof:
+        with torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=ready,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+        ) as prof:
             trainer.fit(train_loader, epochs=epochs, max_steps=needed, profiler=prof)
     finally:
         for obj, state in saved.values():
             obj.load_state_dict(state)
     steps = int(result.get("steps", 0))
     if not steps:
-        raise RuntimeError(f"No training step was recorded: the loader gave fewer than wait + warmup + 1 = "
-                           f"{wait + warmup + 1} optimizer steps. Lower wait/warmup or pass more batches.")
+        raise RuntimeError(
+            f"No training step was recorded: the loader gave fewer than wait + warmup + 1 = "
+            f"{wait + warmup + 1} optimizer steps. Lower wait/warmup or pass more batches."
+        )
     phases = {r["name"]: r["cpu_time_total_us"] / 1000.0 / steps for r in result["rows"] if r["name"] in PHASES}
-    return TrainingProfile(trace_path=path, table=result["table"], rows=result["rows"],
-                           phases={name: phases[name] for name in PHASES if name in phases},
-                           steps=steps, sort_by=sort_by)
+    return TrainingProfile(
+        trace_path=path,
+        table=result["table"],
+        rows=result["rows"],
+        phases={name: phases[name] for name in PHASES if name in phases},
+        steps=steps,
+        sort_by=sort_by,
+    )

@@ -30,8 +30,11 @@ def _tqdm_class():
         except ImportError:
             if not _warned:
                 _warned = True
-                warnings.warn("Notebook progress bars need ipywidgets>=8.1 (`pip install ipywidgets`); "
-                              "showing console bars instead.", stacklevel=3)
+                warnings.warn(
+                    "Notebook progress bars need ipywidgets>=8.1 (`pip install ipywidgets`); "
+                    "showing console bars instead.",
+                    stacklevel=3,
+                )
     from tqdm.std import tqdm
 
     return tqdm
@@ -69,16 +72,23 @@ class ProgressBar:
             return
         self._tqdm = _tqdm_class()
         epochs = trainer.progress.epochs
-        self._epoch_bar = self._tqdm(total=epochs, desc="epochs", unit="epoch", file=self.file, dynamic_ncols=True,
-                                     initial=trainer.progress.epoch - 1 if trainer.progress.epoch else 0)
+        self._epoch_bar = self._tqdm(
+            total=epochs,
+            desc="epochs",
+            unit="epoch",
+            file=self.file,
+            dynamic_ncols=True,
+            initial=trainer.progress.epoch - 1 if trainer.progress.epoch else 0,
+        )
 
     def on_epoch_start(self, trainer: Any, epoch: int) -> None:
         if self._tqdm is None:
             return
         total = trainer.progress.batches
         if self._step_bar is None:
-            self._step_bar = self._tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False,
-                                        file=self.file, dynamic_ncols=True)
+            self._step_bar = self._tqdm(
+                total=total, desc=f"epoch {epoch}", unit="batch", leave=False, file=self.file, dynamic_ncols=True
+            )
         else:
             self._step_bar.reset(total=total)
             self._step_bar.set_description(f"epoch {epoch}", refresh=False)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "set_deterministic", "capture_rng", "restore_rng", "seed_worker"]
+__all__ = ["capture_rng", "restore_rng", "seed_everything", "seed_worker", "set_deterministic"]
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> int:
@@ -57,17 +57,24 @@ def seed_worker(worker_id: int) -> None:
 def capture_rng() -> dict[str, Any]:
     """All RNG states as tensors and ints (no pickled objects)."""
     version, mt, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    _kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64),
-                   "gauss": None if gauss is None else float(gauss)},
-        "numpy": {"keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": {
+            "version": int(version),
+            "state": torch.tensor(mt, dtype=torch.int64),
+            "gauss": None if gauss is None else float(gauss),
+        },
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "torch": torch.get_rng_state(),
         "cuda": [],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
 
@@ -75,12 +82,13 @@ def restore_rng(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["cached"]))
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"]))
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available():
         if len(cuda) != torch.cuda.device_count():
-            raise RuntimeError(f"The checkpoint holds RNG states for {len(cuda)} CUDA devices but "
-                               f"{torch.cuda.device_count()} are visible; set CUDA_VISIBLE_DEVICES to match.")
+            raise RuntimeError(
+                f"The checkpoint holds RNG states for {len(cuda)} CUDA devices but "
+                f"{torch.cuda.device_count()} are visible; set CUDA_VISIBLE_DEVICES to match."
+            )
         torch.cuda.set_rng_state_all(cuda)

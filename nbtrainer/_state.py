@@ -13,7 +13,7 @@ from nbtrainer._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_ch
 from nbtrainer._seed import capture_rng
 from nbtrainer._strategy import unwrap_model
 
-__all__ = ["trainer_state_dict", "load_trainer_state", "rank_state", "resume", "rescale_lr"]
+__all__ = ["load_trainer_state", "rank_state", "rescale_lr", "resume", "trainer_state_dict"]
 
 VERSION = 1
 
@@ -23,8 +23,11 @@ def _callback_key(index: int, cb: Any) -> str:
 
 
 def _stateful(trainer: Any) -> list[tuple[str, Any]]:
-    return [(_callback_key(i, cb), cb) for i, cb in enumerate(trainer.callbacks.callbacks)
-            if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))]
+    return [
+        (_callback_key(i, cb), cb)
+        for i, cb in enumerate(trainer.callbacks.callbacks)
+        if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))
+    ]
 
 
 def trainer_state_dict(trainer: Any) -> dict[str, Any]:
@@ -55,11 +58,13 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "loop": loop_state,
-        "config": {"precision": trainer.precision, "grad_accum_steps": trainer.grad_accum_steps,
-                   "optimizer": type(trainer.optimizer).__name__,
-                   "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
-                   "elapsed": trainer._elapsed_before + (0.0 if loop is None else
-                                                         time.perf_counter() - loop._fit_start)},
+        "config": {
+            "precision": trainer.precision,
+            "grad_accum_steps": trainer.grad_accum_steps,
+            "optimizer": type(trainer.optimizer).__name__,
+            "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
+            "elapsed": trainer._elapsed_before + (0.0 if loop is None else time.perf_counter() - loop._fit_start),
+        },
         "metrics": trainer._train_metrics.state_dict(),
         "rng": capture_rng(),
         "history": history,
@@ -72,8 +77,11 @@ def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in state and hasattr(state[k], "shape") and state[k].shape != own[k].shape]
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state and hasattr(state[k], "shape") and state[k].shape != own[k].shape
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -82,67 +90,88 @@ def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
             parts.append(f"unexpected in checkpoint: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
         if shapes:
             parts.append("shape mismatch: " + "; ".join(shapes[:8]))
-        raise CheckpointError("The checkpoint's model does not match this model (different architecture?). "
-                              + " | ".join(parts) + ". Resume with the model that wrote the checkpoint.")
+        raise CheckpointError(
+            "The checkpoint's model does not match this model (different architecture?). "
+            + " | ".join(parts)
+            + ". Resume with the model that wrote the checkpoint."
+        )
 
 
 def _check_optimizer(trainer: Any, state: dict[str, Any], saved_class: str | None) -> None:
     opt = trainer.optimizer
     own_class = type(opt).__name__
     if saved_class is not None and saved_class != own_class:
-        raise CheckpointError(f"The checkpoint was written by {saved_class}, this optimizer is {own_class}. Use the "
-                              f"same optimizer (torch.optim.{saved_class}, same param groups) to resume, or load only "
-                              "the weights with trainer.load_model_state_dict(ckpt['model']).")
+        raise CheckpointError(
+            f"The checkpoint was written by {saved_class}, this optimizer is {own_class}. Use the "
+            f"same optimizer (torch.optim.{saved_class}, same param groups) to resume, or load only "
+            "the weights with trainer.load_model_state_dict(ckpt['model'])."
+        )
     groups = opt.state_dict()["param_groups"]
     saved = state.get("param_groups", [])
-    if len(groups) != len(saved) or any(len(a["params"]) != len(b["params"]) for a, b in zip(groups, saved)):
+    if len(groups) != len(saved) or any(
+        len(a["params"]) != len(b["params"]) for a, b in zip(groups, saved, strict=True)
+    ):
         raise CheckpointError(
             f"The checkpoint's optimizer has {len(saved)} param groups of sizes "
-            f"{[len(g['params']) for g in saved]}, this one {len(groups)} of sizes {[len(g['params']) for g in groups]}. "
-            "Build the optimizer exactly as for the run that wrote the checkpoint.")
+            f"{[len(g['params']) for g in saved]}, this one {len(groups)} of sizes "
+            f"{[len(g['params']) for g in groups]}. "
+            "Build the optimizer exactly as for the run that wrote the checkpoint."
+        )
     saved_keys = {k for s in state.get("state", {}).values() for k in s}
     own_default = {k for g in groups for k in g if k != "params"}
     saved_default = {k for g in saved for k in g if k != "params"}
     if saved_class is None and (saved_keys or len(own_default ^ saved_default) > 2) and own_default != saved_default:
         raise CheckpointError(
             f"The checkpoint was written by a different optimizer (hyper-parameters {sorted(saved_default)} vs "
-            f"this optimizer's {sorted(own_default)}). Use the same optimizer class to resume.")
+            f"this optimizer's {sorted(own_default)}). Use the same optimizer class to resume."
+        )
     # Same class and group sizes, but the parameters in another order (e.g. groups built differently):
     # the per-parameter state would land on the wrong tensors.
     saved_state = state.get("state", {})
-    for gi, (group, sgroup) in enumerate(zip(opt.param_groups, saved)):
-        for j, (param, index) in enumerate(zip(group["params"], sgroup["params"])):
+    for gi, (group, sgroup) in enumerate(zip(opt.param_groups, saved, strict=True)):
+        for j, (param, index) in enumerate(zip(group["params"], sgroup["params"], strict=True)):
             for key, value in saved_state.get(index, {}).items():
                 if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != param.shape:
                     raise CheckpointError(
                         f"The checkpoint's optimizer state {key!r} for parameter {j} of group {gi} has shape "
                         f"{tuple(value.shape)}, this parameter {tuple(param.shape)}: the optimizer's parameters are "
-                        "not in the order of the run that wrote the checkpoint. Build the optimizer the same way.")
+                        "not in the order of the run that wrote the checkpoint. Build the optimizer the same way."
+                    )
 
 
 def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
     """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
     for key in ("model", "optimizer", "loop", "history", "rng"):
         if key not in ckpt:
-            raise CheckpointError(f"The checkpoint has no {key!r} entry (written by another tool, or damaged). "
-                                  "Resume from a checkpoint written by ModelCheckpoint or trainer.save_checkpoint().")
+            raise CheckpointError(
+                f"The checkpoint has no {key!r} entry (written by another tool, or damaged). "
+                "Resume from a checkpoint written by ModelCheckpoint or trainer.save_checkpoint()."
+            )
     config = ckpt.get("config", {})
     _check_model(trainer, ckpt["model"])
     _check_optimizer(trainer, ckpt["optimizer"], config.get("optimizer"))
     if (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
-        raise CheckpointError("The checkpoint was written " + ("with" if ckpt.get("scheduler") is not None else "without")
-                              + " an LR scheduler and this trainer has " + ("none" if trainer.scheduler is None else "one")
-                              + ". Configure the scheduler as in the original run.")
+        raise CheckpointError(
+            "The checkpoint was written "
+            + ("with" if ckpt.get("scheduler") is not None else "without")
+            + " an LR scheduler and this trainer has "
+            + ("none" if trainer.scheduler is None else "one")
+            + ". Configure the scheduler as in the original run."
+        )
     saved_sched = config.get("scheduler")
     if trainer.scheduler is not None and saved_sched is not None and saved_sched != type(trainer.scheduler).__name__:
-        raise CheckpointError(f"The checkpoint was written with the scheduler {saved_sched}, this trainer has "
-                              f"{type(trainer.scheduler).__name__}. Configure the scheduler as in the original run.")
+        raise CheckpointError(
+            f"The checkpoint was written with the scheduler {saved_sched}, this trainer has "
+            f"{type(trainer.scheduler).__name__}. Configure the scheduler as in the original run."
+        )
     saved_precision = config.get("precision")
     if saved_precision is not None and saved_precision != trainer.precision:
-        raise CheckpointError(f"The checkpoint was written with precision={saved_precision!r}, this trainer has "
-                              f"precision={trainer.precision!r}: the run would not continue as it was (GradScaler "
-                              f"state, numerics). Create the Trainer with precision={saved_precision!r}, or load "
-                              "only the weights with trainer.load_model_state_dict(ckpt['model']).")
+        raise CheckpointError(
+            f"The checkpoint was written with precision={saved_precision!r}, this trainer has "
+            f"precision={trainer.precision!r}: the run would not continue as it was (GradScaler "
+            f"state, numerics). Create the Trainer with precision={saved_precision!r}, or load "
+            "only the weights with trainer.load_model_state_dict(ckpt['model'])."
+        )
 
 
 # What differs between DDP ranks: saved for every rank (``ckpt["ranks"]``), the rest comes from rank 0.
@@ -167,9 +196,12 @@ def _this_rank(trainer: Any, ckpt: dict[str, Any]) -> dict[str, Any]:
     if saved != world and loop.get("batch", 0) and not loop.get("epoch_complete", False):
         import warnings
 
-        warnings.warn(f"This checkpoint was written mid-epoch by {saved} process(es) and is resumed by {world}: the "
-                      "rest of that epoch sees a different data order than the original run (epoch-end checkpoints "
-                      "resume exactly across world sizes).", stacklevel=4)
+        warnings.warn(
+            f"This checkpoint was written mid-epoch by {saved} process(es) and is resumed by {world}: the "
+            "rest of that epoch sees a different data order than the original run (epoch-end checkpoints "
+            "resume exactly across world sizes).",
+            stacklevel=4,
+        )
     return ckpt
 
 
@@ -210,12 +242,16 @@ def resume(trainer: Any, resume_from: str) -> None:
     if path == "last":
         dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
         if not dirs:
-            raise CheckpointError("resume_from='last' needs a ModelCheckpoint callback (its dirpath holds last.ckpt); "
-                                  "pass a checkpoint path instead.")
+            raise CheckpointError(
+                "resume_from='last' needs a ModelCheckpoint callback (its dirpath holds last.ckpt); "
+                "pass a checkpoint path instead."
+            )
         path = os.path.join(dirs[0], "last.ckpt")
         if not os.path.exists(path):
-            raise CheckpointError(f"resume_from='last': no {path!r} yet. Train with ModelCheckpoint(save_last=True) "
-                                  "first, or pass a checkpoint path.")
+            raise CheckpointError(
+                f"resume_from='last': no {path!r} yet. Train with ModelCheckpoint(save_last=True) "
+                "first, or pass a checkpoint path."
+            )
     load_trainer_state(trainer, load_checkpoint(path, map_location=trainer.device))
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import warnings
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +51,7 @@ OPTIMIZERS: dict[str, tuple[str, bool]] = {
 # optimizer by name
 # =============================================================================================
 
+
 def _fused_devices() -> list[str]:
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
@@ -59,8 +61,14 @@ def _fused_devices() -> list[str]:
         return ["cuda"]
 
 
-def build_optimizer(name: str, params: Iterable[torch.Tensor] | nn.Module, lr: float | None = None, *,
-                    device: str | torch.device | None = None, **kwargs: Any) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str,
+    params: Iterable[torch.Tensor] | nn.Module,
+    lr: float | None = None,
+    *,
+    device: str | torch.device | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
     """A torch optimizer from its name, with the fastest implementation the device has.
 
     Args:
@@ -81,8 +89,10 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor] | nn.Module, lr: f
     """
     key = str(name).strip().lower()
     if key not in OPTIMIZERS:
-        raise ValueError(f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an optimizer "
-                         "instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3).")
+        raise ValueError(
+            f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an optimizer "
+            "instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
+        )
     cls_name, has_fused = OPTIMIZERS[key]
     cls = getattr(torch.optim, cls_name, None)
     if cls is None:  # pragma: no cover - torch < 2.5 has no Adafactor
@@ -119,6 +129,7 @@ def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
 # freezing
 # =============================================================================================
 
+
 @dataclasses.dataclass
 class ParamCounts:
     """Parameter counts of a model (shared parameters counted once).
@@ -141,8 +152,10 @@ class ParamCounts:
         return self.trainable / self.total if self.total else 0.0
 
     def __str__(self) -> str:
-        return (f"trainable {self.trainable:,} of {self.total:,} parameters ({self.trainable_fraction:.1%}) "
-                f"in {self.trainable_tensors} tensors; frozen {self.frozen:,} in {self.frozen_tensors}")
+        return (
+            f"trainable {self.trainable:,} of {self.total:,} parameters ({self.trainable_fraction:.1%}) "
+            f"in {self.trainable_tensors} tensors; frozen {self.frozen:,} in {self.frozen_tensors}"
+        )
 
     def _repr_html_(self) -> str:
         return f"<span>{self}</span>"
@@ -197,8 +210,10 @@ def plan_trainable(model: nn.Module, trainable: Any = None, freeze: Any = None) 
         for pattern in patterns:
             if not any(_matches(name, pattern) for name, _ in named):
                 sample = ", ".join(name for name, _ in named[:6]) + (" ..." if len(named) > 6 else "")
-                raise ValueError(f"{option}= pattern {pattern!r} matches no parameter. Patterns are globs over "
-                                 f"parameter names such as: {sample}")
+                raise ValueError(
+                    f"{option}= pattern {pattern!r} matches no parameter. Patterns are globs over "
+                    f"parameter names such as: {sample}"
+                )
         for name, _ in named:
             hit = any(_matches(name, pattern) for pattern in patterns)
             if option == "trainable":
@@ -235,6 +250,7 @@ def freeze_parameters(model: nn.Module, trainable: Any = None, freeze: Any = Non
 # activation checkpointing, channels_last, compile
 # =============================================================================================
 
+
 class _OwnSwitch:
     """Handle for a model's own ``gradient_checkpointing_enable()`` (Hugging Face style)."""
 
@@ -255,17 +271,23 @@ class _OwnSwitch:
 
 def has_own_checkpointing(model: nn.Module) -> bool:
     """Whether the model brings its own switch (``gradient_checkpointing_enable``) and supports it."""
-    return (callable(getattr(model, "gradient_checkpointing_enable", None))
-            and bool(getattr(model, "supports_gradient_checkpointing", True)))
+    return callable(getattr(model, "gradient_checkpointing_enable", None)) and bool(
+        getattr(model, "supports_gradient_checkpointing", True)
+    )
 
 
 def _check_checkpointing_value(value: Any) -> None:
     if value is None or isinstance(value, bool):
         return
-    if isinstance(value, (str, type)) or not isinstance(value, Sequence) or not all(
-            isinstance(v, (str, type)) for v in value):
-        raise TypeError("activation_checkpointing= takes True, False, or a list of module types and/or "
-                        f"qualified module names, got {value!r}.")
+    if (
+        isinstance(value, (str, type))
+        or not isinstance(value, Sequence)
+        or not all(isinstance(v, (str, type)) for v in value)
+    ):
+        raise TypeError(
+            "activation_checkpointing= takes True, False, or a list of module types and/or "
+            f"qualified module names, got {value!r}."
+        )
 
 
 def _check_blocks_exist(model: nn.Module, value: Any) -> None:
@@ -279,9 +301,11 @@ def _check_blocks_exist(model: nn.Module, value: Any) -> None:
     except AttributeError as exc:  # a qualified name that is not a submodule
         raise ValueError(f"activation_checkpointing: {exc}") from None
     if not found:
-        raise ValueError("activation_checkpointing found no blocks to checkpoint: the model has no nn.ModuleList / "
-                         "nn.Sequential of >= 2 identical modules, or the given types match none. Pass a list of "
-                         "module types or qualified names, e.g. activation_checkpointing=[MyBlock].")
+        raise ValueError(
+            "activation_checkpointing found no blocks to checkpoint: the model has no nn.ModuleList / "
+            "nn.Sequential of >= 2 identical modules, or the given types match none. Pass a list of "
+            "module types or qualified names, e.g. activation_checkpointing=[MyBlock]."
+        )
 
 
 def enable_activation_checkpointing(model: nn.Module, value: Any) -> Any:
@@ -328,15 +352,27 @@ class ModelSetup:
         channels_last: convert a conv net's weights to ``torch.channels_last``.
     """
 
-    def __init__(self, model: nn.Module, optimizer: Any, *, lr: float | None = None,
-                 device: str | torch.device = "auto", trainable: Any = None, freeze: Any = None,
-                 activation_checkpointing: Any = False, compile: Any = False, channels_last: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        *,
+        lr: float | None = None,
+        device: str | torch.device = "auto",
+        trainable: Any = None,
+        freeze: Any = None,
+        activation_checkpointing: Any = False,
+        compile: Any = False,
+        channels_last: bool = False,
+    ) -> None:
         self.model = model
         if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}.")
         if lr is not None and isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError("lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
-                             "already has its learning rate.")
+            raise ValueError(
+                "lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
+                "already has its learning rate."
+            )
         _check_checkpointing_value(activation_checkpointing)
         _check_blocks_exist(model, activation_checkpointing)
         self.compile_options = _compile_options(compile)

@@ -8,7 +8,7 @@ and barriers. Keeping that here means the hot loop has no ``if distributed`` bra
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -40,7 +40,7 @@ class SingleDevice:
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)
 
-    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> ContextManager:
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:
         return _NULL
 
     def prepare_loader(self, loader: Any, *, train: bool) -> Any:

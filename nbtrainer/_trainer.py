@@ -11,7 +11,8 @@ import math
 import threading
 import time
 import weakref
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -89,22 +90,53 @@ class Trainer(TrainerControl):
 
     _active: ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
-    def __init__(self, model: torch.nn.Module, criterion: Callable | None, optimizer: torch.optim.Optimizer | str, *,
-                 scheduler: Any = None, scheduler_interval: str = "step", scheduler_monitor: str | None = None,
-                 metrics: Mapping[str, Any] | None = None, callbacks: Iterable[Any] = (),
-                 precision: str = "fp32", grad_accum_steps: int = 1, max_grad_norm: float | None = None,
-                 device: str | torch.device = "auto", seed: int | None = None, deterministic: bool = False,
-                 progress: bool = True, num_inputs: int | None = None, target_keys: Sequence[str] | str | None = None,
-                 compute_loss: Callable | None = None, refresh_interval: float = 0.25, timing_every: int = 50,
-                 val_every_n_epochs: int = 1, non_blocking: bool = True, lr: float | None = None,
-                 activation_checkpointing: Any = False, trainable: Any = None, freeze: Any = None,
-                 compile: Any = False, channels_last: bool = False, on_nonfinite: str = "raise",
-                 strategy: Any = "auto") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        criterion: Callable | None,
+        optimizer: torch.optim.Optimizer | str,
+        *,
+        scheduler: Any = None,
+        scheduler_interval: str = "step",
+        scheduler_monitor: str | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        callbacks: Iterable[Any] = (),
+        precision: str = "fp32",
+        grad_accum_steps: int = 1,
+        max_grad_norm: float | None = None,
+        device: str | torch.device = "auto",
+        seed: int | None = None,
+        deterministic: bool = False,
+        progress: bool = True,
+        num_inputs: int | None = None,
+        target_keys: Sequence[str] | str | None = None,
+        compute_loss: Callable | None = None,
+        refresh_interval: float = 0.25,
+        timing_every: int = 50,
+        val_every_n_epochs: int = 1,
+        non_blocking: bool = True,
+        lr: float | None = None,
+        activation_checkpointing: Any = False,
+        trainable: Any = None,
+        freeze: Any = None,
+        compile: Any = False,
+        channels_last: bool = False,
+        on_nonfinite: str = "raise",
+        strategy: Any = "auto",
+    ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-        _validate.check_args(criterion=criterion, optimizer=optimizer, scheduler=scheduler, metrics=metrics,
-                             callbacks=callbacks, device=device, seed=seed, refresh_interval=refresh_interval,
-                             on_nonfinite=on_nonfinite)
+        _validate.check_args(
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            metrics=metrics,
+            callbacks=callbacks,
+            device=device,
+            seed=seed,
+            refresh_interval=refresh_interval,
+            on_nonfinite=on_nonfinite,
+        )
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._distributed). First, so that
@@ -112,17 +144,29 @@ class Trainer(TrainerControl):
         self.strategy: Any = _make_strategy(strategy, device, seed)
         device = self.strategy.device
         # Strategy options (nbtrainer._strategies): checked, and a named optimizer built, now; applied last.
-        self._setup = ModelSetup(model, optimizer, lr=lr, device=device, trainable=trainable, freeze=freeze,
-                                 activation_checkpointing=activation_checkpointing, compile=compile,
-                                 channels_last=channels_last)
+        self._setup = ModelSetup(
+            model,
+            optimizer,
+            lr=lr,
+            device=device,
+            trainable=trainable,
+            freeze=freeze,
+            activation_checkpointing=activation_checkpointing,
+            compile=compile,
+            channels_last=channels_last,
+        )
         optimizer = self._setup.optimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
-                            "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters()).")
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+            )
         _validate_optimizer(model, optimizer)
         if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
-            raise ValueError("The scheduler is bound to a different optimizer than the one given to the Trainer. "
-                             "Create the scheduler from this trainer's optimizer.")
+            raise ValueError(
+                "The scheduler is bound to a different optimizer than the one given to the Trainer. "
+                "Create the scheduler from this trainer's optimizer."
+            )
         if scheduler_interval not in ("step", "epoch"):
             raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
         _check_accum(grad_accum_steps)
@@ -142,8 +186,9 @@ class Trainer(TrainerControl):
         self.max_grad_norm = max_grad_norm
         self.seed = seed
         self.deterministic = deterministic
-        self.batch_spec = BatchSpec(num_inputs=num_inputs, target_keys=target_keys,
-                                    pass_targets_to_model=criterion is None)
+        self.batch_spec = BatchSpec(
+            num_inputs=num_inputs, target_keys=target_keys, pass_targets_to_model=criterion is None
+        )
         self._compute_loss_fn = compute_loss
         self.refresh_interval = float(refresh_interval)
         self.timing_every = int(timing_every)
@@ -177,7 +222,7 @@ class Trainer(TrainerControl):
 
     # -- small public properties ---------------------------------------------------------------
     @classmethod
-    def active(cls) -> list["Trainer"]:
+    def active(cls) -> list[Trainer]:
         """Trainers currently inside ``fit`` in this process (for ``%nbtrainer status/stop``)."""
         return list(cls._active)
 
@@ -231,8 +276,16 @@ class Trainer(TrainerControl):
         return math.ceil(n / self.grad_accum_steps) * epochs
 
     # -- the three verbs -----------------------------------------------------------------------
-    def fit(self, train_loader: Iterable, val_loader: Iterable | None = None, epochs: int = 1, *,
-            max_steps: int | None = None, resume_from: str | None = None, profiler: Any = None) -> History:
+    def fit(
+        self,
+        train_loader: Iterable,
+        val_loader: Iterable | None = None,
+        epochs: int = 1,
+        *,
+        max_steps: int | None = None,
+        resume_from: str | None = None,
+        profiler: Any = None,
+    ) -> History:
         """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
 
         Args:
@@ -248,8 +301,10 @@ class Trainer(TrainerControl):
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
         if self._fit_thread is not None:
-            raise RuntimeError("This trainer is already fitting (in another thread?). Call request_stop() "
-                               "and wait for it to end before starting another fit.")
+            raise RuntimeError(
+                "This trainer is already fitting (in another thread?). Call request_stop() "
+                "and wait for it to end before starting another fit."
+            )
         n = _safe_len(train_loader)
         if n == 0:
             raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
@@ -277,9 +332,13 @@ class Trainer(TrainerControl):
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
-        self.progress = Progress(epochs=epochs, epoch=self._state.epoch + 1, batches=n,
-                                 total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
-                                 grad_accum_steps=self.grad_accum_steps)
+        self.progress = Progress(
+            epochs=epochs,
+            epoch=self._state.epoch + 1,
+            batches=n,
+            total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
+            grad_accum_steps=self.grad_accum_steps,
+        )
         loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
         self._loop = loop
         self._fit_thread = threading.get_ident()
@@ -322,7 +381,7 @@ class Trainer(TrainerControl):
         if self._loop is not None:
             try:
                 self._loop.flush()
-            except Exception:  # noqa: BLE001 - a failed read must not hide the original error
+            except Exception:
                 pass
             self._elapsed_before += time.perf_counter() - self._loop._fit_start
         self.history.status = self.status
@@ -363,19 +422,23 @@ class Trainer(TrainerControl):
                     if metrics:
                         metrics.update(outputs, targets)
             parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
-            host = torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []  # SYNC: once per eval
+            host = (
+                torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []
+            )  # SYNC: once per eval
         finally:
             model.train(was_training)
         n = len(losses)
-        values = {name: host[n + i * len(sizes): n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
+        values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
         metrics.absorb(values, sizes)
-        reduced = self.strategy.reduce_sums([float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes))]
-                                            + [metrics.sums[k] for k in metrics.sums])
+        reduced = self.strategy.reduce_sums(
+            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
+            + [metrics.sums[k] for k in metrics.sums]
+        )
         count = reduced[0] or 1.0
         out: dict[str, float] = {}
         if n:
             out[f"{prefix}loss"] = reduced[1] / count
-        for name, total in zip(metrics.sums, reduced[2:]):
+        for name, total in zip(metrics.sums, reduced[2:], strict=True):
             out[f"{prefix}{name}"] = total / count
         for k, v in metrics.compute(int(count)).items():
             if k not in metrics.sums:
@@ -408,8 +471,12 @@ class Trainer(TrainerControl):
 
     def _default_compute(self) -> bool:
         """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
-        return (self._compute_loss_fn is None and type(self).compute_loss is Trainer.compute_loss
-                and self.criterion is not None and self.batch_spec.num_inputs is None)
+        return (
+            self._compute_loss_fn is None
+            and type(self).compute_loss is Trainer.compute_loss
+            and self.criterion is not None
+            and self.batch_spec.num_inputs is None
+        )
 
     def _compute(self, batch: Any, need_loss: bool = True, training: bool = True) -> tuple[Any, Any, Any]:
         if self._compute_loss_fn is None:
@@ -421,8 +488,10 @@ class Trainer(TrainerControl):
         if isinstance(result, tuple) and len(result) == 3:
             return result
         if self._train_metrics:
-            raise ValueError("compute_loss returned only a loss, but metrics need outputs and targets: return "
-                             "(loss, outputs, targets) from compute_loss.")
+            raise ValueError(
+                "compute_loss returned only a loss, but metrics need outputs and targets: return "
+                "(loss, outputs, targets) from compute_loss."
+            )
         return result, None, None
 
     def _autocast(self):
@@ -446,8 +515,10 @@ class Trainer(TrainerControl):
         if _is_plateau(self.scheduler):
             key = self.scheduler_monitor or ("val_loss" if "val_loss" in logs else "loss")
             if key not in logs:
-                raise KeyError(f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= "
-                               f"to one of {sorted(logs)}.")
+                raise KeyError(
+                    f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= "
+                    f"to one of {sorted(logs)}."
+                )
             self.scheduler.step(logs[key])
         else:
             self.scheduler.step()
@@ -500,8 +571,10 @@ class Trainer(TrainerControl):
         return sampler.generator
 
     def __repr__(self) -> str:
-        return (f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
-                f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})")
+        return (
+            f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
+            f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})"
+        )
 
 
 def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
@@ -518,8 +591,10 @@ def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if not opt_params:
         raise ValueError("The optimizer holds no parameters. Build it from model.parameters().")
     if not any(id(p) in model_ids for p in opt_params):
-        raise ValueError("The optimizer holds none of the model's parameters (was it built for another model "
-                         "instance, or before the model was re-created?). Build it from this model's parameters.")
+        raise ValueError(
+            "The optimizer holds none of the model's parameters (was it built for another model "
+            "instance, or before the model was re-created?). Build it from this model's parameters."
+        )
 
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

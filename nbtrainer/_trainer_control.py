@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from nbtrainer import _state, _validate
 from nbtrainer._precision import make_scaler, require_precision
@@ -87,8 +88,9 @@ class TrainerControl:
         """Trainable / frozen parameter counts of the model (``str()`` gives one line)."""
         return self._setup.param_counts()
 
-    def lr_find(self, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100,
-                **kwargs: Any) -> Any:
+    def lr_find(
+        self, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, **kwargs: Any
+    ) -> Any:
         """LR range test (exponential sweep); model and optimizer are restored afterwards. See
         :func:`nbtrainer._lr_find.lr_find` for the options and the :class:`LRFinderResult`."""
         from nbtrainer._lr_find import lr_find
@@ -123,7 +125,7 @@ class TrainerControl:
                 if fut.set_running_or_notify_cancel():
                     try:
                         fut.set_result(fn())
-                    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                    except BaseException as exc:
                         fut.set_exception(exc)
             if self._fit_thread is None or not self._control.paused or self._control.stop_requested:
                 return

@@ -23,23 +23,32 @@ import copy
 import difflib
 import math
 import string
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 from nbtrainer._batch import loss_from_outputs
 
-__all__ = ["check_args", "check_fit", "first_compute", "check_val_loader", "check_callback"]
+__all__ = ["check_args", "check_callback", "check_fit", "check_val_loader", "first_compute"]
 
 # Hook names other trainers use, mapped to ours (a callback using them would silently never run).
 _FOREIGN_HOOKS = {
-    "on_train_start": "on_fit_start", "on_train_end": "on_fit_end", "on_train_begin": "on_fit_start",
-    "on_epoch_begin": "on_epoch_start", "on_train_epoch_start": "on_epoch_start",
-    "on_train_epoch_end": "on_epoch_end", "on_batch_end": "on_train_batch_end",
-    "on_batch_begin": "on_train_batch_start", "on_batch_start": "on_train_batch_start",
-    "on_train_batch_begin": "on_train_batch_start", "on_validation_epoch_end": "on_validation_end",
-    "on_validation_epoch_start": "on_validation_start", "on_step_end": "on_optimizer_step",
-    "on_before_backward": "on_train_batch_end", "on_exception_raised": "on_exception",
+    "on_train_start": "on_fit_start",
+    "on_train_end": "on_fit_end",
+    "on_train_begin": "on_fit_start",
+    "on_epoch_begin": "on_epoch_start",
+    "on_train_epoch_start": "on_epoch_start",
+    "on_train_epoch_end": "on_epoch_end",
+    "on_batch_end": "on_train_batch_end",
+    "on_batch_begin": "on_train_batch_start",
+    "on_batch_start": "on_train_batch_start",
+    "on_train_batch_begin": "on_train_batch_start",
+    "on_validation_epoch_end": "on_validation_end",
+    "on_validation_epoch_start": "on_validation_start",
+    "on_step_end": "on_optimizer_step",
+    "on_before_backward": "on_train_batch_end",
+    "on_exception_raised": "on_exception",
 }
 
 _ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "SoftMarginLoss")
@@ -49,7 +58,8 @@ def _desc(obj: Any, depth: int = 0) -> str:
     """A short description of a (nested) batch: dtypes and shapes."""
     if isinstance(obj, torch.Tensor):
         return f"{str(obj.dtype).replace('torch.', '')}{list(obj.shape)}" + (
-            "" if obj.device.type == "cpu" else f"@{obj.device}")
+            "" if obj.device.type == "cpu" else f"@{obj.device}"
+        )
     if depth > 2:
         return type(obj).__name__
     if isinstance(obj, dict):
@@ -66,78 +76,116 @@ def check_callback(cb: Any) -> None:
     from nbtrainer._events import EVENTS
 
     if isinstance(cb, type):
-        raise TypeError(f"callbacks got the class {cb.__name__}, not an instance. Pass {cb.__name__}(...) "
-                        "(with its arguments), e.g. callbacks=[EarlyStopping('val_loss')].")
+        raise TypeError(
+            f"callbacks got the class {cb.__name__}, not an instance. Pass {cb.__name__}(...) "
+            "(with its arguments), e.g. callbacks=[EarlyStopping('val_loss')]."
+        )
     if cb is None or isinstance(cb, (str, int, float, bool, dict, list, tuple)):
-        raise TypeError(f"callbacks must hold callback objects, got {cb!r}. Pass objects with hook methods "
-                        "(see nbtrainer.EVENTS), e.g. callbacks=[ModelCheckpoint('ckpts')].")
+        raise TypeError(
+            f"callbacks must hold callback objects, got {cb!r}. Pass objects with hook methods "
+            "(see nbtrainer.EVENTS), e.g. callbacks=[ModelCheckpoint('ckpts')]."
+        )
     names = [n for n in dir(type(cb)) if n.startswith("on_") and callable(getattr(type(cb), n, None))]
     for name in names:
         if name in EVENTS:
             continue
-        right = _FOREIGN_HOOKS.get(name) or next(iter(difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.85)),
-                                                 None)
+        right = _FOREIGN_HOOKS.get(name) or next(iter(difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.85)), None)
         if right is not None:
-            raise ValueError(f"Callback {type(cb).__name__} defines {name}(), which nbtrainer never calls "
-                             f"(it would be silently ignored). Rename it to {right}(); the hooks are: "
-                             f"{', '.join(EVENTS)}.")
+            raise ValueError(
+                f"Callback {type(cb).__name__} defines {name}(), which nbtrainer never calls "
+                f"(it would be silently ignored). Rename it to {right}(); the hooks are: "
+                f"{', '.join(EVENTS)}."
+            )
 
 
-def check_args(*, criterion: Any, optimizer: Any, scheduler: Any, metrics: Any, callbacks: Any, device: Any,
-               seed: Any, refresh_interval: Any, on_nonfinite: Any) -> None:
+def check_args(
+    *,
+    criterion: Any,
+    optimizer: Any,
+    scheduler: Any,
+    metrics: Any,
+    callbacks: Any,
+    device: Any,
+    seed: Any,
+    refresh_interval: Any,
+    on_nonfinite: Any,
+) -> None:
     from nbtrainer._nonfinite import check_mode
 
     if isinstance(criterion, type):
-        raise TypeError(f"criterion is the class {criterion.__name__}, not an instance. Pass "
-                        f"{criterion.__name__}() (note the parentheses).")
+        raise TypeError(
+            f"criterion is the class {criterion.__name__}, not an instance. Pass "
+            f"{criterion.__name__}() (note the parentheses)."
+        )
     if isinstance(optimizer, type):
-        raise TypeError(f"optimizer is the class {optimizer.__name__}, not an optimizer. Build it from the "
-                        f"model's parameters: {optimizer.__name__}(model.parameters(), lr=...), or pass its "
-                        "name as a string ('adamw').")
+        raise TypeError(
+            f"optimizer is the class {optimizer.__name__}, not an optimizer. Build it from the "
+            f"model's parameters: {optimizer.__name__}(model.parameters(), lr=...), or pass its "
+            "name as a string ('adamw')."
+        )
     if scheduler is not None:
         if isinstance(scheduler, type):
-            raise TypeError(f"scheduler is the class {scheduler.__name__}, not a scheduler. Build it from the "
-                            f"optimizer: {scheduler.__name__}(optimizer, ...).")
+            raise TypeError(
+                f"scheduler is the class {scheduler.__name__}, not a scheduler. Build it from the "
+                f"optimizer: {scheduler.__name__}(optimizer, ...)."
+            )
         if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))):
-            raise TypeError(f"scheduler must be a torch LR scheduler (with step() and state_dict()), got "
-                            f"{type(scheduler).__name__}. Build one from torch.optim.lr_scheduler.")
+            raise TypeError(
+                f"scheduler must be a torch LR scheduler (with step() and state_dict()), got "
+                f"{type(scheduler).__name__}. Build one from torch.optim.lr_scheduler."
+            )
     if metrics is not None and not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict of name -> metric, got a {type(metrics).__name__}. Name each "
-                        "one, e.g. metrics={'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}.")
+        raise TypeError(
+            f"metrics must be a dict of name -> metric, got a {type(metrics).__name__}. Name each "
+            "one, e.g. metrics={'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}."
+        )
     if callbacks is not None:
         if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes, Mapping)):
-            raise TypeError(f"callbacks must be a list of callbacks, got a {type(callbacks).__name__}. Wrap "
-                            "it in a list: callbacks=[cb].")
+            raise TypeError(
+                f"callbacks must be a list of callbacks, got a {type(callbacks).__name__}. Wrap "
+                "it in a list: callbacks=[cb]."
+            )
         if isinstance(callbacks, (list, tuple)):
             for cb in callbacks:
                 check_callback(cb)
     if not isinstance(device, torch.device):
         if not isinstance(device, str) and device is not None:
-            raise TypeError(f"device must be a string or torch.device, got {type(device).__name__}. "
-                            "Use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'.")
+            raise TypeError(
+                f"device must be a string or torch.device, got {type(device).__name__}. "
+                "Use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'."
+            )
         if device not in (None, "auto"):
             try:
                 device = torch.device(device)
             except (RuntimeError, ValueError) as exc:
-                raise ValueError(f"Unknown device {device!r} ({str(exc).splitlines()[0][:120]}). Use 'auto', "
-                                 "'cpu', 'cuda', 'cuda:1' or 'mps'.") from None
+                raise ValueError(
+                    f"Unknown device {device!r} ({str(exc).splitlines()[0][:120]}). Use 'auto', "
+                    "'cpu', 'cuda', 'cuda:1' or 'mps'."
+                ) from None
     if isinstance(device, torch.device):
         if device.type == "cuda":
             if not torch.cuda.is_available():
-                raise RuntimeError(f"device={str(device)!r} but CUDA is not available here (no GPU, or a CPU-only "
-                                   f"torch {torch.__version__}). Use device='cpu' (or 'auto'), or install a CUDA "
-                                   "build of torch on a machine with a GPU.")
+                raise RuntimeError(
+                    f"device={str(device)!r} but CUDA is not available here (no GPU, or a CPU-only "
+                    f"torch {torch.__version__}). Use device='cpu' (or 'auto'), or install a CUDA "
+                    "build of torch on a machine with a GPU."
+                )
             if device.index is not None and device.index >= torch.cuda.device_count():
-                raise RuntimeError(f"device={str(device)!r} but only {torch.cuda.device_count()} CUDA device(s) "
-                                   "are visible. Pick an index below that (check CUDA_VISIBLE_DEVICES).")
+                raise RuntimeError(
+                    f"device={str(device)!r} but only {torch.cuda.device_count()} CUDA device(s) "
+                    "are visible. Pick an index below that (check CUDA_VISIBLE_DEVICES)."
+                )
         if device.type == "mps":
             mps = getattr(torch.backends, "mps", None)
             if mps is None or not mps.is_available():
                 raise RuntimeError("device='mps' but MPS is not available here. Use device='cpu' or 'auto'.")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise TypeError(f"seed must be an int or None, got {seed!r}. Pass e.g. seed=42.")
-    if not isinstance(refresh_interval, (int, float)) or isinstance(refresh_interval, bool) or not (
-            refresh_interval >= 0 and math.isfinite(refresh_interval)):
+    if (
+        not isinstance(refresh_interval, (int, float))
+        or isinstance(refresh_interval, bool)
+        or not (refresh_interval >= 0 and math.isfinite(refresh_interval))
+    ):
         raise ValueError(f"refresh_interval must be a number of seconds >= 0, got {refresh_interval!r}.")
     check_mode(on_nonfinite)
 
@@ -150,15 +198,20 @@ def _one_shot(loader: Any) -> bool:
 
 def _check_loader(name: str, loader: Any) -> None:
     if isinstance(loader, torch.Tensor):
-        raise TypeError(f"{name} is a tensor, not a loader (iterating it would yield single rows). Wrap the "
-                        "data: DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True).")
+        raise TypeError(
+            f"{name} is a tensor, not a loader (iterating it would yield single rows). Wrap the "
+            "data: DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)."
+        )
     if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, torch.utils.data.IterableDataset):
-        raise TypeError(f"{name} is a Dataset ({type(loader).__name__}), not a loader: iterating it yields "
-                        "single samples without a batch dimension. Wrap it: DataLoader(dataset, "
-                        "batch_size=32, shuffle=True).")
+        raise TypeError(
+            f"{name} is a Dataset ({type(loader).__name__}), not a loader: iterating it yields "
+            "single samples without a batch dimension. Wrap it: DataLoader(dataset, "
+            "batch_size=32, shuffle=True)."
+        )
     if not isinstance(loader, Iterable) and not hasattr(loader, "__getitem__"):
-        raise TypeError(f"{name} must be an iterable of batches (a DataLoader, a list...), got "
-                        f"{type(loader).__name__}.")
+        raise TypeError(
+            f"{name} must be an iterable of batches (a DataLoader, a list...), got {type(loader).__name__}."
+        )
 
 
 def _format_keys(fmt: str) -> set[str]:
@@ -169,8 +222,9 @@ def _format_keys(fmt: str) -> set[str]:
     return keys
 
 
-def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None,
-              resuming: bool) -> None:
+def check_fit(
+    trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, resuming: bool
+) -> None:
     from nbtrainer._callbacks import check_monitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._loop import _safe_len
@@ -179,20 +233,28 @@ def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max
     if val_loader is not None:
         _check_loader("val_loader", val_loader)
     if epochs > 1 and max_steps is None and _one_shot(train_loader):  # a stream with max_steps is fine
-        raise TypeError(f"train_loader is a one-shot iterator ({type(train_loader).__name__}): epoch 2 would get "
-                        f"no batches. Pass something iterable again each epoch (a DataLoader or a list), not "
-                        "iter(...) or a generator.")
+        raise TypeError(
+            f"train_loader is a one-shot iterator ({type(train_loader).__name__}): epoch 2 would get "
+            f"no batches. Pass something iterable again each epoch (a DataLoader or a list), not "
+            "iter(...) or a generator."
+        )
     if val_loader is not None and _one_shot(val_loader) and epochs > 1:
-        raise TypeError(f"val_loader is a one-shot iterator ({type(val_loader).__name__}): only the first "
-                        "validation would see batches. Pass a DataLoader or a list.")
+        raise TypeError(
+            f"val_loader is a one-shot iterator ({type(val_loader).__name__}): only the first "
+            "validation would see batches. Pass a DataLoader or a list."
+        )
     keys = trainer.expected_log_keys()
     sched = trainer.scheduler
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
         key = trainer.scheduler_monitor or ("val_loss" if trainer.has_validation else "loss")
         if key not in keys:
-            hint = " (no val_loader was given to fit())" if key.startswith("val_") and not trainer.has_validation else ""
-            raise ValueError(f"ReduceLROnPlateau would monitor {key!r}, which this fit never logs{hint}. Set "
-                             f"scheduler_monitor= to one of {sorted(keys)}.")
+            hint = (
+                " (no val_loader was given to fit())" if key.startswith("val_") and not trainer.has_validation else ""
+            )
+            raise ValueError(
+                f"ReduceLROnPlateau would monitor {key!r}, which this fit never logs{hint}. Set "
+                f"scheduler_monitor= to one of {sorted(keys)}."
+            )
     elif isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step":
         n = _safe_len(train_loader)
         if n:
@@ -200,18 +262,22 @@ def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max
             if max_steps is not None:
                 need = min(need, max_steps)
             if sched.total_steps < need:
-                raise ValueError(f"OneCycleLR was built for total_steps={sched.total_steps} but this fit takes "
-                                 f"{need} optimizer steps ({n} batches / grad_accum_steps="
-                                 f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
-                                 "with total_steps=trainer.total_steps(train_loader, epochs).")
+                raise ValueError(
+                    f"OneCycleLR was built for total_steps={sched.total_steps} but this fit takes "
+                    f"{need} optimizer steps ({n} batches / grad_accum_steps="
+                    f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
+                    "with total_steps=trainer.total_steps(train_loader, epochs)."
+                )
     for cb in trainer.callbacks.callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor:
             check_monitor("ModelCheckpoint", cb.monitor, trainer)
         if isinstance(cb, ModelCheckpoint) and cb.save_top_k != 0:
             missing = sorted(_format_keys(cb.filename) - keys - {"epoch", "step"})
             if missing:
-                raise ValueError(f"ModelCheckpoint filename {cb.filename!r} uses {missing}, which this fit never "
-                                 f"logs. Use {{epoch}}, {{step}} or one of {sorted(keys)}.")
+                raise ValueError(
+                    f"ModelCheckpoint filename {cb.filename!r} uses {missing}, which this fit never "
+                    f"logs. Use {{epoch}}, {{step}} or one of {sorted(keys)}."
+                )
     _check_model(trainer)
 
 
@@ -220,30 +286,38 @@ def _check_model(trainer: Any) -> None:
     params = list(model.parameters())
     if any(p.is_meta for p in params):
         names = [n for n, p in model.named_parameters() if p.is_meta][:4]
-        raise RuntimeError(f"The model has parameters on the 'meta' device (no data), e.g. {names}. Materialize "
-                           "it first: model.to_empty(device=...) then load its weights.")
+        raise RuntimeError(
+            f"The model has parameters on the 'meta' device (no data), e.g. {names}. Materialize "
+            "it first: model.to_empty(device=...) then load its weights."
+        )
     if trainer.precision == "fp16-mixed":
         half = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16][:4]
         if half:
-            raise TypeError(f"precision='fp16-mixed' trains fp32 master weights under autocast, but parameters "
-                            f"{half} are float16 (model.half()?); the GradScaler cannot unscale fp16 gradients. "
-                            "Drop .half() (autocast casts on the fly), or use precision='fp32' for a pure "
-                            "half model.")
+            raise TypeError(
+                f"precision='fp16-mixed' trains fp32 master weights under autocast, but parameters "
+                f"{half} are float16 (model.half()?); the GradScaler cannot unscale fp16 gradients. "
+                "Drop .half() (autocast casts on the fly), or use precision='fp32' for a pure "
+                "half model."
+            )
     opt_params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
     if opt_params and not any(p.requires_grad for p in opt_params):
-        raise ValueError("Every parameter the optimizer holds has requires_grad=False, so nothing would be "
-                         "trained. Unfreeze them (p.requires_grad_(True)) before building the optimizer, or "
-                         "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad].")
+        raise ValueError(
+            "Every parameter the optimizer holds has requires_grad=False, so nothing would be "
+            "trained. Unfreeze them (p.requires_grad_(True)) before building the optimizer, or "
+            "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad]."
+        )
     # Plain tensor attributes (not parameters/buffers) are not moved by .to(device): the classic
     # "Expected all tensors to be on the same device" once training starts.
     for mod_name, mod in model.named_modules():
         for attr, value in vars(mod).items():
             if isinstance(value, torch.Tensor) and not attr.startswith("_") and value.device.type != device.type:
                 where = f"{mod_name}.{attr}" if mod_name else attr
-                raise RuntimeError(f"model.{where} is a plain tensor attribute on {value.device}, not on the "
-                                   f"trainer's device {device}: .to(device) does not move it. Register it: "
-                                   f"self.register_buffer('{attr}', tensor) (persistent=False to keep it out of "
-                                   "the state_dict).")
+                raise RuntimeError(
+                    f"model.{where} is a plain tensor attribute on {value.device}, not on the "
+                    f"trainer's device {device}: .to(device) does not move it. Register it: "
+                    f"self.register_buffer('{attr}', tensor) (persistent=False to keep it out of "
+                    "the state_dict)."
+                )
 
 
 # -- the first batch ------------------------------------------------------------------------------------
@@ -277,16 +351,18 @@ def _leaf_problem(obj: Any, path: str, top: bool) -> str | None:
 def check_batch(batch: Any, where: str = "train_loader") -> None:
     problem = _leaf_problem(batch, "batch", True)  # other batch types: BatchSpec.split explains them
     if problem:
-        raise TypeError(f"{where} yields batches with non-tensor data: {problem}. Convert in the Dataset or "
-                        "transform (torch.as_tensor(...), torchvision.transforms.ToTensor()), or let the "
-                        "DataLoader's default collate_fn build tensors (a custom collate_fn returned it as is).")
+        raise TypeError(
+            f"{where} yields batches with non-tensor data: {problem}. Convert in the Dataset or "
+            "transform (torch.as_tensor(...), torchvision.transforms.ToTensor()), or let the "
+            "DataLoader's default collate_fn build tensors (a custom collate_fn returned it as is)."
+        )
 
 
 def _rewrap(exc: BaseException, message: str) -> BaseException:
     """The same exception type with a better message (falls back to RuntimeError)."""
     try:
         new = type(exc)(message)
-    except Exception:  # noqa: BLE001 - exotic constructors
+    except Exception:
         new = RuntimeError(message)
     return new
 
@@ -298,19 +374,27 @@ def _passthrough(exc: BaseException) -> bool:
 def _model_hint(trainer: Any, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
-        how = (f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}")
-        return (f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
-                "(tuple batches: how many leading elements go to the model) or target_keys= (dict batches), "
-                "or pass compute_loss=fn(model, batch).")
-    if "same device" in text or "device" in text and "expected" in text.lower():
-        return (f"A tensor the model uses is not on the trainer's device {trainer.device}: register tensors the "
-                "model creates as buffers (self.register_buffer), and don't pin data to a device in the Dataset.")
+        how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
+        return (
+            f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
+            "(tuple batches: how many leading elements go to the model) or target_keys= (dict batches), "
+            "or pass compute_loss=fn(model, batch)."
+        )
+    if "same device" in text or ("device" in text and "expected" in text.lower()):
+        return (
+            f"A tensor the model uses is not on the trainer's device {trainer.device}: register tensors the "
+            "model creates as buffers (self.register_buffer), and don't pin data to a device in the Dataset."
+        )
     if "shapes cannot be multiplied" in text or "size mismatch" in text or "channels" in text or "shape" in text:
-        return ("The inputs' shape does not fit the model: check the feature size / layout of the data "
-                "(flatten images for Linear layers, channels-first for Conv) or the model's input size.")
+        return (
+            "The inputs' shape does not fit the model: check the feature size / layout of the data "
+            "(flatten images for Linear layers, channels-first for Conv) or the model's input size."
+        )
     if "scalar type" in text or "dtype" in text or "Expected object of scalar type" in text:
-        return ("The inputs' dtype does not match the model's parameters: convert in the Dataset (x.float() "
-                "for features, x.long() for token ids).")
+        return (
+            "The inputs' dtype does not match the model's parameters: convert in the Dataset (x.float() "
+            "for features, x.long() for token ids)."
+        )
     return "Check that the loader's batches match what the model's forward() expects."
 
 
@@ -320,11 +404,15 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
     out_t = outputs if isinstance(outputs, torch.Tensor) else None
     tgt_t = targets if isinstance(targets, torch.Tensor) else None
     if "out of bounds" in text and out_t is not None:
-        return (f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
-                "last layer as wide as the number of classes, or make the labels 0-based.")
+        return (
+            f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
+            "last layer as wide as the number of classes, or make the labels 0-based."
+        )
     if ("0D or 1D target" in text or "multi-target" in text) and tgt_t is not None:
-        return (f"{name} wants class indices of shape [batch]; the targets are {list(tgt_t.shape)}. Use "
-                "y.squeeze(1) (or y.argmax(1) for one-hot targets).")
+        return (
+            f"{name} wants class indices of shape [batch]; the targets are {list(tgt_t.shape)}. Use "
+            "y.squeeze(1) (or y.argmax(1) for one-hot targets)."
+        )
     if ("Long" in text or "Int" in text) and tgt_t is not None and tgt_t.is_floating_point():
         return f"{name} wants integer class indices; the targets are {tgt_t.dtype}. Convert them: y.long()."
     if "can't be cast" in text or ("Float" in text and tgt_t is not None and not tgt_t.is_floating_point()):
@@ -335,8 +423,12 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
 
 
 def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
-    if type(criterion).__name__ not in _ELEMENTWISE or not isinstance(outputs, torch.Tensor) \
-            or not isinstance(targets, torch.Tensor) or outputs.shape == targets.shape:
+    if (
+        type(criterion).__name__ not in _ELEMENTWISE
+        or not isinstance(outputs, torch.Tensor)
+        or not isinstance(targets, torch.Tensor)
+        or outputs.shape == targets.shape
+    ):
         return
     name = type(criterion).__name__
     try:
@@ -344,9 +436,11 @@ def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
         silent = f"they would broadcast to {bshape} and give a wrong loss silently (torch only warns)"
     except RuntimeError:
         silent = "they cannot be compared element-wise"
-    raise ValueError(f"{name} got outputs of shape {list(outputs.shape)} and targets of shape "
-                     f"{list(targets.shape)}: {silent}. Make them the same shape, e.g. y.view(-1, 1) / "
-                     "y.unsqueeze(-1) for the targets, or outputs.squeeze(-1) in the model.")
+    raise ValueError(
+        f"{name} got outputs of shape {list(outputs.shape)} and targets of shape "
+        f"{list(targets.shape)}: {silent}. Make them the same shape, e.g. y.view(-1, 1) / "
+        "y.unsqueeze(-1) for the targets, or outputs.squeeze(-1) in the model."
+    )
 
 
 def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
@@ -364,28 +458,39 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
         except BaseException as exc:
             if _passthrough(exc):
                 raise
-            hint = ("Check compute_loss against the batch structure." if not default else
-                    _model_hint(trainer, exc, (), {}, batch))
-            raise _rewrap(exc, f"Computing the loss of the first {where} batch {_desc(batch)} failed: "
-                               f"{type(exc).__name__}: {exc}. {hint}") from exc
+            hint = (
+                "Check compute_loss against the batch structure."
+                if not default
+                else _model_hint(trainer, exc, (), {}, batch)
+            )
+            raise _rewrap(
+                exc,
+                f"Computing the loss of the first {where} batch {_desc(batch)} failed: "
+                f"{type(exc).__name__}: {exc}. {hint}",
+            ) from exc
     args, kwargs, targets = trainer.batch_spec.split(batch)
     try:
         outputs = trainer.model(*args, **kwargs)
     except BaseException as exc:
         if _passthrough(exc):
             raise
-        raise _rewrap(exc, f"The model could not take the first {where} batch {_desc(batch)}: "
-                           f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(trainer, exc, args, kwargs, batch)}"
-                      ) from exc
+        raise _rewrap(
+            exc,
+            f"The model could not take the first {where} batch {_desc(batch)}: "
+            f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(trainer, exc, args, kwargs, batch)}",
+        ) from exc
     check_criterion_shapes(trainer.criterion, outputs, targets)
     try:
         loss = loss_from_outputs(trainer.criterion, outputs, targets)
     except BaseException as exc:
         if _passthrough(exc) or trainer.criterion is None or targets is None:
             raise
-        raise _rewrap(exc, f"The criterion {type(trainer.criterion).__name__} failed on the first {where} batch "
-                           f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
-                           f"{str(exc)[:300]}. {_criterion_hint(trainer.criterion, exc, outputs, targets)}") from exc
+        raise _rewrap(
+            exc,
+            f"The criterion {type(trainer.criterion).__name__} failed on the first {where} batch "
+            f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
+            f"{str(exc)[:300]}. {_criterion_hint(trainer.criterion, exc, outputs, targets)}",
+        ) from exc
     return loss, outputs, targets
 
 
@@ -400,15 +505,23 @@ def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False)
     if loss is None:
         return
     if not isinstance(loss, torch.Tensor):
-        raise TypeError(f"The {where} loss is a {type(loss).__name__}, not a tensor: the criterion / compute_loss "
-                        "must return a scalar torch.Tensor (don't call .item() on it).")
+        raise TypeError(
+            f"The {where} loss is a {type(loss).__name__}, not a tensor: the criterion / compute_loss "
+            "must return a scalar torch.Tensor (don't call .item() on it)."
+        )
     if loss.ndim != 0:
-        raise ValueError(f"The {where} loss has shape {tuple(loss.shape)}; it must be a scalar. Use "
-                         "reduction='mean' (or 'sum') in the criterion, or reduce it in compute_loss.")
+        raise ValueError(
+            f"The {where} loss has shape {tuple(loss.shape)}; it must be a scalar. Use "
+            "reduction='mean' (or 'sum') in the criterion, or reduce it in compute_loss."
+        )
     if needs_grad and not loss.requires_grad:
         frozen = not any(p.requires_grad for p in trainer.model.parameters())
-        why = ("every parameter of the model has requires_grad=False (unfreeze some)" if frozen else
-               "it was computed without autograd (torch.no_grad / inference_mode / .detach() in the model or criterion)")
+        why = (
+            "every parameter of the model has requires_grad=False (unfreeze some)"
+            if frozen
+            else "it was computed without autograd "
+            "(torch.no_grad / inference_mode / .detach() in the model or criterion)"
+        )
         raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
 
 
@@ -432,8 +545,9 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
         try:
             batch = next(it)
         except StopIteration:
-            raise ValueError("val_loader yielded no batches: pass None to skip validation or fix the "
-                             "dataset.") from None
+            raise ValueError(
+                "val_loader yielded no batches: pass None to skip validation or fix the dataset."
+            ) from None
         finally:
             del it
         from nbtrainer._batch import move_to_device
@@ -457,10 +571,13 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
     for name, fn in metrics.callables:
         try:
             value = fn(outputs, targets)
-        except Exception as exc:  # noqa: BLE001
-            raise _rewrap(exc, f"Metric {name!r} raised on the first {where} batch (outputs {_desc(outputs)}, "
-                               f"targets {_desc(targets)}): {type(exc).__name__}: {str(exc).rstrip('.')}. A metric is called as "
-                               "fn(outputs, targets) and must return one number per batch.") from exc
+        except Exception as exc:
+            raise _rewrap(
+                exc,
+                f"Metric {name!r} raised on the first {where} batch (outputs {_desc(outputs)}, "
+                f"targets {_desc(targets)}): {type(exc).__name__}: {str(exc).rstrip('.')}. A metric is called as "
+                "fn(outputs, targets) and must return one number per batch.",
+            ) from exc
         _check_value(name, value)
     for name, metric in metrics.torchmetrics:
         probe = copy.deepcopy(metric)
@@ -468,11 +585,14 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
         try:
             probe.update(outputs, targets)
             value = probe.compute()
-        except Exception as exc:  # noqa: BLE001
-            raise _rewrap(exc, f"Metric {name!r} ({type(metric).__name__}) failed on the first {where} batch "
-                               f"(outputs {_desc(outputs)}, targets {_desc(targets)}): {type(exc).__name__}: "
-                               f"{str(exc)[:300].rstrip('.')}. Configure it for this task (task=, num_classes=) or adapt "
-                               "the model's outputs.") from exc
+        except Exception as exc:
+            raise _rewrap(
+                exc,
+                f"Metric {name!r} ({type(metric).__name__}) failed on the first {where} batch "
+                f"(outputs {_desc(outputs)}, targets {_desc(targets)}): {type(exc).__name__}: "
+                f"{str(exc)[:300].rstrip('.')}. Configure it for this task (task=, num_classes=) or adapt "
+                "the model's outputs.",
+            ) from exc
         values = value.items() if isinstance(value, dict) else [(name, value)]
         for key, val in values:
             _scalar(key, val)
@@ -481,9 +601,12 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
 def _check_value(name: str, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"Metric {name!r} returned a tensor of shape {tuple(value.shape)}; a metric must "
-                             "return one number per batch (reduce it, e.g. with .mean()).")
+            raise ValueError(
+                f"Metric {name!r} returned a tensor of shape {tuple(value.shape)}; a metric must "
+                "return one number per batch (reduce it, e.g. with .mean())."
+            )
         return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a "
-                        "0-d tensor per batch.")
+        raise TypeError(
+            f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
+        )

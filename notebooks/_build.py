@@ -337,7 +337,10 @@ PROFILING = [
     code("""
     _nbt_profile.latency_ms["cpu"]
     """),
-    md("`%nbtrainer doctor` checks this environment: torch build, devices and the precisions they really run, the notebook packages and their front-end extensions, each problem with a fix."),
+    md(
+        "`%nbtrainer doctor` checks this environment: torch build, devices and the precisions they really run, "
+        "the notebook packages and their front-end extensions, each problem with a fix."
+    ),
     code("""
     %nbtrainer doctor
     """),
@@ -487,7 +490,9 @@ MULTI = [
     history = w.fit()  # the same as pressing Start and waiting
     history.to_pandas()[["loss", "digit_acc", "parity_acc", "val_digit_acc", "val_parity_acc"]].round(4)
     """),
-    md("`predict` returns the outputs for a whole loader, concatenated and in the model's own structure (here a dict):"),
+    md(
+        "`predict` returns the outputs for a whole loader, concatenated and in the model's own structure (here a dict):"
+    ),
     code("""
     predictions = w.trainer.predict(dict_val)
     {k: tuple(v.shape) for k, v in predictions.items()}

@@ -70,15 +70,25 @@ def make_data(seed: int):
     return x, y, xv, yv
 
 
-def build(seed: int, dirpath: str, *, precision: str = "fp32", every: int = 2, kill_at: int | None = None,
-          sleep: float = 0.0, own_generator: bool | None = None, checkpoint: bool = True):
+def build(
+    seed: int,
+    dirpath: str,
+    *,
+    precision: str = "fp32",
+    every: int = 2,
+    kill_at: int | None = None,
+    sleep: float = 0.0,
+    own_generator: bool | None = None,
+    checkpoint: bool = True,
+):
     import torchmetrics
 
     x, y, xv, yv = make_data(seed)
     own_generator = (seed % 2 == 0) if own_generator is None else own_generator
     gen = torch.Generator().manual_seed(seed) if own_generator else None
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=True,
-                                         generator=gen)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=True, generator=gen
+    )
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv, yv), batch_size=16)
     torch.manual_seed(seed)  # the initial weights (the resumed run overwrites them from the checkpoint)
     model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(32, 3))
@@ -87,25 +97,42 @@ def build(seed: int, dirpath: str, *, precision: str = "fp32", every: int = 2, k
     if checkpoint:
         callbacks.append(ModelCheckpoint(dirpath, monitor="val_acc", save_top_k=2, every_n_steps=every, save_last=True))
     callbacks.append(Killer(kill_at, sleep))
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, grad_accum_steps=2, precision=precision,
-                      metrics={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3),
-                               "err": lambda o, t: (o.argmax(1) != t).float().mean()},
-                      seed=seed, deterministic=True, progress=False, callbacks=callbacks, device="cpu",
-                      refresh_interval=0.0 if seed % 3 == 0 else 0.05)
-    trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=trainer.total_steps(loader, EPOCHS)))
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        opt,
+        grad_accum_steps=2,
+        precision=precision,
+        metrics={
+            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=3),
+            "err": lambda o, t: (o.argmax(1) != t).float().mean(),
+        },
+        seed=seed,
+        deterministic=True,
+        progress=False,
+        callbacks=callbacks,
+        device="cpu",
+        refresh_interval=0.0 if seed % 3 == 0 else 0.05,
+    )
+    trainer.set_scheduler(
+        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=trainer.total_steps(loader, EPOCHS))
+    )
     return trainer, loader, val
 
 
 def result(trainer, history) -> dict:
     es = next(cb for cb in trainer.callbacks.callbacks if isinstance(cb, EarlyStopping))
-    return {"model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict(),
-            "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
-            "history": json.loads(history.to_json()),
-            "early_stopping": {"best": es.best, "wait": es.wait, "best_epoch": es.best_epoch},
-            "rng": torch.get_rng_state(), "global_step": trainer.global_step,
-            "chaos": next(cb for cb in trainer.callbacks.callbacks if isinstance(cb, Chaos)).draws}
+    return {
+        "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+        "history": json.loads(history.to_json()),
+        "early_stopping": {"best": es.best, "wait": es.wait, "best_epoch": es.best_epoch},
+        "rng": torch.get_rng_state(),
+        "global_step": trainer.global_step,
+        "chaos": next(cb for cb in trainer.callbacks.callbacks if isinstance(cb, Chaos)).draws,
+    }
 
 
 def run(seed: int, dirpath: str, out: str, *, resume: bool = False, **kw) -> None:
@@ -127,21 +154,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--precision", default="fp32")
     p.add_argument("--step-sleep", type=float, default=0.0)
-    p.add_argument("--jobs", help="JSON list of runs ({seed, dir, out, resume, precision, kill_at}) done in turn "
-                                  "in this process (each fit is seeded or restores every RNG, so they are independent)")
+    p.add_argument(
+        "--jobs",
+        help="JSON list of runs ({seed, dir, out, resume, precision, kill_at}) done in turn "
+        "in this process (each fit is seeded or restores every RNG, so they are independent)",
+    )
     a = p.parse_args(argv)
     if a.jobs:
         for job in json.loads(a.jobs):
-            run(job["seed"], job["dir"], job["out"], resume=job.get("resume", False),
-                precision=job.get("precision", "fp32"), every=job.get("every", 2), kill_at=job.get("kill_at"))
+            run(
+                job["seed"],
+                job["dir"],
+                job["out"],
+                resume=job.get("resume", False),
+                precision=job.get("precision", "fp32"),
+                every=job.get("every", 2),
+                kill_at=job.get("kill_at"),
+            )
         return 0
     if a.reference:
         for s in [int(v) for v in a.seeds.split(",") if v]:
-            run(s, os.path.join(a.out_dir, f"ckpt-ref-{s}"), os.path.join(a.out_dir, f"ref-{s}.pt"),
-                precision=a.precision, every=a.every)
+            run(
+                s,
+                os.path.join(a.out_dir, f"ckpt-ref-{s}"),
+                os.path.join(a.out_dir, f"ref-{s}.pt"),
+                precision=a.precision,
+                every=a.every,
+            )
         return 0
-    run(a.seed, a.dir, a.out, resume=a.resume, precision=a.precision, every=a.every, kill_at=a.kill_at,
-        sleep=a.step_sleep)
+    run(
+        a.seed,
+        a.dir,
+        a.out,
+        resume=a.resume,
+        precision=a.precision,
+        every=a.every,
+        kill_at=a.kill_at,
+        sleep=a.step_sleep,
+    )
     return 0
 
 

@@ -39,8 +39,11 @@ def make_overlay_venv(path: Path) -> tuple[Path, Path]:
     """
     run([sys.executable, "-m", "venv", "--without-pip", str(path)], cwd=path.parent)
     py = path / "bin" / "python"
-    site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    cwd=path.parent).stdout.strip())
+    site = Path(
+        run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=path.parent
+        ).stdout.strip()
+    )
     paths = sysconfig.get_paths()
     dev = dict.fromkeys([paths["purelib"], paths["platlib"]])
     (site / "zz_nbtrainer_dev_site.pth").write_text("\n".join(dev) + "\n")

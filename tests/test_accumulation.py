@@ -6,8 +6,8 @@ import copy
 
 import pytest
 import torch
-
 from conftest import make_loader
+
 from nbtrainer import Trainer
 
 
@@ -29,7 +29,7 @@ def _reference(model, x, y, bs, k, lr):
     n = x.shape[0] // bs
     for start in range(0, n, k):
         stop = min(start + k, n)
-        xb, yb = x[start * bs: stop * bs], y[start * bs: stop * bs]
+        xb, yb = x[start * bs : stop * bs], y[start * bs : stop * bs]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(xb), yb).backward()
         opt.step()
@@ -42,10 +42,16 @@ def test_accumulated_equals_big_batch(n_batches, k):
     base = _model()
     ref = _reference(copy.deepcopy(base), x, y, 4, k, lr=0.1)
     model = copy.deepcopy(base)
-    trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      grad_accum_steps=k, progress=False, device="cpu")
+    trainer = Trainer(
+        model,
+        torch.nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        grad_accum_steps=k,
+        progress=False,
+        device="cpu",
+    )
     history = trainer.fit(make_loader(x, y, batch_size=4), epochs=1)
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
     assert trainer.global_step == -(-n_batches // k)  # ceil: the ragged window still steps
     assert history.epochs[0]["steps"] == -(-n_batches // k)
@@ -59,7 +65,7 @@ class _NoLen:
 
     def __iter__(self):
         for i in range(0, self.x.shape[0], self.bs):
-            yield self.x[i:i + self.bs], self.y[i:i + self.bs]
+            yield self.x[i : i + self.bs], self.y[i : i + self.bs]
 
 
 def test_ragged_window_without_len():
@@ -67,10 +73,11 @@ def test_ragged_window_without_len():
     base = _model()
     ref = _reference(copy.deepcopy(base), x, y, 4, 4, lr=0.1)
     model = copy.deepcopy(base)
-    trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      grad_accum_steps=4, progress=False)
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4, progress=False
+    )
     trainer.fit(_NoLen(x, y, 4), epochs=1)
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
 
 
@@ -82,11 +89,12 @@ def test_windows_do_not_straddle_epochs():
     _reference(ref, x, y, 4, 2, lr=0.05)
     _reference(ref, x, y, 4, 2, lr=0.05)
     model = copy.deepcopy(base)
-    trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05),
-                      grad_accum_steps=2, progress=False)
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), grad_accum_steps=2, progress=False
+    )
     trainer.fit(make_loader(x, y, batch_size=4), epochs=2)
     assert trainer.global_step == 6
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
 
 
@@ -98,8 +106,15 @@ def test_clipping_once_per_step_after_unscale_fp16():
     for precision in ("fp32", "fp16-mixed"):
         torch.manual_seed(1)
         model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05),
-                          grad_accum_steps=3, max_grad_norm=0.5, precision=precision, progress=False)
+        trainer = Trainer(
+            model,
+            torch.nn.MSELoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            grad_accum_steps=3,
+            max_grad_norm=0.5,
+            precision=precision,
+            progress=False,
+        )
         h = trainer.fit(make_loader(x.float(), y.float(), batch_size=4), epochs=3)
         losses[precision] = h["loss"]
     assert losses["fp16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)

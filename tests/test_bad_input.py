@@ -72,15 +72,16 @@ with a message that adds the batch's shapes/dtypes, what nbtrainer did with the 
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import sys
 
 import pytest
 import torch
 import torchmetrics
+from conftest import make_classification, make_loader
 from torch import nn
 
-from conftest import make_classification, make_loader
 from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
 
 X, Y = make_classification(n=64)
@@ -112,7 +113,9 @@ class Env:
 
     def untouched(self):
         assert not self.opt.state, "an optimizer step happened"
-        assert all(torch.equal(a, b) for a, b in zip(self.before, self.model.parameters())), "weights changed"
+        assert all(torch.equal(a, b) for a, b in zip(self.before, self.model.parameters(), strict=True)), (
+            "weights changed"
+        )
         assert not os.path.exists(self.ck) or os.listdir(self.ck) == [], f"files written: {os.listdir(self.ck)}"
 
 
@@ -123,16 +126,20 @@ def case(name, exc, *patterns):
     def deco(fn):
         CASES[name] = (fn, exc, patterns)
         return fn
+
     return deco
 
 
 # 1-13: arguments --------------------------------------------------------------------------------------
 case("01-criterion-class", TypeError, "class CrossEntropyLoss, not an instance", r"CrossEntropyLoss\(\)")(
-    lambda e: e.trainer(criterion=nn.CrossEntropyLoss))
+    lambda e: e.trainer(criterion=nn.CrossEntropyLoss)
+)
 case("02-optimizer-class", TypeError, "class Adam, not an optimizer", r"Adam\(model.parameters\(\), lr=")(
-    lambda e: e.trainer(optimizer=torch.optim.Adam))
+    lambda e: e.trainer(optimizer=torch.optim.Adam)
+)
 case("03-optimizer-other-model", ValueError, "none of the model's parameters", "Build it from this model's parameters")(
-    lambda e: e.trainer(optimizer=torch.optim.Adam(_model().parameters())))
+    lambda e: e.trainer(optimizer=torch.optim.Adam(_model().parameters()))
+)
 
 
 def _frozen(e):
@@ -143,17 +150,21 @@ def _frozen(e):
 
 case("04-optimizer-all-frozen", ValueError, "requires_grad=False", "Unfreeze")(_frozen)
 case("05-scheduler-other-optimizer", ValueError, "different optimizer", "Create the scheduler from this trainer's")(
-    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(_model().parameters(), 0.1), 1)))
+    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(_model().parameters(), 0.1), 1))
+)
 case("06-scheduler-class", TypeError, "class StepLR, not a scheduler", r"StepLR\(optimizer")(
-    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR))
+    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR)
+)
 case("07-accum-zero", ValueError, "grad_accum_steps must be an int >= 1, got 0")(
-    lambda e: e.trainer(grad_accum_steps=0))
+    lambda e: e.trainer(grad_accum_steps=0)
+)
 case("08-accum-float", ValueError, "grad_accum_steps must be an int >= 1, got 2.0")(
-    lambda e: e.trainer(grad_accum_steps=2.0))
-case("09-epochs-zero", ValueError, "epochs must be an int >= 1, got 0")(
-    lambda e: e.trainer().fit(_loader(), epochs=0))
+    lambda e: e.trainer(grad_accum_steps=2.0)
+)
+case("09-epochs-zero", ValueError, "epochs must be an int >= 1, got 0")(lambda e: e.trainer().fit(_loader(), epochs=0))
 case("10-precision-unknown", PrecisionError, "Unknown precision 'fp8'", "Use one of fp32, fp16-mixed, bf16-mixed")(
-    lambda e: e.trainer(precision="fp8"))
+    lambda e: e.trainer(precision="fp8")
+)
 
 
 def _precision_unsupported(e):
@@ -175,17 +186,26 @@ def _precision_unsupported(e):
         prec._support.cache_clear()
 
 
-case("11-precision-unsupported", PrecisionError, "bf16-mixed' is not available on cpu", "no bf16 kernels",
-     r"Choose one of \['fp32', 'fp16-mixed'\]", "never switches precision silently")(_precision_unsupported)
+case(
+    "11-precision-unsupported",
+    PrecisionError,
+    "bf16-mixed' is not available on cpu",
+    "no bf16 kernels",
+    r"Choose one of \['fp32', 'fp16-mixed'\]",
+    "never switches precision silently",
+)(_precision_unsupported)
 if not torch.cuda.is_available():
     case("12-cuda-unavailable", RuntimeError, "CUDA is not available", "Use device='cpu'")(
-        lambda e: e.trainer(device="cuda"))
+        lambda e: e.trainer(device="cuda")
+    )
 case("13-device-unknown", ValueError, "Unknown device 'gpu'", "Use 'auto', 'cpu', 'cuda'")(
-    lambda e: e.trainer(device="gpu"))
+    lambda e: e.trainer(device="gpu")
+)
 
 # 14-18: metrics --------------------------------------------------------------------------------------------
 case("14-metrics-list", TypeError, "metrics must be a dict", r"metrics=\{'acc'")(
-    lambda e: e.trainer(metrics=[torchmetrics.Accuracy(task="multiclass", num_classes=3)]))
+    lambda e: e.trainer(metrics=[torchmetrics.Accuracy(task="multiclass", num_classes=3)])
+)
 
 
 def _raising_metric(outputs, targets):
@@ -193,25 +213,43 @@ def _raising_metric(outputs, targets):
 
 
 case("15-metric-raises", KeyError, "Metric 'bad' raised on the first training batch", r"fn\(outputs, targets\)")(
-    lambda e: e.trainer(metrics={"bad": _raising_metric}).fit(_loader(), epochs=1))
+    lambda e: e.trainer(metrics={"bad": _raising_metric}).fit(_loader(), epochs=1)
+)
 case("16-metric-not-scalar", ValueError, r"Metric 'acc' returned a tensor of shape \(16,\)", r"\.mean\(\)")(
-    lambda e: e.trainer(metrics={"acc": lambda o, t: (o.argmax(1) == t).float()}).fit(_loader(), epochs=1))
+    lambda e: e.trainer(metrics={"acc": lambda o, t: (o.argmax(1) == t).float()}).fit(_loader(), epochs=1)
+)
 case("17-torchmetric-vector", ValueError, r"Metric 'acc' computed a tensor of shape \(3,\)", "average='macro'")(
-    lambda e: e.trainer(metrics={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3, average=None)})
-    .fit(_loader(), epochs=1))
-case("18-torchmetric-wrong-task", RuntimeError, "Metric 'f1' .*failed on the first training batch", "task=, num_classes=")(
-    lambda e: e.trainer(metrics={"f1": torchmetrics.F1Score(task="binary")}).fit(_loader(), epochs=1))
+    lambda e: e.trainer(metrics={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3, average=None)}).fit(
+        _loader(), epochs=1
+    )
+)
+case(
+    "18-torchmetric-wrong-task", RuntimeError, "Metric 'f1' .*failed on the first training batch", "task=, num_classes="
+)(lambda e: e.trainer(metrics={"f1": torchmetrics.F1Score(task="binary")}).fit(_loader(), epochs=1))
 
 # 19-24: callbacks, schedules, files ------------------------------------------------------------------------
-case("19-earlystopping-no-val", ValueError, "EarlyStopping monitors 'val_loss', which this fit will never log",
-     "no val_loader", "Pick one of them")(
-    lambda e: e.trainer(callbacks=[EarlyStopping("val_loss")]).fit(_loader(), epochs=2))
+case(
+    "19-earlystopping-no-val",
+    ValueError,
+    "EarlyStopping monitors 'val_loss', which this fit will never log",
+    "no val_loader",
+    "Pick one of them",
+)(lambda e: e.trainer(callbacks=[EarlyStopping("val_loss")]).fit(_loader(), epochs=2))
 case("20-checkpoint-monitor-missing", ValueError, "ModelCheckpoint monitors 'val_acc'", "Pick one of them")(
-    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, monitor="val_acc")], ckpt=False).fit(_loader(), _loader(), epochs=1))
-case("21-checkpoint-filename-key", ValueError, r"filename 'best-\{val_f1:.3f\}' uses \['val_f1'\]",
-     r"Use \{epoch\}, \{step\}")(
-    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, filename="best-{val_f1:.3f}")], ckpt=False)
-    .fit(_loader(), _loader(), epochs=1))
+    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, monitor="val_acc")], ckpt=False).fit(
+        _loader(), _loader(), epochs=1
+    )
+)
+case(
+    "21-checkpoint-filename-key",
+    ValueError,
+    r"filename 'best-\{val_f1:.3f\}' uses \['val_f1'\]",
+    r"Use \{epoch\}, \{step\}",
+)(
+    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, filename="best-{val_f1:.3f}")], ckpt=False).fit(
+        _loader(), _loader(), epochs=1
+    )
+)
 
 
 def _plateau(e):
@@ -219,8 +257,13 @@ def _plateau(e):
     return e.trainer(scheduler=sched, scheduler_monitor="val_loss").fit(_loader(), epochs=2)
 
 
-case("22-plateau-no-val", ValueError, "ReduceLROnPlateau would monitor 'val_loss'", "no val_loader",
-     "Set scheduler_monitor=")(_plateau)
+case(
+    "22-plateau-no-val",
+    ValueError,
+    "ReduceLROnPlateau would monitor 'val_loss'",
+    "no val_loader",
+    "Set scheduler_monitor=",
+)(_plateau)
 
 
 def _onecycle(e):
@@ -228,8 +271,12 @@ def _onecycle(e):
     return e.trainer(scheduler=sched).fit(_loader(), epochs=3)
 
 
-case("23-onecycle-too-short", ValueError, "OneCycleLR was built for total_steps=8 but this fit takes 12",
-     r"total_steps=trainer.total_steps\(train_loader, epochs\)")(_onecycle)
+case(
+    "23-onecycle-too-short",
+    ValueError,
+    "OneCycleLR was built for total_steps=8 but this fit takes 12",
+    r"total_steps=trainer.total_steps\(train_loader, epochs\)",
+)(_onecycle)
 
 
 def _unwritable(e):
@@ -244,7 +291,8 @@ case("24-checkpoint-dir-unwritable", PermissionError, "cannot create dirpath", "
 
 # 25-28: resume ------------------------------------------------------------------------------------------------
 case("25-resume-missing", CheckpointError, "No checkpoint at .*nope.ckpt", "Check the path")(
-    lambda e: e.trainer().fit(_loader(), epochs=1, resume_from=os.path.join(os.path.dirname(e.ck), "nope.ckpt")))
+    lambda e: e.trainer().fit(_loader(), epochs=1, resume_from=os.path.join(os.path.dirname(e.ck), "nope.ckpt"))
+)
 
 
 def _resume_truncated(e):
@@ -252,14 +300,16 @@ def _resume_truncated(e):
     t = other.trainer(ckpt=False)
     t.fit(_loader(), epochs=1)
     path = t.save_checkpoint(os.path.join(os.path.dirname(e.ck), "full.ckpt"))
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     cut = os.path.join(os.path.dirname(e.ck), "cut.ckpt")
     with open(cut, "wb") as fh:
         fh.write(data[: len(data) // 3])
     return e.trainer().fit(_loader(), epochs=2, resume_from=cut)
 
 
-case("26-resume-truncated", CheckpointError, "truncated or corrupt", "Resume from an earlier checkpoint")(_resume_truncated)
+case("26-resume-truncated", CheckpointError, "truncated or corrupt", "Resume from an earlier checkpoint")(
+    _resume_truncated
+)
 
 
 def _resume_state_dict(e):
@@ -269,30 +319,43 @@ def _resume_state_dict(e):
 
 
 case("27-resume-not-a-checkpoint", CheckpointError, "not an nbtrainer checkpoint", r"model.load_state_dict")(
-    _resume_state_dict)
+    _resume_state_dict
+)
 case("28-resume-last-no-callback", CheckpointError, "needs a ModelCheckpoint callback", "pass a checkpoint path")(
-    lambda e: e.trainer(ckpt=False).fit(_loader(), epochs=1, resume_from="last"))
+    lambda e: e.trainer(ckpt=False).fit(_loader(), epochs=1, resume_from="last")
+)
 
 # 29-34: loaders and batches -----------------------------------------------------------------------------------
 case("29-empty-loader", ValueError, "train_loader is empty", "batch_size and drop_last")(
-    lambda e: e.trainer().fit(_loader(X[:8], Y[:8], bs=16, drop_last=True), epochs=1))
+    lambda e: e.trainer().fit(_loader(X[:8], Y[:8], bs=16, drop_last=True), epochs=1)
+)
 case("30-dataset-not-loader", TypeError, "train_loader is a Dataset", r"DataLoader\(dataset, batch_size=32")(
-    lambda e: e.trainer().fit(torch.utils.data.TensorDataset(X, Y), epochs=1))
+    lambda e: e.trainer().fit(torch.utils.data.TensorDataset(X, Y), epochs=1)
+)
 case("31-tensor-as-loader", TypeError, "train_loader is a tensor", r"DataLoader\(TensorDataset\(x, y\)")(
-    lambda e: e.trainer().fit(X, epochs=1))
+    lambda e: e.trainer().fit(X, epochs=1)
+)
 case("32-generator-several-epochs", TypeError, "one-shot iterator", "a DataLoader or a list")(
-    lambda e: e.trainer().fit((b for b in _loader()), epochs=2))
+    lambda e: e.trainer().fit((b for b in _loader()), epochs=2)
+)
 case("33-numpy-batches", TypeError, r"batch\[0\] is a numpy.ndarray", r"torch.as_tensor")(
-    lambda e: e.trainer().fit([(X[:16].numpy(), Y[:16])], epochs=1))
+    lambda e: e.trainer().fit([(X[:16].numpy(), Y[:16])], epochs=1)
+)
 case("34-list-batches", TypeError, r"batch\[1\] is a python list of numbers", "collate_fn")(
-    lambda e: e.trainer().fit([(X[:16], Y[:16].tolist())], epochs=1))
+    lambda e: e.trainer().fit([(X[:16], Y[:16].tolist())], epochs=1)
+)
 
 # 35-44: the first batch through model and criterion -------------------------------------------------------------
-case("35-too-many-inputs", TypeError, "The model could not take the first train_loader batch",
-     r"2 positional input\(s\)", "set num_inputs=")(
-    lambda e: e.trainer().fit([(X[:16], X[:16], Y[:16])], epochs=1))
+case(
+    "35-too-many-inputs",
+    TypeError,
+    "The model could not take the first train_loader batch",
+    r"2 positional input\(s\)",
+    "set num_inputs=",
+)(lambda e: e.trainer().fit([(X[:16], X[:16], Y[:16])], epochs=1))
 case("36-feature-size", RuntimeError, r"shapes cannot be multiplied", r"float32\[16, 7\]", "check the feature size")(
-    lambda e: e.trainer().fit([(X[:16, :7], Y[:16])], epochs=1))
+    lambda e: e.trainer().fit([(X[:16, :7], Y[:16])], epochs=1)
+)
 
 
 def _mse_shapes(e):
@@ -301,15 +364,26 @@ def _mse_shapes(e):
     return e.trainer(criterion=nn.MSELoss()).fit([(X[:16], Y[:16].float())], epochs=1)
 
 
-case("37-mse-broadcast", ValueError, r"MSELoss got outputs of shape \[16, 1\] and targets of shape \[16\]",
-     r"broadcast to \[16, 16\]", r"y.view\(-1, 1\)")(_mse_shapes)
+case(
+    "37-mse-broadcast",
+    ValueError,
+    r"MSELoss got outputs of shape \[16, 1\] and targets of shape \[16\]",
+    r"broadcast to \[16, 16\]",
+    r"y.view\(-1, 1\)",
+)(_mse_shapes)
 case("38-ce-target-2d", RuntimeError, r"targets int64\[16, 1\]", r"y.squeeze\(1\)")(
-    lambda e: e.trainer().fit([(X[:16], Y[:16, None])], epochs=1))
+    lambda e: e.trainer().fit([(X[:16], Y[:16, None])], epochs=1)
+)
 case("39-ce-float-targets", RuntimeError, "wants integer class indices", r"y.long\(\)")(
-    lambda e: e.trainer().fit([(X[:16], Y[:16].float())], epochs=1))
-case("40-label-out-of-range", IndexError, "Target 3 is out of bounds", r"number of model outputs \(3\)",
-     "last layer as wide as the number of classes")(
-    lambda e: e.trainer().fit([(X[:16], torch.full((16,), 3))], epochs=1))
+    lambda e: e.trainer().fit([(X[:16], Y[:16].float())], epochs=1)
+)
+case(
+    "40-label-out-of-range",
+    IndexError,
+    "Target 3 is out of bounds",
+    r"number of model outputs \(3\)",
+    "last layer as wide as the number of classes",
+)(lambda e: e.trainer().fit([(X[:16], torch.full((16,), 3))], epochs=1))
 
 
 def _bce_int(e):
@@ -320,7 +394,8 @@ def _bce_int(e):
 
 case("41-bce-int-targets", RuntimeError, "BCEWithLogitsLoss wants float targets", r"y.float\(\)")(_bce_int)
 case("42-loss-not-scalar", ValueError, r"loss has shape \(16,\)", "reduction='mean'")(
-    lambda e: e.trainer(criterion=nn.CrossEntropyLoss(reduction="none")).fit(_loader(), epochs=1))
+    lambda e: e.trainer(criterion=nn.CrossEntropyLoss(reduction="none")).fit(_loader(), epochs=1)
+)
 
 
 def _no_grad_loss(model, batch):
@@ -329,9 +404,13 @@ def _no_grad_loss(model, batch):
 
 
 case("43-loss-no-grad", RuntimeError, "training loss has no grad_fn", "torch.no_grad")(
-    lambda e: e.trainer(compute_loss=_no_grad_loss).fit(_loader(), epochs=1))
+    lambda e: e.trainer(compute_loss=_no_grad_loss).fit(_loader(), epochs=1)
+)
 case("44-loss-python-float", TypeError, "loss is a float, not a tensor", "scalar torch.Tensor")(
-    lambda e: e.trainer(compute_loss=lambda m, b: float(nn.functional.cross_entropy(m(b[0]), b[1]))).fit(_loader(), epochs=1))
+    lambda e: e.trainer(compute_loss=lambda m, b: float(nn.functional.cross_entropy(m(b[0]), b[1]))).fit(
+        _loader(), epochs=1
+    )
+)
 
 # 45-56: callbacks, model, misc ----------------------------------------------------------------------------------
 
@@ -342,11 +421,17 @@ class _LightningStyle:
 
 
 case("45-callbacks-not-a-list", TypeError, "callbacks must be a list", r"callbacks=\[cb\]")(
-    lambda e: Trainer(e.model, nn.CrossEntropyLoss(), e.opt, callbacks=EarlyStopping("loss"), progress=False))
+    lambda e: Trainer(e.model, nn.CrossEntropyLoss(), e.opt, callbacks=EarlyStopping("loss"), progress=False)
+)
 case("46-callback-class", TypeError, "class EarlyStopping, not an instance", r"EarlyStopping\(")(
-    lambda e: e.trainer(callbacks=[EarlyStopping]))
-case("47-foreign-hook-name", ValueError, r"defines on_train_epoch_end\(\), which nbtrainer never calls",
-     r"Rename it to on_epoch_end\(\)")(lambda e: e.trainer(callbacks=[_LightningStyle()]))
+    lambda e: e.trainer(callbacks=[EarlyStopping])
+)
+case(
+    "47-foreign-hook-name",
+    ValueError,
+    r"defines on_train_epoch_end\(\), which nbtrainer never calls",
+    r"Rename it to on_epoch_end\(\)",
+)(lambda e: e.trainer(callbacks=[_LightningStyle()]))
 
 
 def _half_fp16(e):
@@ -368,8 +453,12 @@ class _WithMask(nn.Module):
         return self.lin(x) * self.scale
 
 
-case("49-tensor-attribute-other-device", RuntimeError, "model.scale is a plain tensor attribute on meta",
-     r"register_buffer\('scale'")(lambda e: Env(e.ck, _WithMask()).trainer().fit(_loader(), epochs=1))
+case(
+    "49-tensor-attribute-other-device",
+    RuntimeError,
+    "model.scale is a plain tensor attribute on meta",
+    r"register_buffer\('scale'",
+)(lambda e: Env(e.ck, _WithMask()).trainer().fit(_loader(), epochs=1))
 
 
 def _meta_model(e):
@@ -380,21 +469,31 @@ def _meta_model(e):
 
 
 case("50-meta-model", RuntimeError, "parameters on the 'meta' device", r"to_empty\(device=")(_meta_model)
-case("51-seed-not-int", TypeError, "seed must be an int or None, got '42'", "seed=42")(
-    lambda e: e.trainer(seed="42"))
+case("51-seed-not-int", TypeError, "seed must be an int or None, got '42'", "seed=42")(lambda e: e.trainer(seed="42"))
 case("52-val-batches-wrong", RuntimeError, "could not take the first val_loader batch", "check the feature size")(
-    lambda e: e.trainer().fit(_loader(), _loader(X[:, :7], Y), epochs=1))
+    lambda e: e.trainer().fit(_loader(), _loader(X[:, :7], Y), epochs=1)
+)
 case("53-on-nonfinite-typo", ValueError, "on_nonfinite must be one of 'raise', 'skip', 'stop', got 'skipp'")(
-    lambda e: e.trainer(on_nonfinite="skipp"))
+    lambda e: e.trainer(on_nonfinite="skipp")
+)
 case("54-no-criterion-no-loss", ValueError, "model output has no 'loss'", r"Pass a criterion")(
-    lambda e: Trainer(e.model, None, e.opt, progress=False, device="cpu",
-                      callbacks=[ModelCheckpoint(e.ck)]).fit(_loader(), epochs=1))
+    lambda e: Trainer(e.model, None, e.opt, progress=False, device="cpu", callbacks=[ModelCheckpoint(e.ck)]).fit(
+        _loader(), epochs=1
+    )
+)
 case("55-target-keys-missing", KeyError, r"target_keys \['label'\] not in the batch", "Set target_keys=")(
-    lambda e: e.trainer(target_keys="label").fit([{"x": X[:16], "y": Y[:16]}], epochs=1))
-case("56-compute-loss-only-loss-with-metrics", ValueError, "compute_loss returned only a loss",
-     r"return \(loss, outputs, targets\)")(
-    lambda e: e.trainer(metrics={"acc": lambda o, t: o.sum()},
-                        compute_loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])).fit(_loader(), epochs=1))
+    lambda e: e.trainer(target_keys="label").fit([{"x": X[:16], "y": Y[:16]}], epochs=1)
+)
+case(
+    "56-compute-loss-only-loss-with-metrics",
+    ValueError,
+    "compute_loss returned only a loss",
+    r"return \(loss, outputs, targets\)",
+)(
+    lambda e: e.trainer(
+        metrics={"acc": lambda o, t: o.sum()}, compute_loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
+    ).fit(_loader(), epochs=1)
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -435,8 +534,9 @@ def test_validation_peek_changes_nothing(tmp_path):
     def run():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(10, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 3))
-        trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), seed=1,
-                          progress=False, device="cpu")
+        trainer = Trainer(
+            model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), seed=1, progress=False, device="cpu"
+        )
         # shuffled without its own generator: each iter() draws from the global RNG
         val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16, shuffle=True)
         trainer.fit(_loader(shuffle=True), val, epochs=2)
@@ -450,7 +550,7 @@ def test_validation_peek_changes_nothing(tmp_path):
     finally:
         validate.check_val_loader = real
     assert with_peek[1] == without[1]
-    assert all(torch.equal(a, b) for a, b in zip(with_peek[0], without[0]))
+    assert all(torch.equal(a, b) for a, b in zip(with_peek[0], without[0], strict=True))
 
 
 # -- after an error or an interrupt the trainer holds nothing of the batch ------------------------------------
@@ -472,9 +572,16 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
     import weakref
 
     model = _Boom(at=4, exc=exc)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), progress=False,
-                      device="cpu", grad_accum_steps=accum, metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
-    batches = [(X[i:i + 16].clone(), Y[i:i + 16].clone()) for i in range(0, 64, 16)]
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.Adam(model.parameters()),
+        progress=False,
+        device="cpu",
+        grad_accum_steps=accum,
+        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+    )
+    batches = [(X[i : i + 16].clone(), Y[i : i + 16].clone()) for i in range(0, 64, 16)]
     refs = [weakref.ref(t) for b in batches for t in b]
     try:
         trainer.fit(batches, epochs=1)

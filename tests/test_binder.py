@@ -18,12 +18,14 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
-from _venvs import clean_env as _clean_env, make_overlay_venv, run as _run
+import tomllib
+from _venvs import clean_env as _clean_env
+from _venvs import make_overlay_venv
+from _venvs import run as _run
 
 REPO = Path(__file__).resolve().parents[1]
 BINDER = REPO / "binder"
@@ -102,6 +104,7 @@ def test_readme_has_binder_badge_to_quickstart_in_lab() -> None:
 
 # -- the install, as repo2docker does it -------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_binder_requirements_install_the_project(tmp_path: Path) -> None:
     kept = []
@@ -117,13 +120,30 @@ def test_binder_requirements_install_the_project(tmp_path: Path) -> None:
     py, site = make_overlay_venv(tmp_path / "venv")
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    ctrl = subprocess.run([str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(),
-                          capture_output=True, text=True)
+    ctrl = subprocess.run(
+        [str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(), capture_output=True, text=True
+    )
     assert ctrl.returncode != 0 and "No module named 'nbtrainer'" in ctrl.stderr, ctrl.stderr
 
     # repo2docker: `pip install --no-cache-dir -r binder/requirements.txt`, cwd = the repository root.
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-cache-dir", "--no-deps",
-          "--no-build-isolation", "--no-index", "-q", "-r", str(reqs)], cwd=REPO)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-cache-dir",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-r",
+            str(reqs),
+        ],
+        cwd=REPO,
+    )
 
     probe = textwrap.dedent(
         """

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import EVENTS, EarlyStopping, LRMonitor, ModelCheckpoint, Trainer, load_checkpoint
 
 
@@ -23,15 +21,24 @@ class Scripted:
 
 def _trainer(callbacks, **kw):
     model = mlp()
-    return Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05),
-                   callbacks=callbacks, progress=False, **kw)
+    return Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=callbacks,
+        progress=False,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("values,patience,stop_epoch", [
-    ([1.0, 0.9, 0.95, 0.96, 0.97, 0.5, 0.4], 3, 5),
-    ([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], 2, None),
-    ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 1, 2),
-])
+@pytest.mark.parametrize(
+    "values,patience,stop_epoch",
+    [
+        ([1.0, 0.9, 0.95, 0.96, 0.97, 0.5, 0.4], 3, 5),
+        ([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], 2, None),
+        ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 1, 2),
+    ],
+)
 def test_early_stopping_stops_at_the_right_epoch(values, patience, stop_epoch):
     x, y = make_classification(n=64)
     es = EarlyStopping("val_loss", patience=patience)
@@ -46,8 +53,17 @@ def test_early_stopping_non_finite_and_restore_best():
     es = EarlyStopping("val_loss", patience=5, restore_best_weights=True)
     trainer = _trainer([Scripted([1.0, 0.5, 0.7, float("nan"), 0.1]), es])
     snapshots = []
-    trainer.add_callback(type("Snap", (), {"on_epoch_end": lambda self, trainer, epoch, logs: snapshots.append(
-        {k: v.clone() for k, v in trainer.model.state_dict().items()})})())
+    trainer.add_callback(
+        type(
+            "Snap",
+            (),
+            {
+                "on_epoch_end": lambda self, trainer, epoch, logs: snapshots.append(
+                    {k: v.clone() for k, v in trainer.model.state_dict().items()}
+                )
+            },
+        )()
+    )
     h = trainer.fit(make_loader(x, y), make_loader(x, y), epochs=5)
     assert len(h) == 4 and "nan" in h.stop_reason
     best = snapshots[1]  # epoch 2 had the best val_loss
@@ -58,11 +74,16 @@ def test_monitoring_a_key_that_never_exists_fails_before_training(tmp_path):
     x, y = make_classification(n=64)
     model = mlp()
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      callbacks=[EarlyStopping("val_loss")], progress=False)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        callbacks=[EarlyStopping("val_loss")],
+        progress=False,
+    )
     with pytest.raises(ValueError, match="no val_loader was given"):
         trainer.fit(make_loader(x, y), epochs=2)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     ck = ModelCheckpoint(tmp_path / "ck", monitor="val_accuracy")
     with pytest.raises(ValueError, match="val_accuracy"):
         _trainer([ck]).fit(make_loader(x, y), make_loader(x, y), epochs=2)
@@ -92,7 +113,7 @@ def test_checkpoint_roundtrip_restores_weights(tmp_path):
     path = trainer.save_checkpoint(str(tmp_path / "a.ckpt"))
     other = _trainer([])
     other.load_state_dict(load_checkpoint(path))
-    for a, b in zip(trainer.model.parameters(), other.model.parameters()):
+    for a, b in zip(trainer.model.parameters(), other.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert other.history.epochs == trainer.history.epochs
 
@@ -117,8 +138,23 @@ def test_event_order_and_duck_typing():
     _trainer([Partial(), All(), LRMonitor()]).fit(make_loader(x, y, batch_size=32), make_loader(x, y), epochs=1)
     names = [s[0] for s in seen]
     assert names[0] == "on_fit_start" and names[-2:] == ["fit_end", "on_fit_end"] and ("epoch_start", 1) in seen
-    order = [n for n in names if n in ("on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
-                                       "on_optimizer_step", "on_validation_start", "on_validation_end",
-                                       "on_epoch_end")]
-    assert order == ["on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step", "on_optimizer_step"] * 2 \
-        + ["on_validation_start", "on_validation_end", "on_epoch_end"]
+    order = [
+        n
+        for n in names
+        if n
+        in (
+            "on_train_batch_start",
+            "on_train_batch_end",
+            "on_before_optimizer_step",
+            "on_optimizer_step",
+            "on_validation_start",
+            "on_validation_end",
+            "on_epoch_end",
+        )
+    ]
+    assert order == [
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_optimizer_step",
+        "on_optimizer_step",
+    ] * 2 + ["on_validation_start", "on_validation_end", "on_epoch_end"]

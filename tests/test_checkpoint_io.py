@@ -24,8 +24,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import CheckpointError, ModelCheckpoint, Trainer, load_checkpoint
 from nbtrainer import _checkpoint_io as cio
 from nbtrainer._checkpoint_io import CHECKPOINT_FORMAT, atomic_write_bytes, remove_stale_temps, save_checkpoint_file
@@ -81,8 +81,9 @@ def _write_previous(path) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("code,words", [(errno.ENOSPC, "the disk is full"), (errno.EDQUOT, "quota"),
-                                        (errno.EIO, "I/O error")])
+@pytest.mark.parametrize(
+    "code,words", [(errno.ENOSPC, "the disk is full"), (errno.EDQUOT, "quota"), (errno.EIO, "I/O error")]
+)
 def test_os_write_failure_raises_and_keeps_previous(tmp_path, monkeypatch, code, words):
     path = tmp_path / "last.ckpt"
     before = _write_previous(path)
@@ -129,7 +130,7 @@ def test_permission_denied_creating_temp_file(tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(cio.tempfile, "mkstemp", denied)
-    with pytest.raises(CheckpointError, match="permission denied.*choose a writable directory"):
+    with pytest.raises(CheckpointError, match=r"permission denied.*choose a writable directory"):
         save_checkpoint_file(path, _ckpt(2))
     monkeypatch.undo()
     assert path.read_bytes() == before and not _temps(tmp_path)
@@ -149,8 +150,10 @@ def test_replace_failure_keeps_previous(tmp_path, monkeypatch):
     assert path.read_bytes() == before and not _temps(tmp_path)
 
 
-@pytest.mark.skipif(not os.path.isdir("/sys") or os.access("/sys", os.W_OK) and sys.platform != "linux",
-                    reason="needs a directory the OS refuses to write into")
+@pytest.mark.skipif(
+    not os.path.isdir("/sys") or (os.access("/sys", os.W_OK) and sys.platform != "linux"),
+    reason="needs a directory the OS refuses to write into",
+)
 def test_really_unwritable_directory(tmp_path):
     target = "/sys/nbtrainer-cannot-write-here/last.ckpt"
     try:
@@ -184,7 +187,7 @@ def test_interrupt_or_error_mid_write_keeps_previous(tmp_path, monkeypatch, exc)
 def test_serialization_error_keeps_previous(tmp_path):
     path = tmp_path / "last.ckpt"
     before = _write_previous(path)
-    with pytest.raises(Exception):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # what pickle raises for a local lambda
         save_checkpoint_file(path, {"format": CHECKPOINT_FORMAT, "bad": lambda: 1})  # not picklable
     assert path.read_bytes() == before and not _temps(tmp_path)
 
@@ -246,8 +249,9 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, monkeypatch, how
     if how != "pickle-4":
         assert "system" in str(err.value)  # names what it wanted to call
     model = mlp()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), progress=False,
-                      device="cpu")
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), progress=False, device="cpu"
+    )
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match="Refused to load"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=1, resume_from=str(path))
@@ -256,8 +260,9 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, monkeypatch, how
 
 def _good_bytes(tmp_path) -> bytes:
     model = mlp()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), progress=False,
-                      device="cpu")
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters()), progress=False, device="cpu"
+    )
     x, y = make_classification(n=32)
     trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
     return (tmp_path / "good.ckpt", trainer.save_checkpoint(str(tmp_path / "good.ckpt")))[0].read_bytes()
@@ -268,7 +273,7 @@ def test_truncated_checkpoint(tmp_path, fraction):
     data = _good_bytes(tmp_path)
     path = tmp_path / "cut.ckpt"
     path.write_bytes(data[: int(len(data) * fraction)])
-    with pytest.raises(CheckpointError, match="not a readable checkpoint: truncated or corrupt.*earlier checkpoint"):
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint: truncated or corrupt.*earlier checkpoint"):
         load_checkpoint(path)
 
 
@@ -282,11 +287,14 @@ def test_bit_flipped_checkpoint_is_refused_or_detected(tmp_path):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("content,words", [
-    (b"", r"empty \(0 bytes\)"),
-    (os.urandom(4096), "no zip header"),
-    (b"epoch,loss\n1,0.5\n", "no zip header"),
-])
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (b"", r"empty \(0 bytes\)"),
+        (os.urandom(4096), "no zip header"),
+        (b"epoch,loss\n1,0.5\n", "no zip header"),
+    ],
+)
 def test_not_a_checkpoint(tmp_path, content, words):
     path = tmp_path / "x.ckpt"
     path.write_bytes(content)
@@ -304,7 +312,7 @@ def test_plain_state_dict_is_not_our_format(tmp_path):
 def test_missing_and_directory(tmp_path):
     with pytest.raises(CheckpointError, match="No checkpoint at"):
         load_checkpoint(tmp_path / "nope.ckpt")
-    with pytest.raises(CheckpointError, match="is a directory.*last.ckpt"):
+    with pytest.raises(CheckpointError, match=r"is a directory.*last\.ckpt"):
         load_checkpoint(tmp_path)
 
 
@@ -332,10 +340,16 @@ def test_checkpoint_holds_only_plain_data(tmp_path):
 def _fit_with_checkpoints(tmp_path, epochs=2, **kw):
     x, y = make_classification(n=128)
     model = mlp()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), 1e-2), progress=False,
-                      device="cpu", seed=0,
-                      callbacks=[ModelCheckpoint(tmp_path, monitor="loss", save_top_k=1, every_n_steps=2, save_last=True)],
-                      **kw)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.Adam(model.parameters(), 1e-2),
+        progress=False,
+        device="cpu",
+        seed=0,
+        callbacks=[ModelCheckpoint(tmp_path, monitor="loss", save_top_k=1, every_n_steps=2, save_last=True)],
+        **kw,
+    )
     return trainer, make_loader(x, y, batch_size=16, shuffle=True)
 
 
@@ -373,10 +387,16 @@ def test_unwritable_dirpath_fails_before_training(tmp_path):
     blocker.write_text("not a directory")
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, progress=False, device="cpu",
-                      callbacks=[ModelCheckpoint(blocker / "ckpts")])
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        opt,
+        progress=False,
+        device="cpu",
+        callbacks=[ModelCheckpoint(blocker / "ckpts")],
+    )
     x, y = make_classification(n=32)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(PermissionError, match="Pass a writable directory"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and not opt.state
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)) and not opt.state

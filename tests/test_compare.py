@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_classification, make_loader
 from torch import nn
 
-from conftest import make_classification, make_loader
 from nbtrainer import StrategyComparison, compare_strategies
 from nbtrainer._compare import resolve_strategies, split_batch
 
@@ -17,8 +17,9 @@ class Net(nn.Module):
     def __init__(self, d: int = 10, hidden: int = 32, n: int = 3) -> None:
         super().__init__()
         self.inp = nn.Linear(d, hidden)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
-                                    for _ in range(n))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)) for _ in range(n)
+        )
         self.head = nn.Linear(hidden, 3)
         self.seen: list[float] = []  # what the model was fed, in order (data-order check)
 
@@ -40,10 +41,22 @@ def data():
 def test_rows_ratios_failure_row_and_outputs(data):
     train, val = data
     table = compare_strategies(
-        Net, lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3), nn.CrossEntropyLoss(), train, val,
-        {"fp32": {}, "bf16": {"precision": "bf16-mixed"}, "fp8": {"precision": "fp8"},
-         "ckpt": {"activation_checkpointing": True}, "accum4": {"grad_accum_steps": 4},
-         "adafactor": {"optimizer": "adafactor", "lr": 1e-2}}, epochs=1, metric="val_acc")
+        Net,
+        lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3),
+        nn.CrossEntropyLoss(),
+        train,
+        val,
+        {
+            "fp32": {},
+            "bf16": {"precision": "bf16-mixed"},
+            "fp8": {"precision": "fp8"},
+            "ckpt": {"activation_checkpointing": True},
+            "accum4": {"grad_accum_steps": 4},
+            "adafactor": {"optimizer": "adafactor", "lr": 1e-2},
+        },
+        epochs=1,
+        metric="val_acc",
+    )
     assert isinstance(table, StrategyComparison)
     assert table.names == ["fp32", "bf16", "fp8", "ckpt", "accum4", "adafactor"]
     base = table["fp32"]
@@ -102,10 +115,22 @@ def test_same_initial_weights_and_data_order(data):
     for loader in (train, plain):
         starts.clear()
         seen.clear()
-        table = compare_strategies(make_model, make_optimizer, nn.CrossEntropyLoss(), loader, None,
-                                   {"a": {}, "b": {"max_grad_norm": 1e6}, "c": {"seed": 5},
-                                    "d": {"optimizer": lambda m: torch.optim.SGD(m.parameters(), lr=0.05)},
-                                    "e": {"device": "cpu"}}, steps=3, measure_memory=False)
+        table = compare_strategies(
+            make_model,
+            make_optimizer,
+            nn.CrossEntropyLoss(),
+            loader,
+            None,
+            {
+                "a": {},
+                "b": {"max_grad_norm": 1e6},
+                "c": {"seed": 5},
+                "d": {"optimizer": lambda m: torch.optim.SGD(m.parameters(), lr=0.05)},
+                "e": {"device": "cpu"},
+            },
+            steps=3,
+            measure_memory=False,
+        )
         assert [r["status"] for r in table.rows] == ["ok", "ok", "ok", "ok", "failed"]
         assert "whole comparison" in table["e"]["reason"]
         assert len(starts) == 3  # d brought its own optimizer
@@ -119,14 +144,26 @@ def test_same_initial_weights_and_data_order(data):
 def test_steps_mode_presets_and_split():
     x, y = make_classification(n=64)
     train, val = make_loader(x, y, batch_size=16, shuffle=True, seed=0), make_loader(x, y, batch_size=64)
-    table = compare_strategies(lambda: Net(hidden=16), lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                               nn.CrossEntropyLoss(), train, val, ["fp32", "accum2"], steps=6, warmup=1,
-                               metric="val_loss", repeats=2)
+    table = compare_strategies(
+        lambda: Net(hidden=16),
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        nn.CrossEntropyLoss(),
+        train,
+        val,
+        ["fp32", "accum2"],
+        steps=6,
+        warmup=1,
+        metric="val_loss",
+        repeats=2,
+    )
     assert table["fp32"]["steps"] == 6 and table["accum2"]["steps"] == 6  # several passes over 4 batches
     assert table["fp32"]["metric"] > 0  # validated once at the end
     assert table.settings["repeats"] == 2
-    assert resolve_strategies("fp32, ckpt accum8") == {"fp32": {}, "ckpt": {"activation_checkpointing": True},
-                                                       "accum8": {"grad_accum_steps": 8}}
+    assert resolve_strategies("fp32, ckpt accum8") == {
+        "fp32": {},
+        "ckpt": {"activation_checkpointing": True},
+        "accum8": {"grad_accum_steps": 8},
+    }
     with pytest.raises(ValueError, match="Unknown strategy preset"):
         resolve_strategies(["fp64"])
     parts = split_batch({"x": torch.zeros(5, 2), "y": torch.arange(5), "tag": "t"}, 2)
@@ -142,9 +179,13 @@ def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     monkeypatch.setattr(_magics.NbtrainerMagics, "_display", lambda self, obj: shown.append(obj))
     x, y = make_classification(n=64)
     shell.user_ns.update(
-        make_model=lambda: Net(hidden=16), make_opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-        crit=nn.CrossEntropyLoss(), tl=make_loader(x, y, batch_size=16), vl=make_loader(x, y, batch_size=64),
-        mine={"base": {}, "bad": {"precision": "fp8"}})
+        make_model=lambda: Net(hidden=16),
+        make_opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        crit=nn.CrossEntropyLoss(),
+        tl=make_loader(x, y, batch_size=16),
+        vl=make_loader(x, y, batch_size=64),
+        mine={"base": {}, "bad": {"precision": "fp8"}},
+    )
     shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 3")
     table = shell.user_ns["_nbt_compare"]
     # with the widget layer installed the magic shows a CompareWidget of the table (else the table itself)
@@ -155,10 +196,12 @@ def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     assert table["bad"]["status"] == "failed" and table["base"]["status"] == "ok"
     out = capsys.readouterr().out
     assert "Comparing 2 strategies" in out and "bad: failed" in out
-    for line in ("compare make_model make_opt crit tl --steps 0",
-                 "compare make_model make_opt crit tl --steps 2 --epochs 1",
-                 "compare make_model make_opt crit tl --strategies fp64",
-                 "compare crit make_opt crit tl"):
+    for line in (
+        "compare make_model make_opt crit tl --steps 0",
+        "compare make_model make_opt crit tl --steps 2 --epochs 1",
+        "compare make_model make_opt crit tl --strategies fp64",
+        "compare crit make_opt crit tl",
+    ):
         with pytest.raises(UsageError):
             shell.run_line_magic("nbtrainer", line)
     shell.run_line_magic("nbtrainer", "help")

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import Trainer, load_checkpoint
 
 
@@ -95,7 +95,7 @@ def test_lr_and_accumulation_changes_apply_at_next_step_and_are_recorded():
     assert events["lr"]["old"] == pytest.approx(0.05) and events["lr"]["new"] == pytest.approx(0.2)
     assert events["grad_accum_steps"]["new"] == 4
     change = events["lr"]["step"]
-    lrs = dict(zip(h.steps["step"], h.steps["lr"]))
+    lrs = dict(zip(h.steps["step"], h.steps["lr"], strict=True))
     assert lrs[change] == pytest.approx(0.05) and lrs[change + 1] == pytest.approx(0.2)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
     # after the change, 4 micro-batches per optimizer step: fewer steps than batches

@@ -46,7 +46,7 @@ def _env() -> dict:
 
 
 def torchrun(tmp_path, *args: str) -> None:
-    cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), *args]
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=_env())
     except subprocess.TimeoutExpired as exc:  # a hang: show what the ranks printed
@@ -77,9 +77,17 @@ def reference(epochs: int, accum: int = 1, callbacks=(), resume_from=None):
     """One process, twice the per-device batch, the same global data order."""
     model = common.make_model(0)
     train, val = common.reference_loaders()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(),
-                      seed=common.SAMPLER_SEED, progress=False, grad_accum_steps=accum, strategy="single",
-                      callbacks=list(callbacks))
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        common.sgd(model),
+        metrics=common.metrics(),
+        seed=common.SAMPLER_SEED,
+        progress=False,
+        grad_accum_steps=accum,
+        strategy="single",
+        callbacks=list(callbacks),
+    )
     history = trainer.fit(train, val, epochs=epochs, resume_from=resume_from)
     return trainer, history
 
@@ -103,7 +111,7 @@ def test_two_processes_match_one_with_twice_the_batch(parity_run):
     # for training (sharded by a DistributedSampler) and validation (37 samples: an uneven, unpadded shard).
     for r in (r0, r1):
         assert len(r["epochs"]) == 3 and r["status"] == "finished" and r["steps"] == ref.global_step == 12
-        for got, want in zip(r["epochs"], ref_history.epochs):
+        for got, want in zip(r["epochs"], ref_history.epochs, strict=True):
             assert_same_logs(got, want)
     evaluated = ref.evaluate(common.reference_loaders()[1])
     assert_same_logs(r0["evaluate"], evaluated, keys=("val_loss", "val_acc_fn", "val_acc_tm"))
@@ -117,7 +125,7 @@ def test_only_rank_zero_writes_and_prints(parity_run):
     # top-2 by val_loss (which falls every epoch here) and last: no duplicates, no temp files left
     files = sorted(os.listdir(parity_run / "ckpts"))
     best = sorted(e for e in r0["writes"] if e != "last.ckpt")[1:]
-    assert files == sorted(best + ["last.ckpt"]), files
+    assert files == sorted([*best, "last.ckpt"]), files
     assert "epoch 3/3" in r0["output"] and "epochs:" in r0["output"]  # bars and printed epochs on rank 0
     assert "epoch" not in r1["output"] and "%|" not in r1["output"], r1["output"][-500:]
 
@@ -132,7 +140,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step(parity_run):
     w0, w1 = weights(parity_run, "accum")
     assert_same_weights(w0, ref.model_state_dict())
     assert_same_weights(w0, w1, atol=0)
-    for got, want in zip(a0["epochs"], ref_history.epochs):
+    for got, want in zip(a0["epochs"], ref_history.epochs, strict=True):
         assert_same_logs(got, want)
 
 
@@ -180,10 +188,10 @@ def test_resume_under_ddp_and_single_checkpoint_into_ddp(tmp_path):
     assert_same_weights(w0["b"], w1["b"], atol=0)
     for r in (r0, r1):
         assert r["b_status"] == "finished" and len(r["b"]) == len(r["c"]) == 3
-        for got, want in zip(r["b"], r["c"]):
+        for got, want in zip(r["b"], r["c"], strict=True):
             assert_same_logs(got, want)
     # The single-process checkpoint continued under DDP == the single-process run to epoch 3.
-    s0, s1 = results(tmp_path, "from_single")
+    s0, _s1 = results(tmp_path, "from_single")
     f0, f1 = weights(tmp_path, "from_single")
     assert s0["status"] == "finished" and len(s0["epochs"]) == 3
     assert_same_weights(f0, ref3.model_state_dict())
@@ -217,11 +225,12 @@ LAUNCH_SCRIPT = textwrap.dedent("""
 def test_launch_from_main_module(tmp_path):
     script = tmp_path / "nb.py"
     script.write_text(LAUNCH_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                          cwd=tmp_path, env=_env())
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=_env()
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    r0, r1 = json.loads(line[len("RESULT "):])
+    r0, r1 = json.loads(line[len("RESULT ") :])
     assert (r0["rank"], r1["rank"]) == (0, 1) and r0["world"] == 2 and r0["strategy"] == r1["strategy"] == "DDP"
     assert r0["batches"] == 4 and r0["epochs"] == 2  # each rank trains on half of the 8 batches
     assert r0["weight"] == r1["weight"]
@@ -249,8 +258,9 @@ def test_launch_propagates_a_rank_failure(tmp_path):
         if __name__ == "__main__":
             nbtrainer.launch(boom, nprocs=2)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path,
-                          env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path, env=_env()
+    )
     assert proc.returncode != 0 and "rank one failed" in proc.stderr
 
 
@@ -278,11 +288,20 @@ def world_of_one(monkeypatch):
 
 def test_ddp_world_of_one_matches_single_device(world_of_one, tmp_path):
     """strategy="ddp" outside a launcher: a one-process group (in-process store); same result as single."""
+
     def run(strategy):
         model = common.make_model(0)
         train, val = common.ddp_loaders()
-        t = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False,
-                    seed=1, strategy=strategy, grad_accum_steps=2)
+        t = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            common.sgd(model),
+            metrics=common.metrics(),
+            progress=False,
+            seed=1,
+            strategy=strategy,
+            grad_accum_steps=2,
+        )
         return t, t.fit(train, val, epochs=2)
 
     ddp, h_ddp = run("ddp")
@@ -290,7 +309,7 @@ def test_ddp_world_of_one_matches_single_device(world_of_one, tmp_path):
     assert type(ddp.model).__name__ == "DistributedDataParallel"
     single, h_single = run("single")
     assert_same_weights(ddp.model_state_dict(), single.model_state_dict())
-    for a, b in zip(h_ddp.epochs, h_single.epochs):
+    for a, b in zip(h_ddp.epochs, h_single.epochs, strict=True):
         assert_same_logs(a, b)
     path = ddp.save_checkpoint(str(tmp_path / "one.ckpt"))
     assert len(load_checkpoint(path)["ranks"]) == 1
@@ -340,5 +359,5 @@ def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.output_type == "stream")
     assert "rank 0 of 2 done" in text and "rank 1 of 2 done" in text, nb.cells[1].outputs
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULTS"))
-    r0, r1 = eval(line[len("RESULTS "):])  # noqa: S307 - our own printed list of floats
+    r0, r1 = eval(line[len("RESULTS ") :])
     assert r0 == r1 and len(r0) == 2  # epoch losses are global: the same on both ranks

@@ -46,6 +46,9 @@ def test_full_fit_with_jupyter_packages_blocked(tmp_path):
 
 
 def test_import_is_cheap():
-    code = "import sys, nbtrainer; print(sorted(m for m in ('torch', 'ipywidgets', 'IPython', 'bqplot') if m in sys.modules))"
+    code = (
+        "import sys, nbtrainer; "
+        "print(sorted(m for m in ('torch', 'ipywidgets', 'IPython', 'bqplot') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     assert out == "[]"  # names resolve lazily: not even torch is imported by `import nbtrainer`

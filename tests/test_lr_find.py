@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
+from conftest import make_classification, make_loader
 from torch import nn
 
-from conftest import make_classification, make_loader
 from nbtrainer import LRFinderResult, Trainer
 from nbtrainer._lr_find import suggest
 
@@ -39,15 +40,17 @@ def test_suggestion_falls_in_the_known_good_range_of_linear_regression(batch_siz
     assert result.stopped_early and "diverged" in result.stop_reason
     assert len(result.lrs) < 100 and result.lrs[-1] > diverge_lr
     assert result.lrs[0] == pytest.approx(1e-7)
-    ratios = [b / a for a, b in zip(result.lrs, result.lrs[1:])]
+    ratios = [b / a for a, b in itertools.pairwise(result.lrs)]
     assert max(ratios) == pytest.approx(min(ratios)) == pytest.approx(1e8 ** (1 / 99))
 
 
 def _snapshot(trainer):
     model = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     opt = trainer.optimizer.state_dict()
-    state = {id_: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-             for id_, s in opt["state"].items()}
+    state = {
+        id_: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for id_, s in opt["state"].items()
+    }
     groups = [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]
     return model, state, groups
 
@@ -86,7 +89,7 @@ def test_model_optimizer_and_data_order_are_restored():
     torch.manual_seed(123)
     b.fit(loader_b, epochs=1)
     b.fit(loader_b, epochs=1)
-    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), name
 
 
@@ -116,8 +119,9 @@ def test_restored_even_when_the_sweep_fails():
 def test_result_table_chart_and_argument_checks():
     x, y = make_classification(n=64)
     model = nn.Linear(10, 3)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False,
-                      grad_accum_steps=2)
+    trainer = Trainer(
+        model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False, grad_accum_steps=2
+    )
     result = trainer.lr_find(make_loader(x, y, batch_size=16), steps=20, max_lr=1.0)
     frame = result.to_pandas()
     assert list(frame.columns) == ["lr", "loss", "smoothed"] and len(frame) == len(result.lrs)
@@ -133,8 +137,7 @@ def test_result_table_chart_and_argument_checks():
 def test_suggest_rules_on_a_synthetic_curve():
     lrs = [10 ** (-6 + 6 * i / 99) for i in range(100)]
     # flat at 2, falls between 1e-4 and 1e-2 (steepest at 1e-3), minimum near 1e-1, then rises
-    losses = [2 - 1.5 / (1 + math.exp(-3 * (math.log10(lr) + 3))) + 4 * max(0.0, math.log10(lr) + 1) ** 2
-              for lr in lrs]
+    losses = [2 - 1.5 / (1 + math.exp(-3 * (math.log10(lr) + 3))) + 4 * max(0.0, math.log10(lr) + 1) ** 2 for lr in lrs]
     s = suggest(lrs, losses)
     assert 3e-4 < s["steepest"] < 3e-3
     assert 1e-4 < s["valley"] < 1e-1

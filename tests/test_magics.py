@@ -18,12 +18,12 @@ import torch
 
 pytest.importorskip("IPython")
 
-from IPython.core.error import UsageError  # noqa: E402
-from IPython.utils.capture import capture_output  # noqa: E402
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 
-import nbtrainer  # noqa: E402
-from nbtrainer import _doctor, _magics  # noqa: E402
-from nbtrainer._precision import PRECISIONS, precision_support  # noqa: E402
+import nbtrainer
+from nbtrainer import _doctor, _magics
+from nbtrainer._precision import PRECISIONS, precision_support
 
 
 def nbt(sh: Any, line: str) -> Any:
@@ -31,6 +31,7 @@ def nbt(sh: Any, line: str) -> Any:
 
 
 # -- load / unload ---------------------------------------------------------------------------------
+
 
 def test_load_ext_registers_and_unload_removes(shell: Any) -> None:
     assert "nbtrainer" in shell.magics_manager.magics["line"]
@@ -52,6 +53,7 @@ def test_help_lists_every_subcommand(shell: Any, capsys: pytest.CaptureFixture) 
 
 
 # -- doctor ----------------------------------------------------------------------------------------
+
 
 def _precision_lines(text: str) -> dict[str, bool]:
     found = {}
@@ -88,8 +90,9 @@ def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
     assert "nbtrainer doctor" in cap.stdout  # the displayhook printed the text form
 
 
-def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(shell: Any, monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Any) -> None:
+def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(
+    shell: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     real = _doctor._version
     fake = {"ipykernel": "7.0.1", "ipywidgets": "8.1.5", "jupyterlab_widgets": "1.1.11"}
     monkeypatch.setattr(_doctor, "_version", lambda name: fake.get(name, real(name)))
@@ -98,7 +101,7 @@ def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(shell: Any, m
     assert not report.ok
     problems = {p.what: p.fix for p in report.problems}
     thread = [f for w, f in problems.items() if "thread-update bug" in w and "7.0.1" in w]
-    assert thread and 'ipykernel>=7.1' in thread[0]
+    assert thread and "ipykernel>=7.1" in thread[0]
     mismatch = [f for w, f in problems.items() if "jupyterlab_widgets 3.x" in w]
     assert mismatch and "jupyterlab_widgets>=3" in mismatch[0]
     missing = [f for w, f in problems.items() if "front-end extension is not installed" in w]
@@ -110,23 +113,27 @@ def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(shell: Any, m
 
 # -- usage errors ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("line", [
-    "bogus",
-    "profile",
-    "profile model",                          # neither --input-shape nor --inputs
-    "profile model --input-shape 1,a",
-    "profile model --input-shape 2,8 --precision fp8",
-    "profile model --inputs x --input-shape 2,8",
-    "profile missing_model --input-shape 2,8",
-    "profile model --inputs 'unclosed",
-    "train model crit",
-    "train model crit opt loader --epochs 0",
-    "train model crit opt loader --epochs two",
-    "train model crit opt loader --precision fp8",
-    "stop x",
-    "doctor --nope",
-    "status extra",
-])
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "bogus",
+        "profile",
+        "profile model",  # neither --input-shape nor --inputs
+        "profile model --input-shape 1,a",
+        "profile model --input-shape 2,8 --precision fp8",
+        "profile model --inputs x --input-shape 2,8",
+        "profile missing_model --input-shape 2,8",
+        "profile model --inputs 'unclosed",
+        "train model crit",
+        "train model crit opt loader --epochs 0",
+        "train model crit opt loader --epochs two",
+        "train model crit opt loader --precision fp8",
+        "stop x",
+        "doctor --nope",
+        "status extra",
+    ],
+)
 def test_bad_arguments_raise_usage_error(shell: Any, line: str) -> None:
     shell.user_ns["model"] = torch.nn.Linear(8, 2)
     shell.user_ns["x"] = torch.randn(2, 8)
@@ -149,6 +156,7 @@ def test_usage_error_in_a_cell_is_clean(shell: Any, capsys: pytest.CaptureFixtur
 
 # -- profile ---------------------------------------------------------------------------------------
 
+
 class _FakeProfile:
     def __init__(self, **kw: Any) -> None:
         self.kw = kw
@@ -161,7 +169,7 @@ def test_profile_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict] = []
 
     def fake_profile_model(model: Any, example: Any, *, devices: Any, precisions: Any) -> _FakeProfile:
-        calls.append(dict(model=model, example=example, devices=devices, precisions=precisions))
+        calls.append({"model": model, "example": example, "devices": devices, "precisions": precisions})
         return _FakeProfile()
 
     monkeypatch.setitem(vars(nbtrainer), "profile_model", fake_profile_model)
@@ -206,15 +214,17 @@ def test_profile_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_profile_rejects_non_module(shell: Any) -> None:
     shell.user_ns["notamodel"] = 3
-    with pytest.raises(UsageError, match="not a torch.nn.Module"):
+    with pytest.raises(UsageError, match=r"not a torch\.nn\.Module"):
         nbt(shell, "profile notamodel --input-shape 1,2")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("nbtrainer._profile") is None,
-                    reason="nbtrainer.profile_model is not written yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("nbtrainer._profile") is None, reason="nbtrainer.profile_model is not written yet"
+)
 def test_profile_real_model(shell: Any) -> None:
-    shell.user_ns["net"] = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                               torch.nn.LazyLinear(2))
+    shell.user_ns["net"] = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(2)
+    )
     shell.user_ns["net"](torch.randn(1, 3, 8, 8))  # materialize the lazy layer
     with capture_output() as cap:
         assert nbt(shell, "profile net --input-shape 1,3,8,8 --device cpu --precision fp32") is None
@@ -225,13 +235,18 @@ def test_profile_real_model(shell: Any) -> None:
 
 # -- train -----------------------------------------------------------------------------------------
 
+
 def _data() -> dict[str, Any]:
     model = torch.nn.Linear(4, 2)
     ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-    return dict(model=model, crit=torch.nn.CrossEntropyLoss(), opt=torch.optim.SGD(model.parameters(), lr=0.1),
-                train_dl=torch.utils.data.DataLoader(ds, batch_size=8),
-                val_dl=torch.utils.data.DataLoader(ds, batch_size=8),
-                mets={"mae": lambda out, y: (out.argmax(1) - y).abs().float().mean()})
+    return {
+        "model": model,
+        "crit": torch.nn.CrossEntropyLoss(),
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+        "train_dl": torch.utils.data.DataLoader(ds, batch_size=8),
+        "val_dl": torch.utils.data.DataLoader(ds, batch_size=8),
+        "mets": {"mae": lambda out, y: (out.argmax(1) - y).abs().float().mean()},
+    }
 
 
 def test_train_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,12 +269,12 @@ def test_train_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     w = made[-1]
     assert shell.user_ns["_nbt_widget"] is w
     assert w.args == (ns["model"], ns["crit"], ns["opt"], ns["train_dl"], ns["val_dl"])
-    assert w.kwargs == dict(epochs=3, precision="bf16-mixed", grad_accum_steps=2, metrics=ns["mets"])
+    assert w.kwargs == {"epochs": 3, "precision": "bf16-mixed", "grad_accum_steps": 2, "metrics": ns["mets"]}
     assert any("fake-widget" in o.data.get("text/html", "") for o in cap.outputs)
 
     nbt(shell, "train model None opt train_dl")
     assert made[-1].args == (ns["model"], None, ns["opt"], ns["train_dl"], None)
-    assert made[-1].kwargs == dict(epochs=1, precision="fp32", grad_accum_steps=1, metrics=None)
+    assert made[-1].kwargs == {"epochs": 1, "precision": "fp32", "grad_accum_steps": 1, "metrics": None}
 
     with pytest.raises(UsageError, match="not defined"):
         nbt(shell, "train model crit opt no_such_loader")
@@ -284,6 +299,7 @@ def test_train_builds_real_widget(shell: Any) -> None:
 
 
 # -- status / stop ---------------------------------------------------------------------------------
+
 
 def test_status_and_stop_with_no_runs(shell: Any, capsys: pytest.CaptureFixture) -> None:
     assert nbt(shell, "status") is None
@@ -311,11 +327,17 @@ def test_status_and_stop_a_background_run(shell: Any, capsys: pytest.CaptureFixt
     from nbtrainer import Trainer
 
     model = torch.nn.Linear(4, 2)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      progress=False, refresh_interval=0.05)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        progress=False,
+        refresh_interval=0.05,
+    )
     result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.setdefault("history", trainer.fit(_SlowLoader(), epochs=5)),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: result.setdefault("history", trainer.fit(_SlowLoader(), epochs=5)), daemon=True
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 20
@@ -349,8 +371,10 @@ def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in
-                ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(src)
+        for src in ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")
+    ]
     nbclient.NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
     [result] = [o for o in nb.cells[1].outputs if o.output_type == "execute_result"]
     assert 'class="nbt-doctor"' in result.data["text/html"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torchmetrics
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import Trainer
 
 
@@ -16,11 +16,13 @@ def test_metrics_match_direct_computation():
     metrics = {
         "acc": lambda o, t: (o.argmax(1) == t).float().mean(),
         "tm_acc": torchmetrics.Accuracy(task="multiclass", num_classes=4),
-        "tm": torchmetrics.MetricCollection({"f1": torchmetrics.F1Score(task="multiclass", num_classes=4,
-                                                                       average="macro")}),
+        "tm": torchmetrics.MetricCollection(
+            {"f1": torchmetrics.F1Score(task="multiclass", num_classes=4, average="macro")}
+        ),
     }
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.0),
-                      metrics=metrics, progress=False)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.0), metrics=metrics, progress=False
+    )
     loader = make_loader(x, y, batch_size=32)
     h = trainer.fit(loader, loader, epochs=1)
     with torch.no_grad():
@@ -41,12 +43,17 @@ def test_metrics_match_direct_computation():
 def test_metric_returning_non_scalar_is_refused():
     x, y = make_classification(n=64)
     model = mlp()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      metrics={"per_sample": lambda o, t: (o.argmax(1) == t).float()}, progress=False)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        metrics={"per_sample": lambda o, t: (o.argmax(1) == t).float()},
+        progress=False,
+    )
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match="per_sample.*one number per batch"):
+    with pytest.raises(ValueError, match=r"per_sample.*one number per batch"):
         trainer.fit(make_loader(x, y), epochs=1)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # before the first step
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # before the first step
 
 
 def test_bad_metric_object():

@@ -65,11 +65,18 @@ def _multi_loss(outputs, targets):
 
 def test_multi_input_single_output():
     g = torch.Generator().manual_seed(0)
-    data = [(torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g), torch.randint(0, 2, (8,), generator=g))
-            for _ in range(6)]
+    data = [
+        (torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g), torch.randint(0, 2, (8,), generator=g))
+        for _ in range(6)
+    ]
     model = TwoInOneOut()
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), 1e-2), progress=False,
-                      metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.Adam(model.parameters(), 1e-2),
+        progress=False,
+        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+    )
     h = trainer.fit(data, data, epochs=5)
     assert h["loss"][-1] < h["loss"][0]
     assert set(trainer.evaluate(data)) == {"val_loss", "val_acc"}
@@ -78,8 +85,10 @@ def test_multi_input_single_output():
 
 def test_single_input_multi_output_with_num_inputs():
     g = torch.Generator().manual_seed(0)
-    data = [(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g), torch.randn(8, 1, generator=g))
-            for _ in range(5)]
+    data = [
+        (torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g), torch.randn(8, 1, generator=g))
+        for _ in range(5)
+    ]
     model = OneInTwoOut()
     trainer = Trainer(model, _multi_loss, torch.optim.Adam(model.parameters(), 1e-2), num_inputs=1, progress=False)
     h = trainer.fit(data, epochs=4)
@@ -96,8 +105,13 @@ def test_dict_batches_and_model_computed_loss():
         batches.append({"input_ids": ids, "attention_mask": torch.ones(8, 5), "labels": (ids[:, 0] > 9).long()})
     model = DictModel()
     # criterion=None: the model computes the loss from labels (passed through), metrics still get targets.
-    trainer = Trainer(model, None, torch.optim.Adam(model.parameters(), 1e-2), progress=False,
-                      metrics={"acc": lambda o, t: (o.logits.argmax(1) == t).float().mean()})
+    trainer = Trainer(
+        model,
+        None,
+        torch.optim.Adam(model.parameters(), 1e-2),
+        progress=False,
+        metrics={"acc": lambda o, t: (o.logits.argmax(1) == t).float().mean()},
+    )
     h = trainer.fit(batches, batches, epochs=8)
     assert h["loss"][-1] < 0.8 * h["loss"][0] and h["val_acc"][-1] > 0.65
     preds = trainer.predict(batches)
@@ -106,11 +120,18 @@ def test_dict_batches_and_model_computed_loss():
 
 def test_dict_batches_with_criterion_and_target_keys():
     g = torch.Generator().manual_seed(0)
-    batches = [{"xa": torch.randn(8, 4, generator=g), "xb": torch.randn(8, 3, generator=g),
-                "y": torch.randint(0, 2, (8,), generator=g)} for _ in range(4)]
+    batches = [
+        {
+            "xa": torch.randn(8, 4, generator=g),
+            "xb": torch.randn(8, 3, generator=g),
+            "y": torch.randint(0, 2, (8,), generator=g),
+        }
+        for _ in range(4)
+    ]
     model = TwoInOneOut()
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), target_keys="y",
-                      progress=False)
+    trainer = Trainer(
+        model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), target_keys="y", progress=False
+    )
     trainer.fit(batches, epochs=2)
     out = trainer.predict(batches)
     assert out.shape == (32, 2)

@@ -11,8 +11,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import make_classification, mlp
+
 from nbtrainer import EarlyStopping, ModelCheckpoint, Trainer, load_checkpoint
 from nbtrainer._nonfinite import NonFiniteLossError
 
@@ -24,7 +24,7 @@ def _batches(n=12, bad=(BAD,), value=float("nan")):
     x = x.clone()
     for b in bad:
         x[16 * b + 3, 0] = value
-    return [(x[i:i + 16], y[i:i + 16]) for i in range(0, 16 * n, 16)]
+    return [(x[i : i + 16], y[i : i + 16]) for i in range(0, 16 * n, 16)]
 
 
 def _trainer(mode="raise", model=None, opt=None, **kw):
@@ -83,13 +83,14 @@ def test_skip_is_exactly_training_without_the_bad_window(accum):
     window = range(BAD - BAD % accum, BAD - BAD % accum + accum)
     clean = _trainer(grad_accum_steps=accum)
     clean.fit([b for i, b in enumerate(batches) if i not in window], epochs=1)
-    assert all(torch.equal(a, b) for a, b in zip(_weights(skip.model), _weights(clean.model)))
+    assert all(torch.equal(a, b) for a, b in zip(_weights(skip.model), _weights(clean.model), strict=True))
     row = h.epochs[0]
     assert row["skipped_steps"] == 1 and h.status == "finished"
     assert math.isfinite(row["loss"])  # the skipped window is left out of the epoch loss
     bad_step = BAD // accum + 1
     assert [e for e in h.events if e["kind"] == "nonfinite"] == [
-        {"step": bad_step, "epoch": 1, "kind": "nonfinite", "old": None, "new": "loss non-finite: step skipped"}]
+        {"step": bad_step, "epoch": 1, "kind": "nonfinite", "old": None, "new": "loss non-finite: step skipped"}
+    ]
     assert math.isnan(h.steps["loss"][bad_step - 1])  # the step series shows where it happened
 
 
@@ -120,7 +121,7 @@ def test_stop_ends_the_fit_with_finite_weights():
 
 def test_fp16_overflow_handled_by_the_scaler_is_not_an_error():
     trainer = _trainer(precision="fp16-mixed")
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)  # the first steps overflow
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)  # the first steps overflow
     h = trainer.fit(_batches(bad=()), epochs=2)
     assert h.status == "finished"
     assert h.epochs[0]["skipped_steps"] > 0 and "skipped_steps" in h.epochs[1]
@@ -161,15 +162,14 @@ def _count_reads(monkeypatch, fn):
     return counts["n"]
 
 
-@pytest.mark.parametrize("mode,precision,per_step", [("raise", "fp32", 0), ("skip", "fp32", 1),
-                                                      ("stop", "fp32", 1)])
+@pytest.mark.parametrize("mode,precision,per_step", [("raise", "fp32", 0), ("skip", "fp32", 1), ("stop", "fp32", 1)])
 def test_host_reads_per_step(monkeypatch, mode, precision, per_step):
     """raise: no read per step; skip/stop without a scaler: exactly one read per optimizer step."""
     totals = []
     for n in (10, 40):
         batches = _batches(n=n, bad=())
         trainer = _trainer(mode, precision=precision)
-        totals.append(_count_reads(monkeypatch, lambda: trainer.fit(batches, epochs=1)))
+        totals.append(_count_reads(monkeypatch, lambda t=trainer, b=batches: t.fit(b, epochs=1)))
     assert totals[1] - totals[0] == per_step * 30, totals
 
 
@@ -178,5 +178,5 @@ def test_skip_under_fp16_adds_no_read(monkeypatch):
     for mode in ("raise", "skip"):
         batches = _batches(n=20, bad=())
         trainer = _trainer(mode, precision="fp16-mixed")
-        counts.append(_count_reads(monkeypatch, lambda: trainer.fit(batches, epochs=1)))
+        counts.append(_count_reads(monkeypatch, lambda t=trainer, b=batches: t.fit(b, epochs=1)))
     assert counts[0] == counts[1], counts

@@ -18,8 +18,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -43,11 +44,16 @@ def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = tmp_path_factory.mktemp("jupyter")
     spec_dir = base / "share" / "kernels" / "python3"
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (nbtrainer venv)", "language": "python",
-        "metadata": {"debugger": False},
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (nbtrainer venv)",
+                "language": "python",
+                "metadata": {"debugger": False},
+            }
+        )
+    )
     mp = pytest.MonkeyPatch()
     mp.setenv("JUPYTER_PATH", str(base / "share"))
     for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
@@ -70,9 +76,13 @@ def execute(path: Path) -> tuple[Any, float]:
     key = str(path)
     if key not in _CACHE:
         nb = nbformat.read(path, as_version=4)
-        client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
-                                         store_widget_state=True,
-                                         resources={"metadata": {"path": str(path.parent)}})
+        client = nbclient.NotebookClient(
+            nb,
+            timeout=CELL_TIMEOUT,
+            kernel_name="python3",
+            store_widget_state=True,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
         start = time.perf_counter()
         client.execute()
         _CACHE[key] = (nb, time.perf_counter() - start)
@@ -93,17 +103,20 @@ def models_with_class(state: dict[str, Any], css: str) -> list[dict[str, Any]]:
 
 # -- the kernel ------------------------------------------------------------------------------------
 
+
 def test_kernel_is_this_venv(kernel_env: Path, tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
-    nbclient.NotebookClient(nb, timeout=60, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     printed = "".join(o.get("text", "") for o in outputs(nb)).strip()
     assert Path(printed) == Path(sys.executable), (printed, sys.executable)
 
 
 # -- every demo notebook ---------------------------------------------------------------------------
+
 
 def test_there_are_five_demo_notebooks() -> None:
     assert [p.stem[:2] for p in DEMOS] == ["01", "02", "03", "04", "05"], DEMOS
@@ -187,7 +200,7 @@ def test_profiling_notebook_uses_the_magics(kernel_env: Path) -> None:
     assert "%load_ext nbtrainer" in sources and "%nbtrainer profile" in sources
     state = widget_state(nb)
     assert len(models_with_class(state, "nbt-profile-card")) >= 3, "ProfileCard + two %nbtrainer profile cards"
-    text = json.dumps([o for o in outputs(nb)])
+    text = json.dumps(list(outputs(nb)))
     assert "nbtrainer doctor" in text
 
 
@@ -200,6 +213,7 @@ def test_scripts_notebook_trains_headless(kernel_env: Path) -> None:
 
 
 # -- on disk ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", ALL_ON_DISK, ids=[p.stem for p in ALL_ON_DISK])
 def test_saved_without_outputs_and_with_a_usage_card(path: Path) -> None:
@@ -217,6 +231,11 @@ def test_saved_without_outputs_and_with_a_usage_card(path: Path) -> None:
 
 
 def test_notebooks_match_their_generator() -> None:
-    proc = subprocess.run([sys.executable, str(NB_DIR / "_build.py"), "--check"], capture_output=True, text=True,
-                          cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    proc = subprocess.run(
+        [sys.executable, str(NB_DIR / "_build.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -22,15 +22,29 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _venvs import clean_env as _clean_env, make_overlay_venv, run as _run
+from _venvs import clean_env as _clean_env
+from _venvs import make_overlay_venv
+from _venvs import run as _run
 
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("ipywidgets", "bqplot", "IPython", "tqdm.notebook")
 
 # Everything the build needs is copied; these are never part of a wheel's inputs.
 _COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-    "test-artifacts", ".ipynb_checkpoints", "bench", "notebooks", "node_modules", ".whl",
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    "test-artifacts",
+    ".ipynb_checkpoints",
+    "bench",
+    "notebooks",
+    "node_modules",
+    ".whl",
 )
 
 
@@ -65,8 +79,10 @@ def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     # --no-isolation: build with the dev venv's setuptools (offline); -x: `wheel` is not needed by
     # setuptools >= 70.1 even though build-system.requires lists it.
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-x", "--outdir", str(dist), str(src)],
-         cwd=tmp_path)
+    _run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-x", "--outdir", str(dist), str(src)],
+        cwd=tmp_path,
+    )
     wheels = sorted(dist.glob("nbtrainer-*.whl"))
     assert len(wheels) == 1, wheels
 
@@ -83,12 +99,15 @@ def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
 
     # Control: before the install, nbtrainer is NOT importable there (the dev venv's editable finder is
     # inactive through the .pth), so the import below really exercises the wheel.
-    ctrl = subprocess.run([str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(),
-                          capture_output=True, text=True)
+    ctrl = subprocess.run(
+        [str(py), "-c", "import nbtrainer"], cwd=outside, env=_clean_env(), capture_output=True, text=True
+    )
     assert ctrl.returncode != 0 and "No module named 'nbtrainer'" in ctrl.stderr, ctrl.stderr
 
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
-          str(wheels[0])], cwd=outside)
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheels[0])],
+        cwd=outside,
+    )
 
     info = _probe(py, outside, PROBE)
     assert _inside(info["widgets"], venv), info

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import accuracy, make_classification, make_loader, mlp
+
 from nbtrainer import PrecisionError, Trainer, precision_support
 from nbtrainer._precision import normalize_precision
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.mark.parametrize("alias,name", [("32", "fp32"), (32, "fp32"), ("16", "fp16-mixed"), ("16-mixed", "fp16-mixed"),
-                                        ("bf16", "bf16-mixed"), ("BF16-Mixed", "bf16-mixed"), ("fp32", "fp32")])
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("32", "fp32"),
+        (32, "fp32"),
+        ("16", "fp16-mixed"),
+        ("16-mixed", "fp16-mixed"),
+        ("bf16", "bf16-mixed"),
+        ("BF16-Mixed", "bf16-mixed"),
+        ("fp32", "fp32"),
+    ],
+)
 def test_aliases(alias, name):
     assert normalize_precision(alias) == name
 
@@ -34,8 +44,16 @@ def test_support_is_checked_on_cpu():
 def _run(precision, device, epochs=6):
     x, y = make_classification(n=512)
     model = mlp(hidden=32)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=1e-2),
-                      precision=precision, device=device, metrics={"acc": accuracy}, progress=False, seed=0)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        precision=precision,
+        device=device,
+        metrics={"acc": accuracy},
+        progress=False,
+        seed=0,
+    )
     return trainer, trainer.fit(make_loader(x, y, batch_size=64, shuffle=True), epochs=epochs)
 
 
@@ -48,7 +66,7 @@ def test_mixed_precision_trains_and_tracks_fp32(device, precision):
     assert (trainer.scaler is not None) == (precision == "fp16-mixed")
     assert hist["loss"][-1] < hist["loss"][0] * 0.6  # it trains
     # bf16 has ~3 significant digits: the curves agree to a few percent, not bit for bit.
-    for a, b in zip(hist["loss"], ref["loss"]):
+    for a, b in zip(hist["loss"], ref["loss"], strict=True):
         assert a == pytest.approx(b, rel=0.08, abs=0.02)
     assert hist["acc"][-1] > 0.85
 
@@ -64,7 +82,8 @@ def test_autocast_covers_forward_and_loss():
     x, y = make_classification(n=64)
     model = mlp()
     Trainer(model, criterion, torch.optim.SGD(model.parameters(), lr=0.1), precision="bf16", progress=False).fit(
-        make_loader(x, y), epochs=1)
+        make_loader(x, y), epochs=1
+    )
     assert seen["dtype_in_loss"] == torch.bfloat16 and seen["out_dtype"] == torch.bfloat16
 
 
@@ -74,5 +93,10 @@ def test_cuda_bf16_refused_without_native_support():
         pytest.skip("this GPU has native bf16")
     model = mlp()
     with pytest.raises(PrecisionError, match="no native bf16"):
-        Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                precision="bf16-mixed", device="cuda")
+        Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            precision="bf16-mixed",
+            device="cuda",
+        )

@@ -64,11 +64,15 @@ class Stack(nn.Module):
 
 def _counts(model: nn.Module, x, batch_size: int) -> tuple[int, int, int]:
     c = count_flops(copy.deepcopy(model), x, batch_size=batch_size)
-    return (c["ptflops_macs"]["forward"]["per_batch"], c["flop_counter_flops"]["forward"]["per_batch"],
-            c["flop_counter_flops"]["forward_backward"]["per_batch"])
+    return (
+        c["ptflops_macs"]["forward"]["per_batch"],
+        c["flop_counter_flops"]["forward"]["per_batch"],
+        c["flop_counter_flops"]["forward_backward"]["per_batch"],
+    )
 
 
 # ---------------------------------------------------------------- FLOPs and MACs
+
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_flops_match_analytic(bias: bool) -> None:
@@ -129,9 +133,11 @@ def test_profile_reports_per_sample_and_labels() -> None:
 
 # ---------------------------------------------------------------- latency
 
+
 def test_latency_floats_with_sub_ms_resolution() -> None:
-    prof = profile_model(nn.Linear(8, 4), torch.randn(2, 8), include=("latency",), precisions=("fp32", "bf16"),
-                         n_warmup=3, n_iters=30)
+    prof = profile_model(
+        nn.Linear(8, 4), torch.randn(2, 8), include=("latency",), precisions=("fp32", "bf16"), n_warmup=3, n_iters=30
+    )
     for precision in ("fp32", "bf16-mixed"):
         stats = prof.latency_ms["cpu"][precision]
         assert stats["n_iters"] == 30
@@ -150,17 +156,22 @@ def test_latency_auto_iterations_respect_time_budget() -> None:
 
 # ---------------------------------------------------------------- training memory
 
-@pytest.mark.parametrize("make, ratio, keys", [
-    (lambda p: torch.optim.Adam(p, lr=1e-3), 2, {"exp_avg", "exp_avg_sq"}),
-    (lambda p: torch.optim.AdamW(p, lr=1e-3), 2, {"exp_avg", "exp_avg_sq"}),
-    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 1, {"momentum_buffer"}),
-    (lambda p: torch.optim.SGD(p, lr=0.1), 0, set()),
-])
+
+@pytest.mark.parametrize(
+    "make, ratio, keys",
+    [
+        (lambda p: torch.optim.Adam(p, lr=1e-3), 2, {"exp_avg", "exp_avg_sq"}),
+        (lambda p: torch.optim.AdamW(p, lr=1e-3), 2, {"exp_avg", "exp_avg_sq"}),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 1, {"momentum_buffer"}),
+        (lambda p: torch.optim.SGD(p, lr=0.1), 0, set()),
+    ],
+)
 def test_optimizer_state_read_from_a_real_step(make, ratio: int, keys: set[str]) -> None:
     model = Stack()
     model.inp.requires_grad_(False)  # frozen parameters get no state and no gradient
-    mem = profile_model(model, torch.randn(16, 8), include=("memory",), optimizer=make,
-                        checkpointing=False).memory["cpu"]["fp32"]
+    mem = profile_model(model, torch.randn(16, 8), include=("memory",), optimizer=make, checkpointing=False).memory[
+        "cpu"
+    ]["fp32"]
     trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     assert mem["trainable_parameters"] == trainable < mem["parameters"]
     assert mem["gradients"] == trainable
@@ -172,8 +183,9 @@ def test_optimizer_state_read_from_a_real_step(make, ratio: int, keys: set[str])
 
 def test_users_optimizer_is_cloned_not_stepped() -> None:
     model = Stack()
-    opt = torch.optim.SGD([{"params": model.blocks.parameters(), "momentum": 0.9},
-                           {"params": model.head.parameters()}], lr=0.1)
+    opt = torch.optim.SGD(
+        [{"params": model.blocks.parameters(), "momentum": 0.9}, {"params": model.head.parameters()}], lr=0.1
+    )
     before = copy.deepcopy(model.state_dict())
     mem = profile_model(model, torch.randn(8, 8), include=("memory",), optimizer=opt).memory["cpu"]["fp32"]
     assert opt.state == {} or all(not s for s in opt.state.values())
@@ -225,6 +237,7 @@ def test_fits_and_suggestion() -> None:
 
 # ---------------------------------------------------------------- inputs
 
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -263,6 +276,7 @@ def test_dict_input_model() -> None:
 
 # ---------------------------------------------------------------- side effects
 
+
 def _snapshot(model: nn.Module) -> dict:
     return {
         "state": {k: v.clone() for k, v in model.state_dict().items()},
@@ -270,8 +284,10 @@ def _snapshot(model: nn.Module) -> dict:
         "training": {n: m.training for n, m in model.named_modules()},
         "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
         "grads": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
-        "hooks": {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks),
-                      dict(m._state_dict_hooks)) for n, m in model.named_modules()},
+        "hooks": {
+            n: (dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks), dict(m._state_dict_hooks))
+            for n, m in model.named_modules()
+        },
         "attrs": {n: set(vars(m)) for n, m in model.named_modules()},
         "buffers": sorted(n for n, _ in model.named_buffers()),
         "rng": torch.get_rng_state(),
@@ -310,6 +326,7 @@ def test_profiling_is_side_effect_free() -> None:
 
 # ---------------------------------------------------------------- activation checkpointing
 
+
 def test_find_checkpointable_blocks_picks_the_largest_identical_container() -> None:
     assert [n for n, _ in find_checkpointable_blocks(Stack())] == [f"blocks.{i}" for i in range(6)]
     assert find_checkpointable_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
@@ -331,7 +348,7 @@ def test_checkpointing_same_gradients_and_exact_removal() -> None:
             p.zero_()
     assert torch.count_nonzero(clone(x)) == 0
     model(x).sum().backward()
-    for ref, p in zip(reference, model.parameters()):
+    for ref, p in zip(reference, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, ref)
     mem = profile_model(model, x, include=("memory",)).memory["cpu"]["fp32"]  # copies strip the wrappers
     assert mem["activations_checkpointed"] < mem["activations"] / 3
@@ -344,6 +361,7 @@ def test_checkpointing_same_gradients_and_exact_removal() -> None:
 
 
 # ---------------------------------------------------------------- reports
+
 
 def test_to_dict_to_pandas_and_html() -> None:
     prof = profile_model(Stack(), torch.randn(8, 8), n_iters=5)

@@ -39,8 +39,9 @@ def test_trace_is_valid_json_with_the_named_ranges(tmp_path) -> None:
 def test_schedule_counts_optimizer_steps_with_accumulation(tmp_path) -> None:
     x, y = make_classification(64)  # 8 batches of 8 = 4 optimizer steps per epoch: needs 2 epochs
     trainer = _trainer(mlp(), grad_accum_steps=2)
-    prof = profile_training(trainer, make_loader(x, y, batch_size=8), wait=2, warmup=1, active=2,
-                            trace_path=tmp_path / "t.json")
+    prof = profile_training(
+        trainer, make_loader(x, y, batch_size=8), wait=2, warmup=1, active=2, trace_path=tmp_path / "t.json"
+    )
     assert prof.steps == 2
     counts = {r["name"]: r["count"] for r in prof.rows}
     assert counts["nbt.optimizer_step"] == 2
@@ -66,16 +67,18 @@ def test_too_few_steps_raises(tmp_path) -> None:
     x, y = make_classification(64)
     batches = list(make_loader(x, y, batch_size=32))  # a one-shot iterable of 2 batches
     with pytest.raises(RuntimeError, match="No training step was recorded"):
-        profile_training(_trainer(mlp()), (b for b in batches), wait=2, warmup=1, active=1,
-                         trace_path=tmp_path / "t.json")
+        profile_training(
+            _trainer(mlp()), (b for b in batches), wait=2, warmup=1, active=1, trace_path=tmp_path / "t.json"
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_trace_has_device_time(tmp_path) -> None:
     x, y = make_classification(256)
     model = mlp()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      progress=False, device="cuda")
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False, device="cuda"
+    )
     prof = profile_training(trainer, make_loader(x, y, batch_size=32), trace_path=tmp_path / "t.json")
     assert prof.sort_by == "self_device_time_total"
     assert any(r["self_device_time_total_us"] > 0 for r in prof.rows)

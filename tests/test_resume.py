@@ -20,8 +20,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import CheckpointError, ModelCheckpoint, Trainer
 
 WORKER = os.path.join(os.path.dirname(__file__), "_resume_worker.py")
@@ -43,22 +43,25 @@ def assert_same_run(ref: dict, got: dict, label: str) -> None:
     ro, go = ref["optimizer"], got["optimizer"]
     for pid, state in ro["state"].items():
         for k, v in state.items():
-            assert torch.equal(torch.as_tensor(v), torch.as_tensor(go["state"][pid][k])), f"{label}: optimizer {pid}.{k}"
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(go["state"][pid][k])), (
+                f"{label}: optimizer {pid}.{k}"
+            )
     assert ro["param_groups"] == go["param_groups"], label
     assert ref["scheduler"] == got["scheduler"], f"{label}: scheduler state"
     assert ref["scaler"] == got["scaler"], f"{label}: GradScaler state"
     assert ref["global_step"] == got["global_step"]
     ha, hb = ref["history"], got["history"]
     assert len(ha["epochs"]) == len(hb["epochs"]), label
-    for ra, rb in zip(ha["epochs"], hb["epochs"]):
-        assert {k: v for k, v in ra.items() if k not in _CLOCK} == {k: v for k, v in rb.items() if k not in _CLOCK}, \
+    for ra, rb in zip(ha["epochs"], hb["epochs"], strict=True):
+        assert {k: v for k, v in ra.items() if k not in _CLOCK} == {k: v for k, v in rb.items() if k not in _CLOCK}, (
             f"{label}: epoch row {ra['epoch']}"
+        )
     assert ha["steps"] == hb["steps"], f"{label}: per-step series"
     assert ha["status"] == hb["status"] == "finished"
     assert ref["early_stopping"] == got["early_stopping"], label
     assert torch.equal(ref["rng"], got["rng"]), f"{label}: torch RNG at the end"
     n = len(got["chaos"])  # 0 when the run had already finished when it was killed
-    assert ref["chaos"][len(ref["chaos"]) - n:] == got["chaos"], f"{label}: python/numpy draws after the resume"
+    assert ref["chaos"][len(ref["chaos"]) - n :] == got["chaos"], f"{label}: python/numpy draws after the resume"
 
 
 # Kill points drawn at random (fixed seed, so a failure reproduces) from the whole run, plus the
@@ -81,22 +84,32 @@ def runs(tmp_path_factory):
     kill in its own process (it dies); then every resume-to-the-end in one fresh process (each resumed
     fit restores every RNG state from its checkpoint, so runs in one process are independent)."""
     root = tmp_path_factory.mktemp("resume")
-    refs = [{"seed": s, "precision": p, "dir": str(root / f"ref-ckpt-{s}"), "out": str(root / f"ref-{s}.pt")}
-            for s, p in sorted({(seed, prec) for seed, prec, _ in CASES.values()})]
+    refs = [
+        {"seed": s, "precision": p, "dir": str(root / f"ref-ckpt-{s}"), "out": str(root / f"ref-{s}.pt")}
+        for s, p in sorted({(seed, prec) for seed, prec, _ in CASES.values()})
+    ]
 
     def kills():
         for name, (seed, prec, points) in CASES.items():
             for i, point in enumerate(points):
-                job = {"seed": seed, "precision": prec, "dir": str(root / name), "out": str(root / "never.pt"),
-                       "kill_at": point, "resume": i > 0}
+                job = {
+                    "seed": seed,
+                    "precision": prec,
+                    "dir": str(root / name),
+                    "out": str(root / "never.pt"),
+                    "kill_at": point,
+                    "resume": i > 0,
+                }
                 _worker("--jobs", json.dumps([job]), expect_kill=True)
             assert os.path.exists(root / name / "last.ckpt"), name
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for fut in [pool.submit(_worker, "--jobs", json.dumps(refs)), pool.submit(kills)]:
             fut.result()
-    resumes = [{"seed": seed, "precision": prec, "dir": str(root / name), "out": str(root / f"{name}.pt"),
-                "resume": True} for name, (seed, prec, _) in CASES.items()]
+    resumes = [
+        {"seed": seed, "precision": prec, "dir": str(root / name), "out": str(root / f"{name}.pt"), "resume": True}
+        for name, (seed, prec, _) in CASES.items()
+    ]
     _worker("--jobs", json.dumps(resumes))
     ref = {(j["seed"], j["precision"]): torch.load(j["out"], weights_only=True) for j in refs}
     out = {}
@@ -122,8 +135,17 @@ def _small(seed=0, **kw):
     loader = make_loader(x, y, batch_size=16, shuffle=True, seed=seed)
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), 1e-2), seed=seed,
-                      deterministic=True, progress=False, device="cpu", grad_accum_steps=2, **kw)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.Adam(model.parameters(), 1e-2),
+        seed=seed,
+        deterministic=True,
+        progress=False,
+        device="cpu",
+        grad_accum_steps=2,
+        **kw,
+    )
     return trainer, loader
 
 
@@ -136,7 +158,7 @@ def test_checkpointing_does_not_perturb_training(tmp_path):
         hb = b.fit(loader, epochs=2)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))
     assert ha.steps == hb.steps
     assert [r["loss"] for r in ha.epochs] == [r["loss"] for r in hb.epochs]
 
@@ -152,7 +174,7 @@ def test_resume_of_a_finished_run_trains_nothing_and_restores_rng(tmp_path):
     finally:
         torch.use_deterministic_algorithms(False)
     assert h.status == "finished" and len(h.epochs) == 2
-    assert all(torch.equal(p, q) for p, q in zip(weights, b.model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(weights, b.model.parameters(), strict=True))
     assert torch.equal(torch.get_rng_state(), saved_rng)  # not left pending for a later fit
     # ... and a later fresh fit of the same trainer starts clean (seeded, new history)
     h2 = b.fit(loader, epochs=1)
@@ -170,7 +192,7 @@ def test_resume_continues_to_more_epochs(tmp_path):
         hc = c.fit(loader, epochs=2, resume_from=str(tmp_path / "last.ckpt"))
     finally:
         torch.use_deterministic_algorithms(False)
-    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), c.model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), c.model.parameters(), strict=True))
     assert ha.steps == hc.steps
 
 
@@ -186,22 +208,28 @@ def test_resume_into_other_architecture_names_keys_and_shapes(tmp_path):
     path = _ckpt_of(tmp_path, model, torch.optim.Adam(model.parameters()))
     other = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3), torch.nn.Linear(3, 3))
     before = [p.detach().clone() for p in other.parameters()]
-    trainer = Trainer(other, torch.nn.CrossEntropyLoss(), torch.optim.Adam(other.parameters()), progress=False,
-                      device="cpu")
+    trainer = Trainer(
+        other, torch.nn.CrossEntropyLoss(), torch.optim.Adam(other.parameters()), progress=False, device="cpu"
+    )
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError) as err:
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=path)
     msg = str(err.value)
-    assert "different architecture" in msg and "unexpected" not in msg.split("|")[0] or True
+    assert ("different architecture" in msg and "unexpected" not in msg.split("|")[0]) or True
     assert "missing in checkpoint: ['3.weight', '3.bias']" in msg
     assert "0.weight: checkpoint (16, 10) vs model (32, 10)" in msg
     assert "Resume with the model that wrote the checkpoint" in msg
-    assert all(torch.equal(p, q) for p, q in zip(before, other.parameters()))  # nothing half-loaded
+    assert all(torch.equal(p, q) for p, q in zip(before, other.parameters(), strict=True))  # nothing half-loaded
 
 
-@pytest.mark.parametrize("other_opt", [lambda p: torch.optim.SGD(p, lr=0.1),
-                                       lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-                                       lambda p: torch.optim.AdamW(p)])
+@pytest.mark.parametrize(
+    "other_opt",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.AdamW(p),
+    ],
+)
 def test_resume_with_other_optimizer_names_it(tmp_path, other_opt):
     model = mlp()
     path = _ckpt_of(tmp_path, model, torch.optim.Adam(model.parameters()))
@@ -212,7 +240,7 @@ def test_resume_with_other_optimizer_names_it(tmp_path, other_opt):
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match=r"written by Adam.*this optimizer is (SGD|AdamW).*same optimizer"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=path)
-    assert all(torch.equal(p, q) for p, q in zip(before, model2.parameters()))  # model untouched too
+    assert all(torch.equal(p, q) for p, q in zip(before, model2.parameters(), strict=True))  # model untouched too
     assert not opt2.state
 
 
@@ -231,8 +259,14 @@ def test_resume_with_other_precision_is_refused(tmp_path):
     model = mlp()
     path = _ckpt_of(tmp_path, model, torch.optim.Adam(model.parameters()))
     model2 = mlp()
-    trainer = Trainer(model2, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model2.parameters()),
-                      precision="bf16-mixed", progress=False, device="cpu")
+    trainer = Trainer(
+        model2,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.Adam(model2.parameters()),
+        precision="bf16-mixed",
+        progress=False,
+        device="cpu",
+    )
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match=r"precision='fp32'.*precision='bf16-mixed'"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=path)

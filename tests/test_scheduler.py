@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import Trainer
 
 
@@ -33,8 +33,9 @@ def test_epoch_interval_and_plateau():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step_lr = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=step_lr, scheduler_interval="epoch",
-                      progress=False)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), opt, scheduler=step_lr, scheduler_interval="epoch", progress=False
+    )
     h = trainer.fit(loader, epochs=3)
     assert h["lr"] == pytest.approx([0.1, 0.05, 0.025])
 
@@ -55,7 +56,7 @@ def test_scheduler_not_stepped_when_fp16_skips():
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=sched, precision="fp16-mixed", progress=False)
     # A huge initial scale overflows fp16 grads: the scaler skips steps and backs off.
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)
     history = trainer.fit(loader, epochs=2)
     skipped = history.last["skipped_steps"]
     assert skipped > 0

@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_classification, make_loader
 from torch import nn
 
-from conftest import make_classification, make_loader
 from nbtrainer import Trainer, build_optimizer, freeze_parameters
 
 
@@ -21,7 +21,8 @@ class Blocks(nn.Module):
         self.inp = nn.Linear(d, hidden)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, hidden))
-            for _ in range(n))
+            for _ in range(n)
+        )
         self.head = nn.Linear(hidden, out)
 
     def forward(self, x):
@@ -48,8 +49,13 @@ def test_activation_checkpointing_gradients_equal_and_model_restored():
     model = Blocks()
     reference = copy.deepcopy(model)
     x, y = make_classification(n=32)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      activation_checkpointing=True, progress=False)
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        activation_checkpointing=True,
+        progress=False,
+    )
     assert trainer._setup.checkpointed_blocks == ["blocks.0", "blocks.1", "blocks.2"]
     inner = _count_calls(model.blocks[1][1])
     got, want = _grads(trainer.model, x, y), _grads(reference, x, y)
@@ -75,8 +81,14 @@ def test_checkpointed_fit_trains_like_the_plain_model():
     for ckpt in (False, True):
         torch.manual_seed(0)
         model = Blocks()
-        trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), seed=0,
-                          activation_checkpointing=ckpt, progress=False)
+        trainer = Trainer(
+            model,
+            nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            seed=0,
+            activation_checkpointing=ckpt,
+            progress=False,
+        )
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2)
         results.append(trainer.model_state_dict())
     for name, value in results[0].items():
@@ -119,8 +131,12 @@ def test_models_with_their_own_switch_use_it():
 
 
 def _state_bytes(optimizer):
-    return sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-               if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return sum(
+        v.numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
 
 
 def test_adafactor_by_name_trains_and_keeps_less_state_than_adam():
@@ -161,11 +177,18 @@ def test_freezing_trains_only_matching_parameters_and_reports_counts():
     torch.manual_seed(0)
     model = Blocks()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      trainable=["head.*", "blocks.2.*"], freeze=["blocks.2.0.*"], progress=False)
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        trainable=["head.*", "blocks.2.*"],
+        freeze=["blocks.2.0.*"],
+        progress=False,
+    )
     counts = trainer.param_counts
     expected = sum(p.numel() for p in model.head.parameters()) + sum(
-        p.numel() for p in model.blocks[2][1:].parameters())
+        p.numel() for p in model.blocks[2][1:].parameters()
+    )
     assert counts.trainable == expected
     assert counts.total == sum(p.numel() for p in model.parameters())
     assert counts.frozen == counts.total - expected
@@ -181,14 +204,36 @@ def test_bad_pattern_or_failed_validation_leaves_the_model_untouched():
     with pytest.raises(ValueError, match="matches no parameter"):
         Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, trainable=["haed.*"], progress=False)
     with pytest.raises(ValueError):  # precision is checked after the strategy options
-        Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, trainable=["head.*"], activation_checkpointing=True,
-                precision="fp8", progress=False)
+        Trainer(
+            model,
+            nn.CrossEntropyLoss(),
+            "sgd",
+            lr=0.1,
+            trainable=["head.*"],
+            activation_checkpointing=True,
+            precision="fp8",
+            progress=False,
+        )
     with pytest.raises(ValueError, match="no blocks to checkpoint"):
-        Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, trainable=["head.*"], activation_checkpointing=[nn.Conv2d],
-                progress=False)
+        Trainer(
+            model,
+            nn.CrossEntropyLoss(),
+            "sgd",
+            lr=0.1,
+            trainable=["head.*"],
+            activation_checkpointing=[nn.Conv2d],
+            progress=False,
+        )
     with pytest.raises(ValueError, match="activation_checkpointing"):
-        Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, freeze=["inp"], activation_checkpointing=["blocks.7"],
-                progress=False)
+        Trainer(
+            model,
+            nn.CrossEntropyLoss(),
+            "sgd",
+            lr=0.1,
+            freeze=["inp"],
+            activation_checkpointing=["blocks.7"],
+            progress=False,
+        )
     assert all(p.requires_grad for p in model.parameters())
     assert all("forward" not in m.__dict__ for m in model.modules())
     with pytest.raises(ValueError, match="no blocks to checkpoint"):  # nothing repeated in a lone Linear
@@ -201,7 +246,8 @@ def test_freeze_parameters_function():
     assert not model.inp.weight.requires_grad and not model.blocks[0][1].weight.requires_grad
     assert model.blocks[1][1].weight.requires_grad
     assert counts.frozen == sum(p.numel() for p in model.inp.parameters()) + sum(
-        p.numel() for p in model.blocks[0].parameters())
+        p.numel() for p in model.blocks[0].parameters()
+    )
 
 
 def test_peft_lora_model_trains_only_adapters():
@@ -221,11 +267,18 @@ def test_peft_lora_model_trains_only_adapters():
 
 def test_compile_and_channels_last():
     torch.manual_seed(0)
-    conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(8, 3))
+    conv = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    )
     x, y = torch.randn(32, 3, 8, 8), torch.randint(0, 3, (32,))
-    trainer = Trainer(conv, nn.CrossEntropyLoss(), "sgd", lr=0.1, channels_last=True,
-                      compile={"backend": "eager"}, progress=False)
+    trainer = Trainer(
+        conv, nn.CrossEntropyLoss(), "sgd", lr=0.1, channels_last=True, compile={"backend": "eager"}, progress=False
+    )
     assert conv[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert type(trainer.model).__name__ == "OptimizedModule"
     history = trainer.fit(make_loader(x, y, batch_size=8), epochs=1)

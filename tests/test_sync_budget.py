@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_classification, make_loader, mlp
+
 from nbtrainer import Trainer
 
 _METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
@@ -36,9 +36,17 @@ def test_reads_do_not_grow_with_steps(count_reads, precision, accum):
     for n_batches in (10, 80):
         x, y = make_classification(n=16 * n_batches)
         model = mlp()
-        trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                          metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()}, precision=precision,
-                          grad_accum_steps=accum, max_grad_norm=1.0, progress=True, refresh_interval=3600.0)
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+            precision=precision,
+            grad_accum_steps=accum,
+            max_grad_norm=1.0,
+            progress=True,
+            refresh_interval=3600.0,
+        )
         loader = make_loader(x, y, batch_size=16, shuffle=True)
         count_reads["n"] = 0
         trainer.fit(loader, loader, epochs=2)

@@ -46,12 +46,20 @@ if __name__ != "nbtrainer.widgets":  # pragma: no cover - exercised by a subproc
         "ahead of site-packages on sys.path)."
     )
 
-from ._compare_view import CompareWidget  # noqa: E402
-from ._decimate import MinMaxStream, decimate, minmax_indices  # noqa: E402
-from ._lr_finder import LRFinderView  # noqa: E402
-from ._panel import TrainerWidget  # noqa: E402
-from ._profile_card import ProfileCard  # noqa: E402
-from ._summary import summary_html  # noqa: E402
+from ._compare_view import CompareWidget
+from ._decimate import MinMaxStream, decimate, minmax_indices
+from ._lr_finder import LRFinderView
+from ._panel import TrainerWidget
+from ._profile_card import ProfileCard
+from ._summary import summary_html
 
-__all__ = ["TrainerWidget", "ProfileCard", "CompareWidget", "LRFinderView", "summary_html", "decimate",
-           "minmax_indices", "MinMaxStream"]
+__all__ = [
+    "CompareWidget",
+    "LRFinderView",
+    "MinMaxStream",
+    "ProfileCard",
+    "TrainerWidget",
+    "decimate",
+    "minmax_indices",
+    "summary_html",
+]

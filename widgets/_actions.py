@@ -8,9 +8,11 @@ from typing import Any
 __all__ = ["PanelActions"]
 
 # Actions that keep Start off while they run, with the message shown when they begin.
-_EXCLUSIVE = {"profile": "profiling one batch (runs on copies of the model)...",
-              "lrfind": "LR finder: sweeping the learning rate on the train loader (model and optimizer are "
-                        "restored afterwards)..."}
+_EXCLUSIVE = {
+    "profile": "profiling one batch (runs on copies of the model)...",
+    "lrfind": "LR finder: sweeping the learning rate on the train loader (model and optimizer are "
+    "restored afterwards)...",
+}
 
 
 class PanelActions:
@@ -61,8 +63,10 @@ class PanelActions:
         from ._lr_finder import LRFinderView
 
         if self._run is not None and self._run.alive:
-            raise RuntimeError("The LR finder runs between runs (it trains the model, then restores it): "
-                               "stop the run or wait for it to end.")
+            raise RuntimeError(
+                "The LR finder runs between runs (it trains the model, then restores it): "
+                "stop the run or wait for it to end."
+            )
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
         try:
@@ -72,15 +76,18 @@ class PanelActions:
         self.lr_finder = LRFinderView(result, on_choose=self.controls.choose_lr, lr=float(self.view.lr.value))
         self.view.lrfinder_area.children = (self.lr_finder.root,)
         sug = "none" if result.suggestion is None else f"{result.suggestion:.2e}"
-        self._notify("info", f"LR finder: {len(result.lrs)} steps, {result.stop_reason}; suggestion {sug} "
-                             f"({result.rule}). Click the curve or a 'use' button to set the LR.")
+        self._notify(
+            "info",
+            f"LR finder: {len(result.lrs)} steps, {result.stop_reason}; suggestion {sug} "
+            f"({result.rule}). Click the curve or a 'use' button to set the LR.",
+        )
         return result
 
     def _guarded(self, fn: Any) -> None:
         """Click handlers: an error becomes a panel message (an exception there would be lost in a log)."""
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._notify("error", f"{type(exc).__name__}: {exc}")
 
     def _in_background(self, name: str, fn: Any) -> None:
@@ -101,7 +108,7 @@ class PanelActions:
         def target() -> None:
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._notify("error", f"{name} failed: {type(exc).__name__}: {exc}")
             finally:
                 self._busy.discard(name)

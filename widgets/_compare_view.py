@@ -12,7 +12,8 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import bqplot as bq
 import ipywidgets as W
@@ -26,9 +27,11 @@ __all__ = ["CompareWidget"]
 _MARGIN = {"top": 35, "bottom": 45, "left": 50, "right": 10}
 _LAYOUT = {"flex": "1 1 260px", "min_width": "240px", "height": "240px"}
 # chart key -> (title, the row's ratio key, bar color); "metric" has no ratio in the row: computed here
-CHARTS = {"time": ("step time vs baseline (lower is faster)", "step_time_ratio", "#1f77b4"),
-          "memory": ("peak memory vs baseline", "peak_memory_ratio", "#ff7f0e"),
-          "metric": ("{metric} vs baseline", None, "#2ca02c")}
+CHARTS = {
+    "time": ("step time vs baseline (lower is faster)", "step_time_ratio", "#1f77b4"),
+    "memory": ("peak memory vs baseline", "peak_memory_ratio", "#ff7f0e"),
+    "metric": ("{metric} vs baseline", None, "#2ca02c"),
+}
 
 
 def _first_strategy(strategies: Any) -> str:
@@ -44,14 +47,33 @@ def _bar_chart(key: str, metric: str | None) -> tuple[bq.Figure, bq.Bars]:
     title, _, color = CHARTS[key]
     sx, sy = bq.OrdinalScale(), bq.LinearScale(min=0.0)
     tooltip = bq.Tooltip(fields=["x", "y"], formats=["", ".1%"], labels=["strategy", "vs baseline"])
-    bars = bq.Bars(x=np.array([], dtype=str), y=np.empty(0), scales={"x": sx, "y": sy}, colors=[color],
-                   padding=0.3, label_display=True, label_display_format=".0%", tooltip=tooltip)
+    bars = bq.Bars(
+        x=np.array([], dtype=str),
+        y=np.empty(0),
+        scales={"x": sx, "y": sy},
+        colors=[color],
+        padding=0.3,
+        label_display=True,
+        label_display_format=".0%",
+        tooltip=tooltip,
+    )
     # 100%: a line across the plot on its own 0..1 x scale (an ordinal x has no "across")
-    ref = bq.Lines(x=[0.0, 1.0], y=[1.0, 1.0], scales={"x": bq.LinearScale(min=0.0, max=1.0), "y": sy},
-                   colors=["#555"], line_style="dashed", stroke_width=1)
-    fig = bq.Figure(marks=[bars, ref], title=title.format(metric=metric),
-                    axes=[bq.Axis(scale=sx), bq.Axis(scale=sy, side="left", tick_format=".0%", num_ticks=4)],
-                    fig_margin=dict(_MARGIN), animation_duration=0, layout=W.Layout(**_LAYOUT))
+    ref = bq.Lines(
+        x=[0.0, 1.0],
+        y=[1.0, 1.0],
+        scales={"x": bq.LinearScale(min=0.0, max=1.0), "y": sy},
+        colors=["#555"],
+        line_style="dashed",
+        stroke_width=1,
+    )
+    fig = bq.Figure(
+        marks=[bars, ref],
+        title=title.format(metric=metric),
+        axes=[bq.Axis(scale=sx), bq.Axis(scale=sy, side="left", tick_format=".0%", num_ticks=4)],
+        fig_margin=dict(_MARGIN),
+        animation_duration=0,
+        layout=W.Layout(**_LAYOUT),
+    )
     fig.add_class(f"nbt-compare-chart-{key}")
     return fig, bars
 
@@ -71,8 +93,9 @@ class CompareWidget:
         >>> w.comparison.to_pandas()                               # doctest: +SKIP
     """
 
-    def __init__(self, comparison: StrategyComparison | None = None, *, baseline: str | None = None,
-                 metric: str | None = None) -> None:
+    def __init__(
+        self, comparison: StrategyComparison | None = None, *, baseline: str | None = None, metric: str | None = None
+    ) -> None:
         self.comparison = comparison
         self.baseline = comparison.baseline if comparison is not None else (baseline or "")
         self.metric = comparison.metric if comparison is not None else metric
@@ -128,17 +151,25 @@ class CompareWidget:
     def _render(self) -> None:
         table = self.comparison
         if table is None:  # live: the rows so far, in the comparison's own table layout
-            table = StrategyComparison(rows=self.rows, baseline=self.baseline, metric=self.metric,
-                                       memory_kind="stated when every strategy has run",
-                                       environment={"device": "running", "torch": torch.__version__})
+            table = StrategyComparison(
+                rows=self.rows,
+                baseline=self.baseline,
+                metric=self.metric,
+                memory_kind="stated when every strategy has run",
+                environment={"device": "running", "torch": torch.__version__},
+            )
             failed = sum(r["status"] != "ok" for r in self.rows)
-            self.status.value = (f"<span style='font-size:12px'>comparing strategies: {len(self.rows)} done"
-                                 f"{f' ({failed} failed)' if failed else ''}, baseline "
-                                 f"<b>{html.escape(self.baseline)}</b>...</span>")
+            self.status.value = (
+                f"<span style='font-size:12px'>comparing strategies: {len(self.rows)} done"
+                f"{f' ({failed} failed)' if failed else ''}, baseline "
+                f"<b>{html.escape(self.baseline)}</b>...</span>"
+            )
         else:
-            self.status.value = (f"<span style='font-size:12px'>{len(self.rows)} strategies; bars: ratio to "
-                                 f"<b>{html.escape(self.baseline)}</b> (100%), failed strategies only in the table"
-                                 "</span>")
+            self.status.value = (
+                f"<span style='font-size:12px'>{len(self.rows)} strategies; bars: ratio to "
+                f"<b>{html.escape(self.baseline)}</b> (100%), failed strategies only in the table"
+                "</span>"
+            )
         self.table.value = table._repr_html_() if self.rows else ""
         for key, bars in self.bars.items():
             names, values = self.ratios(key)
@@ -151,9 +182,18 @@ class CompareWidget:
 
     # -- live ------------------------------------------------------------------------------------
     @classmethod
-    def run(cls, make_model: Callable[[], torch.nn.Module], make_optimizer: Any, criterion: Any, train_loader: Any,
-            val_loader: Any = None, strategies: Any = None, *, show: bool | Callable[[Any], Any] = True,
-            **compare_kwargs: Any) -> "CompareWidget":
+    def run(
+        cls,
+        make_model: Callable[[], torch.nn.Module],
+        make_optimizer: Any,
+        criterion: Any,
+        train_loader: Any,
+        val_loader: Any = None,
+        strategies: Any = None,
+        *,
+        show: bool | Callable[[Any], Any] = True,
+        **compare_kwargs: Any,
+    ) -> CompareWidget:
         """Show an empty widget, run ``compare_strategies`` here, and add each strategy as it finishes.
 
         Args:
@@ -181,7 +221,8 @@ class CompareWidget:
             if user_on_row is not None:
                 user_on_row(row)
 
-        comparison = compare_strategies(make_model, make_optimizer, criterion, train_loader, val_loader, strategies,
-                                        on_row=on_row, **compare_kwargs)
+        comparison = compare_strategies(
+            make_model, make_optimizer, criterion, train_loader, val_loader, strategies, on_row=on_row, **compare_kwargs
+        )
         widget.set_comparison(comparison)
         return widget

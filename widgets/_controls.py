@@ -8,13 +8,14 @@ checkpointing are locked while a run is alive and take effect at the next Start.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from nbtrainer import precision_support
 
-__all__ = ["Controls", "SCHEDULES"]
+__all__ = ["SCHEDULES", "Controls"]
 
 SCHEDULES = {"constant": "constant LR", "onecycle": "one-cycle (max LR)", "cosine": "cosine decay"}
 _OneCycle = torch.optim.lr_scheduler.OneCycleLR
@@ -31,8 +32,11 @@ class Controls:
         v.precision.options = [(n if ok else f"{n} (unavailable)", n) for n, (ok, _) in self.support.items()]
         v.precision.value = trainer.precision
         off = [f"{n}: {reason}" for n, (ok, reason) in self.support.items() if not ok]
-        v.precision_note.value = ("<span style='font-size:11px;color:#666'>unavailable on "
-                                  f"{trainer.device}: " + "; ".join(off) + "</span>") if off else ""
+        v.precision_note.value = (
+            (f"<span style='font-size:11px;color:#666'>unavailable on {trainer.device}: " + "; ".join(off) + "</span>")
+            if off
+            else ""
+        )
         v.precision.tooltip = "; ".join(off) or f"all precisions run on {trainer.device}"
         v.accum.value = trainer.grad_accum_steps
         self._fit_lr_range(trainer.lr)
@@ -115,7 +119,7 @@ class Controls:
                 raise ValueError(f"{name} is not available on {self.trainer.device}: {reason}")
             self.trainer.set_precision(name)
             self.notify("info", f"precision {name} from the next run")
-        except Exception as exc:  # noqa: BLE001 - shown, and the control goes back
+        except Exception as exc:
             self.notify("warning", str(exc))
             self._set(self.view.precision, "value", self.trainer.precision)
 
@@ -124,8 +128,11 @@ class Controls:
             return
         k, t = change["new"], self.trainer
         if self.running and isinstance(t.scheduler, _OneCycle) and k < t.grad_accum_steps:
-            self.notify("warning", "Lowering accumulation mid-run adds optimizer steps beyond the OneCycleLR "
-                                   "schedule's total_steps (it would fail). Change it between runs instead.")
+            self.notify(
+                "warning",
+                "Lowering accumulation mid-run adds optimizer steps beyond the OneCycleLR "
+                "schedule's total_steps (it would fail). Change it between runs instead.",
+            )
             self._set(self.view.accum, "value", t.grad_accum_steps)
             return
         t.set_grad_accum_steps(int(k))  # mid-run: applied at the next step; the event is shown then
@@ -149,9 +156,13 @@ class Controls:
             return
         try:
             blocks = self.trainer.set_activation_checkpointing(bool(change["new"]))
-            self.notify("info", f"activation checkpointing on {len(blocks)} block(s)" if change["new"]
-                        else "activation checkpointing off")
-        except Exception as exc:  # noqa: BLE001 - e.g. a model without repeated blocks
+            self.notify(
+                "info",
+                f"activation checkpointing on {len(blocks)} block(s)"
+                if change["new"]
+                else "activation checkpointing off",
+            )
+        except Exception as exc:
             self.notify("warning", f"activation checkpointing: {exc}")
             self._set(self.view.checkpointing, "value", bool(self.trainer.checkpointed_blocks))
 
@@ -164,8 +175,10 @@ class Controls:
                 t.set_scheduler(self._user_scheduler, self._user_interval)
             s = t.scheduler
             if isinstance(s, _OneCycle) and s.last_epoch >= s.total_steps:
-                raise ValueError("The OneCycleLR schedule is used up (it ran all its total_steps). Pick "
-                                 "'one-cycle' in the schedule menu to rebuild it for this run.")
+                raise ValueError(
+                    "The OneCycleLR schedule is used up (it ran all its total_steps). Pick "
+                    "'one-cycle' in the schedule menu to rebuild it for this run."
+                )
             return
         total = None
         if choice != "constant":
@@ -177,8 +190,9 @@ class Controls:
         if choice == "constant":
             t.set_scheduler(None)
         elif choice == "onecycle":
-            t.set_scheduler(_OneCycle(t.optimizer, max_lr=[g["lr"] for g in t.optimizer.param_groups],
-                                      total_steps=total), "step")
+            t.set_scheduler(
+                _OneCycle(t.optimizer, max_lr=[g["lr"] for g in t.optimizer.param_groups], total_steps=total), "step"
+            )
         else:
             t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(t.optimizer, T_max=total), "step")
 

@@ -8,7 +8,7 @@ spike or an LR warm-up peak is still drawn. The full data stays in :class:`nbtra
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -53,8 +53,10 @@ def minmax_indices(ys: np.ndarray | Sequence[np.ndarray], max_points: int = 2000
 
 def decimate(x: Iterable[float], y: Iterable[float], max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` reduced to at most ``max_points`` points by :func:`minmax_indices`."""
-    xa, ya = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, float), np.asarray(
-        list(y) if not isinstance(y, np.ndarray) else y, float)
+    xa, ya = (
+        np.asarray(list(x) if not isinstance(x, np.ndarray) else x, float),
+        np.asarray(list(y) if not isinstance(y, np.ndarray) else y, float),
+    )
     idx = minmax_indices(ya, max_points)
     return xa[idx], ya[idx]
 

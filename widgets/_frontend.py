@@ -22,5 +22,5 @@ def cell_id() -> tuple[str, str] | None:
         parent = (kernel.get_parent("shell") if kernel is not None else None) or {}
         cell = (parent.get("metadata") or {}).get("cellId")
         return (str(cell), str((parent.get("header") or {}).get("msg_id"))) if cell else None
-    except Exception:  # noqa: BLE001 - no IPython, no kernel, an old kernel: no cell id
+    except Exception:
         return None

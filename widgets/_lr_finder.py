@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import bqplot as bq
 import ipywidgets as W
@@ -46,56 +47,96 @@ class LRFinderView:
         >>> view                    # in a notebook: the chart; click it, then view.chosen  # doctest: +SKIP
     """
 
-    def __init__(self, result: Any, on_choose: Callable[[float], None] | None = None,
-                 lr: float | None = None) -> None:
+    def __init__(self, result: Any, on_choose: Callable[[float], None] | None = None, lr: float | None = None) -> None:
         self.result, self.on_choose = result, on_choose
         self.chosen: float | None = None
-        pts = [(x, r, s) for x, r, s in zip(result.lrs, result.losses, result.smoothed)
-               if x > 0 and math.isfinite(s) and math.isfinite(r)]
+        pts = [
+            (x, r, s)
+            for x, r, s in zip(result.lrs, result.losses, result.smoothed, strict=True)
+            if x > 0 and math.isfinite(s) and math.isfinite(r)
+        ]
         self.lrs = np.array([p[0] for p in pts], dtype=float)
         self.smoothed = np.array([p[2] for p in pts], dtype=float)
         y_lo, y_hi = _y_range(list(self.smoothed)) if pts else (0.0, 1.0)
         self._y = (y_lo, y_hi)
         sx, sy = bq.LogScale(), bq.LinearScale(min=y_lo, max=y_hi)
         scales = {"x": sx, "y": sy}
-        self.raw = bq.Lines(x=self.lrs, y=np.array([p[1] for p in pts], dtype=float), scales=scales,
-                            colors=["#9ecae1"], opacities=[0.6], stroke_width=1, labels=["loss"])
-        self.line = bq.Lines(x=self.lrs, y=self.smoothed, scales=scales, colors=["#1f77b4"], stroke_width=2,
-                             labels=["smoothed loss"])
+        self.raw = bq.Lines(
+            x=self.lrs,
+            y=np.array([p[1] for p in pts], dtype=float),
+            scales=scales,
+            colors=["#9ecae1"],
+            opacities=[0.6],
+            stroke_width=1,
+            labels=["loss"],
+        )
+        self.line = bq.Lines(
+            x=self.lrs, y=self.smoothed, scales=scales, colors=["#1f77b4"], stroke_width=2, labels=["smoothed loss"]
+        )
         tooltip = bq.Tooltip(fields=["x", "y"], formats=[".2e", ".4g"], labels=["lr", "smoothed loss"])
-        self.points = bq.Scatter(x=self.lrs, y=self.smoothed, scales=scales, colors=["#1f77b4"], default_size=36,
-                                 opacities=[0.5], interactions={"click": "select", "hover": "tooltip"},
-                                 tooltip=tooltip)
+        self.points = bq.Scatter(
+            x=self.lrs,
+            y=self.smoothed,
+            scales=scales,
+            colors=["#1f77b4"],
+            default_size=36,
+            opacities=[0.5],
+            interactions={"click": "select", "hover": "tooltip"},
+            tooltip=tooltip,
+        )
         rules = [(k, v) for k, v in result.suggestions.items() if v is not None and math.isfinite(v) and v > 0]
-        self.suggested = bq.Scatter(x=np.array([v for _, v in rules], dtype=float),
-                                    y=np.array([self._loss_at(v) for _, v in rules], dtype=float), scales=scales,
-                                    colors=[RULE_COLORS.get(k, "#555") for k, _ in rules] or ["#555"],
-                                    marker="diamond", default_size=90, names=[f"{k} {v:.1e}" for k, v in rules],
-                                    display_names=True)
-        self.marker = bq.Lines(x=np.empty(0), y=np.empty(0), scales=scales, colors=["#444"], line_style="dashed",
-                               stroke_width=1.5)
-        axes = [bq.Axis(scale=sx, label="learning rate", tick_format=".0e"),
-                bq.Axis(scale=sy, side="left", label="loss", tick_format=".3g", num_ticks=5)]
-        self.figure = bq.Figure(marks=[self.raw, self.line, self.points, self.suggested, self.marker], axes=axes,
-                                fig_margin=dict(_MARGIN), animation_duration=0,
-                                layout=W.Layout(width="100%", max_width="720px", height="300px"))
+        self.suggested = bq.Scatter(
+            x=np.array([v for _, v in rules], dtype=float),
+            y=np.array([self._loss_at(v) for _, v in rules], dtype=float),
+            scales=scales,
+            colors=[RULE_COLORS.get(k, "#555") for k, _ in rules] or ["#555"],
+            marker="diamond",
+            default_size=90,
+            names=[f"{k} {v:.1e}" for k, v in rules],
+            display_names=True,
+        )
+        self.marker = bq.Lines(
+            x=np.empty(0), y=np.empty(0), scales=scales, colors=["#444"], line_style="dashed", stroke_width=1.5
+        )
+        axes = [
+            bq.Axis(scale=sx, label="learning rate", tick_format=".0e"),
+            bq.Axis(scale=sy, side="left", label="loss", tick_format=".3g", num_ticks=5),
+        ]
+        self.figure = bq.Figure(
+            marks=[self.raw, self.line, self.points, self.suggested, self.marker],
+            axes=axes,
+            fig_margin=dict(_MARGIN),
+            animation_duration=0,
+            layout=W.Layout(width="100%", max_width="720px", height="300px"),
+        )
         self.figure.add_class("nbt-lrfinder-chart")
         self.use_buttons: dict[str, W.Button] = {}
         for rule, value in rules:
-            b = W.Button(description=f"use {rule} {value:.1e}", tooltip=f"set the LR to the {rule} suggestion",
-                         layout=W.Layout(width="auto"))
+            b = W.Button(
+                description=f"use {rule} {value:.1e}",
+                tooltip=f"set the LR to the {rule} suggestion",
+                layout=W.Layout(width="auto"),
+            )
             b.add_class("nbt-lrfinder-use")
             b.on_click(lambda _, v=value, r=rule: self.choose(v, r))
             self.use_buttons[rule] = b
         sug = result.suggestion
-        self.head = W.HTML(f"<b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
-                           f"{html.escape(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
-                           f"<b>{'none' if sug is None else f'{sug:.2e}'}</b> · model and optimizer restored. "
-                           "<span style='color:#666'>Click the curve to set the learning rate.</span>")
+        self.head = W.HTML(
+            f"<b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
+            f"{html.escape(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
+            f"<b>{'none' if sug is None else f'{sug:.2e}'}</b> · model and optimizer restored. "
+            "<span style='color:#666'>Click the curve to set the learning rate.</span>"
+        )
         self.choice = W.HTML()
         self.choice.add_class("nbt-lrfinder-choice")
-        self.root = W.VBox([self.head, self.figure, W.HBox(list(self.use_buttons.values()),
-                                                           layout=W.Layout(flex_flow="row wrap")), self.choice])
+        self.root = W.VBox(
+            [
+                self.head,
+                self.figure,
+                W.HBox(list(self.use_buttons.values()), layout=W.Layout(flex_flow="row wrap")),
+                self.choice,
+            ]
+        )
         self.root.add_class("nbt-lrfinder")
         self.points.observe(self._on_select, "selected")
         if lr is not None:

@@ -20,19 +20,21 @@ import ipywidgets as W
 
 from nbtrainer import ProgressBar, Trainer
 
+from . import _frontend
 from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._controls import Controls
 from ._display import SummaryDisplay
-from . import _frontend
 from ._pump import UiPump, peak_memory
 from ._runner import Feed, Run, claim_model
 from ._view import PanelView
 
 __all__ = ["TrainerWidget"]
 
-_USAGE = ("TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
-          "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)")
+_USAGE = (
+    "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
+    "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
+)
 _counter = iter(range(1, 1 << 30))
 
 
@@ -52,14 +54,27 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         >>> w                     # shows the panel; click Start (or w.start(); w.wait())  # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, *args: Any, train_loader: Any = None, val_loader: Any = None,
-                 metrics: Any = None, epochs: int = 1, max_steps: int | None = None, ui_interval: float = 0.25,
-                 max_points: int = 2000, smoothing: float = 0.9, save_path: str | None = None,
-                 **trainer_options: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *args: Any,
+        train_loader: Any = None,
+        val_loader: Any = None,
+        metrics: Any = None,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        ui_interval: float = 0.25,
+        max_points: int = 2000,
+        smoothing: float = 0.9,
+        save_path: str | None = None,
+        **trainer_options: Any,
+    ) -> None:
         if isinstance(model, Trainer):
             if metrics is not None or trainer_options:
-                raise TypeError("TrainerWidget(trainer, ...) uses the trainer as configured; pass metrics and "
-                                f"options to Trainer(...). Got {sorted(trainer_options) or ['metrics']}. {_USAGE}")
+                raise TypeError(
+                    "TrainerWidget(trainer, ...) uses the trainer as configured; pass metrics and "
+                    f"options to Trainer(...). Got {sorted(trainer_options) or ['metrics']}. {_USAGE}"
+                )
             if len(args) > 2:
                 raise TypeError(f"Too many positional arguments. {_USAGE}")
             trainer, user_model = model, getattr(model.model, "_orig_mod", model.model)  # torch.compile
@@ -99,8 +114,10 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.controls = Controls(v, trainer, epochs, self._notify)
         name = type(user_model).__name__
         n_params = sum(p.numel() for p in user_model.parameters())
-        v.title.value = (f"<b style='font-size:14px'>{name}</b> <span style='color:#666'>· {trainer.device} · "
-                         f"{n_params:,} parameters · {type(trainer.optimizer).__name__}</span>")
+        v.title.value = (
+            f"<b style='font-size:14px'>{name}</b> <span style='color:#666'>· {trainer.device} · "
+            f"{n_params:,} parameters · {type(trainer.optimizer).__name__}</span>"
+        )
         v.save_path.value = save_path or os.path.join("checkpoints", f"{name.lower()}-widget.ckpt")
         v.start.on_click(lambda _: self._guarded(self.start))
         v.pause.on_click(lambda _: self._guarded(self.resume if self._paused_requested else self.pause))
@@ -158,10 +175,13 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         for cb in self._detached:  # the panel is the progress display
             self.trainer.remove_callback(cb)
         self.trainer.add_callback(feed)
-        kwargs = dict(train_loader=self.train_loader, val_loader=self.val_loader, epochs=self.epochs,
-                      max_steps=self.max_steps)
-        run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=self._on_run_done,
-                  cell=self._cell)
+        kwargs = {
+            "train_loader": self.train_loader,
+            "val_loader": self.val_loader,
+            "epochs": self.epochs,
+            "max_steps": self.max_steps,
+        }
+        run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=self._on_run_done, cell=self._cell)
         self._run = run
         self._set_running(True)
         self.view.set_status("running", "starting")
@@ -172,8 +192,11 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             self._run = None
             self._set_running(False)
             raise
-        self._notify("info", f"run started: {self.epochs} epoch(s), {self.trainer.precision}, "
-                             f"accumulation {self.trainer.grad_accum_steps}")
+        self._notify(
+            "info",
+            f"run started: {self.epochs} epoch(s), {self.trainer.precision}, "
+            f"accumulation {self.trainer.grad_accum_steps}",
+        )
         self._pump = UiPump(self, run, feed)
         self._pump.start()
 
@@ -221,8 +244,12 @@ class TrainerWidget(PanelActions, SummaryDisplay):
     def fit(self) -> Any:
         """``start()`` + ``wait()``; without a notebook front end, train in the foreground with console bars."""
         if not _frontend.in_notebook():
-            print(f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
-                  "foreground with console progress bars.", file=sys.stderr, flush=True)
+            print(
+                f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
+                "foreground with console progress bars.",
+                file=sys.stderr,
+                flush=True,
+            )
             claim_model(self._model, owner=self._label)
             self.controls.apply_schedule(self.train_loader, self.epochs)
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)

@@ -13,8 +13,18 @@ import ipywidgets as W
 
 __all__ = ["ProfileCard", "profile_html"]
 
-_MEMORY_ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "activations", "total",
-                "activations_checkpointed", "total_checkpointed", "cuda_peak")
+_MEMORY_ROWS = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "total",
+    "activations_checkpointed",
+    "total_checkpointed",
+    "cuda_peak",
+)
 _CELL = "padding:1px 8px;text-align:left"
 
 
@@ -51,8 +61,9 @@ def _table(header: list[str], body: list[list[str]], css: str) -> str:
 def _combos(data: Any) -> list[tuple[str, str, dict[str, Any]]]:
     if not isinstance(data, dict):
         return []
-    return [(d, p, e) for d, per in data.items() if isinstance(per, dict)
-            for p, e in per.items() if isinstance(e, dict)]
+    return [
+        (d, p, e) for d, per in data.items() if isinstance(per, dict) for p, e in per.items() if isinstance(e, dict)
+    ]
 
 
 def profile_html(data: dict[str, Any]) -> str:
@@ -84,8 +95,10 @@ def profile_html(data: dict[str, Any]) -> str:
                 body.append([dev, prec, f"not run: {e.get('reason', '')}", "", ""])
             else:
                 body.append([dev, prec, _ms(e.get("median")), _ms(e.get("p90")), f"{_count(e.get('throughput'))}/s"])
-        parts.append("<b>Inference latency per precision</b>"
-                     + _table(["device", "precision", "median", "p90", "samples"], body, "nbt-profile-latency"))
+        parts.append(
+            "<b>Inference latency per precision</b>"
+            + _table(["device", "precision", "median", "p90", "samples"], body, "nbt-profile-latency")
+        )
     memory = _combos(data.get("memory"))
     if memory:
         header = ["training step"] + [f"{d} {p}" for d, p, _ in memory]

@@ -29,7 +29,7 @@ def peak_memory(device: Any) -> str:
         import resource
 
         return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process RSS)"
-    except Exception:  # noqa: BLE001 - a stat card is never worth an error
+    except Exception:
         return "n/a"
 
 
@@ -74,7 +74,7 @@ class UiPump:
             if items or final:
                 try:
                     self._apply(items, final)
-                except Exception as exc:  # noqa: BLE001 - the UI thread must outlive a drawing bug
+                except Exception as exc:
                     self.w._notify("error", f"panel update failed: {type(exc).__name__}: {exc}")
                 last = time.monotonic()
             if final:
@@ -87,8 +87,10 @@ class UiPump:
                 self.progress = payload
                 if charts.add_steps(payload.step_points) and not self._warned_nonfinite:
                     self._warned_nonfinite = True
-                    w._notify("warning", f"non-finite loss by step {payload.global_step}: check the LR, the data "
-                                         "and the precision")
+                    w._notify(
+                        "warning",
+                        f"non-finite loss by step {payload.global_step}: check the LR, the data and the precision",
+                    )
             elif kind == "epoch":
                 charts.add_epoch(payload)
                 self._update_best(payload)
@@ -96,8 +98,10 @@ class UiPump:
                 charts.add_event(payload)
                 w.controls.on_event(payload)
                 if payload["kind"] in ("lr", "grad_accum_steps"):
-                    w._notify("info", f"step {payload['step']}: {payload['kind']} {payload['old']:.4g} -> "
-                                      f"{payload['new']:.4g}")
+                    w._notify(
+                        "info",
+                        f"step {payload['step']}: {payload['kind']} {payload['old']:.4g} -> {payload['new']:.4g}",
+                    )
         v, p = w.view, self.progress
         with contextlib.ExitStack() as stack:
             for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats):
@@ -137,12 +141,14 @@ class UiPump:
         else:
             reason = f" ({h.stop_reason})" if h.stop_reason else ""
             took = fmt_duration(self.progress.elapsed) if self.progress is not None else "?"
-            w._notify("info", f"run {run.status}{reason} after {len(h.epochs)} epoch(s), "
-                              f"{len(h.steps['step']):,} steps, {took}")
+            w._notify(
+                "info",
+                f"run {run.status}{reason} after {len(h.epochs)} epoch(s), {len(h.steps['step']):,} steps, {took}",
+            )
         w.view.set_status(run.status, (h.stop_reason or "") if run.status != "finished" else "")
         w._set_running(False)
         try:
             w.summary_html = summary_html(h, title=f"{type(w._model).__name__} on {w.trainer.device}")
             w._publish_summary()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             w._notify("warning", f"could not write the static summary: {exc}")

@@ -11,13 +11,14 @@ import collections
 import copy
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nbtrainer import Trainer
 
-__all__ = ["Feed", "Run", "live_run", "claim_model"]
+__all__ = ["Feed", "Run", "claim_model", "live_run"]
 
-_LIVE: dict[int, "Run"] = {}  # id(model) -> the widget run training it
+_LIVE: dict[int, Run] = {}  # id(model) -> the widget run training it
 _LOCK = threading.Lock()
 
 
@@ -63,8 +64,16 @@ class Feed:
 class Run:
     """One ``trainer.fit(...)`` in a daemon thread; the error, if any, is kept for ``wait()``."""
 
-    def __init__(self, trainer: Trainer, model_key: int, fit_kwargs: dict[str, Any], *, owner: str,
-                 on_done: Callable[["Run"], None] | None = None, cell: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        model_key: int,
+        fit_kwargs: dict[str, Any],
+        *,
+        owner: str,
+        on_done: Callable[[Run], None] | None = None,
+        cell: tuple[str, str] | None = None,
+    ) -> None:
         self.trainer = trainer
         self.cell = cell  # (cell id, execution) that created the widget: a re-run must not leave a zombie
         self.model_key = model_key
@@ -103,7 +112,7 @@ class Run:
     def _main(self) -> None:
         try:
             self.history = self.trainer.fit(**self.fit_kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to wait() and shown in the panel
+        except BaseException as exc:
             self.error = exc
             self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.history = self.trainer.history
@@ -131,8 +140,9 @@ def _rerun(earlier: tuple[str, str] | None, now: tuple[str, str] | None) -> bool
     return earlier is not None and now is not None and earlier[0] == now[0] and earlier[1] != now[1]
 
 
-def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: float = 10.0,
-                cell: tuple[str, str] | None = None) -> str | None:
+def claim_model(
+    model: Any, *, owner: str, exclude: Run | None = None, timeout: float = 10.0, cell: tuple[str, str] | None = None
+) -> str | None:
     """Make sure nothing else trains ``model`` and no earlier widget of the same notebook ``cell`` still
     trains (re-running a cell that re-creates the model): stop those widget runs (returns a message
     saying so); refuse (RuntimeError) a fit this layer did not start, or a run that does not stop in
@@ -145,10 +155,14 @@ def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: 
                 raise RuntimeError(
                     f"This model is being trained by another fit() in this process (status {t.status!r}, step "
                     f"{t.global_step}), not started by a TrainerWidget. Stop it first (trainer.request_stop() or "
-                    "`%nbtrainer stop`), then start this widget.")
+                    "`%nbtrainer stop`), then start this widget."
+                )
     with _LOCK:
-        runs = [r for r in _LIVE.values() if r.alive and r is not exclude
-                and (r.model_key == id(model) or _rerun(r.cell, cell))]
+        runs = [
+            r
+            for r in _LIVE.values()
+            if r.alive and r is not exclude and (r.model_key == id(model) or _rerun(r.cell, cell))
+        ]
     messages = []
     for run in runs:
         step = run.trainer.global_step
@@ -157,7 +171,10 @@ def claim_model(model: Any, *, owner: str, exclude: Run | None = None, timeout: 
         if not run.join(timeout):
             raise RuntimeError(
                 f"{run.owner} is still training {why} and did not stop within {timeout:g} s (a slow batch or "
-                "validation?). Call .stop() on that widget or `%nbtrainer stop`, wait for it, then try again.")
-        messages.append(f"Stopped the previous run on {why} ({run.owner}, at step {step}) so that it does not "
-                        "keep training in the background.")
+                "validation?). Call .stop() on that widget or `%nbtrainer stop`, wait for it, then try again."
+            )
+        messages.append(
+            f"Stopped the previous run on {why} ({run.owner}, at step {step}) so that it does not "
+            "keep training in the background."
+        )
     return " ".join(messages) or None

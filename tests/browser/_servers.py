@@ -18,25 +18,26 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import psutil  # ipykernel depends on it
 
 __all__ = [
+    "BAD_WIDGET_TEXTS",
     "Server",
-    "free_port",
-    "isolated_env",
-    "start_voila",
-    "start_lab",
-    "write_notebook",
     "chromium_args",
     "chromium_env",
-    "BAD_WIDGET_TEXTS",
-    "widget_problems",
-    "wait_widgets_rendered",
+    "free_port",
+    "isolated_env",
     "lab_run_all",
+    "start_lab",
+    "start_voila",
+    "wait_widgets_rendered",
+    "widget_problems",
+    "write_notebook",
 ]
 
 HOST = "127.0.0.1"
@@ -146,7 +147,7 @@ class Server:
                 continue
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return r.status, r.read()
 
     def wait_ready(self, path: str, timeout: float) -> None:
@@ -165,17 +166,33 @@ class Server:
             except (urllib.error.URLError, ConnectionError, OSError) as exc:
                 last = exc
             time.sleep(0.2)
-        raise TimeoutError(f"{self.kind} not ready at {self.url}{path} after {timeout:.0f}s ({last!r})\n"
-                           f"{self.log_tail()}")
+        raise TimeoutError(
+            f"{self.kind} not ready at {self.url}{path} after {timeout:.0f}s ({last!r})\n{self.log_tail()}"
+        )
 
 
-def _spawn(kind: str, cmd: Sequence[str], port: int, workdir: Path, root_dir: Path,
-           env: dict[str, str], ready_path: str, timeout: float) -> Server:
+def _spawn(
+    kind: str,
+    cmd: Sequence[str],
+    port: int,
+    workdir: Path,
+    root_dir: Path,
+    env: dict[str, str],
+    ready_path: str,
+    timeout: float,
+) -> Server:
     log_path = workdir / f"{kind}-{port}.log"
     log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child, closed with the Popen below
     try:
-        proc = subprocess.Popen(list(cmd), cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=root_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         log.close()  # the child has its own descriptor
     server = Server(kind, proc, port, log_path, env, root_dir)
@@ -187,47 +204,84 @@ def _spawn(kind: str, cmd: Sequence[str], port: int, workdir: Path, root_dir: Pa
     return server
 
 
-def start_voila(notebook: Path, workdir: Path, *, timeout: float = 60.0,
-                extra_args: Iterable[str] = (), env: dict[str, str] | None = None) -> Server:
+def start_voila(
+    notebook: Path,
+    workdir: Path,
+    *,
+    timeout: float = 60.0,
+    extra_args: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
     """Voila 0.5 serving ``notebook`` at ``server.url + "/"`` (GET ``/`` executes it).
 
     Readiness is polled on ``/voila/static/voila.js``, which does not start a kernel.
     """
     notebook = Path(notebook).resolve()
     port = free_port()
-    cmd = [sys.executable, "-m", "voila", str(notebook), "--no-browser",
-           f"--Voila.ip={HOST}", f"--Voila.port={port}", "--Voila.port_retries=0",
-           "--VoilaConfiguration.show_tracebacks=True", *extra_args]
-    return _spawn("voila", cmd, port, workdir, notebook.parent, env or isolated_env(workdir),
-                  "/voila/static/voila.js", timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "voila",
+        str(notebook),
+        "--no-browser",
+        f"--Voila.ip={HOST}",
+        f"--Voila.port={port}",
+        "--Voila.port_retries=0",
+        "--VoilaConfiguration.show_tracebacks=True",
+        *extra_args,
+    ]
+    return _spawn(
+        "voila", cmd, port, workdir, notebook.parent, env or isolated_env(workdir), "/voila/static/voila.js", timeout
+    )
 
 
 LAB_NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
 
 
-def start_lab(root_dir: Path, workdir: Path, *, timeout: float = 90.0,
-              extra_args: Iterable[str] = (), env: dict[str, str] | None = None) -> Server:
+def start_lab(
+    root_dir: Path,
+    workdir: Path,
+    *,
+    timeout: float = 90.0,
+    extra_args: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
     """JupyterLab 4 with no token/password, serving ``root_dir``; ready when ``GET /api`` answers.
 
     ``window.jupyterapp`` is exposed (``--LabApp.expose_app_in_browser``) and the news / update
     notification is switched off through a user-settings file, so nothing covers the notebook.
     """
     env = env or isolated_env(workdir)
-    settings = (Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab"
-                / "apputils-extension" / "notification.jupyterlab-settings")
+    settings = (
+        Path(env["JUPYTER_CONFIG_DIR"])
+        / "lab"
+        / "user-settings"
+        / "@jupyterlab"
+        / "apputils-extension"
+        / "notification.jupyterlab-settings"
+    )
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps(LAB_NOTIFICATION_SETTINGS))
     port = free_port()
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-           f"--ServerApp.ip={HOST}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           "--IdentityProvider.token=", "--PasswordIdentityProvider.hashed_password=",
-           f"--ServerApp.root_dir={Path(root_dir).resolve()}",
-           "--LabApp.news_url=None",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--LabApp.extension_manager=readonly",
-           "--LabApp.expose_app_in_browser=True",
-           f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
-           *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        f"--ServerApp.ip={HOST}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--PasswordIdentityProvider.hashed_password=",
+        f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.expose_app_in_browser=True",
+        f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
+        *extra_args,
+    ]
     return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
@@ -241,8 +295,9 @@ def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
     for cell in cells:
         if isinstance(cell, tuple):
             kind, src = cell
-            nb.cells.append(nbformat.v4.new_markdown_cell(src) if kind == "markdown"
-                            else nbformat.v4.new_code_cell(src))
+            nb.cells.append(
+                nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src)
+            )
         else:
             nb.cells.append(nbformat.v4.new_code_cell(cell))
     path = Path(path)
@@ -253,11 +308,18 @@ def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
 
 # -- Chromium --------------------------------------------------------------------------------------
 
+
 def chromium_args() -> list[str]:
     """Flags for Debian's Chromium here: headless, no sandbox (root), no outside look-ups."""
     return [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
         "--disable-dev-shm-usage",
         # outside names fail fast; without the two EXCLUDEs every local page fails
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",

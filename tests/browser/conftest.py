@@ -44,7 +44,8 @@ Example::
         screenshot(page, "panel-running")
 
 Voila streams the page while it executes the cells, so ``page.goto`` returns only after the last cell ran:
-give it a ``timeout=`` (ms) above the notebook's run time (the default is 30 s). Select on stable ``nbt-...`` classes (``widget.add_class``), not on Lab internals. bqplot draws marks in
+give it a ``timeout=`` (ms) above the notebook's run time (the default is 30 s). Select on stable ``nbt-...``
+classes (``widget.add_class``), not on Lab internals. bqplot draws marks in
 several steps: poll until every property you check agrees (``page.wait_for_function``). A button clicked
 while a cell is busy is only delivered when the cell ends: training must run in a thread.
 """
@@ -55,14 +56,15 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _servers  # noqa: E402
-from _servers import Server  # noqa: E402
+import _servers
+from _servers import Server
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -103,6 +105,7 @@ def _safe(name: str) -> str:
 
 # -- requirements ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     path = os.environ.get("NBT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -129,6 +132,7 @@ def artifacts_dir() -> Path:
 
 # -- browser ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def browser(chromium_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
@@ -138,9 +142,14 @@ def browser(chromium_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     home = tmp_path_factory.mktemp("chromium")
     pw = sync_playwright().start()
     try:
-        b = pw.chromium.launch(executable_path=chromium_path, headless=True, args=_servers.chromium_args(),
-                               env=_servers.chromium_env(home), timeout=60_000)
-    except Exception as exc:  # noqa: BLE001
+        b = pw.chromium.launch(
+            executable_path=chromium_path,
+            headless=True,
+            args=_servers.chromium_args(),
+            env=_servers.chromium_env(home),
+            timeout=60_000,
+        )
+    except Exception as exc:
         pw.stop()
         if _in_ci():
             raise
@@ -158,8 +167,7 @@ def console_log() -> list[str]:
 
 
 @pytest.fixture
-def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest,
-         artifacts_dir: Path) -> Iterator[Any]:
+def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.set_default_timeout(30_000)
@@ -173,7 +181,7 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest,
                 shot = artifacts_dir / f"{_safe(request.node.name)}-failure.png"
                 pg.screenshot(path=str(shot), full_page=True, timeout=10_000)
                 print(f"\n[screenshot] {shot}")
-            except Exception as exc:  # noqa: BLE001 - best effort while reporting a failure
+            except Exception as exc:
                 print(f"\n[screenshot failed] {exc}")
             print("[browser console]\n" + "\n".join(console_log[-80:]))
         context.close()
@@ -196,6 +204,7 @@ def screenshot(artifacts_dir: Path) -> Callable[..., Path]:
 
 # -- servers and notebooks -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def make_notebook(tmp_path: Path) -> Callable[..., Path]:
     def make(name: str, cells: list[Any]) -> Path:
@@ -204,8 +213,9 @@ def make_notebook(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def _server_factory(start: Callable[..., Server], request: pytest.FixtureRequest,
-                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+def _server_factory(
+    start: Callable[..., Server], request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
     def factory(target: Path, **kw: Any) -> Server:
@@ -225,12 +235,14 @@ def _server_factory(start: Callable[..., Server], request: pytest.FixtureRequest
 
 
 @pytest.fixture
-def voila_server(_jupyter_servers_available: None, request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+def voila_server(
+    _jupyter_servers_available: None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
     yield from _server_factory(_servers.start_voila, request, tmp_path_factory)
 
 
 @pytest.fixture
-def lab_server(_jupyter_servers_available: None, request: pytest.FixtureRequest,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+def lab_server(
+    _jupyter_servers_available: None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
     yield from _server_factory(_servers.start_lab, request, tmp_path_factory)

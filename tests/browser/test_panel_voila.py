@@ -57,8 +57,9 @@ def test_panel_in_voila_start_live_updates_stop(voila_server, page, screenshot, 
     assert 0 < step_bar_fraction(page) <= 1
 
     # past the first epoch the val-loss markers, the LR line and the metric markers are drawn too
-    page.wait_for_function("() => document.querySelectorAll('.nbt-chart-loss g.curve path.dot').length >= 1",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('.nbt-chart-loss g.curve path.dot').length >= 1", timeout=30_000
+    )
     loss = chart(page, ".nbt-chart-loss")
     assert curve(loss, "val_loss").get("dots", 0) >= 1, loss
     raw = curve(loss, "loss (step)")

@@ -30,7 +30,8 @@ def _assert_finished_run_drawn(page) -> None:
     """The finished run is in the charts: every step of the loss, one val point per epoch, metric markers."""
     page.locator(".nbt-status", has_text="finished").wait_for(timeout=30_000)
     page.wait_for_function(
-        "() => document.querySelectorAll('.nbt-chart-loss g.curve path.dot').length >= %d" % EPOCHS, timeout=20_000)
+        f"() => document.querySelectorAll('.nbt-chart-loss g.curve path.dot').length >= {EPOCHS}", timeout=20_000
+    )
     loss = chart(page, ".nbt-chart-loss")
     raw, val = curve(loss, "loss (step)"), curve(loss, "val_loss")
     assert raw["n"] == EPOCHS * STEPS_PER_EPOCH and val["dots"] == EPOCHS, loss
@@ -56,8 +57,11 @@ def test_quickstart_in_voila_runs_then_trains_on(voila_server, page, screenshot,
 
     # Start trains on from the trained weights: a new run, its step counter grows from 0
     page.locator("button.nbt-start").click()
-    page.wait_for_function("() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)"
-                           " && !/finished/.test(document.querySelector('.nbt-status').innerText)", timeout=20_000)
+    page.wait_for_function(
+        "() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)"
+        " && !/finished/.test(document.querySelector('.nbt-status').innerText)",
+        timeout=20_000,
+    )
     page.locator(".nbt-status", has_text="finished").wait_for(timeout=60_000)
     assert global_step(page) == EPOCHS * STEPS_PER_EPOCH
     assert widget_problems(page) == []
@@ -79,7 +83,11 @@ def test_quickstart_in_jupyterlab_run_all(lab_server, page, screenshot, console_
     assert status(page).startswith("finished")
     assert widget_problems(page) == []
     # no cell raised: Lab marks an error output with this MIME type class
-    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
-        has_text="Traceback").count() == 0
+    assert (
+        page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        .filter(has_text="Traceback")
+        .count()
+        == 0
+    )
     assert not state_errors(console_log), state_errors(console_log)[:5]
     screenshot(page, "quickstart-lab-finished", selector=".nbt-panel")

@@ -16,10 +16,16 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
-from nbtrainer import DDP, EarlyStopping, ModelCheckpoint, Trainer, precision_support  # noqa: E402
-from nbtrainer import _checkpoint_io  # noqa: E402
+from nbtrainer import (
+    DDP,
+    EarlyStopping,
+    ModelCheckpoint,
+    Trainer,
+    _checkpoint_io,
+    precision_support,
+)
 
 RANK = int(os.environ["RANK"])
 
@@ -60,7 +66,7 @@ class StopOnRank:
         self.rank, self.epoch = rank, epoch
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict) -> None:
-        if RANK == self.rank and epoch == self.epoch:
+        if self.rank == RANK and epoch == self.epoch:
             trainer.request_stop(f"rank {RANK} says stop")
 
 
@@ -80,53 +86,109 @@ def scenario_parity(out: str, ckpt_dir: str) -> None:
     try:
         model = common.make_model(0)
         train, val = common.ddp_loaders()
-        trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(),
-                          seed=common.SAMPLER_SEED, progress=True, refresh_interval=0.0,
-                          callbacks=[ModelCheckpoint(ckpt_dir, monitor="val_loss", save_top_k=2, save_last=True)])
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            common.sgd(model),
+            metrics=common.metrics(),
+            seed=common.SAMPLER_SEED,
+            progress=True,
+            refresh_interval=0.0,
+            callbacks=[ModelCheckpoint(ckpt_dir, monitor="val_loss", save_top_k=2, save_last=True)],
+        )
         strategy = repr(trainer.strategy)
         history = trainer.fit(train, val, epochs=3)
         evaluated = trainer.evaluate(val)
     finally:
         sys.stderr, sys.stdout = real_stderr, real_stdout
         _checkpoint_io.save_checkpoint_file = real_save
-    dump(out, "parity", {"strategy": strategy, "type": type(trainer.strategy).__name__, "device": str(trainer.device),
-                         "world_size": trainer.strategy.world_size, "epochs": history.epochs, "status": history.status,
-                         "evaluate": evaluated, "writes": writes, "output": captured.getvalue(),
-                         "steps": trainer.global_step, "model_type": type(trainer.model).__name__,
-                         "ckpt_keys_prefixed": any(k.startswith("module.") for k in trainer.state_dict()["model"])},
-         cpu_state(trainer))
+    dump(
+        out,
+        "parity",
+        {
+            "strategy": strategy,
+            "type": type(trainer.strategy).__name__,
+            "device": str(trainer.device),
+            "world_size": trainer.strategy.world_size,
+            "epochs": history.epochs,
+            "status": history.status,
+            "evaluate": evaluated,
+            "writes": writes,
+            "output": captured.getvalue(),
+            "steps": trainer.global_step,
+            "model_type": type(trainer.model).__name__,
+            "ckpt_keys_prefixed": any(k.startswith("module.") for k in trainer.state_dict()["model"]),
+        },
+        cpu_state(trainer),
+    )
 
     # Gradient accumulation (ragged: 4 micro-batches per rank per epoch, windows of 3 and 1) under no_sync:
     # one all-reduce per optimizer step, counted by a comm hook.
     model = common.make_model(0)
     train, val = common.ddp_loaders()
     counter = CommCounter()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(),
-                      seed=common.SAMPLER_SEED, progress=False, grad_accum_steps=3, callbacks=[counter])
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        common.sgd(model),
+        metrics=common.metrics(),
+        seed=common.SAMPLER_SEED,
+        progress=False,
+        grad_accum_steps=3,
+        callbacks=[counter],
+    )
     history = trainer.fit(train, val, epochs=2)
-    dump(out, "accum", {"epochs": history.epochs, "steps": trainer.global_step, "hook_calls": counter.calls,
-                        "hook_last": counter.last}, cpu_state(trainer))
+    dump(
+        out,
+        "accum",
+        {
+            "epochs": history.epochs,
+            "steps": trainer.global_step,
+            "hook_calls": counter.calls,
+            "hook_last": counter.last,
+        },
+        cpu_state(trainer),
+    )
 
 
 def scenario_stop(out: str) -> None:
     # EarlyStopping on a reduced value: lr=0 keeps val_loss constant, patience=1 stops after epoch 2.
     model = common.make_model(0)
     train, val = common.ddp_loaders()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model, lr=0.0), progress=False,
-                      strategy=DDP(timeout=60), callbacks=[EarlyStopping("val_loss", patience=1)])
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        common.sgd(model, lr=0.0),
+        progress=False,
+        strategy=DDP(timeout=60),
+        callbacks=[EarlyStopping("val_loss", patience=1)],
+    )
     h1 = trainer.fit(train, val, epochs=10)
     # A stop decided on one rank only (epoch 3, rank 1): shared with any_rank, so nobody hangs.
     model = common.make_model(0)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False,
-                      callbacks=[StopOnRank(rank=1, epoch=3)])
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False, callbacks=[StopOnRank(rank=1, epoch=3)]
+    )
     h2 = trainer.fit(train, val, epochs=10)
-    dump(out, "stop", {"early": {"epochs": len(h1.epochs), "status": h1.status, "reason": h1.stop_reason},
-                       "one_rank": {"epochs": len(h2.epochs), "status": h2.status, "reason": h2.stop_reason}})
+    dump(
+        out,
+        "stop",
+        {
+            "early": {"epochs": len(h1.epochs), "status": h1.status, "reason": h1.stop_reason},
+            "one_rank": {"epochs": len(h2.epochs), "status": h2.status, "reason": h2.stop_reason},
+        },
+    )
 
 
 def _resume_trainer(model: torch.nn.Module, callbacks=()) -> Trainer:
-    return Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False,
-                   callbacks=list(callbacks))
+    return Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        common.sgd(model),
+        metrics=common.metrics(),
+        progress=False,
+        callbacks=list(callbacks),
+    )
 
 
 def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
@@ -136,8 +198,9 @@ def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
     precision_support("cpu")
     train, val = common.ddp_loaders()
     torch.manual_seed(1000 + RANK)
-    a = _resume_trainer(common.make_model(None, dropout=0.3),
-                        [ModelCheckpoint(ckpt_dir, save_top_k=0, save_last=True, every_n_steps=3)])
+    a = _resume_trainer(
+        common.make_model(None, dropout=0.3), [ModelCheckpoint(ckpt_dir, save_top_k=0, save_last=True, every_n_steps=3)]
+    )
     ha = a.fit(train, val, epochs=3, max_steps=6)  # stops mid-epoch 2 (4 steps per epoch)
     # The uninterrupted run from the same start.
     torch.manual_seed(1000 + RANK)
@@ -149,16 +212,32 @@ def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
     hb = b.fit(train, val, epochs=3, resume_from=os.path.join(ckpt_dir, "last.ckpt"))
     ckpt = torch.load(os.path.join(ckpt_dir, "last.ckpt"), weights_only=True)
     ranks = ckpt.get("ranks") or []
-    dump(out, "resume", {"a": {"status": ha.status, "steps": a.global_step}, "c": hc.epochs, "b": hb.epochs,
-                         "b_status": hb.status, "ckpt_ranks": len(ranks),
-                         "ckpt_samples": [r["loop"]["samples"] for r in ranks],
-                         "ckpt_batch": ckpt["loop"]["batch"], "ckpt_epoch": ckpt["loop"]["epoch"]},
-         {"b": cpu_state(b), "c": cpu_state(c)})
+    dump(
+        out,
+        "resume",
+        {
+            "a": {"status": ha.status, "steps": a.global_step},
+            "c": hc.epochs,
+            "b": hb.epochs,
+            "b_status": hb.status,
+            "ckpt_ranks": len(ranks),
+            "ckpt_samples": [r["loop"]["samples"] for r in ranks],
+            "ckpt_batch": ckpt["loop"]["batch"],
+            "ckpt_epoch": ckpt["loop"]["epoch"],
+        },
+        {"b": cpu_state(b), "c": cpu_state(c)},
+    )
     # A single-process checkpoint (end of epoch 2, written by the test) continued under DDP to epoch 3.
     train, val = common.ddp_loaders()
     model = common.make_model(5)
-    d = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False,
-                seed=common.SAMPLER_SEED)
+    d = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        common.sgd(model),
+        metrics=common.metrics(),
+        progress=False,
+        seed=common.SAMPLER_SEED,
+    )
     hd = d.fit(train, val, epochs=3, resume_from=single_ckpt)
     dump(out, "from_single", {"epochs": hd.epochs, "status": hd.status}, cpu_state(d))
 

@@ -8,15 +8,19 @@ import sys
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import make_classification, make_loader, mlp
-from nbtrainer import StrategyComparison, compare_strategies
-from nbtrainer.widgets import CompareWidget
+from torch import nn
 from widget_helpers import classes
 
-STRATEGIES = {"fp32": {}, "bf16": {"precision": "bf16-mixed"}, "bad": {"precision": "fp8"},
-              "accum2": {"grad_accum_steps": 2}}
+from nbtrainer import StrategyComparison, compare_strategies
+from nbtrainer.widgets import CompareWidget
+
+STRATEGIES = {
+    "fp32": {},
+    "bf16": {"precision": "bf16-mixed"},
+    "bad": {"precision": "fp8"},
+    "accum2": {"grad_accum_steps": 2},
+}
 RATIO = {"time": "step_time_ratio", "memory": "peak_memory_ratio"}
 
 
@@ -38,7 +42,7 @@ def comparison(data):
 def bars_of(w: CompareWidget, key: str) -> dict[str, float]:
     bars = w.bars[key]
     assert len(bars.x) == len(bars.y)
-    return dict(zip(bars.x.tolist(), bars.y.tolist()))
+    return dict(zip(bars.x.tolist(), bars.y.tolist(), strict=True))
 
 
 def test_table_and_bars_of_a_comparison(comparison):
@@ -51,8 +55,13 @@ def test_table_and_bars_of_a_comparison(comparison):
     assert [r["name"] for r in ok] == ["fp32", "bf16", "accum2"]
 
     w = CompareWidget(comparison)
-    assert {"nbt-compare", "nbt-compare-table", "nbt-compare-chart-time", "nbt-compare-chart-memory",
-            "nbt-compare-chart-metric"} <= classes(w.root)
+    assert {
+        "nbt-compare",
+        "nbt-compare-table",
+        "nbt-compare-chart-time",
+        "nbt-compare-chart-memory",
+        "nbt-compare-chart-metric",
+    } <= classes(w.root)
     assert w._repr_mimebundle_()["application/vnd.jupyter.widget-view+json"]["model_id"] == w.root.model_id
     assert w.table.value == comparison._repr_html_()
     assert "bad" in w.table.value and html.escape(comparison["bad"]["reason"]) in w.table.value
@@ -84,12 +93,15 @@ def test_run_adds_each_row_as_it_is_measured(data):
         widget = shown[0][0]
         seen.append((row["name"], len(widget.rows), bars_of(widget, "time"), widget.status.value))
 
-    w = CompareWidget.run(mlp, make_opt, nn.CrossEntropyLoss(), *data, STRATEGIES, steps=3, show=show,
-                          on_row=on_row)
+    w = CompareWidget.run(mlp, make_opt, nn.CrossEntropyLoss(), *data, STRATEGIES, steps=3, show=show, on_row=on_row)
     assert shown == [(w, 0)]  # displayed before the first strategy trained
     assert [(name, n) for name, n, _, _ in seen] == [("fp32", 1), ("bf16", 2), ("bad", 3), ("accum2", 4)]
-    assert [list(bars) for _, _, bars, _ in seen] == [["fp32"], ["fp32", "bf16"], ["fp32", "bf16"],
-                                                      ["fp32", "bf16", "accum2"]]
+    assert [list(bars) for _, _, bars, _ in seen] == [
+        ["fp32"],
+        ["fp32", "bf16"],
+        ["fp32", "bf16"],
+        ["fp32", "bf16", "accum2"],
+    ]
     grew = [x for i, x in enumerate(xs) if i == 0 or x != xs[i - 1]]
     assert grew == [["fp32"], ["fp32", "bf16"], ["fp32", "bf16", "accum2"]]  # the bar mark's x, row by row
     assert all("comparing strategies" in status for *_, status in seen)
@@ -104,8 +116,9 @@ def test_magic_compare_shows_the_widget_or_the_table_without_widgets(shell, data
     from nbtrainer import _magics
 
     shown = []
-    monkeypatch.setattr(_magics.NbtrainerMagics, "_display",
-                        lambda self, obj: shown.append((obj, len(getattr(obj, "rows", ())))))
+    monkeypatch.setattr(
+        _magics.NbtrainerMagics, "_display", lambda self, obj: shown.append((obj, len(getattr(obj, "rows", ()))))
+    )
     shell.user_ns.update(make_model=mlp, make_opt=make_opt, crit=nn.CrossEntropyLoss(), tl=data[0], vl=data[1])
     shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 2")
     table, widget = shell.user_ns["_nbt_compare"], shell.user_ns["_nbt_compare_widget"]

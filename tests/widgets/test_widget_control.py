@@ -3,15 +3,16 @@ zombie runs, and the UI throttle."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import warnings
 
 import pytest
 import torch
+from widget_helpers import CountRefresh, Slow, make_widget, parts, wait_for
 
 from nbtrainer import Trainer, TrainerWidget
-from widget_helpers import CountRefresh, Slow, make_widget, parts, wait_for
 
 
 def test_stop_from_another_thread_ends_within_one_step():
@@ -73,7 +74,7 @@ def test_lr_and_accumulation_changes_mid_run_reach_optimizer_history_and_charts(
     events = {e["kind"]: e for e in h.events}
     assert events["lr"]["new"] == pytest.approx(0.2) and events["lr"]["old"] == pytest.approx(0.05)
     assert events["grad_accum_steps"]["new"] == 4
-    lrs = dict(zip(h.steps["step"], h.steps["lr"]))
+    lrs = dict(zip(h.steps["step"], h.steps["lr"], strict=True))
     assert lrs[events["lr"]["step"] + 1] == pytest.approx(0.2)
     assert len(h.steps["step"]) < 128  # fewer optimizer steps after accumulating 4
     labels = list(w.charts.lr_events.names)
@@ -92,8 +93,17 @@ def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
         return (outputs.argmax(1) == targets).float().mean()
 
     model, crit, opt, loader = parts()
-    w = TrainerWidget(model, crit, opt, loader, metrics={"flaky": flaky}, epochs=2, progress=False,
-                      refresh_interval=0.05, ui_interval=0.05)
+    w = TrainerWidget(
+        model,
+        crit,
+        opt,
+        loader,
+        metrics={"flaky": flaky},
+        epochs=2,
+        progress=False,
+        refresh_interval=0.05,
+        ui_interval=0.05,
+    )
     w.view.start.click()
     with pytest.raises(ValueError, match="metric exploded"):
         w.wait(timeout=30)
@@ -113,8 +123,15 @@ def test_a_second_widget_on_the_same_model_stops_the_first():
     w1.start()
     wait_for(lambda: w1.trainer.global_step >= 3)
     with pytest.warns(RuntimeWarning, match="Stopped the previous run"):
-        w2 = TrainerWidget(w1._model, w1.trainer.criterion, w1.trainer.optimizer, w1.train_loader, epochs=1,
-                           progress=False, ui_interval=0.05)
+        w2 = TrainerWidget(
+            w1._model,
+            w1.trainer.criterion,
+            w1.trainer.optimizer,
+            w1.train_loader,
+            epochs=1,
+            progress=False,
+            ui_interval=0.05,
+        )
     assert w1._run.done.is_set() and w1.status == "stopped"
     assert "replaced by" in (w1.history.stop_reason or "")
     assert any("Stopped the previous run" in text for _, text in w2.view.message_log)
@@ -162,7 +179,7 @@ def test_ui_updates_are_throttled_by_wall_clock():
     assert duration > 0.8, "the run must be long enough to mean something"
     assert counter.n > 5 * len(times), (counter.n, len(times))  # the trainer refreshed far more often
     assert len(times) <= duration / 0.2 + 2
-    gaps = [b - a for a, b in zip(times, times[1:-1])]  # the final push is immediate
+    gaps = [b - a for a, b in itertools.pairwise(times[:-1])]  # the final push is immediate
     assert min(gaps) >= 0.2 * 0.9, gaps
 
 
@@ -182,8 +199,17 @@ def test_long_runs_send_a_bounded_number_of_points_with_spikes():
     from widget_helpers import make_classification, make_loader
 
     x, y = make_classification(n=1200 * 4)
-    w = TrainerWidget(model, Spike(), opt, make_loader(x, y, 4), epochs=1, progress=False, refresh_interval=0.02,
-                      ui_interval=0.05, max_points=100)
+    w = TrainerWidget(
+        model,
+        Spike(),
+        opt,
+        make_loader(x, y, 4),
+        epochs=1,
+        progress=False,
+        refresh_interval=0.02,
+        ui_interval=0.05,
+        max_points=100,
+    )
     h = w.wait() if w.start() is None else None
     assert len(h.steps["step"]) == 1200
     pts = w.charts.sent_points()

@@ -38,7 +38,7 @@ def test_stream_bounds_points_and_keeps_spikes_for_a_million_steps(chunk):
         y[i] = v
     s = MinMaxStream(2000)
     for start in range(0, n, chunk):
-        s.extend(x[start:start + chunk], y[start:start + chunk])
+        s.extend(x[start : start + chunk], y[start : start + chunk])
     px, py = s.points()
     assert s.count == n and len(px) <= 2000
     assert np.all(np.diff(px) > 0), "points stay in x order"
@@ -57,7 +57,7 @@ def test_stream_nonfinite_values_are_skipped_not_drawn():
 
 
 def test_decimate_and_ema():
-    x, y = decimate(range(10), [float(v) for v in range(10)], 4)
+    x, _y = decimate(range(10), [float(v) for v in range(10)], 4)
     assert len(x) <= 4 and 0 in x and 9 in x
     ema = Ema(0.5)
     assert ema.extend([2.0, 2.0]) == pytest.approx([2.0, 2.0])  # debiased: no warm-up bias towards 0

@@ -33,8 +33,9 @@ SCRIPT = textwrap.dedent(r"""
 
 def test_fit_without_a_frontend_trains_in_the_foreground_with_console_bars(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TQDM_", "NBTRAINER_"))}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK finished 16" in proc.stdout
     lines = proc.stderr.splitlines()
@@ -63,11 +64,14 @@ def _private_uses(path: Path) -> list[str]:
             if any(p.startswith("_") for p in parts):
                 bad.append(f"{path.name}:{node.lineno} from {node.module} import ...")
         elif isinstance(node, ast.Import):
-            bad += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names
-                    if a.name.startswith("nbtrainer") and any(p.startswith("_") for p in a.name.split("."))]
+            bad += [
+                f"{path.name}:{node.lineno} import {a.name}"
+                for a in node.names
+                if a.name.startswith("nbtrainer") and any(p.startswith("_") for p in a.name.split("."))
+            ]
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             base = ast.unparse(node.value)
-            if base.endswith("trainer") or base in ("t", "nbtrainer") or base.endswith(".model"):
+            if base.endswith(("trainer", ".model")) or base in ("t", "nbtrainer"):
                 bad.append(f"{path.name}:{node.lineno} {base}.{node.attr}")
     return bad
 

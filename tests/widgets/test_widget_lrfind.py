@@ -11,19 +11,28 @@ import bqplot as bq
 import numpy as np
 import pytest
 import torch
+from widget_helpers import classes, make_widget, wait_for
 
 from nbtrainer import LRFinderResult
 from nbtrainer.widgets import LRFinderView
-from widget_helpers import classes, make_widget, wait_for
 
 
 def browser_click(mark: bq.Scatter, index: int) -> None:
     """What the front end sends when a point of a mark with ``interactions={"click": "select"}`` is clicked:
     an ``update`` of ``selected`` to ``Uint32Array([index])``, delivered through the widget's comm handler."""
     buf = np.array([index], dtype=np.uint32).tobytes()
-    mark._handle_msg({"content": {"data": {"method": "update", "buffer_paths": [["selected", "value"]],
-                                           "state": {"selected": {"dtype": "uint32", "shape": [1]}}}},
-                      "buffers": [memoryview(buf)]})
+    mark._handle_msg(
+        {
+            "content": {
+                "data": {
+                    "method": "update",
+                    "buffer_paths": [["selected", "value"]],
+                    "state": {"selected": {"dtype": "uint32", "shape": [1]}},
+                }
+            },
+            "buffers": [memoryview(buf)],
+        }
+    )
 
 
 def state(w) -> dict[str, torch.Tensor]:
@@ -42,8 +51,14 @@ def test_lr_find_chart_suggestions_buttons_and_curve_click():
 
     view = w.lr_finder
     assert isinstance(view, LRFinderView) and w.view.lrfinder_area.children == (view.root,)
-    assert {"nbt-lrfind", "nbt-lrfinder-area", "nbt-lrfinder", "nbt-lrfinder-chart", "nbt-lrfinder-use",
-            "nbt-lrfinder-choice"} <= classes(w.panel)
+    assert {
+        "nbt-lrfind",
+        "nbt-lrfinder-area",
+        "nbt-lrfinder",
+        "nbt-lrfinder-chart",
+        "nbt-lrfinder-use",
+        "nbt-lrfinder-choice",
+    } <= classes(w.panel)
     assert isinstance(view.line.scales["x"], bq.LogScale)
     keep = [i for i, s in enumerate(result.smoothed) if math.isfinite(s) and math.isfinite(result.losses[i])]
     lrs = [result.lrs[i] for i in keep]

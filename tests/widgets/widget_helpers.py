@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from conftest import make_classification, make_loader, mlp
 
 
@@ -50,8 +49,17 @@ def make_widget(n: int = 512, bs: int = 16, epochs: int = 2, slow: float | None 
     kw.setdefault("refresh_interval", 0.05)
     kw.setdefault("progress", False)
     kw.setdefault("ui_interval", 0.05)
-    return TrainerWidget(model, crit, opt, loader, make_loader(x, y, 32) if val else None, epochs=epochs,
-                         metrics={"acc": accuracy}, callbacks=callbacks, **kw)
+    return TrainerWidget(
+        model,
+        crit,
+        opt,
+        loader,
+        make_loader(x, y, 32) if val else None,
+        epochs=epochs,
+        metrics={"acc": accuracy},
+        callbacks=callbacks,
+        **kw,
+    )
 
 
 def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
