@@ -644,7 +644,9 @@ def compare_strategies(
             history = trainer.fit(loader, val_loader if steps is None else None, epochs=epochs, max_steps=steps)
             row["train_time_s"] = time.perf_counter() - start
             if cuda:
-                row["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+                # The trainer resets CUDA's peak per refresh window (nbtrainer._memory): its fit-wide peak wins.
+                peak = max(torch.cuda.max_memory_allocated(dev), trainer.progress.memory_peak or 0)
+                row["peak_memory_bytes"] = int(peak)
             times, samples = timer.times, timer.samples
             skip = warmup if len(times) > warmup else (1 if len(times) > 1 else 0)
             if skip < warmup:

@@ -54,6 +54,11 @@ class Progress:
 
     ``step_points`` holds the optimizer steps completed since the previous refresh as
     ``(global_step, loss, lr)`` tuples, so a chart can draw every step without a per-step sync.
+
+    ``status`` is ``running``, ``pausing`` (a pause was requested; the loop has not reached the step
+    boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
+    peak of the last refresh window in bytes (CUDA allocator peak, reset each window; process RSS on CPU),
+    ``memory_peak`` the fit's peak so far and ``memory_capacity`` the device's total (``nbtrainer._memory``).
     """
 
     status: str = "running"
@@ -77,6 +82,10 @@ class Progress:
     step_times: dict[str, float] | None = None
     grad_accum_steps: int = 1
     skipped_steps: int = 0
+    memory: int | None = None
+    memory_peak: int | None = None
+    memory_capacity: int | None = None
+    memory_kind: str = "rss"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -95,6 +95,39 @@ class History:
             f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
         )
 
+    # -- charts and reports (plain SVG/HTML: no plotting library) --------------------------------
+    def to_svg(self, *, columns: int = 2) -> str:
+        """The summary charts (loss, learning rate, metrics per epoch) as one SVG document.
+
+        Text is drawn in ``currentColor`` (the page's text colour when the SVG is inlined in HTML); use
+        ``plot().save("run.svg")`` for a standalone file with dark text.
+        """
+        from nbtrainer._report import HistoryPlot
+
+        return HistoryPlot(self, columns=columns).to_svg()
+
+    def plot(self, *, max_points: int = 400, smoothing: float = 0.9) -> Any:
+        """The charts as an object that displays in a notebook and saves with ``.save("run.svg" | "run.html")``.
+
+        Example:
+            >>> h = History()
+            >>> h.add_steps([(1, 0.9, 1e-3), (2, 0.5, 1e-3)], epoch=1)
+            >>> "<svg" in h.plot()._repr_html_()
+            True
+        """
+        from nbtrainer._report import HistoryPlot
+
+        return HistoryPlot(self, max_points=max_points, smoothing=smoothing)
+
+    def to_html(self, *, title: str = "nbtrainer run") -> str:
+        """A report: status line, the per-epoch table and the charts, as HTML with inline SVG."""
+        from nbtrainer._report import summary_html
+
+        return summary_html(self, title=title)
+
+    def _repr_html_(self) -> str:
+        return self.to_html(title="History")
+
     # -- export ------------------------------------------------------------------------------
     def to_pandas(self, what: str = "epochs"):
         """``what="epochs"`` (default), ``"steps"`` or ``"events"`` as a DataFrame."""

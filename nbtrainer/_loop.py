@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from nbtrainer._batch import batch_size_of, move_to_device
+from nbtrainer._memory import MemoryProbe
 from nbtrainer._metrics import exact_add
 
 Tensor = torch.Tensor
@@ -99,6 +100,7 @@ class FitLoop:
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
         self.progress = trainer.progress
+        self._memory = MemoryProbe(trainer.device)
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -320,6 +322,11 @@ class FitLoop:
         if self.profiler is not None:
             self.profiler.step()
 
+    def read_memory(self) -> None:
+        """Read the memory of the window since the last refresh into the progress (host counters only)."""
+        mem, p = self._memory, self.progress
+        p.memory, p.memory_peak, p.memory_capacity, p.memory_kind = mem.window(), mem.peak, mem.capacity, mem.kind
+
     # -- reading the device: throttled --------------------------------------------------------
     def flush(self) -> None:
         """Read pending losses/metric values (one transfer) into host sums and per-step points."""
@@ -375,7 +382,13 @@ class FitLoop:
         t, st, p = self.t, self.state, self.progress
         self.flush()
         elapsed_epoch = now - self._epoch_start
-        p.status = "paused" if t._control.paused else ("stopping" if t._control.stop_requested else "running")
+        # "paused" only once the loop really holds (the trainer sets its status there); until then "pausing".
+        if t._control.stop_requested:
+            p.status = "stopping"
+        elif t.status == "paused":
+            p.status = "paused"
+        else:
+            p.status = "pausing" if t._control.paused else "running"
         p.batch, p.global_step, p.samples = st.batch, st.global_step, st.samples
         p.elapsed = now - self._fit_start + t._elapsed_before
         p.epoch_elapsed = elapsed_epoch
@@ -388,6 +401,7 @@ class FitLoop:
         p.grad_accum_steps = t.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times
+        self.read_memory()
         if self.n_batches and st.batch:
             rate = elapsed_epoch / st.batch
             p.eta_epoch = rate * (self.n_batches - st.batch)

@@ -384,6 +384,7 @@ class Trainer(TrainerControl):
             except Exception:
                 pass
             self._elapsed_before += time.perf_counter() - self._loop._fit_start
+            self._loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
         self.history.status = self.status
         self.progress.status = self.status
         self._deferred.clear()

@@ -77,3 +77,28 @@ def shell(_shell_instance: Any) -> Any:
     sh.run_line_magic("unload_ext", "nbtrainer")
     for name in set(sh.user_ns) - before:
         sh.user_ns.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def venv_kernelspec(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A ``python3`` kernelspec that runs this interpreter, first on JUPYTER_PATH; per-user dirs in a temp dir."""
+    import json
+
+    base = tmp_path_factory.mktemp("jupyter")
+    spec_dir = base / "share" / "kernels" / "python3"
+    spec_dir.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "Python 3 (nbtrainer venv)", "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps({**spec, "metadata": {"debugger": False}}))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUPYTER_PATH", str(base / "share"))
+    for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        (base / sub).mkdir()
+        mp.setenv(name, str(base / sub))
+    mp.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    mp.setenv("OMP_NUM_THREADS", "1")
+    mp.delenv("NBTRAINER_FRONTEND", raising=False)
+    try:
+        yield base
+    finally:
+        mp.undo()

@@ -9,30 +9,46 @@ first three are re-exported lazily as ``nbtrainer.TrainerWidget`` / ``nbtrainer.
 
 Stable CSS classes (``add_class``), for browser tests and custom styling:
 
-==========================  =================================================================
-``nbt-panel``               the root VBox (``TrainerWidget.panel``)
-``nbt-header``              header row: ``nbt-title`` (model, device, params) and ``nbt-status``
-``nbt-status``              status badge; its inner span also has ``nbt-status-<status>``
-``nbt-controls``            controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
-                            ``nbt-lr``, ``nbt-epochs``, ``nbt-scheduler``, ``nbt-clip``,
-                            ``nbt-checkpointing``
-``nbt-buttons``             ``nbt-start``, ``nbt-pause``, ``nbt-stop``, ``nbt-save`` (+ ``nbt-save-path``),
-                            ``nbt-profile``, ``nbt-lrfind``
-``nbt-progress``            ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``
-``nbt-charts``              bqplot figures ``nbt-chart-loss``, ``nbt-chart-lr``, ``nbt-chart-metrics``
-``nbt-stats``               stat cards (each ``nbt-stat``): best validation, peak memory, throughput, step time
-``nbt-profile-area``        holds a ``nbt-profile-card`` after Profile
-``nbt-lrfinder-area``       holds a ``nbt-lrfinder`` after LR finder
-``nbt-lrfinder``            ``LRFinderView``: bqplot figure ``nbt-lrfinder-chart`` (click a point of the
-                            curve), buttons ``nbt-lrfinder-use`` (one per suggestion), the chosen LR
-                            ``nbt-lrfinder-choice``
-``nbt-messages``            messages (``nbt-message-info|warning|error``; tracebacks in ``nbt-traceback``)
-``nbt-summary``             the static end-of-run HTML summary (a plain output below the panel;
-                            ``nbt-summary-table``, SVG charts ``nbt-summary-chart``)
-``nbt-compare``             ``CompareWidget``: ``nbt-compare-status``, the HTML table ``nbt-compare-table``,
-                            bar charts (in ``nbt-compare-charts``) ``nbt-compare-chart-time``,
-                            ``nbt-compare-chart-memory``, ``nbt-compare-chart-metric``
-==========================  =================================================================
+===========================  ================================================================
+``nbt-panel``                the root VBox (``TrainerWidget.panel``)
+``nbt-header``               header row: ``nbt-title`` (model, device, params) and ``nbt-status``
+``nbt-status``               status: a badge (``nbt-status-badge`` and ``nbt-status-<status>``: idle,
+                             running, pausing, paused, stopping, finished, stopped, interrupted,
+                             failed) and a detail (``nbt-status-detail``) beside it
+``nbt-controls``             controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
+                             ``nbt-lr`` (log slider, two decades around the current LR),
+                             ``nbt-lr-exact`` (exact entry), ``nbt-epochs``, ``nbt-scheduler``,
+                             ``nbt-clip``, ``nbt-checkpointing``
+``nbt-buttons``              ``nbt-start``, ``nbt-pause``, ``nbt-stop``, ``nbt-save`` (+ ``nbt-save-path``),
+                             ``nbt-profile``, ``nbt-lrfind``
+``nbt-progress``             ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``
+``nbt-stats``                stat cards (each ``nbt-stat``): ``nbt-stat-best``, ``nbt-stat-throughput``,
+                             ``nbt-stat-steptime`` (with the data share), ``nbt-stat-memory``
+``nbt-charts``               bqplot figures ``nbt-chart-loss`` (y scale menu ``nbt-loss-scale``),
+                             ``nbt-chart-lr``, ``nbt-chart-metrics`` (bounded metrics, 0-1),
+                             ``nbt-chart-other`` (one other metric, menu ``nbt-other-metric``),
+                             ``nbt-chart-memory``; each has an HTML legend ``nbt-legend`` above it
+``nbt-section``              a collapsible area: header with ``nbt-collapse`` (and ``nbt-close``), body:
+                             ``nbt-epochs-area`` (the live table ``nbt-epoch-table``),
+                             ``nbt-profile-area`` (a ``nbt-profile-card``), ``nbt-lrfinder-area``
+                             (a ``nbt-lrfinder``), ``nbt-summary-area`` (``nbt-summary-live``)
+``nbt-lrfinder``             ``LRFinderView``: bqplot figure ``nbt-lrfinder-chart`` (click a point of the
+                             curve), buttons ``nbt-lrfinder-use`` (one per suggestion),
+                             ``nbt-lrfinder-restore``, the chosen LR ``nbt-lrfinder-choice``, a warning
+                             ``nbt-lrfinder-warning`` when the model was already trained
+``nbt-messages``             the last messages (``nbt-message-info|warning|error``; tracebacks in
+                             ``nbt-traceback``) and ``nbt-messages-all`` (show the whole log)
+``nbt-summary-static``       the plain-HTML summary left in the output below the panel for front ends
+                             without widgets (hidden where the panel renders); inside it
+                             ``nbt-summary``, ``nbt-summary-table``, SVG charts ``nbt-summary-chart``
+``nbt-compare``              ``CompareWidget``: ``nbt-compare-status``, the HTML table ``nbt-compare-table``,
+                             bar charts (in ``nbt-compare-charts``) ``nbt-compare-chart-time``,
+                             ``nbt-compare-chart-memory``, ``nbt-compare-chart-metric``
+===========================  ================================================================
+
+Colours come from JupyterLab's CSS variables (legible in light and dark themes); numbers are formatted by
+``nbtrainer.format_*``; plotting helpers (decimation, smoothing, metric classification, SVG charts) are the
+core's public ``nbtrainer.plotting``.
 
 This folder lives at the top of the repository as ``widgets/`` but is installed as
 ``nbtrainer.widgets`` (setuptools ``package-dir``). Importing it as a top-level ``widgets``
@@ -46,12 +62,12 @@ if __name__ != "nbtrainer.widgets":  # pragma: no cover - exercised by a subproc
         "ahead of site-packages on sys.path)."
     )
 
+from nbtrainer.plotting import MinMaxStream, decimate, minmax_indices, summary_html
+
 from ._compare_view import CompareWidget
-from ._decimate import MinMaxStream, decimate, minmax_indices
 from ._lr_finder import LRFinderView
 from ._panel import TrainerWidget
 from ._profile_card import ProfileCard
-from ._summary import summary_html
 
 __all__ = [
     "CompareWidget",

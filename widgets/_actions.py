@@ -5,7 +5,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from nbtrainer import format_lr
+
 __all__ = ["PanelActions"]
+
+
+def _trained_warning(steps: int) -> str:
+    done = f"{steps:,} optimizer steps" if steps else "earlier training (the optimizer has state)"
+    return (
+        f"This model has already been trained ({done}): the LR finder's curve describes these trained weights, "
+        "so its suggestion is not a starting LR for a fresh model. Re-create the model and optimizer (re-run "
+        "their cell) for a meaningful range test. The weights and optimizer are restored after the sweep."
+    )
+
 
 # Actions that keep Start off while they run, with the message shown when they begin.
 _EXCLUSIVE = {
@@ -44,7 +56,7 @@ class PanelActions:
             kwargs.setdefault("criterion", t.criterion)
             kwargs.setdefault("targets", targets)
         prof = profile_model(self._model, inputs, devices=(str(t.device),), optimizer=t.optimizer, **kwargs)
-        self.view.profile_area.children = (ProfileCard(prof),)
+        self.view.profile_section.show(ProfileCard(prof), detail=f"batch size {prof.batch_size}")
         return prof
 
     def lr_find(self, **kwargs: Any) -> Any:
@@ -69,13 +81,24 @@ class PanelActions:
             )
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
+        t = self.trainer
+        # Optimizer steps already taken on these weights: a range test on a trained model describes that
+        # model, not a fresh start, so its suggestion must not be read as a starting LR.
+        trained = t.global_step or (1 if len(t.optimizer.state) else 0)
+        if trained:
+            self._notify("warning", _trained_warning(t.global_step))
         try:
-            result = self.trainer.lr_find(self.train_loader, **kwargs)
+            result = t.lr_find(self.train_loader, **kwargs)
         finally:
             self._lr_find_lock.release()
-        self.lr_finder = LRFinderView(result, on_choose=self.controls.choose_lr, lr=float(self.view.lr.value))
-        self.view.lrfinder_area.children = (self.lr_finder.root,)
-        sug = "none" if result.suggestion is None else f"{result.suggestion:.2e}"
+        self.lr_finder = LRFinderView(
+            result,
+            on_choose=self.controls.choose_lr,
+            lr=self.controls.lr.value,
+            warning=_trained_warning(t.global_step) if trained else None,
+        )
+        self.view.lrfinder_section.show(self.lr_finder.root, detail=f"{len(result.lrs)} steps")
+        sug = "none" if result.suggestion is None else format_lr(result.suggestion)
         self._notify(
             "info",
             f"LR finder: {len(result.lrs)} steps, {result.stop_reason}; suggestion {sug} "
@@ -99,7 +122,11 @@ class PanelActions:
         exclusive = (v.start, v.profile, v.lrfind)  # Profile and the LR finder: one at a time, never with a run
         # The sweep trains the real model: no Save (it would write the sweep's weights) and no LR control
         # (the restore at its end would silently undo a change made meanwhile).
-        locked = (button, *(exclusive if name in _EXCLUSIVE else ()), *((v.save, v.lr) if name == "lrfind" else ()))
+        locked = (
+            button,
+            *(exclusive if name in _EXCLUSIVE else ()),
+            *((v.save, v.lr, v.lr_exact) if name == "lrfind" else ()),
+        )
         for widget in locked:
             widget.disabled = True
         if name in _EXCLUSIVE:
@@ -118,7 +145,7 @@ class PanelActions:
                     widget.disabled = off
                 if name == "lrfind":
                     v.save.disabled = "save" in self._busy
-                    v.lr.disabled = False
+                    v.lr.disabled = v.lr_exact.disabled = False
 
         threading.Thread(target=target, name=f"nbtrainer-{name}", daemon=True).start()
 

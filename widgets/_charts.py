@@ -1,8 +1,17 @@
-"""Live bqplot charts: loss per step (raw, faint + smoothed) with val loss per epoch, LR per step,
-metrics per epoch (train solid, val dashed), and markers where LR / accumulation changed mid-run.
+"""Live bqplot charts of a run, read at a glance.
 
-Everything here runs on the panel's UI thread (never the training thread). Per-step series go
-through :class:`MinMaxStream`, so each mark receives at most ``max_points`` points.
+* **loss** per optimizer step (raw faint, smoothed) and validation loss per epoch; the y axis starts at 0
+  for a non-negative loss, and is logarithmic when the values span more than two decades (``y: auto``) or
+  when the user picks ``y: log``;
+* **learning rate** per step on a log axis; each mid-run change is a marker at its *new* value, labelled
+  unless it would overlap a later label (the tooltip always has the full text);
+* **bounded metrics** per epoch (accuracy, F1... in [0, 1]) on their own 0-1 axis, train solid, val dashed;
+* **other metrics** per epoch, one at a time (a menu picks which), never on the loss axis;
+* **memory**: the peak of each refresh window against the device's capacity.
+
+Every axis is labelled, legends are HTML rows above the plots (never over the data) and every point
+marker has a tooltip with the exact value. Runs on the panel's UI thread only; per-step series go through
+``MinMaxStream`` so each mark receives at most ``max_points`` points.
 """
 
 from __future__ import annotations
@@ -15,34 +24,35 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
-from ._decimate import Ema, MinMaxStream, minmax_indices
-from ._summary import METRIC_SKIP, PALETTE, fmt
+from nbtrainer import format_lr, format_number
+from nbtrainer.plotting import (
+    PALETTE,
+    Ema,
+    MinMaxStream,
+    classify_metrics,
+    decimate,
+    log_ticks,
+    use_log_scale,
+)
+
+from ._chart_parts import (
+    MARKER,
+    Box,
+    EpochChart,
+    MemoryChart,
+    figure,
+    legend_html,
+    lin_scale,
+    log_scale,
+    step_ticks,
+    tooltip,
+)
 
 __all__ = ["LiveCharts"]
 
-_MARGIN = {"top": 40, "bottom": 40, "left": 60, "right": 12}
-_LAYOUT = {"flex": "1 1 320px", "min_width": "300px", "height": "270px"}
-_EVENT_KINDS = {"lr": "lr", "grad_accum_steps": "accum"}
 
-
-def _figure(title: str, css: str, marks: list, x: Any, y: Any, xlabel: str) -> bq.Figure:
-    # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
-    # domain has zero width (the first step or epoch), and the axis never recovered from that error.
-    axes = [
-        bq.Axis(scale=x, label=xlabel, tick_format=",~g"),
-        bq.Axis(scale=y, side="left", tick_format=".3g", num_ticks=5),
-    ]
-    fig = bq.Figure(
-        marks=marks,
-        axes=axes,
-        title=title,
-        fig_margin=dict(_MARGIN),
-        legend_location="top-right",
-        animation_duration=0,
-        layout=W.Layout(**_LAYOUT),
-    )
-    fig.add_class(css)
-    return fig
+_HOVER_POINTS = 300  # per hover layer: enough to read values along the curve, cheap to redraw
+_LABEL_GAP = 0.12  # an LR-change label needs this fraction of the x range to its right neighbour
 
 
 class LiveCharts:
@@ -52,109 +62,133 @@ class LiveCharts:
         self._ema = Ema(smoothing)
         self.rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self._last = {"loss": math.nan, "lr": math.nan}
+        self._last_loss = math.nan
         self._dirty: set[str] = set()
-        empty = np.empty(0)
+        e = np.empty(0)
 
-        sx, sy = bq.LinearScale(), bq.LinearScale()
+        # 1. loss: raw + smoothed per step, val per epoch (Scatter: tooltips), change markers
+        sx, self.loss_lin, self.loss_log = lin_scale(min=0.0), lin_scale(min=0.0, max=1.0), log_scale()
+        sy = self.loss_lin
+        sc = {"x": sx, "y": sy}
         self.raw = bq.Lines(
-            x=empty,
-            y=empty,
-            scales={"x": sx, "y": sy},
-            colors=[PALETTE[0]],
-            opacities=[0.3],
-            stroke_width=1,
-            labels=["loss (step)"],
-            display_legend=True,
+            x=e, y=e, scales=sc, colors=[PALETTE[0]], opacities=[0.3], stroke_width=1, labels=["loss (step)"]
         )
-        self.smooth = bq.Lines(
-            x=empty,
-            y=empty,
-            scales={"x": sx, "y": sy},
+        self.smooth = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[0]], stroke_width=2.5, labels=["smoothed"])
+        self.loss_hover = bq.Scatter(
+            x=e,
+            y=e,
+            scales=sc,
             colors=[PALETTE[0]],
-            stroke_width=2.5,
-            labels=["smoothed"],
-            display_legend=True,
+            opacities=[0.0],
+            default_size=40,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("x", "step", ",.0f"), ("y", "smoothed loss", ".4~g")),
         )
-        self.val = bq.Lines(
-            x=empty,
-            y=empty,
-            scales={"x": sx, "y": sy},
+        self.val = bq.Scatter(
+            x=e,
+            y=e,
+            scales=sc,
             colors=[PALETTE[1]],
-            marker="circle",
-            marker_size=30,
-            stroke_width=2,
-            labels=["val_loss"],
-            display_legend=True,
-        )
-        self.loss_events = bq.Scatter(
-            x=empty,
-            y=empty,
-            scales={"x": sx, "y": sy},
-            marker="triangle-down",
-            colors=["#444"],
-            default_size=60,
+            default_size=48,
+            stroke="white",
             names=[],
-            display_names=True,
+            display_names=False,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("name", "epoch", ""), ("x", "step", ",.0f"), ("y", "val_loss", ".4~g")),
         )
-        self.loss_fig = _figure(
-            "loss", "nbt-chart-loss", [self.raw, self.smooth, self.val, self.loss_events], sx, sy, "optimizer step"
+        self.val_line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[1]], stroke_width=1.5, labels=["val_loss"])
+        self.loss_events = bq.Scatter(
+            x=e,
+            y=e,
+            scales=sc,
+            marker="triangle-down",
+            colors=[MARKER],
+            default_size=50,
+            names=[],
+            display_names=False,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("name", "change", "")),
         )
+        self.loss_marks = [self.raw, self.smooth, self.val_line, self.val, self.loss_hover, self.loss_events]
+        self.loss_fig = figure("nbt-chart-loss", self.loss_marks, sx, sy, "optimizer step", "loss", ".3~g")
+        self.loss_scale = W.Dropdown(
+            options=[("y: auto", "auto"), ("y: linear", "linear"), ("y: log", "log")],
+            value="auto",
+            layout=W.Layout(width="105px"),
+        )
+        self.loss_scale.add_class("nbt-loss-scale")
+        self.loss_scale.observe(lambda _: self._dirty.add("steps"), "value")
+        self.loss_box = Box(self.loss_fig, self.loss_scale)
+        self.loss_is_log = False
 
-        lx, ly = bq.LinearScale(), bq.LinearScale(min=0.0)  # from 0: a constant LR still has a y range
-        self.lr = bq.Lines(
-            x=empty, y=empty, scales={"x": lx, "y": ly}, colors=[PALETTE[2]], stroke_width=2, labels=["lr"]
+        # 2. learning rate: log axis, changes marked at the new value
+        lx, self.lr_scale = lin_scale(min=0.0), log_scale(min=1e-4, max=1e-2)
+        lsc = {"x": lx, "y": self.lr_scale}
+        self.lr = bq.Lines(x=e, y=e, scales=lsc, colors=[PALETTE[2]], stroke_width=2, labels=["lr"])
+        self.lr_hover = bq.Scatter(
+            x=e,
+            y=e,
+            scales=lsc,
+            colors=[PALETTE[2]],
+            opacities=[0.0],
+            default_size=40,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("x", "step", ",.0f"), ("y", "lr", ".3~e")),
         )
         self.lr_events = bq.Scatter(
-            x=empty,
-            y=empty,
-            scales={"x": lx, "y": ly},
+            x=e,
+            y=e,
+            scales=lsc,
             marker="triangle-down",
-            colors=["#444"],
+            colors=[MARKER],
             default_size=60,
             names=[],
             display_names=True,
+            label_display_vertical_offset=-12,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("name", "change", "")),
         )
-        self.lr_fig = _figure("learning rate", "nbt-chart-lr", [self.lr, self.lr_events], lx, ly, "optimizer step")
+        self.lr_fig = figure(
+            "nbt-chart-lr",
+            [self.lr, self.lr_hover, self.lr_events],
+            lx,
+            self.lr_scale,
+            "optimizer step",
+            "learning rate (log)",
+            ".1~e",
+        )
+        self.lr_box = Box(self.lr_fig)
 
-        ex, ey = bq.LinearScale(), bq.LinearScale()
-        self.train_metrics = bq.Lines(
-            x=empty,
-            y=empty,
-            scales={"x": ex, "y": ey},
-            marker="circle",
-            marker_size=24,
-            display_legend=True,
-            labels=[],
-            colors=list(PALETTE),
-        )
-        self.val_metrics = bq.Lines(
-            x=empty,
-            y=empty,
-            scales={"x": ex, "y": ey},
-            marker="square",
-            marker_size=24,
-            line_style="dashed",
-            display_legend=True,
-            labels=[],
-            colors=list(PALETTE),
-        )
-        self.metrics_fig = _figure(
-            "metrics per epoch", "nbt-chart-metrics", [self.train_metrics, self.val_metrics], ex, ey, "epoch"
-        )
+        # 3. bounded metrics per epoch: 0-1 axis; train solid, val dashed; points carry tooltips
+        self.metrics = EpochChart("nbt-chart-metrics", "value (0-1)", lin_scale(min=0.0, max=1.0))
+        self.metrics_box, self.train_metrics, self.val_metrics = self.metrics.box, self.metrics.train, self.metrics.val
+        self.metric_points = self.metrics.points
+        # 4. other metrics, one at a time
+        self.other_choice = W.Dropdown(options=[], layout=W.Layout(width="140px"))
+        self.other_choice.add_class("nbt-other-metric")
+        self.other_choice.observe(lambda _: self._dirty.add("epochs"), "value")
+        self.other = EpochChart("nbt-chart-other", "value", lin_scale(min=0.0, max=1.0), self.other_choice)
+        self.other_box = self.other.box
+        self.other_box.root.layout.display = "none"  # until a run logs a metric that is not bounded
+
+        # 5. memory per refresh window, against the device's capacity
+        self.mem = MemoryChart(max_points)
+        self.mem_box, self.memory = self.mem.box, self.mem.line
         self.box = W.HBox(
-            [self.loss_fig, self.lr_fig, self.metrics_fig], layout=W.Layout(flex_flow="row wrap", width="100%")
+            [b.root for b in (self.loss_box, self.lr_box, self.metrics_box, self.other_box, self.mem_box)],
+            layout=W.Layout(flex_flow="row wrap", width="100%"),
         )
         self.box.add_class("nbt-charts")
+        self._legends()
 
     # -- data in (UI thread) ------------------------------------------------------------------------
     def clear(self) -> None:
-        for s in (self._raw, self._smooth, self._lr):
+        for s in (self._raw, self._smooth, self._lr, self.mem.stream):
             s.clear()
         self._ema.clear()
         self.rows, self.events = [], []
-        self._last = {"loss": math.nan, "lr": math.nan}
-        self._dirty = {"steps", "epochs", "events"}
+        self._last_loss = math.nan
+        self._dirty = {"steps", "epochs", "events", "memory"}
 
     def add_steps(self, points: list[tuple[int, float, float]]) -> int:
         """Append ``(global_step, loss, lr)`` points; returns how many losses were not finite."""
@@ -168,23 +202,28 @@ class LiveCharts:
         self._lr.extend(x, lr)
         finite = [v for v in smooth if math.isfinite(v)]
         if finite:
-            self._last["loss"] = finite[-1]
-        self._last["lr"] = float(lr[-1])
+            self._last_loss = finite[-1]
         self._dirty.add("steps")
         return int((~np.isfinite(loss)).sum())
+
+    def add_memory(self, step: int, used: int | None, capacity: int | None) -> None:
+        if self.mem.add(step, used, capacity):
+            self._dirty.add("memory")
 
     def add_epoch(self, logs: dict[str, Any]) -> None:
         self.rows.append(logs)
         self._dirty.add("epochs")
 
     def add_event(self, event: dict[str, Any]) -> None:
-        kind = _EVENT_KINDS.get(event.get("kind"))
-        if kind is None:
+        kind, new, old, step = event.get("kind"), event.get("new"), event.get("old"), event.get("step") or 0
+        if kind == "lr" and isinstance(new, (int, float)):
+            short, label = format_lr(new), f"step {step}: lr {format_lr(old)} → {format_lr(new)}"
+        elif kind == "grad_accum_steps":
+            short, label = f"accum {new}", f"step {step}: accumulation {old} → {new}"
+        else:
             return
-        new = event.get("new")
-        label = f"{kind} {fmt(new)}" if kind == "lr" else f"accum {new}"
         self.events.append(
-            {"step": float(event.get("step") or 0), "label": label, "loss": self._last["loss"], "lr": self._last["lr"]}
+            {"step": float(step), "kind": kind, "new": new, "short": short, "label": label, "loss": self._last_loss}
         )
         self.events = self.events[-200:]
         self._dirty.add("events")
@@ -196,63 +235,143 @@ class LiveCharts:
             return False
         dirty, self._dirty = self._dirty, set()
         with ExitStack() as stack:
-            if "steps" in dirty:
-                for mark, stream in ((self.raw, self._raw), (self.smooth, self._smooth), (self.lr, self._lr)):
-                    x, y = stream.points()
-                    stack.enter_context(mark.hold_sync())
-                    mark.x, mark.y = x, y
+            if "steps" in dirty or "epochs" in dirty:  # val_loss (per epoch) is drawn on the loss chart
+                self._render_loss(stack)
+            if "steps" in dirty or "events" in dirty:
+                self._render_lr(stack)
+            if "events" in dirty:
+                self._render_loss_events(stack)
             if "epochs" in dirty:
                 self._render_epochs(stack)
-            if "events" in dirty:
-                ev = self.events
-                for mark, key in ((self.loss_events, "loss"), (self.lr_events, "lr")):
-                    keep = [e for e in ev if math.isfinite(e[key])]
-                    stack.enter_context(mark.hold_sync())
-                    mark.x = np.asarray([e["step"] for e in keep], dtype=float)
-                    mark.y = np.asarray([e[key] for e in keep], dtype=float)
-                    mark.names = [e["label"] for e in keep]
+            if "memory" in dirty:
+                self.mem.render(stack)
         return True
+
+    def _render_loss(self, stack: ExitStack) -> None:
+        (rx, ry), (sx, sy) = self._raw.points(), self._smooth.points()
+        val = [
+            (float(r.get("steps") or 0), float(r["val_loss"]), r.get("epoch"))
+            for r in self.rows
+            if isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])
+        ]
+        values = [*ry[np.isfinite(ry)].tolist(), *(v for _, v, _ in val)]
+        choice = self.loss_scale.value
+        log = use_log_scale(values) if choice == "auto" else choice == "log"
+        if log and values and min(values) <= 0:
+            log = False  # a loss that reaches 0 or below cannot go on a log axis
+        scale = self.loss_log if log else self.loss_lin
+        if log != self.loss_is_log or "y" not in self.raw.scales or self.raw.scales["y"] is not scale:
+            self.loss_is_log = log
+            for mark in self.loss_marks:
+                stack.enter_context(mark.hold_sync())
+                mark.scales = {"x": mark.scales["x"], "y": scale}
+            self.loss_fig.axes[1].scale = scale
+            self.loss_fig.axes[1].label = "loss (log)" if log else "loss"
+        lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+        if log:
+            with self.loss_log.hold_sync():
+                self.loss_log.min, self.loss_log.max = lo / 1.2, hi * 1.2
+            self.loss_fig.axes[1].tick_values = np.asarray(log_ticks(lo / 1.2, hi * 1.2))
+            self.loss_fig.axes[1].tick_format = ".2~g"
+        else:
+            self.loss_fig.axes[1].tick_values = None
+            self.loss_fig.axes[1].tick_format = ".3~g"
+            # from 0 for a non-negative loss (never negative ticks); a loss below 0 gets its own range
+            bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
+            top = hi + 0.05 * (hi - bottom) if hi > bottom else bottom + 1.0
+            with self.loss_lin.hold_sync():
+                self.loss_lin.min, self.loss_lin.max = bottom, top
+        hx, hy = decimate(sx, sy, _HOVER_POINTS)
+        self.loss_fig.axes[0].tick_values = step_ticks(rx)
+        for mark, x, y in ((self.raw, rx, ry), (self.smooth, sx, sy), (self.loss_hover, hx, hy)):
+            stack.enter_context(mark.hold_sync())
+            mark.x, mark.y = x, y
+        stack.enter_context(self.val.hold_sync())
+        self.val.x = np.asarray([v[0] for v in val], dtype=float)
+        self.val.y = np.asarray([v[1] for v in val], dtype=float)
+        self.val.names = [str(v[2]) for v in val]
+        stack.enter_context(self.val_line.hold_sync())
+        self.val_line.x, self.val_line.y = self.val.x, self.val.y
+        entries = [("loss (step)", PALETTE[0], False), ("smoothed", PALETTE[0], False)]
+        if val:
+            entries.append(("val_loss", PALETTE[1], False))
+        self.loss_box.legend.value = legend_html(entries, "log scale" if log else "")
+
+    def _render_lr(self, stack: ExitStack) -> None:
+        x, y = self._lr.points()
+        events = [e for e in self.events if e["kind"] == "lr"]
+        positive = [v for v in [*y.tolist(), *(e["new"] for e in events)] if math.isfinite(v) and v > 0]
+        if not positive:
+            return
+        lo, hi = min(positive), max(positive)
+        if hi / lo < 10:  # at least one decade, centred on the data, so a constant LR has ticks
+            mid = math.sqrt(lo * hi)
+            lo, hi = mid / math.sqrt(10), mid * math.sqrt(10)
+        lo, hi = lo / 1.3, hi * 2.0  # headroom above: the change labels sit over their markers
+        with self.lr_scale.hold_sync():
+            self.lr_scale.min, self.lr_scale.max = lo, hi
+        self.lr_fig.axes[1].tick_values = np.asarray(log_ticks(lo, hi))
+        y = np.where(np.isfinite(y) & (y > 0), y, lo)  # an LR of 0 (cosine's end) sits on the axis floor
+        hx, hy = decimate(x, y, _HOVER_POINTS)
+        self.lr_fig.axes[0].tick_values = step_ticks(x)
+        for mark, xs, ys in ((self.lr, x, y), (self.lr_hover, hx, hy)):
+            stack.enter_context(mark.hold_sync())
+            mark.x, mark.y = xs, ys
+        # Changes at their new value; a label is shown only with room before the next labelled one.
+        span = max(float(x.max()) if len(x) else 1.0, max((e["step"] for e in events), default=1.0), 1.0)
+        names, last_x = [], math.inf
+        for ev in reversed(events):
+            show = (last_x - ev["step"]) / span >= _LABEL_GAP
+            names.append(ev["short"] if show else "")
+            if show:
+                last_x = ev["step"]
+        stack.enter_context(self.lr_events.hold_sync())
+        self.lr_events.x = np.asarray([e["step"] for e in events], dtype=float)
+        self.lr_events.y = np.asarray([min(max(e["new"], lo), hi) for e in events], dtype=float)
+        self.lr_events.names = list(reversed(names))
+        accum = [e for e in self.events if e["kind"] == "grad_accum_steps"]
+        extra = (
+            f"accumulation changed at step {', '.join(format_number(int(e['step'])) for e in accum)}" if accum else ""
+        )
+        self.lr_box.legend.value = legend_html(
+            [("lr", PALETTE[2], False)] + ([("change", MARKER, False)] if events else []), extra
+        )
+
+    def _render_loss_events(self, stack: ExitStack) -> None:
+        keep = [e for e in self.events if math.isfinite(e["loss"])]
+        stack.enter_context(self.loss_events.hold_sync())
+        self.loss_events.x = np.asarray([e["step"] for e in keep], dtype=float)
+        self.loss_events.y = np.asarray([e["loss"] for e in keep], dtype=float)
+        self.loss_events.names = [e["label"] for e in keep]
 
     def _render_epochs(self, stack: ExitStack) -> None:
         rows = self.rows
-        val_pts = [
-            (float(r.get("steps") or 0), float(r["val_loss"]))
-            for r in rows
-            if isinstance(r.get("val_loss"), (int, float))
-        ]
-        stack.enter_context(self.val.hold_sync())
-        self.val.x = np.asarray([p[0] for p in val_pts], dtype=float)
-        self.val.y = np.asarray([p[1] for p in val_pts], dtype=float)
-        seen: dict[str, None] = {}
-        for r in rows:
-            seen.update(
-                dict.fromkeys(
-                    k
-                    for k, v in r.items()
-                    if isinstance(v, (int, float)) and k not in METRIC_SKIP and not k.startswith("lr_")
-                )
-            )
-        bases = list(dict.fromkeys(k[4:] if k.startswith("val_") else k for k in seen))
-        epochs = np.asarray([float(r.get("epoch", i + 1)) for i, r in enumerate(rows)])
-        colors = [PALETTE[i % len(PALETTE)] for i in range(len(bases))]
-        for mark, prefix in ((self.train_metrics, ""), (self.val_metrics, "val_")):
-            keys = [prefix + b for b in bases]
-            present = [(k, c) for k, c in zip(keys, colors, strict=True) if k in seen]
-            stack.enter_context(mark.hold_sync())
-            if not present or not len(epochs):
-                mark.x, mark.y, mark.labels = np.empty(0), np.empty(0), []
-                continue
-            y = np.asarray(
-                [[float(r[k]) if isinstance(r.get(k), (int, float)) else math.nan for r in rows] for k, _ in present]
-            )
-            # bqplot squeezes a 2-D y: k series over one epoch, (k, 1), would arrive as one series of k points
-            # (and (1, 1) as a 0-d array). Drawing the lone epoch twice keeps the shape (k, 2).
-            idx = minmax_indices(y, self.max_points) if len(epochs) > 1 else np.zeros(2, dtype=int)
-            mark.x, mark.y = epochs[idx], y[:, idx]
-            mark.labels, mark.colors = [k for k, _ in present], [c for _, c in present]
-        # ticks on whole epochs only (at most ~8 of them)
-        n = len(rows)
-        self.metrics_fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
+        bounded, other = classify_metrics(rows)
+        self.metrics.draw(stack, rows, bounded)
+        if other:
+            if list(self.other_choice.options) != other:
+                keep = self.other_choice.value if self.other_choice.value in other else other[0]
+                self.other_choice.options, self.other_choice.value = other, keep
+            self.other_box.root.layout.display = "flex"
+            chosen = [self.other_choice.value]
+            values = [
+                float(r[k])
+                for r in rows
+                for k in (chosen[0], f"val_{chosen[0]}")
+                if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])
+            ]
+            scale = self.other_box.fig.axes[1].scale
+            lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+            bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
+            with scale.hold_sync():
+                scale.min, scale.max = bottom, (hi + 0.05 * (hi - bottom)) if hi > bottom else bottom + 1.0
+            self.other_box.fig.axes[1].label = chosen[0]
+            self.other.draw(stack, rows, chosen)
+
+    def _legends(self) -> None:
+        self.loss_box.legend.value = legend_html([("loss (step)", PALETTE[0], False), ("smoothed", PALETTE[0], False)])
+        self.lr_box.legend.value = legend_html([("lr", PALETTE[2], False)])
+        self.metrics_box.legend.value = legend_html([], "metrics per epoch (0-1)")
 
     def sent_points(self) -> dict[str, int]:
         """How many points each per-step mark currently holds (what a front end received)."""
@@ -262,4 +381,5 @@ class LiveCharts:
             "lr": len(self.lr.x),
             "val_loss": len(self.val.x),
             "epochs": len(self.train_metrics.x),
+            "memory": len(self.memory.x),
         }

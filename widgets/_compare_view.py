@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from nbtrainer import StrategyComparison, compare_strategies
+from nbtrainer.plotting import PALETTE
 
 __all__ = ["CompareWidget"]
 
@@ -28,9 +29,9 @@ _MARGIN = {"top": 35, "bottom": 45, "left": 50, "right": 10}
 _LAYOUT = {"flex": "1 1 260px", "min_width": "240px", "height": "240px"}
 # chart key -> (title, the row's ratio key, bar color); "metric" has no ratio in the row: computed here
 CHARTS = {
-    "time": ("step time vs baseline (lower is faster)", "step_time_ratio", "#1f77b4"),
-    "memory": ("peak memory vs baseline", "peak_memory_ratio", "#ff7f0e"),
-    "metric": ("{metric} vs baseline", None, "#2ca02c"),
+    "time": ("step time vs baseline (lower is faster)", "step_time_ratio", PALETTE[0]),
+    "memory": ("peak memory vs baseline", "peak_memory_ratio", PALETTE[1]),
+    "metric": ("{metric} vs baseline", None, PALETTE[2]),
 }
 
 
@@ -62,7 +63,7 @@ def _bar_chart(key: str, metric: str | None) -> tuple[bq.Figure, bq.Bars]:
         x=[0.0, 1.0],
         y=[1.0, 1.0],
         scales={"x": bq.LinearScale(min=0.0, max=1.0), "y": sy},
-        colors=["#555"],
+        colors=["#8b949e"],
         line_style="dashed",
         stroke_width=1,
     )

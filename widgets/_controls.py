@@ -7,13 +7,15 @@ checkpointing are locked while a run is alive and take effect at the next Start.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nbtrainer import precision_support
+
+from ._lr_control import LRControl
+from ._theme import FG2
 
 __all__ = ["SCHEDULES", "Controls"]
 
@@ -33,14 +35,14 @@ class Controls:
         v.precision.value = trainer.precision
         off = [f"{n}: {reason}" for n, (ok, reason) in self.support.items() if not ok]
         v.precision_note.value = (
-            (f"<span style='font-size:11px;color:#666'>unavailable on {trainer.device}: " + "; ".join(off) + "</span>")
+            (f"<span style='font-size:11px;color:{FG2}'>unavailable on {trainer.device}: " + "; ".join(off) + "</span>")
             if off
             else ""
         )
         v.precision.tooltip = "; ".join(off) or f"all precisions run on {trainer.device}"
         v.accum.value = trainer.grad_accum_steps
-        self._fit_lr_range(trainer.lr)
-        v.lr.value = trainer.lr
+        self.lr = LRControl(v.lr, v.lr_exact, self._apply_lr, notify)
+        self.lr.show(trainer.lr)
         v.epochs.value = epochs
         options = []
         if trainer.scheduler is not None:
@@ -53,7 +55,6 @@ class Controls:
         self._lr_label()
         v.precision.observe(self._on_precision, "value")
         v.accum.observe(self._on_accum, "value")
-        v.lr.observe(self._on_lr, "value")
         v.max_grad_norm.observe(self._on_clip, "value")
         v.checkpointing.observe(self._on_checkpointing, "value")
         v.scheduler.observe(lambda _: self._lr_label(), "value")
@@ -66,13 +67,6 @@ class Controls:
             setattr(widget, name, value)
         finally:
             self._syncing = False
-
-    def _fit_lr_range(self, lr: float) -> None:
-        e = math.log10(lr)
-        lo, hi = min(self.view.lr.min, math.floor(e) - 3), max(self.view.lr.max, math.ceil(e) + 1)
-        if (lo, hi) != (self.view.lr.min, self.view.lr.max):
-            self._set(self.view.lr, "min", lo)
-            self._set(self.view.lr, "max", hi)
 
     def _lr_label(self) -> None:
         choice = self.view.scheduler.value
@@ -87,12 +81,8 @@ class Controls:
         schedule ran since). Idle: applied now (and Start uses the slider value); mid-run: next step.
         """
         lr = float(lr)
-        self._fit_lr_range(lr)
-        self._set(self.view.lr, "value", lr)
-        try:
-            self.trainer.set_lr(lr)
-        except ValueError as exc:
-            self.notify("warning", str(exc))
+        self.lr.show(lr)
+        self._apply_lr(lr)
 
     def set_running(self, running: bool) -> None:
         self.running = running
@@ -103,8 +93,7 @@ class Controls:
         """A control change that took effect (maybe requested from code): show it in the controls."""
         kind, new = event.get("kind"), event.get("new")
         if kind == "lr" and isinstance(new, (int, float)) and new > 0:
-            self._fit_lr_range(new)
-            self._set(self.view.lr, "value", new)
+            self.lr.show(new)
         elif kind == "grad_accum_steps" and isinstance(new, int):
             self._set(self.view.accum, "value", new)
 
@@ -137,11 +126,9 @@ class Controls:
             return
         t.set_grad_accum_steps(int(k))  # mid-run: applied at the next step; the event is shown then
 
-    def _on_lr(self, change: Any) -> None:
-        if self._syncing:
-            return
+    def _apply_lr(self, lr: float) -> None:
         try:
-            self.trainer.set_lr(float(change["new"]))  # mid-run: applied at the next step; the event is shown then
+            self.trainer.set_lr(float(lr))  # mid-run: applied at the next step; the event is shown then
         except ValueError as exc:
             self.notify("warning", str(exc))
 

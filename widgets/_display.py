@@ -2,7 +2,10 @@
 
 The slot is an ordinary ``display_data`` output with a ``display_id``; when a run ends it is updated
 (``update_display``) with the summary, so the saved notebook keeps it as plain HTML that renders
-without widget state (GitHub, nbviewer, a notebook reopened later).
+without widget state (GitHub, nbviewer, an nbconvert export without JavaScript). Where the widgets do
+render (JupyterLab, Notebook 7, Voila), the panel shows the same summary in its own section and a style
+in the panel hides the slot, so it is never shown twice; in Voila, which never re-renders an output after
+the page is built, the panel's section is the one that shows.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ __all__ = ["SummaryDisplay"]
 
 
 class SummaryDisplay:
-    """Mixed into :class:`TrainerWidget` (uses its ``panel``, ``summary_html``, ``history``, ``_display_ids``)."""
+    """Mixed into :class:`TrainerWidget` (uses its ``panel``, ``view``, ``summary_html``, ``_display_ids``)."""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.panel._repr_mimebundle_(**kwargs)
@@ -29,12 +32,22 @@ class SummaryDisplay:
 
     def _summary_bundle(self) -> dict[str, str]:
         if self.summary_html is None:
-            return {"text/html": "<div class='nbt-summary-slot'></div>", "text/plain": ""}
+            return {"text/html": "<div class='nbt-summary-static nbt-summary-slot'></div>", "text/plain": ""}
         h = self.history
         last = ", ".join(f"{k}={v:.4g}" for k, v in h.last.items() if isinstance(v, float))
-        return {"text/html": self.summary_html, "text/plain": f"{self._label}: {h.status}; {last}"}
+        return {
+            "text/html": f"<div class='nbt-summary-static'>{self.summary_html}</div>",
+            "text/plain": f"{self._label}: {h.status}; {last}",
+        }
 
-    def _publish_summary(self) -> None:
+    def _publish_summary(self, history: Any = None) -> None:
+        """Build the summary of ``history`` (if given), show it in the panel and in every display slot."""
+        if history is not None:
+            self.summary_html = history.to_html(title=f"{type(self._model).__name__} on {self.trainer.device}")
+            v = self.view
+            v.summary.value = self.summary_html
+            v.summary_section.show(v.summary, detail=f"{history.status}, {len(history.epochs)} epoch(s)")
+            v.summary_section.set_open(False)  # one line until expanded: the live charts are right above
         if not self._display_ids or self.summary_html is None:
             return
         from IPython.display import update_display

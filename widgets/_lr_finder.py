@@ -18,9 +18,14 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
+from nbtrainer import format_lr
+
+from ._theme import FG, FG2, WARN
+
 __all__ = ["LRFinderView"]
 
-RULE_COLORS = {"valley": "#d62728", "steepest": "#2ca02c", "minimum/10": "#9467bd"}
+RULE_COLORS = {"valley": "#e5484d", "steepest": "#22a06b", "minimum/10": "#a16bf2"}
+_CHOSEN = "#f97316"  # the chosen-LR marker: orange reads on light and dark backgrounds
 _MARGIN = {"top": 20, "bottom": 45, "left": 60, "right": 15}
 
 
@@ -47,9 +52,16 @@ class LRFinderView:
         >>> view                    # in a notebook: the chart; click it, then view.chosen  # doctest: +SKIP
     """
 
-    def __init__(self, result: Any, on_choose: Callable[[float], None] | None = None, lr: float | None = None) -> None:
+    def __init__(
+        self,
+        result: Any,
+        on_choose: Callable[[float], None] | None = None,
+        lr: float | None = None,
+        warning: str | None = None,
+    ) -> None:
         self.result, self.on_choose = result, on_choose
         self.chosen: float | None = None
+        self.previous = lr  # the LR before the finder: "restore" puts it back
         pts = [
             (x, r, s)
             for x, r, s in zip(result.lrs, result.losses, result.smoothed, strict=True)
@@ -92,14 +104,14 @@ class LRFinderView:
             colors=[RULE_COLORS.get(k, "#555") for k, _ in rules] or ["#555"],
             marker="diamond",
             default_size=90,
-            names=[f"{k} {v:.1e}" for k, v in rules],
+            names=[f"{k} {format_lr(v)}" for k, v in rules],
             display_names=True,
         )
         self.marker = bq.Lines(
-            x=np.empty(0), y=np.empty(0), scales=scales, colors=["#444"], line_style="dashed", stroke_width=1.5
+            x=np.empty(0), y=np.empty(0), scales=scales, colors=[_CHOSEN], line_style="dashed", stroke_width=2
         )
         axes = [
-            bq.Axis(scale=sx, label="learning rate", tick_format=".0e"),
+            bq.Axis(scale=sx, label="learning rate (log)", tick_format=".0e"),
             bq.Axis(scale=sy, side="left", label="loss", tick_format=".3g", num_ticks=5),
         ]
         self.figure = bq.Figure(
@@ -113,7 +125,7 @@ class LRFinderView:
         self.use_buttons: dict[str, W.Button] = {}
         for rule, value in rules:
             b = W.Button(
-                description=f"use {rule} {value:.1e}",
+                description=f"use {rule} {format_lr(value)}",
                 tooltip=f"set the LR to the {rule} suggestion",
                 layout=W.Layout(width="auto"),
             )
@@ -122,18 +134,33 @@ class LRFinderView:
             self.use_buttons[rule] = b
         sug = result.suggestion
         self.head = W.HTML(
-            f"<b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
+            f"<span style='color:{FG}'><b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
             f"{html.escape(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
-            f"<b>{'none' if sug is None else f'{sug:.2e}'}</b> · model and optimizer restored. "
-            "<span style='color:#666'>Click the curve to set the learning rate.</span>"
+            f"<b>{format_lr(sug) if sug is not None else 'none'}</b> · model and optimizer restored. "
+            f"<span style='color:{FG2}'>Click the curve to set the learning rate.</span></span>"
         )
+        self.warning = W.HTML(
+            f"<div style='color:{WARN};font-size:12px'><b>warning</b>: {html.escape(warning)}</div>" if warning else ""
+        )
+        self.warning.add_class("nbt-lrfinder-warning")
         self.choice = W.HTML()
         self.choice.add_class("nbt-lrfinder-choice")
+        self.restore = W.Button(
+            description="restore",
+            icon="undo",
+            layout=W.Layout(width="auto", display="none"),
+            tooltip="put back the learning rate set before the LR finder",
+        )
+        self.restore.add_class("nbt-lrfinder-restore")
+        self.restore.on_click(lambda _: self.undo())
+        if self.previous is not None:
+            self.restore.description = f"restore {format_lr(self.previous)}"
         self.root = W.VBox(
             [
                 self.head,
+                self.warning,
                 self.figure,
-                W.HBox(list(self.use_buttons.values()), layout=W.Layout(flex_flow="row wrap")),
+                W.HBox([*self.use_buttons.values(), self.restore], layout=W.Layout(flex_flow="row wrap")),
                 self.choice,
             ]
         )
@@ -151,7 +178,9 @@ class LRFinderView:
     def _mark(self, lr: float, what: str) -> None:
         with self.marker.hold_sync():
             self.marker.x, self.marker.y = np.array([lr, lr]), np.array(self._y)
-        self.choice.value = f"<span style='font-size:12px'>{html.escape(what)}: <b>{lr:.3e}</b></span>"
+        self.choice.value = (
+            f"<span style='font-size:12px;color:{FG}'>{html.escape(what)}: <b>{format_lr(lr)}</b></span>"
+        )
 
     def choose(self, lr: float, source: str = "chosen") -> None:
         """Pick ``lr``: mark it on the chart, show it, and hand it to ``on_choose``."""
@@ -160,8 +189,20 @@ class LRFinderView:
             raise ValueError(f"learning rate must be a positive number, got {lr!r}")
         self.chosen = lr
         self._mark(lr, f"learning rate set ({source})")
+        if self.previous is not None:
+            self.restore.layout.display = "flex"
         if self.on_choose is not None:
             self.on_choose(lr)
+
+    def undo(self) -> None:
+        """Put back the learning rate that was set before the finder (the panel's LR when it opened)."""
+        if self.previous is None:
+            return
+        self.chosen = None
+        self._mark(self.previous, "learning rate restored")
+        self.restore.layout.display = "none"
+        if self.on_choose is not None:
+            self.on_choose(self.previous)
 
     def _on_select(self, change: Any) -> None:
         """A click on a point (the front end set ``selected``): choose that point's LR."""

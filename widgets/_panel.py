@@ -2,8 +2,9 @@
 
 Threads: the *training thread* runs ``trainer.fit`` and only feeds a deque (:class:`Feed`); a *UI
 thread* wakes at most every ``ui_interval`` seconds, decimates, and pushes one batched update
-(``hold_sync``) to the widgets; the kernel's own thread handles clicks. The training loop never waits
-on the UI and never syncs the device for it.
+(``hold_sync``) to the widgets; the kernel's own thread handles clicks, also while a cell blocks in
+``w.fit()`` / ``w.wait()`` (``_poll``: ``jupyter-ui-poll`` processes the widget messages from inside the
+waiting cell). The training loop never waits on the UI and never syncs the device for it.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import ProgressBar, Trainer
+from nbtrainer import ProgressBar, Trainer, format_count
 
 from . import _frontend
 from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._controls import Controls
 from ._display import SummaryDisplay
-from ._pump import UiPump, peak_memory
+from ._poll import wait_until
+from ._pump import UiPump
 from ._runner import Feed, Run, claim_model
-from ._view import PanelView
+from ._theme import FG2
+from ._view import HIDE_STATIC, PanelView
 
 __all__ = ["TrainerWidget"]
 
@@ -115,8 +118,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         name = type(user_model).__name__
         n_params = sum(p.numel() for p in user_model.parameters())
         v.title.value = (
-            f"<b style='font-size:14px'>{name}</b> <span style='color:#666'>· {trainer.device} · "
-            f"{n_params:,} parameters · {type(trainer.optimizer).__name__}</span>"
+            f"<b style='font-size:14px'>{name}</b> <span style='color:{FG2}'>· {trainer.device} · "
+            f"{format_count(n_params, compact=False)} parameters · {type(trainer.optimizer).__name__}</span>"
         )
         v.save_path.value = save_path or os.path.join("checkpoints", f"{name.lower()}-widget.ckpt")
         v.start.on_click(lambda _: self._guarded(self.start))
@@ -126,7 +129,9 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v.profile.on_click(lambda _: self._in_background("profile", self.profile))
         v.lrfind.on_click(lambda _: self._guarded(self._click_lr_find))
         v.set_status("idle")
-        v.set_stats(None, peak_memory(trainer.device), None)
+        v.set_stats(None, None)
+        self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
+        self.panel.children = (*self.panel.children, self._hide_static)
         self._cell = _frontend.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
@@ -207,12 +212,15 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self._paused_requested = True
         self.trainer.pause()
         self.view.pause.description, self.view.pause.icon = "Resume", "play"
-        self.view.set_status("running", "pausing at the next step")
+        self.view.set_status("pausing", "at the next optimizer step")  # "paused" once the loop holds
 
     def resume(self) -> None:
+        """Continue a paused run (or cancel a pause not reached yet)."""
         self._paused_requested = False
         self.trainer.resume()
         self.view.pause.description, self.view.pause.icon = "Pause", "pause"
+        if self._run is not None and self._run.alive and not self._run.stop_reason:
+            self.view.set_status("running", "resuming")
 
     def stop(self, reason: str = "Stop pressed in the panel") -> None:
         """Stop at the next optimizer step (also when paused); ``wait()`` then returns the History."""
@@ -227,10 +235,17 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         if run is None:
             raise RuntimeError(f"{self._label} has not been started: call start() or fit().")
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def done(wait_s: float) -> bool:
+            if run.join(wait_s):
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{self._label} still running after {timeout} s")
+            return False
+
         try:
-            while not run.join(0.1):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"{self._label} still running after {timeout} s")
+            # From a notebook cell, clicks on Pause / Stop / the LR keep working while this waits.
+            wait_until(done)
         except KeyboardInterrupt:  # interrupting the cell stops the run; the kernel lives on
             run.stop("interrupted (KeyboardInterrupt)")
             run.join()

@@ -11,6 +11,10 @@ from typing import Any
 
 import ipywidgets as W
 
+from nbtrainer import format_bytes, format_count, format_duration
+
+from ._theme import FG, WARN
+
 __all__ = ["ProfileCard", "profile_html"]
 
 _MEMORY_ROWS = (
@@ -29,27 +33,15 @@ _CELL = "padding:1px 8px;text-align:left"
 
 
 def _count(n: Any, unit: str = "") -> str:
-    if not isinstance(n, (int, float)):
-        return "n/a"
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {prefix}{unit}"
-    return f"{n:.4g} {unit}".rstrip()
+    return format_count(n, unit) if isinstance(n, (int, float)) else "n/a"
 
 
 def _bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "n/a"
-    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {suffix}"
-    return f"{n:.0f} B"
+    return format_bytes(n) if isinstance(n, (int, float)) else "n/a"
 
 
 def _ms(ms: Any) -> str:
-    if not isinstance(ms, (int, float)):
-        return "n/a"
-    return f"{ms * 1000:.1f} µs" if ms < 1 else f"{ms:.2f} ms"
+    return format_duration(ms / 1e3) if isinstance(ms, (int, float)) else "n/a"
 
 
 def _table(header: list[str], body: list[list[str]], css: str) -> str:
@@ -80,12 +72,12 @@ def profile_html(data: dict[str, Any]) -> str:
     compute = data.get("compute") or {}
     counters = compute.get("counters") or {}
     if data.get("macs") is not None:
-        summary.append(["MACs / sample (fwd)", f"{_count(data['macs'], 'MAC')} [{counters.get('macs', '?')}]"])
+        summary.append(["MACs / sample (fwd)", f"{_count(data['macs'], 'MACs')} [{counters.get('macs', '?')}]"])
     if data.get("flops") is not None:
-        summary.append(["FLOPs / sample (fwd)", f"{_count(data['flops'], 'FLOP')} [{counters.get('flops', '?')}]"])
+        summary.append(["FLOPs / sample (fwd)", f"{_count(data['flops'], 'FLOPs')} [{counters.get('flops', '?')}]"])
     fb = ((compute.get("flop_counter_flops") or {}).get("forward_backward") or {}).get("per_sample")
     if fb is not None:
-        summary.append(["FLOPs / sample (fwd+bwd)", _count(fb, "FLOP")])
+        summary.append(["FLOPs / sample (fwd+bwd)", _count(fb, "FLOPs")])
     parts.append(_table(["", ""], summary, "nbt-profile-summary"))
     latency = _combos(data.get("latency_ms"))
     if latency:
@@ -109,8 +101,8 @@ def profile_html(data: dict[str, Any]) -> str:
                 body.append([key.replace("_", " ")] + [_bytes(v) if v is not None else "" for v in vals])
         skipped = [f"{d} {p}: {e.get('reason', '')}" for d, p, e in memory if not e.get("supported", True)]
         parts.append("<b>Training memory breakdown</b>" + _table(header, body, "nbt-profile-memory"))
-        parts += [f"<div style='color:#a60'>{esc(s)}</div>" for s in skipped]
-    return "<div style='font-family:sans-serif;font-size:12px'>" + "".join(parts) + "</div>"
+        parts += [f"<div style='color:{WARN}'>{esc(s)}</div>" for s in skipped]
+    return f"<div style='font-family:sans-serif;font-size:12px;color:{FG}'>" + "".join(parts) + "</div>"
 
 
 class ProfileCard(W.VBox):

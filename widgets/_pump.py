@@ -1,8 +1,13 @@
 """The panel's UI thread for one run: at most one batched push every ``interval`` seconds.
 
 It drains the :class:`Feed` the training thread fills, feeds the charts (which decimate), and updates
-the header, progress, stat cards and charts inside ``hold_sync`` blocks, so each widget sends one
-message per push. When the run has ended it makes one final push and writes the static summary.
+the header, progress, stat cards, epoch table and charts inside ``hold_sync`` blocks, so each widget sends
+one message per push. When the run has ended it makes one final push and writes the summary.
+
+The status badge is honest because it is derived from the same ordered stream as the numbers: "paused"
+comes from the progress snapshot the loop sends once it holds at a step boundary, "stopped" only after the
+training thread has returned and its last progress has been drawn in the same push. A click shows
+"pausing" / "stopping" at once (true: requested, not yet reached).
 """
 
 from __future__ import annotations
@@ -13,24 +18,14 @@ import threading
 import time
 from typing import Any
 
+from nbtrainer import format_duration, format_lr, format_number
+from nbtrainer.plotting import epoch_table_html, higher_is_better
+
 from ._runner import Feed, Run
-from ._summary import higher_is_better, summary_html
-from ._view import fmt_duration
 
-__all__ = ["UiPump", "peak_memory"]
+__all__ = ["UiPump"]
 
-
-def peak_memory(device: Any) -> str:
-    try:
-        import torch
-
-        if device.type == "cuda":  # allocator counters, read on the host: no device sync
-            return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (CUDA)"
-        import resource
-
-        return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process RSS)"
-    except Exception:
-        return "n/a"
+_LIVE = ("running", "pausing", "paused", "stopping")
 
 
 class UiPump:
@@ -38,10 +33,11 @@ class UiPump:
         self.w, self.run, self.feed = widget, run, feed
         self.interval = widget.ui_interval
         self.progress: Any = None
+        self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
         self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
-        self.cpu_total_s = 0.0  # ... including the final push and the static summary
+        self.cpu_total_s = 0.0  # ... including the final push and the summary
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
 
     def start(self) -> None:
@@ -51,14 +47,14 @@ class UiPump:
         self.thread.join(timeout)
 
     def _main(self) -> None:
-        run, feed, last = self.run, self.feed, 0.0
         cpu0 = time.thread_time()
         try:
-            self._loop(run, feed, last, cpu0)
+            self._loop(cpu0)
         finally:
             self.cpu_total_s = time.thread_time() - cpu0
 
-    def _loop(self, run: Run, feed: Feed, last: float, cpu0: float) -> None:
+    def _loop(self, cpu0: float) -> None:
+        run, feed, last = self.run, self.feed, 0.0
         while True:
             final = run.done.is_set()
             if not final:
@@ -74,17 +70,21 @@ class UiPump:
             if items or final:
                 try:
                     self._apply(items, final)
-                except Exception as exc:
+                except Exception as exc:  # the UI thread must outlive a drawing bug
                     self.w._notify("error", f"panel update failed: {type(exc).__name__}: {exc}")
                 last = time.monotonic()
             if final:
+                self._finish()  # after the last progress was drawn: only now the final status
                 return
 
     def _apply(self, items: list[tuple[str, Any]], final: bool) -> None:
-        w, charts, run = self.w, self.w.charts, self.run
+        w, charts = self.w, self.w.charts
+        epochs_changed = False
         for kind, payload in items:
             if kind == "progress":
                 self.progress = payload
+                self.stream_status = payload.status if payload.status in _LIVE else self.stream_status
+                charts.add_memory(payload.global_step, payload.memory, payload.memory_capacity)
                 if charts.add_steps(payload.step_points) and not self._warned_nonfinite:
                     self._warned_nonfinite = True
                     w._notify(
@@ -94,34 +94,50 @@ class UiPump:
             elif kind == "epoch":
                 charts.add_epoch(payload)
                 self._update_best(payload)
+                epochs_changed = True
             elif kind == "control":
-                charts.add_event(payload)
-                w.controls.on_event(payload)
-                if payload["kind"] in ("lr", "grad_accum_steps"):
-                    w._notify(
-                        "info",
-                        f"step {payload['step']}: {payload['kind']} {payload['old']:.4g} -> {payload['new']:.4g}",
-                    )
+                self._control(payload)
         v, p = w.view, self.progress
         with contextlib.ExitStack() as stack:
-            for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats):
+            for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats, v.epoch_table):
                 stack.enter_context(widget.hold_sync())
             if p is not None:
                 if final:
-                    p.status = run.status
+                    p.status = self.run.status
                 v.set_progress(p)
-            v.set_stats(self.best, peak_memory(w.trainer.device), p)
+            v.set_stats(self.best, p)
+            if epochs_changed:
+                v.epoch_table.value = epoch_table_html(charts.rows)
+                v.epoch_section.show(v.epoch_table, detail=f"{len(charts.rows)} so far")
             if not final:
-                status = "stopping" if run.stop_reason else w.status
-                detail = run.stop_reason or (f"epoch {p.epoch}/{p.epochs}" if p is not None else "")
-                if status == "running" and w._paused_requested:
-                    detail = "pausing at the next step"
-                v.set_status(status, detail)
+                v.set_status(*self._live_status(p))
             charts.render()
         w.ui_updates += 1
         w.ui_update_times.append(time.monotonic())
-        if final:
-            self._finish()
+
+    def _control(self, event: dict[str, Any]) -> None:
+        w, kind = self.w, event["kind"]
+        w.charts.add_event(event)
+        w.controls.on_event(event)
+        if kind == "pause":
+            self.stream_status = "paused"
+        elif kind == "resume":
+            self.stream_status = "running"
+        elif kind == "lr":
+            w._notify("info", f"step {event['step']}: lr {format_lr(event['old'])} → {format_lr(event['new'])}")
+        elif kind == "grad_accum_steps":
+            w._notify("info", f"step {event['step']}: accumulation {event['old']} → {event['new']}")
+
+    def _live_status(self, p: Any) -> tuple[str, str]:
+        run, w = self.run, self.w
+        status = self.stream_status
+        if run.stop_reason and status != "paused":
+            return "stopping", run.stop_reason
+        if status == "running" and w._paused_requested:
+            return "pausing", "at the next optimizer step"
+        if status == "paused":
+            return "paused", f"at step {format_number(p.global_step)}" if p is not None else ""
+        return status, (f"epoch {p.epoch}/{p.epochs}" if p is not None else "")
 
     def _update_best(self, logs: dict[str, Any]) -> None:
         keys = [k for k in logs if k.startswith("val_") and isinstance(logs[k], (int, float))]
@@ -136,19 +152,22 @@ class UiPump:
     def _finish(self) -> None:
         w, run = self.w, self.run
         h = run.history if run.history is not None else w.trainer.history
+        steps = h.steps["step"]
+        n_steps = int(steps[-1]) if steps else 0
         if run.error is not None:
             w._notify("error", f"training failed: {type(run.error).__name__}: {run.error}", run.traceback)
         else:
             reason = f" ({h.stop_reason})" if h.stop_reason else ""
-            took = fmt_duration(self.progress.elapsed) if self.progress is not None else "?"
+            took = format_duration(self.progress.elapsed) if self.progress is not None else "?"
             w._notify(
                 "info",
-                f"run {run.status}{reason} after {len(h.epochs)} epoch(s), {len(h.steps['step']):,} steps, {took}",
+                f"run {run.status}{reason} after {len(h.epochs)} epoch(s), "
+                f"{format_number(n_steps)} optimizer steps, {took}",
             )
-        w.view.set_status(run.status, (h.stop_reason or "") if run.status != "finished" else "")
+        detail = (h.stop_reason or "") if run.status != "finished" else f"{len(h.epochs)} epoch(s)"
+        w.view.set_status(run.status, detail)
         w._set_running(False)
         try:
-            w.summary_html = summary_html(h, title=f"{type(w._model).__name__} on {w.trainer.device}")
-            w._publish_summary()
+            w._publish_summary(h)
         except Exception as exc:
-            w._notify("warning", f"could not write the static summary: {exc}")
+            w._notify("warning", f"could not write the summary: {type(exc).__name__}: {exc}")

@@ -1,39 +1,29 @@
-"""The panel's widgets and their stable CSS classes, plus the text they show. No training logic here."""
+"""The panel's widgets and their stable CSS classes, plus the text they show. No training logic here.
+
+Colours come from JupyterLab's CSS variables (``_theme``), numbers from ``nbtrainer``'s formatters, and
+every side area (epoch table, profile card, LR finder, summary) is a collapsible :class:`Section`, so the
+panel stays bounded however long it is used.
+"""
 
 from __future__ import annotations
 
 import html
-import math
-import threading
 from typing import Any
 
 import ipywidgets as W
 
-from ._summary import fmt
+from nbtrainer import format_bytes, format_duration, format_lr, format_number
 
-__all__ = ["STATUS_COLORS", "PanelView", "fmt_duration"]
+from ._messages import MessageLog
+from ._section import Section
+from ._theme import BORDER, FG, FG2, STATUS_COLORS, card_style
 
-STATUS_COLORS = {
-    "idle": "#777",
-    "running": "#1a7f37",
-    "paused": "#b08800",
-    "stopping": "#b08800",
-    "finished": "#0969da",
-    "stopped": "#6e40c9",
-    "failed": "#cf222e",
-    "interrupted": "#6e40c9",
-}
+__all__ = ["STATUS_COLORS", "PanelView"]
+
 _WIDE = {"description_width": "initial"}
-MAX_MESSAGES = 50
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+# Hides the plain-HTML summary left under the panel for front ends without widgets (GitHub, nbviewer, an
+# export without JavaScript): where this widget renders, the panel's own summary section shows instead.
+HIDE_STATIC = "<style>.nbt-summary-static{display:none}</style>"
 
 
 def _cls(widget: W.Widget, *names: str) -> W.Widget:
@@ -42,12 +32,12 @@ def _cls(widget: W.Widget, *names: str) -> W.Widget:
     return widget
 
 
-def _card(label: str, value: str, sub: str = "") -> str:
-    extra = f"<div style='font-size:10px;color:#666'>{html.escape(sub)}</div>" if sub else ""
+def _card(label: str, value: str, sub: str = "", css: str = "") -> str:
     return (
-        f"<div class='nbt-stat' style='display:inline-block;min-width:120px;margin:2px 6px 2px 0;padding:4px 8px;"
-        f"border:1px solid #ddd;border-radius:4px'><div style='font-size:10px;color:#666'>{html.escape(label)}"
-        f"</div><div style='font-size:14px;font-weight:bold'>{html.escape(value)}</div>{extra}</div>"
+        f"<div class='nbt-stat {css}' style='{card_style()}'>"
+        f"<div style='font-size:10px;color:{FG2};line-height:14px'>{html.escape(label)}</div>"
+        f"<div style='font-size:14px;font-weight:bold;line-height:20px'>{html.escape(value)}</div>"
+        f"<div style='font-size:10px;color:{FG2};line-height:14px'>{html.escape(sub)}</div></div>"
     )
 
 
@@ -70,20 +60,31 @@ class PanelView:
             ),
             "nbt-accum",
         )
+        # A log slider spanning two decades around the current LR (re-centred when a value nears an edge),
+        # plus exact entry: 220 px for six decades made every drag a jump of several decades.
         self.lr = _cls(
             W.FloatLogSlider(
                 value=1e-3,
                 base=10,
-                min=-6,
-                max=0,
+                min=-4,
+                max=-2,
                 step=0.01,
                 description="LR",
-                readout_format=".2e",
+                readout=False,
                 continuous_update=False,
                 style=_WIDE,
-                layout=W.Layout(width="330px"),
+                layout=W.Layout(width="240px"),
             ),
             "nbt-lr",
+        )
+        self.lr_exact = _cls(
+            W.Text(
+                value="1.00e-3",
+                continuous_update=False,
+                layout=W.Layout(width="88px"),
+                tooltip="type an exact learning rate, e.g. 3e-4",
+            ),
+            "nbt-lr-exact",
         )
         self.epochs = _cls(
             W.BoundedIntText(
@@ -116,7 +117,10 @@ class PanelView:
         self.controls = _cls(
             W.VBox(
                 [
-                    W.HBox([self.precision, self.accum, self.lr, self.epochs], layout=W.Layout(flex_flow="row wrap")),
+                    W.HBox(
+                        [self.precision, self.accum, W.HBox([self.lr, self.lr_exact]), self.epochs],
+                        layout=W.Layout(flex_flow="row wrap", align_items="center"),
+                    ),
                     W.HBox(
                         [self.scheduler, self.max_grad_norm, self.checkpointing], layout=W.Layout(flex_flow="row wrap")
                     ),
@@ -160,11 +164,16 @@ class PanelView:
         self.progress = _cls(W.VBox([W.HBox([self.epoch_bar, self.step_bar]), self.progress_info]), "nbt-progress")
 
         self.stats = _cls(W.HTML(), "nbt-stats")
-        self.profile_area = _cls(W.VBox(), "nbt-profile-area")
-        self.lrfinder_area = _cls(W.VBox(), "nbt-lrfinder-area")
-        self.messages = _cls(W.VBox(), "nbt-messages")
-        self.message_log: list[tuple[str, str]] = []
-        self._msg_lock = threading.Lock()
+        self.epoch_section = Section("epochs", "nbt-epochs-area", closable=False)
+        self.epoch_table = _cls(W.HTML(layout=W.Layout(max_height="220px", overflow="auto")), "nbt-epoch-table-box")
+        self.profile_section = Section("profile", "nbt-profile-area")
+        self.profile_area = self.profile_section.body
+        self.lrfinder_section = Section("LR finder", "nbt-lrfinder-area")
+        self.lrfinder_area = self.lrfinder_section.body
+        self.summary_section = Section("summary", "nbt-summary-area")
+        self.summary = _cls(W.HTML(), "nbt-summary-live")
+        self.messages_log = MessageLog()
+        self.messages = self.messages_log.root
         self.root = _cls(
             W.VBox(
                 [
@@ -172,29 +181,41 @@ class PanelView:
                     self.controls,
                     self.buttons,
                     self.progress,
-                    charts_box,
                     self.stats,
-                    self.profile_area,
-                    self.lrfinder_area,
+                    charts_box,
+                    self.epoch_section.root,
+                    self.profile_section.root,
+                    self.lrfinder_section.root,
+                    self.summary_section.root,
                     self.messages,
                 ],
-                layout=W.Layout(border="1px solid #ddd", padding="6px"),
+                layout=W.Layout(border=f"1px solid {BORDER}", padding="6px"),
             ),
             "nbt-panel",
         )
 
+    @property
+    def message_log(self) -> list[tuple[str, str]]:
+        return self.messages_log.log
+
     # -- text ----------------------------------------------------------------------------------------
     def set_status(self, status: str, detail: str = "") -> None:
-        color = STATUS_COLORS.get(status, "#777")
-        tail = f" <span style='color:#666'>{html.escape(detail)}</span>" if detail else ""
+        """The badge shows the status word alone (class ``nbt-status-<status>``); the detail sits beside it."""
+        color = STATUS_COLORS.get(status, STATUS_COLORS["idle"])
+        tail = (
+            f" <span class='nbt-status-detail' style='color:{FG2};font-size:12px'>{html.escape(detail)}</span>"
+            if detail
+            else ""
+        )
         self.status.value = (
-            f"<span class='nbt-status-{status}' style='background:{color};color:white;"
+            f"<span class='nbt-status-badge nbt-status-{status}' style='background:{color};color:white;"
             f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}"
         )
 
     def set_progress(self, p: Any) -> None:
         epochs = max(int(p.epochs or 1), 1)
-        done = max(0, min(epochs, int(p.epoch) - (0 if p.status in ("finished",) else 1)))
+        # Epochs done: the current one counts once it has ended (a finished run, or a stop at its boundary).
+        done = max(0, min(epochs, int(p.epoch) - (0 if p.batch >= (p.batches or 0) and p.batches else 1)))
         self.epoch_bar.max, self.epoch_bar.value = epochs, done
         self.epoch_bar.description = f"epoch {p.epoch}/{epochs}"
         batches = p.batches if p.batches else max(int(p.batch), 1)
@@ -202,45 +223,50 @@ class PanelView:
         self.step_bar.description = f"{'val ' if p.stage == 'val' else ''}batch {p.batch}/{p.batches or '?'}"
         parts = [f"step {p.global_step:,}" + (f"/{p.total_steps:,}" if p.total_steps else "")]
         if p.loss is not None:
-            parts.append(f"loss {fmt(p.loss)}")
-        parts += [f"{k} {fmt(v)}" for k, v in (p.metrics or {}).items()]
+            parts.append(f"loss {format_number(p.loss)}")
+        parts += [f"{k} {format_number(v)}" for k, v in (p.metrics or {}).items()]
         if p.lr is not None:
-            parts.append(f"lr {p.lr:.2e}")
-        parts.append(f"{p.samples_per_s:,.0f} samples/s")
-        parts.append(f"elapsed {fmt_duration(p.elapsed)}")
+            parts.append(f"lr {format_lr(p.lr)}")
+        parts.append(f"{format_number(round(p.samples_per_s))} samples/s")
+        parts.append(f"elapsed {format_duration(p.elapsed)}")
         if p.eta_epoch is not None and p.status == "running":
-            parts.append(f"ETA epoch {fmt_duration(p.eta_epoch)} · fit {fmt_duration(p.eta_fit)}")
+            parts.append(f"ETA epoch {format_duration(p.eta_epoch)} · fit {format_duration(p.eta_fit)}")
         if p.grad_accum_steps and p.grad_accum_steps > 1:
             parts.append(f"accum {p.grad_accum_steps}")
         if p.skipped_steps:
             parts.append(f"{p.skipped_steps} fp16-skipped steps")
-        self.progress_info.value = f"<span style='font-size:12px'>{html.escape(' · '.join(parts))}</span>"
+        self.progress_info.value = f"<span style='font-size:12px;color:{FG}'>{html.escape(' · '.join(parts))}</span>"
 
-    def set_stats(self, best: tuple[str, float, Any] | None, peak_memory: str, p: Any | None) -> None:
+    def set_stats(self, best: tuple[str, float, Any] | None, p: Any | None) -> None:
         cards = []
         if best is not None:
             key, value, epoch = best
-            cards.append(_card(f"best {key}", fmt(value), f"epoch {epoch}"))
+            cards.append(_card(f"best {key}", format_number(value), f"epoch {epoch}", "nbt-stat-best"))
         else:
-            cards.append(_card("best validation", "-", "no validation yet"))
-        cards.append(_card("peak memory", peak_memory))
+            cards.append(_card("best validation", "-", "no validation yet", "nbt-stat-best"))
         if p is not None:
-            cards.append(_card("throughput", f"{p.samples_per_s:,.0f} samples/s"))
+            cards.append(
+                _card(
+                    "throughput",
+                    f"{format_number(round(p.samples_per_s))} samples/s",
+                    f"elapsed {format_duration(p.elapsed)}",
+                    "nbt-stat-throughput",
+                )
+            )
             if p.step_times:
                 total = sum(p.step_times.values()) or 1.0
-                split = " / ".join(f"{k} {v / total:.0%}" for k, v in p.step_times.items())
-                cards.append(_card("step time", f"{total:.2f} ms", split))
-        self.stats.value = "<div>" + "".join(cards) + "</div>"
+                data = p.step_times.get("data", 0.0) / total
+                short = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+                split = " · ".join(f"{short.get(k, k)} {v / total:.0%}" for k, v in p.step_times.items() if k != "data")
+                cards.append(
+                    _card("step time", format_duration(total / 1e3), f"data {data:.0%} · {split}", "nbt-stat-steptime")
+                )
+            if p.memory is not None:
+                cap = p.memory_capacity
+                sub = f"of {format_bytes(cap)} ({p.memory / cap:.0%})" if cap else ""
+                what = "CUDA peak / window" if p.memory_kind == "cuda" else "process RSS"
+                cards.append(_card(f"memory · {what}", format_bytes(p.memory), sub, "nbt-stat-memory"))
+        self.stats.value = f"<div style='display:flex;flex-flow:row wrap;align-items:stretch'>{''.join(cards)}</div>"
 
     def add_message(self, level: str, text: str, details: str | None = None) -> None:
-        color = {"error": "#cf222e", "warning": "#9a6700", "info": "#444"}.get(level, "#444")
-        body = f"<span style='color:{color}'><b>{level}</b>: {html.escape(text)}</span>"
-        if details:
-            body += (
-                f"<details class='nbt-traceback'><summary>traceback</summary><pre style='font-size:11px;"
-                f"white-space:pre-wrap'>{html.escape(details)}</pre></details>"
-            )
-        msg = _cls(W.HTML(f"<div style='font-size:12px'>{body}</div>"), f"nbt-message-{level}")
-        with self._msg_lock:  # the UI thread and click handlers both add messages
-            self.message_log.append((level, text))
-            self.messages.children = (*self.messages.children, msg)[-MAX_MESSAGES:]
+        self.messages_log.add(level, text, details)

@@ -77,10 +77,13 @@ def test_lr_and_accumulation_changes_mid_run_reach_optimizer_history_and_charts(
     lrs = dict(zip(h.steps["step"], h.steps["lr"], strict=True))
     assert lrs[events["lr"]["step"] + 1] == pytest.approx(0.2)
     assert len(h.steps["step"]) < 128  # fewer optimizer steps after accumulating 4
-    labels = list(w.charts.lr_events.names)
-    assert any(lab.startswith("lr 0.2") for lab in labels) and "accum 4" in labels
-    assert len(w.charts.loss_events.x) == 2
-    assert any("lr" in text and "0.2" in text for _, text in w.view.message_log)
+    # the LR change is marked on the LR chart at its new value; both changes on the loss chart
+    assert list(w.charts.lr_events.names) == ["2.00e-1"]
+    assert w.charts.lr_events.y.tolist() == pytest.approx([0.2])
+    assert w.charts.lr_events.x.tolist() == [events["lr"]["step"]]
+    loss_labels = list(w.charts.loss_events.names)
+    assert len(loss_labels) == 2 and any("accumulation 1 → 4" in lab for lab in loss_labels)
+    assert any("lr 5.00e-2 → 2.00e-1" in text for _, text in w.view.message_log)
 
 
 def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
@@ -109,7 +112,7 @@ def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
         w.wait(timeout=30)
     assert w.status == "failed" and w.history.status == "failed"
     assert "failed" in w.view.status.value
-    errors = [m for m in w.view.messages.children if "nbt-message-error" in m._dom_classes]
+    errors = [m for m in w.view.messages_log.lines.children if "nbt-message-error" in m._dom_classes]
     assert errors and "metric exploded" in errors[-1].value and "nbt-traceback" in errors[-1].value
     assert "<details" in errors[-1].value and "Traceback" in errors[-1].value
     assert not w.view.start.disabled and w.view.stop.disabled

@@ -13,7 +13,7 @@ import pytest
 import torch
 from widget_helpers import classes, make_widget, wait_for
 
-from nbtrainer import LRFinderResult
+from nbtrainer import LRFinderResult, format_lr
 from nbtrainer.widgets import LRFinderView
 
 
@@ -79,7 +79,7 @@ def test_lr_find_chart_suggestions_buttons_and_curve_click():
         assert "nbt-lrfinder-use" in button._dom_classes and rule in button.description
         button.click()
         assert w.view.lr.value == pytest.approx(lr) and w.trainer.lr == pytest.approx(lr)
-        assert view.chosen == pytest.approx(lr) and f"{lr:.3e}" in view.choice.value
+        assert view.chosen == pytest.approx(lr) and format_lr(lr) in view.choice.value
         np.testing.assert_allclose(view.marker.x, [lr, lr])
 
     i = min(10, len(lrs) - 1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from widget_helpers import classes, make_widget, parts, wait_for
 
-from nbtrainer import History, Trainer, TrainerWidget
+from nbtrainer import History, Trainer, TrainerWidget, format_number
 from nbtrainer.widgets import ProfileCard
 
 CSS = {
@@ -71,11 +71,15 @@ def test_panel_builds_and_trains_without_a_kernel():
     np.testing.assert_allclose(w.charts.raw.y, h.steps["loss"])
     np.testing.assert_allclose(w.charts.lr.y, h.steps["lr"])
     assert w.charts.val.y.tolist() == pytest.approx(h["val_loss"])
-    assert list(w.charts.train_metrics.labels) == ["loss", "acc"]
-    assert w.charts.val_metrics.y[1].tolist() == pytest.approx(h["val_acc"])
+    # accuracy has its own 0-1 chart (never the loss axis): train solid, val dashed
+    assert np.atleast_2d(w.charts.train_metrics.y).shape == (1, 2)
+    assert np.atleast_2d(w.charts.val_metrics.y)[0].tolist() == pytest.approx(h["val_acc"])
+    legend = w.charts.metrics_box.legend.value
+    assert "acc" in legend and "val_acc" in legend and "loss" not in legend
+    assert (w.charts.metrics_box.fig.axes[1].scale.min, w.charts.metrics_box.fig.axes[1].scale.max) == (0.0, 1.0)
     assert w.view.epoch_bar.value == 2 and w.view.step_bar.value == 32
     assert "finished" in w.view.status.value and "step 64/64" in w.view.progress_info.value
-    assert "best val_loss" in w.view.stats.value and f"{min(h['val_loss']):.4g}" in w.view.stats.value
+    assert "best val_loss" in w.view.stats.value and format_number(min(h["val_loss"])) in w.view.stats.value
     assert not w.view.start.disabled and w.view.stop.disabled and w.view.pause.disabled
     assert w.ui_updates >= 1
     assert [m for m in w.view.message_log if m[0] != "info"] == []  # no drawing or update error was reported
@@ -96,13 +100,15 @@ def test_charts_draw_each_epoch_as_it_ends(metrics):
         row.update({f"val_{m}": 0.4 + 0.1 * epoch for m in metrics})
         charts.add_epoch(row)
         assert charts.render()
-        series = ["loss", *metrics]
-        for mark, names in ((charts.train_metrics, series), (charts.val_metrics, [f"val_{n}" for n in series])):
+        for mark, names in ((charts.train_metrics, metrics), (charts.val_metrics, [f"val_{n}" for n in metrics])):
             y, x = np.atleast_2d(mark.y), mark.x.tolist()
-            assert list(mark.labels) == names and y.shape == (len(names), len(x))
+            assert y.shape == (len(names), len(x))  # bounded metrics only: the loss is not on this axis
             assert sorted(set(x)) == list(range(1, epoch + 1))  # the first epoch may be drawn twice
             assert y[-1, -1] == pytest.approx(row[names[-1]])
         assert charts.val.x.tolist() == [10.0 * e for e in range(1, epoch + 1)]
+        # one tooltip point per (metric, epoch)
+        assert len(charts.metric_points.x) == 2 * len(metrics) * epoch
+        assert all("epoch" in n for n in charts.metric_points.names)
 
 
 def test_start_again_trains_on_with_a_fresh_history_and_charts():
@@ -220,9 +226,14 @@ def test_summary_is_static_html_with_svg_and_reaches_the_display_slot(monkeypatc
     h = w.wait()
     html = w.summary_html
     assert "nbt-summary" in html and "<svg" in html and "nbt-summary-table" in html and "<polyline" in html
-    assert f"{h.last['val_acc']:.4g}" in html and "finished" in html
+    assert format_number(h.last["val_acc"]) in html and "finished" in html
     assert updates and all(k["display_id"] == slot and k["raw"] for _, k in updates)
-    assert updates[-1][0]["text/html"] == html and "finished" in updates[-1][0]["text/plain"]
+    # the slot's copy is marked static (hidden by the panel's style where widgets render)
+    static = updates[-1][0]["text/html"]
+    assert static == f"<div class='nbt-summary-static'>{html}</div>" and "finished" in updates[-1][0]["text/plain"]
+    assert ".nbt-summary-static{display:none}" in w._hide_static.value and w._hide_static in w.panel.children
+    # and the panel shows the same summary in its own (collapsed) section: Voila never re-renders the slot
+    assert w.view.summary.value == html and w.view.summary_section.visible and not w.view.summary_section.is_open
 
 
 def test_profile_button_shows_a_profile_card():
@@ -243,5 +254,5 @@ def test_profile_card_is_defensive_about_missing_keys():
             "latency_ms": {"cpu": {"fp16-mixed": {"supported": False, "reason": "no fp16 here"}}},
         }
     )
-    assert "Net" in card.html.value and "1.23 K" in card.html.value and "no fp16 here" in card.html.value
+    assert "Net" in card.html.value and "1.23K" in card.html.value and "no fp16 here" in card.html.value
     assert ProfileCard({}).html.value  # nothing measured: still a card

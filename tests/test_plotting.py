@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from nbtrainer.widgets import MinMaxStream, decimate, minmax_indices
-from nbtrainer.widgets._decimate import Ema
+from nbtrainer.plotting import Ema, MinMaxStream, decimate, minmax_indices
 
 
 def test_minmax_indices_bounds_and_keeps_spikes():

@@ -1,0 +1,184 @@
+"""The panel in a real Jupyter kernel, driven over the Jupyter protocol as a front end drives it.
+
+A cell blocks in ``w.fit()``; meanwhile this client sends the same ``comm_msg`` a browser sends when Pause,
+Resume and Stop are clicked, and reads the widget updates the kernel publishes. Without processing widget
+messages inside the waiting cell, the clicks would only arrive after the run (seen in JupyterLab before the
+fix: 8 s of clicks with no effect).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from typing import Any
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+SETUP = """
+import time, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from nbtrainer import TrainerWidget
+
+class Slow:  # about 40 optimizer steps per second: long enough to click during the run
+    def on_optimizer_step(self, trainer, step, skipped):
+        time.sleep(0.02)
+
+torch.manual_seed(0)
+x, y = torch.randn(512, 8), torch.randint(0, 3, (512,))
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+w = TrainerWidget(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05),
+                  DataLoader(TensorDataset(x, y), batch_size=16), epochs=50, callbacks=[Slow()],
+                  progress=False, refresh_interval=0.05, ui_interval=0.1)
+print("IDS", w.view.pause.model_id, w.view.stop.model_id, w.view.status.model_id, w.view.progress_info.model_id)
+"""
+
+
+class Kernel:
+    """A started kernel and its client, with the iopub stream collected into ``messages``."""
+
+    def __init__(self) -> None:
+        self.km, self.kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120)
+        self.messages: list[dict[str, Any]] = []
+
+    def pump(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                self.messages.append(self.kc.get_iopub_msg(timeout=0.05))
+            except queue.Empty:
+                pass
+
+    def reply(self, msg_id: str, timeout: float) -> dict[str, Any]:
+        """The shell reply to ``msg_id`` (earlier replies, e.g. kernel_info's, are skipped)."""
+        end = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(0.1, end - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                assert msg["content"]["status"] == "ok", msg["content"]
+                return msg
+
+    def run(self, code: str, timeout: float = 120) -> str:
+        msg_id = self.kc.execute(code)
+        self.reply(msg_id, timeout)
+        self.pump(0.5)
+        return self.stdout(msg_id)
+
+    def stdout(self, msg_id: str) -> str:
+        return "".join(
+            m["content"]["text"]
+            for m in self.messages
+            if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == msg_id
+        )
+
+    def click(self, model_id: str) -> None:
+        """What a front end sends when a Button is clicked."""
+        content = {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        self.kc.shell_channel.send(self.kc.session.msg("comm_msg", content))
+
+    def values(self, model_id: str) -> list[tuple[float, str]]:
+        """(arrival time, value) of every ``value`` update the kernel sent for a widget."""
+        out = []
+        for m in self.messages:
+            if m["msg_type"] == "comm_msg" and m["content"].get("comm_id") == model_id:
+                state = m["content"]["data"].get("state") or {}
+                if "value" in state:
+                    out.append((m["_t"], state["value"]))
+        return out
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def _step(text: str) -> int:
+    m = re.search(r"step ([\d,]+)", text)
+    return int(m.group(1).replace(",", "")) if m else 0
+
+
+@pytest.fixture
+def kernel(venv_kernelspec: Any) -> Any:
+    k = Kernel()
+    original = k.kc.get_iopub_msg
+
+    def stamped(*a: Any, **kw: Any) -> dict[str, Any]:
+        msg = original(*a, **kw)
+        msg["_t"] = time.monotonic()
+        return msg
+
+    k.kc.get_iopub_msg = stamped  # type: ignore[method-assign]
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def _wait_step(kernel: Kernel, info_id: str, at_least: int, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        kernel.pump(0.1)
+        if max([_step(v) for _, v in kernel.values(info_id)] or [0]) >= at_least:
+            return
+    raise AssertionError(f"the run did not reach step {at_least} in {timeout} s")
+
+
+def _wait_status(kernel: Kernel, status_id: str, word: str, timeout: float = 15.0) -> float:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        kernel.pump(0.1)
+        hits = [t for t, v in kernel.values(status_id) if f"nbt-status-{word}" in v]
+        if hits:
+            return hits[0]
+    raise AssertionError(f"status {word!r} never shown; statuses: {[v[-80:] for _, v in kernel.values(status_id)]}")
+
+
+@pytest.mark.timeout(240)
+def test_pause_resume_stop_clicks_work_while_a_cell_blocks_in_fit(kernel: Kernel) -> None:
+    ids = kernel.run(SETUP).split("IDS", 1)[1].split()
+    pause_id, stop_id, status_id, info_id = ids
+    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status, w.trainer.global_step, len(h.epochs))")
+    _wait_step(kernel, info_id, 5)
+
+    # Pause: "paused" is shown only once the loop holds; from then on the step shown does not move
+    kernel.click(pause_id)
+    paused_at = _wait_status(kernel, status_id, "paused")
+    kernel.pump(1.5)
+    after = [(t, _step(v)) for t, v in kernel.values(info_id) if t >= paused_at]
+    held = [s for _, s in after]
+    assert len(set(held)) <= 1, f"progress moved while paused: {held}"
+
+    # Resume: running again, the step grows
+    kernel.click(pause_id)  # the same button reads "Resume" now
+    resumed_at = _wait_status(kernel, status_id, "running")
+    kernel.pump(1.0)
+    later = [_step(v) for t, v in kernel.values(info_id) if t >= resumed_at]
+    assert later and max(later) > max(held or [0]), (held, later)
+
+    # Stop: the blocking cell returns the History, status "stopped", long before the 50 epochs
+    kernel.click(stop_id)
+    kernel.reply(fit_id, timeout=30)
+    kernel.pump(0.5)
+    result = kernel.stdout(fit_id).split()
+    assert result[:2] == ["RESULT", "stopped"], result
+    assert int(result[3]) < 50
+    stopped_at = _wait_status(kernel, status_id, "stopped", timeout=5)
+    final = [_step(v) for t, v in kernel.values(info_id) if t <= stopped_at][-1]
+    assert final == int(result[2]), "the last step drawn before 'stopped' is the step the run ended on"
+    # the kernel is free for the next cell at once
+    assert kernel.run("print('next', w.status)").split() == ["next", "stopped"]
+
+
+@pytest.mark.timeout(240)
+def test_kernel_interrupt_stops_the_run_and_the_cell_returns_the_history(kernel: Kernel) -> None:
+    ids = kernel.run(SETUP).split("IDS", 1)[1].split()
+    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status, h.stop_reason)")
+    _wait_step(kernel, ids[3], 5)
+    kernel.km.interrupt_kernel()  # Kernel > Interrupt
+    kernel.reply(fit_id, timeout=30)
+    kernel.pump(0.5)
+    out = kernel.stdout(fit_id)
+    assert out.startswith("RESULT stopped") and "KeyboardInterrupt" in out, out
+    assert kernel.run("print(w.trainer.status, len(w.trainer.active()))").split() == ["stopped", "0"]

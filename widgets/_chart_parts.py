@@ -1,0 +1,209 @@
+"""Building blocks of the live charts: a figure with labelled axes, tooltips, and an HTML legend above it.
+
+Legends are HTML rows above each plot (bqplot's own legend box sits over the data); every axis has a
+label and an explicit tick format.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from contextlib import ExitStack
+from typing import Any
+
+import bqplot as bq
+import ipywidgets as W
+import numpy as np
+
+from nbtrainer import format_bytes
+from nbtrainer.plotting import PALETTE, MinMaxStream, nice_ticks
+
+from ._theme import FG, FG2
+
+__all__ = [
+    "MARKER",
+    "Box",
+    "EpochChart",
+    "MemoryChart",
+    "figure",
+    "legend_html",
+    "lin_scale",
+    "log_scale",
+    "step_ticks",
+    "tooltip",
+]
+
+_MARGIN = {"top": 12, "bottom": 42, "left": 64, "right": 14}
+_BOX = {"flex": "1 1 330px", "min_width": "300px", "max_width": "560px", "margin": "0 4px 4px 0"}
+_FIG = {"width": "100%", "height": "250px"}
+MARKER = "#8b949e"  # change markers: mid grey, visible on light and dark backgrounds
+
+
+def step_ticks(x: np.ndarray) -> np.ndarray:
+    """Round, whole-step tick values from 0 to the last step (bqplot's own split 487 into 121.75s)."""
+    top = float(x.max()) if len(x) else 1.0
+    return np.asarray([t for t in nice_ticks(0.0, max(top, 1.0), 5) if t == int(t) and t <= top] or [0.0])
+
+
+def lin_scale(**kw: Any) -> bq.LinearScale:
+    # No padding: bqplot otherwise widens the domain to fit markers, which put negative ticks under a loss.
+    return bq.LinearScale(allow_padding=False, **kw)
+
+
+def log_scale(**kw: Any) -> bq.LogScale:
+    return bq.LogScale(allow_padding=False, **kw)
+
+
+def legend_html(entries: list[tuple[str, str, bool]], extra: str = "") -> str:
+    """A legend row: a swatch (dashed when ``dash``) and a label per entry, then ``extra`` text."""
+    items = []
+    for label, color, dash in entries:
+        style = "dashed" if dash else "solid"
+        items.append(
+            f"<span style='margin-right:10px;white-space:nowrap'><span style='display:inline-block;width:16px;"
+            f"border-top:3px {style} {color};vertical-align:middle;margin-right:4px'></span>"
+            f"{html.escape(label)}</span>"
+        )
+    tail = f"<span style='color:{FG2};margin-left:4px;white-space:nowrap'>{html.escape(extra)}</span>" if extra else ""
+    return f"<div style='font-size:11px;color:{FG};min-height:16px'>{''.join(items)}{tail}</div>"
+
+
+def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_format: str) -> bq.Figure:
+    # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
+    # domain has zero width (the first step or epoch), and the axis never recovered from that error.
+    axes = [
+        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5),
+        bq.Axis(scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px"),
+    ]
+    fig = bq.Figure(marks=marks, axes=axes, fig_margin=dict(_MARGIN), animation_duration=0, layout=W.Layout(**_FIG))
+    fig.add_class(css)
+    return fig
+
+
+def tooltip(*fields: tuple[str, str, str]) -> bq.Tooltip:
+    return bq.Tooltip(
+        fields=[f for f, _, _ in fields], labels=[lab for _, lab, _ in fields], formats=[fmt for _, _, fmt in fields]
+    )
+
+
+class Box:
+    """A figure with its legend row above it (``root``)."""
+
+    def __init__(self, fig: bq.Figure, *controls: W.Widget) -> None:
+        self.fig = fig
+        self.legend = W.HTML(layout=W.Layout(flex="1 1 auto"))
+        self.legend.add_class("nbt-legend")
+        self.root = W.VBox(
+            [W.HBox([self.legend, *controls], layout=W.Layout(align_items="center")), fig], layout=W.Layout(**_BOX)
+        )
+
+
+class EpochChart:
+    """Metrics per epoch on one axis: train solid, validation dashed, every point with a tooltip (``box``)."""
+
+    def __init__(self, css: str, ylabel: str, y: Any, *controls: W.Widget) -> None:
+        x, e = lin_scale(min=0.75, max=1.25), np.empty(0)
+        self.x = x
+        sc = {"x": x, "y": y}
+        self.train = bq.Lines(x=e, y=e, scales=sc, colors=list(PALETTE), stroke_width=2)
+        self.val = bq.Lines(x=e, y=e, scales=sc, colors=list(PALETTE), stroke_width=2, line_style="dashed")
+        self.points = bq.Scatter(
+            x=e,
+            y=e,
+            scales=sc,
+            colors=[PALETTE[0]],
+            default_size=36,
+            names=[],
+            display_names=False,
+            interactions={"hover": "tooltip"},
+            tooltip=tooltip(("name", "", ""), ("y", "value", ".4~g")),
+        )
+        self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g")
+        self.box = Box(self.fig, *controls)
+
+    def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str]) -> None:
+        """Draw the metrics ``bases`` (train ``k`` and ``val_k``) of the epoch ``rows``."""
+        epochs = np.asarray([float(r.get("epoch", i + 1)) for i, r in enumerate(rows)])
+        colors = {b: PALETTE[(i + 3) % len(PALETTE)] for i, b in enumerate(bases)}
+        px: list[float] = []
+        py: list[float] = []
+        pc: list[str] = []
+        pn: list[str] = []
+        entries = []
+        for mark, prefix in ((self.train, ""), (self.val, "val_")):
+            keys = [(prefix + b, colors[b]) for b in bases if any(prefix + b in r for r in rows)]
+            stack.enter_context(mark.hold_sync())
+            if not keys or not len(epochs):
+                mark.x, mark.y = np.empty(0), np.empty(0)
+                continue
+            y = np.asarray(
+                [[float(r[k]) if isinstance(r.get(k), (int, float)) else math.nan for r in rows] for k, _ in keys]
+            )
+            # bqplot squeezes a 2-D y: k series over one epoch, (k, 1), would arrive as one series of k points
+            # (and (1, 1) as a 0-d array). Drawing the lone epoch twice keeps the shape (k, 2).
+            idx = np.arange(len(epochs)) if len(epochs) > 1 else np.zeros(2, dtype=int)
+            mark.x, mark.y = epochs[idx], y[:, idx]
+            mark.colors = [c for _, c in keys]
+            for (k, c), row in zip(keys, y, strict=True):
+                entries.append((k, c, prefix == "val_"))
+                for e, v in zip(epochs, row, strict=True):
+                    if math.isfinite(v):
+                        px.append(float(e))
+                        py.append(float(v))
+                        pc.append(c)
+                        pn.append(f"{k} · epoch {int(e)}")
+        stack.enter_context(self.points.hold_sync())
+        self.points.x, self.points.y = np.asarray(px, dtype=float), np.asarray(py, dtype=float)
+        self.points.colors, self.points.names = pc or [PALETTE[0]], pn
+        self.box.legend.value = legend_html(entries)
+        if len(epochs):  # whole epochs with a little room at both ends (a lone first epoch too)
+            with self.x.hold_sync():
+                self.x.min, self.x.max = float(epochs.min()) - 0.25, float(epochs.max()) + 0.25
+        n = len(rows)  # ticks on whole epochs only (at most ~8 of them)
+        self.fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
+
+
+class MemoryChart:
+    """The peak memory of each refresh window against the device's capacity (``box``)."""
+
+    def __init__(self, max_points: int) -> None:
+        self.stream = MinMaxStream(max_points)
+        self.capacity_bytes: int | None = None
+        x, self.y = lin_scale(min=0.0), lin_scale(min=0.0, max=1.0)
+        sc, e = {"x": x, "y": self.y}, np.empty(0)
+        self.line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[4]], stroke_width=2, labels=["memory"])
+        self.capacity = bq.Lines(x=e, y=e, scales=sc, colors=[MARKER], line_style="dashed", stroke_width=1)
+        self.fig = figure(
+            "nbt-chart-memory", [self.line, self.capacity], x, self.y, "optimizer step", "memory (MiB)", ",~g"
+        )
+        self.box = Box(self.fig)
+        self.box.legend.value = legend_html([("peak per window", PALETTE[4], False)])
+
+    def add(self, step: int, used: int | None, capacity: int | None) -> bool:
+        if used is None:
+            return False
+        self.stream.extend([float(step)], [float(used)])
+        self.capacity_bytes = capacity
+        return True
+
+    def render(self, stack: ExitStack) -> None:
+        x, y = self.stream.points()
+        if not len(x):
+            return
+        cap = self.capacity_bytes
+        unit, div = ("GiB", 2**30) if float(y.max()) >= 2**30 else ("MiB", 2**20)
+        top = float(y.max()) * 1.25
+        show_cap = cap is not None and cap <= top * 4  # the capacity line only when it is within reach
+        cap_x = np.array([x.min(), max(x.max(), x.min() + 1)])
+        for mark, xs, ys in ((self.line, x, y / div), (self.capacity, cap_x, np.full(2, (cap or 0) / div))):
+            stack.enter_context(mark.hold_sync())
+            keep = mark is self.line or show_cap
+            mark.x, mark.y = (xs, ys) if keep else (np.empty(0), np.empty(0))
+        self.y.max = (max(top, cap * 1.05) if show_cap and cap else top) / div
+        self.fig.axes[0].tick_values = step_ticks(x)
+        self.fig.axes[1].tick_values = np.asarray(nice_ticks(0.0, self.y.max, 4))
+        self.fig.axes[1].label = f"memory ({unit})"
+        used = float(y[-1])
+        share = f" · {used / cap:.1%} of {format_bytes(cap)}" if cap else ""
+        entries = [("peak per window", PALETTE[4], False)] + ([("capacity", MARKER, True)] if show_cap else [])
+        self.box.legend.value = legend_html(entries, f"now {format_bytes(used)}{share}")

@@ -1,0 +1,125 @@
+"""Wait for a run while the kernel keeps handling the panel's clicks.
+
+While a cell executes, the kernel's main thread is busy with it: widget messages (Pause, Stop, a slider
+moved) queue up behind the cell and arrive only after the run. Two ways out, picked at run time:
+
+1. **ipykernel >= 7 (kernel subshells, JEP 91).** The kernel routes each incoming comm message to the
+   subshell its comm names (``comm._reply_subshell_for``); a subshell is a thread with its own event loop.
+   While the cell waits, every comm of the kernel is routed to one nbtrainer subshell, so clicks are handled
+   there at once; the routing is removed when the wait ends. Execute requests still queue behind the cell,
+   in order, as usual.
+2. **Older kernels:** ``jupyter-ui-poll`` processes the queued widget messages from inside the waiting cell
+   (it relies on ``kernel.do_one_iteration``, which ipykernel 7.4 no longer has, hence option 1).
+
+Kernel > Interrupt still raises ``KeyboardInterrupt`` in the waiting cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from ._frontend import in_notebook
+
+__all__ = ["wait_until"]
+
+_warned = False
+_SUBSHELLS: dict[int, str] = {}  # id(kernel) -> the nbtrainer subshell (one per kernel, reused)
+
+
+def _kernel() -> Any:
+    if threading.current_thread() is not threading.main_thread() or not in_notebook():
+        return None
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    return getattr(shell, "kernel", None)
+
+
+def _subshell(kernel: Any) -> str | None:
+    """The id of this kernel's nbtrainer subshell (created once), or None where subshells are unsupported."""
+    if (
+        not getattr(kernel, "_supports_kernel_subshells", False)
+        or getattr(kernel, "shell_channel_thread", None) is None
+    ):
+        return None
+    if id(kernel) in _SUBSHELLS:
+        return _SUBSHELLS[id(kernel)]
+    manager = kernel.shell_channel_thread.manager
+    made: Future = Future()
+
+    def create() -> None:  # subshells are created on the shell channel thread only
+        try:
+            made.set_result(manager._create_subshell())
+        except BaseException as exc:
+            made.set_exception(exc)
+
+    manager._shell_channel_io_loop.add_callback(create)  # thread-safe hand-over to that thread's loop
+    try:
+        _SUBSHELLS[id(kernel)] = made.result(timeout=10)
+    except Exception:  # an ipykernel whose internals moved: fall back to jupyter-ui-poll
+        return None
+    return _SUBSHELLS[id(kernel)]
+
+
+@contextlib.contextmanager
+def _route_comms(kernel: Any, subshell_id: str) -> Iterator[None]:
+    """Every comm's frontend messages go to ``subshell_id`` inside the block (new comms included)."""
+
+    def route(data: Any, default: Any) -> str:
+        return subshell_id
+
+    manager = kernel.comm_manager
+    routed: dict[str, Any] = {}
+
+    def refresh() -> None:
+        for comm_id, comm in list(manager.comms.items()):
+            if comm_id not in routed:
+                comm._reply_subshell_for = route  # read by the shell channel thread for each comm_msg
+                routed[comm_id] = comm
+
+    refresh()
+    try:
+        yield refresh
+    finally:
+        for comm in routed.values():
+            with contextlib.suppress(AttributeError):
+                del comm._reply_subshell_for  # back to the class's own routing
+
+
+def wait_until(done: Callable[[float], bool], *, interval: float = 0.05) -> None:
+    """Block until ``done(timeout)`` returns True; from a notebook cell, widget messages keep being handled."""
+    global _warned
+    kernel = _kernel()
+    if kernel is None:
+        while not done(0.1):
+            pass
+        return
+    subshell_id = _subshell(kernel)
+    if subshell_id is not None:
+        with _route_comms(kernel, subshell_id) as refresh:
+            while not done(interval):
+                refresh()  # widgets created meanwhile (an LR finder chart) are routed too
+        return
+    try:
+        from jupyter_ui_poll import ui_events
+    except ImportError:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                "Pause/Stop clicks are not processed while this cell waits: `pip install "
+                "jupyter-ui-poll`, or use w.start() and let the cell end.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        while not done(0.1):
+            pass
+        return
+    with ui_events() as poll:
+        while not done(0.0):
+            poll(20)  # up to 20 queued widget messages (clicks, slider moves) per turn
+            time.sleep(interval)

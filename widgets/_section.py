@@ -1,0 +1,68 @@
+"""A titled area of the panel that can be collapsed and closed (profile card, LR finder, epoch table, summary).
+
+The panel must stay bounded: each side area starts hidden, shows when it has content, folds to its title
+line with one click and disappears with another.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as W
+
+from ._theme import FG
+
+__all__ = ["Section"]
+
+
+class Section:
+    """``root`` is a VBox (class ``css``): a header (title, collapse toggle, optional close button) and a body."""
+
+    def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
+        self._title = title
+        self.title = W.HTML()
+        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
+        self.toggle.add_class("nbt-collapse")
+        self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
+        self.close_button.add_class("nbt-close")
+        buttons = [self.toggle, *([self.close_button] if closable else [])]
+        self.header = W.HBox([self.title, *buttons], layout=W.Layout(align_items="center"))
+        self.body = W.VBox()
+        self.root = W.VBox([self.header, self.body], layout=W.Layout(display="none", margin="4px 0"))
+        self.root.add_class(css)
+        self.root.add_class("nbt-section")
+        self.toggle.on_click(lambda _: self.set_open(not self.is_open))
+        self.close_button.on_click(lambda _: self.close())
+        self.set_title(title)
+
+    @property
+    def is_open(self) -> bool:
+        return self.body.layout.display != "none"
+
+    @property
+    def visible(self) -> bool:
+        return self.root.layout.display != "none"
+
+    def set_title(self, title: str, detail: str = "") -> None:
+        self._title = title
+        tail = f" <span style='font-weight:normal'>{html.escape(detail)}</span>" if detail else ""
+        self.title.value = f"<b style='color:{FG};font-size:12px'>{html.escape(title)}</b>{tail}"
+
+    def show(self, *children: Any, detail: str = "") -> None:
+        """Put ``children`` in the body and show the area, open."""
+        self.body.children = tuple(children)
+        if detail:
+            self.set_title(self._title, detail)
+        self.root.layout.display = "flex"
+        self.set_open(True)
+
+    def set_open(self, is_open: bool) -> None:
+        self.body.layout.display = "flex" if is_open else "none"
+        self.toggle.icon = "chevron-up" if is_open else "chevron-down"
+        self.toggle.tooltip = "collapse" if is_open else "expand"
+
+    def close(self) -> None:
+        """Hide the area and drop its content (a later ``show`` brings it back)."""
+        self.body.children = ()
+        self.root.layout.display = "none"
