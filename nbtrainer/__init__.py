@@ -37,9 +37,9 @@ _LAZY: dict[str, str] = {
     "PrecisionError": "nbtrainer._precision",
     "load_checkpoint": "nbtrainer._checkpoint_io",
     "CheckpointError": "nbtrainer._checkpoint_io",
-    "profile_model": "nbtrainer._profile",
-    "ModelProfile": "nbtrainer._profile",
-    "profile_training": "nbtrainer._profile_trace",
+    "profile_model": "nbtrainer._profile._model",
+    "ModelProfile": "nbtrainer._profile._report",
+    "profile_training": "nbtrainer._profile._trace",
     "launch": "nbtrainer._launch",
     "DDP": "nbtrainer._distributed",
     "compare_strategies": "nbtrainer._compare",
@@ -140,8 +140,9 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._launch import launch
     from nbtrainer._lr_find import LRFinderResult
     from nbtrainer._precision import PrecisionError, precision_support
-    from nbtrainer._profile import ModelProfile, profile_model
-    from nbtrainer._profile_trace import profile_training
+    from nbtrainer._profile._model import profile_model
+    from nbtrainer._profile._report import ModelProfile
+    from nbtrainer._profile._trace import profile_training
     from nbtrainer._progress import ProgressBar
     from nbtrainer._seed import seed_everything
     from nbtrainer._strategies import ParamCounts, build_optimizer, freeze_parameters

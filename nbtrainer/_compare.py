@@ -8,7 +8,7 @@ each from the same initial weights and over the same data order, and reports per
 * samples/s: the median over those steps of samples / step time;
 * peak memory: on CUDA the peak allocated bytes during the fit (``torch.cuda.max_memory_allocated``);
   elsewhere the *measured* bytes of parameters + buffers + gradients + optimizer state + inputs +
-  activations saved for backward of one step (``nbtrainer._profile_memory``, saved-tensor hooks): not
+  activations saved for backward of one step (``nbtrainer._profile._memory``, saved-tensor hooks): not
   an allocator peak, and labelled so;
 * the final training loss (mean over the last 10% of optimizer steps) and a validation metric;
 * ratios to the baseline row (the first strategy unless ``baseline=`` says otherwise).
@@ -218,7 +218,7 @@ def _measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[
     """Measured training-memory bytes of one step of ``trainer``'s setup on ``batch`` (a private copy)."""
     from nbtrainer._batch import move_to_device
     from nbtrainer._checkpointing import strip_activation_checkpointing
-    from nbtrainer._profile_memory import measure_training_memory, optimizer_factory
+    from nbtrainer._profile import measure_training_memory, optimizer_factory
     from nbtrainer._strategies import has_own_checkpointing
     from nbtrainer._strategy import unwrap_model
 

@@ -91,6 +91,13 @@ def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
     assert "nbtrainer/widgets/__init__.py" in names
     assert not [n for n in names if n.startswith("widgets/")], "a top-level widgets/ package leaked into the wheel"
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
+    # every source module ships, private subpackages (nbtrainer/_profile/...) included
+    sources = [f"nbtrainer/{p.relative_to(REPO / 'nbtrainer').as_posix()}" for p in (REPO / "nbtrainer").rglob("*.py")]
+    sources += [
+        f"nbtrainer/widgets/{p.relative_to(REPO / 'widgets').as_posix()}" for p in (REPO / "widgets").rglob("*.py")
+    ]
+    missing = sorted(set(sources) - set(names))
+    assert not missing, f"modules missing from the wheel (add their package to [tool.setuptools] packages): {missing}"
 
     venv = tmp_path / "venv"
     py, _ = make_overlay_venv(venv)
@@ -141,7 +148,14 @@ def _core_modules() -> list[str]:
     import nbtrainer
 
     mods = sorted({m for m in nbtrainer._LAZY.values() if m.startswith("nbtrainer._")})
-    return [m for m in mods if (REPO / "nbtrainer" / (m.rsplit(".", 1)[1] + ".py")).exists()]
+    found = [m for m in mods if _module_file(m).exists()]
+    assert "nbtrainer._profile._model" in found, found  # modules inside private subpackages are found too
+    return found
+
+
+def _module_file(module: str) -> Path:
+    path = REPO.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 _CHECK = textwrap.dedent(

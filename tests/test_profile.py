@@ -13,7 +13,7 @@ from torch import nn
 
 from nbtrainer import ModelProfile, profile_model
 from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
-from nbtrainer._profile_flops import count_flops
+from nbtrainer._profile import count_flops
 
 CUDA = torch.cuda.is_available()
 FLOPS = ("flops",)

@@ -24,7 +24,7 @@ from torch import nn
 
 from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
 from nbtrainer._precision import autocast, normalize_precision
-from nbtrainer._profile_inputs import call_model, iter_tensors, make_loss, slice_batch
+from nbtrainer._profile._inputs import call_model, iter_tensors, make_loss, slice_batch
 
 __all__ = ["measure_training_memory", "optimizer_factory"]
 
