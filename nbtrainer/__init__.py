@@ -42,8 +42,8 @@ _LAZY: dict[str, str] = {
     "profile_training": "nbtrainer._profile._trace",
     "launch": "nbtrainer._launch",
     "DDP": "nbtrainer._distributed",
-    "compare_strategies": "nbtrainer._compare",
-    "StrategyComparison": "nbtrainer._compare",
+    "compare_strategies": "nbtrainer._compare._run",
+    "StrategyComparison": "nbtrainer._compare._table",
     "LRFinderResult": "nbtrainer._lr_find",
     "build_optimizer": "nbtrainer._strategies",
     "freeze_parameters": "nbtrainer._strategies",
@@ -131,7 +131,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
-    from nbtrainer._compare import StrategyComparison, compare_strategies
+    from nbtrainer._compare._run import compare_strategies
+    from nbtrainer._compare._table import StrategyComparison
     from nbtrainer._distributed import DDP
     from nbtrainer._events import EVENTS, Progress
     from nbtrainer._format import format_bytes, format_count, format_duration, format_lr, format_number
