@@ -21,6 +21,7 @@ step, ``nbtrainer._profile._memory``), not an allocator peak, and autocast is us
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import platform
@@ -178,7 +179,7 @@ def main() -> None:
     start = time.perf_counter()
     table = compare_strategies(
         lambda: Encoder(**cfg),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        functools.partial(torch.optim.AdamW, lr=1e-3),
         nn.CrossEntropyLoss(),
         train,
         val,

@@ -194,6 +194,26 @@ def test_users_optimizer_is_cloned_not_stepped() -> None:
     assert mem["optimizer_state_by_key"]["momentum_buffer"] == sum(p.numel() * 4 for p in model.blocks.parameters())
 
 
+@pytest.mark.parametrize(
+    "make",
+    [lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda model: torch.optim.SGD(model.parameters(), lr=0.1)],
+    ids=["lambda-m", "lambda-model"],
+)
+def test_a_function_of_the_model_is_refused_before_profiling(make) -> None:
+    calls: list[int] = []  # shared by the deep copies profile_model runs (a closure, not an attribute)
+
+    class Counted(Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return super().forward(x)
+
+    with pytest.raises(TypeError, match=r"called with the model's parameters.*lambda params"):
+        profile_model(Counted(), torch.randn(8, 8), optimizer=make)
+    assert calls == []  # refused before the model ran once
+    profile_model(Counted(), torch.randn(8, 8), optimizer=torch.optim.SGD, n_iters=2)
+    assert calls  # the control: a good optimizer does run the model
+
+
 def test_activation_memory_drops_with_checkpointing() -> None:
     model, b, d = Stack(d=32, depth=6), 64, 32
     mem = profile_model(model, torch.randn(b, 8), include=("memory",)).memory["cpu"]["fp32"]

@@ -39,13 +39,14 @@ from nbtrainer._compare._measure import (
 )
 from nbtrainer._compare._presets import resolve_strategies
 from nbtrainer._compare._table import StrategyComparison
+from nbtrainer._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
 
 
 def compare_strategies(
     make_model: Callable[[], nn.Module],
-    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None,
+    optimizer: OptimizerFn | None,
     criterion: Callable | None,
     train_loader: Iterable,
     val_loader: Iterable | None = None,
@@ -70,10 +71,12 @@ def compare_strategies(
     Args:
         make_model: ``() -> model``; called once per strategy (weights are then set to the first
             model's, so every strategy starts identical).
-        make_optimizer: ``model -> optimizer`` (``None``: AdamW, fused where possible). A strategy's
-            ``optimizer="adafactor"`` (any name of :func:`nbtrainer._strategies.build_optimizer`) replaces it,
-            with the strategy's ``lr`` or else the learning rate ``make_optimizer`` would use; a strategy's
-            ``optimizer`` may also be its own ``model -> optimizer`` function.
+        optimizer: a callable of the parameters, as torch's own classes are: ``torch.optim.AdamW``,
+            ``functools.partial(torch.optim.AdamW, lr=1e-3)`` or ``lambda params: ...``; called once per
+            strategy with that strategy's model parameters (``None``: AdamW, fused where possible). A
+            strategy's ``optimizer="adafactor"`` (any name of :func:`nbtrainer.build_optimizer`) replaces it,
+            with the strategy's ``lr`` or else the learning rate ``optimizer`` would use; a strategy's
+            ``optimizer`` may also be its own callable of the parameters.
         criterion: the loss, as for :class:`~nbtrainer.Trainer`.
         train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
         strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
@@ -100,8 +103,9 @@ def compare_strategies(
         :class:`StrategyComparison` (``to_pandas()``, HTML in notebooks, ``str()`` as text).
 
     Example:
-        >>> # table = compare_strategies(make_model, lambda m: torch.optim.AdamW(m.parameters()), nn.CrossEntropyLoss(),
-        >>> #                            train_loader, val_loader, ["fp32", "bf16", "ckpt", "accum4"], steps=50)
+        >>> # table = compare_strategies(make_model, functools.partial(torch.optim.AdamW, lr=1e-3),
+        >>> #                            nn.CrossEntropyLoss(), train_loader, val_loader,
+        >>> #                            ["fp32", "bf16", "ckpt", "accum4"], steps=50)
     """
     from nbtrainer._precision import resolve_device
     from nbtrainer._seed import seed_everything
@@ -134,6 +138,11 @@ def compare_strategies(
     order = DataOrder([train_loader, val_loader])
     seed_everything(seed)
     first_model = make_model()
+    if optimizer is not None:  # a model -> optimizer function (the old convention) fails here, not in every row
+        build_from_params(optimizer, first_model)
+    for name, options in plan.items():
+        if callable(options.get("optimizer")) and not isinstance(options["optimizer"], torch.optim.Optimizer):
+            check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
     del first_model
     first_batch: Any = None
@@ -174,12 +183,14 @@ def compare_strategies(
             model.load_state_dict(initial)
             kwargs = {**dict(trainer_kwargs or {}), **options}
             opt = kwargs.pop("optimizer", None)
-            if isinstance(opt, str) or (opt is None and make_optimizer is None):
-                if "lr" not in kwargs and make_optimizer is not None:
-                    kwargs["lr"] = float(make_optimizer(model).param_groups[0]["lr"])
+            if isinstance(opt, str) or (opt is None and optimizer is None):
+                if "lr" not in kwargs and optimizer is not None:
+                    kwargs["lr"] = float(build_from_params(optimizer, model).param_groups[0]["lr"])
                 opt = opt or "adamw"
             elif opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
-                opt = (opt or make_optimizer)(model)  # a strategy may bring its own model -> optimizer
+                # a strategy may bring its own callable of the parameters
+                what = "optimizer" if opt is None else f"strategy {name!r}: optimizer"
+                opt = build_from_params(opt or optimizer, model, argument=what)
                 if "lr" in kwargs:  # a strategy's lr= with the usual optimizer: set it on every group
                     lr = float(kwargs.pop("lr"))
                     for group in opt.param_groups:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
+from nbtrainer._optim import build_from_params
 from nbtrainer._precision import autocast, normalize_precision
 from nbtrainer._profile._inputs import call_model, iter_tensors, make_loss, slice_batch
 
@@ -51,9 +52,10 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
     """How to build, for a copy of ``model``, the optimizer the memory step measures.
 
     Args:
-        model: The user's model (only read: parameter names).
-        optimizer: ``None`` (AdamW with default settings), an optimizer class or ``params -> optimizer``
-            callable, or an existing ``torch.optim.Optimizer`` over ``model``'s parameters: same class,
+        model: The user's model (only read: parameter names; an optimizer is built over it once as a check).
+        optimizer: ``None`` (AdamW with default settings), a callable of the parameters (an optimizer
+            class, ``functools.partial(torch.optim.AdamW, lr=1e-3)``, ``lambda params: ...``), or an
+            existing ``torch.optim.Optimizer`` over ``model``'s parameters: same class,
             same param-group settings, mapped by parameter name onto the copy (its state is not
             touched or copied).
 
@@ -65,7 +67,9 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
     if optimizer is None:
         return lambda copy: torch.optim.AdamW(copy.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
-        return lambda copy: optimizer(copy.parameters())
+        # built once and dropped (nothing is stepped): a function of the model fails here, before any measuring
+        build_from_params(optimizer, model)
+        return lambda copy: build_from_params(optimizer, copy)
     names = {id(p): name for name, p in model.named_parameters()}
     groups = [
         {

@@ -85,9 +85,10 @@ def profile_model(
         criterion: Loss for the training step, ``criterion(output, targets)``; default: the sum of the
             means of the floating-point outputs (FLOP counts never include the criterion).
         targets: Targets for ``criterion``.
-        optimizer: What the memory step steps: ``None`` (AdamW), an optimizer class or
-            ``params -> optimizer`` callable, or your optimizer instance (only its class and
-            param-group settings are used; it is never stepped).
+        optimizer: What the memory step steps: ``None`` (AdamW); a callable of the parameters, as
+            torch's own classes are (``torch.optim.SGD``, ``functools.partial(torch.optim.AdamW, lr=1e-3)``,
+            ``lambda params: ...``); or your optimizer instance (only its class and param-group settings
+            are used; it is never stepped).
         checkpointing: Also measure memory with activation checkpointing of repeated blocks.
         include: Which of ``"flops"``, ``"latency"``, ``"memory"`` to run.
 
