@@ -1,4 +1,4 @@
-"""Optimizers as arguments: one convention, torch's own.
+"""Optimizers: the one convention for optimizers passed as arguments, and moving optimizer state.
 
 Wherever nbtrainer builds an optimizer itself (``compare_strategies`` once per strategy, ``profile_model``
 for its memory step, ``%nbtrainer compare``), it takes what a ``torch.optim`` class already is: a callable
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["OptimizerFn", "build_from_params", "check_optimizer_fn"]
+__all__ = ["OptimizerFn", "build_from_params", "check_optimizer_fn", "move_optimizer_state"]
 
 #: ``params -> optimizer``: an optimizer class, a ``functools.partial`` of one, or a function of the parameters.
 OptimizerFn = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -101,3 +101,23 @@ def build_from_params(
     if not isinstance(built, torch.optim.Optimizer):
         raise TypeError(f"{argument} returned {type(built).__name__}, not a torch.optim.Optimizer. Pass {_EXAMPLES}.")
     return built
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move ``optimizer``'s state tensors to ``device`` (after the model moved there), in place.
+
+    ``step`` counters stay where they are: torch keeps them on the CPU unless ``capturable``/``fused``.
+    Shared by the Trainer's setup and the LR finder.
+
+    Example:
+        >>> model = nn.Linear(2, 2)
+        >>> opt = torch.optim.Adam(model.parameters())
+        >>> model(torch.randn(3, 2)).sum().backward(); opt.step()
+        >>> move_optimizer_state(opt, torch.device("cpu"))
+        >>> opt.state[model.weight]["exp_avg"].device.type
+        'cpu'
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device != device and key != "step":
+                state[key] = value.to(device)
