@@ -260,7 +260,7 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
 
     if val_loader is None or _one_shot(val_loader):
         return
-    gens = []
+    gens: list[tuple[torch.Generator, torch.Tensor]] = []
     for holder in (getattr(val_loader, "sampler", None), val_loader):
         gen = getattr(holder, "generator", None)
         if isinstance(gen, torch.Generator) and all(gen is not g for g, _ in gens):

@@ -81,7 +81,7 @@ def import_graph(
             submodule = f"{module}.{imported}" if imported else ""
             if submodule in modules:
                 targets.add(submodule)
-            elif module == facade and imported in lazy:
+            elif module == facade and imported is not None and imported in lazy:
                 targets.add(lazy[imported])
             elif module in modules:
                 targets.add(module)

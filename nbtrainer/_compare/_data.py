@@ -19,13 +19,15 @@ def _split(obj: Any, k: int, size: int) -> list[Any]:
             return list(obj.tensor_split(k))
         return [obj] * k
     if isinstance(obj, Mapping):
-        parts = {key: _split(value, k, size) for key, value in obj.items()}
-        return [type(obj)((key, parts[key][i]) for key in obj) for i in range(k)]
+        by_key = {key: _split(value, k, size) for key, value in obj.items()}
+        mapping_type: Any = type(obj)  # dict, OrderedDict, a BatchEncoding...: rebuilt from (key, value) pairs
+        return [mapping_type((key, by_key[key][i]) for key in obj) for i in range(k)]
     if isinstance(obj, (tuple, list)):
         parts = [_split(value, k, size) for value in obj]
+        sequence_type: Any = type(obj)
         if hasattr(obj, "_fields"):  # namedtuple
-            return [type(obj)(*(p[i] for p in parts)) for i in range(k)]
-        return [type(obj)(p[i] for p in parts) for i in range(k)]
+            return [sequence_type(*(p[i] for p in parts)) for i in range(k)]
+        return [sequence_type(p[i] for p in parts) for i in range(k)]
     return [obj] * k
 
 
@@ -46,7 +48,7 @@ def split_batch(batch: Any, k: int) -> list[Any]:
 class SplitLoader:
     """Each batch of ``loader`` as ``k`` micro-batches (same samples per optimizer step as the baseline)."""
 
-    def __init__(self, loader: Iterable, k: int) -> None:
+    def __init__(self, loader: Any, k: int) -> None:
         self.loader, self.k = loader, k
 
     @property
@@ -62,7 +64,7 @@ class SplitLoader:
         self.loader.generator = value
 
     def __len__(self) -> int:
-        return len(self.loader) * self.k  # type: ignore[arg-type]  (TypeError: no len, like the loader)
+        return len(self.loader) * self.k  # TypeError when the loader has no len(), like the loader itself
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:

@@ -23,7 +23,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -190,7 +190,8 @@ def compare_strategies(
             elif opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
                 # a strategy may bring its own callable of the parameters
                 what = "optimizer" if opt is None else f"strategy {name!r}: optimizer"
-                opt = build_from_params(opt or optimizer, model, argument=what)
+                fn = cast(OptimizerFn, opt if opt is not None else optimizer)  # both None: the branch above
+                opt = build_from_params(fn, model, argument=what)
                 if "lr" in kwargs:  # a strategy's lr= with the usual optimizer: set it on every group
                     lr = float(kwargs.pop("lr"))
                     for group in opt.param_groups:
@@ -235,7 +236,7 @@ def compare_strategies(
             row["final_loss"] = final_loss(history)
             if metric:
                 value = history.last.get(metric) if history.epochs else None
-                if value is None:
+                if value is None and val_loader is not None:
                     value = trainer.evaluate(val_loader).get(metric)
                 if value is None:
                     row["note"] = (row["note"] + "; " if row["note"] else "") + f"{metric} not logged"
@@ -281,20 +282,20 @@ def compare_strategies(
                     rows[name]["peak_memory_bytes"] = max(rows[name]["peak_memory_bytes"], row["peak_memory_bytes"])
             if rep == repeats - 1 or rows[name]["status"] != "ok":
                 finish(rows[name])
-    rows = list(rows.values())  # type: ignore[assignment]
+    table = list(rows.values())
 
-    base = next(r for r in rows if r["name"] == baseline)
-    for row in rows:
+    base = next(r for r in table if r["name"] == baseline)
+    for row in table:
         for key, ratio_key in (
             ("step_time_s", "step_time_ratio"),
             ("samples_per_s", "samples_per_s_ratio"),
             ("peak_memory_bytes", "peak_memory_ratio"),
         ):
             b, v = base.get(key), row.get(key)
-            ok = base["status"] == "ok" and row["status"] == "ok" and b and v is not None
-            row[ratio_key] = v / b if ok else None
+            both_ok = base["status"] == "ok" and row["status"] == "ok"
+            row[ratio_key] = v / b if both_ok and b and v is not None else None
     return StrategyComparison(
-        rows=rows,
+        rows=table,
         baseline=baseline,
         metric=metric,
         memory_kind=memory_kind,

@@ -78,7 +78,8 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
         }
         for group in optimizer.param_groups
     ]
-    cls, defaults = type(optimizer), dict(optimizer.defaults)
+    cls: Any = type(optimizer)  # a subclass: its own __init__ signature
+    defaults = dict(optimizer.defaults)
 
     def make(copy: nn.Module) -> torch.optim.Optimizer:
         new_groups = [{**g, "params": [copy.get_parameter(n) for n in g["params"]]} for g in groups]
@@ -245,7 +246,7 @@ def measure_training_memory(
     half = batch_size // 2 if batch_size >= 2 else None
     loss_full = make_loss(criterion, targets)
     loss_half = make_loss(criterion, None if targets is None else slice_batch(targets, batch_size, half or 1))
-    fwd = {"device": device, "precision": precision, "exclude": exclude}
+    fwd: dict[str, Any] = {"device": device, "precision": precision, "exclude": exclude}
 
     def half_batch(track: list[nn.Module]) -> tuple[int, int] | tuple[None, None]:
         if half is None:
@@ -279,10 +280,9 @@ def measure_training_memory(
         "activations_checkpointed": None,
         "method": f"forward at batch {batch_size} and {half}" if half else "proportional to batch size",
     }
-    if act_ckpt is not None:
-        scaling["activations_checkpointed"] = _linear(
-            act_ckpt + recompute, None if half is None else half_ckpt + half_rec, batch_size
-        )
+    if act_ckpt is not None and recompute is not None:  # both set when there are blocks to checkpoint
+        half_point = None if half_ckpt is None or half_rec is None else half_ckpt + half_rec
+        scaling["activations_checkpointed"] = _linear(act_ckpt + recompute, half_point, batch_size)
     return {
         "device": str(device),
         "precision": precision,

@@ -165,14 +165,14 @@ def rows(prof: ModelProfile) -> list[dict[str, Any]]:
         add("model", f"size_{dtype}", nbytes, "bytes")
     add("model", "serialized_size", prof.size["serialized_bytes"], "bytes", "torch.save(state_dict)")
     if prof.compute:
-        src = prof.compute["counters"]
+        counters = prof.compute["counters"]
         for per in ("per_sample", "per_batch"):
-            add("compute", f"forward_macs_{per}", prof.compute["ptflops_macs"]["forward"][per], "MAC", src["macs"])
+            add("compute", f"forward_macs_{per}", prof.compute["ptflops_macs"]["forward"][per], "MAC", counters["macs"])
             for pass_, counts in prof.compute["flop_counter_flops"].items():
-                add("compute", f"{pass_}_flops_{per}", counts[per], "FLOP", src["flops"])
+                add("compute", f"{pass_}_flops_{per}", counts[per], "FLOP", counters["flops"])
     for section, data, keys in (("latency", prof.latency_ms, _LATENCY_ROWS), ("memory", prof.memory, _MEMORY_ROWS)):
-        for device, per in data.items():
-            for precision, entry in per.items():
+        for device, by_precision in data.items():
+            for precision, entry in by_precision.items():
                 if not entry.get("supported", True):
                     add(section, "supported", False, "", entry["reason"], device, precision)
                     continue
