@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from nbtrainer import profile_model
-from nbtrainer._profile_flops import count_flops
+from nbtrainer._profile import count_flops
 
 
 def transformer(d: int, layers: int, ff: int, heads: int = 8) -> nn.Module:

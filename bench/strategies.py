@@ -15,12 +15,13 @@ optimizer step as fp32).
 Expectations from published results (BERT fine-tuning, Hugging Face's single-GPU guide), on a GPU:
 mixed precision well under 60% of the fp32 step time; checkpointing at or under ~55% of the peak memory.
 On a CPU, memory is *measured* (parameters + gradients + optimizer state + inputs + saved activations of one
-step, ``nbtrainer._profile_memory``), not an allocator peak, and autocast is usually slower than fp32.
+step, ``nbtrainer._profile._memory``), not an allocator peak, and autocast is usually slower than fp32.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import platform
@@ -178,7 +179,7 @@ def main() -> None:
     start = time.perf_counter()
     table = compare_strategies(
         lambda: Encoder(**cfg),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        functools.partial(torch.optim.AdamW, lr=1e-3),
         nn.CrossEntropyLoss(),
         train,
         val,

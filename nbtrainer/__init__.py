@@ -37,13 +37,13 @@ _LAZY: dict[str, str] = {
     "PrecisionError": "nbtrainer._precision",
     "load_checkpoint": "nbtrainer._checkpoint_io",
     "CheckpointError": "nbtrainer._checkpoint_io",
-    "profile_model": "nbtrainer._profile",
-    "ModelProfile": "nbtrainer._profile",
-    "profile_training": "nbtrainer._profile_trace",
+    "profile_model": "nbtrainer._profile._model",
+    "ModelProfile": "nbtrainer._profile._report",
+    "profile_training": "nbtrainer._profile._trace",
     "launch": "nbtrainer._launch",
     "DDP": "nbtrainer._distributed",
-    "compare_strategies": "nbtrainer._compare",
-    "StrategyComparison": "nbtrainer._compare",
+    "compare_strategies": "nbtrainer._compare._run",
+    "StrategyComparison": "nbtrainer._compare._table",
     "LRFinderResult": "nbtrainer._lr_find",
     "build_optimizer": "nbtrainer._strategies",
     "freeze_parameters": "nbtrainer._strategies",
@@ -131,7 +131,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
     from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
-    from nbtrainer._compare import StrategyComparison, compare_strategies
+    from nbtrainer._compare._run import compare_strategies
+    from nbtrainer._compare._table import StrategyComparison
     from nbtrainer._distributed import DDP
     from nbtrainer._events import EVENTS, Progress
     from nbtrainer._format import format_bytes, format_count, format_duration, format_lr, format_number
@@ -140,8 +141,9 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._launch import launch
     from nbtrainer._lr_find import LRFinderResult
     from nbtrainer._precision import PrecisionError, precision_support
-    from nbtrainer._profile import ModelProfile, profile_model
-    from nbtrainer._profile_trace import profile_training
+    from nbtrainer._profile._model import profile_model
+    from nbtrainer._profile._report import ModelProfile
+    from nbtrainer._profile._trace import profile_training
     from nbtrainer._progress import ProgressBar
     from nbtrainer._seed import seed_everything
     from nbtrainer._strategies import ParamCounts, build_optimizer, freeze_parameters

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from nbtrainer._batch import move_to_device
+from nbtrainer._optim import move_optimizer_state
 from nbtrainer._strategy import unwrap_model
 
 __all__ = ["LRFinderResult", "lr_find", "suggest"]
@@ -337,10 +338,8 @@ def lr_find(
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
-    from nbtrainer._trainer import _move_optimizer_state
-
     trainer.model = trainer.strategy.setup_model(trainer.model)
-    _move_optimizer_state(trainer.optimizer, trainer.device)
+    move_optimizer_state(trainer.optimizer, trainer.device)
     opt, scaler, model = trainer.optimizer, trainer.scaler, trainer.model
     groups = opt.param_groups
     ref = float(groups[0]["lr"])

@@ -12,7 +12,7 @@ Subcommands (``%nbtrainer help`` prints every usage):
     stored as ``_nbt_profile``.
 ``train MODEL CRITERION OPTIMIZER TRAIN_LOADER [VAL_LOADER] [--epochs N] [--precision P] [--accum K] [--metrics VAR]``
     builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``.
-``compare MAKE_MODEL MAKE_OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
+``compare MAKE_MODEL OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
     ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
     or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. With ipywidgets and
     bqplot installed it shows a ``CompareWidget`` (table and bar charts, rows added as each strategy
@@ -102,7 +102,7 @@ def _train_args() -> None: ...
 )
 @magic_arguments.argument("make_model", metavar="MAKE_MODEL", help="name of a function returning a fresh model")
 @magic_arguments.argument(
-    "make_optimizer", metavar="MAKE_OPTIMIZER", help="name of a function model -> optimizer, or None (AdamW)"
+    "optimizer", metavar="OPTIMIZER", help="optimizer class or callable params -> optimizer, or None (AdamW)"
 )
 @magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
 @magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
@@ -371,7 +371,7 @@ class NbtrainerMagics(Magics):
                 f"MAKE_MODEL {args.make_model!r} must be a function returning a fresh model "
                 "(each strategy trains its own copy), not a model"
             )
-        make_optimizer = None if args.make_optimizer == "None" else self._lookup(args.make_optimizer, "MAKE_OPTIMIZER")
+        optimizer = None if args.optimizer == "None" else self._lookup(args.optimizer, "OPTIMIZER")
         criterion = None if args.criterion == "None" else self._lookup(args.criterion, "CRITERION")
         train_loader = self._lookup(args.train_loader, "TRAIN_LOADER")
         val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
@@ -405,7 +405,7 @@ class NbtrainerMagics(Magics):
         if CompareWidget is not None:  # shown before the first strategy trains; rows and bars fill in as they come
             widget = CompareWidget.run(
                 make_model,
-                make_optimizer,
+                optimizer,
                 criterion,
                 train_loader,
                 val_loader,
@@ -418,7 +418,7 @@ class NbtrainerMagics(Magics):
             self.shell.user_ns["_nbt_compare_widget"] = widget
         else:
             table = compare_strategies(
-                make_model, make_optimizer, criterion, train_loader, val_loader, strategies, on_row=progress, **options
+                make_model, optimizer, criterion, train_loader, val_loader, strategies, on_row=progress, **options
             )
             self._display(table)
         self.shell.user_ns["_nbt_compare"] = table

@@ -25,6 +25,7 @@ from nbtrainer._history import History
 from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._metrics import MetricSet
 from nbtrainer._nonfinite import NonFiniteGuard
+from nbtrainer._optim import move_optimizer_state
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
@@ -327,7 +328,7 @@ class Trainer(TrainerControl):
         if self.deterministic:
             set_deterministic(True)
         self.model = self.strategy.setup_model(self.model)
-        _move_optimizer_state(self.optimizer, self.device)
+        move_optimizer_state(self.optimizer, self.device)
         train_loader = self.strategy.prepare_loader(train_loader, train=True)
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
@@ -596,13 +597,6 @@ def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             "The optimizer holds none of the model's parameters (was it built for another model "
             "instance, or before the model was re-created?). Build it from this model's parameters."
         )
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.device != device and key != "step":
-                state[key] = value.to(device)
 
 
 def _is_plateau(scheduler: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from conftest import make_classification, make_loader
@@ -42,7 +44,7 @@ def test_rows_ratios_failure_row_and_outputs(data):
     train, val = data
     table = compare_strategies(
         Net,
-        lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3),
+        functools.partial(torch.optim.AdamW, lr=3e-3),
         nn.CrossEntropyLoss(),
         train,
         val,
@@ -96,25 +98,26 @@ def test_rows_ratios_failure_row_and_outputs(data):
 def test_same_initial_weights_and_data_order(data):
     train, _ = data
     counter = iter(range(100))
-    starts, seen = [], {}
+    starts, models = [], []
 
     def make_model():
         model = Net()
         with torch.no_grad():  # every call a different model: the comparison must reset the weights
             model.head.weight.fill_(float(next(counter)))
+        models.append(model)
         return model
 
-    def make_optimizer(model):
-        starts.append({k: v.clone() for k, v in model.state_dict().items()})
-        seen[len(starts)] = model.seen  # the model of this strategy
-        return torch.optim.SGD(model.parameters(), lr=0.01)
+    def make_optimizer(params):
+        params = list(params)
+        starts.append([p.detach().clone() for p in params])  # the weights this strategy starts from
+        return torch.optim.SGD(params, lr=0.01)
 
     # a shuffling loader without its own generator, too: the Trainer installs one; it must not leak
     x, y = make_classification(n=128)
     plain = make_loader(x, y, batch_size=32, shuffle=True)
     for loader in (train, plain):
         starts.clear()
-        seen.clear()
+        models.clear()
         table = compare_strategies(
             make_model,
             make_optimizer,
@@ -125,7 +128,7 @@ def test_same_initial_weights_and_data_order(data):
                 "a": {},
                 "b": {"max_grad_norm": 1e6},
                 "c": {"seed": 5},
-                "d": {"optimizer": lambda m: torch.optim.SGD(m.parameters(), lr=0.05)},
+                "d": {"optimizer": lambda params: torch.optim.SGD(params, lr=0.05)},
                 "e": {"device": "cpu"},
             },
             steps=3,
@@ -133,11 +136,13 @@ def test_same_initial_weights_and_data_order(data):
         )
         assert [r["status"] for r in table.rows] == ["ok", "ok", "ok", "ok", "failed"]
         assert "whole comparison" in table["e"]["reason"]
-        assert len(starts) == 3  # d brought its own optimizer
+        # the up-front check on the first model, then a, b, c (d brought its own optimizer, e failed first);
+        # every strategy's model was made different (head filled with 1, 2, 3) and reset to the first one's weights
+        assert len(starts) == 4
         for state in starts[1:]:
-            for k, v in starts[0].items():
-                assert torch.equal(state[k], v), k
-        assert len(seen[1]) == 3 and seen[1] == seen[2]  # same batches, same order
+            assert all(torch.equal(p, q) for p, q in zip(state, starts[0], strict=True))
+        a, b = models[1], models[2]  # models[0] is the first model
+        assert len(a.seen) == 3 and a.seen == b.seen  # same batches, same order
     assert table["a"]["metric"] is None  # no val_loader: no metric
 
 
@@ -146,7 +151,7 @@ def test_steps_mode_presets_and_split():
     train, val = make_loader(x, y, batch_size=16, shuffle=True, seed=0), make_loader(x, y, batch_size=64)
     table = compare_strategies(
         lambda: Net(hidden=16),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        lambda params: torch.optim.SGD(params, lr=0.1),
         nn.CrossEntropyLoss(),
         train,
         val,
@@ -180,7 +185,7 @@ def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     x, y = make_classification(n=64)
     shell.user_ns.update(
         make_model=lambda: Net(hidden=16),
-        make_opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        make_opt=functools.partial(torch.optim.SGD, lr=0.1),
         crit=nn.CrossEntropyLoss(),
         tl=make_loader(x, y, batch_size=16),
         vl=make_loader(x, y, batch_size=64),
@@ -206,3 +211,54 @@ def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
             shell.run_line_magic("nbtrainer", line)
     shell.run_line_magic("nbtrainer", "help")
     assert "%nbtrainer compare" in capsys.readouterr().out
+
+
+# -- the optimizer convention: a callable of the parameters, as torch's classes are ------------------
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [torch.optim.SGD, functools.partial(torch.optim.SGD, lr=0.05), lambda params: torch.optim.SGD(params, lr=0.05)],
+    ids=["class", "partial", "lambda-params"],
+)
+def test_optimizer_is_a_callable_of_the_parameters(data, optimizer):
+    train, _ = data
+    table = compare_strategies(
+        Net, optimizer, nn.CrossEntropyLoss(), train, None, ["fp32", "adafactor"], steps=2, measure_memory=False
+    )
+    assert [r["status"] for r in table.rows] == ["ok", "ok"], [r["reason"] for r in table.rows]
+    assert table["fp32"]["setup"]["optimizer"] == "SGD"
+    assert table["adafactor"]["setup"]["optimizer"] == "adafactor"
+
+
+def _model_fn(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "strategies"),
+    [
+        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ["fp32"]),  # caught when called with the parameters
+        (_model_fn, ["fp32"]),  # caught by its signature
+        (None, {"own": {"optimizer": _model_fn}}),  # a strategy's own optimizer
+    ],
+    ids=["lambda-of-model", "def-of-model", "strategy-option"],
+)
+def test_a_function_of_the_model_is_refused_before_training(data, optimizer, strategies):
+    train, _ = data
+    made = []
+
+    def make_model():
+        made.append(Net())
+        return made[-1]
+
+    with pytest.raises(TypeError, match=r"called with the model's parameters.*functools\.partial"):
+        compare_strategies(make_model, optimizer, nn.CrossEntropyLoss(), train, None, strategies, steps=2)
+    assert len(made) == 1  # only the first model: no strategy trained
+
+
+def test_an_optimizer_instance_is_refused_with_the_fix(data):
+    train, _ = data
+    instance = torch.optim.SGD(Net().parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"not an optimizer instance \(SGD\).*torch\.optim\.AdamW"):
+        compare_strategies(Net, instance, nn.CrossEntropyLoss(), train, None, ["fp32"], steps=2)

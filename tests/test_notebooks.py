@@ -7,15 +7,13 @@
   (``application/vnd.jupyter.widget-state+json``) and ``application/vnd.jupyter.widget-view+json`` outputs whose
   models are all in that state; the quickstart's panel state says the run finished and its loss chart got data,
   and the static HTML summary (``nbt-summary``) is in the outputs;
-* on disk, every notebook is saved without outputs or execution counts, opens with a usage card, and is what
-  ``notebooks/_build.py`` generates.
+* on disk, every notebook is saved without outputs or execution counts and opens with a usage card (that each
+  ``.ipynb`` matches its jupytext ``.py`` source is ``tests/test_notebook_sources.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -228,14 +226,3 @@ def test_saved_without_outputs_and_with_a_usage_card(path: Path) -> None:
     assert first.cell_type == "markdown" and first.source.startswith("# ")
     if path in DEMOS:
         assert "**Usage:**" in first.source and "\n\n" in first.source.strip(), "usage card: a title + one paragraph"
-
-
-def test_notebooks_match_their_generator() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(NB_DIR / "_build.py"), "--check"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr

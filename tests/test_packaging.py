@@ -9,6 +9,9 @@
 (b) The repo's ``widgets/`` imported as a top-level ``widgets`` package raises ImportError.
 (c) ``import nbtrainer`` (and the core modules behind its public names) imports none of ipywidgets,
     bqplot, IPython, tqdm.notebook.
+(d) The sdist is the package (every module, ``py.typed``, README, pyproject) and ships no tests: they need
+    the whole repository and run from a clone. The wheel is built from that sdist, so the sdist builds.
+    Both carry the SPDX license expression, with no setuptools deprecation warning about it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _venvs import clean_env as _clean_env
@@ -72,25 +77,60 @@ def _inside(path: str, root: Path) -> bool:
     return Path(path).resolve().is_relative_to(root.resolve())
 
 
-@pytest.mark.slow
-def test_wheel_installs_widgets_as_nbtrainer_widgets(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=_COPY_IGNORE)
-    dist = tmp_path / "dist"
-    # --no-isolation: build with the dev venv's setuptools (offline); -x: `wheel` is not needed by
-    # setuptools >= 70.1 even though build-system.requires lists it.
-    _run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-x", "--outdir", str(dist), str(src)],
-        cwd=tmp_path,
-    )
-    wheels = sorted(dist.glob("nbtrainer-*.whl"))
-    assert len(wheels) == 1, wheels
+def _source_files() -> list[str]:
+    """Every module as installed: ``nbtrainer/...``, and ``widgets/...`` as ``nbtrainer/widgets/...``."""
+    core = [f"nbtrainer/{p.relative_to(REPO / 'nbtrainer').as_posix()}" for p in (REPO / "nbtrainer").rglob("*.py")]
+    ui = [f"nbtrainer/widgets/{p.relative_to(REPO / 'widgets').as_posix()}" for p in (REPO / "widgets").rglob("*.py")]
+    return core + ui
 
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The sdist, and the wheel built *from that sdist* (so the sdist is proven complete for building)."""
+    tmp = tmp_path_factory.mktemp("dists")
+    src = tmp / "src"
+    shutil.copytree(REPO, src, ignore=_COPY_IGNORE)
+    dist = tmp / "dist"
+    # --no-isolation: build with the dev venv's setuptools (offline); -x: don't check build-system.requires
+    # (the dev venv's setuptools satisfies it, but checking needs an index).
+    proc = _run([sys.executable, "-m", "build", "--no-isolation", "-x", "--outdir", str(dist), str(src)], cwd=tmp)
+    wheels, sdists = sorted(dist.glob("nbtrainer-*.whl")), sorted(dist.glob("nbtrainer-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, (wheels, sdists)
+    return {"wheel": wheels[0], "sdist": sdists[0], "log": proc.stdout + proc.stderr}
+
+
+@pytest.mark.slow
+def test_sdist_is_the_package_without_tests(dists: dict[str, Any]) -> None:
+    """Decision: the sdist ships no tests (they need the whole repository and run from a clone; MANIFEST.in)."""
+    with tarfile.open(dists["sdist"]) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+        pkg_info = tar.extractfile(
+            next(m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
+        )
+        assert pkg_info is not None
+        metadata = pkg_info.read().decode()
+    assert not [n for n in names if n.split("/")[0] in ("tests", "notebooks", "bench", "examples")], names
+    in_repo = [f.replace("nbtrainer/widgets/", "widgets/", 1) for f in _source_files()]
+    missing = sorted(set(in_repo) - set(names))
+    assert not missing, f"modules missing from the sdist: {missing}"
+    assert {"README.md", "pyproject.toml", "nbtrainer/py.typed"} <= set(names), names
+    assert "License-Expression: Apache-2.0" in metadata, metadata[:800]
+    assert "project.license` as a TOML table is deprecated" not in dists["log"], dists["log"][-2000:]
+
+
+@pytest.mark.slow
+def test_wheel_installs_widgets_as_nbtrainer_widgets(dists: dict[str, Any], tmp_path: Path) -> None:
+    wheels = [dists["wheel"]]
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert "nbtrainer/__init__.py" in names
     assert "nbtrainer/widgets/__init__.py" in names
     assert not [n for n in names if n.startswith("widgets/")], "a top-level widgets/ package leaked into the wheel"
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
+    # every source module ships, private subpackages (nbtrainer/_profile/...) included, and the PEP 561 marker
+    missing = sorted({*_source_files(), "nbtrainer/py.typed"} - set(names))
+    assert not missing, f"modules missing from the wheel (add their package to [tool.setuptools] packages): {missing}"
+    metadata = zipfile.ZipFile(wheels[0]).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata, metadata[:800]
 
     venv = tmp_path / "venv"
     py, _ = make_overlay_venv(venv)
@@ -141,7 +181,14 @@ def _core_modules() -> list[str]:
     import nbtrainer
 
     mods = sorted({m for m in nbtrainer._LAZY.values() if m.startswith("nbtrainer._")})
-    return [m for m in mods if (REPO / "nbtrainer" / (m.rsplit(".", 1)[1] + ".py")).exists()]
+    found = [m for m in mods if _module_file(m).exists()]
+    assert "nbtrainer._profile._model" in found, found  # modules inside private subpackages are found too
+    return found
+
+
+def _module_file(module: str) -> Path:
+    path = REPO.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 _CHECK = textwrap.dedent(

@@ -13,7 +13,7 @@ from torch import nn
 
 from nbtrainer import ModelProfile, profile_model
 from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
-from nbtrainer._profile_flops import count_flops
+from nbtrainer._profile import count_flops
 
 CUDA = torch.cuda.is_available()
 FLOPS = ("flops",)
@@ -192,6 +192,26 @@ def test_users_optimizer_is_cloned_not_stepped() -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert mem["optimizer"] == "SGD"
     assert mem["optimizer_state_by_key"]["momentum_buffer"] == sum(p.numel() * 4 for p in model.blocks.parameters())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda model: torch.optim.SGD(model.parameters(), lr=0.1)],
+    ids=["lambda-m", "lambda-model"],
+)
+def test_a_function_of_the_model_is_refused_before_profiling(make) -> None:
+    calls: list[int] = []  # shared by the deep copies profile_model runs (a closure, not an attribute)
+
+    class Counted(Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return super().forward(x)
+
+    with pytest.raises(TypeError, match=r"called with the model's parameters.*lambda params"):
+        profile_model(Counted(), torch.randn(8, 8), optimizer=make)
+    assert calls == []  # refused before the model ran once
+    profile_model(Counted(), torch.randn(8, 8), optimizer=torch.optim.SGD, n_iters=2)
+    assert calls  # the control: a good optimizer does run the model
 
 
 def test_activation_memory_drops_with_checkpointing() -> None:

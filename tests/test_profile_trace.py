@@ -9,7 +9,7 @@ import torch
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import Trainer, profile_training
-from nbtrainer._profile_trace import PHASES, TrainingProfile
+from nbtrainer._profile import PHASES, TrainingProfile
 
 
 def _trainer(model: torch.nn.Module, **kw) -> Trainer:

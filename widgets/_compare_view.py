@@ -186,7 +186,7 @@ class CompareWidget:
     def run(
         cls,
         make_model: Callable[[], torch.nn.Module],
-        make_optimizer: Any,
+        optimizer: Any,
         criterion: Any,
         train_loader: Any,
         val_loader: Any = None,
@@ -198,7 +198,7 @@ class CompareWidget:
         """Show an empty widget, run ``compare_strategies`` here, and add each strategy as it finishes.
 
         Args:
-            make_model, make_optimizer, criterion, train_loader, val_loader, strategies: as for
+            make_model, optimizer, criterion, train_loader, val_loader, strategies: as for
                 ``compare_strategies``.
             show: display the widget before the first strategy trains: ``True`` with IPython's
                 ``display``, or a function called with the widget; ``False`` to display it yourself.
@@ -223,7 +223,7 @@ class CompareWidget:
                 user_on_row(row)
 
         comparison = compare_strategies(
-            make_model, make_optimizer, criterion, train_loader, val_loader, strategies, on_row=on_row, **compare_kwargs
+            make_model, optimizer, criterion, train_loader, val_loader, strategies, on_row=on_row, **compare_kwargs
         )
         widget.set_comparison(comparison)
         return widget

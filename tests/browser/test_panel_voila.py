@@ -1,6 +1,6 @@
 """The training panel in Voila, in a real Chromium: it renders, Start trains live, Stop stops.
 
-The notebook (``tests/browser/notebooks/panel_live.ipynb``, built by ``notebooks/_build.py``) is the
+The notebook (``tests/browser/notebooks/panel_live.ipynb``, synced from its jupytext source ``panel_live.py``) is the
 quickstart's panel without the blocking ``fit()``: training starts only when the test presses Start, and each
 forward pass sleeps a little so a 40-epoch run lasts long enough to watch.
 """

@@ -30,8 +30,8 @@ def data():
     return make_loader(x, y, batch_size=16), make_loader(x, y, batch_size=64)
 
 
-def make_opt(model):
-    return torch.optim.SGD(model.parameters(), lr=0.1)
+def make_opt(params):
+    return torch.optim.SGD(params, lr=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
+from nbtrainer._optim import build_from_params
 from nbtrainer._precision import autocast, normalize_precision
-from nbtrainer._profile_inputs import call_model, iter_tensors, make_loss, slice_batch
+from nbtrainer._profile._inputs import call_model, iter_tensors, make_loss, slice_batch
 
 __all__ = ["measure_training_memory", "optimizer_factory"]
 
@@ -51,9 +52,10 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
     """How to build, for a copy of ``model``, the optimizer the memory step measures.
 
     Args:
-        model: The user's model (only read: parameter names).
-        optimizer: ``None`` (AdamW with default settings), an optimizer class or ``params -> optimizer``
-            callable, or an existing ``torch.optim.Optimizer`` over ``model``'s parameters: same class,
+        model: The user's model (only read: parameter names; an optimizer is built over it once as a check).
+        optimizer: ``None`` (AdamW with default settings), a callable of the parameters (an optimizer
+            class, ``functools.partial(torch.optim.AdamW, lr=1e-3)``, ``lambda params: ...``), or an
+            existing ``torch.optim.Optimizer`` over ``model``'s parameters: same class,
             same param-group settings, mapped by parameter name onto the copy (its state is not
             touched or copied).
 
@@ -65,7 +67,9 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
     if optimizer is None:
         return lambda copy: torch.optim.AdamW(copy.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
-        return lambda copy: optimizer(copy.parameters())
+        # built once and dropped (nothing is stepped): a function of the model fails here, before any measuring
+        build_from_params(optimizer, model)
+        return lambda copy: build_from_params(optimizer, copy)
     names = {id(p): name for name, p in model.named_parameters()}
     groups = [
         {
@@ -74,7 +78,8 @@ def optimizer_factory(model: nn.Module, optimizer: Any = None) -> OptimizerFacto
         }
         for group in optimizer.param_groups
     ]
-    cls, defaults = type(optimizer), dict(optimizer.defaults)
+    cls: Any = type(optimizer)  # a subclass: its own __init__ signature
+    defaults = dict(optimizer.defaults)
 
     def make(copy: nn.Module) -> torch.optim.Optimizer:
         new_groups = [{**g, "params": [copy.get_parameter(n) for n in g["params"]]} for g in groups]
@@ -241,7 +246,7 @@ def measure_training_memory(
     half = batch_size // 2 if batch_size >= 2 else None
     loss_full = make_loss(criterion, targets)
     loss_half = make_loss(criterion, None if targets is None else slice_batch(targets, batch_size, half or 1))
-    fwd = {"device": device, "precision": precision, "exclude": exclude}
+    fwd: dict[str, Any] = {"device": device, "precision": precision, "exclude": exclude}
 
     def half_batch(track: list[nn.Module]) -> tuple[int, int] | tuple[None, None]:
         if half is None:
@@ -275,10 +280,9 @@ def measure_training_memory(
         "activations_checkpointed": None,
         "method": f"forward at batch {batch_size} and {half}" if half else "proportional to batch size",
     }
-    if act_ckpt is not None:
-        scaling["activations_checkpointed"] = _linear(
-            act_ckpt + recompute, None if half is None else half_ckpt + half_rec, batch_size
-        )
+    if act_ckpt is not None and recompute is not None:  # both set when there are blocks to checkpoint
+        half_point = None if half_ckpt is None or half_rec is None else half_ckpt + half_rec
+        scaling["activations_checkpointed"] = _linear(act_ckpt + recompute, half_point, batch_size)
     return {
         "device": str(device),
         "precision": precision,

@@ -1,6 +1,6 @@
 """Does a training step fit a memory budget? If not, which micro-batch x accumulation split does.
 
-Works from one :func:`nbtrainer._profile_memory.measure_training_memory` breakdown: the fixed parts
+Works from one :func:`nbtrainer._profile._memory.measure_training_memory` breakdown: the fixed parts
 (parameters, buffers, gradients, optimizer state) plus activations and inputs on the measured
 ``fixed + per_sample * batch_size`` lines.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nbtrainer._profile_report import fmt_bytes
+from nbtrainer._format import format_bytes
 
 __all__ = ["FitResult", "plan_fit"]
 
@@ -88,14 +88,14 @@ def plan_fit(
             fits=True,
             micro_batch_size=batch_size,
             accumulation_steps=1,
-            suggestion=(f"Fits: {fmt_bytes(needed)} of {fmt_bytes(budget)} at batch size {batch_size}."),
+            suggestion=(f"Fits: {format_bytes(needed)} of {format_bytes(budget)} at batch size {batch_size}."),
             **common,
         )
     alternative = ""
     if not checkpointing and memory["scaling"]["activations_checkpointed"] is not None:
         with_ckpt = sum(_needed(memory, batch_size, True).values())
         if with_ckpt <= budget:
-            alternative = f" Or enable activation checkpointing: {fmt_bytes(with_ckpt)} at batch size {batch_size}."
+            alternative = f" Or enable activation checkpointing: {format_bytes(with_ckpt)} at batch size {batch_size}."
 
     def total(micro: int) -> int:
         return sum(_needed(memory, micro, checkpointing).values())
@@ -107,8 +107,8 @@ def plan_fit(
             micro_batch_size=None,
             accumulation_steps=None,
             suggestion=(
-                f"Does not fit even at micro-batch 1: {fmt_bytes(total(1))} of {fmt_bytes(budget)}, of which "
-                f"parameters, buffers, gradients and optimizer state take {fmt_bytes(fixed)}. Use an optimizer with "
+                f"Does not fit even at micro-batch 1: {format_bytes(total(1))} of {format_bytes(budget)}, of which "
+                f"parameters, buffers, gradients and optimizer state take {format_bytes(fixed)}. Use an optimizer with "
                 f"less state, freeze layers or a device with more memory." + alternative
             ),
             **common,
@@ -125,8 +125,8 @@ def plan_fit(
         micro_batch_size=micro,
         accumulation_steps=steps,
         suggestion=(
-            f"Needs {fmt_bytes(needed)} > {fmt_bytes(budget)} at batch size {batch_size}. Use micro-batches of "
-            f"{micro} with {steps} accumulation steps ({fmt_bytes(total(micro))}, same effective batch "
+            f"Needs {format_bytes(needed)} > {format_bytes(budget)} at batch size {batch_size}. Use micro-batches of "
+            f"{micro} with {steps} accumulation steps ({format_bytes(total(micro))}, same effective batch "
             f"{batch_size}).{uneven}" + alternative
         ),
         **common,

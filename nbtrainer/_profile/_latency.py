@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nbtrainer._precision import autocast, normalize_precision
-from nbtrainer._profile_inputs import call_model
+from nbtrainer._profile._inputs import call_model
 
 __all__ = ["latency_stats", "measure_latency"]
 

@@ -14,7 +14,6 @@ import importlib.metadata
 import io
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -22,126 +21,15 @@ from torch import nn
 
 from nbtrainer._checkpointing import strip_activation_checkpointing
 from nbtrainer._precision import normalize_precision, precision_support, resolve_device
-from nbtrainer._profile_fit import FitResult, plan_fit
-from nbtrainer._profile_flops import count_flops
-from nbtrainer._profile_inputs import infer_batch_size, to_device
-from nbtrainer._profile_latency import measure_latency
-from nbtrainer._profile_memory import measure_training_memory, optimizer_factory
+from nbtrainer._profile._flops import count_flops
+from nbtrainer._profile._inputs import infer_batch_size, to_device
+from nbtrainer._profile._latency import measure_latency
+from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
+from nbtrainer._profile._report import ModelProfile
 
-__all__ = ["ModelProfile", "profile_model"]
+__all__ = ["profile_model"]
 
 STEPS = ("flops", "latency", "memory")
-
-
-@dataclass
-class ModelProfile:
-    """What :func:`profile_model` measured. Plain data; ``to_dict()`` is JSON-serialisable.
-
-    Attributes:
-        model_name: ``type(model).__name__``.
-        batch_size: Samples in the example inputs.
-        params: All parameters (tied parameters once).
-        trainable_params: Parameters with ``requires_grad``.
-        size_mb: Parameters + buffers in memory, MiB (2**20 bytes).
-        size: ``{"parameters_bytes", "buffers_bytes", "by_dtype": {dtype: bytes}, "serialized_bytes"}``
-            (``serialized_bytes``: ``torch.save(state_dict)``).
-        macs: Forward MACs per sample, ptflops (aten backend); ``None`` when not counted.
-        flops: Forward FLOPs per sample, ``FlopCounterMode``; ``None`` when not counted.
-        compute: Every count with its counter, per batch and per sample, forward and forward+backward.
-        latency_ms: ``{device: {precision: {"median", "p90", "mean", "min", "max", "std", "n_iters",
-            "batch_size", "throughput"}}}`` in ms (throughput in samples/s), or ``{"supported": False,
-            "reason": ...}`` where the device can't run that precision.
-        memory: ``{device: {precision: breakdown}}``, bytes; see
-            :func:`nbtrainer._profile_memory.measure_training_memory`.
-        environment: torch / ptflops versions and device names.
-        seconds: Wall time per profiling step.
-    """
-
-    model_name: str
-    batch_size: int
-    params: int
-    trainable_params: int
-    size_mb: float
-    size: dict[str, Any]
-    macs: float | None = None
-    flops: float | None = None
-    compute: dict[str, Any] = field(default_factory=dict)
-    latency_ms: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    memory: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def fits(
-        self,
-        budget_gb: float,
-        batch_size: int | None = None,
-        *,
-        device: str | None = None,
-        precision: str | None = None,
-        checkpointing: bool = False,
-        headroom: float = 0.0,
-    ) -> FitResult:
-        """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
-
-        Args:
-            budget_gb: Memory budget in GiB (2**30 bytes, as GPU memory is reported).
-            batch_size: Batch size to check (default: the profiled one).
-            device: Which measured device (default: the first measured).
-            precision: Which measured precision (default: the first measured on that device).
-            checkpointing: Assume activation checkpointing of the model's repeated blocks.
-            headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
-
-        Returns:
-            A :class:`~nbtrainer._profile_fit.FitResult` (truthy when it fits).
-
-        Example:
-            >>> prof = profile_model(nn.Linear(64, 64), torch.randn(8, 64), include=("memory",))
-            >>> prof.fits(budget_gb=1, batch_size=64).fits
-            True
-        """
-        measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
-        measured = {d: per for d, per in measured.items() if per}
-        if not measured:
-            raise ValueError("No training memory was measured; profile with 'memory' in include=")
-        dev = device if device is not None else next(iter(measured))
-        dev = dev if dev in measured else str(resolve_device(dev))
-        if dev not in measured:
-            raise ValueError(f"Memory was not measured on {device!r}; measured: {sorted(measured)}")
-        prec = normalize_precision(precision) if precision is not None else next(iter(measured[dev]))
-        if prec not in measured[dev]:
-            raise ValueError(f"Memory was not measured for {prec!r} on {dev}; measured: {sorted(measured[dev])}")
-        return plan_fit(
-            measured[dev][prec],
-            budget_gb=budget_gb,
-            batch_size=batch_size or self.batch_size,
-            checkpointing=checkpointing,
-            headroom=headroom,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested data (dicts, lists, numbers, strings): every field above."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
-        """Rebuild a profile from :meth:`to_dict` output (e.g. loaded back from JSON)."""
-        return cls(**copy.deepcopy(data))
-
-    def to_pandas(self) -> Any:
-        """One long table: columns ``section, device, precision, metric, value, unit, source``."""
-        from nbtrainer._profile_report import to_frame
-
-        return to_frame(self)
-
-    def _repr_html_(self) -> str:
-        from nbtrainer._profile_report import to_html
-
-        return to_html(self)
-
-    def __repr__(self) -> str:
-        from nbtrainer._profile_report import to_text
-
-        return to_text(self)
 
 
 def _size(model: nn.Module) -> dict[str, Any]:
@@ -197,9 +85,10 @@ def profile_model(
         criterion: Loss for the training step, ``criterion(output, targets)``; default: the sum of the
             means of the floating-point outputs (FLOP counts never include the criterion).
         targets: Targets for ``criterion``.
-        optimizer: What the memory step steps: ``None`` (AdamW), an optimizer class or
-            ``params -> optimizer`` callable, or your optimizer instance (only its class and
-            param-group settings are used; it is never stepped).
+        optimizer: What the memory step steps: ``None`` (AdamW); a callable of the parameters, as
+            torch's own classes are (``torch.optim.SGD``, ``functools.partial(torch.optim.AdamW, lr=1e-3)``,
+            ``lambda params: ...``); or your optimizer instance (only its class and param-group settings
+            are used; it is never stepped).
         checkpointing: Also measure memory with activation checkpointing of repeated blocks.
         include: Which of ``"flops"``, ``"latency"``, ``"memory"`` to run.
 

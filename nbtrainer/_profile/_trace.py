@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from nbtrainer._format import format_duration
+
 __all__ = ["PHASES", "TrainingProfile", "profile_training"]
 
 PHASES = ("nbt.data", "nbt.forward", "nbt.backward", "nbt.optimizer_step")
@@ -51,7 +53,7 @@ class TrainingProfile:
     def _repr_html_(self) -> str:
         import html
 
-        phases = ", ".join(f"{k}: {v:.3f} ms" for k, v in self.phases.items())
+        phases = ", ".join(f"{k}: {format_duration(v / 1000)}" for k, v in self.phases.items())
         return (
             f"<div><b>Training profile</b> ({self.steps} steps; trace: <code>{html.escape(self.trace_path)}</code>)"
             f"<br>{html.escape(phases)}<pre style='font-size:smaller'>{html.escape(self.table)}</pre></div>"

@@ -1,0 +1,60 @@
+"""The strategies to compare: named presets (``"bf16"``, ``"ckpt"``, ``"accumN"`` ...) or your own Trainer options."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["PRESETS", "resolve_strategies"]
+
+#: Strategy presets by name (``compare_strategies(strategies=["fp32", "bf16", "ckpt", "accum4"])``).
+PRESETS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "fp16": {"precision": "fp16-mixed"},
+    "bf16": {"precision": "bf16-mixed"},
+    "ckpt": {"activation_checkpointing": True},
+    "accum4": {"grad_accum_steps": 4},
+    "adafactor": {"optimizer": "adafactor"},
+    "all": {
+        "precision": "bf16-mixed",
+        "activation_checkpointing": True,
+        "grad_accum_steps": 4,
+        "optimizer": "adafactor",
+    },
+}
+
+
+def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[str] | None) -> dict[str, dict]:
+    """``{name: trainer options}`` from a dict, or from preset names (``"accumN"`` for any N).
+
+    Example:
+        >>> resolve_strategies(["fp32", "accum8"])
+        {'fp32': {}, 'accum8': {'grad_accum_steps': 8}}
+    """
+    if strategies is None:
+        strategies = ["fp32", "bf16", "ckpt", "accum4", "adafactor"]
+    if isinstance(strategies, str):
+        strategies = [s for s in re.split(r"[,\s]+", strategies) if s]
+    if isinstance(strategies, Mapping):
+        out = {}
+        for name, options in strategies.items():
+            if not isinstance(options, Mapping):
+                raise TypeError(f"strategy {name!r}: options must be a dict of Trainer options, got {options!r}")
+            out[str(name)] = dict(options)
+    else:
+        out = {}
+        for name in strategies:
+            m = re.fullmatch(r"accum(\d+)", str(name))
+            if name in PRESETS:
+                out[name] = dict(PRESETS[name])
+            elif m:
+                out[name] = {"grad_accum_steps": int(m.group(1))}
+            else:
+                raise ValueError(
+                    f"Unknown strategy preset {name!r}: use one of {sorted(PRESETS)} or 'accumN', "
+                    "or pass a dict {name: {trainer options}}."
+                )
+    if not out:
+        raise ValueError("No strategies to compare.")
+    return out

@@ -1,0 +1,313 @@
+"""Measure training strategies on your own model: one call, one table.
+
+``compare_strategies`` trains a fresh copy of the model once per strategy (mixed precision, gradient
+accumulation, activation checkpointing, a lighter optimizer, freezing, compile... any Trainer option),
+each from the same initial weights and over the same data order, and reports per strategy:
+
+* step time: the median time of an optimizer step after ``warmup`` steps (CUDA: synchronized);
+* samples/s: the median over those steps of samples / step time;
+* peak memory: on CUDA the peak allocated bytes during the fit (``torch.cuda.max_memory_allocated``);
+  elsewhere the *measured* bytes of parameters + buffers + gradients + optimizer state + inputs +
+  activations saved for backward of one step (``nbtrainer._profile._memory``, saved-tensor hooks): not
+  an allocator peak, and labelled so;
+* the final training loss (mean over the last 10% of optimizer steps) and a validation metric;
+* ratios to the baseline row (the first strategy unless ``baseline=`` says otherwise).
+
+A strategy that fails (out of memory, a precision the device can't run, a bad option) gets a row with
+the reason; the others still run.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from nbtrainer._compare._data import DataOrder, SplitLoader, split_batch
+from nbtrainer._compare._measure import (
+    StepTimer,
+    accuracy,
+    environment,
+    failure_reason,
+    final_loss,
+    measure_cpu_memory,
+)
+from nbtrainer._compare._presets import resolve_strategies
+from nbtrainer._compare._table import StrategyComparison
+from nbtrainer._optim import OptimizerFn, build_from_params, check_optimizer_fn
+
+__all__ = ["compare_strategies"]
+
+
+def compare_strategies(
+    make_model: Callable[[], nn.Module],
+    optimizer: OptimizerFn | None,
+    criterion: Callable | None,
+    train_loader: Iterable,
+    val_loader: Iterable | None = None,
+    strategies: Mapping[str, Mapping[str, Any]] | Sequence[str] | None = None,
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+    metric: str | None = "val_acc",
+    metrics: Mapping[str, Any] | None = None,
+    baseline: str | None = None,
+    warmup: int = 2,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    split_batches: bool = True,
+    measure_memory: bool = True,
+    repeats: int = 1,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> StrategyComparison:
+    """Train once per strategy from the same weights and data order, and tabulate time, memory, quality.
+
+    Args:
+        make_model: ``() -> model``; called once per strategy (weights are then set to the first
+            model's, so every strategy starts identical).
+        optimizer: a callable of the parameters, as torch's own classes are: ``torch.optim.AdamW``,
+            ``functools.partial(torch.optim.AdamW, lr=1e-3)`` or ``lambda params: ...``; called once per
+            strategy with that strategy's model parameters (``None``: AdamW, fused where possible). A
+            strategy's ``optimizer="adafactor"`` (any name of :func:`nbtrainer.build_optimizer`) replaces it,
+            with the strategy's ``lr`` or else the learning rate ``optimizer`` would use; a strategy's
+            ``optimizer`` may also be its own callable of the parameters.
+        criterion: the loss, as for :class:`~nbtrainer.Trainer`.
+        train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
+        strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
+            ``activation_checkpointing``, ``optimizer``, ``lr``, ``trainable``, ``freeze``, ``compile``,
+            ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``).
+        epochs / steps: how long each strategy trains (``steps``: optimizer steps; default 1 epoch).
+        metric: the validation key to report (``"val_acc"``: an argmax accuracy is added when ``metrics``
+            has no ``acc``); ``None`` for none.
+        metrics: trainer metrics (``{"acc": torchmetrics.Accuracy(...)}``).
+        baseline: the row ratios refer to (default: the first strategy).
+        warmup: optimizer steps left out of the step-time median and samples/s.
+        seed: seeds every strategy's fit (dropout, shuffling).
+        device: ``"auto"``, ``"cuda"``, ``"cpu"``...
+        split_batches: a strategy with ``grad_accum_steps=k`` gets each loader batch as ``k`` micro-batches,
+            so every strategy makes the same optimizer steps on the same samples (``False``: whole batches,
+            k of them per step). A strategy may set ``split_batches`` itself.
+        measure_memory: off CUDA, measure one step's training memory per strategy (a few extra passes).
+        repeats: train every strategy this many times, round-robin, and pool the timed steps (timings on a
+            busy machine); loss, metric and memory come from the first run.
+        trainer_kwargs: options for every strategy's Trainer (a strategy's own options win).
+        on_row: called with each row as soon as it is measured (progress display).
+
+    Returns:
+        :class:`StrategyComparison` (``to_pandas()``, HTML in notebooks, ``str()`` as text).
+
+    Example:
+        >>> # table = compare_strategies(make_model, functools.partial(torch.optim.AdamW, lr=1e-3),
+        >>> #                            nn.CrossEntropyLoss(), train_loader, val_loader,
+        >>> #                            ["fp32", "bf16", "ckpt", "accum4"], steps=50)
+    """
+    from nbtrainer._precision import resolve_device
+    from nbtrainer._seed import seed_everything
+    from nbtrainer._trainer import Trainer
+
+    plan = resolve_strategies(strategies)
+    if epochs is not None and steps is not None:
+        raise ValueError("Pass epochs= or steps=, not both.")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}.")
+    if epochs is None:
+        epochs = 1 if steps is None else 10**9  # steps: as many (re-)passes over the data as needed
+    baseline = baseline if baseline is not None else next(iter(plan))
+    if baseline not in plan:
+        raise ValueError(f"baseline {baseline!r} is not one of the strategies {list(plan)}.")
+    dev = resolve_device(device)
+    cuda = dev.type == "cuda"
+    metrics = dict(metrics or {})
+    if metric and metric.startswith("val_") and metric[4:] == "acc" and "acc" not in metrics:
+        metrics["acc"] = accuracy
+    if metric and val_loader is None:
+        metric = None
+    memory_kind = (
+        "CUDA peak allocated"
+        if cuda
+        else "measured bytes of one step: params+buffers+grads+optimizer state+inputs+saved activations"
+    )
+    order = DataOrder([train_loader, val_loader])
+    seed_everything(seed)
+    first_model = make_model()
+    if optimizer is not None:  # a model -> optimizer function (the old convention) fails here, not in every row
+        build_from_params(optimizer, first_model)
+    for name, options in plan.items():
+        if callable(options.get("optimizer")) and not isinstance(options["optimizer"], torch.optim.Optimizer):
+            check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
+    initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
+    del first_model
+    first_batch: Any = None
+    if measure_memory and not cuda:
+        first_batch = next(iter(train_loader))
+        order.reset()
+
+    def run(name: str, options: dict[str, Any], measure: bool) -> dict[str, Any]:
+        options = dict(options)
+        split = options.pop("split_batches", split_batches)
+        row: dict[str, Any] = {
+            "name": name,
+            "status": "ok",
+            "reason": None,
+            "options": dict(options),
+            "note": "",
+            **dict.fromkeys(
+                (
+                    "steps",
+                    "step_time_s",
+                    "samples_per_s",
+                    "samples_per_step",
+                    "train_time_s",
+                    "peak_memory_bytes",
+                    "memory_detail",
+                    "final_loss",
+                    "metric",
+                )
+            ),
+        }
+        trainer = model = None
+        try:
+            if "device" in options:
+                raise ValueError("device is chosen for the whole comparison: compare_strategies(device=...)")
+            order.reset()
+            seed_everything(seed)
+            model = make_model()
+            model.load_state_dict(initial)
+            kwargs = {**dict(trainer_kwargs or {}), **options}
+            opt = kwargs.pop("optimizer", None)
+            if isinstance(opt, str) or (opt is None and optimizer is None):
+                if "lr" not in kwargs and optimizer is not None:
+                    kwargs["lr"] = float(build_from_params(optimizer, model).param_groups[0]["lr"])
+                opt = opt or "adamw"
+            elif opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
+                # a strategy may bring its own callable of the parameters
+                what = "optimizer" if opt is None else f"strategy {name!r}: optimizer"
+                fn = cast(OptimizerFn, opt if opt is not None else optimizer)  # both None: the branch above
+                opt = build_from_params(fn, model, argument=what)
+                if "lr" in kwargs:  # a strategy's lr= with the usual optimizer: set it on every group
+                    lr = float(kwargs.pop("lr"))
+                    for group in opt.param_groups:
+                        group["lr"] = lr
+            accum = int(kwargs.get("grad_accum_steps", 1))
+            loader = SplitLoader(train_loader, accum) if split and accum > 1 else train_loader
+            timer = StepTimer(dev)
+            options_kw = {k: v for k, v in kwargs.items() if k != "callbacks"}  # a strategy's seed=, metrics= win
+            trainer = Trainer(
+                model,
+                criterion,
+                opt,
+                callbacks=[*kwargs.get("callbacks", ()), timer],
+                **{"metrics": metrics, "seed": seed, "device": dev, "progress": False, **options_kw},
+            )
+            if measure:
+                micro = split_batch(first_batch, accum)[0] if split and accum > 1 else first_batch
+                try:
+                    row["peak_memory_bytes"], row["memory_detail"] = measure_cpu_memory(
+                        trainer, micro, kwargs.get("activation_checkpointing", False)
+                    )
+                    if row["memory_detail"].get("note"):
+                        row["note"] = row["memory_detail"]["note"]
+                except Exception as exc:
+                    row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
+            if cuda:
+                gc.collect()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(dev)
+            start = time.perf_counter()
+            # steps=: validate once at the end, not at every pass over a short loader
+            history = trainer.fit(loader, val_loader if steps is None else None, epochs=epochs, max_steps=steps)
+            row["train_time_s"] = time.perf_counter() - start
+            if cuda:
+                # The trainer resets CUDA's peak per refresh window (nbtrainer._memory): its fit-wide peak wins.
+                peak = max(torch.cuda.max_memory_allocated(dev), trainer.progress.memory_peak or 0)
+                row["peak_memory_bytes"] = int(peak)
+            times, samples = timer.times, timer.samples
+            skip = warmup if len(times) > warmup else (1 if len(times) > 1 else 0)
+            if skip < warmup:
+                row["note"] = (row["note"] + "; " if row["note"] else "") + f"only {len(times)} steps: warm-up {skip}"
+            row["_timed"] = list(zip(times[skip:], samples[skip:], strict=True))
+            row["steps"] = len(times)
+            row["final_loss"] = final_loss(history)
+            if metric:
+                value = history.last.get(metric) if history.epochs else None
+                if value is None and val_loader is not None:
+                    value = trainer.evaluate(val_loader).get(metric)
+                if value is None:
+                    row["note"] = (row["note"] + "; " if row["note"] else "") + f"{metric} not logged"
+                row["metric"] = value
+            row["setup"] = trainer._setup.describe()
+        except Exception as exc:
+            row.update(status="failed", reason=failure_reason(exc))
+        finally:
+            del trainer, model
+            if cuda:  # give the next strategy the memory back (and a clean peak)
+                gc.collect()
+                torch.cuda.empty_cache()
+            order.reset()
+        return row
+
+    def finish(row: dict[str, Any]) -> None:
+        timed = row.pop("_timed", [])
+        if row["status"] == "ok":
+            row["train_time_s"] /= repeats
+            # medians, not sums: on a shared machine one stalled step must not move the row
+            row["step_time_s"] = statistics.median(t for t, _ in timed) if timed else None
+            rates = [n / t for t, n in timed if t > 0]
+            row["samples_per_s"] = statistics.median(rates) if rates else None
+            row["samples_per_step"] = statistics.median(n for _, n in timed) if timed else None
+            row["repeats"] = repeats
+        if on_row is not None:
+            on_row(row)
+
+    rows: dict[str, dict[str, Any]] = {}
+    for rep in range(repeats):  # round-robin: a slow spell of a shared machine hits every strategy alike
+        for name, options in plan.items():
+            if rep and rows[name]["status"] != "ok":
+                continue  # failed before: already finished
+            row = run(name, options, measure=measure_memory and not cuda and rep == 0)
+            if rep == 0:
+                rows[name] = row
+            elif row["status"] != "ok":
+                rows[name].update(status="failed", reason=f"repeat {rep + 1}: {row['reason']}")
+            else:
+                rows[name]["_timed"] += row["_timed"]
+                rows[name]["train_time_s"] += row["train_time_s"]
+                if cuda:
+                    rows[name]["peak_memory_bytes"] = max(rows[name]["peak_memory_bytes"], row["peak_memory_bytes"])
+            if rep == repeats - 1 or rows[name]["status"] != "ok":
+                finish(rows[name])
+    table = list(rows.values())
+
+    base = next(r for r in table if r["name"] == baseline)
+    for row in table:
+        for key, ratio_key in (
+            ("step_time_s", "step_time_ratio"),
+            ("samples_per_s", "samples_per_s_ratio"),
+            ("peak_memory_bytes", "peak_memory_ratio"),
+        ):
+            b, v = base.get(key), row.get(key)
+            both_ok = base["status"] == "ok" and row["status"] == "ok"
+            row[ratio_key] = v / b if both_ok and b and v is not None else None
+    return StrategyComparison(
+        rows=table,
+        baseline=baseline,
+        metric=metric,
+        memory_kind=memory_kind,
+        environment=environment(dev),
+        settings={
+            "epochs": None if steps is not None else epochs,
+            "steps": steps,
+            "warmup": warmup,
+            "seed": seed,
+            "split_batches": split_batches,
+            "repeats": repeats,
+        },
+    )

@@ -1,0 +1,285 @@
+"""What :func:`~nbtrainer.profile_model` measured (:class:`ModelProfile`) and how it is shown: a long
+pandas table, HTML (the notebook view) and text (the ``repr``). Numbers go through :mod:`nbtrainer._format`.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nbtrainer._format import format_bytes, format_count, format_duration
+from nbtrainer._precision import normalize_precision, resolve_device
+from nbtrainer._profile._fit import FitResult, plan_fit
+
+__all__ = ["ModelProfile", "rows", "to_frame", "to_html", "to_text"]
+
+_MEMORY_ROWS = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "total",
+    "activations_checkpointed",
+    "recompute_peak",
+    "total_checkpointed",
+    "cuda_peak",
+    "cuda_peak_checkpointed",
+)
+_LATENCY_ROWS = ("median", "p90", "mean", "min", "throughput")
+
+
+@dataclass
+class ModelProfile:
+    """What :func:`~nbtrainer.profile_model` measured. Plain data; ``to_dict()`` is JSON-serialisable.
+
+    Attributes:
+        model_name: ``type(model).__name__``.
+        batch_size: Samples in the example inputs.
+        params: All parameters (tied parameters once).
+        trainable_params: Parameters with ``requires_grad``.
+        size_mb: Parameters + buffers in memory, MiB (2**20 bytes).
+        size: ``{"parameters_bytes", "buffers_bytes", "by_dtype": {dtype: bytes}, "serialized_bytes"}``
+            (``serialized_bytes``: ``torch.save(state_dict)``).
+        macs: Forward MACs per sample, ptflops (aten backend); ``None`` when not counted.
+        flops: Forward FLOPs per sample, ``FlopCounterMode``; ``None`` when not counted.
+        compute: Every count with its counter, per batch and per sample, forward and forward+backward.
+        latency_ms: ``{device: {precision: {"median", "p90", "mean", "min", "max", "std", "n_iters",
+            "batch_size", "throughput"}}}`` in ms (throughput in samples/s), or ``{"supported": False,
+            "reason": ...}`` where the device can't run that precision.
+        memory: ``{device: {precision: breakdown}}``, bytes; see
+            :func:`nbtrainer._profile._memory.measure_training_memory`.
+        environment: torch / ptflops versions and device names.
+        seconds: Wall time per profiling step.
+    """
+
+    model_name: str
+    batch_size: int
+    params: int
+    trainable_params: int
+    size_mb: float
+    size: dict[str, Any]
+    macs: float | None = None
+    flops: float | None = None
+    compute: dict[str, Any] = field(default_factory=dict)
+    latency_ms: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    memory: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def fits(
+        self,
+        budget_gb: float,
+        batch_size: int | None = None,
+        *,
+        device: str | None = None,
+        precision: str | None = None,
+        checkpointing: bool = False,
+        headroom: float = 0.0,
+    ) -> FitResult:
+        """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
+
+        Args:
+            budget_gb: Memory budget in GiB (2**30 bytes, as GPU memory is reported).
+            batch_size: Batch size to check (default: the profiled one).
+            device: Which measured device (default: the first measured).
+            precision: Which measured precision (default: the first measured on that device).
+            checkpointing: Assume activation checkpointing of the model's repeated blocks.
+            headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
+
+        Returns:
+            A :class:`~nbtrainer._profile._fit.FitResult` (truthy when it fits).
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import profile_model
+            >>> prof = profile_model(torch.nn.Linear(64, 64), torch.randn(8, 64), include=("memory",))
+            >>> prof.fits(budget_gb=1, batch_size=64).fits
+            True
+        """
+        measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
+        measured = {d: per for d, per in measured.items() if per}
+        if not measured:
+            raise ValueError("No training memory was measured; profile with 'memory' in include=")
+        dev = device if device is not None else next(iter(measured))
+        dev = dev if dev in measured else str(resolve_device(dev))
+        if dev not in measured:
+            raise ValueError(f"Memory was not measured on {device!r}; measured: {sorted(measured)}")
+        prec = normalize_precision(precision) if precision is not None else next(iter(measured[dev]))
+        if prec not in measured[dev]:
+            raise ValueError(f"Memory was not measured for {prec!r} on {dev}; measured: {sorted(measured[dev])}")
+        return plan_fit(
+            measured[dev][prec],
+            budget_gb=budget_gb,
+            batch_size=batch_size or self.batch_size,
+            checkpointing=checkpointing,
+            headroom=headroom,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested data (dicts, lists, numbers, strings): every field above."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
+        """Rebuild a profile from :meth:`to_dict` output (e.g. loaded back from JSON)."""
+        return cls(**copy.deepcopy(data))
+
+    def to_pandas(self) -> Any:
+        """One long table: columns ``section, device, precision, metric, value, unit, source``."""
+        return to_frame(self)
+
+    def _repr_html_(self) -> str:
+        return to_html(self)
+
+    def __repr__(self) -> str:
+        return to_text(self)
+
+
+def rows(prof: ModelProfile) -> list[dict[str, Any]]:
+    """Long-format records ``{section, device, precision, metric, value, unit, source}``."""
+    out: list[dict[str, Any]] = []
+
+    def add(
+        section: str, metric: str, value: Any, unit: str = "", source: str = "", device: str = "", precision: str = ""
+    ) -> None:
+        out.append(
+            {
+                "section": section,
+                "device": device,
+                "precision": precision,
+                "metric": metric,
+                "value": value,
+                "unit": unit,
+                "source": source,
+            }
+        )
+
+    add("model", "params", prof.params, "count")
+    add("model", "trainable_params", prof.trainable_params, "count")
+    add("model", "size_in_memory", prof.size["parameters_bytes"] + prof.size["buffers_bytes"], "bytes")
+    for dtype, nbytes in prof.size["by_dtype"].items():
+        add("model", f"size_{dtype}", nbytes, "bytes")
+    add("model", "serialized_size", prof.size["serialized_bytes"], "bytes", "torch.save(state_dict)")
+    if prof.compute:
+        counters = prof.compute["counters"]
+        for per in ("per_sample", "per_batch"):
+            add("compute", f"forward_macs_{per}", prof.compute["ptflops_macs"]["forward"][per], "MAC", counters["macs"])
+            for pass_, counts in prof.compute["flop_counter_flops"].items():
+                add("compute", f"{pass_}_flops_{per}", counts[per], "FLOP", counters["flops"])
+    for section, data, keys in (("latency", prof.latency_ms, _LATENCY_ROWS), ("memory", prof.memory, _MEMORY_ROWS)):
+        for device, by_precision in data.items():
+            for precision, entry in by_precision.items():
+                if not entry.get("supported", True):
+                    add(section, "supported", False, "", entry["reason"], device, precision)
+                    continue
+                for key in keys:
+                    if entry.get(key) is not None:
+                        unit = "bytes" if section == "memory" else ("samples/s" if key == "throughput" else "ms")
+                        add(section, key, entry[key], unit, _source(section, key, entry), device, precision)
+    return out
+
+
+def _source(section: str, key: str, entry: dict[str, Any]) -> str:
+    if section == "latency":
+        return f"{entry['n_iters']} iterations"
+    if key.startswith(("activations", "recompute", "total")):
+        return entry["method"]
+    if key == "optimizer_state":
+        return f"{entry['optimizer']}.state after one step"
+    if key.startswith("cuda_peak"):
+        return "torch.cuda.max_memory_allocated"
+    return ""
+
+
+def to_frame(prof: ModelProfile) -> Any:
+    """:func:`rows` as a ``pandas.DataFrame``."""
+    import pandas as pd
+
+    return pd.DataFrame(rows(prof), columns=["section", "device", "precision", "metric", "value", "unit", "source"])
+
+
+def _ms(ms: float) -> str:
+    """Latencies are stored in ms; shown in the one duration format (µs below 1 ms, so small models keep digits)."""
+    return format_duration(ms / 1000)
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header)
+    lines = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body
+    )
+    return f"<table style='border-collapse:collapse;margin:4px 0'><tr>{head}</tr>{lines}</table>"
+
+
+def _combos(data: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(d, p, e) for d, per in data.items() for p, e in per.items()]
+
+
+def to_html(prof: ModelProfile) -> str:
+    """The notebook view: model summary, compute, latency and memory tables."""
+    parts = [f"<div class='nbtrainer-profile'><b>{html.escape(prof.model_name)}</b> (batch size {prof.batch_size})"]
+    summary = [
+        ["parameters", f"{format_count(prof.params)} ({format_count(prof.trainable_params)} trainable)"],
+        ["size in memory", format_bytes(prof.size_mb * 2**20)],
+        ["serialized", format_bytes(prof.size["serialized_bytes"])],
+    ]
+    if prof.compute:
+        c = prof.compute
+        bwd = c["flop_counter_flops"]["forward_backward"]["per_sample"]
+        summary += [
+            ["MACs / sample (forward)", f"{format_count(prof.macs, 'MACs')}  [{c['counters']['macs']}]"],
+            ["FLOPs / sample (forward)", f"{format_count(prof.flops, 'FLOPs')}  [{c['counters']['flops']}]"],
+            ["FLOPs / sample (fwd+bwd)", f"{format_count(bwd, 'FLOPs')}  [FlopCounterMode]"],
+        ]
+    parts.append(_table(["", ""], summary))
+    if prof.compute:
+        parts.append(f"<div style='font-size:smaller'>{html.escape(prof.compute['convention'])}</div>")
+    if prof.latency_ms:
+        body = []
+        for device, precision, e in _combos(prof.latency_ms):
+            if not e.get("supported", True):
+                body.append([device, precision, f"not run: {e['reason']}", "", "", "", ""])
+                continue
+            body.append(
+                [
+                    device,
+                    precision,
+                    *(_ms(e[k]) for k in ("median", "p90", "mean", "min")),
+                    f"{format_count(e['throughput'])} samples/s",
+                ]
+            )
+        parts.append(
+            "<b>Inference latency</b>"
+            + _table(["device", "precision", "median", "p90", "mean", "min", "throughput"], body)
+        )
+    if prof.memory:
+        combos = _combos(prof.memory)
+        header = ["training step (one optimizer step)"] + [f"{d} {p}" for d, p, _ in combos]
+        body = []
+        for key in _MEMORY_ROWS:
+            values = [e.get(key) if e.get("supported", True) else None for _, _, e in combos]
+            if any(v is not None for v in values):
+                body.append([key.replace("_", " ")] + [format_bytes(v) for v in values])
+        optimizers = sorted({e["optimizer"] for _, _, e in combos if e.get("supported", True)})
+        parts.append(f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers))})" + _table(header, body))
+    return "".join(parts) + "</div>"
+
+
+def to_text(prof: ModelProfile) -> str:
+    """A short one-screen summary (the ``repr``)."""
+    lines = [
+        f"ModelProfile({prof.model_name}, batch_size={prof.batch_size}, params={format_count(prof.params)}, "
+        f"trainable={format_count(prof.trainable_params)}, size={format_bytes(prof.size_mb * 2**20)}, "
+        f"macs/sample={format_count(prof.macs)}, flops/sample={format_count(prof.flops)})"
+    ]
+    for device, precision, e in _combos(prof.latency_ms):
+        if e.get("supported", True):
+            lines.append(f"  latency {device} {precision}: median {_ms(e['median'])}, p90 {_ms(e['p90'])}")
+    for device, precision, e in _combos(prof.memory):
+        if e.get("supported", True):
+            lines.append(f"  memory {device} {precision}: total {format_bytes(e['total'])} ({e['optimizer']})")
+    return "\n".join(lines)

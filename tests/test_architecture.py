@@ -1,0 +1,213 @@
+"""The package's shape: no import cycles, small modules, and the widget layer on the core's public names only.
+
+The import graph is read from the source (``ast``), not from ``sys.modules``, so it sees every import a
+module *could* run: module level, inside functions (the usual way a cycle gets hidden), and under
+``if TYPE_CHECKING:``; absolute or relative. ``widgets/`` is part of it as ``nbtrainer.widgets``.
+
+* ``from nbtrainer import Name`` is an edge to the module that defines ``Name`` (``nbtrainer._LAZY``):
+  that is what the lazy ``__getattr__`` imports. ``nbtrainer/__init__.py`` itself is the facade and
+  is not a node: its names resolve lazily, and its ``TYPE_CHECKING`` block mirrors ``_LAZY``.
+* ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# import name -> folder (widgets/ is installed as nbtrainer.widgets)
+ROOTS = {"nbtrainer": REPO / "nbtrainer", "nbtrainer.widgets": REPO / "widgets"}
+FACADE = "nbtrainer"
+MAX_LINES = 500
+# Modules others are still splitting: the size check may fail for them (not the cycle check).
+PENDING_SPLIT = {"nbtrainer/_trainer.py": "split after the parallel work on it lands"}
+
+
+def find_modules(roots: Mapping[str, Path]) -> dict[str, tuple[Path, bool]]:
+    """``{dotted name: (file, is_package)}`` for every ``.py`` file under each root."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for package, root in roots.items():
+        for path in sorted(root.rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = (path, is_package)
+    return found
+
+
+def lazy_names(facade: Path) -> dict[str, str]:
+    """The facade's ``_LAZY`` literal: public name -> defining module."""
+    for node in ast.walk(ast.parse(facade.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets) and node.value is not None:
+                return ast.literal_eval(node.value)
+    return {}
+
+
+def _imports(tree: ast.AST, package: str) -> Iterator[tuple[str, str | None]]:
+    """``(module, imported name or None)`` for every import statement anywhere in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package, up level - 1
+                parts = package.split(".")
+                base = parts[: len(parts) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                yield module, alias.name
+
+
+def import_graph(
+    modules: Mapping[str, tuple[Path, bool]], lazy: Mapping[str, str], facade: str = FACADE
+) -> dict[str, set[str]]:
+    """``{module: {modules it imports}}`` among ``modules`` (the facade left out, see the module docstring)."""
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        if name == facade:
+            continue
+        package = name if is_package else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for module, imported in _imports(ast.parse(path.read_text(encoding="utf-8")), package):
+            submodule = f"{module}.{imported}" if imported else ""
+            if submodule in modules:
+                targets.add(submodule)
+            elif module == facade and imported is not None and imported in lazy:
+                targets.add(lazy[imported])
+            elif module in modules:
+                targets.add(module)
+        graph[name] = targets - {name, facade}
+    return graph
+
+
+def find_components(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (each holds at least one cycle)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan; the graph is small, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def find_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component, as a path ``[a, b, ..., a]``."""
+    return [_cycle_in(graph, set(c)) for c in find_components(graph)]
+
+
+def _cycle_in(graph: Mapping[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module (breadth-first inside the component)."""
+    start = min(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & component):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"no cycle in {component}")  # pragma: no cover - a component always has one
+
+
+MODULES = find_modules(ROOTS)
+SOURCES = sorted(str(path.relative_to(REPO)) for path, _ in MODULES.values())
+
+
+def test_the_graph_sees_the_whole_package() -> None:
+    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"))
+    assert {"nbtrainer._trainer", "nbtrainer._profile._model", "nbtrainer.widgets._panel"} <= set(graph)
+    assert "nbtrainer._loop" in graph["nbtrainer._trainer"]  # module level
+    assert "nbtrainer._lr_find" in graph["nbtrainer._trainer_control"]  # inside a method
+    assert "nbtrainer._profile._inputs" in graph["nbtrainer._profile._flops"]  # inside a subpackage
+    assert "nbtrainer._compare._run" in graph["nbtrainer.widgets._compare_view"]  # `from nbtrainer import X`
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"))
+    cycles = [
+        f"{' -> '.join(_cycle_in(graph, set(c)))}  (modules in cycles together: {', '.join(c)})"
+        for c in find_components(graph)
+    ]
+    assert not cycles, (
+        "import cycles (counting imports inside functions and under TYPE_CHECKING); move the shared piece "
+        "to the module it belongs to:\n" + "\n".join(cycles)
+    )
+
+
+def test_the_cycle_finder_finds_hidden_cycles(tmp_path: Path) -> None:
+    """The checker itself: a cycle hidden in a function, through a relative import and the facade, is found."""
+    pkg = tmp_path / "pkg"
+    (pkg / "_sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('_LAZY: dict[str, str] = {"Thing": "pkg._c"}\n')
+    (pkg / "_a.py").write_text("from pkg._sub import _b\n")
+    (pkg / "_sub" / "__init__.py").write_text("")
+    (pkg / "_sub" / "_b.py").write_text("def f():\n    from pkg import Thing\n")
+    (pkg / "_c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import x\n")
+    (pkg / "_d.py").write_text("from ._c import y\n")  # points into the cycle, not part of it
+    modules = find_modules({"pkg": pkg})
+    graph = import_graph(modules, lazy_names(pkg / "__init__.py"), facade="pkg")
+    assert find_cycles(graph) == [["pkg._a", "pkg._sub._b", "pkg._c", "pkg._a"]]
+    (pkg / "_c.py").write_text("x = 1\n")
+    assert find_cycles(import_graph(find_modules({"pkg": pkg}), {"Thing": "pkg._c"}, facade="pkg")) == []
+
+
+def test_widgets_use_only_the_cores_public_names() -> None:
+    private = []
+    for name, (path, is_package) in MODULES.items():
+        if not name.startswith("nbtrainer.widgets"):
+            continue
+        package = name if is_package else name.rpartition(".")[0]
+        for module, imported in _imports(ast.parse(path.read_text(encoding="utf-8")), package):
+            if module.startswith("nbtrainer._") or (module == "nbtrainer" and (imported or "").startswith("_")):
+                private.append(f"{path.relative_to(REPO)}: {module}" + (f" import {imported}" if imported else ""))
+    assert not private, "widgets/ imports private core names (use what nbtrainer exports):\n" + "\n".join(private)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=PENDING_SPLIT[s], strict=False)) if s in PENDING_SPLIT else s
+        for s in SOURCES
+    ],
+)
+def test_module_is_at_most_500_lines(source: str) -> None:
+    lines = len((REPO / source).read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{source} has {lines} lines (> {MAX_LINES}): split it by concept"
