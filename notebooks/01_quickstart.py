@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # Models this small run fastest on one intra-op thread, and it leaves a core for the kernel and the
 # panel (on a busy 2-core machine, 2 threads can be many times slower).
 torch.set_num_threads(1)
-torch.manual_seed(0)
+_ = torch.manual_seed(0)  # (it returns a Generator: not worth printing)
 
 # %%
 # 1,797 handwritten digits, 8x8 pixels, bundled with scikit-learn (no download)
@@ -89,37 +89,28 @@ w
 
 # %% [markdown]
 # `w.fit()` is the same as pressing **Start** and waiting: the cell returns the `History` when the run ends
-# (`w.start()` returns at once instead; `w.wait()` waits later). A static summary is left under the panel, so
-# the results still show where widgets are not rendered (GitHub, nbviewer).
+# (`w.start()` returns at once instead; `w.wait()` waits later). While this cell runs, the panel keeps
+# responding: **Pause**, **Resume**, **Stop** and the LR control work mid-run (Kernel → Interrupt stops the run
+# too, and the cell still returns the `History`). When the run ends the panel keeps a summary of it, and a
+# plain-HTML copy is left under the panel for places where widgets are not rendered (GitHub, nbviewer).
 
 # %%
 history = w.fit()
-history
 
 # %% [markdown]
-# ## The run as a table and a chart
+# ## The run as a report, a table and charts
 #
-# One row per epoch (`history.to_pandas("steps")` has one per optimizer step).
+# A `History` shows itself as a report: one row per epoch (the best value of each column in bold) and the
+# charts: loss per step with validation loss per epoch, learning rate (log scale), accuracy on its own 0-1 axis.
+# `history.plot()` gives the charts alone (`history.plot().save("run.svg")` writes them to a file), and
+# `history.to_pandas()` a DataFrame (`history.to_pandas("steps")` has one row per optimizer step).
+
+# %%
+history
 
 # %%
 table = history.to_pandas()
 table[["loss", "acc", "val_loss", "val_acc", "lr", "time", "samples_per_s"]].round(4)
-
-# %%
-import bqplot.pyplot as plt
-
-steps = history.to_pandas("steps")
-fig = plt.figure(
-    title="training loss per step, validation loss per epoch",
-    legend_location="top-right",
-    layout={"width": "700px", "height": "320px"},
-)
-plt.plot(steps["step"], steps["loss"], labels=["train loss"], opacities=[0.5], display_legend=True)
-plt.plot(
-    table["steps"], table["val_loss"], colors=["orange"], marker="circle", labels=["val loss"], display_legend=True
-)  # "steps": the global optimizer step at the end of each epoch
-plt.xlabel("optimizer step")
-plt.show()
 
 # %%
 best = history.best("val_acc", mode="max")

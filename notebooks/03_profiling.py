@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 torch.set_num_threads(1)  # small models: one thread is fastest and leaves a core for the kernel
-torch.manual_seed(0)
+_ = torch.manual_seed(0)  # (it returns a Generator: not worth printing)
 
 # %% [markdown]
 # Two small models: a CNN for 32×32 colour images and a transformer encoder that classifies token sequences.

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # Models this small run fastest on one intra-op thread, and it leaves a core for the kernel and the
 # panel (on a busy 2-core machine, 2 threads can be many times slower).
 torch.set_num_threads(1)
-torch.manual_seed(0)
+_ = torch.manual_seed(0)  # (it returns a Generator: not worth printing)
 
 # %%
 import torch.nn.functional as F

@@ -130,9 +130,18 @@ class PanelView:
             "nbt-controls",
         )
 
-        self.start = _cls(W.Button(description="Start", icon="play", button_style="success"), "nbt-start")
+        # Explicit colours: ipywidgets' "success" green under white text is 4.1:1, below WCAG AA (4.5:1).
+        self.start = _cls(
+            W.Button(description="Start", icon="play", style={"button_color": "#1a7f37", "text_color": "white"}),
+            "nbt-start",
+        )
         self.pause = _cls(W.Button(description="Pause", icon="pause", disabled=True), "nbt-pause")
-        self.stop = _cls(W.Button(description="Stop", icon="stop", button_style="danger", disabled=True), "nbt-stop")
+        self.stop = _cls(
+            W.Button(
+                description="Stop", icon="stop", disabled=True, style={"button_color": "#cf222e", "text_color": "white"}
+            ),
+            "nbt-stop",
+        )
         self.save = _cls(W.Button(description="Save checkpoint", icon="save"), "nbt-save")
         self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="240px")), "nbt-save-path")
         self.profile = _cls(W.Button(description="Profile", icon="tachometer"), "nbt-profile")

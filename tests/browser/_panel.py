@@ -23,6 +23,8 @@ PANEL_SELECTORS = [
     ".nbt-chart-loss svg.svg-figure",
     ".nbt-chart-lr svg.svg-figure",
     ".nbt-chart-metrics svg.svg-figure",
+    ".nbt-chart-memory svg.svg-figure",
+    "input.nbt-lr-exact, .nbt-lr-exact input",
 ]
 # in the DOM but empty (zero height) until there is something to show
 PANEL_ATTACHED = [".nbt-messages"]
@@ -69,6 +71,27 @@ def status(page: Any) -> str:
     return page.locator(".nbt-status").first.inner_text().strip()
 
 
+def badge(page: Any) -> str:
+    """The status word on the badge alone (its class is ``nbt-status-<status>``), not the detail beside it."""
+    return page.evaluate("""() => {
+        const b = document.querySelector('.nbt-status .nbt-status-badge');
+        return b ? b.textContent.trim() : '';
+    }""")
+
+
+def wait_badge(page: Any, word: str, timeout_s: float = 20.0) -> None:
+    page.locator(f".nbt-status .nbt-status-{word}").first.wait_for(timeout=int(timeout_s * 1000))
+
+
+def scatter_points(page: Any, selector: str) -> int:
+    """How many Scatter markers the figure under ``selector`` draws (bqplot ``path.dot`` outside lines)."""
+    return page.evaluate(
+        "(sel) => [...document.querySelectorAll(sel + ' svg.svg-figure path.dot')]"
+        ".filter(d => !d.closest('g.curve')).length",
+        selector,
+    )
+
+
 def global_step(page: Any) -> int:
     """The optimizer step shown in the progress line (``step 266/920 · loss ...``), 0 before a run."""
     text = page.locator(".nbt-progress-info").first.inner_text() if page.locator(".nbt-progress-info").count() else ""
@@ -89,3 +112,48 @@ def step_bar_fraction(page: Any) -> float:
 def state_errors(console_log: list[str]) -> list[str]:
     """Console lines saying a widget model failed to apply an update from the kernel."""
     return [m for m in console_log if "Error setting state" in m or "Could not process update msg" in m]
+
+
+# Every text node in the panel: its colour against the first opaque background behind it (WCAG 2 ratio).
+_CONTRAST_JS = """(root) => {
+    const lum = (c) => {
+        const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+        const [r, g, b, a] = m[1].split(',').map(Number);
+        const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+        return {l: 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b), a: a === undefined ? 1 : a, rgb: [r, g, b]};
+    };
+    const bgOf = (el) => {
+        for (let e = el; e; e = e.parentElement) {
+            const c = getComputedStyle(e).backgroundColor; const v = lum(c);
+            if (v && v.a > 0.5) return v;
+        }
+        return lum('rgb(255, 255, 255)');
+    };
+    const out = [];
+    const els = [...document.querySelectorAll(root + ' *')]
+        .filter(e => e.offsetParent !== null || e instanceof SVGElement);
+    for (const el of els) {
+        const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+        if (!own || ['title', 'desc', 'style', 'script', 'TITLE', 'STYLE', 'SCRIPT'].includes(el.tagName)) continue;
+        const cs = getComputedStyle(el);
+        if (cs.visibility === 'hidden' || cs.display === 'none' || Number(cs.opacity) === 0) continue;
+        let fg = lum(el instanceof SVGElement ? (cs.fill && cs.fill !== 'none' ? cs.fill : cs.color) : cs.color);
+        if (!fg) continue;
+        const bg = bgOf(el);  // its own background first (badges, buttons)
+        if (fg.a < 1) {  // a translucent text colour over its background
+            const mix = fg.rgb.map((v, i) => v * fg.a + bg.rgb[i] * (1 - fg.a));
+            fg = lum(`rgb(${mix.join(',')})`);
+        }
+        const ratio = (Math.max(fg.l, bg.l) + 0.05) / (Math.min(fg.l, bg.l) + 0.05);
+        const text = [...el.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('');
+        const cls = el.className && el.className.baseVal !== undefined ? el.className.baseVal : el.className;
+        out.push({text: text.trim().slice(0, 40), tag: el.tagName, cls: String(cls).slice(0, 60),
+                  ratio: Math.round(ratio * 100) / 100});
+    }
+    return out;
+}"""
+
+
+def low_contrast(page: Any, root: str = ".nbt-panel", minimum: float = 4.5) -> list[dict[str, Any]]:
+    """Text under ``root`` whose contrast with its background is below ``minimum`` (WCAG AA: 4.5)."""
+    return [t for t in page.evaluate(_CONTRAST_JS, root) if t["ratio"] < minimum]

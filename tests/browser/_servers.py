@@ -34,6 +34,7 @@ __all__ = [
     "isolated_env",
     "lab_run_all",
     "start_lab",
+    "start_notebook7",
     "start_voila",
     "wait_widgets_rendered",
     "widget_problems",
@@ -238,6 +239,15 @@ def start_voila(
 LAB_NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
 
 
+def _user_settings(env: dict[str, str], theme: str | None) -> None:
+    """News/update pop-ups off (nothing covers the notebook) and, if given, the theme ("JupyterLab Dark")."""
+    folder = Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notification.jupyterlab-settings").write_text(json.dumps(LAB_NOTIFICATION_SETTINGS))
+    if theme is not None:
+        (folder / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
+
+
 def start_lab(
     root_dir: Path,
     workdir: Path,
@@ -245,23 +255,16 @@ def start_lab(
     timeout: float = 90.0,
     extra_args: Iterable[str] = (),
     env: dict[str, str] | None = None,
+    theme: str | None = None,
 ) -> Server:
     """JupyterLab 4 with no token/password, serving ``root_dir``; ready when ``GET /api`` answers.
 
     ``window.jupyterapp`` is exposed (``--LabApp.expose_app_in_browser``) and the news / update
-    notification is switched off through a user-settings file, so nothing covers the notebook.
+    notification is switched off through a user-settings file, so nothing covers the notebook;
+    ``theme="JupyterLab Dark"`` starts it in the dark theme.
     """
     env = env or isolated_env(workdir)
-    settings = (
-        Path(env["JUPYTER_CONFIG_DIR"])
-        / "lab"
-        / "user-settings"
-        / "@jupyterlab"
-        / "apputils-extension"
-        / "notification.jupyterlab-settings"
-    )
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(LAB_NOTIFICATION_SETTINGS))
+    _user_settings(env, theme)
     port = free_port()
     cmd = [
         sys.executable,
@@ -283,6 +286,36 @@ def start_lab(
         *extra_args,
     ]
     return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+
+
+def start_notebook7(
+    root_dir: Path,
+    workdir: Path,
+    *,
+    timeout: float = 90.0,
+    extra_args: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Jupyter Notebook 7 serving ``root_dir`` (open ``/notebooks/NAME.ipynb``); ``window.jupyterapp`` exposed."""
+    env = env or isolated_env(workdir)
+    _user_settings(env, None)
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "notebook",
+        "--no-browser",
+        "--allow-root",
+        f"--ServerApp.ip={HOST}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--PasswordIdentityProvider.hashed_password=",
+        f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+        "--JupyterNotebookApp.expose_app_in_browser=True",
+        *extra_args,
+    ]
+    return _spawn("notebook", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
 def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:

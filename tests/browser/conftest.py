@@ -116,7 +116,12 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def _jupyter_servers_available() -> None:
-    for mod, what in (("voila", "voila"), ("jupyterlab", "jupyterlab"), ("nbformat", "nbformat")):
+    for mod, what in (
+        ("voila", "voila"),
+        ("jupyterlab", "jupyterlab"),
+        ("notebook", "notebook"),
+        ("nbformat", "nbformat"),
+    ):
         try:
             __import__(mod)
         except ImportError:
@@ -239,6 +244,13 @@ def voila_server(
     _jupyter_servers_available: None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Server]]:
     yield from _server_factory(_servers.start_voila, request, tmp_path_factory)
+
+
+@pytest.fixture
+def notebook7_server(
+    _jupyter_servers_available: None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
+    yield from _server_factory(_servers.start_notebook7, request, tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,0 +1,62 @@
+"""The panel scenario every front end must pass in a real browser: Start, a growing chart, Pause holding
+still, Resume, Stop (and nothing moves after). Assertions read what the page shows, not the kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _panel import chart, curve, global_step, state_errors, wait_badge
+from _servers import widget_problems
+
+# bqplot draws marks in steps: wait until the raw loss line has more points than `base`
+LOSS_POINTS_ABOVE = """([base]) => {
+    const g = [...document.querySelectorAll('.nbt-chart-loss svg.svg-figure g.curve')]
+        .find(g => (g.querySelector('text.curve_label') || {}).textContent === 'loss (step)');
+    const d = g && g.querySelector('path.line') && g.querySelector('path.line').getAttribute('d') || '';
+    return (d.match(/[ML]/g) || []).length > base;
+}"""
+HOLD_S = 1.5  # how long "paused" and "stopped" must hold still
+
+
+def loss_points(page: Any) -> int:
+    return curve(chart(page, ".nbt-chart-loss"), "loss (step)").get("n", 0)
+
+
+def run_controls_scenario(page: Any, screenshot: Any, name: str, console_log: list[str]) -> dict[str, int]:
+    """Start, watch the chart grow, Pause (holds), Resume (grows again), Stop (holds); returns the steps seen."""
+    page.locator("button.nbt-start").click()
+    wait_badge(page, "running")
+    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[2], timeout=30_000)
+    a_step, a_points = global_step(page), loss_points(page)
+    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[a_points + 10], timeout=30_000)
+    b_step = global_step(page)
+    assert b_step > a_step > 0, (a_step, b_step)
+    screenshot(page, f"{name}-running", selector=".nbt-panel")
+
+    # Pause: the badge says "paused" only once the loop holds; from then on nothing moves
+    page.locator("button.nbt-pause").click()
+    wait_badge(page, "paused")
+    held_step, held_points = global_step(page), loss_points(page)
+    page.wait_for_timeout(HOLD_S * 1000)
+    assert (global_step(page), loss_points(page)) == (held_step, held_points), "the run moved while paused"
+    assert page.locator("button.nbt-pause").inner_text().strip().lower().startswith("resume")
+    screenshot(page, f"{name}-paused", selector=".nbt-panel")
+
+    # Resume: running again, the chart grows past the pause
+    page.locator("button.nbt-pause").click()
+    wait_badge(page, "running")
+    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[held_points + 5], timeout=30_000)
+    assert global_step(page) > held_step
+
+    # Stop: "stopped" within a few seconds, the step shown is final, Start is enabled again
+    page.locator("button.nbt-stop").click()
+    wait_badge(page, "stopped", timeout_s=10)
+    final = global_step(page)
+    page.wait_for_timeout(HOLD_S * 1000)
+    assert global_step(page) == final, "training went on after Stop"
+    assert page.locator("button.nbt-start").is_enabled(), "Start is not enabled again after Stop"
+    screenshot(page, f"{name}-stopped", selector=".nbt-panel")
+    assert widget_problems(page) == []
+    assert not [m for m in console_log if m.startswith("pageerror")], console_log
+    assert not state_errors(console_log), state_errors(console_log)[:5]
+    return {"held": held_step, "final": final}

@@ -1,0 +1,114 @@
+"""The training panel in JupyterLab 4, light and dark, in a real Chromium.
+
+* Run All on the browser tests' panel notebook, then the controls scenario (Start, growing chart, Pause holding
+  still, Resume, Stop) and, in both themes, every text of the panel legible (WCAG AA contrast, 4.5:1).
+* The blocking case: a cell that runs ``h = w.fit()``; Pause / Resume / Stop clicked while that cell is busy take
+  effect, and the cell returns the History with status "stopped".
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from _panel import PANEL_SELECTORS, badge, global_step, low_contrast, wait_badge
+from _scenario import LOSS_POINTS_ABOVE, loss_points, run_controls_scenario
+from _servers import lab_run_all, wait_widgets_rendered, widget_problems
+
+HERE = Path(__file__).resolve().parent
+PANEL_NB = HERE / "notebooks" / "panel_live.ipynb"
+
+
+def _open(page, lab_server, tmp_path: Path, notebook: Path, **server_kw):
+    dest = tmp_path / "nb" / notebook.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(notebook, dest)
+    server = lab_server(dest.parent, **server_kw)
+    page.goto(f"{server.url}/lab/tree/{dest.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    return server
+
+
+def _expand_side_areas(page) -> None:
+    """Open every collapsed section (summary...) so its text is checked too."""
+    for toggle in page.locator(".nbt-section .nbt-collapse").all():
+        if toggle.is_visible() and "expand" in (toggle.get_attribute("title") or ""):
+            toggle.click()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
+def test_panel_in_jupyterlab(theme, lab_server, page, screenshot, console_log, tmp_path) -> None:
+    _open(page, lab_server, tmp_path, PANEL_NB, theme=theme)
+    page.wait_for_function(f"() => document.body.dataset.jpThemeName === {theme!r}", timeout=60_000)
+    lab_run_all(page, timeout=120)
+    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    page.locator(".nbt-panel").first.scroll_into_view_if_needed()
+    assert badge(page) == "idle"
+    name = "panel-lab-" + theme.split()[-1].lower()
+    run_controls_scenario(page, screenshot, name, console_log)
+
+    # legible in this theme: every text node of the panel, its messages, cards, legends, tables, charts
+    _expand_side_areas(page)
+    page.wait_for_timeout(300)
+    bad = low_contrast(page, ".nbt-panel")
+    assert not bad, f"low-contrast text in {theme}: {bad[:12]}"
+    screenshot(page, f"{name}-summary", selector=".nbt-panel")
+    assert widget_problems(page) == []
+
+
+BLOCKING_CELLS = [
+    "import time, torch\n"
+    "from torch import nn\n"
+    "from torch.utils.data import DataLoader, TensorDataset\n"
+    "from nbtrainer import TrainerWidget\n"
+    "\n"
+    "class Slow:  # about 40 optimizer steps per second\n"
+    "    def on_optimizer_step(self, trainer, step, skipped):\n"
+    "        time.sleep(0.02)\n"
+    "\n"
+    "_ = torch.manual_seed(0)\n"
+    "x, y = torch.randn(512, 8), torch.randint(0, 3, (512,))\n"
+    "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))\n"
+    "w = TrainerWidget(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05),\n"
+    "                  DataLoader(TensorDataset(x, y), batch_size=16), epochs=60, callbacks=[Slow()])\n"
+    "w",
+    "h = w.fit()  # blocks until the run ends\nprint('RESULT', h.status, len(h.epochs))",
+]
+
+
+@pytest.mark.timeout(240)
+def test_blocking_fit_cell_still_obeys_pause_resume_stop(lab_server, make_notebook, page, screenshot, console_log):
+    nb = make_notebook("blocking_fit", BLOCKING_CELLS)
+    server = lab_server(nb.parent)
+    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+        " return !!k && k.status === 'idle'; }",
+        timeout=60_000,
+    )
+    # Not awaited: the command's promise settles only when every cell has run, and the 2nd cell blocks.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_badge(page, "running", timeout_s=30)
+    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[5], timeout=30_000)
+
+    page.locator("button.nbt-pause").click()
+    wait_badge(page, "paused", timeout_s=10)  # the click reached the kernel while the cell is busy
+    held, points = global_step(page), loss_points(page)
+    page.wait_for_timeout(1500)
+    assert (global_step(page), loss_points(page)) == (held, points), "the run moved while paused"
+    screenshot(page, "blocking-fit-lab-paused", selector=".nbt-panel")
+    page.locator("button.nbt-pause").click()
+    wait_badge(page, "running", timeout_s=10)
+    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[points + 5], timeout=30_000)
+    page.locator("button.nbt-stop").click()
+    wait_badge(page, "stopped", timeout_s=10)
+    # the blocking cell returned the History: status stopped, long before its 60 epochs
+    out = page.locator(".jp-OutputArea-output", has_text="RESULT").first
+    out.wait_for(timeout=30_000)
+    status, epochs = out.inner_text().split()[1:3]
+    assert status == "stopped" and int(epochs) < 60, out.inner_text()
+    assert widget_problems(page) == []
+    assert not [m for m in console_log if m.startswith("pageerror")], console_log
