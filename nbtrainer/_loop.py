@@ -99,6 +99,13 @@ class FitLoop:
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
         self.progress = trainer.progress
+        # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
+        sched = trainer.scheduler
+        self._sched_end: int | None = (
+            sched.total_steps
+            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer._scheduler_per_step
+            else None
+        )
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -198,7 +205,7 @@ class FitLoop:
                 window = min(k, remaining) if remaining > 0 else k
             in_window += 1
             closes = in_window == window or is_last or (n is not None and st.batch + 1 >= n)
-            pair = fast and type(batch) in _PAIR and len(batch) == 2
+            pair = fast and type(batch) in _PAIR and len(batch) == 2 and isinstance(batch[0], Tensor)
             if pair:
                 x, targets = batch
                 if type(x) is not Tensor or x.device != device:
@@ -283,6 +290,10 @@ class FitLoop:
     def _optimizer_step(self, rescale: float) -> None:
         t, st = self.t, self.state
         opt, scaler, bound = t.optimizer, t.scaler, t.callbacks._bound
+        if self._sched_end is not None and t.scheduler.last_epoch >= self._sched_end:
+            from nbtrainer._validate import onecycle_overflow
+
+            raise onecycle_overflow(t, self._sched_end)
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
         with r_opt:
             if scaler is not None:

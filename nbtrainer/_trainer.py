@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from nbtrainer import _state, _validate
-from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
+from nbtrainer._batch import BatchSpec, batch_size_of, loss_from_outputs, move_to_device
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
 from nbtrainer._events import CallbackList, Progress
@@ -42,6 +42,8 @@ class Trainer(TrainerControl):
         criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
         optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
             ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
+            ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
+            adapter loaded for inference); ``fit`` and ``lr_find`` then raise.
         scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
             ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
@@ -55,10 +57,15 @@ class Trainer(TrainerControl):
         seed: seed everything at the start of ``fit``.
         deterministic: deterministic algorithms and seeded data order.
         progress: tqdm bars (notebook or console, picked at run time).
-        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last).
-        target_keys: keys of a dict batch that hold targets.
+        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last;
+            also turns off the unpacking of ``((x1, x2), y)``).
+        target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion
+            and metrics get a tuple of them in this order.
         compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch
-            becomes a loss (subclasses can override :meth:`compute_loss` instead).
+            becomes a loss in fit and evaluate (subclasses can override :meth:`compute_loss` instead).
+        predict_step: ``fn(model, batch) -> outputs`` overrides how :meth:`predict` gets a batch's outputs
+            (or override :meth:`predict_step`). Without it, a customised ``compute_loss`` that returns
+            ``(loss, outputs, targets)`` gives predict its outputs; otherwise the model is called on the batch.
         refresh_interval: seconds between reads of running values (progress, history, widget).
         timing_every: sample the step-time breakdown every n micro-batches (0: off).
         val_every_n_epochs: validate every n epochs.
@@ -66,9 +73,9 @@ class Trainer(TrainerControl):
             no extra sync), ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit
             (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
         lr: learning rate of an optimizer given by name (default: torch's default for it).
-        activation_checkpointing: ``True`` (the model's own ``gradient_checkpointing_enable()``, else its
-            repeated blocks) or a list of module types / names; switch later with
-            :meth:`set_activation_checkpointing`.
+        activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, else its repeated blocks) or a list of module types / names;
+            switch later with :meth:`set_activation_checkpointing`.
         trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
             counts in :attr:`param_counts`.
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
@@ -76,6 +83,26 @@ class Trainer(TrainerControl):
         strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
             process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
             DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+
+    Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._batch``):
+
+    ================================================  ==============================  ======================
+    batch                                             model call                      targets
+    ================================================  ==============================  ======================
+    ``x`` or ``(x,)``                                 ``model(x)``                    none
+    ``(x, y)`` / ``(x1, ..., xk, y)``                 ``model(x)`` / ``(x1..xk)``     ``y``
+    ``(x1, ..., xk, y1, y2)``, ``num_inputs=k``       ``model(x1, ..., xk)``          ``(y1, y2)``
+    ``((x1, x2), y)`` / ``((x1, x2), (y1, y2))``      ``model(x1, x2)``               ``y`` / ``(y1, y2)``
+    ``({"a": a, "b": b}, y)``                         ``model(a=a, b=b)``             ``y``
+    ``{"a": a, "labels": y}`` (any Mapping)           ``model(a=a)``                  ``y``
+    the same with ``criterion=None``                  ``model(a=a, labels=y)``        ``y`` (metrics)
+    a dataclass (fields ``a``, ``labels``)            like the dict of its fields     ``y``
+    a namedtuple                                      like a tuple                    like a tuple
+    ================================================  ==============================  ======================
+
+    Target keys: ``target_keys=``, else the first of ``labels``, ``label``, ``targets``, ``target``, ``y``;
+    several ``target_keys`` reach the criterion as a tuple in key order. Anything else: ``compute_loss=`` and
+    ``predict_step=`` (or the methods of those names in a subclass).
 
     Example:
         >>> import torch
@@ -94,7 +121,7 @@ class Trainer(TrainerControl):
         self,
         model: torch.nn.Module,
         criterion: Callable | None,
-        optimizer: torch.optim.Optimizer | str,
+        optimizer: torch.optim.Optimizer | str | None = None,
         *,
         scheduler: Any = None,
         scheduler_interval: str = "step",
@@ -111,6 +138,7 @@ class Trainer(TrainerControl):
         num_inputs: int | None = None,
         target_keys: Sequence[str] | str | None = None,
         compute_loss: Callable | None = None,
+        predict_step: Callable | None = None,
         refresh_interval: float = 0.25,
         timing_every: int = 50,
         val_every_n_epochs: int = 1,
@@ -156,12 +184,20 @@ class Trainer(TrainerControl):
             channels_last=channels_last,
         )
         optimizer = self._setup.optimizer
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
-                "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+        if optimizer is not None:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(
+                    f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                    "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+                )
+            _validate_optimizer(model, optimizer)
+        elif scheduler is not None:
+            raise ValueError(
+                "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
+                "was built from: Trainer(model, criterion, optimizer, scheduler=...)."
             )
-        _validate_optimizer(model, optimizer)
+        if predict_step is not None and not callable(predict_step):
+            raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
         if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
             raise ValueError(
                 "The scheduler is bound to a different optimizer than the one given to the Trainer. "
@@ -178,7 +214,7 @@ class Trainer(TrainerControl):
         self.precision = require_precision(precision, self.device)
         self.model = model
         self.criterion = criterion
-        self.optimizer = optimizer
+        self.optimizer: torch.optim.Optimizer | None = optimizer
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.scheduler_monitor = scheduler_monitor
@@ -190,6 +226,7 @@ class Trainer(TrainerControl):
             num_inputs=num_inputs, target_keys=target_keys, pass_targets_to_model=criterion is None
         )
         self._compute_loss_fn = compute_loss
+        self._predict_step_fn = predict_step
         self.refresh_interval = float(refresh_interval)
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
@@ -217,7 +254,7 @@ class Trainer(TrainerControl):
         self._fit_thread: int | None = None
         self._elapsed_before = 0.0
         self._has_val = False
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
         self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
 
     # -- small public properties ---------------------------------------------------------------
@@ -246,11 +283,15 @@ class Trainer(TrainerControl):
     @property
     def lr(self) -> float:
         """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+        if self.optimizer is None:
+            raise _validate.no_optimizer("lr")
         group = self.optimizer.param_groups[0]
         return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
 
     @property
     def current_lr(self) -> float:
+        if self.optimizer is None:
+            raise _validate.no_optimizer("current_lr")
         return float(self.optimizer.param_groups[0]["lr"])
 
     @property
@@ -296,6 +337,8 @@ class Trainer(TrainerControl):
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
         """
+        if self.optimizer is None:
+            raise _validate.no_optimizer("fit")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
@@ -416,8 +459,6 @@ class Trainer(TrainerControl):
                     loss, outputs, targets = self._compute(batch, need_loss=True, training=False)
                     if loss is not None:
                         losses.append(loss.detach().reshape(()).float())
-                    from nbtrainer._batch import batch_size_of
-
                     sizes.append(batch_size_of(targets, batch))
                     if metrics:
                         metrics.update(outputs, targets)
@@ -446,28 +487,86 @@ class Trainer(TrainerControl):
         metrics.reset()
         return out
 
-    def predict(self, loader: Iterable) -> Any:
-        """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such)."""
-        model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        was_training = model.training
-        model.eval()
-        chunks = []
-        try:
-            with torch.no_grad(), self._autocast():
-                for batch in loader:
-                    batch = move_to_device(batch, self.device, self.non_blocking)
-                    args, kwargs, _ = self.batch_spec.split(batch)
-                    chunks.append(move_to_device(model(*args, **kwargs), torch.device("cpu")))
-        finally:
-            model.train(was_training)
-        return concat_outputs(chunks)
+    def predict(
+        self,
+        loader: Iterable,
+        *,
+        per_batch: bool = False,
+        pad_index: float = -100,
+        keep_dtype: bool = False,
+        keep: Iterable[str] | str = (),
+        to_cpu: bool = True,
+    ) -> Any:
+        """Model outputs for the whole loader, concatenated along the batch dimension, structure kept.
 
-    # -- how a batch becomes a loss ------------------------------------------------------------
+        Outputs come from ``predict_step=`` / :meth:`predict_step` (see the class docstring for the rule
+        when only ``compute_loss`` is customised). Runs in eval mode under ``torch.no_grad`` and the
+        trainer's precision.
+
+        Args:
+            loader: any iterable of batches (targets, if present, are not needed by the default step).
+            per_batch: return a list with each batch's outputs instead of concatenating them.
+            pad_index: fills the dimensions that vary between batches (sequence length under dynamic
+                padding) when concatenating, like Hugging Face's Trainer (-100).
+            keep_dtype: keep autocast's bfloat16 / float16 outputs; by default they come back as float32
+                (so ``.numpy()`` works under ``precision="bf16-mixed"``).
+            keep: entries of mapping / ``ModelOutput`` outputs to keep that are left out by default because
+                they grow with the data set: ``"loss"`` (one per batch), ``"past_key_values"``,
+                ``"hidden_states"``, ``"attentions"`` (with their encoder/decoder/cross variants).
+            to_cpu: move each batch's outputs to the CPU as they come (device memory stays bounded);
+                ``False`` keeps them on the trainer's device.
+
+        Returns:
+            A tensor, or the model's structure (tuple, dict, ``ModelOutput``, dataclass) of concatenated
+            tensors; a list per batch with ``per_batch=True``.
+
+        Example:
+            >>> import torch
+            >>> trainer = Trainer(torch.nn.Linear(3, 2), None, progress=False)  # no optimizer: predict only
+            >>> out = trainer.predict([torch.randn(4, 3), torch.randn(2, 3)])
+            >>> tuple(out.shape), out.dtype
+            ((6, 2), torch.float32)
+        """
+        from nbtrainer._predict_collect import run_predict
+
+        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        return run_predict(
+            self,
+            loader,
+            per_batch=per_batch,
+            pad_index=pad_index,
+            keep_dtype=keep_dtype,
+            keep=keep,
+            to_cpu=to_cpu,
+        )
+
+    # -- how a batch becomes a loss / outputs ----------------------------------------------------
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
-        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``."""
+        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``.
+
+        The default splits the batch by the batch protocol (class docstring), calls the model and the
+        criterion (or takes the model's ``.loss`` when ``criterion=None``).
+        """
         args, kwargs, targets = self.batch_spec.split(batch)
         outputs = self.model(*args, **kwargs)
-        return loss_from_outputs(self.criterion, outputs, targets), outputs, targets
+        return loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec), outputs, targets
+
+    def predict_step(self, batch: Any) -> Any:
+        """A batch's outputs for :meth:`predict`; override in a subclass (or pass ``predict_step=``).
+
+        The default calls the model on the batch's inputs, split by the batch protocol.
+
+        Example:
+            >>> import torch
+            >>> class Probabilities(Trainer):
+            ...     def predict_step(self, batch):
+            ...         return self.model(batch[0]).softmax(-1)
+            >>> trainer = Probabilities(torch.nn.Linear(3, 2), None, progress=False)
+            >>> trainer.predict([(torch.randn(4, 3), torch.zeros(4))]).sum(1).allclose(torch.ones(4))
+            True
+        """
+        args, kwargs, _ = self.batch_spec.split(batch)
+        return self.model(*args, **kwargs)
 
     def _default_compute(self) -> bool:
         """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
@@ -528,6 +627,10 @@ class Trainer(TrainerControl):
         """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
         if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
             return self._control.submit(lambda: self.save_checkpoint(path)).result()
+        if self.optimizer is None:
+            raise _validate.no_optimizer(
+                "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
+            )
         # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
         ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
         if self.is_global_zero:
@@ -589,11 +692,15 @@ def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     model_ids = {id(p) for p in model.parameters()}
     opt_params = [p for g in optimizer.param_groups for p in g["params"]]
     if not opt_params:
-        raise ValueError("The optimizer holds no parameters. Build it from model.parameters().")
+        raise ValueError(
+            "The optimizer holds no parameters. Build it from model.parameters(), or pass optimizer=None "
+            "for a trainer that only evaluates and predicts."
+        )
     if not any(id(p) in model_ids for p in opt_params):
         raise ValueError(
             "The optimizer holds none of the model's parameters (was it built for another model "
-            "instance, or before the model was re-created?). Build it from this model's parameters."
+            "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
+            "optimizer=None to only evaluate and predict)."
         )
 
 

@@ -28,9 +28,17 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import loss_from_outputs
+from nbtrainer._batch import as_mapping, loss_from_outputs
 
-__all__ = ["check_args", "check_callback", "check_fit", "check_val_loader", "first_compute"]
+__all__ = [
+    "check_args",
+    "check_callback",
+    "check_fit",
+    "check_val_loader",
+    "first_compute",
+    "no_optimizer",
+    "onecycle_overflow",
+]
 
 # Hook names other trainers use, mapped to ours (a callback using them would silently never run).
 _FOREIGN_HOOKS = {
@@ -62,8 +70,10 @@ def _desc(obj: Any, depth: int = 0) -> str:
         )
     if depth > 2:
         return type(obj).__name__
-    if isinstance(obj, dict):
-        return "{" + ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(obj.items())[:6]) + "}"
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        inner = ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(mapping.items())[:6])
+        return ("{" if type(obj) is dict else f"{type(obj).__name__}{{") + inner + "}"
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         inner = ", ".join(_desc(v, depth + 1) for v in list(obj)[:6])
         return f"({inner})" if isinstance(obj, tuple) else f"[{inner}]"
@@ -190,6 +200,15 @@ def check_args(
     check_mode(on_nonfinite)
 
 
+def no_optimizer(what: str, extra: str = "") -> ValueError:
+    """The error for a trainer built without an optimizer when ``what`` needs one."""
+    return ValueError(
+        f"{what} needs an optimizer, but this Trainer was built with optimizer=None (it only evaluates and "
+        "predicts). Pass one: Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)), or "
+        f"optimizer='adamw' with lr=.{extra}"
+    )
+
+
 # -- Trainer.fit, before anything runs ----------------------------------------------------------------
 def _one_shot(loader: Any) -> bool:
     # Never call iter() to find out: a DataLoader's iter() draws its base seed from the RNG.
@@ -257,6 +276,8 @@ def check_fit(
             )
     elif isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step":
         n = _safe_len(train_loader)
+        left = sched.total_steps - sched.last_epoch  # a resumed schedule has already taken some steps
+        done = trainer.global_step if resuming else 0
         if n:
             need = math.ceil(n / trainer.grad_accum_steps) * epochs
             if max_steps is not None:
@@ -268,6 +289,12 @@ def check_fit(
                     f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
                     "with total_steps=trainer.total_steps(train_loader, epochs)."
                 )
+        elif max_steps is not None and not resuming and max_steps - done > left:
+            raise ValueError(
+                f"OneCycleLR was built for total_steps={sched.total_steps} but this fit runs up to "
+                f"max_steps={max_steps} optimizer steps; it would fail part-way. Build it with "
+                f"total_steps={max_steps} (the train_loader has no len(), so trainer.total_steps() cannot count)."
+            )
     for cb in trainer.callbacks.callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor:
             check_monitor("ModelCheckpoint", cb.monitor, trainer)
@@ -304,7 +331,8 @@ def _check_model(trainer: Any) -> None:
         raise ValueError(
             "Every parameter the optimizer holds has requires_grad=False, so nothing would be "
             "trained. Unfreeze them (p.requires_grad_(True)) before building the optimizer, or "
-            "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad]."
+            "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad]. To "
+            "evaluate or predict only, no fit is needed: Trainer(model, criterion, optimizer=None)."
         )
     # Plain tensor attributes (not parameters/buffers) are not moved by .to(device): the classic
     # "Expected all tensors to be on the same device" once training starts.
@@ -329,8 +357,9 @@ def _leaf_problem(obj: Any, path: str, top: bool) -> str | None:
         return f"{path} is a numpy.{type(obj).__name__}"
     if mod.startswith("PIL"):
         return f"{path} is a PIL image"
-    if isinstance(obj, dict):
-        for k, v in obj.items():
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        for k, v in mapping.items():
             found = _leaf_problem(v, f"{path}[{k!r}]", False)
             if found:
                 return found
@@ -408,6 +437,20 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
             f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
             "last layer as wide as the number of classes, or make the labels 0-based."
         )
+    if isinstance(targets, tuple) and not isinstance(criterion, type) and "tuple" in text:
+        return (
+            f"The targets are a tuple {_desc(targets)}: several targets (target_keys= with several keys, in "
+            "that order; or the elements after num_inputs=) reach the criterion as one tuple. Unpack them in "
+            "the criterion, e.g. def criterion(outputs, targets): y1, y2 = targets; ..."
+        )
+    out_map = as_mapping(outputs) if out_t is None else None
+    if out_map is not None and "logits" in out_map:
+        call = f"{name}()" if isinstance(criterion, torch.nn.Module) else "loss_fn"
+        return (
+            f"The model returns a {type(outputs).__name__}, and the criterion gets it whole. Take the tensor "
+            f"it needs: criterion=lambda out, y: {call}(out.logits, y) (or criterion=None to use the "
+            "model's own loss from 'labels')."
+        )
     if ("0D or 1D target" in text or "multi-target" in text) and tgt_t is not None:
         return (
             f"{name} wants class indices of shape [batch]; the targets are {list(tgt_t.shape)}. Use "
@@ -481,7 +524,7 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
         ) from exc
     check_criterion_shapes(trainer.criterion, outputs, targets)
     try:
-        loss = loss_from_outputs(trainer.criterion, outputs, targets)
+        loss = loss_from_outputs(trainer.criterion, outputs, targets, batch=batch, spec=trainer.batch_spec)
     except BaseException as exc:
         if _passthrough(exc) or trainer.criterion is None or targets is None:
             raise
@@ -498,6 +541,19 @@ def _trainer_cls() -> Any:
     from nbtrainer._trainer import Trainer
 
     return Trainer
+
+
+def onecycle_overflow(trainer: Any, total_steps: int) -> ValueError:
+    """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
+    (a train_loader without len() could not be counted before the run)."""
+    st = trainer._state
+    return ValueError(
+        f"OneCycleLR was built for total_steps={total_steps} and this fit has used them all (epoch "
+        f"{st.epoch + 1}, batch {st.batch}, after optimizer step {st.global_step}); the next step would make "
+        "the scheduler fail. The train_loader has no len(), so this could not be checked before the run. "
+        "Build the scheduler with total_steps = (batches per epoch / grad_accum_steps) x epochs, or pass "
+        f"max_steps={total_steps} to fit() to end the run with the schedule."
+    )
 
 
 def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False) -> None:
