@@ -10,6 +10,8 @@ import pytest
 MODULES = [
     "nbtrainer",
     "nbtrainer._trainer",
+    "nbtrainer._batch",
+    "nbtrainer._predict_collect",
     "nbtrainer._history",
     "nbtrainer._callbacks",
     "nbtrainer._checkpoint_cb",
