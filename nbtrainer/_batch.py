@@ -91,8 +91,9 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
                 return new
             except Exception:
                 pass
+        cls: Any = type(obj)  # an immutable Mapping: rebuilt from a dict when its class allows it
         try:
-            return type(obj)(items)
+            return cls(items)
         except Exception:
             return items
     if is_record(obj):

@@ -67,7 +67,8 @@ def _tensor(t: torch.Tensor, keep_dtype: bool, device: torch.device | None) -> t
 def _rebuild_mapping(obj: Mapping[str, Any], items: dict[str, Any]) -> Any:
     if type(obj) is dict:
         return items
-    for build in (lambda: type(obj)(**items), lambda: type(obj)(items)):  # ModelOutput(**kw), Mapping(dict)
+    cls: Any = type(obj)
+    for build in (lambda: cls(**items), lambda: cls(items)):  # ModelOutput(**kw), Mapping(dict)
         try:
             return build()
         except Exception:

@@ -406,8 +406,9 @@ def _model_hint(trainer: Any, exc: BaseException, args: tuple, kwargs: dict, bat
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
-            "(tuple batches: how many leading elements go to the model) or target_keys= (dict batches), "
-            "or pass compute_loss=fn(model, batch)."
+            "(tuple batches: how many leading elements go to the model), yield ((x1, x2), y) to keep the "
+            "inputs apart from the targets, set target_keys= (dict batches), or pass compute_loss=fn(model, batch) "
+            "(and predict_step=fn(model, batch) for predict)."
         )
     if "same device" in text or ("device" in text and "expected" in text.lower()):
         return (
