@@ -187,7 +187,8 @@ def predict_outputs(trainer: Any, batch: Any) -> Any:
     fn = trainer._predict_step_fn
     if fn is not None:
         return fn(trainer.model, batch)
-    cls = _trainer_cls()
+    from nbtrainer._trainer_eval import TrainerEval as cls
+
     if type(trainer).predict_step is not cls.predict_step:
         return trainer.predict_step(batch)
     loss_fn = trainer._compute_loss_fn
@@ -201,12 +202,6 @@ def predict_outputs(trainer: Any, batch: Any) -> Any:
             "(or override Trainer.predict_step in a subclass)."
         )
     return trainer.predict_step(batch)
-
-
-def _trainer_cls() -> Any:
-    from nbtrainer._trainer import Trainer
-
-    return Trainer
 
 
 def run_predict(
