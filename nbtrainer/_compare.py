@@ -20,6 +20,7 @@ the reason; the others still run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import html
 import math
@@ -108,6 +109,9 @@ def _split(obj: Any, k: int, size: int) -> list[Any]:
         if hasattr(obj, "_fields"):  # namedtuple
             return [type(obj)(*(p[i] for p in parts)) for i in range(k)]
         return [type(obj)(p[i] for p in parts) for i in range(k)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # dataclass batches (nbtrainer._batch)
+        fields = {f.name: _split(getattr(obj, f.name), k, size) for f in dataclasses.fields(obj) if f.init}
+        return [dataclasses.replace(obj, **{name: p[i] for name, p in fields.items()}) for i in range(k)]
     return [obj] * k
 
 

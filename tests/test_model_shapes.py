@@ -339,3 +339,14 @@ def test_dataclass_batch_with_model_computed_loss_and_no_labels_at_predict():
     assert h["loss"][-1] < 0.8 * h["loss"][0] and h["val_acc"][-1] > 0.65
     assert isinstance(preds, Out) and preds.logits.shape == (48, 2) and preds.loss is None
     assert torch.equal(preds.logits, ref_preds.logits)
+
+
+def test_compare_splits_dataclass_batches_into_micro_batches():
+    """compare_strategies' accumulation strategies cut every batch shape, dataclasses too (not k copies)."""
+    from nbtrainer._compare import split_batch
+
+    batch = PairBatch(torch.arange(10.0)[:, None].repeat(1, 4), torch.zeros(10, 3), torch.arange(10))
+    parts = split_batch(batch, 2)
+    assert [type(p) for p in parts] == [PairBatch, PairBatch]
+    assert [p.labels.tolist() for p in parts] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert torch.equal(torch.cat([p.xa for p in parts]), batch.xa)
