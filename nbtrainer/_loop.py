@@ -85,6 +85,13 @@ class FitLoop:
         self.profiler = profiler
         self.state = trainer._state
         self.n_batches = _safe_len(train_loader)
+        # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
+        sched = trainer.scheduler
+        self._sched_end: int | None = (
+            sched.total_steps
+            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer._scheduler_per_step
+            else None
+        )
         # pending, not yet read from the device (see the sync budget above)
         self._pend_loss: list[torch.Tensor] = []
         self._pend_bs: list[int] = []
@@ -99,13 +106,6 @@ class FitLoop:
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
         self.progress = trainer.progress
-        # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
-        sched = trainer.scheduler
-        self._sched_end: int | None = (
-            sched.total_steps
-            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer._scheduler_per_step
-            else None
-        )
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
