@@ -276,8 +276,7 @@ def check_fit(
             )
     elif isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step":
         n = _safe_len(train_loader)
-        left = sched.total_steps - sched.last_epoch  # a resumed schedule has already taken some steps
-        done = trainer.global_step if resuming else 0
+        left = sched.total_steps - sched.last_epoch  # a schedule reused from an earlier fit has taken some steps
         if n:
             need = math.ceil(n / trainer.grad_accum_steps) * epochs
             if max_steps is not None:
@@ -289,7 +288,7 @@ def check_fit(
                     f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
                     "with total_steps=trainer.total_steps(train_loader, epochs)."
                 )
-        elif max_steps is not None and not resuming and max_steps - done > left:
+        elif max_steps is not None and not resuming and max_steps > left:
             raise ValueError(
                 f"OneCycleLR was built for total_steps={sched.total_steps} but this fit runs up to "
                 f"max_steps={max_steps} optimizer steps; it would fail part-way. Build it with "
@@ -438,7 +437,7 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
             f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
             "last layer as wide as the number of classes, or make the labels 0-based."
         )
-    if isinstance(targets, tuple) and not isinstance(criterion, type) and "tuple" in text:
+    if isinstance(targets, tuple) and "tuple" in text:
         return (
             f"The targets are a tuple {_desc(targets)}: several targets (target_keys= with several keys, in "
             "that order; or the elements after num_inputs=) reach the criterion as one tuple. Unpack them in "
