@@ -36,7 +36,18 @@ class TrainerEval:
     _autocast: Callable[[], Any]
 
     def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
-        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``)."""
+        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
+
+        Runs in eval mode under ``torch.inference_mode`` and the trainer's precision; needs no optimizer.
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import Trainer
+            >>> model = torch.nn.Linear(3, 2)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), progress=False)  # evaluation only
+            >>> sorted(trainer.evaluate([(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]))
+            ['val_loss']
+        """
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
