@@ -1,45 +1,117 @@
-"""How a batch becomes model inputs, targets and a loss; moving nested batches; concatenating outputs.
+"""The batch protocol: how a batch becomes model inputs, targets and a loss, in fit, evaluate and predict.
 
-Batch shapes understood by default:
+One rule set for the three verbs (``BatchSpec.split``). Shapes understood by default:
 
-* ``(x, y)`` -> ``model(x)``, targets ``y``
-* ``(x1, ..., xk, y)`` -> ``model(x1, ..., xk)``; with ``num_inputs=k`` the rest are the targets
-  (one tensor, or a tuple if several)
-* ``{"a": ..., "b": ..., "labels": ...}`` -> ``model(a=..., b=...)``, targets from ``target_keys``
-  (default: the first of ``labels``, ``label``, ``targets``, ``target``, ``y`` present). When there is
-  no criterion the whole dict goes to the model (Hugging Face style: the model returns ``.loss``).
-* a lone tensor, or a 1-tuple -> inputs only (no targets).
+================================================  =================================  =========================
+batch the loader yields                           the model is called as             targets (criterion, metrics)
+================================================  =================================  =========================
+``x`` (a tensor), or ``(x,)``                     ``model(x)``                       none
+``(x, y)``                                        ``model(x)``                       ``y``
+``(x1, ..., xk, y)``                              ``model(x1, ..., xk)``             ``y``
+``(x1, ..., xk, y1, y2)`` with ``num_inputs=k``   ``model(x1, ..., xk)``             ``(y1, y2)``
+``((x1, x2), y)`` or ``((x1, x2), (y1, y2))``     ``model(x1, x2)``                  ``y`` or ``(y1, y2)``
+``({"a": a, "b": b}, y)``                         ``model(a=a, b=b)``                ``y``
+``{"a": a, "b": b, "labels": y}`` (any Mapping)   ``model(a=a, b=b)``                ``y``
+the same with ``criterion=None``                  ``model(a=a, b=b, labels=y)``      ``y`` (metrics only)
+a dataclass with fields ``a, b, labels``          like the dict of its fields        ``y``
+a namedtuple                                      like a tuple (positional)          like a tuple
+================================================  =================================  =========================
+
+* Lists are tuples (a DataLoader's default collate turns tuple samples into lists).
+* ``((x1, x2), y)``: a batch of two whose first element is itself a sequence, a mapping or a dataclass is
+  ``(inputs, targets)``; the inputs are unpacked (positional, or keywords for a mapping / dataclass).
+  With ``num_inputs=k`` that rule is off and the first ``k`` elements go to the model as they are
+  (``num_inputs=1`` passes a list of tensors as one argument).
+* Target keys of a mapping / dataclass: ``target_keys=`` (a name, or several: the criterion then gets a
+  tuple in that order), else the first of ``labels``, ``label``, ``targets``, ``target``, ``y`` present.
+  Without a criterion the whole mapping goes to the model (Hugging Face models compute their loss from
+  ``labels``) and the targets still reach the metrics.
+* Anything else: ``compute_loss=fn(model, batch)`` / ``predict_step=fn(model, batch)`` (or the
+  ``Trainer`` methods of the same names in a subclass).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["BatchSpec", "batch_size_of", "concat_outputs", "loss_from_outputs", "move_to_device"]
+__all__ = [
+    "BatchSpec",
+    "as_mapping",
+    "batch_size_of",
+    "is_record",
+    "loss_from_outputs",
+    "move_to_device",
+    "overridden",
+]
 
 _DEFAULT_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
 
+def is_record(obj: Any) -> bool:
+    """A dataclass instance (a batch or output whose fields are read by name)."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def as_mapping(obj: Any) -> Mapping[str, Any] | None:
+    """A mapping view of ``obj`` (itself, or a dataclass's fields by name), else None."""
+    if isinstance(obj, Mapping):
+        return obj
+    if is_record(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return None
+
+
 def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """``obj`` with every tensor on ``device``; containers keep their type (tuple, namedtuple, list, dict,
+    other mappings such as Hugging Face's ``BatchEncoding``, dataclasses)."""
     if isinstance(obj, torch.Tensor):
         return obj if obj.device == device else obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, (list, tuple)):
         moved = [move_to_device(o, device, non_blocking) for o in obj]
-        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
-    if isinstance(obj, dict):
-        return type(obj)((k, move_to_device(v, device, non_blocking)) for k, v in obj.items())
+        return type(obj)(*moved) if _is_namedtuple(obj) else type(obj)(moved)
+    if type(obj) is dict:
+        return {k: move_to_device(v, device, non_blocking) for k, v in obj.items()}
+    if isinstance(obj, Mapping):
+        items = {k: move_to_device(v, device, non_blocking) for k, v in obj.items()}
+        if isinstance(obj, MutableMapping):
+            # A shallow copy keeps the class and its extra state (BatchEncoding's encodings, a
+            # defaultdict's factory); only the values are replaced.
+            try:
+                new = copy.copy(obj)
+                for k, v in items.items():
+                    new[k] = v
+                return new
+            except Exception:
+                pass
+        cls: Any = type(obj)  # an immutable Mapping: rebuilt from a dict when its class allows it
+        try:
+            return cls(items)
+        except Exception:
+            return items
+    if is_record(obj):
+        new = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            # object.__setattr__: frozen dataclasses too
+            object.__setattr__(new, f.name, move_to_device(getattr(obj, f.name), device, non_blocking))
+        return new
     return obj
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
     if isinstance(obj, torch.Tensor):
         return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        obj = list(mapping.values())
     if isinstance(obj, (list, tuple)):
         for item in obj:
             found = _first_tensor(item)
@@ -57,9 +129,31 @@ def batch_size_of(targets: Any, inputs: Any) -> int:
     return int(t.shape[0])
 
 
+def _expand_inputs(inputs: Any) -> tuple[tuple, dict]:
+    """The ``inputs`` half of an ``(inputs, targets)`` batch as ``(args, kwargs)`` for the model."""
+    mapping = as_mapping(inputs)
+    if mapping is not None:
+        return (), dict(mapping)
+    if isinstance(inputs, (list, tuple)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _structured(obj: Any) -> bool:
+    return isinstance(obj, (list, tuple, Mapping)) or is_record(obj)
+
+
 @dataclasses.dataclass
 class BatchSpec:
-    """Splits a batch into (args, kwargs, targets) for the model and criterion."""
+    """Splits a batch into ``(args, kwargs, targets)`` for the model and criterion (see the module docstring).
+
+    Example:
+        >>> import torch
+        >>> spec = BatchSpec()
+        >>> args, kwargs, y = spec.split(((torch.ones(2, 3), torch.ones(2, 4)), torch.zeros(2)))
+        >>> [a.shape[1] for a in args], kwargs, y.shape
+        ([3, 4], {}, torch.Size([2]))
+    """
 
     num_inputs: int | None = None
     target_keys: Sequence[str] | str | None = None
@@ -68,39 +162,52 @@ class BatchSpec:
     def split(self, batch: Any) -> tuple[tuple, dict, Any]:
         if isinstance(batch, torch.Tensor):
             return (batch,), {}, None
-        if isinstance(batch, dict):
-            keys = self._target_keys(batch)
-            targets: Any
-            if not keys:
-                targets = None
-            elif len(keys) == 1:
-                targets = batch[keys[0]]
-            else:
-                targets = tuple(batch[k] for k in keys)
-            if self.pass_targets_to_model:
-                kwargs = dict(batch)
-            else:
-                kwargs = {k: v for k, v in batch.items() if k not in keys}
-            return (), kwargs, targets
         if isinstance(batch, (list, tuple)):
-            n = len(batch)
-            if n == 0:
-                raise ValueError("The loader yielded an empty batch (). Yield (inputs, targets) or a dict.")
-            k = self.num_inputs if self.num_inputs is not None else max(n - 1, 1)
-            if k > n:
-                raise ValueError(
-                    f"num_inputs={k} but the batch has only {n} elements. Set num_inputs to the "
-                    "number of model inputs at the front of each batch."
-                )
-            rest = tuple(batch[k:])
-            targets = None if not rest else (rest[0] if len(rest) == 1 else rest)
-            return tuple(batch[:k]), {}, targets
+            return self._split_sequence(batch)
+        mapping = as_mapping(batch)
+        if mapping is not None:
+            return self._split_mapping(mapping)
         raise TypeError(
             f"Cannot use a batch of type {type(batch).__name__}. The loader must yield tensors, tuples/lists "
-            "(inputs..., targets) or dicts of tensors; convert the data in your Dataset or collate_fn."
+            "(inputs..., targets), ((inputs...), targets), dicts / Mappings or dataclasses of tensors; convert "
+            "the data in your Dataset or collate_fn, or pass compute_loss=fn(model, batch) and "
+            "predict_step=fn(model, batch) to handle it yourself."
         )
 
-    def _target_keys(self, batch: dict) -> list[str]:
+    def _split_sequence(self, batch: Sequence[Any]) -> tuple[tuple, dict, Any]:
+        n = len(batch)
+        if n == 0:
+            raise ValueError("The loader yielded an empty batch (). Yield (inputs, targets) or a dict.")
+        if self.num_inputs is None and n <= 2 and _structured(batch[0]):
+            args, kwargs = _expand_inputs(batch[0])
+            return args, kwargs, (batch[1] if n == 2 else None)
+        k = self.num_inputs if self.num_inputs is not None else max(n - 1, 1)
+        if k > n:
+            raise ValueError(
+                f"num_inputs={k} but the batch has only {n} elements. Set num_inputs to the "
+                "number of model inputs at the front of each batch."
+            )
+        rest = tuple(batch[k:])
+        targets = None if not rest else (rest[0] if len(rest) == 1 else rest)
+        return tuple(batch[:k]), {}, targets
+
+    def _split_mapping(self, batch: Mapping[str, Any]) -> tuple[tuple, dict, Any]:
+        keys = self.target_keys_of(batch)
+        targets: Any
+        if not keys:
+            targets = None
+        elif len(keys) == 1:
+            targets = batch[keys[0]]
+        else:
+            targets = tuple(batch[k] for k in keys)  # several target_keys: a tuple in key order
+        if self.pass_targets_to_model:
+            kwargs = dict(batch)
+        else:
+            kwargs = {k: v for k, v in batch.items() if k not in keys}
+        return (), kwargs, targets
+
+    def target_keys_of(self, batch: Mapping[str, Any]) -> list[str]:
+        """The keys of a mapping batch taken as targets (``target_keys=``, else the first default present)."""
         if self.target_keys is not None:
             keys = [self.target_keys] if isinstance(self.target_keys, str) else list(self.target_keys)
             missing = [k for k in keys if k not in batch]
@@ -111,25 +218,63 @@ class BatchSpec:
                 )
             return keys
         for key in _DEFAULT_TARGET_KEYS:
-            if key in batch:
+            if batch.get(key) is not None:
                 return [key]
         return []
 
 
 def _get_loss_attr(outputs: Any) -> torch.Tensor | None:
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         return outputs.get("loss")
     return getattr(outputs, "loss", None)
 
 
-def loss_from_outputs(criterion: Callable | None, outputs: Any, targets: Any) -> torch.Tensor:
+def _missing_loss(outputs: Any, batch: Any, spec: BatchSpec | None) -> ValueError:
+    """Why a model returned no loss with ``criterion=None``, and the fix."""
+    head = f"No criterion was given and the model output has no 'loss' (it is a {type(outputs).__name__})."
+    mapping = as_mapping(batch) if batch is not None else None
+    if mapping is not None and spec is not None:
+        try:
+            keys = spec.target_keys_of(mapping)
+        except KeyError:
+            keys = []
+        if keys and keys != ["labels"]:
+            taken = ", ".join(repr(k) for k in keys)
+            return ValueError(
+                f"{head} nbtrainer took the batch key {taken} as the targets (they reach the metrics) and passed "
+                "the whole batch to the model, which computed no loss from it: Hugging Face models compute "
+                "their loss only from a 'labels' argument. Rename the key to 'labels' (datasets: "
+                f"dataset.rename_column({keys[0]!r}, 'labels')), or pass a criterion, e.g. "
+                "criterion=lambda out, y: torch.nn.functional.cross_entropy(out.logits, y)."
+            )
+        if not keys:
+            return ValueError(
+                f"{head} The batch has no 'labels' entry (keys {list(mapping)}), so the model could not "
+                "compute one. Add 'labels' to the batch, or pass a criterion (e.g. nn.CrossEntropyLoss()) "
+                "and target_keys= naming the target entry."
+            )
+    return ValueError(
+        f"{head} Pass a criterion (e.g. nn.CrossEntropyLoss()) or return a loss from the model "
+        "(Hugging Face models do when the batch has 'labels')."
+    )
+
+
+def loss_from_outputs(
+    criterion: Callable | None,
+    outputs: Any,
+    targets: Any,
+    *,
+    batch: Any = None,
+    spec: BatchSpec | None = None,
+) -> torch.Tensor:
+    """``criterion(outputs, targets)``, or the model's own ``.loss`` when there is no criterion.
+
+    ``batch`` and ``spec`` only make the error clearer when no loss can be found.
+    """
     if criterion is None:
         loss = _get_loss_attr(outputs)
         if loss is None:
-            raise ValueError(
-                "No criterion was given and the model output has no 'loss'. Pass a criterion "
-                "(e.g. nn.CrossEntropyLoss()) or return a loss from the model."
-            )
+            raise _missing_loss(outputs, batch, spec)
         return loss
     if targets is None:
         raise ValueError(
@@ -139,29 +284,7 @@ def loss_from_outputs(criterion: Callable | None, outputs: Any, targets: Any) ->
     return criterion(outputs, targets)
 
 
-def concat_outputs(chunks: list[Any]) -> Any:
-    """Concatenate per-batch outputs along dim 0, keeping tuples/dicts/dataclasses as such."""
-    if not chunks:
-        return []
-    first = chunks[0]
-    if isinstance(first, torch.Tensor):
-        if first.ndim == 0:
-            return torch.stack(chunks)
-        return torch.cat(chunks, dim=0)
-    if isinstance(first, dict):
-        merged = {k: concat_outputs([c[k] for c in chunks]) for k in first}
-        try:
-            return type(first)(**merged) if type(first) is not dict else merged
-        except TypeError:
-            return merged
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        fields = {f.name: concat_outputs([getattr(c, f.name) for c in chunks]) for f in dataclasses.fields(first)}
-        return type(first)(**fields)
-    if isinstance(first, tuple):
-        parts = [concat_outputs([c[i] for c in chunks]) for i in range(len(first))]
-        return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
-    if isinstance(first, list):
-        return [concat_outputs([c[i] for c in chunks]) for i in range(len(first))]
-    if first is None:
-        return None
-    return chunks
+def overridden(trainer: Any, name: str) -> bool:
+    """A subclass redefines the batch-protocol method ``name`` (``compute_loss``, ``predict_step``): more than one
+    class of the MRO defines it. Read from the class hierarchy, so no module needs to import the Trainer."""
+    return sum(name in vars(cls) for cls in type(trainer).__mro__) > 1

@@ -86,6 +86,13 @@ class FitLoop:
         self.profiler = profiler
         self.state = trainer._state
         self.n_batches = _safe_len(train_loader)
+        # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
+        sched = trainer.scheduler
+        self._sched_end: int | None = (
+            sched.total_steps
+            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer._scheduler_per_step
+            else None
+        )
         # pending, not yet read from the device (see the sync budget above)
         self._pend_loss: list[torch.Tensor] = []
         self._pend_bs: list[int] = []
@@ -200,7 +207,7 @@ class FitLoop:
                 window = min(k, remaining) if remaining > 0 else k
             in_window += 1
             closes = in_window == window or is_last or (n is not None and st.batch + 1 >= n)
-            pair = fast and type(batch) in _PAIR and len(batch) == 2
+            pair = fast and type(batch) in _PAIR and len(batch) == 2 and isinstance(batch[0], Tensor)
             if pair:
                 x, targets = batch
                 if type(x) is not Tensor or x.device != device:
@@ -285,6 +292,10 @@ class FitLoop:
     def _optimizer_step(self, rescale: float) -> None:
         t, st = self.t, self.state
         opt, scaler, bound = t.optimizer, t.scaler, t.callbacks._bound
+        if self._sched_end is not None and t.scheduler.last_epoch >= self._sched_end:
+            from nbtrainer._validate_batch import onecycle_overflow
+
+            raise onecycle_overflow(t, self._sched_end)
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
         with r_opt:
             if scaler is not None:

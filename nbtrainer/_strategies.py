@@ -251,29 +251,44 @@ def freeze_parameters(model: nn.Module, trainable: Any = None, freeze: Any = Non
 # =============================================================================================
 
 
+def _own_switch(model: nn.Module, action: str) -> tuple[str, Any] | None:
+    """The model's own ``<prefix>_checkpointing_<action>`` method: transformers >= 5 names it
+    ``activation_checkpointing_*`` and deprecates ``gradient_checkpointing_*`` (a FutureWarning at each
+    call), so the new name is used when the model has it and the old one otherwise."""
+    for prefix in ("activation", "gradient"):
+        fn = getattr(model, f"{prefix}_checkpointing_{action}", None)
+        if callable(fn):
+            return prefix, fn
+    return None
+
+
 class _OwnSwitch:
-    """Handle for a model's own ``gradient_checkpointing_enable()`` (Hugging Face style)."""
+    """Handle for a model's own checkpointing switch (Hugging Face's ``activation_checkpointing_enable()``,
+    or ``gradient_checkpointing_enable()`` before transformers 5)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.names = [f"{type(model).__name__}.gradient_checkpointing_enable()"]
+        found = _own_switch(model, "enable")
+        if found is None:  # pragma: no cover - has_own_checkpointing() was checked first
+            raise ValueError(f"{type(model).__name__} has no checkpointing switch of its own.")
+        prefix, enable = found
+        self.names = [f"{type(model).__name__}.{prefix}_checkpointing_enable()"]
         try:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
         except TypeError:  # older transformers, or a model whose switch takes no arguments
-            model.gradient_checkpointing_enable()
+            enable()
 
     def remove(self) -> None:
-        disable = getattr(self.model, "gradient_checkpointing_disable", None)
-        if disable is not None:
-            disable()
+        found = _own_switch(self.model, "disable")
+        if found is not None:
+            found[1]()
         self.names = []
 
 
 def has_own_checkpointing(model: nn.Module) -> bool:
-    """Whether the model brings its own switch (``gradient_checkpointing_enable``) and supports it."""
-    return callable(getattr(model, "gradient_checkpointing_enable", None)) and bool(
-        getattr(model, "supports_gradient_checkpointing", True)
-    )
+    """Whether the model brings its own switch (``activation_checkpointing_enable`` or
+    ``gradient_checkpointing_enable``) and supports it."""
+    return _own_switch(model, "enable") is not None and bool(getattr(model, "supports_gradient_checkpointing", True))
 
 
 def _check_checkpointing_value(value: Any) -> None:
@@ -368,10 +383,10 @@ class ModelSetup:
         self.model = model
         if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}.")
-        if lr is not None and isinstance(optimizer, torch.optim.Optimizer):
+        if lr is not None and not isinstance(optimizer, str):
             raise ValueError(
                 "lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
-                "already has its learning rate."
+                "already has its learning rate, and optimizer=None trains nothing."
             )
         _check_checkpointing_value(activation_checkpointing)
         _check_blocks_exist(model, activation_checkpointing)
@@ -389,6 +404,12 @@ class ModelSetup:
             plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
             params = [p for n, p in model.named_parameters() if plan[n]]
             self.optimizer_name = optimizer.strip().lower()
+            if not params and self.optimizer_name in OPTIMIZERS:
+                raise ValueError(
+                    f"optimizer={optimizer!r} has nothing to train: every parameter of the model is frozen "
+                    "(requires_grad=False). To evaluate or predict only, pass optimizer=None: "
+                    "Trainer(model, criterion, optimizer=None); to train, unfreeze some (trainable=[...])."
+                )
             optimizer = build_optimizer(optimizer, params, lr, device=resolve_device(device))
         self.optimizer = optimizer
         self.applied = False
@@ -428,8 +449,8 @@ class ModelSetup:
     def describe(self) -> dict[str, Any]:
         """The options in effect, as plain data (for reports and the comparison table)."""
         return {
-            "optimizer": self.optimizer_name or type(self.optimizer).__name__,
-            "optimizer_impl": optimizer_impl(self.optimizer),
+            "optimizer": self.optimizer_name or (type(self.optimizer).__name__ if self.optimizer is not None else None),
+            "optimizer_impl": optimizer_impl(self.optimizer) if self.optimizer is not None else None,
             "activation_checkpointing": self.checkpointed_blocks,
             "compile": self.compile_options is not None,
             "channels_last": self.channels_last,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from nbtrainer import _state, _validate
-from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
+from nbtrainer._batch import BatchSpec
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
 from nbtrainer._events import CallbackList, Progress
@@ -31,11 +31,12 @@ from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
 from nbtrainer._trainer_control import TrainerControl, _check_accum
+from nbtrainer._trainer_eval import TrainerEval
 
 __all__ = ["Trainer"]
 
 
-class Trainer(TrainerControl):
+class Trainer(TrainerEval, TrainerControl):
     """Train any PyTorch model, headless or in a notebook.
 
     Args:
@@ -43,6 +44,8 @@ class Trainer(TrainerControl):
         criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
         optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
             ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
+            ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
+            adapter loaded for inference); ``fit`` and ``lr_find`` then raise.
         scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
             ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
@@ -56,10 +59,15 @@ class Trainer(TrainerControl):
         seed: seed everything at the start of ``fit``.
         deterministic: deterministic algorithms and seeded data order.
         progress: tqdm bars (notebook or console, picked at run time).
-        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last).
-        target_keys: keys of a dict batch that hold targets.
+        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last;
+            also turns off the unpacking of ``((x1, x2), y)``).
+        target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion
+            and metrics get a tuple of them in this order.
         compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch
-            becomes a loss (subclasses can override :meth:`compute_loss` instead).
+            becomes a loss in fit and evaluate (subclasses can override :meth:`compute_loss` instead).
+        predict_step: ``fn(model, batch) -> outputs`` overrides how :meth:`predict` gets a batch's outputs
+            (or override :meth:`predict_step`). Without it, a customised ``compute_loss`` that returns
+            ``(loss, outputs, targets)`` gives predict its outputs; otherwise the model is called on the batch.
         refresh_interval: seconds between reads of running values (progress, history, widget).
         timing_every: sample the step-time breakdown every n micro-batches (0: off).
         val_every_n_epochs: validate every n epochs.
@@ -67,9 +75,9 @@ class Trainer(TrainerControl):
             no extra sync), ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit
             (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
         lr: learning rate of an optimizer given by name (default: torch's default for it).
-        activation_checkpointing: ``True`` (the model's own ``gradient_checkpointing_enable()``, else its
-            repeated blocks) or a list of module types / names; switch later with
-            :meth:`set_activation_checkpointing`.
+        activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, else its repeated blocks) or a list of module types / names;
+            switch later with :meth:`set_activation_checkpointing`.
         trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
             counts in :attr:`param_counts`.
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
@@ -77,6 +85,26 @@ class Trainer(TrainerControl):
         strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
             process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
             DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+
+    Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._batch``):
+
+    ================================================  ==============================  ======================
+    batch                                             model call                      targets
+    ================================================  ==============================  ======================
+    ``x`` or ``(x,)``                                 ``model(x)``                    none
+    ``(x, y)`` / ``(x1, ..., xk, y)``                 ``model(x)`` / ``(x1..xk)``     ``y``
+    ``(x1, ..., xk, y1, y2)``, ``num_inputs=k``       ``model(x1, ..., xk)``          ``(y1, y2)``
+    ``((x1, x2), y)`` / ``((x1, x2), (y1, y2))``      ``model(x1, x2)``               ``y`` / ``(y1, y2)``
+    ``({"a": a, "b": b}, y)``                         ``model(a=a, b=b)``             ``y``
+    ``{"a": a, "labels": y}`` (any Mapping)           ``model(a=a)``                  ``y``
+    the same with ``criterion=None``                  ``model(a=a, labels=y)``        ``y`` (metrics)
+    a dataclass (fields ``a``, ``labels``)            like the dict of its fields     ``y``
+    a namedtuple                                      like a tuple                    like a tuple
+    ================================================  ==============================  ======================
+
+    Target keys: ``target_keys=``, else the first of ``labels``, ``label``, ``targets``, ``target``, ``y``;
+    several ``target_keys`` reach the criterion as a tuple in key order. Anything else: ``compute_loss=`` and
+    ``predict_step=`` (or the methods of those names in a subclass).
 
     Example:
         >>> import torch
@@ -95,7 +123,7 @@ class Trainer(TrainerControl):
         self,
         model: torch.nn.Module,
         criterion: Callable | None,
-        optimizer: torch.optim.Optimizer | str,
+        optimizer: torch.optim.Optimizer | str | None = None,
         *,
         scheduler: Any = None,
         scheduler_interval: str = "step",
@@ -112,6 +140,7 @@ class Trainer(TrainerControl):
         num_inputs: int | None = None,
         target_keys: Sequence[str] | str | None = None,
         compute_loss: Callable | None = None,
+        predict_step: Callable | None = None,
         refresh_interval: float = 0.25,
         timing_every: int = 50,
         val_every_n_epochs: int = 1,
@@ -157,12 +186,20 @@ class Trainer(TrainerControl):
             channels_last=channels_last,
         )
         optimizer = self._setup.optimizer
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
-                "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+        if optimizer is not None:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(
+                    f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                    "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+                )
+            _validate_optimizer(model, optimizer)
+        elif scheduler is not None:
+            raise ValueError(
+                "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
+                "was built from: Trainer(model, criterion, optimizer, scheduler=...)."
             )
-        _validate_optimizer(model, optimizer)
+        if predict_step is not None and not callable(predict_step):
+            raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
         if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
             raise ValueError(
                 "The scheduler is bound to a different optimizer than the one given to the Trainer. "
@@ -179,7 +216,7 @@ class Trainer(TrainerControl):
         self.precision = require_precision(precision, self.device)
         self.model = model
         self.criterion = criterion
-        self.optimizer = optimizer
+        self.optimizer: torch.optim.Optimizer | None = optimizer
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.scheduler_monitor = scheduler_monitor
@@ -191,6 +228,7 @@ class Trainer(TrainerControl):
             num_inputs=num_inputs, target_keys=target_keys, pass_targets_to_model=criterion is None
         )
         self._compute_loss_fn = compute_loss
+        self._predict_step_fn = predict_step
         self.refresh_interval = float(refresh_interval)
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
@@ -218,7 +256,7 @@ class Trainer(TrainerControl):
         self._fit_thread: int | None = None
         self._elapsed_before = 0.0
         self._has_val = False
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
         self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
 
     # -- small public properties ---------------------------------------------------------------
@@ -247,11 +285,15 @@ class Trainer(TrainerControl):
     @property
     def lr(self) -> float:
         """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+        if self.optimizer is None:
+            raise _validate.no_optimizer("lr")
         group = self.optimizer.param_groups[0]
         return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
 
     @property
     def current_lr(self) -> float:
+        if self.optimizer is None:
+            raise _validate.no_optimizer("current_lr")
         return float(self.optimizer.param_groups[0]["lr"])
 
     @property
@@ -297,6 +339,8 @@ class Trainer(TrainerControl):
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
         """
+        if self.optimizer is None:
+            raise _validate.no_optimizer("fit")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
@@ -397,105 +441,6 @@ class Trainer(TrainerControl):
             Trainer._active.discard(self)
             self.strategy.barrier()
 
-    def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
-        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``)."""
-        if _safe_len(loader) == 0:
-            raise ValueError("The evaluation loader is empty (len 0).")
-        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        return self._evaluate(self.strategy.prepare_loader(loader, train=False), prefix=prefix)
-
-    def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
-        model, metrics = self.model, self._val_metrics
-        was_training = model.training
-        model.eval()
-        metrics.reset()
-        losses: list[torch.Tensor] = []
-        sizes: list[int] = []
-        try:
-            with torch.inference_mode(), self._autocast():
-                for batch in loader:
-                    batch = move_to_device(batch, self.device, self.non_blocking)
-                    loss, outputs, targets = self._compute(batch, need_loss=True, training=False)
-                    if loss is not None:
-                        losses.append(loss.detach().reshape(()).float())
-                    from nbtrainer._batch import batch_size_of
-
-                    sizes.append(batch_size_of(targets, batch))
-                    if metrics:
-                        metrics.update(outputs, targets)
-            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
-            host = (
-                torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []
-            )  # SYNC: once per eval
-        finally:
-            model.train(was_training)
-        n = len(losses)
-        values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
-        metrics.absorb(values, sizes)
-        reduced = self.strategy.reduce_sums(
-            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
-            + [metrics.sums[k] for k in metrics.sums]
-        )
-        count = reduced[0] or 1.0
-        out: dict[str, float] = {}
-        if n:
-            out[f"{prefix}loss"] = reduced[1] / count
-        for name, total in zip(metrics.sums, reduced[2:], strict=True):
-            out[f"{prefix}{name}"] = total / count
-        for k, v in metrics.compute(int(count)).items():
-            if k not in metrics.sums:
-                out[f"{prefix}{k}"] = v
-        metrics.reset()
-        return out
-
-    def predict(self, loader: Iterable) -> Any:
-        """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such)."""
-        model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        was_training = model.training
-        model.eval()
-        chunks = []
-        try:
-            with torch.no_grad(), self._autocast():
-                for batch in loader:
-                    batch = move_to_device(batch, self.device, self.non_blocking)
-                    args, kwargs, _ = self.batch_spec.split(batch)
-                    chunks.append(move_to_device(model(*args, **kwargs), torch.device("cpu")))
-        finally:
-            model.train(was_training)
-        return concat_outputs(chunks)
-
-    # -- how a batch becomes a loss ------------------------------------------------------------
-    def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
-        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``."""
-        args, kwargs, targets = self.batch_spec.split(batch)
-        outputs = self.model(*args, **kwargs)
-        return loss_from_outputs(self.criterion, outputs, targets), outputs, targets
-
-    def _default_compute(self) -> bool:
-        """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
-        return (
-            self._compute_loss_fn is None
-            and type(self).compute_loss is Trainer.compute_loss
-            and self.criterion is not None
-            and self.batch_spec.num_inputs is None
-        )
-
-    def _compute(self, batch: Any, need_loss: bool = True, training: bool = True) -> tuple[Any, Any, Any]:
-        if self._compute_loss_fn is None:
-            if not training and self.criterion is not None and self.batch_spec.split(batch)[2] is None:
-                args, kwargs, _ = self.batch_spec.split(batch)
-                return None, self.model(*args, **kwargs), None
-            return self.compute_loss(batch)
-        result = self._compute_loss_fn(self.model, batch)
-        if isinstance(result, tuple) and len(result) == 3:
-            return result
-        if self._train_metrics:
-            raise ValueError(
-                "compute_loss returned only a loss, but metrics need outputs and targets: return "
-                "(loss, outputs, targets) from compute_loss."
-            )
-        return result, None, None
-
     def _autocast(self):
         return autocast(self.precision, self.device)
 
@@ -530,6 +475,10 @@ class Trainer(TrainerControl):
         """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
         if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
             return self._control.submit(lambda: self.save_checkpoint(path)).result()
+        if self.optimizer is None:
+            raise _validate.no_optimizer(
+                "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
+            )
         # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
         ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
         if self.is_global_zero:
@@ -591,11 +540,15 @@ def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     model_ids = {id(p) for p in model.parameters()}
     opt_params = [p for g in optimizer.param_groups for p in g["params"]]
     if not opt_params:
-        raise ValueError("The optimizer holds no parameters. Build it from model.parameters().")
+        raise ValueError(
+            "The optimizer holds no parameters. Build it from model.parameters(), or pass optimizer=None "
+            "for a trainer that only evaluates and predicts."
+        )
     if not any(id(p) in model_ids for p in opt_params):
         raise ValueError(
             "The optimizer holds none of the model's parameters (was it built for another model "
-            "instance, or before the model was re-created?). Build it from this model's parameters."
+            "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
+            "optimizer=None to only evaluate and predict)."
         )
 
 

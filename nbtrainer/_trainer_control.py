@@ -36,6 +36,8 @@ class TrainerControl:
 
     def set_lr(self, lr: float) -> None:
         """Set the (reference) learning rate at the next optimizer step; schedules are rescaled."""
+        if self.optimizer is None:
+            raise _validate.no_optimizer("set_lr")
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
         self._apply_or_queue("lr", float(lr))
@@ -66,6 +68,8 @@ class TrainerControl:
     def set_scheduler(self, scheduler: Any, interval: str = "step") -> None:
         """Replace the LR scheduler between fits (``None`` removes it)."""
         self._require_idle("The scheduler")
+        if scheduler is not None and self.optimizer is None:
+            raise _validate.no_optimizer("A scheduler")
         if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not self.optimizer:
             raise ValueError("The scheduler is bound to a different optimizer; build it from trainer.optimizer.")
         if interval not in ("step", "epoch"):
@@ -95,6 +99,8 @@ class TrainerControl:
         :func:`nbtrainer._lr_find.lr_find` for the options and the :class:`LRFinderResult`."""
         from nbtrainer._lr_find import lr_find
 
+        if self.optimizer is None:
+            raise _validate.no_optimizer("lr_find")
         return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, **kwargs)
 
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:

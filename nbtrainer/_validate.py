@@ -28,7 +28,14 @@ from typing import Any
 import torch
 
 # The first-batch layer lives in _validate_batch; re-exported so the Trainer calls every check as _validate.X.
-from nbtrainer._validate_batch import _one_shot, check_loss, check_val_loader, dry_metrics, first_compute
+from nbtrainer._validate_batch import (
+    _one_shot,
+    check_loss,
+    check_val_loader,
+    dry_metrics,
+    first_compute,
+    onecycle_overflow,
+)
 
 __all__ = [
     "check_args",
@@ -38,6 +45,8 @@ __all__ = [
     "check_val_loader",
     "dry_metrics",
     "first_compute",
+    "no_optimizer",
+    "onecycle_overflow",
 ]
 
 # Hook names other trainers use, mapped to ours (a callback using them would silently never run).
@@ -180,6 +189,15 @@ def check_args(
     check_mode(on_nonfinite)
 
 
+def no_optimizer(what: str, extra: str = "") -> ValueError:
+    """The error for a trainer built without an optimizer when ``what`` needs one."""
+    return ValueError(
+        f"{what} needs an optimizer, but this Trainer was built with optimizer=None (it only evaluates and "
+        "predicts). Pass one: Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)), or "
+        f"optimizer='adamw' with lr=.{extra}"
+    )
+
+
 # -- Trainer.fit, before anything runs ----------------------------------------------------------------
 def _check_loader(name: str, loader: Any) -> None:
     if isinstance(loader, torch.Tensor):
@@ -242,6 +260,7 @@ def check_fit(
             )
     elif isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step":
         n = _safe_len(train_loader)
+        left = sched.total_steps - sched.last_epoch  # a schedule reused from an earlier fit has taken some steps
         if n:
             need = math.ceil(n / trainer.grad_accum_steps) * epochs
             if max_steps is not None:
@@ -253,6 +272,12 @@ def check_fit(
                     f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
                     "with total_steps=trainer.total_steps(train_loader, epochs)."
                 )
+        elif max_steps is not None and not resuming and max_steps > left:
+            raise ValueError(
+                f"OneCycleLR was built for total_steps={sched.total_steps} but this fit runs up to "
+                f"max_steps={max_steps} optimizer steps; it would fail part-way. Build it with "
+                f"total_steps={max_steps} (the train_loader has no len(), so trainer.total_steps() cannot count)."
+            )
     for cb in trainer.callbacks.callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor:
             check_monitor("ModelCheckpoint", cb.monitor, trainer)
@@ -289,7 +314,8 @@ def _check_model(trainer: Any) -> None:
         raise ValueError(
             "Every parameter the optimizer holds has requires_grad=False, so nothing would be "
             "trained. Unfreeze them (p.requires_grad_(True)) before building the optimizer, or "
-            "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad]."
+            "build it from the trainable ones: [p for p in model.parameters() if p.requires_grad]. To "
+            "evaluate or predict only, no fit is needed: Trainer(model, criterion, optimizer=None)."
         )
     # Plain tensor attributes (not parameters/buffers) are not moved by .to(device): the classic
     # "Expected all tensors to be on the same device" once training starts.

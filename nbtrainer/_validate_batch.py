@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import loss_from_outputs
+from nbtrainer._batch import as_mapping, loss_from_outputs, overridden
 
 __all__ = [
     "check_batch",
@@ -21,6 +21,7 @@ __all__ = [
     "check_val_loader",
     "dry_metrics",
     "first_compute",
+    "onecycle_overflow",
 ]
 
 _ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "SoftMarginLoss")
@@ -34,8 +35,10 @@ def _desc(obj: Any, depth: int = 0) -> str:
         )
     if depth > 2:
         return type(obj).__name__
-    if isinstance(obj, dict):
-        return "{" + ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(obj.items())[:6]) + "}"
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        inner = ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(mapping.items())[:6])
+        return ("{" if type(obj) is dict else f"{type(obj).__name__}{{") + inner + "}"
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         inner = ", ".join(_desc(v, depth + 1) for v in list(obj)[:6])
         return f"({inner})" if isinstance(obj, tuple) else f"[{inner}]"
@@ -50,8 +53,9 @@ def _leaf_problem(obj: Any, path: str, top: bool) -> str | None:
         return f"{path} is a numpy.{type(obj).__name__}"
     if mod.startswith("PIL"):
         return f"{path} is a PIL image"
-    if isinstance(obj, dict):
-        for k, v in obj.items():
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        for k, v in mapping.items():
             found = _leaf_problem(v, f"{path}[{k!r}]", False)
             if found:
                 return found
@@ -98,8 +102,9 @@ def _model_hint(trainer: Any, exc: BaseException, args: tuple, kwargs: dict, bat
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
-            "(tuple batches: how many leading elements go to the model) or target_keys= (dict batches), "
-            "or pass compute_loss=fn(model, batch)."
+            "(tuple batches: how many leading elements go to the model), yield ((x1, x2), y) to keep the "
+            "inputs apart from the targets, set target_keys= (dict batches), or pass compute_loss=fn(model, batch) "
+            "(and predict_step=fn(model, batch) for predict)."
         )
     if "same device" in text or ("device" in text and "expected" in text.lower()):
         return (
@@ -128,6 +133,20 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
         return (
             f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
             "last layer as wide as the number of classes, or make the labels 0-based."
+        )
+    if isinstance(targets, tuple) and "tuple" in text:
+        return (
+            f"The targets are a tuple {_desc(targets)}: several targets (target_keys= with several keys, in "
+            "that order; or the elements after num_inputs=) reach the criterion as one tuple. Unpack them in "
+            "the criterion, e.g. def criterion(outputs, targets): y1, y2 = targets; ..."
+        )
+    out_map = as_mapping(outputs) if out_t is None else None
+    if out_map is not None and "logits" in out_map:
+        call = f"{name}()" if isinstance(criterion, torch.nn.Module) else "loss_fn"
+        return (
+            f"The model returns a {type(outputs).__name__}, and the criterion gets it whole. Take the tensor "
+            f"it needs: criterion=lambda out, y: {call}(out.logits, y) (or criterion=None to use the "
+            "model's own loss from 'labels')."
         )
     if ("0D or 1D target" in text or "multi-target" in text) and tgt_t is not None:
         return (
@@ -164,15 +183,6 @@ def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
     )
 
 
-def _overrides_compute_loss(trainer: Any) -> bool:
-    """A subclass redefines ``compute_loss``: more than one class of the MRO defines it.
-
-    Read from the class hierarchy rather than compared with ``Trainer.compute_loss``, so this module does
-    not import the Trainer that imports it.
-    """
-    return sum("compute_loss" in vars(cls) for cls in type(trainer).__mro__) > 1
-
-
 def _one_shot(loader: Any) -> bool:
     # Never call iter() to find out: a DataLoader's iter() draws its base seed from the RNG.
     return isinstance(loader, Iterator)
@@ -186,7 +196,7 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
     """
     where = "train_loader" if training else "val_loader"
     check_batch(batch, where)
-    default = trainer._compute_loss_fn is None and not _overrides_compute_loss(trainer)
+    default = trainer._compute_loss_fn is None and not overridden(trainer, "compute_loss")
     if not default or (not training and trainer.criterion is not None and trainer.batch_spec.split(batch)[2] is None):
         try:
             return trainer._compute(batch, training=training)
@@ -216,7 +226,7 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
         ) from exc
     check_criterion_shapes(trainer.criterion, outputs, targets)
     try:
-        loss = loss_from_outputs(trainer.criterion, outputs, targets)
+        loss = loss_from_outputs(trainer.criterion, outputs, targets, batch=batch, spec=trainer.batch_spec)
     except BaseException as exc:
         if _passthrough(exc) or trainer.criterion is None or targets is None:
             raise
@@ -227,6 +237,19 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
             f"{str(exc)[:300]}. {_criterion_hint(trainer.criterion, exc, outputs, targets)}",
         ) from exc
     return loss, outputs, targets
+
+
+def onecycle_overflow(trainer: Any, total_steps: int) -> ValueError:
+    """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
+    (a train_loader without len() could not be counted before the run)."""
+    st = trainer._state
+    return ValueError(
+        f"OneCycleLR was built for total_steps={total_steps} and this fit has used them all (epoch "
+        f"{st.epoch + 1}, batch {st.batch}, after optimizer step {st.global_step}); the next step would make "
+        "the scheduler fail. The train_loader has no len(), so this could not be checked before the run. "
+        "Build the scheduler with total_steps = (batches per epoch / grad_accum_steps) x epochs, or pass "
+        f"max_steps={total_steps} to fit() to end the run with the schedule."
+    )
 
 
 def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False) -> None:

@@ -63,6 +63,12 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  54   no criterion and a model output without ``.loss``             ValueError            pass a criterion
  55   ``target_keys`` not in the dict batch                         KeyError              the batch's keys
  56   ``compute_loss`` returning only a loss with metrics           ValueError            return (loss, outputs, targets)
+ 57   ``fit`` on a Trainer built with ``optimizer=None``            ValueError            pass an optimizer
+ 58   dict batch with ``label`` (not ``labels``), no criterion      ValueError            rename to ``labels`` / criterion
+ 59   several ``target_keys``: the criterion gets a tuple           TypeError (same)      unpack the tuple in the criterion
+ 60   OneCycleLR shorter than ``max_steps``, loader without len     ValueError            ``total_steps=max_steps``
+ 61   ``optimizer="adamw"`` with every parameter frozen             ValueError            ``optimizer=None`` (eval only)
+ 62   a loss function given the model's whole output object         TypeError (same)      ``out.logits``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -71,6 +77,7 @@ with a message that adds the batch's shapes/dtypes, what nbtrainer did with the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -496,6 +503,97 @@ case(
 )
 
 
+# 57-62: evaluation-only trainers, Hugging Face-style batches and outputs, streams -----------------------------
+case(
+    "57-fit-without-optimizer", ValueError, "fit needs an optimizer", "optimizer=None", r"AdamW\(model.parameters\(\)"
+)(lambda e: e.trainer(optimizer=None).fit(_loader(), epochs=1))
+
+
+@dataclasses.dataclass
+class _Out:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class _HFStyle(nn.Module):
+    """Keyword inputs; a loss only from ``labels`` (extra keywords are accepted and ignored, like HF models)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(10, 3)
+
+    def forward(self, x, labels=None, **kwargs):
+        logits = self.lin(x)
+        return _Out(logits, nn.functional.cross_entropy(logits, labels) if labels is not None else None)
+
+
+class _Keyword(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(10, 3)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def _label_not_labels(e):
+    env = Env(e.ck, _HFStyle())
+    return Trainer(env.model, None, env.opt, progress=False, device="cpu").fit([{"x": X[:16], "label": Y[:16]}])
+
+
+case(
+    "58-label-key-no-criterion",
+    ValueError,
+    "model output has no 'loss'",
+    "took the batch key 'label' as the targets",
+    "Rename the key to 'labels'",
+    "or pass a criterion",
+)(_label_not_labels)
+case(
+    "59-several-target-keys-tuple",
+    TypeError,
+    r"targets are a tuple \(int64\[16\], float32\[16\]\)",
+    "target_keys= with several keys, in that order",
+    "Unpack them in the criterion",
+)(
+    lambda e: (
+        Env(e.ck, _Keyword())
+        .trainer(target_keys=("y", "w"))
+        .fit([{"x": X[:16], "y": Y[:16], "w": torch.ones(16)}], epochs=1)
+    )
+)
+
+
+def _onecycle_stream(e):
+    sched = torch.optim.lr_scheduler.OneCycleLR(e.opt, max_lr=0.1, total_steps=3)
+    return e.trainer(scheduler=sched).fit((b for b in _loader()), epochs=1, max_steps=4)
+
+
+case(
+    "60-onecycle-shorter-than-max-steps",
+    ValueError,
+    "OneCycleLR was built for total_steps=3 but this fit runs up to max_steps=4",
+    "total_steps=4",
+)(_onecycle_stream)
+
+
+def _frozen_named_optimizer(e):
+    for p in e.model.parameters():
+        p.requires_grad_(False)
+    return e.trainer(optimizer="adamw")
+
+
+case("61-named-optimizer-all-frozen", ValueError, "optimizer='adamw' has nothing to train", "optimizer=None")(
+    _frozen_named_optimizer
+)
+case(
+    "62-criterion-gets-output-object",
+    TypeError,
+    "The model returns a _Out, and the criterion gets it whole",
+    r"CrossEntropyLoss\(\)\(out.logits, y\)",
+)(lambda e: Env(e.ck, _HFStyle()).trainer().fit([({"x": X[:16]}, Y[:16])], epochs=1))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_is_caught_before_anything_happens(tmp_path, name):
     fn, exc, patterns = CASES[name]
@@ -594,3 +692,22 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
     assert not [r for r in refs if r() is not None], "a batch is still referenced after the fit ended"
     assert not alive, "a reference cycle held a batch until gc ran"
     assert trainer._loop is None and all(p.grad is None for p in model.parameters())
+
+
+def test_onecycle_overflow_on_a_loader_without_len_is_explained_before_the_extra_step():
+    """A stream (IterableDataset) can't be counted up front: the fit stops with a clear error right before
+    the optimizer step the schedule has no room for, not with torch's 'Tried to step N times'."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(zip(X, Y, strict=True))
+
+    env = Env(".")
+    sched = torch.optim.lr_scheduler.OneCycleLR(env.opt, max_lr=0.1, total_steps=3)
+    trainer = env.trainer(scheduler=sched, ckpt=False)
+    with pytest.raises(ValueError) as err:
+        trainer.fit(torch.utils.data.DataLoader(Stream(), batch_size=8), epochs=1)
+    message = str(err.value)
+    assert "OneCycleLR was built for total_steps=3 and this fit has used them all" in message
+    assert "has no len()" in message and "max_steps=3" in message and "Tried to step" not in message
+    assert trainer.global_step == 3 and sched.last_epoch == 3 and trainer.status == "failed"

@@ -10,6 +10,9 @@ import pytest
 MODULES = [
     "nbtrainer",
     "nbtrainer._trainer",
+    "nbtrainer._trainer_eval",
+    "nbtrainer._batch",
+    "nbtrainer._predict_collect",
     "nbtrainer._history",
     "nbtrainer._callbacks",
     "nbtrainer._checkpoint_cb",

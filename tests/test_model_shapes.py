@@ -1,8 +1,14 @@
-"""Any model shape: multi-input, multi-output, dict batches and dict/dataclass outputs; predict keeps structure."""
+"""Any model shape: multi-input, multi-output, dict batches and dict/dataclass outputs; predict keeps structure.
+
+The batch protocol (``nbtrainer._batch``): tuples, nested ``(inputs, targets)``, dicts and other Mappings,
+dataclasses and namedtuples work the same in fit, evaluate and predict.
+"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+from collections.abc import Iterator, Mapping
 
 import pytest
 import torch
@@ -164,5 +170,183 @@ def test_compute_loss_hook_and_subclass():
 def test_bad_batch_type_is_explained():
     model = nn.Linear(4, 2)
     trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), 0.1), progress=False)
-    with pytest.raises(TypeError, match="must yield tensors, tuples/lists"):
+    with pytest.raises(TypeError, match=r"must yield tensors, tuples/lists.*compute_loss=fn\(model, batch\)"):
         trainer.fit(["not a batch"] * 3)
+
+
+# -- one batch protocol for fit, evaluate and predict ------------------------------------------------------------
+def _two_input_data(n_batches=6, bs=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(bs, 4, generator=g), torch.randn(bs, 3, generator=g), torch.randint(0, 2, (bs,), generator=g))
+        for _ in range(n_batches)
+    ]
+
+
+def _run_all_three(batches, make_trainer):
+    """fit, evaluate and predict on ``batches``; the weights and results, to compare shapes of the same data."""
+    torch.manual_seed(0)
+    model = TwoInOneOut()
+    trainer = make_trainer(model)
+    history = trainer.fit(batches, epochs=2)
+    return history.steps["loss"], trainer.evaluate(batches), trainer.predict(batches)
+
+
+def _flat_trainer(model, **kw):
+    return Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), progress=False, **kw)
+
+
+@dataclasses.dataclass
+class PairBatch:
+    xa: torch.Tensor
+    xb: torch.Tensor
+    labels: torch.Tensor
+
+
+class Triple(collections.namedtuple("Triple", "xa xb y")):
+    pass
+
+
+class FrozenMapping(Mapping):
+    """A read-only Mapping that is not a dict (like Hugging Face's BatchEncoding, a UserDict)."""
+
+    def __init__(self, data):
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["nested-tuple", "nested-list", "dict-inputs", "dataclass", "namedtuple", "mapping", "userdict"],
+)
+def test_every_batch_shape_trains_evaluates_and_predicts_like_the_flat_tuple(shape):
+    """The same data in each shape gives the same losses, evaluation and predictions as (xa, xb, y)."""
+    flat = _two_input_data()
+    reference = _run_all_three(flat, _flat_trainer)
+    convert = {
+        "nested-tuple": lambda xa, xb, y: ((xa, xb), y),
+        "nested-list": lambda xa, xb, y: [[xa, xb], y],  # what a DataLoader's default collate yields
+        "dict-inputs": lambda xa, xb, y: ({"xa": xa, "xb": xb}, y),
+        "dataclass": lambda xa, xb, y: PairBatch(xa, xb, y),
+        "namedtuple": lambda xa, xb, y: Triple(xa, xb, y),
+        "mapping": lambda xa, xb, y: FrozenMapping({"xa": xa, "xb": xb, "labels": y}),
+        "userdict": lambda xa, xb, y: collections.UserDict({"xa": xa, "xb": xb, "labels": y}),
+    }[shape]
+    batches = [convert(*b) for b in flat]
+    losses, evaluated, predicted = _run_all_three(batches, _flat_trainer)
+    assert losses == reference[0]
+    assert evaluated == reference[1]
+    assert torch.equal(predicted, reference[2]) and predicted.shape == (48, 2)
+
+
+def test_nested_targets_reach_the_criterion_as_given():
+    """((x1, x2), (y1, y2)): two inputs unpacked, the target pair to a criterion that unpacks it."""
+    g = torch.Generator().manual_seed(0)
+
+    class TwoInTwoOut(TwoInOneOut):
+        def forward(self, xa, xb):
+            out = super().forward(xa, xb)
+            return out, out.sum(1, keepdim=True)
+
+    data = [
+        (
+            (torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g)),
+            (torch.randint(0, 2, (8,), generator=g), torch.randn(8, 1, generator=g)),
+        )
+        for _ in range(4)
+    ]
+    model = TwoInTwoOut()
+    seen = []
+
+    def criterion(outputs, targets):
+        seen.append(type(targets))
+        return _multi_loss(outputs, targets)
+
+    trainer = Trainer(model, criterion, torch.optim.SGD(model.parameters(), 0.05), progress=False)
+    h = trainer.fit(data, epochs=3)
+    assert h.status == "finished" and seen and all(t is tuple for t in seen)
+    assert set(trainer.evaluate(data)) == {"val_loss"}
+    cls, reg = trainer.predict(data)
+    assert cls.shape == (32, 2) and reg.shape == (32, 1)
+
+
+def test_num_inputs_keeps_flat_semantics_and_passes_a_list_whole():
+    """num_inputs=k turns the nested rule off: (x1, x2, y) still works, and ([a, b], y) with num_inputs=1
+    passes the list as one argument (models that take a list of tensors)."""
+    flat = _two_input_data(n_batches=3)
+    ref = _run_all_three(flat, _flat_trainer)
+    assert _run_all_three(flat, lambda m: _flat_trainer(m, num_inputs=2))[0] == ref[0]
+
+    class ListModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = TwoInOneOut()
+
+        def forward(self, parts):
+            assert isinstance(parts, list)
+            return self.inner(*parts)
+
+    torch.manual_seed(0)
+    model = ListModel()
+    trainer = Trainer(
+        model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), num_inputs=1, progress=False
+    )
+    h = trainer.fit([([xa, xb], y) for xa, xb, y in flat], epochs=2)
+    assert h.steps["loss"] == ref[0][: len(h.steps["loss"])]
+
+
+@dataclasses.dataclass(frozen=True)
+class HFBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor | None = None
+
+
+def test_dataclass_batch_with_model_computed_loss_and_no_labels_at_predict():
+    """A collate returning a (frozen) dataclass behaves like the dict of its fields (HF-style model computing
+    its loss from labels); at predict time batches without labels (None) work too."""
+    g = torch.Generator().manual_seed(0)
+    dicts = []
+    for _ in range(6):
+        ids = torch.randint(0, 20, (8, 5), generator=g)
+        dicts.append({"input_ids": ids, "attention_mask": torch.ones(8, 5), "labels": (ids[:, 0] > 9).long()})
+
+    def run(batches, test_batches):
+        torch.manual_seed(0)
+        model = DictModel()
+        trainer = Trainer(
+            model,
+            None,
+            torch.optim.Adam(model.parameters(), 1e-2),
+            progress=False,
+            metrics={"acc": lambda o, t: (o.logits.argmax(1) == t).float().mean()},
+        )
+        h = trainer.fit(batches, batches, epochs=8)
+        return h, trainer.predict(test_batches)
+
+    ref_h, ref_preds = run(dicts, [{k: v for k, v in d.items() if k != "labels"} for d in dicts])
+    records = [HFBatch(**d) for d in dicts]
+    h, preds = run(records, [dataclasses.replace(b, labels=None) for b in records])
+    assert h["loss"] == ref_h["loss"] and h["val_acc"] == ref_h["val_acc"]
+    assert h["loss"][-1] < 0.8 * h["loss"][0] and h["val_acc"][-1] > 0.65
+    assert isinstance(preds, Out) and preds.logits.shape == (48, 2) and preds.loss is None
+    assert torch.equal(preds.logits, ref_preds.logits)
+
+
+def test_compare_splits_dataclass_batches_into_micro_batches():
+    """compare_strategies' accumulation strategies cut every batch shape, dataclasses too (not k copies)."""
+    from nbtrainer._compare import split_batch
+
+    batch = PairBatch(torch.arange(10.0)[:, None].repeat(1, 4), torch.zeros(10, 3), torch.arange(10))
+    parts = split_batch(batch, 2)
+    assert [type(p) for p in parts] == [PairBatch, PairBatch]
+    assert [p.labels.tolist() for p in parts] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert torch.equal(torch.cat([p.xa for p in parts]), batch.xa)

@@ -130,6 +130,30 @@ def test_models_with_their_own_switch_use_it():
     assert "forward" in model.layers[0].__dict__
 
 
+class BothSwitches(OwnSwitch):
+    """transformers >= 5: activation_checkpointing_* is the switch, gradient_checkpointing_* a deprecated alias."""
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None):
+        self.calls.append(("new-enable", activation_checkpointing_kwargs))
+
+    def activation_checkpointing_disable(self):
+        self.calls.append(("new-disable", None))
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        warnings.warn("gradient_checkpointing_enable is deprecated", FutureWarning, stacklevel=2)
+        super().gradient_checkpointing_enable(gradient_checkpointing_kwargs)
+
+
+def test_the_current_switch_name_is_preferred():
+    model = BothSwitches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, activation_checkpointing=True, progress=False)
+        assert trainer.checkpointed_blocks == ["BothSwitches.activation_checkpointing_enable()"]
+        trainer.set_activation_checkpointing(False)
+    assert model.calls == [("new-enable", {"use_reentrant": False}), ("new-disable", None)]
+
+
 def _state_bytes(optimizer):
     return sum(
         v.numel() * v.element_size()

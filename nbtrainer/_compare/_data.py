@@ -3,6 +3,7 @@ with gradient accumulation gets each batch cut into micro-batches (same samples 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ def _split(obj: Any, k: int, size: int) -> list[Any]:
         if hasattr(obj, "_fields"):  # namedtuple
             return [sequence_type(*(p[i] for p in parts)) for i in range(k)]
         return [sequence_type(p[i] for p in parts) for i in range(k)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # dataclass batches (nbtrainer._batch)
+        fields = {f.name: _split(getattr(obj, f.name), k, size) for f in dataclasses.fields(obj) if f.init}
+        return [dataclasses.replace(obj, **{name: p[i] for name, p in fields.items()}) for i in range(k)]
     return [obj] * k
 
 

@@ -1,0 +1,276 @@
+"""Hugging Face integration against the transformers / PEFT in the test extras: tiny random-init models built
+from configs (nothing is downloaded), dict / BatchEncoding batches, dynamic padding, LoRA.
+
+Skipped (not failed) when transformers or peft is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the Hub
+transformers = pytest.importorskip("transformers")
+
+from nbtrainer import ModelCheckpoint, Trainer  # noqa: E402
+
+VOCAB, PAD = 100, 0
+
+
+@pytest.fixture(autouse=True)
+def _quiet_transformers():
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    yield
+    transformers.logging.set_verbosity(verbosity)
+
+
+def _bert(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def _gpt2(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _sequences(n=32, seed=0):
+    """Token sequences of varying length (4..15); label 1 when the first token is in the upper half."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(4, 16, (1,), generator=g))
+        start = int(torch.randint(1, VOCAB, (1,), generator=g))
+        ids = (start + torch.arange(length)) % (VOCAB - 1) + 1  # counting tokens: learnable, never PAD
+        out.append((ids, int(start > VOCAB // 2)))
+    return out
+
+
+def _collate_classification(samples):
+    """Dynamic padding to the longest sequence of the batch, as a BatchEncoding (a Mapping, not a dict)."""
+    length = max(len(ids) for ids, _ in samples)
+    ids = torch.full((len(samples), length), PAD)
+    mask = torch.zeros(len(samples), length, dtype=torch.long)
+    for i, (s, _) in enumerate(samples):
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    labels = torch.tensor([label for _, label in samples])
+    return transformers.BatchEncoding({"input_ids": ids, "attention_mask": mask, "labels": labels})
+
+
+def _collate_lm(samples):
+    enc = _collate_classification(samples)
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "labels": enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100),
+    }
+
+
+def _loader(collate, n=32, batch_size=8):
+    return torch.utils.data.DataLoader(_sequences(n), batch_size=batch_size, collate_fn=collate)
+
+
+def _acc(out, y):
+    return (out.logits.argmax(-1) == y).float().mean()
+
+
+def _manual_val_loss(model, loader):
+    """Sample-weighted mean of the model's own per-batch loss, in eval mode."""
+    model.eval()
+    total = count = 0.0
+    with torch.no_grad():
+        for batch in loader:
+            n = batch["input_ids"].shape[0]
+            total += model(**batch).loss.item() * n
+            count += n
+    model.train()
+    return total / count
+
+
+# -- BERT: dict batches, model loss or a criterion ------------------------------------------------------------------
+def test_bert_batchencoding_batches_with_model_loss_and_with_a_criterion_train_identically():
+    loader = _loader(_collate_classification)
+    assert isinstance(next(iter(loader)), transformers.BatchEncoding)
+
+    def run(criterion):
+        model = _bert()
+        trainer = Trainer(model, criterion, "adamw", lr=3e-3, seed=0, metrics={"acc": _acc}, progress=False)
+        return model, trainer, trainer.fit(loader, loader, epochs=4)
+
+    model, trainer, h = run(None)  # the model computes its loss from 'labels'
+    assert h["loss"][-1] < h["loss"][0]
+    assert trainer.evaluate(loader)["val_loss"] == pytest.approx(_manual_val_loss(model, loader), rel=1e-5)
+    # a criterion on the output object: 'labels' is withheld from the model and given to the criterion
+    _, _, h2 = run(lambda out, y: nn.functional.cross_entropy(out.logits, y))
+    assert h2["loss"] == pytest.approx(h["loss"], rel=1e-5)
+    assert h2["val_acc"] == h["val_acc"]
+
+    preds = trainer.predict(loader)
+    assert isinstance(preds, transformers.modeling_outputs.SequenceClassifierOutput)
+    assert list(preds.keys()) == ["logits"] and preds.logits.shape == (32, 2)  # no per-batch 'loss'
+
+
+# -- GPT-2: dynamic padding, fit / evaluate / predict ----------------------------------------------------------------
+def test_gpt2_dynamic_padding_fit_evaluate_predict():
+    loader = _loader(_collate_lm)
+    lengths = [b["input_ids"].shape[1] for b in loader]
+    assert len(set(lengths)) > 1  # the batches really are ragged
+    model = _gpt2()
+    trainer = Trainer(model, None, "adamw", lr=3e-3, seed=0, progress=False)
+    h = trainer.fit(loader, epochs=3)
+    assert h["loss"][-1] < 0.9 * h["loss"][0]
+    assert trainer.evaluate(loader)["val_loss"] == pytest.approx(_manual_val_loss(model, loader), rel=1e-5)
+
+    out = trainer.predict(loader)
+    assert out.logits.shape == (32, max(lengths), VOCAB) and out.logits.dtype == torch.float32
+    assert "past_key_values" not in out and "loss" not in out  # the caches of every batch are not kept
+    per = trainer.predict(loader, per_batch=True)
+    row = 0
+    for batch, chunk in zip(loader, per, strict=True):
+        n, length = batch["input_ids"].shape
+        assert torch.equal(out.logits[row : row + n, :length], chunk.logits)
+        assert (out.logits[row : row + n, length:] == -100).all()
+        row += n
+    kept = trainer.predict(loader, keep=("past_key_values", "loss"), per_batch=True)
+    assert all(k.past_key_values is not None and k.loss is not None for k in kept)
+
+
+def test_gpt2_predict_under_bf16_mixed_is_float32_numpy_ready():
+    from nbtrainer import precision_support
+
+    if not precision_support("cpu")["bf16-mixed"][0]:
+        pytest.skip("no bf16 autocast on this CPU")
+    trainer = Trainer(_gpt2(), None, precision="bf16-mixed", device="cpu", progress=False)
+    out = trainer.predict(_loader(_collate_lm, n=8))
+    assert out.logits.dtype == torch.float32
+    out.logits.numpy()
+    kept = trainer.predict(_loader(_collate_lm, n=8), keep_dtype=True)
+    assert kept.logits.dtype == torch.bfloat16
+
+
+# -- no warnings from our calls --------------------------------------------------------------------------------------
+def test_activation_checkpointing_and_the_verbs_raise_no_deprecation_warnings():
+    model = _bert()
+    loader = _loader(_collate_classification, n=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = Trainer(model, None, "adamw", lr=1e-3, progress=False)  # never turned on
+        plain.fit(loader, epochs=1)
+        trainer = Trainer(model, None, "adamw", lr=1e-3, activation_checkpointing=True, progress=False)
+        on = model.is_activation_checkpointing if hasattr(model, "activation_checkpointing_enable") else None
+        trainer.fit(loader, epochs=1)
+        trainer.evaluate(loader)
+        trainer.predict(loader)
+        trainer.set_activation_checkpointing(False)
+    deprecations = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if issubclass(w.category, (FutureWarning, DeprecationWarning))
+    ]
+    assert not deprecations, deprecations
+    assert trainer.checkpointed_blocks == []
+    if on is not None:  # transformers >= 5 has the new name; the switch really was on
+        assert on and not model.is_activation_checkpointing
+
+
+# -- LoRA via PEFT: train, checkpoint, resume, evaluate an inference-mode adapter -----------------------------------
+def _lora(base):
+    peft = pytest.importorskip("peft")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # peft's own call of is_gradient_checkpointing
+        return peft.get_peft_model(
+            base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], task_type="SEQ_CLS")
+        )
+
+
+def test_lora_train_checkpoint_resume_and_evaluate_only(tmp_path):
+    peft = pytest.importorskip("peft")
+    loader = _loader(_collate_classification)
+    base_state = copy.deepcopy(_bert().state_dict())
+
+    def trainer_for(callbacks=(), seed=0):
+        base = _bert()
+        base.load_state_dict(base_state)
+        model = _lora(base)
+        return Trainer(
+            model,
+            None,
+            "adamw",
+            lr=3e-3,
+            seed=seed,
+            deterministic=True,
+            callbacks=list(callbacks),
+            metrics={"acc": _acc},
+            progress=False,
+        )
+
+    try:
+        straight = trainer_for()
+        h = straight.fit(loader, epochs=2)
+        assert 0 < straight.param_counts.trainable < straight.param_counts.total
+        stopped = trainer_for()
+        stopped.fit(loader, epochs=2, max_steps=3)  # stops mid-epoch 1
+        path = stopped.save_checkpoint(str(tmp_path / "mid.ckpt"))
+        resumed = trainer_for(seed=7)
+        h2 = resumed.fit(loader, epochs=2, resume_from=path)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    trained = {n: p for n, p in straight.model.named_parameters() if p.requires_grad}
+    again = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
+    assert trained.keys() == again.keys() and all(torch.equal(trained[n], again[n]) for n in trained)
+    assert h2["loss"] == h["loss"]
+
+    # the adapter saved and loaded for inference (every parameter frozen): evaluation needs no optimizer
+    straight.model.save_pretrained(str(tmp_path / "adapter"))
+    base = _bert(seed=1)
+    base.load_state_dict(base_state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        inference = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    assert not any(p.requires_grad for p in inference.parameters())
+    with pytest.raises(ValueError, match="optimizer=None"):
+        Trainer(inference, None, "adamw", progress=False)
+    evaluator = Trainer(inference, None, metrics={"acc": _acc}, progress=False)
+    assert evaluator.evaluate(loader) == pytest.approx(straight.evaluate(loader), rel=1e-6)
+    assert torch.allclose(evaluator.predict(loader).logits, straight.predict(loader).logits, atol=1e-6)
+    with pytest.raises(ValueError, match="fit needs an optimizer"):
+        evaluator.fit(loader)
+
+
+def test_label_key_without_criterion_explains_labels():
+    batches = [dict(b) for b in _loader(_collate_classification, n=8)]
+    for b in batches:
+        b["label"] = b.pop("labels")
+    trainer = Trainer(_bert(), None, "adamw", progress=False)
+    with pytest.raises(
+        ValueError, match=r"took the batch key 'label' as the targets.*rename_column\('label', 'labels'\)"
+    ):
+        trainer.fit(batches)
+
+
+def test_checkpoint_callback_with_a_peft_model_writes_loadable_files(tmp_path):
+    """ModelCheckpoint over a LoRA model: files load with weights_only=True and hold only tensors/plain data."""
+    pytest.importorskip("peft")
+    model = _lora(_bert())
+    trainer = Trainer(
+        model, None, "adamw", lr=1e-3, callbacks=[ModelCheckpoint(tmp_path, save_last=True)], progress=False
+    )
+    trainer.fit(_loader(_collate_classification, n=16), epochs=1)
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert any("lora_A" in k for k in ckpt["model"])

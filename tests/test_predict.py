@@ -1,0 +1,282 @@
+"""predict(): the step that makes outputs (compute_loss / predict_step, as functions or overrides), ragged
+outputs padded, what is left out by default (loss, caches), float32 under mixed precision, memory bounded,
+and Trainer(model, criterion, optimizer=None) for evaluation and prediction only."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import weakref
+
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+from torch import nn
+
+from nbtrainer import Trainer, precision_support
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+X, Y = make_classification(n=48)
+
+
+def _feature_batches():
+    """Batches the default protocol can't use: the model takes a tensor, the batch is {'feats', 'y'}."""
+    return [{"feats": X[i : i + 16], "y": Y[i : i + 16]} for i in range(0, 48, 16)]
+
+
+def _feature_loss(model, batch):
+    out = model(batch["feats"])
+    return nn.functional.cross_entropy(out, batch["y"]), out, batch["y"]
+
+
+# -- which step makes the outputs ---------------------------------------------------------------------------------
+def test_predict_uses_compute_loss_outputs_when_given_as_a_function():
+    model = mlp()
+    trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), 0.1), compute_loss=_feature_loss, progress=False)
+    trainer.fit(_feature_batches(), epochs=2)
+    preds = trainer.predict(_feature_batches())
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(preds, model(X))
+
+
+def test_predict_uses_compute_loss_of_a_subclass():
+    class FeatureTrainer(Trainer):
+        def compute_loss(self, batch):
+            return _feature_loss(self.model, batch)
+
+    model = mlp()
+    trainer = FeatureTrainer(model, None, torch.optim.SGD(model.parameters(), 0.1), progress=False)
+    trainer.fit(_feature_batches())
+    with torch.no_grad():
+        assert torch.equal(trainer.predict(_feature_batches()), model.eval()(X))
+
+
+def test_predict_step_function_and_override_win_and_need_no_targets():
+    model = mlp()
+    test_batches = [{"feats": X[i : i + 16]} for i in range(0, 48, 16)]  # no targets at all
+    trainer = Trainer(
+        model,
+        None,
+        torch.optim.SGD(model.parameters(), 0.1),
+        compute_loss=_feature_loss,
+        predict_step=lambda m, b: m(b["feats"]).softmax(-1),
+        progress=False,
+    )
+    probs = trainer.predict(test_batches)
+    assert probs.shape == (48, 3) and torch.allclose(probs.sum(1), torch.ones(48))
+
+    class Probs(Trainer):
+        def predict_step(self, batch):
+            return self.model(batch["feats"]).softmax(-1)
+
+    assert torch.equal(Probs(model, None, progress=False).predict(test_batches), probs)
+
+
+def test_compute_loss_returning_only_a_loss_explains_how_to_predict():
+    model = mlp()
+    trainer = Trainer(model, None, compute_loss=lambda m, b: _feature_loss(m, b)[0], progress=False)
+    with pytest.raises(ValueError, match=r"compute_loss returned only a loss.*predict_step=fn\(model, batch\)"):
+        trainer.predict(_feature_batches())
+
+
+# -- concatenation --------------------------------------------------------------------------------------------------
+class TokenLogits(nn.Module):
+    """Per-token logits [B, L, V] for token ids [B, L]: L varies per batch (dynamic padding)."""
+
+    def __init__(self, vocab=11):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.head = nn.Linear(8, vocab)
+
+    def forward(self, input_ids):
+        return self.head(self.emb(input_ids))
+
+
+def _ragged_batches():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 11, (bs, length), generator=g) for bs, length in [(4, 5), (3, 9), (2, 2)]]
+
+
+def test_ragged_outputs_are_padded_with_pad_index():
+    model = TokenLogits()
+    trainer = Trainer(model, None, progress=False)
+    batches = _ragged_batches()
+    out = trainer.predict(batches)
+    assert out.shape == (9, 9, 11)
+    row = 0
+    with torch.no_grad():
+        for ids in batches:
+            n, length = ids.shape
+            assert torch.equal(out[row : row + n, :length], model(ids))
+            assert (out[row : row + n, length:] == -100).all()
+            row += n
+    assert (trainer.predict(batches, pad_index=0)[:4, 5:] == 0).all()
+    per = trainer.predict(batches, per_batch=True)
+    assert [tuple(p.shape) for p in per] == [(4, 5, 11), (3, 9, 11), (2, 2, 11)]
+    with pytest.raises(ValueError, match=r"pad_index=0.5 cannot be stored.*pad_index=0"):
+        Trainer(nn.Identity(), None, progress=False).predict(
+            [torch.ones(1, 2, dtype=torch.long), torch.ones(1, 3).long()], pad_index=0.5
+        )
+
+
+@dataclasses.dataclass
+class LMOutput:
+    """A Hugging Face-like output: logits, a loss, a per-batch cache object and hidden states."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    past_key_values: object | None = None
+    hidden_states: tuple | None = None
+
+
+class Cache:
+    def __init__(self, k):
+        self.k = k
+
+
+class LM(TokenLogits):
+    def forward(self, input_ids, labels=None):
+        h = self.emb(input_ids)
+        logits = self.head(h)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()) if labels is not None else None
+        return LMOutput(logits, loss, Cache(h.detach()), (h, h))
+
+
+def test_loss_and_caches_are_left_out_by_default_and_kept_on_request():
+    batches = [{"input_ids": ids, "labels": ids} for ids in _ragged_batches()]
+    trainer = Trainer(LM(), None, progress=False)
+    out = trainer.predict(batches)
+    assert isinstance(out, LMOutput) and out.logits.shape == (9, 9, 11)
+    assert out.loss is None and out.past_key_values is None and out.hidden_states is None
+    kept = trainer.predict(batches, keep=("loss", "past_key_values", "hidden_states"))
+    assert kept.loss.shape == (3,)  # one per batch, stacked
+    assert isinstance(kept.past_key_values, list) and all(isinstance(c, Cache) for c in kept.past_key_values)
+    assert kept.hidden_states[0].shape == (9, 9, 8)
+    dict_out = Trainer(nn.Linear(3, 2), None, predict_step=lambda m, b: {"y": m(b), "loss": m(b).sum()}).predict(
+        [torch.randn(2, 3)]
+    )
+    assert set(dict_out) == {"y"}
+    with pytest.raises(ValueError, match=r"keep= got \['los'\].*'loss', 'past_key_values'"):
+        trainer.predict(batches, keep=("los",))
+
+
+def test_tuple_and_namedtuple_outputs_keep_their_type():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    model = nn.Linear(3, 2)
+    out = Trainer(model, None, predict_step=lambda m, b: Pair(m(b), m(b).sum(1))).predict(
+        [torch.randn(2, 3), torch.randn(3, 3)]
+    )
+    assert isinstance(out, Pair) and out.a.shape == (5, 2) and out.b.shape == (5,)
+
+
+# -- dtype and memory ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not precision_support("cpu")["bf16-mixed"][0], reason="no bf16 autocast on this CPU")
+def test_bf16_mixed_predictions_are_float32_unless_keep_dtype():
+    model = mlp()
+    trainer = Trainer(model, None, precision="bf16-mixed", device="cpu", progress=False)
+    out = trainer.predict(make_loader(X, Y, batch_size=16))
+    assert out.dtype == torch.float32
+    out.numpy()  # the point of float32: numpy has no bfloat16
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, model(X).float())
+    assert trainer.predict(make_loader(X, Y, batch_size=16), keep_dtype=True).dtype == torch.bfloat16
+
+
+def test_predict_holds_no_batch_after_its_step():
+    """Each batch (and its outputs' graph) is released before the next batch is computed."""
+    alive: list[list[weakref.ref]] = []
+    model = nn.Linear(10, 3)
+
+    def batches():
+        for i in range(0, 48, 16):
+            x, y = X[i : i + 16].clone(), Y[i : i + 16].clone()
+            alive.append([weakref.ref(x), weakref.ref(y)])
+            yield x, y
+
+    seen = []
+
+    def check(module, args):
+        gc.collect()
+        seen.append(sum(r() is not None for refs in alive[:-1] for r in refs))
+
+    hook = model.register_forward_pre_hook(check)
+    try:
+        out = Trainer(model, nn.CrossEntropyLoss(), progress=False).predict(batches())
+    finally:
+        hook.remove()
+    assert out.shape == (48, 3)
+    assert seen == [0, 0, 0], f"earlier batches still alive at each step: {seen}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_predict_on_cuda_moves_outputs_to_cpu_as_it_goes():
+    """Device memory stays at one batch's worth: outputs go to the CPU batch by batch (to_cpu=True)."""
+    model = nn.Linear(256, 4096).cuda()
+    loader = [torch.randn(512, 256) for _ in range(16)]  # 16 x 8 MiB of outputs
+    trainer = Trainer(model, None, device="cuda", progress=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = trainer.predict(loader)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert out.device.type == "cpu" and out.shape == (8192, 4096)
+    assert peak < 4 * 512 * 4096 * 4, f"peak {peak / 2**20:.0f} MiB: outputs were kept on the device"
+    on_device = trainer.predict(loader, to_cpu=False)
+    assert on_device.device.type == "cuda" and torch.allclose(on_device.cpu(), out)
+
+
+# -- Trainer(model, criterion, optimizer=None): evaluation and prediction only -------------------------------------
+def test_trainer_without_optimizer_evaluates_and_predicts_a_frozen_model():
+    model = mlp()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    loader = make_loader(X, Y, batch_size=16)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
+    assert trainer.optimizer is None
+    logs = trainer.evaluate(loader)
+    with torch.no_grad():
+        out = model(X)
+    assert logs["val_loss"] == pytest.approx(nn.functional.cross_entropy(out, Y).item(), rel=1e-6)
+    assert logs["val_acc"] == pytest.approx((out.argmax(1) == Y).float().mean().item())
+    assert torch.equal(trainer.predict(loader), out)
+
+
+@pytest.mark.parametrize("call", ["fit", "lr_find", "set_lr", "save_checkpoint"])
+def test_trainer_without_optimizer_refuses_to_train_naming_the_optimizer(call, tmp_path):
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, nn.CrossEntropyLoss(), progress=False)
+    loader = make_loader(X, Y, batch_size=16)
+    run = {
+        "fit": lambda: trainer.fit(loader),
+        "lr_find": lambda: trainer.lr_find(loader, steps=5),
+        "set_lr": lambda: trainer.set_lr(0.1),
+        "save_checkpoint": lambda: trainer.save_checkpoint(str(tmp_path / "x.ckpt")),
+    }[call]
+    with pytest.raises(ValueError, match=rf"{call} needs an optimizer.*optimizer=None.*torch.optim.AdamW"):
+        run()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert trainer.status == "idle" and not list(tmp_path.iterdir())
+
+
+def test_frozen_model_with_a_named_optimizer_points_to_optimizer_none():
+    model = mlp()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"optimizer='adamw' has nothing to train.*optimizer=None"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw")
+    with pytest.raises(ValueError, match=r"scheduler was given without an optimizer"):
+        Trainer(
+            model,
+            nn.CrossEntropyLoss(),
+            scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp().parameters(), 0.1), 1),
+        )
