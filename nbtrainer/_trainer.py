@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbtrainer import _state, _validate
+from nbtrainer import _arrays, _state, _validate
 from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -76,6 +76,13 @@ class Trainer(TrainerControl):
         strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
             process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
             DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+        fast_fetch: fetch each batch of a ``DataLoader`` over in-memory data (``TensorDataset``, arrays,
+            ``Subset`` of them, a dataset with ``__getitems__``; ``num_workers=0``, default collate) with one
+            indexing call, same indices and order, bit-identical results. Anything else uses the loader as
+            it is. ``False``: always the loader's own iterator.
+        data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the
+            free device memory, and slice batches there; otherwise batches are gathered into pinned memory
+            and copied on a side stream one step ahead. ``0``: never copy the dataset.
 
     Example:
         >>> import torch
@@ -123,6 +130,8 @@ class Trainer(TrainerControl):
         channels_last: bool = False,
         on_nonfinite: str = "raise",
         strategy: Any = "auto",
+        fast_fetch: bool = True,
+        data_on_device: float = 0.5,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -174,6 +183,17 @@ class Trainer(TrainerControl):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
         if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
             raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+        if not isinstance(fast_fetch, bool):
+            raise TypeError(f"fast_fetch must be True or False, got {fast_fetch!r}.")
+        if (
+            not isinstance(data_on_device, (int, float))
+            or isinstance(data_on_device, bool)
+            or not 0 <= data_on_device <= 1
+        ):
+            raise ValueError(
+                f"data_on_device must be a fraction of the free device memory in [0, 1] (0: never), got "
+                f"{data_on_device!r}."
+            )
         self.device = resolve_device(device)
         self.precision = require_precision(precision, self.device)
         self.model = model
@@ -194,6 +214,8 @@ class Trainer(TrainerControl):
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
         self.non_blocking = non_blocking and self.device.type == "cuda"
+        self.fast_fetch = fast_fetch
+        self.data_on_device = float(data_on_device)
         self.scaler = make_scaler(self.precision, self.device)
         self._metric_spec = dict(metrics or {})
         self._train_metrics = MetricSet(self._metric_spec, self.device)
@@ -264,12 +286,15 @@ class Trainer(TrainerControl):
             keys |= {"val_loss"} | {f"val_{n}" for n in names}
         return keys
 
-    def total_steps(self, train_loader: Any, epochs: int) -> int:
+    def total_steps(self, train_loader: Any, epochs: int, *, batch_size: int | None = None) -> int:
         """Optimizer steps of ``fit(train_loader, epochs=epochs)``: ``ceil(batches / accum) * epochs``.
+
+        ``train_loader`` may be arrays, as in :meth:`fit` (then with their ``batch_size``).
 
         Example:
             >>> # OneCycleLR(optimizer, max_lr=1e-2, total_steps=trainer.total_steps(loader, epochs=5))
         """
+        train_loader = _arrays.as_loader(train_loader, batch_size=batch_size)
         n = _safe_len(self.strategy.prepare_loader(train_loader, train=True))  # this rank's share under DDP
         if n is None:
             raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
@@ -278,10 +303,13 @@ class Trainer(TrainerControl):
     # -- the three verbs -----------------------------------------------------------------------
     def fit(
         self,
-        train_loader: Iterable,
-        val_loader: Iterable | None = None,
+        data: Any,
+        val_loader: Any = None,
         epochs: int = 1,
         *,
+        val_data: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
         max_steps: int | None = None,
         resume_from: str | None = None,
         profiler: Any = None,
@@ -289,13 +317,30 @@ class Trainer(TrainerControl):
         """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
 
         Args:
-            train_loader: any iterable of batches (DataLoader, list...).
+            data: any iterable of batches (DataLoader, list...), or arrays like Keras: a tuple ``(x, y)`` /
+                ``(x1, x2, y)`` or a dict of tensors or NumPy arrays, or one array, with ``batch_size``
+                (NumPy float64 becomes float32). Arrays are batched by a seeded, resumable DataLoader.
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
             epochs: total epochs (a resumed fit continues up to this number).
+            val_data: validation arrays (or a loader); the same ``batch_size``, never shuffled.
+            batch_size: the batch size for array data (required with arrays, refused with loaders).
+            shuffle: shuffle training arrays each epoch (default True).
             max_steps: stop after this many optimizer steps in total.
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
+
+        Example:
+            >>> import torch
+            >>> model = torch.nn.Linear(3, 2)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", progress=False, seed=0)
+            >>> x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+            >>> history = trainer.fit((x, y), val_data=(x[:16], y[:16]), batch_size=16, epochs=2)
+            >>> len(history.epochs), "val_loss" in history.epochs[-1]
+            (2, True)
         """
+        train_loader, val_loader = _arrays.fit_loaders(
+            data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle
+        )
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
@@ -395,12 +440,16 @@ class Trainer(TrainerControl):
             Trainer._active.discard(self)
             self.strategy.barrier()
 
-    def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
-        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``)."""
+    def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
+        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
+
+        ``loader`` may be arrays as in :meth:`fit` (``batch_size`` default 256).
+        """
+        loader = _arrays.eval_loader(loader, batch_size, name="evaluate() loader")
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        return self._evaluate(self.strategy.prepare_loader(loader, train=False), prefix=prefix)
+        return self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
 
     def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
         model, metrics = self.model, self._val_metrics
@@ -446,8 +495,12 @@ class Trainer(TrainerControl):
         metrics.reset()
         return out
 
-    def predict(self, loader: Iterable) -> Any:
-        """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such)."""
+    def predict(self, loader: Any, *, batch_size: int | None = None) -> Any:
+        """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such).
+
+        ``loader`` may be arrays as in :meth:`fit` (``batch_size`` default 256); ``predict(x)`` for inputs only.
+        """
+        loader = self._batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
         model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
         was_training = model.training
         model.eval()
@@ -461,6 +514,13 @@ class Trainer(TrainerControl):
         finally:
             model.train(was_training)
         return concat_outputs(chunks)
+
+    def _batches(self, loader: Any, fraction: float = 0.0) -> Any:
+        """``loader``'s batches by the fastest equivalent path (see ``_prefetch.DataPath``); one pass of
+        evaluate/predict does not copy the dataset to the device (``fraction=0``)."""
+        from nbtrainer._prefetch import DataPath
+
+        return DataPath(loader, device=self.device, enabled=self.fast_fetch, fraction=fraction)
 
     # -- how a batch becomes a loss ------------------------------------------------------------
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
