@@ -1,0 +1,207 @@
+"""The data path: a hand-written loop over the standard DataLoader vs nbtrainer on the same loader.
+
+Every variant trains one epoch over the same in-memory tensors, shuffled, with AdamW:
+
+* ``hand``: ``for x, y in DataLoader(TensorDataset(X, y), batch_size, shuffle=True)``: move, forward,
+  backward, step, the loss summed on the device and read once (what everyone writes);
+* ``nbtrainer``: ``Trainer.fit`` on that same kind of loader (batched fetch; on CUDA device-resident);
+* ``arrays``: ``Trainer.fit((X, y), batch_size=..., shuffle=True)``;
+* ``per-sample``: ``Trainer(fast_fetch=False)`` on the loader: the loader's own iterator (for reference);
+* ``hand-slice``: a hand loop that slices a shuffled index, ``X[idx], y[idx]`` (the floor a hand loop
+  can reach; on CUDA with ``X`` already on the GPU).
+
+Method: one process; a warm-up round, then ``--rounds`` rounds, each running every variant once in a rotated
+order (interleaved, so drift and background load hit all alike). Reported: the median time per epoch,
+its ratio to ``hand``'s median, and the spread of the per-round ratios (min-max over rounds, each round's
+variant time divided by the same round's ``hand`` time).
+
+    python bench/data_path.py --threads 1                   # CPU, every workload
+    python bench/data_path.py --device cuda --rounds 9      # the GPU table
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Workload:
+    def __init__(self, name: str, make_model: Callable[[], nn.Module], shape: tuple[int, ...], n: int, batch: int):
+        self.name, self.make_model, self.batch = name, make_model, batch
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, *shape, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+
+    def fresh(self, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = self.make_model().to(device)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def loader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch, shuffle=True)
+
+
+def workloads() -> dict[str, Workload]:
+    def tiny() -> nn.Module:
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def medium() -> nn.Module:
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+    def cnn() -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 10),
+        )
+
+    return {
+        "tiny32": Workload("tiny MLP 32-64-10, batch 32, 8,192 samples", tiny, (32,), 8192, 32),
+        "tiny256": Workload("tiny MLP 32-64-10, batch 256, 8,192 samples", tiny, (32,), 8192, 256),
+        "medium": Workload("medium MLP 784-1024-1024-10, batch 128, 2,048 samples", medium, (784,), 2048, 128),
+        "cnn": Workload("small CNN 1x28x28, batch 64, 2,048 samples", cnn, (1, 28, 28), 2048, 64),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_hand(w: Workload, device: torch.device) -> float:
+    model, opt = w.fresh(device)
+    crit = nn.CrossEntropyLoss()
+    loader = w.loader()
+    _sync(device)
+    start = time.perf_counter()
+    running = torch.zeros((), device=device)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = crit(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running += loss.detach()
+    running.item()  # the one read at the end of the epoch
+    return time.perf_counter() - start
+
+
+def run_hand_slice(w: Workload, device: torch.device) -> float:
+    model, opt = w.fresh(device)
+    crit = nn.CrossEntropyLoss()
+    x_all, y_all = w.x.to(device), w.y.to(device)
+    _sync(device)
+    start = time.perf_counter()
+    running = torch.zeros((), device=device)
+    perm = torch.randperm(len(x_all), device=device)
+    for i in range(0, len(perm), w.batch):
+        idx = perm[i : i + w.batch]
+        loss = crit(model(x_all[idx]), y_all[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running += loss.detach()
+    running.item()
+    return time.perf_counter() - start
+
+
+def _trainer(w: Workload, device: torch.device, **kw):
+    from nbtrainer import Trainer
+
+    model, opt = w.fresh(device)
+    return Trainer(model, nn.CrossEntropyLoss(), opt, device=device, progress=False, **kw)
+
+
+def run_nbtrainer(w: Workload, device: torch.device) -> float:
+    trainer, loader = _trainer(w, device), w.loader()
+    _sync(device)
+    start = time.perf_counter()
+    trainer.fit(loader, epochs=1)
+    return time.perf_counter() - start
+
+
+def run_arrays(w: Workload, device: torch.device) -> float:
+    trainer = _trainer(w, device)
+    _sync(device)
+    start = time.perf_counter()
+    trainer.fit((w.x, w.y), batch_size=w.batch, shuffle=True, epochs=1)
+    return time.perf_counter() - start
+
+
+def run_per_sample(w: Workload, device: torch.device) -> float:
+    trainer, loader = _trainer(w, device, fast_fetch=False), w.loader()
+    _sync(device)
+    start = time.perf_counter()
+    trainer.fit(loader, epochs=1)
+    return time.perf_counter() - start
+
+
+VARIANTS: dict[str, Callable[[Workload, torch.device], float]] = {
+    "hand": run_hand,
+    "nbtrainer": run_nbtrainer,
+    "arrays": run_arrays,
+    "per-sample": run_per_sample,
+    "hand-slice": run_hand_slice,
+}
+
+
+def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for n in names:  # warm-up (allocator, lazy imports, autograd caches)
+        VARIANTS[n](w, device)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            times[n].append(VARIANTS[n](w, device))
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--workloads", nargs="+", default=list(workloads()))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    names = ["hand", *[v for v in args.variants if v != "hand"]]
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
+        f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, python {platform.python_version()}; "
+        f"{args.rounds} interleaved rounds"
+    )
+    print("| workload | variant | median ms / epoch | ratio to hand | per-round ratio min-max |")
+    print("|---|---|---:|---:|---:|")
+    all_w = workloads()
+    for key in args.workloads:
+        w = all_w[key]
+        res = measure(w, names, args.rounds, device)
+        base = statistics.median(res["hand"])
+        for name in names:
+            med = statistics.median(res[name])
+            ratios = [t / h for t, h in zip(res[name], res["hand"], strict=True)]
+            print(
+                f"| {w.name} | {name} | {med * 1e3:.1f} | {med / base:.3f}x | {min(ratios):.2f}-{max(ratios):.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
