@@ -7,7 +7,11 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
 2. the end of each epoch: the same flush, torchmetrics' ``compute``, and validation's single read;
 3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step);
 4. the sampled step-time breakdown (every ``timing_every`` micro-batches, CUDA only: ``synchronize``
-   around the phases of that one step).
+   around the phases of that one step);
+5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
+
+The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
+are asynchronous (``_prefetch``'s docstring says how).
 
 Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
 learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).

@@ -30,9 +30,20 @@ import torch
 from nbtrainer._batch import move_to_device
 from nbtrainer._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor
 
-__all__ = ["DataPath", "choose_mode", "fits_on_device", "prefetch"]
+__all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "prefetch"]
 
 Tensor = torch.Tensor
+
+
+def check_data_options(fast_fetch: Any, data_on_device: Any) -> None:
+    """``Trainer(fast_fetch=..., data_on_device=...)``, checked when the Trainer is built."""
+    if not isinstance(fast_fetch, bool):
+        raise TypeError(f"fast_fetch must be True or False, got {fast_fetch!r}.")
+    if not isinstance(data_on_device, (int, float)) or isinstance(data_on_device, bool) or not 0 <= data_on_device <= 1:
+        raise ValueError(
+            f"data_on_device must be a fraction of the free device memory in [0, 1] (0: never copy the dataset "
+            f"to the device), got {data_on_device!r}."
+        )
 
 
 def fits_on_device(nbytes: int, free_bytes: int, fraction: float) -> bool:

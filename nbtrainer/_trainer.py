@@ -26,6 +26,7 @@ from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._metrics import MetricSet
 from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
+from nbtrainer._prefetch import DataPath, check_data_options
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
@@ -183,17 +184,7 @@ class Trainer(TrainerControl):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
         if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
             raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
-        if not isinstance(fast_fetch, bool):
-            raise TypeError(f"fast_fetch must be True or False, got {fast_fetch!r}.")
-        if (
-            not isinstance(data_on_device, (int, float))
-            or isinstance(data_on_device, bool)
-            or not 0 <= data_on_device <= 1
-        ):
-            raise ValueError(
-                f"data_on_device must be a fraction of the free device memory in [0, 1] (0: never), got "
-                f"{data_on_device!r}."
-            )
+        check_data_options(fast_fetch, data_on_device)
         self.device = resolve_device(device)
         self.precision = require_precision(precision, self.device)
         self.model = model
@@ -515,12 +506,10 @@ class Trainer(TrainerControl):
             model.train(was_training)
         return concat_outputs(chunks)
 
-    def _batches(self, loader: Any, fraction: float = 0.0) -> Any:
-        """``loader``'s batches by the fastest equivalent path (see ``_prefetch.DataPath``); one pass of
-        evaluate/predict does not copy the dataset to the device (``fraction=0``)."""
-        from nbtrainer._prefetch import DataPath
-
-        return DataPath(loader, device=self.device, enabled=self.fast_fetch, fraction=fraction)
+    def _batches(self, loader: Any) -> DataPath:
+        """``loader``'s batches by the fastest equivalent path (``_prefetch``); one pass of evaluate or
+        predict does not copy the dataset to the device (``fraction=0``)."""
+        return DataPath(loader, device=self.device, enabled=self.fast_fetch, fraction=0.0)
 
     # -- how a batch becomes a loss ------------------------------------------------------------
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
