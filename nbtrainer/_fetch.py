@@ -78,20 +78,21 @@ class TensorSource:
 
     def gather(self, idx: Tensor, *, pin: bool = False) -> Any:
         """The batch of rows ``idx`` (an int64 tensor on the source's device)."""
-        if self.index is not None:
-            idx = self.index[idx]  # Python semantics: a negative position counts from the end
         try:
+            rows = _select(self.index, 0, idx) if self.index is not None else idx
             if pin:  # straight into page-locked memory: the copy to the GPU can then be asynchronous
                 parts = [
-                    _select(t, 0, idx, out=torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True))
+                    _select(t, 0, rows, out=torch.empty((rows.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True))
                     for t in self.tensors
                 ]
             else:
-                parts = [_select(t, 0, idx) for t in self.tensors]
+                parts = [_select(t, 0, rows) for t in self.tensors]
         except (IndexError, RuntimeError):
             # index_select refuses negative indices; Python indexing (what dataset[i] does) accepts them.
-            # Out-of-range indices raise IndexError here, as dataset[i] would.
-            parts = [t[idx] for t in self.tensors]
+            # Out-of-range indices raise IndexError here, as dataset[i] would. (Host tensors only: on a GPU
+            # only stock samplers are used, whose indices are in range, see _prefetch.choose_mode.)
+            rows = self.index[idx] if self.index is not None else idx
+            parts = [t[rows] for t in self.tensors]
             if pin:
                 parts = [p.pin_memory() for p in parts]
         return self.assemble(parts)

@@ -61,12 +61,12 @@ def choose_mode(
     if fetch is None:
         return "loader"
     source = fetch.source
+    if source is not None and source.device.type != "cpu":
+        # data already on a GPU: sliced there only with in-range indices, else the loader's own
+        # per-sample reads (a bad index is then a clean IndexError, not a device-side assert)
+        return "device" if source.device == device and fetch.in_range else "loader"
     if device.type != "cuda" or source is None:
         return "batched"
-    if source.device == device:
-        return "device" if fetch.in_range else "batched"
-    if source.device.type != "cpu":
-        return "batched"  # on another accelerator: the loop's move, as before
     if fetch.in_range and fits_on_device(source.nbytes, free_bytes(), fraction):
         return "device"
     return "pinned"

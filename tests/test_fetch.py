@@ -391,13 +391,24 @@ def test_negative_indices_follow_python_indexing():
         def __iter__(self):
             return iter([[-1, -2, 3], [0, -16]])
 
-    loader = DataLoader(TensorDataset(x, y), batch_sampler=Backwards())
-    fast = list(DataPath(loader, device=torch.device("cpu"), enabled=True, fraction=0.5))
-    slow = list(iter(loader))
-    assert len(fast) == len(slow) == 2
-    for a, b in zip(fast, slow, strict=True):
-        assert type(a) is type(b) is list
-        assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(a, b, strict=True))
+    for dataset in (TensorDataset(x, y), torch.utils.data.Subset(TensorDataset(x, y), list(range(-1, -17, -1)))):
+        loader = DataLoader(dataset, batch_sampler=Backwards())
+        fast = list(DataPath(loader, device=torch.device("cpu"), enabled=True, fraction=0.5))
+        slow = list(iter(loader))
+        assert len(fast) == len(slow) == 2
+        for a, b in zip(fast, slow, strict=True):
+            assert type(a) is type(b) is list
+            assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(a, b, strict=True))
+
+
+def test_data_already_on_an_accelerator_is_sliced_there_only_with_in_range_indices():
+    meta = TensorDataset(torch.empty(64, 10, device="meta"), torch.empty(64, device="meta"))
+    shuffled = DataLoader(meta, batch_size=8, shuffle=True)
+    custom = DataLoader(meta, batch_sampler=GlobalRNGBatches(64, 8))
+    meta_device = torch.device("meta")
+    assert choose_mode(batched_fetch(shuffled), meta_device, 0.5, _no_query) == "device"
+    assert choose_mode(batched_fetch(custom), meta_device, 0.5, _no_query) == "loader"
+    assert choose_mode(batched_fetch(shuffled), torch.device("cpu"), 0.5, _no_query) == "loader"
 
 
 # -- on a real GPU -----------------------------------------------------------------------------------------
