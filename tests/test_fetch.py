@@ -461,3 +461,56 @@ def test_cuda_paths_are_bit_identical(fraction, sampler, mode):
     assert modes == [mode]
     assert all(torch.equal(ref[k], got[k]) for k in ref)
     assert [r["val_loss"] for r in h_ref.epochs] == [r["val_loss"] for r in h_got.epochs]
+
+
+def test_prefetch_orders_copies_waits_and_record_stream(monkeypatch):
+    """The side-stream protocol, with torch.cuda's stream calls replaced by recorders (no GPU here): batch
+    i+1 is fetched and its copy queued on the side stream only AFTER the compute stream was told to wait
+    for batch i's copy, and every tensor of batch i is record_stream-ed on the compute stream before the
+    step gets it. (The real streams run in the GPU tests.)"""
+    import contextlib
+
+    from nbtrainer import _prefetch
+
+    log: list[str] = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name}.wait({other.name})")
+
+    main, side = Stream("main"), Stream("side")
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        log.append(f"enter {stream.name}")
+        yield
+        log.append(f"exit {stream.name}")
+
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: log.append(f"record {int(t[0])} on {s.name}"))
+
+    def batches():
+        for i in range(3):
+            log.append(f"fetch {i}")
+            yield [torch.tensor([i]), {"y": torch.tensor([i])}]
+
+    out = []
+    for batch in _prefetch.prefetch(batches(), torch.device("cpu"), side):
+        log.append(f"step {int(batch[0][0])}")
+        out.append(batch)
+    assert [int(b[0][0]) for b in out] == [0, 1, 2]
+    assert log == [
+        "fetch 0", "enter side", "exit side",
+        "main.wait(side)", "record 0 on main", "record 0 on main",
+        "fetch 1", "enter side", "exit side",  # queued after the wait: overlaps step 0
+        "step 0",
+        "main.wait(side)", "record 1 on main", "record 1 on main",
+        "fetch 2", "enter side", "exit side",
+        "step 1",
+        "main.wait(side)", "record 2 on main", "record 2 on main",
+        "step 2",
+    ]  # fmt: skip
