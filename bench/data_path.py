@@ -11,9 +11,10 @@ Every variant trains one epoch over the same in-memory tensors, shuffled, with A
   can reach; on CUDA with ``X`` already on the GPU).
 
 Method: one process; a warm-up round, then ``--rounds`` rounds, each running every variant once in a rotated
-order (interleaved, so drift and background load hit all alike). Reported: the median time per epoch,
-its ratio to ``hand``'s median, and the spread of the per-round ratios (min-max over rounds, each round's
-variant time divided by the same round's ``hand`` time).
+order (interleaved, so drift and background load hit all alike). Reported: the median wall time per epoch,
+its ratio to ``hand``'s median, the spread of the per-round ratios (min-max over rounds, each round's
+variant time divided by the same round's ``hand`` time), and the same medians in process CPU time (on a
+shared machine the CPU time leaves out the time other processes held the core; on CUDA it is host time).
 
     python bench/data_path.py --threads 1                   # CPU, every workload
     python bench/data_path.py --device cuda --rounds 9      # the GPU table
@@ -71,9 +72,19 @@ def workloads() -> dict[str, Workload]:
     return {
         "tiny32": Workload("tiny MLP 32-64-10, batch 32, 8,192 samples", tiny, (32,), 8192, 32),
         "tiny256": Workload("tiny MLP 32-64-10, batch 256, 8,192 samples", tiny, (32,), 8192, 256),
-        "medium": Workload("medium MLP 784-1024-1024-10, batch 128, 2,048 samples", medium, (784,), 2048, 128),
-        "cnn": Workload("small CNN 1x28x28, batch 64, 2,048 samples", cnn, (1, 28, 28), 2048, 64),
+        "medium": Workload("medium MLP 784-1024-1024-10, batch 128, 4,096 samples", medium, (784,), 4096, 128),
+        "cnn": Workload("small CNN 1x28x28, batch 64, 4,096 samples", cnn, (1, 28, 28), 4096, 64),
     }
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``start``: the process's CPU time does not count the time other processes
+    held the core, so on a shared machine it resolves what wall time cannot (torch uses 1 thread here)."""
+    return time.perf_counter() - start[0], time.process_time() - start[1]
 
 
 def _sync(device: torch.device) -> None:
@@ -81,12 +92,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_hand(w: Workload, device: torch.device) -> float:
+def run_hand(w: Workload, device: torch.device) -> tuple[float, float]:
     model, opt = w.fresh(device)
     crit = nn.CrossEntropyLoss()
     loader = w.loader()
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     running = torch.zeros((), device=device)
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -96,15 +107,15 @@ def run_hand(w: Workload, device: torch.device) -> float:
         opt.step()
         running += loss.detach()
     running.item()  # the one read at the end of the epoch
-    return time.perf_counter() - start
+    return _since(start)
 
 
-def run_hand_slice(w: Workload, device: torch.device) -> float:
+def run_hand_slice(w: Workload, device: torch.device) -> tuple[float, float]:
     model, opt = w.fresh(device)
     crit = nn.CrossEntropyLoss()
     x_all, y_all = w.x.to(device), w.y.to(device)
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     running = torch.zeros((), device=device)
     perm = torch.randperm(len(x_all), device=device)
     for i in range(0, len(perm), w.batch):
@@ -115,7 +126,7 @@ def run_hand_slice(w: Workload, device: torch.device) -> float:
         opt.step()
         running += loss.detach()
     running.item()
-    return time.perf_counter() - start
+    return _since(start)
 
 
 def _trainer(w: Workload, device: torch.device, **kw):
@@ -125,31 +136,31 @@ def _trainer(w: Workload, device: torch.device, **kw):
     return Trainer(model, nn.CrossEntropyLoss(), opt, device=device, progress=False, **kw)
 
 
-def run_nbtrainer(w: Workload, device: torch.device) -> float:
+def run_nbtrainer(w: Workload, device: torch.device) -> tuple[float, float]:
     trainer, loader = _trainer(w, device), w.loader()
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     trainer.fit(loader, epochs=1)
-    return time.perf_counter() - start
+    return _since(start)
 
 
-def run_arrays(w: Workload, device: torch.device) -> float:
+def run_arrays(w: Workload, device: torch.device) -> tuple[float, float]:
     trainer = _trainer(w, device)
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     trainer.fit((w.x, w.y), batch_size=w.batch, shuffle=True, epochs=1)
-    return time.perf_counter() - start
+    return _since(start)
 
 
-def run_per_sample(w: Workload, device: torch.device) -> float:
+def run_per_sample(w: Workload, device: torch.device) -> tuple[float, float]:
     trainer, loader = _trainer(w, device, fast_fetch=False), w.loader()
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     trainer.fit(loader, epochs=1)
-    return time.perf_counter() - start
+    return _since(start)
 
 
-VARIANTS: dict[str, Callable[[Workload, torch.device], float]] = {
+VARIANTS: dict[str, Callable[[Workload, torch.device], tuple[float, float]]] = {
     "hand": run_hand,
     "nbtrainer": run_nbtrainer,
     "arrays": run_arrays,
@@ -158,8 +169,8 @@ VARIANTS: dict[str, Callable[[Workload, torch.device], float]] = {
 }
 
 
-def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {n: [] for n in names}
+def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[tuple[float, float]]]:
+    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for n in names:  # warm-up (allocator, lazy imports, autograd caches)
         VARIANTS[n](w, device)
     for r in range(rounds):
@@ -185,22 +196,29 @@ def main(argv: list[str] | None = None) -> None:
         f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
         f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, python {platform.python_version()}; "
-        f"{args.rounds} interleaved rounds"
+        f"{args.rounds} interleaved rounds; load average at start {os.getloadavg()[0]:.2f}"
     )
-    print("| workload | variant | median ms / epoch | ratio to hand | per-round ratio min-max |")
-    print("|---|---|---:|---:|---:|")
+    print(
+        "| workload | variant | wall ms / epoch (median) | wall ratio to hand | per-round wall ratio min-max "
+        "| CPU ms / epoch (median) | CPU ratio to hand |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
     all_w = workloads()
     for key in args.workloads:
         w = all_w[key]
         res = measure(w, names, args.rounds, device)
-        base = statistics.median(res["hand"])
+        wall_base = statistics.median(t[0] for t in res["hand"])
+        cpu_base = statistics.median(t[1] for t in res["hand"])
         for name in names:
-            med = statistics.median(res[name])
-            ratios = [t / h for t, h in zip(res[name], res["hand"], strict=True)]
+            wall = statistics.median(t[0] for t in res[name])
+            cpu = statistics.median(t[1] for t in res[name])
+            ratios = [t[0] / h[0] for t, h in zip(res[name], res["hand"], strict=True)]
             print(
-                f"| {w.name} | {name} | {med * 1e3:.1f} | {med / base:.3f}x | {min(ratios):.2f}-{max(ratios):.2f} |",
+                f"| {w.name} | {name} | {wall * 1e3:.1f} | {wall / wall_base:.3f}x | "
+                f"{min(ratios):.2f}-{max(ratios):.2f} | {cpu * 1e3:.1f} | {cpu / cpu_base:.3f}x |",
                 flush=True,
             )
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
