@@ -136,7 +136,7 @@ def _plain(dataset: Any, base: type) -> bool:
 def _loader_ok(loader: Any) -> bool:
     if type(loader) is not DataLoader:  # a subclass may iterate differently
         return False
-    if loader.num_workers != 0 or loader.batch_sampler is None:
+    if loader.num_workers != 0 or loader.timeout != 0 or loader.batch_sampler is None:
         return False
     if loader.collate_fn is not torch.utils.data.default_collate:
         return False

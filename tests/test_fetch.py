@@ -235,7 +235,16 @@ def _loader(**kw):
 
 @pytest.mark.parametrize(
     "kind",
-    ["custom-collate", "workers", "no-auto-batching", "subclass-getitem", "plain-dataset", "iterable", "list"],
+    [
+        "custom-collate",
+        "workers",
+        "timeout",
+        "no-auto-batching",
+        "subclass-getitem",
+        "plain-dataset",
+        "iterable",
+        "list",
+    ],
 )
 def test_what_cannot_be_proven_equivalent_takes_the_loader(kind):
     x, y = make_classification(n=64)
@@ -243,6 +252,8 @@ def test_what_cannot_be_proven_equivalent_takes_the_loader(kind):
         loader = _loader(collate_fn=lambda samples: torch.utils.data.default_collate(samples))
     elif kind == "workers":
         loader = _loader(num_workers=2)
+    elif kind == "timeout":  # a DataLoader refuses timeout= without workers when iterated: so must we
+        loader = _loader(timeout=5)
     elif kind == "no-auto-batching":
         loader = DataLoader(TensorDataset(x, y), batch_size=None)
     elif kind == "subclass-getitem":
