@@ -127,10 +127,9 @@ def tensor_source(dataset: Any) -> TensorSource | None:
 
 def _plain(dataset: Any, base: type) -> bool:
     """A subclass that changes neither how a sample nor how a batch is read."""
-    cls = type(dataset)
-    return cls.__getitem__ is base.__getitem__ and getattr(cls, "__getitems__", None) is getattr(
-        base, "__getitems__", None
-    )
+    cls: Any = type(dataset)
+    same_item = cls.__getitem__ is getattr(base, "__getitem__", None)
+    return same_item and getattr(cls, "__getitems__", None) is getattr(base, "__getitems__", None)
 
 
 def _loader_ok(loader: Any) -> bool:
@@ -149,13 +148,13 @@ def _loader_ok(loader: Any) -> bool:
     return not isinstance(dataset, pipes)
 
 
-def _in_range(loader: DataLoader) -> bool:
+def _in_range(loader: Any) -> bool:
     """True when the batch sampler can only yield indices in ``range(len(dataset))`` (stock samplers
     over this very dataset): then indices can be used on a GPU, where a bad one is not a clean error."""
     batch_sampler = loader.batch_sampler
     if type(batch_sampler) is not BatchSampler:
         return False
-    sampler = batch_sampler.sampler
+    sampler: Any = batch_sampler.sampler
     if type(sampler) in (SequentialSampler, RandomSampler):
         return sampler.data_source is loader.dataset
     if type(sampler) is DistributedSampler:
@@ -170,7 +169,7 @@ class BatchedFetch:
     ``_prefetch``); else ``read`` is the dataset's ``__getitems__`` + ``default_collate``.
     """
 
-    def __init__(self, loader: DataLoader, source: TensorSource | None) -> None:
+    def __init__(self, loader: Any, source: TensorSource | None) -> None:
         self.loader = loader
         self.source = source
         self.in_range = _in_range(loader)
