@@ -294,10 +294,11 @@ class Trainer(TrainerControl):
     # -- the three verbs -----------------------------------------------------------------------
     def fit(
         self,
-        data: Any,
+        data: Any = None,
         val_loader: Any = None,
         epochs: int = 1,
         *,
+        train_loader: Any = None,
         val_data: Any = None,
         batch_size: int | None = None,
         shuffle: bool | None = None,
@@ -313,6 +314,7 @@ class Trainer(TrainerControl):
                 (NumPy float64 becomes float32). Arrays are batched by a seeded, resumable DataLoader.
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
             epochs: total epochs (a resumed fit continues up to this number).
+            train_loader: the same as ``data``, by its former name (``fit(train_loader=loader)`` keeps working).
             val_data: validation arrays (or a loader); the same ``batch_size``, never shuffled.
             batch_size: the batch size for array data (required with arrays, refused with loaders).
             shuffle: shuffle training arrays each epoch (default True).
@@ -329,6 +331,11 @@ class Trainer(TrainerControl):
             >>> len(history.epochs), "val_loss" in history.epochs[-1]
             (2, True)
         """
+        if train_loader is not None and data is not None:
+            raise TypeError("fit() got the training data twice (data and train_loader=): pass it once.")
+        data = train_loader if data is None else data
+        if data is None:
+            raise TypeError("fit() needs training data: a DataLoader or list of batches, or arrays with batch_size=.")
         train_loader, val_loader = _arrays.fit_loaders(
             data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle
         )

@@ -229,6 +229,18 @@ def test_misuse_is_refused_with_the_fix(call, exc, pattern):
     assert all(torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
 
 
+def test_train_loader_keyword_still_works():
+    """``fit(train_loader=...)`` (the former name of ``data``; the panel passes it so) trains the same."""
+    a, b = model_fn(), model_fn()
+    ha = trainer_for(a).fit(train_loader=DataLoader(TensorDataset(X, Y), batch_size=8), epochs=2)
+    hb = trainer_for(b).fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=2)
+    assert same_weights(a, b) and rows(ha) == rows(hb)
+    with pytest.raises(TypeError, match="training data twice"):
+        trainer_for(model_fn()).fit([(X, Y)], train_loader=[(X, Y)])
+    with pytest.raises(TypeError, match="needs training data"):
+        trainer_for(model_fn()).fit()
+
+
 def test_a_list_of_batches_is_still_a_loader():
     """Only tuples and dicts of arrays are arrays: a list stays a sequence of ready batches."""
     model = model_fn()
