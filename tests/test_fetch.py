@@ -525,3 +525,17 @@ def test_prefetch_orders_copies_waits_and_record_stream(monkeypatch):
         "main.wait(side)", "record 2 on main", "record 2 on main",
         "step 2",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "pattern"),
+    [
+        ({"fast_fetch": "yes"}, TypeError, r"fast_fetch must be True or False, got 'yes'"),
+        ({"data_on_device": 1.5}, ValueError, r"data_on_device must be a fraction .* \[0, 1\] \(0: never"),
+        ({"data_on_device": True}, ValueError, r"data_on_device must be a fraction"),
+    ],
+)
+def test_data_options_are_checked_when_the_trainer_is_built(kw, exc, pattern):
+    net = model_fn()
+    with pytest.raises(exc, match=pattern):
+        Trainer(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), 0.1), progress=False, **kw)
