@@ -19,11 +19,13 @@ processes held the core; on CUDA it is host time).
 
     python bench/data_path.py --threads 1                   # CPU, every workload
     python bench/data_path.py --device cuda --rounds 9      # the GPU table
+    python bench/data_path.py --threads 1 --fetch-only      # only the batches: us per batch
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -170,6 +172,30 @@ VARIANTS: dict[str, Callable[[Workload, torch.device], tuple[float, float]]] = {
 }
 
 
+def fetch_only(rounds: int) -> None:
+    """Just the data: one epoch of batches of the tiny workloads' 8,192 x 32 tensors, per batch (the
+    fastest of ``rounds`` epochs, process CPU time): the loader's iterator vs the batched fetch vs only
+    iterating the batch sampler (the index lists both start from)."""
+    from nbtrainer._prefetch import DataPath
+
+    print("| batch | DataLoader us / batch | batched fetch us / batch | batch sampler alone us / batch |")
+    print("|---:|---:|---:|---:|")
+    for key in ("tiny32", "tiny256"):
+        w = workloads()[key]
+        loader = w.loader()
+        path = DataPath(loader, device=torch.device("cpu"), enabled=True, fraction=0.0)
+        cells = []
+        for source in (loader.__iter__, path.batches, loader.batch_sampler.__iter__):
+            best = math.inf
+            for _ in range(rounds + 1):
+                start = time.process_time()
+                for _batch in source():
+                    pass
+                best = min(best, time.process_time() - start)
+            cells.append(f"{best / len(loader) * 1e6:.1f}")
+        print(f"| {w.batch} | {' | '.join(cells)} |", flush=True)
+
+
 def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[tuple[float, float]]]:
     times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for n in names:  # warm-up (allocator, lazy imports, autograd caches)
@@ -188,9 +214,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--fetch-only", action="store_true", help="time only the batches (no training)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.fetch_only:
+        fetch_only(args.rounds)
+        return
     device = torch.device(args.device)
     names = ["hand", *[v for v in args.variants if v != "hand"]]
     print(
