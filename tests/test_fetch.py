@@ -426,7 +426,7 @@ def test_data_already_on_an_accelerator_is_sliced_there_only_with_in_range_indic
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _cuda_fit(fast, fraction, sampler="shuffle", epochs=2):
+def _cuda_fit(fast, fraction, sampler="shuffle", epochs=2, device="cuda"):
     x, y = make_classification(n=600, d=10)
     ds = TensorDataset(x, y)
     if sampler == "custom":
@@ -434,6 +434,12 @@ def _cuda_fit(fast, fraction, sampler="shuffle", epochs=2):
     else:
         loader = DataLoader(ds, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
     val = DataLoader(TensorDataset(*make_classification(n=100, seed=1)), batch_size=32)
+    modes = []
+
+    class Mode:
+        def on_fit_start(self, trainer):
+            modes.append(trainer._loop.train_data.mode)
+
     net = model_fn()
     trainer = Trainer(
         net,
@@ -442,17 +448,11 @@ def _cuda_fit(fast, fraction, sampler="shuffle", epochs=2):
         seed=0,
         deterministic=True,
         progress=False,
-        device="cuda",
+        device=device,
         fast_fetch=fast,
         data_on_device=fraction,
+        callbacks=[Mode()],
     )
-    modes = []
-
-    class Mode:
-        def on_fit_start(self, trainer):
-            modes.append(trainer._loop.train_data.mode)
-
-    trainer.callbacks.callbacks.append(Mode())
     history = trainer.fit(loader, val, epochs=epochs)
     weights = {k: v.detach().cpu().clone() for k, v in trainer.model_state_dict().items()}
     return weights, history, modes
