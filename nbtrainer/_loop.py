@@ -7,7 +7,11 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
 2. the end of each epoch: the same flush, torchmetrics' ``compute``, and validation's single read;
 3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step);
 4. the sampled step-time breakdown (every ``timing_every`` micro-batches, CUDA only: ``synchronize``
-   around the phases of that one step).
+   around the phases of that one step);
+5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
+
+The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
+are asynchronous (``_prefetch``'s docstring says how).
 
 Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
 learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).
@@ -27,6 +31,7 @@ import torch
 from nbtrainer._batch import batch_size_of, move_to_device
 from nbtrainer._memory import MemoryProbe
 from nbtrainer._metrics import exact_add
+from nbtrainer._prefetch import DataPath
 
 Tensor = torch.Tensor
 _PAIR = (tuple, list)
@@ -108,6 +113,11 @@ class FitLoop:
         self._step_times: dict[str, float] | None = None
         self.progress = trainer.progress
         self._memory = MemoryProbe(trainer.device)
+        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
+        # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
+        path = {"device": trainer.device, "enabled": trainer.fast_fetch, "fraction": trainer.data_on_device}
+        self.train_data = DataPath(train_loader, **path)
+        self.val_data = DataPath(val_loader, **path) if val_loader is not None else None
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -166,10 +176,8 @@ class FitLoop:
         self._epoch_start = time.perf_counter() - st.epoch_time
         cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
-        it: Iterator = iter(loader)
-        if resumed_mid_epoch:
-            for _ in range(st.batch):  # reproduce the data order; restore RNG afterwards
-                next(it)
+        # a resumed epoch skips the batches it already trained on (same data order); RNG restored afterwards
+        it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
         if t._pending_rng is not None:
             self._restore_rng()
 
@@ -441,7 +449,7 @@ class FitLoop:
         if self.val_loader is not None and epoch_no % t.val_every_n_epochs == 0:
             cb.call("on_validation_start", trainer=t)
             self.progress.stage = "val"
-            val_logs = t._evaluate(self.val_loader, prefix="val_")
+            val_logs = t._evaluate(self.val_data, prefix="val_")
             cb.call("on_validation_end", trainer=t, logs=val_logs)
             logs.update(val_logs)
         logs["time"] = epoch_time

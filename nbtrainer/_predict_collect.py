@@ -4,7 +4,7 @@ comes, then concatenated (ragged dimensions padded) or returned per batch.
 Per batch, in this order:
 
 1. the outputs: ``predict_step=fn(model, batch)``, else an overridden ``Trainer.predict_step``, else the
-   outputs of a customised ``compute_loss`` (it must return ``(loss, outputs, targets)``), else
+   outputs of a customised ``compute_loss`` when it returns ``(loss, outputs, targets)``, else
    ``Trainer.predict_step``: the model called on the batch as the batch protocol says (``_batch``);
 2. trimmed: of a mapping / dataclass output (Hugging Face ``ModelOutput``) the entries that grow with the
    data set and are rarely wanted are left out: ``loss`` (one per batch), ``past_key_values`` (the
@@ -194,11 +194,16 @@ def predict_outputs(trainer: Any, batch: Any) -> Any:
         result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
         if isinstance(result, tuple) and len(result) == 3:
             return result[1]
-        raise ValueError(
-            "compute_loss returned only a loss, so predict() has no outputs to return. Return "
-            "(loss, outputs, targets) from compute_loss, or pass predict_step=fn(model, batch) -> outputs "
-            "(or override Trainer.predict_step in a subclass)."
-        )
+        # Only a loss: the model is called on the batch as the protocol splits it (an autoencoder's x).
+        try:
+            return trainer.predict_step(batch)
+        except Exception as exc:
+            exc.add_note(
+                "compute_loss returned only a loss, so predict() called the model on the batch as the batch "
+                "protocol splits it, and that failed. Return (loss, outputs, targets) from compute_loss, or pass "
+                "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass)."
+            )
+            raise
     return trainer.predict_step(batch)
 
 

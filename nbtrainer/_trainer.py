@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbtrainer import _state, _validate
+from nbtrainer import _arrays, _state, _validate
 from nbtrainer._batch import BatchSpec
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -27,6 +27,7 @@ from nbtrainer._metrics import MetricSet
 from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._optim import move_optimizer_state
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
+from nbtrainer._prefetch import check_data_options
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
@@ -85,6 +86,13 @@ class Trainer(TrainerEval, TrainerControl):
         strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
             process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
             DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+        fast_fetch: fetch each batch of a ``DataLoader`` over in-memory data (``TensorDataset``, arrays,
+            ``Subset`` of them, a dataset with ``__getitems__``; ``num_workers=0``, default collate) with one
+            indexing call, same indices and order, bit-identical results. Anything else uses the loader as
+            it is. ``False``: always the loader's own iterator.
+        data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the
+            free device memory, and slice batches there; otherwise batches are gathered into pinned memory
+            and copied on a side stream one step ahead. ``0``: never copy the dataset.
 
     Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._batch``):
 
@@ -153,6 +161,8 @@ class Trainer(TrainerEval, TrainerControl):
         channels_last: bool = False,
         on_nonfinite: str = "raise",
         strategy: Any = "auto",
+        fast_fetch: bool = True,
+        data_on_device: float = 0.5,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -212,6 +222,7 @@ class Trainer(TrainerEval, TrainerControl):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
         if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
             raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+        check_data_options(fast_fetch, data_on_device)
         self.device = resolve_device(device)
         self.precision = require_precision(precision, self.device)
         self.model = model
@@ -233,6 +244,8 @@ class Trainer(TrainerEval, TrainerControl):
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
         self.non_blocking = non_blocking and self.device.type == "cuda"
+        self.fast_fetch = fast_fetch
+        self.data_on_device = float(data_on_device)
         self.scaler = make_scaler(self.precision, self.device)
         self._metric_spec = dict(metrics or {})
         self._train_metrics = MetricSet(self._metric_spec, self.device)
@@ -307,12 +320,15 @@ class Trainer(TrainerEval, TrainerControl):
             keys |= {"val_loss"} | {f"val_{n}" for n in names}
         return keys
 
-    def total_steps(self, train_loader: Any, epochs: int) -> int:
+    def total_steps(self, train_loader: Any, epochs: int, *, batch_size: int | None = None) -> int:
         """Optimizer steps of ``fit(train_loader, epochs=epochs)``: ``ceil(batches / accum) * epochs``.
+
+        ``train_loader`` may be arrays, as in :meth:`fit` (then with their ``batch_size``).
 
         Example:
             >>> # OneCycleLR(optimizer, max_lr=1e-2, total_steps=trainer.total_steps(loader, epochs=5))
         """
+        train_loader = _arrays.as_loader(train_loader, batch_size=batch_size)
         n = _safe_len(self.strategy.prepare_loader(train_loader, train=True))  # this rank's share under DDP
         if n is None:
             raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
@@ -321,10 +337,14 @@ class Trainer(TrainerEval, TrainerControl):
     # -- the three verbs -----------------------------------------------------------------------
     def fit(
         self,
-        train_loader: Iterable,
-        val_loader: Iterable | None = None,
+        data: Any = None,
+        val_loader: Any = None,
         epochs: int = 1,
         *,
+        train_loader: Any = None,
+        val_data: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
         max_steps: int | None = None,
         resume_from: str | None = None,
         profiler: Any = None,
@@ -332,15 +352,38 @@ class Trainer(TrainerEval, TrainerControl):
         """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
 
         Args:
-            train_loader: any iterable of batches (DataLoader, list...).
+            data: any iterable of batches (DataLoader, list...), or arrays like Keras: a tuple ``(x, y)`` /
+                ``(x1, x2, y)`` or a dict of tensors or NumPy arrays, or one array, with ``batch_size``
+                (NumPy float64 becomes float32). Arrays are batched by a seeded, resumable DataLoader.
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
             epochs: total epochs (a resumed fit continues up to this number).
+            train_loader: the same as ``data``, by its former name (``fit(train_loader=loader)`` keeps working).
+            val_data: validation arrays (or a loader); the same ``batch_size``, never shuffled.
+            batch_size: the batch size for array data (required with arrays, refused with loaders).
+            shuffle: shuffle training arrays each epoch (default True).
             max_steps: stop after this many optimizer steps in total.
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
+
+        Example:
+            >>> import torch
+            >>> model = torch.nn.Linear(3, 2)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", progress=False, seed=0)
+            >>> x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+            >>> history = trainer.fit((x, y), val_data=(x[:16], y[:16]), batch_size=16, epochs=2)
+            >>> len(history.epochs), "val_loss" in history.epochs[-1]
+            (2, True)
         """
         if self.optimizer is None:
             raise _validate.no_optimizer("fit")
+        if train_loader is not None and data is not None:
+            raise TypeError("fit() got the training data twice (data and train_loader=): pass it once.")
+        data = train_loader if data is None else data
+        if data is None:
+            raise TypeError("fit() needs training data: a DataLoader or list of batches, or arrays with batch_size=.")
+        train_loader, val_loader = _arrays.fit_loaders(
+            data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle
+        )
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from nbtrainer import _arrays
 from nbtrainer._batch import BatchSpec, batch_size_of, loss_from_outputs, move_to_device
 from nbtrainer._loop import _safe_len
 
@@ -34,11 +35,13 @@ class TrainerEval:
     _compute_loss_fn: Callable | None
     _predict_step_fn: Callable | None
     _autocast: Callable[[], Any]
+    fast_fetch: bool
 
-    def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
+    def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
         """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
 
         Runs in eval mode under ``torch.inference_mode`` and the trainer's precision; needs no optimizer.
+        ``loader`` may be arrays as in :meth:`fit` (``batch_size`` default 256).
 
         Example:
             >>> import torch
@@ -48,10 +51,11 @@ class TrainerEval:
             >>> sorted(trainer.evaluate([(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]))
             ['val_loss']
         """
+        loader = _arrays.eval_loader(loader, batch_size, name="evaluate() loader")
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        return self._evaluate(self.strategy.prepare_loader(loader, train=False), prefix=prefix)
+        return self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
 
     def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
         model, metrics = self.model, self._val_metrics
@@ -97,8 +101,9 @@ class TrainerEval:
 
     def predict(
         self,
-        loader: Iterable,
+        loader: Any,
         *,
+        batch_size: int | None = None,
         per_batch: bool = False,
         pad_index: float = -100,
         keep_dtype: bool = False,
@@ -112,7 +117,9 @@ class TrainerEval:
         trainer's precision.
 
         Args:
-            loader: any iterable of batches (targets, if present, are not needed by the default step).
+            loader: any iterable of batches (targets, if present, are not needed by the default step), or
+                arrays as in :meth:`fit` (``predict(x)`` for inputs only; ``batch_size`` default 256).
+            batch_size: the batch size when ``loader`` is arrays.
             per_batch: return a list with each batch's outputs instead of concatenating them.
             pad_index: fills the dimensions that vary between batches (sequence length under dynamic
                 padding) when concatenating, like Hugging Face's Trainer (-100).
@@ -138,6 +145,7 @@ class TrainerEval:
         """
         from nbtrainer._predict_collect import run_predict
 
+        loader = self._batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
         return run_predict(
             self,
@@ -148,6 +156,13 @@ class TrainerEval:
             keep=keep,
             to_cpu=to_cpu,
         )
+
+    def _batches(self, loader: Any) -> Any:
+        """``loader``'s batches by the fastest equivalent path (``_prefetch``); one pass of evaluate or
+        predict does not copy the dataset to the device (``fraction=0``)."""
+        from nbtrainer._prefetch import DataPath
+
+        return DataPath(loader, device=self.device, enabled=self.fast_fetch, fraction=0.0)
 
     # -- how a batch becomes a loss / outputs ----------------------------------------------------
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:

@@ -199,6 +199,21 @@ def test_resume_under_ddp_and_single_checkpoint_into_ddp(tmp_path):
     assert_same_logs(s0["epochs"][-1], ref3_history.epochs[-1])
 
 
+def test_batched_fetch_under_ddp_matches_the_per_sample_loader(tmp_path):
+    """Issue 14: under DDP the batched fetch reads the trainer's DistributedSampler exactly as the loader
+    does (set_epoch, shuffle, each rank's share), and arrays are sharded the same way."""
+    torchrun(tmp_path, "fetch", str(tmp_path))
+    logs, ws = results(tmp_path, "fetch"), weights(tmp_path, "fetch")
+    for rank in (0, 1):
+        w = ws[rank]
+        for key in w["fast"]:
+            assert torch.equal(w["fast"][key], w["per-sample"][key]), (rank, key)
+            assert torch.equal(w["fast"][key], w["arrays"][key]), (rank, key)
+        assert logs[rank]["fast"] == logs[rank]["per-sample"] == logs[rank]["arrays"]
+        assert logs[rank]["fast"]["batches"] == common.N_TRAIN // (2 * common.BATCH)  # this rank's share
+    assert all(torch.equal(ws[0]["fast"][k], ws[1]["fast"][k]) for k in ws[0]["fast"])
+
+
 LAUNCH_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     import nbtrainer

@@ -21,6 +21,7 @@ MODULES = [
     "nbtrainer._precision",
     "nbtrainer._events",
     "nbtrainer._format",
+    "nbtrainer._arrays",
 ]
 
 

@@ -81,8 +81,21 @@ def test_predict_step_function_and_override_win_and_need_no_targets():
 def test_compute_loss_returning_only_a_loss_explains_how_to_predict():
     model = mlp()
     trainer = Trainer(model, None, compute_loss=lambda m, b: _feature_loss(m, b)[0], progress=False)
-    with pytest.raises(ValueError, match=r"compute_loss returned only a loss.*predict_step=fn\(model, batch\)"):
+    # the default step calls model(**batch): Sequential takes no keywords, and the error says what to do
+    with pytest.raises(TypeError) as excinfo:
         trainer.predict(_feature_batches())
+    note = " ".join(getattr(excinfo.value, "__notes__", []))
+    assert "compute_loss returned only a loss" in note and "predict_step=fn(model, batch)" in note, note
+
+
+def test_compute_loss_returning_only_a_loss_predicts_with_the_model_when_the_batch_allows():
+    torch.manual_seed(0)
+    auto = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 10))  # an autoencoder: the batch is x
+    trainer = Trainer(auto, None, compute_loss=lambda m, b: nn.functional.mse_loss(m(b), b), progress=False)
+    x = X[:32]  # 10 features
+    out = trainer.predict([x[:16], x[16:]])
+    with torch.no_grad():
+        assert torch.equal(out, auto.eval()(x))
 
 
 # -- concatenation --------------------------------------------------------------------------------------------------

@@ -270,3 +270,71 @@ def test_resume_with_other_precision_is_refused(tmp_path):
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match=r"precision='fp32'.*precision='bf16-mixed'"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=path)
+
+
+# -- batched fetch (issue 14): a resume mid-epoch skips batches without fetching them ----------------------
+class _ItemsRows(torch.utils.data.Dataset):
+    """Map-style with ``__getitems__`` (the generic batched fetch)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices):
+        return [(self.x[i], self.y[i]) for i in indices]
+
+
+@pytest.mark.parametrize("kind", ["own-generator", "no-generator", "getitems", "subset-drop-last"])
+def test_fast_fetch_resume_mid_epoch_matches_the_per_sample_run(tmp_path, kind):
+    """Stopped after optimizer step 8 (mid-epoch 2 of 3), resumed from the checkpoint with the batched fetch:
+    bit-identical to an uninterrupted run on the loader's own per-sample iterator."""
+    x, y = make_classification(n=100)
+
+    def loader():
+        ds = torch.utils.data.TensorDataset(x, y)
+        if kind == "own-generator":
+            return make_loader(x, y, batch_size=16, shuffle=True, seed=4)
+        if kind == "getitems":
+            return torch.utils.data.DataLoader(_ItemsRows(x, y), batch_size=16, shuffle=True)
+        if kind == "subset-drop-last":
+            sub = torch.utils.data.Subset(ds, list(range(3, 97)))
+            return torch.utils.data.DataLoader(sub, batch_size=16, shuffle=True, drop_last=True)
+        return torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True)
+
+    class StopAt:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 8:
+                trainer.save_checkpoint(str(tmp_path / "mid.ckpt"))
+                trainer.request_stop("test")
+
+    def run(fast, seed=0, **kw):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(10, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+        )
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.Adam(model.parameters(), 1e-2),
+            seed=seed,
+            progress=False,
+            device="cpu",
+            grad_accum_steps=2,
+            fast_fetch=fast,
+            callbacks=kw.pop("callbacks", []),
+        )
+        history = trainer.fit(loader(), epochs=3, **kw)
+        return model, history
+
+    ref, h_ref = run(False)
+    _, h_stop = run(True, callbacks=[StopAt()])
+    assert h_stop.status == "stopped"
+    got, h_got = run(True, seed=9, resume_from=str(tmp_path / "mid.ckpt"))
+    assert all(torch.equal(p, q) for p, q in zip(ref.parameters(), got.parameters(), strict=True)), kind
+    assert h_ref.steps == h_got.steps
+    assert [r["loss"] for r in h_ref.epochs] == [r["loss"] for r in h_got.epochs]

@@ -30,8 +30,19 @@ def count_reads(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("precision,accum", [("fp32", 1), ("bf16-mixed", 3)])
-def test_reads_do_not_grow_with_steps(count_reads, precision, accum):
+# data: "loader" is a DataLoader over a TensorDataset (the batched fetch), "per-sample" the same with
+# fast_fetch=False (the loader's own iterator), "arrays" fit((x, y), batch_size=16), "subset" a Subset of it.
+@pytest.mark.parametrize(
+    "precision,accum,data",
+    [
+        ("fp32", 1, "loader"),
+        ("bf16-mixed", 3, "loader"),
+        ("fp32", 1, "per-sample"),
+        ("fp32", 2, "arrays"),
+        ("fp32", 1, "subset"),
+    ],
+)
+def test_reads_do_not_grow_with_steps(count_reads, precision, accum, data):
     totals = []
     for n_batches in (10, 80):
         x, y = make_classification(n=16 * n_batches)
@@ -46,10 +57,53 @@ def test_reads_do_not_grow_with_steps(count_reads, precision, accum):
             max_grad_norm=1.0,
             progress=True,
             refresh_interval=3600.0,
+            fast_fetch=data != "per-sample",
         )
         loader = make_loader(x, y, batch_size=16, shuffle=True)
+        if data == "subset":
+            sub = torch.utils.data.Subset(loader.dataset, list(range(len(x) - 1, -1, -1)))
+            loader = torch.utils.data.DataLoader(sub, batch_size=16, shuffle=True)
         count_reads["n"] = 0
-        trainer.fit(loader, loader, epochs=2)
+        if data == "arrays":
+            trainer.fit((x, y), val_data=(x, y), batch_size=16, epochs=2)
+        else:
+            trainer.fit(loader, loader, epochs=2)
         totals.append(count_reads["n"])
     assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"
     assert totals[0] <= 15 * 2  # per-epoch reads (DataLoader seeds/indices on CPU, flushes, validation)
+
+
+# -- on CUDA: the device-resident and the pinned + prefetched paths (issue 14) ---------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("data_on_device", [0.5, 0.0])
+def test_cuda_data_paths_add_no_sync_per_step(data_on_device):
+    """CUDA's own sync detector: the syncs of a fit of 10 and of 80 batches are as many (host reads at the
+    refresh and epoch ends only), with the data copied to the GPU once (0.5) or prefetched (0.0)."""
+    import warnings
+
+    counts = []
+    for n_batches in (10, 80):
+        x, y = make_classification(n=16 * n_batches)
+        model = mlp()
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            progress=False,
+            refresh_interval=3600.0,
+            timing_every=0,
+            device="cuda",
+            data_on_device=data_on_device,
+        )
+        loader = make_loader(x, y, batch_size=16, shuffle=True)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.fit(loader, epochs=2)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    assert counts[0] == counts[1], f"syncs grew with the number of steps: {counts}"

@@ -242,9 +242,35 @@ def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
     dump(out, "from_single", {"epochs": hd.epochs, "status": hd.status}, cpu_state(d))
 
 
+def scenario_fetch(out: str) -> None:
+    """The batched fetch under DDP (issue 14): the trainer's DistributedSampler read by the batched fetch,
+    the loader's own per-sample iterator, and fit((x, y), batch_size=...): the same weights on each rank."""
+    weights, logs = {}, {}
+    train_ds, val_ds = common.train_set(), common.val_set()
+    for mode in ("fast", "per-sample", "arrays"):
+        model = common.make_model(0, dropout=0.2)  # dropout: any RNG draw made differently shows
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            common.sgd(model),
+            seed=common.SAMPLER_SEED,
+            progress=False,
+            fast_fetch=mode != "per-sample",
+        )
+        if mode == "arrays":
+            history = trainer.fit(train_ds.tensors, val_data=val_ds.tensors, batch_size=common.BATCH, epochs=3)
+        else:
+            train, val = common.ddp_loaders()
+            history = trainer.fit(train, val, epochs=3)
+        weights[mode] = cpu_state(trainer)
+        logs[mode] = {"loss": [r["loss"] for r in history.epochs], "batches": trainer.progress.batches}
+    dump(out, "fetch", logs, weights)
+
+
 def main() -> None:
     name, out, *args = sys.argv[1:]
-    {"parity": scenario_parity, "stop": scenario_stop, "resume": scenario_resume}[name](out, *args)
+    scenarios = {"parity": scenario_parity, "stop": scenario_stop, "resume": scenario_resume, "fetch": scenario_fetch}
+    scenarios[name](out, *args)
     dist.barrier()
 
 

@@ -1,0 +1,221 @@
+"""Arrays like Keras: ``fit((X, y), batch_size=32)`` with tensors or NumPy arrays, as a real DataLoader.
+
+``fit``, ``evaluate``, ``predict`` and ``total_steps`` accept, instead of a loader:
+
+* a tuple of arrays ``(x, y)`` / ``(x1, x2, y)``: batches are lists ``[xb, yb]``, as a
+  ``DataLoader(TensorDataset(x, y))`` yields them (the last element is the target, see ``_batch``);
+* a dict of arrays ``{"input_ids": ..., "labels": ...}``: dict batches (``model(**inputs)``, targets from
+  ``labels`` / ``target_keys``);
+* one array ``x``: inputs-only batches (``predict(x)``, or ``compute_loss=``).
+
+Arrays are ``torch.Tensor``, ``numpy.ndarray`` or anything with ``__array__`` (a pandas frame), all with
+one row per sample. NumPy ``float64`` becomes ``float32`` (torch's default dtype; a float64 array is
+almost always NumPy's default, not a choice); every other dtype and every tensor is kept as given.
+The data becomes ``DataLoader(ArrayDataset(...), batch_size, shuffle)``, so shuffling is seeded by the
+Trainer, resumes exactly, is sharded under DDP, and goes through the batched fetch (``_fetch``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["ArrayDataset", "as_loader", "describe", "eval_loader", "fit_loaders", "is_array_data"]
+
+Tensor = torch.Tensor
+EVAL_BATCH_SIZE = 256  # evaluate / predict on arrays without batch_size= (no gradients: larger is fine)
+
+
+def _is_array(obj: Any) -> bool:
+    if isinstance(obj, Tensor):
+        return True
+    np = sys.modules.get("numpy")  # no ndarray can exist unless numpy is imported
+    if np is not None and isinstance(obj, np.ndarray):
+        return True
+    return hasattr(obj, "__array__") and not isinstance(obj, (str, bytes, type))
+
+
+def is_array_data(obj: Any) -> bool:
+    """True for one array, a tuple of arrays or a dict of arrays (not a list: a list is a list of batches)."""
+    if _is_array(obj):
+        return True
+    if type(obj) is tuple:
+        return len(obj) > 0 and all(_is_array(a) for a in obj)
+    if isinstance(obj, Mapping):
+        return len(obj) > 0 and all(isinstance(k, str) and _is_array(v) for k, v in obj.items())
+    return False
+
+
+def describe(obj: Any) -> str:
+    """'a tuple of 2 arrays' etc., for error messages."""
+    if type(obj) is tuple:
+        return f"a tuple of {len(obj)} arrays"
+    if isinstance(obj, Mapping):
+        return f"a dict of arrays {list(obj)}"
+    return f"an array ({type(obj).__name__})"
+
+
+def _to_tensor(name: str, value: Any) -> Tensor:
+    if isinstance(value, Tensor):
+        tensor = value.detach()
+    else:
+        import numpy as np
+
+        array = np.asarray(value)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        elif not array.flags.writeable:  # torch.from_numpy warns on read-only memory
+            array = array.copy()
+        try:
+            tensor = torch.from_numpy(array)
+        except TypeError as exc:
+            raise TypeError(
+                f"{name} has dtype {array.dtype}, which torch cannot hold ({exc}). Convert it to a numeric "
+                f"dtype first, e.g. np.asarray({name.split()[-1]}, dtype=np.float32)."
+            ) from None
+    if tensor.ndim == 0:
+        raise ValueError(
+            f"{name} is 0-dimensional (a single number); arrays need one row per sample along the first dimension."
+        )
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+class ArrayDataset(torch.utils.data.Dataset):
+    """Rows of equal-length tensors, kept as one tuple / dict / tensor (the batched fetch slices them).
+
+    ``dataset[i]`` gives one sample (what a DataLoader with ``fast_fetch=False`` collates), so both paths
+    yield the same batches.
+
+    Example:
+        >>> import torch
+        >>> ds = ArrayDataset((torch.arange(6).reshape(3, 2), torch.tensor([0, 1, 0])))
+        >>> len(ds), ds[1]
+        (3, (tensor([2, 3]), tensor(1)))
+    """
+
+    def __init__(self, data: Any) -> None:
+        if type(data) is tuple:
+            self.keys: tuple[str, ...] | None = None
+            self.single = False
+            named = [(f"array {i} of the tuple", a) for i, a in enumerate(data)]
+        elif isinstance(data, Mapping):
+            self.keys = tuple(data)
+            self.single = False
+            named = [(f"array {k!r}", data[k]) for k in self.keys]
+        else:
+            self.keys, self.single = None, True
+            named = [("the array", data)]
+        self.tensors = [_to_tensor(name, value) for name, value in named]
+        lengths = {name: t.shape[0] for (name, _), t in zip(named, self.tensors, strict=True)}
+        if len(set(lengths.values())) > 1:
+            listed = ", ".join(f"{name}: {n}" for name, n in lengths.items())
+            raise ValueError(
+                f"The arrays have different numbers of rows ({listed}). Pass inputs and targets with one "
+                "row per sample (the same length along the first dimension)."
+            )
+        self.length = int(self.tensors[0].shape[0])
+        if self.length == 0:
+            raise ValueError("The arrays are empty (0 rows): pass at least one sample.")
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        rows = [t[index] for t in self.tensors]
+        if self.single:
+            return rows[0]
+        if self.keys is not None:
+            return dict(zip(self.keys, rows, strict=True))
+        return tuple(rows)
+
+    def assemble(self, parts: list[Tensor]) -> Any:
+        """A batch from its sliced tensors, shaped as ``default_collate`` shapes this dataset's samples."""
+        if self.single:
+            return parts[0]
+        if self.keys is not None:
+            return dict(zip(self.keys, parts, strict=True))
+        return parts  # default_collate turns tuples of samples into a list
+
+
+def as_loader(
+    data: Any,
+    *,
+    batch_size: int | None,
+    shuffle: bool | None = None,
+    default_shuffle: bool = False,
+    name: str = "train_loader",
+) -> Any:
+    """``data`` itself when it is not array data; else a ``DataLoader`` over it (checked first).
+
+    ``name`` names the argument in errors (``"train_loader"``, ``"val_data"``...).
+
+    Example:
+        >>> import torch
+        >>> loader = as_loader((torch.randn(10, 3), torch.zeros(10)), batch_size=4)
+        >>> [len(xb) for xb, yb in loader]
+        [4, 4, 2]
+    """
+    if not is_array_data(data):
+        return data
+    if batch_size is None:
+        if _is_array(data):  # most likely a loader was meant
+            kind = "tensor" if isinstance(data, Tensor) else type(data).__name__
+            raise TypeError(
+                f"{name} is a {kind}, not a loader (iterating it would yield single rows). Pass batch_size= to "
+                "train on arrays, e.g. fit((x, y), batch_size=32), or wrap the data: "
+                "DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)."
+            )
+        raise TypeError(
+            f"{name} is {describe(data)} but no batch_size was given: pass batch_size= (e.g. "
+            "fit((x, y), batch_size=32)), or a DataLoader. (For a sequence of ready batches, pass a list.)"
+        )
+    check_batch_size(batch_size)
+    if shuffle is not None and not isinstance(shuffle, bool):
+        raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
+    dataset = ArrayDataset(data)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=default_shuffle if shuffle is None else shuffle
+    )
+
+
+def fit_loaders(
+    data: Any, val_loader: Any, *, val_data: Any, batch_size: int | None, shuffle: bool | None
+) -> tuple[Any, Any]:
+    """``fit``'s training and validation loaders from what was passed (arrays become DataLoaders)."""
+    if val_data is not None and val_loader is not None:
+        raise TypeError("fit() got both val_loader and val_data: pass one of them (val_data= for arrays).")
+    val = val_data if val_data is not None else val_loader
+    val_name = "val_data" if val_data is not None else "val_loader"
+    train_arrays, val_arrays = is_array_data(data), val is not None and is_array_data(val)
+    if batch_size is not None and not (train_arrays or val_arrays):
+        raise TypeError(
+            f"batch_size={batch_size!r} applies to array data (a tuple or dict of tensors / NumPy arrays), but "
+            f"fit() got loaders ({type(data).__name__}), which batch themselves. Drop batch_size=, or pass arrays."
+        )
+    if shuffle is not None and not train_arrays:
+        raise TypeError(
+            f"shuffle={shuffle!r} applies to training arrays, but fit() got a {type(data).__name__}. "
+            "Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass arrays."
+        )
+    train = as_loader(data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader")
+    if val is not None:
+        val = as_loader(val, batch_size=batch_size, default_shuffle=False, name=val_name)
+    return train, val
+
+
+def eval_loader(data: Any, batch_size: int | None, *, name: str) -> Any:
+    """``evaluate`` / ``predict``: arrays become a loader in order (``batch_size`` default 256)."""
+    if batch_size is not None and not is_array_data(data):
+        raise TypeError(
+            f"batch_size={batch_size!r} applies to array data, but the {name} is a {type(data).__name__}, "
+            "which batches itself. Drop batch_size=, or pass arrays."
+        )
+    return as_loader(data, batch_size=EVAL_BATCH_SIZE if batch_size is None else batch_size, name=name)
+
+
+def check_batch_size(batch_size: Any) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
