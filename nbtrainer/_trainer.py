@@ -26,6 +26,7 @@ from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._metrics import MetricSet
 from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
+from nbtrainer._progress import ProgressBar, progress_callback, start_progress
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
@@ -54,7 +55,9 @@ class Trainer(TrainerControl):
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         seed: seed everything at the start of ``fit``.
         deterministic: deterministic algorithms and seeded data order.
-        progress: tqdm bars (notebook or console, picked at run time).
+        progress: ``True`` / ``"auto"``: a :class:`~nbtrainer.ProgressBar` that picks at run time (notebook
+            bars, console bars on a terminal, plain epoch lines when the output is a file or pipe);
+            ``"bars"`` or ``"lines"`` to force one; a ``ProgressBar(...)`` of your own; ``False``: none.
         num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last).
         target_keys: keys of a dict batch that hold targets.
         compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch
@@ -107,7 +110,7 @@ class Trainer(TrainerControl):
         device: str | torch.device = "auto",
         seed: int | None = None,
         deterministic: bool = False,
-        progress: bool = True,
+        progress: bool | str | ProgressBar = True,
         num_inputs: int | None = None,
         target_keys: Sequence[str] | str | None = None,
         compute_loss: Callable | None = None,
@@ -200,10 +203,8 @@ class Trainer(TrainerControl):
         self._val_metrics = self._train_metrics.clone(self.device)
         self.history = History()
         user_callbacks = list(callbacks)
-        if progress:
-            from nbtrainer._progress import ProgressBar
-
-            user_callbacks.append(ProgressBar())
+        if progress is not False and progress is not None:
+            user_callbacks.append(progress_callback(progress))
         self._recorder = HistoryRecorder(self.history)
         self.callbacks = CallbackList([self._recorder, *user_callbacks])
         self.progress = Progress()
@@ -292,7 +293,11 @@ class Trainer(TrainerControl):
             train_loader: any iterable of batches (DataLoader, list...).
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
             epochs: total epochs (a resumed fit continues up to this number).
-            max_steps: stop after this many optimizer steps in total.
+            max_steps: end after this many optimizer steps in total (counted from the start of the run,
+                also across resumes). Reaching it is a planned end: status ``"finished"``, with
+                ``history.stop_reason`` saying ``max_steps=N reached``. ``Progress.epochs`` and the epoch
+                bar count the epochs it reaches; an epoch it cuts short has its steps in ``history.steps``
+                but no row in ``history.epochs`` (so a resume continues it exactly).
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
         """
@@ -332,13 +337,7 @@ class Trainer(TrainerControl):
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
-        self.progress = Progress(
-            epochs=epochs,
-            epoch=self._state.epoch + 1,
-            batches=n,
-            total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
-            grad_accum_steps=self.grad_accum_steps,
-        )
+        self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
         loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
         self._loop = loop
         self._fit_thread = threading.get_ident()
