@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbtrainer import _state, _validate
+from nbtrainer import _continue, _state, _validate
 from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -292,13 +292,15 @@ class Trainer(TrainerControl):
         Args:
             train_loader: any iterable of batches (DataLoader, list...).
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
-            epochs: total epochs (a resumed fit continues up to this number).
+            epochs: total epochs (a resumed fit continues up to this number; to train N *more* epochs
+                with a fresh LR schedule, use :meth:`fit_more`).
             max_steps: end after this many optimizer steps in total (counted from the start of the run,
                 also across resumes). Reaching it is a planned end: status ``"finished"``, with
                 ``history.stop_reason`` saying ``max_steps=N reached``. ``Progress.epochs`` and the epoch
                 bar count the epochs it reaches; an epoch it cuts short has its steps in ``history.steps``
                 but no row in ``history.epochs`` (so a resume continues it exactly).
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
+                A saved OneCycleLR too short for ``epochs`` is refused before anything is loaded.
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
         """
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -319,9 +321,11 @@ class Trainer(TrainerControl):
         _validate.check_fit(self, train_loader, val_loader, epochs, max_steps, resume_from is not None)
         self._control.reset()
         self._nonfinite.reset()
+        plan = _continue.Plan(train_loader, epochs, max_steps)
         if resume_from is not None:
-            _state.resume(self, resume_from)
+            _state.resume(self, resume_from, plan=plan)  # refuses a saved schedule too short for this fit
         else:
+            _continue.check_schedule(self, plan)  # e.g. a OneCycleLR a previous fit used up
             self._pending_rng = None
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -375,6 +379,64 @@ class Trainer(TrainerControl):
             raise
         self._end_fit()
         return self.history
+
+    def fit_more(
+        self,
+        train_loader: Iterable,
+        val_loader: Iterable | None = None,
+        *,
+        epochs: int,
+        resume_from: str | None = None,
+        scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
+        max_steps: int | None = None,
+        profiler: Any = None,
+    ) -> History:
+        """Continue a run for ``epochs`` more epochs: after a finished or stopped ``fit`` of this trainer, or
+        from a checkpoint (``resume_from=path | "last"``), optionally with a fresh LR schedule for them.
+
+        Epoch numbers, the global step and the History continue (the History gets a ``fit_more`` event
+        where the extension starts); a run stopped mid-epoch first finishes that epoch, which counts as
+        the first of the ``epochs`` more.
+
+        Args:
+            train_loader / val_loader: as for :meth:`fit`.
+            epochs: how many epochs *more* (the run ends at epochs done + ``epochs``).
+            resume_from: a checkpoint of the run to continue (default: this trainer's own state).
+            scheduler: ``"keep"`` (default) continues the run's scheduler, refused before any step when it
+                cannot cover the extension (a OneCycleLR ends where it was built to end); a function
+                ``fn(optimizer, total_steps) -> scheduler`` builds a fresh one for the extension, called
+                after the state is loaded with the extension's optimizer steps (epochs when
+                ``scheduler_interval="epoch"``) and the optimizer's LRs back at the run's reference LR
+                (OneCycle's ``max_lr``, else where the old schedule started); ``None``: no schedule, that
+                reference LR constant.
+            max_steps: optimizer steps of the extension at most.
+            profiler: as for :meth:`fit`.
+
+        Example:
+            >>> import torch
+            >>> from torch.optim.lr_scheduler import OneCycleLR
+            >>> model = torch.nn.Linear(3, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+            >>> trainer = Trainer(model, torch.nn.MSELoss(), opt, progress=False, seed=0)
+            >>> trainer.set_scheduler(OneCycleLR(opt, max_lr=0.1, total_steps=trainer.total_steps(data, 2)))
+            >>> len(trainer.fit(data, epochs=2))
+            2
+            >>> more = trainer.fit_more(data, epochs=3,  # epochs 3-5, on a fresh one-cycle of their own
+            ...     scheduler=lambda optimizer, steps: OneCycleLR(optimizer, max_lr=0.05, total_steps=steps))
+            >>> [row["epoch"] for row in more], more.status
+            ([1, 2, 3, 4, 5], 'finished')
+        """
+        return _continue.fit_more(
+            self,
+            train_loader,
+            val_loader,
+            epochs=epochs,
+            resume_from=resume_from,
+            scheduler=scheduler,
+            max_steps=max_steps,
+            profiler=profiler,
+        )
 
     def _end_fit(self) -> None:
         if self._loop is not None:
