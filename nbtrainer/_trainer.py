@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbtrainer import _continue, _state, _validate
+from nbtrainer import _continue, _oom, _state, _validate
 from nbtrainer._batch import BatchSpec, concat_outputs, loss_from_outputs, move_to_device
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -372,6 +372,7 @@ class Trainer(TrainerControl):
             self.history.stop_reason = f"{type(exc).__name__}: {exc}"
             self.history.status = "failed"
             self.optimizer.zero_grad(set_to_none=True)
+            _oom.handle(self, exc, "fit")  # out of memory: free the step's tensors, advice in the message
             try:
                 self.callbacks.call("on_exception", trainer=self, exception=exc)
             finally:
@@ -456,6 +457,7 @@ class Trainer(TrainerControl):
             Trainer._active.discard(self)
             self.strategy.barrier()
 
+    @_oom.on_oom("evaluate")
     def evaluate(self, loader: Iterable, *, prefix: str = "val_") -> dict[str, float]:
         """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``)."""
         if _safe_len(loader) == 0:
@@ -507,6 +509,7 @@ class Trainer(TrainerControl):
         metrics.reset()
         return out
 
+    @_oom.on_oom("predict")
     def predict(self, loader: Iterable) -> Any:
         """Model outputs for the whole loader, on the CPU, concatenated (tuples/dicts kept as such)."""
         model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
