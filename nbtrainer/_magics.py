@@ -11,7 +11,9 @@ Subcommands (``%nbtrainer help`` prints every usage):
     ``nbtrainer.profile_model`` on a model of the namespace, shown as a ``ProfileCard``; the profile is
     stored as ``_nbt_profile``.
 ``train MODEL CRITERION OPTIMIZER TRAIN_LOADER [VAL_LOADER] [--epochs N] [--precision P] [--accum K] [--metrics VAR]``
-    builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``.
+    builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``. In terminal
+    IPython (no front end for a panel) it trains in the foreground with console progress instead; the
+    trainer and the history are stored as ``_nbt_trainer`` and ``_nbt_history``.
 ``compare MAKE_MODEL MAKE_OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
     ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
     or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. With ipywidgets and
@@ -338,6 +340,10 @@ class NbtrainerMagics(Magics):
         val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
         metrics = self._lookup(args.metrics, "--metrics") if args.metrics else None
 
+        from nbtrainer._frontend import in_notebook
+
+        if not in_notebook():
+            return self._train_here(args, model, criterion, optimizer, train_loader, val_loader, precision, metrics)
         from nbtrainer import TrainerWidget
 
         widget = TrainerWidget(
@@ -353,6 +359,36 @@ class NbtrainerMagics(Magics):
         )
         self.shell.user_ns["_nbt_widget"] = widget
         self._display(widget)
+        return None
+
+    def _train_here(
+        self,
+        args: Any,
+        model: Any,
+        criterion: Any,
+        optimizer: Any,
+        train_loader: Any,
+        val_loader: Any,
+        precision: str,
+        metrics: Any,
+    ) -> None:
+        """Terminal IPython: no front end can show the panel, so train in the foreground with console
+        progress (Ctrl-C stops at the next step and keeps the history)."""
+        import sys
+
+        from nbtrainer import Trainer
+
+        trainer = Trainer(
+            model, criterion, optimizer, precision=precision, grad_accum_steps=args.accum, metrics=metrics
+        )
+        self.shell.user_ns["_nbt_trainer"] = trainer
+        print(
+            "nbtrainer: no notebook front end here, so training runs in the foreground with console progress "
+            "(trainer: _nbt_trainer, history: _nbt_history).",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.shell.user_ns["_nbt_history"] = trainer.fit(train_loader, val_loader, epochs=args.epochs)
         return None
 
     def _cmd_compare(self, args: Any) -> None:
