@@ -179,7 +179,7 @@ class CSVLogger(Callback):
 
         with open(self.steps_path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
-        kept = [rows[0]] + [r for r in rows[1:] if r and _int(r[0]) is not None and _int(r[0]) <= last]
+        kept = rows[:1] + [r for r in rows[1:] if r and _step(r[0]) <= last]
         buf = io.StringIO()
         csv.writer(buf).writerows(kept)
         atomic_write_bytes(self.steps_path, buf.getvalue().encode())
@@ -229,8 +229,9 @@ class CSVLogger(Callback):
         atomic_write_bytes(path, buf.getvalue().encode())
 
 
-def _int(text: str) -> int | None:
+def _step(text: str) -> float:
+    """A row's step; a damaged row (a half line of a killed run) sorts after every checkpoint."""
     try:
         return int(text)
     except ValueError:
-        return None
+        return math.inf

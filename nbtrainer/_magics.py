@@ -381,14 +381,15 @@ class NbtrainerMagics(Magics):
         trainer = Trainer(
             model, criterion, optimizer, precision=precision, grad_accum_steps=args.accum, metrics=metrics
         )
-        self.shell.user_ns["_nbt_trainer"] = trainer
+        ns: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
+        ns["_nbt_trainer"] = trainer
         print(
             "nbtrainer: no notebook front end here, so training runs in the foreground with console progress "
             "(trainer: _nbt_trainer, history: _nbt_history).",
             file=sys.stderr,
             flush=True,
         )
-        self.shell.user_ns["_nbt_history"] = trainer.fit(train_loader, val_loader, epochs=args.epochs)
+        ns["_nbt_history"] = trainer.fit(train_loader, val_loader, epochs=args.epochs)
         return None
 
     def _cmd_compare(self, args: Any) -> None:

@@ -301,6 +301,7 @@ def start_progress(state: Any, n: int | None, accum: int, epochs: int, max_steps
 
 
 def progress_callback(progress: Any) -> ProgressBar:
+    """The ProgressBar for ``Trainer(progress=...)``: ``True``, ``"auto"``, ``"bars"``, ``"lines"`` or your own."""
     if isinstance(progress, ProgressBar):
         return progress
     if progress is True:

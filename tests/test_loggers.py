@@ -129,6 +129,8 @@ def test_csv_logger_resume_drops_rows_after_the_checkpoint(tmp_path):
     first.fit(train, epochs=2)
     first.save_checkpoint(ckpt)
     first.fit_more(train, epochs=1)
+    with open(tmp_path / "csv" / "steps.csv", "a") as fh:
+        fh.write("16,4,0.")  # a half-written last row of a killed run
     logger = CSVLogger(tmp_path / "csv")
     h = _trainer([logger], seed=3).fit(train, epochs=3, resume_from=ckpt)
     steps = _read(logger.steps_path)
