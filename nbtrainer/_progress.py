@@ -69,14 +69,21 @@ def format_value(key: str, value: Any) -> str:
     return format_number(value)
 
 
+# Shown after the values a reader looks for first (loss, metrics, validation), in this order.
+_TRAILING = ("lr", "time", "samples_per_s", "steps", "skipped_steps")
+
+
 def format_logs(logs: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) -> str:
-    """``key=value`` pairs separated by two spaces, every value through :func:`format_value`.
+    """``key=value`` pairs separated by two spaces, every value through :func:`format_value`; loss, metrics
+    and validation values first, then the LR and the bookkeeping (time, samples/s, steps).
 
     Example:
-        >>> format_logs({"epoch": 2, "loss": 0.5, "lr": 1e-3, "steps": 12000})
-        'loss=0.5  lr=1.00e-3  steps=12,000'
+        >>> format_logs({"epoch": 2, "lr": 1e-3, "loss": 0.5, "val_loss": 0.61, "steps": 12000})
+        'loss=0.5  val_loss=0.61  lr=1.00e-3  steps=12,000'
     """
-    return "  ".join(f"{k}={format_value(k, v)}" for k, v in logs.items() if k not in skip)
+    keys = [k for k in logs if k not in skip]
+    keys.sort(key=lambda k: _TRAILING.index(k) + 1 if k in _TRAILING else 0)  # stable: the rest keep their order
+    return "  ".join(f"{k}={format_value(k, logs[k])}" for k in keys)
 
 
 def _is_tty(stream: Any) -> bool:

@@ -92,6 +92,6 @@ def test_checkpoint_command_says_where_a_run_stands(tmp_path):
     out = proc.stdout
     assert "position   2 epoch(s) complete, step 8" in out
     assert "OneCycleLR: 0 of total_steps=8 left" in out and "fit_more" in out
-    assert "last epoch 2: lr=" in out
+    assert "last epoch 2: loss=" in out and "lr=" in out
     proc = _run("checkpoint", str(tmp_path / "missing.ckpt"))
     assert proc.returncode == 1 and "missing.ckpt" in proc.stderr
