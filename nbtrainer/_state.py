@@ -172,6 +172,7 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool =
             f"The checkpoint was written with the scheduler {saved_sched}, this trainer has "
             f"{type(trainer.scheduler).__name__}. Configure the scheduler as in the original run."
         )
+    _check_metrics(trainer, ckpt.get("metrics") or {})
     saved_precision = config.get("precision")
     if saved_precision is not None and saved_precision != trainer.precision:
         raise CheckpointError(
@@ -179,6 +180,20 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool =
             f"precision={trainer.precision!r}: the run would not continue as it was (GradScaler "
             f"state, numerics). Create the Trainer with precision={saved_precision!r}, or load "
             "only the weights with trainer.load_model_state_dict(ckpt['model'])."
+        )
+
+
+def _check_metrics(trainer: Any, saved: dict[str, Any]) -> None:
+    """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
+    metrics = trainer._train_metrics
+    own_sums = sorted(n for n, _ in metrics.callables)
+    own_tm = sorted(n for n, m in metrics.torchmetrics if hasattr(m, "metric_state"))
+    saved_sums, saved_tm = sorted(saved.get("sums", {})), sorted(saved.get("torchmetrics", {}))
+    if saved_sums != own_sums or saved_tm != own_tm:
+        raise CheckpointError(
+            f"The checkpoint's run had the metrics {saved_sums + saved_tm}, this trainer has {own_sums + own_tm}: "
+            "its running sums would not fit. Create the Trainer with the same metrics= as the run that wrote the "
+            "checkpoint, or load only the weights with trainer.load_model_state_dict(ckpt['model'])."
         )
 
 

@@ -270,3 +270,31 @@ def test_resume_with_other_precision_is_refused(tmp_path):
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match=r"precision='fp32'.*precision='bf16-mixed'"):
         trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=path)
+
+
+def test_resume_with_other_metrics_is_refused(tmp_path):
+    x, y = make_classification(n=32)
+    loader = make_loader(x, y, batch_size=16)
+
+    def trainer(metrics):
+        model = mlp()
+        return Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.Adam(model.parameters()),
+            metrics=metrics,
+            progress=False,
+            device="cpu",
+        )
+
+    acc = {"acc": lambda o, t: (o.argmax(1) == t).float().mean()}
+    path = str(tmp_path / "run.ckpt")
+    first = trainer(acc)
+    first.fit(loader, epochs=1)
+    first.save_checkpoint(path)
+    other = trainer(None)
+    before = [p.detach().clone() for p in other.model.parameters()]
+    with pytest.raises(CheckpointError, match=r"had the metrics \['acc'\], this trainer has \[\]"):
+        other.fit(loader, epochs=2, resume_from=path)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.model.parameters(), strict=True))
+    assert trainer(acc).fit(loader, epochs=2, resume_from=path).status == "finished"
