@@ -119,7 +119,9 @@ def run_nbtrainer(w: Workload, device: torch.device) -> float:
 
     model, opt, crit = w.fresh()
     with open(os.devnull, "w") as sink:
-        trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[ProgressBar(file=sink)])
+        trainer = Trainer(
+            model, crit, opt, device=device, progress=False, callbacks=[ProgressBar(file=sink, mode="bars")]
+        )
         start = time.perf_counter()
         trainer.fit(w.data, epochs=1)
         return time.perf_counter() - start

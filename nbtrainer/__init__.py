@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "ModelCheckpoint": "nbtrainer._checkpoint_cb",
     "LRMonitor": "nbtrainer._callbacks",
     "ProgressBar": "nbtrainer._progress",
+    "TensorBoardLogger": "nbtrainer._loggers",
+    "CSVLogger": "nbtrainer._loggers",
     "Progress": "nbtrainer._events",
     "EVENTS": "nbtrainer._events",
     "seed_everything": "nbtrainer._seed",
@@ -61,6 +63,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "DDP",
     "EVENTS",
+    "CSVLogger",
     "Callback",
     "CheckpointError",
     "CompareWidget",
@@ -76,6 +79,7 @@ __all__ = [
     "Progress",
     "ProgressBar",
     "StrategyComparison",
+    "TensorBoardLogger",
     "Trainer",
     "TrainerWidget",
     "__version__",
@@ -139,6 +143,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._frontend import in_notebook
     from nbtrainer._history import History
     from nbtrainer._launch import launch
+    from nbtrainer._loggers import CSVLogger, TensorBoardLogger
     from nbtrainer._lr_find import LRFinderResult
     from nbtrainer._precision import PrecisionError, precision_support
     from nbtrainer._profile._model import profile_model

@@ -26,8 +26,19 @@ class ModelCheckpoint(Callback):
             or is implied by it).
         filename: format string with ``{epoch}``, ``{step}`` and any log key.
 
+    Attributes:
+        best_model_path: the file of the best checkpoint so far by ``monitor`` (without a monitor: the most
+            recent ranked one), or ``None`` before the first save. Updated at each epoch end, kept in the
+            callback's state (a resumed run knows it). Load it with ``nbtrainer.load_checkpoint(path)``;
+            ``ckpt["model"]`` is the state dict for ``trainer.load_model_state_dict``.
+        last_model_path: ``last.ckpt`` once it has been written (``save_last`` / ``every_n_steps``), else ``None``.
+        best_k: ``[(score, path), ...]`` of the kept ranked checkpoints, best first.
+
     Example:
         >>> ckpt = ModelCheckpoint("checkpoints", monitor="val_loss", save_top_k=2, save_last=True)
+        >>> ckpt.best_model_path is None  # set by the first save; then, e.g., after trainer.fit(...):
+        True
+        >>> # trainer.load_model_state_dict(load_checkpoint(ckpt.best_model_path)["model"])
     """
 
     def __init__(

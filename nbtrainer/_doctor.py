@@ -1,4 +1,4 @@
-"""``%nbtrainer doctor``: what this environment can do for nbtrainer, and a fix for each problem.
+"""``%nbtrainer doctor`` / ``nbtrainer doctor``: what this environment can do for nbtrainer, and a fix for each problem.
 
 torch version and build, devices, which precisions each device really runs (checked with a tiny
 autocast forward+backward, never guessed), the notebook packages, whether the front-end extensions are
@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,12 +200,11 @@ def _find_labextension(name: str, dirs: list[str]) -> tuple[str, str] | None:
 
 
 def _shell_kind() -> str:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - this module imports IPython already
-        return "plain Python"
-    shell = get_ipython()
-    name = type(shell).__name__ if shell is not None else "none"
+    ipython = sys.modules.get("IPython")  # never imported from here: the CLI runs without it
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return "plain Python (no IPython shell): widgets need a Jupyter front end (JupyterLab, Notebook 7, Voila)"
+    name = type(shell).__name__
     if name == "ZMQInteractiveShell":
         return "Jupyter kernel (ZMQInteractiveShell): widgets can be displayed"
     if name == "TerminalInteractiveShell":

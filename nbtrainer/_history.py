@@ -129,9 +129,19 @@ class History:
         return self.to_html(title="History")
 
     # -- export ------------------------------------------------------------------------------
-    def to_pandas(self, what: str = "epochs"):
-        """``what="epochs"`` (default), ``"steps"`` or ``"events"`` as a DataFrame."""
-        import pandas as pd
+    def to_pandas(self, what: str = "epochs") -> Any:
+        """``what="epochs"`` (default), ``"steps"`` or ``"events"`` as a ``pandas.DataFrame``.
+
+        pandas is optional (not a dependency of nbtrainer): without it this raises an ImportError that
+        says to ``pip install pandas`` (or ``nbtrainer[pandas]``); :meth:`to_csv` / :meth:`to_json` need nothing.
+        """
+        if what not in ("epochs", "steps", "events"):
+            raise ValueError(f"what must be 'epochs', 'steps' or 'events', got {what!r}.")
+        from nbtrainer._optional import import_optional
+
+        pd = import_optional(
+            "pandas", "History.to_pandas()", 'pip install pandas  (or: pip install "nbtrainer[pandas]")'
+        )
 
         data = {"epochs": self.epochs, "steps": self.steps, "events": self.events}[what]
         frame = pd.DataFrame(data)

@@ -424,7 +424,7 @@ class FitLoop:
         if self.n_batches and st.batch:
             rate = elapsed_epoch / st.batch
             p.eta_epoch = rate * (self.n_batches - st.batch)
-            p.eta_fit = p.eta_epoch + rate * self.n_batches * (self.epochs - st.epoch - 1)
+            p.eta_fit = p.eta_epoch + rate * self.n_batches * max(p.epochs - st.epoch - 1, 0)  # p.epochs: max_steps
         t.callbacks.call("on_refresh", trainer=t, progress=p)
         self._last_refresh = now
         self._next_refresh = time.perf_counter() + t.refresh_interval

@@ -11,7 +11,9 @@ Subcommands (``%nbtrainer help`` prints every usage):
     ``nbtrainer.profile_model`` on a model of the namespace, shown as a ``ProfileCard``; the profile is
     stored as ``_nbt_profile``.
 ``train MODEL CRITERION OPTIMIZER TRAIN_LOADER [VAL_LOADER] [--epochs N] [--precision P] [--accum K] [--metrics VAR]``
-    builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``.
+    builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``. In terminal
+    IPython (no front end for a panel) it trains in the foreground with console progress instead; the
+    trainer and the history are stored as ``_nbt_trainer`` and ``_nbt_history``.
 ``compare MAKE_MODEL OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
     ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
     or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. With ipywidgets and
@@ -29,187 +31,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
-from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbtrainer._doctor import DoctorReport, doctor_report
+from nbtrainer._magics_args import PARSERS, full_usage, parse, parse_shape, split_list, usage_of
 
 __all__ = ["DoctorReport", "NbtrainerMagics", "doctor_report", "load", "unload"]
-
-# =============================================================================================
-# argument parsing: one MagicArgumentParser per subcommand
-# =============================================================================================
-
-
-def _subcommand(name: str, description: str) -> Callable[[Callable], Callable]:
-    """Decorate a stub so magic_arguments builds a parser whose usage reads ``%nbtrainer <name> ...``."""
-
-    def wrap(fn: Callable) -> Callable:
-        fn.__doc__ = description
-        return magic_arguments.magic_arguments(name=f"nbtrainer {name}")(fn)
-
-    return wrap
-
-
-@_subcommand("doctor", "Check torch, devices, precisions and the notebook stack; suggest fixes.")
-@magic_arguments.argument(
-    "--device", action="append", metavar="DEV", help="check only this device (repeatable); default: every device found"
-)
-def _doctor_args() -> None: ...
-
-
-@_subcommand("profile", "Profile a model of the namespace (FLOPs, parameters, memory, latency).")
-@magic_arguments.argument("model", metavar="MODEL", help="name of an nn.Module in the namespace")
-@magic_arguments.argument(
-    "--input-shape",
-    metavar="SHAPE",
-    action="append",
-    help="shape of a random float input, e.g. 1,3,32,32 (repeat for several inputs)",
-)
-@magic_arguments.argument(
-    "--inputs", metavar="VAR", help="name of the example inputs in the namespace (tensor, tuple or dict)"
-)
-@magic_arguments.argument(
-    "--device", default="auto", metavar="DEV", help="auto | cpu | cuda | cuda:1 ..., or a comma list (default auto)"
-)
-@magic_arguments.argument(
-    "--precision", default="fp32", metavar="P", help="fp32 | fp16-mixed | bf16-mixed, or a comma list (default fp32)"
-)
-def _profile_args() -> None: ...
-
-
-@_subcommand("train", "Build and show a TrainerWidget from names in the namespace (stored as _nbt_widget).")
-@magic_arguments.argument("model", metavar="MODEL")
-@magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
-@magic_arguments.argument("optimizer", metavar="OPTIMIZER")
-@magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
-@magic_arguments.argument(
-    "val_loader", metavar="VAL_LOADER", nargs="?", default=None, help="validation loader (optional)"
-)
-@magic_arguments.argument("--epochs", type=int, default=1, metavar="N", help="number of epochs (default 1)")
-@magic_arguments.argument("--precision", default="fp32", metavar="P", help="fp32 | fp16-mixed | bf16-mixed")
-@magic_arguments.argument("--accum", type=int, default=1, metavar="K", help="gradient accumulation steps")
-@magic_arguments.argument("--metrics", metavar="VAR", help="name of a dict of metrics in the namespace")
-def _train_args() -> None: ...
-
-
-@_subcommand(
-    "compare", "Train once per strategy; compare step time, memory, loss and a metric (stored as _nbt_compare)."
-)
-@magic_arguments.argument("make_model", metavar="MAKE_MODEL", help="name of a function returning a fresh model")
-@magic_arguments.argument(
-    "optimizer", metavar="OPTIMIZER", help="optimizer class or callable params -> optimizer, or None (AdamW)"
-)
-@magic_arguments.argument("criterion", metavar="CRITERION", help="loss function (or None if the model returns .loss)")
-@magic_arguments.argument("train_loader", metavar="TRAIN_LOADER")
-@magic_arguments.argument(
-    "val_loader", metavar="VAL_LOADER", nargs="?", default=None, help="validation loader (optional)"
-)
-@magic_arguments.argument(
-    "--strategies",
-    default="fp32,bf16,ckpt,accum4,adafactor",
-    metavar="LIST|VAR",
-    help="comma list of presets (fp32, fp16, bf16, ckpt, accumN, adafactor, all) or the "
-    "name of a dict {name: {trainer options}}",
-)
-@magic_arguments.argument(
-    "--steps", type=int, default=None, metavar="N", help="optimizer steps per strategy (default: one epoch)"
-)
-@magic_arguments.argument("--epochs", type=int, default=None, metavar="N", help="epochs per strategy")
-@magic_arguments.argument("--metric", default="val_acc", metavar="KEY", help="validation key to report, or none")
-@magic_arguments.argument("--metrics", metavar="VAR", help="name of a dict of metrics in the namespace")
-@magic_arguments.argument("--device", default="auto", metavar="DEV")
-@magic_arguments.argument("--repeats", type=int, default=1, metavar="R", help="round-robin repeats for timings")
-def _compare_args() -> None: ...
-
-
-@_subcommand("status", "List the training runs going on in this kernel.")
-def _status_args() -> None: ...
-
-
-@_subcommand("stop", "Stop the training runs in this kernel at the next optimizer step.")
-@magic_arguments.argument(
-    "run",
-    metavar="N",
-    nargs="?",
-    type=int,
-    default=None,
-    help="the run number from %%nbtrainer status (default: all runs)",
-)
-@magic_arguments.argument(
-    "--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the runs to stop"
-)
-def _stop_args() -> None: ...
-
-
-_PARSERS: dict[str, Callable] = {
-    "doctor": _doctor_args,
-    "env": _doctor_args,
-    "profile": _profile_args,
-    "train": _train_args,
-    "compare": _compare_args,
-    "status": _status_args,
-    "stop": _stop_args,
-}
-_ORDER = ("doctor", "profile", "train", "compare", "status", "stop")
-
-
-def _usage(fn: Callable) -> str:
-    text = fn.parser.format_usage().strip()
-    text = re.sub(r"^::\s*", "", text)
-    text = " ".join(re.sub(r"^usage:\s*", "", text).split())  # one line: argparse wraps it oddly
-    return "usage: " + (text if text.startswith("%") else "%" + text)
-
-
-def full_usage() -> str:
-    lines = ["%nbtrainer SUBCOMMAND [options]   (doctor alias: env)", ""]
-    for name in _ORDER:
-        fn = _PARSERS[name]
-        lines.append(_usage(fn).removeprefix("usage: "))
-        lines.append(f"    {fn.parser.description}")
-    lines.append("")
-    lines.append("%nbtrainer help  prints this; `%nbtrainer SUBCOMMAND -h` the options of one subcommand.")
-    return "\n".join(lines)
-
-
-def _parse(name: str, argstring: str) -> Any:
-    fn = _PARSERS[name]
-    if re.search(r"(^|\s)(-h|--help)(\s|$)", argstring):
-        help_text = fn.parser.format_help()
-        print(_usage(fn) + help_text[help_text.find("\n\n", len("::\n\n")) :].rstrip())
-        return None
-    try:
-        return fn.parser.parse_argstring(argstring)
-    except UsageError as exc:
-        raise UsageError(f"%nbtrainer {name}: {exc}\n{_usage(fn)}") from None
-    except ValueError as exc:  # unbalanced quotes from shlex
-        raise UsageError(f"%nbtrainer {name}: {exc}\n{_usage(fn)}") from None
-
-
-def _split_list(value: str | list[str] | None) -> list[str]:
-    if value is None:
-        return []
-    items = value if isinstance(value, list) else [value]
-    return [p.strip() for item in items for p in item.split(",") if p.strip()]
-
-
-def _parse_shape(text: str) -> tuple[int, ...]:
-    parts = [p for p in re.split(r"[,x\s()\[\]]+", text.strip()) if p]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        shape = ()
-    if not shape or any(d <= 0 for d in shape):
-        raise UsageError(
-            f"%nbtrainer profile: bad --input-shape {text!r}: use positive integers like 1,3,32,32\n"
-            f"{_usage(_profile_args)}"
-        )
-    return shape
-
 
 # =============================================================================================
 # the magic
@@ -250,9 +80,9 @@ class NbtrainerMagics(Magics):
             print(full_usage())
             return None
         sub, _, rest = line.partition(" ")
-        if sub not in _PARSERS:
+        if sub not in PARSERS:
             raise UsageError(f"%nbtrainer: unknown subcommand {sub!r}\n{full_usage()}")
-        args = _parse(sub, rest)
+        args = parse(sub, rest)
         if args is None:  # -h: the help was printed
             return None
         handler = getattr(self, "_cmd_" + ("doctor" if sub == "env" else sub))
@@ -260,7 +90,7 @@ class NbtrainerMagics(Magics):
 
     # -- subcommands ---------------------------------------------------------------------------
     def _cmd_doctor(self, args: Any) -> DoctorReport:
-        devices = _split_list(args.device) or None
+        devices = split_list(args.device) or None
         if devices:
             import torch
 
@@ -281,24 +111,24 @@ class NbtrainerMagics(Magics):
             raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
         if bool(args.inputs) == bool(args.input_shape):
             raise UsageError(
-                "%nbtrainer profile: give exactly one of --input-shape SHAPE or --inputs VAR\n" + _usage(_profile_args)
+                "%nbtrainer profile: give exactly one of --input-shape SHAPE or --inputs VAR\n" + usage_of("profile")
             )
         if args.inputs:
             example = self._lookup(args.inputs, "--inputs")
         else:
-            shapes = [_parse_shape(s) for s in args.input_shape]
+            shapes = [parse_shape(s) for s in args.input_shape]
             tensors = tuple(torch.randn(*s) for s in shapes)
             example = tensors[0] if len(tensors) == 1 else tensors
         try:
-            precisions = tuple(normalize_precision(p) for p in _split_list(args.precision))
+            precisions = tuple(normalize_precision(p) for p in split_list(args.precision))
         except PrecisionError as exc:
             raise UsageError(f"%nbtrainer profile: {exc}") from None
         try:
-            devices = tuple(resolve_device(d) for d in _split_list(args.device))
+            devices = tuple(resolve_device(d) for d in split_list(args.device))
         except (RuntimeError, ValueError) as exc:
             raise UsageError(f"%nbtrainer profile: bad --device {args.device!r}: {exc}") from None
         if not precisions or not devices:
-            raise UsageError("%nbtrainer profile: --device and --precision need a value\n" + _usage(_profile_args))
+            raise UsageError("%nbtrainer profile: --device and --precision need a value\n" + usage_of("profile"))
 
         try:
             from nbtrainer import profile_model
@@ -322,9 +152,9 @@ class NbtrainerMagics(Magics):
 
     def _cmd_train(self, args: Any) -> None:
         if args.epochs < 1:
-            raise UsageError(f"%nbtrainer train: --epochs must be >= 1, got {args.epochs}\n{_usage(_train_args)}")
+            raise UsageError(f"%nbtrainer train: --epochs must be >= 1, got {args.epochs}\n{usage_of('train')}")
         if args.accum < 1:
-            raise UsageError(f"%nbtrainer train: --accum must be >= 1, got {args.accum}\n{_usage(_train_args)}")
+            raise UsageError(f"%nbtrainer train: --accum must be >= 1, got {args.accum}\n{usage_of('train')}")
         from nbtrainer._precision import PrecisionError, normalize_precision
 
         try:
@@ -338,6 +168,10 @@ class NbtrainerMagics(Magics):
         val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
         metrics = self._lookup(args.metrics, "--metrics") if args.metrics else None
 
+        from nbtrainer._frontend import in_notebook
+
+        if not in_notebook():
+            return self._train_here(args, model, criterion, optimizer, train_loader, val_loader, precision, metrics)
         from nbtrainer import TrainerWidget
 
         widget = TrainerWidget(
@@ -355,8 +189,39 @@ class NbtrainerMagics(Magics):
         self._display(widget)
         return None
 
+    def _train_here(
+        self,
+        args: Any,
+        model: Any,
+        criterion: Any,
+        optimizer: Any,
+        train_loader: Any,
+        val_loader: Any,
+        precision: str,
+        metrics: Any,
+    ) -> None:
+        """Terminal IPython: no front end can show the panel, so train in the foreground with console
+        progress (Ctrl-C stops at the next step and keeps the history)."""
+        import sys
+
+        from nbtrainer import Trainer
+
+        trainer = Trainer(
+            model, criterion, optimizer, precision=precision, grad_accum_steps=args.accum, metrics=metrics
+        )
+        ns: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
+        ns["_nbt_trainer"] = trainer
+        print(
+            "nbtrainer: no notebook front end here, so training runs in the foreground with console progress "
+            "(trainer: _nbt_trainer, history: _nbt_history).",
+            file=sys.stderr,
+            flush=True,
+        )
+        ns["_nbt_history"] = trainer.fit(train_loader, val_loader, epochs=args.epochs)
+        return None
+
     def _cmd_compare(self, args: Any) -> None:
-        usage = _usage(_compare_args)
+        usage = usage_of("compare")
         for opt in ("steps", "epochs", "repeats"):
             value = getattr(args, opt)
             if value is not None and value < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -139,7 +140,7 @@ def _check_optimizer(trainer: Any, state: dict[str, Any], saved_class: str | Non
                     )
 
 
-def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
+def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
     """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
     for key in ("model", "optimizer", "loop", "history", "rng"):
         if key not in ckpt:
@@ -150,7 +151,9 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
     config = ckpt.get("config", {})
     _check_model(trainer, ckpt["model"])
     _check_optimizer(trainer, ckpt["optimizer"], config.get("optimizer"))
-    if (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
+    if not load_scheduler:  # fit_more with a fresh schedule: the saved one is not used
+        pass
+    elif (trainer.scheduler is None) != (ckpt.get("scheduler") is None):
         raise CheckpointError(
             "The checkpoint was written "
             + ("with" if ckpt.get("scheduler") is not None else "without")
@@ -159,11 +162,17 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
             + ". Configure the scheduler as in the original run."
         )
     saved_sched = config.get("scheduler")
-    if trainer.scheduler is not None and saved_sched is not None and saved_sched != type(trainer.scheduler).__name__:
+    if (
+        load_scheduler
+        and trainer.scheduler is not None
+        and saved_sched is not None
+        and saved_sched != type(trainer.scheduler).__name__
+    ):
         raise CheckpointError(
             f"The checkpoint was written with the scheduler {saved_sched}, this trainer has "
             f"{type(trainer.scheduler).__name__}. Configure the scheduler as in the original run."
         )
+    _check_metrics(trainer, ckpt.get("metrics") or {})
     saved_precision = config.get("precision")
     if saved_precision is not None and saved_precision != trainer.precision:
         raise CheckpointError(
@@ -171,6 +180,20 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any]) -> None:
             f"precision={trainer.precision!r}: the run would not continue as it was (GradScaler "
             f"state, numerics). Create the Trainer with precision={saved_precision!r}, or load "
             "only the weights with trainer.load_model_state_dict(ckpt['model'])."
+        )
+
+
+def _check_metrics(trainer: Any, saved: dict[str, Any]) -> None:
+    """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
+    metrics = trainer._train_metrics
+    own_sums = sorted(n for n, _ in metrics.callables)
+    own_tm = sorted(n for n, m in metrics.torchmetrics if hasattr(m, "metric_state"))
+    saved_sums, saved_tm = sorted(saved.get("sums", {})), sorted(saved.get("torchmetrics", {}))
+    if saved_sums != own_sums or saved_tm != own_tm:
+        raise CheckpointError(
+            f"The checkpoint's run had the metrics {saved_sums + saved_tm}, this trainer has {own_sums + own_tm}: "
+            "its running sums would not fit. Create the Trainer with the same metrics= as the run that wrote the "
+            "checkpoint, or load only the weights with trainer.load_model_state_dict(ckpt['model'])."
         )
 
 
@@ -205,14 +228,25 @@ def _this_rank(trainer: Any, ckpt: dict[str, Any]) -> dict[str, Any]:
     return ckpt
 
 
-def load_trainer_state(trainer: Any, ckpt: dict[str, Any]) -> None:
+def load_trainer_state(
+    trainer: Any,
+    ckpt: dict[str, Any],
+    *,
+    load_scheduler: bool = True,
+    before_load: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Load a checkpoint into ``trainer`` after every check passed (``before_load(ckpt)`` is the last one:
+    it can refuse the checkpoint, e.g. a saved OneCycleLR too short for the fit, with nothing loaded yet).
+    ``load_scheduler=False`` leaves the saved scheduler out (``fit_more`` with a fresh schedule)."""
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError("Not an nbtrainer checkpoint (no format marker).")
     ckpt = _this_rank(trainer, ckpt)
-    _check_compatible(trainer, ckpt)
+    _check_compatible(trainer, ckpt, load_scheduler)
+    if before_load is not None:
+        before_load(ckpt)
     unwrap_model(trainer.model).load_state_dict(ckpt["model"])
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    if trainer.scheduler is not None and ckpt.get("scheduler") is not None:
+    if load_scheduler and trainer.scheduler is not None and ckpt.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
     if trainer.scaler is not None and ckpt.get("scaler"):
         trainer.scaler.load_state_dict(ckpt["scaler"])
@@ -237,7 +271,15 @@ def load_trainer_state(trainer: Any, ckpt: dict[str, Any]) -> None:
     trainer._pending_rng = ckpt["rng"]
 
 
-def resume(trainer: Any, resume_from: str) -> None:
+def resume(
+    trainer: Any,
+    resume_from: str,
+    *,
+    load_scheduler: bool = True,
+    before_load: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Load ``resume_from`` (a path or ``"last"``) into ``trainer``; ``before_load(ckpt)`` may refuse the
+    checkpoint before anything of it is loaded (``_continue.resume`` checks the saved schedule there)."""
     path = os.fspath(resume_from)
     if path == "last":
         dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
@@ -252,7 +294,8 @@ def resume(trainer: Any, resume_from: str) -> None:
                 f"resume_from='last': no {path!r} yet. Train with ModelCheckpoint(save_last=True) "
                 "first, or pass a checkpoint path."
             )
-    load_trainer_state(trainer, load_checkpoint(path, map_location=trainer.device))
+    ckpt = load_checkpoint(path, map_location=trainer.device)
+    load_trainer_state(trainer, ckpt, load_scheduler=load_scheduler, before_load=before_load)
 
 
 def rescale_lr(trainer: Any, factor: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbtrainer import _arrays, _state, _validate
+from nbtrainer import _arrays, _continue, _oom, _state, _validate
 from nbtrainer._batch import BatchSpec
 from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
@@ -28,6 +28,7 @@ from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._optim import move_optimizer_state
 from nbtrainer._precision import autocast, make_scaler, require_precision, resolve_device
 from nbtrainer._prefetch import check_data_options
+from nbtrainer._progress import ProgressBar, progress_callback, start_progress
 from nbtrainer._seed import seed_everything, seed_worker, set_deterministic
 from nbtrainer._strategies import ModelSetup
 from nbtrainer._strategy import SingleDevice, unwrap_model
@@ -59,7 +60,9 @@ class Trainer(TrainerEval, TrainerControl):
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         seed: seed everything at the start of ``fit``.
         deterministic: deterministic algorithms and seeded data order.
-        progress: tqdm bars (notebook or console, picked at run time).
+        progress: ``True`` / ``"auto"``: a :class:`~nbtrainer.ProgressBar` that picks at run time (notebook
+            bars, console bars on a terminal, plain epoch lines when the output is a file or pipe);
+            ``"bars"`` or ``"lines"`` to force one; a ``ProgressBar(...)`` of your own; ``False``: none.
         num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last;
             also turns off the unpacking of ``((x1, x2), y)``).
         target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion
@@ -144,7 +147,7 @@ class Trainer(TrainerEval, TrainerControl):
         device: str | torch.device = "auto",
         seed: int | None = None,
         deterministic: bool = False,
-        progress: bool = True,
+        progress: bool | str | ProgressBar = True,
         num_inputs: int | None = None,
         target_keys: Sequence[str] | str | None = None,
         compute_loss: Callable | None = None,
@@ -252,10 +255,8 @@ class Trainer(TrainerEval, TrainerControl):
         self._val_metrics = self._train_metrics.clone(self.device)
         self.history = History()
         user_callbacks = list(callbacks)
-        if progress:
-            from nbtrainer._progress import ProgressBar
-
-            user_callbacks.append(ProgressBar())
+        if progress is not False and progress is not None:
+            user_callbacks.append(progress_callback(progress))
         self._recorder = HistoryRecorder(self.history)
         self.callbacks = CallbackList([self._recorder, *user_callbacks])
         self.progress = Progress()
@@ -356,13 +357,19 @@ class Trainer(TrainerEval, TrainerControl):
                 ``(x1, x2, y)`` or a dict of tensors or NumPy arrays, or one array, with ``batch_size``
                 (NumPy float64 becomes float32). Arrays are batched by a seeded, resumable DataLoader.
             val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
-            epochs: total epochs (a resumed fit continues up to this number).
+            epochs: total epochs (a resumed fit continues up to this number; to train N *more* epochs
+                with a fresh LR schedule, use :meth:`fit_more`).
             train_loader: the same as ``data``, by its former name (``fit(train_loader=loader)`` keeps working).
             val_data: validation arrays (or a loader); the same ``batch_size``, never shuffled.
             batch_size: the batch size for array data (required with arrays, refused with loaders).
             shuffle: shuffle training arrays each epoch (default True).
-            max_steps: stop after this many optimizer steps in total.
+            max_steps: end after this many optimizer steps in total (counted from the start of the run,
+                also across resumes). Reaching it is a planned end: status ``"finished"``, with
+                ``history.stop_reason`` saying ``max_steps=N reached``. ``Progress.epochs`` and the epoch
+                bar count the epochs it reaches; an epoch it cuts short has its steps in ``history.steps``
+                but no row in ``history.epochs`` (so a resume continues it exactly).
             resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
+                A saved OneCycleLR too short for ``epochs`` is refused before anything is loaded.
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
 
         Example:
@@ -402,9 +409,11 @@ class Trainer(TrainerEval, TrainerControl):
         _validate.check_fit(self, train_loader, val_loader, epochs, max_steps, resume_from is not None)
         self._control.reset()
         self._nonfinite.reset()
+        plan = _continue.Plan(train_loader, epochs, max_steps)
         if resume_from is not None:
-            _state.resume(self, resume_from)
+            _continue.resume(self, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
+            _continue.check_schedule(self, plan)  # e.g. a OneCycleLR a previous fit used up
             self._pending_rng = None
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -420,13 +429,7 @@ class Trainer(TrainerEval, TrainerControl):
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
-        self.progress = Progress(
-            epochs=epochs,
-            epoch=self._state.epoch + 1,
-            batches=n,
-            total_steps=math.ceil(n / self.grad_accum_steps) * epochs if n else None,
-            grad_accum_steps=self.grad_accum_steps,
-        )
+        self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
         loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
         self._loop = loop
         self._fit_thread = threading.get_ident()
@@ -457,6 +460,7 @@ class Trainer(TrainerEval, TrainerControl):
             self.history.stop_reason = f"{type(exc).__name__}: {exc}"
             self.history.status = "failed"
             self.optimizer.zero_grad(set_to_none=True)
+            _oom.handle(self, exc, "fit")  # out of memory: free the step's tensors, advice in the message
             try:
                 self.callbacks.call("on_exception", trainer=self, exception=exc)
             finally:
@@ -464,6 +468,64 @@ class Trainer(TrainerEval, TrainerControl):
             raise
         self._end_fit()
         return self.history
+
+    def fit_more(
+        self,
+        train_loader: Iterable,
+        val_loader: Iterable | None = None,
+        *,
+        epochs: int,
+        resume_from: str | None = None,
+        scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
+        max_steps: int | None = None,
+        profiler: Any = None,
+    ) -> History:
+        """Continue a run for ``epochs`` more epochs: after a finished or stopped ``fit`` of this trainer, or
+        from a checkpoint (``resume_from=path | "last"``), optionally with a fresh LR schedule for them.
+
+        Epoch numbers, the global step and the History continue (the History gets a ``fit_more`` event
+        where the extension starts); a run stopped mid-epoch first finishes that epoch, which counts as
+        the first of the ``epochs`` more.
+
+        Args:
+            train_loader / val_loader: as for :meth:`fit`.
+            epochs: how many epochs *more* (the run ends at epochs done + ``epochs``).
+            resume_from: a checkpoint of the run to continue (default: this trainer's own state).
+            scheduler: ``"keep"`` (default) continues the run's scheduler, refused before any step when it
+                cannot cover the extension (a OneCycleLR ends where it was built to end); a function
+                ``fn(optimizer, total_steps) -> scheduler`` builds a fresh one for the extension, called
+                after the state is loaded with the extension's optimizer steps (epochs when
+                ``scheduler_interval="epoch"``) and the optimizer's LRs back at the run's reference LR
+                (OneCycle's ``max_lr``, else where the old schedule started); ``None``: no schedule, that
+                reference LR constant.
+            max_steps: optimizer steps of the extension at most.
+            profiler: as for :meth:`fit`.
+
+        Example:
+            >>> import torch
+            >>> from torch.optim.lr_scheduler import OneCycleLR
+            >>> model = torch.nn.Linear(3, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+            >>> trainer = Trainer(model, torch.nn.MSELoss(), opt, progress=False, seed=0)
+            >>> trainer.set_scheduler(OneCycleLR(opt, max_lr=0.1, total_steps=trainer.total_steps(data, 2)))
+            >>> len(trainer.fit(data, epochs=2))
+            2
+            >>> more = trainer.fit_more(data, epochs=3,  # epochs 3-5, on a fresh one-cycle of their own
+            ...     scheduler=lambda optimizer, steps: OneCycleLR(optimizer, max_lr=0.05, total_steps=steps))
+            >>> [row["epoch"] for row in more], more.status
+            ([1, 2, 3, 4, 5], 'finished')
+        """
+        return _continue.fit_more(
+            self,
+            train_loader,
+            val_loader,
+            epochs=epochs,
+            resume_from=resume_from,
+            scheduler=scheduler,
+            max_steps=max_steps,
+            profiler=profiler,
+        )
 
     def _end_fit(self) -> None:
         if self._loop is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer import _arrays
+from nbtrainer import _arrays, _oom
 from nbtrainer._batch import BatchSpec, batch_size_of, loss_from_outputs, move_to_device
 from nbtrainer._loop import _safe_len
 
@@ -37,6 +37,7 @@ class TrainerEval:
     _autocast: Callable[[], Any]
     fast_fetch: bool
 
+    @_oom.on_oom("evaluate")
     def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
         """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
 
@@ -99,6 +100,7 @@ class TrainerEval:
         metrics.reset()
         return out
 
+    @_oom.on_oom("predict")
     def predict(
         self,
         loader: Any,

@@ -258,7 +258,10 @@ def check_fit(
                 f"ReduceLROnPlateau would monitor {key!r}, which this fit never logs{hint}. Set "
                 f"scheduler_monitor= to one of {sorted(keys)}."
             )
-    elif isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step":
+    elif (
+        isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step" and not resuming
+    ):
+        # (a resume steps the checkpoint's scheduler: nbtrainer._continue checks that one before loading it)
         n = _safe_len(train_loader)
         left = sched.total_steps - sched.last_epoch  # a schedule reused from an earlier fit has taken some steps
         if n:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
+import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +26,9 @@ MODULES = [
     "nbtrainer._events",
     "nbtrainer._format",
     "nbtrainer._arrays",
+    "nbtrainer._progress",
+    "nbtrainer._loggers",
+    "nbtrainer._optional",
 ]
 
 
@@ -39,3 +46,48 @@ def test_public_names_have_docstrings():
     core = [n for n in nbtrainer.__all__ if n not in ("TrainerWidget", "ProfileCard", "__version__", "EVENTS")]
     missing = [n for n in core if not (getattr(nbtrainer, n).__doc__ or "").strip()]
     assert not missing, missing
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_doc_snippets_import_the_modules_they_use(doc):
+    """A snippet that writes ``torchmetrics.Accuracy(...)`` must import torchmetrics: every installed module
+    used as ``name.attr`` is bound in the snippet (placeholders like ``build_model()`` are left alone)."""
+    path = ROOT / doc if (ROOT / doc).exists() else ROOT / "docs" / doc
+    for block in _python_blocks(path):
+        tree = ast.parse(block)
+        bound = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+                bound |= {a.arg for a in node.args.args} if isinstance(node, ast.FunctionDef) else set()
+        used = {
+            node.value.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        }
+        missing = sorted(n for n in used - bound if importlib.util.find_spec(n) is not None)
+        assert not missing, f"{doc}: a snippet uses {missing} without importing it:\n{block[:300]}"
+
+
+@pytest.mark.parametrize("name,args", [("ModelCheckpoint", ("ckpts",)), ("CSVLogger", ("runs",)), ("ProgressBar", ())])
+def test_public_attributes_are_documented(name, args, tmp_path, monkeypatch):
+    """Every public attribute an instance has is named in its class docstring (``best_model_path``...)."""
+    import nbtrainer
+
+    monkeypatch.chdir(tmp_path)
+    cls = getattr(nbtrainer, name)
+    instance = cls(*args)
+    doc = cls.__doc__ or ""
+    missing = [attr for attr in vars(instance) if not attr.startswith("_") and attr not in doc]
+    assert not missing, f"{name}: undocumented attributes {missing}"

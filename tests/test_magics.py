@@ -261,6 +261,7 @@ def test_train_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
             return "<div class='fake-widget'></div>"
 
     monkeypatch.setitem(vars(nbtrainer), "TrainerWidget", FakeWidget)
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a kernel with a front end: the panel is shown
     ns = _data()
     shell.user_ns.update(ns)
     with capture_output() as cap:
@@ -289,13 +290,35 @@ def _widget_available() -> bool:
 
 
 @pytest.mark.skipif(not _widget_available(), reason="nbtrainer.widgets.TrainerWidget is not written yet")
-def test_train_builds_real_widget(shell: Any) -> None:
+def test_train_builds_real_widget(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbtrainer.widgets import TrainerWidget
 
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")
     shell.user_ns.update(_data())
     with capture_output():
         nbt(shell, "train model crit opt train_dl val_dl --epochs 2")
     assert isinstance(shell.user_ns["_nbt_widget"], TrainerWidget)
+
+
+def test_train_in_terminal_ipython_trains_in_the_foreground(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test shell is an InteractiveShell (terminal IPython's class family), not a kernel: no panel can
+    be shown, so the magic trains right away with console progress instead of printing a widget repr."""
+    monkeypatch.delenv("NBTRAINER_FRONTEND", raising=False)
+    monkeypatch.delenv("NBTRAINER_PROGRESS", raising=False)
+    ns = _data()
+    before = [p.detach().clone() for p in ns["model"].parameters()]
+    shell.user_ns.update(ns)
+    with capture_output() as cap:
+        out = nbt(shell, "train model crit opt train_dl val_dl --epochs 2 --accum 2 --metrics mets")
+    assert out is None and "_nbt_widget" not in shell.user_ns
+    history = shell.user_ns["_nbt_history"]
+    assert history.status == "finished" and [r["epoch"] for r in history.epochs] == [1, 2]
+    assert {"val_loss", "mae", "val_mae"} <= set(history.keys())
+    assert shell.user_ns["_nbt_trainer"].grad_accum_steps == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, ns["model"].parameters(), strict=True))  # trained
+    text = cap.stdout + cap.stderr
+    assert "VBox" not in text and "training runs in the foreground" in cap.stderr
+    assert "epoch 2/2" in text  # console progress (plain lines here: the captured streams are not a TTY)
 
 
 # -- status / stop ---------------------------------------------------------------------------------

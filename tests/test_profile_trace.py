@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -82,3 +83,14 @@ def test_cuda_trace_has_device_time(tmp_path) -> None:
     prof = profile_training(trainer, make_loader(x, y, batch_size=32), trace_path=tmp_path / "t.json")
     assert prof.sort_by == "self_device_time_total"
     assert any(r["self_device_time_total_us"] > 0 for r in prof.rows)
+
+
+def test_default_trace_goes_to_a_temp_folder_and_is_printed(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    x, y = make_classification(n=128)
+    prof = profile_training(_trainer(mlp()), make_loader(x, y, batch_size=16), wait=0, warmup=1, active=2)
+    assert os.listdir(tmp_path) == []  # nothing written to the working directory
+    assert os.path.isabs(prof.trace_path) and os.path.isfile(prof.trace_path)
+    text = str(prof)
+    assert text.splitlines()[0].startswith(f"Training profile: 2 steps; trace: {prof.trace_path} (open it in")
+    assert "mean per step: data=" in text and "forward=" in text

@@ -338,3 +338,31 @@ def test_fast_fetch_resume_mid_epoch_matches_the_per_sample_run(tmp_path, kind):
     assert all(torch.equal(p, q) for p, q in zip(ref.parameters(), got.parameters(), strict=True)), kind
     assert h_ref.steps == h_got.steps
     assert [r["loss"] for r in h_ref.epochs] == [r["loss"] for r in h_got.epochs]
+
+
+def test_resume_with_other_metrics_is_refused(tmp_path):
+    x, y = make_classification(n=32)
+    loader = make_loader(x, y, batch_size=16)
+
+    def trainer(metrics):
+        model = mlp()
+        return Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.Adam(model.parameters()),
+            metrics=metrics,
+            progress=False,
+            device="cpu",
+        )
+
+    acc = {"acc": lambda o, t: (o.argmax(1) == t).float().mean()}
+    path = str(tmp_path / "run.ckpt")
+    first = trainer(acc)
+    first.fit(loader, epochs=1)
+    first.save_checkpoint(path)
+    other = trainer(None)
+    before = [p.detach().clone() for p in other.model.parameters()]
+    with pytest.raises(CheckpointError, match=r"had the metrics \['acc'\], this trainer has \[\]"):
+        other.fit(loader, epochs=2, resume_from=path)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.model.parameters(), strict=True))
+    assert trainer(acc).fit(loader, epochs=2, resume_from=path).status == "finished"

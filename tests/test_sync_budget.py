@@ -107,3 +107,28 @@ def test_cuda_data_paths_add_no_sync_per_step(data_on_device):
                 torch.cuda.set_sync_debug_mode("default")
         counts.append(sum("synchroniz" in str(w.message) for w in caught))
     assert counts[0] == counts[1], f"syncs grew with the number of steps: {counts}"
+
+
+def test_loggers_and_line_progress_add_no_reads(count_reads, tmp_path):
+    """TensorBoardLogger / CSVLogger take per-step values from the refresh (already on the host) and
+    ProgressBar's lines print at epoch ends: with them, host reads still do not grow with the steps."""
+    from nbtrainer import CSVLogger, ProgressBar, TensorBoardLogger
+
+    totals = []
+    for n_batches in (10, 80):
+        x, y = make_classification(n=16 * n_batches)
+        model = mlp()
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+            callbacks=[TensorBoardLogger(tmp_path / f"tb{n_batches}"), CSVLogger(tmp_path / f"csv{n_batches}")],
+            progress=ProgressBar(mode="lines", heartbeat=3600.0),
+            refresh_interval=3600.0,
+        )
+        loader = make_loader(x, y, batch_size=16, shuffle=True)
+        count_reads["n"] = 0
+        trainer.fit(loader, loader, epochs=2)
+        totals.append(count_reads["n"])
+    assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"

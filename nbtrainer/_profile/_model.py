@@ -144,6 +144,9 @@ def profile_model(
                 time_budget_s=time_budget_s,
             )
     seconds["total"] = time.perf_counter() - start
+    from nbtrainer._oom import remember_profile
+
+    remember_profile(model, prof)  # an out-of-memory error in a later fit of this model quotes its fits()
     return prof
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +46,22 @@ class TrainingProfile:
     sort_by: str = "self_cpu_time_total"
 
     def to_pandas(self) -> Any:
-        """``key_averages()`` as a ``pandas.DataFrame``, one row per op / range."""
-        import pandas as pd
+        """``key_averages()`` as a ``pandas.DataFrame``, one row per op / range (pandas is optional)."""
+        from nbtrainer._optional import import_optional
 
+        pd = import_optional("pandas", "TrainingProfile.to_pandas()", "pip install pandas")
         return pd.DataFrame(self.rows)
+
+    def summary(self) -> str:
+        """Where the trace is and the mean time per step of each phase (the first lines of ``str()``)."""
+        from nbtrainer._format import format_duration
+
+        phases = "  ".join(f"{k.removeprefix('nbt.')}={format_duration(v / 1e3)}" for k, v in self.phases.items())
+        return (
+            f"Training profile: {self.steps} steps; trace: {self.trace_path} "
+            "(open it in https://ui.perfetto.dev or chrome://tracing)\n"
+            f"mean per step: {phases}"
+        )
 
     def _repr_html_(self) -> str:
         import html
@@ -60,7 +73,7 @@ class TrainingProfile:
         )
 
     def __str__(self) -> str:
-        return self.table
+        return self.summary() + "\n" + self.table
 
 
 def _row(event: Any) -> dict[str, Any]:
@@ -105,7 +118,7 @@ def profile_training(
     wait: int = 1,
     warmup: int = 1,
     active: int = 3,
-    trace_path: str | os.PathLike[str] = "trace.json",
+    trace_path: str | os.PathLike[str] | None = None,
     row_limit: int = 20,
     restore: bool = True,
     record_shapes: bool = False,
@@ -119,7 +132,9 @@ def profile_training(
         wait: Steps run before the profiler starts.
         warmup: Steps profiled but discarded (the profiler's own start-up cost).
         active: Steps recorded.
-        trace_path: Where to write the Chrome/Perfetto JSON trace (parent folders are created).
+        trace_path: Where to write the Chrome/Perfetto JSON trace (parent folders are created). Default:
+            ``trace.json`` in a new temporary folder (nothing is written to the working directory unasked).
+            The absolute path is ``result.trace_path`` and the first line of ``print(result)``.
         row_limit: Rows in the text table.
         restore: Put the model, optimizer, scheduler and GradScaler state back afterwards (these steps
             really train; the trainer's ``history`` is the profiling run's).
@@ -134,6 +149,7 @@ def profile_training(
 
     Example:
         >>> # prof = profile_training(trainer, train_loader, trace_path="runs/trace.json")
+        >>> # print(prof)  -> "Training profile: 3 steps; trace: /abs/runs/trace.json (open it in ...)" + table
         >>> # prof.phases  -> {"nbt.data": 0.2, "nbt.forward": 3.1, "nbt.backward": 5.9, ...}
     """
     if min(wait, warmup) < 0 or active < 1:
@@ -144,8 +160,10 @@ def profile_training(
     except TypeError:
         per_epoch = 0
     epochs = max(1, math.ceil(needed / per_epoch)) if per_epoch else needed
-    path = os.fspath(trace_path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if trace_path is None:
+        trace_path = os.path.join(tempfile.mkdtemp(prefix="nbtrainer-trace-"), "trace.json")
+    path = os.path.abspath(os.fspath(trace_path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU]
     device = torch.device(getattr(trainer, "device", "cpu"))
     if device.type == "cuda":

@@ -80,7 +80,7 @@ def scenario_parity(out: str, ckpt_dir: str) -> None:
         real_save(path, checkpoint)
 
     _checkpoint_io.save_checkpoint_file = counting
-    # Progress bars (stderr) and printed epochs (tqdm.write: stdout): rank 0 only (captured per rank).
+    # Progress (plain epoch lines: a StringIO is not a TTY): rank 0 only (captured per rank).
     captured = io.StringIO()
     real_stderr, real_stdout, sys.stderr, sys.stdout = sys.stderr, sys.stdout, captured, captured
     try:

@@ -1,0 +1,97 @@
+"""The command line: ``python -m nbtrainer`` and the ``nbtrainer`` console script, run as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+
+from nbtrainer import ModelCheckpoint, Trainer
+from nbtrainer._cli import main
+
+
+def _run(*args: str, importtime: bool = False) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "nbtrainer", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+def _imported(stderr: str) -> set[str]:
+    """Top-level packages named in ``-X importtime`` output."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+def test_help_lists_the_commands_and_imports_no_torch():
+    proc = _run("--help", importtime=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: nbtrainer") and "doctor" in proc.stdout and "checkpoint" in proc.stdout
+    imported = _imported(proc.stderr)
+    assert "nbtrainer" in imported  # the importtime output was read
+    assert not imported & {"torch", "IPython", "ipywidgets", "tqdm"}, sorted(imported)
+
+
+def test_version_and_no_command():
+    import nbtrainer
+
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"nbtrainer {nbtrainer.__version__}"
+    proc = _run()
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: nbtrainer")
+
+
+def test_doctor_runs_without_ipython():
+    proc = _run("doctor", "--device", "cpu", importtime=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("nbtrainer doctor") and "fp32" in proc.stdout and "bf16-mixed" in proc.stdout
+    assert "plain Python (no IPython shell)" in proc.stdout
+    assert "IPython" not in _imported(proc.stderr)
+
+
+def test_doctor_strict_exit_status(capsys, monkeypatch):
+    from nbtrainer import _doctor
+
+    monkeypatch.setattr(_doctor, "LABEXTENSIONS", {"@nbtrainer-test/not-installed": "nothing"})  # one problem
+    assert main(["doctor", "--device", "cpu"]) == 0
+    assert main(["doctor", "--device", "cpu", "--strict"]) == 1
+    assert "@nbtrainer-test/not-installed" in capsys.readouterr().out
+    assert main(["doctor", "--device", "nonsense:0"]) == 2
+
+
+def test_bad_arguments_exit_with_usage(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bogus"])
+    assert info.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "nbtrainer")
+    assert os.path.exists(script), "reinstall the project (bash scripts/venv.sh): [project.scripts] nbtrainer"
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: nbtrainer")
+
+
+def test_checkpoint_command_says_where_a_run_stands(tmp_path):
+    x, y = make_classification(n=64)
+    loader = make_loader(x, y, batch_size=16)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), opt, callbacks=[ModelCheckpoint(tmp_path, save_last=True)], progress=False
+    )
+    trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=8))
+    trainer.fit(loader, epochs=2)
+    proc = _run("checkpoint", str(tmp_path / "last.ckpt"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "position   2 epoch(s) complete, step 8" in out
+    assert "OneCycleLR: 0 of total_steps=8 left" in out and "fit_more" in out
+    assert "last epoch 2: loss=" in out and "lr=" in out
+    proc = _run("checkpoint", str(tmp_path / "missing.ckpt"))
+    assert proc.returncode == 1 and "missing.ckpt" in proc.stderr
