@@ -24,7 +24,6 @@ ROOTS = {"nbtrainer": REPO / "nbtrainer", "nbtrainer.widgets": REPO / "widgets"}
 FACADE = "nbtrainer"
 MAX_LINES = 500
 # Modules others are still splitting: the size check may fail for them (not the cycle check).
-PENDING_SPLIT = {"nbtrainer/_trainer.py": "split after the parallel work on it lands"}
 
 
 def find_modules(roots: Mapping[str, Path]) -> dict[str, tuple[Path, bool]]:
@@ -203,10 +202,7 @@ def test_widgets_use_only_the_cores_public_names() -> None:
 
 @pytest.mark.parametrize(
     "source",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(reason=PENDING_SPLIT[s], strict=False)) if s in PENDING_SPLIT else s
-        for s in SOURCES
-    ],
+    SOURCES,
 )
 def test_module_is_at_most_500_lines(source: str) -> None:
     lines = len((REPO / source).read_text(encoding="utf-8").splitlines())
