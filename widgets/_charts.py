@@ -32,6 +32,7 @@ from nbtrainer.plotting import (
     classify_metrics,
     decimate,
     log_ticks,
+    nice_ticks,
     use_log_scale,
 )
 
@@ -274,13 +275,14 @@ class LiveCharts:
             self.loss_fig.axes[1].tick_values = np.asarray(log_ticks(lo / 1.2, hi * 1.2))
             self.loss_fig.axes[1].tick_format = ".2~g"
         else:
-            self.loss_fig.axes[1].tick_values = None
             self.loss_fig.axes[1].tick_format = ".3~g"
             # from 0 for a non-negative loss (never negative ticks); a loss below 0 gets its own range
             bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
             top = hi + 0.05 * (hi - bottom) if hi > bottom else bottom + 1.0
             with self.loss_lin.hold_sync():
                 self.loss_lin.min, self.loss_lin.max = bottom, top
+            ticks = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top]
+            self.loss_fig.axes[1].tick_values = np.asarray(ticks)  # round values (bqplot splits the range evenly)
         hx, hy = decimate(sx, sy, _HOVER_POINTS)
         self.loss_fig.axes[0].tick_values = step_ticks(rx)
         for mark, x, y in ((self.raw, rx, ry), (self.smooth, sx, sy), (self.loss_hover, hx, hy)):

@@ -93,6 +93,12 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             raise TypeError(f"train_loader is required. {_USAGE}")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+        if trainer.optimizer is None:
+            raise ValueError(
+                "TrainerWidget trains, and this Trainer was built with optimizer=None (evaluate / predict only). "
+                "Pass an optimizer, e.g. Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)); "
+                "for evaluation alone call trainer.evaluate(loader) without a panel."
+            )
         self.trainer, self.train_loader, self.val_loader = trainer, train_loader, val_loader
         self.max_steps = max_steps
         self.ui_interval = max(0.05, float(ui_interval))
@@ -261,7 +267,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         if not _frontend.in_notebook():
             print(
                 f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
-                "foreground with console progress bars.",
+                "foreground with console progress.",
                 file=sys.stderr,
                 flush=True,
             )

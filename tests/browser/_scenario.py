@@ -22,8 +22,14 @@ def loss_points(page: Any) -> int:
     return curve(chart(page, ".nbt-chart-loss"), "loss (step)").get("n", 0)
 
 
-def run_controls_scenario(page: Any, screenshot: Any, name: str, console_log: list[str]) -> dict[str, int]:
-    """Start, watch the chart grow, Pause (holds), Resume (grows again), Stop (holds); returns the steps seen."""
+def run_controls_scenario(
+    page: Any, screenshot: Any, name: str, console_log: list[str], known_page_errors: tuple[str, ...] = ()
+) -> dict[str, int]:
+    """Start, watch the chart grow, Pause (holds), Resume (grows again), Stop (holds); returns the steps seen.
+
+    ``known_page_errors``: substrings of page errors the front end itself raises without any widget (each
+    documented where it is passed); every other page error fails the scenario.
+    """
     page.locator("button.nbt-start").click()
     wait_badge(page, "running")
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[2], timeout=30_000)
@@ -57,6 +63,7 @@ def run_controls_scenario(page: Any, screenshot: Any, name: str, console_log: li
     assert page.locator("button.nbt-start").is_enabled(), "Start is not enabled again after Stop"
     screenshot(page, f"{name}-stopped", selector=".nbt-panel")
     assert widget_problems(page) == []
-    assert not [m for m in console_log if m.startswith("pageerror")], console_log
+    errors = [m for m in console_log if m.startswith("pageerror") and not any(k in m for k in known_page_errors)]
+    assert not errors, errors
     assert not state_errors(console_log), state_errors(console_log)[:5]
     return {"held": held_step, "final": final}

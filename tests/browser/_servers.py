@@ -239,8 +239,16 @@ def start_voila(
 LAB_NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
 
 
+# jupytext (a test dependency: the notebooks' sources) brings its own server and front-end extensions, which the
+# browser tests do not use; in Notebook 7 its front end raised a page error ("Not same Y.Doc" / 'schema').
+NO_JUPYTEXT = ('--ServerApp.jpserver_extensions={"jupyterlab_jupytext": False}',)
+
+
 def _user_settings(env: dict[str, str], theme: str | None) -> None:
-    """News/update pop-ups off (nothing covers the notebook) and, if given, the theme ("JupyterLab Dark")."""
+    """News/update pop-ups off (nothing covers the notebook), jupytext's front end off and, if given, the theme."""
+    labconfig = Path(env["JUPYTER_CONFIG_DIR"]) / "labconfig"
+    labconfig.mkdir(parents=True, exist_ok=True)
+    (labconfig / "page_config.json").write_text(json.dumps({"disabledExtensions": {"jupyterlab-jupytext": True}}))
     folder = Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "notification.jupyterlab-settings").write_text(json.dumps(LAB_NOTIFICATION_SETTINGS))
@@ -283,6 +291,7 @@ def start_lab(
         "--LabApp.extension_manager=readonly",
         "--LabApp.expose_app_in_browser=True",
         f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
+        *NO_JUPYTEXT,
         *extra_args,
     ]
     return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
@@ -313,6 +322,7 @@ def start_notebook7(
         "--PasswordIdentityProvider.hashed_password=",
         f"--ServerApp.root_dir={Path(root_dir).resolve()}",
         "--JupyterNotebookApp.expose_app_in_browser=True",
+        *NO_JUPYTEXT,
         *extra_args,
     ]
     return _spawn("notebook", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)

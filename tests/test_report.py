@@ -1,0 +1,149 @@
+"""History plots without a plotting library: SVG charts and an HTML report (issues 11 and 13).
+
+Checked by parsing what is produced: well-formed SVG, text in ``currentColor`` (theme-aware), the legend above
+the plot area, a loss axis that never goes below 0, an LR axis in decades, bounded metrics on 0-1, and files
+written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from nbtrainer import History, format_number
+from nbtrainer.plotting import classify_metrics, svg_chart, use_log_scale
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _history(epochs: int = 4, steps_per_epoch: int = 50) -> History:
+    h = History()
+    pts = []
+    for i in range(1, epochs * steps_per_epoch + 1):
+        lr = 3e-3 if i < 120 else 1e-4
+        pts.append((i, 2.3 * math.exp(-i / 40) + 0.001, lr))  # 2.3 down to 0.017: over two decades
+    h.add_steps(pts, epoch=1)
+    for e in range(1, epochs + 1):
+        h.add_epoch(
+            {
+                "epoch": e,
+                "lr": 3e-3,
+                "loss": 1.0 / e,
+                "acc": 0.5 + e / 10,
+                "val_loss": 1.1 / e,
+                "val_acc": 0.45 + e / 10,
+                "mae": 4.0 / e,
+                "time": 2.5,
+                "samples_per_s": 5476.37,
+                "steps": steps_per_epoch * e,
+                "skipped_steps": 0,
+            }
+        )
+    h.add_event(step=119, epoch=3, kind="lr", old=3e-3, new=1e-4)
+    h.add_event(step=150, epoch=3, kind="grad_accum_steps", old=1, new=4)
+    h.status = "finished"
+    return h
+
+
+def _charts(svg_text: str) -> list[ET.Element]:
+    root = ET.fromstring(svg_text)
+    return [el for el in root.iter(f"{SVG}svg") if el.get("class") == "nbt-summary-chart"]
+
+
+def _title(chart: ET.Element) -> str:
+    return next(chart.iter(f"{SVG}text")).text or ""
+
+
+def _texts(chart: ET.Element) -> list[str]:
+    return [t.text or "" for t in chart.iter(f"{SVG}text")]
+
+
+def test_to_svg_is_one_svg_with_loss_lr_and_metric_charts_legible_in_any_theme():
+    svg = _history().to_svg()
+    charts = _charts(svg)
+    titles = [_title(c) for c in charts]
+    assert titles[0].startswith("loss") and titles[1] == "learning rate" and "metrics per epoch" in titles
+    assert "mae per epoch" in titles  # an unbounded metric: its own axis, never the loss's or the 0-1 one
+    for chart in charts:
+        assert chart.get("fill") == "currentColor"  # text takes the page's colour (light and dark themes)
+        assert all(t.get("fill") in (None, "currentColor") for t in chart.iter(f"{SVG}text"))
+        axis_labels = [t.text for t in chart.iter(f"{SVG}text") if t.get("text-anchor") == "middle"]
+        assert axis_labels, "every chart has axis labels"
+
+
+def test_loss_axis_never_goes_below_zero_and_turns_log_past_two_decades():
+    h = _history()
+    loss_chart = _charts(h.to_svg())[0]
+    assert _title(loss_chart) == "loss (log scale)"  # 2.3 down to ~0.02: more than two decades
+    ticks = [t for t in _texts(loss_chart) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", t)]
+    assert ticks and not any(t.startswith("-") for t in ticks)
+    small = History()
+    small.add_steps([(1, 1.2, 1e-3), (2, 0.9, 1e-3), (3, 0.7, 1e-3)], epoch=1)
+    chart = _charts(small.to_svg())[0]
+    assert _title(chart) == "loss"
+    assert "0" in _texts(chart)  # a linear axis from 0
+
+
+def test_lr_chart_is_logarithmic_and_marks_the_change_at_its_new_value():
+    lr_chart = _charts(_history().to_svg())[1]
+    ticks = [t for t in _texts(lr_chart) if re.fullmatch(r"\d\.\d\de-\d+", t)]
+    assert "1.00e-4" in ticks and len(ticks) >= 2  # decades in the one LR format
+    marks = [p for p in lr_chart.iter(f"{SVG}path") if p.find(f"{SVG}title") is not None]
+    assert any("lr 3.00e-3 → 1.00e-4" in p.find(f"{SVG}title").text for p in marks)
+
+
+def test_legend_sits_above_the_plot_area():
+    chart = _charts(_history().to_svg())[0]
+    plot_top = float(next(r for r in chart.iter(f"{SVG}rect")).get("y"))
+    legend_texts = [t for t in chart.iter(f"{SVG}text") if t.text in ("loss (step)", "smoothed", "val_loss")]
+    assert len(legend_texts) == 3 and all(float(t.get("y")) < plot_top for t in legend_texts)
+
+
+def test_markers_carry_exact_values_as_tooltips():
+    chart = _charts(_history().to_svg())[0]
+    tips = [c.find(f"{SVG}title").text for c in chart.iter(f"{SVG}circle")]
+    assert f"val_loss 100: {format_number(1.1 / 2)}" in tips
+
+
+def test_plot_displays_and_saves_svg_and_html_atomically(tmp_path):
+    plot = _history().plot()
+    assert plot._repr_html_().count("<svg") == 4  # loss, lr, bounded metrics, mae
+    svg_path = plot.save(tmp_path / "run.svg")
+    text = (tmp_path / "run.svg").read_text(encoding="utf-8")
+    root = ET.fromstring(text)
+    assert root.tag == f"{SVG}svg" and "color:#24292f" in (root.get("style") or "")  # dark text standalone
+    assert svg_path.endswith("run.svg")
+    plot.save(tmp_path / "run.html")
+    assert "<svg" in (tmp_path / "run.html").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\.svg or \.html"):
+        plot.save(tmp_path / "run.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.html", "run.svg"]  # no temp file left
+
+
+def test_repr_html_is_a_report_with_the_epoch_table_and_the_charts():
+    h = _history()
+    html = h._repr_html_()
+    assert "nbt-summary-table" in html and html.count("<svg") >= 4
+    header = re.search(r"<div style='margin-bottom:4px'>(.*?)</div>", html).group(1)
+    assert "200 optimizer steps" in header and "finished" in header  # the steps taken, not an epoch row's
+    rows = re.findall(r"<tr>(.*?)</tr>", html.split("<tbody>")[1])
+    assert len(rows) == 4
+    assert "<b>0.25</b>" in rows[-1]  # the best (lowest) loss of its column in bold
+    assert ">samples_per_s<" not in html  # bookkeeping stays out of the epoch table
+
+
+def test_metric_classification():
+    assert classify_metrics([{"acc": 0.5, "val_acc": 0.7, "f1": 0.4, "mae": 3.0, "lr": 1e-3, "time": 2.0}]) == (
+        ["acc", "f1"],
+        ["mae"],
+    )
+    assert classify_metrics([{"acc": 87.5}]) == ([], ["acc"])  # a percent accuracy is not 0-1
+    assert use_log_scale([10.0, 0.05]) and not use_log_scale([1.0, 0.5]) and not use_log_scale([1.0, 0.0])
+
+
+def test_an_empty_chart_says_so():
+    svg = svg_chart([], title="loss", xlabel="step", ylabel="loss")
+    assert "no data" in svg and ET.fromstring(svg).tag == f"{SVG}svg"

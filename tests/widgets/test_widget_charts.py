@@ -1,0 +1,147 @@
+"""The live charts as Python objects: axes a practitioner reads at a glance (issue 11).
+
+Loss never below 0 and logarithmic past two decades (or when chosen), LR on a log axis with each change marked
+at its new value and labels that do not overlap, bounded metrics on their own 0-1 axis and other metrics on
+theirs, memory against capacity, every axis labelled, hover tooltips on every point layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import bqplot as bq
+import numpy as np
+import pytest
+
+from nbtrainer.widgets._charts import LiveCharts
+
+
+def _steps(losses, lrs=None):
+    lrs = lrs if lrs is not None else [1e-3] * len(losses)
+    return [(float(i + 1), float(v), float(lr)) for i, (v, lr) in enumerate(zip(losses, lrs, strict=True))]
+
+
+def test_every_axis_is_labelled_and_point_layers_have_tooltips():
+    charts = LiveCharts()
+    figs = [charts.loss_fig, charts.lr_fig, charts.metrics_box.fig, charts.other_box.fig, charts.mem_box.fig]
+    for fig in figs:
+        assert all(axis.label for axis in fig.axes), [a.label for a in fig.axes]
+        assert not fig.legend_location or all(not getattr(m, "display_legend", False) for m in fig.marks)
+    for mark in (charts.val, charts.loss_hover, charts.lr_hover, charts.lr_events, charts.metric_points):
+        assert isinstance(mark.tooltip, bq.Tooltip) and mark.interactions.get("hover") == "tooltip"
+    scales = [s for fig in figs for m in fig.marks for s in m.scales.values()]
+    assert all(s.allow_padding is False for s in scales)  # padding put negative ticks under a loss
+
+
+def test_loss_axis_starts_at_zero_then_turns_log_past_two_decades():
+    charts = LiveCharts()
+    charts.add_steps(_steps([2.3, 1.9, 1.2, 0.9]))
+    charts.render()
+    assert charts.raw.scales["y"] is charts.loss_lin and charts.loss_lin.min == 0.0
+    assert not charts.loss_is_log and charts.loss_fig.axes[1].label == "loss"
+    charts.add_steps([(5.0 + i, 10 ** -(i / 3), 1e-3) for i in range(12)])  # down to 1e-4: four decades
+    charts.render()
+    assert charts.loss_is_log and all(m.scales["y"] is charts.loss_log for m in charts.loss_marks)
+    assert charts.loss_fig.axes[1].scale is charts.loss_log and charts.loss_fig.axes[1].label == "loss (log)"
+    ticks = charts.loss_fig.axes[1].tick_values
+    assert len(ticks) >= 3 and all(math.log10(t) == round(math.log10(t)) for t in ticks)  # decades
+    charts.loss_scale.value = "linear"  # the user's choice wins over "auto"
+    charts.render()
+    assert not charts.loss_is_log and charts.loss_lin.min == 0.0
+
+
+def test_a_loss_below_zero_keeps_a_linear_axis_that_shows_it():
+    charts = LiveCharts()
+    charts.loss_scale.value = "log"
+    charts.add_steps(_steps([0.5, -0.2, -1.0]))  # e.g. a negative log-likelihood
+    charts.render()
+    assert not charts.loss_is_log and charts.loss_lin.min < -1.0
+
+
+def test_lr_is_on_a_log_axis_with_changes_at_the_new_value_and_no_overlapping_labels():
+    charts = LiveCharts()
+    charts.add_steps(_steps([1.0] * 100, [3.7e-2] * 40 + [3e-3] * 2 + [1e-4] * 58))
+    for step, old, new in ((40, 3.7e-2, 3e-3), (42, 3e-3, 1e-4)):  # two changes 2 steps apart
+        charts.add_event({"kind": "lr", "step": step, "old": old, "new": new})
+    charts.add_event({"kind": "grad_accum_steps", "step": 60, "old": 1, "new": 4})
+    charts.render()
+    assert isinstance(charts.lr.scales["y"], bq.LogScale)
+    lo, hi = charts.lr_scale.min, charts.lr_scale.max
+    assert lo < 1e-4 and hi > 3.7e-2  # the small LR is as visible as the large one
+    assert charts.lr_events.y.tolist() == pytest.approx([3e-3, 1e-4])  # at the new LR, not the old
+    names = list(charts.lr_events.names)
+    assert names.count("") == 1 and names[-1] == "1.00e-4"  # the later label wins, the close one is hidden
+    assert any("accumulation 1 → 4" in n for n in charts.loss_events.names)  # every change on the loss chart
+    ticks = list(charts.lr_fig.axes[1].tick_values)
+    assert len(ticks) >= 3 and all(lo <= t <= hi for t in ticks)
+
+
+def test_a_constant_lr_still_gets_a_decade_of_axis_and_ticks():
+    charts = LiveCharts()
+    charts.add_steps(_steps([1.0] * 5, [3e-3] * 5))
+    charts.render()
+    assert charts.lr_scale.max / charts.lr_scale.min >= 10
+    assert len(charts.lr_fig.axes[1].tick_values) >= 2
+
+
+def test_bounded_metrics_get_a_0_1_axis_and_other_metrics_their_own_chart():
+    charts = LiveCharts()
+    for e in (1, 2, 3):
+        charts.add_epoch(
+            {
+                "epoch": e,
+                "steps": 10 * e,
+                "loss": 2.0 / e,
+                "val_loss": 2.1 / e,
+                "acc": 0.5 + e / 10,
+                "val_acc": 0.45 + e / 10,
+                "mae": 9.0 / e,
+                "val_mae": 9.5 / e,
+                "rmse": 30.0 / e,
+            }
+        )
+        charts.render()
+    assert (charts.metrics_box.fig.axes[1].scale.min, charts.metrics_box.fig.axes[1].scale.max) == (0.0, 1.0)
+    assert np.atleast_2d(charts.train_metrics.y).shape[0] == 1  # acc only: the loss is never on this axis
+    assert charts.other_box.root.layout.display == "flex"
+    assert list(charts.other_choice.options) == ["mae", "rmse"] and charts.other_choice.value == "mae"
+    assert charts.other_box.fig.axes[1].label == "mae"
+    assert np.atleast_2d(charts.other.train.y)[0].tolist() == pytest.approx([9.0, 4.5, 3.0])
+    charts.other_choice.value = "rmse"
+    charts.render()
+    assert np.atleast_2d(charts.other.train.y)[0].tolist() == pytest.approx([30.0, 15.0, 10.0])
+    assert charts.other_box.fig.axes[1].scale.min == 0.0 and charts.other_box.fig.axes[1].scale.max >= 30.0
+
+
+def test_an_accuracy_in_percent_is_not_forced_onto_0_1():
+    charts = LiveCharts()
+    charts.add_epoch({"epoch": 1, "steps": 10, "loss": 1.0, "acc": 87.5})
+    charts.render()
+    assert charts.other_box.root.layout.display == "flex" and list(charts.other_choice.options) == ["acc"]
+
+
+def test_memory_against_capacity():
+    charts = LiveCharts()
+    for step, used in ((10, 300 * 2**20), (20, 350 * 2**20), (30, 320 * 2**20)):
+        charts.add_memory(step, used, 1 * 2**30)
+    charts.render()
+    assert charts.memory.y.tolist() == pytest.approx([300, 350, 320])  # MiB below 1 GiB
+    assert charts.mem_box.fig.axes[1].label == "memory (MiB)"
+    assert charts.mem.capacity.y.tolist() == pytest.approx([1024, 1024])  # the capacity line is within reach
+    assert "of 1.00 GiB" in charts.mem_box.legend.value
+    huge = LiveCharts()
+    huge.add_memory(1, 300 * 2**20, 80 * 2**30)
+    huge.render()
+    assert len(huge.mem.capacity.y) == 0 and "of 80.0 GiB" in huge.mem_box.legend.value  # too far to draw
+
+
+def test_long_runs_stay_bounded_per_mark():
+    charts = LiveCharts(max_points=500)
+    rng = np.random.default_rng(0)
+    losses = list(np.abs(rng.normal(1.0, 0.1, 20_000)))
+    losses[12_345] = 50.0
+    charts.add_steps(_steps(losses))
+    charts.render()
+    sent = charts.sent_points()
+    assert sent["loss"] <= 500 and sent["lr"] <= 500 and len(charts.loss_hover.x) <= 300
+    assert 50.0 in charts.raw.y  # the spike survives the decimation
