@@ -30,6 +30,20 @@ _EXCLUSIVE = {
 class PanelActions:
     """Mixed into :class:`TrainerWidget` (uses its ``trainer``, ``view``, ``train_loader``, ``_run``...)."""
 
+    # set by TrainerWidget.__init__
+    trainer: Any
+    view: Any
+    controls: Any
+    train_loader: Any
+    lr_finder: Any
+    _model: Any
+    _run: Any
+    _busy: set[str]
+    _lr_find_lock: threading.Lock
+
+    def _notify(self, level: str, text: str, details: str | None = None) -> None:
+        raise NotImplementedError  # TrainerWidget's
+
     def save_checkpoint(self, path: str | None = None) -> str:
         """Write a checkpoint (mid-run: at the next step boundary, from the training thread)."""
         if self._lr_find_lock.locked():  # the sweep's weights are not the model's: they are put back at its end

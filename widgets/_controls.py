@@ -181,6 +181,7 @@ class Controls:
                 _OneCycle(t.optimizer, max_lr=[g["lr"] for g in t.optimizer.param_groups], total_steps=total), "step"
             )
         else:
+            assert total is not None  # counted above for every schedule but "constant"
             t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(t.optimizer, T_max=total), "step")
 
     def _reset_groups(self, lr: float) -> None:

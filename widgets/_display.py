@@ -18,6 +18,15 @@ __all__ = ["SummaryDisplay"]
 class SummaryDisplay:
     """Mixed into :class:`TrainerWidget` (uses its ``panel``, ``view``, ``summary_html``, ``_display_ids``)."""
 
+    # set by TrainerWidget.__init__
+    panel: Any
+    view: Any
+    trainer: Any
+    summary_html: str | None
+    _display_ids: list[str]
+    _label: str
+    _model: Any
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.panel._repr_mimebundle_(**kwargs)
 
@@ -33,7 +42,7 @@ class SummaryDisplay:
     def _summary_bundle(self) -> dict[str, str]:
         if self.summary_html is None:
             return {"text/html": "<div class='nbt-summary-static nbt-summary-slot'></div>", "text/plain": ""}
-        h = self.history
+        h = self.trainer.history
         last = ", ".join(f"{k}={v:.4g}" for k, v in h.last.items() if isinstance(v, float))
         return {
             "text/html": f"<div class='nbt-summary-static'>{self.summary_html}</div>",

@@ -84,7 +84,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         else:
             if len(args) < 2 or len(args) > 4:
                 raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {_USAGE}")
-            criterion, optimizer, *args = args
+            criterion, optimizer, *loaders = args
+            args = tuple(loaders)
             trainer = Trainer(model, criterion, optimizer, metrics=metrics, **trainer_options)
             user_model = model
         train_loader = args[0] if len(args) > 0 else train_loader

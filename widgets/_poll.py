@@ -67,7 +67,7 @@ def _subshell(kernel: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def _route_comms(kernel: Any, subshell_id: str) -> Iterator[None]:
+def _route_comms(kernel: Any, subshell_id: str) -> Iterator[Callable[[], None]]:
     """Every comm's frontend messages go to ``subshell_id`` inside the block (new comms included)."""
 
     def route(data: Any, default: Any) -> str:

@@ -369,8 +369,8 @@ def chromium_args() -> list[str]:
     ]
 
 
-def chromium_env(base: Path) -> dict[str, str]:
-    env = dict(os.environ)
+def chromium_env(base: Path) -> dict[str, str | float | bool]:
+    env: dict[str, str | float | bool] = dict(os.environ)
     for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
         d = base / name.lower()
         d.mkdir(parents=True, exist_ok=True)

@@ -44,11 +44,13 @@ def test_panel_in_voila_start_pause_resume_stop(voila_server, page, screenshot, 
 
     # what the charts drew over the run
     loss = chart(page, ".nbt-chart-loss")
+    assert loss is not None
     raw = curve(loss, "loss (step)")
     assert raw["xspan"] > 0.5 * loss["width"], f"loss points span {raw['xspan']:.0f}px of {loss['width']}px"
     assert all(not t.strip().startswith("-") for t in loss["axes"][1] if t.strip()), loss["axes"]  # never below 0
     assert scatter_points(page, ".nbt-chart-loss") >= 1  # validation loss per epoch, with tooltips
     lr = chart(page, ".nbt-chart-lr")
+    assert lr is not None
     assert curve(lr, "lr")["n"] >= 2 and any("e-" in t for t in lr["axes"][1]), lr  # a log axis in LR format
     assert scatter_points(page, ".nbt-chart-metrics") >= 2  # accuracy per epoch, train and val
     assert curve(chart(page, ".nbt-chart-memory"), "memory")["n"] >= 2

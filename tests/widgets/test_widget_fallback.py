@@ -60,7 +60,7 @@ def _private_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     bad = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("nbtrainer"):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("nbtrainer"):
             parts = node.module.split(".") + [a.name for a in node.names]
             if any(p.startswith("_") for p in parts):
                 bad.append(f"{path.name}:{node.lineno} from {node.module} import ...")
