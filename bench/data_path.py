@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from _models import medium_mlp, small_cnn, tiny_mlp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -54,29 +55,11 @@ class Workload:
 
 
 def workloads() -> dict[str, Workload]:
-    def tiny() -> nn.Module:
-        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    def medium() -> nn.Module:
-        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-
-    def cnn() -> nn.Module:
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(32 * 7 * 7, 10),
-        )
-
     return {
-        "tiny32": Workload("tiny MLP 32-64-10, batch 32, 8,192 samples", tiny, (32,), 8192, 32),
-        "tiny256": Workload("tiny MLP 32-64-10, batch 256, 8,192 samples", tiny, (32,), 8192, 256),
-        "medium": Workload("medium MLP 784-1024-1024-10, batch 128, 4,096 samples", medium, (784,), 4096, 128),
-        "cnn": Workload("small CNN 1x28x28, batch 64, 4,096 samples", cnn, (1, 28, 28), 4096, 64),
+        "tiny32": Workload("tiny MLP 32-64-10, batch 32, 8,192 samples", tiny_mlp, (32,), 8192, 32),
+        "tiny256": Workload("tiny MLP 32-64-10, batch 256, 8,192 samples", tiny_mlp, (32,), 8192, 256),
+        "medium": Workload("medium MLP 784-1024-1024-10, batch 128, 4,096 samples", medium_mlp, (784,), 4096, 128),
+        "cnn": Workload("small CNN 1x28x28, batch 64, 4,096 samples", small_cnn, (1, 28, 28), 4096, 64),
     }
 
 

@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from _models import small_cnn
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,16 +40,7 @@ def make_model(name: str) -> nn.Module:
             nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
         )
     if name == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(32 * 7 * 7, 10),
-        )
+        return small_cnn()
     raise ValueError(name)
 
 

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from _models import medium_mlp, small_cnn, tiny_mlp
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -57,40 +58,22 @@ class Workload:
 
 
 def workloads(scale: float = 1.0) -> dict[str, Workload]:
-    def tiny():
-        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    def medium():
-        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-
-    def cnn():
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(32 * 7 * 7, 10),
-        )
-
     return {
         "tiny": Workload(
             "tiny MLP 32-64-10, batch 32",
-            tiny,
+            tiny_mlp,
             lambda: (torch.randn(32, 32), torch.randint(0, 10, (32,))),
             int(3000 * scale),
         ),
         "medium": Workload(
             "medium MLP 784-1024-1024-10, batch 128",
-            medium,
+            medium_mlp,
             lambda: (torch.randn(128, 784), torch.randint(0, 10, (128,))),
             int(150 * scale),
         ),
         "cnn": Workload(
             "small CNN 1x28x28, batch 64",
-            cnn,
+            small_cnn,
             lambda: (torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))),
             int(150 * scale),
         ),

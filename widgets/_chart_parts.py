@@ -26,6 +26,7 @@ __all__ = [
     "EpochChart",
     "MemoryChart",
     "figure",
+    "hover_layer",
     "legend_html",
     "lin_scale",
     "log_scale",
@@ -37,6 +38,22 @@ _MARGIN = {"top": 12, "bottom": 42, "left": 64, "right": 14}
 _BOX = {"flex": "1 1 330px", "min_width": "300px", "max_width": "560px", "margin": "0 4px 4px 0"}
 _FIG = {"width": "100%", "height": "250px"}
 MARKER = "#8b949e"  # change markers: mid grey, visible on light and dark backgrounds
+
+
+def hover_layer(scales: dict[str, Any], color: str, value: tuple[str, str, str]) -> bq.Scatter:
+    """Invisible points over a line (a Lines mark has one tooltip per line): hovering one shows the step and
+    its exact ``value`` (``(field, label, d3 format)``)."""
+    e = np.empty(0)
+    return bq.Scatter(
+        x=e,
+        y=e,
+        scales=scales,
+        colors=[color],
+        opacities=[0.0],
+        default_size=40,
+        interactions={"hover": "tooltip"},
+        tooltip=tooltip(("x", "step", ",.0f"), value),
+    )
 
 
 def step_ticks(x: np.ndarray) -> np.ndarray:

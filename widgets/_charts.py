@@ -42,6 +42,7 @@ from ._chart_parts import (
     EpochChart,
     MemoryChart,
     figure,
+    hover_layer,
     legend_html,
     lin_scale,
     log_scale,
@@ -75,16 +76,7 @@ class LiveCharts:
             x=e, y=e, scales=sc, colors=[PALETTE[0]], opacities=[0.3], stroke_width=1, labels=["loss (step)"]
         )
         self.smooth = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[0]], stroke_width=2.5, labels=["smoothed"])
-        self.loss_hover = bq.Scatter(
-            x=e,
-            y=e,
-            scales=sc,
-            colors=[PALETTE[0]],
-            opacities=[0.0],
-            default_size=40,
-            interactions={"hover": "tooltip"},
-            tooltip=tooltip(("x", "step", ",.0f"), ("y", "smoothed loss", ".4~g")),
-        )
+        self.loss_hover = hover_layer(sc, PALETTE[0], ("y", "smoothed loss", ".4~g"))
         self.val = bq.Scatter(
             x=e,
             y=e,
@@ -126,16 +118,7 @@ class LiveCharts:
         lx, self.lr_scale = lin_scale(min=0.0), log_scale(min=1e-4, max=1e-2)
         lsc = {"x": lx, "y": self.lr_scale}
         self.lr = bq.Lines(x=e, y=e, scales=lsc, colors=[PALETTE[2]], stroke_width=2, labels=["lr"])
-        self.lr_hover = bq.Scatter(
-            x=e,
-            y=e,
-            scales=lsc,
-            colors=[PALETTE[2]],
-            opacities=[0.0],
-            default_size=40,
-            interactions={"hover": "tooltip"},
-            tooltip=tooltip(("x", "step", ",.0f"), ("y", "lr", ".3~e")),
-        )
+        self.lr_hover = hover_layer(lsc, PALETTE[2], ("y", "lr", ".3~e"))
         self.lr_events = bq.Scatter(
             x=e,
             y=e,

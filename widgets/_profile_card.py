@@ -11,24 +11,12 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import format_bytes, format_count, format_duration
+from nbtrainer import ModelProfile, format_bytes, format_count, format_duration
 
 from ._theme import FG, WARN
 
 __all__ = ["ProfileCard", "profile_html"]
 
-_MEMORY_ROWS = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "inputs",
-    "activations",
-    "total",
-    "activations_checkpointed",
-    "total_checkpointed",
-    "cuda_peak",
-)
 _CELL = "padding:1px 8px;text-align:left"
 
 
@@ -95,7 +83,7 @@ def profile_html(data: dict[str, Any]) -> str:
     if memory:
         header = ["training step"] + [f"{d} {p}" for d, p, _ in memory]
         body = []
-        for key in _MEMORY_ROWS:
+        for key in ModelProfile.MEMORY_ROWS:
             vals = [e.get(key) if e.get("supported", True) else None for _, _, e in memory]
             if any(v is not None for v in vals):
                 body.append([key.replace("_", " ")] + [_bytes(v) if v is not None else "" for v in vals])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import html
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from nbtrainer._format import format_bytes, format_count, format_duration
 from nbtrainer._precision import normalize_precision, resolve_device
@@ -36,6 +36,8 @@ _LATENCY_ROWS = ("median", "p90", "mean", "min", "throughput")
 class ModelProfile:
     """What :func:`~nbtrainer.profile_model` measured. Plain data; ``to_dict()`` is JSON-serialisable.
 
+    ``ModelProfile.MEMORY_ROWS`` names the entries of a ``memory`` breakdown, in the order reports show them.
+
     Attributes:
         model_name: ``type(model).__name__``.
         batch_size: Samples in the example inputs.
@@ -55,6 +57,8 @@ class ModelProfile:
         environment: torch / ptflops versions and device names.
         seconds: Wall time per profiling step.
     """
+
+    MEMORY_ROWS: ClassVar[tuple[str, ...]] = _MEMORY_ROWS
 
     model_name: str
     batch_size: int

@@ -256,6 +256,24 @@ def _user_settings(env: dict[str, str], theme: str | None) -> None:
         (folder / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
 
 
+def _jupyter_server_cmd(module: str, port: int, root_dir: Path) -> list[str]:
+    """A Jupyter server application (``jupyterlab``, ``notebook``) on loopback, no auth, as root, no jupytext."""
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--no-browser",
+        "--allow-root",
+        f"--ServerApp.ip={HOST}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--PasswordIdentityProvider.hashed_password=",
+        f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+        *NO_JUPYTEXT,
+    ]
+
+
 def start_lab(
     root_dir: Path,
     workdir: Path,
@@ -275,23 +293,12 @@ def start_lab(
     _user_settings(env, theme)
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--no-browser",
-        "--allow-root",
-        f"--ServerApp.ip={HOST}",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        "--IdentityProvider.token=",
-        "--PasswordIdentityProvider.hashed_password=",
-        f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+        *_jupyter_server_cmd("jupyterlab", port, root_dir),
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.extension_manager=readonly",
         "--LabApp.expose_app_in_browser=True",
         f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
-        *NO_JUPYTEXT,
         *extra_args,
     ]
     return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
@@ -310,19 +317,8 @@ def start_notebook7(
     _user_settings(env, None)
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "notebook",
-        "--no-browser",
-        "--allow-root",
-        f"--ServerApp.ip={HOST}",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        "--IdentityProvider.token=",
-        "--PasswordIdentityProvider.hashed_password=",
-        f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+        *_jupyter_server_cmd("notebook", port, root_dir),
         "--JupyterNotebookApp.expose_app_in_browser=True",
-        *NO_JUPYTEXT,
         *extra_args,
     ]
     return _spawn("notebook", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
