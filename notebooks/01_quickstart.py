@@ -16,12 +16,13 @@
 # %% [markdown]
 # # Quickstart: train a small CNN with a live panel
 #
-# **Usage:** run all cells (*Run → Run All Cells*, or `jupyter execute 01_quickstart.ipynb` in a terminal);
-# it takes about 10 s on 2 CPU cores, with no GPU and no download. A small CNN learns scikit-learn's
-# handwritten digits while the panel shows the loss, learning rate and accuracy live. When the run ends,
-# press **Start** to train on, **Pause** / **Stop** it at any step, move the learning-rate slider or the
-# accumulation steps mid-run, or press **Profile**; the last cells turn the run's `History` into a table
-# and a chart. Needs the project installed (`pip install -e .` from the repository root; Binder does it).
+# **Usage:** run all cells (*Run → Run All Cells*, or `jupyter execute 01_quickstart.ipynb` in a terminal); about 10
+# s on 2 CPU cores (measured 9-12 s, kernel start included; up to twice that when other jobs share the cores), with
+# no GPU and no download. A small CNN learns scikit-learn's handwritten digits while the panel shows the loss,
+# learning rate and accuracy live. When the run ends, press **Start** to train on, **Pause** / **Stop** it at any
+# step, move the learning-rate slider or the accumulation steps mid-run, or press **Profile**; the last cells turn
+# the run's `History` into a table and a chart. Needs the project installed (`pip install -e .` from the repository
+# root; Binder does it).
 
 # %%
 import torch

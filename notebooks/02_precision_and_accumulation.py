@@ -16,11 +16,11 @@
 # %% [markdown]
 # # Precision and gradient accumulation on a CPU
 #
-# **Usage:** run all cells (*Run → Run All Cells*); about 15 s on 2 CPU cores. The same small CNN is trained on
-# scikit-learn's digits under `fp32`, `bf16-mixed` and `fp16-mixed` autocast, with and without gradient
-# accumulation at the same effective batch size (64), and one table compares wall time, measured training
-# memory per step and validation accuracy: the classic mixed-precision experiment, reproduced on a laptop.
-# Change `EPOCHS` or `CONFIGS` below and run again to try your own.
+# **Usage:** run all cells (*Run → Run All Cells*); about 15 s on 2 CPU cores (measured 14-16 s; up to 30 s when
+# other jobs share the cores). The same small CNN is trained on scikit-learn's digits under `fp32`, `bf16-mixed` and
+# `fp16-mixed` autocast, with and without gradient accumulation at the same effective batch size (64), and one table
+# compares wall time, measured training memory per step and validation accuracy: the classic mixed-precision
+# experiment, reproduced on a laptop. Change `EPOCHS` or `CONFIGS` below and run again to try your own.
 
 # %%
 import torch

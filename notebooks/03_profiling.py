@@ -16,12 +16,12 @@
 # %% [markdown]
 # # Profiling a model before training it
 #
-# **Usage:** run all cells (*Run → Run All Cells*); about 20 s on 2 CPU cores. `profile_model` measures a
-# model on example inputs (parameters and size, MACs/FLOPs, latency per precision, and the memory one training
-# step needs, broken down) without touching the model itself; `fits()` says whether a batch size fits a memory
-# budget and suggests micro-batch × accumulation when it does not. The same report is one magic away:
-# `%load_ext nbtrainer`, then `%nbtrainer profile MODEL --input-shape 1,3,32,32` (or `--inputs VAR`). Try it on
-# your own model by replacing the two below.
+# **Usage:** run all cells (*Run → Run All Cells*); about 15 s on 2 CPU cores (measured 12-14 s; up to 25 s when
+# other jobs share the cores). `profile_model` measures a model on example inputs (parameters and size, MACs/FLOPs,
+# latency per precision, and the memory one training step needs, broken down) without touching the model itself;
+# `fits()` says whether a batch size fits a memory budget and suggests micro-batch × accumulation when it does not.
+# The same report is one magic away: `%load_ext nbtrainer`, then `%nbtrainer profile MODEL --input-shape 1,3,32,32`
+# (or `--inputs VAR`). Try it on your own model by replacing the two below.
 
 # %%
 import torch

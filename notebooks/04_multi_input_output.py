@@ -16,12 +16,12 @@
 # %% [markdown]
 # # Multiple inputs, multiple outputs, dict batches
 #
-# **Usage:** run all cells (*Run → Run All Cells*); about 10 s on 2 CPU cores. The `Trainer` (and the panel)
-# takes batches in the shapes models really use: `(x, y)`, `(x1, x2, ..., y)` → `model(x1, x2, ...)`,
-# `num_inputs=k` when there are several targets, and dicts → `model(**inputs)` with the targets picked by
-# `target_keys`; outputs can be tuples or dicts, and the loss and metrics receive them as the model returned
-# them. Each section below trains the same digits data in one of these shapes; copy the one that looks like
-# your data.
+# **Usage:** run all cells (*Run → Run All Cells*); about 10 s on 2 CPU cores (measured 9-10 s; up to 20 s when
+# other jobs share the cores). The `Trainer` (and the panel) takes batches in the shapes models really use: `(x,
+# y)`, `(x1, x2, ..., y)` → `model(x1, x2, ...)`, `num_inputs=k` when there are several targets, and dicts →
+# `model(**inputs)` with the targets picked by `target_keys`; outputs can be tuples or dicts, and the loss and
+# metrics receive them as the model returned them. Each section below trains the same digits data in one of these
+# shapes; copy the one that looks like your data.
 
 # %%
 import torch

@@ -16,11 +16,12 @@
 # %% [markdown]
 # # The same training in a script
 #
-# **Usage:** run all cells (*Run → Run All Cells*); about 20 s on 2 CPU cores. Nothing in nbtrainer needs a
-# notebook: the cells below run Python scripts as you would in a terminal (`!` runs a shell command; in a
-# terminal, drop the `!` and write `python` instead of `{sys.executable}`). `Trainer.fit` shows console progress
-# bars there, and the very same `TrainerWidget(...).fit()` code that shows the panel in a notebook trains in the
-# foreground with console bars in a plain script. Long runs then come back to the notebook as a saved `History`.
+# **Usage:** run all cells (*Run → Run All Cells*); about 10 s on 2 CPU cores (measured 9-10 s; up to 20 s when
+# other jobs share the cores). Nothing in nbtrainer needs a notebook: the cells below run Python scripts as you
+# would in a terminal (`!` runs a shell command; in a terminal, drop the `!` and write `python` instead of
+# `{sys.executable}`). `Trainer.fit` shows console progress bars there, and the very same `TrainerWidget(...).fit()`
+# code that shows the panel in a notebook trains in the foreground with console bars in a plain script. Long runs
+# then come back to the notebook as a saved `History`.
 
 # %%
 import os
