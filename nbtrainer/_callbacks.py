@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nbtrainer._events import Progress
+from nbtrainer._format import format_number
 
 __all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
 
@@ -118,13 +119,16 @@ class EarlyStopping(Callback):
             if self.restore_best_weights:
                 self._best_weights = {k: v.detach().to("cpu", copy=True) for k, v in trainer.model_state_dict().items()}
             if self.stopping_threshold is not None and not self._better(self.stopping_threshold, value):
-                reason = f"{self.monitor}={value:.6g} reached stopping_threshold={self.stopping_threshold}"
+                reason = (
+                    f"{self.monitor}={format_number(value)} reached "
+                    f"stopping_threshold={format_number(self.stopping_threshold)}"
+                )
         else:
             self.wait += 1
             if self.wait >= self.patience:
                 reason = (
                     f"{self.monitor} did not improve for {self.wait} epochs "
-                    f"(best {self.best:.6g} at epoch {self.best_epoch})"
+                    f"(best {format_number(self.best)} at epoch {self.best_epoch})"
                 )
         diverged = (
             reason is None
@@ -134,7 +138,10 @@ class EarlyStopping(Callback):
             and value != self.divergence_threshold
         )
         if diverged:
-            reason = f"{self.monitor}={value:.6g} is worse than divergence_threshold={self.divergence_threshold}"
+            reason = (
+                f"{self.monitor}={format_number(value)} is worse than "
+                f"divergence_threshold={format_number(self.divergence_threshold)}"
+            )
         if reason is not None:
             self.stopped_epoch = epoch
             trainer.request_stop(f"EarlyStopping: {reason}")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from nbtrainer._batch import move_to_device
+from nbtrainer._format import format_lr, format_number
 from nbtrainer._optim import move_optimizer_state
 from nbtrainer._strategy import unwrap_model
 
@@ -157,7 +158,7 @@ class LRFinderResult:
 
     def __repr__(self) -> str:
         def fmt(v: float | None) -> str:
-            return "None" if v is None else f"{v:.3g}"
+            return "None" if v is None else format_lr(v)
 
         alts = ", ".join(f"{k}={fmt(v)}" for k, v in self.alternatives.items())
         return (
@@ -208,7 +209,7 @@ class LRFinderResult:
             parts.append(f'<text x="{x:.1f}" y="{top + h + 14}" text-anchor="middle">1e{d}</text>')
         for k in range(5):
             v = y_lo + (y_hi - y_lo) * k / 4
-            parts.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
+            parts.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{format_number(v)}</text>')
         parts.append(f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle">learning rate</text>')
         parts.append(
             f'<text x="12" y="{top + h / 2}" text-anchor="middle" transform="rotate(-90 12 {top + h / 2})">loss</text>'
@@ -225,7 +226,7 @@ class LRFinderResult:
             dash = "" if rule == self.rule else ' stroke-dasharray="4 3"'
             parts.append(
                 f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" stroke="{color}"{dash}>'
-                f"<title>{html.escape(rule)}: {lr:.3g}</title></line>"
+                f"<title>{html.escape(rule)}: {format_lr(lr)}</title></line>"
             )
             parts.append(
                 f'<text x="{x + 3:.1f}" y="{top + 12 + 12 * n}" fill="{color}">{html.escape(rule)} {lr:.2g}</text>'
@@ -236,11 +237,11 @@ class LRFinderResult:
     def _repr_html_(self) -> str:
         sug = self.suggestion
         head = (
-            f"<b>LR finder</b>: suggestion <b>{sug:.3g}</b> ({html.escape(self.rule)})"
+            f"<b>LR finder</b>: suggestion <b>{format_lr(sug)}</b> ({html.escape(self.rule)})"
             if sug is not None
             else "<b>LR finder</b>: no suggestion"
         )
-        alts = ", ".join(f"{html.escape(k)} {v:.3g}" for k, v in self.alternatives.items() if v is not None)
+        alts = ", ".join(f"{html.escape(k)} {format_lr(v)}" for k, v in self.alternatives.items() if v is not None)
         return (
             f"<div class='nbt-lr-find'>{head}; {alts}<br>{self.to_svg()}<br>"
             f"<small>{len(self.lrs)} of {self.steps} steps, {self.min_lr:g} to {self.max_lr:g}: "
@@ -389,14 +390,14 @@ def lr_find(
                 losses.append(value)
                 if not math.isfinite(value):
                     smoothed.append(math.nan)
-                    reason, stopped = f"loss not finite at lr={lr:.3g}", True
+                    reason, stopped = f"loss not finite at lr={format_lr(lr)}", True
                     break
                 avg = smoothing * avg + (1 - smoothing) * value
                 smooth = avg / (1 - smoothing ** (i + 1))
                 smoothed.append(smooth)
                 best = min(best, smooth)
                 if i > 0 and smooth > best + (diverge - 1) * max(abs(best), 1e-12):
-                    reason, stopped = f"diverged at lr={lr:.3g}", True
+                    reason, stopped = f"diverged at lr={format_lr(lr)}", True
                     break
     finally:
         restored = snap.restore()

@@ -37,6 +37,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbtrainer._doctor import DoctorReport, doctor_report
+from nbtrainer._format import format_number
 from nbtrainer._magics_args import PARSERS, full_usage, parse, parse_shape, split_list, usage_of
 
 __all__ = ["DoctorReport", "NbtrainerMagics", "doctor_report", "load", "unload"]
@@ -307,7 +308,7 @@ class NbtrainerMagics(Magics):
             total = f"/{p.total_steps}" if p.total_steps else ""
             parts.append(f"step {p.global_step}{total}")
             if p.loss is not None:
-                parts.append(f"loss {p.loss:.4g}")
+                parts.append(f"loss {format_number(p.loss)}")
         parts.append(f"{getattr(trainer, 'device', '?')} {getattr(trainer, 'precision', '')}".strip())
         return " · ".join(parts)
 

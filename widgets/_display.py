@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nbtrainer import format_number
+
 __all__ = ["SummaryDisplay"]
 
 
@@ -43,7 +45,7 @@ class SummaryDisplay:
         if self.summary_html is None:
             return {"text/html": "<div class='nbt-summary-static nbt-summary-slot'></div>", "text/plain": ""}
         h = self.trainer.history
-        last = ", ".join(f"{k}={v:.4g}" for k, v in h.last.items() if isinstance(v, float))
+        last = ", ".join(f"{k}={format_number(v)}" for k, v in h.last.items() if isinstance(v, float))
         return {
             "text/html": f"<div class='nbt-summary-static'>{self.summary_html}</div>",
             "text/plain": f"{self._label}: {h.status}; {last}",

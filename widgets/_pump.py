@@ -119,9 +119,9 @@ class UiPump:
         w, kind = self.w, event["kind"]
         w.charts.add_event(event)
         w.controls.on_event(event)
-        if kind == "pause":
-            self.stream_status = "paused"
-        elif kind == "resume":
+        # "paused" comes only from the progress snapshot the loop sends once it holds (it carries the step it
+        # holds at); the "pause" event is emitted just before it, so it would show a stale step.
+        if kind == "resume":
             self.stream_status = "running"
         elif kind == "lr":
             w._notify("info", f"step {event['step']}: lr {format_lr(event['old'])} → {format_lr(event['new'])}")
