@@ -15,12 +15,13 @@ import torch
 from nbtrainer import _state, _validate
 from nbtrainer._seed import seed_worker
 from nbtrainer._strategy import unwrap_model
+from nbtrainer._trainer_base import TrainerBase
 
 __all__ = ["TrainerCheckpoints"]
 
 
-class TrainerCheckpoints:
-    """Mixin of :class:`~nbtrainer.Trainer` (uses its model, strategy, control and fit thread)."""
+class TrainerCheckpoints(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
     def save_checkpoint(self, path: str) -> str:
         """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
