@@ -26,7 +26,7 @@ import contextlib
 import datetime
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any
 
 import torch
@@ -340,6 +340,8 @@ class DDP:
                 "use a DistributedSampler (or shard in your sampler) to split the data across ranks.",
             )
             return loader
+        # What `plain` checked, for the type checker: the loader's own BatchSampler over a map-style dataset.
+        assert isinstance(batch_sampler, BatchSampler) and isinstance(loader.dataset, Sized)
         if train:
             new_sampler: Sampler = DistributedSampler(
                 loader.dataset,

@@ -326,5 +326,5 @@ def _collection_names(spec: Mapping[str, Any]) -> set[str]:
         return names
     for value in spec.values():
         if isinstance(value, torchmetrics.MetricCollection):
-            names |= set(value.keys())
+            names |= {str(k) for k in value.keys()}  # its metric names (typed as Hashable by torchmetrics)
     return names

@@ -69,6 +69,7 @@ class TrainerCheckpoints(TrainerBase):
             sampler.generator = gen
             if getattr(loader, "generator", "absent") is None:
                 loader.generator = gen  # worker base seeds follow the same state
-            if self.deterministic and getattr(loader, "num_workers", 0) and loader.worker_init_fn is None:
+            workers = getattr(loader, "num_workers", 0)
+            if self.deterministic and workers and loader.worker_init_fn is None:
                 loader.worker_init_fn = seed_worker
         return sampler.generator
