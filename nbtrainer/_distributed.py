@@ -26,7 +26,7 @@ import contextlib
 import datetime
 import os
 import warnings
-from collections.abc import Sequence, Sized
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -105,7 +105,7 @@ class ShardSampler(Sampler[int]):
     def __init__(self, n: int, rank: int, world_size: int) -> None:
         self.n, self.rank, self.world_size = n, rank, world_size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.n, self.world_size))
 
     def __len__(self) -> int:

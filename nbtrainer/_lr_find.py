@@ -147,7 +147,7 @@ class LRFinderResult:
         """The other rules' suggestions."""
         return {k: v for k, v in self.suggestions.items() if k != self.rule}
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """``DataFrame`` with columns ``lr``, ``loss``, ``smoothed`` (index: step)."""
         import pandas as pd
 
