@@ -11,37 +11,47 @@ in the messages.
 Usage (what ``tests/test_lint.py`` runs)::
 
     .venv/bin/python tests/_mypy.py                 # the config's files: nbtrainer widgets tests
-    .venv/bin/python tests/_mypy.py nbtrainer/_loop.py widgets
+    .venv/bin/python tests/_mypy.py nbtrainer/_loop.py
 
 It takes mypy's own options and prints mypy's output; the exit status is mypy's (0 clean, 1 errors, 2 bad usage).
+The widget layer is always among the sources, as mypy would follow the core's imports of it in an ordinary layout.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from mypy import build
 from mypy.errors import CompileError
+from mypy.find_sources import create_source_list
 from mypy.main import process_options
 from mypy.modulefinder import BuildSource
 
-INSTALLED_AS = {"widgets": "nbtrainer.widgets"}  # folder's module name -> the name it is installed under
+REPO = Path(__file__).resolve().parents[1]
+INSTALLED_AS = {REPO / "widgets": "nbtrainer.widgets"}  # folder -> the package it installs as (package-dir)
 
 
-def installed_name(module: str) -> str:
-    """The module name a source has once installed (``widgets._panel`` -> ``nbtrainer.widgets._panel``)."""
-    head, dot, rest = module.partition(".")
-    if head in INSTALLED_AS:
-        return INSTALLED_AS[head] + dot + rest
-    return module
+def installed_name(path: str) -> str | None:
+    """The module a file of a mapped folder is once installed (``widgets/_panel.py`` -> ``nbtrainer.widgets._panel``);
+    None for any other file."""
+    file = Path(path).resolve()
+    for folder, package in INSTALLED_AS.items():
+        if file.is_relative_to(folder):
+            parts = file.relative_to(folder).with_suffix("").parts
+            return ".".join([package, *parts[: -1 if parts[-1] == "__init__" else None]])
+    return None
 
 
 def main(args: list[str]) -> int:
     sources, options = process_options(args, stdout=sys.stdout, stderr=sys.stderr)
-    renamed = [
-        s if installed_name(s.module) == s.module else BuildSource(s.path, installed_name(s.module), s.text)
-        for s in sources
-    ]
+    listed = {Path(s.path).resolve() for s in sources if s.path}
+    for folder in INSTALLED_AS:  # the whole package, whichever of its files (if any) were named
+        sources += [s for s in create_source_list([str(folder)], options) if Path(str(s.path)).resolve() not in listed]
+    renamed = []
+    for s in sources:
+        name = installed_name(s.path) if s.path else None
+        renamed.append(s if name is None else BuildSource(s.path, name, s.text))
     try:
         messages = build.build(renamed, options).errors
     except CompileError as err:  # a blocking error (syntax, duplicate module): mypy stops there, exit status 2
