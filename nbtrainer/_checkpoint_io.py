@@ -174,7 +174,7 @@ def _interrupt_in(exc: BaseException | None) -> BaseException | None:
     return None
 
 
-def _os_error_in(exc: BaseException) -> OSError | None:
+def _os_error_in(exc: BaseException | None) -> OSError | None:
     """The OSError behind ``exc`` (torch's zip writer can mask it with its own RuntimeError on exit)."""
     seen = 0
     while exc is not None and seen < 8:

@@ -114,7 +114,7 @@ class CheckpointHandle:
         return f"CheckpointHandle({len(self.names)} blocks, {state})"
 
 
-def _select(model: nn.Module, blocks: bool | Sequence[type | str]) -> list[tuple[str, nn.Module]]:
+def _select(model: nn.Module, blocks: bool | Sequence[type[nn.Module] | str]) -> list[tuple[str, nn.Module]]:
     if blocks is True:
         return find_checkpointable_blocks(model)
     if blocks is False or isinstance(blocks, (str, type)) or not isinstance(blocks, Iterable):
@@ -133,7 +133,9 @@ def _select(model: nn.Module, blocks: bool | Sequence[type | str]) -> list[tuple
     return [(n, m) for n, m in ordered if not any(n.startswith(o + ".") for o, _ in ordered if o != n)]
 
 
-def apply_activation_checkpointing(model: nn.Module, blocks: bool | Sequence[type | str] = True) -> CheckpointHandle:
+def apply_activation_checkpointing(
+    model: nn.Module, blocks: bool | Sequence[type[nn.Module] | str] = True
+) -> CheckpointHandle:
     """Wrap blocks of ``model`` with non-reentrant activation checkpointing, reversibly.
 
     Args:
@@ -187,8 +189,9 @@ def strip_activation_checkpointing(model: nn.Module) -> list[str]:
         wrapper = module.__dict__.get("forward")
         while isinstance(wrapper, _CheckpointedForward):
             inner = wrapper.inner
-            bound_default = getattr(inner, "__self__", None) is module and getattr(inner, "__func__", None) is getattr(
-                type(module).forward, "__func__", type(module).forward
+            class_forward = getattr(type(module).forward, "__func__", type(module).forward)
+            bound_default = (
+                getattr(inner, "__self__", None) is module and getattr(inner, "__func__", None) is class_forward
             )
             if bound_default:
                 del module.__dict__["forward"]

@@ -123,13 +123,13 @@ class MinMaxStream:
         if not n:
             return
         self.count += n
-        if self._partial_n:
+        if self._partial is not None:  # an open bucket (of self._partial_n < w points)
             take = min(w - self._partial_n, n)
-            self._partial = _merge(self._partial, _bucket(x[:take], y[:take]))
+            self._partial = partial = _merge(self._partial, _bucket(x[:take], y[:take]))
             self._partial_n += take
             i = take
             if self._partial_n == w:
-                self._rows = np.vstack([self._rows, self._partial[None]])
+                self._rows = np.vstack([self._rows, partial[None]])
                 self._partial, self._partial_n = None, 0
         k = (n - i) // w
         if k:

@@ -26,7 +26,7 @@ import contextlib
 import datetime
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -105,7 +105,7 @@ class ShardSampler(Sampler[int]):
     def __init__(self, n: int, rank: int, world_size: int) -> None:
         self.n, self.rank, self.world_size = n, rank, world_size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.n, self.world_size))
 
     def __len__(self) -> int:
@@ -340,6 +340,8 @@ class DDP:
                 "use a DistributedSampler (or shard in your sampler) to split the data across ranks.",
             )
             return loader
+        # What `plain` checked, for the type checker: the loader's own BatchSampler over a map-style dataset.
+        assert isinstance(batch_sampler, BatchSampler) and isinstance(loader.dataset, Sized)
         if train:
             new_sampler: Sampler = DistributedSampler(
                 loader.dataset,

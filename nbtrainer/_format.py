@@ -100,7 +100,10 @@ def format_lr(lr: Any) -> str:
         >>> format_lr(3e-3), format_lr(0.1), format_lr(None)
         ('3.00e-3', '1.00e-1', '-')
     """
-    special = _nonfinite(value := (None if lr is None else float(lr)))
+    if lr is None:
+        return MISSING
+    value = float(lr)
+    special = _nonfinite(value)
     if special is not None:
         return special
     if value == 0:

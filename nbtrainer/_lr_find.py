@@ -148,7 +148,7 @@ class LRFinderResult:
         """The other rules' suggestions."""
         return {k: v for k, v in self.suggestions.items() if k != self.rule}
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """``DataFrame`` with columns ``lr``, ``loss``, ``smoothed`` (index: step)."""
         import pandas as pd
 
@@ -375,6 +375,7 @@ def lr_find(
                     (scaler.scale(scaled) if scaler is not None else scaled).backward()
                     total = loss.detach().float() if total is None else total + loss.detach().float()
                     del loss, outputs, targets, batch, scaled
+                assert total is not None  # k >= 1 micro-batches
                 if scaler is not None:
                     scaler.unscale_(opt)
                 if trainer.max_grad_norm is not None:

@@ -52,12 +52,19 @@ class NbtrainerMagics(Magics):
     """The ``%nbtrainer`` line magic (see this module's docstring)."""
 
     # -- namespace ---------------------------------------------------------------------------
+    @property
+    def _user_ns(self) -> dict[str, Any]:
+        """The notebook's namespace (a magic run by IPython always has its shell)."""
+        if self.shell is None:
+            raise UsageError("%nbtrainer runs in an IPython shell: load it with %load_ext nbtrainer")
+        return self.shell.user_ns
+
     def _lookup(self, name: str, what: str) -> Any:
         """A name (or dotted attribute path, e.g. ``trainer.model``) from the user namespace; no eval."""
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
             raise UsageError(f"{what} must be a variable name (optionally dotted), got {name!r}")
         head, *rest = name.split(".")
-        ns = self.shell.user_ns
+        ns = self._user_ns
         if head not in ns:
             raise UsageError(f"{what} {head!r} is not defined in the notebook's namespace")
         obj = ns[head]
@@ -74,7 +81,7 @@ class NbtrainerMagics(Magics):
         display(obj)
 
     # -- entry point ---------------------------------------------------------------------------
-    @line_magic("nbtrainer")
+    @line_magic  # registered under the method's name: %nbtrainer
     def nbtrainer(self, line: str = "") -> Any:
         line = line.strip()
         if not line or line in ("help", "-h", "--help"):
@@ -136,13 +143,15 @@ class NbtrainerMagics(Magics):
         except ImportError as exc:
             raise UsageError(f"%nbtrainer profile: nbtrainer.profile_model is not available here ({exc})") from None
         profile = profile_model(model, example, devices=devices, precisions=precisions)
-        self.shell.user_ns["_nbt_profile"] = profile
+        self._user_ns["_nbt_profile"] = profile
         try:
             from nbtrainer import ProfileCard
         except (ImportError, AttributeError):
-            ProfileCard = None
-        if ProfileCard is not None:
-            self._display(ProfileCard(profile))
+            card = None
+        else:
+            card = ProfileCard(profile)
+        if card is not None:
+            self._display(card)
         elif hasattr(profile, "_repr_html_"):
             from IPython.display import HTML
 
@@ -186,7 +195,7 @@ class NbtrainerMagics(Magics):
             grad_accum_steps=args.accum,
             metrics=metrics,
         )
-        self.shell.user_ns["_nbt_widget"] = widget
+        self._user_ns["_nbt_widget"] = widget
         self._display(widget)
         return None
 
@@ -243,8 +252,8 @@ class NbtrainerMagics(Magics):
         val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
         metrics = self._lookup(args.metrics, "--metrics") if args.metrics else None
         spec: Any = args.strategies
-        if re.fullmatch(r"[A-Za-z_]\w*", spec) and isinstance(self.shell.user_ns.get(spec), dict):
-            spec = self.shell.user_ns[spec]
+        if re.fullmatch(r"[A-Za-z_]\w*", spec) and isinstance(self._user_ns.get(spec), dict):
+            spec = self._user_ns[spec]
         try:
             strategies = resolve_strategies(spec)
         except (TypeError, ValueError) as exc:
@@ -258,7 +267,9 @@ class NbtrainerMagics(Magics):
         try:  # the widget layer is optional: without ipywidgets/bqplot the table's own text/HTML is shown
             from nbtrainer.widgets import CompareWidget
         except ImportError:
-            CompareWidget = None
+            show_live = None
+        else:
+            show_live = CompareWidget.run
         print(f"Comparing {len(strategies)} strategies: {', '.join(strategies)}", flush=True)
         options = {
             "epochs": args.epochs,
@@ -268,8 +279,8 @@ class NbtrainerMagics(Magics):
             "device": args.device,
             "repeats": args.repeats,
         }
-        if CompareWidget is not None:  # shown before the first strategy trains; rows and bars fill in as they come
-            widget = CompareWidget.run(
+        if show_live is not None:  # shown before the first strategy trains; rows and bars fill in as they come
+            widget = show_live(
                 make_model,
                 optimizer,
                 criterion,
@@ -281,13 +292,13 @@ class NbtrainerMagics(Magics):
                 **options,
             )
             table = widget.comparison
-            self.shell.user_ns["_nbt_compare_widget"] = widget
+            self._user_ns["_nbt_compare_widget"] = widget
         else:
             table = compare_strategies(
                 make_model, optimizer, criterion, train_loader, val_loader, strategies, on_row=progress, **options
             )
             self._display(table)
-        self.shell.user_ns["_nbt_compare"] = table
+        self._user_ns["_nbt_compare"] = table
         return None
 
     @staticmethod
@@ -302,7 +313,7 @@ class NbtrainerMagics(Magics):
         model = type(getattr(trainer, "model", None)).__name__
         parts = [f"[{i}] {model}"]
         status = getattr(p, "status", None) or getattr(trainer, "status", "?")
-        parts.append(status)
+        parts.append(str(status))
         if p is not None:
             parts.append(f"epoch {p.epoch}/{p.epochs}")
             total = f"/{p.total_steps}" if p.total_steps else ""

@@ -11,16 +11,19 @@ from typing import Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
 
 __all__ = ["PARSERS", "full_usage", "parse", "parse_shape", "split_list", "usage", "usage_of"]
 
 
-def _subcommand(name: str, description: str) -> Callable[[Callable], Callable]:
-    """Decorate a stub so magic_arguments builds a parser whose usage reads ``%nbtrainer <name> ...``."""
+def _subcommand(name: str, description: str) -> Callable[[Callable[[], None]], MagicArgumentParser]:
+    """Decorate a stub that carries ``magic_arguments.argument`` decorators: the stub's name then holds the
+    parser magic_arguments builds from them, whose usage reads ``%nbtrainer <name> ...``."""
 
-    def wrap(fn: Callable) -> Callable:
+    def wrap(fn: Callable[[], None]) -> MagicArgumentParser:
         fn.__doc__ = description
-        return magic_arguments.magic_arguments(name=f"nbtrainer {name}")(fn)
+        parser: MagicArgumentParser = magic_arguments.magic_arguments(name=f"nbtrainer {name}")(fn).parser
+        return parser
 
     return wrap
 
@@ -116,7 +119,7 @@ def _status_args() -> None: ...
 def _stop_args() -> None: ...
 
 
-PARSERS: dict[str, Callable] = {
+PARSERS: dict[str, MagicArgumentParser] = {
     "doctor": _doctor_args,
     "env": _doctor_args,
     "profile": _profile_args,
@@ -128,8 +131,8 @@ PARSERS: dict[str, Callable] = {
 _ORDER = ("doctor", "profile", "train", "compare", "status", "stop")
 
 
-def usage(fn: Callable) -> str:
-    text = fn.parser.format_usage().strip()
+def usage(parser: MagicArgumentParser) -> str:
+    text = parser.format_usage().strip()
     text = re.sub(r"^::\s*", "", text)
     text = " ".join(re.sub(r"^usage:\s*", "", text).split())  # one line: argparse wraps it oddly
     return "usage: " + (text if text.startswith("%") else "%" + text)
@@ -138,26 +141,26 @@ def usage(fn: Callable) -> str:
 def full_usage() -> str:
     lines = ["%nbtrainer SUBCOMMAND [options]   (doctor alias: env)", ""]
     for name in _ORDER:
-        fn = PARSERS[name]
-        lines.append(usage(fn).removeprefix("usage: "))
-        lines.append(f"    {fn.parser.description}")
+        parser = PARSERS[name]
+        lines.append(usage(parser).removeprefix("usage: "))
+        lines.append(f"    {parser.description}")
     lines.append("")
     lines.append("%nbtrainer help  prints this; `%nbtrainer SUBCOMMAND -h` the options of one subcommand.")
     return "\n".join(lines)
 
 
 def parse(name: str, argstring: str) -> Any:
-    fn = PARSERS[name]
+    parser = PARSERS[name]
     if re.search(r"(^|\s)(-h|--help)(\s|$)", argstring):
-        help_text = fn.parser.format_help()
-        print(usage(fn) + help_text[help_text.find("\n\n", len("::\n\n")) :].rstrip())
+        help_text = parser.format_help()
+        print(usage(parser) + help_text[help_text.find("\n\n", len("::\n\n")) :].rstrip())
         return None
     try:
-        return fn.parser.parse_argstring(argstring)
+        return parser.parse_argstring(argstring)
     except UsageError as exc:
-        raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(fn)}") from None
+        raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(parser)}") from None
     except ValueError as exc:  # unbalanced quotes from shlex
-        raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(fn)}") from None
+        raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(parser)}") from None
 
 
 def split_list(value: str | list[str] | None) -> list[str]:

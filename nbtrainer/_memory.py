@@ -77,6 +77,7 @@ class MemoryProbe:
 
     def window(self) -> int | None:
         """The peak since the previous call (CUDA) or the resident size now (CPU), in bytes."""
+        value: int | None
         try:
             if self.kind == "cuda":
                 import torch

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -137,7 +138,9 @@ def _pad_cat(tensors: list[torch.Tensor], pad_index: float) -> torch.Tensor:
     out = torch.full(shape, pad_index, dtype=dtype, device=first.device)
     row = 0
     for t in tensors:
-        out[(slice(row, row + t.shape[0]), *(slice(0, s) for s in t.shape[1:]))] = t
+        # the index is built apart: mypy reads `out[(a, *b)]` as 3.11's `out[a, *b]` (valid since 3.5 with parens)
+        region = (slice(row, row + t.shape[0]), *(slice(0, s) for s in t.shape[1:]))
+        out[region] = t
         row += t.shape[0]
     return out
 
@@ -198,13 +201,22 @@ def predict_outputs(trainer: Any, batch: Any) -> Any:
         try:
             return trainer.predict_step(batch)
         except Exception as exc:
-            exc.add_note(
+            _add_note(
+                exc,
                 "compute_loss returned only a loss, so predict() called the model on the batch as the batch "
                 "protocol splits it, and that failed. Return (loss, outputs, targets) from compute_loss, or pass "
-                "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass)."
+                "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass).",
             )
             raise
     return trainer.predict_step(batch)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; Python 3.10 has no notes, so there the note ends the message instead."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
 
 
 def run_predict(

@@ -76,7 +76,8 @@ def classify_metrics(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[st
         for k, v in r.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in METRIC_SKIP:
                 seen.setdefault(k[4:] if k.startswith("val_") else k, None)
-    bounded, other = [], []
+    bounded: list[str] = []
+    other: list[str] = []
     for base in seen:
         if base == "loss" or base.startswith("lr_"):
             continue

@@ -425,11 +425,14 @@ class ModelSetup:
             for name, p in model.named_parameters():
                 p.requires_grad_(self._plan[name])
         if self.channels_last:
-            model.to(memory_format=torch.channels_last)
+            # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._handle = enable_activation_checkpointing(model, self.activation_checkpointing)
         self.applied = True
         if self.compile_options is not None:
-            return torch.compile(model, **self.compile_options)
+            compiled = torch.compile(model, **self.compile_options)
+            assert isinstance(compiled, nn.Module)  # an OptimizedModule (typed as the callable it wraps)
+            return compiled
         return model
 
     def set_activation_checkpointing(self, value: Any) -> list[str]:

@@ -48,7 +48,7 @@ class SingleDevice:
 
     def set_epoch(self, loader: Any, epoch: int) -> None:
         sampler = getattr(loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
     def reduce_sums(self, values: list[float]) -> list[float]:

@@ -133,13 +133,13 @@ def svg_chart(
         f"<text x='{left}' y='13' font-size='12' font-weight='bold'>{esc(title)}</text>",
     ]
     for row_i, row in enumerate(legend_rows):  # above the plot area, never over the data
-        y = 22 + 14 * row_i + 6
+        row_y = 22 + 14 * row_i + 6
         for x, i in row:
             s, color = labelled[i]
             dash = " stroke-dasharray='4,3'" if s.get("dash") else ""
             out.append(
-                f"<line x1='{x}' x2='{x + 14}' y1='{y - 3}' y2='{y - 3}' stroke='{color}' stroke-width='2.5'{dash}/>"
-                f"<text x='{x + 18}' y='{y}'>{esc(str(s['label']))}</text>"
+                f"<line x1='{x}' x2='{x + 14}' y1='{row_y - 3}' y2='{row_y - 3}' stroke='{color}' "
+                f"stroke-width='2.5'{dash}/><text x='{x + 18}' y='{row_y}'>{esc(str(s['label']))}</text>"
             )
     xs = _finite([v for s in series for v in s["x"]]) + _finite([v for v, _ in vlines])
     ys = _finite([v for s in series for v in s["y"]])
@@ -225,7 +225,8 @@ def svg_chart(
 def _legend_layout(labels: list[str], width: int) -> list[list[tuple[int, int]]]:
     """Legend entries wrapped into rows: ``[[(x, index), ...], ...]`` (about 6 px per character)."""
     rows: list[list[tuple[int, int]]] = []
-    x, row = 58, []
+    row: list[tuple[int, int]] = []
+    x = 58
     for i, label in enumerate(labels):
         w = 24 + 6 * len(label)
         if row and x + w > width:

@@ -1,17 +1,17 @@
-"""The Trainer facade: configuration checked up front, the public properties, and the mixins that do the work.
+"""The Trainer facade: configuration checked up front, and the mixins that do the work.
 
 The verbs live in focused mixins: running a fit (``_trainer_fit``), evaluate / predict and the batch
 protocol's override points (``_trainer_eval``), the control surface (``_trainer_control``) and checkpoints
-(``_trainer_checkpoints``). Mechanics live in their own modules: the loop (``_loop``), precision
+(``_trainer_checkpoints``). The state they share, and its read-only properties (``lr``, ``global_step``...),
+is declared once in ``_trainer_base``. Mechanics live in their own modules: the loop (``_loop``), precision
 (``_precision``), batches (``_batch``), metrics (``_metrics``), checkpoint state (``_state``) and I/O
 (``_checkpoint_io``).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -21,7 +21,7 @@ from nbtrainer._callbacks import HistoryRecorder
 from nbtrainer._control import Control
 from nbtrainer._events import CallbackList, Progress
 from nbtrainer._history import History
-from nbtrainer._loop import FitLoop, LoopState
+from nbtrainer._loop import LoopState
 from nbtrainer._metrics import MetricSet
 from nbtrainer._nonfinite import NonFiniteGuard
 from nbtrainer._precision import make_scaler, require_precision, resolve_device
@@ -127,8 +127,6 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         ('finished', 3)
     """
 
-    _active: ClassVar[weakref.WeakSet] = weakref.WeakSet()
-
     def __init__(
         self,
         model: torch.nn.Module,
@@ -183,7 +181,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._distributed). First, so that
         # under DDP nothing touches a CUDA device before this rank's device is set.
-        self.strategy: Any = _make_strategy(strategy, device, seed)
+        self.strategy = _make_strategy(strategy, device, seed)
         device = self.strategy.device
         # Strategy options (nbtrainer._strategies): checked, and a named optimizer built, now; applied last.
         self._setup = ModelSetup(
@@ -229,7 +227,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.precision = require_precision(precision, self.device)
         self.model = model
         self.criterion = criterion
-        self.optimizer: torch.optim.Optimizer | None = optimizer
+        self.optimizer = optimizer
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.scheduler_monitor = scheduler_monitor
@@ -262,52 +260,21 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.status = "idle"
         self._control = Control()
         self._state = LoopState()
-        self._loop: FitLoop | None = None
-        self._deferred: list[Callable[[], Any]] = []
-        self._pending_rng: dict[str, Any] | None = None
+        self._loop = None
+        self._deferred = []
+        self._pending_rng = None
         self._nonfinite = NonFiniteGuard(on_nonfinite)
-        self._fit_thread: int | None = None
+        self._fit_thread = None
         self._elapsed_before = 0.0
         self._has_val = False
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
         self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
 
-    # -- small public properties ---------------------------------------------------------------
+    # -- the trainers of this process, log keys, repr ------------------------------------------------
     @classmethod
     def active(cls) -> list[Trainer]:
         """Trainers currently inside ``fit`` in this process (for ``%nbtrainer status/stop``)."""
         return list(cls._active)
-
-    @property
-    def global_step(self) -> int:
-        return self._state.global_step
-
-    @property
-    def current_epoch(self) -> int:
-        """1-based number of the epoch running (or last run)."""
-        return self._state.epoch + 1
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
-
-    @property
-    def has_validation(self) -> bool:
-        return self._has_val
-
-    @property
-    def lr(self) -> float:
-        """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
-        if self.optimizer is None:
-            raise _validate.no_optimizer("lr")
-        group = self.optimizer.param_groups[0]
-        return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
-
-    @property
-    def current_lr(self) -> float:
-        if self.optimizer is None:
-            raise _validate.no_optimizer("current_lr")
-        return float(self.optimizer.param_groups[0]["lr"])
 
     @property
     def _scheduler_per_step(self) -> bool:
@@ -359,5 +326,5 @@ def _collection_names(spec: Mapping[str, Any]) -> set[str]:
         return names
     for value in spec.values():
         if isinstance(value, torchmetrics.MetricCollection):
-            names |= set(value.keys())
+            names |= {str(k) for k in value.keys()}  # its metric names (typed as Hashable by torchmetrics)
     return names

@@ -15,12 +15,13 @@ import torch
 from nbtrainer import _state, _validate
 from nbtrainer._seed import seed_worker
 from nbtrainer._strategy import unwrap_model
+from nbtrainer._trainer_base import TrainerBase
 
 __all__ = ["TrainerCheckpoints"]
 
 
-class TrainerCheckpoints:
-    """Mixin of :class:`~nbtrainer.Trainer` (uses its model, strategy, control and fit thread)."""
+class TrainerCheckpoints(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
     def save_checkpoint(self, path: str) -> str:
         """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
@@ -68,6 +69,7 @@ class TrainerCheckpoints:
             sampler.generator = gen
             if getattr(loader, "generator", "absent") is None:
                 loader.generator = gen  # worker base seeds follow the same state
-            if self.deterministic and getattr(loader, "num_workers", 0) and loader.worker_init_fn is None:
+            workers = getattr(loader, "num_workers", 0)
+            if self.deterministic and workers and loader.worker_init_fn is None:
                 loader.worker_init_fn = seed_worker
         return sampler.generator

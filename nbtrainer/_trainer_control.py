@@ -15,12 +15,13 @@ from typing import Any
 
 from nbtrainer import _state, _validate
 from nbtrainer._precision import make_scaler, require_precision
+from nbtrainer._trainer_base import TrainerBase
 
 __all__ = ["TrainerControl"]
 
 
-class TrainerControl:
-    """Mixin of :class:`~nbtrainer.Trainer` (uses its ``_control``, ``_fit_thread``, ``callbacks``...)."""
+class TrainerControl(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
     # -- control from any thread ---------------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:

@@ -8,34 +8,21 @@ is ``nbtrainer._predict_collect``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from nbtrainer import _arrays, _oom
-from nbtrainer._batch import BatchSpec, batch_size_of, loss_from_outputs, move_to_device
+from nbtrainer._batch import batch_size_of, loss_from_outputs, move_to_device
 from nbtrainer._loop import _safe_len
+from nbtrainer._trainer_base import TrainerBase
 
 __all__ = ["TrainerEval"]
 
 
-class TrainerEval:
-    """Mixin of :class:`~nbtrainer.Trainer` (the attributes below are set by ``Trainer.__init__``)."""
-
-    model: torch.nn.Module
-    criterion: Callable | None
-    batch_spec: BatchSpec
-    strategy: Any
-    device: torch.device
-    non_blocking: bool
-    _val_metrics: Any
-    _train_metrics: Any
-    _fit_thread: int | None
-    _compute_loss_fn: Callable | None
-    _predict_step_fn: Callable | None
-    _autocast: Callable[[], Any]
-    fast_fetch: bool
+class TrainerEval(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
     @_oom.on_oom("evaluate")
     def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -21,17 +21,15 @@ from nbtrainer import _arrays, _continue, _oom, _validate
 from nbtrainer._history import History
 from nbtrainer._loop import FitLoop, LoopState, _safe_len
 from nbtrainer._optim import move_optimizer_state
-from nbtrainer._precision import autocast
 from nbtrainer._progress import start_progress
 from nbtrainer._seed import seed_everything, set_deterministic
+from nbtrainer._trainer_base import TrainerBase
 
 __all__ = ["TrainerFit", "is_plateau"]
 
 
-class TrainerFit:
-    """Mixin of :class:`~nbtrainer.Trainer` (uses its model, optimizer, loop state, callbacks, strategy...)."""
-
-    _active: ClassVar[Any]
+class TrainerFit(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
     def total_steps(self, train_loader: Any, epochs: int, *, batch_size: int | None = None) -> int:
         """Optimizer steps of ``fit(train_loader, epochs=epochs)``: ``ceil(batches / accum) * epochs``.
@@ -257,9 +255,6 @@ class TrainerFit:
             self._fit_thread = None
             self._active.discard(self)
             self.strategy.barrier()
-
-    def _autocast(self):
-        return autocast(self.precision, self.device)
 
     def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
         _validate.check_loss(self, loss, "training", needs_grad=True)

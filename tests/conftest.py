@@ -29,7 +29,7 @@ def make_loader(x, y, batch_size: int = 32, shuffle: bool = False, seed: int = 0
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=gen, **kw)
 
 
-def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
+def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.float32) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out)).to(dtype)
 

@@ -135,7 +135,7 @@ def test_validation_arrays_are_never_shuffled():
     x, y = make_classification(n=64)
     xv, yv = make_classification(n=40, seed=1)
     model = model_fn()
-    seen = {True: [], False: []}  # inputs the model saw, by training mode
+    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}  # inputs the model saw, by training mode
     model.register_forward_hook(lambda module, args, out: seen[module.training].append(args[0].clone()))
     trainer_for(model).fit((x, y), val_data=(xv, yv), batch_size=16, epochs=2)
     val_inputs = seen[False][1:]  # [0]: fit()'s peek at the first validation batch

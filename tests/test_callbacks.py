@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
@@ -98,7 +100,7 @@ def test_model_checkpoint_top_k_and_last(tmp_path):
     trainer.fit(make_loader(x, y), make_loader(x, y), epochs=5)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["epoch002-0.5000.ckpt", "epoch004-0.3000.ckpt", "last.ckpt"]
-    assert ck.best_model_path.endswith("epoch004-0.3000.ckpt")
+    assert ck.best_model_path is not None and ck.best_model_path.endswith("epoch004-0.3000.ckpt")
     last = load_checkpoint(tmp_path / "last.ckpt")
     assert len(last["history"]["epochs"]) == 5 and last["loop"]["global_step"] == trainer.global_step
     best = load_checkpoint(ck.best_model_path)
@@ -119,7 +121,7 @@ def test_checkpoint_roundtrip_restores_weights(tmp_path):
 
 
 def test_event_order_and_duck_typing():
-    seen = []
+    seen: list[tuple[Any, ...]] = []
 
     class Partial:  # defines only two hooks: the others are never looked up
         def on_epoch_start(self, trainer, epoch):

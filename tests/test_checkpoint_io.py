@@ -58,7 +58,7 @@ def test_sigkill_while_saving_leaves_an_old_or_new_file_that_loads(tmp_path):
     seen = set()
     for _ in range(4):
         proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.3, 1.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -62,10 +63,14 @@ def weights(out, name: str) -> list[dict]:
     return [torch.load(os.path.join(out, f"{name}.rank{r}.pt"), weights_only=True) for r in (0, 1)]
 
 
+def _prefixed(key: str) -> Callable[[str], str]:
+    return lambda message: f"{key}: {message}"
+
+
 def assert_same_weights(a: dict, b: dict, atol: float = ATOL) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=_prefixed(k))
 
 
 def assert_same_logs(a: dict, b: dict, keys=LOG_KEYS) -> None:

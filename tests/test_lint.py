@@ -1,7 +1,9 @@
-"""The code stays linted and formatted: ruff (rules and format) in pyproject.toml, run as part of the suite."""
+"""The code stays linted, formatted and type-checked: ruff (rules and format) and mypy, configured in pyproject.toml,
+run as part of the suite."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -33,3 +35,17 @@ def test_ruff_check_is_clean():
 def test_ruff_format_is_clean():
     out = subprocess.run([*_ruff(), "format", "--check", *PATHS], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, "run `ruff format`; unformatted:\n" + out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_mypy_is_clean():
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: pip install -e .[test]", pytrace=False)
+    # tests/_mypy.py is mypy with widgets/ under its installed name, nbtrainer.widgets (see its docstring)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "_mypy.py"), "nbtrainer", "widgets", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a cold cache takes about 80 s on 2 cores, a warm one 2 s
+    )
+    assert out.returncode == 0, "\n".join(out.stdout.splitlines()[-80:]) + out.stderr[-2000:]  # whole lines

@@ -18,9 +18,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -87,7 +90,7 @@ def execute(path: Path) -> tuple[Any, float]:
     return _CACHE[key]
 
 
-def outputs(nb: Any) -> list[dict[str, Any]]:
+def outputs(nb: Any) -> list[NotebookNode]:
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 import weakref
 
 import pytest
@@ -84,8 +85,18 @@ def test_compute_loss_returning_only_a_loss_explains_how_to_predict():
     # the default step calls model(**batch): Sequential takes no keywords, and the error says what to do
     with pytest.raises(TypeError) as excinfo:
         trainer.predict(_feature_batches())
-    note = " ".join(getattr(excinfo.value, "__notes__", []))
+    note = " ".join([str(excinfo.value), *getattr(excinfo.value, "__notes__", [])])  # Python 3.10: in the message
     assert "compute_loss returned only a loss" in note and "predict_step=fn(model, batch)" in note, note
+
+
+def test_without_exception_notes_the_advice_ends_the_message(monkeypatch):
+    # Python 3.10 has no BaseException.add_note (requires-python allows it): the same advice, in the message
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    trainer = Trainer(mlp(), None, compute_loss=lambda m, b: _feature_loss(m, b)[0], progress=False)
+    with pytest.raises(TypeError) as excinfo:
+        trainer.predict(_feature_batches())
+    message = str(excinfo.value)  # not pytest's match=, which also reads the notes
+    assert "compute_loss returned only a loss" in message and "predict_step=fn(model, batch)" in message, message
 
 
 def test_compute_loss_returning_only_a_loss_predicts_with_the_model_when_the_batch_allows():

@@ -55,6 +55,7 @@ def test_restore_puts_model_and_optimizer_back(tmp_path) -> None:
     trainer = _trainer(model)
     loader = make_loader(x, y, batch_size=32)
     trainer.fit(loader, epochs=1)  # optimizer has state to protect
+    assert trainer.optimizer is not None
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt_before = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
     profile_training(trainer, loader, trace_path=tmp_path / "t.json")

@@ -17,6 +17,7 @@ import os
 import random
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -84,7 +85,7 @@ def runs(tmp_path_factory):
     kill in its own process (it dies); then every resume-to-the-end in one fresh process (each resumed
     fit restores every RNG state from its checkpoint, so runs in one process are independent)."""
     root = tmp_path_factory.mktemp("resume")
-    refs = [
+    refs: list[dict[str, Any]] = [
         {"seed": s, "precision": p, "dir": str(root / f"ref-ckpt-{s}"), "out": str(root / f"ref-{s}.pt")}
         for s, p in sorted({(seed, prec) for seed, prec, _ in CASES.values()})
     ]
@@ -248,7 +249,8 @@ def test_resume_with_other_param_groups_names_them(tmp_path):
     model = mlp()
     path = _ckpt_of(tmp_path, model, torch.optim.Adam(model.parameters()))
     model2 = mlp()
-    opt2 = torch.optim.Adam([{"params": model2[0].parameters()}, {"params": model2[2].parameters(), "lr": 1e-4}])
+    groups: list[dict[str, Any]] = [{"params": model2[0].parameters()}, {"params": model2[2].parameters(), "lr": 1e-4}]
+    opt2 = torch.optim.Adam(groups)
     trainer = Trainer(model2, torch.nn.CrossEntropyLoss(), opt2, progress=False, device="cpu")
     x, y = make_classification(n=32)
     with pytest.raises(CheckpointError, match=r"1 param groups of sizes \[4\], this one 2 of sizes \[2, 2\]"):

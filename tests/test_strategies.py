@@ -38,6 +38,12 @@ def _grads(model, x, y):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _block(model: Blocks, i: int) -> nn.Sequential:
+    block = model.blocks[i]
+    assert isinstance(block, nn.Sequential)
+    return block
+
+
 def _count_calls(module):
     calls = []
     module.register_forward_hook(lambda *_: calls.append(1))
@@ -57,7 +63,7 @@ def test_activation_checkpointing_gradients_equal_and_model_restored():
         progress=False,
     )
     assert trainer._setup.checkpointed_blocks == ["blocks.0", "blocks.1", "blocks.2"]
-    inner = _count_calls(model.blocks[1][1])
+    inner = _count_calls(_block(model, 1)[1])
     got, want = _grads(trainer.model, x, y), _grads(reference, x, y)
     assert len(inner) == 2  # forward + recomputation in backward: checkpointing really ran
     for name in want:
@@ -192,6 +198,7 @@ def test_optimizer_names_fused_lr_and_errors():
         Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), lr=0.1, progress=False)
     trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", trainable=["head"], progress=False)
     # a named optimizer holds only the trainable parameters; torch's default lr without lr=
+    assert trainer.optimizer is not None
     assert {id(p) for p in trainer.optimizer.param_groups[0]["params"]} == {id(p) for p in model.head.parameters()}
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
 
@@ -211,7 +218,7 @@ def test_freezing_trains_only_matching_parameters_and_reports_counts():
     )
     counts = trainer.param_counts
     expected = sum(p.numel() for p in model.head.parameters()) + sum(
-        p.numel() for p in model.blocks[2][1:].parameters()
+        p.numel() for p in _block(model, 2)[1:].parameters()
     )
     assert counts.trainable == expected
     assert counts.total == sum(p.numel() for p in model.parameters())
@@ -267,8 +274,8 @@ def test_bad_pattern_or_failed_validation_leaves_the_model_untouched():
 def test_freeze_parameters_function():
     model = Blocks()
     counts = freeze_parameters(model, freeze=["inp", "blocks.0.*"])
-    assert not model.inp.weight.requires_grad and not model.blocks[0][1].weight.requires_grad
-    assert model.blocks[1][1].weight.requires_grad
+    assert not model.inp.weight.requires_grad and not model.get_parameter("blocks.0.1.weight").requires_grad
+    assert model.get_parameter("blocks.1.1.weight").requires_grad
     assert counts.frozen == sum(p.numel() for p in model.inp.parameters()) + sum(
         p.numel() for p in model.blocks[0].parameters()
     )
@@ -303,7 +310,7 @@ def test_compile_and_channels_last():
     trainer = Trainer(
         conv, nn.CrossEntropyLoss(), "sgd", lr=0.1, channels_last=True, compile={"backend": "eager"}, progress=False
     )
-    assert conv[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert conv.get_parameter("0.weight").is_contiguous(memory_format=torch.channels_last)
     assert type(trainer.model).__name__ == "OptimizedModule"
     history = trainer.fit(make_loader(x, y, batch_size=8), epochs=1)
     assert history.status == "finished"

@@ -7,6 +7,8 @@ of 80 batches: the counts must be equal (they come from per-epoch and per-refres
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
@@ -18,7 +20,7 @@ _METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"
 
 @pytest.fixture
 def count_reads(monkeypatch):
-    counts = {"n": 0, "where": []}
+    counts: dict[str, Any] = {"n": 0, "where": []}
     for name in _METHODS:
         original = getattr(torch.Tensor, name)
 

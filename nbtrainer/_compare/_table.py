@@ -50,7 +50,7 @@ class StrategyComparison:
     def names(self) -> list[str]:
         return [r["name"] for r in self.rows]
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline."""
         import pandas as pd
 

@@ -61,7 +61,9 @@ def reference_loaders(shuffle: bool = True):
     from torch.utils.data.distributed import DistributedSampler
 
     ds = train_set()
-    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=shuffle, seed=SAMPLER_SEED)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        ds, num_replicas=1, rank=0, shuffle=shuffle, seed=SAMPLER_SEED
+    )
     train = torch.utils.data.DataLoader(ds, batch_size=2 * BATCH, sampler=sampler)
     val = torch.utils.data.DataLoader(val_set(), batch_size=7)
     return train, val

@@ -11,9 +11,11 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
@@ -46,7 +48,7 @@ class CommCounter:
 
     def __init__(self) -> None:
         self.calls = 0
-        self.last = []
+        self.last: list[bool] = []
 
     def on_fit_start(self, trainer: Trainer) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -56,7 +58,9 @@ class CommCounter:
             self.last.append(bool(bucket.is_last()))
             return default_hooks.allreduce_hook(state, bucket)
 
-        trainer.model.register_comm_hook(None, hook)
+        ddp = trainer.model
+        assert isinstance(ddp, DistributedDataParallel), type(ddp)
+        ddp.register_comm_hook(None, hook)
 
 
 class StopOnRank:
@@ -269,7 +273,12 @@ def scenario_fetch(out: str) -> None:
 
 def main() -> None:
     name, out, *args = sys.argv[1:]
-    scenarios = {"parity": scenario_parity, "stop": scenario_stop, "resume": scenario_resume, "fetch": scenario_fetch}
+    scenarios: dict[str, Callable[..., None]] = {
+        "parity": scenario_parity,
+        "stop": scenario_stop,
+        "resume": scenario_resume,
+        "fetch": scenario_fetch,
+    }
     scenarios[name](out, *args)
     dist.barrier()
 
