@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,33 +39,9 @@ CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
 
 
 @pytest.fixture(scope="module")
-def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A ``python3`` kernelspec that runs this interpreter, first on JUPYTER_PATH; per-user dirs in a temp dir."""
-    base = tmp_path_factory.mktemp("jupyter")
-    spec_dir = base / "share" / "kernels" / "python3"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (nbtrainer venv)",
-                "language": "python",
-                "metadata": {"debugger": False},
-            }
-        )
-    )
-    mp = pytest.MonkeyPatch()
-    mp.setenv("JUPYTER_PATH", str(base / "share"))
-    for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-        (base / sub).mkdir()
-        mp.setenv(name, str(base / sub))
-    mp.setenv("JUPYTER_PLATFORM_DIRS", "1")
-    mp.setenv("OMP_NUM_THREADS", "2")
-    mp.delenv("NBTRAINER_FRONTEND", raising=False)
-    try:
-        yield base
-    finally:
-        mp.undo()
+def kernel_env(venv_kernelspec: Path) -> Path:
+    """This venv's interpreter as the ``python3`` kernel (``conftest.venv_kernelspec``)."""
+    return venv_kernelspec
 
 
 _CACHE: dict[str, tuple[Any, float]] = {}

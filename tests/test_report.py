@@ -57,6 +57,18 @@ def _title(chart: ET.Element) -> str:
     return next(chart.iter(f"{SVG}text")).text or ""
 
 
+def _title_of(el: ET.Element) -> str:
+    title = el.find(f"{SVG}title")
+    assert title is not None and title.text is not None, ET.tostring(el)
+    return title.text
+
+
+def _attr(el: ET.Element, name: str) -> float:
+    value = el.get(name)
+    assert value is not None, (name, ET.tostring(el))
+    return float(value)
+
+
 def _texts(chart: ET.Element) -> list[str]:
     return [t.text or "" for t in chart.iter(f"{SVG}text")]
 
@@ -92,19 +104,19 @@ def test_lr_chart_is_logarithmic_and_marks_the_change_at_its_new_value():
     ticks = [t for t in _texts(lr_chart) if re.fullmatch(r"\d\.\d\de-\d+", t)]
     assert "1.00e-4" in ticks and len(ticks) >= 2  # decades in the one LR format
     marks = [p for p in lr_chart.iter(f"{SVG}path") if p.find(f"{SVG}title") is not None]
-    assert any("lr 3.00e-3 → 1.00e-4" in p.find(f"{SVG}title").text for p in marks)
+    assert any("lr 3.00e-3 → 1.00e-4" in _title_of(p) for p in marks)
 
 
 def test_legend_sits_above_the_plot_area():
     chart = _charts(_history().to_svg())[0]
-    plot_top = float(next(r for r in chart.iter(f"{SVG}rect")).get("y"))
+    plot_top = _attr(next(r for r in chart.iter(f"{SVG}rect")), "y")
     legend_texts = [t for t in chart.iter(f"{SVG}text") if t.text in ("loss (step)", "smoothed", "val_loss")]
-    assert len(legend_texts) == 3 and all(float(t.get("y")) < plot_top for t in legend_texts)
+    assert len(legend_texts) == 3 and all(_attr(t, "y") < plot_top for t in legend_texts)
 
 
 def test_markers_carry_exact_values_as_tooltips():
     chart = _charts(_history().to_svg())[0]
-    tips = [c.find(f"{SVG}title").text for c in chart.iter(f"{SVG}circle")]
+    tips = [_title_of(c) for c in chart.iter(f"{SVG}circle")]
     assert f"val_loss 100: {format_number(1.1 / 2)}" in tips
 
 
@@ -127,7 +139,9 @@ def test_repr_html_is_a_report_with_the_epoch_table_and_the_charts():
     h = _history()
     html = h._repr_html_()
     assert "nbt-summary-table" in html and html.count("<svg") >= 4
-    header = re.search(r"<div style='margin-bottom:4px'>(.*?)</div>", html).group(1)
+    found = re.search(r"<div style='margin-bottom:4px'>(.*?)</div>", html)
+    assert found is not None
+    header = found.group(1)
     assert "200 optimizer steps" in header and "finished" in header  # the steps taken, not an epoch row's
     rows = re.findall(r"<tr>(.*?)</tr>", html.split("<tbody>")[1])
     assert len(rows) == 4

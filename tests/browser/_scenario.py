@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from _panel import chart, curve, global_step, state_errors, wait_badge
-from _servers import widget_problems
+from ._panel import chart, curve, global_step, state_errors, wait_badge
+from ._servers import widget_problems
 
 # bqplot draws marks in steps: wait until the raw loss line has more points than `base`
 LOSS_POINTS_ABOVE = """([base]) => {

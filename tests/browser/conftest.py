@@ -55,16 +55,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _servers
-from _servers import Server
+from . import _servers
+from ._servers import Server
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _panel import PANEL_SELECTORS, badge, global_step, low_contrast, wait_badge
-from _scenario import LOSS_POINTS_ABOVE, loss_points, run_controls_scenario
-from _servers import lab_run_all, wait_widgets_rendered, widget_problems
+
+from ._panel import PANEL_SELECTORS, badge, global_step, low_contrast, wait_badge
+from ._scenario import LOSS_POINTS_ABOVE, loss_points, run_controls_scenario
+from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 HERE = Path(__file__).resolve().parent
 PANEL_NB = HERE / "notebooks" / "panel_live.ipynb"

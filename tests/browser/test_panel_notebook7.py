@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _panel import PANEL_SELECTORS, badge, low_contrast
-from _scenario import run_controls_scenario
-from _servers import lab_run_all, wait_widgets_rendered, widget_problems
+
+from ._panel import PANEL_SELECTORS, badge, low_contrast
+from ._scenario import run_controls_scenario
+from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 NOTEBOOK = Path(__file__).resolve().parent / "notebooks" / "panel_live.ipynb"
 # Notebook 7.6.5 raises this when it opens any notebook here, a one-cell notebook without widgets included (with

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from _panel import PANEL_ATTACHED, PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, wait_badge
-from _scenario import run_controls_scenario
-from _servers import wait_widgets_rendered, widget_problems
+
+from ._panel import PANEL_ATTACHED, PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, wait_badge
+from ._scenario import run_controls_scenario
+from ._servers import wait_widgets_rendered, widget_problems
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "notebooks" / "panel_live.ipynb"

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _panel import PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, state_errors
-from _servers import lab_run_all, wait_widgets_rendered, widget_problems
+
+from ._panel import PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, state_errors
+from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
 EPOCHS = 5  # what the quickstart trains for

@@ -4,7 +4,8 @@ Chromium, in Voila and in JupyterLab, and a click travels to the kernel and back
 from __future__ import annotations
 
 import pytest
-from _servers import lab_run_all, wait_widgets_rendered, widget_problems
+
+from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 SMOKE_CELLS = [
     ("markdown", "# nbtrainer browser smoke test"),

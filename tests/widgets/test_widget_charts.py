@@ -18,7 +18,7 @@ from nbtrainer.widgets._charts import LiveCharts
 
 def _steps(losses, lrs=None):
     lrs = lrs if lrs is not None else [1e-3] * len(losses)
-    return [(float(i + 1), float(v), float(lr)) for i, (v, lr) in enumerate(zip(losses, lrs, strict=True))]
+    return [(i + 1, float(v), float(lr)) for i, (v, lr) in enumerate(zip(losses, lrs, strict=True))]
 
 
 def test_every_axis_is_labelled_and_point_layers_have_tooltips():
@@ -39,7 +39,7 @@ def test_loss_axis_starts_at_zero_then_turns_log_past_two_decades():
     charts.render()
     assert charts.raw.scales["y"] is charts.loss_lin and charts.loss_lin.min == 0.0
     assert not charts.loss_is_log and charts.loss_fig.axes[1].label == "loss"
-    charts.add_steps([(5.0 + i, 10 ** -(i / 3), 1e-3) for i in range(12)])  # down to 1e-4: four decades
+    charts.add_steps([(5 + i, 10 ** -(i / 3), 1e-3) for i in range(12)])  # down to 1e-4: four decades
     charts.render()
     assert charts.loss_is_log and all(m.scales["y"] is charts.loss_log for m in charts.loss_marks)
     assert charts.loss_fig.axes[1].scale is charts.loss_log and charts.loss_fig.axes[1].label == "loss (log)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from widget_helpers import classes
 from nbtrainer import StrategyComparison, compare_strategies
 from nbtrainer.widgets import CompareWidget
 
-STRATEGIES = {
+STRATEGIES: dict[str, dict[str, Any]] = {
     "fp32": {},
     "bf16": {"precision": "bf16-mixed"},
     "bad": {"precision": "fp8"},
@@ -36,7 +37,8 @@ def make_opt(params):
 
 @pytest.fixture(scope="module")
 def comparison(data):
-    return compare_strategies(mlp, make_opt, nn.CrossEntropyLoss(), *data, STRATEGIES, steps=3, metric="val_acc")
+    train, val = data
+    return compare_strategies(mlp, make_opt, nn.CrossEntropyLoss(), train, val, STRATEGIES, steps=3, metric="val_acc")
 
 
 def bars_of(w: CompareWidget, key: str) -> dict[str, float]:
@@ -93,7 +95,10 @@ def test_run_adds_each_row_as_it_is_measured(data):
         widget = shown[0][0]
         seen.append((row["name"], len(widget.rows), bars_of(widget, "time"), widget.status.value))
 
-    w = CompareWidget.run(mlp, make_opt, nn.CrossEntropyLoss(), *data, STRATEGIES, steps=3, show=show, on_row=on_row)
+    train, val = data
+    w = CompareWidget.run(
+        mlp, make_opt, nn.CrossEntropyLoss(), train, val, STRATEGIES, steps=3, show=show, on_row=on_row
+    )
     assert shown == [(w, 0)]  # displayed before the first strategy trained
     assert [(name, n) for name, n, _, _ in seen] == [("fp32", 1), ("bf16", 2), ("bad", 3), ("accum2", 4)]
     assert [list(bars) for _, _, bars, _ in seen] == [

@@ -213,7 +213,8 @@ def test_long_runs_send_a_bounded_number_of_points_with_spikes():
         ui_interval=0.05,
         max_points=100,
     )
-    h = w.wait() if w.start() is None else None
+    w.start()
+    h = w.wait()
     assert len(h.steps["step"]) == 1200
     pts = w.charts.sent_points()
     assert pts["loss"] <= 100 and pts["smoothed"] <= 100 and pts["lr"] <= 100

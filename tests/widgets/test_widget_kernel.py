@@ -109,7 +109,7 @@ def kernel(venv_kernelspec: Any) -> Any:
         msg["_t"] = time.monotonic()
         return msg
 
-    k.kc.get_iopub_msg = stamped  # type: ignore[method-assign]
+    k.kc.get_iopub_msg = stamped
     try:
         yield k
     finally:

@@ -93,7 +93,7 @@ def test_charts_draw_each_epoch_as_it_ends(metrics):
     from nbtrainer.widgets._charts import LiveCharts
 
     charts = LiveCharts()
-    charts.add_steps([(float(i), 1.0 / i, 1e-3) for i in range(1, 11)])
+    charts.add_steps([(i, 1.0 / i, 1e-3) for i in range(1, 11)])
     for epoch in (1, 2):
         row = {"epoch": epoch, "steps": 10 * epoch, "loss": 1.0 / epoch, "val_loss": 1.1 / epoch}
         row.update(dict.fromkeys(metrics, 0.5 + 0.1 * epoch))
