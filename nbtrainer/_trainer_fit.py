@@ -153,10 +153,12 @@ class TrainerFit(TrainerBase):
             loop.run()
             st, reason = self._state, self._control.stop_reason
             completed = st.epoch_complete and st.epoch + 1 >= epochs
-            if reason:
+            at_max_steps = (reason or "").startswith("max_steps")
+            # A stop that lands after the last epoch (EarlyStopping firing at epoch N of N) changed nothing:
+            # a normal finish, with no reason that would read as if the run had been cut short.
+            if reason and (at_max_steps or not completed):
                 self.history.stop_reason = reason
-            # A stop that lands after the last epoch, or max_steps reached, is a normal finish.
-            if self._control.stop_requested and not completed and not (reason or "").startswith("max_steps"):
+            if self._control.stop_requested and not completed and not at_max_steps:
                 self.status = "stopped"
             else:
                 self.status = "finished"

@@ -50,6 +50,16 @@ def test_early_stopping_stops_at_the_right_epoch(values, patience, stop_epoch):
     assert h.status == ("stopped" if stop_epoch else "finished")
 
 
+def test_early_stopping_at_the_last_epoch_is_a_normal_finish():
+    # Patience runs out exactly at epoch 5 of 5: every epoch ran, so the run finished, and no stop reason
+    # suggests it was cut short; the callback still records where it fired.
+    x, y = make_classification(n=64)
+    es = EarlyStopping("val_loss", patience=2)
+    h = _trainer([Scripted([1.0, 0.9, 0.8, 0.9, 0.9]), es]).fit(make_loader(x, y), make_loader(x, y), epochs=5)
+    assert len(h) == 5 and es.stopped_epoch == 5
+    assert h.status == "finished" and h.stop_reason is None
+
+
 def test_early_stopping_non_finite_and_restore_best():
     x, y = make_classification(n=64)
     es = EarlyStopping("val_loss", patience=5, restore_best_weights=True)
