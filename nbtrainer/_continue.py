@@ -108,15 +108,31 @@ def check_schedule(
     if cap is None:
         return
     total, taken = cap
+    fresh = loop is None and taken == 0  # a schedule built for this very fit
     loop = loop if loop is not None else {}
+    accum = accum or trainer.grad_accum_steps
     per_step = trainer.scheduler_interval == "step"
+    batches: int | None = None
     if per_step:
-        need = steps_left(loop, plan.batches(trainer), accum or trainer.grad_accum_steps, plan.epochs, plan.max_steps)
+        batches = plan.batches(trainer)  # this rank's share under DDP, as trainer.total_steps() counts
+        need = steps_left(loop, batches, accum, plan.epochs, plan.max_steps)
         unit = "steps"
     else:
         need, unit = _epochs_left(loop, plan.epochs), "epochs"
     if need is None or need <= total - taken:
         return
+    if fresh and per_step:  # say how to size it
+        if batches is None:
+            raise ValueError(
+                f"OneCycleLR was built for total_steps={total} but this fit runs up to max_steps={plan.max_steps} "
+                f"optimizer steps; it would fail part-way. Build it with total_steps={plan.max_steps} (the "
+                "train_loader has no len(), so trainer.total_steps() cannot count)."
+            )
+        raise ValueError(
+            f"OneCycleLR was built for total_steps={total} but this fit takes {need} optimizer steps ({batches} "
+            f"batches / grad_accum_steps={accum}, {plan.epochs} epochs); it would fail part-way. Build it with "
+            "total_steps=trainer.total_steps(train_loader, epochs)."
+        )
     raise ValueError(
         f"{source[:1].upper()}{source[1:]} {scheduler_class} has {max(total - taken, 0)} of its total_steps={total} "
         f"{unit} left ({taken} taken), but this fit (epochs={plan.epochs}"

@@ -116,7 +116,7 @@ class TrainerFit(TrainerBase):
         if val_loader is not None and _safe_len(val_loader) == 0:
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
         self._has_val = val_loader is not None
-        _validate.check_fit(self, train_loader, val_loader, epochs, max_steps, resume_from is not None)
+        _validate.check_fit(self, train_loader, val_loader, epochs, max_steps)
         self._control.reset()
         self._nonfinite.reset()
         plan = _continue.Plan(train_loader, epochs, max_steps)

@@ -225,12 +225,9 @@ def _format_keys(fmt: str) -> set[str]:
     return keys
 
 
-def check_fit(
-    trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, resuming: bool
-) -> None:
+def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
     from nbtrainer._callbacks import check_monitor
     from nbtrainer._checkpoint_cb import ModelCheckpoint
-    from nbtrainer._loop import _safe_len
 
     _check_loader("train_loader", train_loader)
     if val_loader is not None:
@@ -258,29 +255,7 @@ def check_fit(
                 f"ReduceLROnPlateau would monitor {key!r}, which this fit never logs{hint}. Set "
                 f"scheduler_monitor= to one of {sorted(keys)}."
             )
-    elif (
-        isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer.scheduler_interval == "step" and not resuming
-    ):
-        # (a resume steps the checkpoint's scheduler: nbtrainer._continue checks that one before loading it)
-        n = _safe_len(train_loader)
-        left = sched.total_steps - sched.last_epoch  # a schedule reused from an earlier fit has taken some steps
-        if n:
-            need = math.ceil(n / trainer.grad_accum_steps) * epochs
-            if max_steps is not None:
-                need = min(need, max_steps)
-            if sched.total_steps < need:
-                raise ValueError(
-                    f"OneCycleLR was built for total_steps={sched.total_steps} but this fit takes "
-                    f"{need} optimizer steps ({n} batches / grad_accum_steps="
-                    f"{trainer.grad_accum_steps}, {epochs} epochs); it would fail part-way. Build it "
-                    "with total_steps=trainer.total_steps(train_loader, epochs)."
-                )
-        elif max_steps is not None and not resuming and max_steps > left:
-            raise ValueError(
-                f"OneCycleLR was built for total_steps={sched.total_steps} but this fit runs up to "
-                f"max_steps={max_steps} optimizer steps; it would fail part-way. Build it with "
-                f"total_steps={max_steps} (the train_loader has no len(), so trainer.total_steps() cannot count)."
-            )
+    # (a OneCycleLR too short for this fit: nbtrainer._continue.check_schedule, counting this rank's share)
     for cb in trainer.callbacks.callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor:
             check_monitor("ModelCheckpoint", cb.monitor, trainer)

@@ -231,12 +231,15 @@ LAUNCH_SCRIPT = textwrap.dedent("""
         model = torch.nn.Linear(4, 1)
         x = torch.randn(32, 4); y = x.sum(1, keepdim=True)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
-        trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), progress=False,
-                          seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        trainer = Trainer(model, torch.nn.MSELoss(), opt, progress=False, seed=0)
+        # the README's OneCycle recipe: total_steps counts this rank's share of the batches
+        total = trainer.total_steps(loader, epochs=epochs)
+        trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=total))
         history = trainer.fit(loader, epochs=epochs)
         return {"rank": dist.get_rank(), "world": dist.get_world_size(), "strategy": type(trainer.strategy).__name__,
                 "batches": trainer.progress.batches, "weight": trainer.model_state_dict()["weight"].tolist(),
-                "epochs": len(history.epochs)}
+                "epochs": len(history.epochs), "total_steps": total, "scheduler_steps": trainer.scheduler.last_epoch}
 
     if __name__ == "__main__":
         print("RESULT", json.dumps(nbtrainer.launch(train, 2, nprocs=2)))
@@ -254,6 +257,7 @@ def test_launch_from_main_module(tmp_path):
     r0, r1 = json.loads(line[len("RESULT ") :])
     assert (r0["rank"], r1["rank"]) == (0, 1) and r0["world"] == 2 and r0["strategy"] == r1["strategy"] == "DDP"
     assert r0["batches"] == 4 and r0["epochs"] == 2  # each rank trains on half of the 8 batches
+    assert r0["total_steps"] == r0["scheduler_steps"] == 8  # the schedule ran to its end, not refused
     assert r0["weight"] == r1["weight"]
 
 
