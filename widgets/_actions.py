@@ -99,8 +99,9 @@ class PanelActions:
         # Optimizer steps already taken on these weights: a range test on a trained model describes that
         # model, not a fresh start, so its suggestion must not be read as a starting LR.
         trained = t.global_step or (1 if len(t.optimizer.state) else 0)
-        if trained:
-            self._notify("warning", _trained_warning(t.global_step))
+        warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
+        if warning:
+            self._notify("warning", warning)
         try:
             result = t.lr_find(self.train_loader, **kwargs)
         finally:
@@ -109,7 +110,7 @@ class PanelActions:
             result,
             on_choose=self.controls.choose_lr,
             lr=self.controls.lr.value,
-            warning=_trained_warning(t.global_step) if trained else None,
+            warning=warning,
         )
         self.view.lrfinder_section.show(self.lr_finder.root, detail=f"{len(result.lrs)} steps")
         sug = "none" if result.suggestion is None else format_lr(result.suggestion)

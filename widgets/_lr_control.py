@@ -35,14 +35,6 @@ class LRControl:
     def value(self) -> float:
         return float(self.slider.value)
 
-    @property
-    def disabled(self) -> bool:
-        return bool(self.slider.disabled)
-
-    @disabled.setter
-    def disabled(self, value: bool) -> None:
-        self.slider.disabled = self.text.disabled = value
-
     def show(self, lr: float) -> None:
         """Display ``lr`` (re-centring the slider when needed) without calling ``on_change``."""
         self._syncing = True

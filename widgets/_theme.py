@@ -7,12 +7,11 @@ reads in every theme. Chart colours come from ``nbtrainer.plotting.PALETTE`` (mi
 
 from __future__ import annotations
 
-__all__ = ["BORDER", "ERROR", "FG", "FG2", "MUTED_BG", "STATUS_COLORS", "WARN", "card_style"]
+__all__ = ["BORDER", "ERROR", "FG", "FG2", "STATUS_COLORS", "WARN", "card_style"]
 
 FG = "var(--jp-ui-font-color1, #1f2328)"
 FG2 = "var(--jp-ui-font-color2, #59636e)"
 BORDER = "var(--jp-border-color2, #d1d9e0)"
-MUTED_BG = "var(--jp-layout-color2, #f6f8fa)"
 ERROR = "var(--jp-error-color1, #cf222e)"
 WARN = "var(--jp-warn-color1, #9a6700)"
 
