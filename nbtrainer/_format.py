@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["format_bytes", "format_count", "format_duration", "format_lr", "format_number"]
+__all__ = ["format_bytes", "format_count", "format_duration", "format_lr", "format_number", "format_value"]
 
 MISSING = "-"
 
@@ -184,3 +184,16 @@ def format_duration(seconds: Any) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_value(key: str, value: Any) -> str:
+    """One logged value by its log key (progress lines, loggers, tables): LRs with :func:`format_lr`, the
+    rest with :func:`format_number`.
+
+    Example:
+        >>> format_value("lr", 0.003), format_value("loss", 0.123456), format_value("samples_per_s", 5476.37)
+        ('3.00e-3', '0.1235', '5476')
+    """
+    if key == "lr" or key.startswith(("lr_", "lr/")):
+        return format_lr(value)
+    return format_number(value)

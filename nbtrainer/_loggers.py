@@ -16,8 +16,8 @@ from typing import Any
 
 from nbtrainer._callbacks import Callback
 from nbtrainer._events import Progress
+from nbtrainer._format import format_value
 from nbtrainer._optional import require
-from nbtrainer._progress import format_value
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
 

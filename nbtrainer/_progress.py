@@ -23,10 +23,10 @@ import warnings
 from typing import Any
 
 from nbtrainer._events import Progress
-from nbtrainer._format import format_duration, format_lr, format_number
+from nbtrainer._format import format_duration, format_lr, format_number, format_value
 from nbtrainer._frontend import in_notebook
 
-__all__ = ["MODES", "ProgressBar", "format_logs", "format_value", "progress_callback", "start_progress"]
+__all__ = ["MODES", "ProgressBar", "format_logs", "progress_callback", "start_progress"]
 
 #: ``NBTRAINER_PROGRESS=bars|lines`` overrides ``mode="auto"`` (a pseudo-TTY that is really a log file, or
 #: bars wanted in a pipe).
@@ -55,18 +55,6 @@ def _tqdm_class() -> Any:
     from tqdm.std import tqdm
 
     return tqdm
-
-
-def format_value(key: str, value: Any) -> str:
-    """One logged value as shown in progress output: LRs with :func:`format_lr`, the rest :func:`format_number`.
-
-    Example:
-        >>> format_value("lr", 0.003), format_value("loss", 0.123456), format_value("samples_per_s", 5476.37)
-        ('3.00e-3', '0.1235', '5476')
-    """
-    if key == "lr" or key.startswith(("lr_", "lr/")):
-        return format_lr(value)
-    return format_number(value)
 
 
 # Shown after the values a reader looks for first (loss, metrics, validation), in this order.

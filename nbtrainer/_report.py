@@ -18,18 +18,19 @@ from __future__ import annotations
 import html
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from nbtrainer._decimate import Ema, decimate
-from nbtrainer._format import format_duration, format_lr, format_number
+from nbtrainer._format import format_duration, format_lr, format_number, format_value
 from nbtrainer._svg import PALETTE, svg_chart
 
 __all__ = [
     "METRIC_SKIP",
     "HistoryPlot",
+    "change_label",
     "classify_metrics",
     "combined_svg",
     "epoch_columns",
@@ -93,18 +94,27 @@ def use_log_scale(values: Iterable[float]) -> bool:
     return bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 100.0
 
 
+def change_label(event: Mapping[str, Any]) -> str | None:
+    """How a control change reads in the report and the panel (``step 120: lr 3.00e-3 → 1.00e-4``);
+    ``None`` for events that are not an LR or accumulation change."""
+    kind, step = event.get("kind"), event.get("step")
+    if kind == "lr":
+        return f"step {step}: lr {format_lr(event.get('old'))} → {format_lr(event.get('new'))}"
+    if kind == "grad_accum_steps":
+        return f"step {step}: accumulation {event.get('old')} → {event.get('new')}"
+    return None
+
+
 def _changes(history: Any) -> tuple[list[tuple[float, str]], list[tuple[float, float, str]]]:
     """Control changes as dashed lines (all) and LR changes as points at the new LR."""
     lines, points = [], []
     for e in history.events:
-        kind = e.get("kind")
-        if kind == "lr":
-            label = f"step {e['step']}: lr {format_lr(e.get('old'))} → {format_lr(e.get('new'))}"
-            lines.append((float(e["step"]), label))
-            if isinstance(e.get("new"), (int, float)):
-                points.append((float(e["step"]), float(e["new"]), label))
-        elif kind == "grad_accum_steps":
-            lines.append((float(e["step"]), f"step {e['step']}: accumulation {e.get('old')} → {e.get('new')}"))
+        label = change_label(e)
+        if label is None:
+            continue
+        lines.append((float(e["step"]), label))
+        if e.get("kind") == "lr" and isinstance(e.get("new"), (int, float)):
+            points.append((float(e["step"]), float(e["new"]), label))
     return lines, points
 
 
@@ -221,11 +231,7 @@ def epoch_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def format_cell(key: str, value: Any) -> str:
     """One table cell in the common number format (LR scientific, time as a duration)."""
-    if key == "lr":
-        return format_lr(value)
-    if key == "time":
-        return format_duration(value)
-    return format_number(value)
+    return format_duration(value) if key == "time" else format_value(key, value)
 
 
 def epoch_table_html(rows: Sequence[dict[str, Any]], *, css: str = "nbt-epoch-table", best: bool = True) -> str:
@@ -270,7 +276,7 @@ def summary_html(history: Any, *, title: str = "nbtrainer run", extra: dict[str,
     if total_time:
         head.append(format_duration(total_time))
     head += [f"{esc(k)} {esc(v)}" for k, v in (extra or {}).items()]
-    charts = "".join(f"<div style='display:inline-block;margin:0 8px 4px 0'>{c}</div>" for c in history_charts(history))
+    charts = HistoryPlot(history)._repr_html_()
     table = epoch_table_html(rows, css="nbt-summary-table") if rows else ""
     return (
         "<div class='nbt-summary' style='font-family:sans-serif;font-size:12px'>"

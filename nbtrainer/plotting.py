@@ -8,7 +8,8 @@ Public and cheap to import (NumPy only, no torch):
 * :func:`classify_metrics`, :func:`higher_is_better`, :func:`use_log_scale`, ``METRIC_SKIP``: which log
   keys are bounded metrics (accuracy-like, 0-1), which are other metrics, and which are bookkeeping;
 * :func:`svg_chart`, :func:`epoch_table_html`, :func:`summary_html`, ``PALETTE``: theme-aware static charts
-  and tables (text in ``currentColor``), and :class:`HistoryPlot`.
+  and tables (text in ``currentColor``), and :class:`HistoryPlot`;
+* :func:`change_label`: how an LR or accumulation change reads (report, panel chart, panel messages).
 
 Example:
     >>> import numpy as np
@@ -23,6 +24,7 @@ from nbtrainer._decimate import Ema, MinMaxStream, decimate, minmax_indices
 from nbtrainer._report import (
     METRIC_SKIP,
     HistoryPlot,
+    change_label,
     classify_metrics,
     epoch_columns,
     epoch_table_html,
@@ -40,6 +42,7 @@ __all__ = [
     "Ema",
     "HistoryPlot",
     "MinMaxStream",
+    "change_label",
     "classify_metrics",
     "decimate",
     "epoch_columns",

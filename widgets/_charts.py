@@ -29,6 +29,7 @@ from nbtrainer.plotting import (
     PALETTE,
     Ema,
     MinMaxStream,
+    change_label,
     classify_metrics,
     decimate,
     log_ticks,
@@ -57,9 +58,15 @@ _HOVER_POINTS = 300  # per hover layer: enough to read values along the curve, c
 _LABEL_GAP = 0.12  # an LR-change label needs this fraction of the x range to its right neighbour
 
 
+def _zero_based(lo: float, hi: float) -> tuple[float, float]:
+    """A linear axis from 0 for non-negative values (never negative ticks), 5% headroom; values below 0
+    get their own range."""
+    bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
+    return bottom, (hi + 0.05 * (hi - bottom) if hi > bottom else bottom + 1.0)
+
+
 class LiveCharts:
     def __init__(self, max_points: int = 2000, smoothing: float = 0.9) -> None:
-        self.max_points = max_points
         self._raw, self._smooth, self._lr = (MinMaxStream(max_points) for _ in range(3))
         self._ema = Ema(smoothing)
         self.rows: list[dict[str, Any]] = []
@@ -199,11 +206,12 @@ class LiveCharts:
         self._dirty.add("epochs")
 
     def add_event(self, event: dict[str, Any]) -> None:
-        kind, new, old, step = event.get("kind"), event.get("new"), event.get("old"), event.get("step") or 0
+        kind, new, step = event.get("kind"), event.get("new"), event.get("step") or 0
+        label = change_label(event)
         if kind == "lr" and isinstance(new, (int, float)):
-            short, label = format_lr(new), f"step {step}: lr {format_lr(old)} → {format_lr(new)}"
+            short = format_lr(new)
         elif kind == "grad_accum_steps":
-            short, label = f"accum {new}", f"step {step}: accumulation {old} → {new}"
+            short = f"accum {new}"
         else:
             return
         self.events.append(
@@ -259,9 +267,7 @@ class LiveCharts:
             self.loss_fig.axes[1].tick_format = ".2~g"
         else:
             self.loss_fig.axes[1].tick_format = ".3~g"
-            # from 0 for a non-negative loss (never negative ticks); a loss below 0 gets its own range
-            bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
-            top = hi + 0.05 * (hi - bottom) if hi > bottom else bottom + 1.0
+            bottom, top = _zero_based(lo, hi)
             with self.loss_lin.hold_sync():
                 self.loss_lin.min, self.loss_lin.max = bottom, top
             ticks = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top]
@@ -347,9 +353,8 @@ class LiveCharts:
             ]
             scale = self.other_box.fig.axes[1].scale
             lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-            bottom = 0.0 if lo >= 0 else lo - 0.05 * (hi - lo)
             with scale.hold_sync():
-                scale.min, scale.max = bottom, (hi + 0.05 * (hi - bottom)) if hi > bottom else bottom + 1.0
+                scale.min, scale.max = _zero_based(lo, hi)
             self.other_box.fig.axes[1].label = chosen[0]
             self.other.draw(stack, rows, chosen)
 

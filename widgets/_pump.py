@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from nbtrainer import format_duration, format_lr, format_number
-from nbtrainer.plotting import epoch_table_html, higher_is_better
+from nbtrainer import format_duration, format_number
+from nbtrainer.plotting import change_label, epoch_table_html, higher_is_better
 
 from ._runner import Feed, Run
 
@@ -123,10 +123,8 @@ class UiPump:
         # holds at); the "pause" event is emitted just before it, so it would show a stale step.
         if kind == "resume":
             self.stream_status = "running"
-        elif kind == "lr":
-            w._notify("info", f"step {event['step']}: lr {format_lr(event['old'])} → {format_lr(event['new'])}")
-        elif kind == "grad_accum_steps":
-            w._notify("info", f"step {event['step']}: accumulation {event['old']} → {event['new']}")
+        elif kind in ("lr", "grad_accum_steps"):
+            w._notify("info", change_label(event) or kind)
 
     def _live_status(self, p: Any) -> tuple[str, str]:
         run, w = self.run, self.w
