@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nbtrainer import _arrays, _oom
-from nbtrainer._batch import batch_size_of, loss_from_outputs, move_to_device
+from nbtrainer._batch import batch_size_of, loss_from_outputs, move_to_device, overridden
 from nbtrainer._loop import _safe_len
 from nbtrainer._trainer_base import TrainerBase
 
@@ -56,7 +56,7 @@ class TrainerEval(TrainerBase):
             with torch.inference_mode(), self._autocast():
                 for batch in loader:
                     batch = move_to_device(batch, self.device, self.non_blocking)
-                    loss, outputs, targets = self._compute(batch, need_loss=True, training=False)
+                    loss, outputs, targets = self._compute(batch, training=False)
                     if loss is not None:
                         losses.append(loss.detach().reshape(()).float())
                     sizes.append(batch_size_of(targets, batch))
@@ -186,17 +186,25 @@ class TrainerEval(TrainerBase):
         """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
         return (
             self._compute_loss_fn is None
-            and type(self).compute_loss is TrainerEval.compute_loss
+            and not overridden(self, "compute_loss")
             and self.criterion is not None
             and self.batch_spec.num_inputs is None
         )
 
-    def _compute(self, batch: Any, need_loss: bool = True, training: bool = True) -> tuple[Any, Any, Any]:
+    def _compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
         if self._compute_loss_fn is None:
-            if not training and self.criterion is not None and self.batch_spec.split(batch)[2] is None:
-                args, kwargs, _ = self.batch_spec.split(batch)
-                return None, self.model(*args, **kwargs), None
-            return self.compute_loss(batch)
+            if training or self.criterion is None or overridden(self, "compute_loss"):
+                return self.compute_loss(batch)  # a subclass's own batch type: only its compute_loss reads it
+            # evaluation by the batch protocol: a batch without targets gives outputs and no loss
+            args, kwargs, targets = self.batch_spec.split(batch)
+            outputs = self.model(*args, **kwargs)
+            if targets is None:
+                return None, outputs, None
+            return (
+                loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec),
+                outputs,
+                targets,
+            )
         result = self._compute_loss_fn(self.model, batch)
         if isinstance(result, tuple) and len(result) == 3:
             return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -165,6 +166,31 @@ def test_compute_loss_hook_and_subclass():
 
     h = Custom(model, None, torch.optim.SGD(model.parameters(), 0.1), progress=False).fit(data, epochs=2)
     assert len(h) == 2
+
+
+class _Pair:
+    """A batch type the batch protocol does not know: only the subclass's compute_loss can read it."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+def test_subclass_compute_loss_for_its_own_batch_type_validates_and_evaluates():
+    class PairTrainer(Trainer):
+        def compute_loss(self, batch):
+            out = self.model(batch.x)
+            return nn.functional.cross_entropy(out, batch.y), out, batch.y
+
+    g = torch.Generator().manual_seed(0)
+    data = [_Pair(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(4)]
+    model = nn.Linear(4, 2)
+    trainer = PairTrainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), 0.1), progress=False)
+    h = trainer.fit(data, data, epochs=2)
+    logs = trainer.evaluate(data)
+    with torch.no_grad():
+        expected = sum(nn.functional.cross_entropy(model(b.x), b.y).item() * 8 for b in data) / 32
+    assert len(h) == 2 and math.isclose(logs["val_loss"], expected, rel_tol=1e-6)
+    assert math.isclose(h.epochs[-1]["val_loss"], expected, rel_tol=1e-6)
 
 
 def test_bad_batch_type_is_explained():
