@@ -13,15 +13,15 @@ import torch
 
 from nbtrainer._events import Progress
 from nbtrainer._format import format_number
+from nbtrainer._report import higher_is_better
 
 __all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
-
-_MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map")
 
 
 def resolve_mode(monitor: str, mode: str) -> str:
     if mode == "auto":
-        return "max" if any(h in monitor.lower() for h in _MAX_HINTS) else "min"
+        # the names the report and the panel bold as best: one list, so they never disagree
+        return "max" if higher_is_better(monitor) else "min"
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
     return mode
