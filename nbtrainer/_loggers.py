@@ -171,8 +171,8 @@ class CSVLogger(Callback):
             self._steps = open(self.steps_path, "w", newline="", encoding="utf-8")  # noqa: SIM115
             csv.writer(self._steps).writerow(self.STEP_FIELDS)
         self._writer = csv.writer(self._steps)
-        self._write_table(self.epochs_path, trainer.history.epochs, None)
-        self._write_table(self.events_path, trainer.history.events, self.EVENT_FIELDS)
+        trainer.history.to_csv(self.epochs_path)
+        self._write_events(trainer.history.events)
 
     def _truncate_steps(self, last: int) -> None:
         from nbtrainer._checkpoint_io import atomic_write_bytes
@@ -192,7 +192,7 @@ class CSVLogger(Callback):
 
     def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
         if self._writer is not None:
-            self._write_table(self.events_path, trainer.history.events, self.EVENT_FIELDS)
+            self._write_events(trainer.history.events)
 
     def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
         if self._writer is None:
@@ -200,7 +200,7 @@ class CSVLogger(Callback):
         self._steps.flush()
 
         def write() -> None:  # after every callback has added its keys to the row
-            self._write_table(self.epochs_path, trainer.history.epochs, None)
+            trainer.history.to_csv(self.epochs_path)
 
         trainer.defer(write)
 
@@ -209,24 +209,18 @@ class CSVLogger(Callback):
         if steps is None:
             return
         steps.close()
-        self._write_table(self.epochs_path, history.epochs, None)
-        self._write_table(self.events_path, history.events, self.EVENT_FIELDS)
+        history.to_csv(self.epochs_path)
+        self._write_events(history.events)
 
-    @staticmethod
-    def _write_table(path: str, rows: list[dict[str, Any]], fields: tuple[str, ...] | None) -> None:
+    def _write_events(self, events: list[dict[str, Any]]) -> None:
+        # (the epoch table is History.to_csv's; csv writes floats in full, as repr does)
         from nbtrainer._checkpoint_io import atomic_write_bytes
 
-        if fields is None:
-            seen: dict[str, None] = {}
-            for row in rows:
-                seen.update(dict.fromkeys(row))
-            fields = tuple(seen)
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
+        writer = csv.DictWriter(buf, fieldnames=list(self.EVENT_FIELDS), extrasaction="ignore")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
-        atomic_write_bytes(path, buf.getvalue().encode())
+        writer.writerows(events)
+        atomic_write_bytes(self.events_path, buf.getvalue().encode())
 
 
 def _step(text: str) -> float:
