@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["MemoryProbe"]
+__all__ = ["MemoryProbe", "host_capacity"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -39,7 +39,8 @@ def _rss_bytes() -> int | None:
         return None
 
 
-def _host_capacity() -> int | None:
+def host_capacity() -> int | None:
+    """The machine's RAM in bytes, or the cgroup memory limit when that is lower (None where unknown)."""
     total = None
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -71,7 +72,7 @@ class MemoryProbe:
                 self.capacity = int(torch.cuda.get_device_properties(device).total_memory)
                 torch.cuda.reset_peak_memory_stats(device)
             else:
-                self.capacity = _host_capacity()
+                self.capacity = host_capacity()
         except Exception:
             self.capacity = None
 

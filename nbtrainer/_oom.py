@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 import traceback
 import weakref
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from nbtrainer._format import format_bytes, format_number
+from nbtrainer._memory import host_capacity
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
 
@@ -74,26 +74,25 @@ def _mixed_precision_hint(trainer: Any) -> str | None:
     return None
 
 
-def _device_memory(device: torch.device) -> tuple[int, int] | None:
-    """``(peak allocated, total)`` bytes on a CUDA device, else None."""
+def _device_memory(device: torch.device, fit_peak: int | None) -> tuple[int, int] | None:
+    """``(peak allocated, total)`` bytes on a CUDA device, else None. The panel's memory probe resets
+    ``max_memory_allocated`` every refresh window, so the fit's peak so far (``Progress.memory_peak``)
+    counts too."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     try:
-        return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.get_device_properties(device).total_memory)
+        peak = max(int(torch.cuda.max_memory_allocated(device)), int(fit_peak or 0))
+        return peak, int(torch.cuda.get_device_properties(device).total_memory)
     except Exception:
         return None
 
 
 def _budget_bytes(device: torch.device, memory: tuple[int, int] | None) -> int | None:
-    """What the device has: a GPU's memory, the machine's RAM for the CPU (where known)."""
+    """What the device has: a GPU's memory; for the CPU the RAM, or the cgroup limit when lower (as the
+    panel's memory chart counts it)."""
     if memory is not None:
         return memory[1]
-    if device.type == "cpu":
-        try:
-            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        except (AttributeError, ValueError, OSError):  # not a POSIX system
-            return None
-    return None
+    return host_capacity() if device.type == "cpu" else None
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -110,7 +109,7 @@ def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[s
     model = trainer.model
     accum = int(trainer.grad_accum_steps)
     bs = _batch_size(trainer, loader)
-    memory = _device_memory(trainer.device)
+    memory = _device_memory(trainer.device, trainer.progress.memory_peak)
     facts = [f"{trainer.device} {trainer.precision}"]
     if where == "fit":
         st = trainer._state
