@@ -67,7 +67,7 @@ def choose_mode(
         return "device" if source.device == device and fetch.in_range else "loader"
     if device.type != "cuda" or source is None:
         return "batched"
-    if fetch.in_range and fits_on_device(source.nbytes, free_bytes(), fraction):
+    if fetch.in_range and fraction > 0 and fits_on_device(source.nbytes, free_bytes(), fraction):
         return "device"
     return "pinned"
 

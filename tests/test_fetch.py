@@ -350,6 +350,7 @@ def test_device_resident_decision_given_free_memory():
     assert choose_mode(fetch, CUDA, 0.5, lambda: 2 * nbytes) == "device"
     assert choose_mode(fetch, CUDA, 0.5, lambda: 2 * nbytes - 1) == "pinned"
     assert choose_mode(fetch, CUDA, 0.0, lambda: 10**12) == "pinned"
+    assert choose_mode(fetch, CUDA, 0.0, _no_query) == "pinned"  # evaluate / predict: data_on_device off
     assert choose_mode(fetch, torch.device("cpu"), 0.5, _no_query) == "batched"
     assert choose_mode(None, CUDA, 0.5, _no_query) == "loader"
     # the same through DataPath, with a fake free-memory figure
