@@ -53,17 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from nbtrainer._doctor import doctor_report
+    from nbtrainer._doctor import bad_device, doctor_report
 
-    if args.device:
-        import torch
-
-        for dev in args.device:
-            try:
-                torch.device(dev)
-            except (RuntimeError, ValueError) as exc:
-                print(f"nbtrainer doctor: bad --device {dev!r}: {exc}", file=sys.stderr)
-                return 2
+    problem = bad_device(args.device or [])
+    if problem:
+        print(f"nbtrainer doctor: {problem}", file=sys.stderr)
+        return 2
     report = doctor_report(args.device)
     print(report.to_text())
     return 1 if args.strict and report.problems else 0
@@ -83,12 +78,13 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 def describe_checkpoint(ckpt: dict[str, Any], path: str) -> str:
     """A few lines on a loaded checkpoint: position, status, config, schedule left, last epoch's values."""
+    from nbtrainer._continue import completed_epochs, schedule_capacity
     from nbtrainer._format import format_duration, format_number
     from nbtrainer._progress import format_logs
 
     loop, config, history = ckpt.get("loop", {}), ckpt.get("config", {}), ckpt.get("history", {})
     epochs = history.get("epochs", [])
-    done = int(loop.get("epoch", 0)) + (1 if loop.get("epoch_complete") else 0)
+    done = completed_epochs(loop)
     where = f"{done} epoch(s) complete" + (
         "" if loop.get("epoch_complete") else f", {loop.get('batch', 0)} batch(es) into the next"
     )
@@ -100,10 +96,10 @@ def describe_checkpoint(ckpt: dict[str, Any], path: str) -> str:
         f"precision {config.get('precision')}, grad_accum_steps={config.get('grad_accum_steps')}, "
         f"trained {format_duration(config.get('elapsed', 0.0))}",
     ]
-    sched = ckpt.get("scheduler") or {}
-    if config.get("scheduler") == "OneCycleLR" and "total_steps" in sched:
-        left = int(sched["total_steps"]) - int(sched.get("last_epoch", 0))
-        lines.append(f"  schedule   OneCycleLR: {left} of total_steps={sched['total_steps']} left")
+    capacity = schedule_capacity(config.get("scheduler") or "", ckpt.get("scheduler") or {})
+    if capacity is not None:
+        total, taken = capacity
+        lines.append(f"  schedule   {config.get('scheduler')}: {total - taken} of total_steps={total} left")
     if epochs:
         lines.append(f"  last epoch {epochs[-1].get('epoch')}: {format_logs(epochs[-1])}")
     lines.append(

@@ -17,7 +17,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONTINUE", "Plan", "check_resume", "check_schedule", "fit_more", "resume", "steps_left"]
+__all__ = [
+    "CONTINUE",
+    "Plan",
+    "check_resume",
+    "check_schedule",
+    "completed_epochs",
+    "fit_more",
+    "resume",
+    "schedule_capacity",
+    "steps_left",
+]
 
 
 class _InPlace(str):
@@ -71,12 +81,16 @@ def steps_left(loop: dict[str, Any], batches: int | None, accum: int, epochs: in
     return left if cap is None else min(left, cap)
 
 
+def completed_epochs(loop: dict[str, Any]) -> int:
+    """Epochs a run has finished, from its loop state (a LoopState dict, as in a checkpoint)."""
+    return int(loop.get("epoch", 0)) + (1 if loop.get("epoch_complete", False) else 0)
+
+
 def _epochs_left(loop: dict[str, Any], epochs: int) -> int:
-    done = int(loop.get("epoch", 0)) + (1 if loop.get("epoch_complete", False) else 0)
-    return max(epochs - done, 0)
+    return max(epochs - completed_epochs(loop), 0)
 
 
-def _capacity(cls_name: str, state: dict[str, Any]) -> tuple[int, int] | None:
+def schedule_capacity(cls_name: str, state: dict[str, Any]) -> tuple[int, int] | None:
     """``(total, taken)`` for a scheduler that cannot step past its end (OneCycleLR), else None."""
     if cls_name != "OneCycleLR" or "total_steps" not in state:
         return None
@@ -104,7 +118,7 @@ def check_schedule(
         if sched is None:
             return
         scheduler_state, scheduler_class = sched.state_dict(), type(sched).__name__
-    cap = _capacity(scheduler_class or "", scheduler_state)
+    cap = schedule_capacity(scheduler_class or "", scheduler_state)
     if cap is None:
         return
     total, taken = cap
@@ -200,7 +214,7 @@ def fit_more(
         def before_load(ckpt: dict[str, Any]) -> None:  # after the compatibility checks, before any load
             loop = ckpt["loop"]
             done = int(loop.get("global_step", 0))
-            plan = Plan(train_loader, _completed(loop) + epochs, None if max_steps is None else done + max_steps)
+            plan = Plan(train_loader, completed_epochs(loop) + epochs, None if max_steps is None else done + max_steps)
             plans.append(plan)
             if not fresh:
                 check_resume(trainer, plan, ckpt, resume_hint=", resume_from=...")
@@ -216,7 +230,7 @@ def fit_more(
             )
         plan = Plan(
             train_loader,
-            _completed(st.state_dict()) + epochs,
+            completed_epochs(st.state_dict()) + epochs,
             None if max_steps is None else st.global_step + max_steps,
         )
         if not fresh:
@@ -228,16 +242,12 @@ def fit_more(
         trainer._pending_rng = None
     if fresh:
         _install_fresh_schedule(trainer, scheduler, plan)
-    done = _completed(trainer._state.state_dict())
+    done = completed_epochs(trainer._state.state_dict())
     # Where the extension starts, for charts and summaries: epochs done -> the new total.
     trainer.history.add_event(step=trainer._state.global_step, epoch=done, kind="fit_more", old=done, new=plan.epochs)
     return trainer.fit(
         train_loader, val_loader, epochs=plan.epochs, max_steps=plan.max_steps, resume_from=CONTINUE, profiler=profiler
     )
-
-
-def _completed(loop: dict[str, Any]) -> int:
-    return int(loop.get("epoch", 0)) + (1 if loop.get("epoch_complete", False) else 0)
 
 
 def resume(trainer: Any, resume_from: Any, plan: Plan) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Check", "DoctorReport", "Problem", "doctor_report"]
+__all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
 
 # ipykernel releases before 7.1 drop widget/comm messages sent from background threads (7.0.x) or
 # deliver them only when the cell ends, so a training thread cannot update the panel live.
@@ -210,6 +210,21 @@ def _shell_kind() -> str:
     if name == "TerminalInteractiveShell":
         return "terminal IPython: widgets need a Jupyter front end (JupyterLab, Notebook 7, Voila)"
     return f"{name}: widgets need a Jupyter kernel and front end"
+
+
+def bad_device(devices: list[str]) -> str | None:
+    """``bad --device 'x': <torch's reason>`` for the first name torch cannot parse, else None (the CLI and
+    ``%nbtrainer doctor`` refuse it before any check runs)."""
+    if not devices:
+        return None
+    import torch
+
+    for dev in devices:
+        try:
+            torch.device(dev)
+        except (RuntimeError, ValueError) as exc:
+            return f"bad --device {dev!r}: {exc}"
+    return None
 
 
 def doctor_report(devices: list[str] | None = None) -> DoctorReport:

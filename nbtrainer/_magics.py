@@ -36,7 +36,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from nbtrainer._doctor import DoctorReport, doctor_report
+from nbtrainer._doctor import DoctorReport, bad_device, doctor_report
 from nbtrainer._format import format_number
 from nbtrainer._magics_args import PARSERS, full_usage, parse, parse_shape, split_list, usage_of
 
@@ -99,14 +99,9 @@ class NbtrainerMagics(Magics):
     # -- subcommands ---------------------------------------------------------------------------
     def _cmd_doctor(self, args: Any) -> DoctorReport:
         devices = split_list(args.device) or None
-        if devices:
-            import torch
-
-            for dev in devices:
-                try:
-                    torch.device(dev)
-                except (RuntimeError, ValueError) as exc:
-                    raise UsageError(f"%nbtrainer doctor: bad --device {dev!r}: {exc}") from None
+        problem = bad_device(devices or [])
+        if problem:
+            raise UsageError(f"%nbtrainer doctor: {problem}")
         return doctor_report(devices)
 
     def _cmd_profile(self, args: Any) -> None:

@@ -157,9 +157,7 @@ def parse(name: str, argstring: str) -> Any:
         return None
     try:
         return parser.parse_argstring(argstring)
-    except UsageError as exc:
-        raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(parser)}") from None
-    except ValueError as exc:  # unbalanced quotes from shlex
+    except (UsageError, ValueError) as exc:  # ValueError: unbalanced quotes from shlex
         raise UsageError(f"%nbtrainer {name}: {exc}\n{usage(parser)}") from None
 
 
