@@ -62,6 +62,7 @@ def test_doctor_strict_exit_status(capsys, monkeypatch):
     assert main(["doctor", "--device", "cpu", "--strict"]) == 1
     assert "@nbtrainer-test/not-installed" in capsys.readouterr().out
     assert main(["doctor", "--device", "nonsense:0"]) == 2
+    assert "nbtrainer doctor: bad --device 'nonsense:0'" in capsys.readouterr().err
 
 
 def test_bad_arguments_exit_with_usage(capsys):

@@ -82,6 +82,11 @@ def test_doctor_reports_torch_devices_and_checked_precisions(shell: Any) -> None
     assert re.sub(r"\d+\.\d+s", "", str(nbt(shell, "env"))) == re.sub(r"\d+\.\d+s", "", text)
 
 
+def test_doctor_refuses_a_device_torch_cannot_parse(shell: Any) -> None:
+    with pytest.raises(UsageError, match=r"%nbtrainer doctor: bad --device 'nonsense:0'"):
+        nbt(shell, "doctor --device cpu,nonsense:0")
+
+
 def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
     with capture_output() as cap:
         result = shell.run_cell("%nbtrainer doctor --device cpu")
