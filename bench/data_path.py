@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from _models import medium_mlp, small_cnn, tiny_mlp
+from _rounds import interleaved, machine_line
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -180,14 +180,8 @@ def fetch_only(rounds: int) -> None:
 
 
 def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[tuple[float, float]]]:
-    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for n in names:  # warm-up (allocator, lazy imports, autograd caches)
-        VARIANTS[n](w, device)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            times[n].append(VARIANTS[n](w, device))
-    return times
+    """(wall, CPU) seconds per epoch of each variant, interleaved rounds."""
+    return interleaved(lambda n: VARIANTS[n](w, device), names, rounds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,12 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     device = torch.device(args.device)
     names = ["hand", *[v for v in args.variants if v != "hand"]]
-    print(
-        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
-        f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, python {platform.python_version()}; "
-        f"{args.rounds} interleaved rounds; load average at start {os.getloadavg()[0]:.2f}"
-    )
+    print(f"{machine_line(device)}; {args.rounds} interleaved rounds; load average at start {os.getloadavg()[0]:.2f}")
     print(
         "| workload | variant | wall ms / epoch (median) | wall ratio to hand | per-round wall ratio min-max "
         "| best round ratio | CPU ms / epoch (median) | CPU ratio to hand |"

@@ -18,18 +18,15 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
 
 import torch
 from _models import medium_mlp, small_cnn, tiny_mlp
+from _rounds import interleaved, machine_line
 from torch import nn
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 class Batches:
@@ -165,14 +162,8 @@ def _load_extra_variants() -> None:
 
 
 def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[float]]:
-    per_step: dict[str, list[float]] = {n: [] for n in names}
-    for n in names:  # warm-up round (allocator, lazy imports, autograd caches)
-        VARIANTS[n](w, device)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            per_step[n].append(VARIANTS[n](w, device) / w.steps)
-    return per_step
+    """Seconds per step of each variant, interleaved rounds."""
+    return interleaved(lambda n: VARIANTS[n](w, device) / w.steps, names, rounds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,12 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [v for v in args.variants if v not in VARIANTS]
     if missing:
         raise SystemExit(f"unknown variants {missing}; known: {sorted(VARIANTS)}")
-    print(
-        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}"
-        f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
-        f"torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}, python {platform.python_version()}"
-    )
+    print(machine_line(device))
     try:
         import lightning
 
