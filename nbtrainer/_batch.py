@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "as_mapping",
     "batch_size_of",
     "is_record",
+    "iter_tensors",
     "loss_from_outputs",
     "move_to_device",
     "overridden",
@@ -106,18 +107,21 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
     return obj
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj``, depth first, in order: through tuples, lists, mappings and dataclasses."""
     if isinstance(obj, torch.Tensor):
-        return obj
-    mapping = as_mapping(obj)
-    if mapping is not None:
-        obj = list(mapping.values())
-    if isinstance(obj, (list, tuple)):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
         for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
+            yield from iter_tensors(item)
+    else:
+        mapping = as_mapping(obj)
+        for item in mapping.values() if mapping is not None else ():
+            yield from iter_tensors(item)
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    return next(iter_tensors(obj), None)
 
 
 def batch_size_of(targets: Any, inputs: Any) -> int:

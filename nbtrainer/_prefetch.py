@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import move_to_device
+from nbtrainer._batch import iter_tensors, move_to_device
 from nbtrainer._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor
 
 __all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "prefetch"]
@@ -77,14 +77,9 @@ def _free_bytes(device: torch.device) -> Callable[[], int]:
 
 
 def _record(batch: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(batch, Tensor):
-        batch.record_stream(stream)
-    elif isinstance(batch, (list, tuple)):
-        for item in batch:
-            _record(item, stream)
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            _record(item, stream)
+    # every tensor move_to_device copied (any container it rebuilds: Mappings, dataclasses too)
+    for tensor in iter_tensors(batch):
+        tensor.record_stream(stream)
 
 
 def prefetch(batches: Iterator[Any], device: torch.device, stream: torch.cuda.Stream) -> Iterator[Any]:

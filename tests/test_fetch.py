@@ -9,6 +9,7 @@ case also checks which path ran, from what the dataset saw: per-sample ``__getit
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -506,10 +507,14 @@ def test_prefetch_orders_copies_waits_and_record_stream(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: log.append(f"record {int(t[0])} on {s.name}"))
 
-    def batches():
+    @dataclasses.dataclass
+    class Extra:
+        z: torch.Tensor
+
+    def batches():  # every container move_to_device rebuilds: each tensor must be recorded
         for i in range(3):
             log.append(f"fetch {i}")
-            yield [torch.tensor([i]), {"y": torch.tensor([i])}]
+            yield [torch.tensor([i]), {"y": torch.tensor([i])}, Extra(torch.tensor([i]))]
 
     out = []
     # `side` stands in for a torch.cuda.Stream (the real streams run in the GPU tests)
@@ -519,13 +524,13 @@ def test_prefetch_orders_copies_waits_and_record_stream(monkeypatch):
     assert [int(b[0][0]) for b in out] == [0, 1, 2]
     assert log == [
         "fetch 0", "enter side", "exit side",
-        "main.wait(side)", "record 0 on main", "record 0 on main",
+        "main.wait(side)", "record 0 on main", "record 0 on main", "record 0 on main",
         "fetch 1", "enter side", "exit side",  # queued after the wait: overlaps step 0
         "step 0",
-        "main.wait(side)", "record 1 on main", "record 1 on main",
+        "main.wait(side)", "record 1 on main", "record 1 on main", "record 1 on main",
         "fetch 2", "enter side", "exit side",
         "step 1",
-        "main.wait(side)", "record 2 on main", "record 2 on main",
+        "main.wait(side)", "record 2 on main", "record 2 on main", "record 2 on main",
         "step 2",
     ]  # fmt: skip
 

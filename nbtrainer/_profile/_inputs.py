@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from nbtrainer._batch import iter_tensors
+
 __all__ = ["call_model", "infer_batch_size", "iter_tensors", "make_loss", "scalar_loss", "slice_batch", "to_device"]
-
-
-def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Tensors in ``obj`` (nested tuples, lists and dicts), in order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from iter_tensors(value)
-    elif isinstance(obj, (tuple, list)):
-        for value in obj:
-            yield from iter_tensors(value)
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
