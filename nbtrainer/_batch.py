@@ -48,6 +48,8 @@ __all__ = [
     "loss_from_outputs",
     "move_to_device",
     "overridden",
+    "rebuild_record",
+    "rebuild_sequence",
 ]
 
 _DEFAULT_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
@@ -60,6 +62,20 @@ def is_record(obj: Any) -> bool:
 
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def rebuild_sequence(obj: list | tuple, items: Sequence[Any]) -> Any:
+    """A list, tuple or namedtuple of ``obj``'s type holding ``items``."""
+    return type(obj)(*items) if _is_namedtuple(obj) else type(obj)(items)
+
+
+def rebuild_record(obj: Any, values: Mapping[str, Any]) -> Any:
+    """A shallow copy of the dataclass ``obj`` with the fields in ``values`` replaced (frozen ones too;
+    no ``__init__`` / ``__post_init__`` runs again)."""
+    new = copy.copy(obj)
+    for name, value in values.items():
+        object.__setattr__(new, name, value)
+    return new
 
 
 def as_mapping(obj: Any) -> Mapping[str, Any] | None:
@@ -77,8 +93,7 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
     if isinstance(obj, torch.Tensor):
         return obj if obj.device == device else obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, (list, tuple)):
-        moved = [move_to_device(o, device, non_blocking) for o in obj]
-        return type(obj)(*moved) if _is_namedtuple(obj) else type(obj)(moved)
+        return rebuild_sequence(obj, [move_to_device(o, device, non_blocking) for o in obj])
     if type(obj) is dict:
         return {k: move_to_device(v, device, non_blocking) for k, v in obj.items()}
     if isinstance(obj, Mapping):
@@ -99,11 +114,9 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
         except Exception:
             return items
     if is_record(obj):
-        new = copy.copy(obj)
-        for f in dataclasses.fields(obj):
-            # object.__setattr__: frozen dataclasses too
-            object.__setattr__(new, f.name, move_to_device(getattr(obj, f.name), device, non_blocking))
-        return new
+        return rebuild_record(
+            obj, {f.name: move_to_device(getattr(obj, f.name), device, non_blocking) for f in dataclasses.fields(obj)}
+        )
     return obj
 
 

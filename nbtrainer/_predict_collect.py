@@ -22,7 +22,6 @@ come back as a list with one entry per batch.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import sys
 from collections.abc import Iterable, Mapping
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import is_record, move_to_device, overridden
+from nbtrainer._batch import is_record, move_to_device, overridden, rebuild_record, rebuild_sequence
 
 __all__ = ["DROPPED_BY_DEFAULT", "concat_outputs", "dropped_names", "predict_outputs", "prepare_outputs", "run_predict"]
 
@@ -77,13 +76,6 @@ def _rebuild_mapping(obj: Mapping[str, Any], items: dict[str, Any]) -> Any:
     return items
 
 
-def _rebuild_record(obj: Any, values: dict[str, Any]) -> Any:
-    new = copy.copy(obj)
-    for name, value in values.items():
-        object.__setattr__(new, name, value)  # frozen dataclasses too
-    return new
-
-
 def prepare_outputs(
     outputs: Any, *, drop: frozenset[str] = frozenset(), keep_dtype: bool = False, device: torch.device | None = None
 ) -> Any:
@@ -94,8 +86,7 @@ def prepare_outputs(
         if isinstance(obj, torch.Tensor):
             return _tensor(obj, keep_dtype, device)
         if isinstance(obj, (list, tuple)):
-            parts = [walk(o, False) for o in obj]
-            return type(obj)(*parts) if hasattr(type(obj), "_fields") else type(obj)(parts)
+            return rebuild_sequence(obj, [walk(o, False) for o in obj])
         if isinstance(obj, Mapping):  # dicts and Hugging Face ModelOutputs (only their non-None entries)
             items = {k: walk(v, False) for k, v in obj.items() if not (top and k in drop)}
             return _rebuild_mapping(obj, items)
@@ -104,7 +95,7 @@ def prepare_outputs(
                 f.name: (None if top and f.name in drop else walk(getattr(obj, f.name), False))
                 for f in dataclasses.fields(obj)
             }
-            return _rebuild_record(obj, values)
+            return rebuild_record(obj, values)
         return obj
 
     return walk(outputs, True)
@@ -167,8 +158,7 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
                 "predict() got outputs of different lengths from batch to batch; use "
                 "predict(loader, per_batch=True) to get the outputs of each batch."
             )
-        parts = [concat_outputs([c[i] for c in chunks], pad_index) for i in range(len(first))]
-        return type(first)(*parts) if hasattr(type(first), "_fields") else type(first)(parts)
+        return rebuild_sequence(first, [concat_outputs([c[i] for c in chunks], pad_index) for i in range(len(first))])
     if isinstance(first, Mapping):
         missing = [k for c in chunks for k in first if k not in c]
         if missing:
@@ -179,7 +169,7 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
         return _rebuild_mapping(first, {k: concat_outputs([c[k] for c in chunks], pad_index) for k in first})
     if is_record(first):
         names = [f.name for f in dataclasses.fields(first)]
-        return _rebuild_record(first, {n: concat_outputs([getattr(c, n) for c in chunks], pad_index) for n in names})
+        return rebuild_record(first, {n: concat_outputs([getattr(c, n) for c in chunks], pad_index) for n in names})
     if all(c is None for c in chunks):
         return None
     return chunks

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import _first_tensor
+from nbtrainer._batch import _first_tensor, is_record, rebuild_sequence
 
 __all__ = ["DataOrder", "SplitLoader", "split_batch"]
 
@@ -25,11 +25,8 @@ def _split(obj: Any, k: int, size: int) -> list[Any]:
         return [mapping_type((key, by_key[key][i]) for key in obj) for i in range(k)]
     if isinstance(obj, (tuple, list)):
         parts = [_split(value, k, size) for value in obj]
-        sequence_type: Any = type(obj)
-        if hasattr(obj, "_fields"):  # namedtuple
-            return [sequence_type(*(p[i] for p in parts)) for i in range(k)]
-        return [sequence_type(p[i] for p in parts) for i in range(k)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # dataclass batches (nbtrainer._batch)
+        return [rebuild_sequence(obj, [p[i] for p in parts]) for i in range(k)]
+    if is_record(obj):  # dataclass batches (nbtrainer._batch)
         fields = {f.name: _split(getattr(obj, f.name), k, size) for f in dataclasses.fields(obj) if f.init}
         return [dataclasses.replace(obj, **{name: p[i] for name, p in fields.items()}) for i in range(k)]
     return [obj] * k
