@@ -68,13 +68,3 @@ def test_notebook_cells_match_the_source(path: Path) -> None:
         f"{path.relative_to(REPO)} is out of sync with its source: run `jupytext --sync {source.relative_to(REPO)}`"
         f"\n{_first_difference(want, got)}"
     )
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_is_saved_without_outputs(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
-    dirty = [
-        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
-    ]
-    assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them (`jupyter nbconvert --clear-output`)"
-    assert "widgets" not in nb.metadata, f"{path.name}: saved with widget state"

@@ -38,12 +38,6 @@ WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output"}
 CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
 
 
-@pytest.fixture(scope="module")
-def kernel_env(venv_kernelspec: Path) -> Path:
-    """This venv's interpreter as the ``python3`` kernel (``conftest.venv_kernelspec``)."""
-    return venv_kernelspec
-
-
 _CACHE: dict[str, tuple[Any, float]] = {}
 
 
@@ -80,7 +74,7 @@ def models_with_class(state: dict[str, Any], css: str) -> list[dict[str, Any]]:
 # -- the kernel ------------------------------------------------------------------------------------
 
 
-def test_kernel_is_this_venv(kernel_env: Path, tmp_path: Path) -> None:
+def test_kernel_is_this_venv(venv_kernelspec: Path, tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
@@ -99,7 +93,7 @@ def test_there_are_five_demo_notebooks() -> None:
 
 
 @pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
-def test_notebook_executes(kernel_env: Path, path: Path) -> None:
+def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
     nb, seconds = execute(path)
     print(f"\n{path.name}: executed in {seconds:.1f} s")
     for out in outputs(nb):
@@ -123,7 +117,7 @@ def _quickstart() -> Any:
     return execute(NB_DIR / "01_quickstart.ipynb")[0]
 
 
-def test_quickstart_panel_state_shows_a_finished_run(kernel_env: Path) -> None:
+def test_quickstart_panel_state_shows_a_finished_run(venv_kernelspec: Path) -> None:
     state = widget_state(_quickstart())
     panels = models_with_class(state, "nbt-panel")
     assert len(panels) == 1, "the quickstart shows one panel"
@@ -146,7 +140,7 @@ def test_quickstart_panel_state_shows_a_finished_run(kernel_env: Path) -> None:
     assert step_bar["value"] == step_bar["max"], step_bar
 
 
-def test_quickstart_leaves_static_html_summary(kernel_env: Path) -> None:
+def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
     nb = _quickstart()
     htmls = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
     summaries = [h for h in htmls if "nbt-summary" in h and "nbt-summary-slot" not in h]
@@ -161,7 +155,7 @@ def test_quickstart_leaves_static_html_summary(kernel_env: Path) -> None:
     assert any("val_acc" in h and "<table" in h and "dataframe" in h for h in htmls), "the pandas table is missing"
 
 
-def test_precision_notebook_compares_every_config(kernel_env: Path) -> None:
+def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "02_precision_and_accumulation.ipynb")
     tables = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
     results = [t for t in tables if "step memory (KiB)" in t and "val_acc" in t]
@@ -170,7 +164,7 @@ def test_precision_notebook_compares_every_config(kernel_env: Path) -> None:
         assert name in results[0]
 
 
-def test_profiling_notebook_uses_the_magics(kernel_env: Path) -> None:
+def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "03_profiling.ipynb")
     sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "%load_ext nbtrainer" in sources and "%nbtrainer profile" in sources
@@ -180,7 +174,7 @@ def test_profiling_notebook_uses_the_magics(kernel_env: Path) -> None:
     assert "nbtrainer doctor" in text
 
 
-def test_scripts_notebook_trains_headless(kernel_env: Path) -> None:
+def test_scripts_notebook_trains_headless(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "05_scripts.ipynb")
     streams = "".join(o.get("text", "") for o in outputs(nb) if o.output_type == "stream")
     assert "no notebook front end" in streams, streams[-2000:]
@@ -197,7 +191,9 @@ def test_saved_without_outputs_and_with_a_usage_card(path: Path) -> None:
     nbformat.validate(nb)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: cell {cell.id} has output"
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"{path.name}: cell {cell.id} has output; clear it (`jupyter nbconvert --clear-output`)"
+            )
     assert "widgets" not in nb.metadata, f"{path.name}: saved with widget state"
     assert nb.metadata["kernelspec"]["name"] == "python3"
     first = nb.cells[0]

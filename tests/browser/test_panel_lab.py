@@ -31,10 +31,18 @@ def _open(page, lab_server, tmp_path: Path, notebook: Path, **server_kw):
 
 
 def _expand_side_areas(page) -> None:
-    """Open every collapsed section (summary...) so its text is checked too."""
+    """Open every collapsed section (summary...) so its text is checked too; returns once the kernel's
+    answer is drawn: each shown section's toggle reads "collapse" and its body is displayed."""
     for toggle in page.locator(".nbt-section .nbt-collapse").all():
         if toggle.is_visible() and "expand" in (toggle.get_attribute("title") or ""):
             toggle.click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.nbt-section')].filter(s => s.offsetParent !== null).every(s => {
+            const toggle = s.querySelector('.nbt-collapse'), body = s.children[1];
+            return !(toggle.title || '').includes('expand') && body && getComputedStyle(body).display !== 'none';
+        })""",
+        timeout=30_000,
+    )
 
 
 @pytest.mark.timeout(240)
@@ -51,7 +59,6 @@ def test_panel_in_jupyterlab(theme, lab_server, page, screenshot, console_log, t
 
     # legible in this theme: every text node of the panel, its messages, cards, legends, tables, charts
     _expand_side_areas(page)
-    page.wait_for_timeout(300)
     bad = low_contrast(page, ".nbt-panel")
     assert not bad, f"low-contrast text in {theme}: {bad[:12]}"
     screenshot(page, f"{name}-summary", selector=".nbt-panel")

@@ -71,7 +71,9 @@ def test_quickstart_in_jupyterlab_run_all(lab_server, page, screenshot, console_
 
 
 @pytest.mark.timeout(240)
-def test_quickstart_exported_to_html_shows_the_summary_without_javascript(browser, screenshot, tmp_path) -> None:
+def test_quickstart_exported_to_html_shows_the_summary_without_javascript(
+    browser, screenshot, tmp_path, venv_kernelspec
+) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nbconvert = pytest.importorskip("nbconvert")
