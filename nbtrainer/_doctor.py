@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbtrainer._format import format_bytes
+
 __all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
 
 # ipykernel releases before 7.1 drop widget/comm messages sent from background threads (7.0.x) or
@@ -273,7 +275,7 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         elif dev.startswith("cuda"):
             idx = torch.device(dev).index or 0
             props = torch.cuda.get_device_properties(idx)
-            desc = f"{props.name}, compute capability {props.major}.{props.minor}, {props.total_memory / 2**30:.1f} GiB"
+            desc = f"{props.name}, compute capability {props.major}.{props.minor}, {format_bytes(props.total_memory)}"
         else:
             desc = dev
         rows.append(Check(dev, desc))

@@ -229,7 +229,8 @@ class LRFinderResult:
                 f"<title>{html.escape(rule)}: {format_lr(lr)}</title></line>"
             )
             parts.append(
-                f'<text x="{x + 3:.1f}" y="{top + 12 + 12 * n}" fill="{color}">{html.escape(rule)} {lr:.2g}</text>'
+                f'<text x="{x + 3:.1f}" y="{top + 12 + 12 * n}" fill="{color}">'
+                f"{html.escape(rule)} {format_lr(lr)}</text>"
             )
         parts.append("</svg>")
         return "".join(parts)
@@ -244,7 +245,7 @@ class LRFinderResult:
         alts = ", ".join(f"{html.escape(k)} {format_lr(v)}" for k, v in self.alternatives.items() if v is not None)
         return (
             f"<div class='nbt-lr-find'>{head}; {alts}<br>{self.to_svg()}<br>"
-            f"<small>{len(self.lrs)} of {self.steps} steps, {self.min_lr:g} to {self.max_lr:g}: "
+            f"<small>{len(self.lrs)} of {self.steps} steps, {format_lr(self.min_lr)} to {format_lr(self.max_lr)}: "
             f"{html.escape(self.stop_reason)}. Model and optimizer restored.</small></div>"
         )
 
@@ -351,7 +352,7 @@ def lr_find(
     losses: list[float] = []
     smoothed: list[float] = []
     avg, best = 0.0, math.inf
-    reason = f"reached max_lr={max_lr:g}"
+    reason = f"reached max_lr={format_lr(max_lr)}"
     stopped = False
     snap = _Snapshot(trainer, train_loader)
     cuda = [trainer.device] if trainer.device.type == "cuda" else []

@@ -311,8 +311,8 @@ class NbtrainerMagics(Magics):
         parts.append(str(status))
         if p is not None:
             parts.append(f"epoch {p.epoch}/{p.epochs}")
-            total = f"/{p.total_steps}" if p.total_steps else ""
-            parts.append(f"step {p.global_step}{total}")
+            total = f"/{format_number(p.total_steps)}" if p.total_steps else ""
+            parts.append(f"step {format_number(p.global_step)}{total}")
             if p.loss is not None:
                 parts.append(f"loss {format_number(p.loss)}")
         parts.append(f"{getattr(trainer, 'device', '?')} {getattr(trainer, 'precision', '')}".strip())
