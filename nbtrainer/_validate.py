@@ -200,11 +200,7 @@ def no_optimizer(what: str, extra: str = "") -> ValueError:
 
 # -- Trainer.fit, before anything runs ----------------------------------------------------------------
 def _check_loader(name: str, loader: Any) -> None:
-    if isinstance(loader, torch.Tensor):
-        raise TypeError(
-            f"{name} is a tensor, not a loader (iterating it would yield single rows). Wrap the "
-            "data: DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)."
-        )
+    # (a bare tensor never gets here: _arrays.fit_loaders batches it or refuses it with the fix)
     if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, torch.utils.data.IterableDataset):
         raise TypeError(
             f"{name} is a Dataset ({type(loader).__name__}), not a loader: iterating it yields "

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import as_mapping, loss_from_outputs, overridden
+from nbtrainer._batch import as_mapping, loss_from_outputs, move_to_device, overridden
 
 __all__ = [
     "check_batch",
@@ -302,8 +302,6 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
             ) from None
         finally:
             del it
-        from nbtrainer._batch import move_to_device
-
         batch = move_to_device(batch, trainer.device)
         with torch.inference_mode(), trainer._autocast():
             loss, outputs, targets = first_compute(trainer, batch, training=False)
