@@ -88,7 +88,7 @@ from typing import Any
 import pytest
 import torch
 import torchmetrics
-from conftest import make_classification, make_loader
+from conftest import accuracy, make_classification, make_loader
 from torch import nn
 
 from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
@@ -680,7 +680,7 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
         progress=False,
         device="cpu",
         grad_accum_steps=accum,
-        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+        metrics={"acc": accuracy},
     )
     batches = [(X[i : i + 16].clone(), Y[i : i + 16].clone()) for i in range(0, 64, 16)]
     refs = [weakref.ref(t) for b in batches for t in b]

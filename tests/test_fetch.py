@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import make_classification
+from conftest import accuracy, make_classification
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -148,7 +148,7 @@ def _fit(name, fast, epochs=3, **extra):
         model,
         torch.nn.CrossEntropyLoss(),
         torch.optim.Adam(model.parameters(), 1e-2),
-        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+        metrics={"acc": accuracy},
         seed=0,
         progress=False,
         device="cpu",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import CSVLogger, ModelCheckpoint, TensorBoardLogger, Trainer
 
@@ -32,7 +32,7 @@ def _trainer(callbacks, seed=0):
         model,
         torch.nn.CrossEntropyLoss(),
         torch.optim.SGD(model.parameters(), lr=0.05),
-        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+        metrics={"acc": accuracy},
         callbacks=callbacks,
         progress=False,
         seed=seed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchmetrics
-from conftest import make_classification, make_loader, mlp
+from conftest import accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import Trainer
 
@@ -14,7 +14,7 @@ def test_metrics_match_direct_computation():
     x, y = make_classification(n=250, classes=4)  # 250 = 7 full batches of 32 + a ragged 26
     model = mlp(out=4)
     metrics = {
-        "acc": lambda o, t: (o.argmax(1) == t).float().mean(),
+        "acc": accuracy,
         "tm_acc": torchmetrics.Accuracy(task="multiclass", num_classes=4),
         "tm": torchmetrics.MetricCollection(
             {"f1": torchmetrics.F1Score(task="multiclass", num_classes=4, average="macro")}

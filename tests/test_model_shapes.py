@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 import torch
+from conftest import accuracy
 from torch import nn
 
 from nbtrainer import Trainer
@@ -82,7 +83,7 @@ def test_multi_input_single_output():
         nn.CrossEntropyLoss(),
         torch.optim.Adam(model.parameters(), 1e-2),
         progress=False,
-        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+        metrics={"acc": accuracy},
     )
     h = trainer.fit(data, data, epochs=5)
     assert h["loss"][-1] < h["loss"][0]

@@ -11,7 +11,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import accuracy, make_classification, make_loader, mlp
 from torch import nn
 
 from nbtrainer import Trainer, precision_support
@@ -264,7 +264,7 @@ def test_trainer_without_optimizer_evaluates_and_predicts_a_frozen_model():
     for p in model.parameters():
         p.requires_grad_(False)
     loader = make_loader(X, Y, batch_size=16)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
+    trainer = Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": accuracy})
     assert trainer.optimizer is None
     logs = trainer.evaluate(loader)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import CheckpointError, ModelCheckpoint, Trainer
 
@@ -357,7 +357,7 @@ def test_resume_with_other_metrics_is_refused(tmp_path):
             device="cpu",
         )
 
-    acc = {"acc": lambda o, t: (o.argmax(1) == t).float().mean()}
+    acc = {"acc": accuracy}
     path = str(tmp_path / "run.ckpt")
     first = trainer(acc)
     first.fit(loader, epochs=1)

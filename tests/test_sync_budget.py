@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import Trainer
 
@@ -53,7 +53,7 @@ def test_reads_do_not_grow_with_steps(count_reads, precision, accum, data):
             model,
             torch.nn.CrossEntropyLoss(),
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-            metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+            metrics={"acc": accuracy},
             precision=precision,
             grad_accum_steps=accum,
             max_grad_norm=1.0,
@@ -124,7 +124,7 @@ def test_loggers_and_line_progress_add_no_reads(count_reads, tmp_path):
             model,
             torch.nn.CrossEntropyLoss(),
             torch.optim.SGD(model.parameters(), lr=0.05),
-            metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+            metrics={"acc": accuracy},
             callbacks=[TensorBoardLogger(tmp_path / f"tb{n_batches}"), CSVLogger(tmp_path / f"csv{n_batches}")],
             progress=ProgressBar(mode="lines", heartbeat=3600.0),
             refresh_interval=3600.0,
