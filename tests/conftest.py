@@ -40,6 +40,14 @@ def classification():
     return x, y
 
 
+@pytest.fixture(autouse=True)
+def _no_determinism_leak() -> Any:
+    """Trainer(deterministic=True) switches torch's global flags on; every test starts with them off."""
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+
+
 def accuracy(outputs, targets):
     return (outputs.argmax(dim=1) == targets).float().mean()
 

@@ -49,12 +49,6 @@ def _weights(trainer):
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-@pytest.fixture(autouse=True)
-def _no_determinism_leak():
-    yield
-    torch.use_deterministic_algorithms(False)
-
-
 def test_resume_of_a_finished_onecycle_with_more_epochs_is_refused_before_anything_loads(tmp_path):
     first, loader = _setup(tmp_path, epochs=3)
     first.fit(loader, epochs=3)

@@ -26,22 +26,15 @@ def _run(seed, deterministic=True):
 
 
 def test_same_seed_same_losses_and_weights():
-    try:
-        a_loss, a_w = _run(123)
-        b_loss, b_w = _run(123)
-        c_loss, _ = _run(7)
-    finally:
-        torch.use_deterministic_algorithms(False)
+    a_loss, a_w = _run(123)
+    b_loss, b_w = _run(123)
+    c_loss, _ = _run(7)
     assert a_loss == b_loss  # exact, step by step (shuffle order and dropout included)
     assert all(torch.equal(p, q) for p, q in zip(a_w, b_w, strict=True))
     assert a_loss != c_loss
 
 
 def test_deterministic_flag_sets_torch_switches():
-    try:
-        _run(1, deterministic=True)
-        assert torch.are_deterministic_algorithms_enabled()
-        assert torch.backends.cudnn.deterministic
-    finally:
-        torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic = False
+    _run(1, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic

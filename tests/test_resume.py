@@ -152,28 +152,22 @@ def _small(seed=0, **kw):
 
 def test_checkpointing_does_not_perturb_training(tmp_path):
     """Saving every step (flushes, RNG capture) leaves the run exactly as without checkpoints."""
-    try:
-        a, loader = _small()
-        ha = a.fit(loader, epochs=2)
-        b, loader = _small(callbacks=[ModelCheckpoint(tmp_path, every_n_steps=1, save_last=True)])
-        hb = b.fit(loader, epochs=2)
-    finally:
-        torch.use_deterministic_algorithms(False)
+    a, loader = _small()
+    ha = a.fit(loader, epochs=2)
+    b, loader = _small(callbacks=[ModelCheckpoint(tmp_path, every_n_steps=1, save_last=True)])
+    hb = b.fit(loader, epochs=2)
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))
     assert ha.steps == hb.steps
     assert [r["loss"] for r in ha.epochs] == [r["loss"] for r in hb.epochs]
 
 
 def test_resume_of_a_finished_run_trains_nothing_and_restores_rng(tmp_path):
-    try:
-        a, loader = _small(callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
-        a.fit(loader, epochs=2)
-        weights = [p.detach().clone() for p in a.model.parameters()]
-        saved_rng = torch.load(tmp_path / "last.ckpt", weights_only=True)["rng"]["torch"]
-        b, loader = _small(seed=5, callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
-        h = b.fit(loader, epochs=2, resume_from="last")
-    finally:
-        torch.use_deterministic_algorithms(False)
+    a, loader = _small(callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
+    a.fit(loader, epochs=2)
+    weights = [p.detach().clone() for p in a.model.parameters()]
+    saved_rng = torch.load(tmp_path / "last.ckpt", weights_only=True)["rng"]["torch"]
+    b, loader = _small(seed=5, callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
+    h = b.fit(loader, epochs=2, resume_from="last")
     assert h.status == "finished" and len(h.epochs) == 2
     assert all(torch.equal(p, q) for p, q in zip(weights, b.model.parameters(), strict=True))
     assert torch.equal(torch.get_rng_state(), saved_rng)  # not left pending for a later fit
@@ -184,15 +178,12 @@ def test_resume_of_a_finished_run_trains_nothing_and_restores_rng(tmp_path):
 
 def test_resume_continues_to_more_epochs(tmp_path):
     """Train 1 epoch, then resume with epochs=2: same as 2 epochs straight."""
-    try:
-        a, loader = _small()
-        ha = a.fit(loader, epochs=2)
-        b, loader = _small(callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
-        b.fit(loader, epochs=1)
-        c, loader = _small(seed=9, callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
-        hc = c.fit(loader, epochs=2, resume_from=str(tmp_path / "last.ckpt"))
-    finally:
-        torch.use_deterministic_algorithms(False)
+    a, loader = _small()
+    ha = a.fit(loader, epochs=2)
+    b, loader = _small(callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
+    b.fit(loader, epochs=1)
+    c, loader = _small(seed=9, callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
+    hc = c.fit(loader, epochs=2, resume_from=str(tmp_path / "last.ckpt"))
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), c.model.parameters(), strict=True))
     assert ha.steps == hc.steps
 
