@@ -26,6 +26,7 @@ import torch
 
 from nbtrainer._format import format_bytes, format_number
 from nbtrainer._memory import host_capacity
+from nbtrainer._strategy import unwrap_model
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
 
@@ -140,7 +141,7 @@ def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[s
                 "activation_checkpointing=True: the repeated blocks recompute their activations in backward "
                 "instead of keeping them (much less activation memory, roughly 20-30% slower steps)."
             )
-    profile = _PROFILES.get(_unwrap(model))
+    profile = _PROFILES.get(unwrap_model(model))
     total = _budget_bytes(trainer.device, memory)
     budget = f"{total / 2**30:.0f}" if total is not None else "<GiB of the device>"
     fit_line = _profile_fit(profile, total, bs, trainer) if where == "fit" else None
@@ -158,12 +159,6 @@ def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[s
             "(trainable=[...]) keeps less of it."
         )
     return ", ".join(facts), tips
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    from nbtrainer._strategy import unwrap_model
-
-    return unwrap_model(model)
 
 
 def _profile_fit(profile: Any, total: int | None, bs: int | None, trainer: Any) -> str | None:
@@ -185,7 +180,7 @@ def release(trainer: Any, exc: BaseException) -> None:
         loop._pend_loss.clear()
         loop._pend_bs.clear()
     trainer.optimizer.zero_grad(set_to_none=True)
-    _unwrap(trainer.model).zero_grad(set_to_none=True)
+    unwrap_model(trainer.model).zero_grad(set_to_none=True)
     gc.collect()
     if trainer.device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -19,13 +19,14 @@ import ipywidgets as W
 import numpy as np
 
 from nbtrainer import format_lr
+from nbtrainer.plotting import PALETTE
 
 from ._theme import FG, FG2, WARN
 
 __all__ = ["LRFinderView"]
 
-RULE_COLORS = {"valley": "#e5484d", "steepest": "#22a06b", "minimum/10": "#a16bf2"}
-_CHOSEN = "#f97316"  # the chosen-LR marker: orange reads on light and dark backgrounds
+RULE_COLORS = {"valley": PALETTE[3], "steepest": PALETTE[2], "minimum/10": PALETTE[4]}
+_CHOSEN = PALETTE[1]  # the chosen-LR marker: orange reads on light and dark backgrounds
 _MARGIN = {"top": 20, "bottom": 45, "left": 60, "right": 15}
 
 
