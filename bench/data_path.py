@@ -159,7 +159,7 @@ def fetch_only(rounds: int) -> None:
     """Just the data: one epoch of batches of the tiny workloads' 8,192 x 32 tensors, per batch (the
     fastest of ``rounds`` epochs, process CPU time): the loader's iterator vs the batched fetch vs only
     iterating the batch sampler (the index lists both start from)."""
-    from nbtrainer._prefetch import DataPath
+    from nbtrainer._data._prefetch import DataPath
 
     print("| batch | DataLoader us / batch | batched fetch us / batch | batch sampler alone us / batch |")
     print("|---:|---:|---:|---:|")

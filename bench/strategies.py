@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md (this device's table)")
     args = ap.parse_args()
 
-    from nbtrainer._precision import resolve_device
+    from nbtrainer._setup._precision import resolve_device
 
     device = resolve_device(args.device)
     if args.threads:

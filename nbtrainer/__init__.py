@@ -22,39 +22,39 @@ __version__ = "0.1.0"
 
 # name -> module that defines it (resolved on first use, PEP 562)
 _LAZY: dict[str, str] = {
-    "Trainer": "nbtrainer._trainer",
-    "History": "nbtrainer._history",
-    "Callback": "nbtrainer._callbacks",
-    "EarlyStopping": "nbtrainer._callbacks",
-    "ModelCheckpoint": "nbtrainer._checkpoint_cb",
-    "LRMonitor": "nbtrainer._callbacks",
-    "ProgressBar": "nbtrainer._progress",
-    "TensorBoardLogger": "nbtrainer._loggers",
-    "CSVLogger": "nbtrainer._loggers",
-    "Progress": "nbtrainer._events",
-    "EVENTS": "nbtrainer._events",
-    "seed_everything": "nbtrainer._seed",
-    "precision_support": "nbtrainer._precision",
-    "in_notebook": "nbtrainer._frontend",
-    "PrecisionError": "nbtrainer._precision",
-    "load_checkpoint": "nbtrainer._checkpoint_io",
-    "CheckpointError": "nbtrainer._checkpoint_io",
+    "Trainer": "nbtrainer._trainer._trainer",
+    "History": "nbtrainer._events._history",
+    "Callback": "nbtrainer._events._callbacks",
+    "EarlyStopping": "nbtrainer._events._callbacks",
+    "ModelCheckpoint": "nbtrainer._events._model_checkpoint",
+    "LRMonitor": "nbtrainer._events._callbacks",
+    "ProgressBar": "nbtrainer._events._progress",
+    "TensorBoardLogger": "nbtrainer._events._loggers",
+    "CSVLogger": "nbtrainer._events._loggers",
+    "Progress": "nbtrainer._events._stream",
+    "EVENTS": "nbtrainer._events._stream",
+    "seed_everything": "nbtrainer._setup._seed",
+    "precision_support": "nbtrainer._setup._precision",
+    "in_notebook": "nbtrainer._events._frontend",
+    "PrecisionError": "nbtrainer._setup._precision",
+    "load_checkpoint": "nbtrainer._resume._checkpoint_io",
+    "CheckpointError": "nbtrainer._resume._checkpoint_io",
     "profile_model": "nbtrainer._profile._model",
     "ModelProfile": "nbtrainer._profile._report",
     "profile_training": "nbtrainer._profile._trace",
-    "launch": "nbtrainer._launch",
-    "DDP": "nbtrainer._distributed",
+    "launch": "nbtrainer._dist._launch",
+    "DDP": "nbtrainer._dist._ddp",
     "compare_strategies": "nbtrainer._compare._run",
     "StrategyComparison": "nbtrainer._compare._table",
-    "LRFinderResult": "nbtrainer._lr_find",
-    "build_optimizer": "nbtrainer._strategies",
-    "freeze_parameters": "nbtrainer._strategies",
-    "ParamCounts": "nbtrainer._strategies",
-    "format_number": "nbtrainer._format",
-    "format_lr": "nbtrainer._format",
-    "format_count": "nbtrainer._format",
-    "format_bytes": "nbtrainer._format",
-    "format_duration": "nbtrainer._format",
+    "LRFinderResult": "nbtrainer._loop._lr_find",
+    "build_optimizer": "nbtrainer._setup._model_setup",
+    "freeze_parameters": "nbtrainer._setup._model_setup",
+    "ParamCounts": "nbtrainer._setup._model_setup",
+    "format_number": "nbtrainer._report._format",
+    "format_lr": "nbtrainer._report._format",
+    "format_count": "nbtrainer._report._format",
+    "format_bytes": "nbtrainer._report._format",
+    "format_duration": "nbtrainer._report._format",
     "TrainerWidget": "nbtrainer.widgets",
     "ProfileCard": "nbtrainer.widgets",
     "CompareWidget": "nbtrainer.widgets",
@@ -119,38 +119,38 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: _typing.Any) -> None:
     """``%load_ext nbtrainer``: register the ``%nbtrainer`` line magic."""
-    from nbtrainer import _magics
+    from nbtrainer._shell import _magics
 
     _magics.load(ipython)
 
 
 def unload_ipython_extension(ipython: _typing.Any) -> None:
     """``%unload_ext nbtrainer``: remove the ``%nbtrainer`` magic."""
-    from nbtrainer import _magics
+    from nbtrainer._shell import _magics
 
     _magics.unload(ipython)
 
 
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from nbtrainer._callbacks import Callback, EarlyStopping, LRMonitor
-    from nbtrainer._checkpoint_cb import ModelCheckpoint
-    from nbtrainer._checkpoint_io import CheckpointError, load_checkpoint
     from nbtrainer._compare._run import compare_strategies
     from nbtrainer._compare._table import StrategyComparison
-    from nbtrainer._distributed import DDP
-    from nbtrainer._events import EVENTS, Progress
-    from nbtrainer._format import format_bytes, format_count, format_duration, format_lr, format_number
-    from nbtrainer._frontend import in_notebook
-    from nbtrainer._history import History
-    from nbtrainer._launch import launch
-    from nbtrainer._loggers import CSVLogger, TensorBoardLogger
-    from nbtrainer._lr_find import LRFinderResult
-    from nbtrainer._precision import PrecisionError, precision_support
+    from nbtrainer._dist._ddp import DDP
+    from nbtrainer._dist._launch import launch
+    from nbtrainer._events._callbacks import Callback, EarlyStopping, LRMonitor
+    from nbtrainer._events._frontend import in_notebook
+    from nbtrainer._events._history import History
+    from nbtrainer._events._loggers import CSVLogger, TensorBoardLogger
+    from nbtrainer._events._model_checkpoint import ModelCheckpoint
+    from nbtrainer._events._progress import ProgressBar
+    from nbtrainer._events._stream import EVENTS, Progress
+    from nbtrainer._loop._lr_find import LRFinderResult
     from nbtrainer._profile._model import profile_model
     from nbtrainer._profile._report import ModelProfile
     from nbtrainer._profile._trace import profile_training
-    from nbtrainer._progress import ProgressBar
-    from nbtrainer._seed import seed_everything
-    from nbtrainer._strategies import ParamCounts, build_optimizer, freeze_parameters
-    from nbtrainer._trainer import Trainer
+    from nbtrainer._report._format import format_bytes, format_count, format_duration, format_lr, format_number
+    from nbtrainer._resume._checkpoint_io import CheckpointError, load_checkpoint
+    from nbtrainer._setup._model_setup import ParamCounts, build_optimizer, freeze_parameters
+    from nbtrainer._setup._precision import PrecisionError, precision_support
+    from nbtrainer._setup._seed import seed_everything
+    from nbtrainer._trainer._trainer import Trainer
     from nbtrainer.widgets import CompareWidget, ProfileCard, TrainerWidget

@@ -20,8 +20,8 @@ Example:
     (True, True)
 """
 
-from nbtrainer._decimate import Ema, MinMaxStream, decimate, minmax_indices
-from nbtrainer._report import (
+from nbtrainer._report._decimate import Ema, MinMaxStream, decimate, minmax_indices
+from nbtrainer._report._html import (
     METRIC_SKIP,
     HistoryPlot,
     change_label,
@@ -34,7 +34,7 @@ from nbtrainer._report import (
     summary_html,
     use_log_scale,
 )
-from nbtrainer._svg import PALETTE, log_ticks, nice_ticks, svg_chart
+from nbtrainer._report._svg import PALETTE, log_ticks, nice_ticks, svg_chart
 
 __all__ = [
     "METRIC_SKIP",

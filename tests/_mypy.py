@@ -11,7 +11,7 @@ in the messages.
 Usage (what ``tests/test_lint.py`` runs)::
 
     .venv/bin/python tests/_mypy.py                 # the config's files: nbtrainer widgets tests
-    .venv/bin/python tests/_mypy.py nbtrainer/_loop.py
+    .venv/bin/python tests/_mypy.py nbtrainer/_loop/_fit_loop.py
 
 It takes mypy's own options and prints mypy's output; the exit status is mypy's (0 clean, 1 errors, 2 bad usage).
 The widget layer is always among the sources, as mypy would follow the core's imports of it in an ordinary layout.

@@ -177,7 +177,7 @@ case("10-precision-unknown", PrecisionError, "Unknown precision 'fp8'", "Use one
 
 
 def _precision_unsupported(e):
-    import nbtrainer._precision as prec
+    import nbtrainer._setup._precision as prec
 
     real = prec._trial
 
@@ -630,7 +630,7 @@ def test_a_failed_first_batch_leaves_no_trace(tmp_path):
 
 def test_validation_peek_changes_nothing(tmp_path):
     """Trying the first validation batch up front restores every RNG: same run with or without it."""
-    import nbtrainer._validate as validate
+    import nbtrainer._trainer._validate as validate
 
     def run():
         torch.manual_seed(0)

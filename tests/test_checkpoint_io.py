@@ -28,7 +28,12 @@ from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import CheckpointError, ModelCheckpoint, Trainer, load_checkpoint
 from nbtrainer import _checkpoint_io as cio
-from nbtrainer._checkpoint_io import CHECKPOINT_FORMAT, atomic_write_bytes, remove_stale_temps, save_checkpoint_file
+from nbtrainer._resume._checkpoint_io import (
+    CHECKPOINT_FORMAT,
+    atomic_write_bytes,
+    remove_stale_temps,
+    save_checkpoint_file,
+)
 
 
 def _ckpt(tag: int, size: int = 1000) -> dict:
@@ -42,7 +47,7 @@ def _temps(directory) -> list[str]:
 # -- kills while saving ------------------------------------------------------------------------------
 _SAVER = textwrap.dedent("""
     import sys, torch
-    from nbtrainer._checkpoint_io import save_checkpoint_file, CHECKPOINT_FORMAT
+    from nbtrainer._resume._checkpoint_io import save_checkpoint_file, CHECKPOINT_FORMAT
     path, i = sys.argv[1], 0
     print("ready", flush=True)
     while True:

@@ -11,7 +11,7 @@ import torch
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import ModelCheckpoint, Trainer
-from nbtrainer._cli import main
+from nbtrainer._shell._cli import main
 
 
 def _run(*args: str, importtime: bool = False) -> subprocess.CompletedProcess:
@@ -55,7 +55,7 @@ def test_doctor_runs_without_ipython():
 
 
 def test_doctor_strict_exit_status(capsys, monkeypatch):
-    from nbtrainer import _doctor
+    from nbtrainer._shell import _doctor
 
     monkeypatch.setattr(_doctor, "LABEXTENSIONS", {"@nbtrainer-test/not-installed": "nothing"})  # one problem
     assert main(["doctor", "--device", "cpu"]) == 0

@@ -178,7 +178,7 @@ def test_steps_mode_presets_and_split():
 def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     from IPython.core.error import UsageError
 
-    from nbtrainer import _magics
+    from nbtrainer._shell import _magics
 
     shown = []
     monkeypatch.setattr(_magics.NbtrainerMagics, "_display", lambda self, obj: shown.append(obj))

@@ -24,8 +24,8 @@ if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover -
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
 
 from nbtrainer import DDP, ModelCheckpoint, Trainer, load_checkpoint
-from nbtrainer._distributed import ShardSampler, destroy_process_group
-from nbtrainer._strategy import SingleDevice
+from nbtrainer._dist._ddp import ShardSampler, destroy_process_group
+from nbtrainer._dist._placement import SingleDevice
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "ddp_scripts")
@@ -263,7 +263,7 @@ def test_launch_from_main_module(tmp_path):
 
 def test_launch_refuses_after_cuda_init(monkeypatch):
     import nbtrainer
-    from nbtrainer import _launch
+    from nbtrainer._dist import _launch
 
     monkeypatch.setattr(_launch, "_cuda_initialized", lambda: True)
     with pytest.raises(RuntimeError, match="CUDA has already been initialised in this kernel"):

@@ -19,8 +19,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, T
 from torch.utils.data.distributed import DistributedSampler
 
 from nbtrainer import Trainer
-from nbtrainer._fetch import batched_fetch
-from nbtrainer._prefetch import DataPath, choose_mode, fits_on_device
+from nbtrainer._data._fetch import batched_fetch
+from nbtrainer._data._prefetch import DataPath, choose_mode, fits_on_device
 
 _CLOCK = ("time", "samples_per_s")
 
@@ -481,7 +481,7 @@ def test_prefetch_orders_copies_waits_and_record_stream(monkeypatch):
     step gets it. (The real streams run in the GPU tests.)"""
     import contextlib
 
-    from nbtrainer import _prefetch
+    from nbtrainer._data import _prefetch
 
     log: list[str] = []
 

@@ -11,7 +11,7 @@ from conftest import make_classification, make_loader
 from torch import nn
 
 from nbtrainer import LRFinderResult, Trainer
-from nbtrainer._lr_find import suggest
+from nbtrainer._loop._lr_find import suggest
 
 
 def _regression(seed: int = 0, n: int = 256, d: int = 10):

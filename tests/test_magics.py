@@ -22,8 +22,8 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbtrainer
-from nbtrainer import _doctor, _magics
-from nbtrainer._precision import PRECISIONS, precision_support
+from nbtrainer._setup._precision import PRECISIONS, precision_support
+from nbtrainer._shell import _doctor, _magics
 
 
 def nbt(sh: Any, line: str) -> Any:

@@ -1,6 +1,6 @@
 """Any model shape: multi-input, multi-output, dict batches and dict/dataclass outputs; predict keeps structure.
 
-The batch protocol (``nbtrainer._batch``): tuples, nested ``(inputs, targets)``, dicts and other Mappings,
+The batch protocol (``nbtrainer._data._batch``): tuples, nested ``(inputs, targets)``, dicts and other Mappings,
 dataclasses and namedtuples work the same in fit, evaluate and predict.
 """
 

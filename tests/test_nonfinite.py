@@ -2,7 +2,7 @@
 
 Detection costs no per-step host read in "raise" mode (the throttled refresh already reads every
 loss); "skip"/"stop" cost none under fp16 (the flag joins the GradScaler's own inf check) and one
-read per optimizer step otherwise (documented in ``nbtrainer._nonfinite``). Reports name the step.
+read per optimizer step otherwise (documented in ``nbtrainer._loop._nonfinite``). Reports name the step.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from conftest import make_classification, mlp
 
 from nbtrainer import EarlyStopping, ModelCheckpoint, Trainer, load_checkpoint
-from nbtrainer._nonfinite import NonFiniteLossError
+from nbtrainer._loop._nonfinite import NonFiniteLossError
 
 BAD = 5  # index of the batch whose inputs hold a NaN
 

@@ -7,7 +7,7 @@ import torch
 from conftest import accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import PrecisionError, Trainer, precision_support
-from nbtrainer._precision import normalize_precision
+from nbtrainer._setup._precision import normalize_precision
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

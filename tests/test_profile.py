@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nbtrainer import ModelProfile, profile_model
-from nbtrainer._checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
 from nbtrainer._profile import count_flops
+from nbtrainer._setup._activation_checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
 
 CUDA = torch.cuda.is_available()
 FLOPS = ("flops",)

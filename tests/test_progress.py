@@ -20,7 +20,7 @@ import torch
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import EarlyStopping, ModelCheckpoint, ProgressBar, Trainer
-from nbtrainer._format import format_value
+from nbtrainer._report._format import format_value
 
 SCRIPT = textwrap.dedent(
     """

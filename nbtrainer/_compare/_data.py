@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import _first_tensor, is_record, rebuild_sequence
+from nbtrainer._data._batch import _first_tensor, is_record, rebuild_sequence
 
 __all__ = ["DataOrder", "SplitLoader", "split_batch"]
 
@@ -26,7 +26,7 @@ def _split(obj: Any, k: int, size: int) -> list[Any]:
     if isinstance(obj, (tuple, list)):
         parts = [_split(value, k, size) for value in obj]
         return [rebuild_sequence(obj, [p[i] for p in parts]) for i in range(k)]
-    if is_record(obj):  # dataclass batches (nbtrainer._batch)
+    if is_record(obj):  # dataclass batches (nbtrainer._data._batch)
         fields = {f.name: _split(getattr(obj, f.name), k, size) for f in dataclasses.fields(obj) if f.init}
         return [dataclasses.replace(obj, **{name: p[i] for name, p in fields.items()}) for i in range(k)]
     return [obj] * k

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from nbtrainer._batch import batch_size_of, move_to_device
-from nbtrainer._checkpointing import strip_activation_checkpointing
+from nbtrainer._data._batch import batch_size_of, move_to_device
+from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._profile import measure_training_memory, optimizer_factory
-from nbtrainer._strategies import has_own_checkpointing
-from nbtrainer._strategy import unwrap_model
+from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing
+from nbtrainer._setup._model_setup import has_own_checkpointing
 
 __all__ = ["StepTimer", "accuracy", "environment", "failure_reason", "final_loss", "measure_cpu_memory"]
 

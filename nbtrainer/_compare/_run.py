@@ -39,7 +39,7 @@ from nbtrainer._compare._measure import (
 )
 from nbtrainer._compare._presets import resolve_strategies
 from nbtrainer._compare._table import StrategyComparison
-from nbtrainer._optim import OptimizerFn, build_from_params, check_optimizer_fn
+from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
 
@@ -107,9 +107,9 @@ def compare_strategies(
         >>> #                            nn.CrossEntropyLoss(), train_loader, val_loader,
         >>> #                            ["fp32", "bf16", "ckpt", "accum4"], steps=50)
     """
-    from nbtrainer._precision import resolve_device
-    from nbtrainer._seed import seed_everything
-    from nbtrainer._trainer import Trainer
+    from nbtrainer._setup._precision import resolve_device
+    from nbtrainer._setup._seed import seed_everything
+    from nbtrainer._trainer._trainer import Trainer
 
     plan = resolve_strategies(strategies)
     if epochs is not None and steps is not None:
@@ -226,7 +226,7 @@ def compare_strategies(
             history = trainer.fit(loader, val_loader if steps is None else None, epochs=epochs, max_steps=steps)
             row["train_time_s"] = time.perf_counter() - start
             if cuda:
-                # The trainer resets CUDA's peak per refresh window (nbtrainer._memory): its fit-wide peak wins.
+                # The trainer resets CUDA's peak per refresh window (nbtrainer._loop._memory): its fit-wide peak wins.
                 peak = max(torch.cuda.max_memory_allocated(dev), trainer.progress.memory_peak or 0)
                 row["peak_memory_bytes"] = int(peak)
             times, samples = timer.times, timer.samples

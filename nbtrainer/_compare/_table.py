@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbtrainer._format import format_bytes, format_duration, format_number
+from nbtrainer._report._format import format_bytes, format_duration, format_number
 
 __all__ = ["StrategyComparison"]
 

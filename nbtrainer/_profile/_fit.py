@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nbtrainer._format import format_bytes
+from nbtrainer._report._format import format_bytes
 
 __all__ = ["FitResult", "plan_fit"]
 

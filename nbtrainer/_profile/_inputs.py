@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._batch import iter_tensors
+from nbtrainer._data._batch import iter_tensors
 
 __all__ = ["call_model", "infer_batch_size", "iter_tensors", "make_loss", "scalar_loss", "slice_batch", "to_device"]
 

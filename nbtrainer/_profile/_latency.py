@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._precision import autocast, normalize_precision
 from nbtrainer._profile._inputs import call_model
+from nbtrainer._setup._precision import autocast, normalize_precision
 
 __all__ = ["latency_stats", "measure_latency"]
 

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._checkpointing import strip_activation_checkpointing
-from nbtrainer._precision import normalize_precision, precision_support, resolve_device
 from nbtrainer._profile._flops import count_flops
 from nbtrainer._profile._inputs import infer_batch_size, to_device
 from nbtrainer._profile._latency import measure_latency
 from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._report import ModelProfile
+from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing
+from nbtrainer._setup._precision import normalize_precision, precision_support, resolve_device
 
 __all__ = ["profile_model"]
 
@@ -144,7 +144,7 @@ def profile_model(
                 time_budget_s=time_budget_s,
             )
     seconds["total"] = time.perf_counter() - start
-    from nbtrainer._oom import remember_profile
+    from nbtrainer._loop._oom import remember_profile
 
     remember_profile(model, prof)  # an out-of-memory error in a later fit of this model quotes its fits()
     return prof

@@ -1,5 +1,5 @@
 """What :func:`~nbtrainer.profile_model` measured (:class:`ModelProfile`) and how it is shown: a long
-pandas table, HTML (the notebook view) and text (the ``repr``). Numbers go through :mod:`nbtrainer._format`.
+pandas table, HTML (the notebook view) and text (the ``repr``). Numbers go through :mod:`nbtrainer._report._format`.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from nbtrainer._format import format_bytes, format_count, format_duration
-from nbtrainer._precision import normalize_precision, resolve_device
 from nbtrainer._profile._fit import FitResult, plan_fit
+from nbtrainer._report._format import format_bytes, format_count, format_duration
+from nbtrainer._setup._precision import normalize_precision, resolve_device
 
 __all__ = ["ModelProfile", "rows", "to_frame", "to_html", "to_text"]
 

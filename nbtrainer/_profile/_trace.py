@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._format import format_duration
+from nbtrainer._report._format import format_duration
 
 __all__ = ["PHASES", "TrainingProfile", "profile_training"]
 
@@ -54,7 +54,7 @@ class TrainingProfile:
 
     def summary(self) -> str:
         """Where the trace is and the mean time per step of each phase (the first lines of ``str()``)."""
-        from nbtrainer._format import format_duration
+        from nbtrainer._report._format import format_duration
 
         phases = "  ".join(f"{k.removeprefix('nbt.')}={format_duration(v / 1e3)}" for k, v in self.phases.items())
         return (

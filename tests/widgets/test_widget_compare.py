@@ -118,7 +118,7 @@ def test_run_adds_each_row_as_it_is_measured(data):
 
 
 def test_magic_compare_shows_the_widget_or_the_table_without_widgets(shell, data, monkeypatch, capsys):
-    from nbtrainer import _magics
+    from nbtrainer._shell import _magics
 
     shown = []
     monkeypatch.setattr(

@@ -1,0 +1,11 @@
+"""The data path: from a loader or arrays to a batch on the device, and predictions back.
+
+====================  ================================================================================
+``_arrays``           fit((X, y), batch_size=...): arrays as loaders
+``_fetch``            one index_select per batch instead of per-sample collate
+``_prefetch``         DataPath: batched fetch or the loader's iterator; CUDA side-stream prefetch
+``_batch``            the batch protocol: inputs, targets, device moves, containers
+``_predict_collect``  predict's output collection: padding, concatenation, caches left out
+``_validate_batch``   the first batch checked in stages (batch -> model -> criterion)
+====================  ================================================================================
+"""

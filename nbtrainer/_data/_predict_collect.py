@@ -1,0 +1,244 @@
+"""What ``Trainer.predict`` returns: each batch's outputs trimmed, cast and moved off the device as it
+comes, then concatenated (ragged dimensions padded) or returned per batch.
+
+Per batch, in this order:
+
+1. the outputs: ``predict_step=fn(model, batch)``, else an overridden ``Trainer.predict_step``, else the
+   outputs of a customised ``compute_loss`` when it returns ``(loss, outputs, targets)``, else
+   ``Trainer.predict_step``: the model called on the batch as the batch protocol says (``_batch``);
+2. trimmed: of a mapping / dataclass output (Hugging Face ``ModelOutput``) the entries that grow with the
+   data set and are rarely wanted are left out: ``loss`` (one per batch), ``past_key_values`` (the
+   cache), ``hidden_states`` and ``attentions`` (with their ``encoder_`` / ``decoder_`` / ``cross_``
+   variants); ``keep=`` opts back in;
+3. moved to the CPU (``to_cpu=True``) and cast: half-precision floats (autocast's bfloat16 / float16)
+   become float32 unless ``keep_dtype=True``, so ``.numpy()`` works;
+4. nothing else of the batch is kept: the device batch is dropped before the next one is fetched.
+
+Concatenation keeps the structure (tuples, namedtuples, dicts, ``ModelOutput`` and other dataclasses)
+and pads dimensions that vary from batch to batch (sequence length under dynamic padding) with
+``pad_index`` (default -100, as Hugging Face's Trainer does); 0-d tensors are stacked; other values
+come back as a list with one entry per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from nbtrainer._data._batch import is_record, move_to_device, overridden, rebuild_record, rebuild_sequence
+
+__all__ = ["DROPPED_BY_DEFAULT", "concat_outputs", "dropped_names", "predict_outputs", "prepare_outputs", "run_predict"]
+
+# keep= name -> the output entries it brings back
+DROPPED_BY_DEFAULT: dict[str, tuple[str, ...]] = {
+    "loss": ("loss",),
+    "past_key_values": ("past_key_values",),
+    "hidden_states": ("hidden_states", "encoder_hidden_states", "decoder_hidden_states"),
+    "attentions": ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"),
+}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def dropped_names(keep: Iterable[str] | str) -> frozenset[str]:
+    """The output entries left out when ``keep`` names what to keep (checked: a typo is an error)."""
+    names = [keep] if isinstance(keep, str) else list(keep)
+    unknown = [n for n in names if n not in DROPPED_BY_DEFAULT]
+    if unknown:
+        raise ValueError(
+            f"keep= got {unknown}; it takes the names of the entries predict() leaves out by default: "
+            f"{list(DROPPED_BY_DEFAULT)}. Every other output entry is always kept."
+        )
+    return frozenset(entry for name, group in DROPPED_BY_DEFAULT.items() if name not in names for entry in group)
+
+
+def _tensor(t: torch.Tensor, keep_dtype: bool, device: torch.device | None) -> torch.Tensor:
+    t = t.detach()
+    if device is not None and t.device != device:
+        t = t.to(device)  # before the cast: half the bytes cross the bus
+    if not keep_dtype and t.dtype in _HALF:
+        t = t.float()
+    return t
+
+
+def _rebuild_mapping(obj: Mapping[str, Any], items: dict[str, Any]) -> Any:
+    if type(obj) is dict:
+        return items
+    cls: Any = type(obj)
+    for build in (lambda: cls(**items), lambda: cls(items)):  # ModelOutput(**kw), Mapping(dict)
+        try:
+            return build()
+        except Exception:
+            continue
+    return items
+
+
+def prepare_outputs(
+    outputs: Any, *, drop: frozenset[str] = frozenset(), keep_dtype: bool = False, device: torch.device | None = None
+) -> Any:
+    """One batch's outputs: top-level entries in ``drop`` left out, tensors detached, moved to ``device``
+    (None: where they are) and half floats cast to float32 unless ``keep_dtype``."""
+
+    def walk(obj: Any, top: bool) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return _tensor(obj, keep_dtype, device)
+        if isinstance(obj, (list, tuple)):
+            return rebuild_sequence(obj, [walk(o, False) for o in obj])
+        if isinstance(obj, Mapping):  # dicts and Hugging Face ModelOutputs (only their non-None entries)
+            items = {k: walk(v, False) for k, v in obj.items() if not (top and k in drop)}
+            return _rebuild_mapping(obj, items)
+        if is_record(obj):
+            values = {
+                f.name: (None if top and f.name in drop else walk(getattr(obj, f.name), False))
+                for f in dataclasses.fields(obj)
+            }
+            return rebuild_record(obj, values)
+        return obj
+
+    return walk(outputs, True)
+
+
+def _pad_cat(tensors: list[torch.Tensor], pad_index: float) -> torch.Tensor:
+    first = tensors[0]
+    if first.ndim == 0:
+        return torch.stack(tensors)
+    if all(t.shape[1:] == first.shape[1:] for t in tensors):
+        return torch.cat(tensors, dim=0)
+    if any(t.ndim != first.ndim for t in tensors):
+        shapes = sorted({tuple(t.shape) for t in tensors})[:4]
+        raise ValueError(
+            f"predict() cannot concatenate outputs with different numbers of dimensions across batches "
+            f"(shapes {shapes}). Use predict(loader, per_batch=True) to get the outputs of each batch."
+        )
+    dtype = first.dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    shape = [sum(t.shape[0] for t in tensors)] + [max(t.shape[d] for t in tensors) for d in range(1, first.ndim)]
+    try:
+        fits = torch.full((), pad_index, dtype=dtype).item() == pad_index  # host-only probe, once per output
+    except RuntimeError:  # e.g. an overflow
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"pad_index={pad_index!r} cannot be stored in the {dtype} outputs whose shapes vary between batches. "
+            "Pass a pad_index that fits, e.g. pad_index=0, or per_batch=True."
+        )
+    out = torch.full(shape, pad_index, dtype=dtype, device=first.device)
+    row = 0
+    for t in tensors:
+        # the index is built apart: mypy reads `out[(a, *b)]` as 3.11's `out[a, *b]` (valid since 3.5 with parens)
+        region = (slice(row, row + t.shape[0]), *(slice(0, s) for s in t.shape[1:]))
+        out[region] = t
+        row += t.shape[0]
+    return out
+
+
+def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
+    """Concatenate per-batch outputs along dim 0 keeping their structure; ragged dims padded with ``pad_index``.
+
+    Example:
+        >>> import torch
+        >>> out = concat_outputs([torch.zeros(2, 3), torch.ones(1, 5)])
+        >>> tuple(out.shape), out[0, 4].item()
+        ((3, 5), -100.0)
+    """
+    if not chunks:
+        return []
+    first = chunks[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(c, torch.Tensor) for c in chunks):
+            return chunks
+        return _pad_cat(chunks, pad_index)
+    if isinstance(first, (list, tuple)):
+        if any(not isinstance(c, (list, tuple)) or len(c) != len(first) for c in chunks):
+            raise ValueError(
+                "predict() got outputs of different lengths from batch to batch; use "
+                "predict(loader, per_batch=True) to get the outputs of each batch."
+            )
+        return rebuild_sequence(first, [concat_outputs([c[i] for c in chunks], pad_index) for i in range(len(first))])
+    if isinstance(first, Mapping):
+        missing = [k for c in chunks for k in first if k not in c]
+        if missing:
+            raise ValueError(
+                f"predict() got outputs without {sorted(set(missing))} in some batches; use "
+                "predict(loader, per_batch=True) to get the outputs of each batch."
+            )
+        return _rebuild_mapping(first, {k: concat_outputs([c[k] for c in chunks], pad_index) for k in first})
+    if is_record(first):
+        names = [f.name for f in dataclasses.fields(first)]
+        return rebuild_record(first, {n: concat_outputs([getattr(c, n) for c in chunks], pad_index) for n in names})
+    if all(c is None for c in chunks):
+        return None
+    return chunks
+
+
+def predict_outputs(trainer: Any, batch: Any) -> Any:
+    """One batch's outputs, by the rule in the module docstring."""
+    fn = trainer._predict_step_fn
+    if fn is not None:
+        return fn(trainer.model, batch)
+    if overridden(trainer, "predict_step"):
+        return trainer.predict_step(batch)
+    loss_fn = trainer._compute_loss_fn
+    if loss_fn is not None or overridden(trainer, "compute_loss"):
+        result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
+        if isinstance(result, tuple) and len(result) == 3:
+            return result[1]
+        # Only a loss: the model is called on the batch as the protocol splits it (an autoencoder's x).
+        try:
+            return trainer.predict_step(batch)
+        except Exception as exc:
+            _add_note(
+                exc,
+                "compute_loss returned only a loss, so predict() called the model on the batch as the batch "
+                "protocol splits it, and that failed. Return (loss, outputs, targets) from compute_loss, or pass "
+                "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass).",
+            )
+            raise
+    return trainer.predict_step(batch)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; Python 3.10 has no notes, so there the note ends the message instead."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
+
+
+def run_predict(
+    trainer: Any,
+    loader: Iterable,
+    *,
+    per_batch: bool,
+    pad_index: float,
+    keep_dtype: bool,
+    keep: Iterable[str] | str,
+    to_cpu: bool,
+) -> Any:
+    """The body of ``Trainer.predict`` (see its docstring)."""
+    drop = dropped_names(keep)
+    if isinstance(pad_index, bool) or not isinstance(pad_index, (int, float)):
+        raise TypeError(f"pad_index must be a number (default -100), got {pad_index!r}.")
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    target = torch.device("cpu") if to_cpu else None
+    chunks: list[Any] = []
+    try:
+        # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
+        with torch.no_grad(), trainer._autocast():
+            for batch in loader:
+                batch = move_to_device(batch, trainer.device, trainer.non_blocking)
+                outputs = predict_outputs(trainer, batch)
+                del batch  # the device batch goes before the next one arrives
+                chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
+                del outputs
+    finally:
+        model.train(was_training)
+    if per_batch:
+        return chunks
+    return concat_outputs(chunks, pad_index)

@@ -1,0 +1,362 @@
+"""The first batch, checked in stages: batch -> model -> criterion -> loss -> metrics, each failure with the
+stage, the shapes and the fix; and the validation loader's first batch under restored RNG.
+
+Part of the checks described in :mod:`nbtrainer._trainer._validate` (which re-exports the public ones).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device, overridden
+
+__all__ = [
+    "check_batch",
+    "check_criterion_shapes",
+    "check_loss",
+    "check_val_loader",
+    "dry_metrics",
+    "first_compute",
+    "onecycle_overflow",
+]
+
+_ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "SoftMarginLoss")
+
+
+def _desc(obj: Any, depth: int = 0) -> str:
+    """A short description of a (nested) batch: dtypes and shapes."""
+    if isinstance(obj, torch.Tensor):
+        return f"{str(obj.dtype).replace('torch.', '')}{list(obj.shape)}" + (
+            "" if obj.device.type == "cpu" else f"@{obj.device}"
+        )
+    if depth > 2:
+        return type(obj).__name__
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        inner = ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(mapping.items())[:6])
+        return ("{" if type(obj) is dict else f"{type(obj).__name__}{{") + inner + "}"
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        inner = ", ".join(_desc(v, depth + 1) for v in list(obj)[:6])
+        return f"({inner})" if isinstance(obj, tuple) else f"[{inner}]"
+    return type(obj).__name__
+
+
+def _leaf_problem(obj: Any, path: str, top: bool) -> str | None:
+    if isinstance(obj, torch.Tensor) or obj is None:
+        return None
+    mod = type(obj).__module__ or ""
+    if mod.startswith("numpy") and hasattr(obj, "shape"):
+        return f"{path} is a numpy.{type(obj).__name__}"
+    if mod.startswith("PIL"):
+        return f"{path} is a PIL image"
+    mapping = as_mapping(obj)
+    if mapping is not None:
+        for k, v in mapping.items():
+            found = _leaf_problem(v, f"{path}[{k!r}]", False)
+            if found:
+                return found
+        return None
+    if isinstance(obj, (list, tuple)):
+        if obj and all(isinstance(v, (int, float, bool)) for v in obj):
+            return f"{path} is a python {type(obj).__name__} of numbers"
+        for i, v in enumerate(obj):
+            found = _leaf_problem(v, f"{path}[{i}]", False)
+            if found:
+                return found
+        return None
+    if top and isinstance(obj, (int, float)):
+        return f"{path} is a python {type(obj).__name__}"
+    return None
+
+
+def check_batch(batch: Any, where: str = "train_loader") -> None:
+    problem = _leaf_problem(batch, "batch", True)  # other batch types: BatchSpec.split explains them
+    if problem:
+        raise TypeError(
+            f"{where} yields batches with non-tensor data: {problem}. Convert in the Dataset or "
+            "transform (torch.as_tensor(...), torchvision.transforms.ToTensor()), or let the "
+            "DataLoader's default collate_fn build tensors (a custom collate_fn returned it as is)."
+        )
+
+
+def _rewrap(exc: BaseException, message: str) -> BaseException:
+    """The same exception type with a better message (falls back to RuntimeError)."""
+    try:
+        new = type(exc)(message)
+    except Exception:
+        new = RuntimeError(message)
+    return new
+
+
+def _passthrough(exc: BaseException) -> bool:
+    return not isinstance(exc, Exception) or isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+
+
+def _model_hint(trainer: Any, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
+    text = str(exc)
+    if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
+        how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
+        return (
+            f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
+            "(tuple batches: how many leading elements go to the model), yield ((x1, x2), y) to keep the "
+            "inputs apart from the targets, set target_keys= (dict batches), or pass compute_loss=fn(model, batch) "
+            "(and predict_step=fn(model, batch) for predict)."
+        )
+    if "same device" in text or ("device" in text and "expected" in text.lower()):
+        return (
+            f"A tensor the model uses is not on the trainer's device {trainer.device}: register tensors the "
+            "model creates as buffers (self.register_buffer), and don't pin data to a device in the Dataset."
+        )
+    if "shapes cannot be multiplied" in text or "size mismatch" in text or "channels" in text or "shape" in text:
+        return (
+            "The inputs' shape does not fit the model: check the feature size / layout of the data "
+            "(flatten images for Linear layers, channels-first for Conv) or the model's input size."
+        )
+    if "scalar type" in text or "dtype" in text or "Expected object of scalar type" in text:
+        return (
+            "The inputs' dtype does not match the model's parameters: convert in the Dataset (x.float() "
+            "for features, x.long() for token ids)."
+        )
+    return "Check that the loader's batches match what the model's forward() expects."
+
+
+def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: Any) -> str:
+    text = str(exc)
+    name = type(criterion).__name__
+    out_t = outputs if isinstance(outputs, torch.Tensor) else None
+    tgt_t = targets if isinstance(targets, torch.Tensor) else None
+    if "out of bounds" in text and out_t is not None:
+        return (
+            f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
+            "last layer as wide as the number of classes, or make the labels 0-based."
+        )
+    if isinstance(targets, tuple) and "tuple" in text:
+        return (
+            f"The targets are a tuple {_desc(targets)}: several targets (target_keys= with several keys, in "
+            "that order; or the elements after num_inputs=) reach the criterion as one tuple. Unpack them in "
+            "the criterion, e.g. def criterion(outputs, targets): y1, y2 = targets; ..."
+        )
+    out_map = as_mapping(outputs) if out_t is None else None
+    if out_map is not None and "logits" in out_map:
+        call = f"{name}()" if isinstance(criterion, torch.nn.Module) else "loss_fn"
+        return (
+            f"The model returns a {type(outputs).__name__}, and the criterion gets it whole. Take the tensor "
+            f"it needs: criterion=lambda out, y: {call}(out.logits, y) (or criterion=None to use the "
+            "model's own loss from 'labels')."
+        )
+    if ("0D or 1D target" in text or "multi-target" in text) and tgt_t is not None:
+        return (
+            f"{name} wants class indices of shape [batch]; the targets are {list(tgt_t.shape)}. Use "
+            "y.squeeze(1) (or y.argmax(1) for one-hot targets)."
+        )
+    if ("Long" in text or "Int" in text) and tgt_t is not None and tgt_t.is_floating_point():
+        return f"{name} wants integer class indices; the targets are {tgt_t.dtype}. Convert them: y.long()."
+    if "can't be cast" in text or ("Float" in text and tgt_t is not None and not tgt_t.is_floating_point()):
+        return f"{name} wants float targets; they are {tgt_t.dtype if tgt_t is not None else '?'}: use y.float()."
+    if "size" in text or "shape" in text:
+        return "Make the model's output and the targets the shapes the criterion expects."
+    return "Make the model's output and the targets what the criterion expects (see its documentation)."
+
+
+def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
+    if (
+        type(criterion).__name__ not in _ELEMENTWISE
+        or not isinstance(outputs, torch.Tensor)
+        or not isinstance(targets, torch.Tensor)
+        or outputs.shape == targets.shape
+    ):
+        return
+    name = type(criterion).__name__
+    try:
+        bshape = list(torch.broadcast_shapes(outputs.shape, targets.shape))
+        silent = f"they would broadcast to {bshape} and give a wrong loss silently (torch only warns)"
+    except RuntimeError:
+        silent = "they cannot be compared element-wise"
+    raise ValueError(
+        f"{name} got outputs of shape {list(outputs.shape)} and targets of shape "
+        f"{list(targets.shape)}: {silent}. Make them the same shape, e.g. y.view(-1, 1) / "
+        "y.unsqueeze(-1) for the targets, or outputs.squeeze(-1) in the model."
+    )
+
+
+def _one_shot(loader: Any) -> bool:
+    # Never call iter() to find out: a DataLoader's iter() draws its base seed from the RNG.
+    return isinstance(loader, Iterator)
+
+
+def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+    """The first micro-batch's ``(loss, outputs, targets)``, computed in stages with clear errors.
+
+    For the default batch handling this runs exactly what the loop runs (``model(*inputs)`` then
+    ``criterion(outputs, targets)``), so the run is the same as without the checks.
+    """
+    where = "train_loader" if training else "val_loader"
+    check_batch(batch, where)
+    default = trainer._compute_loss_fn is None and not overridden(trainer, "compute_loss")
+    if not default or (not training and trainer.criterion is not None and trainer.batch_spec.split(batch)[2] is None):
+        try:
+            return trainer._compute(batch, training=training)
+        except BaseException as exc:
+            if _passthrough(exc):
+                raise
+            hint = (
+                "Check compute_loss against the batch structure."
+                if not default
+                else _model_hint(trainer, exc, (), {}, batch)
+            )
+            raise _rewrap(
+                exc,
+                f"Computing the loss of the first {where} batch {_desc(batch)} failed: "
+                f"{type(exc).__name__}: {exc}. {hint}",
+            ) from exc
+    args, kwargs, targets = trainer.batch_spec.split(batch)
+    try:
+        outputs = trainer.model(*args, **kwargs)
+    except BaseException as exc:
+        if _passthrough(exc):
+            raise
+        raise _rewrap(
+            exc,
+            f"The model could not take the first {where} batch {_desc(batch)}: "
+            f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(trainer, exc, args, kwargs, batch)}",
+        ) from exc
+    check_criterion_shapes(trainer.criterion, outputs, targets)
+    try:
+        loss = loss_from_outputs(trainer.criterion, outputs, targets, batch=batch, spec=trainer.batch_spec)
+    except BaseException as exc:
+        if _passthrough(exc) or trainer.criterion is None or targets is None:
+            raise
+        raise _rewrap(
+            exc,
+            f"The criterion {type(trainer.criterion).__name__} failed on the first {where} batch "
+            f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
+            f"{str(exc)[:300]}. {_criterion_hint(trainer.criterion, exc, outputs, targets)}",
+        ) from exc
+    return loss, outputs, targets
+
+
+def onecycle_overflow(trainer: Any, total_steps: int) -> ValueError:
+    """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
+    (a train_loader without len() could not be counted before the run)."""
+    st = trainer._state
+    return ValueError(
+        f"OneCycleLR was built for total_steps={total_steps} and this fit has used them all (epoch "
+        f"{st.epoch + 1}, batch {st.batch}, after optimizer step {st.global_step}); the next step would make "
+        "the scheduler fail. The train_loader has no len(), so this could not be checked before the run. "
+        "Build the scheduler with total_steps = (batches per epoch / grad_accum_steps) x epochs, or pass "
+        f"max_steps={total_steps} to fit() to end the run with the schedule."
+    )
+
+
+def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False) -> None:
+    """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
+    if loss is None:
+        return
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"The {where} loss is a {type(loss).__name__}, not a tensor: the criterion / compute_loss "
+            "must return a scalar torch.Tensor (don't call .item() on it)."
+        )
+    if loss.ndim != 0:
+        raise ValueError(
+            f"The {where} loss has shape {tuple(loss.shape)}; it must be a scalar. Use "
+            "reduction='mean' (or 'sum') in the criterion, or reduce it in compute_loss."
+        )
+    if needs_grad and not loss.requires_grad:
+        frozen = not any(p.requires_grad for p in trainer.model.parameters())
+        why = (
+            "every parameter of the model has requires_grad=False (unfreeze some)"
+            if frozen
+            else "it was computed without autograd "
+            "(torch.no_grad / inference_mode / .detach() in the model or criterion)"
+        )
+        raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
+
+
+def check_val_loader(trainer: Any, val_loader: Any) -> None:
+    """Run the first validation batch (eval mode, inference_mode) and put every RNG back."""
+    from nbtrainer._setup._seed import capture_rng, restore_rng
+
+    if val_loader is None or _one_shot(val_loader):
+        return
+    gens: list[tuple[torch.Generator, torch.Tensor]] = []
+    for holder in (getattr(val_loader, "sampler", None), val_loader):
+        gen = getattr(holder, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g, _ in gens):
+            gens.append((gen, gen.get_state()))
+    rng = capture_rng()
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    try:
+        it = iter(val_loader)
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise ValueError(
+                "val_loader yielded no batches: pass None to skip validation or fix the dataset."
+            ) from None
+        finally:
+            del it
+        batch = move_to_device(batch, trainer.device)
+        with torch.inference_mode(), trainer._autocast():
+            loss, outputs, targets = first_compute(trainer, batch, training=False)
+            check_loss(trainer, loss, "validation")
+            dry_metrics(trainer, trainer._val_metrics, outputs, targets, "validation")
+    finally:
+        model.train(was_training)
+        restore_rng(rng)
+        for gen, state in gens:
+            gen.set_state(state)
+
+
+def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
+    """Each metric on one batch, on copies (the real ones keep their state): must run and give a number."""
+    from nbtrainer._loop._metrics import _scalar
+
+    for name, fn in metrics.callables:
+        try:
+            value = fn(outputs, targets)
+        except Exception as exc:
+            raise _rewrap(
+                exc,
+                f"Metric {name!r} raised on the first {where} batch (outputs {_desc(outputs)}, "
+                f"targets {_desc(targets)}): {type(exc).__name__}: {str(exc).rstrip('.')}. A metric is called as "
+                "fn(outputs, targets) and must return one number per batch.",
+            ) from exc
+        _check_value(name, value)
+    for name, metric in metrics.torchmetrics:
+        probe = copy.deepcopy(metric)
+        probe.reset()
+        try:
+            probe.update(outputs, targets)
+            value = probe.compute()
+        except Exception as exc:
+            raise _rewrap(
+                exc,
+                f"Metric {name!r} ({type(metric).__name__}) failed on the first {where} batch "
+                f"(outputs {_desc(outputs)}, targets {_desc(targets)}): {type(exc).__name__}: "
+                f"{str(exc)[:300].rstrip('.')}. Configure it for this task (task=, num_classes=) or adapt "
+                "the model's outputs.",
+            ) from exc
+        values = value.items() if isinstance(value, dict) else [(name, value)]
+        for key, val in values:
+            _scalar(key, val)
+
+
+def _check_value(name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"Metric {name!r} returned a tensor of shape {tuple(value.shape)}; a metric must "
+                "return one number per batch (reduce it, e.g. with .mean())."
+            )
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(
+            f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
+        )

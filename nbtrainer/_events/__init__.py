@@ -1,0 +1,12 @@
+"""The event stream and its consumers: callbacks, progress, history, loggers.
+
+=====================  ================================================================================
+``_stream``            EVENTS, Progress, CallbackList: the one stream every consumer reads
+``_callbacks``         Callback, EarlyStopping, LRMonitor, HistoryRecorder
+``_model_checkpoint``  ModelCheckpoint (checkpoint files of a run)
+``_progress``          ProgressBar: notebook bars, console bars, plain lines
+``_loggers``           TensorBoardLogger, CSVLogger
+``_history``           History: steps, epochs, events
+``_frontend``          notebook or console, decided at run time
+=====================  ================================================================================
+"""

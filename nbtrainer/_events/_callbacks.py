@@ -1,0 +1,197 @@
+"""Callbacks: the optional base class, EarlyStopping, LRMonitor and the history recorder.
+
+Subclassing :class:`Callback` is optional: any object with some of the hook methods listed in
+``nbtrainer.EVENTS`` works; a hook is called only if the object defines it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from nbtrainer._events._stream import Progress
+from nbtrainer._report._format import format_number
+from nbtrainer._report._html import higher_is_better
+
+__all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
+
+
+def resolve_mode(monitor: str, mode: str) -> str:
+    if mode == "auto":
+        # the names the report and the panel bold as best: one list, so they never disagree
+        return "max" if higher_is_better(monitor) else "min"
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
+    return mode
+
+
+def check_monitor(owner: str, monitor: str, trainer: Any) -> None:
+    """Refuse, before the first step, to monitor a key the fit will never log."""
+    keys = trainer.expected_log_keys()
+    if monitor not in keys:
+        hint = (
+            " (no val_loader was given to fit())" if monitor.startswith("val_") and not trainer.has_validation else ""
+        )
+        raise ValueError(
+            f"{owner} monitors {monitor!r}, which this fit will never log{hint}. "
+            f"Logged keys: {sorted(keys)}. Pick one of them."
+        )
+
+
+class Callback:
+    """Base class with no-op hooks, for discoverability; duck-typed objects work too.
+
+    Example:
+        >>> class Print(Callback):
+        ...     def on_epoch_end(self, trainer, epoch, logs):
+        ...         print(epoch, round(logs["loss"], 2))
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class EarlyStopping(Callback):
+    """Stop when a monitored value stops improving.
+
+    Args:
+        monitor: a key of the epoch logs (``"val_loss"``, ``"val_acc"``, ...).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names).
+        patience: epochs without improvement before stopping.
+        min_delta: the smallest change that counts as an improvement.
+        check_finite: stop when the value is NaN or inf.
+        stopping_threshold: stop as soon as the value is at least this good.
+        divergence_threshold: stop as soon as the value is worse than this.
+        restore_best_weights: load the best epoch's weights back at the end of the fit.
+
+    Example:
+        >>> es = EarlyStopping(monitor="val_loss", patience=2)
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        mode: str = "auto",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        restore_best_weights: bool = False,
+    ) -> None:
+        if not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"patience must be an int >= 0, got {patience!r}.")
+        self.monitor = monitor
+        self.mode = resolve_mode(monitor, mode)
+        self.patience = patience
+        self.min_delta = abs(min_delta)
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.restore_best_weights = restore_best_weights
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+        self._best_weights: dict[str, torch.Tensor] | None = None
+
+    def _better(self, value: float, ref: float | None) -> bool:
+        if ref is None:
+            return True
+        return value < ref - self.min_delta if self.mode == "min" else value > ref + self.min_delta
+
+    def on_fit_start(self, trainer: Any) -> None:
+        check_monitor("EarlyStopping", self.monitor, trainer)
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        value = float(logs[self.monitor])
+        reason = None
+        if self.check_finite and not math.isfinite(value):
+            reason = f"{self.monitor} is {value}"
+        elif self._better(value, self.best):
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+            if self.restore_best_weights:
+                self._best_weights = {k: v.detach().to("cpu", copy=True) for k, v in trainer.model_state_dict().items()}
+            if self.stopping_threshold is not None and not self._better(self.stopping_threshold, value):
+                reason = (
+                    f"{self.monitor}={format_number(value)} reached "
+                    f"stopping_threshold={format_number(self.stopping_threshold)}"
+                )
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                reason = (
+                    f"{self.monitor} did not improve for {self.wait} epochs "
+                    f"(best {format_number(self.best)} at epoch {self.best_epoch})"
+                )
+        diverged = (
+            reason is None
+            and self.divergence_threshold is not None
+            and math.isfinite(value)
+            and self._better(self.divergence_threshold, value)
+            and value != self.divergence_threshold
+        )
+        if diverged:
+            reason = (
+                f"{self.monitor}={format_number(value)} is worse than "
+                f"divergence_threshold={format_number(self.divergence_threshold)}"
+            )
+        if reason is not None:
+            self.stopped_epoch = epoch
+            trainer.request_stop(f"EarlyStopping: {reason}")
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        if self.restore_best_weights and self._best_weights is not None:
+            trainer.load_model_state_dict(self._best_weights)
+            history.add_event(
+                step=trainer.global_step,
+                epoch=self.best_epoch,
+                kind="restore_best_weights",
+                old=None,
+                new=self.best_epoch,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "wait": self.wait,
+            "stopped_epoch": self.stopped_epoch,
+            "best_weights": self._best_weights,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_epoch = state.get("best"), state.get("best_epoch")
+        self.wait, self.stopped_epoch = state.get("wait", 0), state.get("stopped_epoch")
+        self._best_weights = state.get("best_weights")
+
+
+class LRMonitor(Callback):
+    """Adds the learning rate of every param group to the epoch logs (``lr_group{i}``)."""
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        for i, group in enumerate(trainer.optimizer.param_groups):
+            logs[f"lr_group{i}"] = float(group["lr"])
+
+
+class HistoryRecorder:
+    """Feeds the History from the event stream (always the trainer's first callback)."""
+
+    def __init__(self, history: Any) -> None:
+        self.history = history
+
+    def on_refresh(self, trainer: Any, progress: Progress) -> None:
+        if progress.step_points:
+            self.history.add_steps(progress.step_points, progress.epoch)
+
+    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+        self.history.add_event(**event)
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        self.history.add_epoch(logs)

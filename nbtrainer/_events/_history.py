@@ -1,0 +1,199 @@
+"""History: per-epoch rows, per-step series and control events, as plain data.
+
+Plain data (lists, dicts, floats) so it can travel inside a ``weights_only=True`` checkpoint and be
+written as CSV/JSON without pickle.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["History"]
+
+
+class History:
+    """What a fit produced.
+
+    Attributes:
+        epochs: one dict per epoch: ``epoch, lr, loss, <metric>, val_loss, val_<metric>, time,
+            samples_per_s, steps, skipped_steps``.
+        steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
+        events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``).
+        status: ``"finished"``, ``"stopped"``, ``"interrupted"`` or ``"failed"`` once a fit ends.
+
+    Example:
+        >>> h = History()
+        >>> h.add_epoch({"epoch": 1, "loss": 0.5})
+        >>> h["loss"]
+        [0.5]
+    """
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, Any]] = []
+        self.steps: dict[str, list] = {"step": [], "epoch": [], "loss": [], "lr": []}
+        self.events: list[dict[str, Any]] = []
+        self.status: str = "idle"
+        self.stop_reason: str | None = None
+
+    # -- recording ---------------------------------------------------------------------------
+    def add_epoch(self, row: dict[str, Any]) -> None:
+        # The same dict the callbacks receive: keys they add in on_epoch_end (LRMonitor) land here too.
+        self.epochs.append(row)
+
+    def add_steps(self, points: list[tuple[int, float, float]], epoch: int) -> None:
+        for step, loss, lr in points:
+            self.steps["step"].append(step)
+            self.steps["epoch"].append(epoch)
+            self.steps["loss"].append(loss)
+            self.steps["lr"].append(lr)
+
+    def add_event(self, **event: Any) -> None:
+        self.events.append(event)
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.epochs[-1] if self.epochs else {}
+
+    def keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for row in self.epochs:
+            seen.update(dict.fromkeys(row))
+        return list(seen)
+
+    def __getitem__(self, key: str) -> list[Any]:
+        if key not in self.keys():
+            raise KeyError(f"{key!r} is not in the history; available: {self.keys()}")
+        return [row.get(key) for row in self.epochs]
+
+    def __len__(self) -> int:
+        return len(self.epochs)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.epochs)
+
+    def best(self, monitor: str = "val_loss", mode: str = "min") -> dict[str, Any] | None:
+        """The epoch row with the best finite ``monitor`` value (None if there is none)."""
+        rows = [r for r in self.epochs if isinstance(r.get(monitor), (int, float)) and math.isfinite(r[monitor])]
+        if not rows:
+            return None
+        pick = min if mode == "min" else max
+        return pick(rows, key=lambda r: r[monitor])
+
+    def __repr__(self) -> str:
+        last = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.last.items()}
+        return (
+            f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
+        )
+
+    # -- charts and reports (plain SVG/HTML: no plotting library) --------------------------------
+    def to_svg(self, *, columns: int = 2) -> str:
+        """The summary charts (loss, learning rate, metrics per epoch) as one SVG document.
+
+        Text is drawn in ``currentColor`` (the page's text colour when the SVG is inlined in HTML); use
+        ``plot().save("run.svg")`` for a standalone file with dark text.
+        """
+        from nbtrainer._report._html import HistoryPlot
+
+        return HistoryPlot(self, columns=columns).to_svg()
+
+    def plot(self, *, max_points: int = 400, smoothing: float = 0.9) -> Any:
+        """The charts as an object that displays in a notebook and saves with ``.save("run.svg" | "run.html")``.
+
+        Example:
+            >>> h = History()
+            >>> h.add_steps([(1, 0.9, 1e-3), (2, 0.5, 1e-3)], epoch=1)
+            >>> "<svg" in h.plot()._repr_html_()
+            True
+        """
+        from nbtrainer._report._html import HistoryPlot
+
+        return HistoryPlot(self, max_points=max_points, smoothing=smoothing)
+
+    def to_html(self, *, title: str = "nbtrainer run") -> str:
+        """A report: status line, the per-epoch table and the charts, as HTML with inline SVG."""
+        from nbtrainer._report._html import summary_html
+
+        return summary_html(self, title=title)
+
+    def _repr_html_(self) -> str:
+        return self.to_html(title="History")
+
+    # -- export ------------------------------------------------------------------------------
+    def to_pandas(self, what: str = "epochs") -> Any:
+        """``what="epochs"`` (default), ``"steps"`` or ``"events"`` as a ``pandas.DataFrame``.
+
+        pandas is optional (not a dependency of nbtrainer): without it this raises an ImportError that
+        says to ``pip install pandas`` (or ``nbtrainer[pandas]``); :meth:`to_csv` / :meth:`to_json` need nothing.
+        """
+        if what not in ("epochs", "steps", "events"):
+            raise ValueError(f"what must be 'epochs', 'steps' or 'events', got {what!r}.")
+        from nbtrainer._optional import import_optional
+
+        pd = import_optional(
+            "pandas", "History.to_pandas()", 'pip install pandas  (or: pip install "nbtrainer[pandas]")'
+        )
+
+        data = {"epochs": self.epochs, "steps": self.steps, "events": self.events}[what]
+        frame = pd.DataFrame(data)
+        if what == "epochs" and "epoch" in frame:
+            frame = frame.set_index("epoch")
+        return frame
+
+    def to_csv(self, path: str | None = None) -> str:
+        """Write the epoch table as CSV (atomically) and return the text."""
+        buf = io.StringIO()
+        keys = self.keys()
+        writer = csv.DictWriter(buf, fieldnames=keys)
+        writer.writeheader()
+        for row in self.epochs:
+            writer.writerow(row)
+        text = buf.getvalue()
+        if path is not None:
+            from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+
+            atomic_write_bytes(path, text.encode())
+        return text
+
+    def to_json(self, path: str | None = None) -> str:
+        """Write everything (epochs, steps, events, status) as JSON (atomically) and return the text."""
+        text = json.dumps(self.state_dict(), allow_nan=True)
+        if path is not None:
+            from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+
+            atomic_write_bytes(path, text.encode())
+        return text
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epochs": [dict(r) for r in self.epochs],
+            "steps": {k: list(v) for k, v in self.steps.items()},
+            "events": [dict(e) for e in self.events],
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs = [dict(r) for r in state.get("epochs", [])]
+        steps = state.get("steps") or {}
+        self.steps = {k: list(steps.get(k, [])) for k in ("step", "epoch", "loss", "lr")}
+        self.events = [dict(e) for e in state.get("events", [])]
+        self.status = state.get("status", "idle")
+        self.stop_reason = state.get("stop_reason")
+
+    @classmethod
+    def from_json(cls, path: str) -> History:
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+        history = cls()
+        history.load_state_dict(state)
+        return history

@@ -1,0 +1,169 @@
+"""ModelCheckpoint: top-k / last / periodic checkpoints, written atomically, on rank 0 only."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from nbtrainer._events._callbacks import Callback, check_monitor, resolve_mode
+from nbtrainer._resume._checkpoint_io import remove_stale_temps
+
+__all__ = ["ModelCheckpoint"]
+
+
+class ModelCheckpoint(Callback):
+    """Save full training checkpoints (model, optimizer, scheduler, scaler, loop state, RNG, history).
+
+    Args:
+        dirpath: directory for the files (created; must be writable: checked before training).
+        monitor: log key to rank checkpoints by (``None``: keep the most recent ``save_top_k``).
+        mode: ``"min"``, ``"max"`` or ``"auto"``.
+        save_top_k: how many ranked checkpoints to keep (``-1`` all, ``0`` none besides ``last``).
+        save_last: also keep ``last.ckpt``, overwritten at every save (``resume_from="last"`` finds it).
+        every_n_epochs: save at the end of every n-th epoch.
+        every_n_steps: also save ``last.ckpt`` every n optimizer steps (mid-epoch; needs ``save_last``
+            or is implied by it).
+        filename: format string with ``{epoch}``, ``{step}`` and any log key.
+
+    Attributes:
+        best_model_path: the file of the best checkpoint so far by ``monitor`` (without a monitor: the most
+            recent ranked one), or ``None`` before the first save. Updated at each epoch end, kept in the
+            callback's state (a resumed run knows it). Load it with ``nbtrainer.load_checkpoint(path)``;
+            ``ckpt["model"]`` is the state dict for ``trainer.load_model_state_dict``.
+        last_model_path: ``last.ckpt`` once it has been written (``save_last`` / ``every_n_steps``), else ``None``.
+        best_k: ``[(score, path), ...]`` of the kept ranked checkpoints, best first.
+
+    Example:
+        >>> ckpt = ModelCheckpoint("checkpoints", monitor="val_loss", save_top_k=2, save_last=True)
+        >>> ckpt.best_model_path is None  # set by the first save; then, e.g., after trainer.fit(...):
+        True
+        >>> # trainer.load_model_state_dict(load_checkpoint(ckpt.best_model_path)["model"])
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike = "checkpoints",
+        *,
+        monitor: str | None = None,
+        mode: str = "auto",
+        save_top_k: int = 1,
+        save_last: bool = False,
+        every_n_epochs: int = 1,
+        every_n_steps: int | None = None,
+        filename: str | None = None,
+    ) -> None:
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1 or None, got {every_n_steps}.")
+        self.dirpath = os.fspath(dirpath)
+        self.monitor = monitor
+        self.mode = resolve_mode(monitor, mode) if monitor else "max"
+        self.save_top_k = save_top_k
+        self.save_last = save_last or every_n_steps is not None
+        self.every_n_epochs = every_n_epochs
+        self.every_n_steps = every_n_steps
+        self.filename = filename or ("epoch{epoch:03d}-{" + monitor + ":.4f}" if monitor else "epoch{epoch:03d}")
+        self.best_k: list[tuple[float, str]] = []  # (score, path), best first
+        self.best_model_path: str | None = None
+        self.last_model_path: str | None = None
+        self._pending_drops: list[str] = []  # top-k files pushed out, removed after the new save succeeded
+
+    @property
+    def last_path(self) -> str:
+        return os.path.join(self.dirpath, "last.ckpt")
+
+    def on_fit_start(self, trainer: Any) -> None:
+        if self.monitor:
+            check_monitor("ModelCheckpoint", self.monitor, trainer)
+        if not trainer.is_global_zero:
+            return
+        try:
+            os.makedirs(self.dirpath, exist_ok=True)
+        except OSError as exc:
+            raise PermissionError(
+                f"ModelCheckpoint cannot create dirpath {self.dirpath!r}: {exc.strerror}. Pass a writable directory."
+            ) from exc
+        if not os.access(self.dirpath, os.W_OK | os.X_OK) or not _can_create_file(self.dirpath):
+            raise PermissionError(
+                f"ModelCheckpoint dirpath {self.dirpath!r} is not writable. Pass a writable "
+                "directory (or fix its permissions) before training."
+            )
+        remove_stale_temps(self.dirpath)  # temp files of a run that was killed while saving
+
+    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self.last_model_path = self.last_path
+            self._save(trainer, self.last_path)
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        if epoch % self.every_n_epochs:
+            return
+        # The epoch is complete: the saved loop state points at the start of the next epoch.
+        if self.save_top_k != 0:
+            score = float(logs[self.monitor]) if self.monitor else float(epoch)
+            if math.isfinite(score) and self._qualifies(score):
+                name = self.filename.format(**{**logs, "epoch": epoch, "step": trainer.global_step})
+                path = os.path.join(self.dirpath, name + ".ckpt")
+                self._save(trainer, path)
+                self._insert(score, path, remove=trainer.is_global_zero)
+        if self.save_last:
+            self._save(trainer, self.last_path)
+            self.last_model_path = self.last_path
+        if self._pending_drops:  # only once the saves above went through: a failed save keeps the old best
+            trainer.defer(self._remove_dropped)
+
+    def _qualifies(self, score: float) -> bool:
+        if self.save_top_k < 0 or len(self.best_k) < self.save_top_k:
+            return True
+        worst = self.best_k[-1][0]
+        return score < worst if self.mode == "min" else score > worst
+
+    def _insert(self, score: float, path: str, remove: bool = True) -> None:
+        self.best_k = [(s, p) for s, p in self.best_k if p != path]
+        self.best_k.append((score, path))
+        self.best_k.sort(key=lambda sp: sp[0], reverse=self.mode == "max")
+        while self.save_top_k >= 0 and len(self.best_k) > self.save_top_k:
+            _, dropped = self.best_k.pop()
+            if remove and dropped != self.last_path and os.path.exists(dropped):  # rank 0 only under DDP
+                self._pending_drops.append(dropped)
+        self.best_model_path = self.best_k[0][1] if self.best_k else None
+
+    def _remove_dropped(self) -> None:
+        drops, self._pending_drops = self._pending_drops, []
+        for path in drops:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+    def _save(self, trainer: Any, path: str) -> None:
+        # Deferred until every callback has seen this event, so their state (patience counters, this
+        # callback's own top-k list) is saved as it will be when training continues.
+        trainer.defer(lambda: trainer.save_checkpoint(path))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best_k": [[s, p] for s, p in self.best_k],
+            "best_model_path": self.best_model_path,
+            "last_model_path": self.last_model_path,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", [])]
+        self.best_model_path = state.get("best_model_path")
+        self.last_model_path = state.get("last_model_path")
+
+
+def _can_create_file(directory: str) -> bool:
+    """``os.access`` says yes to root on any mode bits; actually create (and remove) a file."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nbt-probe-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True

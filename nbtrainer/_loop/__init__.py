@@ -1,0 +1,12 @@
+"""The training loop: one batch at a time, through one training step, with the device-side sums it keeps.
+
+==============  ================================================================================
+``_fit_loop``   FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
+``_metrics``    device-side running sums of losses and metrics
+``_nonfinite``  the NaN/inf gate, without a per-step sync
+``_control``    requests from other threads, applied at a step boundary
+``_oom``        out-of-memory: free, re-raise with advice
+``_memory``     memory per refresh window (host counters only)
+``_lr_find``    the LR range test
+==============  ================================================================================
+"""

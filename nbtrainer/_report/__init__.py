@@ -1,0 +1,9 @@
+"""Numbers, tables and SVG charts, with no dependency beyond the standard library.
+
+=============  ================================================================================
+``_format``    every number shown (format_number, format_lr, ...)
+``_svg``       svg_chart: dependency-free charts
+``_html``      History's report: epoch table, charts, summary
+``_decimate``  min/max decimation, smoothing
+=============  ================================================================================
+"""

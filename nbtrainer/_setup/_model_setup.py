@@ -1,0 +1,461 @@
+"""Memory- and speed-saving strategies as Trainer switches: optimizer by name, freezing, activation
+checkpointing, ``torch.compile`` and ``channels_last``.
+
+Everything here is applied to the user's model in one place (:class:`ModelSetup`), in two phases so a
+``Trainer(...)`` that fails validation leaves the model untouched:
+
+1. ``ModelSetup(...)`` checks the options and builds the optimizer when it is given by name (over the
+   parameters that will be trainable); nothing on the model changes yet;
+2. ``setup.apply()`` (the last thing ``Trainer.__init__`` does) sets ``requires_grad``, converts to
+   ``channels_last``, wraps blocks for activation checkpointing and compiles.
+
+Activation checkpointing stays switchable between fits (:meth:`ModelSetup.set_activation_checkpointing`):
+our wrapping (``nbtrainer._setup._activation_checkpointing``) is reversible, and models that bring their own switch
+(Hugging Face's ``gradient_checkpointing_enable()``) are switched with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbtrainer._setup._activation_checkpointing import apply_activation_checkpointing
+from nbtrainer._setup._precision import resolve_device
+
+__all__ = [
+    "OPTIMIZERS",
+    "ModelSetup",
+    "ParamCounts",
+    "build_optimizer",
+    "freeze_parameters",
+    "optimizer_impl",
+    "param_counts",
+]
+
+# name -> (class path, whether a fused kernel exists)
+OPTIMIZERS: dict[str, tuple[str, bool]] = {
+    "adamw": ("AdamW", True),
+    "adam": ("Adam", True),
+    "sgd": ("SGD", True),
+    "adafactor": ("Adafactor", False),
+}
+
+
+# =============================================================================================
+# optimizer by name
+# =============================================================================================
+
+
+def _fused_devices() -> list[str]:
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        return list(_get_fused_kernels_supported_devices())
+    except ImportError:  # pragma: no cover - older torch
+        return ["cuda"]
+
+
+def build_optimizer(
+    name: str,
+    params: Iterable[torch.Tensor] | nn.Module,
+    lr: float | None = None,
+    *,
+    device: str | torch.device | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A torch optimizer from its name, with the fastest implementation the device has.
+
+    Args:
+        name: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"adafactor"`` (``torch.optim.Adafactor``: factored
+            second moments, about the size of one row + one column per matrix instead of Adam's 2x the
+            parameters). Case-insensitive.
+        params: the parameters (or a module: its parameters with ``requires_grad``).
+        lr: learning rate; ``None`` keeps torch's default for that optimizer.
+        device: where the parameters will live (default: where they are now). Adam, AdamW and SGD get
+            ``fused=True`` when the device has fused kernels (CUDA, CPU, MPS...) and every parameter is
+            floating point; otherwise torch picks (foreach on CUDA). Adafactor keeps torch's default.
+        **kwargs: passed to the optimizer (they win over the choices above).
+
+    Example:
+        >>> opt = build_optimizer("adafactor", nn.Linear(4, 2), lr=1e-2)
+        >>> type(opt).__name__, opt.param_groups[0]["lr"]
+        ('Adafactor', 0.01)
+    """
+    key = str(name).strip().lower()
+    if key not in OPTIMIZERS:
+        raise ValueError(
+            f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an optimizer "
+            "instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
+        )
+    cls_name, has_fused = OPTIMIZERS[key]
+    cls = getattr(torch.optim, cls_name, None)
+    if cls is None:  # pragma: no cover - torch < 2.5 has no Adafactor
+        raise ValueError(f"torch {torch.__version__} has no torch.optim.{cls_name}; upgrade torch or pick another.")
+    if isinstance(params, nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
+    params = list(params)
+    if not params:
+        raise ValueError("No trainable parameters to optimize: every parameter is frozen (requires_grad=False).")
+    options: dict[str, Any] = {}
+    if lr is not None:
+        options["lr"] = float(lr)
+    if has_fused and "foreach" not in kwargs:
+        dev = torch.device(device) if device is not None else None
+        tensors = [p for p in params if isinstance(p, torch.Tensor)]
+        dev_type = dev.type if dev is not None else (tensors[0].device.type if tensors else "cpu")
+        if dev_type in _fused_devices() and all(p.is_floating_point() for p in tensors):
+            options["fused"] = True
+    options.update(kwargs)
+    return cls(params, **options)
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
+    """``"fused"``, ``"foreach"`` or ``"default"`` (torch decides at the first step) for group 0."""
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    return "default"
+
+
+# =============================================================================================
+# freezing
+# =============================================================================================
+
+
+@dataclasses.dataclass
+class ParamCounts:
+    """Parameter counts of a model (shared parameters counted once).
+
+    Attributes:
+        total, trainable, frozen: numbers of scalars.
+        trainable_tensors, frozen_tensors: numbers of parameter tensors.
+        trainable_names: qualified names of the trainable tensors.
+    """
+
+    total: int
+    trainable: int
+    frozen: int
+    trainable_tensors: int
+    frozen_tensors: int
+    trainable_names: list[str]
+
+    @property
+    def trainable_fraction(self) -> float:
+        return self.trainable / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"trainable {self.trainable:,} of {self.total:,} parameters ({self.trainable_fraction:.1%}) "
+            f"in {self.trainable_tensors} tensors; frozen {self.frozen:,} in {self.frozen_tensors}"
+        )
+
+    def _repr_html_(self) -> str:
+        return f"<span>{self}</span>"
+
+
+def param_counts(model: nn.Module) -> ParamCounts:
+    """Trainable / frozen parameter counts of ``model``.
+
+    Example:
+        >>> param_counts(nn.Linear(3, 2)).trainable
+        8
+    """
+    trainable, frozen, names = 0, 0, []
+    n_frozen = 0
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            trainable += p.numel()
+            names.append(name)
+        else:
+            frozen += p.numel()
+            n_frozen += 1
+    return ParamCounts(trainable + frozen, trainable, frozen, len(names), n_frozen, names)
+
+
+def _as_patterns(value: Any, what: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{what}= takes glob patterns of parameter names, e.g. ['head.*'], got {value!r}.")
+    return list(value)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    # "head" also matches everything under the module "head" (head.weight, head.0.bias...).
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+
+
+def plan_trainable(model: nn.Module, trainable: Any = None, freeze: Any = None) -> dict[str, bool]:
+    """``{parameter name: requires_grad}`` after the patterns (the model is not changed).
+
+    ``trainable`` patterns: exactly the matching parameters train, all others are frozen. ``freeze``
+    patterns: the matching parameters are frozen, the others keep their flag (so a peft/LoRA model keeps
+    its own choice). Both: ``trainable`` first, then ``freeze``. A pattern matching nothing is an error
+    (a typo would otherwise silently train everything or nothing).
+    """
+    named = list(model.named_parameters())
+    plan = {name: p.requires_grad for name, p in named}
+    for option, value in (("trainable", trainable), ("freeze", freeze)):
+        if value is None:
+            continue
+        patterns = _as_patterns(value, option)
+        for pattern in patterns:
+            if not any(_matches(name, pattern) for name, _ in named):
+                sample = ", ".join(name for name, _ in named[:6]) + (" ..." if len(named) > 6 else "")
+                raise ValueError(
+                    f"{option}= pattern {pattern!r} matches no parameter. Patterns are globs over "
+                    f"parameter names such as: {sample}"
+                )
+        for name, _ in named:
+            hit = any(_matches(name, pattern) for pattern in patterns)
+            if option == "trainable":
+                plan[name] = hit
+            elif hit:
+                plan[name] = False
+    return plan
+
+
+def freeze_parameters(model: nn.Module, trainable: Any = None, freeze: Any = None) -> ParamCounts:
+    """Train only a subset of ``model``: set ``requires_grad`` by glob patterns over parameter names.
+
+    Args:
+        model: the model (changed in place).
+        trainable: patterns of the parameters to train; every other parameter is frozen.
+        freeze: patterns of the parameters to freeze; the rest keep their flag.
+
+    Returns:
+        The :class:`ParamCounts` afterwards.
+
+    Example:
+        >>> model = nn.Sequential()
+        >>> model.add_module("body", nn.Linear(4, 4)); model.add_module("head", nn.Linear(4, 2))
+        >>> str(freeze_parameters(model, trainable=["head.*"]))
+        'trainable 10 of 30 parameters (33.3%) in 2 tensors; frozen 20 in 2'
+    """
+    plan = plan_trainable(model, trainable, freeze)
+    for name, p in model.named_parameters():
+        p.requires_grad_(plan[name])
+    return param_counts(model)
+
+
+# =============================================================================================
+# activation checkpointing, channels_last, compile
+# =============================================================================================
+
+
+def _own_switch(model: nn.Module, action: str) -> tuple[str, Any] | None:
+    """The model's own ``<prefix>_checkpointing_<action>`` method: transformers >= 5 names it
+    ``activation_checkpointing_*`` and deprecates ``gradient_checkpointing_*`` (a FutureWarning at each
+    call), so the new name is used when the model has it and the old one otherwise."""
+    for prefix in ("activation", "gradient"):
+        fn = getattr(model, f"{prefix}_checkpointing_{action}", None)
+        if callable(fn):
+            return prefix, fn
+    return None
+
+
+class _OwnSwitch:
+    """Handle for a model's own checkpointing switch (Hugging Face's ``activation_checkpointing_enable()``,
+    or ``gradient_checkpointing_enable()`` before transformers 5)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        found = _own_switch(model, "enable")
+        if found is None:  # pragma: no cover - has_own_checkpointing() was checked first
+            raise ValueError(f"{type(model).__name__} has no checkpointing switch of its own.")
+        prefix, enable = found
+        self.names = [f"{type(model).__name__}.{prefix}_checkpointing_enable()"]
+        try:
+            enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
+        except TypeError:  # older transformers, or a model whose switch takes no arguments
+            enable()
+
+    def remove(self) -> None:
+        found = _own_switch(self.model, "disable")
+        if found is not None:
+            found[1]()
+        self.names = []
+
+
+def has_own_checkpointing(model: nn.Module) -> bool:
+    """Whether the model brings its own switch (``activation_checkpointing_enable`` or
+    ``gradient_checkpointing_enable``) and supports it."""
+    return _own_switch(model, "enable") is not None and bool(getattr(model, "supports_gradient_checkpointing", True))
+
+
+def _check_checkpointing_value(value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if (
+        isinstance(value, (str, type))
+        or not isinstance(value, Sequence)
+        or not all(isinstance(v, (str, type)) for v in value)
+    ):
+        raise TypeError(
+            "activation_checkpointing= takes True, False, or a list of module types and/or "
+            f"qualified module names, got {value!r}."
+        )
+
+
+def _check_blocks_exist(model: nn.Module, value: Any) -> None:
+    """Raise now (before anything changes) if checkpointing ``value`` would find nothing to wrap."""
+    if not value or (value is True and has_own_checkpointing(model)):
+        return
+    from nbtrainer._setup._activation_checkpointing import _select
+
+    try:
+        found = _select(model, True if value is True else list(value))
+    except AttributeError as exc:  # a qualified name that is not a submodule
+        raise ValueError(f"activation_checkpointing: {exc}") from None
+    if not found:
+        raise ValueError(
+            "activation_checkpointing found no blocks to checkpoint: the model has no nn.ModuleList / "
+            "nn.Sequential of >= 2 identical modules, or the given types match none. Pass a list of "
+            "module types or qualified names, e.g. activation_checkpointing=[MyBlock]."
+        )
+
+
+def enable_activation_checkpointing(model: nn.Module, value: Any) -> Any:
+    """Turn activation checkpointing on; returns a handle with ``names`` and ``remove()`` (None for off).
+
+    ``True``: the model's own switch when it has one, else the children of its largest container of
+    identical blocks. A list: those module types / qualified names (always our wrapping).
+    """
+    _check_checkpointing_value(value)
+    if not value:
+        return None
+    if value is True and has_own_checkpointing(model):
+        return _OwnSwitch(model)
+    return apply_activation_checkpointing(model, True if value is True else list(value))
+
+
+def has_conv2d(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules())
+
+
+def _compile_options(value: Any) -> dict[str, Any] | None:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, str):
+        return {"mode": value}
+    raise TypeError(f"compile= takes True/False, a mode string or a dict of torch.compile options, got {value!r}.")
+
+
+class ModelSetup:
+    """The strategy options of one Trainer, checked up front and applied in one place.
+
+    Args:
+        model: the user's model.
+        optimizer: an optimizer instance, or a name for :func:`build_optimizer`.
+        lr: learning rate for an optimizer given by name.
+        device: the trainer's device (picks fused kernels).
+        trainable, freeze: glob patterns (see :func:`plan_trainable`).
+        activation_checkpointing: ``False``, ``True`` or a list of module types / names.
+        compile: ``True``, a mode string or ``torch.compile`` keyword options.
+        channels_last: convert a conv net's weights to ``torch.channels_last``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        *,
+        lr: float | None = None,
+        device: str | torch.device = "auto",
+        trainable: Any = None,
+        freeze: Any = None,
+        activation_checkpointing: Any = False,
+        compile: Any = False,
+        channels_last: bool = False,
+    ) -> None:
+        self.model = model
+        if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}.")
+        if lr is not None and not isinstance(optimizer, str):
+            raise ValueError(
+                "lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
+                "already has its learning rate, and optimizer=None trains nothing."
+            )
+        _check_checkpointing_value(activation_checkpointing)
+        _check_blocks_exist(model, activation_checkpointing)
+        self.compile_options = _compile_options(compile)
+        self.channels_last = bool(channels_last)
+        if self.channels_last and not has_conv2d(model):
+            warnings.warn("channels_last=True has no effect: the model has no 2-D convolutions.", stacklevel=3)
+            self.channels_last = False
+        self.trainable, self.freeze = trainable, freeze
+        self._plan = plan_trainable(model, trainable, freeze) if (trainable is not None or freeze is not None) else None
+        self.activation_checkpointing: Any = activation_checkpointing or False
+        self._handle: Any = None
+        self.optimizer_name: str | None = None
+        if isinstance(optimizer, str):
+            plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
+            params = [p for n, p in model.named_parameters() if plan[n]]
+            self.optimizer_name = optimizer.strip().lower()
+            if not params and self.optimizer_name in OPTIMIZERS:
+                raise ValueError(
+                    f"optimizer={optimizer!r} has nothing to train: every parameter of the model is frozen "
+                    "(requires_grad=False). To evaluate or predict only, pass optimizer=None: "
+                    "Trainer(model, criterion, optimizer=None); to train, unfreeze some (trainable=[...])."
+                )
+            optimizer = build_optimizer(optimizer, params, lr, device=resolve_device(device))
+        self.optimizer = optimizer
+        self.applied = False
+
+    @property
+    def checkpointed_blocks(self) -> list[str]:
+        return list(self._handle.names) if self._handle is not None else []
+
+    def apply(self) -> nn.Module:
+        """Change the model (freeze, channels_last, checkpointing, compile); returns the module to train."""
+        model = self.model
+        if self._plan is not None:
+            for name, p in model.named_parameters():
+                p.requires_grad_(self._plan[name])
+        if self.channels_last:
+            # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        self._handle = enable_activation_checkpointing(model, self.activation_checkpointing)
+        self.applied = True
+        if self.compile_options is not None:
+            compiled = torch.compile(model, **self.compile_options)
+            assert isinstance(compiled, nn.Module)  # an OptimizedModule (typed as the callable it wraps)
+            return compiled
+        return model
+
+    def set_activation_checkpointing(self, value: Any) -> list[str]:
+        """Switch activation checkpointing (off: the model is restored exactly); returns the wrapped blocks."""
+        _check_checkpointing_value(value)
+        _check_blocks_exist(self.model, value)
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        new = enable_activation_checkpointing(self.model, value)
+        self._handle, self.activation_checkpointing = new, value or False
+        return self.checkpointed_blocks
+
+    def param_counts(self) -> ParamCounts:
+        return param_counts(self.model)
+
+    def describe(self) -> dict[str, Any]:
+        """The options in effect, as plain data (for reports and the comparison table)."""
+        return {
+            "optimizer": self.optimizer_name or (type(self.optimizer).__name__ if self.optimizer is not None else None),
+            "optimizer_impl": optimizer_impl(self.optimizer) if self.optimizer is not None else None,
+            "activation_checkpointing": self.checkpointed_blocks,
+            "compile": self.compile_options is not None,
+            "channels_last": self.channels_last,
+            "params": str(self.param_counts()),
+        }

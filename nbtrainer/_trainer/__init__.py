@@ -1,0 +1,12 @@
+"""The Trainer facade: configuration, argument checks, and the public fit / evaluate / predict / control API.
+
+================  ================================================================================
+``_trainer``      Trainer: the public class, its options and their checks
+``_base``         the typed state the Trainer's parts share
+``_fit``          fit, fit_more: set up a run, hand it to the loop
+``_eval``         evaluate, predict
+``_control``      thread-safe control (stop, pause, LR, accumulation), lr_find
+``_checkpoints``  save / load of the Trainer's state
+``_validate``     argument and fit checks that run before anything trains
+================  ================================================================================
+"""

@@ -1,0 +1,122 @@
+"""What every part of the Trainer shares: the attributes ``Trainer.__init__`` sets, declared once with their types.
+
+:class:`~nbtrainer.Trainer` is a facade over mixins (``_trainer_fit``, ``_trainer_checkpoints``,
+``_trainer_eval``, ``_trainer_control``) that all work on the same state. Each mixin inherits
+:class:`TrainerBase`, so a type checker knows that state in every one of them, and a rename or a changed
+type shows up where it is used rather than at run time. The attributes are *declared* here (annotations
+only, nothing is created); ``Trainer.__init__`` sets them. The few read-only views of that state the mixins
+need (the reference LR, rank zero, the autocast context) are defined here too, next to what they read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from nbtrainer._setup._precision import autocast
+from nbtrainer._trainer import _validate
+
+if TYPE_CHECKING:
+    from nbtrainer._data._batch import BatchSpec
+    from nbtrainer._events._callbacks import HistoryRecorder
+    from nbtrainer._events._history import History
+    from nbtrainer._events._stream import CallbackList, Progress
+    from nbtrainer._loop._control import Control
+    from nbtrainer._loop._fit_loop import FitLoop, LoopState
+    from nbtrainer._loop._metrics import MetricSet
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
+    from nbtrainer._setup._model_setup import ModelSetup
+
+__all__ = ["TrainerBase"]
+
+
+class TrainerBase:
+    """The state of a :class:`~nbtrainer.Trainer`, shared by its mixins (set by ``Trainer.__init__``)."""
+
+    # Trainers inside fit() in this process (weak: a trainer that is dropped leaves it).
+    _active: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
+
+    # -- configuration (checked by __init__; the setters of _trainer_control change some between fits) --
+    model: torch.nn.Module
+    criterion: Callable[..., Any] | None
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any  # any LR scheduler (torch has no common base for ReduceLROnPlateau and the others)
+    scheduler_interval: str
+    scheduler_monitor: str | None
+    precision: str
+    device: torch.device
+    strategy: Any  # _strategy.SingleDevice or _distributed.DDP (duck-typed: only DDP gathers objects)
+    scaler: torch.amp.GradScaler | None
+    grad_accum_steps: int
+    max_grad_norm: float | None
+    seed: int | None
+    deterministic: bool
+    batch_spec: BatchSpec
+    refresh_interval: float
+    timing_every: int
+    val_every_n_epochs: int
+    non_blocking: bool
+    fast_fetch: bool
+    data_on_device: float
+    _setup: ModelSetup
+    _compute_loss_fn: Callable[..., Any] | None
+    _predict_step_fn: Callable[..., Any] | None
+    _metric_spec: dict[str, Any]
+    _train_metrics: MetricSet
+    _val_metrics: MetricSet
+    _params: list[torch.Tensor]
+
+    # -- the run ----------------------------------------------------------------------------------
+    history: History
+    callbacks: CallbackList
+    progress: Progress
+    status: str
+    _recorder: HistoryRecorder
+    _control: Control
+    _state: LoopState
+    _loop: FitLoop | None
+    _deferred: list[Callable[[], Any]]
+    _pending_rng: dict[str, Any] | None
+    _nonfinite: NonFiniteGuard
+    _fit_thread: int | None  # the thread id running fit(), None between fits
+    _elapsed_before: float
+    _has_val: bool
+
+    # -- read-only views of that state ------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        return self._state.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """1-based number of the epoch running (or last run)."""
+        return self._state.epoch + 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def has_validation(self) -> bool:
+        return self._has_val
+
+    @property
+    def lr(self) -> float:
+        """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+        if self.optimizer is None:
+            raise _validate.no_optimizer("lr")
+        group = self.optimizer.param_groups[0]
+        return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+
+    @property
+    def current_lr(self) -> float:
+        if self.optimizer is None:
+            raise _validate.no_optimizer("current_lr")
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast(self.precision, self.device)

@@ -1,0 +1,76 @@
+"""A Trainer's checkpoints and data order (mixed into :class:`~nbtrainer.Trainer`).
+
+What a checkpoint holds is ``_state``'s (model, optimizer, scheduler, scaler, loop position, RNG states, history,
+callback state); writing it atomically is ``_checkpoint_io``'s. The shuffling generator of the train loader is
+installed here so the data order of an epoch is a function of a state the checkpoint carries.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._resume import _checkpoint_state as _state
+from nbtrainer._setup._seed import seed_worker
+from nbtrainer._trainer import _validate
+from nbtrainer._trainer._base import TrainerBase
+
+__all__ = ["TrainerCheckpoints"]
+
+
+class TrainerCheckpoints(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
+
+    def save_checkpoint(self, path: str) -> str:
+        """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
+        if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
+            return self._control.submit(lambda: self.save_checkpoint(path)).result()
+        if self.optimizer is None:
+            raise _validate.no_optimizer(
+                "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
+            )
+        # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
+        ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
+        if self.is_global_zero:
+            from nbtrainer._resume._checkpoint_io import save_checkpoint_file
+
+            state = self.state_dict()
+            if ranks is not None:
+                state["ranks"] = ranks
+            save_checkpoint_file(path, state)
+        self.strategy.barrier()
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs, as tensors and plain data (loads with ``weights_only=True``)."""
+        return _state.trainer_state_dict(self)
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        _state.load_trainer_state(self, checkpoint)
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        return unwrap_model(self.model).state_dict()
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        unwrap_model(self.model).load_state_dict(state)
+
+    # -- data order ----------------------------------------------------------------------------
+    def _sampler_generator(self, loader: Any) -> torch.Generator | None:
+        """The generator that shuffles ``loader`` (installed if it has none), so the data order of an
+        epoch is a function of a state we can save and restore (exact mid-epoch resume)."""
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None or not hasattr(sampler, "generator"):
+            return None
+        if sampler.generator is None:
+            gen = torch.Generator()
+            gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
+            sampler.generator = gen
+            if getattr(loader, "generator", "absent") is None:
+                loader.generator = gen  # worker base seeds follow the same state
+            workers = getattr(loader, "num_workers", 0)
+            if self.deterministic and workers and loader.worker_init_fn is None:
+                loader.worker_init_fn = seed_worker
+        return sampler.generator

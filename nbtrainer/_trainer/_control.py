@@ -1,0 +1,168 @@
+"""The Trainer's control surface: thread-safe stop / pause / LR and accumulation changes, setters between
+fits, and the step-boundary machinery that applies them (mixed into :class:`~nbtrainer.Trainer`).
+
+Calls from other threads only queue a request in ``self._control`` (``nbtrainer._loop._control``); the training
+thread applies it at the next optimizer-step boundary (``_apply_control``) and records it as an
+``on_control`` event, so the history shows every change where it took effect.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nbtrainer._resume import _checkpoint_state as _state
+from nbtrainer._setup._precision import make_scaler, require_precision
+from nbtrainer._trainer import _validate
+from nbtrainer._trainer._base import TrainerBase
+
+__all__ = ["TrainerControl"]
+
+
+class TrainerControl(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
+
+    # -- control from any thread ---------------------------------------------------------------
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop at the next optimizer-step boundary (thread-safe); ``fit`` returns normally."""
+        self._control.request_stop(reason)
+
+    def pause(self) -> None:
+        """Hold at the next optimizer-step boundary until :meth:`resume` (thread-safe)."""
+        self._control.pause()
+
+    def resume(self) -> None:
+        self._control.resume()
+
+    def set_lr(self, lr: float) -> None:
+        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled."""
+        if self.optimizer is None:
+            raise _validate.no_optimizer("set_lr")
+        if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
+        self._apply_or_queue("lr", float(lr))
+
+    def set_grad_accum_steps(self, steps: int) -> None:
+        """Change accumulation at the next optimizer-step boundary (thread-safe)."""
+        _check_accum(steps)
+        self._apply_or_queue("grad_accum_steps", int(steps))
+
+    def add_callback(self, callback: Any) -> None:
+        """Attach a callback (any object with some ``nbtrainer.EVENTS`` hooks); also mid-fit."""
+        _validate.check_callback(callback)
+        self.callbacks.append(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callbacks.remove(callback)
+
+    def _require_idle(self, what: str) -> None:
+        if self._fit_thread is not None:
+            raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
+
+    def set_precision(self, precision: str) -> None:
+        """Change precision between fits (checked against the device; never silently downgraded)."""
+        self._require_idle("precision")
+        self.precision = require_precision(precision, self.device)
+        self.scaler = make_scaler(self.precision, self.device)
+
+    def set_scheduler(self, scheduler: Any, interval: str = "step") -> None:
+        """Replace the LR scheduler between fits (``None`` removes it)."""
+        self._require_idle("The scheduler")
+        if scheduler is not None and self.optimizer is None:
+            raise _validate.no_optimizer("A scheduler")
+        if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not self.optimizer:
+            raise ValueError("The scheduler is bound to a different optimizer; build it from trainer.optimizer.")
+        if interval not in ("step", "epoch"):
+            raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}.")
+        self.scheduler, self.scheduler_interval = scheduler, interval
+
+    def set_activation_checkpointing(self, value: Any) -> list[str]:
+        """Activation checkpointing between fits: ``True``, a list of module types / names, or ``False``
+        (the model is restored exactly). Returns the checkpointed blocks."""
+        self._require_idle("activation_checkpointing")
+        return self._setup.set_activation_checkpointing(value)
+
+    @property
+    def checkpointed_blocks(self) -> list[str]:
+        """The blocks under activation checkpointing now (empty when it is off)."""
+        return self._setup.checkpointed_blocks
+
+    @property
+    def param_counts(self) -> Any:
+        """Trainable / frozen parameter counts of the model (``str()`` gives one line)."""
+        return self._setup.param_counts()
+
+    def lr_find(
+        self, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, **kwargs: Any
+    ) -> Any:
+        """LR range test (exponential sweep); model and optimizer are restored afterwards. See
+        :func:`nbtrainer._loop._lr_find.lr_find` for the options and the :class:`LRFinderResult`."""
+        from nbtrainer._loop._lr_find import lr_find
+
+        if self.optimizer is None:
+            raise _validate.no_optimizer("lr_find")
+        return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, **kwargs)
+
+    def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        self.max_grad_norm = max_grad_norm
+
+    def _apply_or_queue(self, key: str, value: Any) -> None:
+        self._control.set(key, value)
+        if self._fit_thread is None:
+            self._apply_control()
+
+    def _apply_control(self) -> None:
+        while True:
+            pending, calls = self._control.take()
+            for key, value in pending.items():
+                if key == "lr":
+                    old = self.lr
+                    _state.rescale_lr(self, value / old)
+                    self._event("lr", old, value)
+                elif key == "grad_accum_steps":
+                    old, self.grad_accum_steps = self.grad_accum_steps, value
+                    self.progress.grad_accum_steps = value
+                    self._event("grad_accum_steps", old, value)
+                elif key == "pause" and self._fit_thread is not None:
+                    self._event("pause" if value else "resume", None, None)
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+            if self._fit_thread is None or not self._control.paused or self._control.stop_requested:
+                return
+            self.status = "paused"
+            if self._loop is not None:
+                self._loop._refresh(time.perf_counter())
+            self._control.wait_while_paused()
+            if not self._control.paused:
+                self.status = "running"
+                if not self._control.dirty:
+                    self._event("resume", None, None)
+                    return
+
+    def _event(self, kind: str, old: Any, new: Any) -> None:
+        event = {"step": self._state.global_step, "epoch": self._state.epoch + 1, "kind": kind, "old": old, "new": new}
+        self.callbacks.call("on_control", trainer=self, event=event)
+
+    def defer(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` once the current event has reached every callback (used for checkpoint saves)."""
+        if self._fit_thread is None:
+            fn()
+        else:
+            self._deferred.append(fn)
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
+
+
+def _check_accum(steps: Any) -> None:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")

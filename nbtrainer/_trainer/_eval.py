@@ -1,0 +1,217 @@
+"""Evaluation and prediction, and the overridable steps that turn a batch into a loss or outputs (mixed into
+:class:`~nbtrainer.Trainer`): ``evaluate``, ``predict``, ``compute_loss``, ``predict_step``.
+
+How a batch is split is the batch protocol (``nbtrainer._data._batch``); what ``predict`` keeps of the outputs
+is ``nbtrainer._data._predict_collect``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from nbtrainer._data import _arrays
+from nbtrainer._data._batch import batch_size_of, loss_from_outputs, move_to_device, overridden
+from nbtrainer._loop import _oom
+from nbtrainer._loop._fit_loop import _safe_len
+from nbtrainer._trainer._base import TrainerBase
+
+__all__ = ["TrainerEval"]
+
+
+class TrainerEval(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
+
+    @_oom.on_oom("evaluate")
+    def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
+        """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
+
+        Runs in eval mode under ``torch.inference_mode`` and the trainer's precision; needs no optimizer.
+        ``loader`` may be arrays as in :meth:`fit` (``batch_size`` default 256).
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import Trainer
+            >>> model = torch.nn.Linear(3, 2)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), progress=False)  # evaluation only
+            >>> sorted(trainer.evaluate([(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]))
+            ['val_loss']
+        """
+        loader = _arrays.eval_loader(loader, batch_size, name="evaluate() loader")
+        if _safe_len(loader) == 0:
+            raise ValueError("The evaluation loader is empty (len 0).")
+        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        return self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
+
+    def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+        model, metrics = self.model, self._val_metrics
+        was_training = model.training
+        model.eval()
+        metrics.reset()
+        losses: list[torch.Tensor] = []
+        sizes: list[int] = []
+        try:
+            with torch.inference_mode(), self._autocast():
+                for batch in loader:
+                    batch = move_to_device(batch, self.device, self.non_blocking)
+                    loss, outputs, targets = self._compute(batch, training=False)
+                    if loss is not None:
+                        losses.append(loss.detach().reshape(()).float())
+                    sizes.append(batch_size_of(targets, batch))
+                    if metrics:
+                        metrics.update(outputs, targets)
+            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
+            host = (
+                torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []
+            )  # SYNC: once per eval
+        finally:
+            model.train(was_training)
+        n = len(losses)
+        values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
+        metrics.absorb(values, sizes)
+        reduced = self.strategy.reduce_sums(
+            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
+            + [metrics.sums[k] for k in metrics.sums]
+        )
+        count = reduced[0] or 1.0
+        out: dict[str, float] = {}
+        if n:
+            out[f"{prefix}loss"] = reduced[1] / count
+        for name, total in zip(metrics.sums, reduced[2:], strict=True):
+            out[f"{prefix}{name}"] = total / count
+        for k, v in metrics.compute(int(count)).items():
+            if k not in metrics.sums:
+                out[f"{prefix}{k}"] = v
+        metrics.reset()
+        return out
+
+    @_oom.on_oom("predict")
+    def predict(
+        self,
+        loader: Any,
+        *,
+        batch_size: int | None = None,
+        per_batch: bool = False,
+        pad_index: float = -100,
+        keep_dtype: bool = False,
+        keep: Iterable[str] | str = (),
+        to_cpu: bool = True,
+    ) -> Any:
+        """Model outputs for the whole loader, concatenated along the batch dimension, structure kept.
+
+        Outputs come from ``predict_step=`` / :meth:`predict_step` (see the class docstring for the rule
+        when only ``compute_loss`` is customised). Runs in eval mode under ``torch.no_grad`` and the
+        trainer's precision.
+
+        Args:
+            loader: any iterable of batches (targets, if present, are not needed by the default step), or
+                arrays as in :meth:`fit` (``predict(x)`` for inputs only; ``batch_size`` default 256).
+            batch_size: the batch size when ``loader`` is arrays.
+            per_batch: return a list with each batch's outputs instead of concatenating them.
+            pad_index: fills the dimensions that vary between batches (sequence length under dynamic
+                padding) when concatenating, like Hugging Face's Trainer (-100).
+            keep_dtype: keep autocast's bfloat16 / float16 outputs; by default they come back as float32
+                (so ``.numpy()`` works under ``precision="bf16-mixed"``).
+            keep: entries of mapping / ``ModelOutput`` outputs to keep that are left out by default because
+                they grow with the data set: ``"loss"`` (one per batch), ``"past_key_values"``,
+                ``"hidden_states"``, ``"attentions"`` (with their encoder/decoder/cross variants).
+            to_cpu: move each batch's outputs to the CPU as they come (device memory stays bounded);
+                ``False`` keeps them on the trainer's device.
+
+        Returns:
+            A tensor, or the model's structure (tuple, dict, ``ModelOutput``, dataclass) of concatenated
+            tensors; a list per batch with ``per_batch=True``.
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import Trainer
+            >>> trainer = Trainer(torch.nn.Linear(3, 2), None, progress=False)  # no optimizer: predict only
+            >>> out = trainer.predict([torch.randn(4, 3), torch.randn(2, 3)])
+            >>> tuple(out.shape), out.dtype
+            ((6, 2), torch.float32)
+        """
+        from nbtrainer._data._predict_collect import run_predict
+
+        loader = self._batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
+        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        return run_predict(
+            self,
+            loader,
+            per_batch=per_batch,
+            pad_index=pad_index,
+            keep_dtype=keep_dtype,
+            keep=keep,
+            to_cpu=to_cpu,
+        )
+
+    def _batches(self, loader: Any) -> Any:
+        """``loader``'s batches by the fastest equivalent path (``_prefetch``); one pass of evaluate or
+        predict does not copy the dataset to the device (``fraction=0``)."""
+        from nbtrainer._data._prefetch import DataPath
+
+        return DataPath(loader, device=self.device, enabled=self.fast_fetch, fraction=0.0)
+
+    # -- how a batch becomes a loss / outputs ----------------------------------------------------
+    def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
+        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``.
+
+        The default splits the batch by the batch protocol (class docstring), calls the model and the
+        criterion (or takes the model's ``.loss`` when ``criterion=None``).
+        """
+        args, kwargs, targets = self.batch_spec.split(batch)
+        outputs = self.model(*args, **kwargs)
+        return loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec), outputs, targets
+
+    def predict_step(self, batch: Any) -> Any:
+        """A batch's outputs for :meth:`predict`; override in a subclass (or pass ``predict_step=``).
+
+        The default calls the model on the batch's inputs, split by the batch protocol.
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import Trainer
+            >>> class Probabilities(Trainer):
+            ...     def predict_step(self, batch):
+            ...         return self.model(batch[0]).softmax(-1)
+            >>> trainer = Probabilities(torch.nn.Linear(3, 2), None, progress=False)
+            >>> trainer.predict([(torch.randn(4, 3), torch.zeros(4))]).sum(1).allclose(torch.ones(4))
+            True
+        """
+        args, kwargs, _ = self.batch_spec.split(batch)
+        return self.model(*args, **kwargs)
+
+    def _default_compute(self) -> bool:
+        """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
+        return (
+            self._compute_loss_fn is None
+            and not overridden(self, "compute_loss")
+            and self.criterion is not None
+            and self.batch_spec.num_inputs is None
+        )
+
+    def _compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+        if self._compute_loss_fn is None:
+            if training or self.criterion is None or overridden(self, "compute_loss"):
+                return self.compute_loss(batch)  # a subclass's own batch type: only its compute_loss reads it
+            # evaluation by the batch protocol: a batch without targets gives outputs and no loss
+            args, kwargs, targets = self.batch_spec.split(batch)
+            outputs = self.model(*args, **kwargs)
+            if targets is None:
+                return None, outputs, None
+            return (
+                loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec),
+                outputs,
+                targets,
+            )
+        result = self._compute_loss_fn(self.model, batch)
+        if isinstance(result, tuple) and len(result) == 3:
+            return result
+        if self._train_metrics:
+            raise ValueError(
+                "compute_loss returned only a loss, but metrics need outputs and targets: return "
+                "(loss, outputs, targets) from compute_loss."
+            )
+        return result, None, None

@@ -1,0 +1,292 @@
+"""Running a fit: ``Trainer.fit``, ``fit_more``, ``total_steps`` and the hooks the loop calls (mixed into
+:class:`~nbtrainer.Trainer`).
+
+``fit`` checks everything it can before the first batch (``_validate``), loads a checkpoint or starts fresh
+(``_continue`` refuses a saved schedule too short for the run), hands the epochs to the loop (``_loop``) and
+always ends through ``_end_fit`` (final read of the pending values, ``on_fit_end``, references dropped). An
+out-of-memory error is turned into advice by ``_oom``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from nbtrainer._data import _arrays
+from nbtrainer._events._history import History
+from nbtrainer._events._progress import start_progress
+from nbtrainer._loop import _oom
+from nbtrainer._loop._fit_loop import FitLoop, LoopState, _safe_len
+from nbtrainer._resume import _continue
+from nbtrainer._setup._optim import move_optimizer_state
+from nbtrainer._setup._seed import seed_everything, set_deterministic
+from nbtrainer._trainer import _validate
+from nbtrainer._trainer._base import TrainerBase
+
+__all__ = ["TrainerFit", "is_plateau"]
+
+
+class TrainerFit(TrainerBase):
+    """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
+
+    def total_steps(self, train_loader: Any, epochs: int, *, batch_size: int | None = None) -> int:
+        """Optimizer steps of ``fit(train_loader, epochs=epochs)``: ``ceil(batches / accum) * epochs``.
+
+        ``train_loader`` may be arrays, as in :meth:`fit` (then with their ``batch_size``).
+
+        Example:
+            >>> # OneCycleLR(optimizer, max_lr=1e-2, total_steps=trainer.total_steps(loader, epochs=5))
+        """
+        train_loader = _arrays.as_loader(train_loader, batch_size=batch_size)
+        n = _safe_len(self.strategy.prepare_loader(train_loader, train=True))  # this rank's share under DDP
+        if n is None:
+            raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
+        return math.ceil(n / self.grad_accum_steps) * epochs
+
+    # -- the three verbs -----------------------------------------------------------------------
+    def fit(
+        self,
+        data: Any = None,
+        val_loader: Any = None,
+        epochs: int = 1,
+        *,
+        train_loader: Any = None,
+        val_data: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        max_steps: int | None = None,
+        resume_from: str | None = None,
+        profiler: Any = None,
+    ) -> History:
+        """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
+
+        Args:
+            data: any iterable of batches (DataLoader, list...), or arrays like Keras: a tuple ``(x, y)`` /
+                ``(x1, x2, y)`` or a dict of tensors or NumPy arrays, or one array, with ``batch_size``
+                (NumPy float64 becomes float32). Arrays are batched by a seeded, resumable DataLoader.
+            val_loader: validated every ``val_every_n_epochs``; keys get a ``val_`` prefix.
+            epochs: total epochs (a resumed fit continues up to this number; to train N *more* epochs
+                with a fresh LR schedule, use :meth:`fit_more`).
+            train_loader: the same as ``data``, by its former name (``fit(train_loader=loader)`` keeps working).
+            val_data: validation arrays (or a loader); the same ``batch_size``, never shuffled.
+            batch_size: the batch size for array data (required with arrays, refused with loaders).
+            shuffle: shuffle training arrays each epoch (default True).
+            max_steps: end after this many optimizer steps in total (counted from the start of the run,
+                also across resumes). Reaching it is a planned end: status ``"finished"``, with
+                ``history.stop_reason`` saying ``max_steps=N reached``. ``Progress.epochs`` and the epoch
+                bar count the epochs it reaches; an epoch it cuts short has its steps in ``history.steps``
+                but no row in ``history.epochs`` (so a resume continues it exactly).
+            resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
+                A saved OneCycleLR too short for ``epochs`` is refused before anything is loaded.
+            profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
+
+        Example:
+            >>> import torch
+            >>> model = torch.nn.Linear(3, 2)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", progress=False, seed=0)
+            >>> x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+            >>> history = trainer.fit((x, y), val_data=(x[:16], y[:16]), batch_size=16, epochs=2)
+            >>> len(history.epochs), "val_loss" in history.epochs[-1]
+            (2, True)
+        """
+        if self.optimizer is None:
+            raise _validate.no_optimizer("fit")
+        if train_loader is not None and data is not None:
+            raise TypeError("fit() got the training data twice (data and train_loader=): pass it once.")
+        data = train_loader if data is None else data
+        if data is None:
+            raise TypeError("fit() needs training data: a DataLoader or list of batches, or arrays with batch_size=.")
+        train_loader, val_loader = _arrays.fit_loaders(
+            data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle
+        )
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
+        if self._fit_thread is not None:
+            raise RuntimeError(
+                "This trainer is already fitting (in another thread?). Call request_stop() "
+                "and wait for it to end before starting another fit."
+            )
+        n = _safe_len(train_loader)
+        if n == 0:
+            raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
+        if val_loader is not None and _safe_len(val_loader) == 0:
+            raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
+        self._has_val = val_loader is not None
+        _validate.check_fit(self, train_loader, val_loader, epochs, max_steps)
+        self._control.reset()
+        self._nonfinite.reset()
+        plan = _continue.Plan(train_loader, epochs, max_steps)
+        if resume_from is not None:
+            _continue.resume(self, resume_from, plan)  # refuses a saved schedule too short for this fit
+        else:
+            _continue.check_schedule(self, plan)  # e.g. a OneCycleLR a previous fit used up
+            self._pending_rng = None
+            if self.seed is not None:
+                seed_everything(self.seed)
+            self._state = LoopState()
+            self._elapsed_before = 0.0
+            self.history = History()  # each fit gets its own History (the returned object)
+            self._recorder.history = self.history
+        if self.deterministic:
+            set_deterministic(True)
+        self.model = self.strategy.setup_model(self.model)
+        move_optimizer_state(self.optimizer, self.device)
+        train_loader = self.strategy.prepare_loader(train_loader, train=True)
+        if val_loader is not None:
+            val_loader = self.strategy.prepare_loader(val_loader, train=False)
+        n = _safe_len(train_loader)  # this rank's share under DDP
+        self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
+        loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
+        self._loop = loop
+        self._fit_thread = threading.get_ident()
+        self._active.add(self)
+        self.status = self.history.status = "running"
+        self.history.stop_reason = None
+        try:
+            if val_loader is not None and resume_from is None:
+                _validate.check_val_loader(self, val_loader)  # its first batch, now, under restored RNG
+            self.callbacks.call("on_fit_start", trainer=self)
+            loop.run()
+            st, reason = self._state, self._control.stop_reason
+            completed = st.epoch_complete and st.epoch + 1 >= epochs
+            at_max_steps = (reason or "").startswith("max_steps")
+            # A stop that lands after the last epoch (EarlyStopping firing at epoch N of N) changed nothing:
+            # a normal finish, with no reason that would read as if the run had been cut short.
+            if reason and (at_max_steps or not completed):
+                self.history.stop_reason = reason
+            if self._control.stop_requested and not completed and not at_max_steps:
+                self.status = "stopped"
+            else:
+                self.status = "finished"
+        except KeyboardInterrupt:
+            # Ctrl-C: stop at this point, drop the half-accumulated window, keep the kernel alive.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.status = "interrupted"
+            self.history.stop_reason = "KeyboardInterrupt"
+        except BaseException as exc:
+            self.status = "failed"
+            self.history.stop_reason = f"{type(exc).__name__}: {exc}"
+            self.history.status = "failed"
+            self.optimizer.zero_grad(set_to_none=True)
+            _oom.handle(self, exc, "fit")  # out of memory: free the step's tensors, advice in the message
+            try:
+                self.callbacks.call("on_exception", trainer=self, exception=exc)
+            finally:
+                self._end_fit()
+            raise
+        self._end_fit()
+        return self.history
+
+    def fit_more(
+        self,
+        train_loader: Iterable,
+        val_loader: Iterable | None = None,
+        *,
+        epochs: int,
+        resume_from: str | None = None,
+        scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
+        max_steps: int | None = None,
+        profiler: Any = None,
+    ) -> History:
+        """Continue a run for ``epochs`` more epochs: after a finished or stopped ``fit`` of this trainer, or
+        from a checkpoint (``resume_from=path | "last"``), optionally with a fresh LR schedule for them.
+
+        Epoch numbers, the global step and the History continue (the History gets a ``fit_more`` event
+        where the extension starts); a run stopped mid-epoch first finishes that epoch, which counts as
+        the first of the ``epochs`` more.
+
+        Args:
+            train_loader / val_loader: as for :meth:`fit`.
+            epochs: how many epochs *more* (the run ends at epochs done + ``epochs``).
+            resume_from: a checkpoint of the run to continue (default: this trainer's own state).
+            scheduler: ``"keep"`` (default) continues the run's scheduler, refused before any step when it
+                cannot cover the extension (a OneCycleLR ends where it was built to end); a function
+                ``fn(optimizer, total_steps) -> scheduler`` builds a fresh one for the extension, called
+                after the state is loaded with the extension's optimizer steps (epochs when
+                ``scheduler_interval="epoch"``) and the optimizer's LRs back at the run's reference LR
+                (OneCycle's ``max_lr``, else where the old schedule started); ``None``: no schedule, that
+                reference LR constant.
+            max_steps: optimizer steps of the extension at most.
+            profiler: as for :meth:`fit`.
+
+        Example:
+            >>> import torch
+            >>> from torch.optim.lr_scheduler import OneCycleLR
+            >>> model = torch.nn.Linear(3, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+            >>> trainer = Trainer(model, torch.nn.MSELoss(), opt, progress=False, seed=0)
+            >>> trainer.set_scheduler(OneCycleLR(opt, max_lr=0.1, total_steps=trainer.total_steps(data, 2)))
+            >>> len(trainer.fit(data, epochs=2))
+            2
+            >>> more = trainer.fit_more(data, epochs=3,  # epochs 3-5, on a fresh one-cycle of their own
+            ...     scheduler=lambda optimizer, steps: OneCycleLR(optimizer, max_lr=0.05, total_steps=steps))
+            >>> [row["epoch"] for row in more], more.status
+            ([1, 2, 3, 4, 5], 'finished')
+        """
+        return _continue.fit_more(
+            self,
+            train_loader,
+            val_loader,
+            epochs=epochs,
+            resume_from=resume_from,
+            scheduler=scheduler,
+            max_steps=max_steps,
+            profiler=profiler,
+        )
+
+    def _end_fit(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.flush()
+            except Exception:
+                pass
+            self._elapsed_before += time.perf_counter() - self._loop._fit_start
+            self._loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
+        self.history.status = self.status
+        self.progress.status = self.status
+        self._deferred.clear()
+        try:
+            self.callbacks.call("on_fit_end", trainer=self, history=self.history)
+        finally:
+            self._loop = None  # drop references to batches/outputs held by the loop
+            self._fit_thread = None
+            self._active.discard(self)
+            self.strategy.barrier()
+
+    def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
+        _validate.check_loss(self, loss, "training", needs_grad=True)
+
+    def _first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
+        """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
+        loss, outputs, targets = _validate.first_compute(self, batch)
+        if self._train_metrics:
+            with torch.no_grad():
+                _validate.dry_metrics(self, self._train_metrics, outputs, targets, "training")
+        return loss, outputs, targets
+
+    def _check_nonfinite(self, losses: list[float], points: list) -> None:
+        self._nonfinite.check(self, losses, points)
+
+    def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
+        if is_plateau(self.scheduler):
+            key = self.scheduler_monitor or ("val_loss" if "val_loss" in logs else "loss")
+            if key not in logs:
+                raise KeyError(
+                    f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= "
+                    f"to one of {sorted(logs)}."
+                )
+            self.scheduler.step(logs[key])
+        else:
+            self.scheduler.step()
+
+
+def is_plateau(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

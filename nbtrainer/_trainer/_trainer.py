@@ -1,0 +1,330 @@
+"""The Trainer facade: configuration checked up front, and the mixins that do the work.
+
+The verbs live in focused mixins: running a fit (``_trainer_fit``), evaluate / predict and the batch
+protocol's override points (``_trainer_eval``), the control surface (``_trainer_control``) and checkpoints
+(``_trainer_checkpoints``). The state they share, and its read-only properties (``lr``, ``global_step``...),
+is declared once in ``_trainer_base``. Mechanics live in their own modules: the loop (``_loop``), precision
+(``_precision``), batches (``_batch``), metrics (``_metrics``), checkpoint state (``_state``) and I/O
+(``_checkpoint_io``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from nbtrainer._data._batch import BatchSpec
+from nbtrainer._data._prefetch import check_data_options
+from nbtrainer._dist._placement import SingleDevice, unwrap_model
+from nbtrainer._events._callbacks import HistoryRecorder
+from nbtrainer._events._history import History
+from nbtrainer._events._progress import ProgressBar, progress_callback
+from nbtrainer._events._stream import CallbackList, Progress
+from nbtrainer._loop._control import Control
+from nbtrainer._loop._fit_loop import LoopState
+from nbtrainer._loop._metrics import MetricSet
+from nbtrainer._loop._nonfinite import NonFiniteGuard
+from nbtrainer._setup._model_setup import ModelSetup
+from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
+from nbtrainer._trainer import _validate
+from nbtrainer._trainer._checkpoints import TrainerCheckpoints
+from nbtrainer._trainer._control import TrainerControl, _check_accum
+from nbtrainer._trainer._eval import TrainerEval
+from nbtrainer._trainer._fit import TrainerFit, is_plateau
+
+__all__ = ["Trainer"]
+
+
+class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
+    """Train any PyTorch model, headless or in a notebook.
+
+    Args:
+        model: the ``nn.Module``.
+        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
+        optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
+            ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
+            ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
+            adapter loaded for inference); ``fit`` and ``lr_find`` then raise.
+        scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
+        scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
+            ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
+        scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss``, else ``loss``).
+        metrics: ``{"acc": torchmetrics.Accuracy(...), "mae": callable(outputs, targets)}``.
+        callbacks: objects with any of the hooks in ``nbtrainer.EVENTS``.
+        precision: ``"fp32"``, ``"fp16-mixed"`` or ``"bf16-mixed"`` (aliases ``"32"``, ``"16"``, ``"bf16"``...).
+        grad_accum_steps: micro-batches per optimizer step.
+        max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        seed: seed everything at the start of ``fit``.
+        deterministic: deterministic algorithms and seeded data order.
+        progress: ``True`` / ``"auto"``: a :class:`~nbtrainer.ProgressBar` that picks at run time (notebook
+            bars, console bars on a terminal, plain epoch lines when the output is a file or pipe);
+            ``"bars"`` or ``"lines"`` to force one; a ``ProgressBar(...)`` of your own; ``False``: none.
+        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last;
+            also turns off the unpacking of ``((x1, x2), y)``).
+        target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion
+            and metrics get a tuple of them in this order.
+        compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch
+            becomes a loss in fit and evaluate (subclasses can override :meth:`compute_loss` instead).
+        predict_step: ``fn(model, batch) -> outputs`` overrides how :meth:`predict` gets a batch's outputs
+            (or override :meth:`predict_step`). Without it, a customised ``compute_loss`` that returns
+            ``(loss, outputs, targets)`` gives predict its outputs; otherwise the model is called on the batch.
+        refresh_interval: seconds between reads of running values (progress, history, widget).
+        timing_every: sample the step-time breakdown every n micro-batches (0: off).
+        val_every_n_epochs: validate every n epochs.
+        on_nonfinite: a NaN/inf training loss: ``"raise"`` (default; detected at the throttled read,
+            no extra sync), ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit
+            (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
+        lr: learning rate of an optimizer given by name (default: torch's default for it).
+        activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, else its repeated blocks) or a list of module types / names;
+            switch later with :meth:`set_activation_checkpointing`.
+        trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
+            counts in :attr:`param_counts`.
+        compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
+        channels_last: convert a conv net to ``torch.channels_last`` memory format.
+        strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
+            process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
+            DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+        fast_fetch: fetch each batch of a ``DataLoader`` over in-memory data (``TensorDataset``, arrays,
+            ``Subset`` of them, a dataset with ``__getitems__``; ``num_workers=0``, default collate) with one
+            indexing call, same indices and order, bit-identical results. Anything else uses the loader as
+            it is. ``False``: always the loader's own iterator.
+        data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the
+            free device memory, and slice batches there; otherwise batches are gathered into pinned memory
+            and copied on a side stream one step ahead. ``0``: never copy the dataset.
+
+    Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._data._batch``):
+
+    ================================================  ==============================  ======================
+    batch                                             model call                      targets
+    ================================================  ==============================  ======================
+    ``x`` or ``(x,)``                                 ``model(x)``                    none
+    ``(x, y)`` / ``(x1, ..., xk, y)``                 ``model(x)`` / ``(x1..xk)``     ``y``
+    ``(x1, ..., xk, y1, y2)``, ``num_inputs=k``       ``model(x1, ..., xk)``          ``(y1, y2)``
+    ``((x1, x2), y)`` / ``((x1, x2), (y1, y2))``      ``model(x1, x2)``               ``y`` / ``(y1, y2)``
+    ``({"a": a, "b": b}, y)``                         ``model(a=a, b=b)``             ``y``
+    ``{"a": a, "labels": y}`` (any Mapping)           ``model(a=a)``                  ``y``
+    the same with ``criterion=None``                  ``model(a=a, labels=y)``        ``y`` (metrics)
+    a dataclass (fields ``a``, ``labels``)            like the dict of its fields     ``y``
+    a namedtuple                                      like a tuple                    like a tuple
+    ================================================  ==============================  ======================
+
+    Target keys: ``target_keys=``, else the first of ``labels``, ``label``, ``targets``, ``target``, ``y``;
+    several ``target_keys`` reach the criterion as a tuple in key order. Anything else: ``compute_loss=`` and
+    ``predict_step=`` (or the methods of those names in a subclass).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(3, 1)
+        >>> trainer = Trainer(model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                   progress=False, seed=0)
+        >>> data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+        >>> history = trainer.fit(data, epochs=3)
+        >>> history.status, len(history.epochs)
+        ('finished', 3)
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        criterion: Callable | None,
+        optimizer: torch.optim.Optimizer | str | None = None,
+        *,
+        scheduler: Any = None,
+        scheduler_interval: str = "step",
+        scheduler_monitor: str | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        callbacks: Iterable[Any] = (),
+        precision: str = "fp32",
+        grad_accum_steps: int = 1,
+        max_grad_norm: float | None = None,
+        device: str | torch.device = "auto",
+        seed: int | None = None,
+        deterministic: bool = False,
+        progress: bool | str | ProgressBar = True,
+        num_inputs: int | None = None,
+        target_keys: Sequence[str] | str | None = None,
+        compute_loss: Callable | None = None,
+        predict_step: Callable | None = None,
+        refresh_interval: float = 0.25,
+        timing_every: int = 50,
+        val_every_n_epochs: int = 1,
+        non_blocking: bool = True,
+        lr: float | None = None,
+        activation_checkpointing: Any = False,
+        trainable: Any = None,
+        freeze: Any = None,
+        compile: Any = False,
+        channels_last: bool = False,
+        on_nonfinite: str = "raise",
+        strategy: Any = "auto",
+        fast_fetch: bool = True,
+        data_on_device: float = 0.5,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        _validate.check_args(
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            metrics=metrics,
+            callbacks=callbacks,
+            device=device,
+            seed=seed,
+            refresh_interval=refresh_interval,
+            on_nonfinite=on_nonfinite,
+        )
+        if criterion is not None and not callable(criterion):
+            raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
+        # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that
+        # under DDP nothing touches a CUDA device before this rank's device is set.
+        self.strategy = _make_strategy(strategy, device, seed)
+        device = self.strategy.device
+        # Strategy options (nbtrainer._setup._model_setup): checked, and a named optimizer built, now; applied last.
+        self._setup = ModelSetup(
+            model,
+            optimizer,
+            lr=lr,
+            device=device,
+            trainable=trainable,
+            freeze=freeze,
+            activation_checkpointing=activation_checkpointing,
+            compile=compile,
+            channels_last=channels_last,
+        )
+        optimizer = self._setup.optimizer
+        if optimizer is not None:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(
+                    f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                    "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+                )
+            _validate_optimizer(model, optimizer)
+        elif scheduler is not None:
+            raise ValueError(
+                "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
+                "was built from: Trainer(model, criterion, optimizer, scheduler=...)."
+            )
+        if predict_step is not None and not callable(predict_step):
+            raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
+        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+            raise ValueError(
+                "The scheduler is bound to a different optimizer than the one given to the Trainer. "
+                "Create the scheduler from this trainer's optimizer."
+            )
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
+        _check_accum(grad_accum_steps)
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
+            raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+        check_data_options(fast_fetch, data_on_device)
+        self.device = resolve_device(device)
+        self.precision = require_precision(precision, self.device)
+        self.model = model
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.scheduler_monitor = scheduler_monitor
+        self.grad_accum_steps = grad_accum_steps
+        self.max_grad_norm = max_grad_norm
+        self.seed = seed
+        self.deterministic = deterministic
+        self.batch_spec = BatchSpec(
+            num_inputs=num_inputs, target_keys=target_keys, pass_targets_to_model=criterion is None
+        )
+        self._compute_loss_fn = compute_loss
+        self._predict_step_fn = predict_step
+        self.refresh_interval = float(refresh_interval)
+        self.timing_every = int(timing_every)
+        self.val_every_n_epochs = val_every_n_epochs
+        self.non_blocking = non_blocking and self.device.type == "cuda"
+        self.fast_fetch = fast_fetch
+        self.data_on_device = float(data_on_device)
+        self.scaler = make_scaler(self.precision, self.device)
+        self._metric_spec = dict(metrics or {})
+        self._train_metrics = MetricSet(self._metric_spec, self.device)
+        self._val_metrics = self._train_metrics.clone(self.device)
+        self.history = History()
+        user_callbacks = list(callbacks)
+        if progress is not False and progress is not None:
+            user_callbacks.append(progress_callback(progress))
+        self._recorder = HistoryRecorder(self.history)
+        self.callbacks = CallbackList([self._recorder, *user_callbacks])
+        self.progress = Progress()
+        self.status = "idle"
+        self._control = Control()
+        self._state = LoopState()
+        self._loop = None
+        self._deferred = []
+        self._pending_rng = None
+        self._nonfinite = NonFiniteGuard(on_nonfinite)
+        self._fit_thread = None
+        self._elapsed_before = 0.0
+        self._has_val = False
+        self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
+        self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
+
+    # -- the trainers of this process, log keys, repr ------------------------------------------------
+    @classmethod
+    def active(cls) -> list[Trainer]:
+        """Trainers currently inside ``fit`` in this process (for ``%nbtrainer status/stop``)."""
+        return list(cls._active)
+
+    @property
+    def _scheduler_per_step(self) -> bool:
+        return self.scheduler_interval == "step" and not is_plateau(self.scheduler)
+
+    def expected_log_keys(self) -> set[str]:
+        names = set(self._train_metrics.names) | _collection_names(self._metric_spec)
+        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
+        if self._has_val:
+            keys |= {"val_loss"} | {f"val_{n}" for n in names}
+        return keys
+
+    def __repr__(self) -> str:
+        return (
+            f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
+            f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})"
+        )
+
+
+def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
+    if isinstance(strategy, str) and strategy == "single":
+        return SingleDevice(resolve_device(device))
+    from nbtrainer._dist._ddp import resolve_strategy
+
+    return resolve_strategy(strategy, device, seed=seed)
+
+
+def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model_ids = {id(p) for p in model.parameters()}
+    opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not opt_params:
+        raise ValueError(
+            "The optimizer holds no parameters. Build it from model.parameters(), or pass optimizer=None "
+            "for a trainer that only evaluates and predicts."
+        )
+    if not any(id(p) in model_ids for p in opt_params):
+        raise ValueError(
+            "The optimizer holds none of the model's parameters (was it built for another model "
+            "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
+            "optimizer=None to only evaluate and predict)."
+        )
+
+
+def _collection_names(spec: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    try:
+        import torchmetrics
+    except ImportError:  # pragma: no cover
+        return names
+    for value in spec.values():
+        if isinstance(value, torchmetrics.MetricCollection):
+            names |= {str(k) for k in value.keys()}  # its metric names (typed as Hashable by torchmetrics)
+    return names
