@@ -1,7 +1,29 @@
 #!/usr/bin/env bash
-# The whole test suite (README's second command). Extra arguments go to pytest.
+# The whole test suite (README's second command): lint and types (scripts/lint.sh), then pytest on 2 workers
+# (pytest-xdist). The two run side by side; the command fails when either fails.
+# Extra arguments go to pytest alone (no lint), e.g. `bash scripts/test.sh -k accumulation` or the inner loop
+# `bash scripts/test.sh -m "not slow and not browser"`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="$(bash "$root/scripts/venv.sh")"
 cd "$root"
-exec "$py" -m pytest -q -rs "$@"
+workers="${NBT_WORKERS:-2}"
+if [ "$#" -gt 0 ]; then
+  exec "$py" -m pytest -q -rs -n "$workers" --dist loadgroup "$@"
+fi
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+NBT_PYTHON="$py" bash scripts/lint.sh >"$log" 2>&1 &
+lint_pid=$!
+rc=0
+"$py" -m pytest -q -rs -n "$workers" --dist loadgroup || rc=$?
+lint_rc=0
+wait "$lint_pid" || lint_rc=$?
+if [ "$lint_rc" -ne 0 ]; then
+  echo "lint/types FAILED (bash scripts/lint.sh):" >&2
+  cat "$log" >&2
+  [ "$rc" -ne 0 ] || rc="$lint_rc"
+else
+  echo "lint/types: clean (ruff check, ruff format, mypy)"
+fi
+exit "$rc"

@@ -8,7 +8,7 @@ found". This runner lists the sources the way ``mypy`` would (its config, its ar
 ``nbtrainer.widgets.*``, and runs the same build: one check of the widget layer, under its real name, with real paths
 in the messages.
 
-Usage (what ``tests/test_lint.py`` runs)::
+Usage (what ``scripts/lint.sh`` runs)::
 
     .venv/bin/python tests/_mypy.py                 # the config's files: nbtrainer widgets tests
     .venv/bin/python tests/_mypy.py nbtrainer/_loop/_fit_loop.py
