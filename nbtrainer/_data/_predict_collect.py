@@ -7,36 +7,63 @@ Per batch, in this order:
    outputs of a customised ``compute_loss`` when it returns ``(loss, outputs, targets)``, else
    ``Trainer.predict_step``: the model called on the batch as the batch protocol says (``_batch``);
 2. trimmed: of a mapping / dataclass output (Hugging Face ``ModelOutput``) the entries that grow with the
-   data set and are rarely wanted are left out: ``loss`` (one per batch), ``past_key_values`` (the
-   cache), ``hidden_states`` and ``attentions`` (with their ``encoder_`` / ``decoder_`` / ``cross_``
-   variants); ``keep=`` opts back in;
+   data set and are rarely wanted are left out: ``loss`` (one per batch), ``hidden_states`` and
+   ``attentions`` (with their ``encoder_`` / ``decoder_`` / ``cross_`` variants) and every cache,
+   whatever its field is called: entries named ``past_key_values`` / ``cache`` / ``cache_params`` /
+   ``mems``, the names in the model's ``config.keys_to_ignore_at_inference``, any transformers ``Cache``
+   object (``DynamicCache``...; in a tuple output it becomes ``None``, so positions hold) and per-layer
+   key/value tuples ``((k, v), ...)`` of 4-d tensors. ``keep=`` opts back in. Caches are not even built
+   where that can be said: Hugging Face models run with ``config.use_cache=False`` (:func:`no_cache`);
 3. moved to the CPU (``to_cpu=True``) and cast: half-precision floats (autocast's bfloat16 / float16)
    become float32 unless ``keep_dtype=True``, so ``.numpy()`` works;
 4. nothing else of the batch is kept: the device batch is dropped before the next one is fetched.
 
 Concatenation keeps the structure (tuples, namedtuples, dicts, ``ModelOutput`` and other dataclasses)
 and pads dimensions that vary from batch to batch (sequence length under dynamic padding) with
-``pad_index`` (default -100, as Hugging Face's Trainer does); 0-d tensors are stacked; other values
-come back as a list with one entry per batch.
+``pad_index`` (default -100, as Hugging Face's Trainer does). Only tensors whose first dimension is the
+batch's size (the first dimension of the batch's first tensor) in every batch are concatenated: others,
+such as an LSTM's ``(h, c)`` state of shape ``(layers, batch, hidden)``, come back as a list with one
+entry per batch, as do non-tensor values; 0-d tensors (a per-batch value) are stacked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from nbtrainer._data._batch import is_record, move_to_device, overridden, rebuild_record, rebuild_sequence
+from nbtrainer._data._batch import (
+    is_record,
+    iter_tensors,
+    move_to_device,
+    overridden,
+    rebuild_record,
+    rebuild_sequence,
+)
 
-__all__ = ["DROPPED_BY_DEFAULT", "concat_outputs", "dropped_names", "predict_outputs", "prepare_outputs", "run_predict"]
+__all__ = [
+    "DROPPED_BY_DEFAULT",
+    "concat_outputs",
+    "dropped_names",
+    "ignored_at_inference",
+    "is_cache",
+    "no_cache",
+    "predict_outputs",
+    "prepare_outputs",
+    "run_predict",
+]
 
-# keep= name -> the output entries it brings back
+# transformers 5 renamed GPT-2's (and others') `past_key_values` output field to `cache`; XLNet's is `mems`.
+_CACHE_ENTRIES = ("past_key_values", "cache", "cache_params", "mems", "past_buckets_states")
+# keep= name -> the output entries it brings back ("past_key_values" and "cache" name the same group)
 DROPPED_BY_DEFAULT: dict[str, tuple[str, ...]] = {
     "loss": ("loss",),
-    "past_key_values": ("past_key_values",),
+    "past_key_values": _CACHE_ENTRIES,
+    "cache": _CACHE_ENTRIES,
     "hidden_states": ("hidden_states", "encoder_hidden_states", "decoder_hidden_states"),
     "attentions": ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"),
 }
@@ -44,7 +71,10 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def dropped_names(keep: Iterable[str] | str) -> frozenset[str]:
-    """The output entries left out when ``keep`` names what to keep (checked: a typo is an error)."""
+    """The output entries left out when ``keep`` names what to keep (checked: a typo is an error).
+
+    Caches are left out when ``"cache"`` is in the result (then also by value: :func:`is_cache`).
+    """
     names = [keep] if isinstance(keep, str) else list(keep)
     unknown = [n for n in names if n not in DROPPED_BY_DEFAULT]
     if unknown:
@@ -52,7 +82,65 @@ def dropped_names(keep: Iterable[str] | str) -> frozenset[str]:
             f"keep= got {unknown}; it takes the names of the entries predict() leaves out by default: "
             f"{list(DROPPED_BY_DEFAULT)}. Every other output entry is always kept."
         )
-    return frozenset(entry for name, group in DROPPED_BY_DEFAULT.items() if name not in names for entry in group)
+    kept = {entry for name in names for entry in DROPPED_BY_DEFAULT[name]}
+    return frozenset(entry for group in DROPPED_BY_DEFAULT.values() for entry in group if entry not in kept)
+
+
+def is_cache(obj: Any) -> bool:
+    """A transformers cache object (``Cache``, ``DynamicCache``, ``EncoderDecoderCache``, ``MambaCache``...),
+    known by its class (transformers is never imported for it)."""
+    return any(
+        c.__name__.endswith("Cache") and (c.__module__ or "").startswith("transformers") for c in type(obj).__mro__
+    )
+
+
+def _is_kv_layers(obj: Any) -> bool:
+    """Per-layer key/value tuples, the cache format before ``Cache`` objects: ``((k, v), ...)`` (or
+    ``(k, v, cross_k, cross_v)`` per layer), every tensor 4-d ``(batch, heads, seq, head_dim)``."""
+    if not isinstance(obj, (tuple, list)) or not obj or hasattr(obj, "_fields"):
+        return False
+    return all(
+        isinstance(layer, (tuple, list))
+        and len(layer) in (2, 4)
+        and all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in layer)
+        for layer in obj
+    )
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    """The distinct ``config`` objects of ``model`` and its submodules (Hugging Face models, under a
+    PEFT / DDP / user wrapper too)."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and not isinstance(config, (dict, str)):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
+def ignored_at_inference(model: torch.nn.Module) -> frozenset[str]:
+    """The output names the model's config says to ignore at inference (``keys_to_ignore_at_inference``)."""
+    names: set[str] = set()
+    for config in _configs(model):
+        keys = getattr(config, "keys_to_ignore_at_inference", None)
+        if isinstance(keys, (list, tuple)):
+            names.update(k for k in keys if isinstance(k, str))
+    return frozenset(names)
+
+
+@contextlib.contextmanager
+def no_cache(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Hugging Face models run with ``config.use_cache=False`` inside (put back after): their forward
+    builds no cache, which ``evaluate`` / ``predict`` would only throw away. An explicit ``use_cache=True``
+    argument still wins (caches made so are left out of predictions by value)."""
+    changed = [c for c in _configs(model) if getattr(c, "use_cache", None) is True] if enabled else []
+    for config in changed:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        for config in changed:
+            config.use_cache = True
 
 
 def _tensor(t: torch.Tensor, keep_dtype: bool, device: torch.device | None) -> torch.Tensor:
@@ -80,22 +168,30 @@ def prepare_outputs(
     outputs: Any, *, drop: frozenset[str] = frozenset(), keep_dtype: bool = False, device: torch.device | None = None
 ) -> Any:
     """One batch's outputs: top-level entries in ``drop`` left out, tensors detached, moved to ``device``
-    (None: where they are) and half floats cast to float32 unless ``keep_dtype``."""
+    (None: where they are) and half floats cast to float32 unless ``keep_dtype``. When ``"cache"`` is in
+    ``drop``, caches are left out by value too: transformers ``Cache`` objects anywhere (``None`` in a
+    sequence) and per-layer key/value tuples among the top-level entries."""
+    caches = "cache" in drop
+
+    def gone(value: Any, top: bool) -> bool:
+        return caches and (is_cache(value) or (top and _is_kv_layers(value)))
 
     def walk(obj: Any, top: bool) -> Any:
         if isinstance(obj, torch.Tensor):
             return _tensor(obj, keep_dtype, device)
         if isinstance(obj, (list, tuple)):
-            return rebuild_sequence(obj, [walk(o, False) for o in obj])
+            return rebuild_sequence(obj, [None if gone(o, top) else walk(o, False) for o in obj])
         if isinstance(obj, Mapping):  # dicts and Hugging Face ModelOutputs (only their non-None entries)
-            items = {k: walk(v, False) for k, v in obj.items() if not (top and k in drop)}
+            items = {k: walk(v, False) for k, v in obj.items() if not ((top and k in drop) or gone(v, top))}
             return _rebuild_mapping(obj, items)
         if is_record(obj):
-            values = {
-                f.name: (None if top and f.name in drop else walk(getattr(obj, f.name), False))
-                for f in dataclasses.fields(obj)
-            }
+            values = {}
+            for f in dataclasses.fields(obj):
+                value = getattr(obj, f.name)
+                values[f.name] = None if (top and f.name in drop) or gone(value, top) else walk(value, False)
             return rebuild_record(obj, values)
+        if gone(obj, False):
+            return None
         return obj
 
     return walk(outputs, True)
@@ -136,20 +232,35 @@ def _pad_cat(tensors: list[torch.Tensor], pad_index: float) -> torch.Tensor:
     return out
 
 
-def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
+def _rows(batch: Any) -> int | None:
+    """The batch's size: the first dimension of its first tensor that has one (None: no such tensor)."""
+    return next((int(t.shape[0]) for t in iter_tensors(batch) if t.ndim), None)
+
+
+def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int | None] | None = None) -> Any:
     """Concatenate per-batch outputs along dim 0 keeping their structure; ragged dims padded with ``pad_index``.
+
+    With ``sizes`` (each batch's size), a tensor is concatenated only where its first dimension is the
+    batch's size in every batch; otherwise (an RNN's ``(h, c)`` state...) the list of per-batch tensors
+    is returned.
 
     Example:
         >>> import torch
         >>> out = concat_outputs([torch.zeros(2, 3), torch.ones(1, 5)])
         >>> tuple(out.shape), out[0, 4].item()
         ((3, 5), -100.0)
+        >>> state = concat_outputs([torch.zeros(2, 4, 8), torch.zeros(2, 3, 8)], sizes=[4, 3])
+        >>> type(state).__name__, len(state)
+        ('list', 2)
     """
     if not chunks:
         return []
     first = chunks[0]
     if isinstance(first, torch.Tensor):
         if not all(isinstance(c, torch.Tensor) for c in chunks):
+            return chunks
+        per_batch = first.ndim > 0 and sizes is not None and None not in sizes
+        if per_batch and any(c.ndim == 0 or c.shape[0] != n for c, n in zip(chunks, sizes or (), strict=True)):
             return chunks
         return _pad_cat(chunks, pad_index)
     if isinstance(first, (list, tuple)):
@@ -158,7 +269,9 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
                 "predict() got outputs of different lengths from batch to batch; use "
                 "predict(loader, per_batch=True) to get the outputs of each batch."
             )
-        return rebuild_sequence(first, [concat_outputs([c[i] for c in chunks], pad_index) for i in range(len(first))])
+        return rebuild_sequence(
+            first, [concat_outputs([c[i] for c in chunks], pad_index, sizes) for i in range(len(first))]
+        )
     if isinstance(first, Mapping):
         missing = [k for c in chunks for k in first if k not in c]
         if missing:
@@ -166,10 +279,12 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100) -> Any:
                 f"predict() got outputs without {sorted(set(missing))} in some batches; use "
                 "predict(loader, per_batch=True) to get the outputs of each batch."
             )
-        return _rebuild_mapping(first, {k: concat_outputs([c[k] for c in chunks], pad_index) for k in first})
+        return _rebuild_mapping(first, {k: concat_outputs([c[k] for c in chunks], pad_index, sizes) for k in first})
     if is_record(first):
         names = [f.name for f in dataclasses.fields(first)]
-        return rebuild_record(first, {n: concat_outputs([getattr(c, n) for c in chunks], pad_index) for n in names})
+        return rebuild_record(
+            first, {n: concat_outputs([getattr(c, n) for c in chunks], pad_index, sizes) for n in names}
+        )
     if all(c is None for c in chunks):
         return None
     return chunks
@@ -224,15 +339,20 @@ def run_predict(
     if isinstance(pad_index, bool) or not isinstance(pad_index, (int, float)):
         raise TypeError(f"pad_index must be a number (default -100), got {pad_index!r}.")
     model = trainer.model
+    caches = "cache" in drop
+    if caches:
+        drop |= ignored_at_inference(model)
     was_training = model.training
     model.eval()
     target = torch.device("cpu") if to_cpu else None
     chunks: list[Any] = []
+    sizes: list[int | None] = []
     try:
         # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
-        with torch.no_grad(), trainer._autocast():
+        with torch.no_grad(), trainer._autocast(), no_cache(model, caches):
             for batch in loader:
                 batch = move_to_device(batch, trainer.device, trainer.non_blocking)
+                sizes.append(_rows(batch))
                 outputs = predict_outputs(trainer, batch)
                 del batch  # the device batch goes before the next one arrives
                 chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
@@ -241,4 +361,4 @@ def run_predict(
         model.train(was_training)
     if per_batch:
         return chunks
-    return concat_outputs(chunks, pad_index)
+    return concat_outputs(chunks, pad_index, sizes)

@@ -30,6 +30,7 @@ class TrainerEval(TrainerBase):
         """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``).
 
         Runs in eval mode under ``torch.inference_mode`` and the trainer's precision; needs no optimizer.
+        Fires ``on_validation_start`` / ``on_validation_end(logs)``, as the validation inside :meth:`fit` does.
         ``loader`` may be arrays as in :meth:`fit` (``batch_size`` default 256).
 
         Example:
@@ -44,7 +45,11 @@ class TrainerEval(TrainerBase):
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
-        return self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
+        # the same events as fit's validation: a stateful compute_loss resets its state on them
+        self.callbacks.call("on_validation_start", trainer=self)
+        logs = self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
+        self.callbacks.call("on_validation_end", trainer=self, logs=logs)
+        return logs
 
     def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
         model, metrics = self.model, self._val_metrics
