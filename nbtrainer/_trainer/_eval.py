@@ -15,6 +15,7 @@ import torch
 
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import batch_size_of, loss_from_outputs, move_to_device, overridden
+from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._loop import _oom
 from nbtrainer._loop._fit_loop import _safe_len
 from nbtrainer._trainer._base import TrainerBase
@@ -59,7 +60,7 @@ class TrainerEval(TrainerBase):
         losses: list[torch.Tensor] = []
         sizes: list[int] = []
         try:
-            with torch.inference_mode(), self._autocast():
+            with torch.inference_mode(), self._autocast(), no_cache(model):  # HF models build no cache
                 for batch in loader:
                     batch = move_to_device(batch, self.device, self.non_blocking)
                     loss, outputs, targets = self._compute(batch, training=False)
