@@ -151,6 +151,57 @@ def test_gpt2_dynamic_padding_fit_evaluate_predict():
     assert all(k.past_key_values is not None and k.loss is not None for k in kept)
 
 
+class _CacheUnderOtherNames(nn.Module):
+    """A user's model around GPT-2 that asks for the cache itself (an explicit use_cache=True wins over the
+    config) and returns it under its own names: the Cache object, the per-layer (key, value) tuples of
+    transformers 4, and an entry its config lists in keys_to_ignore_at_inference."""
+
+    def __init__(self, as_tuple=False):
+        super().__init__()
+        self.lm = _gpt2()
+        self.lm.config.keys_to_ignore_at_inference = ["memory"]
+        self.as_tuple = as_tuple
+
+    def forward(self, input_ids, attention_mask=None, labels=None):  # labels: predict-only, never used
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
+        state = out["cache"]  # transformers 5's name (4.x: past_key_values)
+        layers = tuple((layer.keys, layer.values) for layer in state.layers)
+        if self.as_tuple:
+            return out.logits, state, layers
+        return {"logits": out.logits, "state": state, "present": layers, "memory": out.logits.mean(-1)}
+
+
+def test_caches_under_other_names_are_left_out_and_kept_on_request():
+    loader = _loader(_collate_classification, n=12, batch_size=4)
+    trainer = Trainer(_CacheUnderOtherNames(), None, progress=False)
+    out = trainer.predict(loader)
+    assert set(out) == {"logits"} and out["logits"].shape[0] == 12
+    kept = trainer.predict(loader, keep="cache", per_batch=True)
+    assert all(set(k) == {"logits", "state", "present", "memory"} for k in kept)
+    assert all(isinstance(k["state"], transformers.Cache) and len(k["present"]) == 2 for k in kept)
+    whole = trainer.predict(loader, keep="past_key_values")  # the same group under its transformers 4 name
+    assert whole["memory"].shape[0] == 12 and whole["present"][0][0].shape[0] == 12  # batch-sized: concatenated
+    assert isinstance(whole["state"], list) and len(whole["state"]) == 3  # one Cache per batch
+    # a tuple output keeps its positions: the caches become None
+    logits, state, layers = Trainer(_CacheUnderOtherNames(as_tuple=True), None, progress=False).predict(loader)
+    assert logits.shape[0] == 12 and state is None and layers is None
+
+
+def test_evaluate_and_predict_build_no_cache():
+    """use_cache=False while evaluating and predicting: no per-batch cache is built only to be dropped."""
+    model = _gpt2()
+    built = []
+    model.register_forward_hook(lambda module, args, output: built.append(output.get("cache") is not None))
+    loader = _loader(_collate_lm, n=8, batch_size=4)
+    trainer = Trainer(model, None, metrics={"acc": lambda out, y: (out.logits.argmax(-1) == y).float().mean()})
+    trainer.evaluate(loader)
+    trainer.predict(loader)
+    assert built == [False] * 4
+    assert model.config.use_cache is True  # put back
+    kept = trainer.predict(loader, keep="cache", per_batch=True)
+    assert built[4:] == [True, True] and all(isinstance(k["cache"], transformers.Cache) for k in kept)
+
+
 def test_gpt2_predict_under_bf16_mixed_is_float32_numpy_ready():
     from nbtrainer import precision_support
 
