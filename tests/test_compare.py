@@ -92,7 +92,9 @@ def test_rows_ratios_failure_row_and_outputs(data):
     assert "failed" in page and "(100%)" in page and "<table" in page
     text = str(table)
     assert "fp8" in text and "failed" in text and "(100%)" in text
-    assert table.to_markdown().count("\n") == len(table) + 1
+    markdown = table.to_markdown().splitlines()
+    assert sum(line.startswith("|") for line in markdown) == len(table) + 2  # header, rule, one line per row
+    assert markdown[-1].startswith("(ratios to 'fp32'")  # the legend says what the figures are
 
 
 def test_same_initial_weights_and_data_order(data):
@@ -263,3 +265,91 @@ def test_an_optimizer_instance_is_refused_with_the_fix(data):
     with pytest.raises(TypeError, match=r"not an optimizer instance \(SGD\).*torch\.optim\.AdamW"):
         # the mistake under test, which a type checker also sees: an instance where a factory is expected
         compare_strategies(Net, instance, nn.CrossEntropyLoss(), train, None, ["fp32"], steps=2)  # type: ignore[arg-type]
+
+
+# -- honest table: measured peak and its split, notes that say what a strategy does, spread warnings ----------
+
+
+class Deep(nn.Module):
+    """Residual MLP of deep blocks: activations dominate a step's memory (SGD keeps no state)."""
+
+    def __init__(self, d: int = 10, hidden: int = 64, n: int = 6) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, hidden)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU()) for _ in range(n)
+        )
+        self.head = nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def test_measured_peak_with_its_split_notes_and_whole_failure_reasons():
+    x, y = make_classification(n=384)
+    train = make_loader(x, y, batch_size=128, shuffle=True, seed=1)
+    table = compare_strategies(
+        Deep,
+        functools.partial(torch.optim.SGD, lr=0.05),
+        nn.CrossEntropyLoss(),
+        train,
+        None,
+        {
+            "fp32": {},
+            "ckpt": {"activation_checkpointing": True},
+            "accum4": {"grad_accum_steps": 4},
+            "fp16": {"precision": "fp16-mixed"},
+            "bad": {"precision": "fp8"},
+        },
+        steps=3,
+        metric=None,
+        device="cpu",
+    )
+    for name in ("fp32", "ckpt", "accum4", "fp16"):
+        row = table[name]
+        assert row["status"] == "ok", row["reason"]
+        detail = row["memory_detail"]
+        assert sum(detail.values()) == row["peak_memory_bytes"]  # a split of the measured peak
+        assert detail["parameters"] == sum(p.numel() * 4 for p in Deep().parameters())
+        assert detail["optimizer_state"] == 0  # plain SGD
+    # checkpointing and accumulation act on the activations, and the measured peak shows it
+    assert table["ckpt"]["peak_memory_ratio"] < 0.8 and table["accum4"]["peak_memory_ratio"] < 0.8
+    # what accum4 really does here, and fp16 on a CPU without fp16 kernels
+    assert "each batch of 128 split into 4 micro-batches of 32" in table["accum4"]["note"]
+    if not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        assert "fp16 on this CPU is emulated" in table["fp16"]["note"]
+    text = str(table)
+    for header in ("params", "grads", "optim state", "activations"):
+        assert header in text.splitlines()[0]
+    assert "measured peak of live tensor storage" in text
+    # a failure's whole reason, with its fix at the end, in every view
+    reason = table["bad"]["reason"]
+    assert reason.endswith("half).") and "Use one of" in reason
+    assert reason in text and reason in table.to_markdown()
+    frame = table.to_pandas()
+    split = ["memory_parameters", "memory_gradients", "memory_optimizer_state", "memory_activations", "memory_other"]
+    assert (frame.loc["fp32", split].sum() == frame.loc["fp32", "peak_memory_bytes"]).all()
+    assert frame.loc["bad", "reason"] == reason and "step_time_spread" in frame.columns
+
+
+def test_spread_of_step_times_and_the_warning():
+    from nbtrainer._compare._run import spread
+
+    assert spread([1.0, 1.0, 1.0, 1.0], []) == 0.0
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0], []) == pytest.approx((4 - 2) / 2 / 3)  # half the IQR / median
+    assert spread([9.0] * 10, [1.0, 2.0, 3.0]) == pytest.approx((3 - 1) / 2 / 2)  # repeats: their medians' range
+    assert spread([1.0], []) is None
+
+    def row(name, t, s):
+        return {"name": name, "status": "ok", "step_time_s": t, "step_time_spread": s, "step_time_ratio": t / 0.01}
+
+    table = StrategyComparison(
+        rows=[row("fp32", 0.01, 0.02), row("bf16", 0.0001, 0.9)], baseline="fp32", metric=None, memory_kind="x"
+    )
+    text = str(table)
+    assert "±2%" in text and "±90%" in text
+    assert table.warnings() and "bf16" in table.warnings()[0] and "fp32" not in table.warnings()[0]
+    assert "repeats=3" in text and "bf16" in table._repr_html_().split("<small>")[1]

@@ -419,3 +419,87 @@ def test_cuda_latency_and_peak_memory() -> None:
     assert mem["cuda_peak"] >= mem["parameters"] + mem["gradients"]
     assert mem["cuda_peak_checkpointed"] is not None
     assert next(model.parameters()).device.type == "cpu"
+
+
+# -- track_peak: the measured peak of live tensor storage (CPU included) --------------------------------
+
+
+def _deep_mlp(depth: int = 8, width: int = 128) -> nn.Sequential:
+    """``depth`` blocks of three Linear + GELU layers (what activation checkpointing wraps: one block)."""
+    layers = lambda: [m for _ in range(3) for m in (nn.Linear(width, width), nn.GELU())]  # noqa: E731
+    return nn.Sequential(*(nn.Sequential(*layers()) for _ in range(depth)))
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, *, extra: int = 0, ckpt=False):
+    tmp = torch.ones(extra, dtype=torch.uint8)  # a temporary made and released inside the step
+    h = x
+    for block in model:
+        h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if ckpt else block(h)
+    loss = h.square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    del tmp
+
+
+def test_track_peak_sees_a_temporary_and_its_release() -> None:
+    from nbtrainer._profile._peak import CATEGORIES, track_peak
+
+    torch.manual_seed(0)
+    model = _deep_mlp(depth=3, width=64)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+    _train_step(model, opt, x)  # the optimizer's state exists: a steady-state step
+    peaks = {}
+    for extra in (0, 4 << 20):
+        with track_peak(model, opt, inputs=x) as peak:
+            _train_step(model, opt, x, extra=extra)
+        peaks[extra] = peak.peak_bytes
+        assert set(peak.breakdown) == set(CATEGORIES) and sum(peak.breakdown.values()) == peak.peak_bytes
+        params = sum(p.numel() * 4 for p in model.parameters())
+        assert peak.breakdown["parameters"] == params and peak.breakdown["inputs"] == x.numel() * 4
+        assert peak.largest["optimizer_state"] >= 2 * params  # AdamW: exp_avg + exp_avg_sq
+        assert peak.current_bytes < peak.peak_bytes  # activations, gradients and the temporary were released
+    assert peaks[4 << 20] - peaks[0] >= 4 << 20
+    assert peak.breakdown["activations"] >= 4 << 20  # labelled: made by the step, neither state nor a gradient
+
+
+def test_track_peak_agrees_with_torch_mem_tracker() -> None:
+    """torch's own tracker (torch.distributed._tools, private) sees the same peak and the same split."""
+    from nbtrainer._profile._peak import track_peak
+
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    torch.manual_seed(0)
+    model = _deep_mlp(depth=4, width=64)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(16, 64)
+    _train_step(model, opt, x)
+    with track_peak(model, opt, inputs=x) as peak:
+        _train_step(model, opt, x)
+    theirs = mem_tracker.MemTracker()
+    theirs.track_external(model, opt, x)
+    with theirs:
+        _train_step(model, opt, x)
+    peak_snapshot = theirs.get_tracker_snapshot("peak")[x.device]
+    snap = {str(getattr(k, "value", k)): v for k, v in peak_snapshot.items()}
+    assert peak.peak_bytes == snap["Total"]
+    assert peak.breakdown["parameters"] == snap["Parameter"] and peak.breakdown["gradients"] == snap["Gradient"]
+    assert peak.breakdown["optimizer_state"] == snap["Optstate"]
+
+
+def test_activation_checkpointing_lowers_the_measured_peak() -> None:
+    from nbtrainer._profile._peak import track_peak
+
+    torch.manual_seed(0)
+    model = _deep_mlp(depth=6, width=64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)  # no state: the activations dominate the peak
+    x = torch.randn(512, 64)
+    measured = {}
+    for ckpt in (False, True):
+        with track_peak(model, opt, inputs=x) as peak:
+            _train_step(model, opt, x, ckpt=ckpt)
+        measured[ckpt] = peak
+    plain, ckpt = measured[False], measured[True]
+    assert ckpt.peak_bytes < 0.6 * plain.peak_bytes, (plain.breakdown, ckpt.breakdown)
+    assert ckpt.largest["activations"] < 0.5 * plain.largest["activations"]
+    assert ckpt.breakdown["parameters"] == plain.breakdown["parameters"]

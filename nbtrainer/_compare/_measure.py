@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import copy
+import itertools
 import math
 import platform
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from nbtrainer._data._batch import batch_size_of, move_to_device
-from nbtrainer._dist._placement import unwrap_model
-from nbtrainer._profile import measure_training_memory, optimizer_factory
-from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing
-from nbtrainer._setup._model_setup import has_own_checkpointing
+from nbtrainer._profile._peak import PeakTracker, track_peak
 
-__all__ = ["StepTimer", "accuracy", "environment", "failure_reason", "final_loss", "measure_cpu_memory"]
+__all__ = [
+    "StepTimer",
+    "accuracy",
+    "environment",
+    "failure_reason",
+    "final_loss",
+    "measure_step_peak",
+    "stored_batches",
+]
 
 
 class StepTimer:
@@ -50,52 +55,64 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (outputs.argmax(dim=-1) == targets).float().mean()
 
 
-def measure_cpu_memory(trainer: Any, batch: Any, ckpt: Any) -> tuple[int, dict[str, Any]]:
-    """Measured training-memory bytes of one step of ``trainer``'s setup on ``batch`` (a private copy)."""
-    base = unwrap_model(trainer.model)
-    work = copy.deepcopy(base).to(trainer.device)
-    own = bool(ckpt) and has_own_checkpointing(base)
-    note = ""
-    if ckpt is True and not own:
-        strip_activation_checkpointing(work)  # measure_training_memory checkpoints the same blocks itself
-    elif ckpt:
-        note = "checkpointing applied; recompute peak of backward not included"
-    batch = move_to_device(batch, trainer.device)
-    args, kwargs, targets = trainer.batch_spec.split(batch)
-    if args and kwargs:
-        raise ValueError("memory measurement needs positional or keyword inputs, not both")
-    inputs = kwargs if kwargs else (args if len(args) != 1 else args[0])
-    bs = batch_size_of(targets, batch)
-    with torch.random.fork_rng(devices=[trainer.device] if trainer.device.type == "cuda" else []):
-        mem = measure_training_memory(
-            work,
-            inputs,
-            device=trainer.device,
-            precision=trainer.precision,
-            batch_size=bs,
-            make_optimizer=optimizer_factory(base, trainer.optimizer),
-            criterion=trainer.criterion,
-            targets=targets,
-            checkpointing=ckpt is True and not own,
-        )
-    del work
-    use_ckpt = ckpt is True and not own and mem["total_checkpointed"] is not None
-    total = mem["total_checkpointed"] if use_ckpt else mem["total"]
-    detail = {k: mem[k] for k in ("parameters", "buffers", "gradients", "optimizer_state", "inputs")}
-    # checkpointed: what the blocks keep + the largest block's activations re-materialised in backward
-    detail["activations"] = (
-        mem["activations_checkpointed"] + (mem["recompute_peak"] or 0) if use_ckpt else mem["activations"]
-    )
-    if note:
-        detail["note"] = note
-    return int(total), detail
+class _Batches:
+    """A few stored batches as a loader (``len()``, iterated again for each epoch)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+
+class _SecondStep:
+    """Callback: once the first optimizer step has made the optimizer's state, a new peak; frozen after the
+    second step, so the peak is that of one steady-state step (forward, backward, optimizer step)."""
+
+    def __init__(self, tracker: PeakTracker) -> None:
+        self.tracker = tracker
+        self.steps = 0
+
+    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer)
+            self.tracker.reset()
+        elif self.steps == 2:
+            self.tracker.freeze()
+
+
+def measure_step_peak(make_trainer: Callable[[list[Any]], Any], loader: Any) -> tuple[int, dict[str, int]]:
+    """The measured peak of live tensor memory over the second optimizer step of a private trainer.
+
+    ``make_trainer(callbacks)`` builds a Trainer like the strategy's (on a copy of the model); it trains two
+    steps on ``loader`` under :func:`nbtrainer._profile._peak.track_peak`. Returns ``(peak bytes, split at
+    the peak by category)``.
+    """
+    with track_peak() as tracker:
+        counter = _SecondStep(tracker)
+        trainer = make_trainer([counter])
+        trainer.fit(loader, None, epochs=2, max_steps=2)
+    if counter.steps < 2:
+        raise RuntimeError(f"only {counter.steps} optimizer step(s) ran: the peak needs two")
+    del trainer
+    return tracker.peak_bytes, dict(tracker.breakdown)
+
+
+def stored_batches(loader: Any, n: int) -> _Batches:
+    """The first ``n`` batches of ``loader`` (fewer when it is shorter), kept as a loader."""
+    return _Batches(list(itertools.islice(iter(loader), n)))
 
 
 def failure_reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    """The whole message on one line: our errors end with the fix, so nothing is cut."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text.lower():
         text = "out of memory: " + text
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text
 
 
 def final_loss(history: Any) -> float | None:
@@ -114,3 +131,18 @@ def environment(device: torch.device) -> dict[str, Any]:
     else:
         name = f"{device.type} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return {"device": name, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def emulated_note(device: torch.device, precision: str) -> str:
+    """Why a half precision is slow on this CPU ("" when it runs natively or off the CPU)."""
+    if device.type != "cpu" or precision not in ("fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true"):
+        return ""
+    half = precision.split("-")[0]
+    probe = {"fp16": "_is_mkldnn_fp16_supported", "bf16": "_is_mkldnn_bf16_supported"}[half]
+    try:
+        native = bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        native = False
+    if native:
+        return ""
+    return f"{half} on this CPU is emulated (no native {half} matrix kernels): slower than fp32, compare its memory"

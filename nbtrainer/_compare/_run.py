@@ -4,12 +4,17 @@
 accumulation, activation checkpointing, a lighter optimizer, freezing, compile... any Trainer option),
 each from the same initial weights and over the same data order, and reports per strategy:
 
-* step time: the median time of an optimizer step after ``warmup`` steps (CUDA: synchronized);
+* step time: the median time of an optimizer step after ``warmup`` steps (CUDA: synchronized), and its
+  spread (half the interquartile range of the steps, or of the repeats' medians, as a fraction of the
+  median); the table warns under rows whose spread makes their ratios unreliable;
 * samples/s: the median over those steps of samples / step time;
 * peak memory: on CUDA the peak allocated bytes during the fit (``torch.cuda.max_memory_allocated``);
-  elsewhere the *measured* bytes of parameters + buffers + gradients + optimizer state + inputs +
-  activations saved for backward of one step (``nbtrainer._profile._memory``, saved-tensor hooks): not
-  an allocator peak, and labelled so;
+  elsewhere the *measured* peak of live tensor storage over one steady-state optimizer step (the second) of
+  a private copy trained with the strategy's options (``nbtrainer._profile._peak.track_peak``: every
+  tensor tracked, not a sum of parts). The peak's split into parameters, gradients, optimizer state,
+  activations (with temporaries) and the rest is ``memory_detail`` (on CUDA measured the same way);
+* notes that say what a strategy does here: ``accumN`` cuts each batch into N micro-batches (of batch/N
+  samples) and steps once per batch; a half precision the CPU only emulates is marked;
 * the final training loss (mean over the last 10% of optimizer steps) and a validation metric;
 * ratios to the baseline row (the first strategy unless ``baseline=`` says otherwise).
 
@@ -19,6 +24,7 @@ the reason; the others still run.
 
 from __future__ import annotations
 
+import copy
 import gc
 import statistics
 import time
@@ -32,16 +38,70 @@ from nbtrainer._compare._data import DataOrder, SplitLoader, split_batch
 from nbtrainer._compare._measure import (
     StepTimer,
     accuracy,
+    emulated_note,
     environment,
     failure_reason,
     final_loss,
-    measure_cpu_memory,
+    measure_step_peak,
+    stored_batches,
 )
 from nbtrainer._compare._presets import resolve_strategies
 from nbtrainer._compare._table import StrategyComparison
+from nbtrainer._data._batch import _first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
+
+
+def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default: Any) -> tuple[Any, dict[str, Any]]:
+    """The optimizer argument for a strategy's Trainer over ``model``, and its other options (no callbacks)."""
+    opts = {k: v for k, v in kwargs.items() if k not in ("callbacks", "optimizer")}
+    opt = kwargs.get("optimizer")
+    if isinstance(opt, str) or (opt is None and default is None):
+        if "lr" not in opts and default is not None:
+            opts["lr"] = float(build_from_params(default, model).param_groups[0]["lr"])
+        return opt or "adamw", opts
+    if opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
+        # a strategy may bring its own callable of the parameters
+        what = "optimizer" if opt is None else f"strategy {name!r}: optimizer"
+        fn = cast(OptimizerFn, opt if opt is not None else default)  # both None: the branch above
+        built = build_from_params(fn, model, argument=what)
+        if "lr" in opts:  # a strategy's lr= with the usual optimizer: set it on every group
+            lr = float(opts.pop("lr"))
+            for group in built.param_groups:
+                group["lr"] = lr
+        return built, opts
+    return opt, opts
+
+
+def spread(times: list[float], medians: list[float]) -> float | None:
+    """How much a row's step time varies, as a ± fraction of its median: half the range of the repeats'
+    medians with several repeats, else half the interquartile range of the steps."""
+    values = medians if len(medians) > 1 else times
+    if len(values) < 2:
+        return None
+    mid = statistics.median(values)
+    if mid <= 0:
+        return None
+    if len(medians) > 1:
+        return (max(values) - min(values)) / 2 / mid
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / 2 / mid
+
+
+def accum_note(batch: Any, accum: int, split: bool) -> str:
+    """What gradient accumulation does to each batch in this comparison, in words."""
+    if accum <= 1:
+        return ""
+    first = _first_tensor(batch)
+    size = int(first.shape[0]) if first is not None and first.dim() > 0 else None
+    if not split or size is None:
+        what = f"{size} samples" if size is not None else "a batch"
+        return f"{accum} whole batches of {what} per optimizer step ({accum}x the baseline's samples per step)"
+    sizes = sorted({int(_first_tensor(p).shape[0]) for p in split_batch(batch, accum)}, reverse=True)
+    parts = len(split_batch(batch, accum))
+    each = "/".join(str(n) for n in sizes)
+    return f"each batch of {size} split into {parts} micro-batches of {each}, one optimizer step per batch"
 
 
 def compare_strategies(
@@ -93,7 +153,8 @@ def compare_strategies(
         split_batches: a strategy with ``grad_accum_steps=k`` gets each loader batch as ``k`` micro-batches,
             so every strategy makes the same optimizer steps on the same samples (``False``: whole batches,
             k of them per step). A strategy may set ``split_batches`` itself.
-        measure_memory: off CUDA, measure one step's training memory per strategy (a few extra passes).
+        measure_memory: measure the peak memory of one step, and its split, per strategy (two extra
+            optimizer steps on a copy of the model, the second one tracked).
         repeats: train every strategy this many times, round-robin, and pool the timed steps (timings on a
             busy machine); loss, metric and memory come from the first run.
         trainer_kwargs: options for every strategy's Trainer (a strategy's own options win).
@@ -131,9 +192,10 @@ def compare_strategies(
     if metric and val_loader is None:
         metric = None
     memory_kind = (
-        "CUDA peak allocated"
+        "CUDA peak allocated over the fit (torch.cuda.max_memory_allocated); split: tracked tensors at the peak "
+        "of one step"
         if cuda
-        else "measured bytes of one step: params+buffers+grads+optimizer state+inputs+saved activations"
+        else "measured peak of live tensor storage over one optimizer step (every tensor tracked, not a sum of parts)"
     )
     order = DataOrder([train_loader, val_loader])
     seed_everything(seed)
@@ -145,10 +207,8 @@ def compare_strategies(
             check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
     del first_model
-    first_batch: Any = None
-    if measure_memory and not cuda:
-        first_batch = next(iter(train_loader))
-        order.reset()
+    first_batch: Any = next(iter(train_loader), None)  # its size names accumulation's micro-batches
+    order.reset()
 
     def run(name: str, options: dict[str, Any], measure: bool) -> dict[str, Any]:
         options = dict(options)
@@ -182,41 +242,37 @@ def compare_strategies(
             model = make_model()
             model.load_state_dict(initial)
             kwargs = {**dict(trainer_kwargs or {}), **options}
-            opt = kwargs.pop("optimizer", None)
-            if isinstance(opt, str) or (opt is None and optimizer is None):
-                if "lr" not in kwargs and optimizer is not None:
-                    kwargs["lr"] = float(build_from_params(optimizer, model).param_groups[0]["lr"])
-                opt = opt or "adamw"
-            elif opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
-                # a strategy may bring its own callable of the parameters
-                what = "optimizer" if opt is None else f"strategy {name!r}: optimizer"
-                fn = cast(OptimizerFn, opt if opt is not None else optimizer)  # both None: the branch above
-                opt = build_from_params(fn, model, argument=what)
-                if "lr" in kwargs:  # a strategy's lr= with the usual optimizer: set it on every group
-                    lr = float(kwargs.pop("lr"))
-                    for group in opt.param_groups:
-                        group["lr"] = lr
             accum = int(kwargs.get("grad_accum_steps", 1))
+            common = {"metrics": metrics, "seed": seed, "device": dev, "progress": False}  # a strategy's own win
+            if measure:  # first, on a copy: the timed run below starts from the same weights and RNG state
+                copy_model = copy.deepcopy(model)
+
+                def make_measured(callbacks: list[Any]) -> Any:
+                    opt_copy, opts = _optimizer_for(name, kwargs, copy_model, optimizer)
+                    return Trainer(copy_model, criterion, opt_copy, callbacks=callbacks, **{**common, **opts})
+
+                batches = stored_batches(train_loader, 2 if split else 2 * accum)
+                order.reset()
+                try:
+                    loader_m = SplitLoader(batches, accum) if split and accum > 1 else batches
+                    row["peak_memory_bytes"], row["memory_detail"] = measure_step_peak(make_measured, loader_m)
+                except Exception as exc:
+                    row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
+                del copy_model, make_measured, batches
+                gc.collect()
+                seed_everything(seed)
+            opt, opts = _optimizer_for(name, kwargs, model, optimizer)
             loader = SplitLoader(train_loader, accum) if split and accum > 1 else train_loader
             timer = StepTimer(dev)
-            options_kw = {k: v for k, v in kwargs.items() if k != "callbacks"}  # a strategy's seed=, metrics= win
             trainer = Trainer(
                 model,
                 criterion,
                 opt,
                 callbacks=[*kwargs.get("callbacks", ()), timer],
-                **{"metrics": metrics, "seed": seed, "device": dev, "progress": False, **options_kw},
+                **{**common, **opts},
             )
-            if measure:
-                micro = split_batch(first_batch, accum)[0] if split and accum > 1 else first_batch
-                try:
-                    row["peak_memory_bytes"], row["memory_detail"] = measure_cpu_memory(
-                        trainer, micro, kwargs.get("activation_checkpointing", False)
-                    )
-                    if row["memory_detail"].get("note"):
-                        row["note"] = row["memory_detail"]["note"]
-                except Exception as exc:
-                    row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
+            notes = [accum_note(first_batch, accum, split), emulated_note(dev, str(trainer.precision))]
+            row["note"] = "; ".join(n for n in [*notes, row["note"]] if n)
             if cuda:
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -234,6 +290,7 @@ def compare_strategies(
             if skip < warmup:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"only {len(times)} steps: warm-up {skip}"
             row["_timed"] = list(zip(times[skip:], samples[skip:], strict=True))
+            row["_medians"] = [statistics.median(times[skip:])] if times[skip:] else []
             row["steps"] = len(times)
             row["final_loss"] = final_loss(history)
             if metric:
@@ -264,6 +321,8 @@ def compare_strategies(
             row["samples_per_s"] = statistics.median(rates) if rates else None
             row["samples_per_step"] = statistics.median(n for _, n in timed) if timed else None
             row["repeats"] = repeats
+            row["step_time_spread"] = spread([t for t, _ in timed], row.pop("_medians", []))
+        row.pop("_medians", None)
         if on_row is not None:
             on_row(row)
 
@@ -272,13 +331,14 @@ def compare_strategies(
         for name, options in plan.items():
             if rep and rows[name]["status"] != "ok":
                 continue  # failed before: already finished
-            row = run(name, options, measure=measure_memory and not cuda and rep == 0)
+            row = run(name, options, measure=measure_memory and rep == 0)
             if rep == 0:
                 rows[name] = row
             elif row["status"] != "ok":
                 rows[name].update(status="failed", reason=f"repeat {rep + 1}: {row['reason']}")
             else:
                 rows[name]["_timed"] += row["_timed"]
+                rows[name]["_medians"] += row["_medians"]
                 rows[name]["train_time_s"] += row["train_time_s"]
                 if cuda:
                     rows[name]["peak_memory_bytes"] = max(rows[name]["peak_memory_bytes"], row["peak_memory_bytes"])

@@ -12,8 +12,24 @@ from nbtrainer._report._format import format_bytes, format_duration, format_numb
 __all__ = ["StrategyComparison"]
 
 
+#: A row whose step time spreads more than ± this around its median gets a warning under the table.
+SPREAD_WARNING = 0.15
+SPLIT = ("parameters", "gradients", "optimizer_state", "activations")
+SPLIT_LABELS = ("params", "grads", "optim state", "activations")
+
+
 def _pct(r: float | None) -> str:
     return "" if r is None else f" ({r:.0%})"
+
+
+def _split(row: dict[str, Any]) -> dict[str, int | None]:
+    """The measured split of a row's peak: the four parts and the rest (buffers, inputs)."""
+    detail = row.get("memory_detail") or {}
+    if not detail:
+        return {f"memory_{k}": None for k in (*SPLIT, "other")}
+    out: dict[str, int | None] = {f"memory_{k}": int(detail.get(k, 0)) for k in SPLIT}
+    out["memory_other"] = int(sum(v for k, v in detail.items() if k not in SPLIT and isinstance(v, int)))
+    return out
 
 
 @dataclass
@@ -51,24 +67,38 @@ class StrategyComparison:
         return [r["name"] for r in self.rows]
 
     def to_pandas(self) -> Any:
-        """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline."""
+        """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline.
+
+        ``step_time_spread`` is the step time's relative spread (see :data:`SPREAD_WARNING`); the
+        ``memory_*`` columns split the peak into parameters, gradients, optimizer state, activations and
+        the rest (buffers, inputs), as measured at the peak.
+        """
         import pandas as pd
 
         cols = [
             "status",
             "step_time_s",
+            "step_time_spread",
             "step_time_ratio",
             "samples_per_s",
             "samples_per_s_ratio",
             "peak_memory_bytes",
             "peak_memory_ratio",
+            *(f"memory_{part}" for part in SPLIT),
+            "memory_other",
             "final_loss",
             "metric",
             "steps",
             "train_time_s",
+            "note",
             "reason",
         ]
-        frame = pd.DataFrame([{c: r.get(c) for c in cols} for r in self.rows], index=self.names, columns=cols)
+        records = []
+        for r in self.rows:
+            record = {c: r.get(c) for c in cols}
+            record.update(_split(r))
+            records.append(record)
+        frame = pd.DataFrame(records, index=self.names, columns=cols)
         frame.index.name = "strategy"
         if self.metric:
             frame = frame.rename(columns={"metric": self.metric})
@@ -80,17 +110,25 @@ class StrategyComparison:
             return f"{v:.1%}"  # an accuracy reads best as a percentage
         return format_number(v)
 
+    def _noisy(self, row: dict[str, Any]) -> bool:
+        spread = row.get("step_time_spread")
+        return row["status"] == "ok" and spread is not None and spread > SPREAD_WARNING
+
     def _cells(self, row: dict[str, Any]) -> list[str]:
-        if row["status"] != "ok":
-            return [row["name"], "failed", "", "", "", "", row.get("reason") or ""]  # full reason: to_pandas()
+        if row["status"] != "ok":  # the whole reason: it ends with the fix
+            return [row["name"], "failed", *[""] * (len(self._header) - 3), row.get("reason") or ""]
+        spread = row.get("step_time_spread")
+        time_text = format_duration(row["step_time_s"]) + ("" if spread is None else f" ±{spread:.0%}")
+        split = _split(row)
         return [
             row["name"],
-            format_duration(row["step_time_s"]) + _pct(row.get("step_time_ratio")),
+            time_text + _pct(row.get("step_time_ratio")) + (" !" if self._noisy(row) else ""),
             format_number(row.get("samples_per_s")) + _pct(row.get("samples_per_s_ratio")),
             format_bytes(row.get("peak_memory_bytes")) + _pct(row.get("peak_memory_ratio")),
+            *(format_bytes(split[f"memory_{part}"]) if row.get("memory_detail") else "" for part in SPLIT),
             format_number(row.get("final_loss")),
             self._metric_text(row.get("metric")),
-            row.get("note", ""),
+            row.get("note", "") or "",
         ]
 
     @property
@@ -100,28 +138,47 @@ class StrategyComparison:
             "step time (median)",
             "samples/s",
             "peak memory*",
+            *SPLIT_LABELS,
             "final loss",
             self.metric or "metric",
             "note",
         ]
 
+    def warnings(self) -> list[str]:
+        """What makes some figures of this table unreliable (printed under it)."""
+        noisy = [r["name"] for r in self.rows if self._noisy(r)]
+        out = []
+        if noisy:
+            out.append(
+                f"! step times of {', '.join(noisy)} spread more than ±{SPREAD_WARNING:.0%} around their median "
+                "(a busy machine?): their time ratios are not reliable; rerun with repeats=3 or more, "
+                "on a quieter machine"
+            )
+        return out
+
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files)."""
         lines = ["| " + " | ".join(self._header) + " |", "|" + "---|" * len(self._header)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in self._cells(r)) + " |" for r in self.rows]
-        return "\n".join(lines)
+        return "\n".join(lines + [""] + [f"{w}  " for w in self.warnings()] + [self._legend()])
 
     def __str__(self) -> str:
         table = [self._header] + [self._cells(r) for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(self._header))]
-        table = [[c if len(c) <= 90 else c[:87] + "..." for c in row] for row in table]
-        widths = [max(len(row[i]) for row in table) for i in range(len(self._header))]
+        # the last column (notes, failure reasons) is never cut and does not widen the others
+        widths = [max(len(row[i]) for row in table) for i in range(len(self._header) - 1)] + [0]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        out.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(out) + f"\n(ratios to {self.baseline!r}; {self._where()})"
+        out.insert(1, "  ".join("-" * max(w, len(self._header[-1])) for w in widths))
+        return "\n".join([*out, *self.warnings(), self._legend()])
 
     def __repr__(self) -> str:
         return f"StrategyComparison({len(self.rows)} strategies, baseline={self.baseline!r})\n{self}"
+
+    def _legend(self) -> str:
+        return (
+            f"(ratios to {self.baseline!r}; ±: the step time's spread (half its interquartile range, or of the "
+            f"repeats' range); {self._where()}; "
+            "params / grads / optim state / activations: the peak's split, activations including temporaries)"
+        )
 
     def _where(self) -> str:
         env = self.environment
@@ -139,29 +196,28 @@ class StrategyComparison:
 
         head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self._header)
         body = []
+        bars = {
+            1: ("step_time_ratio", "#1f77b4"),
+            2: ("samples_per_s_ratio", "#2ca02c"),
+            3: ("peak_memory_ratio", "#ff7f0e"),
+        }
         for row in self.rows:
             cells = self._cells(row)
-            if row["status"] == "ok":
-                cells_html = [
-                    html.escape(cells[0]),
-                    html.escape(cells[1]) + bar(row.get("step_time_ratio"), "#1f77b4"),
-                    html.escape(cells[2]) + bar(row.get("samples_per_s_ratio"), "#2ca02c"),
-                    html.escape(cells[3]) + bar(row.get("peak_memory_ratio"), "#ff7f0e"),
-                    html.escape(cells[4]),
-                    html.escape(cells[5]),
-                    html.escape(cells[6]),
-                ]
-            else:
-                cells_html = [
-                    html.escape(cells[0]),
-                    "<b style='color:#c00'>failed</b>",
-                    f"<td colspan='5' style='color:#c00'>{html.escape(cells[6])}</td>",
-                ]
-                body.append("<tr><td>" + "</td><td>".join(cells_html[:2]) + "</td>" + cells_html[2] + "</tr>")
+            if row["status"] != "ok":
+                span = len(cells) - 2
+                body.append(
+                    f"<tr><td>{html.escape(cells[0])}</td><td><b style='color:#c00'>failed</b></td>"
+                    f"<td colspan='{span}' style='color:#c00'>{html.escape(cells[-1])}</td></tr>"
+                )
                 continue
+            cells_html = [
+                html.escape(c) + (bar(row.get(bars[i][0]), bars[i][1]) if i in bars else "")
+                for i, c in enumerate(cells)
+            ]
             body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells_html) + "</tr>")
+        notes = "".join(f"<br><b style='color:#b35900'>{html.escape(w)}</b>" for w in self.warnings())
         return (
             f"<div class='nbt-compare'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
-            f"</table><small>Ratios to {html.escape(self.baseline)!s} (bars: 100% = 50 px). "
-            f"{html.escape(self._where())}.</small></div>"
+            f"</table><small>Ratios to {html.escape(self.baseline)!s} (bars: 100% = 50 px); ±: the step time's "
+            f"spread. {html.escape(self._where())}.{notes}</small></div>"
         )
