@@ -95,3 +95,31 @@ def test_default_trace_goes_to_a_temp_folder_and_is_printed(tmp_path, monkeypatc
     text = str(prof)
     assert text.splitlines()[0].startswith(f"Training profile: 2 steps; trace: {prof.trace_path} (open it in")
     assert "mean per step: data=" in text and "forward=" in text
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_profiling_after_a_used_up_one_cycle_leaves_history_and_schedule(tmp_path, restore) -> None:
+    x, y = make_classification(128)
+    loader = make_loader(x, y, batch_size=32)  # 4 optimizer steps per epoch
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=8)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=sched, progress=False, device="cpu", seed=0)
+    history = trainer.fit(loader, epochs=2)  # the schedule is used up
+    epochs = [dict(r) for r in history.epochs]
+    losses = list(history.steps["loss"])
+    schedule = sched.state_dict()
+    lr = [g["lr"] for g in opt.param_groups]
+    rng = torch.get_rng_state()
+
+    prof = profile_training(trainer, loader, trace_path=tmp_path / "t.json", restore=restore)
+
+    assert prof.steps == 3
+    assert trainer.history is history and history.status == "finished" and trainer.status == "finished"
+    assert history.epochs == epochs and history.steps["loss"] == losses
+    assert trainer.scheduler is sched and sched.state_dict() == schedule
+    assert [g["lr"] for g in opt.param_groups] == lr
+    assert torch.equal(torch.get_rng_state(), rng)
+    # the trainer goes on from where the fit left it: a used-up schedule is still refused, naming fit_more
+    with pytest.raises(ValueError, match="fit_more"):
+        trainer.fit(loader, epochs=3)

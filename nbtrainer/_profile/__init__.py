@@ -9,6 +9,7 @@ One concept per module:
 ``_flops``         MACs (ptflops, aten backend) cross-checked with ``FlopCounterMode``
 ``_latency``       inference latency per device and precision
 ``_memory``        the measured memory breakdown of one optimizer step
+``_peak``          :func:`track_peak`: the measured peak of live tensor storage over a block, split by category
 ``_inputs``        example inputs: batch size, device moves, calling the model, a default loss
 ``_trace``         :func:`profile_training`: ``torch.profiler`` over a few real training steps
 =================  ==================================================================================
@@ -20,6 +21,7 @@ from nbtrainer._profile._fit import FitResult, plan_fit
 from nbtrainer._profile._flops import count_flops
 from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._model import profile_model
+from nbtrainer._profile._peak import PeakTracker, track_peak
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._trace import PHASES, TrainingProfile, profile_training
 
@@ -27,6 +29,7 @@ __all__ = [
     "PHASES",
     "FitResult",
     "ModelProfile",
+    "PeakTracker",
     "TrainingProfile",
     "count_flops",
     "measure_training_memory",
@@ -34,4 +37,5 @@ __all__ = [
     "plan_fit",
     "profile_model",
     "profile_training",
+    "track_peak",
 ]

@@ -12,7 +12,10 @@ from __future__ import annotations
 import copy
 import math
 import os
+import random
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,10 +108,58 @@ def _snapshot(trainer: Any) -> dict[str, Any]:
     parts = {
         "model": trainer.model,
         "optimizer": trainer.optimizer,
-        "scheduler": getattr(trainer, "scheduler", None),
         "scaler": getattr(trainer, "scaler", None),
     }
     return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
+
+
+# what a fit replaces on the trainer; profiling puts each back (its history, loop position, status, schedule)
+_FIT_STATE = ("history", "_state", "_elapsed_before", "status", "progress", "_pending_rng", "_has_val", "callbacks")
+
+
+@contextmanager
+def _untouched(trainer: Any) -> Iterator[None]:
+    """Profiling steps run without the trainer's LR scheduler (a used-up OneCycleLR would refuse them, and the
+    schedule must not move) or its run recorder, and leave its history, loop state, callbacks' state and the
+    RNG states as they were."""
+    from nbtrainer._events._stream import CallbackList
+
+    saved = {name: getattr(trainer, name) for name in _FIT_STATE if hasattr(trainer, name)}
+    scheduler = getattr(trainer, "scheduler", None)
+    recorder = getattr(trainer, "_recorder", None)
+    recorded = getattr(recorder, "history", None)
+    callbacks = getattr(getattr(trainer, "callbacks", None), "callbacks", [])
+    states = [
+        (cb, _cpu_copy(cb.state_dict()))
+        for cb in callbacks
+        if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))
+    ]
+    py_state = random.getstate()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        np_state = None
+    else:
+        np_state = np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    run_recorder = getattr(trainer, "_run_recorder", None)
+    try:
+        with torch.random.fork_rng(devices=devices):
+            trainer.scheduler = None
+            if callbacks:
+                trainer.callbacks = CallbackList(cb for cb in callbacks if cb is not run_recorder)
+            yield
+    finally:
+        trainer.scheduler = scheduler
+        for name, value in saved.items():
+            setattr(trainer, name, value)
+        if recorder is not None:
+            recorder.history = recorded
+        for cb, state in states:
+            cb.load_state_dict(state)
+        random.setstate(py_state)
+        if np_state is not None:
+            np.random.set_state(np_state)
 
 
 def profile_training(
@@ -136,8 +187,10 @@ def profile_training(
             ``trace.json`` in a new temporary folder (nothing is written to the working directory unasked).
             The absolute path is ``result.trace_path`` and the first line of ``print(result)``.
         row_limit: Rows in the text table.
-        restore: Put the model, optimizer, scheduler and GradScaler state back afterwards (these steps
-            really train; the trainer's ``history`` is the profiling run's).
+        restore: Put the model, optimizer and GradScaler state back afterwards (these steps really train).
+            Whatever ``restore`` says, profiling leaves the trainer's ``history``, loop position, LR
+            schedule (its steps run without the scheduler, so a used-up OneCycleLR is no obstacle),
+            callbacks' state and the random number generators as they were, and records no run.
         record_shapes: Record input shapes of ops (bigger trace).
         profile_memory: Record tensor allocations (bigger trace).
 
@@ -182,13 +235,16 @@ def profile_training(
     saved = _snapshot(trainer) if restore else {}
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     try:
-        with torch.profiler.profile(
-            activities=activities,
-            schedule=schedule,
-            on_trace_ready=ready,
-            record_shapes=record_shapes,
-            profile_memory=profile_memory,
-        ) as prof:
+        with (
+            _untouched(trainer),
+            torch.profiler.profile(
+                activities=activities,
+                schedule=schedule,
+                on_trace_ready=ready,
+                record_shapes=record_shapes,
+                profile_memory=profile_memory,
+            ) as prof,
+        ):
             trainer.fit(train_loader, epochs=epochs, max_steps=needed, profiler=prof)
     finally:
         for obj, state in saved.values():
