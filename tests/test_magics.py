@@ -178,6 +178,7 @@ def test_profile_plumbing(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         return _FakeProfile()
 
     monkeypatch.setitem(vars(nbtrainer), "profile_model", fake_profile_model)
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a kernel with a front end: the card is shown
     # no ProfileCard: the profile's own HTML is shown
     monkeypatch.delitem(vars(nbtrainer), "ProfileCard", raising=False)
     monkeypatch.setitem(nbtrainer._LAZY, "ProfileCard", "nbtrainer._no_such_module_for_test")
@@ -226,7 +227,8 @@ def test_profile_rejects_non_module(shell: Any) -> None:
 @pytest.mark.skipif(
     importlib.util.find_spec("nbtrainer._profile") is None, reason="nbtrainer.profile_model is not written yet"
 )
-def test_profile_real_model(shell: Any) -> None:
+def test_profile_real_model(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # displayed as a card (terminal: text, tested above)
     shell.user_ns["net"] = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(2)
     )
@@ -236,6 +238,34 @@ def test_profile_real_model(shell: Any) -> None:
     profile = shell.user_ns["_nbt_profile"]
     assert type(profile).__name__ == "ModelProfile"
     assert cap.outputs, "nothing was displayed"
+
+
+def test_profile_and_compare_in_terminal_ipython_print_the_text(
+    shell: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The test shell is an InteractiveShell, as terminal IPython's: no front end can draw a widget, so the
+    magics print the profile's and the comparison's text, never a widget's repr."""
+    monkeypatch.delenv("NBTRAINER_FRONTEND", raising=False)
+    shell.user_ns["net"] = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    assert nbt(shell, "profile net --input-shape 4,8 --device cpu --precision fp32") is None
+    out = capsys.readouterr().out
+    profile = shell.user_ns["_nbt_profile"]
+    assert str(profile) in out
+    assert "ProfileCard(" not in out and "HTML(" not in out and "<div" not in out
+
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
+    shell.user_ns.update(
+        make_model=lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)),
+        crit=torch.nn.CrossEntropyLoss(),
+        tl=torch.utils.data.DataLoader(ds, batch_size=8),
+        vl=torch.utils.data.DataLoader(ds, batch_size=16),
+    )
+    assert nbt(shell, "compare make_model None crit tl vl --strategies fp32,accum2 --steps 3") is None
+    out = capsys.readouterr().out
+    table = shell.user_ns["_nbt_compare"]
+    assert str(table) in out and "_nbt_compare_widget" not in shell.user_ns
+    assert "VBox(" not in out and "CompareWidget" not in out
+    assert re.search(r"^strategy\s+step time", out, re.M) and re.search(r"^accum2\s", out, re.M)
 
 
 # -- train -----------------------------------------------------------------------------------------

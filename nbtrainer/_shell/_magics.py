@@ -8,17 +8,18 @@ Subcommands (``%nbtrainer help`` prints every usage):
     are installed, the ipykernel background-thread bug range, and a concrete fix for each problem.
     Returns a :class:`DoctorReport` (text in a terminal, HTML in a notebook).
 ``profile MODEL (--input-shape 1,3,32,32 | --inputs VAR) [--device D] [--precision P]``
-    ``nbtrainer.profile_model`` on a model of the namespace, shown as a ``ProfileCard``; the profile is
-    stored as ``_nbt_profile``.
+    ``nbtrainer.profile_model`` on a model of the namespace, shown as a ``ProfileCard`` (in terminal
+    IPython, which has no front end for widgets, as text); the profile is stored as ``_nbt_profile``.
 ``train MODEL CRITERION OPTIMIZER TRAIN_LOADER [VAL_LOADER] [--epochs N] [--precision P] [--accum K] [--metrics VAR]``
     builds and shows a ``TrainerWidget`` from namespace names; stored as ``_nbt_widget``. In terminal
     IPython (no front end for a panel) it trains in the foreground with console progress instead; the
     trainer and the history are stored as ``_nbt_trainer`` and ``_nbt_history``.
 ``compare MAKE_MODEL OPTIMIZER CRITERION TRAIN_LOADER [VAL_LOADER] [--strategies LIST|VAR] [--steps N]``
     ``nbtrainer.compare_strategies``: trains once per strategy (presets ``fp32,fp16,bf16,ckpt,accumN,adafactor,all``
-    or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. With ipywidgets and
-    bqplot installed it shows a ``CompareWidget`` (table and bar charts, rows added as each strategy
-    finishes; stored as ``_nbt_compare_widget``), else the table's own HTML/text.
+    or a dict of the namespace) and shows the table; stored as ``_nbt_compare``. In a notebook with
+    ipywidgets and bqplot installed it shows a ``CompareWidget`` (table and bar charts, rows added as each
+    strategy finishes; stored as ``_nbt_compare_widget``), else the table's own HTML; in terminal IPython
+    it prints the text table.
 ``status`` / ``stop [N] [--wait S]``
     the runs inside ``Trainer.fit`` in this kernel, and stopping them at the next optimizer step. A magic
     only runs when no cell is busy, so this reaches runs in background threads (the widget's); a run in
@@ -36,6 +37,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from nbtrainer._events._frontend import in_notebook
 from nbtrainer._report._format import format_number
 from nbtrainer._shell._doctor import DoctorReport, bad_device, doctor_report
 from nbtrainer._shell._magics_args import PARSERS, full_usage, parse, parse_shape, split_list, usage_of
@@ -139,6 +141,9 @@ class NbtrainerMagics(Magics):
             raise UsageError(f"%nbtrainer profile: nbtrainer.profile_model is not available here ({exc})") from None
         profile = profile_model(model, example, devices=devices, precisions=precisions)
         self._user_ns["_nbt_profile"] = profile
+        if not in_notebook():  # terminal IPython: no front end to draw a widget, so the text (not its repr)
+            print(profile)
+            return None
         try:
             from nbtrainer import ProfileCard
         except (ImportError, AttributeError):
@@ -172,8 +177,6 @@ class NbtrainerMagics(Magics):
         train_loader = self._lookup(args.train_loader, "TRAIN_LOADER")
         val_loader = self._lookup(args.val_loader, "VAL_LOADER") if args.val_loader else None
         metrics = self._lookup(args.metrics, "--metrics") if args.metrics else None
-
-        from nbtrainer._events._frontend import in_notebook
 
         if not in_notebook():
             return self._train_here(args, model, criterion, optimizer, train_loader, val_loader, precision, metrics)
@@ -259,12 +262,14 @@ class NbtrainerMagics(Magics):
             done = "failed: " + str(row["reason"]) if row["status"] != "ok" else "done"
             print(f"  {row['name']}: {done}", flush=True)
 
-        try:  # the widget layer is optional: without ipywidgets/bqplot the table's own text/HTML is shown
-            from nbtrainer.widgets import CompareWidget
-        except ImportError:
-            show_live = None
-        else:
-            show_live = CompareWidget.run
+        show_live = None
+        if in_notebook():  # a widget needs a front end; terminal IPython gets the text table
+            try:  # the widget layer is optional: without ipywidgets/bqplot the table's own HTML is shown
+                from nbtrainer.widgets import CompareWidget
+            except ImportError:
+                pass
+            else:
+                show_live = CompareWidget.run
         print(f"Comparing {len(strategies)} strategies: {', '.join(strategies)}", flush=True)
         options = {
             "epochs": args.epochs,
@@ -292,7 +297,10 @@ class NbtrainerMagics(Magics):
             table = compare_strategies(
                 make_model, optimizer, criterion, train_loader, val_loader, strategies, on_row=progress, **options
             )
-            self._display(table)
+            if in_notebook():
+                self._display(table)
+            else:
+                print(table)
         self._user_ns["_nbt_compare"] = table
         return None
 
