@@ -65,6 +65,20 @@ def test_doctor_strict_exit_status(capsys, monkeypatch):
     assert "nbtrainer doctor: bad --device 'nonsense:0'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("device", ["cuda:0", "mps"])
+def test_doctor_refuses_a_device_this_machine_lacks_in_one_line(device):
+    """The README's `--device cuda:0` on a CPU build crashed with a traceback; `--device mps` off a Mac printed
+    a dispatcher dump and "problems: none found" with exit status 0."""
+    usable = torch.cuda.is_available() if device.startswith("cuda") else torch.backends.mps.is_available()
+    if usable:
+        pytest.skip(f"{device} is usable here")
+    proc = _run("doctor", "--device", device)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"nbtrainer doctor: bad --device '{device}': ")
+    assert ("CPU build" in proc.stderr or "no CUDA GPU" in proc.stderr) if device == "cuda:0" else "MPS" in proc.stderr
+
+
 def test_bad_arguments_exit_with_usage(capsys):
     with pytest.raises(SystemExit) as info:
         main(["bogus"])

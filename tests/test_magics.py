@@ -87,6 +87,16 @@ def test_doctor_refuses_a_device_torch_cannot_parse(shell: Any) -> None:
         nbt(shell, "doctor --device cpu,nonsense:0")
 
 
+@pytest.mark.parametrize("device", ["cuda:0", "mps"])
+def test_doctor_refuses_a_device_this_machine_lacks(shell: Any, device: str) -> None:
+    usable = torch.cuda.is_available() if device.startswith("cuda") else torch.backends.mps.is_available()
+    if usable:
+        pytest.skip(f"{device} is usable here")
+    with pytest.raises(UsageError, match=rf"%nbtrainer doctor: bad --device '{device}': ") as info:
+        nbt(shell, f"doctor --device cpu,{device}")
+    assert "\n" not in str(info.value) and "registered at" not in str(info.value)
+
+
 def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
     with capture_output() as cap:
         result = shell.run_cell("%nbtrainer doctor --device cpu")

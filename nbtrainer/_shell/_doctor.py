@@ -214,18 +214,55 @@ def _shell_kind() -> str:
     return f"{name}: widgets need a Jupyter kernel and front end"
 
 
+def _unavailable(dev: Any) -> str | None:
+    """Why torch cannot use the parsed device ``dev`` here, or None."""
+    import torch
+
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return (
+                f"this torch ({torch.__version__}) is a CPU build, without CUDA: install a CUDA build "
+                "(https://pytorch.org/get-started/locally)"
+            )
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return "no CUDA GPU is visible (driver, container flags or CUDA_VISIBLE_DEVICES); check with nvidia-smi"
+        if (dev.index or 0) >= count:
+            return f"{dev} does not exist: {count} GPU(s) visible, cuda:0 to cuda:{count - 1}"
+        return None
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return None
+        return "MPS (the Apple GPU) is not available here: it needs macOS on Apple silicon and a torch built with MPS"
+    backend = getattr(torch, dev.type, None)  # xpu, mtia...: torch.<type>.is_available()
+    available = getattr(backend, "is_available", None)
+    if callable(available):
+        try:
+            if available():
+                return None
+        except Exception:
+            pass
+    return f"torch has no usable {dev.type!r} device here"
+
+
 def bad_device(devices: list[str]) -> str | None:
-    """``bad --device 'x': <torch's reason>`` for the first name torch cannot parse, else None (the CLI and
-    ``%nbtrainer doctor`` refuse it before any check runs)."""
+    """``bad --device 'x': <reason and fix>`` for the first name torch cannot parse or this machine cannot use,
+    else None (the CLI and ``%nbtrainer doctor`` refuse it, in one line, before any check runs)."""
     if not devices:
         return None
     import torch
 
     for dev in devices:
         try:
-            torch.device(dev)
+            parsed = torch.device(dev)
         except (RuntimeError, ValueError) as exc:
             return f"bad --device {dev!r}: {exc}"
+        reason = _unavailable(parsed)
+        if reason:
+            return f"bad --device {dev!r}: {reason}; `nbtrainer doctor` without --device checks what is here"
     return None
 
 
@@ -293,7 +330,8 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
             continue
         for name in PRECISIONS:
             ok, reason = support[name]
-            rows.append(Check(f"  {name}", "supported" if ok else f"not available: {reason}", ok))
+            first = (reason or "").strip().splitlines()[:1]  # a dispatcher error lists every backend after it
+            rows.append(Check(f"  {name}", "supported" if ok else f"not available: {''.join(first)}", ok))
 
     # -- notebook packages ---------------------------------------------------------------------
     rows = rep.section("notebook packages")
