@@ -44,8 +44,13 @@ _LAZY: dict[str, str] = {
     "profile_training": "nbtrainer._profile._trace",
     "launch": "nbtrainer._dist._launch",
     "DDP": "nbtrainer._dist._ddp",
+    "FSDP": "nbtrainer._dist._fsdp",
     "compare_strategies": "nbtrainer._compare._run",
     "StrategyComparison": "nbtrainer._compare._table",
+    "DistillationLoss": "nbtrainer._inference._distill",
+    "quantize_model": "nbtrainer._inference._quantize",
+    "compare_inference": "nbtrainer._inference._compare",
+    "InferenceComparison": "nbtrainer._inference._table",
     "LRFinderResult": "nbtrainer._loop._lr_find",
     "build_optimizer": "nbtrainer._setup._model_setup",
     "freeze_parameters": "nbtrainer._setup._model_setup",
@@ -58,6 +63,11 @@ _LAZY: dict[str, str] = {
     "TrainerWidget": "nbtrainer.widgets",
     "ProfileCard": "nbtrainer.widgets",
     "CompareWidget": "nbtrainer.widgets",
+    "Runs": "nbtrainer._runs._runs",
+    "MLflowLogger": "nbtrainer._runs._mlflow",
+    "OptunaPruning": "nbtrainer._runs._optuna",
+    "tune": "nbtrainer._runs._optuna",
+    "RunsWidget": "nbtrainer.widgets",
 }
 
 __all__ = [
@@ -67,23 +77,31 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "CompareWidget",
+    "DistillationLoss",
     "EarlyStopping",
+    "FSDP",
     "History",
+    "InferenceComparison",
     "LRFinderResult",
     "LRMonitor",
+    "MLflowLogger",
     "ModelCheckpoint",
     "ModelProfile",
+    "OptunaPruning",
     "ParamCounts",
     "PrecisionError",
     "ProfileCard",
     "Progress",
     "ProgressBar",
+    "Runs",
+    "RunsWidget",
     "StrategyComparison",
     "TensorBoardLogger",
     "Trainer",
     "TrainerWidget",
     "__version__",
     "build_optimizer",
+    "compare_inference",
     "compare_strategies",
     "format_bytes",
     "format_count",
@@ -98,7 +116,9 @@ __all__ = [
     "precision_support",
     "profile_model",
     "profile_training",
+    "quantize_model",
     "seed_everything",
+    "tune",
     "unload_ipython_extension",
 ]
 
@@ -135,6 +155,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._compare._run import compare_strategies
     from nbtrainer._compare._table import StrategyComparison
     from nbtrainer._dist._ddp import DDP
+    from nbtrainer._dist._fsdp import FSDP
     from nbtrainer._dist._launch import launch
     from nbtrainer._events._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._events._frontend import in_notebook
@@ -143,14 +164,21 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
     from nbtrainer._events._progress import ProgressBar
     from nbtrainer._events._stream import EVENTS, Progress
+    from nbtrainer._inference._compare import compare_inference
+    from nbtrainer._inference._distill import DistillationLoss
+    from nbtrainer._inference._quantize import quantize_model
+    from nbtrainer._inference._table import InferenceComparison
     from nbtrainer._loop._lr_find import LRFinderResult
     from nbtrainer._profile._model import profile_model
     from nbtrainer._profile._report import ModelProfile
     from nbtrainer._profile._trace import profile_training
     from nbtrainer._report._format import format_bytes, format_count, format_duration, format_lr, format_number
     from nbtrainer._resume._checkpoint_io import CheckpointError, load_checkpoint
+    from nbtrainer._runs._mlflow import MLflowLogger
+    from nbtrainer._runs._optuna import OptunaPruning, tune
+    from nbtrainer._runs._runs import Runs
     from nbtrainer._setup._model_setup import ParamCounts, build_optimizer, freeze_parameters
     from nbtrainer._setup._precision import PrecisionError, precision_support
     from nbtrainer._setup._seed import seed_everything
     from nbtrainer._trainer._trainer import Trainer
-    from nbtrainer.widgets import CompareWidget, ProfileCard, TrainerWidget
+    from nbtrainer.widgets import CompareWidget, ProfileCard, RunsWidget, TrainerWidget

@@ -68,13 +68,16 @@ from ._compare_view import CompareWidget
 from ._lr_finder import LRFinderView
 from ._panel import TrainerWidget
 from ._profile_card import ProfileCard
+from ._runs_view import RunsWidget, TuneView
 
 __all__ = [
     "CompareWidget",
     "LRFinderView",
     "MinMaxStream",
     "ProfileCard",
+    "RunsWidget",
     "TrainerWidget",
+    "TuneView",
     "decimate",
     "minmax_indices",
     "summary_html",

@@ -10,6 +10,7 @@ is declared once in ``_trainer_base``. Mechanics live in their own modules: the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from nbtrainer._loop._control import Control
 from nbtrainer._loop._fit_loop import LoopState
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
+from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._model_setup import ModelSetup
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
 from nbtrainer._trainer import _validate
@@ -86,8 +88,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
         channels_last: convert a conv net to ``torch.channels_last`` memory format.
         strategy: ``"auto"`` (DDP when launched by ``torchrun`` / :func:`nbtrainer.launch` with more than one
-            process, else one device), ``"single"``, ``"ddp"``, or ``nbtrainer.DDP(...)`` with options. Under
-            DDP each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+            process, else one device), ``"single"``, ``"ddp"``, ``"fsdp"`` (FSDP2: parameters, gradients and
+            optimizer state sharded across ranks), or ``nbtrainer.DDP(...)`` / ``nbtrainer.FSDP(...)`` with
+            options. Each rank uses its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
         fast_fetch: fetch each batch of a ``DataLoader`` over in-memory data (``TensorDataset``, arrays,
             ``Subset`` of them, a dataset with ``__getitems__``; ``num_workers=0``, default collate) with one
             indexing call, same indices and order, bit-identical results. Anything else uses the loader as
@@ -95,6 +98,19 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the
             free device memory, and slice batches there; otherwise batches are gathered into pinned memory
             and copied on a side stream one step ahead. ``0``: never copy the dataset.
+        quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: the ``nn.Linear`` layers (but the output head
+            and trainable ones) become frozen bitsandbytes layers, computing in the precision's dtype.
+        lora: LoRA adapters through PEFT, base frozen: ``dict(r=8, alpha=16, dropout=0.05,
+            target_modules="all-linear")`` or a ``peft.LoraConfig`` (with ``quantize=``: QLoRA). Give the optimizer
+            by name with these two. Merge with :meth:`merge_lora`.
+        save_base: with ``lora=`` / ``quantize=``, checkpoints also hold the frozen base (default: what trains,
+            the optimizer and the loop state; a resume takes the base from the model it is given).
+        offload_activations: saved activations wait in CPU memory (pinned on CUDA) for the backward.
+        offload_optimizer: optimizer state and step in CPU RAM (CUDA only; torchao ``CPUOffloadOptimizer``).
+        attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
+            ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
+        run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``),
+            ``None`` (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
 
     Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._data._batch``):
 
@@ -163,6 +179,13 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         strategy: Any = "auto",
         fast_fetch: bool = True,
         data_on_device: float = 0.5,
+        quantize: str | None = None,
+        lora: Any = None,
+        save_base: bool = False,
+        offload_activations: bool = False,
+        offload_optimizer: bool = False,
+        attention: str = "auto",
+        run_store: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -194,6 +217,13 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             activation_checkpointing=activation_checkpointing,
             compile=compile,
             channels_last=channels_last,
+            precision=precision,
+            quantize=quantize,
+            lora=lora,
+            save_base=save_base,
+            offload_activations=offload_activations,
+            offload_optimizer=offload_optimizer,
+            attention=attention,
         )
         optimizer = self._setup.optimizer
         if optimizer is not None:
@@ -255,7 +285,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         if progress is not False and progress is not None:
             user_callbacks.append(progress_callback(progress))
         self._recorder = HistoryRecorder(self.history)
-        self.callbacks = CallbackList([self._recorder, *user_callbacks])
+        # last: it opens (and checks) the store now, before any step, and callback indices (checkpoint keys) keep
+        self._run_recorder = RunRecorder(run_store)
+        self.callbacks = CallbackList([self._recorder, *user_callbacks, self._run_recorder])
         self.progress = Progress()
         self.status = "idle"
         self._control = Control()
@@ -268,7 +300,22 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self._elapsed_before = 0.0
         self._has_val = False
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
-        self.model = self._setup.apply()  # freeze, channels_last, checkpointing, compile
+        self.model = self._setup.apply()  # freeze, quantize, lora, channels_last, checkpointing, compile
+        if self._setup.optimizer is not self.optimizer:  # named, built once quantize= / lora= changed the model
+            self.optimizer = self._setup.optimizer
+            self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        attach = getattr(self.strategy, "attach", None)
+        if attach is not None:  # FSDP: shard the model now, rebind the optimizer to the sharded parameters
+            attach(self)
+        # A criterion that needs the trainer (DistillationLoss: its teacher sees the model's inputs, on this device)
+        # binds itself once the model is final and may bring metrics (its loss parts); the user's win a name clash.
+        bind = getattr(criterion, "bind_trainer", None)
+        if callable(bind):
+            extra = {k: v for k, v in bind(self).items() if k not in self._metric_spec}
+            if extra:
+                self._metric_spec.update(extra)
+                self._train_metrics = MetricSet(self._metric_spec, self.device)
+                self._val_metrics = self._train_metrics.clone(self.device)
 
     # -- the trainers of this process, log keys, repr ------------------------------------------------
     @classmethod
@@ -279,6 +326,16 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
     @property
     def _scheduler_per_step(self) -> bool:
         return self.scheduler_interval == "step" and not is_plateau(self.scheduler)
+
+    def merge_lora(self) -> torch.nn.Module:
+        """A plain copy of the model for inference: LoRA adapters merged into full-precision weights (a
+        quantized base dequantized first), no PEFT wrapper; this trainer's model is unchanged.
+
+        Example:
+            >>> # trainer = Trainer(model, None, "adamw", quantize="nf4", lora=dict(r=8)); trainer.fit(...)
+            >>> # merged = trainer.merge_lora()
+        """
+        return self._setup.savers.merge_lora(self.model)
 
     def expected_log_keys(self) -> set[str]:
         names = set(self._train_metrics.names) | _collection_names(self._metric_spec)
@@ -297,6 +354,10 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
 def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
     if isinstance(strategy, str) and strategy == "single":
         return SingleDevice(resolve_device(device))
+    if isinstance(strategy, str) and strategy == "fsdp":
+        from nbtrainer._dist._fsdp import FSDP
+
+        strategy = FSDP()
     from nbtrainer._dist._ddp import resolve_strategy
 
     return resolve_strategy(strategy, device, seed=seed)

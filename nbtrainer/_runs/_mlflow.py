@@ -1,0 +1,290 @@
+"""MLflowLogger: a fit's values, settings, events, status and checkpoints in MLflow, for teams that use it.
+
+It consumes the same events as the other loggers (per-step values from ``on_refresh``'s ``step_points``,
+already on the host; epoch rows at ``on_epoch_end``; panel changes from ``on_control``) and hands every MLflow
+call to its own thread, so a slow server or the SQLite schema creation of a fresh ``mlflow.db`` (seconds)
+never stalls the loop. ``on_fit_end`` waits for that thread (bounded by ``flush_timeout``).
+
+A tracking URI that cannot be reached is said once (a warning) and the fit goes on: its values stay in the
+History and the run store. Only rank 0 logs under DDP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import re
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from nbtrainer._events._callbacks import Callback
+from nbtrainer._optional import import_optional, require
+from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
+
+__all__ = ["MLflowLogger"]
+
+_INSTALL = 'pip install "nbtrainer[mlflow]"  (or: pip install mlflow)'
+# MLflow's limits (mlflow.utils.validation): key length, param value length, entities per log_batch
+MAX_KEY, MAX_PARAM, MAX_TAG, MAX_METRICS, MAX_PARAMS = 250, 6000, 8000, 1000, 100
+_STATUS = {"finished": "FINISHED", "stopped": "KILLED", "interrupted": "KILLED", "failed": "FAILED"}
+_BAD = re.compile(r"[^\w\-. /]")
+
+
+def _key(name: str) -> str:
+    """A key MLflow accepts: its characters, no leading slash or ``..``, at most 250 characters."""
+    key = _BAD.sub("_", name).strip("/").replace("..", "_")
+    return key[:MAX_KEY] or "_"
+
+
+def flatten_params(value: Any, prefix: str = "") -> dict[str, str]:
+    """Nested settings as ``{"optimizer_params.lr": "0.001", ...}``, keys and values cut to MLflow's limits.
+
+    Example:
+        >>> flatten_params({"optimizer_params": {"lr": 0.001, "betas": [0.9, 0.999]}, "seed": None})
+        {'optimizer_params.lr': '0.001', 'optimizer_params.betas': '[0.9, 0.999]', 'seed': 'None'}
+    """
+    out: dict[str, str] = {}
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.update(flatten_params(v, f"{prefix}{k}."))
+        return out
+    text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    if len(text) > MAX_PARAM:
+        text = text[: MAX_PARAM - 3] + "..."
+    out[_key(prefix.rstrip("."))] = text
+    return out
+
+
+def _reachable(uri: str) -> str | None:
+    """Why ``uri`` cannot be used now (``None``: it can), checked quickly on the caller's thread."""
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3) as resp:
+                resp.read()
+        except urllib.error.HTTPError:
+            return None  # it answers (an older server without /health, or a proxy): good enough
+        except OSError as exc:
+            return f"no answer from {uri} ({getattr(exc, 'reason', exc)})"
+        return None
+    if uri.startswith("sqlite:///"):
+        folder = os.path.dirname(os.path.abspath(uri[len("sqlite:///") :])) or "."
+        if not os.path.isdir(folder):
+            return f"the folder {folder} does not exist"
+    return None
+
+
+class MLflowLogger(Callback):
+    """Log each fit to MLflow: settings as params, per-step and epoch values, panel changes, status, checkpoints.
+
+    What goes where: params are the run's flattened settings (``optimizer``, ``optimizer_params.lr``,
+    ``precision``, ``batch_size``, ``model.params``...; values longer than MLflow's 6000 characters are cut);
+    metrics ``step/loss`` and ``step/lr`` per optimizer step (sent at the refresh interval), every epoch value
+    under its own name (``loss``, ``val_loss``, ``val_acc``...) at the epoch's last step, ``control/lr`` and
+    ``control/grad_accum_steps`` where the panel (or ``set_lr``) changed them; tags ``nbtrainer.status``,
+    ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the events as
+    ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The MLflow
+    run ends FINISHED, KILLED (stopped, interrupted) or FAILED.
+
+    Args:
+        tracking_uri: ``None``: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working folder
+            (MLflow's file store needs ``MLFLOW_ALLOW_FILE_STORE=true`` now; SQLite is the local default).
+            ``http://host:port`` for a tracking server.
+        experiment: the experiment's name (created when missing).
+        run_name: the MLflow run's name (default: MLflow picks one).
+        log_checkpoints: upload the checkpoint files of ModelCheckpoint callbacks at the end of the fit.
+        tags: more tags for the run.
+        flush_timeout: seconds ``on_fit_end`` waits for queued MLflow calls (the rest go on in the background).
+
+    Raises:
+        ImportError: ``mlflow`` is not installed (``pip install "nbtrainer[mlflow]"``).
+
+    Example:
+        >>> from nbtrainer import MLflowLogger
+        >>> logger = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment="digits")
+        >>> # Trainer(..., callbacks=[logger]); then `mlflow ui --backend-store-uri sqlite:///mlflow.db`
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "nbtrainer",
+        run_name: str | None = None,
+        log_checkpoints: bool = False,
+        *,
+        tags: dict[str, Any] | None = None,
+        flush_timeout: float = 120.0,
+    ) -> None:
+        require("mlflow", "MLflowLogger", _INSTALL)
+        if tracking_uri is None:
+            tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
+        if not isinstance(tracking_uri, str) or not tracking_uri:
+            raise TypeError(f"tracking_uri must be a URI string such as 'sqlite:///mlflow.db', got {tracking_uri!r}.")
+        if not isinstance(experiment, str) or not experiment:
+            raise ValueError(f"experiment must be a non-empty name, got {experiment!r}.")
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_name = run_name
+        self.log_checkpoints = bool(log_checkpoints)
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.flush_timeout = float(flush_timeout)
+        self.run_id: str | None = None  # the MLflow run id of the current (or last) fit
+        self.error: str | None = None  # why MLflow could not be used, when it could not
+        self._client: Any = None
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._on = False
+
+    # -- the worker thread -------------------------------------------------------------------------
+    def _submit(self, op: Callable[[], None]) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="nbtrainer-mlflow", daemon=True)
+            self._thread.start()
+        self._queue.put(op)
+
+    def _work(self) -> None:
+        while True:
+            op = self._queue.get()
+            try:
+                if op is not None and self.error is None:
+                    op()
+            except Exception as exc:
+                self._fail(f"{type(exc).__name__}: {exc}")
+            finally:
+                self._queue.task_done()
+
+    def _fail(self, reason: str) -> None:
+        if self.error is None:  # said once; the fit goes on
+            self.error = reason
+            warnings.warn(
+                f"MLflowLogger: cannot log to {self.tracking_uri} ({reason}). Training goes on; its values are "
+                "kept in the History and the run store (nbtrainer.Runs).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the queued MLflow calls (False if ``timeout`` ran out first)."""
+        deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _metrics(self, values: list[tuple[str, float, int]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        ms = [Metric(_key(k), float(v), now, int(s)) for k, v, s in values]
+        for i in range(0, len(ms), MAX_METRICS):
+            self._client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS])
+
+    # -- the event stream ----------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any) -> None:
+        self._on = bool(trainer.is_global_zero)
+        if not self._on:
+            return
+        self.error = None
+        reason = _reachable(self.tracking_uri)
+        if reason is not None:
+            self._fail(reason)
+            self._on = False
+            return
+        params = flatten_params({**_config(trainer), "model": _model(trainer), "env": _environment(trainer)})
+        accum, step = trainer.grad_accum_steps, trainer.global_step
+
+        def start() -> None:
+            mlflow = import_optional("mlflow", "MLflowLogger", _INSTALL)
+            from mlflow.entities import Param, RunTag
+
+            self._client = client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+            exp = client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                location = None
+                if self.tracking_uri.startswith("sqlite:///"):  # artifacts beside the database, not in the cwd
+                    db = os.path.abspath(self.tracking_uri[len("sqlite:///") :])
+                    location = "file://" + os.path.join(os.path.dirname(db), "mlartifacts")
+                exp_id = client.create_experiment(self.experiment, artifact_location=location)
+            else:
+                exp_id = exp.experiment_id
+            run = client.create_run(exp_id, run_name=self.run_name, tags={"nbtrainer.status": "running", **self.tags})
+            self.run_id = run.info.run_id
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), MAX_PARAMS):
+                client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS])
+            client.log_batch(self.run_id, tags=[RunTag("nbtrainer.model", str(params.get("model.class")))])
+            self._metrics([("control/grad_accum_steps", accum, step)])
+
+        self._submit(start)
+
+    def on_refresh(self, trainer: Any, progress: Any) -> None:
+        if not self._on or not progress.step_points:
+            return
+        values = []
+        for step, loss, lr in progress.step_points:
+            if math.isfinite(loss):
+                values.append(("step/loss", loss, step))
+            values.append(("step/lr", lr, step))
+        self._submit(lambda: self._metrics(values))
+
+    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+        if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
+            return
+        value = (f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0))
+        self._submit(lambda: self._metrics([value]))
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        if not self._on:
+            return
+
+        def queue_epoch() -> None:  # after every callback has added its keys to the row
+            step = trainer.global_step
+            values = [
+                (k, float(v), step)
+                for k, v in logs.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+            ]
+            self._submit(lambda: self._metrics(values))
+
+        trainer.defer(queue_epoch)
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        if not self._on:
+            return
+        self._on = False
+        status, reason = history.status, history.stop_reason
+        events = json.dumps(history.events, default=str)
+        run_id = getattr(trainer, "run_id", None)
+        files = [p for p in _checkpoints(trainer) if os.path.isfile(p)] if self.log_checkpoints else []
+
+        def end() -> None:
+            from mlflow.entities import RunTag
+
+            client = self._client
+            tags = [RunTag("nbtrainer.status", status)]
+            if reason:
+                tags.append(RunTag("nbtrainer.stop_reason", str(reason)[:MAX_TAG]))
+            if run_id:
+                tags.append(RunTag("nbtrainer.run_id", str(run_id)))
+            client.log_batch(self.run_id, tags=tags)
+            client.log_text(self.run_id, events, "events.json")
+            for path in files:
+                client.log_artifact(self.run_id, path, artifact_path="checkpoints")
+            client.set_terminated(self.run_id, status=_STATUS.get(status, "FINISHED"))
+
+        self._submit(end)
+        if not self.flush():
+            warnings.warn(
+                f"MLflowLogger: MLflow calls still running after {self.flush_timeout:.0f} s; they go on in the "
+                "background.",
+                RuntimeWarning,
+                stacklevel=2,
+            )

@@ -1,0 +1,290 @@
+"""RunRecorder: the callback that writes every fit into a run store, fed by the event stream.
+
+It reads what the trainer's History already holds (the history recorder is the first callback, so at each
+``on_refresh`` the new steps are there, on the host): no device sync, nothing per step. At each refresh it
+hands the steps since the last one to the store's writer thread (:meth:`RunStore.submit` returns at once);
+epoch rows go after every callback has seen them (``trainer.defer``, as the loggers do), the final state
+and status at ``on_fit_end``, which also waits for the store (the loop is over by then). Rank 0 only.
+
+A ``fit_more`` (or a second ``fit`` that continues the same History) extends the same run; a fresh ``fit``
+is a new run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+from nbtrainer._report._html import higher_is_better
+from nbtrainer._runs._store import RunStore, dumps, open_store, session_store
+
+__all__ = ["RunRecorder", "resolve_store"]
+
+ENV_VAR = "NBTRAINER_RUNS"
+
+
+def resolve_store(run_store: Any) -> RunStore | None:
+    """``run_store=`` of the Trainer: a path, ``None`` (``$NBTRAINER_RUNS`` or the session's memory) or False."""
+    if run_store is False:
+        return None
+    if run_store is None or run_store is True:
+        env = os.environ.get(ENV_VAR)
+        return open_store(env) if env else session_store()
+    if isinstance(run_store, RunStore):
+        return run_store
+    if not isinstance(run_store, (str, os.PathLike)):
+        raise TypeError(
+            f"run_store must be a file path (e.g. 'runs.db'), None (this session's memory) or False (record "
+            f"nothing), got {type(run_store).__name__}."
+        )
+    return open_store(run_store)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _config(trainer: Any) -> dict[str, Any]:
+    loop, opt, sched = trainer._loop, trainer.optimizer, trainer.scheduler
+    group = {k: _plain(v) for k, v in (opt.param_groups[0] if opt is not None else {}).items() if k != "params"}
+    setup = trainer._setup
+    loader = getattr(loop, "train_loader", None)
+    return {
+        "optimizer": type(opt).__name__ if opt is not None else None,
+        "optimizer_params": group,
+        "scheduler": type(sched).__name__ if sched is not None else None,
+        "scheduler_interval": trainer.scheduler_interval,
+        "precision": trainer.precision,
+        "grad_accum_steps": trainer.grad_accum_steps,
+        "max_grad_norm": trainer.max_grad_norm,
+        "seed": trainer.seed,
+        "deterministic": trainer.deterministic,
+        "batch_size": getattr(loader, "batch_size", None),
+        "epochs": getattr(loop, "epochs", None),
+        "max_steps": getattr(loop, "max_steps", None),
+        "activation_checkpointing": list(setup.checkpointed_blocks),
+        "compile": setup.compile_options is not None,
+        "channels_last": setup.channels_last,
+        "strategy": type(trainer.strategy).__name__,
+    }
+
+
+def _model(trainer: Any) -> dict[str, Any]:
+    from nbtrainer._dist._placement import unwrap_model
+
+    counts = trainer.param_counts
+    return {
+        "class": type(unwrap_model(trainer.model)).__name__,
+        "params": counts.total,
+        "trainable": counts.trainable,
+        "frozen": counts.frozen,
+    }
+
+
+def _environment(trainer: Any) -> dict[str, Any]:
+    import torch
+
+    device = trainer.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": name,
+        "host": platform.node(),
+    }
+
+
+def best_values(epochs: list[dict[str, Any]]) -> dict[str, float]:
+    """The best value of every numeric epoch key (max for accuracy-like names, else min)."""
+    best: dict[str, float] = {}
+    skip = {"epoch", "time", "samples_per_s", "steps", "skipped_steps", "lr"}
+    for row in epochs:
+        for key, value in row.items():
+            if key in skip or key.startswith("lr_") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value):
+                continue
+            old = best.get(key)
+            if old is None or (value > old if higher_is_better(key) else value < old):
+                best[key] = float(value)
+    return best
+
+
+def _checkpoints(trainer: Any) -> list[str]:
+    paths: list[str] = []
+    for cb in trainer.callbacks.callbacks:
+        for attr in ("best_model_path", "last_model_path"):
+            path = getattr(cb, attr, None)
+            if isinstance(path, str) and path not in paths:
+                paths.append(path)
+        for item in getattr(cb, "best_k", None) or ():
+            path = item[1] if isinstance(item, (tuple, list)) and len(item) > 1 else None
+            if isinstance(path, str) and path not in paths:
+                paths.append(path)
+    return paths
+
+
+class RunRecorder:
+    """Records each fit of its trainer as a run in a store (attached by the Trainer; see ``run_store=``).
+
+    Attributes:
+        store: the :class:`RunStore`, or ``None`` when recording is off (``run_store=False``).
+        run_id: the id of the run being (or last) recorded.
+    """
+
+    def __init__(self, run_store: Any = None) -> None:
+        self.store = resolve_store(run_store)  # opened and checked now: bad paths fail before any step
+        self.run_id: str | None = None
+        self.tags: dict[str, str] = {}
+        self._on = False
+        self._n_steps = self._n_epochs = self._n_events = 0
+        self._last_step: int | None = None
+
+    # -- the event stream ------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any) -> None:
+        store = self.store
+        self._on = store is not None and trainer.is_global_zero
+        if store is None or not self._on:
+            return
+        steps = trainer.history.steps["step"]
+        continuing = (
+            self.run_id is not None
+            and trainer.global_step > 0
+            and len(steps) >= self._n_steps
+            and (self._n_steps == 0 or steps[self._n_steps - 1] == self._last_step)
+        )
+        now = time.time()
+        if continuing:
+            run_id = self.run_id
+
+            def resume(conn: sqlite3.Connection) -> None:
+                conn.execute(
+                    "UPDATE runs SET status='running', ended=NULL, stop_reason=NULL, heartbeat=?, pid=?, host=?, "
+                    "proc_start=? WHERE id=?",
+                    (now, store.pid, store.host, store.proc_start, run_id),
+                )
+
+            store.submit(resume)
+        else:
+            self.run_id = run_id = uuid.uuid4().hex[:12]
+            self._n_steps = self._n_epochs = self._n_events = 0
+            model = _model(trainer)
+            row = (
+                run_id,
+                now,
+                now,
+                store.pid,
+                store.host,
+                store.proc_start,
+                dumps(_config(trainer)),
+                dumps(model),
+                dumps(_environment(trainer)),
+                dumps(self.tags),
+            )
+            model_class = str(model["class"]).lower()
+
+            def create(conn: sqlite3.Connection) -> None:
+                n = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] + 1
+                conn.execute(
+                    "INSERT INTO runs (id, name, status, started, heartbeat, pid, host, proc_start, config, model, "
+                    "env, tags) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row[0], f"{model_class}-{n}", *row[1:]),
+                )
+
+            store.submit(create)
+        trainer.run_id = run_id
+        self._push(trainer)  # a resumed History's steps and epochs, a fit_more's new event
+
+    def on_refresh(self, trainer: Any, progress: Any) -> None:
+        if self._on:
+            self._push(trainer)
+
+    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+        if self._on:
+            self._push(trainer)
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+        if self._on:
+            trainer.defer(lambda: self._push(trainer, epochs=True))  # after LRMonitor & co. add their keys
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        store, run_id = self.store, self.run_id
+        if not self._on or store is None or run_id is None:
+            return
+        self._on = False
+        self._push(trainer, epochs=True)
+        final = (history.status, history.stop_reason, time.time(), dumps(_checkpoints(trainer)), run_id)
+
+        def finish(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET status=?, stop_reason=?, ended=?, heartbeat=ended, checkpoints=? WHERE id=?", final
+            )
+
+        store.submit(finish)
+        store.flush()  # the loop is over: a reader right after fit() sees the whole run
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _push(self, trainer: Any, *, epochs: bool = False) -> None:
+        """Queue what the History gained since the last push (no disk I/O on this thread)."""
+        store, run_id, history = self.store, self.run_id, trainer.history
+        if store is None or run_id is None:
+            return
+        s = history.steps
+        n = len(s["step"])
+        steps = list(
+            zip(
+                s["step"][self._n_steps : n],
+                s["epoch"][self._n_steps : n],
+                s["loss"][self._n_steps : n],
+                s["lr"][self._n_steps : n],
+                strict=True,
+            )
+        )
+        if n:
+            self._last_step = s["step"][n - 1]
+        self._n_steps = n
+        events = history.events[self._n_events :]
+        first_event = self._n_events
+        self._n_events += len(events)
+        rows: list[dict[str, Any]] = []
+        best = None
+        checkpoints = None
+        if epochs:
+            rows = history.epochs[self._n_epochs :]
+            self._n_epochs = len(history.epochs)
+            best = dumps(best_values(history.epochs)) if rows else None
+            checkpoints = dumps(_checkpoints(trainer)) if rows else None
+        now = time.time()
+        epoch_rows = [(run_id, int(r.get("epoch", first)), dumps(r)) for first, r in enumerate(rows, 1)]
+        event_rows = [(run_id, first_event + i, dumps(e)) for i, e in enumerate(events)]
+
+        def write(conn: sqlite3.Connection) -> None:
+            if steps:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO steps (run_id, step, epoch, loss, lr) VALUES (?, ?, ?, ?, ?)",
+                    [(run_id, *p) for p in steps],
+                )
+            if epoch_rows:
+                conn.executemany("INSERT OR REPLACE INTO epochs (run_id, epoch, data) VALUES (?, ?, ?)", epoch_rows)
+            if event_rows:
+                conn.executemany("INSERT OR REPLACE INTO events (run_id, seq, data) VALUES (?, ?, ?)", event_rows)
+            conn.execute(
+                "UPDATE runs SET heartbeat=?, n_steps=(SELECT COUNT(*) FROM steps WHERE run_id=?), "
+                "n_epochs=(SELECT COUNT(*) FROM epochs WHERE run_id=?), best=COALESCE(?, best), "
+                "checkpoints=COALESCE(?, checkpoints) WHERE id=?",
+                (now, run_id, run_id, best, checkpoints, run_id),
+            )
+
+        store.submit(write)
