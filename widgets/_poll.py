@@ -8,6 +8,13 @@ moved) queue up behind the cell and arrive only after the run. Two ways out, pic
    While the cell waits, every comm of the kernel is routed to one nbtrainer subshell, so clicks are handled
    there at once; the routing is removed when the wait ends. Execute requests still queue behind the cell,
    in order, as usual.
+
+   A page reloaded (or a second tab opened) while the cell waits needs more than the comms: the front end
+   first asks ``kernel_info`` (JupyterLab drops every kernel message until it has the answer), then
+   ``comm_info`` and opens the widget manager's control comm to fetch every widget's state. Those requests
+   name no subshell, so they would queue behind the cell and the panel would stay "Loading widget..."
+   until the run ended. While the cell waits they are readdressed (header re-signed with the session key)
+   to the nbtrainer subshell, which answers them at once; the panel comes back live and Stop works.
 2. **Older kernels:** ``jupyter-ui-poll`` processes the queued widget messages from inside the waiting cell
    (it relies on ``kernel.do_one_iteration``, which ipykernel 7.4 no longer has, hence option 1).
 
@@ -31,6 +38,10 @@ __all__ = ["wait_until"]
 
 _warned = False
 _SUBSHELLS: dict[int, str] = {}  # id(kernel) -> the nbtrainer subshell (one per kernel, reused)
+_ACTIVE: dict[int, str] = {}  # id(kernel) -> subshell that answers the main shell's front-end requests now
+_ROUTERS: set[int] = set()  # kernels whose shell channel goes through _readdress
+# What a reloaded page asks before its widgets can show (and the comms it opens and uses meanwhile).
+_FRONTEND_REQUESTS = frozenset({"kernel_info_request", "comm_info_request", "comm_open", "comm_msg", "comm_close"})
 
 
 def _kernel() -> Any:
@@ -64,6 +75,60 @@ def _subshell(kernel: Any) -> str | None:
     except Exception:  # an ipykernel whose internals moved: fall back to jupyter-ui-poll
         return None
     return _SUBSHELLS[id(kernel)]
+
+
+def _readdress(session: Any, frames: list[Any], subshell_id: str) -> list[Any]:
+    """``frames`` (one shell message) sent to ``subshell_id`` if it is a front-end request meant for the main
+    shell; else unchanged. The header names the subshell and is signed again (ipykernel checks that a
+    request handled by a subshell names it)."""
+    import zmq
+    from jupyter_client.session import DELIM
+
+    i = next(k for k, f in enumerate(frames) if bytes(f.bytes if hasattr(f, "bytes") else f) == DELIM)
+    raw = [bytes(f.bytes if hasattr(f, "bytes") else f) for f in frames[i + 2 : i + 6]]
+    header = session.unpack(raw[0])
+    if header.get("msg_type") not in _FRONTEND_REQUESTS or header.get("subshell_id"):
+        return frames
+    header["subshell_id"] = subshell_id
+    packed = session.pack(header)
+    signature = session.sign([packed, *raw[1:]])
+    return [*frames[: i + 1], zmq.Frame(signature), zmq.Frame(packed), *frames[i + 3 :]]
+
+
+def _install_router(kernel: Any) -> bool:
+    """Put :func:`_readdress` in front of the kernel's shell channel (once; idle unless ``_ACTIVE`` names a
+    subshell for this kernel). False where this ipykernel's internals differ (clicks still work)."""
+    key = id(kernel)
+    if key in _ROUTERS:
+        return True
+    thread, stream = kernel.shell_channel_thread, getattr(kernel, "shell_stream", None)
+    main, session = getattr(kernel, "shell_channel_thread_main", None), getattr(kernel, "session", None)
+    if stream is None or main is None or session is None or not hasattr(thread, "io_loop"):
+        return False
+
+    async def on_shell(frames: list[Any]) -> None:
+        subshell_id = _ACTIVE.get(key)
+        if subshell_id is not None:
+            with contextlib.suppress(Exception):  # a message we cannot read: the kernel's handler reports it
+                frames = _readdress(session, frames, subshell_id)
+        await main(frames)
+
+    made: Future = Future()
+
+    def install() -> None:  # the stream belongs to the shell channel thread
+        try:
+            stream.on_recv(on_shell, copy=False)
+            made.set_result(True)
+        except BaseException as exc:
+            made.set_exception(exc)
+
+    thread.io_loop.add_callback(install)
+    try:
+        made.result(timeout=10)
+    except Exception:
+        return False
+    _ROUTERS.add(key)
+    return True
 
 
 @contextlib.contextmanager
@@ -101,9 +166,14 @@ def wait_until(done: Callable[[float], bool], *, interval: float = 0.05) -> None
         return
     subshell_id = _subshell(kernel)
     if subshell_id is not None:
-        with _route_comms(kernel, subshell_id) as refresh:
-            while not done(interval):
-                refresh()  # widgets created meanwhile (an LR finder chart) are routed too
+        if _install_router(kernel):
+            _ACTIVE[id(kernel)] = subshell_id
+        try:
+            with _route_comms(kernel, subshell_id) as refresh:
+                while not done(interval):
+                    refresh()  # widgets created meanwhile (an LR finder chart) are routed too
+        finally:
+            _ACTIVE.pop(id(kernel), None)
         return
     try:
         from jupyter_ui_poll import ui_events

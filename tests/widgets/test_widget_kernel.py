@@ -8,6 +8,7 @@ fix: 8 s of clicks with no effect).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import time
@@ -182,3 +183,65 @@ def test_kernel_interrupt_stops_the_run_and_the_cell_returns_the_history(kernel:
     out = kernel.stdout(fit_id)
     assert out.startswith("RESULT stopped") and "KeyboardInterrupt" in out, out
     assert kernel.run("print(w.trainer.status, len(w.trainer.active()))").split() == ["stopped", "0"]
+
+
+def _second_client(kernel: Kernel) -> Any:
+    """A new front end on the same kernel (a reloaded page): its own session, channels started.
+
+    Not ``km.client()``: that shares the first client's session, hence its socket identity, and the kernel's
+    replies to the first client would reach this one."""
+    kc = jupyter_client.BlockingKernelClient(connection_file=kernel.km.connection_file)
+    kc.load_connection_file()
+    kc.start_channels()
+    return kc
+
+
+def _shell_reply(kc: Any, msg_id: str, timeout: float) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        msg = kc.get_shell_msg(timeout=max(0.05, end - time.monotonic()))
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+@pytest.mark.timeout(240)
+def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: Kernel) -> None:
+    """What JupyterLab asks after a reload (kernel_info, comm_info, the widget manager's control comm and its
+    request_states) is answered while ``w.fit()`` blocks; a Stop sent from the new page ends the run."""
+    ids = kernel.run(SETUP).split("IDS", 1)[1].split()
+    stop_id, info_id = ids[1], ids[3]
+    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status)")
+    _wait_step(kernel, info_id, 5)
+    kc = _second_client(kernel)
+    try:
+        info = _shell_reply(kc, kc.kernel_info(), timeout=10)
+        assert info["msg_type"] == "kernel_info_reply" and info["content"]["status"] == "ok"
+        comms = _shell_reply(kc, kc.comm_info(target_name="jupyter.widget"), timeout=10)
+        assert stop_id in comms["content"]["comms"], "the panel's widgets are listed"
+        # the widget manager's state restore: open its control comm, ask for every state
+        control = "nbt-test-control"
+        kc.shell_channel.send(
+            kc.session.msg(
+                "comm_open",
+                {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
+                metadata={"version": "1.0.0"},
+            )
+        )
+        kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
+        end, states = time.monotonic() + 10, None
+        while states is None and time.monotonic() < end:
+            with contextlib.suppress(queue.Empty):
+                m = kc.get_iopub_msg(timeout=0.2)
+                data = m["content"].get("data") or {}
+                if m["msg_type"] == "comm_msg" and data.get("method") == "update_states":
+                    states = data["states"]
+        assert states is not None and stop_id in states, "the widget states came back while the cell blocks"
+        # the new page's Stop ends the run; the cell (still the first page's) returns the History
+        click = {"comm_id": stop_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        kc.shell_channel.send(kc.session.msg("comm_msg", click))
+        _wait_status(kernel, ids[2], "stopped", timeout=30)
+        kernel.reply(fit_id, timeout=30)
+        kernel.pump(0.5)
+        assert kernel.stdout(fit_id).split()[:2] == ["RESULT", "stopped"]
+    finally:
+        kc.stop_channels()
