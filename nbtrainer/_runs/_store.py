@@ -102,6 +102,7 @@ class RunStore:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._warned = False
+        self.batches = 0  # write transactions so far (one per drain of the queue)
         self.pid, self.host, self.proc_start = os.getpid(), socket.gethostname(), process_start(os.getpid())
         self._conn = self._connect()
         self.mark_killed()
@@ -212,6 +213,7 @@ class RunStore:
                 for op in ops:
                     op(conn)
                 conn.execute("COMMIT")
+                self.batches += 1
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
