@@ -98,10 +98,10 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
     if not split or size is None:
         what = f"{size} samples" if size is not None else "a batch"
         return f"{accum} whole batches of {what} per optimizer step ({accum}x the baseline's samples per step)"
-    sizes = sorted({int(_first_tensor(p).shape[0]) for p in split_batch(batch, accum)}, reverse=True)
-    parts = len(split_batch(batch, accum))
+    parts = split_batch(batch, accum)
+    sizes = sorted({int(t.shape[0]) for t in map(_first_tensor, parts) if t is not None}, reverse=True)
     each = "/".join(str(n) for n in sizes)
-    return f"each batch of {size} split into {parts} micro-batches of {each}, one optimizer step per batch"
+    return f"each batch of {size} split into {len(parts)} micro-batches of {each}, one optimizer step per batch"
 
 
 def compare_strategies(

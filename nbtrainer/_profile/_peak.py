@@ -20,6 +20,7 @@ space, the CUDA caching allocator's rounding) are not seen.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -92,7 +93,7 @@ class PeakTracker(TorchDispatchMode):
             entry = self._live.get(key)
             if entry is None:
                 nbytes = st.nbytes()
-                ref = weakref.ref(st, lambda r, k=key: self._freed(k, r))
+                ref = weakref.ref(st, functools.partial(self._freed, key))
                 self._born += 1
                 self._live[key] = [nbytes, category, ref, self._born]
                 self._totals[category] += nbytes
