@@ -257,7 +257,7 @@ def test_a_store_of_a_newer_schema_is_refused(tmp_path):
     db.execute(f"PRAGMA application_id={APPLICATION_ID}")
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     db.commit()
-    with pytest.raises(RuntimeError, match="newer than this nbtrainer.*upgrade"):
+    with pytest.raises(RuntimeError, match=r"newer than this nbtrainer.*upgrade"):
         _trainer(path)
 
 
