@@ -20,19 +20,27 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from nbtrainer import StrategyComparison, compare_strategies
+from nbtrainer import InferenceComparison, StrategyComparison, compare_strategies
 from nbtrainer.plotting import PALETTE
 
 __all__ = ["CompareWidget"]
 
 _MARGIN = {"top": 35, "bottom": 45, "left": 50, "right": 10}
 _LAYOUT = {"flex": "1 1 260px", "min_width": "240px", "height": "240px"}
-# chart key -> (title, the row's ratio key, bar color); "metric" has no ratio in the row: computed here
+# chart key -> (title, the row's ratio key, the row's value key, bar color); "metric" has no ratio in the row:
+# computed here. An InferenceComparison names its own charts (latency, size, metric) in its ``charts``.
 CHARTS = {
-    "time": ("step time vs baseline (lower is faster)", "step_time_ratio", PALETTE[0]),
-    "memory": ("peak memory vs baseline", "peak_memory_ratio", PALETTE[1]),
-    "metric": ("{metric} vs baseline", None, PALETTE[2]),
+    "time": ("step time vs baseline (lower is faster)", "step_time_ratio", "step_time_s", PALETTE[0]),
+    "memory": ("peak memory vs baseline", "peak_memory_ratio", "peak_memory_bytes", PALETTE[1]),
+    "metric": ("{metric} vs baseline", None, "metric", PALETTE[2]),
 }
+
+
+def _charts_of(comparison: Any) -> dict[str, tuple[str, str | None, str, str]]:
+    own = getattr(comparison, "charts", None)
+    if not own:
+        return CHARTS
+    return {key: (*spec, PALETTE[i % len(PALETTE)]) for i, (key, spec) in enumerate(own.items())}
 
 
 def _first_strategy(strategies: Any) -> str:
@@ -44,8 +52,8 @@ def _first_strategy(strategies: Any) -> str:
     return str(next(iter(strategies)))
 
 
-def _bar_chart(key: str, metric: str | None) -> tuple[bq.Figure, bq.Bars]:
-    title, _, color = CHARTS[key]
+def _bar_chart(key: str, metric: str | None, charts: Mapping[str, tuple] = CHARTS) -> tuple[bq.Figure, bq.Bars]:
+    title, _, _, color = charts[key]
     sx, sy = bq.OrdinalScale(), bq.LinearScale(min=0.0)
     tooltip = bq.Tooltip(fields=["x", "y"], formats=["", ".1%"], labels=["strategy", "vs baseline"])
     bars = bq.Bars(
@@ -80,11 +88,12 @@ def _bar_chart(key: str, metric: str | None) -> tuple[bq.Figure, bq.Bars]:
 
 
 class CompareWidget:
-    """Table and bar charts of a strategy comparison (``nbtrainer.compare_strategies``).
+    """Table and bar charts of a strategy comparison (``nbtrainer.compare_strategies``) or of an inference
+    comparison (``nbtrainer.compare_inference``: latency, size on disk and the metric against the baseline).
 
     Args:
-        comparison: a ``StrategyComparison``; ``None`` for an empty widget that :meth:`add_row` fills
-            (what :meth:`run` does).
+        comparison: a ``StrategyComparison`` or an ``InferenceComparison``; ``None`` for an empty widget that
+            :meth:`add_row` fills (what :meth:`run` does).
         baseline, metric: only for an empty widget: the baseline's name and the metric's key.
 
     Example:
@@ -95,7 +104,11 @@ class CompareWidget:
     """
 
     def __init__(
-        self, comparison: StrategyComparison | None = None, *, baseline: str | None = None, metric: str | None = None
+        self,
+        comparison: StrategyComparison | InferenceComparison | None = None,
+        *,
+        baseline: str | None = None,
+        metric: str | None = None,
     ) -> None:
         self.comparison = comparison
         self.baseline = comparison.baseline if comparison is not None else (baseline or "")
@@ -107,8 +120,10 @@ class CompareWidget:
         self.table.add_class("nbt-compare-table")
         self.figures: dict[str, bq.Figure] = {}
         self.bars: dict[str, bq.Bars] = {}
-        for key in ("time", "memory") + (("metric",) if self.metric else ()):
-            self.figures[key], self.bars[key] = _bar_chart(key, self.metric)
+        self.charts = _charts_of(comparison)
+        for key in self.charts:
+            if key != "metric" or self.metric:
+                self.figures[key], self.bars[key] = _bar_chart(key, self.metric, self.charts)
         charts = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap", width="100%"))
         charts.add_class("nbt-compare-charts")
         self.root = W.VBox([self.status, self.table, charts])
@@ -130,10 +145,9 @@ class CompareWidget:
         return names, values
 
     def _ratio(self, row: dict[str, Any], base: dict[str, Any], key: str) -> float | None:
-        _, ratio_key, _ = CHARTS[key]
+        _, ratio_key, field, _ = self.charts[key]
         if ratio_key is not None and row.get(ratio_key) is not None:
             return float(row[ratio_key])  # the comparison's own ratio, once it has computed them
-        field = {"time": "step_time_s", "memory": "peak_memory_bytes", "metric": "metric"}[key]
         b, v = base.get(field), row.get(field)
         return float(v) / float(b) if isinstance(b, (int, float)) and b and isinstance(v, (int, float)) else None
 
@@ -142,7 +156,7 @@ class CompareWidget:
         self.rows.append(dict(row))
         self._render()
 
-    def set_comparison(self, comparison: StrategyComparison) -> None:
+    def set_comparison(self, comparison: StrategyComparison | InferenceComparison) -> None:
         """Show the finished comparison (its rows and ratios replace the provisional ones)."""
         self.comparison, self.baseline, self.metric = comparison, comparison.baseline, comparison.metric
         self.rows = list(comparison.rows)
@@ -166,9 +180,10 @@ class CompareWidget:
                 f"<b>{html.escape(self.baseline)}</b>...</span>"
             )
         else:
+            kind = "variants" if isinstance(table, InferenceComparison) else "strategies"
             self.status.value = (
-                f"<span style='font-size:12px'>{len(self.rows)} strategies; bars: ratio to "
-                f"<b>{html.escape(self.baseline)}</b> (100%), failed strategies only in the table"
+                f"<span style='font-size:12px'>{len(self.rows)} {kind}; bars: ratio to "
+                f"<b>{html.escape(self.baseline)}</b> (100%), failed {kind} only in the table"
                 "</span>"
             )
         self.table.value = table._repr_html_() if self.rows else ""

@@ -1,0 +1,176 @@
+"""compare_inference on a trained digits MLP and a smaller student (issue 24): one row per variant with honest
+sizes, latency percentiles and spread, the metric and its change, output drift; failures as rows; the table as
+text, pandas and HTML; CompareWidget's bars; bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from inference_data import batches, digits, mlp, train
+from torch import nn
+
+from nbtrainer import InferenceComparison, compare_inference, quantize_model
+
+pytest.importorskip("torchao")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    xt, yt, xv, yv = digits()
+    data = batches(xt, yt)
+    teacher = train(mlp(64, seed=0), data, epochs=6)
+    student = train(mlp(16, seed=1), data, epochs=6)
+    return teacher, student, batches(xv, yv, 90)
+
+
+@pytest.fixture(scope="module")
+def table(setup) -> InferenceComparison:
+    teacher, student, val = setup
+    return compare_inference(
+        teacher, val, models={"student": student, "student int8": quantize_model(student, "int8-weight")}, rounds=3
+    )
+
+
+def test_one_row_per_variant(table) -> None:
+    assert table.names == [
+        "fp32",
+        "bf16",
+        "int8-dynamic",
+        "int8-weight",
+        "int4-weight",
+        "codebook4",
+        "student",
+        "student int8",
+    ]
+    assert all(r["status"] == "ok" for r in table.rows), [r.get("reason") for r in table.rows]
+    assert table.metric == "acc" and table.baseline == "fp32"
+    base = table["fp32"]
+    assert base["size_ratio"] == 1.0 and base["max_abs_diff"] == 0.0 and base["metric_delta"] == 0.0
+
+
+def test_sizes_are_what_a_saved_file_holds(table, setup) -> None:
+    teacher, student, _ = setup
+    fp32 = table["fp32"]
+    assert fp32["params"] == sum(p.numel() for p in teacher.parameters()) == table["int8-weight"]["params"]
+    assert fp32["size_bytes"] > 4 * fp32["params"]  # float32 weights plus torch.save's framing
+    assert fp32["memory_bytes"] == 4 * fp32["params"]
+    assert 0.45 < table["bf16"]["size_ratio"] < 0.6
+    # int8 weights with float biases and scales; 4-bit codes with a scale per 32 weights and 16 values per layer.
+    # On this 9K-parameter model torch.save's per-tensor framing (~0.6 KiB each) weighs; bench/inference.py has
+    # the ratios of a 300K-parameter model.
+    assert table["codebook4"]["size_ratio"] < table["int8-weight"]["size_ratio"] < 0.4
+    assert table["codebook4"]["memory_ratio"] < 0.2 and table["int8-weight"]["memory_ratio"] < 0.3
+    assert table["student"]["params"] == sum(p.numel() for p in student.parameters())
+    assert table["student int8"]["size_bytes"] < table["student"]["size_bytes"]
+
+
+def test_metric_latency_and_drift(table) -> None:
+    for row in table.rows:
+        assert 0.8 < row["metric"] <= 1.0
+        assert row["latency_p50_s"] > 0 and row["latency_p90_s"] >= row["latency_p50_s"]
+        assert len(row["round_medians_s"]) == 3 and math.isfinite(row["latency_spread"])
+        assert row["samples_per_s"] > 0
+        assert row["metric_delta"] == pytest.approx(row["metric"] - table["fp32"]["metric"])
+    assert 0 < table["int8-weight"]["max_abs_diff"] < table["codebook4"]["max_abs_diff"]
+    assert table["student"]["max_abs_diff"] > table["int8-weight"]["max_abs_diff"]  # another model
+
+
+def test_text_pandas_html(table) -> None:
+    text = str(table)
+    assert text.splitlines()[0].split()[:3] == ["variant", "size", "on"]
+    assert "codebook4" in text and "ratios to 'fp32'" in text and "latency per batch of 90" in text
+    assert "3/3 Linear quantized" in text
+    frame = table.to_pandas()
+    assert list(frame.index) == table.names
+    assert {"acc", "acc_delta", "size_ratio", "latency_p50_s", "latency_spread", "max_abs_diff"} <= set(frame.columns)
+    html = table._repr_html_()
+    assert html.count("<tr>") == len(table.rows) + 1 and "student int8" in html
+    markdown = table.to_markdown()
+    assert markdown.count("\n| ") >= len(table.rows)
+
+
+def test_failures_are_rows_with_the_reason() -> None:
+    model = nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Linear(24, 3))  # in_features not multiples of 32
+    data = [(torch.randn(16, 10), torch.randint(0, 3, (16,))) for _ in range(3)]
+    table = compare_inference(model, data, methods=("fp32", "int8-weight", "int4-weight", "codebook4"), rounds=2)
+    assert [r["status"] for r in table.rows] == ["ok", "ok", "failed", "failed"]
+    assert "in_features divisible by 32" in table["int4-weight"]["reason"]
+    assert "failed" in str(table) and "in_features divisible by 32" in table._repr_html_()
+
+
+def test_one_round_warns_that_it_cannot_rank() -> None:
+    model = nn.Linear(32, 4)
+    data = [(torch.randn(8, 32), torch.zeros(8, dtype=torch.long))] * 2
+    table = compare_inference(model, data, methods=("fp32", "bf16"), rounds=1)
+    assert any("one round only" in w for w in table.warnings)
+    assert "warning: latency: one round only" in str(table)
+
+
+def test_overlapping_rounds_are_called_too_close_to_rank() -> None:
+    model = nn.Linear(32, 4)
+    twin = copy.deepcopy(model)  # the same computation twice: latencies cannot be told apart reliably
+    data = [(torch.randn(8, 32), torch.zeros(8, dtype=torch.long))] * 4
+    tables = [compare_inference(model, data, methods=("fp32",), models={"twin": twin}, rounds=5) for _ in range(3)]
+    assert any("too close to rank" in w for t in tables for w in t.warnings)
+
+
+def test_model_left_as_it_was(setup) -> None:
+    teacher, _, val = setup
+    teacher.train()
+    try:
+        compare_inference(teacher, val[:1], methods=("fp32", "int8-weight"), rounds=1)
+        assert teacher.training
+        assert all(type(p) is nn.Parameter for p in teacher.parameters())
+    finally:
+        teacher.eval()
+
+
+def test_custom_metric(setup) -> None:
+    teacher, _, val = setup
+
+    def top2(logits, y):
+        return (logits.topk(2, -1).indices == y[:, None]).any(-1).float().mean()
+
+    table = compare_inference(teacher, val[:2], methods=("fp32", "int8-weight"), metric=top2, rounds=1)
+    assert table.metric == "top2" and table["fp32"]["metric"] > 0.9
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_models_with_other_output_shapes_are_refused(setup) -> None:
+    teacher, _, val = setup
+    other = nn.Sequential(nn.Linear(64, 5))
+    with pytest.raises(ValueError, match=r"'fp32' gives \(90, 10\), 'five' gives \(90, 5\)"):
+        compare_inference(teacher, val[:1], methods=("fp32",), models={"five": other})
+
+
+def test_unknown_method_and_baseline() -> None:
+    model, data = nn.Linear(32, 4), [(torch.randn(8, 32), torch.zeros(8, dtype=torch.long))]
+    with pytest.raises(ValueError, match=r"Unknown method\(s\) \['int2'\]"):
+        compare_inference(model, data, methods=("fp32", "int2"))
+    with pytest.raises(ValueError, match="baseline='student' is not one of the variants"):
+        compare_inference(model, data, methods=("fp32",), baseline="student")
+    with pytest.raises(ValueError, match="no batches"):
+        compare_inference(model, [], methods=("fp32",))
+
+
+# -- the widget ------------------------------------------------------------------------------------
+
+
+def test_compare_widget_shows_bars_relative_to_the_baseline(table) -> None:
+    from nbtrainer import CompareWidget
+
+    widget = CompareWidget(table)
+    assert set(widget.bars) == {"latency", "size", "metric"}
+    names, ratios = widget.ratios("size")
+    assert names == table.names
+    assert ratios == pytest.approx([r["size_ratio"] for r in table.rows])
+    _, metric_ratios = widget.ratios("metric")
+    assert metric_ratios[0] == 1.0
+    assert list(widget.bars["latency"].x) == table.names
+    assert "8 variants" in widget.status.value
+    assert "student int8" in widget.table.value

@@ -1,0 +1,272 @@
+"""DistillationLoss as the Trainer's criterion (issue 24): the formula, the history's loss parts and agreement,
+a frozen eval-mode teacher that is never trained, saved or counted, accumulation, resume, precision, Hugging Face
+outputs, and the bad-input errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from inference_data import batches, digits, mlp, train
+from torch import nn
+
+from nbtrainer import DistillationLoss, Trainer
+
+
+@pytest.fixture(scope="module")
+def data():
+    xt, yt, xv, yv = digits()
+    return batches(xt, yt), batches(xv, yv)
+
+
+@pytest.fixture(scope="module")
+def teacher(data):
+    return train(mlp(64, seed=0), data[0], epochs=4)
+
+
+def test_loss_is_the_hinton_formula(teacher) -> None:
+    student = mlp(16, seed=1)
+    loss = DistillationLoss(teacher, temperature=3.0, kd_weight=0.25).attach(student)
+    x, y = torch.rand(20, 64), torch.randint(0, 10, (20,))
+    s = student(x)
+    with torch.no_grad():
+        t = teacher(x)
+    expected = 0.25 * 9.0 * F.kl_div(
+        F.log_softmax(s / 3, -1), F.softmax(t / 3, -1), reduction="batchmean"
+    ) + 0.75 * F.cross_entropy(s, y)
+    got = loss(s, y)
+    torch.testing.assert_close(got, expected)
+    got.backward()  # the gradient reaches the student only
+    assert student[0].weight.grad is not None
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+
+
+def test_trainer_history_has_parts_and_agreement(data, teacher) -> None:
+    student = mlp(16, seed=1)
+    before = copy.deepcopy(teacher.state_dict())
+    loss = DistillationLoss(teacher, temperature=2.0, kd_weight=0.6)
+    trainer = Trainer(student, loss, torch.optim.AdamW(student.parameters(), 1e-2), progress=False, seed=0)
+    history = trainer.fit(data[0], data[1], epochs=3)
+    for epoch in history.epochs:
+        for prefix in ("", "val_"):
+            kd, base = epoch[f"{prefix}kd_loss"], epoch[f"{prefix}base_loss"]
+            assert math.isclose(epoch[f"{prefix}loss"], 0.6 * kd + 0.4 * base, rel_tol=1e-5)
+            assert 0.0 <= epoch[f"{prefix}agreement"] <= 1.0
+    # a student that learns from a good teacher comes to agree with it
+    assert history.epochs[-1]["val_agreement"] > max(0.8, history.epochs[0]["val_agreement"])
+    # the teacher never trained, stayed in eval mode, frozen
+    assert not teacher.training
+    for key, value in teacher.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    # ... and is not one of the trainer's parameters
+    assert trainer.param_counts.trainable == sum(p.numel() for p in student.parameters())
+
+
+def test_user_metric_with_the_same_name_wins(data, teacher) -> None:
+    student = mlp(16, seed=1)
+    mine = {"agreement": lambda out, y: torch.zeros(())}
+    trainer = Trainer(student, DistillationLoss(teacher), torch.optim.SGD(student.parameters(), 0.1), metrics=mine)
+    history = trainer.fit(data[0][:2], epochs=1)
+    assert history.epochs[0]["agreement"] == 0.0
+    assert "kd_loss" in history.epochs[0]
+
+
+def test_teacher_is_not_in_checkpoints(tmp_path, data, teacher) -> None:
+    student = mlp(16, seed=1)
+    trainer = Trainer(student, DistillationLoss(teacher), torch.optim.SGD(student.parameters(), 0.1), progress=False)
+    trainer.fit(data[0][:3], epochs=1)
+    path = trainer.save_checkpoint(str(tmp_path / "ckpt.pt"))
+    ckpt = torch.load(path, weights_only=True)
+    assert set(ckpt["model"]) == set(student.state_dict())
+    saved = sum(t.numel() for t in ckpt["model"].values())
+    assert saved == sum(p.numel() for p in student.parameters())
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from tensors(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                yield from tensors(v)
+
+    teacher_shapes = {tuple(p.shape) for p in teacher.parameters()} - {tuple(p.shape) for p in student.parameters()}
+    assert not [t for t in tensors(ckpt) if tuple(t.shape) in teacher_shapes]
+
+
+def test_resume_continues_exactly(tmp_path, data, teacher) -> None:
+    def run(epochs, resume_from=None):
+        student = mlp(16, seed=1)
+        trainer = Trainer(
+            student,
+            DistillationLoss(teacher, kd_weight=0.7),
+            torch.optim.AdamW(student.parameters(), 3e-3),
+            progress=False,
+            seed=0,
+        )
+        history = trainer.fit(data[0][:6], data[1][:2], epochs=epochs, resume_from=resume_from)
+        return trainer, history
+
+    _, full = run(2)
+    first, _ = run(1)
+    path = first.save_checkpoint(str(tmp_path / "one.pt"))
+    _, resumed = run(2, resume_from=path)
+    for key in ("loss", "kd_loss", "base_loss", "agreement", "val_kd_loss"):
+        assert resumed.epochs[-1][key] == pytest.approx(full.epochs[-1][key], rel=1e-6), key
+
+
+def test_accumulation_matches_one_big_batch(teacher) -> None:
+    x, y = torch.rand(32, 64), torch.randint(0, 10, (32,))
+
+    def one_step(accum, data):
+        student = mlp(16, seed=3)
+        loss = DistillationLoss(teacher, temperature=2.0, kd_weight=0.5)
+        trainer = Trainer(
+            student, loss, torch.optim.SGD(student.parameters(), lr=0.5), grad_accum_steps=accum, progress=False
+        )
+        trainer.fit(data, epochs=1)
+        return student
+
+    big = one_step(1, [(x, y)])
+    small = one_step(2, [(x[:16], y[:16]), (x[16:], y[16:])])
+    for a, b in zip(big.parameters(), small.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_teacher_runs_under_the_trainers_precision(data, teacher) -> None:
+    seen = []
+    handle = teacher.register_forward_hook(lambda m, a, o: seen.append((torch.is_autocast_enabled("cpu"), o.dtype)))
+    try:
+        student = mlp(16, seed=1)
+        trainer = Trainer(
+            student,
+            DistillationLoss(teacher),
+            torch.optim.SGD(student.parameters(), 0.1),
+            precision="bf16-mixed",
+            progress=False,
+        )
+        history = trainer.fit(data[0][:2], epochs=1)
+    finally:
+        handle.remove()
+    assert seen and all(enabled and dtype == torch.bfloat16 for enabled, dtype in seen)
+    assert math.isfinite(history.epochs[0]["kd_loss"])
+    assert all(p.dtype == torch.float32 for p in teacher.parameters())  # autocast, not a cast of the weights
+
+
+def test_predict_does_not_run_the_teacher(data, teacher) -> None:
+    calls = []
+    handle = teacher.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        student = mlp(16, seed=1)
+        trainer = Trainer(student, DistillationLoss(teacher), torch.optim.SGD(student.parameters(), 0.1))
+        trainer.predict(data[1][:2])
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_hugging_face_outputs() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = {"vocab_size": 50, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16}
+    torch.manual_seed(0)
+    teacher = transformers.BertForSequenceClassification(
+        transformers.BertConfig(hidden_size=32, intermediate_size=64, num_labels=3, **config)
+    ).eval()
+    student = transformers.BertForSequenceClassification(
+        transformers.BertConfig(hidden_size=16, intermediate_size=32, num_labels=3, **config)
+    )
+    data = [{"input_ids": torch.randint(0, 50, (8, 10)), "labels": torch.randint(0, 3, (8,))} for _ in range(3)]
+    trainer = Trainer(student, DistillationLoss(teacher, kd_weight=1.0), torch.optim.AdamW(student.parameters(), 1e-3))
+    history = trainer.fit(data, data[:1], epochs=1)
+    epoch = history.epochs[0]
+    assert math.isclose(epoch["loss"], epoch["kd_loss"], rel_tol=1e-5)
+    assert {"agreement", "val_agreement", "val_kd_loss"} <= set(epoch)
+
+
+def test_trainer_widget_takes_it_as_criterion(data, teacher) -> None:
+    from nbtrainer import TrainerWidget
+
+    student = mlp(16, seed=1)
+    widget = TrainerWidget(
+        student,
+        DistillationLoss(teacher),
+        torch.optim.AdamW(student.parameters(), 3e-3),
+        data[0][:4],
+        data[1][:2],
+        epochs=1,
+    )
+    history = widget.fit()
+    assert {"kd_loss", "base_loss", "agreement", "val_agreement"} <= set(history.epochs[0])
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0, -1.0, float("inf"), "2"])
+def test_bad_temperature(teacher, temperature) -> None:
+    with pytest.raises((ValueError, TypeError), match="temperature"):
+        DistillationLoss(teacher, temperature=temperature)
+
+
+@pytest.mark.parametrize("kd_weight", [-0.1, 1.5, True])
+def test_bad_kd_weight(teacher, kd_weight) -> None:
+    with pytest.raises(ValueError, match=r"kd_weight must be a number in \[0, 1\]"):
+        DistillationLoss(teacher, kd_weight=kd_weight)
+
+
+def test_teacher_with_other_outputs_fails_before_the_first_step(data) -> None:
+    teacher = nn.Sequential(nn.Linear(64, 20)).eval()  # 20 classes, the student has 10
+    student = mlp(16, seed=1)
+    before = copy.deepcopy(student.state_dict())
+    trainer = Trainer(student, DistillationLoss(teacher), torch.optim.SGD(student.parameters(), 0.1), progress=False)
+    with pytest.raises(ValueError, match=r"teacher's outputs have shape \(64, 20\), the student's \(64, 10\)"):
+        trainer.fit(data[0][:2], epochs=1)
+    for key, value in student.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+
+
+def test_teacher_in_training_mode_with_dropout_is_switched_once(data) -> None:
+    teacher = mlp(32, seed=0, dropout=0.5)
+    assert teacher.training
+    with pytest.warns(UserWarning, match="training mode with Dropout.*switched it to eval"):
+        loss = DistillationLoss(teacher)
+    assert not teacher.training
+    teacher.train()  # switched back by someone: eval again when it runs, without a second message
+    student = mlp(16, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(student, loss, torch.optim.SGD(student.parameters(), 0.1), progress=False).fit(data[0][:2], epochs=1)
+    assert not teacher.training
+
+
+def test_teacher_without_dropout_is_switched_silently() -> None:
+    teacher = nn.Linear(64, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DistillationLoss(teacher)
+    assert not teacher.training
+
+
+def test_student_sharing_the_teachers_weights_is_refused(teacher) -> None:
+    student = nn.Sequential(teacher[0], nn.ReLU(), nn.Linear(64, 10))
+    with pytest.raises(ValueError, match="share 2 parameter tensors"):
+        Trainer(student, DistillationLoss(teacher), torch.optim.SGD(student.parameters(), 0.1))
+
+
+def test_outputs_it_did_not_see_are_refused(teacher) -> None:
+    loss = DistillationLoss(teacher)  # never attached: it cannot know the inputs
+    with pytest.raises(RuntimeError, match=r"loss.attach\(student\)"):
+        loss(torch.randn(4, 10), torch.zeros(4, dtype=torch.long))
+
+
+def test_a_copied_student_does_not_copy_the_teacher(teacher) -> None:
+    student = mlp(16, seed=1)
+    loss = DistillationLoss(teacher).attach(student)
+    clone = copy.deepcopy(student)
+    (hook,) = clone._forward_hooks.values()
+    assert hook.loss() is loss  # type: ignore[attr-defined]  # our hook object, typed as a plain callable  # the same loss, weakly: no second teacher in memory
