@@ -190,8 +190,27 @@ X, Y = make_classification(n=32)
         (
             lambda t: t.fit(DataLoader(TensorDataset(X, Y), batch_size=8), batch_size=8),
             TypeError,
-            r"batch_size=8 applies to array data.*Drop batch_size=",
+            r"batch_size=8 applies to array data.*fit\(\) got a DataLoader, which batches itself.*Drop batch_size=",
         ),
+        (
+            lambda t: t.fit([(X, Y)], batch_size=8),
+            TypeError,
+            r"got a list of batches, which batches itself",
+        ),
+        # arrays as Python lists: said so, with the fix (not "got loaders (tuple)")
+        (
+            lambda t: t.fit((X.tolist(), Y.tolist()), batch_size=8),
+            TypeError,
+            r"training data is a tuple of 2 whose element\(s\) \[0, 1\] are Python lists of numbers.*"
+            r"\(torch\.tensor\(x\), torch\.tensor\(y\)\).*or a DataLoader",
+        ),
+        (lambda t: t.fit((X, Y.tolist())), TypeError, r"element\(s\) \[1\] are Python lists.*batch_size="),
+        (
+            lambda t: t.fit((X, Y), val_data={"x": X, "labels": Y.tolist()}, batch_size=8),
+            TypeError,
+            r"val_data is a dict whose entries \['labels'\] are Python lists.*torch\.tensor\(values\)",
+        ),
+        (lambda t: t.predict(X.tolist()), TypeError, r"predict\(\) loader is a Python list of numbers.*torch\.tensor"),
         (
             lambda t: t.fit(DataLoader(TensorDataset(X, Y), batch_size=8), shuffle=True),
             TypeError,

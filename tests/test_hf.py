@@ -126,6 +126,53 @@ def test_bert_batchencoding_batches_with_model_loss_and_with_a_criterion_train_i
     assert list(preds.keys()) == ["logits"] and preds.logits.shape == (32, 2)  # no per-batch 'loss'
 
 
+# -- metrics on model outputs: .logits for metrics written for tensors ---------------------------------------------
+def _direct_accuracy(model, loader):
+    model.eval()
+    hits = count = 0
+    with torch.no_grad():
+        for batch in loader:
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            hits += int((model(**inputs).logits.argmax(-1) == batch["labels"]).sum())
+            count += len(batch["labels"])
+    model.train()
+    return hits / count
+
+
+def test_metrics_take_the_logits_of_a_model_output():
+    """criterion=None: a SequenceClassifierOutput (with its loss) reaches a metric written for tensors and a
+    torchmetrics metric as its .logits, and a metric written for the output object whole."""
+    import torchmetrics
+    from conftest import accuracy
+
+    loader = _loader(_collate_classification)
+    model = _bert()
+    metrics = {"acc": accuracy, "tm": torchmetrics.Accuracy(task="multiclass", num_classes=2), "own": _acc}
+    trainer = Trainer(model, None, "adamw", lr=3e-3, seed=0, metrics=metrics, progress=False)
+    h = trainer.fit(loader, loader, epochs=2)
+    assert h["acc"] == pytest.approx(h["own"], abs=1e-6)
+    logs = trainer.evaluate(loader)
+    direct = _direct_accuracy(model, loader)
+    for key in ("val_acc", "val_tm", "val_own"):
+        assert logs[key] == pytest.approx(direct, abs=1e-6), key
+    assert h["val_acc"][-1] == pytest.approx(direct, abs=1e-6)
+
+
+def test_compare_strategies_on_a_hugging_face_model_reports_val_acc():
+    """compare_strategies(criterion=None) with the default metric="val_acc": its argmax accuracy takes .logits,
+    so no row fails."""
+    import functools
+
+    from nbtrainer import compare_strategies
+
+    loader = _loader(_collate_classification, n=16)
+    table = compare_strategies(
+        _bert, functools.partial(torch.optim.AdamW, lr=1e-3), None, loader, loader, ["fp32", "accum2"], steps=2
+    )
+    assert [r["status"] for r in table.rows] == ["ok", "ok"], [r["reason"] for r in table.rows]
+    assert all(0.0 <= r["metric"] <= 1.0 for r in table.rows)
+
+
 # -- GPT-2: dynamic padding, fit / evaluate / predict ----------------------------------------------------------------
 def test_gpt2_dynamic_padding_fit_evaluate_predict():
     loader = _loader(_collate_lm)

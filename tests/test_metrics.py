@@ -60,3 +60,99 @@ def test_bad_metric_object():
     model = mlp()
     with pytest.raises(TypeError, match="torchmetrics Metric or a callable"):
         Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), metrics={"x": 3})
+
+
+def test_a_metric_collection_is_accepted_its_keys_name_the_values():
+    """Trainer(metrics=MetricCollection(...)): each key of the collection is a logged name (val_ prefix for
+    validation), checked up front like any other name (EarlyStopping's monitor)."""
+    from nbtrainer import EarlyStopping
+
+    x, y = make_classification(n=250, classes=4)
+    model = mlp(out=4)
+    collection = torchmetrics.MetricCollection(
+        [
+            torchmetrics.Accuracy(task="multiclass", num_classes=4),
+            torchmetrics.F1Score(task="multiclass", num_classes=4, average="macro"),
+        ],
+        prefix="m_",
+    )
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        metrics=collection,
+        callbacks=[EarlyStopping("val_m_MulticlassF1Score", patience=3)],
+        progress=False,
+    )
+    loader = make_loader(x, y, batch_size=32)
+    row = trainer.fit(loader, loader, epochs=1).last
+    with torch.no_grad():
+        logits = model(x)
+    acc = (logits.argmax(1) == y).float().mean().item()
+    f1 = torchmetrics.functional.f1_score(logits, y, task="multiclass", num_classes=4, average="macro").item()
+    for prefix in ("", "val_"):
+        assert row[f"{prefix}m_MulticlassAccuracy"] == pytest.approx(acc, abs=1e-6)
+        assert row[f"{prefix}m_MulticlassF1Score"] == pytest.approx(f1, abs=1e-6)
+    assert trainer.evaluate(loader, prefix="test_")["test_m_MulticlassAccuracy"] == pytest.approx(acc, abs=1e-6)
+    with pytest.raises(TypeError, match=r"a dict of name -> metric or a torchmetrics MetricCollection.*Name each"):
+        Trainer(model, torch.nn.CrossEntropyLoss(), metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4))
+
+
+class StateClassifier(torch.nn.Module):
+    """An LSTM classifier returning ``(logits, (h, c))``: structured outputs, as recurrent models give."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = torch.nn.LSTM(10, 16, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, (h, c) = self.lstm(x.unsqueeze(1))
+        return self.head(out[:, -1]), (h, c)
+
+
+def test_metrics_get_the_tensor_of_structured_outputs_when_they_fail_on_the_whole():
+    """A metric written for a tensor (argmax) gets the first tensor of ``(logits, (h, c))``; one written for
+    the structure gets it whole; a torchmetrics metric gets the tensor; all give the direct value."""
+    x, y = make_classification(n=96)
+    model = StateClassifier()
+    metrics = {
+        "acc": accuracy,
+        "whole": lambda out, t: accuracy(out[0], t),
+        "tm": torchmetrics.Accuracy(task="multiclass", num_classes=3),
+    }
+    trainer = Trainer(
+        model,
+        lambda out, t: torch.nn.functional.cross_entropy(out[0], t),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        metrics=metrics,
+        progress=False,
+    )
+    loader = make_loader(x, y, batch_size=32)
+    row = trainer.fit(loader, loader, epochs=1).last
+    with torch.no_grad():
+        direct = (model(x)[0].argmax(1) == y).float().mean().item()
+    for key in ("acc", "whole", "tm", "val_acc", "val_whole", "val_tm"):
+        assert row[key] == pytest.approx(direct, abs=1e-6), key
+    assert trainer.evaluate(loader)["val_acc"] == pytest.approx(direct, abs=1e-6)
+
+
+def test_a_metric_failing_on_the_outputs_and_on_their_tensor_names_both_errors():
+    x, y = make_classification(n=64)
+    model = StateClassifier()
+    trainer = Trainer(
+        model,
+        lambda out, t: torch.nn.functional.cross_entropy(out[0], t),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        metrics={"bad": lambda out, t: (out.argmax(1) == t[:, 0]).float().mean()},
+        progress=False,
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(
+        AttributeError,
+        match=r"Metric 'bad' raised on the first training batch.*'tuple' object has no attribute 'argmax'.*"
+        r"Given the outputs' tensor instead \(the first, shape \[32, 3\]\), metric 'bad' raised too: IndexError",
+    ):
+        trainer.fit(make_loader(x, y), epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -377,3 +377,23 @@ def test_compare_splits_dataclass_batches_into_micro_batches():
     assert [type(p) for p in parts] == [PairBatch, PairBatch]
     assert [p.labels.tolist() for p in parts] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     assert torch.equal(torch.cat([p.xa for p in parts]), batch.xa)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.int8])
+def test_class_labels_of_another_integer_width_get_the_long_hint(dtype):
+    """CrossEntropyLoss takes int64 (or uint8) class indices: int32 labels (a NumPy default on Windows, pandas
+    columns, compact datasets) fail on the first batch with the fix, before any optimizer step."""
+    from conftest import make_classification, make_loader, mlp
+
+    x, y = make_classification(n=64)
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, progress=False)
+    name = str(dtype)
+    with pytest.raises(RuntimeError, match=rf"CrossEntropyLoss wants int64 class indices; the targets are {name}.*"):
+        trainer.fit(make_loader(x, y.to(dtype)))
+    with pytest.raises(RuntimeError, match=r"Convert them: y\.long\(\)"):
+        trainer.fit((x, y.to(dtype)), batch_size=16)  # arrays: the same check
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    # torch takes uint8 class indices as they are: they train
+    assert trainer.fit(make_loader(x, y.to(torch.uint8)), epochs=1).epochs

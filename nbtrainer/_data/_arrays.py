@@ -49,6 +49,47 @@ def is_array_data(obj: Any) -> bool:
     return False
 
 
+def _numbers(obj: Any, depth: int = 0) -> bool:
+    """A (nested) Python list / tuple of numbers, judged by its first elements (a list of rows is one too)."""
+    if isinstance(obj, (int, float, bool)) and depth:
+        return True
+    if not isinstance(obj, (list, tuple)) or not obj or depth > 3:
+        return False
+    return all(_numbers(v, depth + 1) for v in obj[:3])
+
+
+def _lists_for_arrays(data: Any) -> tuple[str, str] | None:
+    """When ``data`` is meant as arrays but holds Python lists of numbers: what it is and the fix."""
+    if type(data) is tuple and data and all(_is_array(a) or _numbers(a) for a in data):
+        lists = [i for i, a in enumerate(data) if not _is_array(a)]
+        if lists:
+            return (
+                f"a tuple of {len(data)} whose element(s) {lists} are Python {type(data[lists[0]]).__name__}s",
+                "(torch.tensor(x), torch.tensor(y)) or (np.asarray(x), np.asarray(y))",
+            )
+    if isinstance(data, Mapping) and data and all(_is_array(v) or _numbers(v) for v in data.values()):
+        lists = [k for k, v in data.items() if not _is_array(v)]
+        if lists:
+            return (
+                f"a dict whose entries {lists} are Python {type(data[lists[0]]).__name__}s",
+                "{name: torch.tensor(values) for name, values in data.items()}",
+            )
+    if isinstance(data, list) and _numbers(data):  # a list is a list of batches: never of plain numbers
+        return "a Python list", "torch.tensor(x) or np.asarray(x)"
+    return None
+
+
+def check_not_lists(data: Any, name: str) -> None:
+    """Arrays given as Python lists: refused with the fix (as a loader they would be iterated as batches)."""
+    found = _lists_for_arrays(data)
+    if found:
+        problem, fix = found
+        raise TypeError(
+            f"{name} is {problem} of numbers. Arrays must be tensors or NumPy arrays: pass {fix} with "
+            "batch_size= (e.g. fit((torch.tensor(x), torch.tensor(y)), batch_size=32)), or a DataLoader."
+        )
+
+
 def describe(obj: Any) -> str:
     """'a tuple of 2 arrays' etc., for error messages."""
     if type(obj) is tuple:
@@ -189,11 +230,13 @@ def fit_loaders(
         raise TypeError("fit() got both val_loader and val_data: pass one of them (val_data= for arrays).")
     val = val_data if val_data is not None else val_loader
     val_name = "val_data" if val_data is not None else "val_loader"
+    check_not_lists(data, "the training data")
+    check_not_lists(val, val_name)
     train_arrays, val_arrays = is_array_data(data), val is not None and is_array_data(val)
     if batch_size is not None and not (train_arrays or val_arrays):
         raise TypeError(
             f"batch_size={batch_size!r} applies to array data (a tuple or dict of tensors / NumPy arrays), but "
-            f"fit() got loaders ({type(data).__name__}), which batch themselves. Drop batch_size=, or pass arrays."
+            f"fit() got {_what(data)}, which batches itself. Drop batch_size=, or pass arrays."
         )
     if shuffle is not None and not train_arrays:
         raise TypeError(
@@ -208,12 +251,20 @@ def fit_loaders(
 
 def eval_loader(data: Any, batch_size: int | None, *, name: str) -> Any:
     """``evaluate`` / ``predict``: arrays become a loader in order (``batch_size`` default 256)."""
+    check_not_lists(data, f"the {name}")
     if batch_size is not None and not is_array_data(data):
         raise TypeError(
             f"batch_size={batch_size!r} applies to array data, but the {name} is a {type(data).__name__}, "
             "which batches itself. Drop batch_size=, or pass arrays."
         )
     return as_loader(data, batch_size=EVAL_BATCH_SIZE if batch_size is None else batch_size, name=name)
+
+
+def _what(loader: Any) -> str:
+    """'a DataLoader', 'a list of 3 batches'... for errors about what was passed."""
+    if isinstance(loader, list):
+        return "a list of batches"
+    return f"a {type(loader).__name__}"
 
 
 def check_batch_size(batch_size: Any) -> None:

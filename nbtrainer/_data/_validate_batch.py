@@ -6,7 +6,6 @@ Part of the checks described in :mod:`nbtrainer._trainer._validate` (which re-ex
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -155,6 +154,11 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
         )
     if ("Long" in text or "Int" in text) and tgt_t is not None and tgt_t.is_floating_point():
         return f"{name} wants integer class indices; the targets are {tgt_t.dtype}. Convert them: y.long()."
+    if "Long" in text and tgt_t is not None and not tgt_t.is_floating_point() and tgt_t.dtype != torch.long:
+        return (
+            f"{name} wants int64 class indices; the targets are {tgt_t.dtype}. Convert them: y.long() (or build "
+            "them as int64: torch.as_tensor(labels, dtype=torch.long), np.asarray(labels, dtype=np.int64))."
+        )
     if "can't be cast" in text or ("Float" in text and tgt_t is not None and not tgt_t.is_floating_point()):
         return f"{name} wants float targets; they are {tgt_t.dtype if tgt_t is not None else '?'}: use y.float()."
     if "size" in text or "shape" in text:
@@ -303,7 +307,7 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
         finally:
             del it
         batch = move_to_device(batch, trainer.device)
-        with torch.inference_mode(), trainer._autocast():
+        with trainer._inference(), trainer._autocast():
             loss, outputs, targets = first_compute(trainer, batch, training=False)
             check_loss(trainer, loss, "validation")
             dry_metrics(trainer, trainer._val_metrics, outputs, targets, "validation")
@@ -315,33 +319,44 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
 
 
 def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
-    """Each metric on one batch, on copies (the real ones keep their state): must run and give a number."""
-    from nbtrainer._loop._metrics import _scalar
+    """Each metric on one batch, on copies (the real ones keep their state): must run and give a number.
+
+    Structured outputs (a ``ModelOutput``, a tuple...) reach a metric whole, or their ``.logits`` / first
+    tensor when it fails on them (``MetricSet.inputs``); this is where that is decided for the run."""
+    from nbtrainer._loop._metrics import _probe, _scalar
+
+    def failed(exc: Exception, name: str, what: str, fix: str) -> BaseException:
+        notes = " ".join(str(n) for n in getattr(exc, "__notes__", ()))
+        return _rewrap(
+            exc,
+            f"Metric {name!r}{what} on the first {where} batch (outputs {_desc(outputs)}, targets "
+            f"{_desc(targets)}): {type(exc).__name__}: {str(exc)[:300].rstrip('.')}.{' ' + notes if notes else ''} "
+            f"{fix}",
+        )
 
     for name, fn in metrics.callables:
         try:
-            value = fn(outputs, targets)
+            value = fn(metrics.inputs(name, fn, outputs, targets), targets)
         except Exception as exc:
-            raise _rewrap(
+            raise failed(
                 exc,
-                f"Metric {name!r} raised on the first {where} batch (outputs {_desc(outputs)}, "
-                f"targets {_desc(targets)}): {type(exc).__name__}: {str(exc).rstrip('.')}. A metric is called as "
-                "fn(outputs, targets) and must return one number per batch.",
+                name,
+                " raised",
+                "A metric is called as fn(outputs, targets) (outputs whole, or their .logits / first tensor when "
+                "it fails on them) and must return one number per batch.",
             ) from exc
         _check_value(name, value)
     for name, metric in metrics.torchmetrics:
-        probe = copy.deepcopy(metric)
-        probe.reset()
+        probe = _probe(metric)
         try:
-            probe.update(outputs, targets)
+            probe.update(metrics.inputs(name, metric, outputs, targets), targets)
             value = probe.compute()
         except Exception as exc:
-            raise _rewrap(
+            raise failed(
                 exc,
-                f"Metric {name!r} ({type(metric).__name__}) failed on the first {where} batch "
-                f"(outputs {_desc(outputs)}, targets {_desc(targets)}): {type(exc).__name__}: "
-                f"{str(exc)[:300].rstrip('.')}. Configure it for this task (task=, num_classes=) or adapt "
-                "the model's outputs.",
+                name,
+                f" ({type(metric).__name__}) failed",
+                "Configure it for this task (task=, num_classes=) or adapt the model's outputs.",
             ) from exc
         values = value.items() if isinstance(value, dict) else [(name, value)]
         for key, val in values:

@@ -5,18 +5,27 @@ Two kinds, one dict: callables ``fn(outputs, targets) -> tensor`` (a batch mean)
 epoch end, then ``reset``). Callable values stay on the device in a pending list until the trainer's
 throttled refresh reads them in one transfer together with the losses; epoch values are
 sample-weighted.
+
+Model outputs that are not a tensor (a Hugging Face ``ModelOutput``, a dict, a tuple such as an LSTM's
+``(out, (h, c))``) are given to each metric whole when it takes them (``lambda out, y: out.logits...``);
+a metric that fails on them gets their tensor instead: ``.logits`` (key or attribute), else the first
+tensor (the ``loss`` entry and 0-d tensors skipped), see :func:`metric_input`. Which of the two a metric
+gets is decided once, on the first outputs it sees, and kept.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["MetricSet", "exact_add", "is_torchmetric"]
+from nbtrainer._data._batch import as_mapping, iter_tensors
+
+__all__ = ["MetricSet", "exact_add", "is_collection", "is_torchmetric", "metric_input"]
 
 
 def exact_add(parts: list[float], values: Any) -> float:
@@ -68,6 +77,45 @@ def is_torchmetric(obj: Any) -> bool:
     return isinstance(obj, (torchmetrics.Metric, torchmetrics.MetricCollection))
 
 
+def is_collection(obj: Any) -> bool:
+    """A torchmetrics ``MetricCollection`` (``Trainer(metrics=collection)`` takes one: its keys name the values)."""
+    torchmetrics = sys.modules.get("torchmetrics")  # no collection exists unless torchmetrics is imported
+    return torchmetrics is not None and isinstance(obj, torchmetrics.MetricCollection)
+
+
+def metric_input(outputs: Any) -> torch.Tensor | None:
+    """The tensor a metric gets from structured model outputs: ``.logits`` when there is one, else the
+    first tensor with a dimension (a ``loss`` entry skipped), else the first tensor; None if none.
+
+    Example:
+        >>> import torch
+        >>> out, state = torch.zeros(4, 3), (torch.ones(1, 4, 2), torch.ones(1, 4, 2))
+        >>> metric_input((out, state)) is out, metric_input({"loss": torch.tensor(1.0), "y": out}) is out
+        (True, True)
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    mapping = as_mapping(outputs)
+    if mapping is not None:
+        logits = mapping.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        outputs = [v for k, v in mapping.items() if k != "loss"]
+    first = None
+    for t in iter_tensors(outputs):
+        if t.ndim:
+            return t
+        first = t if first is None else first
+    return first
+
+
+def _note(exc: BaseException, note: str) -> None:
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str):  # Python 3.10 has no notes
+        exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
+
+
 class MetricSet:
     """The metrics of one stage (train or validation)."""
 
@@ -89,6 +137,7 @@ class MetricSet:
         self.pending: dict[str, list[torch.Tensor]] = {n: [] for n, _ in self.callables}
         self.sums: dict[str, float] = {n: 0.0 for n, _ in self.callables}
         self._parts: dict[str, list[float]] = {n: [] for n, _ in self.callables}  # exact sums (see exact_add)
+        self._unwrap: dict[str, bool] = {}  # name -> gets metric_input(outputs), decided on its first outputs
 
     def clone(self, device: torch.device) -> MetricSet:
         """An independent copy for another stage (validation keeps its own torchmetrics state)."""
@@ -98,23 +147,63 @@ class MetricSet:
         new.pending = {n: [] for n, _ in self.callables}
         new.sums = {n: 0.0 for n, _ in self.callables}
         new._parts = {n: [] for n, _ in self.callables}
+        new._unwrap = {}
         return new
 
     @property
     def names(self) -> list[str]:
-        return [n for n, _ in self.callables] + [n for n, _ in self.torchmetrics]
+        """The names of the values this set logs (a ``MetricCollection`` logs under its own keys)."""
+        names = [n for n, _ in self.callables]
+        for name, metric in self.torchmetrics:
+            names += [str(k) for k in metric.keys()] if is_collection(metric) else [name]
+        return names
 
     def __bool__(self) -> bool:
         return bool(self.callables or self.torchmetrics)
 
+    def inputs(self, name: str, metric: Any, outputs: Any, targets: Any) -> Any:
+        """What the metric ``name`` is given of the model's ``outputs`` (module docstring): the outputs
+        whole, or :func:`metric_input` of them. The first time, a trial call decides (a callable is called,
+        a torchmetrics metric is updated on a copy, so its state is untouched); if the metric fails on
+        both, the first error is raised with a note on the second."""
+        if isinstance(outputs, torch.Tensor):
+            return outputs
+        unwrap = self._unwrap.get(name)
+        if unwrap is None:
+
+            def trial(candidate: Any) -> Any:
+                if is_torchmetric(metric):
+                    return _probe(metric).update(candidate, targets)
+                return metric(candidate, targets)
+
+            tensor = metric_input(outputs)
+            try:
+                trial(outputs)
+                unwrap = False
+            except Exception as whole_exc:
+                if tensor is None:
+                    raise
+                try:
+                    trial(tensor)
+                except Exception as exc:
+                    _note(
+                        whole_exc,
+                        f"Given the outputs' tensor instead ({'.logits' if _has_logits(outputs) else 'the first'}, "
+                        f"shape {list(tensor.shape)}), metric {name!r} raised too: {type(exc).__name__}: {exc}",
+                    )
+                    raise whole_exc from None
+                unwrap = True
+            self._unwrap[name] = unwrap
+        return metric_input(outputs) if unwrap else outputs
+
     def update(self, outputs: Any, targets: Any) -> None:
         for name, fn in self.callables:
-            value = fn(outputs, targets)
+            value = fn(self.inputs(name, fn, outputs, targets), targets)
             if not isinstance(value, torch.Tensor):
                 value = torch.as_tensor(value, dtype=torch.float32)
             self.pending[name].append(value.detach())
-        for _, metric in self.torchmetrics:
-            metric.update(outputs, targets)
+        for name, metric in self.torchmetrics:
+            metric.update(self.inputs(name, metric, outputs, targets), targets)
 
     def check_first(self) -> None:
         """Validate the first batch's callable values (cheap attribute reads, no sync)."""
@@ -181,6 +270,18 @@ class MetricSet:
         for name, metric in self.torchmetrics:
             if name in tm_states:
                 _load_tm_state(metric, tm_states[name], device)
+
+
+def _has_logits(outputs: Any) -> bool:
+    mapping = as_mapping(outputs)
+    return mapping is not None and isinstance(mapping.get("logits"), torch.Tensor)
+
+
+def _probe(metric: Any) -> Any:
+    """A copy of a torchmetrics metric to try inputs on (the real one keeps its state)."""
+    probe = copy.deepcopy(metric)
+    probe.reset()
+    return probe
 
 
 def _cpu_state(state: Any) -> Any:

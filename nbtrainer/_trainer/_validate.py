@@ -109,6 +109,7 @@ def check_args(
     refresh_interval: Any,
     on_nonfinite: Any,
 ) -> None:
+    from nbtrainer._loop._metrics import is_collection
     from nbtrainer._loop._nonfinite import check_mode
 
     if isinstance(criterion, type):
@@ -133,10 +134,11 @@ def check_args(
                 f"scheduler must be a torch LR scheduler (with step() and state_dict()), got "
                 f"{type(scheduler).__name__}. Build one from torch.optim.lr_scheduler."
             )
-    if metrics is not None and not isinstance(metrics, Mapping):
+    if metrics is not None and not isinstance(metrics, Mapping) and not is_collection(metrics):
         raise TypeError(
-            f"metrics must be a dict of name -> metric, got a {type(metrics).__name__}. Name each "
-            "one, e.g. metrics={'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}."
+            f"metrics must be a dict of name -> metric or a torchmetrics MetricCollection, got a "
+            f"{type(metrics).__name__}. Name each one, e.g. metrics={{'acc': torchmetrics.Accuracy("
+            "task='multiclass', num_classes=10)}."
         )
     if callbacks is not None:
         if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes, Mapping)):
