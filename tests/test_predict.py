@@ -304,3 +304,37 @@ def test_frozen_model_with_a_named_optimizer_points_to_optimizer_none():
             nn.CrossEntropyLoss(),
             scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp().parameters(), 0.1), 1),
         )
+
+
+# -- recurrent state: per batch, never concatenated along its layer dimension -------------------------------------
+class LSTMLanguageModel(nn.Module):
+    """``forward(ids) -> (logits, (h, c))`` as ``nn.LSTM`` returns its state: (layers, batch, hidden) each."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.lstm = nn.LSTM(8, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 11)
+
+    def forward(self, ids):
+        out, (h, c) = self.lstm(self.emb(ids))
+        return self.head(out), (h, c)
+
+
+@pytest.mark.parametrize("sizes", [(10, 10, 10), (10, 10, 4)])
+def test_rnn_state_comes_back_per_batch_and_the_outputs_concatenated(sizes):
+    model = LSTMLanguageModel()
+    trainer = Trainer(model, None, progress=False)
+    batches = [torch.randint(0, 11, (n, 7)) for n in sizes]
+    logits, (h, c) = trainer.predict(batches)
+    assert logits.shape == (sum(sizes), 7, 11)  # batch-first: one row per sample
+    assert isinstance(h, list) and [tuple(t.shape) for t in h] == [(2, n, 32) for n in sizes]  # not (6, 10, 32)
+    assert isinstance(c, list) and len(c) == len(sizes)
+    row = 0
+    with torch.no_grad():
+        for ids, hb, cb in zip(batches, h, c, strict=True):
+            out, (h0, c0) = model(ids)
+            assert torch.equal(logits[row : row + len(ids)], out) and torch.equal(hb, h0) and torch.equal(cb, c0)
+            row += len(ids)
+    per = trainer.predict(batches, per_batch=True)
+    assert [tuple(p[1][0].shape) for p in per] == [(2, n, 32) for n in sizes]
