@@ -12,4 +12,4 @@ py="$(NBT_VENV="$venv" NBT_CONSTRAINTS="$cons" NBT_UPGRADE=1 bash "$root/scripts
 "$(dirname "$py")/python" -m pip list --disable-pip-version-check --outdated 2>/dev/null | head -20 || true
 cd "$root"
 NBT_PYTHON="$py" bash scripts/lint.sh
-exec "$py" -m pytest -q -rs -n "${NBT_WORKERS:-2}" --dist loadgroup "$@"
+exec "$py" -m pytest -q -rs -n "${NBT_WORKERS:-2}" "$@"

@@ -9,14 +9,14 @@ py="$(bash "$root/scripts/venv.sh")"
 cd "$root"
 workers="${NBT_WORKERS:-2}"
 if [ "$#" -gt 0 ]; then
-  exec "$py" -m pytest -q -rs -n "$workers" --dist loadgroup "$@"
+  exec "$py" -m pytest -q -rs -n "$workers" "$@"
 fi
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 NBT_PYTHON="$py" bash scripts/lint.sh >"$log" 2>&1 &
 lint_pid=$!
 rc=0
-"$py" -m pytest -q -rs -n "$workers" --dist loadgroup || rc=$?
+"$py" -m pytest -q -rs -n "$workers" || rc=$?
 lint_rc=0
 wait "$lint_pid" || lint_rc=$?
 if [ "$lint_rc" -ne 0 ]; then

@@ -34,6 +34,25 @@ def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.
     return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out)).to(dtype)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The browser tests are the longest unit (one worker runs them in a row under xdist): start them first, so they
+    # never make the tail of the run. Stable sort: every other test keeps its order.
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/browser/"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (scripts/test.sh runs 2 workers) the browser tests share one worker: one Chromium and one
+    Jupyter server at a time, started first (they are the longest), while the other worker takes the rest test by
+    test. (xdist's own ``--dist loadgroup`` does not group under pytest 9.2, which dropped ``Item._nodeid``.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BrowserOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/browser" if nodeid.startswith("tests/browser/") else nodeid
+
+    return BrowserOnOneWorker(config, log)
+
+
 @pytest.fixture
 def classification():
     x, y = make_classification()

@@ -83,9 +83,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.browser)
-            # Under pytest-xdist (--dist loadgroup) the browser tests share one worker: one Chromium and one
-            # Jupyter server at a time, while the other worker runs the rest of the suite.
-            item.add_marker(pytest.mark.xdist_group("browser"))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
