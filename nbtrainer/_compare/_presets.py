@@ -8,6 +8,8 @@ from typing import Any
 
 __all__ = ["PRESETS", "resolve_strategies"]
 
+_LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"}
+
 #: Strategy presets by name (``compare_strategies(strategies=["fp32", "bf16", "ckpt", "accum4"])``).
 PRESETS: dict[str, dict[str, Any]] = {
     "fp32": {},
@@ -16,11 +18,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     "ckpt": {"activation_checkpointing": True},
     "accum4": {"grad_accum_steps": 4},
     "adafactor": {"optimizer": "adafactor"},
+    # Training what does not fit (nbtrainer._setup._memory_savers): a frozen nf4 base with LoRA adapters, 8-bit
+    # AdamW state, saved activations in CPU memory, the flash SDPA kernel.
+    "qlora": {"quantize": "nf4", "lora": dict(_LORA)},
+    "adamw8bit": {"optimizer": "adamw8bit"},
+    "offload": {"offload_activations": True},
+    "flash": {"attention": "flash"},
+    # Every saver that runs on any device, together (offload_optimizer needs CUDA; flash needs half precision
+    # on some GPUs, and "auto" picks it where it can run).
     "all": {
         "precision": "bf16-mixed",
         "activation_checkpointing": True,
         "grad_accum_steps": 4,
-        "optimizer": "adafactor",
+        "quantize": "nf4",
+        "lora": dict(_LORA),
+        "optimizer": "adamw8bit",
+        "offload_activations": True,
     },
 }
 
@@ -47,7 +60,7 @@ def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[st
         for name in strategies:
             m = re.fullmatch(r"accum(\d+)", str(name))
             if name in PRESETS:
-                out[name] = dict(PRESETS[name])
+                out[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in PRESETS[name].items()}
             elif m:
                 out[name] = {"grad_accum_steps": int(m.group(1))}
             else:

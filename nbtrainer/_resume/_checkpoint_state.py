@@ -31,6 +31,16 @@ def _stateful(trainer: Any) -> list[tuple[str, Any]]:
     ]
 
 
+def _savers(trainer: Any) -> Any:
+    """The trainer's quantize / LoRA setup (``_setup._memory_savers``), which decides what of the model is saved."""
+    return getattr(getattr(trainer, "_setup", None), "savers", None)
+
+
+def _model_state(trainer: Any) -> dict[str, Any]:
+    model, savers = unwrap_model(trainer.model), _savers(trainer)
+    return savers.model_state(model) if savers is not None else model.state_dict()
+
+
 def trainer_state_dict(trainer: Any) -> dict[str, Any]:
     loop = trainer._loop
     if loop is not None:
@@ -54,7 +64,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
         "format": CHECKPOINT_FORMAT,
         "version": VERSION,
         "torch_version": str(torch.__version__),
-        "model": unwrap_model(trainer.model).state_dict(),
+        "model": _model_state(trainer),  # LoRA / a quantized base: what trains (the base only with save_base=True)
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
@@ -65,6 +75,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
             "elapsed": trainer._elapsed_before + (0.0 if loop is None else time.perf_counter() - loop._fit_start),
+            **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
         "metrics": trainer._train_metrics.state_dict(),
         "rng": capture_rng(),
@@ -74,8 +85,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
 
 
 def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
-    model = unwrap_model(trainer.model)
-    own = model.state_dict()
+    own = _model_state(trainer)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
@@ -132,12 +142,23 @@ def _check_optimizer(trainer: Any, state: dict[str, Any], saved_class: str | Non
     for gi, (group, sgroup) in enumerate(zip(opt.param_groups, saved, strict=True)):
         for j, (param, index) in enumerate(zip(group["params"], sgroup["params"], strict=True)):
             for key, value in saved_state.get(index, {}).items():
-                if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != param.shape:
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.ndim > 0
+                    and value.shape != param.shape
+                    and key not in _KBIT_BOOKKEEPING
+                ):
                     raise CheckpointError(
                         f"The checkpoint's optimizer state {key!r} for parameter {j} of group {gi} has shape "
                         f"{tuple(value.shape)}, this parameter {tuple(param.shape)}: the optimizer's parameters are "
                         "not in the order of the run that wrote the checkpoint. Build the optimizer the same way."
                     )
+
+
+# bitsandbytes' 8-bit optimizer state beside its param-shaped moments (state1/state2): code books and block scales.
+_KBIT_BOOKKEEPING = frozenset(
+    {"qmap1", "qmap2", "absmax1", "absmax2", "max1", "max2", "new_max1", "new_max2", "unorm_vec"}
+)
 
 
 def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
@@ -149,6 +170,9 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool =
                 "Resume from a checkpoint written by ModelCheckpoint or trainer.save_checkpoint()."
             )
     config = ckpt.get("config", {})
+    refused = _savers(trainer).check_checkpoint(config) if _savers(trainer) is not None else None
+    if refused:  # e.g. adapters trained over an nf4 base, resumed over a full-precision one
+        raise CheckpointError(refused)
     _check_model(trainer, ckpt["model"])
     _check_optimizer(trainer, ckpt["optimizer"], config.get("optimizer"))
     if not load_scheduler:  # fit_more with a fresh schedule: the saved one is not used
@@ -244,7 +268,10 @@ def load_trainer_state(
     _check_compatible(trainer, ckpt, load_scheduler)
     if before_load is not None:
         before_load(ckpt)
-    unwrap_model(trainer.model).load_state_dict(ckpt["model"])
+    if _savers(trainer) is not None:  # only what trains, or a quantized base in bitsandbytes' format
+        _savers(trainer).load_model_state(unwrap_model(trainer.model), ckpt["model"])
+    else:
+        unwrap_model(trainer.model).load_state_dict(ckpt["model"])
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
     if load_scheduler and trainer.scheduler is not None and ckpt.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(ckpt["scheduler"])

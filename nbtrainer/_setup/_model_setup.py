@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from nbtrainer._setup._activation_checkpointing import apply_activation_checkpointing
+from nbtrainer._setup._kbit_optim import KBIT_OPTIMIZERS, build_kbit_optimizer
+from nbtrainer._setup._memory_savers import MemorySavers
 from nbtrainer._setup._precision import resolve_device
 
 __all__ = [
@@ -74,7 +76,8 @@ def build_optimizer(
     Args:
         name: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"adafactor"`` (``torch.optim.Adafactor``: factored
             second moments, about the size of one row + one column per matrix instead of Adam's 2x the
-            parameters). Case-insensitive.
+            parameters); ``"adamw8bit"``, ``"paged_adamw8bit"`` (bitsandbytes), ``"adamw4bit"`` (torchao),
+            see ``nbtrainer._setup._kbit_optim``. Case-insensitive.
         params: the parameters (or a module: its parameters with ``requires_grad``).
         lr: learning rate; ``None`` keeps torch's default for that optimizer.
         device: where the parameters will live (default: where they are now). Adam, AdamW and SGD get
@@ -88,10 +91,12 @@ def build_optimizer(
         ('Adafactor', 0.01)
     """
     key = str(name).strip().lower()
+    if key in KBIT_OPTIMIZERS:
+        return build_kbit_optimizer(key, params, lr, **kwargs)
     if key not in OPTIMIZERS:
         raise ValueError(
-            f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an optimizer "
-            "instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
+            f"Unknown optimizer name {name!r}: use one of {sorted([*OPTIMIZERS, *KBIT_OPTIMIZERS])}, or pass an "
+            "optimizer instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
         )
     cls_name, has_fused = OPTIMIZERS[key]
     cls = getattr(torch.optim, cls_name, None)
@@ -365,6 +370,8 @@ class ModelSetup:
         activation_checkpointing: ``False``, ``True`` or a list of module types / names.
         compile: ``True``, a mode string or ``torch.compile`` keyword options.
         channels_last: convert a conv net's weights to ``torch.channels_last``.
+        precision, quantize, lora, save_base, offload_activations, offload_optimizer, attention: the memory
+            savers (:class:`~nbtrainer._setup._memory_savers.MemorySavers`).
     """
 
     def __init__(
@@ -379,6 +386,8 @@ class ModelSetup:
         activation_checkpointing: Any = False,
         compile: Any = False,
         channels_last: bool = False,
+        precision: str = "fp32",
+        **savers: Any,
     ) -> None:
         self.model = model
         if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
@@ -400,17 +409,23 @@ class ModelSetup:
         self.activation_checkpointing: Any = activation_checkpointing or False
         self._handle: Any = None
         self.optimizer_name: str | None = None
+        plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
+        keep = {n for n, t in plan.items() if t} if trainable is not None else set()
+        self.savers = MemorySavers(model, optimizer, device=device, precision=precision, plan=plan, keep=keep, **savers)
+        self._lr = lr
         if isinstance(optimizer, str):
-            plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
             params = [p for n, p in model.named_parameters() if plan[n]]
             self.optimizer_name = optimizer.strip().lower()
-            if not params and self.optimizer_name in OPTIMIZERS:
+            if self.savers.deferred:  # built in apply(), over what trains once quantize / lora changed the model
+                optimizer = None
+            elif not params and self.optimizer_name in {*OPTIMIZERS, *KBIT_OPTIMIZERS}:
                 raise ValueError(
                     f"optimizer={optimizer!r} has nothing to train: every parameter of the model is frozen "
                     "(requires_grad=False). To evaluate or predict only, pass optimizer=None: "
                     "Trainer(model, criterion, optimizer=None); to train, unfreeze some (trainable=[...])."
                 )
-            optimizer = build_optimizer(optimizer, params, lr, device=resolve_device(device))
+            else:
+                optimizer = build_optimizer(optimizer, params, lr, device=resolve_device(device))
         self.optimizer = optimizer
         self.applied = False
 
@@ -419,21 +434,26 @@ class ModelSetup:
         return list(self._handle.names) if self._handle is not None else []
 
     def apply(self) -> nn.Module:
-        """Change the model (freeze, channels_last, checkpointing, compile); returns the module to train."""
+        """Change the model (freeze, quantize, LoRA, channels_last, checkpointing, attention, offload, compile);
+        returns the module to train."""
         model = self.model
         if self._plan is not None:
             for name, p in model.named_parameters():
                 p.requires_grad_(self._plan[name])
+        trained = self.savers.transform(model)
+        if self.savers.deferred and self.optimizer_name is not None:
+            self.optimizer = self.savers.build_optimizer(trained, self.optimizer_name, self._lr, build_optimizer)
         if self.channels_last:
             # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
             model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._handle = enable_activation_checkpointing(model, self.activation_checkpointing)
+        self.savers.attach_hooks(trained)
         self.applied = True
         if self.compile_options is not None:
-            compiled = torch.compile(model, **self.compile_options)
+            compiled = torch.compile(trained, **self.compile_options)
             assert isinstance(compiled, nn.Module)  # an OptimizedModule (typed as the callable it wraps)
             return compiled
-        return model
+        return trained
 
     def set_activation_checkpointing(self, value: Any) -> list[str]:
         """Switch activation checkpointing (off: the model is restored exactly); returns the wrapped blocks."""
@@ -458,4 +478,5 @@ class ModelSetup:
             "compile": self.compile_options is not None,
             "channels_last": self.channels_last,
             "params": str(self.param_counts()),
+            **self.savers.describe(),
         }

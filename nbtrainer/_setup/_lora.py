@@ -1,0 +1,166 @@
+"""LoRA adapters through PEFT: ``Trainer(lora=dict(r=8, alpha=16, dropout=0.05, target_modules="all-linear"))``.
+
+The base is frozen and low-rank adapters train beside the targeted linear layers; over a quantized base
+(``quantize=``) this is QLoRA. ``target_modules="all-linear"`` is resolved here, for any ``nn.Module``
+(PEFT resolves it only for Hugging Face models): every linear layer but the output head. A target that
+matches nothing is refused before anything changes (PEFT would raise from inside ``get_peft_model``, after
+the base was quantized).
+
+Checkpoints hold only what trains (:func:`trainable_state`); :func:`merge_lora` gives a plain model:
+adapters added into full-precision weights (a quantized base is dequantized first, rather than merging into
+4-bit weights and rounding the adapters away). A model that already is a ``PeftModel`` is left as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbtrainer._setup._quantize import (
+    dequantize_linear,
+    is_quantized_linear,
+    output_head_name,
+    require_module,
+)
+
+__all__ = ["LORA_KEYS", "apply_lora", "check_lora", "is_peft_model", "merge_lora", "trainable_state"]
+
+#: Keys of ``lora=dict(...)`` (short names; the rest of ``peft.LoraConfig`` through a LoraConfig instance).
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """A ``peft.PeftModel`` (checked without importing peft)."""
+    return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(model).__mro__)
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    head = output_head_name(model)
+    return [
+        name
+        for name, module in model.named_modules()
+        if (isinstance(module, nn.Linear) or is_quantized_linear(module)) and name != head and name
+    ]
+
+
+def check_lora(model: nn.Module, lora: Any) -> Any:
+    """The ``peft.LoraConfig`` for ``lora=`` (a dict of :data:`LORA_KEYS` or a LoraConfig), with
+    ``"all-linear"`` resolved to layer names; refused with the fix when a target matches nothing."""
+    if lora is None or lora is False:
+        return None
+    peft = require_module("peft", "lora=")
+    if is_peft_model(model):
+        raise ValueError(
+            "lora= was given for a model that already is a PeftModel (it has its adapters): pass the PeftModel "
+            "without lora= to train its adapters, or pass the base model with lora=."
+        )
+    if isinstance(lora, Mapping):
+        unknown = sorted(set(lora) - set(LORA_KEYS))
+        if unknown:
+            raise ValueError(
+                f"lora= got unknown keys {unknown}: use {list(LORA_KEYS)}, e.g. lora=dict(r=8, alpha=16, "
+                "dropout=0.05, target_modules='all-linear'), or pass a peft.LoraConfig for its other options."
+            )
+        r = lora.get("r", 8)
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise ValueError(f"lora r must be an int >= 1 (the adapters' rank), got {r!r}.")
+        config = peft.LoraConfig(
+            r=r,
+            lora_alpha=lora.get("alpha", 2 * r),
+            lora_dropout=float(lora.get("dropout", 0.0)),
+            target_modules=lora.get("target_modules", "all-linear"),
+            bias=lora.get("bias", "none"),
+            modules_to_save=lora.get("modules_to_save"),
+        )
+    elif isinstance(lora, peft.LoraConfig):
+        config = copy.deepcopy(lora)
+    else:
+        raise TypeError(
+            f"lora= takes a dict such as dict(r=8, alpha=16, dropout=0.05, target_modules='all-linear') or a "
+            f"peft.LoraConfig, got {type(lora).__name__}."
+        )
+    linears = _linear_names(model)
+    targets = config.target_modules
+    shown = lora.get("target_modules") if isinstance(lora, Mapping) else targets  # peft turns a list into a set
+    if isinstance(targets, str) and targets.lower() == "all-linear":
+        if not linears:
+            raise ValueError(
+                f"lora target_modules='all-linear' matches nothing: {type(model).__name__} has no linear layer "
+                "besides its output head. Name the modules to adapt, e.g. target_modules=['proj']."
+            )
+        config.target_modules = set(linears)
+        return config
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    names = [name for name, _ in model.named_modules() if name]
+    if not targets or not any(check_target_module_exists(config, name) for name in names):
+        suffixes = sorted({n.rpartition(".")[2] for n in linears})
+        raise ValueError(
+            f"lora target_modules={shown!r} matches no module of {type(model).__name__}. Its linear layers "
+            f"end in {suffixes[:12]}; use those names, or target_modules='all-linear'."
+        )
+    return config
+
+
+def apply_lora(model: nn.Module, config: Any, keep_trainable: Iterable[str] = ()) -> nn.Module:
+    """``peft.get_peft_model``: adapters injected into ``model`` (in place), base frozen; the parameters
+    named in ``keep_trainable`` (the user's ``trainable=`` choice) train too. Returns the PeftModel."""
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(model, config)
+    keep = set(keep_trainable)
+    if keep:
+        for name, p in model.named_parameters():
+            if name in keep:
+                p.requires_grad_(True)
+    return peft_model
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state entries of the parameters that train (adapters, unfrozen layers): what a LoRA checkpoint
+    holds instead of the whole model."""
+    names = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k in names}
+
+
+def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, child, new)
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A plain copy of a LoRA model for inference: every adapter added into its layer's weight
+    (``W + scaling * B @ A``), quantized layers dequantized to ``dtype``, no PEFT wrapper. The trained
+    model is left as it is (training can go on)."""
+    from peft.tuners.lora import LoraLayer
+
+    if not is_peft_model(model):
+        raise ValueError("merge_lora() needs a model with LoRA adapters: create the Trainer with lora=dict(r=8).")
+    base = copy.deepcopy(model.get_base_model())
+    for name, module in list(base.named_modules()):
+        if not isinstance(module, LoraLayer):
+            continue
+        layer: Any = module
+        inner = layer.get_base_layer()
+        if not (isinstance(inner, nn.Linear) or is_quantized_linear(inner)):
+            raise ValueError(f"merge_lora() merges LoRA on linear layers; {name} wraps {type(inner).__name__}.")
+        dense = dequantize_linear(inner, dtype) if is_quantized_linear(inner) else copy.deepcopy(inner)
+        dense.weight.requires_grad_(False)
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                dense.weight += layer.get_delta_weight(adapter).to(dense.weight.dtype)
+        if dense.bias is not None:
+            dense.bias.requires_grad_(False)
+        _replace(base, name, dense)
+    for name, module in list(base.named_modules()):
+        if is_quantized_linear(module):
+            _replace(base, name, dequantize_linear(module, dtype))
+    for flag in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
+        if getattr(base, flag, False):
+            setattr(base, flag, False)
+    return base

@@ -1,0 +1,197 @@
+"""The switches for training what does not fit, checked together and applied in order.
+
+``quantize=`` (``_quantize``), ``lora=`` (``_lora``), the k-bit optimizers (``_kbit_optim``),
+``offload_activations=`` / ``offload_optimizer=`` (``_offload``) and ``attention=`` (``_attention``) are
+validated in :class:`MemorySavers`' constructor, before the model changes and before the first step.
+:meth:`MemorySavers.transform` then quantizes and adds adapters, in that order (PEFT wraps the quantized
+layers with its quantization-aware LoRA layers), and the optimizer is built afterwards over what trains:
+an optimizer built before would hold the replaced parameters. ``ModelSetup`` owns one of these.
+
+Checkpoints of a quantized or LoRA model hold what trains (adapters, unfrozen layers), the optimizer and
+the loop state; the frozen base comes from the model the resumed Trainer is given (``save_base=True``
+stores it too, in its quantized form). The configuration goes into the checkpoint so that a checkpoint
+trained on an nf4 base is not resumed over a full-precision one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbtrainer._setup import _attention, _kbit_optim, _lora, _offload, _quantize
+from nbtrainer._setup._precision import autocast_dtype, require_precision, resolve_device
+
+__all__ = ["MemorySavers"]
+
+
+class MemorySavers:
+    """``quantize`` / ``lora`` / ``save_base`` / k-bit optimizers / offloading / ``attention`` of one Trainer.
+
+    Args:
+        model: the user's model (not changed here).
+        optimizer: the Trainer's ``optimizer=`` (a name, an instance or None).
+        device, precision: the Trainer's.
+        plan: ``{parameter name: trainable}`` after ``trainable=`` / ``freeze=``.
+        keep: the parameters ``trainable=`` names: their layers stay in full precision and train beside adapters.
+        quantize, lora, save_base, offload_activations, offload_optimizer, attention: the options.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        *,
+        device: Any,
+        precision: str,
+        plan: dict[str, bool],
+        keep: set[str],
+        quantize: Any = None,
+        lora: Any = None,
+        save_base: bool = False,
+        offload_activations: bool = False,
+        offload_optimizer: bool = False,
+        attention: Any = "auto",
+    ) -> None:
+        self.device = resolve_device(device)
+        self.precision = require_precision(precision, self.device)
+        for option, value in (
+            ("save_base", save_base),
+            ("offload_activations", offload_activations),
+            ("offload_optimizer", offload_optimizer),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"{option}= takes True or False, got {value!r}.")
+        self.keep = set(keep)
+        self.quantize, self.quant_targets = _quantize.check_quantize(
+            model, quantize, device=self.device, precision=self.precision, keep=self.keep
+        )
+        self.lora_config = _lora.check_lora(model, lora)
+        self.save_base = save_base
+        if save_base and self.lora_config is None and self.quantize is None:
+            raise ValueError(
+                "save_base=True is for lora= / quantize=: it keeps the frozen base in checkpoints, which without "
+                "them hold the whole model anyway. Remove save_base, or add lora=dict(r=8)."
+            )
+        changes_params = self.quantize is not None or self.lora_config is not None
+        if changes_params and optimizer is not None and not isinstance(optimizer, str):
+            raise ValueError(
+                "quantize= / lora= replace the model's layers, so an optimizer built beforehand would update "
+                "parameters that are no longer trained. Give it by name (optimizer='adamw' or 'adamw8bit', lr=...) "
+                "and, for a scheduler, set trainer.scheduler = ...(trainer.optimizer) after creating the Trainer."
+            )
+        name = optimizer.strip().lower() if isinstance(optimizer, str) else None
+        if name is not None and name in _kbit_optim.KBIT_OPTIMIZERS:
+            library = _kbit_optim.KBIT_OPTIMIZERS[name][0]
+            _quantize.require_module("torchao.optim" if library == "torchao" else library, f"optimizer={name!r}")
+        if name is not None and self.lora_config is None and self.quantize is not None:
+            quantized = {f"{m}.{p}" for m in self.quant_targets for p in ("weight", "bias")}
+            if not {n for n, trains in plan.items() if trains} - quantized:
+                raise ValueError(
+                    f"quantize={self.quantize!r} freezes the quantized layers and nothing else trains: add adapters "
+                    "(lora=dict(r=8), i.e. QLoRA), or keep some layers trainable (trainable=['head.*'])."
+                )
+        self.offload_activations = offload_activations
+        self.offload_optimizer = offload_optimizer
+        if offload_optimizer:
+            _offload.check_offload_optimizer(self.device, optimizer)
+        dtype = autocast_dtype(self.precision) or torch.float32
+        self.attention = _attention.check_attention(attention, self.device, dtype)
+        #: The optimizer waits for transform(): quantize / lora / offload_optimizer decide its parameters.
+        self.deferred = changes_params or offload_optimizer
+        self.peft_model: nn.Module | None = None
+        self._hooks: list[Any] = []
+
+    # -- applying -----------------------------------------------------------------------------
+    def transform(self, model: nn.Module) -> nn.Module:
+        """Quantize, then add adapters (in place where possible); returns the module to train."""
+        if self.quantize is not None:
+            dtype = _quantize.compute_dtype(self.precision)
+            _quantize.quantize_model(model, self.quant_targets, self.quantize, dtype=dtype, device=self.device)
+        if self.lora_config is not None:
+            self.peft_model = _lora.apply_lora(model, self.lora_config, self.keep)
+            return self.peft_model
+        return model
+
+    def build_optimizer(
+        self, model: nn.Module, name: str, lr: float | None, build: Callable[..., torch.optim.Optimizer]
+    ) -> torch.optim.Optimizer:
+        """The named optimizer over what trains after :meth:`transform` (``build``: ``build_optimizer``)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.offload_optimizer:
+            return _offload.build_offload_optimizer(name, params, lr)
+        return build(name, params, lr, device=self.device)
+
+    def attach_hooks(self, model: nn.Module) -> None:
+        """The forward hooks of ``attention=`` and ``offload_activations=`` on the module that trains."""
+        if self.attention != "auto":
+            self._hooks.append(_attention.AttentionKernel(model, self.attention))
+        if self.offload_activations:
+            self._hooks.append(_offload.ActivationOffload(model, pin_memory=self.device.type == "cuda"))
+
+    def merge_lora(self, model: nn.Module) -> nn.Module:
+        """A plain model with the adapters merged (see :func:`nbtrainer._setup._lora.merge_lora`)."""
+        peft_model = self.peft_model if self.peft_model is not None else model
+        return _lora.merge_lora(peft_model, _quantize.compute_dtype(self.precision))
+
+    def describe(self) -> dict[str, Any]:
+        lora = self.lora_config
+        out: dict[str, Any] = {
+            "quantize": self.quantize,
+            "quantized_layers": len(self.quant_targets),
+            "lora": lora and {"r": lora.r, "alpha": lora.lora_alpha},
+            "offload_activations": self.offload_activations,
+            "offload_optimizer": self.offload_optimizer,
+            "attention": self.attention,
+        }
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    @property
+    def partial_checkpoints(self) -> bool:
+        """Checkpoints hold only what trains (the frozen base comes from the model given on resume)."""
+        return (self.lora_config is not None or self.quantize is not None) and not self.save_base
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"quantize": self.quantize, "lora": self.lora_config is not None, "save_base": self.save_base}
+
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        return _lora.trainable_state(model) if self.partial_checkpoints else model.state_dict()
+
+    def load_model_state(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """Load what :meth:`model_state` saved (quantized base layers through bitsandbytes' own format)."""
+        if self.partial_checkpoints:
+            model.load_state_dict(state, strict=False)  # the keys were checked against model_state() first
+            return
+        rest = dict(state)
+        for name, module in model.named_modules():
+            if type(module).__name__ != "Linear4bit" or not _quantize.is_quantized_linear(module):
+                continue
+            prefix = f"{name}.weight" if name else "weight"
+            stats = {k[len(prefix) + 1 :]: rest.pop(k) for k in list(rest) if k.startswith(prefix + ".")}
+            data = rest.pop(prefix)
+            lib = _quantize.bnb("loading a quantized checkpoint")
+            module.weight = lib.nn.Params4bit.from_prequantized(
+                data, stats, requires_grad=False, device=module.weight.device, module=module
+            )
+        model.load_state_dict(rest, strict=False)
+
+    def check_checkpoint(self, config: dict[str, Any]) -> str | None:
+        """Why a checkpoint written with ``config`` cannot be resumed here (None when it can)."""
+        saved_q, saved_lora = config.get("quantize"), bool(config.get("lora", False))
+        if saved_q != self.quantize:
+            return (
+                f"The checkpoint was trained with quantize={saved_q!r}, this trainer has quantize={self.quantize!r}: "
+                f"its adapters were fitted to that base. Create the Trainer with quantize={saved_q!r}."
+            )
+        if saved_lora != (self.lora_config is not None):
+            return (
+                "The checkpoint was written "
+                + ("with LoRA adapters" if saved_lora else "without lora=")
+                + " and this trainer has "
+                + ("lora=" if self.lora_config is not None else "none")
+                + ". Create the Trainer with the lora= of the run that wrote it."
+            )
+        return None

@@ -1,0 +1,160 @@
+"""Trainer(lora=...) and QLoRA: adapters through PEFT, checkpoints of what trains, bit-exact resume, merging, a
+PeftModel passed in, and the refusals (issue 22)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from setup_models import lm_batches, mlp, mlp_data, tiny_llama
+from torch import nn
+
+from nbtrainer import Trainer
+from nbtrainer._resume._checkpoint_io import CheckpointError
+
+pytest.importorskip("bitsandbytes")
+peft = pytest.importorskip("peft")
+
+LORA = {"r": 4, "alpha": 8, "dropout": 0.05, "target_modules": "all-linear"}
+
+
+def qlora(model: nn.Module | None = None, **kw) -> Trainer:
+    options = {"lr": 1e-2, "quantize": "nf4", "lora": LORA, "progress": False, "seed": 0}
+    return Trainer(model if model is not None else tiny_llama(), None, "adamw", **{**options, **kw})
+
+
+def adapters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_qlora_trains_only_adapters_over_a_4bit_base() -> None:
+    trainer = qlora()
+    assert isinstance(trainer.model, peft.PeftModel)
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert {id(p) for p in trainer._params} == {id(p) for n, p in trainer.model.named_parameters() if p.requires_grad}
+    base = trainer.model.get_base_model()
+    assert type(base.model.layers[0].mlp.down_proj.base_layer).__name__ == "Linear4bit"
+    assert not hasattr(base.lm_head, "lora_A")  # all-linear leaves the output head out
+    history = trainer.fit(lm_batches(), epochs=3)
+    losses = [e["loss"] for e in history.epochs]
+    assert losses[-1] < losses[0]
+
+
+def test_checkpoint_holds_adapters_and_resumes_bit_exactly(tmp_path) -> None:
+    data = lm_batches()
+    straight = qlora()
+    straight.fit(data, epochs=2)
+    first = qlora()
+    first.fit(data, epochs=1)
+    path = first.save_checkpoint(str(tmp_path / "a.ckpt"))
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["model"] and all("lora_" in k for k in ckpt["model"])  # no base weights
+    assert ckpt["config"]["quantize"] == "nf4" and ckpt["config"]["lora"] is True
+    resumed = qlora()
+    resumed.fit(data, epochs=2, resume_from=path)
+    a, b = adapters(straight), adapters(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_save_base_keeps_the_quantized_base_and_resumes(tmp_path) -> None:
+    data = lm_batches(n=2)
+    first = qlora(save_base=True)
+    first.fit(data, epochs=1)
+    path = first.save_checkpoint(str(tmp_path / "b.ckpt"))
+    ckpt = torch.load(path, weights_only=True)
+    assert any(k.endswith("down_proj.base_layer.weight") for k in ckpt["model"])
+    assert any(k.endswith("quant_state.bitsandbytes__nf4") for k in ckpt["model"])
+    # a base from another seed: the saved (quantized) base replaces it, so the run continues as the first would
+    straight = qlora(save_base=True)
+    straight.fit(data, epochs=2)
+    resumed = qlora(tiny_llama(seed=1), save_base=True)
+    resumed.fit(data, epochs=2, resume_from=path)
+    a, b = adapters(straight), adapters(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_without_the_quantized_base_is_refused(tmp_path) -> None:
+    first = qlora()
+    first.fit(lm_batches(n=1), epochs=1)
+    path = first.save_checkpoint(str(tmp_path / "c.ckpt"))
+    plain = Trainer(tiny_llama(), None, "adamw", lora=LORA, progress=False)
+    with pytest.raises(CheckpointError, match=r"trained with quantize='nf4', this trainer has quantize=None"):
+        plain.fit(lm_batches(n=1), epochs=2, resume_from=path)
+    full = Trainer(tiny_llama(), None, "adamw", quantize="nf4", trainable=["lm_head"], progress=False)
+    with pytest.raises(CheckpointError, match=r"with LoRA adapters and this trainer has none"):
+        full.fit(lm_batches(n=1), epochs=2, resume_from=path)
+
+
+def test_merge_lora_gives_a_plain_model_with_the_same_outputs() -> None:
+    trainer = qlora(lora=dict(LORA, dropout=0.0))
+    trainer.fit(lm_batches(), epochs=1)
+    merged = trainer.merge_lora()
+    assert not isinstance(merged, peft.PeftModel)
+    assert not {type(m).__module__.split(".")[0] for m in merged.modules()} & {"peft", "bitsandbytes"}
+    ids = lm_batches(n=1)[0]["input_ids"]
+    trainer.model.eval()
+    merged.eval()
+    # with grad enabled both run bitsandbytes' dequantize + matmul path (its no-grad CPU kernel rounds differently)
+    expected, got = trainer.model(input_ids=ids).logits, merged(input_ids=ids).logits
+    assert (expected - got).abs().max() < 1e-4
+    assert isinstance(trainer.model, peft.PeftModel)  # the trainer's model is left as it was
+
+
+def test_lora_on_a_plain_module() -> None:
+    model = mlp()
+    x, y = mlp_data()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, lora={"r": 4}, progress=False, seed=0)
+    assert hasattr(model.fc1, "lora_A") and hasattr(model.fc2, "lora_A") and not hasattr(model.head, "lora_A")
+    assert type(model.fc1.base_layer) is nn.Linear  # no quantize=: a full-precision base
+    history = trainer.fit((x, y), batch_size=32, epochs=3)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+
+
+def test_trainable_layers_train_beside_the_adapters() -> None:
+    model = mlp()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", lora={"r": 4}, trainable=["head"])
+    assert model.head.weight.requires_grad and type(model.head) is nn.Linear
+    assert any(p is model.head.weight for p in trainer._params)
+
+
+def test_a_peft_model_passed_in_keeps_working() -> None:
+    model = peft.get_peft_model(mlp(), peft.LoraConfig(r=4, target_modules=["fc1"]))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), optimizer, progress=False, seed=0)
+    x, y = mlp_data()
+    history = trainer.fit((x, y), batch_size=32, epochs=2)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+    with pytest.raises(ValueError, match=r"already is a PeftModel"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", lora={"r": 4})
+
+
+def test_bad_lora_input_is_refused_before_the_model_changes() -> None:
+    model = mlp()
+    with pytest.raises(ValueError, match=r"target_modules=\['attn'\] matches no module of MLP.*'fc1'"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", lora={"r": 4, "target_modules": ["attn"]})
+    with pytest.raises(ValueError, match=r"unknown keys \['rank'\]"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", lora={"rank": 4})
+    with pytest.raises(TypeError, match=r"lora= takes a dict"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", lora=4)
+    with pytest.raises(ValueError, match=r"save_base=True is for lora="):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", save_base=True)
+    assert type(model.fc1) is nn.Linear and not hasattr(model.fc1, "lora_A")
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_gradients_after_an_evaluation_pass_are_the_same() -> None:
+    """bitsandbytes repacks 4-bit weights for CPU inference in eval mode (AVX512-BF16), into a layout with no
+    backward; our layers opt out, so training after validation gets the gradients it got before."""
+    trainer = qlora(lora=dict(LORA, dropout=0.0))
+    batch = lm_batches(n=1)[0]
+
+    def grads() -> dict[str, torch.Tensor]:
+        trainer.model.train()
+        trainer.model.zero_grad()
+        trainer.model(**batch).loss.backward()
+        return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    before = grads()
+    trainer.evaluate([batch])
+    after = grads()
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -1,0 +1,114 @@
+"""Trainer(quantize=...): frozen bitsandbytes layers on any nn.Module, what stays full precision, the compute
+dtype, memory, and every refusal before the model changes (issue 22)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from setup_models import lm_batches, mlp, mlp_data, tiny_llama
+from torch import nn
+
+from nbtrainer import Trainer
+from nbtrainer._setup._quantize import quantized_weight_bytes
+
+bnb = pytest.importorskip("bitsandbytes")
+
+
+@pytest.mark.parametrize(
+    ("method", "layer", "ratio"),
+    [
+        ("nf4", "Linear4bit", 0.16),
+        ("nf4-dq", "Linear4bit", 0.25),  # a 1 KiB second-level code book per layer weighs on layers this small
+        ("fp4", "Linear4bit", 0.16),
+        ("int8", "Linear8bitLt", 0.3),
+    ],
+)
+def test_linears_become_frozen_bnb_layers_but_the_head(method: str, layer: str, ratio: float) -> None:
+    model = mlp()
+    x, y = mlp_data()
+    before = model(x[:8]).detach()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, quantize=method, progress=False, seed=0)
+    assert type(model.fc1).__name__ == layer and type(model.fc2).__name__ == layer
+    assert type(model.head) is nn.Linear and model.head.weight.requires_grad  # the output head stays
+    assert not any(p.requires_grad for p in [*model.fc1.parameters(), *model.fc2.parameters()])
+    assert {id(p) for p in trainer._params} == {id(p) for p in model.head.parameters()}
+    stored, full = quantized_weight_bytes(model)
+    assert 0 < stored <= ratio * full
+    # the quantized model computes what the fp32 one did, up to the rounding of its weights (4-bit: coarse)
+    error = (model(x[:8]) - before).norm() / before.norm()
+    assert error < (0.03 if method == "int8" else 0.3), error
+    history = trainer.fit((x, y), batch_size=32, epochs=4)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+
+
+def test_compute_dtype_follows_precision() -> None:
+    model = mlp()
+    Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", precision="bf16-mixed", progress=False)
+    assert model.fc1.compute_dtype == torch.bfloat16
+    model = mlp()
+    Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", progress=False)
+    assert model.fc1.compute_dtype == torch.float32
+
+
+def test_trainable_layers_stay_full_precision_and_train() -> None:
+    model = mlp()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", trainable=["fc2.*"], progress=False)
+    assert type(model.fc1).__name__ == "Linear4bit"
+    assert type(model.fc2) is nn.Linear and model.fc2.weight.requires_grad
+    assert not model.head.weight.requires_grad  # trainable= chose fc2 only
+    assert {id(p) for p in trainer._params} == {id(p) for p in model.fc2.parameters()}
+
+
+def test_hugging_face_model_quantized_from_a_config() -> None:
+    model = tiny_llama()
+    trainer = Trainer(model, None, "adamw", lr=1e-2, quantize="nf4", progress=False, seed=0)
+    kinds = {type(m).__name__ for m in model.model.layers.modules()}
+    assert "Linear4bit" in kinds and "Linear" not in kinds
+    assert type(model.lm_head) is nn.Linear  # the output embeddings stay
+    history = trainer.fit(lm_batches(), epochs=2)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+
+
+class Conv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(dim=(2, 3))
+
+
+def test_bad_input_is_refused_before_the_model_changes() -> None:
+    with pytest.raises(ValueError, match=r"nothing to quantize in Conv: it has no nn.Linear"):
+        Trainer(Conv(), nn.CrossEntropyLoss(), "adamw", quantize="nf4", progress=False)
+    model = mlp()
+    with pytest.raises(ValueError, match=r"quantize='nf8' is not a quantization: use one of"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf8", progress=False)
+    with pytest.raises(ValueError, match=r"Give it by name"):
+        Trainer(model, nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters()), quantize="nf4", progress=False)
+    with pytest.raises(ValueError, match=r"nothing else trains: add adapters"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", freeze=["head"], progress=False)
+    # a later check failing (precision) leaves the model untouched too
+    with pytest.raises(ValueError, match="precision"):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", quantize="nf4", precision="fp8", progress=False)
+    assert type(model.fc1) is nn.Linear and model.fc1.weight.requires_grad
+
+
+def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what an absent package looks like to import
+    with pytest.raises(ImportError, match=r'pip install "nbtrainer\[quant\]"'):
+        Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", quantize="nf4", progress=False)
+    with pytest.raises(ImportError, match=r"optimizer=.adamw8bit. needs bitsandbytes.*nbtrainer\[quant\]"):
+        Trainer(mlp(), nn.CrossEntropyLoss(), "adamw8bit", progress=False)
+
+
+def test_import_nbtrainer_imports_no_quantization_library() -> None:
+    code = (
+        "import sys, nbtrainer; from nbtrainer import Trainer, compare_strategies; "
+        "print([m for m in ('bitsandbytes', 'peft', 'torchao') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
