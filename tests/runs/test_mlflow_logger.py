@@ -1,0 +1,179 @@
+"""MLflowLogger against a real MLflow: a local SQLite tracking URI, and a real ``mlflow server`` over HTTP;
+everything is read back with ``MlflowClient``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+
+import pytest
+import torch
+from conftest import accuracy, make_classification, make_loader, mlp
+
+from nbtrainer import MLflowLogger, ModelCheckpoint, Trainer
+from nbtrainer._runs._mlflow import MAX_PARAM, flatten_params
+
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def _fit(logger, tmp_path, *, epochs=2, callbacks=(), **kw):
+    x, y = make_classification(n=96)
+    trainer = Trainer(
+        mlp(), torch.nn.CrossEntropyLoss(), "adamw", lr=3e-3, progress=False, metrics={"acc": accuracy},
+        callbacks=[*callbacks, logger], refresh_interval=0.0, run_store=tmp_path / "runs.db", **kw,
+    )  # fmt: skip
+    history = trainer.fit(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=epochs)
+    return trainer, history
+
+
+class LowerLR:
+    def on_epoch_end(self, trainer, epoch, logs):
+        if epoch == 1:
+            trainer.set_lr(1e-3)
+
+
+def test_a_fit_reads_back_from_mlflow(uri, tmp_path):
+    ckpt = ModelCheckpoint(tmp_path / "ckpt", monitor="val_loss", save_last=True)
+    logger = MLflowLogger(tracking_uri=uri, experiment="digits", run_name="first", log_checkpoints=True)
+    trainer, history = _fit(logger, tmp_path, callbacks=[LowerLR(), ckpt], grad_accum_steps=2, seed=5)
+    assert logger.error is None
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "first"
+    assert client.get_experiment(run.info.experiment_id).name == "digits"
+    params = run.data.params
+    assert params["optimizer"] == "AdamW" and params["optimizer_params.lr"] == "0.003"
+    assert params["grad_accum_steps"] == "2" and params["seed"] == "5" and params["model.params"] == "227"
+    assert params["precision"] == "fp32" and params["env.torch"] == torch.__version__
+    tags = run.data.tags
+    assert tags["nbtrainer.status"] == "finished" and tags["nbtrainer.run_id"] == trainer.run_id
+    steps = client.get_metric_history(logger.run_id, "step/loss")
+    assert [m.step for m in steps] == history.steps["step"]
+    assert [m.value for m in steps] == pytest.approx(history.steps["loss"], rel=1e-12)
+    val = client.get_metric_history(logger.run_id, "val_acc")
+    assert [m.value for m in val] == pytest.approx(history["val_acc"]) and [m.step for m in val] == [3, 6]
+    lr = client.get_metric_history(logger.run_id, "control/lr")
+    changes = [(e["step"], e["new"]) for e in history.events if e["kind"] == "lr"]
+    assert [(m.step, m.value) for m in lr] == changes and changes[0][1] == 1e-3
+    artifacts = {a.path for a in client.list_artifacts(logger.run_id)}
+    assert "events.json" in artifacts and "checkpoints" in artifacts
+    files = {os.path.basename(a.path) for a in client.list_artifacts(logger.run_id, "checkpoints")}
+    assert "last.ckpt" in files and os.path.basename(ckpt.best_model_path) in files
+
+
+def test_a_stopped_fit_ends_killed_with_its_reason(uri, tmp_path):
+    class Stop:
+        def on_epoch_end(self, trainer, epoch, logs):
+            trainer.request_stop("enough")
+
+    logger = MLflowLogger(tracking_uri=uri, experiment="digits")
+    _, history = _fit(logger, tmp_path, epochs=3, callbacks=[Stop()])
+    run = mlflow.MlflowClient(uri).get_run(logger.run_id)
+    assert history.status == "stopped" and run.info.status == "KILLED"
+    assert run.data.tags["nbtrainer.status"] == "stopped" and run.data.tags["nbtrainer.stop_reason"] == "enough"
+
+
+def test_long_params_are_cut_to_what_mlflow_takes(uri):
+    params = flatten_params({"blocks": ["layer"] * 2000, "name": "x" * 7000, "a": {"b": {"c": 1}}, "bad:key?": 2})
+    assert len(params["blocks"]) == len(params["name"]) == MAX_PARAM and params["name"].endswith("...")
+    assert params["a.b.c"] == "1" and params["bad_key_"] == "2"
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("limits") or client.get_experiment(client.create_experiment("limits"))
+    run = client.create_run(exp.experiment_id)
+    from mlflow.entities import Param
+
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])  # accepted as is
+    assert client.get_run(run.info.run_id).data.params == params
+
+
+def test_an_unreachable_uri_is_said_once_and_training_goes_on(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    logger = MLflowLogger(tracking_uri=f"http://127.0.0.1:{port}", experiment="x")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, history = _fit(logger, tmp_path)
+        _fit(logger, tmp_path)
+    said = [w for w in caught if "MLflowLogger: cannot log" in str(w.message)]
+    assert len(said) == 2  # once per fit, not once per value
+    assert "Training goes on" in str(said[0].message) and f"127.0.0.1:{port}" in str(said[0].message)
+    assert history.status == "finished" and len(history.epochs) == 2
+    from nbtrainer import Runs
+
+    assert Runs(tmp_path / "runs.db")[trainer.run_id].steps == len(history.steps["step"])  # kept locally
+
+
+def test_missing_mlflow_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError, match=r"nbtrainer\[mlflow\]"):
+        MLflowLogger(tracking_uri="sqlite:///x.db")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, "mlflow server exited at start"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not answer in 180 s"
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers, by its PID
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_logging_to_a_real_mlflow_server_over_http(mlflow_server, tmp_path):
+    ckpt = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
+    logger = MLflowLogger(tracking_uri=mlflow_server, experiment="remote", log_checkpoints=True, tags={"team": "a"})
+    _, history = _fit(logger, tmp_path, callbacks=[ckpt])
+    assert logger.error is None
+    client = mlflow.MlflowClient(mlflow_server)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["team"] == "a"
+    assert run.data.params["optimizer_params.lr"] == "0.003"
+    assert [m.value for m in client.get_metric_history(logger.run_id, "step/loss")] == pytest.approx(
+        history.steps["loss"], rel=1e-12
+    )
+    assert [m.value for m in client.get_metric_history(logger.run_id, "val_loss")] == pytest.approx(history["val_loss"])
+    found = client.search_runs([run.info.experiment_id], filter_string="tags.team = 'a'")
+    assert [r.info.run_id for r in found] == [logger.run_id]
+    files = {os.path.basename(a.path) for a in client.list_artifacts(logger.run_id, "checkpoints")}
+    assert "last.ckpt" in files
