@@ -686,7 +686,7 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
     refs = [weakref.ref(t) for b in batches for t in b]
     try:
         trainer.fit(batches, epochs=1)
-    except RuntimeError:
+    except (RuntimeError, KeyboardInterrupt):  # a script gets the KeyboardInterrupt back once the run is closed
         pass
     assert trainer.status == ("interrupted" if exc is KeyboardInterrupt else "failed")
     del batches

@@ -167,3 +167,43 @@ def test_fit_more_fresh_schedule_needs_no_matching_scheduler_in_the_new_trainer(
     c, loader = _setup(None, seed=3, scheduler=False)
     with pytest.raises(Exception, match="Configure the scheduler as in the original run"):
         c.fit_more(loader, epochs=1, resume_from=str(tmp_path / "last.ckpt"))
+
+
+def test_resume_with_fewer_epochs_than_the_checkpoint_has_is_refused_up_front(tmp_path):
+    first, loader = _setup(tmp_path, scheduler=False)
+    first.fit(loader, epochs=6)
+    second, loader = _setup(tmp_path, seed=7, scheduler=False)
+    before = _weights(second)
+    with pytest.raises(ValueError, match=r"(?s)at epoch 6 \(6 epoch\(s\) done\).*epochs=5.*fit_more\("):
+        second.fit(loader, epochs=5, resume_from="last")
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(second), strict=True))  # nothing loaded
+    assert second.status == "idle" and not second.history.epochs
+
+
+@pytest.mark.parametrize("spelling", ["last-if-exists", "auto"])
+def test_resume_from_last_if_exists_starts_fresh_then_resumes_and_says_which(tmp_path, spelling):
+    import io
+
+    from nbtrainer import ProgressBar
+
+    out = io.StringIO()
+    first, loader = _setup(tmp_path / "ckpt", scheduler=False, epochs=2)
+    first.add_callback(ProgressBar(mode="lines", file=out))
+    history = first.fit(loader, epochs=2, resume_from=spelling)  # no last.ckpt yet: a fresh run
+    assert history.status == "finished" and len(history) == 2
+    fresh = str(tmp_path / "ckpt" / "last.ckpt")
+    assert f"resume_from={spelling!r}: no {fresh} yet, starting fresh" in out.getvalue().splitlines()
+    assert [e["new"] for e in history.events if e["kind"] == "resume_from"] == [f"no {fresh} yet, starting fresh"]
+
+    out = io.StringIO()
+    second, loader = _setup(tmp_path / "ckpt", seed=7, scheduler=False)
+    second.add_callback(ProgressBar(mode="lines", file=out))
+    history = second.fit(loader, epochs=3, resume_from=spelling)
+    assert [r["epoch"] for r in history] == [1, 2, 3]  # epochs 1-2 came from the checkpoint
+    assert f"resume_from={spelling!r}: resuming from {fresh}" in out.getvalue().splitlines()
+
+
+def test_resume_from_last_if_exists_needs_a_model_checkpoint():
+    trainer, loader = _setup(scheduler=False)
+    with pytest.raises(ValueError, match=r"last-if-exists.*ModelCheckpoint\(dirpath, save_last=True\)"):
+        trainer.fit(loader, epochs=1, resume_from="last-if-exists")

@@ -126,7 +126,9 @@ def test_save_checkpoint_from_another_thread(tmp_path):
     assert ck["loop"]["global_step"] >= 3 and ck["loop"]["batch"] == ck["loop"]["global_step"]
 
 
-def test_keyboard_interrupt_returns_history_and_keeps_model_usable():
+def test_keyboard_interrupt_returns_history_and_keeps_model_usable(monkeypatch):
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a notebook gets the History (a script: test_interrupt)
+
     class CtrlC:
         def on_optimizer_step(self, trainer, step, skipped):
             if step == 7:

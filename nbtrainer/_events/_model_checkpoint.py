@@ -25,6 +25,8 @@ class ModelCheckpoint(Callback):
         every_n_steps: also save ``last.ckpt`` every n optimizer steps (mid-epoch; needs ``save_last``
             or is implied by it).
         filename: format string with ``{epoch}``, ``{step}`` and any log key.
+        save_on_interrupt: on Ctrl-C, write ``last.ckpt`` where the run stopped (the next optimizer step after
+            the interrupt); default: on with ``save_last``.
 
     Attributes:
         best_model_path: the file of the best checkpoint so far by ``monitor`` (without a monitor: the most
@@ -52,6 +54,7 @@ class ModelCheckpoint(Callback):
         every_n_epochs: int = 1,
         every_n_steps: int | None = None,
         filename: str | None = None,
+        save_on_interrupt: bool | None = None,
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
@@ -62,6 +65,7 @@ class ModelCheckpoint(Callback):
         self.mode = resolve_mode(monitor, mode) if monitor else "max"
         self.save_top_k = save_top_k
         self.save_last = save_last or every_n_steps is not None
+        self.save_on_interrupt = self.save_last if save_on_interrupt is None else bool(save_on_interrupt)
         self.every_n_epochs = every_n_epochs
         self.every_n_steps = every_n_steps
         self.filename = filename or ("epoch{epoch:03d}-{" + monitor + ":.4f}" if monitor else "epoch{epoch:03d}")
@@ -96,6 +100,12 @@ class ModelCheckpoint(Callback):
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.last_model_path = self.last_path
             self._save(trainer, self.last_path)
+
+    def save_now(self, trainer: Any) -> str:
+        """Write ``last.ckpt`` at once (not deferred): fit calls it at a Ctrl-C, once the loop has stopped."""
+        trainer.save_checkpoint(self.last_path)
+        self.last_model_path = self.last_path
+        return self.last_path
 
     def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
         if epoch % self.every_n_epochs:

@@ -187,6 +187,9 @@ class ProgressBar:
             self._step_bar.set_description(f"epoch {epoch}", refresh=False)
 
     def on_refresh(self, trainer: Any, progress: Progress) -> None:
+        if self._step_bar is None and self._tqdm is not None and progress.stage == "train":
+            # an epoch resumed mid-way gets no on_epoch_start (it started in the run that was saved)
+            self.on_epoch_start(trainer, progress.epoch)
         bar = self._step_bar
         if bar is not None:
             bar.n = progress.batch
@@ -209,6 +212,9 @@ class ProgressBar:
                 self._write(_heartbeat_line(progress))
 
     def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+        if event.get("kind") == "resume_from" and self.active_mode is not None:
+            self._write(f"resume_from={event.get('old')!r}: {event.get('new')}")
+            return
         if self.active_mode != "lines" or event.get("kind") not in ("lr", "grad_accum_steps", "pause", "resume"):
             return
         kind = event["kind"]

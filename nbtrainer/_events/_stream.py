@@ -7,8 +7,9 @@ consumers of the same events.
 Events, in the order they fire (``epoch`` is 1-based everywhere):
 
 ==============================  ==========================================================================
-``on_fit_start(trainer)``        before the first batch (validation of inputs has passed)
-``on_epoch_start(trainer, epoch)``
+``on_fit_start(trainer)``        before any batch is computed (the arguments have been checked; the first
+                                training and validation batches are checked after it)
+``on_epoch_start(trainer, epoch)``  not again for an epoch resumed mid-way (it started in the saved run)
 ``on_train_batch_start(trainer, batch, batch_idx)``   per micro-batch, already on the device
 ``on_train_batch_end(trainer, batch_idx, loss)``      ``loss`` is a device tensor: never ``.item()`` it here
 ``on_before_optimizer_step(trainer, optimizer)``      grads are unscaled and clipped
@@ -16,7 +17,7 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 ``on_refresh(trainer, progress)``   wall-clock throttled (``refresh_interval``); the only place running
                                     values are read from the device. ``progress`` is a :class:`Progress`.
 ``on_control(trainer, event)``     a control request (lr, accumulation, pause, stop) took effect
-``on_validation_start(trainer)`` / ``on_validation_end(trainer, logs)``
+``on_validation_start(trainer)`` / ``on_validation_end(trainer, logs)``  in fit and in ``evaluate()``
 ``on_epoch_end(trainer, epoch, logs)``  ``logs`` is the History row for the epoch
 ``on_exception(trainer, exception)``   then the exception propagates (KeyboardInterrupt excepted)
 ``on_fit_end(trainer, history)``       always, also after stop / interrupt / error

@@ -106,6 +106,7 @@ class FitLoop:
         self._step_marks: list[tuple[int, int, float]] = []  # (global_step, cum micro end, lr)
         self._open_window: list[tuple[float, int]] = []
         self._stepped = False
+        self._mid_window = False  # micro-batches taken since the last optimizer step (see at_step_boundary)
         self._fit_start = time.perf_counter()
         self._epoch_start = self._fit_start
         self._last_refresh = self._fit_start
@@ -174,7 +175,8 @@ class FitLoop:
         p = self.progress
         p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
         self._epoch_start = time.perf_counter() - st.epoch_time
-        cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
+        if not resumed_mid_epoch:  # the epoch already started in the run that wrote the checkpoint
+            cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
         # a resumed epoch skips the batches it already trained on (same data order); RNG restored afterwards
         it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
@@ -210,6 +212,7 @@ class FitLoop:
                 except StopIteration:
                     break
             if in_window == 0:
+                self._mid_window = True
                 k = t.grad_accum_steps
                 remaining = n - st.batch if n is not None else 0
                 window = min(k, remaining) if remaining > 0 else k
@@ -334,12 +337,18 @@ class FitLoop:
         elif t.scheduler is not None and t._scheduler_per_step:
             t.scheduler.step()
         self._step_marks.append((st.global_step, self._micro_total, lr))
+        self._mid_window = False
         if bound["on_optimizer_step"]:
             t.callbacks.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
         if t._deferred:
             t._run_deferred()
         if self.profiler is not None:
             self.profiler.step()
+
+    def at_step_boundary(self) -> bool:
+        """True between optimizer steps: no micro-batch of an unfinished window has been taken, so the
+        state can be saved and resumed exactly (a Ctrl-C that raised mid-window cannot be)."""
+        return not self._mid_window
 
     def read_memory(self) -> None:
         """Read the memory of the window since the last refresh into the progress (host counters only)."""

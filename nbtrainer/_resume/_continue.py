@@ -19,11 +19,13 @@ import torch
 
 __all__ = [
     "CONTINUE",
+    "IF_EXISTS",
     "Plan",
     "check_resume",
     "check_schedule",
     "completed_epochs",
     "fit_more",
+    "resolve_if_exists",
     "resume",
     "schedule_capacity",
     "steps_left",
@@ -250,6 +252,27 @@ def fit_more(
     )
 
 
+#: ``resume_from`` values that start fresh when there is no ``last.ckpt`` yet (preemptible jobs).
+IF_EXISTS = ("last-if-exists", "auto")
+
+
+def resolve_if_exists(trainer: Any, resume_from: str) -> tuple[str | None, str]:
+    """``resume_from="last-if-exists"`` (or ``"auto"``): ``("last", note)`` when the ModelCheckpoint's
+    ``last.ckpt`` exists, ``(None, note)`` (a fresh start) when it does not; ``note`` says which, for the log."""
+    import os
+
+    dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+    if not dirs:
+        raise ValueError(
+            f"resume_from={resume_from!r} looks for the last.ckpt of a ModelCheckpoint callback, and this trainer "
+            "has none: add ModelCheckpoint(dirpath, save_last=True) to callbacks=, or pass a checkpoint path."
+        )
+    path = os.path.join(dirs[0], "last.ckpt")
+    if os.path.exists(path):
+        return "last", f"resuming from {path}"
+    return None, f"no {path} yet, starting fresh"
+
+
 def resume(trainer: Any, resume_from: Any, plan: Plan) -> None:
     """``fit(resume_from=...)``: load the checkpoint, refusing first a saved schedule too short for ``plan``;
     nothing to load for :data:`CONTINUE` (``fit_more`` already put the run's state in place)."""
@@ -261,7 +284,18 @@ def resume(trainer: Any, resume_from: Any, plan: Plan) -> None:
 
 
 def check_resume(trainer: Any, plan: Plan, ckpt: dict[str, Any], *, resume_hint: str = ", resume_from=...") -> None:
-    """:func:`check_schedule` for a checkpoint about to be loaded (its scheduler, position and accumulation)."""
+    """Refuse a checkpoint already past ``plan.epochs``; then :func:`check_schedule` for it (its scheduler,
+    position and accumulation), before anything of it is loaded."""
+    loop = ckpt.get("loop", {})
+    at = int(loop.get("epoch", 0)) + 1  # the epoch the run is in, or the last one it completed
+    if at > plan.epochs:
+        done = completed_epochs(loop)
+        raise ValueError(
+            f"The checkpoint's run is at epoch {at} ({done} epoch(s) done), but this fit asks for epochs={plan.epochs} "
+            f"in total: fit(epochs=N) counts the whole run, so {plan.epochs} < {at} leaves nothing to train. Pass "
+            f"epochs={max(at, done + 1)} or more to continue the run, or use trainer.fit_more(train_loader, "
+            "val_loader, epochs=N, resume_from=...) to train N more epochs."
+        )
     state = ckpt.get("scheduler")
     if state is None:
         return

@@ -27,6 +27,7 @@ from nbtrainer._setup._optim import move_optimizer_state
 from nbtrainer._setup._seed import seed_everything, set_deterministic
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
+from nbtrainer._trainer._interrupt import INTERRUPT_REASON, StopOnInterrupt, reraise_in_script, save_on_interrupt
 
 __all__ = ["TrainerFit", "is_plateau"]
 
@@ -63,7 +64,11 @@ class TrainerFit(TrainerBase):
         resume_from: str | None = None,
         profiler: Any = None,
     ) -> History:
-        """Train; returns the :class:`History` (also when stopped, interrupted; re-raises errors).
+        """Train; returns the :class:`History` (also when stopped; re-raises errors).
+
+        Ctrl-C stops at the next optimizer step (a second one at once) and writes ``last.ckpt`` there when a
+        ``ModelCheckpoint`` has ``save_on_interrupt`` (on with ``save_last``). Then, once the run is closed, a
+        notebook gets the History marked ``interrupted``; a script gets the ``KeyboardInterrupt`` back (exit 130).
 
         Args:
             data: any iterable of batches (DataLoader, list...), or arrays like Keras: a tuple ``(x, y)`` /
@@ -81,8 +86,11 @@ class TrainerFit(TrainerBase):
                 ``history.stop_reason`` saying ``max_steps=N reached``. ``Progress.epochs`` and the epoch
                 bar count the epochs it reaches; an epoch it cuts short has its steps in ``history.steps``
                 but no row in ``history.epochs`` (so a resume continues it exactly).
-            resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback).
-                A saved OneCycleLR too short for ``epochs`` is refused before anything is loaded.
+            resume_from: a checkpoint path or ``"last"`` (the ``last.ckpt`` of a ModelCheckpoint callback);
+                ``"last-if-exists"`` (alias ``"auto"``, for preemptible jobs): that ``last.ckpt`` when there is
+                one, else a fresh start, said in one progress line and a ``resume_from`` event. Refused before
+                anything is loaded: a checkpoint already past ``epochs`` (use :meth:`fit_more` for more
+                epochs) and a saved OneCycleLR too short for ``epochs``.
             profiler: a ``torch.profiler.profile``; phases get ``nbt.*`` ranges and ``step()`` is called.
 
         Example:
@@ -123,6 +131,11 @@ class TrainerFit(TrainerBase):
         self._control.reset()
         self._nonfinite.reset()
         plan = _continue.Plan(train_loader, epochs, max_steps)
+        resume_note: tuple[str, str] | None = None
+        if isinstance(resume_from, str) and resume_from in _continue.IF_EXISTS:
+            requested = resume_from
+            resume_from, note = _continue.resolve_if_exists(self, resume_from)
+            resume_note = (requested, note)
         if resume_from is not None:
             _continue.resume(self, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
@@ -149,11 +162,23 @@ class TrainerFit(TrainerBase):
         self._active.add(self)
         self.status = self.history.status = "running"
         self.history.stop_reason = None
+        # Ctrl-C: the first one stops at the next optimizer step (_interrupt), a second one raises at once
+        ctrl_c = StopOnInterrupt(self._control, enabled=not self.strategy.distributed)
+        interrupted: BaseException | None = None
         try:
-            if val_loader is not None and resume_from is None:
-                _validate.check_val_loader(self, val_loader)  # its first batch, now, under restored RNG
-            self.callbacks.call("on_fit_start", trainer=self)
-            loop.run()
+            with ctrl_c:
+                self.callbacks.call("on_fit_start", trainer=self)
+                if resume_note is not None:  # say whether it resumed (one line in the progress, an event)
+                    st = self._state
+                    event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}
+                    self.callbacks.call(
+                        "on_control", trainer=self, event={**event, "old": resume_note[0], "new": resume_note[1]}
+                    )
+                if val_loader is not None and resume_from is None:
+                    # its first batch, now, under restored RNG; after on_fit_start, so a stateful compute_loss
+                    # (reset by its callbacks) never sees a batch before the fit has started
+                    _validate.check_val_loader(self, val_loader)
+                loop.run()
             st, reason = self._state, self._control.stop_reason
             completed = st.epoch_complete and st.epoch + 1 >= epochs
             at_max_steps = (reason or "").startswith("max_steps")
@@ -161,15 +186,22 @@ class TrainerFit(TrainerBase):
             # a normal finish, with no reason that would read as if the run had been cut short.
             if reason and (at_max_steps or not completed):
                 self.history.stop_reason = reason
-            if self._control.stop_requested and not completed and not at_max_steps:
+            if ctrl_c.received and not completed:
+                self.status = "interrupted"
+                self._save_on_interrupt()
+            elif self._control.stop_requested and not completed and not at_max_steps:
                 self.status = "stopped"
             else:
                 self.status = "finished"
-        except KeyboardInterrupt:
-            # Ctrl-C: stop at this point, drop the half-accumulated window, keep the kernel alive.
+        except KeyboardInterrupt as exc:
+            # Ctrl-C raised inside a step (a second Ctrl-C, or no handler could be installed): drop the
+            # half-accumulated window; last.ckpt only when the loop was between optimizer steps.
             self.optimizer.zero_grad(set_to_none=True)
             self.status = "interrupted"
-            self.history.stop_reason = "KeyboardInterrupt"
+            self.history.stop_reason = INTERRUPT_REASON
+            interrupted = exc
+            if loop.at_step_boundary() and not self.strategy.distributed:
+                self._save_on_interrupt()
         except BaseException as exc:
             self.status = "failed"
             self.history.stop_reason = f"{type(exc).__name__}: {exc}"
@@ -182,7 +214,20 @@ class TrainerFit(TrainerBase):
                 self._end_fit()
             raise
         self._end_fit()
+        if interrupted is not None or ctrl_c.received:
+            try:
+                reraise_in_script(interrupted)  # a script stops (exit 130); a notebook gets the History
+            finally:
+                interrupted = None  # no frame holds the exception it raises
         return self.history
+
+    def _save_on_interrupt(self) -> None:
+        if self._state.global_step == 0:
+            return  # nothing trained in this run yet: a checkpoint would only repeat the start
+        for path in save_on_interrupt(self):
+            self.history.add_event(
+                step=self._state.global_step, epoch=self._state.epoch + 1, kind="save_on_interrupt", old=None, new=path
+            )
 
     def fit_more(
         self,
