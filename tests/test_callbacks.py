@@ -170,3 +170,36 @@ def test_event_order_and_duck_typing():
         "on_before_optimizer_step",
         "on_optimizer_step",
     ] * 2 + ["on_validation_start", "on_validation_end", "on_epoch_end"]
+
+
+def test_lr_monitor_agrees_with_the_lr_column_under_an_epoch_scheduler():
+    x, y = make_classification(n=64)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        opt,
+        scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1),
+        scheduler_interval="epoch",
+        callbacks=[LRMonitor()],
+        progress=False,
+    )
+    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=3)
+    assert history["lr"] == pytest.approx([0.1, 0.01, 0.001])  # the LR each epoch trained with
+    assert history["lr_group0"] == history["lr"]
+    assert trainer.current_lr == pytest.approx(1e-4)  # the schedule still stepped after every epoch
+
+
+def test_train_digits_example_says_why_it_fails(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+    spec = importlib.util.spec_from_file_location("train_digits_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--epochs", "1", "--lr", "1e-6"]) == 1  # too little training to reach the target
+    err = capsys.readouterr().err
+    assert "below the target 0.95" in err, err

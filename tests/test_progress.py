@@ -228,3 +228,10 @@ def test_max_steps_is_a_finish_and_the_bar_agrees_with_the_history(max_steps, pl
     positions = _epoch_bar_positions(out.getvalue())
     assert positions[-1] == f"{rows}/{planned}", positions
     assert out.getvalue().rstrip().splitlines()[-1].startswith(f"training finished (max_steps={max_steps} reached)")
+
+
+def test_epoch_lines_show_the_time_with_its_unit():
+    from nbtrainer._events._progress import format_logs
+
+    line = format_logs({"epoch": 1, "loss": 0.5, "time": 2.3, "samples_per_s": 10.0})
+    assert "time=2.30s" in line.split("  "), line

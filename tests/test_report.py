@@ -161,3 +161,47 @@ def test_metric_classification():
 def test_an_empty_chart_says_so():
     svg = svg_chart([], title="loss", xlabel="step", ylabel="loss")
     assert "no data" in svg and ET.fromstring(svg).tag == f"{SVG}svg"
+
+
+def test_legend_swatches_of_the_raw_and_smoothed_loss_differ_like_their_lines():
+    chart = next(c for c in _charts(_history().to_svg()) if _title(c).startswith("loss"))
+    texts = list(chart.iter(f"{SVG}text"))
+    lines = list(chart.iter(f"{SVG}line"))
+
+    def swatch(label):  # the legend line just left of its label
+        text = next(t for t in texts if t.text == label)
+        x, y = float(text.get("x")), float(text.get("y"))
+        return next(
+            ln for ln in lines if float(ln.get("x2")) == x - 4 and abs(float(ln.get("y1")) - (y - 3)) < 0.01
+        ).attrib
+
+    raw, smooth = swatch("loss (step)"), swatch("smoothed")
+    assert raw != smooth
+    assert float(raw.get("stroke-opacity", 1)) < float(smooth.get("stroke-opacity", 1))
+
+
+def test_to_html_shows_every_epoch_without_a_scroll_box():
+    h = _history(epochs=30, steps_per_epoch=2)
+    text = h.to_html()
+    assert "max-height" not in text and text.count("<tr>") == 31  # the header and every epoch
+
+
+def test_on_a_tie_the_table_bolds_the_first_best_epoch_as_history_best_does():
+    from nbtrainer._report._html import epoch_table_html
+
+    rows = [
+        {"epoch": e, "val_loss": 0.5 if e in (2, 4) else 0.9, "val_acc": 0.8 if e in (2, 4) else 0.1}
+        for e in (1, 2, 3, 4)
+    ]
+    h = History()
+    for r in rows:
+        h.add_epoch(r)
+    assert h.best("val_loss")["epoch"] == 2 and h.best("val_acc", mode="max")["epoch"] == 2
+    body = epoch_table_html(rows).split("<tbody>")[1].split("</tr>")
+    assert body[1].count("<b>") == 2 and body[3].count("<b>") == 0, body  # epoch 2 for both columns
+
+
+def test_history_repr_keeps_small_values():
+    h = History()
+    h.add_epoch({"epoch": 1, "lr": 1.52e-6, "loss": 0.123456})
+    assert "'lr': 1.52e-06" in repr(h) and "'loss': 0.1235" in repr(h)

@@ -173,7 +173,12 @@ class EarlyStopping(Callback):
 
 
 class LRMonitor(Callback):
-    """Adds the learning rate of every param group to the epoch logs (``lr_group{i}``)."""
+    """Adds the learning rate of every param group to the epoch logs (``lr_group{i}``): the LRs the epoch's
+    last step used, as ``lr`` (an epoch scheduler steps after ``on_epoch_end``).
+
+    Example:
+        >>> monitor = LRMonitor()  # Trainer(..., callbacks=[monitor]); history["lr_group0"]
+    """
 
     def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
         for i, group in enumerate(trainer.optimizer.param_groups):

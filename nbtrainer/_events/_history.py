@@ -90,7 +90,8 @@ class History:
         return pick(rows, key=lambda r: r[monitor])
 
     def __repr__(self) -> str:
-        last = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.last.items()}
+        # 4 significant digits, not 4 decimals: an LR of 1.52e-6 must not read as 0.0
+        last = {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in self.last.items()}
         return (
             f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
         )

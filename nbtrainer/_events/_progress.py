@@ -71,7 +71,12 @@ def format_logs(logs: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) -> str
     """
     keys = [k for k in logs if k not in skip]
     keys.sort(key=lambda k: _TRAILING.index(k) + 1 if k in _TRAILING else 0)  # stable: the rest keep their order
-    return "  ".join(f"{k}={format_value(k, logs[k])}" for k in keys)
+    # a duration keeps its unit, without the space (``time=2.30s``): one token per value for grep and awk
+    return "  ".join(f"{k}={_token(format_value(k, logs[k]))}" for k in keys)
+
+
+def _token(text: str) -> str:
+    return text.replace(" ", "")
 
 
 def _is_tty(stream: Any) -> bool:

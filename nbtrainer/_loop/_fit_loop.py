@@ -465,14 +465,16 @@ class FitLoop:
         logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
         logs["steps"] = st.global_step
         logs["skipped_steps"] = st.skipped_steps
-        if t.scheduler is not None and not t._scheduler_per_step:
-            t._step_epoch_scheduler(logs)
         gen = t._sampler_generator(self.train_loader)
         if gen is not None:
             st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
         st.epoch_complete = True
         st.epoch_time = epoch_time
         cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
+        # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
+        # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
+        if t.scheduler is not None and not t._scheduler_per_step:
+            t._step_epoch_scheduler(logs)
         t._run_deferred()
         # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
         if t.strategy.any_rank(t._control.stop_requested) and not t._control.stop_requested:

@@ -188,12 +188,16 @@ def format_duration(seconds: Any) -> str:
 
 def format_value(key: str, value: Any) -> str:
     """One logged value by its log key (progress lines, loggers, tables): LRs with :func:`format_lr`, the
-    rest with :func:`format_number`.
+    epoch ``time`` with :func:`format_duration` (a unit), the rest with :func:`format_number`.
 
     Example:
         >>> format_value("lr", 0.003), format_value("loss", 0.123456), format_value("samples_per_s", 5476.37)
         ('3.00e-3', '0.1235', '5476')
+        >>> format_value("time", 2.3)
+        '2.30 s'
     """
     if key == "lr" or key.startswith(("lr_", "lr/")):
         return format_lr(value)
+    if key == "time":
+        return format_duration(value)
     return format_number(value)

@@ -246,8 +246,9 @@ def epoch_table_html(rows: Sequence[dict[str, Any]], *, css: str = "nbt-epoch-ta
             if c in ("epoch", "lr", "time"):
                 continue
             vals = [(v, i) for i, r in enumerate(rows) for v in [r.get(c)] if isinstance(v, float) and math.isfinite(v)]
-            if vals:
-                best_at[c] = (max if higher_is_better(c) else min)(vals)[1]
+            if vals:  # on a tie the first epoch, as History.best and the summary's header pick it
+                sign = -1.0 if higher_is_better(c) else 1.0
+                best_at[c] = min(vals, key=lambda vi: (sign * vi[0], vi[1]))[1]
     head = "".join(f"<th style='{_HEAD}'>{esc(c)}</th>" for c in cols)
     body = []
     for i, r in enumerate(rows):
@@ -281,7 +282,7 @@ def summary_html(history: Any, *, title: str = "nbtrainer run", extra: dict[str,
     return (
         "<div class='nbt-summary' style='font-family:sans-serif;font-size:12px'>"
         f"<div style='margin-bottom:4px'>{' · '.join(head)}</div>"
-        f"<div style='max-height:260px;overflow:auto;margin-bottom:6px'>{table}</div><div>{charts}</div></div>"
+        f"<div style='overflow-x:auto;margin-bottom:6px'>{table}</div><div>{charts}</div></div>"
     )
 
 

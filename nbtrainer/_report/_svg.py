@@ -137,9 +137,13 @@ def svg_chart(
         for x, i in row:
             s, color = labelled[i]
             dash = " stroke-dasharray='4,3'" if s.get("dash") else ""
+            # the swatch looks like its line: a faint raw series gets a faint swatch, not the smoothed one's
+            opacity = f" stroke-opacity='{s['opacity']}'" if s.get("opacity") is not None else ""
+            swatch = max(float(s["width"]), 1.5) if s.get("width") is not None else 2.5
             out.append(
                 f"<line x1='{x}' x2='{x + 14}' y1='{row_y - 3}' y2='{row_y - 3}' stroke='{color}' "
-                f"stroke-width='2.5'{dash}/><text x='{x + 18}' y='{row_y}'>{esc(str(s['label']))}</text>"
+                f"stroke-width='{swatch:g}'{opacity}{dash}/>"
+                f"<text x='{x + 18}' y='{row_y}'>{esc(str(s['label']))}</text>"
             )
     xs = _finite([v for s in series for v in s["x"]]) + _finite([v for v, _ in vlines])
     ys = _finite([v for s in series for v in s["y"]])
