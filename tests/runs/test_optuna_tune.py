@@ -1,0 +1,114 @@
+"""Hyperparameter search with Optuna: pruning inside a fit, ``tune`` (each trial a tagged run), bad input."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+
+import nbtrainer
+from nbtrainer import OptunaPruning, Runs, Trainer
+
+optuna = pytest.importorskip("optuna")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = make_classification(n=128)
+    return make_loader(x, y, batch_size=16), make_loader(x[:64], y[:64], batch_size=32)
+
+
+def _builder(data, store, **trainer_kw):
+    train, val = data
+
+    def build(trial):
+        lr = trial.suggest_categorical("lr", [0.5, 1e-7, 0.2])
+        trainer = Trainer(
+            mlp(seed=0), torch.nn.CrossEntropyLoss(), "sgd", lr=lr, progress=False, run_store=store, **trainer_kw
+        )
+        return trainer, train, val
+
+    return build
+
+
+def test_tune_prunes_records_and_tags_each_trial(data, tmp_path):
+    store = tmp_path / "runs.db"
+    grid = optuna.samplers.GridSampler({"lr": [0.5, 1e-7, 0.2]}, seed=0)
+    # above 1.05 at any epoch is hopeless here (chance is ln 3 = 1.099): the pruner ends that trial at epoch 1
+    study = nbtrainer.tune(
+        _builder(data, store), n_trials=3, epochs=4, sampler=grid, pruner=optuna.pruners.ThresholdPruner(upper=1.05)
+    )
+    states = {t.params["lr"]: t.state for t in study.trials}
+    assert states == {0.5: optuna.trial.TrialState.COMPLETE, 1e-7: optuna.trial.TrialState.PRUNED,
+                      0.2: optuna.trial.TrialState.COMPLETE}  # fmt: skip
+    runs = Runs(store)
+    assert len(runs) == 3
+    for trial in study.trials:
+        run = runs[trial.user_attrs["nbtrainer_run_id"]]
+        assert run.tags["optuna.trial"] == trial.number and run.tags["optuna.param.lr"] == trial.params["lr"]
+        assert run.tags["optuna.study"] == study.study_name
+        if trial.state == optuna.trial.TrialState.PRUNED:
+            assert run.tags["optuna.state"] == "pruned" and run.status == "stopped" and run.epochs == 1
+            assert run.stop_reason.startswith(f"Optuna: trial {trial.number} pruned at epoch 1 (val_loss=")
+        else:
+            assert run.tags["optuna.state"] == "complete" and run.status == "finished" and run.epochs == 4
+            assert trial.value == run.best["val_loss"]  # a trial's value: its best epoch
+            assert list(trial.intermediate_values) == [1, 2, 3, 4]
+    assert study.best_trial.value == min(t.value for t in study.trials if t.value is not None)
+
+
+def test_a_study_in_storage_continues(data, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    kw = {"epochs": 1, "storage": storage, "study_name": "s", "sampler": optuna.samplers.RandomSampler(seed=0)}
+    nbtrainer.tune(_builder(data, False), n_trials=2, **kw)
+    study = nbtrainer.tune(_builder(data, False), n_trials=1, **kw)
+    assert len(study.trials) == 3 and optuna.load_study(study_name="s", storage=storage).trials[-1].number == 2
+
+
+def test_maximize_a_metric(data):
+    train, val = data
+
+    def build(trial):
+        lr = trial.suggest_float("lr", 0.05, 0.5, log=True)
+        trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=lr, progress=False,
+                          metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})  # fmt: skip
+        return trainer, train, val
+
+    study = nbtrainer.tune(build, n_trials=2, epochs=2, monitor="val_acc", direction="maximize")
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE and 0 <= study.best_value <= 1
+
+
+def test_a_build_that_returns_the_wrong_thing_is_refused(data):
+    train, val = data
+
+    def only_trainer(trial):
+        return Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False)
+
+    with pytest.raises(TypeError, match=r"must return \(trainer, train_loader, val_loader\).*got a Trainer"):
+        nbtrainer.tune(only_trainer, n_trials=1, epochs=1)
+    with pytest.raises(TypeError, match="first item of trial 0 is a DataLoader, not a Trainer"):
+        nbtrainer.tune(lambda trial: (train, train, val), n_trials=1, epochs=1)
+    with pytest.raises(ValueError, match="n_trials must be an int >= 1"):
+        nbtrainer.tune(only_trainer, n_trials=0, epochs=1)
+
+
+def test_pruning_a_key_the_fit_never_logs_is_refused_before_training(data):
+    train, _ = data
+    study = optuna.create_study()
+    trial = study.ask()
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False,
+                      callbacks=[OptunaPruning(trial, monitor="val_loss")])  # fmt: skip
+    with pytest.raises(ValueError, match=r"OptunaPruning monitors 'val_loss'.*no val_loader"):
+        trainer.fit(train, epochs=1)
+    assert trainer.global_step == 0
+    with pytest.raises(TypeError, match="needs the optuna Trial"):
+        OptunaPruning("trial 1")
+
+
+def test_missing_optuna_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    with pytest.raises(ImportError, match=r"nbtrainer\[optuna\]"):
+        nbtrainer.tune(lambda t: None, n_trials=1, epochs=1)
