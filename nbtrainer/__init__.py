@@ -38,7 +38,7 @@ _LAZY: dict[str, str] = {
     "in_notebook": "nbtrainer._events._frontend",
     "PrecisionError": "nbtrainer._setup._precision",
     "load_checkpoint": "nbtrainer._resume._checkpoint_io",
-    "CheckpointError": "nbtrainer._resume._checkpoint_io",
+    "CheckpointError": "nbtrainer._atomic",
     "profile_model": "nbtrainer._profile._model",
     "ModelProfile": "nbtrainer._profile._report",
     "profile_training": "nbtrainer._profile._trace",
@@ -73,13 +73,13 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "DDP",
     "EVENTS",
+    "FSDP",
     "CSVLogger",
     "Callback",
     "CheckpointError",
     "CompareWidget",
     "DistillationLoss",
     "EarlyStopping",
-    "FSDP",
     "History",
     "InferenceComparison",
     "LRFinderResult",
@@ -152,6 +152,7 @@ def unload_ipython_extension(ipython: _typing.Any) -> None:
 
 
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from nbtrainer._atomic import CheckpointError
     from nbtrainer._compare._run import compare_strategies
     from nbtrainer._compare._table import StrategyComparison
     from nbtrainer._dist._ddp import DDP
@@ -173,7 +174,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._profile._report import ModelProfile
     from nbtrainer._profile._trace import profile_training
     from nbtrainer._report._format import format_bytes, format_count, format_duration, format_lr, format_number
-    from nbtrainer._resume._checkpoint_io import CheckpointError, load_checkpoint
+    from nbtrainer._resume._checkpoint_io import load_checkpoint
     from nbtrainer._runs._mlflow import MLflowLogger
     from nbtrainer._runs._optuna import OptunaPruning, tune
     from nbtrainer._runs._runs import Runs

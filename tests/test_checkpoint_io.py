@@ -26,8 +26,7 @@ import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
 
-from nbtrainer import CheckpointError, ModelCheckpoint, Trainer, load_checkpoint
-from nbtrainer._resume import _checkpoint_io as cio
+from nbtrainer import CheckpointError, ModelCheckpoint, Trainer, _atomic, load_checkpoint
 from nbtrainer._resume._checkpoint_io import (
     CHECKPOINT_FORMAT,
     atomic_write_bytes,
@@ -134,7 +133,7 @@ def test_permission_denied_creating_temp_file(tmp_path, monkeypatch):
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cio.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(_atomic.tempfile, "mkstemp", denied)
     with pytest.raises(CheckpointError, match=r"permission denied.*choose a writable directory"):
         save_checkpoint_file(path, _ckpt(2))
     monkeypatch.undo()
@@ -213,9 +212,9 @@ def _umask() -> int:
 
 
 def test_stale_temp_of_live_or_foreign_process_is_kept(tmp_path):
-    mine = tmp_path / f".last.ckpt.{cio.socket.gethostname()}-{os.getpid()}.abc.tmp"
+    mine = tmp_path / f".last.ckpt.{_atomic.socket.gethostname()}-{os.getpid()}.abc.tmp"
     other_host = tmp_path / ".last.ckpt.some-other-host-1.abc.tmp"
-    dead = tmp_path / f".last.ckpt.{cio.socket.gethostname()}-{2**22 + 12345}.abc.tmp"
+    dead = tmp_path / f".last.ckpt.{_atomic.socket.gethostname()}-{2**22 + 12345}.abc.tmp"
     for p in (mine, other_host, dead):
         p.write_bytes(b"partial")
     assert remove_stale_temps(tmp_path) == [dead.name]

@@ -160,7 +160,7 @@ class History:
             writer.writerow(row)
         text = buf.getvalue()
         if path is not None:
-            from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+            from nbtrainer._atomic import atomic_write_bytes
 
             atomic_write_bytes(path, text.encode())
         return text
@@ -169,7 +169,7 @@ class History:
         """Write everything (epochs, steps, events, status) as JSON (atomically) and return the text."""
         text = json.dumps(self.state_dict(), allow_nan=True)
         if path is not None:
-            from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+            from nbtrainer._atomic import atomic_write_bytes
 
             atomic_write_bytes(path, text.encode())
         return text

@@ -175,7 +175,7 @@ class CSVLogger(Callback):
         self._write_events(trainer.history.events)
 
     def _truncate_steps(self, last: int) -> None:
-        from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+        from nbtrainer._atomic import atomic_write_bytes
 
         with open(self.steps_path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
@@ -214,7 +214,7 @@ class CSVLogger(Callback):
 
     def _write_events(self, events: list[dict[str, Any]]) -> None:
         # (the epoch table is History.to_csv's; csv writes floats in full, as repr does)
-        from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+        from nbtrainer._atomic import atomic_write_bytes
 
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(self.EVENT_FIELDS), extrasaction="ignore")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from typing import Any
 
+from nbtrainer._atomic import remove_stale_temps
 from nbtrainer._events._callbacks import Callback, check_monitor, resolve_mode
-from nbtrainer._resume._checkpoint_io import remove_stale_temps
 
 __all__ = ["ModelCheckpoint"]
 
@@ -27,6 +28,10 @@ class ModelCheckpoint(Callback):
         filename: format string with ``{epoch}``, ``{step}`` and any log key.
         save_on_interrupt: on Ctrl-C, write ``last.ckpt`` where the run stopped (the next optimizer step after
             the interrupt); default: on with ``save_last``.
+        sharded: under ``strategy="fsdp"``, write each checkpoint as a directory of per-rank shards
+            (``torch.distributed.checkpoint``, renamed into place when complete) instead of gathering the
+            full state to rank 0: for models whose full state does not fit in one host's memory. It resumes
+            (``resume_from=``) on the same number of processes; the default full file moves anywhere.
 
     Attributes:
         best_model_path: the file of the best checkpoint so far by ``monitor`` (without a monitor: the most
@@ -55,6 +60,7 @@ class ModelCheckpoint(Callback):
         every_n_steps: int | None = None,
         filename: str | None = None,
         save_on_interrupt: bool | None = None,
+        sharded: bool = False,
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
@@ -73,6 +79,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path: str | None = None
         self.last_model_path: str | None = None
         self._pending_drops: list[str] = []  # top-k files pushed out, removed after the new save succeeded
+        self.sharded = bool(sharded)
 
     @property
     def last_path(self) -> str:
@@ -81,6 +88,11 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: Any) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
+        if self.sharded and not callable(getattr(trainer.strategy, "save_sharded", None)):
+            raise ValueError(
+                "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "
+                "Drop sharded=True: the full checkpoint file holds the same state."
+            )
         if not trainer.is_global_zero:
             return
         try:
@@ -95,6 +107,10 @@ class ModelCheckpoint(Callback):
                 "directory (or fix its permissions) before training."
             )
         remove_stale_temps(self.dirpath)  # temp files of a run that was killed while saving
+        if self.sharded:  # sharded saves of a killed run
+            for name in os.listdir(self.dirpath):
+                if name.endswith((".partial", ".old")) and os.path.isdir(os.path.join(self.dirpath, name)):
+                    shutil.rmtree(os.path.join(self.dirpath, name), ignore_errors=True)
 
     def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
         if self.every_n_steps and step % self.every_n_steps == 0:
@@ -144,14 +160,20 @@ class ModelCheckpoint(Callback):
         drops, self._pending_drops = self._pending_drops, []
         for path in drops:
             try:
-                os.remove(path)
+                if os.path.isdir(path):  # a sharded checkpoint
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
             except FileNotFoundError:
                 pass
 
     def _save(self, trainer: Any, path: str) -> None:
         # Deferred until every callback has seen this event, so their state (patience counters, this
         # callback's own top-k list) is saved as it will be when training continues.
-        trainer.defer(lambda: trainer.save_checkpoint(path))
+        if self.sharded:
+            trainer.defer(lambda: trainer.strategy.save_sharded(trainer, path))
+        else:
+            trainer.defer(lambda: trainer.save_checkpoint(path))
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -343,7 +343,7 @@ class HistoryPlot:
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the charts to ``path`` atomically: ``.svg`` (dark text, for any viewer) or ``.html``."""
-        from nbtrainer._resume._checkpoint_io import atomic_write_bytes
+        from nbtrainer._atomic import atomic_write_bytes
 
         path = os.fspath(path)
         if path.lower().endswith((".html", ".htm")):
