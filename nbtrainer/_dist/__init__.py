@@ -1,8 +1,10 @@
-"""Where the model runs: one device, DDP (and their launchers).
+"""Where the model runs: one device, DDP, FSDP2 (and their launchers).
 
-==============  ================================================================================
-``_placement``  Placement: single device or distributed wrap, no_sync
-``_ddp``        DDP: process group, sampler, reductions
-``_launch``     launch(fn, nprocs): a multi-process run from a notebook
-==============  ================================================================================
+=====================  ================================================================================
+``_placement``         Placement: single device or distributed wrap, no_sync
+``_ddp``               DDP: process group, sampler, reductions
+``_fsdp``              FSDP2: fully_shard units, mixed-precision and offload policies, even eval batches
+``_fsdp_checkpoint``   FSDP checkpoints: full state gathered to rank 0, or a sharded DCP directory
+``_launch``            launch(fn, nprocs): a multi-process run from a notebook
+=====================  ================================================================================
 """

@@ -73,7 +73,10 @@ def resolve_strategy(strategy: Any, device: str | torch.device | None, *, seed: 
             return SingleDevice(resolve_device(device))
         chosen = DDP()
     else:
-        raise ValueError(f"strategy must be one of {STRATEGIES} or a nbtrainer DDP(...) instance, got {strategy!r}.")
+        raise ValueError(
+            f"strategy must be one of {(*STRATEGIES, 'fsdp')} or a nbtrainer DDP(...) / FSDP(...) instance, "
+            f"got {strategy!r}."
+        )
     if isinstance(chosen, SingleDevice):
         return chosen
     return chosen.connect(device, seed=seed)

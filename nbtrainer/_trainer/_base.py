@@ -119,4 +119,11 @@ class TrainerBase:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if getattr(self.strategy, "casts_params", False):  # FSDP's MixedPrecisionPolicy casts instead
+            return contextlib.nullcontext()
         return autocast(self.precision, self.device)
+
+    def _inference(self) -> contextlib.AbstractContextManager[Any]:
+        """``inference_mode`` for evaluation; ``no_grad`` under FSDP, whose all-gathered parameters are
+        tracked by version counters, which inference tensors do not have."""
+        return torch.no_grad() if getattr(self.strategy, "distributed_params", False) else torch.inference_mode()

@@ -34,13 +34,15 @@ class TrainerCheckpoints(TrainerBase):
             )
         # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
         ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
-        if self.is_global_zero:
+        # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
+        if self.is_global_zero or getattr(self.strategy, "collective_state", False):
             from nbtrainer._resume._checkpoint_io import save_checkpoint_file
 
             state = self.state_dict()
             if ranks is not None:
                 state["ranks"] = ranks
-            save_checkpoint_file(path, state)
+            if self.is_global_zero:
+                save_checkpoint_file(path, state)
         self.strategy.barrier()
         return path
 
@@ -52,10 +54,16 @@ class TrainerCheckpoints(TrainerBase):
         _state.load_trainer_state(self, checkpoint)
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
-        return unwrap_model(self.model).state_dict()
+        """The model's weights (under FSDP: gathered in full, on the CPU; call it on every rank)."""
+        full = getattr(self.strategy, "full_model_state", None)
+        return full(self.model) if full is not None else unwrap_model(self.model).state_dict()
 
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        unwrap_model(self.model).load_state_dict(state)
+        load = getattr(self.strategy, "load_weights", None)  # FSDP: each rank keeps its shard
+        if load is not None:
+            load(self, state, None)
+        else:
+            unwrap_model(self.model).load_state_dict(state)
 
     # -- data order ----------------------------------------------------------------------------
     def _sampler_generator(self, loader: Any) -> torch.Generator | None:

@@ -60,7 +60,7 @@ class TrainerEval(TrainerBase):
         losses: list[torch.Tensor] = []
         sizes: list[int] = []
         try:
-            with torch.inference_mode(), self._autocast(), no_cache(model):  # HF models build no cache
+            with self._inference(), self._autocast(), no_cache(model):  # HF models build no cache
                 for batch in loader:
                     batch = move_to_device(batch, self.device, self.non_blocking)
                     loss, outputs, targets = self._compute(batch, training=False)

@@ -1,0 +1,374 @@
+"""Fully sharded data parallel (FSDP2, ``torch.distributed.fsdp.fully_shard``): the same Trainer when the
+model, its gradients and its optimizer state no longer fit on one device.
+
+:class:`FSDP` is a :class:`~nbtrainer.DDP` (same process group, sampler, reductions, rank-0-only output);
+what differs, and where:
+
+* **sharding** (:meth:`FSDP.attach`, called once by the Trainer's constructor): rank 0's weights are
+  broadcast (every rank starts from the same model, as under DDP), then ``fully_shard`` is applied to each
+  unit (``wrap=`` types, else the repeated blocks of an ``nn.ModuleList`` / ``nn.Sequential``, else the
+  children holding a large share of the parameters) and to the root last, over a 1-D device mesh. Each
+  parameter becomes a ``DTensor`` ``Shard(0)``: a rank holds ``1/N`` of it, of its gradient and of its
+  optimizer state. The optimizer the user built is rebound to the sharded parameters in place (same
+  groups, same order), so ``trainer.optimizer`` and the user's reference stay one object.
+* **precision**: ``bf16-mixed`` / ``fp16-mixed`` become a ``MixedPrecisionPolicy`` (parameters gathered
+  and computed in the low dtype, gradients reduced in fp32, the root's outputs in fp32 for the loss);
+  autocast is then off (``casts_params``): autocasting fp32 sharded parameters would all-gather them in
+  fp32. The precision check of the Trainer still runs first.
+* **accumulation** (:meth:`FSDP.no_sync`): ``set_requires_gradient_sync(False)`` on non-final micro-steps
+  (gradients accumulate unsharded, no reduce-scatter), ``True`` on the step that closes the window.
+* **evaluation data**: every forward is a collective (parameters are all-gathered), so every rank must
+  run the same number of batches: a validation shard is cut into the same number of batches on every rank.
+* **checkpoints**: ``_fsdp_checkpoint`` (full state gathered to rank 0 in the single-process format, or
+  a sharded ``torch.distributed.checkpoint`` directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Sampler
+
+from nbtrainer._dist import _fsdp_checkpoint as _ckpt
+from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler
+from nbtrainer._dist._placement import unwrap_model
+
+__all__ = ["FSDP", "shard_units"]
+
+_NULL = contextlib.nullcontext()
+_LARGE_SHARE = 0.1  # a child holding at least this share of the parameters is a sharding unit of its own
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)  # where repeated blocks live
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _blocks(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of the largest ModuleList / Sequential of >= 2 children of one type (a transformer's
+    layers), if they hold at least half of the parameters."""
+    best: list[torch.nn.Module] = []
+    best_size = 0
+    for module in root.modules():
+        if not isinstance(module, _CONTAINERS) or len(module) < 2:
+            continue
+        children = list(module.children())
+        if len({type(c) for c in children}) != 1 or not any(True for _ in children[0].parameters()):
+            continue
+        size = sum(_numel(c) for c in children)
+        if size > best_size:
+            best, best_size = children, size
+    return best if best_size * 2 >= _numel(root) else []
+
+
+def _tied_elsewhere(root: torch.nn.Module, module: torch.nn.Module) -> bool:
+    """Whether a parameter of ``module`` is also held by a module outside it (tied embeddings): such a
+    module cannot be a unit of its own (a parameter is sharded once), it stays with the root."""
+    own = {id(p) for p in module.parameters()}
+    inside = {id(m) for m in module.modules()}
+    outside = (m for m in root.modules() if id(m) not in inside)
+    return any(id(p) in own for m in outside for p in m.parameters(recurse=False))
+
+
+def shard_units(root: torch.nn.Module, wrap: Sequence[type] | None) -> list[torch.nn.Module]:
+    """The modules ``fully_shard`` is applied to before the root (in post-order: inner units first).
+
+    ``wrap``: every module of these types. ``None``: the repeated blocks (:func:`_blocks`) plus, outside
+    them, any module holding at least 10% of the parameters (embeddings, a large head); without repeated
+    blocks, the direct children of that size. Modules with parameters tied to others stay with the root,
+    and so do ``ModuleList`` / ``ModuleDict`` (they have no forward to gather around). An empty list
+    means the root alone.
+    """
+    if wrap is not None:
+        types = tuple(wrap)
+        return [m for m in root.modules() if isinstance(m, types) and m is not root]
+    total = _numel(root) or 1
+    blocks = _blocks(root)
+    units = list(blocks)
+    inside = {id(m) for b in blocks for m in b.modules()}
+    scope = root.modules() if blocks else root.children()
+    for module in scope:
+        if module is root or id(module) in inside or isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            continue
+        below = {id(m) for m in module.modules()}
+        if any(id(b) in below for b in blocks) or _numel(module) < _LARGE_SHARE * total:
+            continue
+        if not _tied_elsewhere(root, module):
+            units.append(module)
+            inside |= below
+    order = {id(m): i for i, m in enumerate(root.modules())}
+    return sorted(units, key=lambda m: -order[id(m)])  # innermost / last first: a parent after its children
+
+
+class _EvenBatches(Sampler[list[int]]):
+    """``indices`` cut into exactly ``count`` non-empty batches (sizes differ by at most one)."""
+
+    def __init__(self, indices: list[int], count: int) -> None:
+        self.indices, self.count = indices, count
+
+    def __iter__(self) -> Iterator[list[int]]:
+        n, k = len(self.indices), self.count
+        start = 0
+        for i in range(k):
+            size = n // k + (1 if i < n % k else 0)
+            yield self.indices[start : start + size]
+            start += size
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class FSDP(DDP):
+    """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split across ranks.
+
+    ``Trainer(..., strategy="fsdp")`` or an instance for options; launch as for DDP (``torchrun``,
+    :func:`nbtrainer.launch`; outside a launcher a world of one). The same script runs with
+    ``strategy="ddp"``; see ``docs/distributed.md`` for the memory per rank of each choice.
+
+    Args:
+        reshard_after_forward: free the gathered parameters of each unit after its forward (and gather
+            them again in backward): less memory, one more all-gather per unit and step.
+        offload: keep the sharded parameters, gradients and optimizer state in CPU memory
+            (``CPUOffloadPolicy``; the optimizer steps on the CPU). ``True`` pins memory where CUDA is
+            available; a ``torch.distributed.fsdp.CPUOffloadPolicy`` of your own is used as given.
+        mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``; ``None`` (default) derives it
+            from the Trainer's ``precision`` (``bf16-mixed``: bf16 parameters in compute, fp32 gradient
+            reduction). Give one or the other, not both.
+        wrap: module types sharded as units (e.g. ``[GPT2Block]``); default: the repeated blocks, and
+            children holding a large share of the parameters. The root is always sharded last.
+        backend, timeout, shard_data: as for :class:`~nbtrainer.DDP`.
+
+    Example:
+        >>> # torchrun --nproc_per_node=2 train.py, where train.py builds
+        >>> # Trainer(model, criterion, optimizer, strategy=FSDP(wrap=[Block]), precision="bf16-mixed")
+        >>> strategy = FSDP(reshard_after_forward=True)
+    """
+
+    collective_state = True  # gathering the full state is a collective: every rank builds a checkpoint
+    distributed_params = True  # DTensor parameters: evaluation under no_grad, not inference_mode
+
+    def __init__(
+        self,
+        *,
+        reshard_after_forward: bool = True,
+        offload: bool | Any = False,
+        mixed_precision: Any = None,
+        wrap: Sequence[type] | None = None,
+        backend: str | None = None,
+        timeout: float | None = None,
+        shard_data: bool = True,
+    ) -> None:
+        super().__init__(backend=backend, timeout=timeout, shard_data=shard_data)
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+        if wrap is not None and (
+            isinstance(wrap, (str, type))
+            or not all(isinstance(t, type) and issubclass(t, torch.nn.Module) for t in wrap)
+        ):
+            raise TypeError(f"FSDP(wrap=...) takes a list of nn.Module types (e.g. [MyBlock]), got {wrap!r}.")
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
+            raise TypeError(
+                "FSDP(mixed_precision=...) takes a torch.distributed.fsdp.MixedPrecisionPolicy, got "
+                f"{mixed_precision!r}; or leave it None and set Trainer(precision='bf16-mixed')."
+            )
+        if not isinstance(offload, (bool, CPUOffloadPolicy)):
+            raise TypeError(f"FSDP(offload=...) takes True/False or a CPUOffloadPolicy, got {offload!r}.")
+        if isinstance(offload, CPUOffloadPolicy) and offload.pin_memory and not torch.cuda.is_available():
+            raise ValueError(
+                "FSDP(offload=CPUOffloadPolicy(pin_memory=True)) needs CUDA to pin memory, and this torch build "
+                "or machine has none ('Cannot access accelerator device'). Use offload=True (pins only where CUDA "
+                "is available) or CPUOffloadPolicy(pin_memory=False)."
+            )
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.offload = offload
+        self.mixed_precision = mixed_precision
+        self.wrap = list(wrap) if wrap is not None else None
+        self.casts_params = False  # a MixedPrecisionPolicy casts: the Trainer's autocast stays off
+        self.units: list[str] = []  # names of the sharded units (the root is "")
+        self.mesh: Any = None
+        self._attached = False
+
+    def __repr__(self) -> str:
+        return f"FSDP(rank={self.rank}, world_size={self.world_size}, device={self.device}, units={len(self.units)})"
+
+    # -- sharding ----------------------------------------------------------------------------------
+    def _policies(self, precision: str) -> tuple[Any, Any, Any]:
+        """(units' MixedPrecisionPolicy, the root's, offload policy)."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+        from nbtrainer._setup._precision import autocast_dtype
+
+        dtype = autocast_dtype(precision)
+        if self.mixed_precision is not None and dtype is not None:
+            raise ValueError(
+                f"FSDP(mixed_precision=...) and Trainer(precision={precision!r}) both set the precision: keep one "
+                "(the policy with precision='fp32', or precision= alone, which FSDP turns into a policy)."
+            )
+        unit = self.mixed_precision or MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if unit.param_dtype is None:
+            unit = MixedPrecisionPolicy()
+        self.casts_params = unit.param_dtype is not None
+        # The root hands its outputs to the loss: fp32 there, as autocast would give the loss.
+        root = MixedPrecisionPolicy(
+            param_dtype=unit.param_dtype,
+            reduce_dtype=unit.reduce_dtype,
+            output_dtype=unit.output_dtype or (torch.float32 if unit.param_dtype is not None else None),
+            cast_forward_inputs=unit.cast_forward_inputs,
+        )
+        if self.offload is True:
+            offload: Any = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        else:
+            offload = self.offload or OffloadPolicy()
+        return unit, root, offload
+
+    def attach(self, trainer: Any) -> None:
+        """Shard ``trainer.model`` and rebind ``trainer.optimizer`` to the sharded parameters (once)."""
+        if self._attached:
+            raise RuntimeError(
+                "This FSDP strategy object already shards another Trainer's model; create one FSDP(...) per Trainer."
+            )
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        model = trainer.model
+        root = unwrap_model(model)
+        _refuse_wrapped(model, root)
+        if not any(True for _ in root.parameters()):
+            raise ValueError(
+                f"strategy='fsdp': {type(root).__name__} has no parameters, so there is nothing to shard. "
+                "Use strategy='single' (or 'ddp') for it."
+            )
+        optimizer = trainer.optimizer
+        if optimizer is not None and not any(p.requires_grad for p in root.parameters()):
+            raise RuntimeError(
+                "FSDP needs at least one trainable parameter; every parameter has requires_grad=False (unfreeze some)."
+            )
+        unit_policy, root_policy, offload = self._policies(trainer.precision)
+        names = {id(p): n for n, p in root.named_parameters()}
+        saved_optim = optimizer.state_dict() if optimizer is not None and optimizer.state else None
+        if not isinstance(root, FSDPModule):
+            units = shard_units(root, self.wrap)
+            if self.wrap is not None and not units:
+                present = sorted({type(m).__name__ for m in root.modules()})
+                raise ValueError(
+                    f"FSDP(wrap={[t.__name__ for t in self.wrap]}) matches no module of {type(root).__name__} "
+                    f"(its module types: {present}). Pass types that occur in the model, or leave wrap=None."
+                )
+            self._broadcast_from_rank0(root)
+            self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+            module_names = {id(m): n for n, m in root.named_modules()}
+            common = {"mesh": self.mesh, "reshard_after_forward": self.reshard_after_forward, "offload_policy": offload}
+            for unit in units:
+                fully_shard(unit, mp_policy=unit_policy, **common)
+            fully_shard(root, mp_policy=root_policy, **common)
+            self.units = [module_names[id(u)] for u in units] + [""]
+        if optimizer is not None:
+            sharded = dict(root.named_parameters())
+            for group in optimizer.param_groups:
+                group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
+            optimizer.state.clear()
+            trainer._params = [p for g in optimizer.param_groups for p in g["params"]]
+            if saved_optim is not None:  # state built before sharding (e.g. a previous fit): now sharded too
+                _ckpt.load_weights(trainer, None, saved_optim)
+        self._attached = True
+
+    def _broadcast_from_rank0(self, root: torch.nn.Module) -> None:
+        """Every rank starts from rank 0's parameters and buffers (DDP's constructor does the same)."""
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for tensor in [*root.parameters(), *root.buffers()]:
+                buf = tensor.detach().to(self._comm_device)
+                dist.broadcast(buf, src=0)
+                if buf is not tensor:
+                    tensor.copy_(buf)
+
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # sharded by attach() when the Trainer was built
+
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:
+        # Set before this micro-step's backward; the closing micro-step turns the reduce-scatter back on.
+        unwrap_model(model).set_requires_gradient_sync(not skip_sync)  # type: ignore[operator]
+        return _NULL
+
+    # -- data ------------------------------------------------------------------------------------
+    def prepare_loader(self, loader: Any, *, train: bool) -> Any:
+        if (
+            not train
+            and self.shard_data
+            and self.world_size > 1
+            and isinstance(loader, Sequence)
+            and not isinstance(loader, (str, bytes))
+            and len(loader) % self.world_size
+        ):
+            raise ValueError(
+                f"FSDP: a list of {len(loader)} evaluation batches cannot be split evenly across {self.world_size} "
+                "ranks, and every forward is a collective (a rank with one batch less would leave the others "
+                "waiting). Pass a DataLoader (split exactly by the trainer), or a list whose length is a multiple "
+                f"of {self.world_size}."
+            )
+        return super().prepare_loader(loader, train=train)
+
+    def _prepare_dataloader(self, loader: DataLoader, train: bool) -> DataLoader:
+        prepared = super()._prepare_dataloader(loader, train)
+        sampler = prepared.sampler
+        if train or prepared is loader or not isinstance(sampler, ShardSampler):
+            return prepared
+        size = prepared.batch_size or 1
+        count = math.ceil(math.ceil(sampler.n / self.world_size) / size)  # the largest shard's batches
+        indices = list(sampler)
+        if math.ceil(len(indices) / size) == count:
+            return prepared
+        if len(indices) < count:
+            raise ValueError(
+                f"FSDP: the evaluation set ({sampler.n} samples) is too small to give each of {self.world_size} "
+                f"ranks {count} batch(es); use a smaller batch_size for it, or fewer ranks."
+            )
+        kwargs = {k: getattr(prepared, k) for k in _LOADER_ARGS if hasattr(prepared, k)}
+        for key in ("batch_size", "drop_last", "generator"):
+            kwargs.pop(key, None)
+        return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
+
+    # -- checkpoints (nbtrainer._dist._fsdp_checkpoint) -----------------------------------------
+    def gather_weights(self, trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Full model and optimizer state on rank 0 (empty on the others); a collective."""
+        return _ckpt.gather_full(trainer)
+
+    def load_weights(
+        self, trainer: Any, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
+    ) -> None:
+        """Load full (single-process format) or sharded state; each rank keeps its shard."""
+        _ckpt.load_weights(trainer, model_state, optim_state)
+
+    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full model state on every rank, on the CPU; a collective."""
+        return _ckpt.full_model_state(model)
+
+    def save_sharded(self, trainer: Any, path: str) -> str:
+        return _ckpt.save_sharded(trainer, path)
+
+    def load_sharded(self, trainer: Any, path: str) -> dict[str, Any]:
+        return _ckpt.load_sharded(trainer, path)
+
+
+def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    for m in (model, root):
+        if isinstance(m, FullyShardedDataParallel) or any(isinstance(c, FullyShardedDataParallel) for c in m.modules()):
+            raise TypeError(
+                "The model is wrapped in FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), which "
+                "strategy='fsdp' cannot combine with FSDP2. Pass the plain model: the trainer applies fully_shard "
+                "itself (FSDP(wrap=[BlockType]) picks the units)."
+            )
+        if isinstance(m, DistributedDataParallel):
+            raise TypeError(
+                "The model is wrapped in DistributedDataParallel; strategy='fsdp' shards the plain model. Pass "
+                "model.module (or use strategy='ddp')."
+            )

@@ -1,0 +1,193 @@
+"""Checkpoints under FSDP2: the single-process file format by default, a sharded directory on request.
+
+* **full** (default, what ``trainer.save_checkpoint`` / ``ModelCheckpoint`` write): the model and optimizer
+  state are gathered to rank 0 on the CPU (``get_state_dict(full_state_dict=True, cpu_offload=True)``,
+  one parameter at a time) and written in exactly the format of a single-process run: model keys without
+  any wrapper prefix, the optimizer state keyed by parameter index. So a checkpoint moves between one
+  process, DDP and FSDP, both ways. Loading gives each rank its shard of the saved full tensors
+  (``set_state_dict(full_state_dict=True)``).
+* **sharded** (``ModelCheckpoint(..., sharded=True)``): each rank writes its own shards with
+  ``torch.distributed.checkpoint`` into ``<name>.partial``, rank 0 adds ``trainer.ckpt`` (everything but
+  the weights: loop, RNG of every rank, history, callbacks) and renames the directory into place (an
+  older one of the same name is moved aside first and removed after). Nothing is ever gathered: for
+  models whose full state does not fit in one host's memory. It resumes on the same number of
+  processes (the per-rank data order and RNG are part of it).
+
+The optimizer's own format is indexed by position; torch's distributed state dicts are keyed by
+parameter name: :func:`_to_indexed` / :func:`_to_named` convert through the optimizer's parameter order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._resume import _checkpoint_state as _state
+from nbtrainer._resume._checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint_file
+
+__all__ = ["full_model_state", "gather_full", "load_sharded", "load_weights", "save_sharded"]
+
+TRAINER_FILE = "trainer.ckpt"  # the non-weight part of a sharded checkpoint
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def _names(trainer: Any) -> list[str]:
+    """The parameter name of each optimizer parameter, in the optimizer's (index) order."""
+    names = {id(p): n for n, p in unwrap_model(trainer.model).named_parameters()}
+    order = [names.get(id(p)) for g in trainer.optimizer.param_groups for p in g["params"]]
+    if None in order:
+        raise CheckpointError(
+            "The optimizer holds parameters that are not in the model; under FSDP its state is saved by parameter "
+            "name. Build the optimizer from the model's parameters only."
+        )
+    return [str(n) for n in order]
+
+
+def _to_indexed(named: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    names = _names(trainer)
+    index = {n: i for i, n in enumerate(names)}
+    state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _to_named(indexed: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    names = _names(trainer)
+    state = {names[int(i)]: s for i, s in indexed.get("state", {}).items()}
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _is_sharded(values: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(values, DTensor):
+        return True
+    if isinstance(values, dict):
+        return any(_is_sharded(v) for v in values.values())
+    return False
+
+
+def gather_full(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, optimizer state) in the single-process format on rank 0, empty dicts elsewhere."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, named = get_state_dict(
+        unwrap_model(trainer.model), trainer.optimizer, options=_options(full_state_dict=True, cpu_offload=True)
+    )
+    if not trainer.strategy.is_global_zero:
+        return {}, {}
+    return dict(model_sd), _to_indexed(named, trainer)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank gets the full model state on the CPU (collective: call it on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        for k, v in unwrap_model(model).state_dict().items()
+    }
+
+
+def load_weights(trainer: Any, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None) -> None:
+    """Full tensors (a single-process / DDP / FSDP full checkpoint, the same on every rank) or this rank's
+    shards (a sharded checkpoint): each rank keeps its shard. A collective."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    root = unwrap_model(trainer.model)
+    if model_state is not None:
+        set_model_state_dict(root, model_state, options=_options(full_state_dict=not _is_sharded(model_state)))
+    if optim_state is not None and trainer.optimizer is not None:
+        named = _to_named(optim_state, trainer)
+        options = _options(full_state_dict=not _is_sharded(optim_state.get("state", {})))
+        set_optimizer_state_dict(root, trainer.optimizer, named, options=options)
+
+
+def save_sharded(trainer: Any, path: str) -> str:
+    """Write ``path`` as a sharded checkpoint directory (see the module docstring); every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    strategy = trainer.strategy
+    ranks = strategy.all_gather_object(_state.rank_state(trainer))
+    state = _state.trainer_state_dict(trainer, weights=False)
+    state["ranks"] = ranks
+    state["sharded"] = {"world_size": strategy.world_size}
+    model_sd, named = get_state_dict(unwrap_model(trainer.model), trainer.optimizer)
+    partial = f"{path}.partial"
+    if strategy.is_global_zero:
+        shutil.rmtree(partial, ignore_errors=True)  # a save that was killed half-way
+        os.makedirs(partial)
+    strategy.barrier()
+    dcp.save({"model": model_sd, "optimizer": named}, checkpoint_id=partial)
+    if strategy.is_global_zero:
+        save_checkpoint_file(os.path.join(partial, TRAINER_FILE), state)
+        _swap_into_place(partial, path)
+    strategy.barrier()
+    return path
+
+
+def _swap_into_place(partial: str, path: str) -> None:
+    # A directory cannot be os.replace'd over a non-empty one: move the old one aside, then rename.
+    old = None
+    if os.path.lexists(path):
+        old = f"{path}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(partial, path)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def load_sharded(trainer: Any, path: str) -> dict[str, Any]:
+    """A sharded checkpoint directory as a checkpoint dict whose model and optimizer hold this rank's shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    meta_path = os.path.join(path, TRAINER_FILE)
+    if not os.path.exists(meta_path):
+        raise CheckpointError(
+            f"{path!r} is a directory without {TRAINER_FILE}: not a sharded nbtrainer checkpoint (or its save was "
+            "interrupted). Resume from a checkpoint written by ModelCheckpoint(..., sharded=True)."
+        )
+    ckpt = load_checkpoint(meta_path, map_location="cpu")
+    strategy = trainer.strategy
+    saved = int(ckpt.get("sharded", {}).get("world_size", 0))
+    if saved != strategy.world_size:
+        raise CheckpointError(
+            f"{path!r} is a sharded checkpoint written by {saved} process(es), and this run has "
+            f"{strategy.world_size}: its shards and per-rank data order belong to {saved} ranks. Resume it with "
+            f"{saved} processes (torchrun --nproc-per-node {saved}), or save full checkpoints (ModelCheckpoint "
+            "without sharded=True), which load on any number of processes."
+        )
+    own_model, own_optim = get_state_dict(unwrap_model(trainer.model), trainer.optimizer)
+    # Loaded into copies: the trainer's own tensors change only after every check of load_trainer_state passed.
+    model_sd: dict[str, Any] = {k: _copy(v) for k, v in own_model.items()}
+    own: dict[str, Any] = dict(own_optim)
+    named: dict[str, Any] = {
+        "state": {n: {k: _copy(v) for k, v in s.items()} for n, s in own["state"].items()},
+        "param_groups": [dict(g) for g in own["param_groups"]],
+    }
+    dcp.load({"model": model_sd, "optimizer": named}, checkpoint_id=path)
+    ckpt["model"] = model_sd
+    ckpt["optimizer"] = _to_indexed(named, trainer)
+    return ckpt

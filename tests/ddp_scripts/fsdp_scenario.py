@@ -1,0 +1,190 @@
+"""FSDP2 scenarios for tests/dist/test_fsdp.py, run as
+``torchrun --standalone --nproc_per_node=2 fsdp_scenario.py NAME OUTDIR [ARGS...]``.
+
+Several checks per launch (a launch costs ~14 s on 2 cores). Each rank writes ``OUTDIR/NAME.rank{r}.json``
+(and ``.pt`` weights, gathered in full) for the test to compare with single-process references.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+import fsdp_common as fc
+
+from nbtrainer import FSDP, ModelCheckpoint, Trainer
+from nbtrainer._resume import _checkpoint_io
+
+RANK = int(os.environ["RANK"])
+
+
+def dump(out: str, name: str, data: dict, weights: dict | None = None) -> None:
+    with open(os.path.join(out, f"{name}.rank{RANK}.json"), "w") as fh:
+        json.dump(data, fh)
+    if weights is not None:
+        torch.save(weights, os.path.join(out, f"{name}.rank{RANK}.pt"))
+
+
+def _bytes(t: torch.Tensor) -> tuple[int, int]:
+    """(bytes this rank holds, bytes of the whole tensor)."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size(), t.numel() * t.element_size()
+
+
+def memory(trainer: Trainer) -> dict:
+    params = [_bytes(p) for p in trainer.model.parameters()]
+    assert trainer.optimizer is not None
+    state = [_bytes(v) for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step"]
+    return {
+        "param_local": sum(a for a, _ in params),
+        "param_full": sum(b for _, b in params),
+        "optim_local": sum(a for a, _ in state),
+        "optim_full": sum(b for _, b in state),
+        "dtensor": all(isinstance(p, DTensor) for p in trainer.model.parameters()),
+    }
+
+
+class GradSync:
+    """After each micro-batch: whether the sharded gradients exist yet. A micro-step without gradient sync
+    leaves them unset (gradients accumulate unsharded, no reduce-scatter); the window's last one sets them."""
+
+    def __init__(self) -> None:
+        self.after_batch: list[bool] = []
+
+    def on_train_batch_end(self, trainer: Trainer, batch_idx: int, loss: torch.Tensor) -> None:
+        self.after_batch.append(any(p.grad is not None for p in trainer.model.parameters()))
+
+
+def scenario_main(out: str, ckpt_dir: str) -> None:
+    results: dict = {}
+    weights: dict = {}
+    # SGD, with progress (rank 0 prints plain lines) and a full ModelCheckpoint (rank 0 writes)
+    writes: list[str] = []
+    real_save = _checkpoint_io.save_checkpoint_file
+
+    def counting(path, checkpoint):
+        writes.append(os.path.basename(path))
+        real_save(path, checkpoint)
+
+    _checkpoint_io.save_checkpoint_file = counting
+    captured = io.StringIO()
+    real_stderr, real_stdout, sys.stderr, sys.stdout = sys.stderr, sys.stdout, captured, captured
+    try:
+        trainer = fc.make_trainer(
+            "sgd", "fsdp", progress=True, callbacks=[ModelCheckpoint(ckpt_dir, monitor="val_loss", save_last=True)]
+        )
+        train, val = common.ddp_loaders()
+        history = trainer.fit(train, val, epochs=fc.EPOCHS["sgd"])
+    finally:
+        sys.stderr, sys.stdout = real_stderr, real_stdout
+        _checkpoint_io.save_checkpoint_file = real_save
+    try:
+        trainer.evaluate([b for b, _ in zip(val, range(3), strict=False)])  # 3 batches for 2 ranks: refused
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    results["sgd"] = {
+        "strategy": repr(trainer.strategy),
+        "units": trainer.strategy.units,
+        "epochs": history.epochs,
+        "status": history.status,
+        "evaluate": trainer.evaluate(val),
+        "uneven": trainer.evaluate(fc.uneven_val()),
+        "list_refused": refused,
+        "writes": writes,
+        "output": captured.getvalue(),
+        "memory": memory(trainer),
+    }
+    weights["sgd"] = trainer.model_state_dict()
+
+    # AdamW with ragged accumulation windows and clipping; its end state is the 2 -> 1 -> 2 checkpoint
+    synced = GradSync()
+    trainer = fc.make_trainer("adamw", "fsdp", callbacks=[synced])
+    train, val = common.ddp_loaders()
+    history = trainer.fit(train, val, epochs=fc.EPOCHS["adamw"])
+    trainer.save_checkpoint(os.path.join(out, "adamw.ckpt"))
+    results["adamw"] = {
+        "epochs": history.epochs,
+        "memory": memory(trainer),
+        "steps": trainer.global_step,
+        "synced": synced.after_batch,
+    }
+    weights["adamw"] = trainer.model_state_dict()
+
+    # bf16 through MixedPrecisionPolicy: what the blocks compute with, what the loss sees
+    trainer = fc.make_trainer("bf16", "fsdp")
+    seen: dict = {}
+    block = trainer.model[2][0].fc
+
+    def record(key: str, value: torch.dtype) -> None:  # hooks return None: they observe, never replace
+        seen.setdefault(key, str(value))
+
+    block.register_forward_pre_hook(lambda m, args: record("param", m.weight.dtype))
+    trainer.model.register_forward_hook(lambda m, args, output: record("output", output.dtype))
+    train, val = common.ddp_loaders()
+    history = trainer.fit(train, val, epochs=fc.EPOCHS["bf16"])
+    stored = {str(p.dtype) for p in trainer.model.parameters()}
+    results["bf16"] = {"epochs": history.epochs, "seen": seen, "stored": sorted(stored)}
+    weights["bf16"] = trainer.model_state_dict()
+    dump(out, "main", results, weights)
+
+
+def _fit_with(strategy: str, ckpt: ModelCheckpoint | None, *, max_steps: int | None = None, resume: str | None = None):
+    trainer = fc.make_trainer("adamw", strategy, seed=7 if resume else 0, callbacks=[ckpt] if ckpt else [])
+    train, val = common.ddp_loaders()
+    trainer.grad_accum_steps = 1
+    history = trainer.fit(train, val, epochs=2, max_steps=max_steps, resume_from=resume)
+    return trainer, history
+
+
+def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
+    results: dict = {}
+    weights: dict = {}
+    # A single-process checkpoint (written by the test from the FSDP one) continued under FSDP.
+    trainer = fc.make_trainer("adamw", "fsdp", seed=5)
+    train, val = common.ddp_loaders()
+    history = trainer.fit(train, val, epochs=4, resume_from=single_ckpt)
+    results["from_single"] = {"epochs": history.epochs, "status": history.status}
+    weights["from_single"] = trainer.model_state_dict()
+
+    # Stopped mid-epoch (max_steps=6 of 4 per epoch), resumed by a fresh trainer (other initial weights):
+    # from a full checkpoint and from a sharded one, against the uninterrupted run.
+    uninterrupted, hu = _fit_with("fsdp", None)
+    weights["uninterrupted"] = uninterrupted.model_state_dict()
+    results["uninterrupted"] = hu.epochs
+    for kind in ("full", "sharded"):
+        directory = os.path.join(ckpt_dir, kind)
+        cb = ModelCheckpoint(directory, save_top_k=0, every_n_steps=3, sharded=kind == "sharded")
+        first, h1 = _fit_with("fsdp", cb, max_steps=6)
+        resumed_cb = ModelCheckpoint(directory, save_top_k=0, sharded=kind == "sharded")
+        again, h2 = _fit_with("fsdp", resumed_cb, resume="last")
+        results[kind] = {
+            "first": {"status": h1.status, "steps": first.global_step},
+            "epochs": h2.epochs,
+            "status": h2.status,
+            "listing": sorted(os.listdir(directory)),
+            "last_is_dir": os.path.isdir(os.path.join(directory, "last.ckpt")),
+        }
+        weights[kind] = again.model_state_dict()
+    dump(out, "resume", results, weights)
+
+
+def main() -> None:
+    name, out, *args = sys.argv[1:]
+    scenarios: dict[str, Callable[..., None]] = {"main": scenario_main, "resume": scenario_resume}
+    assert FSDP is not None
+    scenarios[name](out, *args)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

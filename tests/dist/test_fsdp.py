@@ -1,0 +1,290 @@
+"""FSDP2 (issue 23) on CPU with gloo: the same Trainer with ``strategy="fsdp"``.
+
+Two torchrun launches of ``tests/ddp_scripts/fsdp_scenario.py`` (2 ranks, several checks each) are compared
+with single-process references computed here: 2 ranks at batch B give the weights and logs of 1 process at
+batch 2B (SGD; AdamW with ragged accumulation windows and clipping), each rank holds about half of the
+parameter and optimizer-state bytes, rank 0 alone writes and prints, bf16 goes through the
+MixedPrecisionPolicy, a full checkpoint moves 2 ranks -> 1 process -> 2 ranks, and a run stopped mid-epoch
+resumes exactly from a full and from a sharded checkpoint. Bad input is checked in this process, on a world
+of one (what ``strategy="fsdp"`` gives outside a launcher).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
+    pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
+
+from nbtrainer import FSDP, CheckpointError, History, ModelCheckpoint, Trainer, load_checkpoint
+from nbtrainer._dist._ddp import destroy_process_group
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddp_scripts")
+sys.path.insert(0, SCRIPTS)
+import common  # noqa: E402
+import fsdp_common as fc  # noqa: E402
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+LAUNCH_TIMEOUT = 240  # a hang fails the test; a launch takes ~15-40 s on 2 busy cores
+ATOL = 1e-6
+LOG_KEYS = ("loss", "acc_fn", "acc_tm", "val_loss", "val_acc_fn", "val_acc_tm")
+
+
+def torchrun(out, *args: str) -> None:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TQDM_DISABLE"):
+        env.pop(key, None)
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "fsdp_scenario.py"), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=out, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT}s (hang?)\n{(exc.stderr or b'')[-3000:]!r}")
+    assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+
+
+def results(out, name: str) -> list[dict]:
+    return [json.load(open(os.path.join(out, f"{name}.rank{r}.json"))) for r in (0, 1)]
+
+
+def weights(out, name: str) -> list[dict]:
+    return [torch.load(os.path.join(out, f"{name}.rank{r}.pt"), weights_only=True) for r in (0, 1)]
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = ATOL) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=f"{k}: differs by more than {atol}")
+
+
+def assert_same_logs(a: dict, b: dict, keys=LOG_KEYS) -> None:
+    for k in keys:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a[k], b[k])
+
+
+def reference(case: str, epochs: int, resume_from: str | None = None, seed: int = 0) -> tuple[Trainer, History]:
+    """One process, twice the per-rank batch, the same global data order (``common.reference_loaders``)."""
+    trainer = fc.make_trainer(case, "single", seed=seed)
+    train, val = common.reference_loaders()
+    return trainer, trainer.fit(train, val, epochs=epochs, resume_from=resume_from)
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp_main")
+    torchrun(out, "main", str(out), str(out / "ckpts"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def resume_run(main_run, tmp_path_factory):
+    """2 ranks -> 1 process -> 2 ranks: the FSDP checkpoint continued here one epoch, saved, and continued
+    under FSDP (plus the mid-epoch resumes, in the same launch)."""
+    out = tmp_path_factory.mktemp("fsdp_resume")
+    one, _ = reference("adamw", epochs=3, resume_from=str(main_run / "adamw.ckpt"), seed=3)
+    single = str(out / "single.ckpt")
+    one.save_checkpoint(single)
+    torchrun(out, "resume", str(out), str(out / "ckpts"), single)
+    return out, single
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_group_left():
+    yield
+    destroy_process_group()  # the world of one the in-process tests created
+
+
+def test_two_ranks_match_one_process_at_twice_the_batch_sgd(main_run):
+    r0, r1 = results(main_run, "main")
+    w0, w1 = weights(main_run, "main")
+    assert r0["sgd"]["units"] == ["2.2", "2.1", "2.0", ""]  # the repeated blocks, innermost first, the root last
+    ref, history = reference("sgd", fc.EPOCHS["sgd"])
+    assert_same_weights(w0["sgd"], w1["sgd"], atol=0)  # gathered: every rank sees the same full model
+    assert_same_weights(w0["sgd"], ref.model_state_dict())
+    for r in (r0, r1):
+        assert r["sgd"]["status"] == "finished"
+        for got, want in zip(r["sgd"]["epochs"], history.epochs, strict=True):
+            assert_same_logs(got, want)
+    val = common.reference_loaders()[1]
+    assert_same_logs(r0["sgd"]["evaluate"], ref.evaluate(val), keys=("val_loss", "val_acc_fn", "val_acc_tm"))
+    # 21 samples in batches of 5: 3 and 2 loader batches per rank, evened out (every forward is a collective)
+    assert_same_logs(r0["sgd"]["uneven"], ref.evaluate(fc.uneven_val()), keys=("val_loss", "val_acc_fn", "val_acc_tm"))
+    assert r1["sgd"]["uneven"] == r0["sgd"]["uneven"]
+
+
+def test_adamw_with_ragged_accumulation_and_clipping_matches(main_run):
+    r0, _ = results(main_run, "main")
+    w0, _ = weights(main_run, "main")
+    ref, history = reference("adamw", fc.EPOCHS["adamw"])
+    assert r0["adamw"]["steps"] == ref.global_step == 4  # windows of 3 and 1 micro-batches, 2 epochs
+    # reduce-scatter only on the micro-step that closes a window: before it, no sharded gradient exists
+    assert r0["adamw"]["synced"] == [False, False, True, True] * 2
+    assert_same_weights(w0["adamw"], ref.model_state_dict())
+    for got, want in zip(r0["adamw"]["epochs"], history.epochs, strict=True):
+        assert_same_logs(got, want)
+
+
+def test_each_rank_holds_about_half_of_parameters_and_optimizer_state(main_run):
+    mems = [r["adamw"]["memory"] for r in results(main_run, "main")]
+    for m in mems:
+        assert m["dtensor"]
+        assert 0.45 < m["param_local"] / m["param_full"] < 0.55, m
+        assert 0.45 < m["optim_local"] / m["optim_full"] < 0.55, m  # exp_avg and exp_avg_sq, sharded like the params
+    # nothing held twice: the shards add up to the whole
+    assert sum(m["param_local"] for m in mems) == mems[0]["param_full"]
+    assert sum(m["optim_local"] for m in mems) == mems[0]["optim_full"]
+
+
+def test_only_rank_zero_writes_and_prints(main_run):
+    r0, r1 = results(main_run, "main")
+    assert r1["sgd"]["writes"] == []
+    assert r0["sgd"]["writes"].count("last.ckpt") == 3 and len(r0["sgd"]["writes"]) >= 4  # + the best so far
+    files = sorted(os.listdir(main_run / "ckpts"))  # top-1 by val_loss and last, no temp file left
+    assert len(files) == 2 and files[0].startswith("epoch") and files[1] == "last.ckpt", files
+    assert "epoch 3/3" in r0["sgd"]["output"] and "training finished" in r0["sgd"]["output"]
+    assert r1["sgd"]["output"] == ""
+
+
+def test_bf16_goes_through_the_mixed_precision_policy(main_run):
+    r0, _ = results(main_run, "main")
+    w0, _ = weights(main_run, "main")
+    bf16 = r0["bf16"]
+    # computed with bf16 parameters, the loss fed fp32 outputs, fp32 master weights kept
+    assert bf16["seen"] == {"param": "torch.bfloat16", "output": "torch.float32"}
+    assert bf16["stored"] == ["torch.float32"]
+    ref, history = reference("bf16", 1)  # single process: autocast
+    fp32, _ = reference("sgd", 1)
+    diffs = [float((w0["bf16"][k] - ref.model_state_dict()[k]).abs().max()) for k in w0["bf16"]]
+    from_fp32 = [float((w0["bf16"][k] - fp32.model_state_dict()[k]).abs().max()) for k in w0["bf16"]]
+    assert max(diffs) < 2e-2, diffs  # bf16 rounding apart, the same training
+    assert max(from_fp32) > 1e-5, from_fp32  # and not fp32 in disguise
+    assert bf16["epochs"][0]["loss"] == pytest.approx(history.epochs[0]["loss"], rel=2e-2)
+
+
+def test_uneven_list_of_evaluation_batches_is_refused_with_the_fix(main_run):
+    r0, r1 = results(main_run, "main")
+    for r in (r0, r1):
+        assert "3 evaluation batches cannot be split evenly across 2 ranks" in r["sgd"]["list_refused"]
+        assert "Pass a DataLoader" in r["sgd"]["list_refused"]
+
+
+def test_full_checkpoint_is_the_single_process_format(main_run):
+    ckpt = load_checkpoint(str(main_run / "adamw.ckpt"))
+    ref, _ = reference("adamw", fc.EPOCHS["adamw"])
+    own = ref.state_dict()
+    assert ckpt["model"].keys() == own["model"].keys()
+    assert ckpt["optimizer"]["param_groups"] == own["optimizer"]["param_groups"]
+    assert ckpt["optimizer"]["state"].keys() == own["optimizer"]["state"].keys() == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+    for i, state in own["optimizer"]["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(ckpt["optimizer"]["state"][i][key], value, atol=ATOL, rtol=0)
+    assert_same_weights(ckpt["model"], own["model"])
+    assert len(ckpt["ranks"]) == 2
+
+
+def test_checkpoint_two_ranks_to_one_process_to_two_ranks(resume_run):
+    out, single = resume_run
+    r0, _ = results(out, "resume")
+    w0, w1 = weights(out, "resume")
+    # the single-process continuation of the same file, to the same epoch
+    one, history = reference("adamw", epochs=4, resume_from=single, seed=9)
+    assert r0["from_single"]["status"] == "finished" and len(r0["from_single"]["epochs"]) == 4
+    assert_same_weights(w0["from_single"], one.model_state_dict())
+    assert_same_weights(w0["from_single"], w1["from_single"], atol=0)
+    assert_same_logs(r0["from_single"]["epochs"][-1], history.epochs[-1])
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_mid_epoch_resume_is_exact(resume_run, kind):
+    out, _ = resume_run
+    r0, _ = results(out, "resume")
+    w0, _ = weights(out, "resume")
+    got = r0[kind]
+    assert got["first"]["steps"] == 6  # stopped in the middle of epoch 2 (4 steps per epoch)
+    assert got["status"] == "finished"
+    assert_same_weights(w0[kind], w0["uninterrupted"], atol=0)
+    for a, b in zip(got["epochs"], r0["uninterrupted"], strict=True):
+        assert_same_logs(a, b)
+    assert got["listing"] == ["last.ckpt"]  # no temp file or directory left behind
+    assert got["last_is_dir"] == (kind == "sharded")
+
+
+# -- in this process: a world of one ------------------------------------------------------------------
+
+
+def _fsdp_trainer(model=None, strategy=None, **kwargs) -> Trainer:
+    model = model if model is not None else fc.make_model(0)
+    return Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        progress=False,
+        seed=1,
+        strategy=strategy if strategy is not None else "fsdp",
+        **kwargs,
+    )
+
+
+def test_world_of_one_with_offload_matches_a_single_process():
+    trainer = _fsdp_trainer(strategy=FSDP(offload=True), max_grad_norm=0.5)
+    single = _fsdp_trainer(strategy="single", max_grad_norm=0.5)
+    train, val = common.ddp_loaders()
+    trainer.fit(train, val, epochs=2)
+    train, val = common.ddp_loaders()
+    single.fit(train, val, epochs=2)
+    assert type(trainer.strategy).__name__ == "FSDP" and trainer.strategy.world_size == 1
+    assert_same_weights(trainer.model_state_dict(), single.model_state_dict(), atol=0)
+
+
+def test_sharded_checkpoint_on_another_world_size_is_refused(resume_run):
+    out, _ = resume_run
+    trainer = _fsdp_trainer()
+    train, _ = common.ddp_loaders()
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\), and this run has 1.*--nproc-per-node 2"):
+        trainer.fit(train, epochs=2, resume_from=str(out / "ckpts" / "sharded" / "last.ckpt"))
+    single = _fsdp_trainer(strategy="single")
+    with pytest.raises(CheckpointError, match=r"sharded checkpoint directory.*strategy='fsdp'"):
+        single.fit(train, epochs=2, resume_from=str(out / "ckpts" / "sharded" / "last.ckpt"))
+
+
+def test_bad_input_is_refused_before_the_first_step(tmp_path):
+    with pytest.raises(ValueError, match="nothing to shard"):
+        Trainer(torch.nn.ReLU(), torch.nn.MSELoss(), strategy="fsdp", progress=False)
+    from torch.distributed.fsdp import CPUOffloadPolicy, FullyShardedDataParallel, MixedPrecisionPolicy
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"pin_memory=True\)\) needs CUDA.*pin_memory=False"):
+            FSDP(offload=CPUOffloadPolicy())
+    with pytest.raises(ValueError, match=r"wrap=\['GRU'\]\) matches no module.*Linear"):
+        _fsdp_trainer(strategy=FSDP(wrap=[torch.nn.GRU]))
+    with pytest.raises(ValueError, match="both set the precision"):
+        _fsdp_trainer(
+            strategy=FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16)), precision="bf16-mixed"
+        )
+    with pytest.raises(TypeError, match=r"list of nn\.Module types"):
+        FSDP(wrap="Block")  # type: ignore[arg-type]
+    trainer = _fsdp_trainer(strategy="single", callbacks=[ModelCheckpoint(tmp_path, sharded=True)])
+    with pytest.raises(ValueError, match=r"sharded=True\) writes per-rank shards.*strategy='fsdp'"):
+        trainer.fit(common.ddp_loaders()[0], epochs=1)
+    assert trainer.global_step == 0
+    FSDP().connect("cpu")  # the world of one, so that FSDP1 can wrap a model here
+    wrapped = FullyShardedDataParallel(fc.make_model(0), device_id=torch.device("cpu"))
+    with pytest.raises(TypeError, match=r"FSDP1.*Pass the plain model"):
+        _fsdp_trainer(model=wrapped)
+
+
+def test_strategy_string_and_public_name():
+    import nbtrainer
+
+    assert "FSDP" in nbtrainer.__all__ and nbtrainer.FSDP is FSDP
+    trainer = _fsdp_trainer(strategy="fsdp")
+    assert isinstance(trainer.strategy, FSDP) and trainer.strategy.units == ["2.2", "2.1", "2.0", ""]
+    with pytest.raises(ValueError, match="'fsdp'"):
+        _fsdp_trainer(strategy="zero3")
