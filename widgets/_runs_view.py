@@ -37,7 +37,7 @@ def _figure(title: str, css: str) -> tuple[bq.Figure, bq.LinearScale, bq.LinearS
     fig = bq.Figure(
         marks=[],
         title=title,
-        axes=[bq.Axis(scale=sx, label="step"), bq.Axis(scale=sy, orientation="vertical", side="left")],
+        axes=[bq.Axis(scale=sx, label="step"), bq.Axis(scale=sy, side="left")],
         fig_margin=dict(_MARGIN),
         animation_duration=0,
         layout=W.Layout(width="100%", height="300px"),

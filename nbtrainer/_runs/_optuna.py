@@ -151,7 +151,7 @@ def tune(
         tags.update({f"optuna.param.{k}": v for k, v in trial.params.items()})
         if recorder is not None:
             recorder.tags = {**recorder.tags, **tags}
-        for cb in [pruning, *extra]:
+        for cb in [*extra, pruning]:  # pruning last: the others see the epoch that ends the trial
             trainer.callbacks.append(cb)
         state = "failed"
         try:
@@ -168,7 +168,7 @@ def tune(
             state = "pruned"
             raise
         finally:
-            for cb in [pruning, *extra]:
+            for cb in [*extra, pruning]:
                 trainer.callbacks.remove(cb)
             run_id = getattr(trainer, "run_id", None)
             if run_id is not None:
