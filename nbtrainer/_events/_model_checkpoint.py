@@ -7,8 +7,8 @@ import os
 import shutil
 from typing import Any
 
+from nbtrainer._atomic import remove_stale_temps
 from nbtrainer._events._callbacks import Callback, check_monitor, resolve_mode
-from nbtrainer._resume._checkpoint_io import remove_stale_temps
 
 __all__ = ["ModelCheckpoint"]
 
