@@ -22,9 +22,11 @@ from ._theme import FG, FG2
 
 __all__ = [
     "MARKER",
+    "BoundedChart",
     "Box",
     "EpochChart",
     "MemoryChart",
+    "bounded_range",
     "figure",
     "hover_layer",
     "legend_html",
@@ -54,6 +56,25 @@ def hover_layer(scales: dict[str, Any], color: str, value: tuple[str, str, str])
         interactions={"hover": "tooltip"},
         tooltip=tooltip(("x", "step", ",.0f"), value),
     )
+
+
+def bounded_range(values: list[float], zoom: bool) -> tuple[float, float, list[float]]:
+    """The y range and round ticks of the 0-1 metrics axis: all of 0-1, or (``zoom``) the data with some room,
+    still inside 0-1, once the values cluster in less than a third of it (acc 0.95 and val_acc 0.97 would
+    otherwise merge into one band at the top)."""
+    full = (0.0, 1.0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    finite = [v for v in values if math.isfinite(v)]
+    if not zoom or not finite or min(finite) < 0 or max(finite) > 1:
+        return full
+    lo, hi = min(finite), max(finite)
+    if hi - lo > 0.3:
+        return full
+    pad = max((hi - lo) * 0.25, 0.005)
+    ticks = nice_ticks(max(0.0, lo - pad), min(1.0, hi + pad), 4)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 0.1
+    bottom = max(0.0, float(f"{math.floor((lo - pad) / step + 1e-9) * step:.12g}"))
+    top = min(1.0, float(f"{math.ceil((hi + pad) / step - 1e-9) * step:.12g}"))
+    return bottom, top, [t for t in ticks if bottom - 1e-9 <= t <= top + 1e-9]
 
 
 def step_ticks(x: np.ndarray) -> np.ndarray:
@@ -88,9 +109,12 @@ def legend_html(entries: list[tuple[str, str, bool]], extra: str = "") -> str:
 def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_format: str) -> bq.Figure:
     # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
     # domain has zero width (the first step or epoch), and the axis never recovered from that error.
+    # Axis titles in the theme's text colour (left unset, bqplot painted them in a series colour).
     axes = [
-        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5),
-        bq.Axis(scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px"),
+        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5, label_color=FG),
+        bq.Axis(
+            scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px", label_color=FG
+        ),
     ]
     fig = bq.Figure(marks=marks, axes=axes, fig_margin=dict(_MARGIN), animation_duration=0, layout=W.Layout(**_FIG))
     fig.add_class(css)
@@ -138,8 +162,8 @@ class EpochChart:
         self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g")
         self.box = Box(self.fig, *controls)
 
-    def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str]) -> None:
-        """Draw the metrics ``bases`` (train ``k`` and ``val_k``) of the epoch ``rows``."""
+    def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], extra: str = "") -> list[float]:
+        """Draw the metrics ``bases`` (train ``k`` and ``val_k``) of the epoch ``rows``; returns the values drawn."""
         epochs = np.asarray([float(r.get("epoch", i + 1)) for i, r in enumerate(rows)])
         colors = {b: PALETTE[(i + 3) % len(PALETTE)] for i, b in enumerate(bases)}
         px: list[float] = []
@@ -172,12 +196,38 @@ class EpochChart:
         stack.enter_context(self.points.hold_sync())
         self.points.x, self.points.y = np.asarray(px, dtype=float), np.asarray(py, dtype=float)
         self.points.colors, self.points.names = pc or [PALETTE[0]], pn
-        self.box.legend.value = legend_html(entries)
+        self.box.legend.value = legend_html(entries, extra)
         if len(epochs):  # whole epochs with a little room at both ends (a lone first epoch too)
             with self.x.hold_sync():
                 self.x.min, self.x.max = float(epochs.min()) - 0.25, float(epochs.max()) + 0.25
         n = len(rows)  # ticks on whole epochs only (at most ~8 of them)
         self.fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
+        return py
+
+
+class BoundedChart(EpochChart):
+    """The 0-1 metrics per epoch, zoomed to the data once it clusters (``bounded_range``)."""
+
+    def __init__(self, *controls: W.Widget) -> None:
+        super().__init__("nbt-chart-metrics", "value (0-1)", lin_scale(min=0.0, max=1.0), *controls)
+        self.fig.axes[1].tick_values = np.asarray(bounded_range([], False)[2])
+
+    def draw_bounded(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], *, zoom: bool) -> None:
+        values = [
+            float(r[k])
+            for r in rows
+            for b in bases
+            for k in (b, f"val_{b}")
+            if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])
+        ]
+        lo, hi, ticks = bounded_range(values, zoom)
+        zoomed = (lo, hi) != (0.0, 1.0)
+        axis = self.fig.axes[1]
+        with axis.scale.hold_sync():
+            axis.scale.min, axis.scale.max = lo, hi
+        axis.tick_values = np.asarray(ticks)
+        axis.label = "value (zoomed)" if zoomed else "value (0-1)"
+        self.draw(stack, rows, bases, f"y {lo:.3g}-{hi:.3g}, zoomed" if zoomed else "")
 
 
 class MemoryChart:
@@ -186,7 +236,8 @@ class MemoryChart:
     def __init__(self, max_points: int) -> None:
         self.stream = MinMaxStream(max_points)
         self.capacity_bytes: int | None = None
-        x, self.y = lin_scale(min=0.0), lin_scale(min=0.0, max=1.0)
+        x, self.y = lin_scale(min=0.0, max=1.0), lin_scale(min=0.0, max=1.0)
+        self.x = x
         sc, e = {"x": x, "y": self.y}, np.empty(0)
         self.line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[4]], stroke_width=2, labels=["memory"])
         self.capacity = bq.Lines(x=e, y=e, scales=sc, colors=[MARKER], line_style="dashed", stroke_width=1)
@@ -217,6 +268,8 @@ class MemoryChart:
             keep = mark is self.line or show_cap
             mark.x, mark.y = (xs, ys) if keep else (np.empty(0), np.empty(0))
         self.y.max = (max(top, cap * 1.05) if show_cap and cap else top) / div
+        with self.x.hold_sync():  # an explicit domain: a lone point would give it zero width (NaN ticks)
+            self.x.min, self.x.max = 0.0, max(float(x.max()), 1.0)
         self.fig.axes[0].tick_values = step_ticks(x)
         self.fig.axes[1].tick_values = np.asarray(nice_ticks(0.0, self.y.max, 4))
         self.fig.axes[1].label = f"memory ({unit})"

@@ -6,12 +6,13 @@
 * **learning rate** per step on a log axis; each mid-run change is a marker at its *new* value, labelled
   unless it would overlap a later label (the tooltip always has the full text);
 * **bounded metrics** per epoch (accuracy, F1... in [0, 1]) on their own 0-1 axis, train solid, val dashed;
+  clustered values (acc 0.95, val_acc 0.97) zoom it, still inside 0-1 (``y: auto``; ``y: 0-1`` does not);
 * **other metrics** per epoch, one at a time (a menu picks which), never on the loss axis;
 * **memory**: the peak of each refresh window against the device's capacity.
 
-Every axis is labelled, legends are HTML rows above the plots (never over the data) and every point
-marker has a tooltip with the exact value. Runs on the panel's UI thread only; per-step series go through
-``MinMaxStream`` so each mark receives at most ``max_points`` points.
+Every axis is labelled, legends are HTML rows above the plots and point markers have tooltips. Scales have
+explicit domains and a chart joins only once it has data (no NaN / negative-size bqplot errors). UI thread
+only; per-step series go through ``MinMaxStream`` so each mark receives at most ``max_points`` points.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from nbtrainer.plotting import (
 
 from ._chart_parts import (
     MARKER,
+    BoundedChart,
     Box,
     EpochChart,
     MemoryChart,
@@ -66,7 +68,7 @@ def _zero_based(lo: float, hi: float) -> tuple[float, float]:
 
 
 class LiveCharts:
-    def __init__(self, max_points: int = 2000, smoothing: float = 0.9) -> None:
+    def __init__(self, max_points: int = 2000, smoothing: float = 0.9, lr: float | None = None) -> None:
         self._raw, self._smooth, self._lr = (MinMaxStream(max_points) for _ in range(3))
         self._ema = Ema(smoothing)
         self.rows: list[dict[str, Any]] = []
@@ -76,7 +78,8 @@ class LiveCharts:
         e = np.empty(0)
 
         # 1. loss: raw + smoothed per step, val per epoch (Scatter: tooltips), change markers
-        sx, self.loss_lin, self.loss_log = lin_scale(min=0.0), lin_scale(min=0.0, max=1.0), log_scale()
+        sx, self.loss_lin, self.loss_log = lin_scale(min=0.0, max=1.0), lin_scale(min=0.0, max=1.0), log_scale()
+        self.loss_x = sx
         sy = self.loss_lin
         sc = {"x": sx, "y": sy}
         self.raw = bq.Lines(
@@ -122,7 +125,10 @@ class LiveCharts:
         self.loss_is_log = False
 
         # 2. learning rate: log axis, changes marked at the new value
-        lx, self.lr_scale = lin_scale(min=0.0), log_scale(min=1e-4, max=1e-2)
+        # Before any data: a decade each side of the optimizer's LR, ticks at round values only.
+        centre = lr if lr is not None and math.isfinite(lr) and lr > 0 else 1e-3
+        self.lr_x, self.lr_scale = lin_scale(min=0.0, max=1.0), log_scale(min=centre / 10, max=centre * 10)
+        lx = self.lr_x
         lsc = {"x": lx, "y": self.lr_scale}
         self.lr = bq.Lines(x=e, y=e, scales=lsc, colors=[PALETTE[2]], stroke_width=2, labels=["lr"])
         self.lr_hover = hover_layer(lsc, PALETTE[2], ("y", "lr", ".3~e"))
@@ -148,10 +154,16 @@ class LiveCharts:
             "learning rate (log)",
             ".1~e",
         )
+        self.lr_fig.axes[1].tick_values = np.asarray(log_ticks(centre / 10, centre * 10))
         self.lr_box = Box(self.lr_fig)
 
         # 3. bounded metrics per epoch: 0-1 axis; train solid, val dashed; points carry tooltips
-        self.metrics = EpochChart("nbt-chart-metrics", "value (0-1)", lin_scale(min=0.0, max=1.0))
+        self.metrics_scale = W.Dropdown(
+            options=[("y: auto", "auto"), ("y: 0-1", "full")], value="auto", layout=W.Layout(width="105px")
+        )
+        self.metrics_scale.add_class("nbt-metrics-scale")
+        self.metrics_scale.observe(lambda _: self._dirty.add("epochs"), "value")
+        self.metrics = BoundedChart(self.metrics_scale)
         self.metrics_box, self.train_metrics, self.val_metrics = self.metrics.box, self.metrics.train, self.metrics.val
         self.metric_points = self.metrics.points
         # 4. other metrics, one at a time
@@ -160,15 +172,13 @@ class LiveCharts:
         self.other_choice.observe(lambda _: self._dirty.add("epochs"), "value")
         self.other = EpochChart("nbt-chart-other", "value", lin_scale(min=0.0, max=1.0), self.other_choice)
         self.other_box = self.other.box
-        self.other_box.root.layout.display = "none"  # until a run logs a metric that is not bounded
 
         # 5. memory per refresh window, against the device's capacity
         self.mem = MemoryChart(max_points)
         self.mem_box, self.memory = self.mem.box, self.mem.line
-        self.box = W.HBox(
-            [b.root for b in (self.loss_box, self.lr_box, self.metrics_box, self.other_box, self.mem_box)],
-            layout=W.Layout(flex_flow="row wrap", width="100%"),
-        )
+        # The "other metric" chart joins only when a run logs one: a hidden figure has a negative plot size.
+        self._shown = [self.loss_box, self.lr_box, self.metrics_box, self.mem_box]
+        self.box = W.HBox([b.root for b in self._shown], layout=W.Layout(flex_flow="row wrap", width="100%"))
         self.box.add_class("nbt-charts")
         self._legends()
 
@@ -180,6 +190,17 @@ class LiveCharts:
         self.rows, self.events = [], []
         self._last_loss = math.nan
         self._dirty = {"steps", "epochs", "events", "memory"}
+        self._show_other(False)
+
+    def _show_other(self, show: bool) -> None:
+        charts = [self.loss_box, self.lr_box, self.metrics_box, *([self.other_box] if show else []), self.mem_box]
+        if charts != self._shown:
+            self._shown = charts
+            self.box.children = tuple(b.root for b in charts)
+
+    @property
+    def other_shown(self) -> bool:  # a run logged a metric that is not bounded: its chart is in the panel
+        return self.other_box in self._shown
 
     def add_steps(self, points: list[tuple[int, float, float]]) -> int:
         """Append ``(global_step, loss, lr)`` points; returns how many losses were not finite."""
@@ -273,6 +294,8 @@ class LiveCharts:
             ticks = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top]
             self.loss_fig.axes[1].tick_values = np.asarray(ticks)  # round values (bqplot splits the range evenly)
         hx, hy = decimate(sx, sy, _HOVER_POINTS)
+        with self.loss_x.hold_sync():
+            self.loss_x.max = max(float(rx.max()) if len(rx) else 1.0, max((v[0] for v in val), default=1.0), 1.0)
         self.loss_fig.axes[0].tick_values = step_ticks(rx)
         for mark, x, y in ((self.raw, rx, ry), (self.smooth, sx, sy), (self.loss_hover, hx, hy)):
             stack.enter_context(mark.hold_sync())
@@ -304,6 +327,8 @@ class LiveCharts:
         self.lr_fig.axes[1].tick_values = np.asarray(log_ticks(lo, hi))
         y = np.where(np.isfinite(y) & (y > 0), y, lo)  # an LR of 0 (cosine's end) sits on the axis floor
         hx, hy = decimate(x, y, _HOVER_POINTS)
+        with self.lr_x.hold_sync():
+            self.lr_x.max = max(float(x.max()) if len(x) else 1.0, max((e["step"] for e in events), default=1.0), 1.0)
         self.lr_fig.axes[0].tick_values = step_ticks(x)
         for mark, xs, ys in ((self.lr, x, y), (self.lr_hover, hx, hy)):
             stack.enter_context(mark.hold_sync())
@@ -338,12 +363,12 @@ class LiveCharts:
     def _render_epochs(self, stack: ExitStack) -> None:
         rows = self.rows
         bounded, other = classify_metrics(rows)
-        self.metrics.draw(stack, rows, bounded)
+        self.metrics.draw_bounded(stack, rows, bounded, zoom=self.metrics_scale.value == "auto")
         if other:
             if list(self.other_choice.options) != other:
                 keep = self.other_choice.value if self.other_choice.value in other else other[0]
                 self.other_choice.options, self.other_choice.value = other, keep
-            self.other_box.root.layout.display = "flex"
+            self._show_other(True)
             chosen = [self.other_choice.value]
             values = [
                 float(r[k])

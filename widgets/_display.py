@@ -10,6 +10,7 @@ the page is built, the panel's section is the one that shows.
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from nbtrainer import format_number
@@ -25,6 +26,8 @@ class SummaryDisplay:
     view: Any
     trainer: Any
     summary_html: str | None
+    _summary_detail = ""  # "finished, 5 epoch(s)": the last summary's status line
+    _previous = False  # the summary shown is the previous run's (a new run has started)
     _display_ids: list[str]
     _label: str
     _model: Any
@@ -44,6 +47,13 @@ class SummaryDisplay:
     def _summary_bundle(self) -> dict[str, str]:
         if self.summary_html is None:
             return {"text/html": "<div class='nbt-summary-static nbt-summary-slot'></div>", "text/plain": ""}
+        if self._previous:  # a run is under way: say whose summary this is
+            return {
+                "text/html": f"<div class='nbt-summary-static nbt-summary-previous'><div style='font-size:12px'>"
+                f"<b>previous run</b> ({html.escape(self._summary_detail)}); a new run has started</div>"
+                f"{self.summary_html}</div>",
+                "text/plain": f"{self._label}: previous run {self._summary_detail}; a new run has started",
+            }
         h = self.trainer.history
         last = ", ".join(f"{k}={format_number(v)}" for k, v in h.last.items() if isinstance(v, float))
         return {
@@ -51,14 +61,32 @@ class SummaryDisplay:
             "text/plain": f"{self._label}: {h.status}; {last}",
         }
 
+    def _summary_is_previous(self) -> None:
+        """A new run starts: the summary shown (panel section and static slots) is marked as the previous run's."""
+        if self.summary_html is None:
+            return
+        v = self.view
+        v.summary_section.set_title("previous run", self._summary_detail)
+        v.summary_section.set_open(False)
+        v.summary_section.root.add_class("nbt-summary-previous")
+        self._previous = True
+        self._update_slots()
+
     def _publish_summary(self, history: Any = None) -> None:
         """Build the summary of ``history`` (if given), show it in the panel and in every display slot."""
         if history is not None:
             self.summary_html = history.to_html(title=f"{type(self._model).__name__} on {self.trainer.device}")
+            self._summary_detail = f"{history.status}, {len(history.epochs)} epoch(s)"
+            self._previous = False
             v = self.view
             v.summary.value = self.summary_html
-            v.summary_section.show(v.summary, detail=f"{history.status}, {len(history.epochs)} epoch(s)")
+            v.summary_section.root.remove_class("nbt-summary-previous")
+            v.summary_section.set_title("summary")
+            v.summary_section.show(v.summary, detail=self._summary_detail)
             v.summary_section.set_open(False)  # one line until expanded: the live charts are right above
+        self._update_slots()
+
+    def _update_slots(self) -> None:
         if not self._display_ids or self.summary_html is None:
             return
         from IPython.display import update_display

@@ -5,6 +5,10 @@ The smoothed loss is drawn twice: as a line (what the eye follows) and as small 
 carry ``interactions={"click": "select"}``: a click in the browser sets the mark's ``selected`` trait
 to ``[index]`` and that change is what picks the LR. Buttons offer each rule's suggestion for users who
 would rather not aim at a 6-pixel point.
+
+Readable at any width: round y ticks (1-2-5 steps), x ticks at whole decades (every other one when the sweep
+spans many, so a 370 px panel does not smear them together), both axes framing every marker, the rules named
+in a legend row above the plot (a label on the plot sat on the curve), axis titles in the theme's text colour.
 """
 
 from __future__ import annotations
@@ -19,15 +23,32 @@ import ipywidgets as W
 import numpy as np
 
 from nbtrainer import format_lr
-from nbtrainer.plotting import PALETTE
+from nbtrainer.plotting import PALETTE, nice_ticks
 
+from ._chart_parts import legend_html
 from ._theme import FG, FG2, WARN
 
 __all__ = ["LRFinderView"]
 
 RULE_COLORS = {"valley": PALETTE[3], "steepest": PALETTE[2], "minimum/10": PALETTE[4]}
 _CHOSEN = PALETTE[1]  # the chosen-LR marker: orange reads on light and dark backgrounds
-_MARGIN = {"top": 20, "bottom": 45, "left": 60, "right": 15}
+_MARGIN = {"top": 12, "bottom": 45, "left": 72, "right": 15}
+_MAX_X_TICKS = 5
+
+
+def _x_range(values: list[float]) -> tuple[float, float, list[float]]:
+    """A log range around every LR drawn (the curve and each rule's marker), and whole-decade ticks, at most
+    ``_MAX_X_TICKS`` of them."""
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    decades = [e for e in range(first, last + 1) if lo <= 10.0**e <= hi]
+    stride = max(1, math.ceil(len(decades) / _MAX_X_TICKS))
+    return lo, hi, [10.0**e for e in decades[::stride]]
+
+
+def y_ticks(lo: float, hi: float) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten) inside ``[lo, hi]``."""
+    return [t for t in nice_ticks(lo, hi, 4) if lo <= t <= hi]
 
 
 def _y_range(smoothed: list[float]) -> tuple[float, float]:
@@ -72,7 +93,10 @@ class LRFinderView:
         self.smoothed = np.array([p[2] for p in pts], dtype=float)
         y_lo, y_hi = _y_range(list(self.smoothed)) if pts else (0.0, 1.0)
         self._y = (y_lo, y_hi)
-        sx, sy = bq.LogScale(), bq.LinearScale(min=y_lo, max=y_hi)
+        rules = [(k, v) for k, v in result.suggestions.items() if v is not None and math.isfinite(v) and v > 0]
+        x_lo, x_hi, x_ticks = _x_range([*self.lrs.tolist(), *(v for _, v in rules), *([lr] if lr else [])] or [1e-3])
+        sx = bq.LogScale(min=x_lo, max=x_hi, allow_padding=False)
+        sy = bq.LinearScale(min=y_lo, max=y_hi, allow_padding=False)
         scales = {"x": sx, "y": sy}
         self.raw = bq.Lines(
             x=self.lrs,
@@ -97,7 +121,6 @@ class LRFinderView:
             interactions={"click": "select", "hover": "tooltip"},
             tooltip=tooltip,
         )
-        rules = [(k, v) for k, v in result.suggestions.items() if v is not None and math.isfinite(v) and v > 0]
         self.suggested = bq.Scatter(
             x=np.array([v for _, v in rules], dtype=float),
             y=np.array([self._loss_at(v) for _, v in rules], dtype=float),
@@ -106,14 +129,24 @@ class LRFinderView:
             marker="diamond",
             default_size=90,
             names=[f"{k} {format_lr(v)}" for k, v in rules],
-            display_names=True,
+            display_names=False,  # named in the legend row: a label drawn on the plot covered the curve
+            interactions={"hover": "tooltip"},
+            tooltip=bq.Tooltip(fields=["name"], labels=["rule"]),
         )
         self.marker = bq.Lines(
             x=np.empty(0), y=np.empty(0), scales=scales, colors=[_CHOSEN], line_style="dashed", stroke_width=2
         )
         axes = [
-            bq.Axis(scale=sx, label="learning rate (log)", tick_format=".0e"),
-            bq.Axis(scale=sy, side="left", label="loss", tick_format=".3g", num_ticks=5),
+            bq.Axis(scale=sx, label="learning rate (log)", tick_format=".0e", tick_values=x_ticks, label_color=FG),
+            bq.Axis(
+                scale=sy,
+                side="left",
+                label="loss",
+                tick_format=".3~g",
+                tick_values=y_ticks(y_lo, y_hi),
+                label_offset="56px",  # clear of the widest tick label ("0.0015")
+                label_color=FG,
+            ),
         ]
         self.figure = bq.Figure(
             marks=[self.raw, self.line, self.points, self.suggested, self.marker],
@@ -156,10 +189,21 @@ class LRFinderView:
         self.restore.on_click(lambda _: self.undo())
         if self.previous is not None:
             self.restore.description = f"restore {format_lr(self.previous)}"
+        self.legend = W.HTML(
+            legend_html([("smoothed loss", "#1f77b4", False)])[:-6]
+            + "".join(
+                f"<span style='margin-left:10px;white-space:nowrap'><span style='color:{RULE_COLORS.get(k, '#555')}'>"
+                f"&#9670;</span> {html.escape(k)} {format_lr(v)}</span>"
+                for k, v in rules
+            )
+            + "</div>"
+        )
+        self.legend.add_class("nbt-lrfinder-legend")
         self.root = W.VBox(
             [
                 self.head,
                 self.warning,
+                self.legend,
                 self.figure,
                 W.HBox([*self.use_buttons.values(), self.restore], layout=W.Layout(flex_flow="row wrap")),
                 self.choice,

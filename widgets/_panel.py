@@ -10,7 +10,9 @@ waiting cell). The training loop never waits on the UI and never syncs the devic
 from __future__ import annotations
 
 import contextlib
+import html
 import os
+import re
 import sys
 import threading
 import time
@@ -49,7 +51,9 @@ class TrainerWidget(PanelActions, SummaryDisplay):
     Args (trainer form): ``trainer, train_loader, val_loader=None, epochs=1``.
     Panel options: ``max_steps=``, ``ui_interval=`` (seconds between UI pushes, default 0.25),
         ``max_points=`` (per chart series, default 2000), ``smoothing=`` (EMA weight of the smoothed loss),
-        ``save_path=`` (default checkpoint path of the Save button).
+        ``save_path=`` (default checkpoint path of the Save button), ``name=`` (the run's name in the title,
+        messages and the default checkpoint path; default ``"<model class> #<n>"``, ``n`` counting the panels
+        made in this kernel, so two panels in one notebook never save to one file).
 
     Example:
         >>> w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters()),
@@ -70,6 +74,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         max_points: int = 2000,
         smoothing: float = 0.9,
         save_path: str | None = None,
+        name: str | None = None,
         **trainer_options: Any,
     ) -> None:
         if isinstance(model, Trainer):
@@ -104,7 +109,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.max_steps = max_steps
         self.ui_interval = max(0.05, float(ui_interval))
         self._model = user_model
-        self._label = f"TrainerWidget #{next(_counter)} ({type(user_model).__name__})"
+        self.name = str(name) if name else f"{type(user_model).__name__} #{next(_counter)}"
+        self._label = f"TrainerWidget '{self.name}'"
         self._run: Run | None = None
         self._pump: UiPump | None = None
         self._feed = Feed()
@@ -118,17 +124,18 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.ui_updates = 0
         self.ui_update_times: list[float] = []
 
-        self.charts = LiveCharts(max_points=max_points, smoothing=smoothing)
+        self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
         self.view = v = PanelView(self.charts.box)
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self._notify)
-        name = type(user_model).__name__
         n_params = sum(p.numel() for p in user_model.parameters())
         v.title.value = (
-            f"<b style='font-size:14px'>{name}</b> <span style='color:{FG2}'>· {trainer.device} · "
-            f"{format_count(n_params, compact=False)} parameters · {type(trainer.optimizer).__name__}</span>"
+            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
+            f"{type(user_model).__name__} · {trainer.device} · {format_count(n_params, compact=False)} parameters · "
+            f"{type(trainer.optimizer).__name__}</span>"
         )
-        v.save_path.value = save_path or os.path.join("checkpoints", f"{name.lower()}-widget.ckpt")
+        slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
+        v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
         v.start.on_click(lambda _: self._guarded(self.start))
         v.pause.on_click(lambda _: self._guarded(self.resume if self._paused_requested else self.pause))
         v.stop.on_click(lambda _: self._guarded(self.stop))
@@ -181,6 +188,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             self._notify("warning", msg)
         self.controls.apply_schedule(self.train_loader, self.epochs)
         self.charts.clear()
+        self._summary_is_previous()  # the last run's summary must not read as this run's
         self._paused_requested = False
         self._feed = feed = Feed()
         self._detached = [cb for cb in self.trainer.callbacks.callbacks if isinstance(cb, ProgressBar)]

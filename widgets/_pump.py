@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from nbtrainer import format_duration, format_number
-from nbtrainer.plotting import change_label, epoch_table_html, higher_is_better
+from nbtrainer.plotting import change_label, higher_is_better
 
 from ._runner import Feed, Run
 
@@ -107,8 +107,10 @@ class UiPump:
                 v.set_progress(p)
             v.set_stats(self.best, p)
             if epochs_changed:
-                v.epoch_table.value = epoch_table_html(charts.rows)
-                v.epoch_section.show(v.epoch_table, detail=f"{len(charts.rows)} so far")
+                v.set_epoch_rows(charts.rows)
+                if v.epoch_section.body.children != (v.epoch_area,):
+                    v.epoch_section.show(v.epoch_area)
+                v.epoch_section.set_title("epochs", f"{len(charts.rows)} so far")
             if not final:
                 v.set_status(*self._live_status(p))
             charts.render()

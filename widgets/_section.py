@@ -21,7 +21,7 @@ class Section:
 
     def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
         self._title = title
-        self.title = W.HTML()
+        self.title = W.HTML(layout=W.Layout(flex="0 1 auto", min_width="0"))
         self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
         self.toggle.add_class("nbt-collapse")
         self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
@@ -47,7 +47,11 @@ class Section:
     def set_title(self, title: str, detail: str = "") -> None:
         self._title = title
         tail = f" <span style='font-weight:normal'>{html.escape(detail)}</span>" if detail else ""
-        self.title.value = f"<b style='color:{FG};font-size:12px'>{html.escape(title)}</b>{tail}"
+        # One line ("5 epoch(s)" never splits in a narrow panel); too long for the width, it ends in "...".
+        self.title.value = (
+            f"<div style='white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:{FG};font-size:12px'>"
+            f"<b>{html.escape(title)}</b>{tail}</div>"
+        )
 
     def show(self, *children: Any, detail: str = "") -> None:
         """Put ``children`` in the body and show the area, open."""

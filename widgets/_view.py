@@ -13,6 +13,7 @@ from typing import Any
 import ipywidgets as W
 
 from nbtrainer import format_bytes, format_duration, format_lr, format_number
+from nbtrainer.plotting import epoch_table_html
 
 from ._messages import MessageLog
 from ._section import Section
@@ -21,9 +22,18 @@ from ._theme import BORDER, FG, FG2, STATUS_COLORS, card_style
 __all__ = ["STATUS_COLORS", "PanelView"]
 
 _WIDE = {"description_width": "initial"}
+_AUTO = {"width": "auto"}  # a button as wide as its text (ipywidgets' default is 148 px)
 # Hides the plain-HTML summary left under the panel for front ends without widgets (GitHub, nbviewer, an
 # export without JavaScript): where this widget renders, the panel's own summary section shows instead.
 HIDE_STATIC = "<style>.nbt-summary-static{display:none}</style>"
+FOLLOW_ROWS = 8  # the live epoch table shows the newest rows (a CSS rule hides the rest: best values stay bold)
+_FOLLOW_CSS = (
+    f"<style>.nbt-epoch-follow .nbt-epoch-table tbody tr:nth-last-child(n+{FOLLOW_ROWS + 1}){{display:none}}</style>"
+)
+# Narrow panels scroll the table sideways (lr and time stay reachable); "show all" scrolls it and opens at the
+# newest row (column-reverse keeps the scroll anchored at the bottom unless the user scrolls up).
+_SCROLL = "overflow-x:auto;max-width:100%"
+_SCROLL_ALL = "overflow:auto;max-width:100%;max-height:240px;display:flex;flex-direction:column-reverse"
 
 
 def _cls(widget: W.Widget, *names: str) -> W.Widget:
@@ -48,7 +58,10 @@ class PanelView:
         self.title = _cls(W.HTML(), "nbt-title")
         self.status = _cls(W.HTML(), "nbt-status")
         self.header = _cls(
-            W.HBox([self.title, self.status], layout=W.Layout(justify_content="space-between", align_items="center")),
+            W.HBox(
+                [self.title, self.status],
+                layout=W.Layout(justify_content="space-between", align_items="center", flex_flow="row wrap"),
+            ),
             "nbt-header",
         )
         self.precision = _cls(
@@ -132,31 +145,56 @@ class PanelView:
 
         # Explicit colours: ipywidgets' "success" green under white text is 4.1:1, below WCAG AA (4.5:1).
         self.start = _cls(
-            W.Button(description="Start", icon="play", style={"button_color": "#1a7f37", "text_color": "white"}),
+            W.Button(
+                description="Start",
+                icon="play",
+                style={"button_color": "#1a7f37", "text_color": "white"},
+                layout=W.Layout(width="auto"),
+            ),
             "nbt-start",
         )
-        self.pause = _cls(W.Button(description="Pause", icon="pause", disabled=True), "nbt-pause")
+        self.pause = _cls(
+            W.Button(description="Pause", icon="pause", disabled=True, layout=W.Layout(width="auto")), "nbt-pause"
+        )
         self.stop = _cls(
             W.Button(
-                description="Stop", icon="stop", disabled=True, style={"button_color": "#cf222e", "text_color": "white"}
+                description="Stop",
+                icon="stop",
+                disabled=True,
+                style={"button_color": "#cf222e", "text_color": "white"},
+                layout=W.Layout(width="auto"),
             ),
             "nbt-stop",
         )
-        self.save = _cls(W.Button(description="Save checkpoint", icon="save"), "nbt-save")
-        self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="240px")), "nbt-save-path")
-        self.profile = _cls(W.Button(description="Profile", icon="tachometer"), "nbt-profile")
+        self.save = _cls(
+            W.Button(description="Save checkpoint", icon="save", layout=W.Layout(width="auto")), "nbt-save"
+        )
+        self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="220px")), "nbt-save-path")
+        self.profile = _cls(
+            W.Button(description="Profile", icon="tachometer", layout=W.Layout(width="auto")), "nbt-profile"
+        )
         self.lrfind = _cls(
             W.Button(
                 description="LR finder",
                 icon="search",
                 tooltip="LR range test on the train loader; click its curve to set the LR",
+                layout=W.Layout(width="auto"),
             ),
             "nbt-lrfind",
         )
+        # Buttons as wide as their text (ipywidgets' default is 148 px each, which pushed "LR finder" alone onto
+        # a second row at full width); Save and its path wrap together.
         self.buttons = _cls(
             W.HBox(
-                [self.start, self.pause, self.stop, self.save, self.save_path, self.profile, self.lrfind],
-                layout=W.Layout(flex_flow="row wrap"),
+                [
+                    self.start,
+                    self.pause,
+                    self.stop,
+                    W.HBox([self.save, self.save_path]),
+                    self.profile,
+                    self.lrfind,
+                ],
+                layout=W.Layout(flex_flow="row wrap", align_items="center"),
             ),
             "nbt-buttons",
         )
@@ -174,7 +212,17 @@ class PanelView:
 
         self.stats = _cls(W.HTML(), "nbt-stats")
         self.epoch_section = Section("epochs", "nbt-epochs-area", closable=False)
-        self.epoch_table = _cls(W.HTML(layout=W.Layout(max_height="220px", overflow="auto")), "nbt-epoch-table-box")
+        self.epoch_table = _cls(W.HTML(layout=W.Layout(width="100%")), "nbt-epoch-table-box", "nbt-epoch-follow")
+        self.epoch_note = _cls(W.HTML(), "nbt-epoch-note")
+        self.epoch_all = _cls(
+            W.ToggleButton(value=False, description="show all", layout=W.Layout(width="auto", display="none")),
+            "nbt-epoch-all",
+        )
+        self.epoch_area = W.VBox(
+            [W.HBox([self.epoch_note, self.epoch_all], layout=W.Layout(align_items="center")), self.epoch_table]
+        )
+        self._epoch_rows: list[dict[str, Any]] = []
+        self.epoch_all.observe(lambda _: self.set_epoch_rows(self._epoch_rows), "value")
         self.profile_section = Section("profile", "nbt-profile-area")
         self.profile_area = self.profile_section.body
         self.lrfinder_section = Section("LR finder", "nbt-lrfinder-area")
@@ -208,6 +256,29 @@ class PanelView:
         return self.messages_log.log
 
     # -- text ----------------------------------------------------------------------------------------
+    def set_epoch_rows(self, rows: list[dict[str, Any]]) -> None:
+        """The live epoch table: the newest ``FOLLOW_ROWS`` rows and how many are hidden, or every row."""
+        self._epoch_rows = rows
+        hidden = max(0, len(rows) - FOLLOW_ROWS)
+        show_all = bool(self.epoch_all.value)
+        table = epoch_table_html(rows)
+        with self.epoch_table.hold_sync():
+            if show_all:
+                self.epoch_table.remove_class("nbt-epoch-follow")
+                self.epoch_table.value = f"<div class='nbt-epoch-scroll' style='{_SCROLL_ALL}'>{table}</div>"
+            else:
+                self.epoch_table.add_class("nbt-epoch-follow")
+                self.epoch_table.value = f"{_FOLLOW_CSS}<div class='nbt-epoch-scroll' style='{_SCROLL}'>{table}</div>"
+        if show_all:
+            note = f"all {len(rows)} epochs, newest at the bottom"
+        elif hidden:
+            note = f"newest {FOLLOW_ROWS} of {len(rows)} epochs · {hidden} earlier hidden"
+        else:
+            note = ""
+        self.epoch_note.value = f"<span style='font-size:11px;color:{FG2}'>{note}</span>" if note else ""
+        self.epoch_all.description = "newest only" if show_all else f"show all {len(rows)}"
+        self.epoch_all.layout.display = "flex" if hidden else "none"
+
     def set_status(self, status: str, detail: str = "") -> None:
         """The badge shows the status word alone (class ``nbt-status-<status>``); the detail sits beside it."""
         color = STATUS_COLORS.get(status, STATUS_COLORS["idle"])
@@ -216,9 +287,11 @@ class PanelView:
             if detail
             else ""
         )
+        # one line: "5" and "epoch(s)" must not wrap apart in a narrow panel
         self.status.value = (
+            "<span style='white-space:nowrap'>"
             f"<span class='nbt-status-badge nbt-status-{status}' style='background:{color};color:white;"
-            f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}"
+            f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}</span>"
         )
 
     def set_progress(self, p: Any) -> None:
