@@ -15,8 +15,12 @@ Only ``nn.Linear`` layers are quantized (what these torchao configs handle); the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
+import logging
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,9 +33,29 @@ GROUP_SIZE = 32  # int4 scales and codebook scales: one per 32 input features
 _GROUPED = ("int4-weight", "codebook4")
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torchao's import logs a warning per CUDA kernel library it cannot load on a CPU build (harmless, and
+    said in red in a notebook), torch one about an Enum it registers; k-means warns that ``index_reduce`` is beta.
+    None of it is the user's to act on."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta", category=UserWarning)
+            warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=DeprecationWarning)
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _torchao() -> Any:
     try:
-        return importlib.import_module("torchao.quantization")  # torchao ships no type information
+        with _quiet():
+            return importlib.import_module("torchao.quantization")  # torchao ships no type information
     except ImportError as exc:
         raise ImportError(
             'quantize_model needs torchao (>= 0.18): pip install "nbtrainer[quant]" (or pip install torchao).'
@@ -48,7 +72,8 @@ def _config(method: str) -> Any:
         granularity = importlib.import_module("torchao.quantization.granularity")
         int4 = torch.int4  # type: ignore[attr-defined]  # a torch dtype the stubs lack
         return tq.IntxWeightOnlyConfig(weight_dtype=int4, granularity=granularity.PerGroup(GROUP_SIZE))
-    codebook = importlib.import_module("torchao.prototype.quantization.codebook.codebook_quantized_tensor")
+    with _quiet():
+        codebook = importlib.import_module("torchao.prototype.quantization.codebook.codebook_quantized_tensor")
     uint4 = torch.uint4  # type: ignore[attr-defined]  # a torch dtype the stubs lack
     # block_size (1, 1): one codebook of 16 scalars per layer; scale_block_size: one scale per group of 32 weights
     return codebook.CodebookWeightOnlyConfig(dtype=uint4, block_size=(1, 1), scale_block_size=GROUP_SIZE)
@@ -108,7 +133,7 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
         )
     quantize_ = _torchao().quantize_
     quantized = copy.deepcopy(model).eval()
-    with torch.no_grad():
+    with torch.no_grad(), _quiet():
         quantize_(quantized, config, filter_fn=lambda module, _fqn: _eligible(module, method))
     skipped = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in layers]
     setattr(quantized, "quantization", {"method": method, "layers": layers, "skipped": skipped})  # noqa: B010

@@ -152,9 +152,12 @@ class InferenceComparison:
 
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files), warnings below it."""
-        lines = ["| " + " | ".join(self._header) + " |", "|" + "---|" * len(self._header)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in self._cells(r)) + " |" for r in self.rows]
-        return "\n".join(lines + [""] + [f"*{w}*" for w in self.warnings])
+
+        def row(cells: list[str]) -> str:
+            return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+        lines = [row(self._header), "|" + "---|" * len(self._header), *(row(self._cells(r)) for r in self.rows)]
+        return "\n".join([*lines, "", *(f"*{w}*" for w in self.warnings)])
 
     def __str__(self) -> str:
         table = [self._header] + [[c if len(c) <= 90 else c[:87] + "..." for c in self._cells(r)] for r in self.rows]
