@@ -20,7 +20,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "adafactor": {"optimizer": "adafactor"},
     # Training what does not fit (nbtrainer._setup._memory_savers): a frozen nf4 base with LoRA adapters, 8-bit
     # AdamW state, saved activations in CPU memory, the flash SDPA kernel.
-    "qlora": {"quantize": "nf4", "lora": dict(_LORA)},
+    "qlora": {"quantize": "nf4", "lora": dict(_LORA), "optimizer": "adamw"},  # by name: built after the adapters
     "adamw8bit": {"optimizer": "adamw8bit"},
     "offload": {"offload_activations": True},
     "flash": {"attention": "flash"},

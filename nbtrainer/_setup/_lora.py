@@ -133,7 +133,7 @@ def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
 
 
 @torch.no_grad()
-def merge_lora(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def merge_lora(model: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A plain copy of a LoRA model for inference: every adapter added into its layer's weight
     (``W + scaling * B @ A``), quantized layers dequantized to ``dtype``, no PEFT wrapper. The trained
     model is left as it is (training can go on)."""

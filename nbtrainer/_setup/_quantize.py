@@ -227,6 +227,7 @@ def quantized_weight_bytes(model: nn.Module) -> tuple[int, int]:
     """``(bytes stored, bytes as fp32)`` of the weights of the quantized layers (packed weights plus their
     scales and code books; biases left out, they stay in full precision)."""
     stored = full = 0
+    module: Any
     for module in model.modules():
         if not is_quantized_linear(module):
             continue
@@ -237,7 +238,7 @@ def quantized_weight_bytes(model: nn.Module) -> tuple[int, int]:
     return stored, full
 
 
-def dequantize_linear(module: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Linear:
+def dequantize_linear(module: Any, dtype: torch.dtype = torch.float32) -> nn.Linear:
     """A plain ``nn.Linear`` with a bitsandbytes layer's weights dequantized (for merging and inference)."""
     lib = bnb("dequantizing")
     weight = module.weight

@@ -3,6 +3,8 @@ checkpoints (weights_only) and a bit-exact resume; nothing to train is refused (
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from setup_models import mlp, mlp_data
@@ -28,6 +30,13 @@ def fit(name: str, tmp_path, *, resume: bool) -> Trainer:
     return again
 
 
+def fc2_state(trainer: Trainer, *, weight: bool = False) -> Any:
+    """The optimizer state of the MLP's 64x64 layer (or, ``weight=True``, that weight)."""
+    model: Any = trainer.model
+    assert trainer.optimizer is not None
+    return model.fc2.weight.detach() if weight else trainer.optimizer.state[model.fc2.weight]
+
+
 def same_weights(a: Trainer, b: Trainer) -> bool:
     sa, sb = a.model.state_dict(), b.model.state_dict()
     return all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -37,7 +46,7 @@ def test_adamw8bit_is_bitsandbytes_with_8bit_state_and_resumes_bit_exactly(tmp_p
     straight = fit("adamw8bit", tmp_path, resume=False)
     assert type(straight.optimizer).__name__ == "AdamW8bit"
     assert type(straight.optimizer).__module__.startswith("bitsandbytes")
-    state = straight.optimizer.state[straight.model.fc2.weight]  # 64x64 = 4096 values: 8-bit blocks
+    state = fc2_state(straight)  # 64x64 = 4096 values: 8-bit blocks
     assert state["state1"].dtype == torch.uint8 and state["state2"].dtype == torch.uint8
     resumed = fit("adamw8bit", tmp_path, resume=True)
     assert same_weights(straight, resumed)
@@ -49,7 +58,7 @@ def test_adamw8bit_follows_adamw_closely() -> None:
     for name in ("adamw", "adamw8bit"):
         trainer = Trainer(mlp(), nn.CrossEntropyLoss(), name, lr=1e-3, progress=False, seed=0)
         trainer.fit((x, y), batch_size=16, epochs=2, shuffle=False)
-        runs[name] = trainer.model.fc2.weight.detach()
+        runs[name] = fc2_state(trainer, weight=True)
     assert not torch.equal(runs["adamw"], runs["adamw8bit"])
     assert (runs["adamw"] - runs["adamw8bit"]).norm() / runs["adamw"].norm() < 1e-2
 
@@ -83,5 +92,5 @@ def test_adamw4bit_is_torchao_and_its_state_round_trips(tmp_path) -> None:
     straight = fit("adamw4bit", tmp_path, resume=False)  # the first step compiles (tens of seconds on a CPU)
     assert type(straight.optimizer).__module__.startswith("torchao")
     resumed = fit("adamw4bit", tmp_path, resume=True)
-    assert type(resumed.optimizer.state[resumed.model.fc2.weight]["exp_avg"]).__name__ == "OptimState4bit"
+    assert type(fc2_state(resumed)["exp_avg"]).__name__ == "OptimState4bit"
     assert same_weights(straight, resumed)
