@@ -322,8 +322,8 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
     """Each metric on one batch, on copies (the real ones keep their state): must run and give a number.
 
     Structured outputs (a ``ModelOutput``, a tuple...) reach a metric whole, or their ``.logits`` / first
-    tensor when it fails on them (``MetricSet.inputs``); this is where that is decided for the run."""
-    from nbtrainer._loop._metrics import _probe, _scalar
+    tensor when it fails on them (``MetricSet.inputs``); this is where that is decided for the run. ``metrics`` is
+    the stage's ``MetricSet``, used through its methods (this folder sits below the loop's)."""
 
     def failed(exc: Exception, name: str, what: str, fix: str) -> BaseException:
         notes = " ".join(str(n) for n in getattr(exc, "__notes__", ()))
@@ -347,7 +347,7 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
             ) from exc
         _check_value(name, value)
     for name, metric in metrics.torchmetrics:
-        probe = _probe(metric)
+        probe = metrics.probe(metric)
         try:
             probe.update(metrics.inputs(name, metric, outputs, targets), targets)
             value = probe.compute()
@@ -360,7 +360,7 @@ def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: s
             ) from exc
         values = value.items() if isinstance(value, dict) else [(name, value)]
         for key, val in values:
-            _scalar(key, val)
+            metrics.scalar(key, val)
 
 
 def _check_value(name: str, value: Any) -> None:

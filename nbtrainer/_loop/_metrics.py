@@ -161,6 +161,16 @@ class MetricSet:
     def __bool__(self) -> bool:
         return bool(self.callables or self.torchmetrics)
 
+    @staticmethod
+    def probe(metric: Any) -> Any:
+        """A reset copy of a torchmetrics metric to try inputs on (the real one keeps its state)."""
+        return _probe(metric)
+
+    @staticmethod
+    def scalar(name: str, value: Any) -> float:
+        """A computed value as a float; a tensor of several values is refused naming the fix."""
+        return _scalar(name, value)
+
     def inputs(self, name: str, metric: Any, outputs: Any, targets: Any) -> Any:
         """What the metric ``name`` is given of the model's ``outputs`` (module docstring): the outputs
         whole, or :func:`metric_input` of them. The first time, a trial call decides (a callable is called,
