@@ -122,14 +122,17 @@ class TrainerEval(TrainerBase):
             keep_dtype: keep autocast's bfloat16 / float16 outputs; by default they come back as float32
                 (so ``.numpy()`` works under ``precision="bf16-mixed"``).
             keep: entries of mapping / ``ModelOutput`` outputs to keep that are left out by default because
-                they grow with the data set: ``"loss"`` (one per batch), ``"past_key_values"``,
-                ``"hidden_states"``, ``"attentions"`` (with their encoder/decoder/cross variants).
+                they grow with the data set: ``"loss"`` (one per batch), ``"cache"`` (alias
+                ``"past_key_values"``: every cache, whatever it is called, see ``nbtrainer._data._predict_collect``;
+                Hugging Face models then also run with ``use_cache=False``), ``"hidden_states"``, ``"attentions"``
+                (with their encoder/decoder/cross variants).
             to_cpu: move each batch's outputs to the CPU as they come (device memory stays bounded);
                 ``False`` keeps them on the trainer's device.
 
         Returns:
             A tensor, or the model's structure (tuple, dict, ``ModelOutput``, dataclass) of concatenated
-            tensors; a list per batch with ``per_batch=True``.
+            tensors (only tensors whose first dimension is the batch's size; others, such as an LSTM's
+            ``(h, c)``, as a list per batch); a list per batch with ``per_batch=True``.
 
         Example:
             >>> import torch
