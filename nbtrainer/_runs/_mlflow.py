@@ -3,7 +3,8 @@
 It consumes the same events as the other loggers (per-step values from ``on_refresh``'s ``step_points``,
 already on the host; epoch rows at ``on_epoch_end``; panel changes from ``on_control``) and hands every MLflow
 call to its own thread, so a slow server or the SQLite schema creation of a fresh ``mlflow.db`` (seconds)
-never stalls the loop. ``on_fit_end`` waits for that thread (bounded by ``flush_timeout``).
+never stalls the loop. ``fit`` returns without waiting for that thread (``wait=True`` waits, bounded by
+``flush_timeout``); :meth:`MLflowLogger.flush` waits on demand, and a process waits for it at exit.
 
 A tracking URI that cannot be reached is said once (a warning) and the fit goes on: its values stay in the
 History and the run store. Only rank 0 logs under DDP.
@@ -11,6 +12,7 @@ History and the run store. Only rank 0 logs under DDP.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -19,6 +21,7 @@ import re
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +36,7 @@ _INSTALL = 'pip install "nbtrainer[mlflow]"  (or: pip install mlflow)'
 MAX_KEY, MAX_PARAM, MAX_TAG, MAX_METRICS, MAX_PARAMS = 250, 6000, 8000, 1000, 100
 _STATUS = {"finished": "FINISHED", "stopped": "KILLED", "interrupted": "KILLED", "failed": "FAILED"}
 _BAD = re.compile(r"[^\w\-. /]")
+_LIVE: weakref.WeakSet[MLflowLogger] = weakref.WeakSet()  # loggers with calls that may still be queued
 
 
 def _key(name: str) -> str:
@@ -101,7 +105,9 @@ class MLflowLogger(Callback):
         run_name: the MLflow run's name (default: MLflow picks one).
         log_checkpoints: upload the checkpoint files of ModelCheckpoint callbacks at the end of the fit.
         tags: more tags for the run.
-        flush_timeout: seconds ``on_fit_end`` waits for queued MLflow calls (the rest go on in the background).
+        wait: ``fit`` returns only once MLflow has the whole run (default: at once; the calls finish in the
+            background, :meth:`flush` waits for them, and so does the end of the process).
+        flush_timeout: the longest :meth:`flush` (and ``wait=True``) waits, in seconds.
 
     Raises:
         ImportError: ``mlflow`` is not installed (``pip install "nbtrainer[mlflow]"``).
@@ -120,6 +126,7 @@ class MLflowLogger(Callback):
         log_checkpoints: bool = False,
         *,
         tags: dict[str, Any] | None = None,
+        wait: bool = False,
         flush_timeout: float = 120.0,
     ) -> None:
         require("mlflow", "MLflowLogger", _INSTALL)
@@ -134,6 +141,7 @@ class MLflowLogger(Callback):
         self.run_name = run_name
         self.log_checkpoints = bool(log_checkpoints)
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.wait = bool(wait)
         self.flush_timeout = float(flush_timeout)
         self.run_id: str | None = None  # the MLflow run id of the current (or last) fit
         self.error: str | None = None  # why MLflow could not be used, when it could not
@@ -144,6 +152,7 @@ class MLflowLogger(Callback):
 
     # -- the worker thread -------------------------------------------------------------------------
     def _submit(self, op: Callable[[], None]) -> None:
+        _LIVE.add(self)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._work, name="nbtrainer-mlflow", daemon=True)
             self._thread.start()
@@ -281,10 +290,16 @@ class MLflowLogger(Callback):
             client.set_terminated(self.run_id, status=_STATUS.get(status, "FINISHED"))
 
         self._submit(end)
-        if not self.flush():
+        if self.wait and not self.flush():
             warnings.warn(
                 f"MLflowLogger: MLflow calls still running after {self.flush_timeout:.0f} s; they go on in the "
                 "background.",
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+@atexit.register
+def _flush_at_exit() -> None:  # a script that ends right after fit: MLflow still gets the end of the run
+    for logger in list(_LIVE):
+        logger.flush(timeout=30)

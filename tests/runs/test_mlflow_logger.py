@@ -34,6 +34,8 @@ def _fit(logger, tmp_path, *, epochs=2, callbacks=(), **kw):
         callbacks=[*callbacks, logger], refresh_interval=0.0, run_store=tmp_path / "runs.db", **kw,
     )  # fmt: skip
     history = trainer.fit(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=epochs)
+    if not logger.wait:
+        assert logger.flush()  # fit returned at once; MLflow's calls finish on the logger's thread
     return trainer, history
 
 
@@ -77,7 +79,7 @@ def test_a_stopped_fit_ends_killed_with_its_reason(uri, tmp_path):
         def on_epoch_end(self, trainer, epoch, logs):
             trainer.request_stop("enough")
 
-    logger = MLflowLogger(tracking_uri=uri, experiment="digits")
+    logger = MLflowLogger(tracking_uri=uri, experiment="digits", wait=True)  # fit returns once MLflow has it all
     _, history = _fit(logger, tmp_path, epochs=3, callbacks=[Stop()])
     run = mlflow.MlflowClient(uri).get_run(logger.run_id)
     assert history.status == "stopped" and run.info.status == "KILLED"
