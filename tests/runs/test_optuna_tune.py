@@ -112,3 +112,53 @@ def test_missing_optuna_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(ImportError, match=r"nbtrainer\[optuna\]"):
         nbtrainer.tune(lambda t: None, n_trials=1, epochs=1)
+
+
+_DDP_CHILD = """
+import json, os, sys
+import optuna, torch
+from nbtrainer import OptunaPruning, Trainer
+
+class PruneAtEpoch2(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return trial.last_step is not None and trial.last_step >= 2
+
+rank = int(os.environ["RANK"])
+# rank 0 asks a pruner that prunes at epoch 2; rank 1's trial would never be pruned: the ranks must agree on 0's
+study = optuna.create_study(pruner=PruneAtEpoch2() if rank == 0 else optuna.pruners.NopPruner())
+trial = study.ask()
+torch.manual_seed(0)
+x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+ds = torch.utils.data.TensorDataset(x, y)
+trainer = Trainer(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)),
+                  torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False, run_store=sys.argv[2],
+                  callbacks=[OptunaPruning(trial)])
+pruned = False
+try:
+    trainer.fit(torch.utils.data.DataLoader(ds, batch_size=8), torch.utils.data.DataLoader(ds, batch_size=8), epochs=5)
+except optuna.TrialPruned:
+    pruned = True
+out = {"pruned": pruned, "epochs": len(trainer.history.epochs), "status": trainer.status}
+json.dump(out, open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w"))
+"""
+
+
+@pytest.mark.slow
+def test_pruning_is_agreed_across_ddp_ranks(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    script = tmp_path / "ddp_prune.py"
+    script.write_text(_DDP_CHILD)
+    launched = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launched}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), str(tmp_path / "runs.db")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks == [{"pruned": True, "epochs": 2, "status": "stopped"}] * 2  # both leave at epoch 2
+    (run,) = list(Runs(tmp_path / "runs.db"))  # rank 0 records; rank 1 does not
+    assert run.status == "stopped" and run.epochs == 2 and "pruned at epoch 2" in run.stop_reason
