@@ -11,9 +11,10 @@ Per batch, in this order:
    ``attentions`` (with their ``encoder_`` / ``decoder_`` / ``cross_`` variants) and every cache,
    whatever its field is called: entries named ``past_key_values`` / ``cache`` / ``cache_params`` /
    ``mems``, the names in the model's ``config.keys_to_ignore_at_inference``, any transformers ``Cache``
-   object (``DynamicCache``...; in a tuple output it becomes ``None``, so positions hold) and per-layer
-   key/value tuples ``((k, v), ...)`` of 4-d tensors. ``keep=`` opts back in. Caches are not even built
-   where that can be said: Hugging Face models run with ``config.use_cache=False`` (:func:`no_cache`);
+   object (``DynamicCache``...; in a tuple output it becomes ``None``, so positions hold) and named
+   entries holding per-layer key/value tuples ``((k, v), ...)`` of 4-d tensors. ``keep=`` opts back in.
+   Caches are not even built where that can be said: Hugging Face models run with
+   ``config.use_cache=False`` (:func:`no_cache`);
 3. moved to the CPU (``to_cpu=True``) and cast: half-precision floats (autocast's bfloat16 / float16)
    become float32 unless ``keep_dtype=True``, so ``.numpy()`` works;
 4. nothing else of the batch is kept: the device batch is dropped before the next one is fetched.
@@ -170,7 +171,7 @@ def prepare_outputs(
     """One batch's outputs: top-level entries in ``drop`` left out, tensors detached, moved to ``device``
     (None: where they are) and half floats cast to float32 unless ``keep_dtype``. When ``"cache"`` is in
     ``drop``, caches are left out by value too: transformers ``Cache`` objects anywhere (``None`` in a
-    sequence) and per-layer key/value tuples among the top-level entries."""
+    sequence) and per-layer key/value tuples among the top-level named entries (of a mapping / dataclass)."""
     caches = "cache" in drop
 
     def gone(value: Any, top: bool) -> bool:
@@ -180,7 +181,9 @@ def prepare_outputs(
         if isinstance(obj, torch.Tensor):
             return _tensor(obj, keep_dtype, device)
         if isinstance(obj, (list, tuple)):
-            return rebuild_sequence(obj, [None if gone(o, top) else walk(o, False) for o in obj])
+            # kv tuples are looked for in named entries only: a tuple output's (h, c) pairs of 4-d tensors
+            # may be a ConvLSTM's state, not a cache
+            return rebuild_sequence(obj, [None if gone(o, False) else walk(o, False) for o in obj])
         if isinstance(obj, Mapping):  # dicts and Hugging Face ModelOutputs (only their non-None entries)
             items = {k: walk(v, False) for k, v in obj.items() if not ((top and k in drop) or gone(v, top))}
             return _rebuild_mapping(obj, items)
