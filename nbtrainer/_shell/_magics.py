@@ -20,6 +20,10 @@ Subcommands (``%nbtrainer help`` prints every usage):
     ipywidgets and bqplot installed it shows a ``CompareWidget`` (table and bar charts, rows added as each
     strategy finishes; stored as ``_nbt_compare_widget``), else the table's own HTML; in terminal IPython
     it prints the text table.
+``compare-inference MODEL LOADER [--methods LIST] [--models VAR] [--baseline NAME] [--rounds R]``
+    ``nbtrainer.compare_inference``: the model under each quantization method (and the models of a dict of the
+    namespace, e.g. a distilled student) on the same batches; stored as ``_nbt_compare_inference``, shown as a
+    ``CompareWidget`` in a notebook (``_nbt_compare_inference_widget``), printed in terminal IPython.
 ``status`` / ``stop [N] [--wait S]``
     the runs inside ``Trainer.fit`` in this kernel, and stopping them at the next optimizer step. A magic
     only runs when no cell is busy, so this reaches runs in background threads (the widget's); a run in
@@ -95,7 +99,7 @@ class NbtrainerMagics(Magics):
         args = parse(sub, rest)
         if args is None:  # -h: the help was printed
             return None
-        handler = getattr(self, "_cmd_" + ("doctor" if sub == "env" else sub))
+        handler = getattr(self, "_cmd_" + ("doctor" if sub == "env" else sub).replace("-", "_"))
         return handler(args)
 
     # -- subcommands ---------------------------------------------------------------------------
@@ -302,6 +306,50 @@ class NbtrainerMagics(Magics):
             else:
                 print(table)
         self._user_ns["_nbt_compare"] = table
+        return None
+
+    def _cmd_compare_inference(self, args: Any) -> None:
+        import torch
+
+        usage = usage_of("compare-inference")
+        model = self._lookup(args.model, "MODEL")
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
+        loader = self._lookup(args.loader, "LOADER")
+        models = self._lookup(args.models, "--models") if args.models else None
+        if models is not None and not isinstance(models, dict):
+            kind = type(models).__name__
+            raise UsageError(f"--models {args.models!r} must name a dict {{name: model}}, not a {kind}")
+        for opt in ("rounds", "max_batches"):
+            value = getattr(args, opt)
+            if value is not None and value < 1:
+                raise UsageError(f"%nbtrainer compare-inference: --{opt.replace('_', '-')} must be >= 1\n{usage}")
+        from nbtrainer import compare_inference
+
+        try:
+            table = compare_inference(
+                model,
+                loader,
+                methods=split_list(args.methods),
+                models=models,
+                baseline=args.baseline,
+                rounds=args.rounds,
+                max_batches=args.max_batches,
+            )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"%nbtrainer compare-inference: {exc}") from None
+        self._user_ns["_nbt_compare_inference"] = table
+        if not in_notebook():  # terminal IPython: the text table
+            print(table)
+            return None
+        try:  # the widget layer is optional: without ipywidgets/bqplot the table's own HTML is shown
+            from nbtrainer.widgets import CompareWidget
+        except ImportError:
+            self._display(table)
+        else:
+            widget = CompareWidget(table)
+            self._user_ns["_nbt_compare_inference_widget"] = widget
+            self._display(widget)
         return None
 
     @staticmethod

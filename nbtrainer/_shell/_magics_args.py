@@ -100,6 +100,26 @@ def _train_args() -> None: ...
 def _compare_args() -> None: ...
 
 
+@_subcommand(
+    "compare-inference",
+    "Size, latency and metric of a model under each quantization method, and of other models "
+    "(stored as _nbt_compare_inference).",
+)
+@magic_arguments.argument("model", metavar="MODEL", help="name of the trained nn.Module (the baseline's model)")
+@magic_arguments.argument("loader", metavar="LOADER", help="name of the batches to run (a validation loader)")
+@magic_arguments.argument(
+    "--methods",
+    default="fp32,bf16,int8-dynamic,int8-weight,int4-weight,codebook4",
+    metavar="LIST",
+    help="comma list of fp32, bf16, int8-dynamic, int8-weight, int4-weight, codebook4",
+)
+@magic_arguments.argument("--models", metavar="VAR", help="name of a dict {name: model} to compare too")
+@magic_arguments.argument("--baseline", default="fp32", metavar="NAME", help="the variant ratios refer to")
+@magic_arguments.argument("--rounds", type=int, default=5, metavar="R", help="timed rounds (default 5)")
+@magic_arguments.argument("--max-batches", type=int, default=None, metavar="N", help="use the first N batches")
+def _compare_inference_args() -> None: ...
+
+
 @_subcommand("status", "List the training runs going on in this kernel.")
 def _status_args() -> None: ...
 
@@ -125,10 +145,11 @@ PARSERS: dict[str, MagicArgumentParser] = {
     "profile": _profile_args,
     "train": _train_args,
     "compare": _compare_args,
+    "compare-inference": _compare_inference_args,
     "status": _status_args,
     "stop": _stop_args,
 }
-_ORDER = ("doctor", "profile", "train", "compare", "status", "stop")
+_ORDER = ("doctor", "profile", "train", "compare", "compare-inference", "status", "stop")
 
 
 def usage(parser: MagicArgumentParser) -> str:

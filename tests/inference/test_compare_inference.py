@@ -174,3 +174,31 @@ def test_compare_widget_shows_bars_relative_to_the_baseline(table) -> None:
     assert list(widget.bars["latency"].x) == table.names
     assert "8 variants" in widget.status.value
     assert "student int8" in widget.table.value
+
+
+# -- the magic -------------------------------------------------------------------------------------
+
+
+def test_magic_in_terminal_ipython_prints_the_table(shell, setup, monkeypatch, capsys) -> None:
+    teacher, student, val = setup
+    monkeypatch.delenv("NBTRAINER_FRONTEND", raising=False)
+    shell.user_ns.update(teacher=teacher, val=val[:2], others={"student": student})
+    line = "compare-inference teacher val --methods fp32,int8-weight --models others --rounds 2"
+    assert shell.run_line_magic("nbtrainer", line) is None
+    out = capsys.readouterr().out
+    table = shell.user_ns["_nbt_compare_inference"]
+    assert table.names == ["fp32", "int8-weight", "student"]
+    assert str(table) in out and "_nbt_compare_inference_widget" not in shell.user_ns
+
+
+def test_magic_usage_errors(shell, setup) -> None:
+    from IPython.core.error import UsageError
+
+    teacher, _, val = setup
+    shell.user_ns.update(teacher=teacher, val=val[:1], notdict=[1])
+    with pytest.raises(UsageError, match=r"Unknown method\(s\) \['int2'\]"):
+        shell.run_line_magic("nbtrainer", "compare-inference teacher val --methods fp32,int2")
+    with pytest.raises(UsageError, match="must name a dict"):
+        shell.run_line_magic("nbtrainer", "compare-inference teacher val --models notdict")
+    with pytest.raises(UsageError, match="--rounds must be >= 1"):
+        shell.run_line_magic("nbtrainer", "compare-inference teacher val --rounds 0")
