@@ -1,8 +1,10 @@
 """The package's shape: no import cycles, small modules, and the widget layer on the core's public names only.
 
 The import graph is read from the source (``ast``), not from ``sys.modules``, so it sees every import a
-module *could* run: module level, inside functions (the usual way a cycle gets hidden), and under
-``if TYPE_CHECKING:``; absolute or relative. ``widgets/`` is part of it as ``nbtrainer.widgets``.
+module *could* run: module level and inside functions (the usual way a cycle gets hidden); absolute or
+relative. Imports under ``if TYPE_CHECKING:`` never run and are left out (a module may name the types of
+another that imports it, e.g. ``_trainer._host`` naming the ``Trainer``). ``widgets/`` is part of it as
+``nbtrainer.widgets``.
 
 * ``from nbtrainer import Name`` is an edge to the module that defines ``Name`` (``nbtrainer._LAZY``):
   that is what the lazy ``__getattr__`` imports. ``nbtrainer/__init__.py`` itself is the facade and
@@ -49,9 +51,25 @@ def lazy_names(facade: Path) -> dict[str, str]:
     return {}
 
 
-def _imports(tree: ast.AST, package: str) -> Iterator[tuple[str, str | None]]:
-    """``(module, imported name or None)`` for every import statement anywhere in ``tree``."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """``id`` of every node under ``if TYPE_CHECKING:`` (never run: annotations may name any module)."""
+    skipped: set[int] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skipped
+
+
+def _imports(tree: ast.AST, package: str, *, runtime_only: bool = True) -> Iterator[tuple[str, str | None]]:
+    """``(module, imported name or None)`` for every import statement anywhere in ``tree`` that can run
+    (``runtime_only``: ``if TYPE_CHECKING:`` imports left out, a type-only import is no dependency at run time)."""
+    type_only = _type_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, None
@@ -166,7 +184,7 @@ def test_no_import_cycles() -> None:
         for c in find_components(graph)
     ]
     assert not cycles, (
-        "import cycles (counting imports inside functions and under TYPE_CHECKING); move the shared piece "
+        "import cycles (counting imports inside functions; not those under TYPE_CHECKING); move the shared piece "
         "to the module it belongs to:\n" + "\n".join(cycles)
     )
 
@@ -179,11 +197,14 @@ def test_the_cycle_finder_finds_hidden_cycles(tmp_path: Path) -> None:
     (pkg / "_a.py").write_text("from pkg._sub import _b\n")
     (pkg / "_sub" / "__init__.py").write_text("")
     (pkg / "_sub" / "_b.py").write_text("def f():\n    from pkg import Thing\n")
-    (pkg / "_c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import x\n")
+    (pkg / "_c.py").write_text("def g():\n    from ._a import x\n")
     (pkg / "_d.py").write_text("from ._c import y\n")  # points into the cycle, not part of it
     modules = find_modules({"pkg": pkg})
     graph = import_graph(modules, lazy_names(pkg / "__init__.py"), facade="pkg")
     assert find_cycles(graph) == [["pkg._a", "pkg._sub._b", "pkg._c", "pkg._a"]]
+    # a type-only import never runs: no edge, no cycle
+    (pkg / "_c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import x\n")
+    assert find_cycles(import_graph(find_modules({"pkg": pkg}), {"Thing": "pkg._c"}, facade="pkg")) == []
     (pkg / "_c.py").write_text("x = 1\n")
     assert find_cycles(import_graph(find_modules({"pkg": pkg}), {"Thing": "pkg._c"}, facade="pkg")) == []
 
@@ -194,7 +215,8 @@ def test_widgets_use_only_the_cores_public_names() -> None:
         if not name.startswith("nbtrainer.widgets"):
             continue
         package = name if is_package else name.rpartition(".")[0]
-        for module, imported in _imports(ast.parse(path.read_text(encoding="utf-8")), package):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for module, imported in _imports(tree, package, runtime_only=False):  # type-only imports too
             if module.startswith("nbtrainer._") or (module == "nbtrainer" and (imported or "").startswith("_")):
                 private.append(f"{path.relative_to(REPO)}: {module}" + (f" import {imported}" if imported else ""))
     assert not private, "widgets/ imports private core names (use what nbtrainer exports):\n" + "\n".join(private)

@@ -24,47 +24,26 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._data._batch import batch_size_of, move_to_device
 from nbtrainer._data._prefetch import DataPath
+from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._memory import MemoryProbe
 from nbtrainer._loop._metrics import exact_add
+from nbtrainer._loop._step import TrainStep
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
 
 Tensor = torch.Tensor
 _PAIR = (tuple, list)
 
-__all__ = ["FitLoop", "LoopState"]
+__all__ = ["FitLoop", "LoopState"]  # LoopState lives in _loop_state (re-exported for its importers)
 
 _NULL = contextlib.nullcontext()
-
-
-class LoopState:
-    """Where a fit is: everything needed to continue exactly (plain data)."""
-
-    def __init__(self) -> None:
-        self.epoch = 0  # 0-based index of the current epoch
-        self.batch = 0  # batches consumed in the current epoch
-        self.global_step = 0  # optimizer-step windows completed (skipped fp16 steps included)
-        self.skipped_steps = 0
-        self.epoch_complete = False
-        self.samples = 0
-        self.loss_sum = 0.0
-        self.loss_parts: list[float] = []  # exact running sum of loss * batch size (see _metrics.exact_add)
-        self.nonfinite_samples = 0  # samples whose loss was left out (on_nonfinite="skip"/"stop")
-        self.epoch_time = 0.0  # seconds spent in this epoch before a resume
-        # The sampler generator's state at the start of the current epoch; advanced to the next
-        # epoch's start state when an epoch completes (exact resume mid-epoch and at epoch boundaries).
-        self.sampler_state: torch.Tensor | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
@@ -80,22 +59,25 @@ def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
 
 
 class FitLoop:
+    """One fit: its epochs, windows and steps, over a :class:`~nbtrainer._loop._host.LoopHost` (the Trainer's
+    side is ``TrainerHost``); callbacks get ``host.owner`` as ``trainer=``."""
+
     def __init__(
-        self, trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, profiler: Any
+        self, host: LoopHost, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, profiler: Any
     ) -> None:
-        self.t = trainer
+        self.host = host
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.epochs = epochs
         self.max_steps = max_steps
         self.profiler = profiler
-        self.state = trainer._state
+        self.state = host.state
         self.n_batches = _safe_len(train_loader)
         # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
-        sched = trainer.scheduler
+        sched = host.scheduler
         self._sched_end: int | None = (
             sched.total_steps
-            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and trainer._scheduler_per_step
+            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and host.scheduler_per_step
             else None
         )
         # pending, not yet read from the device (see the sync budget above)
@@ -104,62 +86,64 @@ class FitLoop:
         self._pend_base = 0  # cumulative micro-batch index of _pend_loss[0]
         self._micro_total = 0
         self._step_marks: list[tuple[int, int, float]] = []  # (global_step, cum micro end, lr)
+        self._new_points: list[tuple[int, float, float]] = []  # read by a flush, not yet in a refresh
         self._open_window: list[tuple[float, int]] = []
-        self._stepped = False
+        self.step = TrainStep(host, profiler=profiler)  # backward and the optimizer step, as lr_find's
         self._mid_window = False  # micro-batches taken since the last optimizer step (see at_step_boundary)
         self._fit_start = time.perf_counter()
         self._epoch_start = self._fit_start
         self._last_refresh = self._fit_start
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
-        self.progress = trainer.progress
-        self._memory = MemoryProbe(trainer.device)
+        self.progress = host.progress
+        self._memory = MemoryProbe(host.device)
         # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
         # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
-        path = {"device": trainer.device, "enabled": trainer.fast_fetch, "fraction": trainer.data_on_device}
-        self.train_data = DataPath(train_loader, **path)
-        self.val_data = DataPath(val_loader, **path) if val_loader is not None else None
+        device, fast, fraction = host.device, host.fast_fetch, host.data_on_device
+        self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
+        self.val_data = (
+            DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
+        )
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
-        if self.t.device.type == "cuda":
-            torch.cuda.synchronize(self.t.device)
-
-    def _on_step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepped = True
+        if self.host.device.type == "cuda":
+            torch.cuda.synchronize(self.host.device)
 
     # -- the fit -------------------------------------------------------------------------------
     def run(self) -> None:
-        t, st = self.t, self.state
-        hook = t.optimizer.register_step_post_hook(self._on_step_hook)
+        t, st = self.host, self.state
+        hook = self.step.attach()
         try:
-            while st.epoch < self.epochs and not t._control.stop_requested:
+            while st.epoch < self.epochs and not t.control.stop_requested:
                 if st.epoch_complete:
                     st.epoch += 1
                     st.epoch_complete = False
                     st.batch = 0
                     continue
                 self._train_epoch()
-                if t._control.stop_requested and not st.epoch_complete:
+                if t.control.stop_requested and not st.epoch_complete:
                     break
-            if t._pending_rng is not None:  # resumed a run that had nothing left to do
-                self._restore_rng()
+            self._restore_rng()  # resumed a run that had nothing left to do
         finally:
             hook.remove()
 
     def _restore_rng(self) -> None:
-        from nbtrainer._setup._seed import restore_rng
+        """The RNG of a resumed run, once (after the epoch's data order has been replayed)."""
+        rng = self.host.take_pending_rng()
+        if rng is not None:
+            from nbtrainer._setup._seed import restore_rng
 
-        restore_rng(self.t._pending_rng)
-        self.t._pending_rng = None
+            restore_rng(rng)
 
     def _train_epoch(self) -> None:
-        t, st, cb = self.t, self.state, self.t.callbacks
+        t, st, cb = self.host, self.state, self.host.callbacks
+        owner = t.owner
         resumed_mid_epoch = st.batch > 0
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        gen = t._sampler_generator(loader)
+        gen = t.sampler_generator(loader)
         if gen is not None:
             if st.sampler_state is not None:  # this epoch's start state (saved, or left by the last epoch)
                 gen.set_state(st.sampler_state)
@@ -168,39 +152,37 @@ class FitLoop:
         if not resumed_mid_epoch:
             st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
             st.loss_parts, st.nonfinite_samples = [], 0
-            t._train_metrics.reset()
-            if t._pending_rng is not None:  # resumed at an epoch boundary: RNG as it was when saved
-                self._restore_rng()
+            t.train_metrics.reset()
+            self._restore_rng()  # resumed at an epoch boundary: RNG as it was when saved
         t.model.train()
         p = self.progress
         p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
         self._epoch_start = time.perf_counter() - st.epoch_time
         if not resumed_mid_epoch:  # the epoch already started in the run that wrote the checkpoint
-            cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
+            cb.call("on_epoch_start", trainer=owner, epoch=epoch_no)
 
         # a resumed epoch skips the batches it already trained on (same data order); RNG restored afterwards
         it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
-        if t._pending_rng is not None:
-            self._restore_rng()
+        self._restore_rng()
 
         n = self.n_batches
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
         pairs = zip(it, itertools.repeat(False)) if n is not None else _lookahead(it)
         window = in_window = 0
         timing_every = t.timing_every or 0
-        metrics = t._train_metrics if t._train_metrics else None
+        metrics = t.train_metrics if t.train_metrics else None
         first = st.global_step == 0 and st.batch == 0
-        guard = t._nonfinite
+        guard = t.nonfinite
         gating = guard.gating
-        device, non_blocking, scaler, model, control = t.device, t.non_blocking, t.scaler, t.model, t._control
-        criterion, bound = t.criterion, cb._bound
-        no_sync = t.strategy.no_sync if t.strategy.distributed else None
-        fast = t._default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
+        device, non_blocking, model, control = t.device, t.non_blocking, t.model, t.control
+        criterion = t.criterion
+        step = self.step
+        fast = t.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
         prof = self.profiler is not None
         r_data = torch.profiler.record_function("nbt.data") if prof else _NULL
         r_fwd = torch.profiler.record_function("nbt.forward") if prof else _NULL
         r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
-        amp = t._autocast()
+        amp = t.autocast()
         pend_loss, pend_bs = self._pend_loss, self._pend_bs
         t1 = t2 = t3 = 0.0
         while True:
@@ -231,20 +213,20 @@ class FitLoop:
             if sample:
                 self._sync()
                 t1 = time.perf_counter()
-            if bound["on_train_batch_start"]:
-                cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
+            if cb.has("on_train_batch_start"):
+                cb.call("on_train_batch_start", trainer=owner, batch=batch, batch_idx=st.batch)
             # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
-            with no_sync(model, not closes) if no_sync is not None else _NULL:
+            with step.no_sync(closes):
                 with r_fwd, amp:
                     if first:  # staged, with clear errors (same computation)
-                        loss, outputs, targets = t._first_compute(batch)
+                        loss, outputs, targets = t.first_compute(batch)
                     elif pair:
                         outputs = model(x)
                         loss = criterion(outputs, targets)
                     else:
-                        loss, outputs, targets = t._compute(batch)
+                        loss, outputs, targets = t.compute(batch)
                 if first:
-                    t._check_first_loss(loss, outputs, targets)
+                    t.check_first_loss(loss, outputs, targets)
                 if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
                     guard.observe(loss)
                 if metrics is not None:
@@ -256,8 +238,7 @@ class FitLoop:
                     self._sync()
                     t2 = time.perf_counter()
                 with r_bwd:
-                    scaled = loss / window if window != 1 else loss
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                    step.backward(loss, window)
             first = False
             bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
             detached = loss.detach()
@@ -266,9 +247,9 @@ class FitLoop:
             self._micro_total += 1
             st.batch += 1
             st.samples += bs
-            if bound["on_train_batch_end"]:
-                cb.call("on_train_batch_end", trainer=t, batch_idx=st.batch - 1, loss=detached)
-            del loss, outputs, targets, batch, scaled, detached
+            if cb.has("on_train_batch_end"):
+                cb.call("on_train_batch_end", trainer=owner, batch_idx=st.batch - 1, loss=detached)
+            del loss, outputs, targets, batch, detached
             x = None
             if sample:
                 self._sync()
@@ -286,7 +267,7 @@ class FitLoop:
                         "optimizer": (t4 - t3) * 1e3,
                     }
                 if control.dirty:
-                    t._apply_control()
+                    t.apply_control()
                 if self.max_steps is not None and st.global_step >= self.max_steps:
                     control.request_stop(f"max_steps={self.max_steps} reached")
                 if control.stop_requested:
@@ -301,47 +282,22 @@ class FitLoop:
         self._end_epoch()
 
     def _optimizer_step(self, rescale: float) -> None:
-        t, st = self.t, self.state
-        opt, scaler, bound = t.optimizer, t.scaler, t.callbacks._bound
+        t, st = self.host, self.state
         if self._sched_end is not None and t.scheduler.last_epoch >= self._sched_end:
             from nbtrainer._data._validate_batch import onecycle_overflow
 
-            raise onecycle_overflow(t, self._sched_end)
-        r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
-        with r_opt:
-            if scaler is not None:
-                scaler.unscale_(opt)
-            if rescale != 1.0:
-                grads = [p.grad for p in t._params if p.grad is not None]
-                if grads:
-                    torch._foreach_mul_(grads, rescale)
-            if t.max_grad_norm is not None:
-                # Never read the returned norm here: that would be a sync per step.
-                torch.nn.utils.clip_grad_norm_(t._params, t.max_grad_norm)
-            if bound["on_before_optimizer_step"]:
-                t.callbacks.call("on_before_optimizer_step", trainer=t, optimizer=opt)
-            lr = opt.param_groups[0]["lr"]
-            self._stepped = False
-            # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
-            allowed = t._nonfinite.allow_step(opt, scaler) if t._nonfinite.gating else True
-            if scaler is not None:
-                scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
-                scaler.update()
-            elif allowed:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-        skipped = not self._stepped
+            raise onecycle_overflow(t.owner, self._sched_end)
+        skipped, lr = self.step.step(rescale)  # unscale, clip, NaN gate, step, per-step scheduler (_step)
         st.global_step += 1
         if skipped:
             st.skipped_steps += 1
-        elif t.scheduler is not None and t._scheduler_per_step:
-            t.scheduler.step()
         self._step_marks.append((st.global_step, self._micro_total, lr))
         self._mid_window = False
-        if bound["on_optimizer_step"]:
-            t.callbacks.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
-        if t._deferred:
-            t._run_deferred()
+        cb = t.callbacks
+        if cb.has("on_optimizer_step"):
+            cb.call("on_optimizer_step", trainer=t.owner, step=st.global_step, skipped=skipped)
+        if t.has_deferred():
+            t.run_deferred()
         if self.profiler is not None:
             self.profiler.step()
 
@@ -349,6 +305,36 @@ class FitLoop:
         """True between optimizer steps: no micro-batch of an unfinished window has been taken, so the
         state can be saved and resumed exactly (a Ctrl-C that raised mid-window cannot be)."""
         return not self._mid_window
+
+    # -- what others read of a running fit (checkpoints, OOM advice, the control surface) ----------
+    def pending_points(self) -> list[tuple[int, float, float]]:
+        """Per-step ``(step, loss, lr)`` points read from the device but not yet delivered by a refresh."""
+        return list(self._new_points)
+
+    def epoch_elapsed(self) -> float:
+        """Seconds spent in the current epoch (a resumed epoch counts its time before the resume)."""
+        return time.perf_counter() - self._epoch_start
+
+    def fit_elapsed(self) -> float:
+        """Seconds since this fit started (not counting the run before a resume)."""
+        return time.perf_counter() - self._fit_start
+
+    def last_batch_size(self) -> int | None:
+        """The size of the last micro-batch taken and not yet read (OOM advice for loaders without one)."""
+        return int(self._pend_bs[-1]) if self._pend_bs else None
+
+    def release_pending(self) -> None:
+        """Drop the device values not yet read (an out-of-memory error frees them with the step's tensors)."""
+        self._pend_loss.clear()
+        self._pend_bs.clear()
+
+    def open_window(self) -> list[tuple[float, int]]:
+        """``(loss, batch size)`` read so far of the accumulation window still open (the NaN gate's report)."""
+        return list(self._open_window)
+
+    def refresh(self) -> None:
+        """Read the pending values now and deliver a progress snapshot (``on_refresh``)."""
+        self._refresh(time.perf_counter())
 
     def read_memory(self) -> None:
         """Read the memory of the window since the last refresh into the progress (host counters only)."""
@@ -358,24 +344,25 @@ class FitLoop:
     # -- reading the device: throttled --------------------------------------------------------
     def flush(self) -> None:
         """Read pending losses/metric values (one transfer) into host sums and per-step points."""
-        t, st = self.t, self.state
+        t, st = self.host, self.state
         if not self._pend_loss:
             return
         n = len(self._pend_loss)
         parts = [torch.stack(self._pend_loss).float()]  # 0-d losses (checked on the first batch)
-        parts += t._train_metrics.drain()
+        metrics = t.train_metrics
+        parts += metrics.drain()
         host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
         losses = host[:n]
-        metric_vals = {name: host[n * (i + 1) : n * (i + 2)] for i, name in enumerate(t._train_metrics.pending)}
+        metric_vals = {name: host[n * (i + 1) : n * (i + 2)] for i, name in enumerate(metrics.pending)}
         bss = self._pend_bs
-        if t._nonfinite.gating:  # skipped windows stay out of the running loss
+        if t.nonfinite.gating:  # skipped windows stay out of the running loss
             st.nonfinite_samples += sum(b for v, b in zip(losses, bss, strict=True) if not math.isfinite(v))
             st.loss_sum = exact_add(
                 st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True) if math.isfinite(v)]
             )
         else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
             st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True)])
-        t._train_metrics.absorb(metric_vals, bss)
+        metrics.absorb(metric_vals, bss)
         # One point per closed optimizer step: its window's sample-weighted mean loss. Windows are found
         # from the step marks' cumulative micro-batch ends (a one-batch window is just its loss).
         base = self._pend_base
@@ -403,29 +390,38 @@ class FitLoop:
         # cleared in place: the epoch loop holds local aliases of these lists
         self._pend_loss.clear()
         self._pend_bs.clear()
-        self._new_points = getattr(self, "_new_points", []) + points
-        t._check_nonfinite(losses, points)
+        self._new_points += points
+        # the NaN/inf gate: loop -> guard, with what it reports from (no way back through the trainer)
+        t.nonfinite.check(
+            losses,
+            points,
+            open_window=self._open_window,
+            epoch=st.epoch + 1,
+            global_step=st.global_step,
+            history=t.history,
+            request_stop=t.control.request_stop,
+        )
 
     def _refresh(self, now: float, final: bool = False) -> None:
-        t, st, p = self.t, self.state, self.progress
+        t, st, p = self.host, self.state, self.progress
         self.flush()
         elapsed_epoch = now - self._epoch_start
         # "paused" only once the loop really holds (the trainer sets its status there); until then "pausing".
-        if t._control.stop_requested:
+        if t.control.stop_requested:
             p.status = "stopping"
         elif t.status == "paused":
             p.status = "paused"
         else:
-            p.status = "pausing" if t._control.paused else "running"
+            p.status = "pausing" if t.control.paused else "running"
         p.batch, p.global_step, p.samples = st.batch, st.global_step, st.samples
-        p.elapsed = now - self._fit_start + t._elapsed_before
+        p.elapsed = now - self._fit_start + t.elapsed_before
         p.epoch_elapsed = elapsed_epoch
         p.samples_per_s = st.samples / elapsed_epoch if elapsed_epoch > 0 else 0.0
         counted = st.samples - st.nonfinite_samples
         p.loss = st.loss_sum / counted if counted else None
         p.lr = float(t.optimizer.param_groups[0]["lr"])
-        p.metrics = t._train_metrics.running(st.samples)
-        p.step_points, self._new_points = getattr(self, "_new_points", []), []
+        p.metrics = t.train_metrics.running(st.samples)
+        p.step_points, self._new_points = self._new_points, []
         p.grad_accum_steps = t.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times
@@ -434,51 +430,52 @@ class FitLoop:
             rate = elapsed_epoch / st.batch
             p.eta_epoch = rate * (self.n_batches - st.batch)
             p.eta_fit = p.eta_epoch + rate * self.n_batches * max(p.epochs - st.epoch - 1, 0)  # p.epochs: max_steps
-        t.callbacks.call("on_refresh", trainer=t, progress=p)
+        t.callbacks.call("on_refresh", trainer=t.owner, progress=p)
         self._last_refresh = now
         self._next_refresh = time.perf_counter() + t.refresh_interval
 
     def _end_epoch(self) -> None:
-        t, st, cb = self.t, self.state, self.t.callbacks
+        t, st, cb = self.host, self.state, self.host.callbacks
+        owner, metrics = t.owner, t.train_metrics
         now = time.perf_counter()
         self._refresh(now)
         epoch_no = st.epoch + 1
         epoch_time = now - self._epoch_start
         samples, loss_sum = st.samples, st.loss_sum
-        metric_sums = [t._train_metrics.sums[n] for n in t._train_metrics.sums]
+        metric_sums = [metrics.sums[n] for n in metrics.sums]
         reduced = t.strategy.reduce_sums(
             [float(samples), loss_sum, float(samples - st.nonfinite_samples), *metric_sums]
         )
         count = reduced[0] or 1.0
         loss = reduced[1] / reduced[2] if reduced[2] else math.nan
         logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": loss}
-        for name, total in zip(t._train_metrics.sums, reduced[3:], strict=True):
+        for name, total in zip(metrics.sums, reduced[3:], strict=True):
             logs[name] = total / count
-        logs.update({k: v for k, v in t._train_metrics.compute(int(count)).items() if k not in t._train_metrics.sums})
-        if self.val_loader is not None and epoch_no % t.val_every_n_epochs == 0:
-            cb.call("on_validation_start", trainer=t)
+        logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})
+        if self.val_data is not None and epoch_no % t.val_every_n_epochs == 0:
+            cb.call("on_validation_start", trainer=owner)
             self.progress.stage = "val"
-            val_logs = t._evaluate(self.val_data, prefix="val_")
-            cb.call("on_validation_end", trainer=t, logs=val_logs)
+            val_logs = t.evaluate(self.val_data, "val_")
+            cb.call("on_validation_end", trainer=owner, logs=val_logs)
             logs.update(val_logs)
         logs["time"] = epoch_time
         logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
         logs["steps"] = st.global_step
         logs["skipped_steps"] = st.skipped_steps
-        gen = t._sampler_generator(self.train_loader)
+        gen = t.sampler_generator(self.train_loader)
         if gen is not None:
             st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
         st.epoch_complete = True
         st.epoch_time = epoch_time
-        cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
+        cb.call("on_epoch_end", trainer=owner, epoch=epoch_no, logs=logs)
         # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
         # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
-        if t.scheduler is not None and not t._scheduler_per_step:
-            t._step_epoch_scheduler(logs)
-        t._run_deferred()
+        if t.scheduler is not None and not t.scheduler_per_step:
+            t.step_epoch_scheduler(logs)
+        t.run_deferred()
         # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
-        if t.strategy.any_rank(t._control.stop_requested) and not t._control.stop_requested:
-            t._control.request_stop("another rank stopped")
+        if t.strategy.any_rank(t.control.stop_requested) and not t.control.stop_requested:
+            t.control.request_stop("another rank stopped")
 
 
 def _safe_len(loader: Any) -> int | None:

@@ -38,6 +38,7 @@ it is counted in ``skipped_steps`` and never raises.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,21 +95,31 @@ class NonFiniteGuard:
         return not bool(bad)  # SYNC on CUDA: one per optimizer step, "skip"/"stop" only (see module doc)
 
     # -- at the throttled read ---------------------------------------------------------------------
-    def check(self, trainer: Any, losses: list[float], points: list[tuple[int, float, float]]) -> None:
-        """Called with the host values of one flush: every micro-batch loss and the per-step points."""
+    def check(
+        self,
+        losses: list[float],
+        points: list[tuple[int, float, float]],
+        *,
+        open_window: list[tuple[float, int]],
+        epoch: int,
+        global_step: int,
+        history: Any,
+        request_stop: Callable[[str], None],
+    ) -> None:
+        """Called by the loop with the host values of one flush: every micro-batch loss, the per-step points,
+        the ``(loss, batch size)`` of the window still open, where the run is (``epoch`` 1-based, the steps
+        done), the History that records skipped steps and the stop request of ``"stop"``."""
         if math.isfinite(sum(losses)):  # C-speed common case: no inf/nan among them
             return
         bad = [v for v in losses if not math.isfinite(v)]
         if not bad:  # finite values whose sum overflowed
             return
         self.count += len(bad)
-        st = trainer._state
         closed = [step for step, loss, _ in points if not math.isfinite(loss)]
-        loop = trainer._loop
-        open_bad = loop is not None and any(not math.isfinite(v) for v, _ in loop._open_window)
-        steps = closed + ([st.global_step + 1] if open_bad or not closed else [])  # + the window still open
+        open_bad = any(not math.isfinite(v) for v, _ in open_window)
+        steps = closed + ([global_step + 1] if open_bad or not closed else [])  # + the window still open
         first, last = min(steps), max(steps)
-        where = f"step {first} (epoch {st.epoch + 1})" + (f", and at later steps up to {last}" if last > first else "")
+        where = f"step {first} (epoch {epoch})" + (f", and at later steps up to {last}" if last > first else "")
         kinds = sorted({"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") for v in bad})
         what = f"{len(bad)} micro-batch loss{'es' if len(bad) > 1 else ''} {'/'.join(kinds)}"
         if self.mode == "raise":
@@ -121,8 +132,6 @@ class NonFiniteGuard:
             )
         action = "skipped" if self.mode == "skip" else "skipped; stopping"
         for step in closed:  # an open window is reported when it closes (at a later read)
-            trainer.history.add_event(
-                step=step, epoch=st.epoch + 1, kind="nonfinite", old=None, new=f"loss non-finite: step {action}"
-            )
+            history.add_event(step=step, epoch=epoch, kind="nonfinite", old=None, new=f"loss non-finite: step {action}")
         if self.mode == "stop":
-            trainer.request_stop(f"non-finite loss at optimizer {where}: {what}")
+            request_stop(f"non-finite loss at optimizer {where}: {what}")

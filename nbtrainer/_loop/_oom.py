@@ -53,8 +53,7 @@ def _batch_size(trainer: Any, loader: Any) -> int | None:
     size = getattr(loader, "batch_size", None)
     if isinstance(size, int) and size > 0:
         return size
-    pending = getattr(loop, "_pend_bs", None)  # a loader without batch_size: the last batch seen
-    return int(pending[-1]) if pending else None
+    return loop.last_batch_size() if loop is not None else None  # a loader without batch_size: the last batch
 
 
 def _mixed_precision_hint(trainer: Any) -> str | None:
@@ -177,8 +176,7 @@ def release(trainer: Any, exc: BaseException) -> None:
     traceback.clear_frames(exc.__traceback__)
     loop = getattr(trainer, "_loop", None)
     if loop is not None:
-        loop._pend_loss.clear()
-        loop._pend_bs.clear()
+        loop.release_pending()
     trainer.optimizer.zero_grad(set_to_none=True)
     unwrap_model(trainer.model).zero_grad(set_to_none=True)
     gc.collect()

@@ -4,7 +4,6 @@ and LR rescaling that keeps any scheduler consistent."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,13 +53,13 @@ def trainer_state_dict(trainer: Any, *, weights: bool = True) -> dict[str, Any]:
     if loop is not None:
         # Per-step points read by the flush reach the History at the next refresh: put them in the saved
         # copy now, or a resumed run's step series would have a hole.
-        pending = list(getattr(loop, "_new_points", []))
+        pending = loop.pending_points()
         epoch = st.epoch + 1
         for step, loss, lr in pending:
             for key, value in (("step", step), ("epoch", epoch), ("loss", loss), ("lr", lr)):
                 history["steps"][key].append(value)
         if not st.epoch_complete:
-            loop_state["epoch_time"] = time.perf_counter() - loop._epoch_start
+            loop_state["epoch_time"] = loop.epoch_elapsed()
     model_state: dict[str, Any] = {}
     optim_state: dict[str, Any] = {}
     if weights:
@@ -85,7 +84,7 @@ def trainer_state_dict(trainer: Any, *, weights: bool = True) -> dict[str, Any]:
             "grad_accum_steps": trainer.grad_accum_steps,
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
-            "elapsed": trainer._elapsed_before + (0.0 if loop is None else time.perf_counter() - loop._fit_start),
+            "elapsed": trainer._elapsed_before + (0.0 if loop is None else loop.fit_elapsed()),
             **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
         "metrics": trainer._train_metrics.state_dict(),

@@ -9,7 +9,6 @@ thread applies it at the next optimizer-step boundary (``_apply_control``) and r
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -139,7 +138,7 @@ class TrainerControl(TrainerBase):
                 return
             self.status = "paused"
             if self._loop is not None:
-                self._loop._refresh(time.perf_counter())
+                self._loop.refresh()
             self._control.wait_while_paused()
             if not self._control.paused:
                 self.status = "running"

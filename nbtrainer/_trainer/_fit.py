@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +26,7 @@ from nbtrainer._setup._optim import move_optimizer_state
 from nbtrainer._setup._seed import seed_everything, set_deterministic
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
+from nbtrainer._trainer._host import TrainerHost
 from nbtrainer._trainer._interrupt import INTERRUPT_REASON, StopOnInterrupt, reraise_in_script, save_on_interrupt
 
 __all__ = ["TrainerFit", "is_plateau"]
@@ -156,7 +156,7 @@ class TrainerFit(TrainerBase):
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
         self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
-        loop = FitLoop(self, train_loader, val_loader, epochs, max_steps, profiler)
+        loop = FitLoop(TrainerHost(self), train_loader, val_loader, epochs, max_steps, profiler)  # type: ignore[arg-type]
         self._loop = loop
         self._fit_thread = threading.get_ident()
         self._active.add(self)
@@ -293,7 +293,7 @@ class TrainerFit(TrainerBase):
                 self._loop.flush()
             except Exception:
                 pass
-            self._elapsed_before += time.perf_counter() - self._loop._fit_start
+            self._elapsed_before += self._loop.fit_elapsed()
             self._loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
         self.history.status = self.status
         self.progress.status = self.status
@@ -316,9 +316,6 @@ class TrainerFit(TrainerBase):
             with torch.no_grad():
                 _validate.dry_metrics(self, self._train_metrics, outputs, targets, "training")
         return loss, outputs, targets
-
-    def _check_nonfinite(self, losses: list[float], points: list) -> None:
-        self._nonfinite.check(self, losses, points)
 
     def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
         if is_plateau(self.scheduler):

@@ -1,0 +1,39 @@
+"""Where a fit is (:class:`LoopState`): epoch, batch, steps and running sums, as plain data a checkpoint carries.
+
+The Trainer keeps one (``trainer._state``; the loop works on it through ``LoopHost.state``), a checkpoint saves
+its ``state_dict()`` and a resume loads it back before the loop starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["LoopState"]
+
+
+class LoopState:
+    """Where a fit is: everything needed to continue exactly (plain data)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0  # 0-based index of the current epoch
+        self.batch = 0  # batches consumed in the current epoch
+        self.global_step = 0  # optimizer-step windows completed (skipped fp16 steps included)
+        self.skipped_steps = 0
+        self.epoch_complete = False
+        self.samples = 0
+        self.loss_sum = 0.0
+        self.loss_parts: list[float] = []  # exact running sum of loss * batch size (see _metrics.exact_add)
+        self.nonfinite_samples = 0  # samples whose loss was left out (on_nonfinite="skip"/"stop")
+        self.epoch_time = 0.0  # seconds spent in this epoch before a resume
+        # The sampler generator's state at the start of the current epoch; advanced to the next
+        # epoch's start state when an epoch completes (exact resume mid-epoch and at epoch boundaries).
+        self.sampler_state: torch.Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)

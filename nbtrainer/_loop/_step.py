@@ -1,0 +1,96 @@
+"""One training step's mechanics, shared by ``fit`` (``FitLoop``) and ``lr_find``.
+
+A micro-batch's loss is divided by the size of its window and back-propagated (through the GradScaler under
+fp16), under DDP's ``no_sync`` unless it closes the window. The window's optimizer step then runs, in this
+order: unscale (fp16), the exact rescale of a ragged window, clipping, ``on_before_optimizer_step``, the
+NaN/inf gate (``on_nonfinite="skip"/"stop"``), the step (the scaler's, which may skip), ``zero_grad``, and the
+per-step scheduler, never after a skipped step (the optimizer's step post-hook tells, without a device read).
+The profiler's ``nbt.optimizer_step`` range wraps it. ``fit`` adds its bookkeeping around it (global step,
+per-step points, ``on_optimizer_step``, deferred saves); ``lr_find`` sets the LR itself, so it steps no
+scheduler and fires no events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
+__all__ = ["TrainStep"]
+
+_NULL = contextlib.nullcontext()
+
+
+class TrainStep:
+    """The backward and optimizer-step half of training over ``host`` (see the module docstring).
+
+    Args:
+        host: the model, optimizer, scaler, callbacks, NaN gate and scheduler to use.
+        profiler: a ``torch.profiler.profile`` or ``None`` (then no ranges are recorded).
+        events: fire ``on_before_optimizer_step``.
+        schedule: step a per-step scheduler after each optimizer step that was not skipped.
+    """
+
+    def __init__(self, host: LoopHost, *, profiler: Any = None, events: bool = True, schedule: bool = True) -> None:
+        self.host = host
+        self.profiler = profiler
+        self.events = events
+        self.schedule = schedule
+        self._stepped = False
+
+    def attach(self) -> Any:
+        """Register the optimizer's step post-hook (a skipped fp16 step never calls it); returns its handle."""
+        return self.host.optimizer.register_step_post_hook(self._on_step)
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+
+    def no_sync(self, closes: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP: a micro-step that does not close its window skips the gradient all-reduce (forward AND
+        backward must run inside); a no-op on one device."""
+        strategy = self.host.strategy
+        return strategy.no_sync(self.host.model, not closes) if strategy.distributed else _NULL
+
+    def backward(self, loss: torch.Tensor, window: int) -> None:
+        """Back-propagate ``loss`` as one of ``window`` micro-batches (scaled by the GradScaler under fp16)."""
+        scaled = loss / window if window != 1 else loss
+        scaler = self.host.scaler
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+    def step(self, rescale: float = 1.0) -> tuple[bool, float]:
+        """The optimizer step of a closed window; ``rescale`` corrects a window that ended early (its
+        micro-batches were divided by the planned size). Returns ``(skipped, lr the step used)``."""
+        host = self.host
+        opt, scaler = host.optimizer, host.scaler
+        r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
+        with r_opt:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if rescale != 1.0:
+                grads = [p.grad for p in host.params if p.grad is not None]
+                if grads:
+                    torch._foreach_mul_(grads, rescale)
+            if host.max_grad_norm is not None:
+                # Never read the returned norm here: that would be a sync per step.
+                torch.nn.utils.clip_grad_norm_(host.params, host.max_grad_norm)
+            if self.events and host.callbacks.has("on_before_optimizer_step"):
+                host.callbacks.call("on_before_optimizer_step", trainer=host.owner, optimizer=opt)
+            lr = opt.param_groups[0]["lr"]
+            self._stepped = False
+            # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
+            guard = host.nonfinite
+            allowed = guard.allow_step(opt, scaler) if guard.gating else True
+            if scaler is not None:
+                scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
+                scaler.update()
+            elif allowed:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        skipped = not self._stepped
+        if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
+            host.scheduler.step()
+        return skipped, lr
