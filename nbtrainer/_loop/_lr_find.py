@@ -24,14 +24,18 @@ import html
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._data._batch import move_to_device
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._loop._step import TrainStep
 from nbtrainer._report._format import format_lr, format_number
 from nbtrainer._setup._optim import move_optimizer_state
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["LRFinderResult", "lr_find", "suggest"]
 
@@ -309,6 +313,7 @@ def lr_find(
     smoothing: float = 0.98,
     diverge: float = 4.0,
     rule: str = "valley",
+    host: LoopHost | None = None,
 ) -> LRFinderResult:
     """Run the LR range test with ``trainer``'s model, optimizer, precision and accumulation.
 
@@ -326,10 +331,15 @@ def lr_find(
         smoothing: EMA factor of the smoothed loss (bias-corrected).
         diverge: stop when ``smoothed > best + (diverge - 1) * |best|``.
         rule: the default suggestion: ``"valley"``, ``"steepest"`` or ``"minimum/10"``.
+        host: the trainer as the loop sees it (``Trainer.lr_find`` passes it): each step is fit's own
+            :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after
+            unscaling), without the scheduler and the events (the sweep sets the LR itself).
 
     Returns:
         :class:`LRFinderResult`; set the LR with ``trainer.set_lr(result.suggestion)``.
     """
+    if host is None:
+        raise TypeError("lr_find needs the trainer's LoopHost: call trainer.lr_find(...)")
     if trainer._fit_thread is not None:
         raise RuntimeError("lr_find cannot run while fit() is running; stop the run first.")
     if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr):
@@ -342,7 +352,8 @@ def lr_find(
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
     trainer.model = trainer.strategy.setup_model(trainer.model)
     move_optimizer_state(trainer.optimizer, trainer.device)
-    opt, scaler, model = trainer.optimizer, trainer.scaler, trainer.model
+    opt, model = trainer.optimizer, trainer.model
+    step = TrainStep(host, events=False, schedule=False)  # the sweep sets the LR: no scheduler, no events
     groups = opt.param_groups
     ref = float(groups[0]["lr"])
     factors = [float(g["lr"]) / ref if ref > 0 else 1.0 for g in groups]
@@ -366,27 +377,21 @@ def lr_find(
                 for g, f in zip(groups, factors, strict=True):
                     g["lr"] = lr * f
                 total = None
+                guard = host.nonfinite
                 for j in range(k):
                     batch = move_to_device(next(batches), trainer.device, trainer.non_blocking)
-                    with trainer._autocast():
-                        loss, outputs, targets = trainer._compute(batch)
-                    if i == 0 and j == 0:
-                        trainer._check_first_loss(loss, outputs, targets)
-                    scaled = loss / k if k != 1 else loss
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                    with step.no_sync(j == k - 1):
+                        with host.autocast():
+                            loss, outputs, targets = host.compute(batch)
+                        if i == 0 and j == 0:
+                            host.check_first_loss(loss, outputs, targets)
+                        if guard.gating:
+                            guard.observe(loss)
+                        step.backward(loss, k)
                     total = loss.detach().float() if total is None else total + loss.detach().float()
-                    del loss, outputs, targets, batch, scaled
+                    del loss, outputs, targets, batch
                 assert total is not None  # k >= 1 micro-batches
-                if scaler is not None:
-                    scaler.unscale_(opt)
-                if trainer.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(trainer._params, trainer.max_grad_norm)
-                if scaler is not None:
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
+                step.step()
                 value = float(total) / k  # one read per step: the sweep needs the curve as it goes
                 lrs.append(lr)
                 losses.append(value)

@@ -102,7 +102,10 @@ class TrainerControl(TrainerBase):
 
         if self.optimizer is None:
             raise _validate.no_optimizer("lr_find")
-        return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, **kwargs)
+        from nbtrainer._trainer._host import TrainerHost
+
+        host = TrainerHost(self)  # type: ignore[arg-type]  # a mixin of Trainer
+        return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, host=host, **kwargs)
 
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
