@@ -44,8 +44,8 @@ __all__ = [
 
 #: epoch-log keys that are bookkeeping, not metrics
 METRIC_SKIP = ("epoch", "lr", "time", "samples_per_s", "steps", "skipped_steps")
-_MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map", "jaccard")
-_BOUNDED_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "jaccard", "specificity")
+_MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map", "jaccard", "agreement")
+_BOUNDED_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "jaccard", "specificity", "agreement")
 
 
 def higher_is_better(key: str) -> bool:

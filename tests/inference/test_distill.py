@@ -15,6 +15,7 @@ from inference_data import batches, digits, mlp, train
 from torch import nn
 
 from nbtrainer import DistillationLoss, Trainer
+from nbtrainer.plotting import classify_metrics, higher_is_better
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,9 @@ def test_trainer_history_has_parts_and_agreement(data, teacher) -> None:
         torch.testing.assert_close(value, before[key])
     # ... and is not one of the trainer's parameters
     assert trainer.param_counts.trainable == sum(p.numel() for p in student.parameters())
+    # charts and tables: agreement on the 0-1 axis, higher is better; the loss parts on their own axis
+    assert classify_metrics(history.epochs) == (["agreement"], ["kd_loss", "base_loss"])
+    assert higher_is_better("val_agreement")
 
 
 def test_user_metric_with_the_same_name_wins(data, teacher) -> None:
