@@ -29,6 +29,9 @@ MODULES = [
     "nbtrainer._events._progress",
     "nbtrainer._events._loggers",
     "nbtrainer._optional",
+    "nbtrainer._inference._distill",
+    "nbtrainer._inference._quantize",
+    "nbtrainer._inference._compare",
 ]
 
 
