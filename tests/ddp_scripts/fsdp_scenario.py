@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 import fsdp_common as fc
 
-from nbtrainer import FSDP, ModelCheckpoint, Trainer
+from nbtrainer import FSDP, EarlyStopping, ModelCheckpoint, Trainer
 from nbtrainer._resume import _checkpoint_io
 
 RANK = int(os.environ["RANK"])
@@ -51,6 +51,17 @@ def memory(trainer: Trainer) -> dict:
         "optim_full": sum(b for _, b in state),
         "dtensor": all(isinstance(p, DTensor) for p in trainer.model.parameters()),
     }
+
+
+class StopOnRank:
+    """Requests a stop at the end of ``epoch`` on one rank only (the others must follow, not hang)."""
+
+    def __init__(self, rank: int, epoch: int) -> None:
+        self.rank, self.epoch = rank, epoch
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict) -> None:
+        if self.rank == RANK and epoch == self.epoch:
+            trainer.request_stop(f"rank {RANK} says stop")
 
 
 class GradSync:
@@ -135,6 +146,18 @@ def scenario_main(out: str, ckpt_dir: str) -> None:
     stored = {str(p.dtype) for p in trainer.model.parameters()}
     results["bf16"] = {"epochs": history.epochs, "seen": seen, "stored": sorted(stored)}
     weights["bf16"] = trainer.model_state_dict()
+
+    # Stopping agrees across ranks: EarlyStopping on a reduced value (lr=0: val_loss flat, patience 1 stops
+    # after epoch 2), and a stop requested at epoch 3 on rank 1 only (shared at epoch end, nobody hangs).
+    trainer = fc.make_trainer("sgd", "fsdp", callbacks=[EarlyStopping("val_loss", patience=1)])
+    trainer.optimizer.param_groups[0]["lr"] = 0.0
+    early = trainer.fit(*common.ddp_loaders(), epochs=10)
+    trainer = fc.make_trainer("sgd", "fsdp", callbacks=[StopOnRank(rank=1, epoch=3)])
+    one_rank = trainer.fit(*common.ddp_loaders(), epochs=10)
+    results["stop"] = {
+        "early": [len(early.epochs), early.status],
+        "one_rank": [len(one_rank.epochs), one_rank.status, one_rank.stop_reason],
+    }
     dump(out, "main", results, weights)
 
 

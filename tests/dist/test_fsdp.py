@@ -168,6 +168,12 @@ def test_bf16_goes_through_the_mixed_precision_policy(main_run):
     assert bf16["epochs"][0]["loss"] == pytest.approx(history.epochs[0]["loss"], rel=2e-2)
 
 
+def test_stopping_agrees_across_ranks(main_run):
+    for r in results(main_run, "main"):
+        assert r["stop"]["early"] == [2, "stopped"]  # EarlyStopping on the reduced val_loss, the same epoch
+        assert r["stop"]["one_rank"][:2] == [3, "stopped"]  # rank 1 alone asked; both stopped after epoch 3
+
+
 def test_uneven_list_of_evaluation_batches_is_refused_with_the_fix(main_run):
     r0, r1 = results(main_run, "main")
     for r in (r0, r1):
@@ -288,3 +294,62 @@ def test_strategy_string_and_public_name():
     assert isinstance(trainer.strategy, FSDP) and trainer.strategy.units == ["2.2", "2.1", "2.0", ""]
     with pytest.raises(ValueError, match="'fsdp'"):
         _fsdp_trainer(strategy="zero3")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"activation_checkpointing": [fc.Block]}, {"freeze": ["0.*"]}, {"grad_accum_steps": 3, "max_grad_norm": 0.1}],
+    ids=["activation-checkpointing", "frozen-layer", "accumulation-clipping"],
+)
+def test_world_of_one_matches_a_single_process_with_memory_switches(options):
+    trainer = _fsdp_trainer(**options)
+    single = _fsdp_trainer(strategy="single", **options)
+    for t in (trainer, single):
+        train, val = common.ddp_loaders()
+        t.fit(train, val, epochs=2)
+    assert_same_weights(trainer.model_state_dict(), single.model_state_dict(), atol=0)
+
+
+def test_fp16_goes_through_the_policy_with_a_grad_scaler():
+    trainer = _fsdp_trainer(precision="fp16-mixed")
+    seen: list[torch.dtype] = []
+
+    def record(module: torch.nn.Module, args: tuple) -> None:
+        weight = module.weight
+        assert isinstance(weight, torch.Tensor)
+        seen.append(weight.dtype)
+
+    block = trainer.model.get_submodule("2.0.fc")
+    block.register_forward_pre_hook(record)
+    train, val = common.ddp_loaders()
+    history = trainer.fit(train, val, epochs=1)
+    reference = _fsdp_trainer(strategy="single")
+    train, val = common.ddp_loaders()
+    ref_history = reference.fit(train, val, epochs=1)
+    assert trainer.scaler is not None and set(seen) == {torch.float16}
+    assert history.epochs[0]["loss"] == pytest.approx(ref_history.epochs[0]["loss"], rel=1e-2)
+
+
+class _Tied(torch.nn.Module):
+    """Embedding and head share one weight; the blocks hold most of the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(8)])
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def test_units_are_the_blocks_and_tied_weights_stay_with_the_root():
+    from nbtrainer._dist._fsdp import shard_units
+
+    model = _Tied()
+    units = shard_units(model, None)
+    assert units == list(model.layers)[::-1]  # innermost / last first; emb and head (tied) stay with the root
+    assert shard_units(model, [torch.nn.LayerNorm]) == [model.norm]
+    # no repeated blocks: the children holding at least 10% of the parameters (here 82% and 18%)
+    two = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    assert [u.out_features for u in shard_units(two, None)] == [2, 64]
+    assert [type(u).__name__ for u in shard_units(fc.make_model(0), None)] == ["Block", "Block", "Block"]
