@@ -287,6 +287,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self._recorder = HistoryRecorder(self.history)
         # last: it opens (and checks) the store now, before any step, and callback indices (checkpoint keys) keep
         self._run_recorder = RunRecorder(run_store)
+        self.run_id: str | None = None  # the id of this trainer's run in the store (nbtrainer.Runs), set by fit
         self.callbacks = CallbackList([self._recorder, *user_callbacks, self._run_recorder])
         self.progress = Progress()
         self.status = "idle"

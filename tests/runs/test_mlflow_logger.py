@@ -71,6 +71,7 @@ def test_a_fit_reads_back_from_mlflow(uri, tmp_path):
     artifacts = {a.path for a in client.list_artifacts(logger.run_id)}
     assert "events.json" in artifacts and "checkpoints" in artifacts
     files = {os.path.basename(a.path) for a in client.list_artifacts(logger.run_id, "checkpoints")}
+    assert ckpt.best_model_path is not None
     assert "last.ckpt" in files and os.path.basename(ckpt.best_model_path) in files
 
 

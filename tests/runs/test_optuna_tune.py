@@ -52,7 +52,7 @@ def test_tune_prunes_records_and_tags_each_trial(data, tmp_path):
         assert run.tags["optuna.study"] == study.study_name
         if trial.state == optuna.trial.TrialState.PRUNED:
             assert run.tags["optuna.state"] == "pruned" and run.status == "stopped" and run.epochs == 1
-            assert run.stop_reason.startswith(f"Optuna: trial {trial.number} pruned at epoch 1 (val_loss=")
+            assert (run.stop_reason or "").startswith(f"Optuna: trial {trial.number} pruned at epoch 1 (val_loss=")
         else:
             assert run.tags["optuna.state"] == "complete" and run.status == "finished" and run.epochs == 4
             assert trial.value == run.best["val_loss"]  # a trial's value: its best epoch
@@ -111,7 +111,7 @@ def test_pruning_a_key_the_fit_never_logs_is_refused_before_training(data):
 def test_missing_optuna_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(ImportError, match=r"nbtrainer\[optuna\]"):
-        nbtrainer.tune(lambda t: None, n_trials=1, epochs=1)
+        nbtrainer.tune(lambda t: (None, None, None), n_trials=1, epochs=1)
 
 
 _DDP_CHILD = """
@@ -161,4 +161,4 @@ def test_pruning_is_agreed_across_ddp_ranks(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks == [{"pruned": True, "epochs": 2, "status": "stopped"}] * 2  # both leave at epoch 2
     (run,) = list(Runs(tmp_path / "runs.db"))  # rank 0 records; rank 1 does not
-    assert run.status == "stopped" and run.epochs == 2 and "pruned at epoch 2" in run.stop_reason
+    assert run.status == "stopped" and run.epochs == 2 and "pruned at epoch 2" in (run.stop_reason or "")

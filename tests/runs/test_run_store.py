@@ -37,7 +37,7 @@ def test_a_fit_is_recorded_in_full(tmp_path):
     trainer = _trainer(path, refresh_interval=0.0, seed=3, grad_accum_steps=2)
     history = trainer.fit(train, val, epochs=3)
     run = Runs(path)[trainer.run_id]
-    assert run.status == "finished" and run.ended is not None and run.duration > 0
+    assert run.status == "finished" and run.ended is not None and (run.duration or 0) > 0
     assert run.steps == len(history.steps["step"]) == 12 and run.epochs == 3
     stored = run.history
     assert stored.steps == history.steps  # every per-step value, exactly
@@ -92,6 +92,7 @@ def test_env_var_names_the_default_store(tmp_path, monkeypatch):
     train, _ = _data()
     trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False)
     trainer.fit(train, epochs=1)
+    assert trainer.run_id is not None
     assert Runs(path)[trainer.run_id].status == "finished"
     assert Runs()[trainer.run_id].steps == 8  # Runs() reads the same default
 

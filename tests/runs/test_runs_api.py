@@ -89,7 +89,7 @@ def test_session_runs_by_default():
     trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False)
     trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
     runs = nbtrainer.Runs()
-    assert runs.path is None and runs[trainer.run_id].status == "finished"
+    assert trainer.run_id is not None and runs.path is None and runs[trainer.run_id].status == "finished"
     assert runs.last.id == trainer.run_id
 
 

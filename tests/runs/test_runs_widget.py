@@ -25,10 +25,11 @@ def data():
 
 def test_runs_widget_table_selection_and_overlay(data, tmp_path):
     path = tmp_path / "runs.db"
-    ids = []
+    ids: list[str] = []
     for lr in (0.3, 0.1, 0.01):
         trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=lr, progress=False, run_store=path)
-        trainer.fit(*data, epochs=2)
+        trainer.fit(data[0], data[1], epochs=2)
+        assert trainer.run_id is not None
         ids.append(trainer.run_id)
     widget = RunsWidget(Runs(path))
     assert [v for _, v in widget.select.options] == ids and widget.selected == ids
@@ -43,7 +44,7 @@ def test_runs_widget_table_selection_and_overlay(data, tmp_path):
     widget.x.value = "epoch"
     assert widget.figure.axes[0].label == "epoch" and list(widget.figure.marks[0].x) == [1.0, 2.0]
     trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.2, progress=False, run_store=path)
-    trainer.fit(*data, epochs=1)
+    trainer.fit(data[0], data[1], epochs=1)
     widget.refresh_button.click()  # a run written since: listed, the selection kept
     assert len(widget.select.options) == 4 and widget.selected == [ids[1]]
     assert widget.root._repr_mimebundle_() is not None
