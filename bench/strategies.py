@@ -14,8 +14,12 @@ optimizer step as fp32).
 
 Expectations from published results (BERT fine-tuning, Hugging Face's single-GPU guide), on a GPU:
 mixed precision well under 60% of the fp32 step time; checkpointing at or under ~55% of the peak memory.
-On a CPU, memory is *measured* (parameters + gradients + optimizer state + inputs + saved activations of one
-step, ``nbtrainer._profile._memory``), not an allocator peak, and autocast is usually slower than fp32.
+Peak memory is measured: on CUDA ``torch.cuda.max_memory_allocated`` over the fit; on a CPU the peak of live
+tensor storage over one steady-state optimizer step (``nbtrainer._profile._peak.track_peak``), not a sum of
+parts; the table splits it into parameters, gradients, optimizer state and activations. On a CPU autocast is
+usually slower than fp32 (fp16 is emulated where the CPU has no fp16 kernels: its row says so). Step times
+carry their spread (±) and the table names the rows whose spread makes their ratios unreliable; the machine's
+load average during the run is written next to the figures.
 """
 
 from __future__ import annotations
@@ -176,6 +180,7 @@ def main() -> None:
         )
         print(f"  {row['name']}: {state}", flush=True)
 
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start = time.perf_counter()
     table = compare_strategies(
         lambda: Encoder(**cfg),
@@ -192,14 +197,21 @@ def main() -> None:
         on_row=show,
     )
     wall = time.perf_counter() - start
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(table)
+    load = (
+        ""
+        if load_before is None or load_after is None
+        else f" Load average {load_before:.1f} before and {load_after:.1f} after the run on {os.cpu_count()} cores"
+        + (": the machine was shared with other jobs, so the time ratios are rough." if load_after > 1 else ".")
+    )
     steps = table.settings["steps"] or f"1 epoch ({len(train)} steps)"
     block = (
         f"Machine: {environment(device)}.\n"
         f"Model: {params / 1e6:.2f}M-parameter encoder (`--size {size}`: d_model {cfg['d_model']}, "
         f"{cfg['layers']} layers, {cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}); "
         f"{steps} per strategy, warm-up {args.warmup}, repeats {args.repeats}; AdamW lr 1e-3 "
-        f"(adafactor lr 1e-2); {wall:.0f} s in all.\n\n" + table.to_markdown() + "\n\n*" + table.memory_kind + "."
+        f"(adafactor lr 1e-2); {wall:.0f} s in all.{load}\n\n" + table.to_markdown()
     )
     if device.type == "cuda":
         base = table["fp32"]
