@@ -189,6 +189,27 @@ def test_no_import_cycles() -> None:
     )
 
 
+# The floor plan: the folders below the Trainer never import it at run time (type-only imports are allowed);
+# they reach the Trainer's state only through what it hands them (the loop: a LoopHost).
+BELOW_THE_TRAINER = ("_loop", "_data", "_events", "_report", "_setup", "_dist", "_resume")
+
+
+@pytest.mark.parametrize("folder", BELOW_THE_TRAINER)
+def test_folders_below_the_trainer_do_not_import_it(folder: str) -> None:
+    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"))
+    prefix = f"{FACADE}.{folder}"
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name == prefix or name.startswith(prefix + ".")
+        for target in targets
+        if target.startswith(f"{FACADE}._trainer")
+    )
+    assert not upward, (
+        f"nbtrainer/{folder}/ imports the Trainer at run time (pass what it needs instead):\n" + "\n".join(upward)
+    )
+
+
 def test_the_cycle_finder_finds_hidden_cycles(tmp_path: Path) -> None:
     """The checker itself: a cycle hidden in a function, through a relative import and the facade, is found."""
     pkg = tmp_path / "pkg"

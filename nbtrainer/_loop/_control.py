@@ -1,4 +1,5 @@
-"""Thread-safe control of a running fit: stop, pause/resume, lr and accumulation changes, saves.
+"""Thread-safe control of a running fit: stop, pause/resume, lr and accumulation changes, saves; and the LR
+arithmetic a change of the reference LR makes (:func:`reference_lr`, :func:`rescale_lr`).
 
 Requests come from any thread (a widget's button, a magic, a signal handler) and are applied by the
 training thread at the next optimizer-step boundary. The hot loop only reads ``dirty`` (a plain
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["Control"]
+__all__ = ["Control", "reference_lr", "rescale_lr"]
 
 
 class Control:
@@ -87,3 +88,26 @@ class Control:
             self._calls.clear()
             self.dirty = False
         self._resume.set()
+
+
+# -- LR arithmetic: what a set_lr request does to the optimizer and its schedule -------------------------------
+def reference_lr(optimizer: Any) -> float:
+    """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+    group = optimizer.param_groups[0]
+    return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+
+
+def rescale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
+    """Multiply the LR schedule by ``factor``: current LRs and every scheduler reference value
+    (``initial_lr``, OneCycle's ``max_lr``/``min_lr``, ``base_lrs``), so the schedule continues scaled."""
+    for group in optimizer.param_groups:
+        for key in ("lr", "initial_lr", "max_lr", "min_lr"):
+            if key in group and isinstance(group[key], (int, float)):
+                group[key] = group[key] * factor
+    if scheduler is not None:
+        if hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        if hasattr(scheduler, "min_lrs"):
+            scheduler.min_lrs = [lr * factor for lr in scheduler.min_lrs]
+        if getattr(scheduler, "_last_lr", None) is not None:  # torch's own field: get_last_lr() reads it
+            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]

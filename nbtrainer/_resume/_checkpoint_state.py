@@ -1,5 +1,4 @@
-"""Checkpoint state of a Trainer: assembling it, loading it back (with clear mismatch errors), resume,
-and LR rescaling that keeps any scheduler consistent."""
+"""Checkpoint state of a Trainer: assembling it, loading it back (with clear mismatch errors), resume."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from nbtrainer._setup._seed import capture_rng
 
-__all__ = ["load_trainer_state", "rank_state", "rescale_lr", "resume", "trainer_state_dict"]
+__all__ = ["load_trainer_state", "rank_state", "resume", "trainer_state_dict"]
 
 VERSION = 1
 
@@ -348,21 +347,3 @@ def resume(
         sharding = getattr(trainer.strategy, "load_weights", None) is not None
         ckpt = load_checkpoint(path, map_location="cpu" if sharding else trainer.device)
     load_trainer_state(trainer, ckpt, load_scheduler=load_scheduler, before_load=before_load)
-
-
-def rescale_lr(trainer: Any, factor: float) -> None:
-    """Multiply the LR schedule by ``factor``: current LRs and every scheduler reference value
-    (``initial_lr``, OneCycle's ``max_lr``/``min_lr``, ``base_lrs``), so the schedule continues scaled."""
-    for group in trainer.optimizer.param_groups:
-        for key in ("lr", "initial_lr", "max_lr", "min_lr"):
-            if key in group and isinstance(group[key], (int, float)):
-                group[key] = group[key] * factor
-    sched = trainer.scheduler
-    if sched is not None:
-        if hasattr(sched, "base_lrs"):
-            sched.base_lrs = [lr * factor for lr in sched.base_lrs]
-        if hasattr(sched, "min_lrs"):
-            sched.min_lrs = [lr * factor for lr in sched.min_lrs]
-        last = getattr(sched, "_last_lr", None)
-        if last is not None:
-            sched._last_lr = [g["lr"] for g in trainer.optimizer.param_groups]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from nbtrainer._loop._control import reference_lr
 from nbtrainer._setup._precision import autocast
 from nbtrainer._trainer import _validate
 
@@ -109,8 +110,7 @@ class TrainerBase:
         """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
         if self.optimizer is None:
             raise _validate.no_optimizer("lr")
-        group = self.optimizer.param_groups[0]
-        return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+        return reference_lr(self.optimizer)
 
     @property
     def current_lr(self) -> float:

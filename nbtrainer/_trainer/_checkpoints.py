@@ -1,8 +1,8 @@
-"""A Trainer's checkpoints and data order (mixed into :class:`~nbtrainer.Trainer`).
+"""A Trainer's checkpoints (mixed into :class:`~nbtrainer.Trainer`).
 
-What a checkpoint holds is ``_state``'s (model, optimizer, scheduler, scaler, loop position, RNG states, history,
-callback state); writing it atomically is ``_checkpoint_io``'s. The shuffling generator of the train loader is
-installed here so the data order of an epoch is a function of a state the checkpoint carries.
+What a checkpoint holds is ``_checkpoint_state``'s (model, optimizer, scheduler, scaler, loop position, RNG
+states, history, callback state); writing it atomically is ``_checkpoint_io``'s. The data order a checkpoint
+carries is the data's (``nbtrainer._data._order``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._resume import _checkpoint_state as _state
-from nbtrainer._setup._seed import seed_worker
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
 
@@ -64,21 +63,3 @@ class TrainerCheckpoints(TrainerBase):
             load(self, state, None)
         else:
             unwrap_model(self.model).load_state_dict(state)
-
-    # -- data order ----------------------------------------------------------------------------
-    def _sampler_generator(self, loader: Any) -> torch.Generator | None:
-        """The generator that shuffles ``loader`` (installed if it has none), so the data order of an
-        epoch is a function of a state we can save and restore (exact mid-epoch resume)."""
-        sampler = getattr(loader, "sampler", None)
-        if sampler is None or not hasattr(sampler, "generator"):
-            return None
-        if sampler.generator is None:
-            gen = torch.Generator()
-            gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
-            sampler.generator = gen
-            if getattr(loader, "generator", "absent") is None:
-                loader.generator = gen  # worker base seeds follow the same state
-            workers = getattr(loader, "num_workers", 0)
-            if self.deterministic and workers and loader.worker_init_fn is None:
-                loader.worker_init_fn = seed_worker
-        return sampler.generator

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nbtrainer._resume import _checkpoint_state as _state
+from nbtrainer._loop._control import rescale_lr
 from nbtrainer._setup._precision import make_scaler, require_precision
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
@@ -123,7 +123,7 @@ class TrainerControl(TrainerBase):
             for key, value in pending.items():
                 if key == "lr":
                     old = self.lr
-                    _state.rescale_lr(self, value / old)
+                    rescale_lr(self.optimizer, self.scheduler, value / old)
                     self._event("lr", old, value)
                 elif key == "grad_accum_steps":
                     old, self.grad_accum_steps = self.grad_accum_steps, value

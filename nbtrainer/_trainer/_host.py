@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._order import sampler_generator
+
 if TYPE_CHECKING:
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
@@ -174,7 +176,7 @@ class TrainerHost:
         self.owner._step_epoch_scheduler(logs)
 
     def sampler_generator(self, loader: Any) -> torch.Generator | None:
-        return self.owner._sampler_generator(loader)
+        return sampler_generator(loader, deterministic=self.owner.deterministic)
 
     def take_pending_rng(self) -> dict[str, Any] | None:
         rng, self.owner._pending_rng = self.owner._pending_rng, None
