@@ -202,3 +202,24 @@ def test_magic_usage_errors(shell, setup) -> None:
         shell.run_line_magic("nbtrainer", "compare-inference teacher val --models notdict")
     with pytest.raises(UsageError, match="--rounds must be >= 1"):
         shell.run_line_magic("nbtrainer", "compare-inference teacher val --rounds 0")
+
+
+def test_hugging_face_model_and_dict_batches() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+    data = [{"input_ids": torch.randint(0, 50, (8, 10)), "labels": torch.randint(0, 3, (8,))} for _ in range(3)]
+    table = compare_inference(model, data, methods=("fp32", "int8-weight", "codebook4"), rounds=2)
+    assert [r["status"] for r in table.rows] == ["ok", "ok", "ok"], [r.get("reason") for r in table.rows]
+    assert table.metric == "acc"  # the labels, taken out of the model's inputs as the Trainer does
+    assert 0 < table["int8-weight"]["max_abs_diff"] < 0.1
+    assert table["int8-weight"]["size_ratio"] < 0.75  # embeddings and LayerNorms stay float32 (about a third here)
