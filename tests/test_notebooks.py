@@ -34,7 +34,7 @@ ALL_ON_DISK = DEMOS + sorted((REPO / "tests" / "browser" / "notebooks").glob("*.
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # notebooks that display widgets (the panel, a ProfileCard, a bqplot chart)
-WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output", "07_distill_quantize"}
+WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output", "06_qlora", "07_distill_quantize"}
 CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
 
 
@@ -89,7 +89,7 @@ def test_kernel_is_this_venv(venv_kernelspec: Path, tmp_path: Path) -> None:
 
 
 def test_the_demo_notebooks_are_all_there() -> None:
-    assert [p.stem[:2] for p in DEMOS] == ["01", "02", "03", "04", "05", "07"], DEMOS
+    assert [p.stem[:2] for p in DEMOS] == ["01", "02", "03", "04", "05", "06", "07"], DEMOS
 
 
 @pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
