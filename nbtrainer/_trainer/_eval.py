@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from nbtrainer._data import _arrays
-from nbtrainer._data._batch import batch_size_of, loss_from_outputs, move_to_device, overridden
+from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
+from nbtrainer._data._loss import batch_loss, plain_pairs
 from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._loop import _oom
 from nbtrainer._loop._fit_loop import _safe_len
@@ -170,9 +171,7 @@ class TrainerEval(TrainerBase):
         The default splits the batch by the batch protocol (class docstring), calls the model and the
         criterion (or takes the model's ``.loss`` when ``criterion=None``).
         """
-        args, kwargs, targets = self.batch_spec.split(batch)
-        outputs = self.model(*args, **kwargs)
-        return loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec), outputs, targets
+        return batch_loss(self.model, batch, spec=self.batch_spec, criterion=self.criterion)
 
     def predict_step(self, batch: Any) -> Any:
         """A batch's outputs for :meth:`predict`; override in a subclass (or pass ``predict_step=``).
@@ -192,35 +191,24 @@ class TrainerEval(TrainerBase):
         args, kwargs, _ = self.batch_spec.split(batch)
         return self.model(*args, **kwargs)
 
+    def _override(self) -> Any:
+        return self.compute_loss if overridden(self, "compute_loss") else None
+
     def _default_compute(self) -> bool:
         """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
-        return (
-            self._compute_loss_fn is None
-            and not overridden(self, "compute_loss")
-            and self.criterion is not None
-            and self.batch_spec.num_inputs is None
+        return plain_pairs(
+            spec=self.batch_spec, criterion=self.criterion, custom=self._compute_loss_fn, override=self._override()
         )
 
     def _compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
-        if self._compute_loss_fn is None:
-            if training or self.criterion is None or overridden(self, "compute_loss"):
-                return self.compute_loss(batch)  # a subclass's own batch type: only its compute_loss reads it
-            # evaluation by the batch protocol: a batch without targets gives outputs and no loss
-            args, kwargs, targets = self.batch_spec.split(batch)
-            outputs = self.model(*args, **kwargs)
-            if targets is None:
-                return None, outputs, None
-            return (
-                loss_from_outputs(self.criterion, outputs, targets, batch=batch, spec=self.batch_spec),
-                outputs,
-                targets,
-            )
-        result = self._compute_loss_fn(self.model, batch)
-        if isinstance(result, tuple) and len(result) == 3:
-            return result
-        if self._train_metrics:
-            raise ValueError(
-                "compute_loss returned only a loss, but metrics need outputs and targets: return "
-                "(loss, outputs, targets) from compute_loss."
-            )
-        return result, None, None
+        """The batch protocol's ``(loss, outputs, targets)`` (``nbtrainer._data._loss``)."""
+        return batch_loss(
+            self.model,
+            batch,
+            spec=self.batch_spec,
+            criterion=self.criterion,
+            custom=self._compute_loss_fn,
+            override=self._override(),
+            training=training,
+            need_outputs=bool(self._train_metrics),
+        )
