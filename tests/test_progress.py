@@ -212,7 +212,7 @@ def test_bar_after_a_resume_counts_the_epochs_done(tmp_path):
     assert resumed.progress.epoch == 6 and resumed.progress.epochs == 6
     lines = io.StringIO()
     again = trainer(lines)
-    again.callbacks.callbacks[-1].mode = "lines"
+    next(cb for cb in again.callbacks.callbacks if isinstance(cb, ProgressBar)).mode = "lines"
     again.fit(loader, epochs=8, resume_from="last")
     assert lines.getvalue().splitlines()[0].startswith("training epoch 7/8 (resumed)")
 

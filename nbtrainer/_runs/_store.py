@@ -1,8 +1,9 @@
 """The run store: SQLite (stdlib ``sqlite3``), in memory for the session or in a file, written by one thread.
 
-Writes never run on the training thread: :meth:`RunStore.submit` appends a closure to a pending list and
-wakes the store's writer thread, which applies everything pending in one transaction (so a refresh's
-values are one commit, whatever their number). Reads run on the caller's thread under the same lock.
+Writes to a file never run on the training thread: :meth:`RunStore.submit` appends a closure to a pending
+list and wakes the store's writer thread, which applies everything pending in one transaction (so a
+refresh's values are one commit, whatever their number). The session's memory store applies a write at once
+(no disk: microseconds per refresh). Reads run on the caller's thread under the same lock.
 
 A file store is opened in WAL mode with a busy timeout, and every write batch is a ``BEGIN IMMEDIATE``
 transaction: two processes writing one store wait for each other and lose nothing, and a process killed
@@ -166,7 +167,17 @@ class RunStore:
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def submit(self, op: Callable[[sqlite3.Connection], Any]) -> None:
-        """Queue a write; returns at once (the writer thread applies it with whatever else is pending)."""
+        """Queue a write; returns at once (the writer thread applies it with whatever else is pending).
+
+        The memory store applies it now, on the caller's thread: no disk, and a refresh's rows take microseconds,
+        so it needs no thread of its own.
+        """
+        if self.path is None:
+            try:
+                self.write([op])
+            except Exception as exc:
+                self._warn(exc)
+            return
         with self._cond:
             self._pending.append(op)
             if self._thread is None:
@@ -193,16 +204,17 @@ class RunStore:
                 ops, self._pending, self._busy = self._pending, [], True
             try:
                 self.write(ops)
-            except Exception as exc:  # the History keeps every value; the store says once what it lost
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(
-                        f"nbtrainer run store {self.path or ':memory:'}: a write failed ({exc}).", stacklevel=1
-                    )
+            except Exception as exc:
+                self._warn(exc)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:  # the History keeps every value; the store says once that it lost some
+            self._warned = True
+            warnings.warn(f"nbtrainer run store {self.path or ':memory:'}: a write failed ({exc}).", stacklevel=3)
 
     def write(self, ops: list[Callable[[sqlite3.Connection], Any]]) -> None:
         """Apply ``ops`` in one transaction now (the writer thread's work; also for tests and tools)."""
