@@ -7,11 +7,14 @@ import math
 import platform
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._profile._peak import PeakTracker, track_peak
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = [
     "StepTimer",
@@ -40,10 +43,10 @@ class StepTimer:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def on_epoch_start(self, trainer: Any, epoch: int) -> None:
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
         self._mark, self._samples = self._now(), trainer._state.samples
 
-    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: Trainer, step: int, skipped: bool) -> None:
         now = self._now()
         samples = trainer._state.samples
         self.times.append(now - self._mark)
@@ -76,7 +79,7 @@ class _SecondStep:
         self.tracker = tracker
         self.steps = 0
 
-    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: Trainer, step: int, skipped: bool) -> None:
         self.steps += 1
         if self.steps == 1:
             self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer)

@@ -36,6 +36,7 @@ from nbtrainer._setup._optim import move_optimizer_state
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["LRFinderResult", "lr_find", "suggest"]
 
@@ -262,12 +263,13 @@ class LRFinderResult:
 class _Snapshot:
     """Everything the sweep changes, copied, and put back by :meth:`restore`."""
 
-    def __init__(self, trainer: Any, loader: Any) -> None:
+    def __init__(self, trainer: Trainer, loader: Any) -> None:
         self.model = unwrap_model(trainer.model)
         self.model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.training = self.model.training
+        assert trainer.optimizer is not None  # lr_find refuses a trainer without one first
         self.optimizer = trainer.optimizer
-        self.opt_state = copy.deepcopy(trainer.optimizer.state_dict())
+        self.opt_state = copy.deepcopy(self.optimizer.state_dict())
         self.scaler = trainer.scaler
         self.scaler_state = copy.deepcopy(trainer.scaler.state_dict()) if trainer.scaler is not None else None
         self.generators: list[tuple[torch.Generator, torch.Tensor]] = []
@@ -304,7 +306,7 @@ def _batches(loader: Iterable) -> Iterable[Any]:
 
 
 def lr_find(
-    trainer: Any,
+    trainer: Trainer,
     train_loader: Iterable,
     min_lr: float = 1e-7,
     max_lr: float = 10.0,
@@ -351,8 +353,9 @@ def lr_find(
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
     trainer.model = trainer.strategy.setup_model(trainer.model)
-    move_optimizer_state(trainer.optimizer, trainer.device)
     opt, model = trainer.optimizer, trainer.model
+    assert opt is not None  # Trainer.lr_find refuses a trainer without one
+    move_optimizer_state(opt, trainer.device)
     step = TrainStep(host, events=False, schedule=False)  # the sweep sets the LR: no scheduler, no events
     groups = opt.param_groups
     ref = float(groups[0]["lr"])

@@ -20,13 +20,16 @@ import gc
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._loop._memory import host_capacity
 from nbtrainer._report._format import format_bytes, format_number
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
 
@@ -46,7 +49,7 @@ def remember_profile(model: torch.nn.Module, profile: Any) -> None:
         pass
 
 
-def _batch_size(trainer: Any, loader: Any) -> int | None:
+def _batch_size(trainer: Trainer, loader: Any) -> int | None:
     loop = getattr(trainer, "_loop", None)
     if loader is None and loop is not None:
         loader = loop.train_loader
@@ -56,7 +59,7 @@ def _batch_size(trainer: Any, loader: Any) -> int | None:
     return loop.last_batch_size() if loop is not None else None  # a loader without batch_size: the last batch
 
 
-def _mixed_precision_hint(trainer: Any) -> str | None:
+def _mixed_precision_hint(trainer: Trainer) -> str | None:
     if trainer.precision != "fp32":
         return None
     try:
@@ -104,7 +107,7 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
+def advice(trainer: Trainer, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
     """``(where it happened, what to try)`` from the run's own settings."""
     model = trainer.model
     accum = int(trainer.grad_accum_steps)
@@ -151,7 +154,7 @@ def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[s
             f"nbtrainer.profile_model(model, example_batch).fits(budget_gb={budget}, batch_size={bs or 'B'}) "
             "measures what a step needs and suggests a micro-batch x accumulation split that fits."
         )
-    opt_bytes = _state_bytes(trainer.optimizer)
+    opt_bytes = _state_bytes(trainer.optimizer) if trainer.optimizer is not None else 0
     if where == "fit" and memory is not None and opt_bytes >= 0.2 * memory[0]:  # only when it is a big share
         tips.append(
             f"The optimizer state takes {format_bytes(opt_bytes)}: optimizer='adafactor' or freezing layers "
@@ -160,7 +163,7 @@ def advice(trainer: Any, where: str, *, loader: Any = None) -> tuple[str, list[s
     return ", ".join(facts), tips
 
 
-def _profile_fit(profile: Any, total: int | None, bs: int | None, trainer: Any) -> str | None:
+def _profile_fit(profile: Any, total: int | None, bs: int | None, trainer: Trainer) -> str | None:
     if profile is None or total is None or bs is None or not getattr(profile, "memory", None):
         return None
     try:
@@ -170,21 +173,22 @@ def _profile_fit(profile: Any, total: int | None, bs: int | None, trainer: Any) 
     return f"profile_model(...).fits(budget_gb={total / 2**30:.0f}, batch_size={bs}): {result.suggestion}"
 
 
-def release(trainer: Any, exc: BaseException) -> None:
+def release(trainer: Trainer, exc: BaseException) -> None:
     """Drop what the failed step holds: the traceback's finished frames (batch, outputs, activations), the
     loop's pending device values and the gradients; the optimizer state stays. Then free the cache."""
     traceback.clear_frames(exc.__traceback__)
     loop = getattr(trainer, "_loop", None)
     if loop is not None:
         loop.release_pending()
-    trainer.optimizer.zero_grad(set_to_none=True)
+    if trainer.optimizer is not None:  # evaluate / predict need none
+        trainer.optimizer.zero_grad(set_to_none=True)
     unwrap_model(trainer.model).zero_grad(set_to_none=True)
     gc.collect()
     if trainer.device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def handle(trainer: Any, exc: BaseException, where: str, *, loader: Any = None) -> None:
+def handle(trainer: Trainer, exc: BaseException, where: str, *, loader: Any = None) -> None:
     """Release the memory, then append the advice to ``exc``'s message (once; the caller re-raises it)."""
     if not isinstance(exc, torch.OutOfMemoryError):
         return

@@ -17,11 +17,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._report._format import format_duration
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["PHASES", "TrainingProfile", "profile_training"]
 
@@ -104,7 +107,7 @@ def _cpu_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _snapshot(trainer: Any) -> dict[str, Any]:
+def _snapshot(trainer: Trainer) -> dict[str, Any]:
     parts = {
         "model": trainer.model,
         "optimizer": trainer.optimizer,
@@ -118,7 +121,7 @@ _FIT_STATE = ("history", "_state", "_elapsed_before", "status", "progress", "_pe
 
 
 @contextmanager
-def _untouched(trainer: Any) -> Iterator[None]:
+def _untouched(trainer: Trainer) -> Iterator[None]:
     """Profiling steps run without the trainer's LR scheduler (a used-up OneCycleLR would refuse them, and the
     schedule must not move) or its run recorder, and leave its history, loop state, callbacks' state and the
     RNG states as they were."""
@@ -163,7 +166,7 @@ def _untouched(trainer: Any) -> Iterator[None]:
 
 
 def profile_training(
-    trainer: Any,
+    trainer: Trainer,
     train_loader: Any,
     *,
     wait: int = 1,

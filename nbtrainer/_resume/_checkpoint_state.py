@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,16 +12,26 @@ from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from nbtrainer._setup._seed import capture_rng
 
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
+
 __all__ = ["load_trainer_state", "rank_state", "resume", "trainer_state_dict"]
 
 VERSION = 1
+
+
+def _optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+    """The trainer's optimizer (saving and resuming refuse a trainer without one before they get here)."""
+    if trainer.optimizer is None:
+        raise ValueError("A checkpoint holds the optimizer's state, and this Trainer has none (optimizer=None).")
+    return trainer.optimizer
 
 
 def _callback_key(index: int, cb: Any) -> str:
     return f"{type(cb).__name__}:{index}"
 
 
-def _stateful(trainer: Any) -> list[tuple[str, Any]]:
+def _stateful(trainer: Trainer) -> list[tuple[str, Any]]:
     return [
         (_callback_key(i, cb), cb)
         for i, cb in enumerate(trainer.callbacks.callbacks)
@@ -29,17 +39,17 @@ def _stateful(trainer: Any) -> list[tuple[str, Any]]:
     ]
 
 
-def _savers(trainer: Any) -> Any:
+def _savers(trainer: Trainer) -> Any:
     """The trainer's quantize / LoRA setup (``_setup._memory_savers``), which decides what of the model is saved."""
     return getattr(getattr(trainer, "_setup", None), "savers", None)
 
 
-def _model_state(trainer: Any) -> dict[str, Any]:
+def _model_state(trainer: Trainer) -> dict[str, Any]:
     model, savers = unwrap_model(trainer.model), _savers(trainer)
     return savers.model_state(model) if savers is not None else model.state_dict()
 
 
-def trainer_state_dict(trainer: Any, *, weights: bool = True) -> dict[str, Any]:
+def trainer_state_dict(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
     """``weights=False``: without the model and optimizer state (empty dicts), e.g. a rank's own part."""
     loop = trainer._loop
     if loop is not None:
@@ -68,7 +78,7 @@ def trainer_state_dict(trainer: Any, *, weights: bool = True) -> dict[str, Any]:
             model_state, optim_state = gather(trainer)
         else:
             # LoRA / a quantized base: what trains (not the frozen base, unless save_base=True)
-            model_state, optim_state = _model_state(trainer), trainer.optimizer.state_dict()
+            model_state, optim_state = _model_state(trainer), _optimizer(trainer).state_dict()
     return {
         "format": CHECKPOINT_FORMAT,
         "version": VERSION,
@@ -93,7 +103,7 @@ def trainer_state_dict(trainer: Any, *, weights: bool = True) -> dict[str, Any]:
     }
 
 
-def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
+def _check_model(trainer: Trainer, state: dict[str, torch.Tensor]) -> None:
     own = _model_state(trainer)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -117,8 +127,8 @@ def _check_model(trainer: Any, state: dict[str, torch.Tensor]) -> None:
         )
 
 
-def _check_optimizer(trainer: Any, state: dict[str, Any], saved_class: str | None) -> None:
-    opt = trainer.optimizer
+def _check_optimizer(trainer: Trainer, state: dict[str, Any], saved_class: str | None) -> None:
+    opt = _optimizer(trainer)
     own_class = type(opt).__name__
     if saved_class is not None and saved_class != own_class:
         raise CheckpointError(
@@ -170,7 +180,7 @@ _KBIT_BOOKKEEPING = frozenset(
 )
 
 
-def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
+def _check_compatible(trainer: Trainer, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
     """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
     for key in ("model", "optimizer", "loop", "history", "rng"):
         if key not in ckpt:
@@ -216,7 +226,7 @@ def _check_compatible(trainer: Any, ckpt: dict[str, Any], load_scheduler: bool =
         )
 
 
-def _check_metrics(trainer: Any, saved: dict[str, Any]) -> None:
+def _check_metrics(trainer: Trainer, saved: dict[str, Any]) -> None:
     """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
     metrics = trainer._train_metrics
     own_sums = sorted(n for n, _ in metrics.callables)
@@ -234,13 +244,13 @@ def _check_metrics(trainer: Any, saved: dict[str, Any]) -> None:
 _PER_RANK = ("loop", "metrics", "rng")
 
 
-def rank_state(trainer: Any) -> dict[str, Any]:
+def rank_state(trainer: Trainer) -> dict[str, Any]:
     """This rank's own part of a checkpoint: RNG, loop sums (samples, loss) and metric states."""
     full = trainer_state_dict(trainer, weights=False)
     return {key: full[key] for key in _PER_RANK}
 
 
-def _this_rank(trainer: Any, ckpt: dict[str, Any]) -> dict[str, Any]:
+def _this_rank(trainer: Trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint as this rank should load it: its own RNG/sums when the world size matches."""
     strategy = getattr(trainer, "strategy", None)
     world, rank = getattr(strategy, "world_size", 1), getattr(strategy, "rank", 0)
@@ -262,7 +272,7 @@ def _this_rank(trainer: Any, ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_trainer_state(
-    trainer: Any,
+    trainer: Trainer,
     ckpt: dict[str, Any],
     *,
     load_scheduler: bool = True,
@@ -282,10 +292,10 @@ def load_trainer_state(
         load(trainer, ckpt["model"], ckpt["optimizer"])
     elif _savers(trainer) is not None:  # only what trains, or a quantized base in bitsandbytes' format
         _savers(trainer).load_model_state(unwrap_model(trainer.model), ckpt["model"])
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        _optimizer(trainer).load_state_dict(ckpt["optimizer"])
     else:
         unwrap_model(trainer.model).load_state_dict(ckpt["model"])
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        _optimizer(trainer).load_state_dict(ckpt["optimizer"])
     if load_scheduler and trainer.scheduler is not None and ckpt.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
     if trainer.scaler is not None and ckpt.get("scaler"):
@@ -312,7 +322,7 @@ def load_trainer_state(
 
 
 def resume(
-    trainer: Any,
+    trainer: Trainer,
     resume_from: str,
     *,
     load_scheduler: bool = True,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from nbtrainer._loop._metrics import MetricSet
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._setup._model_setup import ModelSetup
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["TrainerBase"]
 
@@ -117,6 +118,12 @@ class TrainerBase:
         if self.optimizer is None:
             raise _validate.no_optimizer("current_lr")
         return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def _whole(self) -> Trainer:
+        """This object as the whole :class:`~nbtrainer.Trainer` (every mixin is a part of one), for the functions
+        of other modules that take the trainer (typed against it, so a mixin passes ``self._whole``)."""
+        return self  # type: ignore[return-value]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if getattr(self.strategy, "casts_params", False):  # FSDP's MixedPrecisionPolicy casts instead

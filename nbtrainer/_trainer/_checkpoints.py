@@ -32,7 +32,7 @@ class TrainerCheckpoints(TrainerBase):
                 "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
             )
         # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
-        ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
+        ranks = self.strategy.all_gather_object(_state.rank_state(self._whole)) if self.strategy.distributed else None
         # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
         if self.is_global_zero or getattr(self.strategy, "collective_state", False):
             from nbtrainer._resume._checkpoint_io import save_checkpoint_file
@@ -47,10 +47,10 @@ class TrainerCheckpoints(TrainerBase):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs, as tensors and plain data (loads with ``weights_only=True``)."""
-        return _state.trainer_state_dict(self)
+        return _state.trainer_state_dict(self._whole)
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        _state.load_trainer_state(self, checkpoint)
+        _state.load_trainer_state(self._whole, checkpoint)
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights (under FSDP: gathered in full, on the CPU; call it on every rank)."""

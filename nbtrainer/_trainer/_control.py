@@ -45,7 +45,7 @@ class TrainerControl(TrainerBase):
 
     def set_grad_accum_steps(self, steps: int) -> None:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
-        _check_accum(steps)
+        _validate.check_accum(steps)
         self._apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
@@ -104,8 +104,8 @@ class TrainerControl(TrainerBase):
             raise _validate.no_optimizer("lr_find")
         from nbtrainer._trainer._host import TrainerHost
 
-        host = TrainerHost(self)  # type: ignore[arg-type]  # a mixin of Trainer
-        return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, host=host, **kwargs)
+        host = TrainerHost(self._whole)
+        return lr_find(self._whole, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, host=host, **kwargs)
 
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
@@ -163,8 +163,3 @@ class TrainerControl(TrainerBase):
     def _run_deferred(self) -> None:
         while self._deferred:
             self._deferred.pop(0)()
-
-
-def _check_accum(steps: Any) -> None:
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")

@@ -127,19 +127,19 @@ class TrainerFit(TrainerBase):
         if val_loader is not None and _safe_len(val_loader) == 0:
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
         self._has_val = val_loader is not None
-        _validate.check_fit(self, train_loader, val_loader, epochs, max_steps)
+        _validate.check_fit(self._whole, train_loader, val_loader, epochs, max_steps)
         self._control.reset()
         self._nonfinite.reset()
         plan = _continue.Plan(train_loader, epochs, max_steps)
         resume_note: tuple[str, str] | None = None
         if isinstance(resume_from, str) and resume_from in _continue.IF_EXISTS:
             requested = resume_from
-            resume_from, note = _continue.resolve_if_exists(self, resume_from)
+            resume_from, note = _continue.resolve_if_exists(self._whole, resume_from)
             resume_note = (requested, note)
         if resume_from is not None:
-            _continue.resume(self, resume_from, plan)  # refuses a saved schedule too short for this fit
+            _continue.resume(self._whole, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
-            _continue.check_schedule(self, plan)  # e.g. a OneCycleLR a previous fit used up
+            _continue.check_schedule(self._whole, plan)  # e.g. a OneCycleLR a previous fit used up
             self._pending_rng = None
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -156,7 +156,7 @@ class TrainerFit(TrainerBase):
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
         self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
-        loop = FitLoop(TrainerHost(self), train_loader, val_loader, epochs, max_steps, profiler)  # type: ignore[arg-type]
+        loop = FitLoop(TrainerHost(self._whole), train_loader, val_loader, epochs, max_steps, profiler)
         self._loop = loop
         self._fit_thread = threading.get_ident()
         self._active.add(self)
@@ -207,7 +207,7 @@ class TrainerFit(TrainerBase):
             self.history.stop_reason = f"{type(exc).__name__}: {exc}"
             self.history.status = "failed"
             self.optimizer.zero_grad(set_to_none=True)
-            _oom.handle(self, exc, "fit")  # out of memory: free the step's tensors, advice in the message
+            _oom.handle(self._whole, exc, "fit")  # out of memory: free the step's tensors, advice in the message
             try:
                 self.callbacks.call("on_exception", trainer=self, exception=exc)
             finally:
@@ -224,7 +224,7 @@ class TrainerFit(TrainerBase):
     def _save_on_interrupt(self) -> None:
         if self._state.global_step == 0:
             return  # nothing trained in this run yet: a checkpoint would only repeat the start
-        for path in save_on_interrupt(self):
+        for path in save_on_interrupt(self._whole):
             self.history.add_event(
                 step=self._state.global_step, epoch=self._state.epoch + 1, kind="save_on_interrupt", old=None, new=path
             )
@@ -277,7 +277,7 @@ class TrainerFit(TrainerBase):
             ([1, 2, 3, 4, 5], 'finished')
         """
         return _continue.fit_more(
-            self,
+            self._whole,
             train_loader,
             val_loader,
             epochs=epochs,

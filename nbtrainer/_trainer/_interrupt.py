@@ -25,6 +25,7 @@ from nbtrainer._events._frontend import in_notebook
 
 if TYPE_CHECKING:
     from nbtrainer._loop._control import Control
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["INTERRUPT_REASON", "StopOnInterrupt", "reraise_in_script", "save_on_interrupt"]
 
@@ -64,7 +65,7 @@ class StopOnInterrupt:
             self._previous = None
 
 
-def save_on_interrupt(trainer: Any) -> list[str]:
+def save_on_interrupt(trainer: Trainer) -> list[str]:
     """Write ``last.ckpt`` of every ``ModelCheckpoint(save_on_interrupt=True)`` now (the loop is at a step
     boundary); returns the paths written. A failed save leaves the previous file as it was (atomic write)
     and says so."""

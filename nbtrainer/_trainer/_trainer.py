@@ -32,7 +32,7 @@ from nbtrainer._setup._model_setup import ModelSetup
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._checkpoints import TrainerCheckpoints
-from nbtrainer._trainer._control import TrainerControl, _check_accum
+from nbtrainer._trainer._control import TrainerControl
 from nbtrainer._trainer._eval import TrainerEval
 from nbtrainer._trainer._fit import TrainerFit, is_plateau
 
@@ -247,7 +247,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             )
         if scheduler_interval not in ("step", "epoch"):
             raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
-        _check_accum(grad_accum_steps)
+        _validate.check_accum(grad_accum_steps)
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
         if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:

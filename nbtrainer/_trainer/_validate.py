@@ -23,7 +23,7 @@ import difflib
 import math
 import string
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,7 +37,11 @@ from nbtrainer._data._validate_batch import (
     onecycle_overflow,
 )
 
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
+
 __all__ = [
+    "check_accum",
     "check_args",
     "check_callback",
     "check_fit",
@@ -191,6 +195,12 @@ def check_args(
     check_mode(on_nonfinite)
 
 
+def check_accum(steps: Any) -> None:
+    """``grad_accum_steps`` (``Trainer(...)`` and ``set_grad_accum_steps``): an int >= 1."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")
+
+
 def no_optimizer(what: str, extra: str = "") -> ValueError:
     """The error for a trainer built without an optimizer when ``what`` needs one."""
     return ValueError(
@@ -223,7 +233,7 @@ def _format_keys(fmt: str) -> set[str]:
     return keys
 
 
-def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
+def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
     from nbtrainer._events._callbacks import check_monitor
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
 
@@ -267,7 +277,7 @@ def check_fit(trainer: Any, train_loader: Any, val_loader: Any, epochs: int, max
     _check_model(trainer)
 
 
-def _check_model(trainer: Any) -> None:
+def _check_model(trainer: Trainer) -> None:
     model, device = trainer.model, trainer.device
     params = list(model.parameters())
     if any(p.is_meta for p in params):
@@ -285,7 +295,8 @@ def _check_model(trainer: Any) -> None:
                 "Drop .half() (autocast casts on the fly), or use precision='fp32' for a pure "
                 "half model."
             )
-    opt_params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    groups = trainer.optimizer.param_groups if trainer.optimizer is not None else []
+    opt_params = [p for g in groups for p in g["params"]]
     if opt_params and not any(p.requires_grad for p in opt_params):
         raise ValueError(
             "Every parameter the optimizer holds has requires_grad=False, so nothing would be "
