@@ -8,6 +8,11 @@ set up (it places the teacher on the trainer's device and adds the loss parts an
 outside a Trainer, :meth:`DistillationLoss.attach` the student yourself. The teacher runs inside the trainer's
 autocast (its precision), under ``no_grad``, in ``eval()``; it is not a submodule of the loss, so nothing saves
 it, moves it or counts it with the student.
+
+Feature distillation (``features={"student layer": "teacher layer"}``) adds the MSE between the outputs of named
+layers of the same shape (DistilBERT's setting: the teacher's width, fewer layers). A learned projection between
+different widths is left out on purpose: its weights would belong to neither model, so no optimizer built from
+the student and no checkpoint of it would hold them.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._inference._logits import logits_of
 
 __all__ = ["DistillationLoss"]
@@ -33,19 +40,48 @@ def _forget(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any)
     """What a pickled student's hook becomes: nothing (a saved student does not drag its teacher along)."""
 
 
-class _Remember:
-    """The forward hook on the student: the last call's inputs and outputs, for the teacher.
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, Mapping) else output if isinstance(output, (tuple, list)) else ()
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
-    It holds the loss weakly and is not copied with the student (``quantize_model``'s deep copy would otherwise
+
+def _detached(value: torch.Tensor | None) -> torch.Tensor | None:
+    return None if value is None else value.detach()
+
+
+@dataclass
+class _Seen:
+    """The student's last forward call, and what the loss computed from it."""
+
+    outputs: Any
+    args: tuple
+    kwargs: dict[str, Any]
+    features: dict[str, torch.Tensor | None]  # named student layers' outputs (feature distillation)
+    teacher: torch.Tensor | None = None  # the teacher's logits on ``args, kwargs``
+    teacher_features: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    parts: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None  # kd, base, feature losses
+
+
+class _Remember:
+    """A forward hook that reports to the loss: the student's inputs and outputs (``role="student"``), or the
+    output of a named layer (``"student:NAME"``, ``"teacher:NAME"``) for feature distillation.
+
+    It holds the loss weakly and is not copied with the model (``quantize_model``'s deep copy would otherwise
     copy the loss and its teacher too), nor pickled with it."""
 
-    def __init__(self, loss: DistillationLoss) -> None:
+    def __init__(self, loss: DistillationLoss, module: nn.Module, role: str = "student") -> None:
         self.loss = weakref.ref(loss)
+        self.role = role
+        self.handle = module.register_forward_hook(self, with_kwargs=True)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         loss = self.loss()
         if loss is not None:
-            loss._seen = [output, args, kwargs, None, None]
+            loss._observe(self.role, args, kwargs, output)
+        else:  # the loss is gone (a notebook cell re-run builds a new one): nothing to report to any more
+            self.handle.remove()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Remember:
         return self
@@ -75,6 +111,10 @@ class DistillationLoss(nn.Module):
         temperature: ``T > 0``; higher softens both distributions (2 to 5 is usual).
         kd_weight: weight of the distillation term in ``[0, 1]``; ``1`` ignores the labels.
         base: the loss on the labels, called as ``base(student_logits, targets)``.
+        features: optional feature distillation, ``{student layer name: teacher layer name}`` (names as in
+            ``named_modules()``): ``feature_weight * mean(MSE(student layer output, teacher layer output))`` is
+            added to the loss and logged as ``feature_loss``. The outputs must have the same shape.
+        feature_weight: weight of the feature term (>= 0).
 
     Example:
         >>> import torch
@@ -94,6 +134,8 @@ class DistillationLoss(nn.Module):
         temperature: float = 2.0,
         kd_weight: float = 0.5,
         base: Callable[..., torch.Tensor] = nn.CrossEntropyLoss(),  # noqa: B008 - stateless, the issue's signature
+        features: Mapping[str, str] | None = None,
+        feature_weight: float = 1.0,
     ) -> None:
         super().__init__()
         if not isinstance(teacher, nn.Module):
@@ -112,16 +154,32 @@ class DistillationLoss(nn.Module):
             )
         if not callable(base):
             raise TypeError(f"base must be a loss function base(logits, targets), got {type(base).__name__}.")
+        if features is not None and (
+            not isinstance(features, Mapping)
+            or not features
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in features.items())
+        ):
+            raise TypeError(
+                f"features must map student layer names to teacher layer names, e.g. {{'encoder.layer.1': "
+                f"'encoder.layer.3'}}, got {features!r}."
+            )
+        if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or not feature_weight >= 0:
+            raise ValueError(f"feature_weight must be a number >= 0, got {feature_weight!r}.")
         self.temperature = float(temperature)
         self.kd_weight = float(kd_weight)
         self.base = base
+        self.features = dict(features or {})
+        self.feature_weight = float(feature_weight)
         # Not a submodule: criterion.to()/.train()/.state_dict() and anything that walks modules leave it alone.
         self.__dict__["teacher"] = teacher
         self._said_eval = False
         self._freeze_teacher()
         self._hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        # (student outputs, args, kwargs, teacher logits | None, parts | None) of the student's last forward
-        self._seen: list[Any] | None = None
+        self._seen: _Seen | None = None  # the student's last forward
+        self._pending: dict[str, torch.Tensor | None] = {}  # student layer outputs of the forward in progress
+        self._teacher_pending: dict[str, torch.Tensor | None] = {}
+        for name in set(self.features.values()):
+            _Remember(self, _layer(teacher, name, "teacher"), f"teacher:{name}")
 
     teacher: nn.Module
 
@@ -166,9 +224,21 @@ class DistillationLoss(nn.Module):
                 "(copy.deepcopy the teacher to start from its weights)."
             )
         if student not in self._hooked:
-            student.register_forward_hook(_Remember(self), with_kwargs=True)
+            layers = [(name, _layer(unwrap_model(student), name, "student")) for name in self.features]
+            for name, layer in layers:
+                _Remember(self, layer, f"student:{name}")
+            _Remember(self, student)
             self._hooked.add(student)
         return self
+
+    def _observe(self, role: str, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if role == "student":  # the model's call ends after its layers': their outputs belong to this call
+            self._seen = _Seen(output, args, kwargs, self._pending)
+            self._pending = {}
+        elif role.startswith("student:"):
+            self._pending[role[8:]] = _first_tensor(output)
+        else:
+            self._teacher_pending[role[8:]] = _first_tensor(output)
 
     def bind_trainer(self, trainer: Any) -> dict[str, Callable[[Any, Any], torch.Tensor]]:
         """Called by the ``Trainer`` once its model is set up: watch the model, move the teacher to the trainer's
@@ -178,34 +248,44 @@ class DistillationLoss(nn.Module):
         if any(p.device != device for p in self.teacher.parameters()):
             self.teacher.to(device)
         self.to(device)  # the base loss's buffers (class weights), if any
-        return {"kd_loss": self._kd_metric, "base_loss": self._base_metric, "agreement": self._agreement}
+        metrics: dict[str, Callable[[Any, Any], torch.Tensor]] = {
+            "kd_loss": self._kd_metric,
+            "base_loss": self._base_metric,
+            "agreement": self._agreement,
+        }
+        if self.features:
+            metrics["feature_loss"] = self._feature_metric
+        return metrics
 
     def _teacher_logits(self, outputs: Any, student: torch.Tensor) -> torch.Tensor:
         seen = self._seen
-        if seen is None or not (seen[0] is outputs or logits_of(seen[0]) is student):
+        if seen is None or not (seen.outputs is outputs or logits_of(seen.outputs) is student):
             raise RuntimeError(
                 "DistillationLoss did not see the student produce these outputs, so it cannot run the teacher on "
                 "the same inputs. Pass it as the Trainer's criterion (which attaches it), or call "
                 "loss.attach(student) once and compute the loss right after student(inputs)."
             )
-        if seen[3] is None:
+        if seen.teacher is None:
             if self.teacher.training:  # switched back to train() since: outputs must not vary between calls
                 self._freeze_teacher()
+            self._teacher_pending = {}
             with torch.no_grad():
-                teacher = logits_of(self.teacher(*seen[1], **seen[2]), who="The teacher")
+                teacher = logits_of(self.teacher(*seen.args, **seen.kwargs), who="The teacher")
+            seen.teacher_features, self._teacher_pending = self._teacher_pending, {}
             if teacher.shape != student.shape:
                 raise ValueError(
                     f"The teacher's outputs have shape {tuple(teacher.shape)}, the student's "
                     f"{tuple(student.shape)}: distillation compares them class by class. Give the student the "
                     "teacher's output layer size (the same classes, in the same order)."
                 )
-            seen[3] = teacher.detach()
-        return seen[3]
+            seen.teacher = teacher.detach()
+        return seen.teacher
 
     # -- the loss ------------------------------------------------------------------------------------
-    def _parts(self, outputs: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _parts(self, outputs: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         student = logits_of(outputs, who="The student")
         teacher = self._teacher_logits(outputs, student)
+        feature = self._feature_loss() if self.features else None
         t = self.temperature
         classes = student.shape[-1]
         # float32 for the soft targets whatever the autocast dtype: bf16 softmax at T > 1 loses the small tails
@@ -218,29 +298,50 @@ class DistillationLoss(nn.Module):
                     "The batch has no targets for the base loss. Yield (inputs, targets), or use "
                     "kd_weight=1.0 to learn from the teacher alone."
                 )
-            return kd, None
-        return kd, self.base(student, targets)
+            return kd, None, feature
+        return kd, self.base(student, targets), feature
+
+    def _feature_loss(self) -> torch.Tensor:
+        seen = self._seen
+        assert seen is not None  # _teacher_logits has checked it
+        losses = []
+        for s_name, t_name in self.features.items():
+            s, t = seen.features.get(s_name), seen.teacher_features.get(t_name)
+            if s is None or t is None:
+                missing = f"the student's {s_name!r}" if s is None else f"the teacher's {t_name!r}"
+                raise RuntimeError(
+                    f"Feature distillation: {missing} layer gave no tensor in this forward pass (not called, or "
+                    "its output holds no tensor). Name layers that run on every forward."
+                )
+            if s.shape != t.shape:
+                raise ValueError(
+                    f"Feature distillation compares the student's {s_name!r} (output {tuple(s.shape)}) with the "
+                    f"teacher's {t_name!r} (output {tuple(t.shape)}): the shapes must match. Pair layers of the "
+                    "same width (e.g. a student with the teacher's hidden size and fewer layers)."
+                )
+            losses.append(F.mse_loss(s.float(), t.float()))
+        return torch.stack(losses).mean()
 
     def forward(self, outputs: Any, targets: Any = None) -> torch.Tensor:
-        kd, base = self._parts(outputs, targets)
+        kd, base, feature = self._parts(outputs, targets)
         seen = self._seen
         if seen is not None:
-            seen[4] = (kd.detach(), None if base is None else base.detach())
-        if base is None:
-            return kd
-        return self.kd_weight * kd + (1.0 - self.kd_weight) * base
+            seen.parts = (kd.detach(), _detached(base), _detached(feature))
+        loss = kd if base is None else self.kd_weight * kd + (1.0 - self.kd_weight) * base
+        return loss if feature is None else loss + self.feature_weight * feature
 
     def extra_repr(self) -> str:
         return f"teacher={type(self.teacher).__name__}, temperature={self.temperature:g}, kd_weight={self.kd_weight:g}"
 
     # -- metrics (called after the loss on the same outputs: they read what it computed) ---------------
-    def _cached_parts(self, outputs: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _cached_parts(
+        self, outputs: Any, targets: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         seen = self._seen
-        if seen is not None and seen[4] is not None and seen[0] is outputs:
-            return seen[4]
+        if seen is not None and seen.parts is not None and seen.outputs is outputs:
+            return seen.parts
         with torch.no_grad():
-            kd, base = self._parts(outputs, targets)
-        return kd, base
+            return self._parts(outputs, targets)
 
     def _kd_metric(self, outputs: Any, targets: Any) -> torch.Tensor:
         return self._cached_parts(outputs, targets)[0]
@@ -249,7 +350,22 @@ class DistillationLoss(nn.Module):
         base = self._cached_parts(outputs, targets)[1]
         return base if base is not None else torch.full((), float("nan"))
 
+    def _feature_metric(self, outputs: Any, targets: Any) -> torch.Tensor:
+        feature = self._cached_parts(outputs, targets)[2]
+        return feature if feature is not None else torch.full((), float("nan"))
+
     def _agreement(self, outputs: Any, targets: Any) -> torch.Tensor:
         student = logits_of(outputs, who="The student")
         teacher = self._teacher_logits(outputs, student)
         return (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+
+
+def _layer(model: nn.Module, name: str, whose: str) -> nn.Module:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n]
+        shown = ", ".join(repr(n) for n in names[:12]) + (" ..." if len(names) > 12 else "")
+        raise ValueError(
+            f"Feature distillation: the {whose} has no layer {name!r}. Its layers (named_modules()): {shown}."
+        ) from None

@@ -208,6 +208,56 @@ def test_trainer_widget_takes_it_as_criterion(data, teacher) -> None:
     assert {"kd_loss", "base_loss", "agreement", "val_agreement"} <= set(history.epochs[0])
 
 
+# -- feature distillation --------------------------------------------------------------------------
+
+
+def _shallow(seed: int) -> nn.Sequential:
+    """The teacher's width (64) with one hidden layer fewer."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def test_feature_distillation_adds_the_mse_of_named_layers(teacher) -> None:
+    student = _shallow(2)
+    loss = DistillationLoss(teacher, kd_weight=0.5, features={"1": "3"}, feature_weight=0.3).attach(student)
+    x, y = torch.rand(12, 64), torch.randint(0, 10, (12,))
+    s = student(x)
+    hidden = torch.relu(student[0](x))
+    with torch.no_grad():
+        t = teacher(x)
+        t_hidden = teacher[:4](x)  # the output of the teacher's layer "3" (the second ReLU)
+    expected_kd = 0.5 * 4.0 * F.kl_div(F.log_softmax(s / 2, -1), F.softmax(t / 2, -1), reduction="batchmean")
+    expected = expected_kd + 0.5 * F.cross_entropy(s, y) + 0.3 * F.mse_loss(hidden, t_hidden)
+    torch.testing.assert_close(loss(s, y), expected)
+
+
+def test_feature_loss_is_logged_and_trains(data, teacher) -> None:
+    student = _shallow(2)
+    loss = DistillationLoss(teacher, features={"1": "3"})
+    trainer = Trainer(student, loss, torch.optim.AdamW(student.parameters(), 3e-3), progress=False, seed=0)
+    history = trainer.fit(data[0], data[1][:2], epochs=2)
+    first, last = history.epochs
+    assert last["feature_loss"] < first["feature_loss"] and "val_feature_loss" in last
+    assert math.isclose(
+        last["loss"], 0.5 * last["kd_loss"] + 0.5 * last["base_loss"] + last["feature_loss"], rel_tol=1e-5
+    )
+
+
+def test_feature_layers_must_exist_and_match(data, teacher) -> None:
+    with pytest.raises(ValueError, match=r"the teacher has no layer 'encoder'. Its layers.*'0', '1'"):
+        DistillationLoss(teacher, features={"1": "encoder"})
+    with pytest.raises(ValueError, match="the student has no layer '7'"):
+        DistillationLoss(teacher, features={"7": "3"}).attach(_shallow(2))
+    with pytest.raises(TypeError, match="features must map student layer names"):
+        DistillationLoss(teacher, features=["1"])  # type: ignore[arg-type]
+    narrow = mlp(16, seed=1)  # 16 wide where the teacher is 64
+    trainer = Trainer(narrow, DistillationLoss(teacher, features={"1": "1"}), torch.optim.SGD(narrow.parameters(), 0.1))
+    with pytest.raises(
+        ValueError, match=r"student's '1' \(output \(64, 16\)\) with the teacher's '1' \(output \(64, 64\)\)"
+    ):
+        trainer.fit(data[0][:1], epochs=1)
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
@@ -273,4 +323,19 @@ def test_a_copied_student_does_not_copy_the_teacher(teacher) -> None:
     loss = DistillationLoss(teacher).attach(student)
     clone = copy.deepcopy(student)
     (hook,) = clone._forward_hooks.values()
-    assert hook.loss() is loss  # type: ignore[attr-defined]  # our hook object, typed as a plain callable  # the same loss, weakly: no second teacher in memory
+    # the same loss, weakly: no second teacher in memory
+    assert hook.loss() is loss  # type: ignore[attr-defined]  # our hook object, typed as a plain callable
+
+
+def test_hooks_of_a_discarded_loss_remove_themselves(teacher) -> None:
+    import gc
+
+    student = mlp(16, seed=1)
+    DistillationLoss(teacher, features={"1": "1"}).attach(_shallow(3))  # built and dropped, as a re-run cell does
+    loss = DistillationLoss(teacher).attach(student)
+    del loss
+    gc.collect()
+    with torch.no_grad():
+        student(torch.rand(2, 64))
+        teacher(torch.rand(2, 64))
+    assert not student._forward_hooks and not teacher[1]._forward_hooks
