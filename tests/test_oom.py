@@ -151,3 +151,14 @@ def test_real_cuda_oom_gives_the_memory_back():
     assert torch.cuda.memory_allocated() <= baseline  # batch, activations and gradients released
     model.greedy = False
     assert trainer.fit(data, epochs=1).status == "finished"
+
+
+@pytest.mark.parametrize("verb", ["evaluate", "predict"])
+def test_oom_in_evaluate_and_predict_of_a_trainer_without_optimizer_is_advised(verb):
+    model = Boom(at=2, when="eval")
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), progress=False)  # evaluates and predicts only
+    with pytest.raises(torch.OutOfMemoryError) as info:  # not an AttributeError on the missing optimizer
+        getattr(trainer, verb)(_data())
+    gc.collect()
+    assert [ref() for ref in model.refs] == [None, None]
+    assert f"out of memory in {verb}" in str(info.value)
