@@ -44,7 +44,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
 
     Args:
         model: the ``nn.Module``.
-        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``.
+        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``. A criterion
+            with ``bind_trainer(trainer) -> {name: metric}`` (``DistillationLoss``) is bound once the model is set
+            up and its metrics are logged with the others.
         optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
             ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
             ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
