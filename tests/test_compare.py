@@ -82,6 +82,8 @@ def test_rows_ratios_failure_row_and_outputs(data):
     assert mem["ckpt"]["activations"] < 0.8 * mem["fp32"]["activations"]
     assert mem["accum4"]["activations"] < 0.5 * mem["fp32"]["activations"]
     assert mem["adafactor"]["optimizer_state"] < 0.5 * mem["fp32"]["optimizer_state"]
+    params = sum(p.numel() * 4 for p in Net().parameters())
+    assert 2 * params <= table["fp32"]["memory_resident"]["optimizer_state"] < 2.1 * params  # AdamW's moments
     assert table["ckpt"]["peak_memory_ratio"] < 1.0
     assert "measured" in table.memory_kind
 

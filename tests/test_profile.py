@@ -460,6 +460,8 @@ def test_track_peak_sees_a_temporary_and_its_release() -> None:
         assert peak.breakdown["parameters"] == params and peak.breakdown["inputs"] == x.numel() * 4
         assert peak.largest["optimizer_state"] >= 2 * params  # AdamW: exp_avg + exp_avg_sq
         assert peak.current_bytes < peak.peak_bytes  # activations, gradients and the temporary were released
+        # what stays between steps: AdamW's two moments (and a scalar step count per parameter), no gradients
+        assert 2 * params <= peak.resident["optimizer_state"] < 2.1 * params and peak.resident["gradients"] == 0
     assert peaks[4 << 20] - peaks[0] >= 4 << 20
     assert peak.breakdown["activations"] >= 4 << 20  # labelled: made by the step, neither state nor a gradient
 

@@ -88,12 +88,14 @@ class _SecondStep:
             self.tracker.freeze()
 
 
-def measure_step_peak(make_trainer: Callable[[list[Any]], Any], loader: Any) -> tuple[int, dict[str, int]]:
+def measure_step_peak(
+    make_trainer: Callable[[list[Any]], Any], loader: Any
+) -> tuple[int, dict[str, int], dict[str, int]]:
     """The measured peak of live tensor memory over the second optimizer step of a private trainer.
 
     ``make_trainer(callbacks)`` builds a Trainer like the strategy's (on a copy of the model); it trains two
     steps on ``loader`` under :func:`nbtrainer._profile._peak.track_peak`. Returns ``(peak bytes, split at
-    the peak by category)``.
+    the peak by category, what stays allocated after the step by category)``.
     """
     with track_peak() as tracker:
         counter = _SecondStep(tracker)
@@ -102,7 +104,7 @@ def measure_step_peak(make_trainer: Callable[[list[Any]], Any], loader: Any) -> 
     if counter.steps < 2:
         raise RuntimeError(f"only {counter.steps} optimizer step(s) ran: the peak needs two")
     del trainer
-    return tracker.peak_bytes, dict(tracker.breakdown)
+    return tracker.peak_bytes, dict(tracker.breakdown), dict(tracker.resident)
 
 
 def stored_batches(loader: Any, n: int) -> _Batches:

@@ -255,7 +255,8 @@ def compare_strategies(
                 order.reset()
                 try:
                     loader_m = SplitLoader(batches, accum) if split and accum > 1 else batches
-                    row["peak_memory_bytes"], row["memory_detail"] = measure_step_peak(make_measured, loader_m)
+                    peak, row["memory_detail"], row["memory_resident"] = measure_step_peak(make_measured, loader_m)
+                    row["peak_memory_bytes"] = peak
                 except Exception as exc:
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
                 del copy_model, make_measured, batches

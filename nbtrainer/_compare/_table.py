@@ -38,7 +38,10 @@ class StrategyComparison:
 
     Attributes:
         rows: dicts with ``name, status ("ok" | "failed"), reason, options, steps, step_time_s,
-            samples_per_s, train_time_s, peak_memory_bytes, memory_detail, final_loss, metric`` and the ratios
+            samples_per_s, train_time_s, peak_memory_bytes, memory_detail`` (the peak's split: ``parameters,
+            buffers, gradients, optimizer_state, inputs, activations``), ``memory_resident`` (the same
+            categories still allocated after the measured step: e.g. the optimizer's state without the
+            step's temporaries), ``step_time_spread, note, final_loss, metric`` and the ratios
             ``step_time_ratio, samples_per_s_ratio, peak_memory_ratio`` (baseline = 1.0).
         baseline: name of the baseline row.
         metric: the validation metric's key (e.g. ``"val_acc"``).

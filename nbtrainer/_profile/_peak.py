@@ -60,6 +60,8 @@ class PeakTracker(TorchDispatchMode):
         peak_bytes: The largest total of live storage bytes seen (since entry or the last :meth:`reset`).
         breakdown: ``{category: bytes}`` at that peak (see :data:`CATEGORIES`); sums to ``peak_bytes``.
         largest: ``{category: bytes}``, each category's own maximum over the same span.
+        resident: ``{category: bytes}`` live when :meth:`freeze` was called (after a training step: what
+            stays allocated between steps, e.g. the optimizer's state without the step's temporaries).
         current_bytes: Live bytes now.
     """
 
@@ -78,6 +80,7 @@ class PeakTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.breakdown = dict(self._totals)
         self.largest = dict(self._totals)
+        self.resident: dict[str, int] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _freed(self, key: int, _ref: Any) -> None:
@@ -178,8 +181,11 @@ class PeakTracker(TorchDispatchMode):
             self._peak_born = self._born
 
     def freeze(self) -> None:
-        """Stop counting: ``peak_bytes``, ``breakdown`` and ``largest`` keep their values."""
-        self._frozen = True
+        """Stop counting: ``peak_bytes``, ``breakdown`` and ``largest`` keep their values; ``resident`` is
+        what is live now."""
+        with self._lock:
+            self.resident = dict(self._totals)
+            self._frozen = True
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         if p.grad is not None and not self._frozen:
@@ -213,7 +219,8 @@ class PeakTracker(TorchDispatchMode):
 
     def close(self) -> None:
         """Remove the hooks and forget the storages (the measured values stay)."""
-        self._frozen = True
+        if not self._frozen:
+            self.freeze()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
