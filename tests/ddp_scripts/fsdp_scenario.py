@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 import fsdp_common as fc
 
-from nbtrainer import FSDP, EarlyStopping, ModelCheckpoint, Trainer
+from nbtrainer import FSDP, EarlyStopping, History, ModelCheckpoint, Trainer
 from nbtrainer._resume import _checkpoint_io
 
 RANK = int(os.environ["RANK"])
@@ -161,12 +163,38 @@ def scenario_main(out: str, ckpt_dir: str) -> None:
     dump(out, "main", results, weights)
 
 
-def _fit_with(strategy: str, ckpt: ModelCheckpoint | None, *, max_steps: int | None = None, resume: str | None = None):
-    trainer = fc.make_trainer("adamw", strategy, seed=7 if resume else 0, callbacks=[ckpt] if ckpt else [])
+def _fit_with(callbacks: list, resume: str | None = None) -> tuple[Trainer, History]:
+    trainer = fc.make_trainer("adamw", "fsdp", seed=7 if resume else 0, callbacks=callbacks)
     train, val = common.ddp_loaders()
-    trainer.grad_accum_steps = 1
-    history = trainer.fit(train, val, epochs=2, max_steps=max_steps, resume_from=resume)
+    trainer.grad_accum_steps = 1  # 4 optimizer steps per epoch
+    history = trainer.fit(train, val, epochs=2, resume_from=resume)
     return trainer, history
+
+
+def _checkpoints(ckpt_dir: str, **options: Any) -> list:
+    """A full and a sharded ModelCheckpoint, in ``ckpt_dir``/full and ``ckpt_dir``/sharded."""
+    return [
+        ModelCheckpoint(os.path.join(ckpt_dir, kind), save_top_k=0, sharded=kind == "sharded", **options)
+        for kind in ("full", "sharded")
+    ]
+
+
+class KillAt:
+    """SIGKILLs this process at the first batch after optimizer step ``step`` (whose checkpoints are written):
+    a crash in the middle of an epoch, with no cleanup of any kind."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Trainer, batch: object, batch_idx: int) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def scenario_killed(out: str, ckpt_dir: str) -> None:
+    # Checkpoints every 3 optimizer steps; killed after step 6, in the middle of epoch 2 (4 steps per epoch).
+    _fit_with([*_checkpoints(ckpt_dir, every_n_steps=3), KillAt(6)])
+    raise AssertionError("KillAt(6) did not kill the process")
 
 
 def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
@@ -179,22 +207,21 @@ def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
     results["from_single"] = {"epochs": history.epochs, "status": history.status}
     weights["from_single"] = trainer.model_state_dict()
 
-    # Stopped mid-epoch (max_steps=6 of 4 per epoch), resumed by a fresh trainer (other initial weights):
-    # from a full checkpoint and from a sharded one, against the uninterrupted run.
-    uninterrupted, hu = _fit_with("fsdp", None)
+    # The killed run (scenario_killed) resumed by fresh trainers (other initial weights), from its full and
+    # from its sharded checkpoint, against the uninterrupted run.
+    uninterrupted, hu = _fit_with([])
     weights["uninterrupted"] = uninterrupted.model_state_dict()
     results["uninterrupted"] = hu.epochs
     for kind in ("full", "sharded"):
         directory = os.path.join(ckpt_dir, kind)
-        cb = ModelCheckpoint(directory, save_top_k=0, every_n_steps=3, sharded=kind == "sharded")
-        first, h1 = _fit_with("fsdp", cb, max_steps=6)
-        resumed_cb = ModelCheckpoint(directory, save_top_k=0, sharded=kind == "sharded")
-        again, h2 = _fit_with("fsdp", resumed_cb, resume="last")
+        listing = sorted(os.listdir(directory))  # as the kill left it
+        saved = torch.load(os.path.join(ckpt_dir, "full", "last.ckpt"), weights_only=True)["loop"]
+        again, h2 = _fit_with([*_checkpoints(ckpt_dir), KillAt(10**9)], resume=os.path.join(directory, "last.ckpt"))
         results[kind] = {
-            "first": {"status": h1.status, "steps": first.global_step},
+            "saved_at": [saved["global_step"], saved["epoch"], saved["batch"]],
             "epochs": h2.epochs,
             "status": h2.status,
-            "listing": sorted(os.listdir(directory)),
+            "listing": listing,
             "last_is_dir": os.path.isdir(os.path.join(directory, "last.ckpt")),
         }
         weights[kind] = again.model_state_dict()
@@ -203,7 +230,11 @@ def scenario_resume(out: str, ckpt_dir: str, single_ckpt: str) -> None:
 
 def main() -> None:
     name, out, *args = sys.argv[1:]
-    scenarios: dict[str, Callable[..., None]] = {"main": scenario_main, "resume": scenario_resume}
+    scenarios: dict[str, Callable[..., None]] = {
+        "main": scenario_main,
+        "killed": scenario_killed,
+        "resume": scenario_resume,
+    }
     assert FSDP is not None
     scenarios[name](out, *args)
     dist.barrier()

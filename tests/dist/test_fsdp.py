@@ -1,10 +1,10 @@
 """FSDP2 (issue 23) on CPU with gloo: the same Trainer with ``strategy="fsdp"``.
 
-Two torchrun launches of ``tests/ddp_scripts/fsdp_scenario.py`` (2 ranks, several checks each) are compared
+Three torchrun launches of ``tests/ddp_scripts/fsdp_scenario.py`` (2 ranks, several checks each) are compared
 with single-process references computed here: 2 ranks at batch B give the weights and logs of 1 process at
 batch 2B (SGD; AdamW with ragged accumulation windows and clipping), each rank holds about half of the
 parameter and optimizer-state bytes, rank 0 alone writes and prints, bf16 goes through the
-MixedPrecisionPolicy, a full checkpoint moves 2 ranks -> 1 process -> 2 ranks, and a run stopped mid-epoch
+MixedPrecisionPolicy, a full checkpoint moves 2 ranks -> 1 process -> 2 ranks, and a run killed (SIGKILL) mid-epoch
 resumes exactly from a full and from a sharded checkpoint. Bad input is checked in this process, on a world
 of one (what ``strategy="fsdp"`` gives outside a launcher).
 """
@@ -37,7 +37,7 @@ ATOL = 1e-6
 LOG_KEYS = ("loss", "acc_fn", "acc_tm", "val_loss", "val_acc_fn", "val_acc_tm")
 
 
-def torchrun(out, *args: str) -> None:
+def torchrun(out, *args: str, killed: bool = False) -> None:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TQDM_DISABLE"):
@@ -47,6 +47,9 @@ def torchrun(out, *args: str) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=out, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT}s (hang?)\n{(exc.stderr or b'')[-3000:]!r}")
+    if killed:  # the ranks died by SIGKILL, as planned (an exception would name another cause)
+        assert proc.returncode != 0 and "Signal 9 (SIGKILL)" in proc.stderr, proc.stderr[-6000:]
+        return
     assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
 
 
@@ -86,11 +89,12 @@ def main_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resume_run(main_run, tmp_path_factory):
     """2 ranks -> 1 process -> 2 ranks: the FSDP checkpoint continued here one epoch, saved, and continued
-    under FSDP (plus the mid-epoch resumes, in the same launch)."""
+    under FSDP; a run killed mid-epoch (its own launch) resumed from its full and its sharded checkpoint."""
     out = tmp_path_factory.mktemp("fsdp_resume")
     one, _ = reference("adamw", epochs=3, resume_from=str(main_run / "adamw.ckpt"), seed=3)
     single = str(out / "single.ckpt")
     one.save_checkpoint(single)
+    torchrun(out, "killed", str(out), str(out / "ckpts"), killed=True)
     torchrun(out, "resume", str(out), str(out / "ckpts"), single)
     return out, single
 
@@ -208,17 +212,17 @@ def test_checkpoint_two_ranks_to_one_process_to_two_ranks(resume_run):
 
 
 @pytest.mark.parametrize("kind", ["full", "sharded"])
-def test_mid_epoch_resume_is_exact(resume_run, kind):
+def test_killed_mid_epoch_resumes_exactly(resume_run, kind):
     out, _ = resume_run
     r0, _ = results(out, "resume")
     w0, _ = weights(out, "resume")
     got = r0[kind]
-    assert got["first"]["steps"] == 6  # stopped in the middle of epoch 2 (4 steps per epoch)
+    assert got["saved_at"] == [6, 1, 2]  # step 6: epoch 2 (0-based 1), 2 of its 4 batches done
     assert got["status"] == "finished"
     assert_same_weights(w0[kind], w0["uninterrupted"], atol=0)
     for a, b in zip(got["epochs"], r0["uninterrupted"], strict=True):
         assert_same_logs(a, b)
-    assert got["listing"] == ["last.ckpt"]  # no temp file or directory left behind
+    assert got["listing"] == ["last.ckpt"]  # the kill came between saves: no temp file or directory left
     assert got["last_is_dir"] == (kind == "sharded")
 
 
@@ -284,6 +288,8 @@ def test_bad_input_is_refused_before_the_first_step(tmp_path):
     wrapped = FullyShardedDataParallel(fc.make_model(0), device_id=torch.device("cpu"))
     with pytest.raises(TypeError, match=r"FSDP1.*Pass the plain model"):
         _fsdp_trainer(model=wrapped)
+    with pytest.raises(TypeError, match=r"DistributedDataParallel.*Pass model\.module"):
+        _fsdp_trainer(model=torch.nn.parallel.DistributedDataParallel(fc.make_model(0)))
 
 
 def test_strategy_string_and_public_name():
