@@ -32,6 +32,7 @@ import platform
 import re
 import sys
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ SIZES = {
     "cpu": {"vocab": 128, "d_model": 128, "heads": 4, "layers": 4, "seq": 64, "batch": 16, "samples": 16 * 40},
 }
 
-STRATEGIES = {
+STRATEGIES: dict[str, dict[str, Any]] = {
     "fp32": {},
     "fp16-mixed": {"precision": "fp16-mixed"},
     "bf16-mixed": {"precision": "bf16-mixed"},
@@ -57,7 +58,7 @@ STRATEGIES = {
 }
 # all of them, with the mixed precision that pays on the device (fp16 on CUDA as in the published run;
 # CPU autocast to fp16 is emulated and slow, bf16 is native on recent x86)
-ALL = {"activation_checkpointing": True, "grad_accum_steps": 4, "optimizer": "adafactor", "lr": 1e-2}
+ALL: dict[str, Any] = {"activation_checkpointing": True, "grad_accum_steps": 4, "optimizer": "adafactor", "lr": 1e-2}
 
 
 class Encoder(nn.Module):

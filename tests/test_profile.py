@@ -430,7 +430,7 @@ def _deep_mlp(depth: int = 8, width: int = 128) -> nn.Sequential:
     return nn.Sequential(*(nn.Sequential(*layers()) for _ in range(depth)))
 
 
-def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, *, extra: int = 0, ckpt=False):
+def _train_step(model: nn.Sequential, opt: torch.optim.Optimizer, x: torch.Tensor, *, extra: int = 0, ckpt=False):
     tmp = torch.ones(extra, dtype=torch.uint8)  # a temporary made and released inside the step
     h = x
     for block in model:
@@ -501,7 +501,7 @@ def test_activation_checkpointing_lowers_the_measured_peak() -> None:
         with track_peak(model, opt, inputs=x) as peak:
             _train_step(model, opt, x, ckpt=ckpt)
         measured[ckpt] = peak
-    plain, ckpt = measured[False], measured[True]
-    assert ckpt.peak_bytes < 0.6 * plain.peak_bytes, (plain.breakdown, ckpt.breakdown)
-    assert ckpt.largest["activations"] < 0.5 * plain.largest["activations"]
-    assert ckpt.breakdown["parameters"] == plain.breakdown["parameters"]
+    plain, saved = measured[False], measured[True]
+    assert saved.peak_bytes < 0.6 * plain.peak_bytes, (plain.breakdown, saved.breakdown)
+    assert saved.largest["activations"] < 0.5 * plain.largest["activations"]
+    assert saved.breakdown["parameters"] == plain.breakdown["parameters"]
