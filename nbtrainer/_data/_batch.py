@@ -301,7 +301,7 @@ def loss_from_outputs(
     return criterion(outputs, targets)
 
 
-def overridden(trainer: Any, name: str) -> bool:
+def overridden(trainer: object, name: str) -> bool:
     """A subclass redefines the batch-protocol method ``name`` (``compute_loss``, ``predict_step``): more than one
     class of the MRO defines it. Read from the class hierarchy, so no module needs to import the Trainer."""
     return sum(name in vars(cls) for cls in type(trainer).__mro__) > 1

@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,9 @@ from nbtrainer._data._batch import (
     rebuild_record,
     rebuild_sequence,
 )
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = [
     "DROPPED_BY_DEFAULT",
@@ -293,7 +296,7 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
     return chunks
 
 
-def predict_outputs(trainer: Any, batch: Any) -> Any:
+def predict_outputs(trainer: Trainer, batch: Any) -> Any:
     """One batch's outputs, by the rule in the module docstring."""
     fn = trainer._predict_step_fn
     if fn is not None:
@@ -328,7 +331,7 @@ def _add_note(exc: BaseException, note: str) -> None:
 
 
 def run_predict(
-    trainer: Any,
+    trainer: Trainer,
     loader: Iterable,
     *,
     per_batch: bool,

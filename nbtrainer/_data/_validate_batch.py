@@ -7,11 +7,14 @@ Part of the checks described in :mod:`nbtrainer._trainer._validate` (which re-ex
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device, overridden
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = [
     "check_batch",
@@ -95,7 +98,7 @@ def _passthrough(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) or isinstance(exc, (MemoryError, torch.OutOfMemoryError))
 
 
-def _model_hint(trainer: Any, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
+def _model_hint(trainer: Trainer, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
@@ -192,7 +195,7 @@ def _one_shot(loader: Any) -> bool:
     return isinstance(loader, Iterator)
 
 
-def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
     """The first micro-batch's ``(loss, outputs, targets)``, computed in stages with clear errors.
 
     For the default batch handling this runs exactly what the loop runs (``model(*inputs)`` then
@@ -243,7 +246,7 @@ def first_compute(trainer: Any, batch: Any, training: bool = True) -> tuple[Any,
     return loss, outputs, targets
 
 
-def onecycle_overflow(trainer: Any, total_steps: int) -> ValueError:
+def onecycle_overflow(trainer: Trainer, total_steps: int) -> ValueError:
     """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
     (a train_loader without len() could not be counted before the run)."""
     st = trainer._state
@@ -256,7 +259,7 @@ def onecycle_overflow(trainer: Any, total_steps: int) -> ValueError:
     )
 
 
-def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False) -> None:
+def check_loss(trainer: Trainer, loss: Any, where: str, *, needs_grad: bool = False) -> None:
     """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
     if loss is None:
         return
@@ -281,7 +284,7 @@ def check_loss(trainer: Any, loss: Any, where: str, *, needs_grad: bool = False)
         raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
 
 
-def check_val_loader(trainer: Any, val_loader: Any) -> None:
+def check_val_loader(trainer: Trainer, val_loader: Any) -> None:
     """Run the first validation batch (eval mode, inference_mode) and put every RNG back."""
     from nbtrainer._setup._seed import capture_rng, restore_rng
 
@@ -318,7 +321,7 @@ def check_val_loader(trainer: Any, val_loader: Any) -> None:
             gen.set_state(state)
 
 
-def dry_metrics(trainer: Any, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
+def dry_metrics(trainer: Trainer, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
     """Each metric on one batch, on copies (the real ones keep their state): must run and give a number.
 
     Structured outputs (a ``ModelOutput``, a tuple...) reach a metric whole, or their ``.logits`` / first

@@ -148,7 +148,7 @@ class TrainerEval(TrainerBase):
         loader = self._batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
         self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
         return run_predict(
-            self,
+            self._whole,
             loader,
             per_batch=per_batch,
             pad_index=pad_index,

@@ -177,7 +177,7 @@ class TrainerFit(TrainerBase):
                 if val_loader is not None and resume_from is None:
                     # its first batch, now, under restored RNG; after on_fit_start, so a stateful compute_loss
                     # (reset by its callbacks) never sees a batch before the fit has started
-                    _validate.check_val_loader(self, val_loader)
+                    _validate.check_val_loader(self._whole, val_loader)
                 loop.run()
             st, reason = self._state, self._control.stop_reason
             completed = st.epoch_complete and st.epoch + 1 >= epochs
@@ -307,14 +307,14 @@ class TrainerFit(TrainerBase):
             self.strategy.barrier()
 
     def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
-        _validate.check_loss(self, loss, "training", needs_grad=True)
+        _validate.check_loss(self._whole, loss, "training", needs_grad=True)
 
     def _first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
         """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
-        loss, outputs, targets = _validate.first_compute(self, batch)
+        loss, outputs, targets = _validate.first_compute(self._whole, batch)
         if self._train_metrics:
             with torch.no_grad():
-                _validate.dry_metrics(self, self._train_metrics, outputs, targets, "training")
+                _validate.dry_metrics(self._whole, self._train_metrics, outputs, targets, "training")
         return loss, outputs, targets
 
     def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
