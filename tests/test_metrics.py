@@ -95,7 +95,11 @@ def test_a_metric_collection_is_accepted_its_keys_name_the_values():
         assert row[f"{prefix}m_MulticlassF1Score"] == pytest.approx(f1, abs=1e-6)
     assert trainer.evaluate(loader, prefix="test_")["test_m_MulticlassAccuracy"] == pytest.approx(acc, abs=1e-6)
     with pytest.raises(TypeError, match=r"a dict of name -> metric or a torchmetrics MetricCollection.*Name each"):
-        Trainer(model, torch.nn.CrossEntropyLoss(), metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4))
+        Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4),  # type: ignore[arg-type]
+        )
 
 
 class StateClassifier(torch.nn.Module):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,9 @@ from nbtrainer._trainer._control import TrainerControl
 from nbtrainer._trainer._eval import TrainerEval
 from nbtrainer._trainer._fit import TrainerFit, is_plateau
 
+if TYPE_CHECKING:
+    from torchmetrics import MetricCollection
+
 __all__ = ["Trainer"]
 
 
@@ -55,7 +58,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or
             ``"epoch"``. ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
         scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss``, else ``loss``).
-        metrics: ``{"acc": torchmetrics.Accuracy(...), "mae": callable(outputs, targets)}``.
+        metrics: ``{"acc": torchmetrics.Accuracy(...), "mae": callable(outputs, targets)}``, or a torchmetrics
+            ``MetricCollection`` (its keys name the values). A metric that fails on structured outputs (a
+            ``ModelOutput``, a tuple) gets their ``.logits`` (else the first tensor).
         callbacks: objects with any of the hooks in ``nbtrainer.EVENTS``.
         precision: ``"fp32"``, ``"fp16-mixed"`` or ``"bf16-mixed"`` (aliases ``"32"``, ``"16"``, ``"bf16"``...).
         grad_accum_steps: micro-batches per optimizer step.
@@ -154,7 +159,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         scheduler: Any = None,
         scheduler_interval: str = "step",
         scheduler_monitor: str | None = None,
-        metrics: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | MetricCollection | None = None,
         callbacks: Iterable[Any] = (),
         precision: str = "fp32",
         grad_accum_steps: int = 1,
@@ -279,7 +284,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.fast_fetch = fast_fetch
         self.data_on_device = float(data_on_device)
         self.scaler = make_scaler(self.precision, self.device)
-        self._metric_spec = dict(metrics or {})
+        self._metric_spec = dict((metrics or {}).items())  # a MetricCollection: its members by key
         self._train_metrics = MetricSet(self._metric_spec, self.device)
         self._val_metrics = self._train_metrics.clone(self.device)
         self.history = History()
