@@ -505,3 +505,21 @@ def test_activation_checkpointing_lowers_the_measured_peak() -> None:
     assert saved.peak_bytes < 0.6 * plain.peak_bytes, (plain.breakdown, saved.breakdown)
     assert saved.largest["activations"] < 0.5 * plain.largest["activations"]
     assert saved.breakdown["parameters"] == plain.breakdown["parameters"]
+
+
+@pytest.mark.slow
+def test_track_peak_lets_torch_compile_run() -> None:
+    """torch.compile skips every frame under a dispatch mode unless the mode ignores compiled internals:
+    torchao's 8-bit optimizers compile their step with fullgraph=True, an error then."""
+    from nbtrainer._profile._peak import track_peak
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def double_plus_one(t: torch.Tensor) -> torch.Tensor:
+        return t * 2 + 1
+
+    x = torch.randn(1024)
+    with track_peak(inputs=x) as peak:
+        y = double_plus_one(x)
+        z = y.sum()  # the compiled output is counted once an operator reads it
+    assert torch.equal(y, x * 2 + 1) and float(z) == pytest.approx(float((x * 2 + 1).sum()), rel=1e-5)
+    assert peak.peak_bytes >= 2 * 4096

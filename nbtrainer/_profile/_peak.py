@@ -13,9 +13,11 @@ alive at once. :func:`track_peak` follows every tensor storage instead:
 The running total's maximum is the peak; at each new peak the split by category is kept, so the breakdown
 sums to the peak. Categories: ``parameters``, ``buffers``, ``gradients`` (a ``.grad``: marked as autograd
 accumulates it), ``optimizer_state`` (``optimizer.state``, and what ``optimizer.step()`` allocates while it
-runs), ``inputs`` and ``activations`` (everything else the code allocates: saved activations, their
-gradients, temporaries). Allocations that never reach an operator's output (a kernel's internal scratch
-space, the CUDA caching allocator's rounding) are not seen.
+runs), ``inputs`` (tensors first seen as an operator's input: the batch, the outputs of compiled code) and
+``activations`` (everything else the code allocates: saved activations, their gradients, temporaries).
+Allocations that never reach an operator's output (a kernel's internal scratch space, compiled code's
+buffers, the CUDA caching allocator's rounding) are not seen; code compiled by ``torch.compile`` runs
+compiled (the mode ignores its internals).
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class PeakTracker(TorchDispatchMode):
         self.breakdown = dict(self._totals)
         self.largest = dict(self._totals)
         self.resident: dict[str, int] = {}
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile skips every frame under a mode that does not say this (torchao's 8-bit optimizers
+        # compile their step with fullgraph=True: an error then); compiled code's scratch space goes unseen
+        return True
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _freed(self, key: int, _ref: Any) -> None:
