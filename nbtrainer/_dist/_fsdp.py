@@ -43,6 +43,7 @@ __all__ = ["FSDP", "shard_units"]
 _NULL = contextlib.nullcontext()
 _LARGE_SHARE = 0.1  # a child holding at least this share of the parameters is a sharding unit of its own
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)  # where repeated blocks live
+_PACKED = ("Params4bit", "Int8Params")  # bitsandbytes' quantized parameter classes
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -242,6 +243,14 @@ class FSDP(DDP):
             raise ValueError(
                 f"strategy='fsdp': {type(root).__name__} has no parameters, so there is nothing to shard. "
                 "Use strategy='single' (or 'ddp') for it."
+            )
+        quantized = sorted({type(p).__name__ for p in root.parameters() if type(p).__name__ in _PACKED})
+        if quantized:
+            raise ValueError(
+                f"strategy='fsdp' cannot shard bitsandbytes' quantized weights ({', '.join(quantized)}: packed "
+                "bytes with a separate quantization state, not DTensor-shardable here). For QLoRA use "
+                "strategy='ddp' (each rank holds the small quantized base), or LoRA on an unquantized base "
+                "with strategy='fsdp' (lora= without quantize=)."
             )
         optimizer = trainer.optimizer
         if optimizer is not None and not any(p.requires_grad for p in root.parameters()):

@@ -86,7 +86,16 @@ def gather_full(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     if not trainer.strategy.is_global_zero:
         return {}, {}
-    return dict(model_sd), _to_indexed(named, trainer)
+    return _saved_part(trainer, model_sd), _to_indexed(named, trainer)
+
+
+def _saved_part(trainer: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
+    """LoRA: the single-process format holds what trains (the adapters), not the frozen base."""
+    savers = getattr(getattr(trainer, "_setup", None), "savers", None)
+    if savers is None:
+        return dict(model_sd)
+    keep = set(savers.model_state(unwrap_model(trainer.model)))
+    return {k: v for k, v in model_sd.items() if k in keep}
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -106,7 +115,10 @@ def load_weights(trainer: Any, model_state: dict[str, Any] | None, optim_state: 
 
     root = unwrap_model(trainer.model)
     if model_state is not None:
-        set_model_state_dict(root, model_state, options=_options(full_state_dict=not _is_sharded(model_state)))
+        # LoRA checkpoints hold the adapters only (their keys were checked against the model's before)
+        partial = set(model_state) != set(root.state_dict())
+        options = _options(full_state_dict=not _is_sharded(model_state), strict=not partial)
+        set_model_state_dict(root, model_state, options=options)
     if optim_state is not None and trainer.optimizer is not None:
         named = _to_named(optim_state, trainer)
         options = _options(full_state_dict=not _is_sharded(optim_state.get("state", {})))
@@ -188,6 +200,6 @@ def load_sharded(trainer: Any, path: str) -> dict[str, Any]:
         "param_groups": [dict(g) for g in own["param_groups"]],
     }
     dcp.load({"model": model_sd, "optimizer": named}, checkpoint_id=path)
-    ckpt["model"] = model_sd
+    ckpt["model"] = _saved_part(trainer, model_sd)
     ckpt["optimizer"] = _to_indexed(named, trainer)
     return ckpt

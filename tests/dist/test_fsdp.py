@@ -23,7 +23,7 @@ import torch.distributed as dist
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
 
-from nbtrainer import FSDP, CheckpointError, History, ModelCheckpoint, Trainer, load_checkpoint
+from nbtrainer import FSDP, CheckpointError, History, ModelCheckpoint, Trainer, load_checkpoint, precision_support
 from nbtrainer._dist._ddp import destroy_process_group
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddp_scripts")
@@ -231,10 +231,13 @@ def test_killed_mid_epoch_resumes_exactly(resume_run, kind):
 
 def _fsdp_trainer(model=None, strategy=None, **kwargs) -> Trainer:
     model = model if model is not None else fc.make_model(0)
+    # quantize= / lora= replace layers: the optimizer is then given by name (built over the new ones)
+    by_name = "lora" in kwargs or "quantize" in kwargs
     return Trainer(
         model,
         torch.nn.CrossEntropyLoss(),
-        torch.optim.AdamW(model.parameters(), lr=0.01),
+        "adamw" if by_name else torch.optim.AdamW(model.parameters(), lr=0.01),
+        lr=0.01 if by_name else None,
         progress=False,
         seed=1,
         strategy=strategy if strategy is not None else "fsdp",
@@ -359,3 +362,34 @@ def test_units_are_the_blocks_and_tied_weights_stay_with_the_root():
     two = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     assert [u.out_features for u in shard_units(two, None)] == [2, 64]
     assert [type(u).__name__ for u in shard_units(fc.make_model(0), None)] == ["Block", "Block", "Block"]
+
+
+def test_lora_checkpoints_hold_the_adapters_and_move_both_ways(tmp_path):
+    """A LoRA run under FSDP writes what a single-process LoRA run writes (the adapters, not the frozen base)."""
+    pytest.importorskip("peft")
+    # The adapters are initialised from the global RNG after the model's seed; the first Trainer of a process
+    # probes precision support with torch.randn in between (cached afterwards): probe now, both start alike.
+    precision_support("cpu")
+    lora = {"r": 4, "target_modules": ["fc"]}
+    fsdp, single = _fsdp_trainer(lora=lora), _fsdp_trainer(strategy="single", lora=lora)
+    for t in (fsdp, single):
+        train, val = common.ddp_loaders()
+        t.fit(train, val, epochs=1)
+    fsdp.save_checkpoint(str(tmp_path / "fsdp.ckpt"))
+    single.save_checkpoint(str(tmp_path / "single.ckpt"))
+    a, b = load_checkpoint(str(tmp_path / "fsdp.ckpt")), load_checkpoint(str(tmp_path / "single.ckpt"))
+    assert a["model"].keys() == b["model"].keys() and all("lora_" in k for k in a["model"])
+    assert_same_weights(a["model"], b["model"], atol=0)
+    # and back: the single-process file continued under FSDP equals its continuation in one process
+    for t, name in ((_fsdp_trainer(lora=lora), "fsdp"), (_fsdp_trainer(strategy="single", lora=lora), "single")):
+        train, val = common.ddp_loaders()
+        t.fit(train, val, epochs=2, resume_from=str(tmp_path / "single.ckpt"))
+        t.save_checkpoint(str(tmp_path / f"{name}2.ckpt"))
+    a, b = load_checkpoint(str(tmp_path / "fsdp2.ckpt")), load_checkpoint(str(tmp_path / "single2.ckpt"))
+    assert_same_weights(a["model"], b["model"], atol=0)
+
+
+def test_a_quantized_base_is_refused_with_the_alternatives():
+    pytest.importorskip("bitsandbytes")
+    with pytest.raises(ValueError, match=r"cannot shard bitsandbytes' quantized weights.*strategy='ddp'"):
+        _fsdp_trainer(quantize="nf4", lora={"r": 4, "target_modules": ["fc"]})
