@@ -39,6 +39,17 @@ def _fit(logger, tmp_path, *, epochs=2, callbacks=(), **kw):
     return trainer, history
 
 
+class Windows:
+    """The step points each refresh delivered (what MLflowLogger reduces to one point per window)."""
+
+    def __init__(self):
+        self.windows = []
+
+    def on_refresh(self, trainer, progress):
+        if progress.step_points:
+            self.windows.append(list(progress.step_points))
+
+
 class LowerLR:
     def on_epoch_end(self, trainer, epoch, logs):
         if epoch == 1:
@@ -48,7 +59,8 @@ class LowerLR:
 def test_a_fit_reads_back_from_mlflow(uri, tmp_path):
     ckpt = ModelCheckpoint(tmp_path / "ckpt", monitor="val_loss", save_last=True)
     logger = MLflowLogger(tracking_uri=uri, experiment="digits", run_name="first", log_checkpoints=True)
-    trainer, history = _fit(logger, tmp_path, callbacks=[LowerLR(), ckpt], grad_accum_steps=2, seed=5)
+    windows = Windows()
+    trainer, history = _fit(logger, tmp_path, callbacks=[LowerLR(), ckpt, windows], grad_accum_steps=2, seed=5)
     assert logger.error is None
     client = mlflow.MlflowClient(uri)
     run = client.get_run(logger.run_id)
@@ -61,8 +73,11 @@ def test_a_fit_reads_back_from_mlflow(uri, tmp_path):
     tags = run.data.tags
     assert tags["nbtrainer.status"] == "finished" and tags["nbtrainer.run_id"] == trainer.run_id
     steps = client.get_metric_history(logger.run_id, "step/loss")
-    assert [m.step for m in steps] == history.steps["step"]
-    assert [m.value for m in steps] == pytest.approx(history.steps["loss"], rel=1e-12)
+    assert [m.step for m in steps] == [w[-1][0] for w in windows.windows]  # one point per refresh window
+    assert [m.value for m in steps] == pytest.approx([sum(p[1] for p in w) / len(w) for w in windows.windows])
+    assert [p[0] for w in windows.windows for p in w] == history.steps["step"]  # the windows cover every step
+    lrs = client.get_metric_history(logger.run_id, "step/lr")
+    assert [(m.step, m.value) for m in lrs] == [(w[-1][0], w[-1][2]) for w in windows.windows]
     val = client.get_metric_history(logger.run_id, "val_acc")
     assert [m.value for m in val] == pytest.approx(history["val_acc"]) and [m.step for m in val] == [3, 6]
     lr = client.get_metric_history(logger.run_id, "control/lr")
@@ -165,7 +180,9 @@ def mlflow_server(tmp_path):
 @pytest.mark.slow
 def test_logging_to_a_real_mlflow_server_over_http(mlflow_server, tmp_path):
     ckpt = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
-    logger = MLflowLogger(tracking_uri=mlflow_server, experiment="remote", log_checkpoints=True, tags={"team": "a"})
+    logger = MLflowLogger(
+        tracking_uri=mlflow_server, experiment="remote", log_checkpoints=True, tags={"team": "a"}, every_step=True
+    )
     _, history = _fit(logger, tmp_path, callbacks=[ckpt])
     assert logger.error is None
     client = mlflow.MlflowClient(mlflow_server)
