@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["Control", "reference_lr", "rescale_lr"]
+__all__ = ["Control", "is_plateau", "reference_lr", "rescale_lr", "step_epoch_scheduler"]
 
 
 class Control:
@@ -111,3 +111,25 @@ def rescale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
             scheduler.min_lrs = [lr * factor for lr in scheduler.min_lrs]
         if getattr(scheduler, "_last_lr", None) is not None:  # torch's own field: get_last_lr() reads it
             scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def is_plateau(scheduler: Any) -> bool:
+    """``ReduceLROnPlateau`` steps per epoch on a logged value, whatever the scheduler interval."""
+    import torch
+
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def step_epoch_scheduler(scheduler: Any, monitor: str | None, logs: dict[str, Any]) -> None:
+    """Step an epoch scheduler at the end of an epoch: ``ReduceLROnPlateau`` on ``monitor`` (default
+    ``val_loss`` when logged, else ``loss``), any other one plainly."""
+    if is_plateau(scheduler):
+        key = monitor or ("val_loss" if "val_loss" in logs else "loss")
+        if key not in logs:
+            raise KeyError(
+                f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= to one of "
+                f"{sorted(logs)}."
+            )
+        scheduler.step(logs[key])
+    else:
+        scheduler.step()

@@ -20,6 +20,7 @@ from nbtrainer._data import _arrays
 from nbtrainer._events._history import History
 from nbtrainer._events._progress import start_progress
 from nbtrainer._loop import _oom
+from nbtrainer._loop._control import is_plateau  # re-exported: _trainer.py imports it from here
 from nbtrainer._loop._fit_loop import FitLoop, LoopState, _safe_len
 from nbtrainer._resume import _continue
 from nbtrainer._setup._optim import move_optimizer_state
@@ -305,30 +306,3 @@ class TrainerFit(TrainerBase):
             self._fit_thread = None
             self._active.discard(self)
             self.strategy.barrier()
-
-    def _check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
-        _validate.check_loss(self._whole, loss, "training", needs_grad=True)
-
-    def _first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
-        """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
-        loss, outputs, targets = _validate.first_compute(self._whole, batch)
-        if self._train_metrics:
-            with torch.no_grad():
-                _validate.dry_metrics(self._whole, self._train_metrics, outputs, targets, "training")
-        return loss, outputs, targets
-
-    def _step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
-        if is_plateau(self.scheduler):
-            key = self.scheduler_monitor or ("val_loss" if "val_loss" in logs else "loss")
-            if key not in logs:
-                raise KeyError(
-                    f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= "
-                    f"to one of {sorted(logs)}."
-                )
-            self.scheduler.step(logs[key])
-        else:
-            self.scheduler.step()
-
-
-def is_plateau(scheduler: Any) -> bool:
-    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._data._order import sampler_generator
+from nbtrainer._loop._control import step_epoch_scheduler
+from nbtrainer._trainer import _validate
 
 if TYPE_CHECKING:
     from nbtrainer._events._history import History
@@ -152,10 +154,16 @@ class TrainerHost:
         return self.owner._default_compute()
 
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
-        return self.owner._first_compute(batch)
+        """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
+        loss, outputs, targets = _validate.first_compute(self.owner, batch)
+        metrics = self.owner._train_metrics
+        if metrics:
+            with torch.no_grad():
+                _validate.dry_metrics(self.owner, metrics, outputs, targets, "training")
+        return loss, outputs, targets
 
     def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
-        self.owner._check_first_loss(loss, outputs, targets)
+        _validate.check_loss(self.owner, loss, "training", needs_grad=True)
 
     def compute(self, batch: Any) -> tuple[Any, Any, Any]:
         return self.owner._compute(batch)
@@ -173,7 +181,7 @@ class TrainerHost:
         self.owner._run_deferred()
 
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
-        self.owner._step_epoch_scheduler(logs)
+        step_epoch_scheduler(self.owner.scheduler, self.owner.scheduler_monitor, logs)
 
     def sampler_generator(self, loader: Any) -> torch.Generator | None:
         return sampler_generator(loader, deterministic=self.owner.deterministic)
