@@ -45,7 +45,6 @@ _LAZY: dict[str, str] = {
     "launch": "nbtrainer._dist._launch",
     "DDP": "nbtrainer._dist._ddp",
     "FSDP": "nbtrainer._dist._fsdp",
-    "FSDP": "nbtrainer._dist._fsdp",
     "compare_strategies": "nbtrainer._compare._run",
     "StrategyComparison": "nbtrainer._compare._table",
     "DistillationLoss": "nbtrainer._inference._distill",
@@ -74,7 +73,6 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "DDP",
     "EVENTS",
-    "FSDP",
     "FSDP",
     "CSVLogger",
     "Callback",
@@ -158,7 +156,6 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._compare._run import compare_strategies
     from nbtrainer._compare._table import StrategyComparison
     from nbtrainer._dist._ddp import DDP
-    from nbtrainer._dist._fsdp import FSDP
     from nbtrainer._dist._fsdp import FSDP
     from nbtrainer._dist._launch import launch
     from nbtrainer._events._callbacks import Callback, EarlyStopping, LRMonitor
