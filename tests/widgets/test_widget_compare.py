@@ -124,6 +124,7 @@ def test_magic_compare_shows_the_widget_or_the_table_without_widgets(shell, data
     monkeypatch.setattr(
         _magics.NbtrainerMagics, "_display", lambda self, obj: shown.append((obj, len(getattr(obj, "rows", ()))))
     )
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a kernel with a front end (terminal: text, test_magics)
     shell.user_ns.update(make_model=mlp, make_opt=make_opt, crit=nn.CrossEntropyLoss(), tl=data[0], vl=data[1])
     shell.run_line_magic("nbtrainer", "compare make_model make_opt crit tl vl --strategies fp32,accum2 --steps 2")
     table, widget = shell.user_ns["_nbt_compare"], shell.user_ns["_nbt_compare_widget"]
