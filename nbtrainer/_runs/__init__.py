@@ -9,4 +9,23 @@
 =============  ================================================================================
 """
 
-__all__: list[str] = []
+from nbtrainer._runs._mlflow import MLflowLogger
+from nbtrainer._runs._optuna import OptunaPruning, tune
+from nbtrainer._runs._recorder import RunRecorder, resolve_store
+from nbtrainer._runs._runs import Run, Runs, RunsPlot, RunTable
+from nbtrainer._runs._store import RunStore, open_store, session_store
+
+__all__ = [
+    "MLflowLogger",
+    "OptunaPruning",
+    "Run",
+    "RunRecorder",
+    "RunStore",
+    "RunTable",
+    "Runs",
+    "RunsPlot",
+    "open_store",
+    "resolve_store",
+    "session_store",
+    "tune",
+]
