@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "EVENTS": "nbtrainer._events._stream",
     "seed_everything": "nbtrainer._setup._seed",
     "precision_support": "nbtrainer._setup._precision",
+    "memory_saver_support": "nbtrainer._setup._memory_savers",
     "in_notebook": "nbtrainer._events._frontend",
     "PrecisionError": "nbtrainer._setup._precision",
     "load_checkpoint": "nbtrainer._resume._checkpoint_io",
@@ -113,6 +114,7 @@ __all__ = [
     "launch",
     "load_checkpoint",
     "load_ipython_extension",
+    "memory_saver_support",
     "precision_support",
     "profile_model",
     "profile_training",
@@ -178,6 +180,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._runs._mlflow import MLflowLogger
     from nbtrainer._runs._optuna import OptunaPruning, tune
     from nbtrainer._runs._runs import Runs
+    from nbtrainer._setup._memory_savers import memory_saver_support
     from nbtrainer._setup._model_setup import ParamCounts, build_optimizer, freeze_parameters
     from nbtrainer._setup._precision import PrecisionError, precision_support
     from nbtrainer._setup._seed import seed_everything

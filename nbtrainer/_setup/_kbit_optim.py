@@ -62,7 +62,7 @@ def build_kbit_optimizer(
     """An 8-bit / 4-bit AdamW by name (see the module docstring for which library and why).
 
     Example:
-        >>> opt = build_kbit_optimizer("adamw8bit", nn.Linear(4, 2), lr=1e-3)  # doctest: +SKIP
+        >>> opt = build_kbit_optimizer("adamw8bit", nn.Linear(4, 2), lr=1e-3)
         >>> type(opt).__name__
         'AdamW8bit'
     """

@@ -24,7 +24,7 @@ from torch import nn
 from nbtrainer._setup import _attention, _kbit_optim, _lora, _offload, _quantize
 from nbtrainer._setup._precision import autocast_dtype, require_precision, resolve_device
 
-__all__ = ["MemorySavers"]
+__all__ = ["MemorySavers", "memory_saver_support"]
 
 
 class MemorySavers:
@@ -195,3 +195,46 @@ class MemorySavers:
                 + ". Create the Trainer with the lora= of the run that wrote it."
             )
         return None
+
+
+def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[str, tuple[bool, str]]:
+    """Which memory switches run on ``device`` in ``precision``: ``{switch: (ok, reason)}``.
+
+    Keys: ``"quantize:nf4"`` (and ``nf4-dq``, ``fp4``, ``int8``), ``"lora"``, ``"optimizer:adamw8bit"`` (and
+    ``paged_adamw8bit``, ``adamw4bit``), ``"offload_activations"``, ``"offload_optimizer"``, ``"attention:flash"``
+    (and ``auto``, ``efficient``, ``cudnn``, ``math``). The reason is empty when it runs and says why not (and
+    what to install or use instead) when not: what a panel shows on a disabled option. Quantized layers and
+    attention backends are checked by running a tiny one here (cached), like :func:`precision_support`.
+
+    Example:
+        >>> memory_saver_support("cpu")["offload_optimizer"]
+        (False, 'nothing to offload to on cpu: the optimizer state is in CPU RAM already (needs CUDA)')
+    """
+    import importlib.util
+
+    dev = resolve_device(device)
+    precision = require_precision(precision, dev)
+
+    def missing(module: str) -> str:
+        return "" if importlib.util.find_spec(module) else f"needs {module}: {_quantize.INSTALL_QUANT}"
+
+    rows: dict[str, tuple[bool, str]] = {}
+    for method in _quantize.QUANTIZE:
+        why = missing("bitsandbytes") or _quantize._probe(str(dev), method, _quantize.compute_dtype(precision))
+        rows[f"quantize:{method}"] = (not why, why)
+    why = missing("peft")
+    rows["lora"] = (not why, why)
+    for name, (library, _, _) in _kbit_optim.KBIT_OPTIMIZERS.items():
+        why = missing(library)
+        rows[f"optimizer:{name}"] = (not why, why)
+    rows["offload_activations"] = (True, "")
+    why = (
+        f"nothing to offload to on {dev}: the optimizer state is in CPU RAM already (needs CUDA)"
+        if dev.type != "cuda"
+        else missing("torchao")
+    )
+    rows["offload_optimizer"] = (not why, why)
+    dtype = autocast_dtype(precision) or torch.float32
+    for name, (ok, reason) in _attention.attention_support(dev, dtype).items():
+        rows[f"attention:{name}"] = (ok, reason)
+    return rows

@@ -112,3 +112,26 @@ def test_import_nbtrainer_imports_no_quantization_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_memory_saver_support_says_what_runs_here_and_why_not() -> None:
+    from nbtrainer import memory_saver_support
+
+    support = memory_saver_support("cpu")
+    assert support["quantize:nf4"] == (True, "") and support["optimizer:adamw8bit"] == (True, "")
+    assert support["lora"] == (True, "") and support["offload_activations"] == (True, "")
+    ok, reason = support["offload_optimizer"]
+    assert not ok and "nothing to offload to" in reason
+    assert support["attention:math"] == (True, "") and not support["attention:efficient"][0]
+    # every switch the panel offers has a row
+    assert {"quantize:int8", "optimizer:paged_adamw8bit", "optimizer:adamw4bit", "attention:flash"} <= set(support)
+
+
+def test_memory_saver_support_names_the_extra_when_a_library_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from nbtrainer import memory_saver_support
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    assert memory_saver_support("cpu")["lora"] == (False, 'needs peft: pip install "nbtrainer[quant]"')
