@@ -393,3 +393,20 @@ def test_a_quantized_base_is_refused_with_the_alternatives():
     pytest.importorskip("bitsandbytes")
     with pytest.raises(ValueError, match=r"cannot shard bitsandbytes' quantized weights.*strategy='ddp'"):
         _fsdp_trainer(quantize="nf4", lora={"r": 4, "target_modules": ["fc"]})
+
+
+def test_sharded_top_k_keeps_directories_and_resumes_in_a_world_of_one(tmp_path):
+    cb = ModelCheckpoint(tmp_path, monitor="val_loss", mode="max", save_top_k=1, save_last=True, sharded=True)
+    trainer = _fsdp_trainer(callbacks=[cb])
+    train, val = common.ddp_loaders()
+    history = trainer.fit(train, val, epochs=3)
+    # top-1: the other epochs' directories were written and removed again
+    best = max(range(3), key=lambda i: history.epochs[i]["val_loss"]) + 1
+    assert os.path.basename(cb.best_model_path or "").startswith(f"epoch{best:03d}")
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(cb.best_model_path or ""), "last.ckpt"])
+    assert all(os.path.isdir(tmp_path / name) for name in os.listdir(tmp_path))
+    again = _fsdp_trainer(model=fc.make_model(3))
+    train, val = common.ddp_loaders()
+    resumed = again.fit(train, val, epochs=3, resume_from=str(tmp_path / "last.ckpt"))
+    assert resumed.status == "finished" and len(resumed.epochs) == 3  # resumed at the end: nothing left to run
+    assert_same_weights(again.model_state_dict(), trainer.model_state_dict(), atol=0)
