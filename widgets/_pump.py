@@ -36,6 +36,7 @@ class UiPump:
         self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
+        self._table_pending, self._table_at = False, 0.0  # the epoch table's last push (rate-limited)
         self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
         self.cpu_total_s = 0.0  # ... including the final push and the summary
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
@@ -106,7 +107,12 @@ class UiPump:
                     p.status = self.run.status
                 v.set_progress(p)
             v.set_stats(self.best, p)
-            if epochs_changed:
+            # "show all" resends every row: at most once a second (the newest rows alone: each epoch)
+            table_due = epochs_changed or self._table_pending
+            if table_due and v.epoch_all.value and not final and time.monotonic() - self._table_at < 1.0:
+                self._table_pending, table_due = True, False
+            if table_due:
+                self._table_pending, self._table_at = False, time.monotonic()
                 v.set_epoch_rows(charts.rows)
                 if v.epoch_section.body.children != (v.epoch_area,):
                     v.epoch_section.show(v.epoch_area)

@@ -22,6 +22,7 @@ class Section:
     def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
         self._title = title
         self.title = W.HTML(layout=W.Layout(flex="0 1 auto", min_width="0"))
+        self.title.add_class("nbt-section-title")
         self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
         self.toggle.add_class("nbt-collapse")
         self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
@@ -54,12 +55,15 @@ class Section:
         )
 
     def show(self, *children: Any, detail: str = "") -> None:
-        """Put ``children`` in the body and show the area, open."""
-        self.body.children = tuple(children)
+        """Show the area, open, then put ``children`` in the body.
+
+        In that order: a chart drawn inside a hidden area measures 0 x 0 (bqplot logs "negative width" and the
+        plot stayed invisible)."""
         if detail:
             self.set_title(self._title, detail)
         self.root.layout.display = "flex"
         self.set_open(True)
+        self.body.children = tuple(children)
 
     def set_open(self, is_open: bool) -> None:
         self.body.layout.display = "flex" if is_open else "none"

@@ -13,8 +13,8 @@ from typing import Any
 import ipywidgets as W
 
 from nbtrainer import format_bytes, format_duration, format_lr, format_number
-from nbtrainer.plotting import epoch_table_html
 
+from ._epoch_table import CSS, MAX_ALL, epoch_table
 from ._messages import MessageLog
 from ._section import Section
 from ._theme import BORDER, FG, FG2, STATUS_COLORS, card_style
@@ -26,14 +26,13 @@ _AUTO = {"width": "auto"}  # a button as wide as its text (ipywidgets' default i
 # Hides the plain-HTML summary left under the panel for front ends without widgets (GitHub, nbviewer, an
 # export without JavaScript): where this widget renders, the panel's own summary section shows instead.
 HIDE_STATIC = "<style>.nbt-summary-static{display:none}</style>"
-FOLLOW_ROWS = 8  # the live epoch table shows the newest rows (a CSS rule hides the rest: best values stay bold)
-_FOLLOW_CSS = (
-    f"<style>.nbt-epoch-follow .nbt-epoch-table tbody tr:nth-last-child(n+{FOLLOW_ROWS + 1}){{display:none}}</style>"
-)
-# Narrow panels scroll the table sideways (lr and time stay reachable); "show all" scrolls it and opens at the
-# newest row (column-reverse keeps the scroll anchored at the bottom unless the user scrolls up).
-_SCROLL = "overflow-x:auto;max-width:100%"
-_SCROLL_ALL = "overflow:auto;max-width:100%;max-height:240px;display:flex;flex-direction:column-reverse"
+FOLLOW_ROWS = 8  # the live epoch table shows the newest rows only (``_epoch_table``: bounded whatever the run)
+# The box itself scrolls (it outlives each update, so a scroll position does too): sideways in a narrow panel
+# (lr and time stay reachable) and, with "show all", down from the newest row: column-reverse anchors the
+# scroll at the bottom, so it follows new rows unless the user has scrolled up.
+_TABLE_CSS = CSS + ".nbt-epoch-table-box .nbt-epoch-table{line-height:1.4}"  # not a widget line's 28 px
+_SCROLL_ALL_CSS = f"<style>{_TABLE_CSS}.nbt-epoch-table-box.nbt-epoch-scrolls{{flex-direction:column-reverse}}</style>"
+_FOLLOW_CSS = f"<style>{_TABLE_CSS}</style>"
 
 
 def _cls(widget: W.Widget, *names: str) -> W.Widget:
@@ -183,14 +182,15 @@ class PanelView:
             "nbt-lrfind",
         )
         # Buttons as wide as their text (ipywidgets' default is 148 px each, which pushed "LR finder" alone onto
-        # a second row at full width); Save and its path wrap together.
+        # a second row at full width).
         self.buttons = _cls(
             W.HBox(
                 [
                     self.start,
                     self.pause,
                     self.stop,
-                    W.HBox([self.save, self.save_path]),
+                    self.save,
+                    self.save_path,
                     self.profile,
                     self.lrfind,
                 ],
@@ -212,7 +212,11 @@ class PanelView:
 
         self.stats = _cls(W.HTML(), "nbt-stats")
         self.epoch_section = Section("epochs", "nbt-epochs-area", closable=False)
-        self.epoch_table = _cls(W.HTML(layout=W.Layout(width="100%")), "nbt-epoch-table-box", "nbt-epoch-follow")
+        self.epoch_table = _cls(
+            W.HTML(layout=W.Layout(width="100%", overflow="auto")),
+            "nbt-epoch-table-box",
+            "nbt-epoch-follow",
+        )
         self.epoch_note = _cls(W.HTML(), "nbt-epoch-note")
         self.epoch_all = _cls(
             W.ToggleButton(value=False, description="show all", layout=W.Layout(width="auto", display="none")),
@@ -261,16 +265,16 @@ class PanelView:
         self._epoch_rows = rows
         hidden = max(0, len(rows) - FOLLOW_ROWS)
         show_all = bool(self.epoch_all.value)
-        table = epoch_table_html(rows)
-        with self.epoch_table.hold_sync():
-            if show_all:
-                self.epoch_table.remove_class("nbt-epoch-follow")
-                self.epoch_table.value = f"<div class='nbt-epoch-scroll' style='{_SCROLL_ALL}'>{table}</div>"
-            else:
-                self.epoch_table.add_class("nbt-epoch-follow")
-                self.epoch_table.value = f"{_FOLLOW_CSS}<div class='nbt-epoch-scroll' style='{_SCROLL}'>{table}</div>"
+        first = max(0, len(rows) - (MAX_ALL if show_all else FOLLOW_ROWS))
+        table = epoch_table(rows, first)
+        box = self.epoch_table
+        with box.hold_sync():
+            box.remove_class("nbt-epoch-follow" if show_all else "nbt-epoch-scrolls")
+            box.add_class("nbt-epoch-scrolls" if show_all else "nbt-epoch-follow")
+            box.value = (_SCROLL_ALL_CSS if show_all else _FOLLOW_CSS) + table
+            box.layout.max_height = "240px" if show_all else None  # the newest rows alone need no scrolling
         if show_all:
-            note = f"all {len(rows)} epochs, newest at the bottom"
+            note = f"{'all' if not first else f'last {MAX_ALL} of'} {len(rows)} epochs, newest at the bottom"
         elif hidden:
             note = f"newest {FOLLOW_ROWS} of {len(rows)} epochs · {hidden} earlier hidden"
         else:

@@ -146,14 +146,18 @@ def test_buttons_are_as_wide_as_their_text_so_the_lr_finder_does_not_wrap_alone(
 def test_epoch_table_follows_the_newest_rows_and_says_how_many_are_hidden():
     v = make_widget(n=64, epochs=1).view
     rows = [{"epoch": e, "loss": 1.0 / e, "val_loss": 1.1 / e, "lr": 1e-3, "time": 0.5} for e in range(1, 33)]
+    rows[3]["val_loss"] = 0.01  # the best val_loss is an early epoch, not shown: no bold for it in the window
     v.set_epoch_rows(rows)
     assert "nbt-epoch-follow" in v.epoch_table._dom_classes
-    assert f"tr:nth-last-child(n+{FOLLOW_ROWS + 1}){{display:none}}" in v.epoch_table.value  # only the newest show
+    assert v.epoch_table.value.count("<tr>") == FOLLOW_ROWS + 1  # the newest rows only (and the header)
+    assert "<td>32</td>" in v.epoch_table.value and "<td>24</td>" not in v.epoch_table.value
+    assert v.epoch_table.value.count("<b>") == 1  # best loss (newest epoch) bold; best val_loss hidden above
     assert f"{32 - FOLLOW_ROWS} earlier hidden" in v.epoch_note.value and v.epoch_all.layout.display == "flex"
-    assert "overflow-x:auto" in v.epoch_table.value  # lr and time reachable in a narrow panel
+    assert v.epoch_table.layout.overflow == "auto"  # lr and time reachable in a narrow panel (sideways)
     v.epoch_all.value = True  # "show all": every row, a scroll box that opens at the newest
-    assert "nbt-epoch-follow" not in v.epoch_table._dom_classes
+    assert "nbt-epoch-follow" not in v.epoch_table._dom_classes and "nbt-epoch-scrolls" in v.epoch_table._dom_classes
     assert "column-reverse" in v.epoch_table.value and "all 32 epochs" in v.epoch_note.value
+    assert v.epoch_table.value.count("<tr>") == 33
     v.epoch_all.value = False
     v.set_epoch_rows(rows[:3])
     assert v.epoch_note.value == "" and v.epoch_all.layout.display == "none"
@@ -196,3 +200,18 @@ def test_bounded_range_stays_within_0_1(values):
     assert 0.0 <= lo < hi <= 1.0 and ticks and all(lo - 1e-9 <= t <= hi + 1e-9 for t in ticks)
     assert all(lo <= v <= hi for v in values)
     assert np.isfinite(ticks).all()
+
+
+def test_a_section_is_shown_before_its_content_is_drawn():
+    """A chart put into a hidden area measures 0 x 0 (bqplot: "negative width", an invisible plot): the area
+    is displayed and opened first, then the content arrives."""
+    from nbtrainer.widgets._section import Section
+
+    section, order = Section("LR finder", "nbt-test-area"), []
+    section.root.layout.observe(lambda _: order.append("shown"), "display")
+    section.body.layout.observe(lambda _: order.append("opened"), "display")
+    section.body.observe(lambda _: order.append("content"), "children")
+    section.set_open(False)
+    order.clear()
+    section.show(W.HTML("chart"))
+    assert order == ["shown", "opened", "content"], order
