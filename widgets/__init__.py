@@ -11,7 +11,7 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 
 ===========================  ================================================================
 ``nbt-panel``                the root VBox (``TrainerWidget.panel``)
-``nbt-header``               header row: ``nbt-title`` (model, device, params) and ``nbt-status``
+``nbt-header``               header row: ``nbt-title`` (run name, model, device, params) and ``nbt-status``
 ``nbt-status``               status: a badge (``nbt-status-badge`` and ``nbt-status-<status>``: idle,
                              running, pausing, paused, stopping, finished, stopped, interrupted,
                              failed) and a detail (``nbt-status-detail``) beside it
@@ -25,15 +25,20 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-stats``                stat cards (each ``nbt-stat``): ``nbt-stat-best``, ``nbt-stat-throughput``,
                              ``nbt-stat-steptime`` (with the data share), ``nbt-stat-memory``
 ``nbt-charts``               bqplot figures ``nbt-chart-loss`` (y scale menu ``nbt-loss-scale``),
-                             ``nbt-chart-lr``, ``nbt-chart-metrics`` (bounded metrics, 0-1),
+                             ``nbt-chart-lr``, ``nbt-chart-metrics`` (bounded metrics, 0-1, zoomed to
+                             clustered values; menu ``nbt-metrics-scale``),
                              ``nbt-chart-other`` (one other metric, menu ``nbt-other-metric``),
                              ``nbt-chart-memory``; each has an HTML legend ``nbt-legend`` above it
-``nbt-section``              a collapsible area: header with ``nbt-collapse`` (and ``nbt-close``), body:
-                             ``nbt-epochs-area`` (the live table ``nbt-epoch-table``),
+``nbt-section``              a collapsible area: header with ``nbt-section-title``, ``nbt-collapse`` (and
+                             ``nbt-close``), body: ``nbt-epochs-area`` (the newest rows of the live table
+                             ``nbt-epoch-table`` in ``nbt-epoch-table-box``, ``nbt-epoch-note`` saying how
+                             many are hidden, ``nbt-epoch-all`` to show them),
                              ``nbt-profile-area`` (a ``nbt-profile-card``), ``nbt-lrfinder-area``
-                             (a ``nbt-lrfinder``), ``nbt-summary-area`` (``nbt-summary-live``)
+                             (a ``nbt-lrfinder``), ``nbt-summary-area`` (``nbt-summary-live``;
+                             ``nbt-summary-previous`` once a new run has started)
 ``nbt-lrfinder``             ``LRFinderView``: bqplot figure ``nbt-lrfinder-chart`` (click a point of the
-                             curve), buttons ``nbt-lrfinder-use`` (one per suggestion),
+                             curve) under its legend ``nbt-lrfinder-legend`` (the rules), buttons
+                             ``nbt-lrfinder-use`` (one per suggestion),
                              ``nbt-lrfinder-restore``, the chosen LR ``nbt-lrfinder-choice``, a warning
                              ``nbt-lrfinder-warning`` when the model was already trained
 ``nbt-messages``             the last messages (``nbt-message-info|warning|error``; tracebacks in
