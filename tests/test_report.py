@@ -170,9 +170,11 @@ def test_legend_swatches_of_the_raw_and_smoothed_loss_differ_like_their_lines():
 
     def swatch(label):  # the legend line just left of its label
         text = next(t for t in texts if t.text == label)
-        x, y = float(text.get("x")), float(text.get("y"))
+        x, y = float(text.get("x", "nan")), float(text.get("y", "nan"))
         return next(
-            ln for ln in lines if float(ln.get("x2")) == x - 4 and abs(float(ln.get("y1")) - (y - 3)) < 0.01
+            ln
+            for ln in lines
+            if float(ln.get("x2", "nan")) == x - 4 and abs(float(ln.get("y1", "nan")) - (y - 3)) < 0.01
         ).attrib
 
     raw, smooth = swatch("loss (step)"), swatch("smoothed")
@@ -196,7 +198,9 @@ def test_on_a_tie_the_table_bolds_the_first_best_epoch_as_history_best_does():
     h = History()
     for r in rows:
         h.add_epoch(r)
-    assert h.best("val_loss")["epoch"] == 2 and h.best("val_acc", mode="max")["epoch"] == 2
+    best_loss, best_acc = h.best("val_loss"), h.best("val_acc", mode="max")
+    assert best_loss is not None and best_acc is not None
+    assert best_loss["epoch"] == 2 and best_acc["epoch"] == 2  # History.best: the first of a tie
     body = epoch_table_html(rows).split("<tbody>")[1].split("</tr>")
     assert body[1].count("<b>") == 2 and body[3].count("<b>") == 0, body  # epoch 2 for both columns
 
