@@ -272,7 +272,11 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         return run.history
 
     def fit(self) -> Any:
-        """``start()`` + ``wait()``; without a notebook front end, train in the foreground with console bars."""
+        """``start()`` + ``wait()``; without a notebook front end, train in the foreground with console bars.
+
+        While the cell waits, the panel's clicks are handled at once, and a page reloaded (or a second tab)
+        gets the panel back live: the front end's requests are answered beside the waiting cell (``_poll``).
+        """
         if not _frontend.in_notebook():
             print(
                 f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
