@@ -296,8 +296,9 @@ def test_strategy_selection(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     t = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False)
     assert isinstance(t.strategy, SingleDevice) and t.is_global_zero
+    # ("fsdp" is a strategy now: tests/dist/test_fsdp.py)
     with pytest.raises(ValueError, match="strategy must be one of"):
-        Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False, strategy="fsdp")
+        Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False, strategy="zero3")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="launch with torchrun"):
         Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False)

@@ -25,9 +25,9 @@ from nbtrainer import (
     EarlyStopping,
     ModelCheckpoint,
     Trainer,
-    _checkpoint_io,
     precision_support,
 )
+from nbtrainer._resume import _checkpoint_io
 
 RANK = int(os.environ["RANK"])
 
