@@ -112,6 +112,7 @@ def scenario_main(out: str, ckpt_dir: str) -> None:
         "status": history.status,
         "evaluate": trainer.evaluate(val),
         "uneven": trainer.evaluate(fc.uneven_val()),
+        "predict": trainer.predict(val).tolist(),  # every rank runs every batch (forwards are collectives)
         "list_refused": refused,
         "writes": writes,
         "output": captured.getvalue(),

@@ -121,6 +121,9 @@ def test_two_ranks_match_one_process_at_twice_the_batch_sgd(main_run):
     # 21 samples in batches of 5: 3 and 2 loader batches per rank, evened out (every forward is a collective)
     assert_same_logs(r0["sgd"]["uneven"], ref.evaluate(fc.uneven_val()), keys=("val_loss", "val_acc_fn", "val_acc_tm"))
     assert r1["sgd"]["uneven"] == r0["sgd"]["uneven"]
+    predicted = ref.predict(common.ddp_loaders()[1])
+    for r in (r0, r1):
+        torch.testing.assert_close(torch.tensor(r["sgd"]["predict"]), predicted, atol=ATOL, rtol=0)
 
 
 def test_adamw_with_ragged_accumulation_and_clipping_matches(main_run):
