@@ -257,6 +257,12 @@ class FSDP(DDP):
             raise RuntimeError(
                 "FSDP needs at least one trainable parameter; every parameter has requires_grad=False (unfreeze some)."
             )
+        if isinstance(root, FSDPModule) and trainer.precision != "fp32":
+            raise ValueError(
+                f"The model is already sharded with fully_shard, so Trainer(precision={trainer.precision!r}) cannot "
+                "become its MixedPrecisionPolicy. Pass the plain model (the trainer shards it with the policy), or "
+                "give fully_shard your own mp_policy and use precision='fp32'."
+            )
         unit_policy, root_policy, offload = self._policies(trainer.precision)
         names = {id(p): n for n, p in root.named_parameters()}
         saved_optim = optimizer.state_dict() if optimizer is not None and optimizer.state else None

@@ -413,3 +413,21 @@ def test_sharded_top_k_keeps_directories_and_resumes_in_a_world_of_one(tmp_path)
     resumed = again.fit(train, val, epochs=3, resume_from=str(tmp_path / "last.ckpt"))
     assert resumed.status == "finished" and len(resumed.epochs) == 3  # resumed at the end: nothing left to run
     assert_same_weights(again.model_state_dict(), trainer.model_state_dict(), atol=0)
+
+
+def test_a_model_sharded_by_the_user_is_used_as_is():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    FSDP().connect("cpu")
+    model = fc.make_model(0)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    with pytest.raises(ValueError, match=r"already sharded with fully_shard.*precision='fp32'"):
+        _fsdp_trainer(model=model, precision="bf16-mixed")
+    trainer = _fsdp_trainer(model=model)  # its optimizer was built over the sharded parameters
+    single = _fsdp_trainer(strategy="single")
+    for t in (trainer, single):
+        train, val = common.ddp_loaders()
+        t.fit(train, val, epochs=1)
+    assert trainer.strategy.units == []  # nothing sharded again
+    assert_same_weights(trainer.model_state_dict(), single.model_state_dict(), atol=0)
