@@ -6,6 +6,7 @@ One concept per module:
 ``_model``         :func:`profile_model`: size, MACs/FLOPs, latency and training memory on copies
 ``_report``        :class:`ModelProfile` (the result) and its table / HTML / text views
 ``_fit``           :class:`FitResult`: does a step fit a memory budget, which micro-batch split does
+``_switches``      what quantize / lora / k-bit optimizers / offloading do to a measured step (for ``fits``)
 ``_flops``         MACs (ptflops, aten backend) cross-checked with ``FlopCounterMode``
 ``_latency``       inference latency per device and precision
 ``_memory``        the measured memory breakdown of one optimizer step

@@ -2,7 +2,8 @@
 
 Works from one :func:`nbtrainer._profile._memory.measure_training_memory` breakdown: the fixed parts
 (parameters, buffers, gradients, optimizer state) plus activations and inputs on the measured
-``fixed + per_sample * batch_size`` lines.
+``fixed + per_sample * batch_size`` lines. The memory switches (``quantize=``, ``lora=``, ``optimizer=``,
+``offload_activations=``, ``offload_optimizer=``) change those parts by arithmetic (:mod:`._switches`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nbtrainer._profile._switches import Switched, apply_switches, normalize_switches
 from nbtrainer._report._format import format_bytes
 
 __all__ = ["FitResult", "plan_fit"]
@@ -26,6 +28,10 @@ class FitResult:
     measured batch); the CUDA context and allocator fragmentation are not included (use ``headroom``).
     When it doesn't fit, ``micro_batch_size`` x ``accumulation_steps`` (= ``batch_size``) is the
     largest micro-batch that fits, split evenly; both are ``None`` when even one sample doesn't fit.
+    ``switches`` are the memory switches assumed (the Trainer's option names), ``savings`` says which switch
+    saved how many bytes of which part (``{"quantize='nf4'": {"parameters": ...}, ...}``; negative: it costs,
+    as LoRA's adapters cost parameters), ``host_bytes`` what offloading moved to host RAM (not in
+    ``needed_bytes``).
     """
 
     fits: bool
@@ -39,6 +45,9 @@ class FitResult:
     accumulation_steps: int | None
     suggestion: str
     breakdown: dict[str, int] = field(default_factory=dict)
+    switches: dict[str, Any] = field(default_factory=dict)
+    savings: dict[str, dict[str, int]] = field(default_factory=dict)
+    host_bytes: int = 0
 
     def __bool__(self) -> bool:
         return self.fits
@@ -48,17 +57,40 @@ class FitResult:
         return asdict(self)
 
 
-def _needed(memory: dict[str, Any], batch_size: int, checkpointing: bool) -> dict[str, int]:
+def _needed(memory: dict[str, Any], batch_size: int, checkpointing: bool, switched: Switched) -> dict[str, int]:
     line = memory["scaling"]["activations_checkpointed" if checkpointing else "activations"]
     inputs = memory["scaling"]["inputs"]
-    parts = {key: int(memory[key]) for key in ("parameters", "buffers", "gradients", "optimizer_state")}
-    parts["activations"] = round(line["fixed"] + line["per_sample"] * batch_size)
+    parts = dict(switched.parts)
+    activations = line["fixed"] + line["per_sample"] * batch_size
+    parts["activations"] = round(activations * switched.activation_scale)
     parts["inputs"] = round(inputs["fixed"] + inputs["per_sample"] * batch_size)
     return parts
 
 
+def _savings_text(switched: Switched, activations_moved: int) -> str:
+    said = []
+    for switch, saved in switched.savings.items():
+        gains = [f"{format_bytes(v)} of {k.replace('_', ' ')}" for k, v in saved.items() if v > 0]
+        costs = [f"{format_bytes(-v)} of {k.replace('_', ' ')}" for k, v in saved.items() if v < 0]
+        text = f"{switch} saves {', '.join(gains) or 'nothing'}" + (f" and costs {', '.join(costs)}" if costs else "")
+        said.append(text)
+    if activations_moved:
+        said.append(f"offload_activations moves {format_bytes(activations_moved)} of activations to host RAM")
+    if switched.host.get("optimizer_state"):
+        said.append(f"offload_optimizer keeps {format_bytes(switched.host['optimizer_state'])} in host RAM")
+    said += switched.notes
+    return (" " + "; ".join(said) + ".") if said else ""
+
+
 def plan_fit(
-    memory: dict[str, Any], *, budget_gb: float, batch_size: int, checkpointing: bool = False, headroom: float = 0.0
+    memory: dict[str, Any],
+    *,
+    budget_gb: float,
+    batch_size: int,
+    checkpointing: bool = False,
+    headroom: float = 0.0,
+    structure: dict[str, Any] | None = None,
+    **switches: Any,
 ) -> FitResult:
     """Check one measured memory breakdown against ``budget_gb`` GiB (2**30 bytes) and suggest a split.
 
@@ -68,12 +100,23 @@ def plan_fit(
         batch_size: The batch size to train with.
         checkpointing: Evaluate with activation checkpointing (the model must have repeated blocks).
         headroom: Fraction of the budget kept free (e.g. 0.1 for the CUDA context and fragmentation).
+        structure: The profiled model's layer table (:func:`nbtrainer._profile._switches.model_structure`),
+            needed by ``quantize`` / ``lora`` / ``optimizer``.
+        **switches: ``quantize``, ``lora``, ``optimizer``, ``offload_activations``, ``offload_optimizer``
+            (see :meth:`~nbtrainer._profile._report.ModelProfile.fits`).
     """
     if checkpointing and memory["scaling"]["activations_checkpointed"] is None:
         raise ValueError("checkpointing=True, but the model has no repeated blocks to checkpoint")
+    chosen = normalize_switches(**switches)
+    switched = apply_switches(memory, structure, chosen, checkpointing=checkpointing)
     budget = int(budget_gb * _GIB * (1.0 - headroom))
-    parts = _needed(memory, batch_size, checkpointing)
+    parts = _needed(memory, batch_size, checkpointing, switched)
     needed = sum(parts.values())
+    moved = 0  # activations offloading sends to host RAM
+    if chosen["offload_activations"]:
+        moved = _needed(memory, batch_size, checkpointing, Switched(parts={}))["activations"] - parts["activations"]
+    host = moved + switched.host.get("optimizer_state", 0)
+    said = _savings_text(switched, moved)
     common = {
         "needed_bytes": needed,
         "budget_bytes": budget,
@@ -82,23 +125,27 @@ def plan_fit(
         "precision": memory["precision"],
         "checkpointing": checkpointing,
         "breakdown": parts,
+        "switches": chosen,
+        "savings": switched.savings,
+        "host_bytes": host,
     }
     if needed <= budget:
         return FitResult(
             fits=True,
             micro_batch_size=batch_size,
             accumulation_steps=1,
-            suggestion=(f"Fits: {format_bytes(needed)} of {format_bytes(budget)} at batch size {batch_size}."),
+            suggestion=(f"Fits: {format_bytes(needed)} of {format_bytes(budget)} at batch size {batch_size}." + said),
             **common,
         )
     alternative = ""
     if not checkpointing and memory["scaling"]["activations_checkpointed"] is not None:
-        with_ckpt = sum(_needed(memory, batch_size, True).values())
+        ckpt_switched = apply_switches(memory, structure, chosen, checkpointing=True)
+        with_ckpt = sum(_needed(memory, batch_size, True, ckpt_switched).values())
         if with_ckpt <= budget:
             alternative = f" Or enable activation checkpointing: {format_bytes(with_ckpt)} at batch size {batch_size}."
 
     def total(micro: int) -> int:
-        return sum(_needed(memory, micro, checkpointing).values())
+        return sum(_needed(memory, micro, checkpointing, switched).values())
 
     if total(1) > budget:
         fixed = sum(parts[k] for k in ("parameters", "buffers", "gradients", "optimizer_state"))
@@ -109,7 +156,7 @@ def plan_fit(
             suggestion=(
                 f"Does not fit even at micro-batch 1: {format_bytes(total(1))} of {format_bytes(budget)}, of which "
                 f"parameters, buffers, gradients and optimizer state take {format_bytes(fixed)}. Use an optimizer with "
-                f"less state, freeze layers or a device with more memory." + alternative
+                f"less state, freeze layers or a device with more memory." + alternative + said
             ),
             **common,
         )
@@ -127,7 +174,7 @@ def plan_fit(
         suggestion=(
             f"Needs {format_bytes(needed)} > {format_bytes(budget)} at batch size {batch_size}. Use micro-batches of "
             f"{micro} with {steps} accumulation steps ({format_bytes(total(micro))}, same effective batch "
-            f"{batch_size}).{uneven}" + alternative
+            f"{batch_size}).{uneven}" + alternative + said
         ),
         **common,
     )

@@ -24,6 +24,7 @@ from nbtrainer._profile._inputs import infer_batch_size, to_device
 from nbtrainer._profile._latency import measure_latency
 from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._report import ModelProfile
+from nbtrainer._profile._switches import model_structure
 from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing
 from nbtrainer._setup._precision import normalize_precision, precision_support, resolve_device
 
@@ -119,6 +120,7 @@ def profile_model(
         size_mb=0.0,
         size=_size(model),
         seconds=seconds,
+        structure=model_structure(model),
         environment={"torch": torch.__version__, "ptflops": importlib.metadata.version("ptflops"), "devices": {}},
     )
     prof.size_mb = (prof.size["parameters_bytes"] + prof.size["buffers_bytes"]) / 2**20

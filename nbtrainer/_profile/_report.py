@@ -56,6 +56,8 @@ class ModelProfile:
             :func:`nbtrainer._profile._memory.measure_training_memory`.
         environment: torch / ptflops versions and device names.
         seconds: Wall time per profiling step.
+        structure: The layer table :meth:`fits` needs for the memory switches: ``{"head", "params": [[name,
+            numel, element_size, trainable, shape]], "linears": [[name, in, out, has_bias, quantizable]]}``.
     """
 
     MEMORY_ROWS: ClassVar[tuple[str, ...]] = _MEMORY_ROWS
@@ -73,6 +75,7 @@ class ModelProfile:
     memory: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    structure: dict[str, Any] | None = None
 
     def fits(
         self,
@@ -83,8 +86,19 @@ class ModelProfile:
         precision: str | None = None,
         checkpointing: bool = False,
         headroom: float = 0.0,
+        quantize: str | None = None,
+        lora: Any = None,
+        optimizer: str | None = None,
+        offload_activations: bool = False,
+        offload_optimizer: bool = False,
     ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
+
+        The memory switches take the Trainer's option names and values; their effect on the measured parts is
+        computed from the layer shapes (the ``FitResult`` says which switch saved what, in ``savings`` and its
+        ``suggestion``). Offloading moves bytes to host RAM (``host_bytes``): the budget is the training
+        device's memory, as on a GPU (on a CPU both are the same RAM, and the Trainer refuses
+        ``offload_optimizer``).
 
         Args:
             budget_gb: Memory budget in GiB (2**30 bytes, as GPU memory is reported).
@@ -93,6 +107,14 @@ class ModelProfile:
             precision: Which measured precision (default: the first measured on that device).
             checkpointing: Assume activation checkpointing of the model's repeated blocks.
             headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
+            quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: every ``nn.Linear`` but the output head
+                frozen in 4 bits (0.5 byte per weight plus a scale per block of 64) or 8 bits.
+            lora: ``dict(r=8, target_modules="all-linear")`` or a ``peft.LoraConfig``: base frozen, adapters of
+                ``r * (in + out)`` parameters per targeted layer train (their gradients and optimizer state only).
+            optimizer: ``"adamw"``, ``"adam"``, ``"adafactor"``, ``"adamw8bit"``, ``"paged_adamw8bit"`` (2 bytes
+                of state per trained value) or ``"adamw4bit"`` (1 byte); None: the optimizer profiled.
+            offload_activations: Saved activations wait in host RAM.
+            offload_optimizer: The optimizer state lives in host RAM.
 
         Returns:
             A :class:`~nbtrainer._profile._fit.FitResult` (truthy when it fits).
@@ -103,6 +125,8 @@ class ModelProfile:
             >>> prof = profile_model(torch.nn.Linear(64, 64), torch.randn(8, 64), include=("memory",))
             >>> prof.fits(budget_gb=1, batch_size=64).fits
             True
+            >>> prof.fits(budget_gb=1, batch_size=64, optimizer="adamw8bit").breakdown["optimizer_state"]
+            10880
         """
         measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
         measured = {d: per for d, per in measured.items() if per}
@@ -121,6 +145,12 @@ class ModelProfile:
             batch_size=batch_size or self.batch_size,
             checkpointing=checkpointing,
             headroom=headroom,
+            structure=self.structure,
+            quantize=quantize,
+            lora=lora,
+            optimizer=optimizer,
+            offload_activations=offload_activations,
+            offload_optimizer=offload_optimizer,
         )
 
     def to_dict(self) -> dict[str, Any]:

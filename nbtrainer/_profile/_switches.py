@@ -1,0 +1,274 @@
+"""What the memory switches do to a measured training step, by arithmetic: ``fits(quantize=..., lora=...)``.
+
+The Trainer's switches (``quantize=``, ``lora=``, the k-bit optimizers, ``offload_activations=`` and
+``offload_optimizer=``) change the parts of one measured step (:mod:`nbtrainer._profile._memory`) in ways that
+follow from the layer shapes the profile recorded (:func:`model_structure`), so they are computed here rather
+than measured once per combination:
+
+* ``quantize``: each quantizable ``nn.Linear`` weight (every one but the output head, as the Trainer picks them)
+  becomes 4-bit (0.5 byte per value, plus an fp32 ``absmax`` per block of 64 and a 16-entry code book; with
+  double quantization ``"nf4-dq"`` the block scales are 8-bit, with an fp32 scale per 256 of them and a
+  256-entry code book) or int8 (1 byte per value plus an fp32 scale per output row). Biases stay in full
+  precision. The quantized layers are frozen: their gradients and optimizer state go away.
+* ``lora``: the base is frozen; adapters of ``r * (in + out)`` parameters (fp32) train beside every targeted
+  linear layer, so gradients and optimizer state are the adapters' only.
+* ``optimizer``: AdamW keeps 2 fp32 moments (8 bytes per trained value); ``adamw8bit`` / ``paged_adamw8bit``
+  (bitsandbytes) 2 bytes plus an fp32 scale per block of 256 and two shared 256-entry maps, ``adamw4bit``
+  (torchao) 1 byte plus an fp32 scale per block of 128; both keep tensors under 4096 values in 32 bits, as
+  the libraries do. ``adafactor``: a row and a column statistic per matrix.
+* ``offload_activations``: the saved activations wait in host RAM (a checkpointed block's recomputation runs
+  in the backward, outside the offloaded forward, and stays on the device). ``offload_optimizer``: the state
+  (and the fp32 master copy of what trains) lives in host RAM. What moves is reported as ``host_bytes``.
+
+Activations are kept as measured: LoRA adds only ``r``-wide adapter outputs, and a frozen layer saves no less
+than a trained one that feeds an adapter.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["OPTIMIZERS", "QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
+
+#: ``fits(quantize=...)`` takes the Trainer's names.
+QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8")
+#: ``fits(optimizer=...)``: None keeps the profiled optimizer (its measured state, scaled to what trains).
+OPTIMIZERS = ("adamw", "adam", "adafactor", "adamw8bit", "paged_adamw8bit", "adamw4bit")
+_KBIT = {"adamw8bit": (2, 256), "paged_adamw8bit": (2, 256), "adamw4bit": (1, 128)}  # bytes/value, block
+_LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
+_MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it
+
+
+def model_structure(model: nn.Module) -> dict[str, Any]:
+    """The layer table fits() needs: every parameter ``[name, numel, element_size, trainable, shape]`` and every
+    linear layer ``[name, in, out, has_bias, quantizable]`` (quantizable: what ``Trainer(quantize=)`` replaces)."""
+    from nbtrainer._setup._quantize import output_head_name, quantizable_linears
+
+    head = output_head_name(model)
+    quantizable = set(quantizable_linears(model))
+    return {
+        "head": head,
+        "params": [
+            [name, p.numel(), p.element_size(), bool(p.requires_grad), list(p.shape)]
+            for name, p in model.named_parameters()
+        ],
+        "linears": [
+            [name, m.in_features, m.out_features, m.bias is not None, name in quantizable]
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name
+        ],
+    }
+
+
+def normalize_switches(
+    *,
+    quantize: Any = None,
+    lora: Any = None,
+    optimizer: Any = None,
+    offload_activations: bool = False,
+    offload_optimizer: bool = False,
+) -> dict[str, Any]:
+    """The switches checked and in plain data (``lora`` as ``{"r", "target_modules"}``); bad values refused."""
+    if quantize is not None and quantize is not False:
+        key = quantize.strip().lower() if isinstance(quantize, str) else None
+        if key not in QUANTIZE:
+            raise ValueError(f"fits(quantize={quantize!r}): use one of {list(QUANTIZE)} or None (the Trainer's names).")
+        quantize = key
+    else:
+        quantize = None
+    if optimizer is not None:
+        key = optimizer.strip().lower() if isinstance(optimizer, str) else None
+        if key not in OPTIMIZERS:
+            raise ValueError(
+                f"fits(optimizer={optimizer!r}): use one of {list(OPTIMIZERS)} (by name, as Trainer(optimizer=...)), "
+                "or None for the optimizer the profile measured."
+            )
+        optimizer = key
+    for option, value in (("offload_activations", offload_activations), ("offload_optimizer", offload_optimizer)):
+        if not isinstance(value, bool):
+            raise TypeError(f"fits({option}=) takes True or False, got {value!r}.")
+    if offload_optimizer and optimizer in _KBIT:
+        raise ValueError(
+            f"fits(offload_optimizer=True, optimizer={optimizer!r}): the Trainer offloads torch's optimizers only; an "
+            "8-bit / 4-bit optimizer's state is small already: use one or the other."
+        )
+    return {
+        "quantize": quantize,
+        "lora": _normalize_lora(lora),
+        "optimizer": optimizer,
+        "offload_activations": offload_activations,
+        "offload_optimizer": offload_optimizer,
+    }
+
+
+def _normalize_lora(lora: Any) -> dict[str, Any] | None:
+    if lora is None or lora is False:
+        return None
+    if isinstance(lora, Mapping):
+        unknown = sorted(set(lora) - set(_LORA_KEYS))
+        if unknown:
+            raise ValueError(f"fits(lora=) got unknown keys {unknown}: use {list(_LORA_KEYS)}, e.g. lora=dict(r=8).")
+        r, targets = lora.get("r", 8), lora.get("target_modules", "all-linear")
+    elif hasattr(lora, "r") and hasattr(lora, "target_modules"):  # a peft.LoraConfig (not imported here)
+        r, targets = lora.r, lora.target_modules
+    else:
+        raise TypeError(f"fits(lora=) takes a dict such as dict(r=8) or a peft.LoraConfig, got {type(lora).__name__}.")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise ValueError(f"fits(lora=): r must be an int >= 1 (the adapters' rank), got {r!r}.")
+    if targets is not None and not isinstance(targets, str):
+        targets = sorted(targets)
+    return {"r": r, "target_modules": targets}
+
+
+def _targeted(name: str, targets: Any, quantizable: bool, head: str | None) -> bool:
+    """PEFT's matching: "all-linear" (every linear but the head), a regex matched in full, or module-name suffixes."""
+    if targets is None or (isinstance(targets, str) and targets.lower() == "all-linear"):
+        return name != head
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def _adam_state(numel: int, elem: int) -> int:
+    return 2 * numel * elem + 4  # exp_avg, exp_avg_sq and a scalar fp32 step
+
+
+def _optimizer_state(name: str, trained: list[tuple[int, int, list[int]]]) -> int:
+    """State bytes of optimizer ``name`` over ``(numel, element_size, shape)`` trained tensors."""
+    total = 0
+    if name in _KBIT:
+        per_value, block = _KBIT[name]
+        small = [(n, e) for n, e, _ in trained if n < _MIN_KBIT or (name == "adamw4bit" and n % block)]
+        big = [n for n, _, _ in trained if n >= _MIN_KBIT and not (name == "adamw4bit" and n % block)]
+        total += sum(2 * n * e for n, e in small)
+        total += sum(n * per_value + 2 * 4 * math.ceil(n / block) for n in big)
+        maps = 2 * 256 * 4 if name != "adamw4bit" else 2 * 16 * 4 * len(big)  # bnb's maps are shared
+        return total + (maps if big else 0)
+    if name == "adafactor":
+        for n, e, shape in trained:
+            total += 4 + (4 * (shape[-2] + shape[-1]) * (n // (shape[-2] * shape[-1])) if len(shape) >= 2 else n * e)
+        return total
+    return sum(_adam_state(n, e) for n, e, _ in trained)
+
+
+def _quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+    n = n_in * n_out
+    if method == "int8":
+        return n + 4 * n_out
+    blocks = math.ceil(n / 64)
+    if method == "nf4-dq":
+        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
+    return n // 2 + 4 * blocks + 4 * 16
+
+
+@dataclass
+class Switched:
+    """The fixed parts after the switches, what each switch saved, and what went to host RAM."""
+
+    parts: dict[str, int]
+    activation_scale: float = 1.0  # the share of the measured activations left on the device
+    savings: dict[str, dict[str, int]] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def apply_switches(
+    memory: dict[str, Any], structure: dict[str, Any] | None, switches: dict[str, Any], *, checkpointing: bool
+) -> Switched:
+    """The fixed parts (parameters, buffers, gradients, optimizer state) of ``memory`` under ``switches``."""
+    parts = {key: int(memory[key]) for key in ("parameters", "buffers", "gradients", "optimizer_state")}
+    out = Switched(parts=dict(parts), host={"trained": int(memory.get("trainable_parameters", 0))})
+    changes_params = switches["quantize"] is not None or switches["lora"] is not None
+    if (changes_params or switches["optimizer"] is not None) and structure is None:
+        raise ValueError(
+            "This profile has no layer table (it was made by an older nbtrainer): run profile_model(...) again to "
+            "use fits() with quantize= / lora= / optimizer=."
+        )
+    if structure is not None:
+        _params_and_state(memory, structure, switches, out)
+    if switches["offload_optimizer"] and out.parts["optimizer_state"]:
+        state = out.parts["optimizer_state"]
+        master = out.host.get("trained", 0)
+        out.host["optimizer_state"] = state + master
+        out.savings["offload_optimizer"] = {"optimizer_state": state}
+        out.parts["optimizer_state"] = 0
+    out.host.pop("trained", None)
+    if switches["offload_activations"]:
+        recompute = memory.get("recompute_peak") or 0
+        kept = memory.get("activations_checkpointed") or 0
+        out.activation_scale = recompute / (kept + recompute) if checkpointing and kept + recompute else 0.0
+        out.notes.append(
+            "the backward brings offloaded activations back one at a time (not counted)"
+            + (", a checkpointed block's recomputation stays on the device" if checkpointing else "")
+        )
+    return out
+
+
+def _params_and_state(
+    memory: dict[str, Any], structure: dict[str, Any], switches: dict[str, Any], out: Switched
+) -> None:
+    params = {row[0]: row for row in structure["params"]}
+    trained = {name for name, *_rest in structure["params"] if _rest[2]}
+    method, lora = switches["quantize"], switches["lora"]
+    head = structure["head"]
+    param_saving = 0
+    if method is not None:
+        linears = [row for row in structure["linears"] if row[4]]
+        if not linears:
+            raise ValueError(
+                f"fits(quantize={method!r}): the model has no nn.Linear to quantize besides its output head."
+            )
+        for name, n_in, n_out, _, _ in linears:
+            weight = params.get(f"{name}.weight")
+            if weight is None:
+                continue
+            param_saving += weight[1] * weight[2] - _quantized_bytes(method, n_in, n_out)
+            trained -= {f"{name}.weight", f"{name}.bias"}
+        out.parts["parameters"] -= param_saving
+        out.savings[f"quantize={method!r}"] = {"parameters": param_saving}
+    adapters: list[tuple[int, int, list[int]]] = []
+    if lora is not None:
+        targets = [row for row in structure["linears"] if _targeted(row[0], lora["target_modules"], row[4], head)]
+        if not targets:
+            raise ValueError(
+                f"fits(lora=): target_modules={lora['target_modules']!r} matches no linear layer of the model; use "
+                "target_modules='all-linear' or the names of its nn.Linear layers."
+            )
+        r = lora["r"]
+        adapters = [(r * n_in, 4, [r, n_in]) for _, n_in, _, _, _ in targets]
+        adapters += [(r * n_out, 4, [n_out, r]) for _, _, n_out, _, _ in targets]
+        trained = set()  # PEFT freezes the whole base
+        out.parts["parameters"] += sum(n * e for n, e, _ in adapters)
+    before = [(row[1], row[2], row[4]) for row in structure["params"] if row[3]]
+    after = [(params[n][1], params[n][2], params[n][4]) for n in trained] + adapters
+    bytes_before = sum(n * e for n, e, _ in before)
+    bytes_after = sum(n * e for n, e, _ in after)
+    out.host["trained"] = bytes_after
+    grads = max(out.parts["gradients"] - bytes_before + bytes_after, 0)
+    name = switches["optimizer"]
+    if name is not None:
+        state = _optimizer_state(name, after)
+    elif bytes_before:  # the profiled optimizer: its measured state per trained byte
+        state = round(memory["optimizer_state"] * bytes_after / bytes_before)
+    else:
+        state = 0
+    what = f"lora(r={lora['r']})" if lora is not None else f"quantize={method!r}" if method is not None else ""
+    if what:
+        saved = {"gradients": out.parts["gradients"] - grads}
+        if lora is not None:
+            saved["parameters"] = -sum(n * e for n, e, _ in adapters)  # adapters cost parameters
+        if name is None:
+            saved["optimizer_state"] = out.parts["optimizer_state"] - state
+        out.savings.setdefault(what, {}).update(saved)
+    if name is not None:
+        same_set = _optimizer_state("adamw", after)
+        out.savings[f"optimizer={name!r}"] = {"optimizer_state": same_set - state}
+        if what:  # the frozen base's share of AdamW's state goes to quantize / lora
+            out.savings[what]["optimizer_state"] = out.parts["optimizer_state"] - same_set
+    out.parts["gradients"], out.parts["optimizer_state"] = grads, state
