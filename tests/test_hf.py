@@ -250,6 +250,17 @@ def test_evaluate_and_predict_build_no_cache():
     assert built[4:] == [True, True] and all(isinstance(k["cache"], transformers.Cache) for k in kept)
 
 
+def test_fit_builds_no_cache():
+    """Training never reads a key/value cache: GPT-2's forward under fit (and its validation) builds none."""
+    model = _gpt2()
+    built = []
+    model.register_forward_hook(lambda module, args, output: built.append(output.get("cache") is not None))
+    loader = _loader(_collate_lm, n=8, batch_size=4)
+    Trainer(model, None, torch.optim.SGD(model.parameters(), lr=1e-3), progress=False).fit(loader, loader, epochs=1)
+    assert built and not any(built)
+    assert model.config.use_cache is True  # put back
+
+
 def test_gpt2_predict_under_bf16_mixed_is_float32_numpy_ready():
     from nbtrainer import precision_support
 

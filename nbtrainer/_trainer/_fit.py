@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nbtrainer._data import _arrays
+from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._events._history import History
 from nbtrainer._events._progress import start_progress
 from nbtrainer._loop import _oom
@@ -167,7 +168,8 @@ class TrainerFit(TrainerBase):
         ctrl_c = StopOnInterrupt(self._control, enabled=not self.strategy.distributed)
         interrupted: BaseException | None = None
         try:
-            with ctrl_c:
+            # Hugging Face models build no key/value cache while training (nothing reads it; it only costs memory)
+            with ctrl_c, no_cache(self.model):
                 self.callbacks.call("on_fit_start", trainer=self)
                 if resume_note is not None:  # say whether it resumed (one line in the progress, an event)
                     st = self._state
