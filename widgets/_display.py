@@ -82,8 +82,8 @@ class SummaryDisplay:
             v.summary.value = self.summary_html
             v.summary_section.root.remove_class("nbt-summary-previous")
             v.summary_section.set_title("summary")
-            v.summary_section.show(v.summary, detail=self._summary_detail)
-            v.summary_section.set_open(False)  # one line until expanded: the live charts are right above
+            # one line until expanded (the live charts are right above); never open for a moment in between
+            v.summary_section.show(v.summary, detail=self._summary_detail, is_open=False)
         self._update_slots()
 
     def _update_slots(self) -> None:

@@ -54,15 +54,15 @@ class Section:
             f"<b>{html.escape(title)}</b>{tail}</div>"
         )
 
-    def show(self, *children: Any, detail: str = "") -> None:
-        """Show the area, open, then put ``children`` in the body.
+    def show(self, *children: Any, detail: str = "", is_open: bool = True) -> None:
+        """Show the area (open, or folded to its title line), then put ``children`` in the body.
 
         In that order: a chart drawn inside a hidden area measures 0 x 0 (bqplot logs "negative width" and the
         plot stayed invisible)."""
         if detail:
             self.set_title(self._title, detail)
+        self.set_open(is_open)
         self.root.layout.display = "flex"
-        self.set_open(True)
         self.body.children = tuple(children)
 
     def set_open(self, is_open: bool) -> None:

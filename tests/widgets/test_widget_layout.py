@@ -204,7 +204,7 @@ def test_bounded_range_stays_within_0_1(values):
 
 def test_a_section_is_shown_before_its_content_is_drawn():
     """A chart put into a hidden area measures 0 x 0 (bqplot: "negative width", an invisible plot): the area
-    is displayed and opened first, then the content arrives."""
+    is opened (or folded) and displayed first, then the content arrives."""
     from nbtrainer.widgets._section import Section
 
     section, order = Section("LR finder", "nbt-test-area"), []
@@ -214,4 +214,8 @@ def test_a_section_is_shown_before_its_content_is_drawn():
     section.set_open(False)
     order.clear()
     section.show(W.HTML("chart"))
-    assert order == ["shown", "opened", "content"], order
+    assert order == ["opened", "shown", "content"], order
+    section.close()
+    order.clear()
+    section.show(W.HTML("summary"), is_open=False)  # folded from the start: never open for a moment
+    assert order == ["opened", "shown", "content"] and not section.is_open, order
