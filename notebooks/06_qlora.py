@@ -41,8 +41,9 @@ text = codecs.decode(this.s, "rot13")
 ids = torch.tensor([ord(c) for c in text])  # characters as token ids (ASCII: vocabulary 128)
 seq = 32
 windows = torch.stack([ids[i : i + seq] for i in range(0, len(ids) - seq, 6)])
-train_loader = DataLoader(
-    [{"input_ids": w, "labels": w} for w in windows],
+samples = [{"input_ids": w, "labels": w} for w in windows]  # a list is a map-style dataset
+train_loader: DataLoader[dict[str, torch.Tensor]] = DataLoader(
+    samples,  # type: ignore[arg-type]
     batch_size=16,
     shuffle=True,
     generator=torch.Generator().manual_seed(0),
