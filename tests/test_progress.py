@@ -43,7 +43,7 @@ def _check_values(line: str) -> dict[str, str]:
     """Every ``key=value`` of a line is in the one number format: formatting the value again gives it back."""
     pairs = dict(re.findall(r"(\S+)=(\S+)", line))
     for key, text in pairs.items():
-        if "/" in text or key == "eta":  # positions like epoch=3/10; durations (format_duration)
+        if "/" in text or key in ("eta", "time"):  # positions like epoch=3/10; durations (format_duration)
             continue
         value = float(text.replace(",", ""))
         assert format_value(key, value) == text, f"{key}={text} is not in the number format ({line!r})"
