@@ -4,7 +4,7 @@
 ``_placement``         Placement: single device or distributed wrap, no_sync
 ``_ddp``               DDP: process group, sampler, reductions
 ``_fsdp``              FSDP2: fully_shard units, mixed-precision and offload policies, even eval batches
-``_fsdp_checkpoint``   FSDP checkpoints: full state gathered to rank 0, or a sharded DCP directory
+``_fsdp_checkpoint``   FSDP checkpoints: the full state gathered to rank 0 (single-process format), loaded back
 ``_launch``            launch(fn, nprocs): a multi-process run from a notebook
 =====================  ================================================================================
 """

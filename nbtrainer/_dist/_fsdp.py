@@ -364,11 +364,9 @@ class FSDP(DDP):
         """The full model state on every rank, on the CPU; a collective."""
         return _ckpt.full_model_state(model)
 
-    def save_sharded(self, trainer: Any, path: str) -> str:
-        return _ckpt.save_sharded(trainer, path)
-
-    def load_sharded(self, trainer: Any, path: str) -> dict[str, Any]:
-        return _ckpt.load_sharded(trainer, path)
+    #: ``ModelCheckpoint(sharded=True)`` / ``trainer.save_checkpoint(path, sharded=True)`` write a DCP directory of
+    #: each rank's shards (``nbtrainer._resume._sharded``); resume reads it on the same number of processes.
+    can_shard_checkpoints = True
 
 
 def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:

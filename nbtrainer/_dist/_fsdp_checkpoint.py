@@ -14,24 +14,19 @@
   processes (the per-rank data order and RNG are part of it).
 
 The optimizer's own format is indexed by position; torch's distributed state dicts are keyed by
-parameter name: :func:`_to_indexed` / :func:`_to_named` convert through the optimizer's parameter order.
+parameter name: :func:`to_indexed` / :func:`_to_named` convert through the optimizer's parameter order.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
 import torch
 
+from nbtrainer._atomic import CheckpointError
 from nbtrainer._dist._placement import unwrap_model
-from nbtrainer._resume import _checkpoint_state as _state
-from nbtrainer._resume._checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint_file
 
-__all__ = ["full_model_state", "gather_full", "load_sharded", "load_weights", "save_sharded"]
-
-TRAINER_FILE = "trainer.ckpt"  # the non-weight part of a sharded checkpoint
+__all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "to_indexed"]
 
 
 def _options(**kwargs: Any) -> Any:
@@ -52,7 +47,7 @@ def _names(trainer: Any) -> list[str]:
     return [str(n) for n in order]
 
 
-def _to_indexed(named: dict[str, Any], trainer: Any) -> dict[str, Any]:
+def to_indexed(named: dict[str, Any], trainer: Any) -> dict[str, Any]:
     names = _names(trainer)
     index = {n: i for i, n in enumerate(names)}
     state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
@@ -86,10 +81,10 @@ def gather_full(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     if not trainer.strategy.is_global_zero:
         return {}, {}
-    return _saved_part(trainer, model_sd), _to_indexed(named, trainer)
+    return saved_part(trainer, model_sd), to_indexed(named, trainer)
 
 
-def _saved_part(trainer: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
+def saved_part(trainer: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
     """LoRA: the single-process format holds what trains (the adapters), not the frozen base."""
     savers = getattr(getattr(trainer, "_setup", None), "savers", None)
     if savers is None:
@@ -123,83 +118,3 @@ def load_weights(trainer: Any, model_state: dict[str, Any] | None, optim_state: 
         named = _to_named(optim_state, trainer)
         options = _options(full_state_dict=not _is_sharded(optim_state.get("state", {})))
         set_optimizer_state_dict(root, trainer.optimizer, named, options=options)
-
-
-def save_sharded(trainer: Any, path: str) -> str:
-    """Write ``path`` as a sharded checkpoint directory (see the module docstring); every rank calls it."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    strategy = trainer.strategy
-    ranks = strategy.all_gather_object(_state.rank_state(trainer))
-    state = _state.trainer_state_dict(trainer, weights=False)
-    state["ranks"] = ranks
-    state["sharded"] = {"world_size": strategy.world_size}
-    model_sd, named = get_state_dict(unwrap_model(trainer.model), trainer.optimizer)
-    partial = f"{path}.partial"
-    if strategy.is_global_zero:
-        shutil.rmtree(partial, ignore_errors=True)  # a save that was killed half-way
-        os.makedirs(partial)
-    strategy.barrier()
-    dcp.save({"model": model_sd, "optimizer": named}, checkpoint_id=partial)
-    if strategy.is_global_zero:
-        save_checkpoint_file(os.path.join(partial, TRAINER_FILE), state)
-        _swap_into_place(partial, path)
-    strategy.barrier()
-    return path
-
-
-def _swap_into_place(partial: str, path: str) -> None:
-    # A directory cannot be os.replace'd over a non-empty one: move the old one aside, then rename.
-    old = None
-    if os.path.lexists(path):
-        old = f"{path}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(partial, path)
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _copy(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def load_sharded(trainer: Any, path: str) -> dict[str, Any]:
-    """A sharded checkpoint directory as a checkpoint dict whose model and optimizer hold this rank's shards."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    meta_path = os.path.join(path, TRAINER_FILE)
-    if not os.path.exists(meta_path):
-        raise CheckpointError(
-            f"{path!r} is a directory without {TRAINER_FILE}: not a sharded nbtrainer checkpoint (or its save was "
-            "interrupted). Resume from a checkpoint written by ModelCheckpoint(..., sharded=True)."
-        )
-    ckpt = load_checkpoint(meta_path, map_location="cpu")
-    strategy = trainer.strategy
-    saved = int(ckpt.get("sharded", {}).get("world_size", 0))
-    if saved != strategy.world_size:
-        raise CheckpointError(
-            f"{path!r} is a sharded checkpoint written by {saved} process(es), and this run has "
-            f"{strategy.world_size}: its shards and per-rank data order belong to {saved} ranks. Resume it with "
-            f"{saved} processes (torchrun --nproc-per-node {saved}), or save full checkpoints (ModelCheckpoint "
-            "without sharded=True), which load on any number of processes."
-        )
-    own_model, own_optim = get_state_dict(unwrap_model(trainer.model), trainer.optimizer)
-    # Loaded into copies: the trainer's own tensors change only after every check of load_trainer_state passed.
-    model_sd: dict[str, Any] = {k: _copy(v) for k, v in own_model.items()}
-    own: dict[str, Any] = dict(own_optim)
-    named: dict[str, Any] = {
-        "state": {n: {k: _copy(v) for k, v in s.items()} for n, s in own["state"].items()},
-        "param_groups": [dict(g) for g in own["param_groups"]],
-    }
-    dcp.load({"model": model_sd, "optimizer": named}, checkpoint_id=path)
-    ckpt["model"] = _saved_part(trainer, model_sd)
-    ckpt["optimizer"] = _to_indexed(named, trainer)
-    return ckpt

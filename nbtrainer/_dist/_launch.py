@@ -5,6 +5,10 @@ Each process gets what ``torchrun`` would give it (``RANK``, ``LOCAL_RANK``, ``W
 itself (``strategy="auto"``). Processes are forked by default: a function defined in a notebook cell
 works as is, but CUDA must not have been initialised in the kernel before (a forked child cannot use
 a CUDA context inherited from its parent), which is checked up front.
+
+``view=`` (a :class:`~nbtrainer._dist._launch_monitor.LaunchMonitor`, or True for the notebook panel
+``nbtrainer.widgets.LaunchView``) shows rank 0's progress in the launching process while the ranks train,
+and its stop ends every rank after the same optimizer step (:mod:`._launch_monitor`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbtrainer._dist._launch_monitor import LaunchMonitor
 
 __all__ = ["launch"]
 
@@ -37,6 +44,7 @@ def _worker(
     port: int,
     result_dir: str,
     threads: int | None,
+    channel: tuple[Any, Any] | None = None,
 ) -> None:
     os.environ.update(
         {
@@ -53,6 +61,10 @@ def _worker(
 
     if threads:
         torch.set_num_threads(threads)
+    if channel is not None:
+        from nbtrainer._dist._launch_monitor import install
+
+        install(local_rank, nprocs, *channel)
     try:
         result = fn(*args)
         try:
@@ -72,6 +84,24 @@ def _worker(
             dist.destroy_process_group()
 
 
+def _monitor(view: Any) -> LaunchMonitor | None:
+    from nbtrainer._dist._launch_monitor import LaunchMonitor
+
+    if view is False or view is None:
+        return None
+    if view is True:
+        import nbtrainer
+
+        made: LaunchMonitor = nbtrainer.LaunchView()
+        return made  # the widget layer, resolved lazily; it shows itself when the launch starts
+    if not isinstance(view, LaunchMonitor):
+        raise TypeError(
+            f"launch(view=...) takes True (the notebook panel), False, or a nbtrainer.LaunchMonitor, got "
+            f"{type(view).__name__}."
+        )
+    return view
+
+
 def launch(
     fn: Callable[..., Any],
     *args: Any,
@@ -80,6 +110,7 @@ def launch(
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     threads_per_process: int | None = None,
+    view: bool | LaunchMonitor = False,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` processes as a torchrun-like world; return each rank's result.
 
@@ -94,6 +125,10 @@ def launch(
             ``"spawn"`` (``fn`` must be importable from a ``.py`` module; works after CUDA was used).
         master_addr / master_port: the rendezvous address (default: loopback and a free port).
         threads_per_process: CPU threads per process (default: this process's threads / ``nprocs``).
+        view: ``False`` (default: nothing is shown but what the ranks print), ``True`` (a
+            ``nbtrainer.widgets.LaunchView`` panel: rank 0's progress, loss chart and a Stop that stops every
+            rank after the same step; needs ipywidgets), or a ``LaunchMonitor`` (subclass it to show or act
+            on rank 0's snapshots headless). Every ``Trainer`` built in ``fn`` reports to it by itself.
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]`` (results travel by pickle).
@@ -155,19 +190,33 @@ def launch(
         master_port = _free_port()
     if threads_per_process is None:
         threads_per_process = max(1, torch.get_num_threads() // nprocs)
+    monitor = _monitor(view)
+    channel = monitor.attach(multiprocessing.get_context(start_method), nprocs) if monitor is not None else None
     result_dir = tempfile.mkdtemp(prefix="nbtrainer-launch-")
     try:
         context = mp.start_processes(
             _worker,
-            args=(fn, args, nprocs, master_addr, master_port, result_dir, threads_per_process),
+            args=(fn, args, nprocs, master_addr, master_port, result_dir, threads_per_process, channel),
             nprocs=nprocs,
             join=False,
             start_method=start_method,
         )
         try:
-            while not context.join():
-                pass
-        except BaseException:
+            if monitor is None:
+                while not context.join():
+                    pass
+            else:  # drained while waiting: a rank blocks at exit until what it queued has been read
+                active = monitor
+
+                def done(timeout: float) -> bool:
+                    active.drain()
+                    return bool(context.join(timeout))
+
+                monitor.wait(done)
+                monitor.close()
+        except BaseException as exc:
+            if monitor is not None:
+                monitor.close(exc)
             # A failure on one rank (or Ctrl-C / interrupt in the notebook) ends every rank: none is left
             # waiting forever in a collective.
             for proc in context.processes:

@@ -91,7 +91,7 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: Trainer) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
-        if self.sharded and not callable(getattr(trainer.strategy, "save_sharded", None)):
+        if self.sharded and not getattr(trainer.strategy, "can_shard_checkpoints", False):
             raise ValueError(
                 "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "
                 "Drop sharded=True: the full checkpoint file holds the same state."
@@ -174,7 +174,7 @@ class ModelCheckpoint(Callback):
         # Deferred until every callback has seen this event, so their state (patience counters, this
         # callback's own top-k list) is saved as it will be when training continues.
         if self.sharded:
-            trainer.defer(lambda: trainer.strategy.save_sharded(trainer, path))
+            trainer.defer(lambda: trainer.save_checkpoint(path, sharded=True))
         else:
             trainer.defer(lambda: trainer.save_checkpoint(path))
 

@@ -3,6 +3,7 @@
 =====================  ================================================================================
 ``_checkpoint_state``  what a checkpoint holds and how it is restored
 ``_continue``          fit_more and schedule checks
-``_checkpoint_io``     atomic writes, weights_only loads, CheckpointError
+``_checkpoint_io``     checkpoint files: saved through nbtrainer._atomic, loaded with weights_only=True
+``_sharded``           sharded checkpoint directories under FSDP2 (each rank's shards, no gather)
 =====================  ================================================================================
 """

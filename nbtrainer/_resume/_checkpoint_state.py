@@ -345,12 +345,13 @@ def resume(
                 "first, or pass a checkpoint path."
             )
     if os.path.isdir(path):  # ModelCheckpoint(sharded=True): only a strategy that shards can read it
-        load_sharded = getattr(trainer.strategy, "load_sharded", None)
-        if load_sharded is None:
+        if not getattr(trainer.strategy, "can_shard_checkpoints", False):
             raise CheckpointError(
                 f"{path!r} is a sharded checkpoint directory (ModelCheckpoint(..., sharded=True)); resume it with "
                 "strategy='fsdp' on the number of processes that wrote it, or resume from a full checkpoint file."
             )
+        from nbtrainer._resume._sharded import load_sharded
+
         ckpt = load_sharded(trainer, path)
     else:
         # FSDP: the full tensors stay on the CPU until each rank has taken its shard

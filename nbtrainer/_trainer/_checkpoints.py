@@ -23,14 +23,28 @@ __all__ = ["TrainerCheckpoints"]
 class TrainerCheckpoints(TrainerBase):
     """Mixin of :class:`~nbtrainer.Trainer` (its state is declared in :class:`TrainerBase`)."""
 
-    def save_checkpoint(self, path: str) -> str:
-        """Write a full checkpoint atomically (from any thread: applied at the next step boundary)."""
+    def save_checkpoint(self, path: str, *, sharded: bool = False) -> str:
+        """Write a full checkpoint atomically (from any thread: applied at the next step boundary).
+
+        ``sharded=True`` (FSDP2 only) writes a directory of each rank's shards instead of gathering the full
+        state to rank 0; every rank must call it, and it resumes on the same number of processes."""
         if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
-            return self._control.submit(lambda: self.save_checkpoint(path)).result()
+            return self._control.submit(lambda: self.save_checkpoint(path, sharded=sharded)).result()
         if self.optimizer is None:
             raise _validate.no_optimizer(
                 "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
             )
+        if sharded:
+            if not getattr(self.strategy, "can_shard_checkpoints", False):
+                raise ValueError(
+                    "save_checkpoint(sharded=True) needs strategy='fsdp' (a sharded checkpoint is each rank's "
+                    "shards); without it, save_checkpoint(path) writes the full state."
+                )
+            from nbtrainer._resume._sharded import save_sharded
+
+            state = _state.trainer_state_dict(self._whole, weights=False)
+            state["ranks"] = self.strategy.all_gather_object(_state.rank_state(self._whole))
+            return save_sharded(self._whole, path, state)
         # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
         ranks = self.strategy.all_gather_object(_state.rank_state(self._whole)) if self.strategy.distributed else None
         # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
