@@ -44,6 +44,8 @@ _LAZY: dict[str, str] = {
     "ModelProfile": "nbtrainer._profile._report",
     "profile_training": "nbtrainer._profile._trace",
     "launch": "nbtrainer._dist._launch",
+    "LaunchMonitor": "nbtrainer._dist._launch_monitor",
+    "LaunchView": "nbtrainer.widgets",
     "DDP": "nbtrainer._dist._ddp",
     "FSDP": "nbtrainer._dist._fsdp",
     "compare_strategies": "nbtrainer._compare._run",
@@ -85,6 +87,8 @@ __all__ = [
     "InferenceComparison",
     "LRFinderResult",
     "LRMonitor",
+    "LaunchMonitor",
+    "LaunchView",
     "MLflowLogger",
     "ModelCheckpoint",
     "ModelProfile",
@@ -160,6 +164,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._dist._ddp import DDP
     from nbtrainer._dist._fsdp import FSDP
     from nbtrainer._dist._launch import launch
+    from nbtrainer._dist._launch_monitor import LaunchMonitor
     from nbtrainer._events._callbacks import Callback, EarlyStopping, LRMonitor
     from nbtrainer._events._frontend import in_notebook
     from nbtrainer._events._history import History
@@ -185,4 +190,4 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._setup._precision import PrecisionError, precision_support
     from nbtrainer._setup._seed import seed_everything
     from nbtrainer._trainer._trainer import Trainer
-    from nbtrainer.widgets import CompareWidget, ProfileCard, RunsWidget, TrainerWidget
+    from nbtrainer.widgets import CompareWidget, LaunchView, ProfileCard, RunsWidget, TrainerWidget

@@ -46,6 +46,9 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-summary-static``       the plain-HTML summary left in the output below the panel for front ends
                              without widgets (hidden where the panel renders); inside it
                              ``nbt-summary``, ``nbt-summary-table``, SVG charts ``nbt-summary-chart``
+``nbt-launch``               ``LaunchView`` (``nbtrainer.launch(..., view=True)``): ``nbt-launch-status``,
+                             ``nbt-launch-epoch``, ``nbt-launch-step``, ``nbt-launch-info``, ``nbt-launch-stop``,
+                             ``nbt-launch-chart``, ``nbt-launch-epochs``
 ``nbt-compare``              ``CompareWidget``: ``nbt-compare-status``, the HTML table ``nbt-compare-table``,
                              bar charts (in ``nbt-compare-charts``) ``nbt-compare-chart-time``,
                              ``nbt-compare-chart-memory``, ``nbt-compare-chart-metric``
@@ -70,6 +73,7 @@ if __name__ != "nbtrainer.widgets":  # pragma: no cover - exercised by a subproc
 from nbtrainer.plotting import MinMaxStream, decimate, minmax_indices, summary_html
 
 from ._compare_view import CompareWidget
+from ._launch_view import LaunchView
 from ._lr_finder import LRFinderView
 from ._panel import TrainerWidget
 from ._profile_card import ProfileCard
@@ -78,6 +82,7 @@ from ._runs_view import RunsWidget, TuneView
 __all__ = [
     "CompareWidget",
     "LRFinderView",
+    "LaunchView",
     "MinMaxStream",
     "ProfileCard",
     "RunsWidget",

@@ -18,6 +18,7 @@ import torch
 
 from nbtrainer._data._batch import BatchSpec
 from nbtrainer._data._prefetch import check_data_options
+from nbtrainer._dist._launch_monitor import launched_callbacks
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 from nbtrainer._events._callbacks import HistoryRecorder
 from nbtrainer._events._history import History
@@ -295,7 +296,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         # last: it opens (and checks) the store now, before any step, and callback indices (checkpoint keys) keep
         self._run_recorder = RunRecorder(run_store)
         self.run_id: str | None = None  # the id of this trainer's run in the store (nbtrainer.Runs), set by fit
-        self.callbacks = CallbackList([self._recorder, *user_callbacks, self._run_recorder])
+        # after it: nbtrainer.launch(view=...)'s progress/stop channel (launched ranks only; no state, no index)
+        self.callbacks = CallbackList([self._recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
         self.progress = Progress()
         self.status = "idle"
         self._control = Control()
