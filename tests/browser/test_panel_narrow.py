@@ -124,6 +124,7 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     page.wait_for_function(f"(s) => ({X_TICKS})(s) !== null", arg=".nbt-lrfinder-chart", timeout=30_000)
     ticks = page.evaluate(X_TICKS, ".nbt-lrfinder-chart")
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(ticks)), ticks
+    screenshot(page, "panel-narrow-800-lrfinder", selector=".nbt-lrfinder")
 
     # a run of 20 epochs: the table shows the newest rows and says how many are hidden
     page.locator("button.nbt-start").click()
@@ -138,8 +139,9 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     assert page.evaluate(STATUS_ONE_LINE), page.locator(".nbt-status").first.inner_text()
     titles = page.evaluate(TITLES_ONE_LINE)
     assert titles and all(t["lines"] == 1 for t in titles), titles
-    panel.scroll_into_view_if_needed()
-    screenshot(page, "panel-narrow-800", selector=".nbt-panel")
+    # the panel is taller than the window: its parts one by one (an element shot shows only what is in view)
+    for part in (".nbt-header", ".nbt-epochs-area", ".nbt-chart-metrics"):
+        screenshot(page, f"panel-narrow-800{part.replace('.nbt', '')}", selector=part)
 
     # a second, long run: the first run's summary is marked as the previous run's
     epochs = page.locator(".nbt-epochs input").first
@@ -160,14 +162,19 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     )
     # "show all": opens at the newest row; once the user scrolls up, new epochs do not pull the view back
     page.locator(".nbt-epoch-all").first.click()
-    page.wait_for_function(f"() => {BOX}.classList.contains('nbt-epoch-scrolls')")
-    page.evaluate(f"() => {{ {BOX}.scrollTop = -80; }}")
+    # ready when every row is there and the box scrolls (its class, rows and height arrive in separate messages)
+    page.wait_for_function(
+        f"() => {BOX}.classList.contains('nbt-epoch-scrolls') && {BOX}.scrollTop === 0"
+        f" && {BOX}.scrollHeight > {BOX}.clientHeight + 120 && {BOX}.querySelectorAll('tbody tr').length > 20"
+    )
+    # the user scrolls up (column-reverse: negative from the newest row); done once the box holds the position
+    page.wait_for_function(f"() => {{ {BOX}.scrollTop = -80; return {BOX}.scrollTop < -40; }}")
     before = _epochs_so_far(page)
     page.wait_for_function(
         f"() => Number(/(\\d+) so far/.exec(document.querySelector('.nbt-epochs-area').innerText)[1]) > {before}"
     )
     assert page.evaluate(f"() => {BOX}.scrollTop") < -40
-    screenshot(page, "panel-narrow-800-second-run", selector=".nbt-panel")
+    screenshot(page, "panel-narrow-800-show-all", selector=".nbt-epochs-area")
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", timeout_s=15)
 
