@@ -189,14 +189,16 @@ class LRFinderView:
         self.restore.on_click(lambda _: self.undo())
         if self.previous is not None:
             self.restore.description = f"restore {format_lr(self.previous)}"
-        self.legend = W.HTML(
-            legend_html([("smoothed loss", "#1f77b4", False)])[:-6]
+        self.legend = W.HTML(  # wraps in a narrow panel (each entry stays whole)
+            "<div style='white-space:normal'>"
+            + legend_html([("smoothed loss", "#1f77b4", False)])[:-6]
             + "".join(
                 f"<span style='margin-left:10px;white-space:nowrap'><span style='color:{RULE_COLORS.get(k, '#555')}'>"
                 f"&#9670;</span> {html.escape(k)} {format_lr(v)}</span>"
                 for k, v in rules
             )
-            + "</div>"
+            + "</div></div>",
+            layout=W.Layout(width="100%"),
         )
         self.legend.add_class("nbt-lrfinder-legend")
         self.root = W.VBox(
