@@ -93,6 +93,8 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", timeout_s=30)
     # the summary renders inside the panel (Voila never re-renders the plain-HTML slot under it)
+    # the badge says "stopped" one UI push before the summary is built and shown (folded): wait for it, then open it
+    page.locator(".nbt-summary-area .nbt-section-title").wait_for(state="visible", timeout=30_000)
     page.locator(".nbt-summary-area .nbt-collapse").click()
     page.locator(".nbt-summary-live .nbt-summary-table").wait_for(timeout=10_000)
     assert page.locator(".nbt-summary-live svg.nbt-summary-chart").count() >= 3
