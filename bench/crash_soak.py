@@ -1,7 +1,7 @@
 """Crash soak: SIGKILL training runs at random moments, resume each from its last checkpoint, and
 check that every resumed run ends bit-identical to the same run left alone.
 
-Each trial is one run of ``tests/_resume_worker.py`` (shuffled data, dropout, Adam + OneCycleLR per
+Each trial is one run of ``tests/resume/_resume_worker.py`` (shuffled data, dropout, Adam + OneCycleLR per
 step, grad_accum_steps=2 with a ragged last window, torchmetrics + callable metrics, validation,
 EarlyStopping, ModelCheckpoint every 2 optimizer steps + top-k + last) with its own seed. The run is
 slowed down a little per micro-batch (``--step-sleep``) so that a kill drawn uniformly over its

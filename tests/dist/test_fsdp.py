@@ -1,6 +1,6 @@
 """FSDP2 (issue 23) on CPU with gloo: the same Trainer with ``strategy="fsdp"``.
 
-Three torchrun launches of ``tests/ddp_scripts/fsdp_scenario.py`` (2 ranks, several checks each) are compared
+Three torchrun launches of ``tests/dist/ddp_scripts/fsdp_scenario.py`` (2 ranks, several checks each) are compared
 with single-process references computed here: 2 ranks at batch B give the weights and logs of 1 process at
 batch 2B (SGD; AdamW with ragged accumulation windows and clipping), each rank holds about half of the
 parameter and optimizer-state bytes, rank 0 alone writes and prints, bf16 goes through the
@@ -26,7 +26,7 @@ if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover -
 from nbtrainer import FSDP, CheckpointError, History, ModelCheckpoint, Trainer, load_checkpoint, precision_support
 from nbtrainer._dist._ddp import destroy_process_group
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddp_scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_scripts")
 sys.path.insert(0, SCRIPTS)
 import common  # noqa: E402
 import fsdp_common as fc  # noqa: E402

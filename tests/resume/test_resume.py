@@ -1,6 +1,6 @@
 """Exact resume: a run SIGKILLed mid-epoch and resumed from ``last.ckpt`` ends bit-identical.
 
-The run (``tests/_resume_worker.py``) is a subprocess so the kill is a real SIGKILL: shuffled data
+The run (``tests/resume/_resume_worker.py``) is a subprocess so the kill is a real SIGKILL: shuffled data
 (with and without the loader's own generator), dropout, python/numpy draws in a callback, Adam +
 OneCycleLR per step, ``grad_accum_steps=2`` with a ragged last window (13 batches per epoch), a
 torchmetrics and a callable metric, validation, EarlyStopping and ModelCheckpoint(every_n_steps,

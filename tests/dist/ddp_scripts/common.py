@@ -1,5 +1,5 @@
 """Data, models and the reference (single-process) setup shared by the DDP scenario scripts and
-tests/test_distributed.py. Tiny on purpose: 2 CPU cores, gloo."""
+tests/dist/test_distributed.py. Tiny on purpose: 2 CPU cores, gloo."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DDP scenarios for tests/test_distributed.py, run as
+"""DDP scenarios for tests/dist/test_distributed.py, run as
 ``torchrun --standalone --nproc_per_node=2 scenario.py NAME OUTDIR [ARGS...]``.
 
 Each rank writes ``OUTDIR/NAME.rank{r}.json`` (and ``.pt`` weights) for the test to compare with a

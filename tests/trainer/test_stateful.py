@@ -14,7 +14,7 @@ import torch
 
 from nbtrainer import ModelCheckpoint, Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "stateful_lm.py"
 
 

@@ -195,7 +195,7 @@ def test_train_digits_example_says_why_it_fails(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"
     spec = importlib.util.spec_from_file_location("train_digits_example", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

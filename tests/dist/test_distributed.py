@@ -1,6 +1,6 @@
 """DDP (issue 8) on CPU with gloo and 2 processes: the same Trainer under torchrun.
 
-The 2-process runs (``tests/ddp_scripts/scenario.py`` under ``torchrun --standalone``) are compared with
+The 2-process runs (``tests/dist/ddp_scripts/scenario.py`` under ``torchrun --standalone``) are compared with
 single-process references computed here: same weights as one process with twice the per-device batch,
 the same reduced metrics, rank-0-only files and output, EarlyStopping without hangs, one gradient
 all-reduce per optimizer step under accumulation, exact resume, and checkpoints that move between DDP

@@ -8,9 +8,9 @@ torchmetrics metric and a callable metric, validation, EarlyStopping and ModelCh
 
 Usage::
 
-    python tests/_resume_worker.py --dir CKPTS --out OUT.pt [--seed S] [--kill-at M] [--resume]
-    python tests/_resume_worker.py --reference --seeds 0,1,2 --out-dir D   # uninterrupted runs
-    python tests/_resume_worker.py --jobs '[{"seed": 0, "dir": ..., "out": ..., "resume": true}, ...]'
+    python tests/resume/_resume_worker.py --dir CKPTS --out OUT.pt [--seed S] [--kill-at M] [--resume]
+    python tests/resume/_resume_worker.py --reference --seeds 0,1,2 --out-dir D   # uninterrupted runs
+    python tests/resume/_resume_worker.py --jobs '[{"seed": 0, "dir": ..., "out": ..., "resume": true}, ...]'
 
 ``--kill-at M`` SIGKILLs the process itself right after micro-batch ``M`` (counted over the whole
 run); ``--step-sleep`` slows every micro-batch down so an outside killer lands at random moments.

@@ -186,7 +186,7 @@ def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
 
     shown = []
     monkeypatch.setattr(_magics.NbtrainerMagics, "_display", lambda self, obj: shown.append(obj))
-    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a kernel with a front end (terminal: tests/test_magics.py)
+    monkeypatch.setenv("NBTRAINER_FRONTEND", "notebook")  # a front end (terminal: tests/shell)
     x, y = make_classification(n=64)
     shell.user_ns.update(
         make_model=lambda: Net(hidden=16),

@@ -1,8 +1,8 @@
-"""A script that trains until the Ctrl-C test sends it SIGINT (``tests/test_interrupt.py``).
+"""A script that trains until the Ctrl-C test sends it SIGINT (``tests/trainer/test_interrupt.py``).
 
 Usage::
 
-    python tests/_interrupt_worker.py CKPT_DIR [--accum N]
+    python tests/trainer/_interrupt_worker.py CKPT_DIR [--accum N]
 
 Prints ``STEP n`` after every optimizer step (each step sleeps a little, so SIGINT lands inside a step),
 ``END <status>`` from ``on_fit_end`` and ``RETURNED <status>`` if ``fit`` returns.
