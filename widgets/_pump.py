@@ -120,6 +120,7 @@ class UiPump:
             if not final:
                 v.set_status(*self._live_status(p))
             charts.render()
+            w.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
         w.ui_updates += 1
         w.ui_update_times.append(time.monotonic())
 

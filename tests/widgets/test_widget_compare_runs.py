@@ -1,0 +1,108 @@
+"""The panel's compare menu: earlier runs of the store as muted overlay lines on the live charts (headless)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+from widget_helpers import accuracy, make_widget, wait_for
+
+pytest.importorskip("bqplot")
+
+from nbtrainer import Trainer
+from nbtrainer.plotting import decimate
+
+
+def _fit(bs: int, seed: int) -> Trainer:
+    x, y = make_classification(n=160, seed=seed)
+    model = mlp(seed=seed)
+    t = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        metrics={"acc": accuracy},
+        progress=False,
+    )
+    t.fit(make_loader(x[:128], y[:128], bs), make_loader(x[128:], y[128:], 32), epochs=2)
+    return t
+
+
+@pytest.fixture(scope="module")
+def two_runs():
+    return _fit(16, 1), _fit(32, 2)  # 8 and 4 optimizer steps per epoch
+
+
+def _key(w, run_id: str) -> str:
+    keys = [k for _, k in w.compare.select.options if k.endswith(f":{run_id}")]
+    assert len(keys) == 1, w.compare.select.options
+    return keys[0]
+
+
+def test_choosing_a_run_overlays_its_history_and_unchoosing_removes_it(two_runs):
+    a, b = two_runs
+    w = make_widget(n=64, bs=16, epochs=1)
+    assert "nbt-compare-runs" in w.compare.select._dom_classes
+    ka, kb = _key(w, a.run_id), _key(w, b.run_id)
+    labels = {k: lab for lab, k in w.compare.select.options}
+    assert list(labels).index(kb) < list(labels).index(ka)  # newest first
+    live = list(w.charts.loss_fig.marks)
+
+    w.compare.select.value = (ka,)
+    (line,) = w.compare.loss_lines.values()
+    np.testing.assert_allclose(line.x, a.history.steps["step"])
+    np.testing.assert_allclose(line.y, a.history.steps["loss"])
+    assert line.opacities[0] < 0.5
+    assert line in w.charts.loss_fig.marks and w.charts.loss_fig.marks[len(w.compare.loss_lines) :] == live
+    assert len(w.charts.raw.x) == 0  # the live series is untouched
+    (metric,) = w.compare.metric_lines.values()
+    np.testing.assert_allclose(metric.x, [r["epoch"] for r in a.history.epochs])
+    np.testing.assert_allclose(metric.y, [r["val_acc"] for r in a.history.epochs])
+    assert metric in w.charts.metrics.fig.marks
+
+    w.compare.select.value = (ka, kb)
+    assert len(w.compare.loss_lines) == 2 and line.colors != w.compare.loss_lines[kb].colors
+    w.compare.select.value = ()
+    assert not w.compare.loss_lines and not w.compare.metric_lines
+    assert list(w.charts.loss_fig.marks) == live
+    assert line not in w.charts.loss_fig.marks and metric not in w.charts.metrics.fig.marks
+
+
+def test_overlays_are_decimated_like_the_live_series(two_runs):
+    a, _ = two_runs
+    w = make_widget(n=64, bs=16, epochs=1, max_points=6)
+    w.compare.select.value = (_key(w, a.run_id),)
+    (line,) = w.compare.loss_lines.values()
+    x, y = decimate(a.history.steps["step"], a.history.steps["loss"], 6)
+    assert len(a.history.steps["step"]) == 16 and len(line.x) <= 6
+    np.testing.assert_allclose(line.x, x)
+    np.testing.assert_allclose(line.y, y)
+
+
+def test_epoch_alignment_and_the_live_run_is_not_listed(two_runs):
+    a, b = two_runs
+    w = make_widget(n=64, bs=16, epochs=2, slow=0.01)  # 4 optimizer steps per epoch
+    w.compare.select.value = (_key(w, a.run_id), _key(w, b.run_id))
+    w.start()
+    try:
+        wait_for(lambda: w.trainer.run_id not in (None, a.run_id, b.run_id), what="the live run's id")
+        w.compare.refresh()  # what a refresh while training shows: never the live run
+        assert not any(k.endswith(f":{w.trainer.run_id}") for _, k in w.compare.select.options)
+    finally:
+        w.wait()
+    assert w.compare.select.value == (_key(w, a.run_id), _key(w, b.run_id))  # kept across the refresh
+    assert any(k.endswith(f":{w.trainer.run_id}") for _, k in w.compare.select.options)  # ended: an earlier run
+
+    la, lb = (w.compare.loss_lines[_key(w, r.run_id)] for r in (a, b))
+    np.testing.assert_allclose(la.x, a.history.steps["step"])  # by step: each run's own steps
+    w.compare.align.value = "epoch"
+    la, lb = (w.compare.loss_lines[_key(w, r.run_id)] for r in (a, b))
+    # epoch k of each earlier run ends where the live run's epoch k ends (step 4k)
+    np.testing.assert_allclose(la.x, np.asarray(a.history.steps["step"]) * 4 / 8)
+    np.testing.assert_allclose(lb.x, np.asarray(b.history.steps["step"]) * 4 / 4)
+    np.testing.assert_allclose(lb.y, b.history.steps["loss"])
+    for r in (a, b):  # the metric chart: by epoch number
+        m = w.compare.metric_lines[_key(w, r.run_id)]
+        np.testing.assert_allclose(m.x, [1.0, 2.0])
+        np.testing.assert_allclose(m.y, [e["val_acc"] for e in r.history.epochs])
+    assert len(w.charts.raw.x) == 8  # the live loss is its own
