@@ -18,15 +18,14 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-controls``             controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
                              ``nbt-lr`` (log slider, two decades around the current LR),
                              ``nbt-lr-exact`` (exact entry), ``nbt-epochs``, ``nbt-scheduler``,
-                             ``nbt-clip``, ``nbt-checkpointing``
+                             ``nbt-clip``, ``nbt-checkpointing``, and the collapsible ``nbt-savers``
+                             (memory savers chosen before Start: optimizer, quantize, LoRA, offload;
+                             ``nbt-savers-note`` says what cannot run here and why)
 ``nbt-buttons``              ``nbt-start``, ``nbt-pause``, ``nbt-stop``, ``nbt-save`` (+ ``nbt-save-path``),
                              ``nbt-profile``, ``nbt-lrfind``
 ``nbt-progress``             ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``
 ``nbt-stats``                stat cards (each ``nbt-stat``): ``nbt-stat-best``, ``nbt-stat-throughput``,
                              ``nbt-stat-steptime`` (with the data share), ``nbt-stat-memory``
-``nbt-compare``              over the charts: ``nbt-compare-runs`` (earlier runs of the session's and the
-                             trainer's store, drawn as muted lines on the loss and metric charts) and
-                             ``nbt-compare-align`` (by step or by epoch)
 ``nbt-charts``               bqplot figures ``nbt-chart-loss`` (y scale menu ``nbt-loss-scale``),
                              ``nbt-chart-lr``, ``nbt-chart-metrics`` (bounded metrics, 0-1, zoomed to
                              clustered values; menu ``nbt-metrics-scale``),

@@ -26,12 +26,12 @@ from nbtrainer import ProgressBar, Trainer, format_count
 from . import _frontend
 from ._actions import PanelActions
 from ._charts import LiveCharts
-from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
 from ._poll import wait_until
 from ._pump import UiPump
 from ._runner import Feed, Run, claim_model
+from ._savers import Savers
 from ._theme import FG2
 from ._view import HIDE_STATIC, PanelView
 
@@ -87,6 +87,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             if len(args) > 2:
                 raise TypeError(f"Too many positional arguments. {_USAGE}")
             trainer, user_model = model, getattr(model.model, "_orig_mod", model.model)  # torch.compile
+            self._build: tuple[Any, ...] | None = None  # a built Trainer: the memory savers cannot rebuild it
         else:
             if len(args) < 2 or len(args) > 4:
                 raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {_USAGE}")
@@ -94,6 +95,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             args = tuple(loaders)
             trainer = Trainer(model, criterion, optimizer, metrics=metrics, **trainer_options)
             user_model = model
+            self._build = (criterion, optimizer, metrics, dict(trainer_options))
         train_loader = args[0] if len(args) > 0 else train_loader
         val_loader = args[1] if len(args) > 1 else val_loader
         if train_loader is None:
@@ -126,20 +128,17 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.ui_update_times: list[float] = []
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
-        # The compare menu over the charts; its store is the run_store given here (a Trainer passed in records
-        # where it was told to, which no public name reports: NBTRAINER_RUNS or this session's runs).
-        self.compare = CompareRuns(
-            self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
-        )
-        self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box]))
+        self.view = v = PanelView(self.charts.box)
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self._notify)
-        n_params = sum(p.numel() for p in user_model.parameters())
-        v.title.value = (
-            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
-            f"{type(user_model).__name__} · {trainer.device} · {format_count(n_params, compact=False)} parameters · "
-            f"{type(trainer.optimizer).__name__}</span>"
+        self.savers = Savers(
+            trainer,
+            locked_reason=None
+            if self._build is not None
+            else "the panel was given a built Trainer: pass these options to Trainer(...) instead",
         )
+        v.controls.children = (*v.controls.children, self.savers.root)
+        self._show_title()
         slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
         v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
         v.start.on_click(lambda _: self._guarded(self.start))
@@ -189,6 +188,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             raise RuntimeError("The LR finder is running; start when it has finished.")
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
+        self._apply_savers()
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self._notify("warning", msg)
@@ -307,6 +307,51 @@ class TrainerWidget(PanelActions, SummaryDisplay):
     def _notify(self, level: str, text: str, details: str | None = None) -> None:
         self.view.add_message(level, text, details)
 
+    def _show_title(self) -> None:
+        t, n_params = self.trainer, sum(p.numel() for p in self._model.parameters())
+        self.view.title.value = (
+            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
+            f"{type(self._model).__name__} · {t.device} · {format_count(n_params, compact=False)} parameters · "
+            f"{type(t.optimizer).__name__}</span>"
+        )
+
+    def _apply_savers(self) -> None:
+        """Build the run's Trainer with the memory savers chosen in the panel (nothing chosen: keep it).
+
+        The old trainer's precision, accumulation, clipping, checkpointing and LR (the controls) carry over.
+        Quantizing and adapters change the model in place, so the group locks once they are applied. A
+        combination the core refuses raises ValueError with the core's message (a panel message on click).
+        """
+        choice = self.savers.options()
+        if not choice or self.savers.locked_reason or self._build is None:
+            return
+        old = self.trainer
+        criterion, optimizer, metrics, options = self._build
+        options = dict(options)
+        options.update(
+            precision=old.precision,
+            grad_accum_steps=old.grad_accum_steps,
+            max_grad_norm=old.max_grad_norm,
+            activation_checkpointing=(options.get("activation_checkpointing") or True)
+            if old.checkpointed_blocks
+            else False,
+        )
+        chosen = ", ".join(f"{k}={v}" for k, v in choice.items())
+        optimizer = choice.pop("optimizer", optimizer)
+        if isinstance(optimizer, str):
+            options["lr"] = float(self.view.lr.value)
+            if options.pop("scheduler", None) is not None:  # it is bound to the optimizer given
+                self._notify("warning", "the scheduler given is bound to the optimizer given: pick one in the menu")
+        try:
+            trainer = Trainer(self._model, criterion, optimizer, metrics=metrics, **options, **choice)
+        except Exception as exc:
+            raise ValueError(f"memory savers: {exc}") from None
+        self.trainer = self.controls.trainer = trainer
+        self.controls._user_scheduler, self.controls._user_interval = trainer.scheduler, trainer.scheduler_interval
+        self.savers.lock(f"applied at Start ({trainer.param_counts}); build a new panel from a fresh model to change")
+        self._show_title()
+        self._notify("info", f"memory savers: {chosen} · {trainer.param_counts}")
+
     def _set_running(self, running: bool) -> None:
         v = self.view
         v.start.disabled = running
@@ -315,11 +360,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v.pause.description, v.pause.icon = "Pause", "pause"
         self._paused_requested = False
         self.controls.set_running(running)
-        self.compare.trainer, self.compare.running = self.trainer, running  # the savers may rebuild it
-        try:  # a run starts or ends: the menu lists the runs before it (never the live one)
-            self.compare.refresh()
-        except Exception as exc:  # a store that cannot be read must not block training
-            self._notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
+        self.savers.set_running(running)
 
     def _on_run_done(self, run: Run) -> None:
         """On the training thread, right after fit: give the trainer back as it was."""

@@ -1,0 +1,99 @@
+"""The panel's "memory savers" group: what it offers on this machine, and a QLoRA run chosen in it before Start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from widget_helpers import classes, make_classification, make_loader
+
+from nbtrainer import Trainer, TrainerWidget, memory_saver_support
+
+pytest.importorskip("bitsandbytes")
+pytest.importorskip("peft")
+
+
+def _mlp() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+
+
+def _widget(**kw):
+    model = _mlp()
+    x, y = make_classification(n=64, d=64, seed=0)
+    return TrainerWidget(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        make_loader(x, y, 16),
+        epochs=1,
+        device="cpu",
+        progress=False,
+        refresh_interval=0.05,
+        ui_interval=0.05,
+        **kw,
+    )
+
+
+def _messages(w, level: str) -> list[str]:
+    return [m.value for m in w.view.messages_log.lines.children if f"nbt-message-{level}" in m._dom_classes]
+
+
+def test_the_group_is_in_the_panel_and_unavailable_options_carry_their_reason():
+    w = _widget()
+    s = w.savers
+    assert "nbt-savers" in classes(w.panel)
+    assert [v for _, v in s.optimizer.options] == ["as given", "adamw", "adamw8bit", "adafactor"]
+    assert [v for _, v in s.quantize.options] == ["none", "nf4", "nf4-dq", "fp4", "int8"]
+    assert s.optimizer.value == "as given" and s.quantize.value == "none" and not s.lora.value
+    # On a CPU the optimizer state is in host RAM already: offloading it is refused, and the box says why.
+    assert s.offload_optimizer.disabled
+    assert "nothing to offload to" in s.offload_optimizer.tooltip
+    assert "nothing to offload to" in s.note.value
+    assert not s.offload_activations.disabled and not s.lora.disabled
+    support = memory_saver_support("cpu", "fp32")
+    for label, value in s.quantize.options[1:]:
+        ok, why = support[f"quantize:{value}"]
+        assert label.endswith("(unavailable)") != ok
+        assert ok or why in s.quantize.tooltip
+    assert w.savers.options() == {}  # nothing chosen: Start keeps the Trainer as built
+
+
+def test_nf4_lora_adamw8bit_chosen_before_start_trains_only_the_adapters():
+    w = _widget()
+    before = w.trainer
+    s = w.savers
+    s.quantize.value, s.lora.value, s.optimizer.value = "nf4", True, "adamw8bit"
+    w.view.start.click()
+    assert w.trainer is not before, _messages(w, "error")
+    history = w.wait(timeout=120)
+    assert history.status == "finished" and w.trainer.global_step == 4
+    counts = w.trainer.param_counts
+    assert counts.trainable_names and all("lora_" in n for n in counts.trainable_names)
+    assert 0 < counts.trainable < counts.frozen
+    assert any(type(m).__name__ == "Linear4bit" for m in w.trainer.model.modules())  # a real nf4 base
+    assert type(w.trainer.optimizer).__name__ == "AdamW8bit"
+    assert "AdamW8bit" in w.view.title.value
+    assert all(b.disabled for b in s.widgets)  # the model is quantized in place: no second choice on it
+    assert "applied at Start" in s.note.value
+    assert any("optimizer=adamw8bit" in m and "quantize=nf4" in m for m in _messages(w, "info"))
+
+
+def test_a_combination_the_core_refuses_shows_its_message_in_the_panel():
+    w = _widget()
+    w.savers.lora.value = True  # with the optimizer "as given" (an instance): the core wants a name
+    w.view.start.click()
+    errors = _messages(w, "error")
+    assert errors and "memory savers" in errors[-1] and "by name" in errors[-1]
+    assert "Traceback" not in errors[-1]
+    assert w.status == "idle" and not w.view.start.disabled
+    assert isinstance(w.trainer.optimizer, torch.optim.SGD) and not Trainer.active()
+    assert all(type(m) is not torch.nn.Linear or m.weight.requires_grad for m in w._model.modules())
+
+
+def test_a_panel_given_a_built_trainer_locks_the_group_with_the_reason():
+    model = _mlp()
+    x, y = make_classification(n=32, d=64, seed=0)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", device="cpu", progress=False)
+    w = TrainerWidget(trainer, make_loader(x, y, 16))
+    assert all(b.disabled for b in w.savers.widgets)
+    assert "pass these options to Trainer" in w.savers.note.value

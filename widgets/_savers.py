@@ -1,0 +1,152 @@
+"""The panel's "memory savers" group: optimizer, quantized base, LoRA and offloading, chosen before Start.
+
+These switches change how the Trainer is built (a quantized base and adapters change the model in place, a
+named optimizer is built over what trains afterwards), so they cannot be flipped on a live trainer like the LR:
+Start builds a new Trainer from the panel's model-form arguments with them (:meth:`Savers.options`). Options the
+environment cannot run (:func:`nbtrainer.memory_saver_support`) are marked unavailable in the menus and disabled
+as checkboxes, with the reason as tooltip, the same way as the precision menu.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as W
+
+from nbtrainer import memory_saver_support
+
+from ._section import Section
+from ._theme import FG2
+
+__all__ = ["AS_GIVEN", "OPTIMIZERS", "QUANTIZE", "Savers"]
+
+AS_GIVEN = "as given"
+OPTIMIZERS = ("adamw", "adamw8bit", "adafactor")
+QUANTIZE = ("none", "nf4", "nf4-dq", "fp4", "int8")
+LORA_R = 8
+
+
+def _menu(rows: list[tuple[str, bool]]) -> list[tuple[str, str]]:
+    return [(name if ok else f"{name} (unavailable)", name) for name, ok in rows]
+
+
+class Savers:
+    """The widgets of the group (``root``: a collapsible section, class ``nbt-savers``) and their state.
+
+    Args:
+        trainer: the panel's Trainer (device and precision decide what can run).
+        rebuildable: why the group cannot be used, or None (a panel built from a Trainer cannot rebuild it).
+    """
+
+    def __init__(self, trainer: Any, *, locked_reason: str | None = None) -> None:
+        self.support = memory_saver_support(trainer.device, trainer.precision)
+        s = self.support
+        self.reasons: dict[str, str] = {}  # option -> why it cannot run here (what the tooltips say)
+        opt_rows = [(AS_GIVEN, True)]
+        for name in OPTIMIZERS:
+            ok, why = s.get(f"optimizer:{name}", (True, ""))
+            opt_rows.append((name, ok))
+            if not ok:
+                self.reasons[f"optimizer:{name}"] = why
+        q_rows = [("none", True)]
+        for name in QUANTIZE[1:]:
+            ok, why = s.get(f"quantize:{name}", (False, "unknown quantization"))
+            q_rows.append((name, ok))
+            if not ok:
+                self.reasons[f"quantize:{name}"] = why
+        self.optimizer = W.Dropdown(
+            options=_menu(opt_rows), value=AS_GIVEN, description="optimizer", layout=W.Layout(width="210px")
+        )
+        self.quantize = W.Dropdown(
+            options=_menu(q_rows), value="none", description="quantize", layout=W.Layout(width="190px")
+        )
+        self.lora = W.Checkbox(
+            value=False, description=f"LoRA (r={LORA_R})", indent=False, layout=W.Layout(width="110px")
+        )
+        self.offload_activations = W.Checkbox(
+            value=False, description="offload activations", indent=False, layout=W.Layout(width="160px")
+        )
+        self.offload_optimizer = W.Checkbox(
+            value=False, description="offload optimizer", indent=False, layout=W.Layout(width="150px")
+        )
+        for key, box in (
+            ("lora", self.lora),
+            ("offload_activations", self.offload_activations),
+            ("offload_optimizer", self.offload_optimizer),
+        ):
+            ok, why = s.get(key, (False, "unknown switch"))
+            if not ok:
+                self.reasons[key] = why
+                box.disabled = True
+            box.tooltip = why or box.description
+        for menu, prefix in ((self.optimizer, "optimizer:"), (self.quantize, "quantize:")):
+            off = [f"{k[len(prefix) :]}: {r}" for k, r in self.reasons.items() if k.startswith(prefix)]
+            menu.tooltip = "; ".join(off) or f"all run on {trainer.device}"
+        self.note = W.HTML()
+        self.note.add_class("nbt-savers-note")
+        self.section = Section("memory savers", "nbt-savers", closable=False)
+        self.section.show(
+            W.HBox(
+                [self.optimizer, self.quantize, self.lora, self.offload_activations, self.offload_optimizer],
+                layout=W.Layout(flex_flow="row wrap", align_items="center"),
+            ),
+            self.note,
+            detail="applied at Start",
+            is_open=False,
+        )
+        self.root = self.section.root
+        self.locked_reason: str | None = None
+        self._show_note()
+        if locked_reason:
+            self.lock(locked_reason)
+
+    @property
+    def widgets(self) -> tuple[Any, ...]:
+        return (self.optimizer, self.quantize, self.lora, self.offload_activations, self.offload_optimizer)
+
+    def _show_note(self, extra: str = "") -> None:
+        off = [f"{k}: {r}" for k, r in self.reasons.items()]
+        parts = ([f"unavailable here: {'; '.join(off)}"] if off else []) + ([extra] if extra else [])
+        self.note.value = f"<span style='font-size:11px;color:{FG2}'>{' · '.join(parts)}</span>" if parts else ""
+
+    def lock(self, reason: str) -> None:
+        """Keep the choices shown but refuse new ones (the model changed in place, or no model form)."""
+        self.locked_reason = reason
+        for w in self.widgets:
+            w.disabled = True
+        self._show_note(reason)
+
+    def set_running(self, running: bool) -> None:
+        if self.locked_reason:
+            return
+        for w in (self.optimizer, self.quantize):
+            w.disabled = running
+        for key, box in (
+            ("lora", self.lora),
+            ("offload_activations", self.offload_activations),
+            ("offload_optimizer", self.offload_optimizer),
+        ):
+            box.disabled = running or key in self.reasons
+
+    def options(self) -> dict[str, Any]:
+        """The chosen Trainer options that differ from the defaults (``{}``: build nothing new).
+
+        Raises:
+            ValueError: an option this environment cannot run was picked (with the reason).
+        """
+        out: dict[str, Any] = {}
+        if self.optimizer.value != AS_GIVEN:
+            out["optimizer"] = self.optimizer.value
+        if self.quantize.value != "none":
+            out["quantize"] = self.quantize.value
+        if self.lora.value:
+            out["lora"] = {"r": LORA_R}
+        if self.offload_activations.value:
+            out["offload_activations"] = True
+        if self.offload_optimizer.value:
+            out["offload_optimizer"] = True
+        for key in ("optimizer", "quantize"):
+            why = self.reasons.get(f"{key}:{out.get(key)}")
+            if why:
+                raise ValueError(f"{key} {out[key]!r} cannot run here: {why}")
+        return out
