@@ -26,6 +26,9 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-progress``             ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``
 ``nbt-stats``                stat cards (each ``nbt-stat``): ``nbt-stat-best``, ``nbt-stat-throughput``,
                              ``nbt-stat-steptime`` (with the data share), ``nbt-stat-memory``
+``nbt-compare``              over the charts: ``nbt-compare-runs`` (earlier runs of the session's and the
+                             trainer's store, drawn as muted lines on the loss and metric charts) and
+                             ``nbt-compare-align`` (by step or by epoch)
 ``nbt-charts``               bqplot figures ``nbt-chart-loss`` (y scale menu ``nbt-loss-scale``),
                              ``nbt-chart-lr``, ``nbt-chart-metrics`` (bounded metrics, 0-1, zoomed to
                              clustered values; menu ``nbt-metrics-scale``),

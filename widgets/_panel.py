@@ -26,6 +26,7 @@ from nbtrainer import ProgressBar, Trainer, format_count
 from . import _frontend
 from ._actions import PanelActions
 from ._charts import LiveCharts
+from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
 from ._poll import wait_until
@@ -128,7 +129,12 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self.ui_update_times: list[float] = []
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
-        self.view = v = PanelView(self.charts.box)
+        # The compare menu over the charts; its store is the run_store given here (a Trainer passed in records
+        # where it was told to, which no public name reports: NBTRAINER_RUNS or this session's runs).
+        self.compare = CompareRuns(
+            self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
+        )
+        self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self._notify)
         self.savers = Savers(
@@ -360,6 +366,11 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         v.pause.description, v.pause.icon = "Pause", "pause"
         self._paused_requested = False
         self.controls.set_running(running)
+        self.compare.trainer, self.compare.running = self.trainer, running  # the savers may rebuild it
+        try:  # a run starts or ends: the menu lists the runs before it (never the live one)
+            self.compare.refresh()
+        except Exception as exc:  # a store that cannot be read must not block training
+            self._notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 
     def _on_run_done(self, run: Run) -> None:
