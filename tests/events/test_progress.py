@@ -52,7 +52,7 @@ def _check_values(line: str) -> dict[str, str]:
 
 def test_piped_output_is_one_plain_line_per_epoch(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(tests=os.path.dirname(__file__)))
+    script.write_text(SCRIPT.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     log = tmp_path / "log"
     env = {**os.environ, "NBTRAINER_FRONTEND": "", "NBTRAINER_PROGRESS": ""}
     with open(log, "w") as out:  # python train.py > log 2>&1
