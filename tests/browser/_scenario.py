@@ -22,6 +22,14 @@ def loss_points(page: Any) -> int:
     return curve(chart(page, ".nbt-chart-loss"), "loss (step)").get("n", 0)
 
 
+# The progress line's step (see _panel.global_step) is past a given value.
+STEP_ABOVE = """([n]) => {
+    const el = document.querySelector('.nbt-progress-info');
+    const m = el ? el.innerText.match(/step ([\\d,]+)/) : null;
+    return m !== null && parseInt(m[1].replace(/,/g, ''), 10) > n;
+}"""
+
+
 def run_controls_scenario(
     page: Any, screenshot: Any, name: str, console_log: list[str], known_page_errors: tuple[str, ...] = ()
 ) -> dict[str, int]:
@@ -52,7 +60,8 @@ def run_controls_scenario(
     page.locator("button.nbt-pause").click()
     wait_badge(page, "running")
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[held_points + 5], timeout=30_000)
-    assert global_step(page) > held_step
+    # the step line is its own widget message, which can land after the chart's: wait for it too
+    page.wait_for_function(STEP_ABOVE, arg=[held_step], timeout=30_000)
 
     # Stop: "stopped" within a few seconds, the step shown is final, Start is enabled again
     page.locator("button.nbt-stop").click()
