@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from nbtrainer._report._format import format_bytes, format_duration, format_number
+from nbtrainer._report._rows import NamedRows
 
 __all__ = ["StrategyComparison"]
 
@@ -33,7 +34,7 @@ def _split(row: dict[str, Any]) -> dict[str, int | None]:
 
 
 @dataclass
-class StrategyComparison:
+class StrategyComparison(NamedRows):
     """The result of :func:`compare_strategies`: one row per strategy.
 
     Attributes:
@@ -49,25 +50,14 @@ class StrategyComparison:
         environment: device, torch version, threads.
     """
 
+    row_kind: ClassVar[str] = "strategy"  # NamedRows: 'No strategy ...' for a missing name
+
     rows: list[dict[str, Any]]
     baseline: str
     metric: str | None
     memory_kind: str
     environment: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        for row in self.rows:
-            if row["name"] == name:
-                return row
-        raise KeyError(f"No strategy {name!r}; have {[r['name'] for r in self.rows]}")
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def names(self) -> list[str]:
-        return [r["name"] for r in self.rows]
 
     def to_pandas(self) -> Any:
         """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline.

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from nbtrainer._report._format import format_bytes, format_count, format_duration, format_number
+from nbtrainer._report._rows import NamedRows
 
 __all__ = ["InferenceComparison"]
 
@@ -21,7 +22,7 @@ def _spread(s: Any) -> str:
 
 
 @dataclass
-class InferenceComparison:
+class InferenceComparison(NamedRows):
     """The result of :func:`compare_inference`: one row per variant (a method applied to the model, or a model).
 
     Attributes:
@@ -43,6 +44,8 @@ class InferenceComparison:
         0.27
     """
 
+    row_kind: ClassVar[str] = "variant"  # NamedRows: 'No variant ...' for a missing name
+
     rows: list[dict[str, Any]]
     baseline: str
     metric: str | None
@@ -55,19 +58,6 @@ class InferenceComparison:
         "size": ("size on disk vs baseline", "size_ratio", "size_bytes"),
         "metric": ("{metric} vs baseline", None, "metric"),
     }
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        for row in self.rows:
-            if row["name"] == name:
-                return row
-        raise KeyError(f"No variant {name!r}; have {self.names}")
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def names(self) -> list[str]:
-        return [r["name"] for r in self.rows]
 
     def to_pandas(self) -> Any:
         """One row per variant (index: name); numbers as numbers, ratios as fractions of the baseline."""

@@ -5,5 +5,6 @@
 ``_svg``       svg_chart: dependency-free charts
 ``_html``      History's report: epoch table, charts, summary
 ``_decimate``  min/max decimation, smoothing
+``_rows``      NamedRows: a result's rows looked up by name (the comparison tables)
 =============  ================================================================================
 """
