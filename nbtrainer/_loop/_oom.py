@@ -10,7 +10,9 @@ them the batch, the outputs and the autograd graph with its activations. So, on 
    emptied;
 2. the same exception (same type, same traceback) is re-raised with advice built from this run's own
    settings appended to its message: micro-batch size and ``grad_accum_steps``, precision, activation
-   checkpointing, memory numbers, and ``profile_model(...).fits()`` when a profile of the model is known.
+   checkpointing, memory numbers, and ``profile_model(...).fits()`` when a profile of the model is known,
+   asked with the memory switches this run uses (quantize, LoRA, optimizer, offloading, checkpointing), so its
+   estimate is of this run and not of the plain model.
 """
 
 from __future__ import annotations
@@ -35,16 +37,28 @@ __all__ = ["advice", "handle", "on_oom", "remember_profile"]
 
 MARK = "nbtrainer: out of memory"
 
-# The latest profile_model() result per model (weakly held), so the advice can quote its fits() numbers.
-_PROFILES: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+# The latest profile_model() result per model (weakly held), so the advice can quote its fits() numbers; with it,
+# whether the model was already quantized / LoRA-wrapped when profiled (then those switches are in the measurement).
+_PROFILES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, bool]] = weakref.WeakKeyDictionary()
+
+# fits(optimizer=) takes the Trainer's names; an optimizer given as an instance is named by its class.
+_OPTIMIZER_NAMES = {
+    "AdamW": "adamw",
+    "Adam": "adam",
+    "Adafactor": "adafactor",
+    "AdamW8bit": "adamw8bit",
+    "PagedAdamW8bit": "paged_adamw8bit",
+    "AdamW4bit": "adamw4bit",
+}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def remember_profile(model: torch.nn.Module, profile: Any) -> None:
     """Called by ``profile_model``: an out-of-memory error of a later fit of ``model`` quotes it."""
+    transformed = any(type(m).__module__.split(".")[0] in ("bitsandbytes", "peft") for m in model.modules())
     try:
-        _PROFILES[model] = profile
+        _PROFILES[model] = (profile, transformed)
     except TypeError:  # not weak-referenceable: nothing remembered
         pass
 
@@ -115,7 +129,7 @@ def advice(trainer: Trainer, where: str, *, loader: Any = None) -> tuple[str, li
     memory = _device_memory(trainer.device, trainer.progress.memory_peak)
     facts = [f"{trainer.device} {trainer.precision}"]
     if where == "fit":
-        st = trainer._state
+        st = trainer.run_state.loop_state
         facts.append(f"epoch {st.epoch + 1}, step {format_number(st.global_step + 1)}")
         facts.append(f"grad_accum_steps={accum}")
     if bs is not None:
@@ -143,10 +157,9 @@ def advice(trainer: Trainer, where: str, *, loader: Any = None) -> tuple[str, li
                 "activation_checkpointing=True: the repeated blocks recompute their activations in backward "
                 "instead of keeping them (much less activation memory, roughly 20-30% slower steps)."
             )
-    profile = _PROFILES.get(unwrap_model(model))
     total = _budget_bytes(trainer.device, memory)
     budget = f"{total / 2**30:.0f}" if total is not None else "<GiB of the device>"
-    fit_line = _profile_fit(profile, total, bs, trainer) if where == "fit" else None
+    fit_line = _profile_fit(_known_profile(model), total, bs, trainer) if where == "fit" else None
     if fit_line:
         tips.append(fit_line)
     elif where == "fit":
@@ -163,12 +176,46 @@ def advice(trainer: Trainer, where: str, *, loader: Any = None) -> tuple[str, li
     return ", ".join(facts), tips
 
 
-def _profile_fit(profile: Any, total: int | None, bs: int | None, trainer: Trainer) -> str | None:
-    if profile is None or total is None or bs is None or not getattr(profile, "memory", None):
+def _known_profile(model: torch.nn.Module) -> tuple[Any, bool] | None:
+    """The profile of the trainer's model, or of the model under its PEFT wrapper (the user profiles the model they
+    built, before ``Trainer(lora=...)`` wraps it)."""
+    inner = unwrap_model(model)
+    found = _PROFILES.get(inner)
+    base = getattr(inner, "get_base_model", None)  # peft.PeftModel
+    if found is None and callable(base):
+        found = _PROFILES.get(base())
+    return found
+
+
+def _memory_switches(trainer: Trainer, *, transformed: bool, profiled_optimizer: str | None) -> dict[str, Any]:
+    """The memory switches ``trainer`` trains with, as ``ModelProfile.fits`` takes them. ``transformed``: the profile
+    measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
+    The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
+    # the Trainer keeps its switches in its ModelSetup (nbtrainer._setup._model_setup): the one place they are
+    savers = getattr(getattr(trainer, "_setup", None), "savers", None)
+    kind = type(trainer.optimizer).__name__ if trainer.optimizer is not None else None
+    same = kind == profiled_optimizer or {kind, profiled_optimizer} == {"Adam", "AdamW"}  # the same state
+    switches: dict[str, Any] = {
+        "checkpointing": bool(trainer.checkpointed_blocks),
+        "optimizer": _OPTIMIZER_NAMES.get(kind) if kind is not None and not same else None,
+        "offload_activations": bool(getattr(savers, "offload_activations", False)),
+        "offload_optimizer": bool(getattr(savers, "offload_optimizer", False)),
+    }
+    if not transformed:
+        switches["quantize"] = getattr(savers, "quantize", None)
+        switches["lora"] = getattr(savers, "lora_config", None)
+    return switches
+
+
+def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: Trainer) -> str | None:
+    if known is None or total is None or bs is None or not getattr(known[0], "memory", None):
         return None
+    profile, transformed = known
+    measured = profile.memory.get(str(trainer.device), {}).get(trainer.precision, {})
     try:
-        result = profile.fits(total / 2**30, bs, device=str(trainer.device), precision=trainer.precision)
-    except Exception:  # measured on another device / precision: no numbers to quote
+        switches = _memory_switches(trainer, transformed=transformed, profiled_optimizer=measured.get("optimizer"))
+        result = profile.fits(total / 2**30, bs, device=str(trainer.device), precision=trainer.precision, **switches)
+    except Exception:  # measured on another device / precision, or without checkpointing: no numbers to quote
         return None
     return f"profile_model(...).fits(budget_gb={total / 2**30:.0f}, batch_size={bs}): {result.suggestion}"
 
