@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._setup._seed import rng_untouched
+
 __all__ = ["ATTENTION", "AttentionKernel", "attention_support", "check_attention"]
 
 #: ``attention=`` names -> ``torch.nn.attention.SDPBackend`` member names.
@@ -45,10 +47,12 @@ def _probe(device_key: str, name: str, dtype: torch.dtype) -> str:
 
     device = torch.device(device_key)
     try:
-        q, k, v = (torch.randn(1, 2, 16, 32, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-        with sdpa_kernel(_backend(name)):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out.float().sum().backward()
+        # cached (runs once per process): its random draws must not shift the caller's RNG streams
+        with rng_untouched(device):
+            q, k, v = (torch.randn(1, 2, 16, 32, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+            with sdpa_kernel(_backend(name)):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.float().sum().backward()
     except Exception as exc:
         text = str(exc).strip().splitlines()
         return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -12,6 +12,8 @@ import functools
 
 import torch
 
+from nbtrainer._setup._seed import rng_untouched
+
 __all__ = [
     "PRECISIONS",
     "PrecisionError",
@@ -97,11 +99,13 @@ def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | 
 
 
 def _trial(device: torch.device, dtype: torch.dtype) -> None:
-    # A real forward+backward under autocast: the only reliable way to know a backend runs it.
-    a = torch.randn(8, 8, device=device, requires_grad=True)
-    with torch.autocast(device_type=device.type, dtype=dtype):
-        out = torch.nn.functional.linear(a, a).relu().sum()
-    out.backward()
+    # A real forward+backward under autocast: the only reliable way to know a backend runs it. Cached by
+    # _support, so it runs once per process: its random draws must not shift the caller's RNG streams.
+    with rng_untouched(device):
+        a = torch.randn(8, 8, device=device, requires_grad=True)
+        with torch.autocast(device_type=device.type, dtype=dtype):
+            out = torch.nn.functional.linear(a, a).relu().sum()
+        out.backward()
 
 
 @functools.cache

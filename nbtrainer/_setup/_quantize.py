@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._setup._seed import rng_untouched
+
 __all__ = [
     "INSTALL_QUANT",
     "QUANTIZE",
@@ -120,12 +122,15 @@ def quantizable_linears(model: nn.Module, keep: Iterable[str] = ()) -> list[str]
 @functools.cache
 def _probe(device_key: str, method: str, dtype: torch.dtype) -> str:
     """Why a quantized layer cannot run forward + backward on this device ("" if it can)."""
+    device = torch.device(device_key)
     try:
-        lib = bnb("quantize=")
-        device = torch.device(device_key)
-        layer = _quantized_copy(lib, nn.Linear(64, 64), method, dtype, device)
-        x = torch.randn(4, 64, device=device, dtype=dtype, requires_grad=True)
-        layer(x).float().sum().backward()
+        # cached, so it runs in the first Trainer only: its random draws must not shift the caller's RNG (the
+        # LoRA adapters' init right after it would differ from a later Trainer's, and no resume would match)
+        with rng_untouched(device):
+            lib = bnb("quantize=")
+            layer = _quantized_copy(lib, nn.Linear(64, 64), method, dtype, device)
+            x = torch.randn(4, 64, device=device, dtype=dtype, requires_grad=True)
+            layer(x).float().sum().backward()
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return ""

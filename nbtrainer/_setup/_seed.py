@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "seed_everything", "seed_worker", "set_deterministic"]
+__all__ = ["capture_rng", "restore_rng", "rng_untouched", "seed_everything", "seed_worker", "set_deterministic"]
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> int:
@@ -52,6 +54,18 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
+
+
+@contextlib.contextmanager
+def rng_untouched(device: torch.device) -> Iterator[None]:
+    """Run a side computation (a capability probe) without advancing torch's CPU generator or ``device``'s.
+
+    A probe that is cached runs once per process: drawing from the global generator there would make the
+    next random draws (e.g. LoRA's adapter init) depend on whether an earlier Trainer already probed.
+    """
+    accel = device.type not in ("cpu", "meta")  # fork_rng(device_type="meta") would not fork the CPU generator
+    with torch.random.fork_rng(devices=[device] if accel else [], device_type=device.type if accel else None):
+        yield
 
 
 def capture_rng() -> dict[str, Any]:
