@@ -44,11 +44,11 @@ class StepTimer:
         return time.perf_counter()
 
     def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
-        self._mark, self._samples = self._now(), trainer._state.samples
+        self._mark, self._samples = self._now(), trainer.run_state.loop_state.samples
 
     def on_optimizer_step(self, trainer: Trainer, step: int, skipped: bool) -> None:
         now = self._now()
-        samples = trainer._state.samples
+        samples = trainer.run_state.loop_state.samples
         self.times.append(now - self._mark)
         self.samples.append(samples - self._samples)
         self._mark, self._samples = now, samples

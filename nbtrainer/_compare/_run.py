@@ -301,7 +301,7 @@ def compare_strategies(
                 if value is None:
                     row["note"] = (row["note"] + "; " if row["note"] else "") + f"{metric} not logged"
                 row["metric"] = value
-            row["setup"] = trainer._setup.describe()
+            row["setup"] = trainer.model_setup.describe()
         except Exception as exc:
             row.update(status="failed", reason=failure_reason(exc))
         finally:

@@ -249,7 +249,7 @@ def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[
 def onecycle_overflow(trainer: Trainer, total_steps: int) -> ValueError:
     """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
     (a train_loader without len() could not be counted before the run)."""
-    st = trainer._state
+    st = trainer.run_state.loop_state
     return ValueError(
         f"OneCycleLR was built for total_steps={total_steps} and this fit has used them all (epoch "
         f"{st.epoch + 1}, batch {st.batch}, after optimizer step {st.global_step}); the next step would make "

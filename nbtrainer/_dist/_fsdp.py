@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ from torch.utils.data import DataLoader, Sampler
 from nbtrainer._dist import _fsdp_checkpoint as _ckpt
 from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler
 from nbtrainer._dist._placement import unwrap_model
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["FSDP", "shard_units"]
 
@@ -227,7 +230,7 @@ class FSDP(DDP):
             offload = self.offload or OffloadPolicy()
         return unit, root, offload
 
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: Trainer) -> None:
         """Shard ``trainer.model`` and rebind ``trainer.optimizer`` to the sharded parameters (once)."""
         if self._attached:
             raise RuntimeError(
@@ -287,7 +290,6 @@ class FSDP(DDP):
             for group in optimizer.param_groups:
                 group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
             optimizer.state.clear()
-            trainer._params = [p for g in optimizer.param_groups for p in g["params"]]
             if saved_optim is not None:  # state built before sharding (e.g. a previous fit): now sharded too
                 _ckpt.load_weights(trainer, None, saved_optim)
         self._attached = True
@@ -350,12 +352,12 @@ class FSDP(DDP):
         return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
 
     # -- checkpoints (nbtrainer._dist._fsdp_checkpoint) -----------------------------------------
-    def gather_weights(self, trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def gather_weights(self, trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
         """Full model and optimizer state on rank 0 (empty on the others); a collective."""
         return _ckpt.gather_full(trainer)
 
     def load_weights(
-        self, trainer: Any, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
+        self, trainer: Trainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
     ) -> None:
         """Load full (single-process format) or sharded state; each rank keeps its shard."""
         _ckpt.load_weights(trainer, model_state, optim_state)

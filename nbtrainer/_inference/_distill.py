@@ -22,7 +22,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ from torch import nn
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._inference._logits import logits_of
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["DistillationLoss"]
 
@@ -240,7 +243,7 @@ class DistillationLoss(nn.Module):
         else:
             self._teacher_pending[role[8:]] = _first_tensor(output)
 
-    def bind_trainer(self, trainer: Any) -> dict[str, Callable[[Any, Any], torch.Tensor]]:
+    def bind_trainer(self, trainer: Trainer) -> dict[str, Callable[[Any, Any], torch.Tensor]]:
         """Called by the ``Trainer`` once its model is set up: watch the model, move the teacher to the trainer's
         device (once) and return the metrics to log (``kd_loss``, ``base_loss``, ``agreement``)."""
         self.attach(trainer.model)

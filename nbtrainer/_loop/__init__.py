@@ -2,6 +2,7 @@
 
 ==============  ================================================================================
 ``_fit_loop``   FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
+``_run_state``  RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer
 ``_metrics``    device-side running sums of losses and metrics
 ``_nonfinite``  the NaN/inf gate, without a per-step sync
 ``_control``    requests from other threads, applied at a step boundary

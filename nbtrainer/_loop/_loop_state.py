@@ -1,7 +1,7 @@
 """Where a fit is (:class:`LoopState`): epoch, batch, steps and running sums, as plain data a checkpoint carries.
 
-The Trainer keeps one (``trainer._state``; the loop works on it through ``LoopHost.state``), a checkpoint saves
-its ``state_dict()`` and a resume loads it back before the loop starts.
+The Trainer's run keeps one (``trainer.run_state.loop_state``; the loop works on it through ``LoopHost.state``),
+a checkpoint saves its ``state_dict()`` and a resume loads it back before the loop starts.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def lr_find(
     """
     if host is None:
         raise TypeError("lr_find needs the trainer's LoopHost: call trainer.lr_find(...)")
-    if trainer._fit_thread is not None:
+    if trainer.run_state.fitting:
         raise RuntimeError("lr_find cannot run while fit() is running; stop the run first.")
     if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr):
         raise ValueError(f"Need 0 < min_lr < max_lr, got min_lr={min_lr!r}, max_lr={max_lr!r}.")

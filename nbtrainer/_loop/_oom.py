@@ -64,7 +64,7 @@ def remember_profile(model: torch.nn.Module, profile: Any) -> None:
 
 
 def _batch_size(trainer: Trainer, loader: Any) -> int | None:
-    loop = getattr(trainer, "_loop", None)
+    loop = trainer.run_state.loop
     if loader is None and loop is not None:
         loader = loop.train_loader
     size = getattr(loader, "batch_size", None)
@@ -224,7 +224,7 @@ def release(trainer: Trainer, exc: BaseException) -> None:
     """Drop what the failed step holds: the traceback's finished frames (batch, outputs, activations), the
     loop's pending device values and the gradients; the optimizer state stays. Then free the cache."""
     traceback.clear_frames(exc.__traceback__)
-    loop = getattr(trainer, "_loop", None)
+    loop = trainer.run_state.loop
     if loop is not None:
         loop.release_pending()
     if trainer.optimizer is not None:  # evaluate / predict need none

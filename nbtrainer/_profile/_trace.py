@@ -116,8 +116,8 @@ def _snapshot(trainer: Trainer) -> dict[str, Any]:
     return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
 
 
-# what a fit replaces on the trainer; profiling puts each back (its history, loop position, status, schedule)
-_FIT_STATE = ("history", "_state", "_elapsed_before", "status", "progress", "_pending_rng", "_has_val", "callbacks")
+# what a fit replaces on the trainer besides its run (RunState.preserved puts that back): profiling puts each back
+_FIT_STATE = ("status", "progress", "callbacks")
 
 
 @contextmanager
@@ -129,8 +129,6 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
 
     saved = {name: getattr(trainer, name) for name in _FIT_STATE if hasattr(trainer, name)}
     scheduler = getattr(trainer, "scheduler", None)
-    recorder = getattr(trainer, "_recorder", None)
-    recorded = getattr(recorder, "history", None)
     callbacks = getattr(getattr(trainer, "callbacks", None), "callbacks", [])
     states = [
         (cb, _cpu_copy(cb.state_dict()))
@@ -145,9 +143,9 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
     else:
         np_state = np.random.get_state()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    run_recorder = getattr(trainer, "_run_recorder", None)
+    run_recorder = trainer.run_recorder
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), trainer.run_state.preserved():
             trainer.scheduler = None
             if callbacks:
                 trainer.callbacks = CallbackList(cb for cb in callbacks if cb is not run_recorder)
@@ -156,8 +154,6 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
         trainer.scheduler = scheduler
         for name, value in saved.items():
             setattr(trainer, name, value)
-        if recorder is not None:
-            recorder.history = recorded
         for cb, state in states:
             cb.load_state_dict(state)
         random.setstate(py_state)

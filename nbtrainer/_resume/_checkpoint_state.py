@@ -41,7 +41,7 @@ def _stateful(trainer: Trainer) -> list[tuple[str, Any]]:
 
 def _savers(trainer: Trainer) -> Any:
     """The trainer's quantize / LoRA setup (``_setup._memory_savers``), which decides what of the model is saved."""
-    return getattr(getattr(trainer, "_setup", None), "savers", None)
+    return trainer.model_setup.savers
 
 
 def _model_state(trainer: Trainer) -> dict[str, Any]:
@@ -51,12 +51,13 @@ def _model_state(trainer: Trainer) -> dict[str, Any]:
 
 def trainer_state_dict(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
     """``weights=False``: without the model and optimizer state (empty dicts), e.g. a rank's own part."""
-    loop = trainer._loop
+    run = trainer.run_state
+    loop = run.loop
     if loop is not None:
         # Running sums must be on the host and complete. This also checks the pending losses: with
         # on_nonfinite="raise" a NaN/inf raises here, so no checkpoint is written from poisoned weights.
         loop.flush()
-    st = trainer._state
+    st = run.loop_state
     loop_state = st.state_dict()
     history = trainer.history.state_dict()
     if loop is not None:
@@ -93,10 +94,10 @@ def trainer_state_dict(trainer: Trainer, *, weights: bool = True) -> dict[str, A
             "grad_accum_steps": trainer.grad_accum_steps,
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
-            "elapsed": trainer._elapsed_before + (0.0 if loop is None else loop.fit_elapsed()),
+            "elapsed": run.elapsed(),
             **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
-        "metrics": trainer._train_metrics.state_dict(),
+        "metrics": run.train_metrics.state_dict(),
         "rng": capture_rng(),
         "history": history,
         "callbacks": {key: cb.state_dict() for key, cb in _stateful(trainer)},
@@ -228,7 +229,7 @@ def _check_compatible(trainer: Trainer, ckpt: dict[str, Any], load_scheduler: bo
 
 def _check_metrics(trainer: Trainer, saved: dict[str, Any]) -> None:
     """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
-    metrics = trainer._train_metrics
+    metrics = trainer.run_state.train_metrics
     own_sums = sorted(n for n, _ in metrics.callables)
     own_tm = sorted(n for n, m in metrics.torchmetrics if hasattr(m, "metric_state"))
     saved_sums, saved_tm = sorted(saved.get("sums", {})), sorted(saved.get("torchmetrics", {}))
@@ -302,23 +303,20 @@ def load_trainer_state(
         trainer.scaler.load_state_dict(ckpt["scaler"])
     config = ckpt.get("config", {})
     trainer.grad_accum_steps = int(config.get("grad_accum_steps", trainer.grad_accum_steps))
-    trainer._elapsed_before = float(config.get("elapsed", 0.0))
-    from nbtrainer._loop._fit_loop import LoopState
-
-    trainer._state = LoopState()  # fresh: a checkpoint from an older version may lack newer fields
-    trainer._state.load_state_dict(ckpt["loop"])
-    trainer._train_metrics.load_state_dict(ckpt.get("metrics", {}), trainer.device)
-    from nbtrainer._events._history import History
-
-    trainer.history = History()  # the resumed fit's own History (an earlier fit's stays as it was)
-    trainer._recorder.history = trainer.history
-    trainer.history.load_state_dict(ckpt["history"])
+    # the run's position, metric sums, seconds and History; RNG is restored by the loop after it has replayed
+    # the epoch's data order up to the saved batch
+    trainer.run_state.restore(
+        loop=ckpt["loop"],
+        metrics=ckpt.get("metrics", {}),
+        elapsed=float(config.get("elapsed", 0.0)),
+        history=ckpt["history"],
+        rng=ckpt["rng"],
+        device=trainer.device,
+    )
     saved_cbs = ckpt.get("callbacks", {})
     for key, cb in _stateful(trainer):
         if key in saved_cbs:
             cb.load_state_dict(saved_cbs[key])
-    # RNG is restored by the loop after it has replayed the epoch's data order up to the saved batch.
-    trainer._pending_rng = ckpt["rng"]
 
 
 def resume(

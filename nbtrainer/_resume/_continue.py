@@ -200,7 +200,6 @@ def fit_more(
     profiler: Any = None,
 ) -> Any:
     """:meth:`Trainer.fit_more` (documented there)."""
-    from nbtrainer._events._history import History
     from nbtrainer._resume import _checkpoint_state as _state
 
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -210,7 +209,7 @@ def fit_more(
             f"fit_more: max_steps (steps of the extension) must be an int >= 1 or None, got {max_steps!r}."
         )
     _check_factory(scheduler)
-    if trainer._fit_thread is not None:
+    if trainer.run_state.fitting:
         raise RuntimeError("This trainer is fitting; fit_more() continues a run once it has ended.")
     fresh = scheduler != "keep"
     if resume_from is not None:
@@ -227,7 +226,7 @@ def fit_more(
         _state.resume(trainer, resume_from, load_scheduler=not fresh, before_load=before_load)
         plan = plans[0]
     else:
-        st = trainer._state
+        st = trainer.run_state.loop_state
         if st.global_step == 0 and not trainer.history.epochs:
             raise RuntimeError(
                 "fit_more() continues a run, and this trainer has not trained yet: call trainer.fit(...) first, "
@@ -241,15 +240,13 @@ def fit_more(
         if not fresh:
             check_schedule(trainer, plan, loop=st.state_dict())
         # This fit's own History: a copy of the run so far (the History returned earlier stays as it was).
-        history = History()
-        history.load_state_dict(trainer.history.state_dict())
-        trainer.history = trainer._recorder.history = history
-        trainer._pending_rng = None
+        trainer.run_state.continue_history()
     if fresh:
         _install_fresh_schedule(trainer, scheduler, plan)
-    done = completed_epochs(trainer._state.state_dict())
+    st = trainer.run_state.loop_state
+    done = completed_epochs(st.state_dict())
     # Where the extension starts, for charts and summaries: epochs done -> the new total.
-    trainer.history.add_event(step=trainer._state.global_step, epoch=done, kind="fit_more", old=done, new=plan.epochs)
+    trainer.history.add_event(step=st.global_step, epoch=done, kind="fit_more", old=done, new=plan.epochs)
     return trainer.fit(
         train_loader, val_loader, epochs=plan.epochs, max_steps=plan.max_steps, resume_from=CONTINUE, profiler=profiler
     )
@@ -321,7 +318,7 @@ def _install_fresh_schedule(trainer: Trainer, factory: Any, plan: Plan) -> None:
     if factory is None:
         trainer.scheduler = None
         return
-    loop = trainer._state.state_dict()
+    loop = trainer.run_state.loop_state.state_dict()
     if trainer.scheduler_interval == "step":
         units = steps_left(loop, plan.batches(trainer), trainer.grad_accum_steps, plan.epochs, plan.max_steps)
         if units is None:

@@ -23,11 +23,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
 from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["MLflowLogger"]
 
@@ -210,7 +213,7 @@ class MLflowLogger(Callback):
             self._client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS])
 
     # -- the event stream ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
@@ -252,7 +255,7 @@ class MLflowLogger(Callback):
 
         self._submit(start)
 
-    def on_refresh(self, trainer: Any, progress: Any) -> None:
+    def on_refresh(self, trainer: Trainer, progress: Any) -> None:
         if not self._on or not progress.step_points:
             return
         points = progress.step_points
@@ -279,12 +282,12 @@ class MLflowLogger(Callback):
         if values:
             self._submit(lambda: self._metrics(values))
 
-    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
         if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
 
-    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         if not self._on:
             return
 
@@ -299,7 +302,7 @@ class MLflowLogger(Callback):
 
         trainer.defer(queue_epoch)
 
-    def on_fit_end(self, trainer: Any, history: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
         if not self._on:
             return
         self._on = False

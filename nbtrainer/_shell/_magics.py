@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -45,6 +45,9 @@ from nbtrainer._events._frontend import in_notebook
 from nbtrainer._report._format import format_number
 from nbtrainer._shell._doctor import DoctorReport, bad_device, doctor_report
 from nbtrainer._shell._magics_args import PARSERS, full_usage, parse, parse_shape, split_list, usage_of
+
+if TYPE_CHECKING:
+    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["DoctorReport", "NbtrainerMagics", "doctor_report", "load", "unload"]
 
@@ -359,7 +362,7 @@ class NbtrainerMagics(Magics):
         return list(Trainer.active())
 
     @staticmethod
-    def _describe(i: int, trainer: Any) -> str:
+    def _describe(i: int, trainer: Trainer) -> str:
         p = getattr(trainer, "progress", None)
         model = type(getattr(trainer, "model", None)).__name__
         parts = [f"[{i}] {model}"]

@@ -23,13 +23,12 @@ from nbtrainer._trainer import _validate
 
 if TYPE_CHECKING:
     from nbtrainer._data._batch import BatchSpec
-    from nbtrainer._events._callbacks import HistoryRecorder
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
     from nbtrainer._loop._control import Control
-    from nbtrainer._loop._fit_loop import FitLoop, LoopState
     from nbtrainer._loop._metrics import MetricSet
     from nbtrainer._loop._nonfinite import NonFiniteGuard
+    from nbtrainer._loop._run_state import RunState
     from nbtrainer._setup._model_setup import ModelSetup
     from nbtrainer._trainer._trainer import Trainer
 
@@ -68,35 +67,58 @@ class TrainerBase:
     _compute_loss_fn: Callable[..., Any] | None
     _predict_step_fn: Callable[..., Any] | None
     _metric_spec: dict[str, Any]
-    _train_metrics: MetricSet
     _val_metrics: MetricSet
     _params: list[torch.Tensor]
 
     # -- the run ----------------------------------------------------------------------------------
-    history: History
     callbacks: CallbackList
     progress: Progress
     status: str
-    _recorder: HistoryRecorder
+    _run: RunState  # the run's progress across fits (loop position, metrics' state, History, the running loop)
     _control: Control
-    _state: LoopState
-    _loop: FitLoop | None
     _deferred: list[Callable[[], Any]]
-    _pending_rng: dict[str, Any] | None
     _nonfinite: NonFiniteGuard
-    _fit_thread: int | None  # the thread id running fit(), None between fits
-    _elapsed_before: float
-    _has_val: bool
 
     # -- read-only views of that state ------------------------------------------------------------
     @property
+    def run_state(self) -> RunState:
+        """The run's progress from one ``fit`` to the next (:class:`~nbtrainer._loop._run_state.RunState`): where
+        the loop is (``loop_state``), the training metrics' running state, the seconds trained, the History being
+        fed and, while a fit runs, its loop. What a checkpoint saves and a resume or ``fit_more`` continues.
+
+        Example:
+            >>> import torch
+            >>> trainer = Trainer(torch.nn.Linear(3, 1), torch.nn.MSELoss(), "sgd", progress=False)
+            >>> _ = trainer.fit([(torch.randn(4, 3), torch.randn(4, 1))] * 2, epochs=1)
+            >>> trainer.run_state.loop_state.global_step, trainer.run_state.fitting
+            (2, False)
+        """
+        return self._run
+
+    @property
+    def model_setup(self) -> ModelSetup:
+        """What was done to the model before the first step (:class:`~nbtrainer._setup._model_setup.ModelSetup`):
+        freezing, quantize / LoRA / offload (its ``savers``, which also decide what of the model a checkpoint
+        holds), activation checkpointing, ``channels_last``, compile; ``describe()`` says it in one line."""
+        return self._setup
+
+    @property
+    def history(self) -> History:
+        """The History of the current (or last) fit: the object ``fit`` returns."""
+        return self._run.history
+
+    @history.setter
+    def history(self, history: History) -> None:
+        self._run.history = history
+
+    @property
     def global_step(self) -> int:
-        return self._state.global_step
+        return self._run.loop_state.global_step
 
     @property
     def current_epoch(self) -> int:
         """1-based number of the epoch running (or last run)."""
-        return self._state.epoch + 1
+        return self._run.loop_state.epoch + 1
 
     @property
     def is_global_zero(self) -> bool:
@@ -104,7 +126,7 @@ class TrainerBase:
 
     @property
     def has_validation(self) -> bool:
-        return self._has_val
+        return self._run.has_validation
 
     @property
     def lr(self) -> float:

@@ -28,7 +28,8 @@ class TrainerCheckpoints(TrainerBase):
 
         ``sharded=True`` (FSDP2 only) writes a directory of each rank's shards instead of gathering the full
         state to rank 0; every rank must call it, and it resumes on the same number of processes."""
-        if self._fit_thread is not None and threading.get_ident() != self._fit_thread:
+        fit_thread = self._run.fit_thread
+        if fit_thread is not None and threading.get_ident() != fit_thread:
             return self._control.submit(lambda: self.save_checkpoint(path, sharded=sharded)).result()
         if self.optimizer is None:
             raise _validate.no_optimizer(

@@ -57,7 +57,7 @@ class TrainerControl(TrainerBase):
         self.callbacks.remove(callback)
 
     def _require_idle(self, what: str) -> None:
-        if self._fit_thread is not None:
+        if self._run.fitting:
             raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
 
     def set_precision(self, precision: str) -> None:
@@ -114,7 +114,7 @@ class TrainerControl(TrainerBase):
 
     def _apply_or_queue(self, key: str, value: Any) -> None:
         self._control.set(key, value)
-        if self._fit_thread is None:
+        if not self._run.fitting:
             self._apply_control()
 
     def _apply_control(self) -> None:
@@ -129,7 +129,7 @@ class TrainerControl(TrainerBase):
                     old, self.grad_accum_steps = self.grad_accum_steps, value
                     self.progress.grad_accum_steps = value
                     self._event("grad_accum_steps", old, value)
-                elif key == "pause" and self._fit_thread is not None:
+                elif key == "pause" and self._run.fitting:
                     self._event("pause" if value else "resume", None, None)
             for fn, fut in calls:
                 if fut.set_running_or_notify_cancel():
@@ -137,11 +137,11 @@ class TrainerControl(TrainerBase):
                         fut.set_result(fn())
                     except BaseException as exc:
                         fut.set_exception(exc)
-            if self._fit_thread is None or not self._control.paused or self._control.stop_requested:
+            if not self._run.fitting or not self._control.paused or self._control.stop_requested:
                 return
             self.status = "paused"
-            if self._loop is not None:
-                self._loop.refresh()
+            if self._run.loop is not None:
+                self._run.loop.refresh()
             self._control.wait_while_paused()
             if not self._control.paused:
                 self.status = "running"
@@ -150,12 +150,13 @@ class TrainerControl(TrainerBase):
                     return
 
     def _event(self, kind: str, old: Any, new: Any) -> None:
-        event = {"step": self._state.global_step, "epoch": self._state.epoch + 1, "kind": kind, "old": old, "new": new}
+        st = self._run.loop_state
+        event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": kind, "old": old, "new": new}
         self.callbacks.call("on_control", trainer=self, event=event)
 
     def defer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` once the current event has reached every callback (used for checkpoint saves)."""
-        if self._fit_thread is None:
+        if not self._run.fitting:
             fn()
         else:
             self._deferred.append(fn)

@@ -46,7 +46,7 @@ class TrainerEval(TrainerBase):
         loader = _arrays.eval_loader(loader, batch_size, name="evaluate() loader")
         if _safe_len(loader) == 0:
             raise ValueError("The evaluation loader is empty (len 0).")
-        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
         # the same events as fit's validation: a stateful compute_loss resets its state on them
         self.callbacks.call("on_validation_start", trainer=self)
         logs = self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
@@ -146,7 +146,7 @@ class TrainerEval(TrainerBase):
         from nbtrainer._data._predict_collect import run_predict
 
         loader = self._batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
-        self.model = self.strategy.setup_model(self.model) if self._fit_thread is None else self.model
+        self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
         return run_predict(
             self._whole,
             loader,
@@ -210,5 +210,5 @@ class TrainerEval(TrainerBase):
             custom=self._compute_loss_fn,
             override=self._override(),
             training=training,
-            need_outputs=bool(self._train_metrics),
+            need_outputs=bool(self._run.train_metrics),
         )

@@ -22,7 +22,7 @@ from nbtrainer._events._history import History
 from nbtrainer._events._progress import start_progress
 from nbtrainer._loop import _oom
 from nbtrainer._loop._control import is_plateau  # re-exported: _trainer.py imports it from here
-from nbtrainer._loop._fit_loop import FitLoop, LoopState, _safe_len
+from nbtrainer._loop._fit_loop import FitLoop, _safe_len
 from nbtrainer._resume import _continue
 from nbtrainer._setup._optim import move_optimizer_state
 from nbtrainer._setup._seed import seed_everything, set_deterministic
@@ -118,7 +118,8 @@ class TrainerFit(TrainerBase):
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
-        if self._fit_thread is not None:
+        run = self._run
+        if run.fitting:
             raise RuntimeError(
                 "This trainer is already fitting (in another thread?). Call request_stop() "
                 "and wait for it to end before starting another fit."
@@ -128,7 +129,7 @@ class TrainerFit(TrainerBase):
             raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
         if val_loader is not None and _safe_len(val_loader) == 0:
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
-        self._has_val = val_loader is not None
+        run.has_validation = val_loader is not None
         _validate.check_fit(self._whole, train_loader, val_loader, epochs, max_steps)
         self._control.reset()
         self._nonfinite.reset()
@@ -142,13 +143,9 @@ class TrainerFit(TrainerBase):
             _continue.resume(self._whole, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
             _continue.check_schedule(self._whole, plan)  # e.g. a OneCycleLR a previous fit used up
-            self._pending_rng = None
             if self.seed is not None:
                 seed_everything(self.seed)
-            self._state = LoopState()
-            self._elapsed_before = 0.0
-            self.history = History()  # each fit gets its own History (the returned object)
-            self._recorder.history = self.history
+            run.start_fresh()  # each fit gets its own History (the returned object)
         if self.deterministic:
             set_deterministic(True)
         self.model = self.strategy.setup_model(self.model)
@@ -157,10 +154,9 @@ class TrainerFit(TrainerBase):
         if val_loader is not None:
             val_loader = self.strategy.prepare_loader(val_loader, train=False)
         n = _safe_len(train_loader)  # this rank's share under DDP
-        self.progress = start_progress(self._state, n, self.grad_accum_steps, epochs, max_steps)
+        self.progress = start_progress(run.loop_state, n, self.grad_accum_steps, epochs, max_steps)
         loop = FitLoop(TrainerHost(self._whole), train_loader, val_loader, epochs, max_steps, profiler)
-        self._loop = loop
-        self._fit_thread = threading.get_ident()
+        run.loop, run.fit_thread = loop, threading.get_ident()
         self._active.add(self)
         self.status = self.history.status = "running"
         self.history.stop_reason = None
@@ -172,7 +168,7 @@ class TrainerFit(TrainerBase):
             with ctrl_c, no_cache(self.model):
                 self.callbacks.call("on_fit_start", trainer=self)
                 if resume_note is not None:  # say whether it resumed (one line in the progress, an event)
-                    st = self._state
+                    st = run.loop_state
                     event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}
                     self.callbacks.call(
                         "on_control", trainer=self, event={**event, "old": resume_note[0], "new": resume_note[1]}
@@ -182,7 +178,7 @@ class TrainerFit(TrainerBase):
                     # (reset by its callbacks) never sees a batch before the fit has started
                     _validate.check_val_loader(self._whole, val_loader)
                 loop.run()
-            st, reason = self._state, self._control.stop_reason
+            st, reason = run.loop_state, self._control.stop_reason
             completed = st.epoch_complete and st.epoch + 1 >= epochs
             at_max_steps = (reason or "").startswith("max_steps")
             # A stop that lands after the last epoch (EarlyStopping firing at epoch N of N) changed nothing:
@@ -225,11 +221,12 @@ class TrainerFit(TrainerBase):
         return self.history
 
     def _save_on_interrupt(self) -> None:
-        if self._state.global_step == 0:
+        st = self._run.loop_state
+        if st.global_step == 0:
             return  # nothing trained in this run yet: a checkpoint would only repeat the start
         for path in save_on_interrupt(self._whole):
             self.history.add_event(
-                step=self._state.global_step, epoch=self._state.epoch + 1, kind="save_on_interrupt", old=None, new=path
+                step=st.global_step, epoch=st.epoch + 1, kind="save_on_interrupt", old=None, new=path
             )
 
     def fit_more(
@@ -291,20 +288,20 @@ class TrainerFit(TrainerBase):
         )
 
     def _end_fit(self) -> None:
-        if self._loop is not None:
+        run = self._run
+        if run.loop is not None:
             try:
-                self._loop.flush()
+                run.loop.flush()
             except Exception:
                 pass
-            self._elapsed_before += self._loop.fit_elapsed()
-            self._loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
+            run.elapsed_before += run.loop.fit_elapsed()
+            run.loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
         self.history.status = self.status
         self.progress.status = self.status
         self._deferred.clear()
         try:
             self.callbacks.call("on_fit_end", trainer=self, history=self.history)
         finally:
-            self._loop = None  # drop references to batches/outputs held by the loop
-            self._fit_thread = None
+            run.loop = run.fit_thread = None  # drop references to batches/outputs held by the loop
             self._active.discard(self)
             self.strategy.barrier()

@@ -83,7 +83,7 @@ class TrainerHost:
 
     @property
     def state(self) -> LoopState:
-        return self.owner._state
+        return self.owner.run_state.loop_state
 
     @property
     def control(self) -> Control:
@@ -91,7 +91,7 @@ class TrainerHost:
 
     @property
     def train_metrics(self) -> MetricSet:
-        return self.owner._train_metrics
+        return self.owner.run_state.train_metrics
 
     @property
     def nonfinite(self) -> NonFiniteGuard:
@@ -144,7 +144,7 @@ class TrainerHost:
 
     @property
     def elapsed_before(self) -> float:
-        return self.owner._elapsed_before
+        return self.owner.run_state.elapsed_before
 
     # -- what the loop asks of the Trainer --------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -156,7 +156,7 @@ class TrainerHost:
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
         """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
         loss, outputs, targets = _validate.first_compute(self.owner, batch)
-        metrics = self.owner._train_metrics
+        metrics = self.owner.run_state.train_metrics
         if metrics:
             with torch.no_grad():
                 _validate.dry_metrics(self.owner, metrics, outputs, targets, "training")
@@ -187,5 +187,4 @@ class TrainerHost:
         return sampler_generator(loader, deterministic=self.owner.deterministic)
 
     def take_pending_rng(self) -> dict[str, Any] | None:
-        rng, self.owner._pending_rng = self.owner._pending_rng, None
-        return rng
+        return self.owner.run_state.take_pending_rng()

@@ -20,14 +20,12 @@ from nbtrainer._data._batch import BatchSpec
 from nbtrainer._data._prefetch import check_data_options
 from nbtrainer._dist._launch_monitor import launched_callbacks
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
-from nbtrainer._events._callbacks import HistoryRecorder
-from nbtrainer._events._history import History
 from nbtrainer._events._progress import ProgressBar, progress_callback
 from nbtrainer._events._stream import CallbackList, Progress
 from nbtrainer._loop._control import Control
-from nbtrainer._loop._fit_loop import LoopState
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
+from nbtrainer._loop._run_state import RunState
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._model_setup import ModelSetup
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
@@ -286,29 +284,21 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.data_on_device = float(data_on_device)
         self.scaler = make_scaler(self.precision, self.device)
         self._metric_spec = dict((metrics or {}).items())  # a MetricCollection: its members by key
-        self._train_metrics = MetricSet(self._metric_spec, self.device)
-        self._val_metrics = self._train_metrics.clone(self.device)
-        self.history = History()
+        self._run = RunState(MetricSet(self._metric_spec, self.device))
+        self._val_metrics = self._run.train_metrics.clone(self.device)
         user_callbacks = list(callbacks)
         if progress is not False and progress is not None:
             user_callbacks.append(progress_callback(progress))
-        self._recorder = HistoryRecorder(self.history)
         # last: it opens (and checks) the store now, before any step, and callback indices (checkpoint keys) keep
         self._run_recorder = RunRecorder(run_store)
         self.run_id: str | None = None  # the id of this trainer's run in the store (nbtrainer.Runs), set by fit
         # after it: nbtrainer.launch(view=...)'s progress/stop channel (launched ranks only; no state, no index)
-        self.callbacks = CallbackList([self._recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
+        self.callbacks = CallbackList([self._run.recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
         self.progress = Progress()
         self.status = "idle"
         self._control = Control()
-        self._state = LoopState()
-        self._loop = None
         self._deferred = []
-        self._pending_rng = None
         self._nonfinite = NonFiniteGuard(on_nonfinite)
-        self._fit_thread = None
-        self._elapsed_before = 0.0
-        self._has_val = False
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
         self.model = self._setup.apply()  # freeze, quantize, lora, channels_last, checkpointing, compile
         if self._setup.optimizer is not self.optimizer:  # named, built once quantize= / lora= changed the model
@@ -317,6 +307,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         attach = getattr(self.strategy, "attach", None)
         if attach is not None:  # FSDP: shard the model now, rebind the optimizer to the sharded parameters
             attach(self)
+            if self.optimizer is not None:  # what the optimizer steps now: the sharded parameters
+                self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         # A criterion that needs the trainer (DistillationLoss: its teacher sees the model's inputs, on this device)
         # binds itself once the model is final and may bring metrics (its loss parts); the user's win a name clash.
         bind = getattr(criterion, "bind_trainer", None)
@@ -324,14 +316,20 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             extra = {k: v for k, v in bind(self).items() if k not in self._metric_spec}
             if extra:
                 self._metric_spec.update(extra)
-                self._train_metrics = MetricSet(self._metric_spec, self.device)
-                self._val_metrics = self._train_metrics.clone(self.device)
+                self._run.train_metrics = MetricSet(self._metric_spec, self.device)
+                self._val_metrics = self._run.train_metrics.clone(self.device)
 
     # -- the trainers of this process, log keys, repr ------------------------------------------------
     @classmethod
     def active(cls) -> list[Trainer]:
         """Trainers currently inside ``fit`` in this process (for ``%nbtrainer status/stop``)."""
         return list(cls._active)
+
+    @property
+    def run_recorder(self) -> RunRecorder:
+        """The callback that records each fit of this trainer as a run in the run store (``run_store=``,
+        read with :class:`nbtrainer.Runs`); the run's id is :attr:`run_id`."""
+        return self._run_recorder
 
     @property
     def _scheduler_per_step(self) -> bool:
@@ -348,9 +346,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         return self._setup.savers.merge_lora(self.model)
 
     def expected_log_keys(self) -> set[str]:
-        names = set(self._train_metrics.names) | _collection_names(self._metric_spec)
+        names = set(self._run.train_metrics.names) | _collection_names(self._metric_spec)
         keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
-        if self._has_val:
+        if self._run.has_validation:
             keys |= {"val_loss"} | {f"val_{n}" for n in names}
         return keys
 

@@ -441,7 +441,7 @@ def _cuda_fit(fast, fraction, sampler="shuffle", epochs=2, device="cuda"):
 
     class Mode:
         def on_fit_start(self, trainer):
-            modes.append(trainer._loop.train_data.mode)
+            modes.append(trainer.run_state.loop.train_data.mode)
 
     net = model_fn()
     trainer = Trainer(

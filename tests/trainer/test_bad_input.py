@@ -694,7 +694,7 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
     gc.collect()
     assert not [r for r in refs if r() is not None], "a batch is still referenced after the fit ended"
     assert not alive, "a reference cycle held a batch until gc ran"
-    assert trainer._loop is None and all(p.grad is None for p in model.parameters())
+    assert trainer.run_state.loop is None and all(p.grad is None for p in model.parameters())
 
 
 def test_onecycle_overflow_on_a_loader_without_len_is_explained_before_the_extra_step():
