@@ -1,13 +1,22 @@
-"""The panel's side actions: Save checkpoint, Profile and LR finder (in helper threads), and safe click handlers."""
+"""The panel's side actions: Save checkpoint, Profile and LR finder (in helper threads), and safe click handlers.
+
+:class:`PanelActions` is a part of the panel; what it needs from the panel (the trainer, which the memory
+savers may rebuild at Start, the train loader, the run's status, the messages) is the :class:`ActionsHost`
+protocol, so this module depends on no panel class.
+"""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
-from nbtrainer import format_lr
+from nbtrainer import Trainer, format_lr
 
-__all__ = ["PanelActions"]
+from ._controls import Controls
+from ._view import PanelView
+
+__all__ = ["ActionsHost", "PanelActions"]
 
 
 def _trained_warning(steps: int) -> str:
@@ -27,30 +36,65 @@ _EXCLUSIVE = {
 }
 
 
+@runtime_checkable
+class ActionsHost(Protocol):
+    """What the side actions need from the panel that owns them (``TrainerWidget`` implements it)."""
+
+    @property
+    def trainer(self) -> Trainer:
+        """The panel's trainer now (the memory savers replace it at Start)."""
+        ...
+
+    @property
+    def train_loader(self) -> Any:
+        """The loader Profile and the LR finder take their batches from."""
+        ...
+
+    @property
+    def running(self) -> bool:
+        """A run started from the panel is alive, training or paused (the actions that train are refused)."""
+        ...
+
+    def notify(self, level: str, text: str, details: str | None = None) -> None:
+        """A line in the panel's messages (``level``: info, warning or error)."""
+        ...
+
+
 class PanelActions:
-    """Mixed into :class:`TrainerWidget` (uses its ``trainer``, ``view``, ``train_loader``, ``_run``...)."""
+    """Save, Profile and the LR finder of one panel (it wires their buttons), and click handlers that run safely.
 
-    # set by TrainerWidget.__init__
-    trainer: Any
-    view: Any
-    controls: Any
-    train_loader: Any
-    lr_finder: Any
-    _model: Any
-    _run: Any
-    _busy: set[str]
-    _lr_find_lock: threading.Lock
+    Args:
+        host: the panel (see :class:`ActionsHost`).
+        model: the user's model (Profile copies it).
+        view: the panel's view (buttons, save path, the profile and LR finder sections).
+        controls: the panel's controls (the LR finder sets the LR through them).
 
-    def _notify(self, level: str, text: str, details: str | None = None) -> None:
-        raise NotImplementedError  # TrainerWidget's
+    Example:
+        >>> actions = PanelActions(w, model=model, view=w.view, controls=w.controls)  # doctest: +SKIP
+        >>> w.view.stop.on_click(lambda _: actions.guarded(w.stop))  # errors: panel messages  # doctest: +SKIP
+    """
+
+    def __init__(self, host: ActionsHost, *, model: Any, view: PanelView, controls: Controls) -> None:
+        self.host, self.model, self.view, self.controls = host, model, view, controls
+        self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
+        self.busy: set[str] = set()  # the actions running in helper threads now
+        self._lr_find_lock = threading.Lock()
+        view.save.on_click(lambda _: self.in_background("save", self.save_checkpoint))
+        view.profile.on_click(lambda _: self.in_background("profile", self.profile))
+        view.lrfind.on_click(lambda _: self.guarded(self.click_lr_find))
+
+    @property
+    def lr_find_running(self) -> bool:
+        """The LR finder is sweeping: it trains the model and puts it back at its end."""
+        return self._lr_find_lock.locked()
 
     def save_checkpoint(self, path: str | None = None) -> str:
         """Write a checkpoint (mid-run: at the next step boundary, from the training thread)."""
-        if self._lr_find_lock.locked():  # the sweep's weights are not the model's: they are put back at its end
+        if self.lr_find_running:  # the sweep's weights are not the model's: they are put back at its end
             raise RuntimeError("The LR finder is running: save when it has finished.")
         path = path or self.view.save_path.value
-        out = self.trainer.save_checkpoint(path)
-        self._notify("info", f"checkpoint saved to {out} (step {self.trainer.global_step})")
+        out = self.host.trainer.save_checkpoint(path)
+        self.host.notify("info", f"checkpoint saved to {out} (step {self.host.trainer.global_step})")
         return out
 
     def profile(self, **kwargs: Any) -> Any:
@@ -59,17 +103,17 @@ class PanelActions:
 
         from ._profile_card import ProfileCard
 
-        if self._run is not None and self._run.alive:
+        if self.host.running:
             raise RuntimeError("Profile between runs: it would compete with training for the device.")
-        t = self.trainer
-        args, kw, targets = t.batch_spec.split(next(iter(self.train_loader)))
+        t = self.host.trainer
+        args, kw, targets = t.batch_spec.split(next(iter(self.host.train_loader)))
         inputs = kw if (kw and not args) else (args[0] if len(args) == 1 else tuple(args))
         kwargs.setdefault("precisions", tuple(p for p, (ok, _) in precision_support(t.device).items() if ok))
         kwargs.setdefault("time_budget_s", 0.5)
         if t.criterion is not None and targets is not None:
             kwargs.setdefault("criterion", t.criterion)
             kwargs.setdefault("targets", targets)
-        prof = profile_model(self._model, inputs, devices=(str(t.device),), optimizer=t.optimizer, **kwargs)
+        prof = profile_model(self.model, inputs, devices=(str(t.device),), optimizer=t.optimizer, **kwargs)
         self.view.profile_section.show(ProfileCard(prof), detail=f"batch size {prof.batch_size}")
         return prof
 
@@ -88,22 +132,22 @@ class PanelActions:
         """
         from ._lr_finder import LRFinderView
 
-        if self._run is not None and self._run.alive:
+        if self.host.running:
             raise RuntimeError(
                 "The LR finder runs between runs (it trains the model, then restores it): "
                 "stop the run or wait for it to end."
             )
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
-        t = self.trainer
+        t = self.host.trainer
         # Optimizer steps already taken on these weights: a range test on a trained model describes that
         # model, not a fresh start, so its suggestion must not be read as a starting LR.
-        trained = t.global_step or (1 if len(t.optimizer.state) else 0)
+        trained = t.global_step or (1 if t.optimizer is not None and len(t.optimizer.state) else 0)
         warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
         if warning:
-            self._notify("warning", warning)
+            self.host.notify("warning", warning)
         try:
-            result = t.lr_find(self.train_loader, **kwargs)
+            result = t.lr_find(self.host.train_loader, **kwargs)
         finally:
             self._lr_find_lock.release()
         self.lr_finder = LRFinderView(
@@ -114,24 +158,25 @@ class PanelActions:
         )
         self.view.lrfinder_section.show(self.lr_finder.root, detail=f"{len(result.lrs)} steps")
         sug = "none" if result.suggestion is None else format_lr(result.suggestion)
-        self._notify(
+        self.host.notify(
             "info",
             f"LR finder: {len(result.lrs)} steps, {result.stop_reason}; suggestion {sug} "
             f"({result.rule}). Click the curve or a 'use' button to set the LR.",
         )
         return result
 
-    def _guarded(self, fn: Any) -> None:
+    def guarded(self, fn: Callable[[], Any]) -> None:
         """Click handlers: an error becomes a panel message (an exception there would be lost in a log)."""
         try:
             fn()
         except Exception as exc:
-            self._notify("error", f"{type(exc).__name__}: {exc}")
+            self.host.notify("error", f"{type(exc).__name__}: {exc}")
 
-    def _in_background(self, name: str, fn: Any) -> None:
-        if name in self._busy:
+    def in_background(self, name: str, fn: Callable[[], Any]) -> None:
+        """Run action ``name`` (save, profile or lrfind) in a helper thread, its buttons off meanwhile."""
+        if name in self.busy:
             return
-        self._busy.add(name)
+        self.busy.add(name)
         v = self.view
         button = {"save": v.save, "profile": v.profile, "lrfind": v.lrfind}[name]
         exclusive = (v.start, v.profile, v.lrfind)  # Profile and the LR finder: one at a time, never with a run
@@ -145,29 +190,29 @@ class PanelActions:
         for widget in locked:
             widget.disabled = True
         if name in _EXCLUSIVE:
-            self._notify("info", _EXCLUSIVE[name])
+            self.host.notify("info", _EXCLUSIVE[name])
 
         def target() -> None:
             try:
                 fn()
             except Exception as exc:
-                self._notify("error", f"{name} failed: {type(exc).__name__}: {exc}")
+                self.host.notify("error", f"{name} failed: {type(exc).__name__}: {exc}")
             finally:
-                self._busy.discard(name)
-                off = (self._run is not None and self._run.alive) or bool(self._busy & _EXCLUSIVE.keys())
+                self.busy.discard(name)
+                off = self.host.running or bool(self.busy & _EXCLUSIVE.keys())
                 button.disabled = False
                 for widget in exclusive:
                     widget.disabled = off
                 if name == "lrfind":
-                    v.save.disabled = "save" in self._busy
+                    v.save.disabled = "save" in self.busy
                     v.lr.disabled = v.lr_exact.disabled = False
 
         threading.Thread(target=target, name=f"nbtrainer-{name}", daemon=True).start()
 
-    def _click_lr_find(self) -> None:
+    def click_lr_find(self) -> None:
         """The LR finder button: refused at once (a panel message) while a run is alive, else a helper thread."""
-        if self._run is not None and self._run.alive:
+        if self.host.running:
             raise RuntimeError("LR finder: stop the run first (the sweep trains the model, then restores it).")
-        if "save" in self._busy:
+        if "save" in self.busy:
             raise RuntimeError("LR finder: a checkpoint is being written; try again when it is saved.")
-        self._in_background("lrfind", self.lr_find)
+        self.in_background("lrfind", self.lr_find)

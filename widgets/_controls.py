@@ -84,6 +84,11 @@ class Controls:
         self.lr.show(lr)
         self._apply_lr(lr)
 
+    def use_trainer(self, trainer: Any) -> None:
+        """Steer ``trainer`` from now on (the panel rebuilt it at Start); its schedule is the one "keep" restores."""
+        self.trainer = trainer
+        self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
+
     def set_running(self, running: bool) -> None:
         self.running = running
         for w in (self.view.precision, self.view.epochs, self.view.scheduler, self.view.checkpointing):

@@ -5,23 +5,25 @@ thread* wakes at most every ``ui_interval`` seconds, decimates, and pushes one b
 (``hold_sync``) to the widgets; the kernel's own thread handles clicks, also while a cell blocks in
 ``w.fit()`` / ``w.wait()`` (``_poll``: ``jupyter-ui-poll`` processes the widget messages from inside the
 waiting cell). The training loop never waits on the UI and never syncs the device for it.
+
+The panel is composed of parts (view, charts, compare menu, controls, memory savers, side actions, summary)
+that it builds and wires; a part that calls back into the panel does so through a small protocol of public
+members (``_pump.PumpHost``, ``_actions.ActionsHost``), never through the panel's private attributes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
 import os
 import re
 import sys
-import threading
 import time
 import warnings
 from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import ProgressBar, Trainer, format_count
+from nbtrainer import format_count
 
 from . import _frontend
 from ._actions import PanelActions
@@ -29,6 +31,7 @@ from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
+from ._forms import parse_panel_args
 from ._poll import wait_until
 from ._pump import UiPump
 from ._runner import Feed, Run, claim_model
@@ -38,29 +41,37 @@ from ._view import HIDE_STATIC, PanelView
 
 __all__ = ["TrainerWidget"]
 
-_USAGE = (
-    "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
-    "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
-)
 _counter = iter(range(1, 1 << 30))
 
 
-class TrainerWidget(PanelActions, SummaryDisplay):
+class TrainerWidget:
     """A training panel: live charts, progress, controls (LR, accumulation, precision...) and buttons.
 
-    Args (model form): ``model, criterion, optimizer, train_loader, val_loader=None``, then ``metrics=``,
-        ``epochs=`` and any :class:`nbtrainer.Trainer` option (``precision=``, ``grad_accum_steps=``...).
-    Args (trainer form): ``trainer, train_loader, val_loader=None, epochs=1``.
-    Panel options: ``max_steps=``, ``ui_interval=`` (seconds between UI pushes, default 0.25),
-        ``max_points=`` (per chart series, default 2000), ``smoothing=`` (EMA weight of the smoothed loss),
-        ``save_path=`` (default checkpoint path of the Save button), ``name=`` (the run's name in the title,
-        messages and the default checkpoint path; default ``"<model class> #<n>"``, ``n`` counting the panels
-        made in this kernel, so two panels in one notebook never save to one file).
+    Args:
+        model: the model (model form: the panel builds the Trainer) or a built :class:`nbtrainer.Trainer`
+            (trainer form: steered as configured).
+        *args: ``criterion, optimizer, train_loader[, val_loader]`` (model form) or
+            ``train_loader[, val_loader]`` (trainer form).
+        train_loader, val_loader: the loaders, when not given positionally.
+        metrics: the Trainer's ``metrics=`` (model form only).
+        epochs: the epochs of a run (the panel's epochs control starts there).
+        max_steps: stop a run after this many optimizer steps (default: no limit).
+        ui_interval: seconds between two pushes of the UI thread (default 0.25, at least 0.05).
+        max_points: the points kept per chart series (min/max decimated; default 2000).
+        smoothing: the EMA weight of the smoothed loss curve (default 0.9).
+        save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name made
+            file-safe).
+        name: the panel's name (``w.name``), shown in its title, messages and errors, and used in the
+            default checkpoint path. Default ``"<model class> #<n>"``, ``n`` counting the panels made in
+            this kernel, so two panels in one notebook are told apart and never save to one file.
+        **trainer_options: any other :class:`nbtrainer.Trainer` option (model form only): ``precision=``,
+            ``grad_accum_steps=``...
 
     Example:
         >>> w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters()),
         ...                   train_loader, val_loader, epochs=3)          # doctest: +SKIP
         >>> w                     # shows the panel; click Start (or w.start(); w.wait())  # doctest: +SKIP
+        >>> TrainerWidget(other_model, loss, optimizer, train_loader, name="baseline")  # doctest: +SKIP
     """
 
     def __init__(
@@ -79,37 +90,17 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         name: str | None = None,
         **trainer_options: Any,
     ) -> None:
-        if isinstance(model, Trainer):
-            if metrics is not None or trainer_options:
-                raise TypeError(
-                    "TrainerWidget(trainer, ...) uses the trainer as configured; pass metrics and "
-                    f"options to Trainer(...). Got {sorted(trainer_options) or ['metrics']}. {_USAGE}"
-                )
-            if len(args) > 2:
-                raise TypeError(f"Too many positional arguments. {_USAGE}")
-            trainer, user_model = model, getattr(model.model, "_orig_mod", model.model)  # torch.compile
-            self._build: tuple[Any, ...] | None = None  # a built Trainer: the memory savers cannot rebuild it
-        else:
-            if len(args) < 2 or len(args) > 4:
-                raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {_USAGE}")
-            criterion, optimizer, *loaders = args
-            args = tuple(loaders)
-            trainer = Trainer(model, criterion, optimizer, metrics=metrics, **trainer_options)
-            user_model = model
-            self._build = (criterion, optimizer, metrics, dict(trainer_options))
-        train_loader = args[0] if len(args) > 0 else train_loader
-        val_loader = args[1] if len(args) > 1 else val_loader
-        if train_loader is None:
-            raise TypeError(f"train_loader is required. {_USAGE}")
-        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-            raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
-        if trainer.optimizer is None:
-            raise ValueError(
-                "TrainerWidget trains, and this Trainer was built with optimizer=None (evaluate / predict only). "
-                "Pass an optimizer, e.g. Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)); "
-                "for evaluation alone call trainer.evaluate(loader) without a panel."
-            )
-        self.trainer, self.train_loader, self.val_loader = trainer, train_loader, val_loader
+        a = parse_panel_args(
+            model,
+            args,
+            train_loader=train_loader,
+            val_loader=val_loader,
+            metrics=metrics,
+            epochs=epochs,
+            trainer_options=trainer_options,
+        )
+        trainer, user_model, self._build = a.trainer, a.model, a.build
+        self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
         self.max_steps = max_steps
         self.ui_interval = max(0.05, float(ui_interval))
         self._model = user_model
@@ -117,16 +108,8 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self._label = f"TrainerWidget '{self.name}'"
         self._run: Run | None = None
         self._pump: UiPump | None = None
-        self._feed = Feed()
-        self._detached: list[Any] = []
         self._paused_requested = False
-        self._busy: set[str] = set()
-        self._lr_find_lock = threading.Lock()
-        self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
-        self._display_ids: list[str] = []
-        self.summary_html: str | None = None
-        self.ui_updates = 0
-        self.ui_update_times: list[float] = []
+        self.ui_update_times: list[float] = []  # when the UI thread pushed (time.monotonic()), every run
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
         # The compare menu over the charts; its store is the run_store given here (a Trainer passed in records
@@ -136,7 +119,9 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         )
         self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box]))
         self.panel: W.VBox = v.root
-        self.controls = Controls(v, trainer, epochs, self._notify)
+        self.controls = Controls(v, trainer, epochs, self.notify)
+        self._actions = PanelActions(self, model=user_model, view=v, controls=self.controls)
+        self._summary = SummaryDisplay(v, label=self._label)
         self.savers = Savers(
             trainer,
             locked_reason=None
@@ -147,12 +132,10 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         self._show_title()
         slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
         v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
-        v.start.on_click(lambda _: self._guarded(self.start))
-        v.pause.on_click(lambda _: self._guarded(self.resume if self._paused_requested else self.pause))
-        v.stop.on_click(lambda _: self._guarded(self.stop))
-        v.save.on_click(lambda _: self._in_background("save", self.save_checkpoint))
-        v.profile.on_click(lambda _: self._in_background("profile", self.profile))
-        v.lrfind.on_click(lambda _: self._guarded(self._click_lr_find))
+        guarded = self._actions.guarded  # Save, Profile and the LR finder: wired by PanelActions
+        v.start.on_click(lambda _: guarded(self.start))
+        v.pause.on_click(lambda _: guarded(self.resume if self._paused_requested else self.pause))
+        v.stop.on_click(lambda _: guarded(self.stop))
         v.set_status("idle")
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
@@ -161,10 +144,10 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
             if msg:
-                self._notify("warning", msg)
+                self.notify("warning", msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
         except RuntimeError as exc:
-            self._notify("error", str(exc))
+            self.notify("error", str(exc))
             warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
 
     # -- public API ------------------------------------------------------------------------------------
@@ -190,46 +173,60 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         """Start training in a background thread (the kernel stays free for clicks)."""
         if self._run is not None and self._run.alive:
             raise RuntimeError(f"{self._label} is already running; stop() or wait() first.")
-        if self._lr_find_lock.locked():  # the sweep is training the model (and restores it when it ends)
+        if self._actions.lr_find_running:  # the sweep is training the model (and restores it when it ends)
             raise RuntimeError("The LR finder is running; start when it has finished.")
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
         self._apply_savers()
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
-            self._notify("warning", msg)
+            self.notify("warning", msg)
         self.controls.apply_schedule(self.train_loader, self.epochs)
         self.charts.clear()
-        self._summary_is_previous()  # the last run's summary must not read as this run's
+        self._summary.mark_previous()  # the last run's summary must not read as this run's
         self._paused_requested = False
-        self._feed = feed = Feed()
-        self._detached = [cb for cb in self.trainer.callbacks.callbacks if isinstance(cb, ProgressBar)]
-        for cb in self._detached:  # the panel is the progress display
-            self.trainer.remove_callback(cb)
-        self.trainer.add_callback(feed)
+        feed = Feed()
+        feed.attach(self.trainer)  # the panel is the progress display
         kwargs = {
             "train_loader": self.train_loader,
             "val_loader": self.val_loader,
             "epochs": self.epochs,
             "max_steps": self.max_steps,
         }
-        run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=self._on_run_done, cell=self._cell)
+        run = Run(
+            self.trainer,
+            id(self._model),
+            kwargs,
+            owner=self._label,
+            on_done=lambda r: feed.detach(r.trainer),
+            cell=self._cell,
+        )
         self._run = run
-        self._set_running(True)
+        self.set_running(True)
         self.view.set_status("running", "starting")
         try:
             run.start()
         except BaseException:
-            self._on_run_done(run)
+            feed.detach(run.trainer)
             self._run = None
-            self._set_running(False)
+            self.set_running(False)
             raise
-        self._notify(
+        self.notify(
             "info",
             f"run started: {self.epochs} epoch(s), {self.trainer.precision}, "
             f"accumulation {self.trainer.grad_accum_steps}",
         )
-        self._pump = UiPump(self, run, feed)
+        self._pump = UiPump(
+            self,
+            run,
+            feed,
+            view=self.view,
+            charts=self.charts,
+            compare=self.compare,
+            controls=self.controls,
+            interval=self.ui_interval,
+            push_times=self.ui_update_times,
+        )
         self._pump.start()
 
     def pause(self) -> None:
@@ -278,7 +275,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             run.join()
         if self._pump is not None:
             self._pump.join()
-        self._publish_summary()  # again from this cell's thread, so it lands in the notebook for sure
+        self.publish_summary()  # again from this cell's thread, so it lands in the notebook for sure
         if run.error is not None:
             raise run.error
         return run.history
@@ -299,7 +296,7 @@ class TrainerWidget(PanelActions, SummaryDisplay):
             claim_model(self._model, owner=self._label)
             self.controls.apply_schedule(self.train_loader, self.epochs)
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)
-        if not self._display_ids:
+        if not self._summary.display_ids:
             from IPython.display import display
 
             display(self)
@@ -309,56 +306,54 @@ class TrainerWidget(PanelActions, SummaryDisplay):
     def __repr__(self) -> str:
         return f"<{self._label}: {self.status}, {self.trainer!r}>"
 
-    # -- internals -------------------------------------------------------------------------------------
-    def _notify(self, level: str, text: str, details: str | None = None) -> None:
+    def save_checkpoint(self, path: str | None = None) -> str:
+        """Write a checkpoint to ``path`` (default: the panel's save path); mid-run at the next step boundary."""
+        return self._actions.save_checkpoint(path)
+
+    def profile(self, **kwargs: Any) -> Any:
+        """``nbtrainer.profile_model`` on one batch of the train loader; shown as a ProfileCard in the panel."""
+        return self._actions.profile(**kwargs)
+
+    def lr_find(self, **kwargs: Any) -> Any:
+        """The LR range test (``Trainer.lr_find``, its ``kwargs``) on the train loader; returns its result.
+
+        The curve is shown below the charts (``self.lr_finder``): click a point, or a "use ..." button, to set the
+        LR control there. Between runs only; the model and optimizer are restored after the sweep.
+        """
+        return self._actions.lr_find(**kwargs)
+
+    @property
+    def lr_finder(self) -> Any:
+        """The ``LRFinderView`` of the last ``lr_find()`` (``None`` before the first)."""
+        return self._actions.lr_finder
+
+    @property
+    def summary_html(self) -> str | None:
+        """The HTML summary of the last run that ended (``None`` before the first)."""
+        return self._summary.html
+
+    @property
+    def ui_updates(self) -> int:
+        """How many batched pushes the UI thread has made to the widgets (all runs of this panel)."""
+        return len(self.ui_update_times)
+
+    # -- what the panel's parts call back (UiPump's PumpHost, PanelActions' ActionsHost) ----------------
+    @property
+    def running(self) -> bool:
+        """A run started here is alive (training or paused)."""
+        return self._run is not None and self._run.alive
+
+    @property
+    def pause_requested(self) -> bool:
+        """Pause was pressed (or ``pause()`` called) and the run has not been resumed since."""
+        return self._paused_requested
+
+    def notify(self, level: str, text: str, details: str | None = None) -> None:
+        """Add a line to the panel's messages (``level``: info, warning or error; ``details``: a traceback)."""
         self.view.add_message(level, text, details)
 
-    def _show_title(self) -> None:
-        t, n_params = self.trainer, sum(p.numel() for p in self._model.parameters())
-        self.view.title.value = (
-            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
-            f"{type(self._model).__name__} · {t.device} · {format_count(n_params, compact=False)} parameters · "
-            f"{type(t.optimizer).__name__}</span>"
-        )
-
-    def _apply_savers(self) -> None:
-        """Build the run's Trainer with the memory savers chosen in the panel (nothing chosen: keep it).
-
-        The old trainer's precision, accumulation, clipping, checkpointing and LR (the controls) carry over.
-        Quantizing and adapters change the model in place, so the group locks once they are applied. A
-        combination the core refuses raises ValueError with the core's message (a panel message on click).
-        """
-        choice = self.savers.options()
-        if not choice or self.savers.locked_reason or self._build is None:
-            return
-        old = self.trainer
-        criterion, optimizer, metrics, options = self._build
-        options = dict(options)
-        options.update(
-            precision=old.precision,
-            grad_accum_steps=old.grad_accum_steps,
-            max_grad_norm=old.max_grad_norm,
-            activation_checkpointing=(options.get("activation_checkpointing") or True)
-            if old.checkpointed_blocks
-            else False,
-        )
-        chosen = ", ".join(f"{k}={v}" for k, v in choice.items())
-        optimizer = choice.pop("optimizer", optimizer)
-        if isinstance(optimizer, str):
-            options["lr"] = float(self.view.lr.value)
-            if options.pop("scheduler", None) is not None:  # it is bound to the optimizer given
-                self._notify("warning", "the scheduler given is bound to the optimizer given: pick one in the menu")
-        try:
-            trainer = Trainer(self._model, criterion, optimizer, metrics=metrics, **options, **choice)
-        except Exception as exc:
-            raise ValueError(f"memory savers: {exc}") from None
-        self.trainer = self.controls.trainer = trainer
-        self.controls._user_scheduler, self.controls._user_interval = trainer.scheduler, trainer.scheduler_interval
-        self.savers.lock(f"applied at Start ({trainer.param_counts}); build a new panel from a fresh model to change")
-        self._show_title()
-        self._notify("info", f"memory savers: {chosen} · {trainer.param_counts}")
-
-    def _set_running(self, running: bool) -> None:
+    def set_running(self, running: bool) -> None:
+        """Buttons, controls, compare menu and memory savers for a run that is alive or has ended."""
         v = self.view
         v.start.disabled = running
         v.pause.disabled = v.stop.disabled = not running
@@ -370,15 +365,35 @@ class TrainerWidget(PanelActions, SummaryDisplay):
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
-            self._notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
+            self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 
-    def _on_run_done(self, run: Run) -> None:
-        """On the training thread, right after fit: give the trainer back as it was."""
-        with contextlib.suppress(Exception):
-            self.trainer.remove_callback(self._feed)
-        for cb in self._detached:
-            if cb not in self.trainer.callbacks.callbacks:
-                self.trainer.add_callback(cb)
-        self._detached = []
-        self._feed.wake.set()
+    def publish_summary(self, history: Any = None) -> None:
+        """Show the summary of ``history`` (if given) in the panel and in every static output slot."""
+        self._summary.publish(history, title=f"{type(self._model).__name__} on {self.trainer.device}")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.panel._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        """The panel, then a plain-HTML slot that receives the static summary when a run ends."""
+        self._summary.display(self.panel)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _show_title(self) -> None:
+        t, n_params = self.trainer, sum(p.numel() for p in self._model.parameters())
+        self.view.title.value = (
+            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
+            f"{type(self._model).__name__} · {t.device} · {format_count(n_params, compact=False)} parameters · "
+            f"{type(t.optimizer).__name__}</span>"
+        )
+
+    def _apply_savers(self) -> None:
+        """At Start: the Trainer rebuilt with the memory savers chosen (nothing chosen: keep it)."""
+        trainer = self.savers.rebuild(
+            self._model, self.trainer, self._build, lr=float(self.view.lr.value), notify=self.notify
+        )
+        if trainer is not None:
+            self.trainer = trainer
+            self.controls.use_trainer(trainer)
+            self._show_title()

@@ -8,6 +8,10 @@ The status badge is honest because it is derived from the same ordered stream as
 comes from the progress snapshot the loop sends once it holds at a step boundary, "stopped" only after the
 training thread has returned and its last progress has been drawn in the same push. A click shows
 "pausing" / "stopping" at once (true: requested, not yet reached).
+
+The pump draws into the panel's parts (view, charts, compare menu, controls), which it is given; what it needs
+from the panel itself (messages, the buttons' running state, the summary, whether a pause was asked for) is the
+small :class:`PumpHost` protocol, so this module depends on no panel class.
 """
 
 from __future__ import annotations
@@ -16,22 +20,78 @@ import contextlib
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from nbtrainer import format_duration, format_number
 from nbtrainer.plotting import change_label, higher_is_better
 
+from ._charts import LiveCharts
+from ._compare_runs import CompareRuns
+from ._controls import Controls
 from ._runner import Feed, Run
+from ._view import PanelView
 
-__all__ = ["UiPump"]
+__all__ = ["PumpHost", "UiPump"]
 
 _LIVE = ("running", "pausing", "paused", "stopping")
 
 
+@runtime_checkable
+class PumpHost(Protocol):
+    """What the UI thread needs from the panel that owns the run (``TrainerWidget`` implements it)."""
+
+    @property
+    def pause_requested(self) -> bool:
+        """A pause was asked for and the run has not been resumed since (the badge says "pausing")."""
+        ...
+
+    def notify(self, level: str, text: str, details: str | None = None) -> None:
+        """A line in the panel's messages (``level``: info, warning or error; ``details``: e.g. a traceback)."""
+        ...
+
+    def set_running(self, running: bool) -> None:
+        """Buttons and controls for a run that is alive (``True``) or has ended (``False``)."""
+        ...
+
+    def publish_summary(self, history: Any = None) -> None:
+        """Show the summary of ``history`` in the panel and in its static output slots."""
+        ...
+
+
 class UiPump:
-    def __init__(self, widget: Any, run: Run, feed: Feed) -> None:
-        self.w, self.run, self.feed = widget, run, feed
-        self.interval = widget.ui_interval
+    """The UI thread of one run: drains ``feed`` and draws into the panel's parts until ``run`` is done.
+
+    Args:
+        host: the panel (messages, running state, summary; see :class:`PumpHost`).
+        run: the run whose training thread fills ``feed``.
+        feed: the run's event feed.
+        view, charts, compare, controls: the panel's parts it draws into.
+        interval: at least this many seconds between two pushes.
+        push_times: each push appends its ``time.monotonic()`` here (the panel's ``ui_update_times``).
+
+    Example:
+        >>> pump = UiPump(w, run, feed, view=w.view, charts=w.charts, compare=w.compare,
+        ...               controls=w.controls, interval=0.25, push_times=w.ui_update_times)  # doctest: +SKIP
+        >>> pump.start(); run.join(); pump.join()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        host: PumpHost,
+        run: Run,
+        feed: Feed,
+        *,
+        view: PanelView,
+        charts: LiveCharts,
+        compare: CompareRuns,
+        controls: Controls,
+        interval: float,
+        push_times: list[float],
+    ) -> None:
+        self.host, self.run, self.feed = host, run, feed
+        self.view, self.charts, self.compare, self.controls = view, charts, compare, controls
+        self.interval = interval
+        self.push_times = push_times
         self.progress: Any = None
         self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
@@ -72,14 +132,14 @@ class UiPump:
                 try:
                     self._apply(items, final)
                 except Exception as exc:  # the UI thread must outlive a drawing bug
-                    self.w._notify("error", f"panel update failed: {type(exc).__name__}: {exc}")
+                    self.host.notify("error", f"panel update failed: {type(exc).__name__}: {exc}")
                 last = time.monotonic()
             if final:
                 self._finish()  # after the last progress was drawn: only now the final status
                 return
 
     def _apply(self, items: list[tuple[str, Any]], final: bool) -> None:
-        w, charts = self.w, self.w.charts
+        charts = self.charts
         epochs_changed = False
         for kind, payload in items:
             if kind == "progress":
@@ -88,7 +148,7 @@ class UiPump:
                 charts.add_memory(payload.global_step, payload.memory, payload.memory_capacity)
                 if charts.add_steps(payload.step_points) and not self._warned_nonfinite:
                     self._warned_nonfinite = True
-                    w._notify(
+                    self.host.notify(
                         "warning",
                         f"non-finite loss by step {payload.global_step}: check the LR, the data and the precision",
                     )
@@ -98,7 +158,7 @@ class UiPump:
                 epochs_changed = True
             elif kind == "control":
                 self._control(payload)
-        v, p = w.view, self.progress
+        v, p = self.view, self.progress
         with contextlib.ExitStack() as stack:
             for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats, v.epoch_table):
                 stack.enter_context(widget.hold_sync())
@@ -120,27 +180,26 @@ class UiPump:
             if not final:
                 v.set_status(*self._live_status(p))
             charts.render()
-            w.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
-        w.ui_updates += 1
-        w.ui_update_times.append(time.monotonic())
+            self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
+        self.push_times.append(time.monotonic())
 
     def _control(self, event: dict[str, Any]) -> None:
-        w, kind = self.w, event["kind"]
-        w.charts.add_event(event)
-        w.controls.on_event(event)
+        kind = event["kind"]
+        self.charts.add_event(event)
+        self.controls.on_event(event)
         # "paused" comes only from the progress snapshot the loop sends once it holds (it carries the step it
         # holds at); the "pause" event is emitted just before it, so it would show a stale step.
         if kind == "resume":
             self.stream_status = "running"
         elif kind in ("lr", "grad_accum_steps"):
-            w._notify("info", change_label(event) or kind)
+            self.host.notify("info", change_label(event) or kind)
 
     def _live_status(self, p: Any) -> tuple[str, str]:
-        run, w = self.run, self.w
+        run = self.run
         status = self.stream_status
         if run.stop_reason and status != "paused":
             return "stopping", run.stop_reason
-        if status == "running" and w._paused_requested:
+        if status == "running" and self.host.pause_requested:
             return "pausing", "at the next optimizer step"
         if status == "paused":
             return "paused", f"at step {format_number(p.global_step)}" if p is not None else ""
@@ -157,24 +216,24 @@ class UiPump:
             self.best = (key, value, logs.get("epoch"))
 
     def _finish(self) -> None:
-        w, run = self.w, self.run
-        h = run.history if run.history is not None else w.trainer.history
+        host, run = self.host, self.run
+        h = run.history if run.history is not None else run.trainer.history
         steps = h.steps["step"]
         n_steps = int(steps[-1]) if steps else 0
         if run.error is not None:
-            w._notify("error", f"training failed: {type(run.error).__name__}: {run.error}", run.traceback)
+            host.notify("error", f"training failed: {type(run.error).__name__}: {run.error}", run.traceback)
         else:
             reason = f" ({h.stop_reason})" if h.stop_reason else ""
             took = format_duration(self.progress.elapsed) if self.progress is not None else "?"
-            w._notify(
+            host.notify(
                 "info",
                 f"run {run.status}{reason} after {len(h.epochs)} epoch(s), "
                 f"{format_number(n_steps)} optimizer steps, {took}",
             )
         detail = (h.stop_reason or "") if run.status != "finished" else f"{len(h.epochs)} epoch(s)"
-        w.view.set_status(run.status, detail)
-        w._set_running(False)
+        self.view.set_status(run.status, detail)
+        host.set_running(False)
         try:
-            w._publish_summary(h)
+            host.publish_summary(h)
         except Exception as exc:
-            w._notify("warning", f"could not write the summary: {type(exc).__name__}: {exc}")
+            host.notify("warning", f"could not write the summary: {type(exc).__name__}: {exc}")

@@ -8,13 +8,14 @@ layer did not start (a plain ``fit`` in another thread) is refused with a clear 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from nbtrainer import Trainer
+from nbtrainer import ProgressBar, Trainer
 
 __all__ = ["Feed", "Run", "claim_model", "live_run"]
 
@@ -29,6 +30,24 @@ class Feed:
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()
         self.wake = threading.Event()
+        self._detached: list[Any] = []
+
+    def attach(self, trainer: Trainer) -> None:
+        """Become ``trainer``'s progress display for a run: its console bars are taken off until :meth:`detach`."""
+        self._detached = [cb for cb in trainer.callbacks.callbacks if isinstance(cb, ProgressBar)]
+        for cb in self._detached:
+            trainer.remove_callback(cb)
+        trainer.add_callback(self)
+
+    def detach(self, trainer: Trainer) -> None:
+        """Give ``trainer`` back as it was (on the training thread, right after fit) and wake the UI thread."""
+        with contextlib.suppress(Exception):
+            trainer.remove_callback(self)
+        for cb in self._detached:
+            if cb not in trainer.callbacks.callbacks:
+                trainer.add_callback(cb)
+        self._detached = []
+        self.wake.set()
 
     def drain(self) -> list[tuple[str, Any]]:
         items = []

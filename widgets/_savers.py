@@ -9,11 +9,12 @@ as checkboxes, with the reason as tooltip, the same way as the precision menu.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import memory_saver_support
+from nbtrainer import Trainer, memory_saver_support
 
 from ._section import Section
 from ._theme import FG2
@@ -150,3 +151,43 @@ class Savers:
             if why:
                 raise ValueError(f"{key} {out[key]!r} cannot run here: {why}")
         return out
+
+    def rebuild(
+        self, model: Any, old: Trainer, build: tuple[Any, ...] | None, *, lr: float, notify: Callable[[str, str], None]
+    ) -> Trainer | None:
+        """The run's Trainer with the savers chosen, or None (nothing chosen, or the group is locked).
+
+        ``build`` is the panel's model form ``(criterion, optimizer, metrics, trainer_options)``; the old
+        trainer's precision, accumulation, clipping and activation checkpointing carry over, and ``lr`` (the LR
+        control) is the LR of an optimizer chosen by name. Quantizing and adapters change the model in place, so
+        the group locks once a Trainer is built.
+
+        Raises:
+            ValueError: the core refuses the combination (its message), or an option cannot run here.
+        """
+        choice = self.options()
+        if not choice or self.locked_reason or build is None:
+            return None
+        criterion, optimizer, metrics, options = build
+        options = dict(options)
+        options.update(
+            precision=old.precision,
+            grad_accum_steps=old.grad_accum_steps,
+            max_grad_norm=old.max_grad_norm,
+            activation_checkpointing=(options.get("activation_checkpointing") or True)
+            if old.checkpointed_blocks
+            else False,
+        )
+        chosen = ", ".join(f"{k}={v}" for k, v in choice.items())
+        optimizer = choice.pop("optimizer", optimizer)
+        if isinstance(optimizer, str):
+            options["lr"] = lr
+            if options.pop("scheduler", None) is not None:  # it is bound to the optimizer given
+                notify("warning", "the scheduler given is bound to the optimizer given: pick one in the menu")
+        try:
+            trainer = Trainer(model, criterion, optimizer, metrics=metrics, **options, **choice)
+        except Exception as exc:
+            raise ValueError(f"memory savers: {exc}") from None
+        self.lock(f"applied at Start ({trainer.param_counts}); build a new panel from a fresh model to change")
+        notify("info", f"memory savers: {chosen} · {trainer.param_counts}")
+        return trainer

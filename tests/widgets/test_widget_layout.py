@@ -173,7 +173,7 @@ def test_a_new_run_marks_the_previous_summary_as_the_previous_run():
     try:
         assert "previous run" in section.title.value and "nbt-summary-previous" in section.root._dom_classes
         assert not section.is_open
-        assert "previous run" in w._summary_bundle()["text/html"]
+        assert "previous run" in w._summary.bundle()["text/html"]
     finally:
         w.wait()
     assert "previous run" not in section.title.value and "nbt-summary-previous" not in section.root._dom_classes

@@ -66,14 +66,14 @@ def test_the_message_area_shows_three_lines_and_keeps_the_rest_one_click_away():
     w = make_widget(epochs=1)
     log = w.view.messages_log
     for i in range(12):
-        w._notify("info", f"message {i}")
+        w.notify("info", f"message {i}")
     assert len(log.lines.children) == 3 and "message 11" in log.lines.children[-1].value
     assert log.show_all.layout.display == "flex" and "(12)" in log.show_all.description
     log.show_all.value = True
     assert len(log.lines.children) == 12 and log.lines.layout.max_height == "240px"
     log.show_all.value = False
     for i in range(600):
-        w._notify("warning", f"flood {i}")
+        w.notify("warning", f"flood {i}")
     assert len(log.log) == 500 and len(log.lines.children) == 3  # bounded however long the panel lives
 
 

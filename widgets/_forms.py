@@ -1,0 +1,83 @@
+"""The panel's two call forms: a model with its criterion and optimizer (the panel builds the Trainer), or a
+built Trainer (steered as configured). Both are checked here, before a widget is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nbtrainer import Trainer
+
+__all__ = ["USAGE", "PanelArgs", "parse_panel_args"]
+
+USAGE = (
+    "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
+    "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
+)
+
+
+@dataclass
+class PanelArgs:
+    """What a panel is made of, whichever form it was called in.
+
+    Example:
+        >>> a = parse_panel_args(model, (criterion, optimizer, loader), epochs=2)  # doctest: +SKIP
+        >>> a.trainer, a.model, a.train_loader  # doctest: +SKIP
+    """
+
+    trainer: Trainer
+    model: Any  # the user's model (a Trainer given over a torch.compile'd model: the model it wraps)
+    build: tuple[Any, ...] | None  # model form: (criterion, optimizer, metrics, options) to rebuild from
+    train_loader: Any
+    val_loader: Any
+
+
+def parse_panel_args(
+    model: Any,
+    args: tuple[Any, ...],
+    *,
+    train_loader: Any = None,
+    val_loader: Any = None,
+    metrics: Any = None,
+    epochs: int = 1,
+    trainer_options: dict[str, Any] | None = None,
+) -> PanelArgs:
+    """Check the arguments of ``TrainerWidget(...)`` and build the Trainer of the model form.
+
+    Raises:
+        TypeError: arguments of neither form (with both forms spelled out).
+        ValueError: ``epochs`` is not a positive int, or the Trainer has no optimizer (with the fix).
+    """
+    options = dict(trainer_options or {})
+    build: tuple[Any, ...] | None
+    if isinstance(model, Trainer):
+        if metrics is not None or options:
+            raise TypeError(
+                "TrainerWidget(trainer, ...) uses the trainer as configured; pass metrics and "
+                f"options to Trainer(...). Got {sorted(options) or ['metrics']}. {USAGE}"
+            )
+        if len(args) > 2:
+            raise TypeError(f"Too many positional arguments. {USAGE}")
+        trainer, user_model = model, getattr(model.model, "_orig_mod", model.model)  # torch.compile
+        build = None  # a built Trainer: the memory savers cannot rebuild it
+    else:
+        if len(args) < 2 or len(args) > 4:
+            raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {USAGE}")
+        criterion, optimizer, *loaders = args
+        args = tuple(loaders)
+        trainer = Trainer(model, criterion, optimizer, metrics=metrics, **options)
+        user_model = model
+        build = (criterion, optimizer, metrics, options)
+    train_loader = args[0] if len(args) > 0 else train_loader
+    val_loader = args[1] if len(args) > 1 else val_loader
+    if train_loader is None:
+        raise TypeError(f"train_loader is required. {USAGE}")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+    if trainer.optimizer is None:
+        raise ValueError(
+            "TrainerWidget trains, and this Trainer was built with optimizer=None (evaluate / predict only). "
+            "Pass an optimizer, e.g. Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)); "
+            "for evaluation alone call trainer.evaluate(loader) without a panel."
+        )
+    return PanelArgs(trainer, user_model, build, train_loader, val_loader)
