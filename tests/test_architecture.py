@@ -210,6 +210,68 @@ def test_folders_below_the_trainer_do_not_import_it(folder: str) -> None:
     )
 
 
+# Names under which a module holds the Trainer (its hooks' ``trainer=``, a callback's ``self.trainer``).
+TRAINER_NAMES = ("trainer", "_trainer")
+_REFLECTION = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _holds_trainer(expr: ast.expr) -> bool:
+    if isinstance(expr, ast.Name):
+        return expr.id in TRAINER_NAMES
+    return isinstance(expr, ast.Attribute) and expr.attr in TRAINER_NAMES
+
+
+def _private(name: object) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def trainer_private_reads(source: str) -> list[tuple[int, str]]:
+    """``(line, "trainer._x")`` for every use of a private attribute of something named ``trainer`` in ``source``:
+    ``trainer._x``, ``self.trainer._x`` and ``getattr(trainer, "_x")`` (and has/set/delattr)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and _holds_trainer(node.value):
+            found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _REFLECTION
+            and len(node.args) >= 2
+            and _holds_trainer(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+            and _private(node.args[1].value)
+        ):
+            found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
+    return found
+
+
+def test_only_the_trainer_reads_its_private_state() -> None:
+    """Outside ``_trainer/`` the Trainer is reached through its public, typed attributes (``run_state``,
+    ``batch_steps``, ``model_setup``...) or what it hands over (the loop: a LoopHost), never ``trainer._x``."""
+    reads = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for name, (path, _) in MODULES.items()
+        if not name.startswith(f"{FACADE}._trainer")
+        for line, what in trainer_private_reads(path.read_text(encoding="utf-8"))
+    ]
+    assert not reads, "modules that read the Trainer's private attributes (give it a public home):\n" + "\n".join(reads)
+
+
+def test_the_private_read_finder_sees_them() -> None:
+    source = (
+        "def f(trainer, self):\n"
+        "    a = trainer._state\n"
+        "    b = getattr(trainer, '_loop', None)\n"
+        "    c = self.trainer._control\n"
+        "    d = trainer.run_state, trainer.__class__, other._x\n"
+    )
+    assert trainer_private_reads(source) == [
+        (2, "trainer._state"),
+        (3, "getattr(trainer, '_loop')"),
+        (4, "self.trainer._control"),
+    ]
+
+
 def test_the_cycle_finder_finds_hidden_cycles(tmp_path: Path) -> None:
     """The checker itself: a cycle hidden in a function, through a relative import and the facade, is found."""
     pkg = tmp_path / "pkg"

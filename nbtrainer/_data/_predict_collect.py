@@ -298,12 +298,13 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
 
 def predict_outputs(trainer: Trainer, batch: Any) -> Any:
     """One batch's outputs, by the rule in the module docstring."""
-    fn = trainer._predict_step_fn
+    steps = trainer.batch_steps
+    fn = steps.predict_step_fn
     if fn is not None:
         return fn(trainer.model, batch)
     if overridden(trainer, "predict_step"):
         return trainer.predict_step(batch)
-    loss_fn = trainer._compute_loss_fn
+    loss_fn = steps.compute_loss_fn
     if loss_fn is not None or overridden(trainer, "compute_loss"):
         result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
         if isinstance(result, tuple) and len(result) == 3:
@@ -355,7 +356,7 @@ def run_predict(
     sizes: list[int | None] = []
     try:
         # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
-        with torch.no_grad(), trainer._autocast(), no_cache(model, caches):
+        with torch.no_grad(), trainer.batch_steps.autocast(), no_cache(model, caches):
             for batch in loader:
                 batch = move_to_device(batch, trainer.device, trainer.non_blocking)
                 sizes.append(_rows(batch))

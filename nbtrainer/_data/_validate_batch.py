@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device, overridden
+from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -203,10 +203,10 @@ def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[
     """
     where = "train_loader" if training else "val_loader"
     check_batch(batch, where)
-    default = trainer._compute_loss_fn is None and not overridden(trainer, "compute_loss")
+    default = not trainer.batch_steps.custom_loss
     if not default or (not training and trainer.criterion is not None and trainer.batch_spec.split(batch)[2] is None):
         try:
-            return trainer._compute(batch, training=training)
+            return trainer.batch_steps.compute(batch, training=training)
         except BaseException as exc:
             if _passthrough(exc):
                 raise
@@ -310,10 +310,11 @@ def check_val_loader(trainer: Trainer, val_loader: Any) -> None:
         finally:
             del it
         batch = move_to_device(batch, trainer.device)
-        with trainer._inference(), trainer._autocast():
+        steps = trainer.batch_steps
+        with steps.inference(), steps.autocast():
             loss, outputs, targets = first_compute(trainer, batch, training=False)
             check_loss(trainer, loss, "validation")
-            dry_metrics(trainer, trainer._val_metrics, outputs, targets, "validation")
+            dry_metrics(trainer, steps.val_metrics, outputs, targets, "validation")
     finally:
         model.train(was_training)
         restore_rng(rng)

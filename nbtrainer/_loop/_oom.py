@@ -192,7 +192,7 @@ def _memory_switches(trainer: Trainer, *, transformed: bool, profiled_optimizer:
     measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
     The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
     # the Trainer keeps its switches in its ModelSetup (nbtrainer._setup._model_setup): the one place they are
-    savers = getattr(getattr(trainer, "_setup", None), "savers", None)
+    savers = trainer.model_setup.savers
     kind = type(trainer.optimizer).__name__ if trainer.optimizer is not None else None
     same = kind == profiled_optimizer or {kind, profiled_optimizer} == {"Adam", "AdamW"}  # the same state
     switches: dict[str, Any] = {

@@ -4,7 +4,8 @@
 ``_trainer``      Trainer: the public class, its options and their checks
 ``_base``         the typed state the Trainer's parts share
 ``_fit``          fit, fit_more: set up a run, hand it to the loop
-``_eval``         evaluate, predict
+``_eval``         evaluate, predict (the public verbs over BatchSteps)
+``_batch_steps``  BatchSteps: a batch's loss / outputs (compute_loss= / predict_step=), evaluation, val metrics
 ``_control``      thread-safe control (stop, pause, LR, accumulation), lr_find
 ``_checkpoints``  save / load of the Trainer's state
 ``_validate``     argument and fit checks that run before anything trains

@@ -10,7 +10,6 @@ need (the reference LR, rank zero, the autocast context) are defined here too, n
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,7 +17,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from nbtrainer._loop._control import reference_lr
-from nbtrainer._setup._precision import autocast
 from nbtrainer._trainer import _validate
 
 if TYPE_CHECKING:
@@ -26,10 +24,10 @@ if TYPE_CHECKING:
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
     from nbtrainer._loop._control import Control
-    from nbtrainer._loop._metrics import MetricSet
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
     from nbtrainer._setup._model_setup import ModelSetup
+    from nbtrainer._trainer._batch_steps import BatchSteps
     from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["TrainerBase"]
@@ -64,10 +62,8 @@ class TrainerBase:
     fast_fetch: bool
     data_on_device: float
     _setup: ModelSetup
-    _compute_loss_fn: Callable[..., Any] | None
-    _predict_step_fn: Callable[..., Any] | None
+    _steps: BatchSteps  # how a batch becomes a loss / outputs, and evaluation (the overrides, validation metrics)
     _metric_spec: dict[str, Any]
-    _val_metrics: MetricSet
     _params: list[torch.Tensor]
 
     # -- the run ----------------------------------------------------------------------------------
@@ -94,6 +90,13 @@ class TrainerBase:
             (2, False)
         """
         return self._run
+
+    @property
+    def batch_steps(self) -> BatchSteps:
+        """How this trainer turns a batch into a loss or outputs, and evaluates
+        (:class:`~nbtrainer._trainer._batch_steps.BatchSteps`): the ``compute_loss=`` / ``predict_step=`` functions,
+        the autocast and inference contexts, the validation metrics."""
+        return self._steps
 
     @property
     def model_setup(self) -> ModelSetup:
@@ -146,13 +149,3 @@ class TrainerBase:
         """This object as the whole :class:`~nbtrainer.Trainer` (every mixin is a part of one), for the functions
         of other modules that take the trainer (typed against it, so a mixin passes ``self._whole``)."""
         return self  # type: ignore[return-value]
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if getattr(self.strategy, "casts_params", False):  # FSDP's MixedPrecisionPolicy casts instead
-            return contextlib.nullcontext()
-        return autocast(self.precision, self.device)
-
-    def _inference(self) -> contextlib.AbstractContextManager[Any]:
-        """``inference_mode`` for evaluation; ``no_grad`` under FSDP, whose all-gathered parameters are
-        tracked by version counters, which inference tensors do not have."""
-        return torch.no_grad() if getattr(self.strategy, "distributed_params", False) else torch.inference_mode()

@@ -1,22 +1,20 @@
 """Evaluation and prediction, and the overridable steps that turn a batch into a loss or outputs (mixed into
 :class:`~nbtrainer.Trainer`): ``evaluate``, ``predict``, ``compute_loss``, ``predict_step``.
 
-How a batch is split is the batch protocol (``nbtrainer._data._batch``); what ``predict`` keeps of the outputs
-is ``nbtrainer._data._predict_collect``.
+The work is the Trainer's :class:`~nbtrainer._trainer._batch_steps.BatchSteps` (the overrides, the loss of a batch,
+the evaluation loop and its metrics); these are the public verbs over it. How a batch is split is the batch
+protocol (``nbtrainer._data._batch``); what ``predict`` keeps of the outputs is ``nbtrainer._data._predict_collect``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from nbtrainer._data import _arrays
-from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
-from nbtrainer._data._loss import batch_loss, plain_pairs
-from nbtrainer._data._predict_collect import no_cache
+from nbtrainer._data._loss import batch_loss
 from nbtrainer._loop import _oom
 from nbtrainer._loop._fit_loop import _safe_len
 from nbtrainer._trainer._base import TrainerBase
@@ -49,51 +47,10 @@ class TrainerEval(TrainerBase):
         self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
         # the same events as fit's validation: a stateful compute_loss resets its state on them
         self.callbacks.call("on_validation_start", trainer=self)
-        logs = self._evaluate(self._batches(self.strategy.prepare_loader(loader, train=False)), prefix=prefix)
+        batches = self._batches(self.strategy.prepare_loader(loader, train=False))
+        logs = self._steps.evaluate(batches, prefix=prefix)
         self.callbacks.call("on_validation_end", trainer=self, logs=logs)
         return logs
-
-    def _evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
-        model, metrics = self.model, self._val_metrics
-        was_training = model.training
-        model.eval()
-        metrics.reset()
-        losses: list[torch.Tensor] = []
-        sizes: list[int] = []
-        try:
-            with self._inference(), self._autocast(), no_cache(model):  # HF models build no cache
-                for batch in loader:
-                    batch = move_to_device(batch, self.device, self.non_blocking)
-                    loss, outputs, targets = self._compute(batch, training=False)
-                    if loss is not None:
-                        losses.append(loss.detach().reshape(()).float())
-                    sizes.append(batch_size_of(targets, batch))
-                    if metrics:
-                        metrics.update(outputs, targets)
-            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
-            host = (
-                torch.cat([p.reshape(-1).to(self.device) for p in parts]).tolist() if parts else []
-            )  # SYNC: once per eval
-        finally:
-            model.train(was_training)
-        n = len(losses)
-        values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
-        metrics.absorb(values, sizes)
-        reduced = self.strategy.reduce_sums(
-            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
-            + [metrics.sums[k] for k in metrics.sums]
-        )
-        count = reduced[0] or 1.0
-        out: dict[str, float] = {}
-        if n:
-            out[f"{prefix}loss"] = reduced[1] / count
-        for name, total in zip(metrics.sums, reduced[2:], strict=True):
-            out[f"{prefix}{name}"] = total / count
-        for k, v in metrics.compute(int(count)).items():
-            if k not in metrics.sums:
-                out[f"{prefix}{k}"] = v
-        metrics.reset()
-        return out
 
     @_oom.on_oom("predict")
     def predict(
@@ -190,25 +147,3 @@ class TrainerEval(TrainerBase):
         """
         args, kwargs, _ = self.batch_spec.split(batch)
         return self.model(*args, **kwargs)
-
-    def _override(self) -> Any:
-        return self.compute_loss if overridden(self, "compute_loss") else None
-
-    def _default_compute(self) -> bool:
-        """True when (x, y) batches can take the loop's inlined path (same semantics as compute_loss)."""
-        return plain_pairs(
-            spec=self.batch_spec, criterion=self.criterion, custom=self._compute_loss_fn, override=self._override()
-        )
-
-    def _compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
-        """The batch protocol's ``(loss, outputs, targets)`` (``nbtrainer._data._loss``)."""
-        return batch_loss(
-            self.model,
-            batch,
-            spec=self.batch_spec,
-            criterion=self.criterion,
-            custom=self._compute_loss_fn,
-            override=self._override(),
-            training=training,
-            need_outputs=bool(self._run.train_metrics),
-        )

@@ -148,10 +148,10 @@ class TrainerHost:
 
     # -- what the loop asks of the Trainer --------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return self.owner._autocast()
+        return self.owner.batch_steps.autocast()
 
     def default_compute(self) -> bool:
-        return self.owner._default_compute()
+        return self.owner.batch_steps.default_compute()
 
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
         """The first micro-batch of a fresh fit: computed in stages with clear errors, metrics tried."""
@@ -166,10 +166,10 @@ class TrainerHost:
         _validate.check_loss(self.owner, loss, "training", needs_grad=True)
 
     def compute(self, batch: Any) -> tuple[Any, Any, Any]:
-        return self.owner._compute(batch)
+        return self.owner.batch_steps.compute(batch)
 
     def evaluate(self, batches: Iterable[Any], prefix: str) -> dict[str, float]:
-        return self.owner._evaluate(batches, prefix=prefix)
+        return self.owner.batch_steps.evaluate(batches, prefix=prefix)
 
     def apply_control(self) -> None:
         self.owner._apply_control()

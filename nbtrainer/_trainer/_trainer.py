@@ -30,6 +30,7 @@ from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._model_setup import ModelSetup
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
 from nbtrainer._trainer import _validate
+from nbtrainer._trainer._batch_steps import BatchSteps
 from nbtrainer._trainer._checkpoints import TrainerCheckpoints
 from nbtrainer._trainer._control import TrainerControl
 from nbtrainer._trainer._eval import TrainerEval
@@ -274,8 +275,6 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.batch_spec = BatchSpec(
             num_inputs=num_inputs, target_keys=target_keys, pass_targets_to_model=criterion is None
         )
-        self._compute_loss_fn = compute_loss
-        self._predict_step_fn = predict_step
         self.refresh_interval = float(refresh_interval)
         self.timing_every = int(timing_every)
         self.val_every_n_epochs = val_every_n_epochs
@@ -285,7 +284,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.scaler = make_scaler(self.precision, self.device)
         self._metric_spec = dict((metrics or {}).items())  # a MetricCollection: its members by key
         self._run = RunState(MetricSet(self._metric_spec, self.device))
-        self._val_metrics = self._run.train_metrics.clone(self.device)
+        val_metrics = self._run.train_metrics.clone(self.device)
+        self._steps = BatchSteps(self, compute_loss=compute_loss, predict_step=predict_step, val_metrics=val_metrics)
         user_callbacks = list(callbacks)
         if progress is not False and progress is not None:
             user_callbacks.append(progress_callback(progress))
@@ -317,7 +317,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             if extra:
                 self._metric_spec.update(extra)
                 self._run.train_metrics = MetricSet(self._metric_spec, self.device)
-                self._val_metrics = self._run.train_metrics.clone(self.device)
+                self._steps.val_metrics = self._run.train_metrics.clone(self.device)
 
     # -- the trainers of this process, log keys, repr ------------------------------------------------
     @classmethod

@@ -1,0 +1,142 @@
+"""How a Trainer turns a batch into a loss or outputs, and evaluates: :class:`BatchSteps`, the part of the Trainer
+that owns the batch protocol's overrides and the validation metrics (``Trainer.batch_steps``).
+
+The batch protocol itself (how a batch is split, the model called, the loss taken) is ``nbtrainer._data._loss``;
+this part holds what a Trainer adds to it: the ``compute_loss=`` / ``predict_step=`` functions (a subclass may
+override the methods of those names instead), the precision's autocast and the inference context, and the
+validation metrics that :meth:`BatchSteps.evaluate` fills. ``fit`` computes its losses here (through the loop's
+``LoopHost.compute``), ``evaluate`` and the validation inside ``fit`` run :meth:`BatchSteps.evaluate`, and
+``predict`` takes its outputs by the rule of ``nbtrainer._data._predict_collect``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
+from nbtrainer._data._loss import batch_loss, plain_pairs
+from nbtrainer._data._predict_collect import no_cache
+from nbtrainer._setup._precision import autocast
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._metrics import MetricSet
+    from nbtrainer._trainer._trainer import Trainer
+
+__all__ = ["BatchSteps"]
+
+
+class BatchSteps:
+    """A Trainer's batch steps (see the module docstring): owned by one :class:`~nbtrainer.Trainer`, which it reads
+    for the model, criterion, batch spec, precision and placement at the moment of use.
+
+    Attributes:
+        compute_loss_fn: ``compute_loss=fn(model, batch)`` given to the Trainer, else None.
+        predict_step_fn: ``predict_step=fn(model, batch)`` given to the Trainer, else None.
+        val_metrics: the metrics :meth:`evaluate` fills (the training metrics' twin, with its own state).
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        *,
+        compute_loss: Callable[..., Any] | None,
+        predict_step: Callable[..., Any] | None,
+        val_metrics: MetricSet,
+    ) -> None:
+        self._trainer = trainer
+        self.compute_loss_fn = compute_loss
+        self.predict_step_fn = predict_step
+        self.val_metrics = val_metrics
+
+    # -- how a batch becomes a loss ------------------------------------------------------------------
+    @property
+    def custom_loss(self) -> bool:
+        """A ``compute_loss=`` function or a subclass's ``compute_loss`` decides the loss (not the protocol)."""
+        return self.compute_loss_fn is not None or overridden(self._trainer, "compute_loss")
+
+    def _override(self) -> Any:
+        trainer = self._trainer
+        return trainer.compute_loss if overridden(trainer, "compute_loss") else None
+
+    def default_compute(self) -> bool:
+        """True when (x, y) batches can take the loop's inlined path (same semantics as :meth:`compute`)."""
+        trainer = self._trainer
+        return plain_pairs(
+            spec=trainer.batch_spec, criterion=trainer.criterion, custom=self.compute_loss_fn, override=self._override()
+        )
+
+    def compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+        """The batch protocol's ``(loss, outputs, targets)`` (``nbtrainer._data._loss``)."""
+        trainer = self._trainer
+        return batch_loss(
+            trainer.model,
+            batch,
+            spec=trainer.batch_spec,
+            criterion=trainer.criterion,
+            custom=self.compute_loss_fn,
+            override=self._override(),
+            training=training,
+            need_outputs=bool(trainer.run_state.train_metrics),
+        )
+
+    # -- the contexts a forward runs in --------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The precision's autocast (none under FSDP, whose MixedPrecisionPolicy casts instead)."""
+        trainer = self._trainer
+        if getattr(trainer.strategy, "casts_params", False):
+            return contextlib.nullcontext()
+        return autocast(trainer.precision, trainer.device)
+
+    def inference(self) -> contextlib.AbstractContextManager[Any]:
+        """``inference_mode`` for evaluation; ``no_grad`` under FSDP, whose all-gathered parameters are
+        tracked by version counters, which inference tensors do not have."""
+        distributed = getattr(self._trainer.strategy, "distributed_params", False)
+        return torch.no_grad() if distributed else torch.inference_mode()
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+        """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed."""
+        trainer = self._trainer
+        model, metrics, device = trainer.model, self.val_metrics, trainer.device
+        was_training = model.training
+        model.eval()
+        metrics.reset()
+        losses: list[torch.Tensor] = []
+        sizes: list[int] = []
+        try:
+            with self.inference(), self.autocast(), no_cache(model):  # HF models build no cache
+                for batch in loader:
+                    batch = move_to_device(batch, device, trainer.non_blocking)
+                    loss, outputs, targets = self.compute(batch, training=False)
+                    if loss is not None:
+                        losses.append(loss.detach().reshape(()).float())
+                    sizes.append(batch_size_of(targets, batch))
+                    if metrics:
+                        metrics.update(outputs, targets)
+            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
+            host = torch.cat([p.reshape(-1).to(device) for p in parts]).tolist() if parts else []  # SYNC: once per eval
+        finally:
+            model.train(was_training)
+        n = len(losses)
+        values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
+        metrics.absorb(values, sizes)
+        reduced = trainer.strategy.reduce_sums(
+            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
+            + [metrics.sums[k] for k in metrics.sums]
+        )
+        count = reduced[0] or 1.0
+        out: dict[str, float] = {}
+        if n:
+            out[f"{prefix}loss"] = reduced[1] / count
+        for name, total in zip(metrics.sums, reduced[2:], strict=True):
+            out[f"{prefix}{name}"] = total / count
+        for k, v in metrics.compute(int(count)).items():
+            if k not in metrics.sums:
+                out[f"{prefix}{k}"] = v
+        metrics.reset()
+        return out
