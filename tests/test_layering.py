@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(r"""
     import importlib.abc, sys
 
@@ -39,6 +41,7 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.slow
 def test_full_fit_with_jupyter_packages_blocked(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

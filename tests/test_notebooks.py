@@ -74,6 +74,7 @@ def models_with_class(state: dict[str, Any], css: str) -> list[dict[str, Any]]:
 # -- the kernel ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kernel_is_this_venv(venv_kernelspec: Path, tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -92,6 +93,7 @@ def test_the_demo_notebooks_are_all_there() -> None:
     assert [p.stem[:2] for p in DEMOS] == ["01", "02", "03", "04", "05", "06", "07"], DEMOS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
 def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
     nb, seconds = execute(path)
@@ -117,6 +119,7 @@ def _quickstart() -> Any:
     return execute(NB_DIR / "01_quickstart.ipynb")[0]
 
 
+@pytest.mark.slow
 def test_quickstart_panel_state_shows_a_finished_run(venv_kernelspec: Path) -> None:
     state = widget_state(_quickstart())
     panels = models_with_class(state, "nbt-panel")
@@ -140,6 +143,7 @@ def test_quickstart_panel_state_shows_a_finished_run(venv_kernelspec: Path) -> N
     assert step_bar["value"] == step_bar["max"], step_bar
 
 
+@pytest.mark.slow
 def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
     nb = _quickstart()
     htmls = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
@@ -155,6 +159,7 @@ def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
     assert any("val_acc" in h and "<table" in h and "dataframe" in h for h in htmls), "the pandas table is missing"
 
 
+@pytest.mark.slow
 def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "02_precision_and_accumulation.ipynb")
     tables = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
@@ -164,6 +169,7 @@ def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None
         assert name in results[0]
 
 
+@pytest.mark.slow
 def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "03_profiling.ipynb")
     sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
@@ -174,6 +180,7 @@ def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
     assert "nbtrainer doctor" in text
 
 
+@pytest.mark.slow
 def test_scripts_notebook_trains_headless(venv_kernelspec: Path) -> None:
     nb, _ = execute(NB_DIR / "05_scripts.ipynb")
     streams = "".join(o.get("text", "") for o in outputs(nb) if o.output_type == "stream")

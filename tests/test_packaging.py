@@ -202,6 +202,7 @@ _CHECK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["package", "core-modules"])
 def test_core_import_pulls_no_jupyter(tmp_path: Path, what: str) -> None:
     mods = ["nbtrainer"] if what == "package" else ["nbtrainer", *_core_modules()]

@@ -90,6 +90,9 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     assert global_step(page) == held
     page.locator("button.nbt-pause").click()
     wait_badge(page, "running")
+    # stop only once an epoch has ended: on a loaded machine Stop can land inside epoch 1, and a run with no
+    # epoch has no summary table to check (and the notebook's best-epoch cell has nothing to print)
+    page.locator(".nbt-epoch-table tbody tr").first.wait_for(state="attached", timeout=60_000)
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", timeout_s=30)
     # the summary renders inside the panel (Voila never re-renders the plain-HTML slot under it)

@@ -40,6 +40,7 @@ def data():
     return make_loader(x, y, batch_size=32, shuffle=True, seed=3), make_loader(x, y, batch_size=128)
 
 
+@pytest.mark.slow
 def test_rows_ratios_failure_row_and_outputs(data):
     train, val = data
     table = compare_strategies(
@@ -179,6 +180,7 @@ def test_steps_mode_presets_and_split():
     assert [p["y"].tolist() for p in parts] == [[0, 1, 2], [3, 4]] and parts[1]["tag"] == "t"
 
 
+@pytest.mark.slow
 def test_magic_compare_runs_from_namespace_names(shell, monkeypatch, capsys):
     from IPython.core.error import UsageError
 
@@ -291,6 +293,7 @@ class Deep(nn.Module):
         return self.head(x)
 
 
+@pytest.mark.slow
 def test_measured_peak_with_its_split_notes_and_whole_failure_reasons():
     x, y = make_classification(n=384)
     train = make_loader(x, y, batch_size=128, shuffle=True, seed=1)

@@ -214,6 +214,7 @@ def test_bf16_mixed_predictions_are_float32_unless_keep_dtype():
     assert trainer.predict(make_loader(X, Y, batch_size=16), keep_dtype=True).dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_predict_holds_no_batch_after_its_step():
     """Each batch (and its outputs' graph) is released before the next batch is computed."""
     alive: list[list[weakref.ref]] = []

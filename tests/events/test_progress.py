@@ -50,6 +50,7 @@ def _check_values(line: str) -> dict[str, str]:
     return pairs
 
 
+@pytest.mark.slow
 def test_piped_output_is_one_plain_line_per_epoch(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

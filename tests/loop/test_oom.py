@@ -94,6 +94,7 @@ def test_oom_advice_quotes_a_known_profile():
     assert "profile_model(model, example_batch)" not in text  # the known numbers replace the generic hint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["evaluate", "predict"])
 def test_oom_in_evaluate_and_predict(verb):
     model = Boom(at=3, when="eval")

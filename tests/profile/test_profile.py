@@ -158,6 +158,7 @@ def test_latency_auto_iterations_respect_time_budget() -> None:
 # ---------------------------------------------------------------- training memory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, ratio, keys",
     [
@@ -197,6 +198,7 @@ def test_users_optimizer_is_cloned_not_stepped() -> None:
     assert mem["optimizer_state_by_key"]["momentum_buffer"] == sum(p.numel() * 4 for p in model.blocks.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make",
     [lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda model: torch.optim.SGD(model.parameters(), lr=0.1)],
@@ -229,6 +231,7 @@ def test_activation_memory_drops_with_checkpointing() -> None:
     assert mem["total_checkpointed"] < mem["total"]
 
 
+@pytest.mark.slow
 def test_activation_extrapolation_matches_a_measurement_at_double_batch() -> None:
     model = Stack()
     small = profile_model(model, torch.randn(16, 8), include=("memory",), precisions=("bf16",))
@@ -318,6 +321,7 @@ def _snapshot(model: nn.Module) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_profiling_is_side_effect_free() -> None:
     model = Stack()
     model.train()

@@ -56,6 +56,7 @@ _SAVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_while_saving_leaves_an_old_or_new_file_that_loads(tmp_path):
     path = tmp_path / "last.ckpt"
     rng = random.Random(7)

@@ -120,6 +120,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkill_then_resume_is_bit_identical(runs, case):
     ref, got, leftovers = runs[case]

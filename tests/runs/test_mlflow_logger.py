@@ -56,6 +56,7 @@ class LowerLR:
             trainer.set_lr(1e-3)
 
 
+@pytest.mark.slow
 def test_a_fit_reads_back_from_mlflow(uri, tmp_path):
     ckpt = ModelCheckpoint(tmp_path / "ckpt", monitor="val_loss", save_last=True)
     logger = MLflowLogger(tracking_uri=uri, experiment="digits", run_name="first", log_checkpoints=True)

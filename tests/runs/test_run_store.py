@@ -126,6 +126,7 @@ trainer.fit(make_loader(x, y, batch_size=4), epochs=100)
 """
 
 
+@pytest.mark.slow
 def test_a_sigkilled_run_shows_as_killed_with_every_value_up_to_its_last_refresh(tmp_path):
     store, tap = tmp_path / "runs.db", tmp_path / "tap.txt"
     script = tmp_path / "child.py"
@@ -176,6 +177,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_writing_one_store_lose_nothing(tmp_path):
     store = tmp_path / "shared.db"
     procs = []

@@ -105,6 +105,7 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
         Trainer(mlp(), nn.CrossEntropyLoss(), "adamw8bit", progress=False)
 
 
+@pytest.mark.slow
 def test_import_nbtrainer_imports_no_quantization_library() -> None:
     code = (
         "import sys, nbtrainer; from nbtrainer import Trainer, compare_strategies; "

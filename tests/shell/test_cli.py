@@ -65,6 +65,7 @@ def test_doctor_strict_exit_status(capsys, monkeypatch):
     assert "nbtrainer doctor: bad --device 'nonsense:0'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cuda:0", "mps"])
 def test_doctor_refuses_a_device_this_machine_lacks_in_one_line(device):
     """The README's `--device cuda:0` on a CPU build crashed with a traceback; `--device mps` off a Mac printed
@@ -92,6 +93,7 @@ def test_console_script_is_installed():
     assert proc.returncode == 0 and proc.stdout.startswith("usage: nbtrainer")
 
 
+@pytest.mark.slow
 def test_checkpoint_command_says_where_a_run_stands(tmp_path):
     x, y = make_classification(n=64)
     loader = make_loader(x, y, batch_size=16)

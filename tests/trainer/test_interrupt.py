@@ -48,6 +48,7 @@ def _last_step(lines):
     return max(int(ln.split()[1]) for ln in lines if ln.startswith("STEP "))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accum", [1, 3])
 def test_ctrl_c_in_a_script_saves_last_ckpt_at_the_stop_and_exits_130(tmp_path, accum):
     code, lines, err = _interrupt(tmp_path, frontend="console", accum=accum)
@@ -61,6 +62,7 @@ def test_ctrl_c_in_a_script_saves_last_ckpt_at_the_stop_and_exits_130(tmp_path, 
     assert ckpt["history"]["status"] == "running"  # the state of the run at that step
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_notebook_returns_the_history(tmp_path):
     code, lines, err = _interrupt(tmp_path, frontend="notebook")
     assert code == 0, (code, lines, err[-2000:])

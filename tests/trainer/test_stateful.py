@@ -127,6 +127,7 @@ def test_stateful_lm_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path):
     assert result[1:] == reference[1:]
 
 
+@pytest.mark.slow
 def test_stateful_lm_example_runs():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NBTRAINER_PROGRESS": "lines"}
     proc = subprocess.run(

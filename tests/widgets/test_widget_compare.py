@@ -47,6 +47,7 @@ def bars_of(w: CompareWidget, key: str) -> dict[str, float]:
     return dict(zip(bars.x.tolist(), bars.y.tolist(), strict=True))
 
 
+@pytest.mark.slow
 def test_table_and_bars_of_a_comparison(comparison):
     import nbtrainer
     import nbtrainer.widgets
@@ -84,6 +85,7 @@ def test_without_a_metric_there_is_no_metric_chart(data):
     assert bars_of(w, "memory") == pytest.approx({n: table[n]["peak_memory_ratio"] for n in ("fp32", "accum2")})
 
 
+@pytest.mark.slow
 def test_run_adds_each_row_as_it_is_measured(data):
     shown, xs, seen = [], [], []
 
@@ -117,6 +119,7 @@ def test_run_adds_each_row_as_it_is_measured(data):
     assert w.table.value == w.comparison._repr_html_() and "comparing" not in w.status.value
 
 
+@pytest.mark.slow
 def test_magic_compare_shows_the_widget_or_the_table_without_widgets(shell, data, monkeypatch, capsys):
     from nbtrainer._shell import _magics
 

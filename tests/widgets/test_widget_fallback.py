@@ -31,6 +31,7 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.slow
 def test_fit_without_a_frontend_trains_in_the_foreground_with_console_bars(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TQDM_", "NBTRAINER_"))}
     proc = subprocess.run(

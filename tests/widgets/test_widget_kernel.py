@@ -136,6 +136,7 @@ def _wait_status(kernel: Kernel, status_id: str, word: str, timeout: float = 15.
     raise AssertionError(f"status {word!r} never shown; statuses: {[v[-80:] for _, v in kernel.values(status_id)]}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_pause_resume_stop_clicks_work_while_a_cell_blocks_in_fit(kernel: Kernel) -> None:
     ids = kernel.run(SETUP).split("IDS", 1)[1].split()
@@ -172,6 +173,7 @@ def test_pause_resume_stop_clicks_work_while_a_cell_blocks_in_fit(kernel: Kernel
     assert kernel.run("print('next', w.status)").split() == ["next", "stopped"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_kernel_interrupt_stops_the_run_and_the_cell_returns_the_history(kernel: Kernel) -> None:
     ids = kernel.run(SETUP).split("IDS", 1)[1].split()
@@ -204,6 +206,7 @@ def _shell_reply(kc: Any, msg_id: str, timeout: float) -> dict[str, Any]:
             return msg
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: Kernel) -> None:
     """What JupyterLab asks after a reload (kernel_info, comm_info, the widget manager's control comm and its

@@ -245,6 +245,7 @@ def test_summary_is_static_html_with_svg_and_reaches_the_display_slot(monkeypatc
     assert w.view.summary.value == html and w.view.summary_section.visible and not w.view.summary_section.is_open
 
 
+@pytest.mark.slow
 def test_profile_button_shows_a_profile_card():
     w = make_widget(epochs=1)
     w.view.profile.click()

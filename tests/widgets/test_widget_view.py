@@ -77,6 +77,7 @@ def test_the_message_area_shows_three_lines_and_keeps_the_rest_one_click_away():
     assert len(log.log) == 500 and len(log.lines.children) == 3  # bounded however long the panel lives
 
 
+@pytest.mark.slow
 def test_side_areas_collapse_and_close():
     w = make_widget(epochs=1)
     section = w.view.profile_section
