@@ -1,11 +1,13 @@
 """What every part of the Trainer shares: the attributes ``Trainer.__init__`` sets, declared once with their types.
 
-:class:`~nbtrainer.Trainer` is a facade over mixins (``_trainer_fit``, ``_trainer_checkpoints``,
-``_trainer_eval``, ``_trainer_control``) that all work on the same state. Each mixin inherits
-:class:`TrainerBase`, so a type checker knows that state in every one of them, and a rename or a changed
-type shows up where it is used rather than at run time. The attributes are *declared* here (annotations
-only, nothing is created); ``Trainer.__init__`` sets them. The few read-only views of that state the mixins
-need (the reference LR, rank zero, the autocast context) are defined here too, next to what they read.
+:class:`~nbtrainer.Trainer`'s public verbs are grouped in mixins (``_fit``, ``_checkpoints``, ``_eval``,
+``_control``); each inherits :class:`TrainerBase`, so a type checker knows the Trainer's state in every one of them.
+That state is the configuration (model, optimizer, precision, placement...) and a few owned parts, each an object
+with its own state and one owner: the run's progress across fits (``_run``: ``nbtrainer._loop._run_state.RunState``),
+the batch steps and evaluation (``_steps``: ``_batch_steps.BatchSteps``), the live control (``_live``:
+``_live_control.LiveControl``) and the model's setup (``_setup``). The attributes are *declared* here (annotations
+only, nothing is created); ``Trainer.__init__`` sets them. The read-only views others use (``run_state``,
+``batch_steps``, ``model_setup``, ``lr``, ``global_step``...) are defined here too, next to what they read.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ if TYPE_CHECKING:
     from nbtrainer._data._batch import BatchSpec
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
-    from nbtrainer._loop._control import Control
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
     from nbtrainer._setup._model_setup import ModelSetup
     from nbtrainer._trainer._batch_steps import BatchSteps
+    from nbtrainer._trainer._live_control import LiveControl
     from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["TrainerBase"]
@@ -71,8 +73,7 @@ class TrainerBase:
     progress: Progress
     status: str
     _run: RunState  # the run's progress across fits (loop position, metrics' state, History, the running loop)
-    _control: Control
-    _deferred: list[Callable[[], Any]]
+    _live: LiveControl  # requests from any thread, applied at a step boundary; calls deferred past an event
     _nonfinite: NonFiniteGuard
 
     # -- read-only views of that state ------------------------------------------------------------

@@ -30,7 +30,7 @@ class TrainerCheckpoints(TrainerBase):
         state to rank 0; every rank must call it, and it resumes on the same number of processes."""
         fit_thread = self._run.fit_thread
         if fit_thread is not None and threading.get_ident() != fit_thread:
-            return self._control.submit(lambda: self.save_checkpoint(path, sharded=sharded)).result()
+            return self._live.requests.submit(lambda: self.save_checkpoint(path, sharded=sharded)).result()
         if self.optimizer is None:
             raise _validate.no_optimizer(
                 "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."

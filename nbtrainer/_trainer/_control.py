@@ -1,9 +1,9 @@
-"""The Trainer's control surface: thread-safe stop / pause / LR and accumulation changes, setters between
-fits, and the step-boundary machinery that applies them (mixed into :class:`~nbtrainer.Trainer`).
+"""The Trainer's control surface: thread-safe stop / pause / LR and accumulation changes, and setters between
+fits (mixed into :class:`~nbtrainer.Trainer`).
 
-Calls from other threads only queue a request in ``self._control`` (``nbtrainer._loop._control``); the training
-thread applies it at the next optimizer-step boundary (``_apply_control``) and records it as an
-``on_control`` event, so the history shows every change where it took effect.
+Calls from other threads only queue a request; the Trainer's :class:`~nbtrainer._trainer._live_control.LiveControl`
+applies it on the training thread at the next optimizer-step boundary and records it as an ``on_control`` event,
+so the history shows every change where it took effect.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nbtrainer._loop._control import rescale_lr
 from nbtrainer._setup._precision import make_scaler, require_precision
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
@@ -26,14 +25,14 @@ class TrainerControl(TrainerBase):
     # -- control from any thread ---------------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
         """Stop at the next optimizer-step boundary (thread-safe); ``fit`` returns normally."""
-        self._control.request_stop(reason)
+        self._live.requests.request_stop(reason)
 
     def pause(self) -> None:
         """Hold at the next optimizer-step boundary until :meth:`resume` (thread-safe)."""
-        self._control.pause()
+        self._live.requests.pause()
 
     def resume(self) -> None:
-        self._control.resume()
+        self._live.requests.resume()
 
     def set_lr(self, lr: float) -> None:
         """Set the (reference) learning rate at the next optimizer step; schedules are rescaled."""
@@ -41,12 +40,12 @@ class TrainerControl(TrainerBase):
             raise _validate.no_optimizer("set_lr")
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
-        self._apply_or_queue("lr", float(lr))
+        self._live.apply_or_queue("lr", float(lr))
 
     def set_grad_accum_steps(self, steps: int) -> None:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
         _validate.check_accum(steps)
-        self._apply_or_queue("grad_accum_steps", int(steps))
+        self._live.apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
         """Attach a callback (any object with some ``nbtrainer.EVENTS`` hooks); also mid-fit."""
@@ -112,55 +111,6 @@ class TrainerControl(TrainerBase):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
         self.max_grad_norm = max_grad_norm
 
-    def _apply_or_queue(self, key: str, value: Any) -> None:
-        self._control.set(key, value)
-        if not self._run.fitting:
-            self._apply_control()
-
-    def _apply_control(self) -> None:
-        while True:
-            pending, calls = self._control.take()
-            for key, value in pending.items():
-                if key == "lr":
-                    old = self.lr
-                    rescale_lr(self.optimizer, self.scheduler, value / old)
-                    self._event("lr", old, value)
-                elif key == "grad_accum_steps":
-                    old, self.grad_accum_steps = self.grad_accum_steps, value
-                    self.progress.grad_accum_steps = value
-                    self._event("grad_accum_steps", old, value)
-                elif key == "pause" and self._run.fitting:
-                    self._event("pause" if value else "resume", None, None)
-            for fn, fut in calls:
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn())
-                    except BaseException as exc:
-                        fut.set_exception(exc)
-            if not self._run.fitting or not self._control.paused or self._control.stop_requested:
-                return
-            self.status = "paused"
-            if self._run.loop is not None:
-                self._run.loop.refresh()
-            self._control.wait_while_paused()
-            if not self._control.paused:
-                self.status = "running"
-                if not self._control.dirty:
-                    self._event("resume", None, None)
-                    return
-
-    def _event(self, kind: str, old: Any, new: Any) -> None:
-        st = self._run.loop_state
-        event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": kind, "old": old, "new": new}
-        self.callbacks.call("on_control", trainer=self, event=event)
-
     def defer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` once the current event has reached every callback (used for checkpoint saves)."""
-        if not self._run.fitting:
-            fn()
-        else:
-            self._deferred.append(fn)
-
-    def _run_deferred(self) -> None:
-        while self._deferred:
-            self._deferred.pop(0)()
+        self._live.defer(fn)

@@ -131,7 +131,8 @@ class TrainerFit(TrainerBase):
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
         run.has_validation = val_loader is not None
         _validate.check_fit(self._whole, train_loader, val_loader, epochs, max_steps)
-        self._control.reset()
+        control = self._live.requests
+        control.reset()
         self._nonfinite.reset()
         plan = _continue.Plan(train_loader, epochs, max_steps)
         resume_note: tuple[str, str] | None = None
@@ -161,7 +162,7 @@ class TrainerFit(TrainerBase):
         self.status = self.history.status = "running"
         self.history.stop_reason = None
         # Ctrl-C: the first one stops at the next optimizer step (_interrupt), a second one raises at once
-        ctrl_c = StopOnInterrupt(self._control, enabled=not self.strategy.distributed)
+        ctrl_c = StopOnInterrupt(control, enabled=not self.strategy.distributed)
         interrupted: BaseException | None = None
         try:
             # Hugging Face models build no key/value cache while training (nothing reads it; it only costs memory)
@@ -178,7 +179,7 @@ class TrainerFit(TrainerBase):
                     # (reset by its callbacks) never sees a batch before the fit has started
                     _validate.check_val_loader(self._whole, val_loader)
                 loop.run()
-            st, reason = run.loop_state, self._control.stop_reason
+            st, reason = run.loop_state, control.stop_reason
             completed = st.epoch_complete and st.epoch + 1 >= epochs
             at_max_steps = (reason or "").startswith("max_steps")
             # A stop that lands after the last epoch (EarlyStopping firing at epoch N of N) changed nothing:
@@ -188,7 +189,7 @@ class TrainerFit(TrainerBase):
             if ctrl_c.received and not completed:
                 self.status = "interrupted"
                 self._save_on_interrupt()
-            elif self._control.stop_requested and not completed and not at_max_steps:
+            elif control.stop_requested and not completed and not at_max_steps:
                 self.status = "stopped"
             else:
                 self.status = "finished"
@@ -298,7 +299,7 @@ class TrainerFit(TrainerBase):
             run.loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
         self.history.status = self.status
         self.progress.status = self.status
-        self._deferred.clear()
+        self._live.drop_deferred()
         try:
             self.callbacks.call("on_fit_end", trainer=self, history=self.history)
         finally:

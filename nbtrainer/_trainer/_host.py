@@ -87,7 +87,7 @@ class TrainerHost:
 
     @property
     def control(self) -> Control:
-        return self.owner._control
+        return self.owner._live.requests
 
     @property
     def train_metrics(self) -> MetricSet:
@@ -172,13 +172,13 @@ class TrainerHost:
         return self.owner.batch_steps.evaluate(batches, prefix=prefix)
 
     def apply_control(self) -> None:
-        self.owner._apply_control()
+        self.owner._live.apply()
 
     def has_deferred(self) -> bool:
-        return bool(self.owner._deferred)
+        return self.owner._live.has_deferred()
 
     def run_deferred(self) -> None:
-        self.owner._run_deferred()
+        self.owner._live.run_deferred()
 
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
         step_epoch_scheduler(self.owner.scheduler, self.owner.scheduler_monitor, logs)

@@ -1,11 +1,11 @@
-"""The Trainer facade: configuration checked up front, and the mixins that do the work.
+"""The Trainer facade: configuration checked up front, the parts it owns, and the mixins of its public verbs.
 
-The verbs live in focused mixins: running a fit (``_trainer_fit``), evaluate / predict and the batch
-protocol's override points (``_trainer_eval``), the control surface (``_trainer_control``) and checkpoints
-(``_trainer_checkpoints``). The state they share, and its read-only properties (``lr``, ``global_step``...),
-is declared once in ``_trainer_base``. Mechanics live in their own modules: the loop (``_loop``), precision
-(``_precision``), batches (``_batch``), metrics (``_metrics``), checkpoint state (``_state``) and I/O
-(``_checkpoint_io``).
+The verbs are grouped in mixins: running a fit (``_fit``), evaluate / predict and the batch protocol's override
+points (``_eval``), the control surface (``_control``) and checkpoints (``_checkpoints``). The state they share is
+declared once in ``_base``: the configuration, and the parts the Trainer owns and delegates to, the run's progress
+(``nbtrainer._loop._run_state.RunState``), the batch steps (``_batch_steps``), the live control (``_live_control``)
+and the model's setup (``nbtrainer._setup._model_setup``). Mechanics live in their concept folders: the loop
+(``_loop``), precision and setup (``_setup``), batches (``_data``), checkpoints (``_resume``), placement (``_dist``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from nbtrainer._dist._launch_monitor import launched_callbacks
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 from nbtrainer._events._progress import ProgressBar, progress_callback
 from nbtrainer._events._stream import CallbackList, Progress
-from nbtrainer._loop._control import Control
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
@@ -35,6 +34,7 @@ from nbtrainer._trainer._checkpoints import TrainerCheckpoints
 from nbtrainer._trainer._control import TrainerControl
 from nbtrainer._trainer._eval import TrainerEval
 from nbtrainer._trainer._fit import TrainerFit, is_plateau
+from nbtrainer._trainer._live_control import LiveControl
 
 if TYPE_CHECKING:
     from torchmetrics import MetricCollection
@@ -296,8 +296,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.callbacks = CallbackList([self._run.recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
         self.progress = Progress()
         self.status = "idle"
-        self._control = Control()
-        self._deferred = []
+        self._live = LiveControl(self)
         self._nonfinite = NonFiniteGuard(on_nonfinite)
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
         self.model = self._setup.apply()  # freeze, quantize, lora, channels_last, checkpointing, compile
