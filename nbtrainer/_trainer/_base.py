@@ -41,7 +41,7 @@ class TrainerBase:
     # Trainers inside fit() in this process (weak: a trainer that is dropped leaves it).
     _active: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
 
-    # -- configuration (checked by __init__; the setters of _trainer_control change some between fits) --
+    # -- configuration (checked by __init__; the setters of _control change some between fits) --
     model: torch.nn.Module
     criterion: Callable[..., Any] | None
     optimizer: torch.optim.Optimizer | None
@@ -50,7 +50,7 @@ class TrainerBase:
     scheduler_monitor: str | None
     precision: str
     device: torch.device
-    strategy: Any  # _strategy.SingleDevice or _distributed.DDP (duck-typed: only DDP gathers objects)
+    strategy: Any  # placement (_dist): SingleDevice, DDP or FSDP (duck-typed: only the distributed ones gather)
     scaler: torch.amp.GradScaler | None
     grad_accum_steps: int
     max_grad_norm: float | None
