@@ -15,7 +15,7 @@ Stable CSS classes: ``nbt-compare`` (root), ``nbt-compare-runs`` (the menu), ``n
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bqplot as bq
 import ipywidgets as W
@@ -23,6 +23,9 @@ import numpy as np
 
 from nbtrainer import Runs
 from nbtrainer.plotting import PALETTE, classify_metrics, decimate
+
+if TYPE_CHECKING:
+    from nbtrainer import Trainer
 
 __all__ = ["CompareRuns"]
 
@@ -42,7 +45,7 @@ def _steps_per_epoch(rows: list[dict[str, Any]]) -> float | None:
 class CompareRuns:
     """Earlier runs overlaid on a ``LiveCharts``: the menu (``root``) and the muted lines it draws."""
 
-    def __init__(self, charts: Any, trainer: Any, *, run_store: Any = None, max_points: int = 2000) -> None:
+    def __init__(self, charts: Any, trainer: Trainer, *, run_store: Any = None, max_points: int = 2000) -> None:
         self.charts, self.trainer, self.max_points = charts, trainer, max_points
         self._run_store = run_store
         self.sources: list[Runs] = []

@@ -8,7 +8,7 @@ checkpointing are locked while a run is alive and take effect at the next Start.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from nbtrainer import precision_support
 from ._lr_control import LRControl
 from ._theme import FG2
 
+if TYPE_CHECKING:
+    from nbtrainer import Trainer
+
 __all__ = ["SCHEDULES", "Controls"]
 
 SCHEDULES = {"constant": "constant LR", "onecycle": "one-cycle (max LR)", "cosine": "cosine decay"}
@@ -24,7 +27,7 @@ _OneCycle = torch.optim.lr_scheduler.OneCycleLR
 
 
 class Controls:
-    def __init__(self, view: Any, trainer: Any, epochs: int, notify: Callable[[str, str], None]) -> None:
+    def __init__(self, view: Any, trainer: Trainer, epochs: int, notify: Callable[[str, str], None]) -> None:
         self.view, self.trainer, self.notify = view, trainer, notify
         self.running = False
         self._syncing = False
@@ -84,7 +87,7 @@ class Controls:
         self.lr.show(lr)
         self._apply_lr(lr)
 
-    def use_trainer(self, trainer: Any) -> None:
+    def use_trainer(self, trainer: Trainer) -> None:
         """Steer ``trainer`` from now on (the panel rebuilt it at Start); its schedule is the one "keep" restores."""
         self.trainer = trainer
         self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
@@ -179,20 +182,21 @@ class Controls:
             except TypeError as exc:
                 raise ValueError(f"The {SCHEDULES[choice]} schedule needs the number of steps: {exc}") from None
         self._reset_groups(float(self.view.lr.value))
+        opt = t.optimizer
+        assert opt is not None  # the panel's Trainer always has one (TrainerWidget builds or checks it)
         if choice == "constant":
             t.set_scheduler(None)
         elif choice == "onecycle":
-            t.set_scheduler(
-                _OneCycle(t.optimizer, max_lr=[g["lr"] for g in t.optimizer.param_groups], total_steps=total), "step"
-            )
+            t.set_scheduler(_OneCycle(opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total), "step")
         else:
             assert total is not None  # counted above for every schedule but "constant"
-            t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(t.optimizer, T_max=total), "step")
+            t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total), "step")
 
     def _reset_groups(self, lr: float) -> None:
         """Every group back to a plain LR (scaled so group 0 gets ``lr``), scheduler bookkeeping removed."""
-        ref = self.trainer.lr
+        ref = self.trainer.lr  # raises, naming the fix, when the Trainer has no optimizer
         factor = lr / ref if ref > 0 else 1.0
+        assert self.trainer.optimizer is not None
         for g in self.trainer.optimizer.param_groups:
             g["lr"] = float(g.get("max_lr", g.get("initial_lr", g["lr"]))) * factor
             for key in ("initial_lr", "max_lr", "min_lr"):

@@ -13,9 +13,12 @@ import copy
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrainer import ProgressBar, Trainer
+
+if TYPE_CHECKING:
+    from nbtrainer import Trainer
 
 __all__ = ["Feed", "Run", "claim_model", "live_run"]
 
@@ -56,26 +59,26 @@ class Feed:
             items.append(q.popleft())
         return items
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self.queue.append(("start", None))
 
-    def on_refresh(self, trainer: Any, progress: Any) -> None:
+    def on_refresh(self, trainer: Trainer, progress: Any) -> None:
         # Shallow copy: the loop reuses the object, but replaces (never mutates) its lists and dicts.
         self.queue.append(("progress", copy.copy(progress)))
 
-    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         self.queue.append(("epoch", logs))  # the History row itself: keys other callbacks add land too
         self.wake.set()
 
-    def on_control(self, trainer: Any, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
         self.queue.append(("control", dict(event)))
         self.wake.set()
 
-    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self.queue.append(("exception", exception))
         self.wake.set()
 
-    def on_fit_end(self, trainer: Any, history: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
         self.queue.append(("end", history))
         self.wake.set()
 

@@ -16,7 +16,7 @@ import html
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bqplot as bq
 import ipywidgets as W
@@ -24,6 +24,9 @@ import numpy as np
 
 from nbtrainer import Runs, format_number, tune
 from nbtrainer.plotting import PALETTE
+
+if TYPE_CHECKING:
+    from nbtrainer import Trainer
 
 __all__ = ["RunsWidget", "TuneView"]
 
@@ -175,10 +178,10 @@ class _TrialFeed:
     def __init__(self, view: TuneView) -> None:
         self.view = view
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self.view._trial_started()
 
-    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         value = logs.get(self.view.monitor)
         if isinstance(value, (int, float)) and math.isfinite(value):
             self.view._point(epoch, float(value))

@@ -10,7 +10,7 @@ as checkboxes, with the reason as tooltip, the same way as the precision menu.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
@@ -18,6 +18,9 @@ from nbtrainer import Trainer, memory_saver_support
 
 from ._section import Section
 from ._theme import FG2
+
+if TYPE_CHECKING:
+    from nbtrainer import Trainer
 
 __all__ = ["AS_GIVEN", "OPTIMIZERS", "QUANTIZE", "Savers"]
 
@@ -39,7 +42,7 @@ class Savers:
         rebuildable: why the group cannot be used, or None (a panel built from a Trainer cannot rebuild it).
     """
 
-    def __init__(self, trainer: Any, *, locked_reason: str | None = None) -> None:
+    def __init__(self, trainer: Trainer, *, locked_reason: str | None = None) -> None:
         self.support = memory_saver_support(trainer.device, trainer.precision)
         s = self.support
         self.reasons: dict[str, str] = {}  # option -> why it cannot run here (what the tooltips say)
