@@ -15,6 +15,7 @@ trained on an nf4 base is not resumed over a full-precision one.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from nbtrainer._setup import _attention, _kbit_optim, _lora, _offload, _quantize
 from nbtrainer._setup._precision import autocast_dtype, require_precision, resolve_device
+from nbtrainer._setup._seed import rng_untouched
 
 __all__ = ["MemorySavers", "memory_saver_support"]
 
@@ -105,13 +107,22 @@ class MemorySavers:
         self._hooks: list[Any] = []
 
     # -- applying -----------------------------------------------------------------------------
-    def transform(self, model: nn.Module) -> nn.Module:
-        """Quantize, then add adapters (in place where possible); returns the module to train."""
+    def transform(self, model: nn.Module, *, seed: int | None = None) -> nn.Module:
+        """Quantize, then add adapters (in place where possible); returns the module to train.
+
+        With ``seed`` (the Trainer's), the adapters' random init comes from that seed and leaves the caller's RNG
+        where it was: two Trainers built with one seed start from the same adapters, whatever ran before them.
+        Without it, the init draws from torch's global RNG, as PEFT does.
+        """
         if self.quantize is not None:
             dtype = _quantize.compute_dtype(self.precision)
             _quantize.quantize_model(model, self.quant_targets, self.quantize, dtype=dtype, device=self.device)
         if self.lora_config is not None:
-            self.peft_model = _lora.apply_lora(model, self.lora_config, self.keep)
+            with contextlib.ExitStack() as stack:
+                if seed is not None:
+                    stack.enter_context(rng_untouched(self.device))
+                    torch.manual_seed(seed)
+                self.peft_model = _lora.apply_lora(model, self.lora_config, self.keep)
             return self.peft_model
         return model
 

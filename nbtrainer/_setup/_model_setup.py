@@ -433,14 +433,14 @@ class ModelSetup:
     def checkpointed_blocks(self) -> list[str]:
         return list(self._handle.names) if self._handle is not None else []
 
-    def apply(self) -> nn.Module:
+    def apply(self, *, seed: int | None = None) -> nn.Module:
         """Change the model (freeze, quantize, LoRA, channels_last, checkpointing, attention, offload, compile);
-        returns the module to train."""
+        returns the module to train. ``seed``: the LoRA adapters' init (see ``MemorySavers.transform``)."""
         model = self.model
         if self._plan is not None:
             for name, p in model.named_parameters():
                 p.requires_grad_(self._plan[name])
-        trained = self.savers.transform(model)
+        trained = self.savers.transform(model, seed=seed)
         if self.savers.deferred and self.optimizer_name is not None:
             self.optimizer = self.savers.build_optimizer(trained, self.optimizer_name, self._lr, build_optimizer)
         if self.channels_last:

@@ -66,7 +66,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         grad_accum_steps: micro-batches per optimizer step.
         max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        seed: seed everything at the start of ``fit``.
+        seed: seed everything at the start of ``fit``; with ``lora=``, also the adapters' random init (so
+            two Trainers built with one seed start from the same adapters).
         deterministic: deterministic algorithms and seeded data order.
         progress: ``True`` / ``"auto"``: a :class:`~nbtrainer.ProgressBar` that picks at run time (notebook
             bars, console bars on a terminal, plain epoch lines when the output is a file or pipe);
@@ -299,7 +300,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self._live = LiveControl(self)
         self._nonfinite = NonFiniteGuard(on_nonfinite)
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
-        self.model = self._setup.apply()  # freeze, quantize, lora, channels_last, checkpointing, compile
+        # freeze, quantize, lora (its adapters' init from seed=), channels_last, checkpointing, compile
+        self.model = self._setup.apply(seed=seed)
         if self._setup.optimizer is not self.optimizer:  # named, built once quantize= / lora= changed the model
             self.optimizer = self._setup.optimizer
             self._params = [p for g in self.optimizer.param_groups for p in g["params"]]

@@ -64,9 +64,22 @@ def test_the_first_trainer_of_a_process_starts_its_adapters_as_a_later_one_does(
 
     for probe in (_precision._support, _quantize._probe, _attention._probe):
         probe.cache_clear()  # as in a fresh interpreter
-    first = adapters(qlora(attention="math"))
-    later = adapters(qlora(attention="math"))  # the probes' answers come from their caches now
+    # seed=None: the init draws from the global RNG (tiny_llama seeds it), which the probes must leave alone
+    first = adapters(qlora(attention="math", seed=None))
+    later = adapters(qlora(attention="math", seed=None))  # the probes' answers come from their caches now
     assert first.keys() == later.keys() and all(torch.equal(first[k], later[k]) for k in first)
+
+
+def test_seed_sets_the_adapters_init_and_leaves_the_callers_rng_alone() -> None:
+    a = adapters(qlora(seed=3))
+    model = tiny_llama(seed=0)
+    torch.manual_seed(12345)  # another global RNG state than the first Trainer saw
+    rng = torch.get_rng_state()
+    b = adapters(qlora(model, seed=3))
+    assert torch.equal(rng, torch.get_rng_state()), "building a seeded Trainer moved the caller's RNG"
+    assert all(torch.equal(a[k], b[k]) for k in a), "one seed, two Trainers: the adapters must start equal"
+    c = adapters(qlora(seed=4))
+    assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k), "another seed, other adapters"
 
 
 def test_save_base_keeps_the_quantized_base_and_resumes(tmp_path) -> None:
