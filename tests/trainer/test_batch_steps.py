@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
@@ -26,7 +28,7 @@ def test_the_loss_of_a_batch_follows_the_override(how):
     batch = (x[:8], y[:8])
     model = mlp()
     cls = Doubled if how == "subclass" else Trainer
-    kw = {"compute_loss": _loss_fn} if how == "function" else {}
+    kw: dict[str, Any] = {"compute_loss": _loss_fn} if how == "function" else {}
     trainer = cls(model, torch.nn.CrossEntropyLoss(), progress=False, **kw)
     steps = trainer.batch_steps
     assert steps.custom_loss is (how != "default")
