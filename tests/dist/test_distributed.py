@@ -342,6 +342,26 @@ def test_ddp_world_of_one_matches_single_device(world_of_one, tmp_path):
     assert ddp.strategy.reduce_sums([1.5, 2.0]) == [1.5, 2.0] and ddp.strategy.any_rank(True)
 
 
+def test_destroying_the_group_releases_the_wrapper_and_a_later_fit_wraps_again(world_of_one):
+    """The group's exit handler first drops the DDP wrappers' reducers (a trainer alive at interpreter exit would
+    otherwise free its gloo group during finalization, which can abort the process); a later fit gets a new
+    wrapper over a new group and trains."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = common.make_model(0)
+    train, _ = common.ddp_loaders()
+    t = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), progress=False, strategy="ddp")
+    t.fit(train, epochs=1)
+    old = t.model
+    assert isinstance(old, DistributedDataParallel) and hasattr(old, "reducer")
+    destroy_process_group()
+    assert not dist.is_initialized() and not hasattr(old, "reducer") and old.process_group is None
+    t2 = Trainer(old.module, torch.nn.CrossEntropyLoss(), common.sgd(old.module), progress=False, strategy="ddp")
+    t2.model = old  # as a trainer that kept its released wrapper would hold it
+    history = t2.fit(train, epochs=1)
+    assert t2.model is not old and isinstance(t2.model, DistributedDataParallel) and len(history.epochs) == 1
+
+
 def test_shard_sampler_covers_every_sample_once():
     shards = [list(ShardSampler(37, r, 3)) for r in range(3)]
     assert sorted(i for s in shards for i in s) == list(range(37))
