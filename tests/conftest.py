@@ -35,22 +35,38 @@ def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The browser tests are the longest unit (one worker runs them in a row under xdist): start them first, so they
-    # never make the tail of the run. Stable sort: every other test keeps its order.
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/browser/"))
+    # Longest first, so the tail of an xdist run is short tests on both workers: the browser tests (one worker runs
+    # them in a row), then the notebooks (one kernel run per notebook, shared by that module's tests), then the
+    # tests marked slow. Stable sort: within each group, tests keep their order.
+    items.sort(
+        key=lambda item: (
+            not item.nodeid.startswith("tests/browser/"),
+            not item.nodeid.startswith("tests/test_notebooks.py::"),
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (scripts/test.sh runs 2 workers) the browser tests share one worker: one Chromium and one
-    Jupyter server at a time, started first (they are the longest), while the other worker takes the rest test by
-    test. (xdist's own ``--dist loadgroup`` does not group under pytest 9.2, which dropped ``Item._nodeid``.)"""
+    Jupyter server at a time, started first (they are the longest), while the other worker takes the rest. Work
+    that tests share stays on one worker, or each worker would do it again: the notebooks' tests share one kernel
+    run per notebook (tests/test_notebooks.py caches it per process), and the cases of a parametrized test share
+    its module-scoped fixture (tests/resume/test_resume.py's SIGKILL runs). Everything else goes test by test.
+    (xdist's own ``--dist loadgroup`` does not group under pytest 9.2, which dropped ``Item._nodeid``.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class BrowserOnOneWorker(LoadScopeScheduling):
+    class SharedWorkOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/browser" if nodeid.startswith("tests/browser/") else nodeid
+            for folder in ("tests/browser/", "tests/test_notebooks.py::"):
+                if nodeid.startswith(folder):
+                    return folder
+            return nodeid.split("[", 1)[0]  # a parametrized test's cases together
 
-    return BrowserOnOneWorker(config, log)
+    # scopes in collection order (longest first, see pytest_collection_modifyitems), not xdist's default of most
+    # tests first: a parametrized check of 136 cheap cases would otherwise go before the browser tests
+    config.option.loadscopereorder = False
+    return SharedWorkOnOneWorker(config, log)
 
 
 @pytest.fixture
