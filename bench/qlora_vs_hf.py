@@ -51,20 +51,10 @@ VARIANTS = ["hf", "hf+ckpt"]
 
 
 def save_model(args: argparse.Namespace, folder: str) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from memory_switches import llama  # the same random-init decoder the memory bench trains
 
-    torch.manual_seed(0)
-    config = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation goes to PretrainedConfig
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=max(1, args.hidden // 64),
-        num_key_value_heads=max(1, args.hidden // 64),
-        max_position_embeddings=args.seq,
-        attn_implementation="sdpa",
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model: Any = llama(args)  # a LlamaForCausalLM (typed as the nn.Module it is)
+    model.save_pretrained(folder)
 
 
 def samples(args: argparse.Namespace, n: int) -> list[dict[str, torch.Tensor]]:
