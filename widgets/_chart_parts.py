@@ -16,11 +16,13 @@ import ipywidgets as W
 import numpy as np
 
 from nbtrainer import format_bytes
-from nbtrainer.plotting import PALETTE, MinMaxStream, nice_ticks
+from nbtrainer.plotting import PALETTE, MinMaxStream, minmax_indices, nice_ticks
 
 from ._theme import FG, FG2
 
 __all__ = [
+    "EPOCH_POINTS",
+    "HOVER_EPOCHS",
     "MARKER",
     "BoundedChart",
     "Box",
@@ -39,6 +41,8 @@ __all__ = [
 _MARGIN = {"top": 12, "bottom": 42, "left": 64, "right": 14}
 _BOX = {"flex": "1 1 330px", "min_width": "300px", "max_width": "560px", "margin": "0 4px 4px 0"}
 _FIG = {"width": "100%", "height": "250px"}
+EPOCH_POINTS = 600  # per epoch chart's lines (all series together), however many epochs the run has
+HOVER_EPOCHS = 150  # hover points per series (each with its name: the costliest payload of a long run)
 MARKER = "#8b949e"  # change markers: mid grey, visible on light and dark backgrounds
 
 
@@ -162,32 +166,50 @@ class EpochChart:
         self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g")
         self.box = Box(self.fig, *controls)
 
-    def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], extra: str = "") -> list[float]:
-        """Draw the metrics ``bases`` (train ``k`` and ``val_k``) of the epoch ``rows``; returns the values drawn."""
+    def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], extra: str = "") -> None:
+        """Draw the metrics ``bases`` (train ``k`` and ``val_k``) of the epoch ``rows``.
+
+        A run of thousands of epochs sends a bounded chart: at most ``EPOCH_POINTS`` epochs per line (each
+        series' lowest and highest of a bucket, so a dip survives) and ``HOVER_EPOCHS`` hover points per series.
+        """
         epochs = np.asarray([float(r.get("epoch", i + 1)) for i, r in enumerate(rows)])
         colors = {b: PALETTE[(i + 3) % len(PALETTE)] for i, b in enumerate(bases)}
+        series = {
+            prefix: [(prefix + b, colors[b]) for b in bases if any(prefix + b in r for r in rows)]
+            for prefix in ("", "val_")
+        }
+        ys = {
+            prefix: np.asarray(
+                [[float(r[k]) if isinstance(r.get(k), (int, float)) else math.nan for r in rows] for k, _ in keys]
+            ).reshape(len(keys), len(rows))
+            for prefix, keys in series.items()
+        }
+        every = np.vstack([ys[""], ys["val_"]])
+        # bqplot squeezes a 2-D y: k series over one epoch, (k, 1), would arrive as one series of k points
+        # (and (1, 1) as a 0-d array). Drawing the lone epoch twice keeps the shape (k, 2).
+        if len(epochs) <= 1:
+            idx = np.zeros(2, dtype=int)
+        elif len(every) and len(epochs) > EPOCH_POINTS:  # ...and the line still reaches the newest epoch
+            idx = np.union1d(minmax_indices(every, EPOCH_POINTS - 2), [0, len(epochs) - 1])
+        else:
+            idx = np.arange(len(epochs))
         px: list[float] = []
         py: list[float] = []
         pc: list[str] = []
         pn: list[str] = []
         entries = []
         for mark, prefix in ((self.train, ""), (self.val, "val_")):
-            keys = [(prefix + b, colors[b]) for b in bases if any(prefix + b in r for r in rows)]
+            keys, y = series[prefix], ys[prefix]
             stack.enter_context(mark.hold_sync())
             if not keys or not len(epochs):
                 mark.x, mark.y = np.empty(0), np.empty(0)
                 continue
-            y = np.asarray(
-                [[float(r[k]) if isinstance(r.get(k), (int, float)) else math.nan for r in rows] for k, _ in keys]
-            )
-            # bqplot squeezes a 2-D y: k series over one epoch, (k, 1), would arrive as one series of k points
-            # (and (1, 1) as a 0-d array). Drawing the lone epoch twice keeps the shape (k, 2).
-            idx = np.arange(len(epochs)) if len(epochs) > 1 else np.zeros(2, dtype=int)
             mark.x, mark.y = epochs[idx], y[:, idx]
             mark.colors = [c for _, c in keys]
             for (k, c), row in zip(keys, y, strict=True):
                 entries.append((k, c, prefix == "val_"))
-                for e, v in zip(epochs, row, strict=True):
+                hover = np.union1d(minmax_indices(row, HOVER_EPOCHS - 1), [len(row) - 1])
+                for e, v in zip(epochs[hover], row[hover], strict=True):
                     if math.isfinite(v):
                         px.append(float(e))
                         py.append(float(v))
@@ -202,7 +224,6 @@ class EpochChart:
                 self.x.min, self.x.max = float(epochs.min()) - 0.25, float(epochs.max()) + 0.25
         n = len(rows)  # ticks on whole epochs only (at most ~8 of them)
         self.fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
-        return py
 
 
 class BoundedChart(EpochChart):

@@ -34,6 +34,14 @@ from ._view import PanelView
 __all__ = ["PumpHost", "UiPump"]
 
 _LIVE = ("running", "pausing", "paused", "stopping")
+# A browser redraws a bqplot mark from scratch for every message, and a loaded one falls behind a fast stream:
+# the status badge then waits in the page's queue behind chart updates (measured: 11 s, with a 2,000-epoch run's
+# charts sending ~35,000 points a second at ui_interval=0.1 next to two test suites). So the heavy parts have a
+# budget: the charts send at most _POINTS_PER_S points a second, the epoch table _CELLS_PER_S cells ("show all"
+# of 500 rows: every 2 s or so). A short run's charts still move at every push, a long run's (thousands of
+# points per line) about once a second. The status, bars and stat cards, a few bytes each, go at every push.
+_POINTS_PER_S = 8_000
+_CELLS_PER_S = 2_000
 
 
 @runtime_checkable
@@ -96,7 +104,9 @@ class UiPump:
         self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
-        self._table_pending, self._table_at = False, 0.0  # the epoch table's last push (rate-limited)
+        self._table_pending = False  # epochs arrived that the table does not show yet
+        self._table_next = self._charts_next = 0.0  # when the table / the charts may be sent again (budgets)
+        self._charts_pending = False  # data the charts hold back until _charts_next
         self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
         self.cpu_total_s = 0.0  # ... including the final push and the summary
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
@@ -128,7 +138,7 @@ class UiPump:
             items = feed.drain()
             if final:
                 self.cpu_live_s = time.thread_time() - cpu0
-            if items or final:
+            if items or final or self._deferred():
                 try:
                     self._apply(items, final)
                 except Exception as exc:  # the UI thread must outlive a drawing bug
@@ -159,6 +169,8 @@ class UiPump:
             elif kind == "control":
                 self._control(payload)
         v, p = self.view, self.progress
+        now = time.monotonic()
+        # the light parts first: a Stop's "stopping" is not queued in the page behind this push's chart data
         with contextlib.ExitStack() as stack:
             for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats, v.epoch_table):
                 stack.enter_context(widget.hold_sync())
@@ -167,21 +179,27 @@ class UiPump:
                     p.status = self.run.status
                 v.set_progress(p)
             v.set_stats(self.best, p)
-            # "show all" resends every row: at most once a second (the newest rows alone: each epoch)
-            table_due = epochs_changed or self._table_pending
-            if table_due and v.epoch_all.value and not final and time.monotonic() - self._table_at < 1.0:
-                self._table_pending, table_due = True, False
-            if table_due:
-                self._table_pending, self._table_at = False, time.monotonic()
-                v.set_epoch_rows(charts.rows)
+            self._table_pending |= epochs_changed
+            if self._table_pending and (final or now >= self._table_next):
+                self._table_pending = False
+                cells = v.set_epoch_rows(charts.rows)
+                self._table_next = now + cells / _CELLS_PER_S
                 if v.epoch_section.body.children != (v.epoch_area,):
                     v.epoch_section.show(v.epoch_area)
                 v.epoch_section.set_title("epochs", f"{len(charts.rows)} so far")
             if not final:
                 v.set_status(*self._live_status(p))
-            charts.render()
+        self._charts_pending = not (final or now >= self._charts_next)
+        if not self._charts_pending:
+            if charts.render():  # the budget counts from when the data left (a slow render is not a head start)
+                self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / _POINTS_PER_S
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
         self.push_times.append(time.monotonic())
+
+    def _deferred(self) -> bool:
+        """Data held back by a budget is due (a paused run sends no new items to carry it)."""
+        now = time.monotonic()
+        return (self._table_pending and now >= self._table_next) or (self._charts_pending and now >= self._charts_next)
 
     def _control(self, event: dict[str, Any]) -> None:
         kind = event["kind"]

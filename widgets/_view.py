@@ -260,8 +260,10 @@ class PanelView:
         return self.messages_log.log
 
     # -- text ----------------------------------------------------------------------------------------
-    def set_epoch_rows(self, rows: list[dict[str, Any]]) -> None:
-        """The live epoch table: the newest ``FOLLOW_ROWS`` rows and how many are hidden, or every row."""
+    def set_epoch_rows(self, rows: list[dict[str, Any]]) -> int:
+        """The live epoch table: the newest ``FOLLOW_ROWS`` rows and how many are hidden, or every row.
+
+        Returns the number of cells sent (what the page has to lay out again)."""
         self._epoch_rows = rows
         hidden = max(0, len(rows) - FOLLOW_ROWS)
         show_all = bool(self.epoch_all.value)
@@ -282,6 +284,7 @@ class PanelView:
         self.epoch_note.value = f"<span style='font-size:11px;color:{FG2}'>{note}</span>" if note else ""
         self.epoch_all.description = "newest only" if show_all else f"show all {len(rows)}"
         self.epoch_all.layout.display = "flex" if hidden else "none"
+        return (len(rows) - first) * (len(rows[-1]) if rows else 0)
 
     def set_status(self, status: str, detail: str = "") -> None:
         """The badge shows the status word alone (class ``nbt-status-<status>``); the detail sits beside it."""

@@ -146,3 +146,24 @@ def test_long_runs_stay_bounded_per_mark():
     sent = charts.sent_points()
     assert sent["loss"] <= 500 and sent["lr"] <= 500 and len(charts.loss_hover.x) <= 300
     assert 50.0 in charts.raw.y  # the spike survives the decimation
+
+
+def test_thousands_of_epochs_send_a_bounded_epoch_chart_that_keeps_a_dip_and_the_newest_epoch():
+    from nbtrainer.widgets._chart_parts import EPOCH_POINTS, HOVER_EPOCHS
+
+    charts = LiveCharts()
+    n, dip = 5000, 3210
+    for e in range(1, n + 1):
+        acc = 0.5 + 0.4 * e / n
+        charts.add_epoch(
+            {"epoch": e, "steps": 10 * e, "loss": 1.0, "acc": acc, "val_acc": 0.1 if e == dip else acc - 0.01}
+        )
+    charts.render()
+    x = np.asarray(charts.train_metrics.x)
+    assert len(x) <= EPOCH_POINTS and x[-1] == n and x[0] == 1
+    assert np.array_equal(x, charts.val_metrics.x)  # one set of epochs for train and val (one x per mark)
+    val = np.atleast_2d(charts.val_metrics.y)[0]
+    assert val.min() == pytest.approx(0.1) and x[val.argmin()] == dip  # the dip survives, at its epoch
+    names = list(charts.metrics.points.names)
+    assert len(names) <= 2 * HOVER_EPOCHS  # two series, each with its hover points
+    assert f"val_acc · epoch {dip}" in names and f"acc · epoch {n}" in names and f"val_acc · epoch {n}" in names

@@ -245,3 +245,37 @@ def test_rerunning_a_cell_that_recreates_the_model_stops_the_old_run(monkeypatch
     w2.start()
     w3.start()
     assert w2.wait(timeout=30).status == "finished" and w3.wait(timeout=30).status == "finished"
+
+
+@pytest.mark.slow  # a few seconds: enough steps for a chart payload the budget holds back
+def test_a_long_run_keeps_the_charts_to_their_budget_while_the_progress_goes_at_every_push(monkeypatch):
+    # A loaded browser falls behind a fast stream of chart data and the status badge queues behind it, so the
+    # charts have a budget of points per second; the progress (a few bytes) still goes at every push.
+    import ipywidgets as W
+
+    from nbtrainer.widgets._pump import _POINTS_PER_S
+
+    sends: list[tuple[float, object, int]] = []
+    real_send = W.Widget._send
+
+    def spy(self, msg, buffers=None):
+        cost = sum(w.charts.sent_points().values()) if self is w.charts.raw else 0  # the pump's measure
+        sends.append((time.monotonic(), self, cost))
+        return real_send(self, msg, buffers)
+
+    w = make_widget(n=4096, bs=4, epochs=2, slow=0.001, ui_interval=0.05)
+    monkeypatch.setattr(W.Widget, "_send", spy)
+    w.start()
+    h = w.wait(timeout=120)
+    assert len(h.steps["step"]) == 2048
+    raw = [(t, c) for t, wid, c in sends if wid is w.charts.raw][:-1]  # live renders (the last is the final one)
+    assert len(raw) >= 3, "the run must be long enough to mean something"
+    # the premise: by the end a render holds more points than the budget allows at every push
+    assert raw[-1][1] > 4 * _POINTS_PER_S * w.ui_interval, raw[-1]
+    # never more than the budget allows: each render waits for the points of the one before it
+    assert sum(c for _, c in raw[:-1]) <= _POINTS_PER_S * (raw[-1][0] - raw[0][0])
+    # meanwhile the progress went at every push, not held back with the charts
+    pushes = [t for t in w.ui_update_times if raw[0][0] <= t <= raw[-1][0]]
+    bars = [t for t, wid, _ in sends if wid is w.view.step_bar and raw[0][0] <= t <= raw[-1][0]]
+    assert len(bars) >= len(pushes) - 1 > len(raw), (len(bars), len(pushes), len(raw))
+    assert max(w.charts.train_metrics.x) == 2 and len(w.charts.val.x) == 2  # the final push drew every epoch
