@@ -10,11 +10,16 @@ Prints ``STEP n`` after every optimizer step (each step sleeps a little, so SIGI
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
 import torch
 
+# Ctrl-C as in a script started from a terminal. A test run started in the background of a shell script
+# (`cmd &`) passes SIGINT down as ignored, and Python then leaves it ignored: the signal would be lost.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 torch.set_num_threads(1)
 
 from nbtrainer import ModelCheckpoint, Trainer  # noqa: E402

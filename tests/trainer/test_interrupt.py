@@ -39,7 +39,12 @@ def _interrupt(ckpt_dir, *, frontend, accum=1):
             break
     assert lines and lines[-1] == "STEP 5", [*lines, proc.stderr.read() if proc.stderr else ""]
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say what the script did instead of only that it went on
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the script did not end after SIGINT: {[*lines, *out.splitlines()][-5:]}\n{err[-2000:]}")
     lines += out.splitlines()
     return proc.returncode, lines, err
 
