@@ -41,10 +41,11 @@ def _interrupt(ckpt_dir, *, frontend, accum=1):
     proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:  # say what the script did instead of only that it went on
+    except subprocess.TimeoutExpired as exc:  # say what the script did instead of only that it went on
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"the script did not end after SIGINT: {[*lines, *out.splitlines()][-5:]}\n{err[-2000:]}")
+        tail = [*lines, *out.splitlines()][-5:]
+        raise AssertionError(f"the script did not end after SIGINT: {tail}\n{err[-2000:]}") from exc
     lines += out.splitlines()
     return proc.returncode, lines, err
 
