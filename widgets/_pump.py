@@ -170,9 +170,13 @@ class UiPump:
                 self._control(payload)
         v, p = self.view, self.progress
         now = time.monotonic()
-        # the light parts first: a Stop's "stopping" is not queued in the page behind this push's chart data
+        status = None if final else self._live_status(p)
+        # What the badge says holds for all on screen: a run that holds ("paused") or has ended gets the chart
+        # and table data its budget held back in the same push, before the badge; otherwise the chart would
+        # still move under a "paused" badge.
+        whole = status is None or status[0] == "paused"
         with contextlib.ExitStack() as stack:
-            for widget in (v.status, v.epoch_bar, v.step_bar, v.progress_info, v.stats, v.epoch_table):
+            for widget in (v.epoch_bar, v.step_bar, v.progress_info, v.stats, v.epoch_table):
                 stack.enter_context(widget.hold_sync())
             if p is not None:
                 if final:
@@ -180,20 +184,20 @@ class UiPump:
                 v.set_progress(p)
             v.set_stats(self.best, p)
             self._table_pending |= epochs_changed
-            if self._table_pending and (final or now >= self._table_next):
+            if self._table_pending and (whole or now >= self._table_next):
                 self._table_pending = False
                 cells = v.set_epoch_rows(charts.rows)
                 self._table_next = now + cells / _CELLS_PER_S
                 if v.epoch_section.body.children != (v.epoch_area,):
                     v.epoch_section.show(v.epoch_area)
                 v.epoch_section.set_title("epochs", f"{len(charts.rows)} so far")
-            if not final:
-                v.set_status(*self._live_status(p))
-        self._charts_pending = not (final or now >= self._charts_next)
+        self._charts_pending = not (whole or now >= self._charts_next)
         if not self._charts_pending:
             if charts.render():  # the budget counts from when the data left (a slow render is not a head start)
                 self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / _POINTS_PER_S
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
+        if status is not None:
+            v.set_status(*status)
         self.push_times.append(time.monotonic())
 
     def _deferred(self) -> bool:
