@@ -34,14 +34,18 @@ def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.
     return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out)).to(dtype)
 
 
+# Tests that share work (one Chromium and Jupyter server; one kernel run per notebook): each group runs on one
+# worker, and the groups go first, in this order (the longest first).
+_SHARED = ("tests/browser/", "tests/test_notebooks.py::")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Longest first, so the tail of an xdist run is short tests on both workers: the browser tests (one worker runs
     # them in a row), then the notebooks (one kernel run per notebook, shared by that module's tests), then the
     # tests marked slow. Stable sort: within each group, tests keep their order.
     items.sort(
         key=lambda item: (
-            not item.nodeid.startswith("tests/browser/"),
-            not item.nodeid.startswith("tests/test_notebooks.py::"),
+            *(not item.nodeid.startswith(group) for group in _SHARED),
             item.get_closest_marker("slow") is None,
         )
     )
@@ -58,9 +62,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SharedWorkOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            for folder in ("tests/browser/", "tests/test_notebooks.py::"):
-                if nodeid.startswith(folder):
-                    return folder
+            for group in _SHARED:
+                if nodeid.startswith(group):
+                    return group
             return nodeid.split("[", 1)[0]  # a parametrized test's cases together
 
     # scopes in collection order (longest first, see pytest_collection_modifyitems), not xdist's default of most
