@@ -15,6 +15,10 @@ moved) queue up behind the cell and arrive only after the run. Two ways out, pic
    name no subshell, so they would queue behind the cell and the panel would stay "Loading widget..."
    until the run ended. While the cell waits they are readdressed (header re-signed with the session key)
    to the nbtrainer subshell, which answers them at once; the panel comes back live and Stop works.
+   The kernel's shell channel thread looks up the comm of every ``comm_msg`` to route it, and logs "No such
+   comm" when the page's ``comm_open`` is still queued in that subshell; the message is delivered all the
+   same (the header names the subshell), so that one warning is dropped (a comm that is really missing is
+   still reported by the thread that handles the message).
 2. **Older kernels:** ``jupyter-ui-poll`` processes the queued widget messages from inside the waiting cell
    (it relies on ``kernel.do_one_iteration``, which ipykernel 7.4 no longer has, hence option 1).
 
@@ -24,6 +28,8 @@ Kernel > Interrupt still raises ``KeyboardInterrupt`` in the waiting cell.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import logging
 import sys
 import threading
 import time
@@ -42,6 +48,19 @@ _ACTIVE: dict[int, str] = {}  # id(kernel) -> subshell that answers the main she
 _ROUTERS: set[int] = set()  # kernels whose shell channel goes through _readdress
 # What a reloaded page asks before its widgets can show (and the comms it opens and uses meanwhile).
 _FRONTEND_REQUESTS = frozenset({"kernel_info_request", "comm_info_request", "comm_open", "comm_msg", "comm_close"})
+# Set while the kernel routes a message we readdressed: its comm lookup's "No such comm" is not a real loss.
+_ROUTING = contextvars.ContextVar("nbtrainer_routing_readdressed", default=False)
+
+
+class _RoutingLookupFilter(logging.Filter):
+    """Drops the comm package's "No such comm" warning logged while the shell channel thread routes a message
+    that :func:`_readdress` sent to a subshell (see the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_ROUTING.get() and str(record.msg).startswith("No such comm"))
+
+
+_LOOKUP_FILTER = _RoutingLookupFilter()
 
 
 def _kernel() -> Any:
@@ -108,10 +127,18 @@ def _install_router(kernel: Any) -> bool:
 
     async def on_shell(frames: list[Any]) -> None:
         subshell_id = _ACTIVE.get(key)
-        if subshell_id is not None:
-            with contextlib.suppress(Exception):  # a message we cannot read: the kernel's handler reports it
-                frames = _readdress(session, frames, subshell_id)
-        await main(frames)
+        if subshell_id is None:
+            await main(frames)
+            return
+        with contextlib.suppress(Exception):  # a message we cannot read: the kernel's handler reports it
+            frames = _readdress(session, frames, subshell_id)
+        # each message runs as its own task (ZMQStream wraps the coroutine in ensure_future), so the flag
+        # stays with this one
+        token = _ROUTING.set(True)
+        try:
+            await main(frames)
+        finally:
+            _ROUTING.reset(token)
 
     made: Future = Future()
 
@@ -127,6 +154,7 @@ def _install_router(kernel: Any) -> bool:
         made.result(timeout=10)
     except Exception:
         return False
+    logging.getLogger("Comm").addFilter(_LOOKUP_FILTER)  # the comm package's logger (comm.base_comm)
     _ROUTERS.add(key)
     return True
 

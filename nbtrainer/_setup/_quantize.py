@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import logging
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
@@ -43,6 +44,20 @@ __all__ = [
 #: scales, about 0.4 bit less per weight), 4-bit float, and LLM.int8.
 QUANTIZE: tuple[str, ...] = ("nf4", "nf4-dq", "fp4", "int8")
 INSTALL_QUANT = 'pip install "nbtrainer[quant]"'
+
+
+class _NoHubKernelNotice(logging.Filter):
+    """bitsandbytes, on a CPU with AVX512-BF16, tries to fetch a 4-bit matmul kernel from the Hugging Face Hub
+    through the ``kernels`` package at import, and logs a warning advising ``pip install kernels`` when it is
+    absent. nbtrainer never downloads code at run time (that package does), and bitsandbytes' built-in kernel
+    runs instead, so the advice would only be red text in every notebook that builds a Trainer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
+# before anything imports bitsandbytes (here, or PEFT / transformers when they check for it)
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoHubKernelNotice())
 
 
 def require_module(module: str, what: str) -> ModuleType:

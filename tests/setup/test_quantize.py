@@ -136,3 +136,24 @@ def test_memory_saver_support_names_the_extra_when_a_library_is_missing(monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
     assert memory_saver_support("cpu")["lora"] == (False, 'needs peft: pip install "nbtrainer[quant]"')
+
+
+@pytest.mark.slow
+def test_building_a_trainer_shows_no_advice_to_fetch_kernels_from_the_hub() -> None:
+    """On a CPU with AVX512-BF16, importing bitsandbytes logs "Failed to load CPU gemm_4bit_forward from
+    kernels-community ... pip install kernels" (a package that downloads kernels at run time, which nbtrainer
+    never does). A user saw it as red text in every notebook that built a Trainer; nbtrainer drops it."""
+    probe = "import bitsandbytes.functional as F; print(bool(F.has_avx512bf16()))"
+    has = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if has.stdout.strip() != "True":
+        pytest.skip("bitsandbytes only tries the Hub kernel on CPUs with AVX512-BF16")
+    assert "kernels-community" in has.stderr, "bitsandbytes alone still logs the notice (else this test is moot)"
+    code = (
+        "import torch; from nbtrainer import Trainer\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))\n"
+        "Trainer(m, torch.nn.CrossEntropyLoss(), 'adamw', quantize='nf4', progress=False)\n"
+        "import bitsandbytes, peft\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "kernels-community" not in run.stderr, run.stderr

@@ -248,3 +248,55 @@ def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: 
         assert kernel.stdout(fit_id).split()[:2] == ["RESULT", "stopped"]
     finally:
         kc.stop_channels()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_control_comm_opened_while_the_subshell_is_busy_logs_no_missing_comm(kernel: Kernel) -> None:
+    """A reloaded page opens the widget manager's control comm and asks for the states at once. While the cell
+    waits, both go to nbtrainer's subshell, in order; but the kernel's shell channel thread looks the comm up
+    (to route the ``comm_msg``) before that subshell has handled the ``comm_open``, and logs "No such comm".
+    The message is delivered all the same, so that warning is false, and a user saw it as red text in the
+    cell. Here the subshell is held busy by a slow click handler, so the lookup always comes first."""
+    ids = kernel.run(
+        SETUP + "import ipywidgets\nslow = ipywidgets.Button()\n"
+        "slow.on_click(lambda b: time.sleep(1.0))\nprint('SLOW', slow.model_id)\n"
+    )
+    slow_id = ids.split("SLOW", 1)[1].split()[0]
+    info_id = ids.split("IDS", 1)[1].split()[3]
+    stop_id = ids.split("IDS", 1)[1].split()[1]
+    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status)")
+    _wait_step(kernel, info_id, 5)
+    kc = _second_client(kernel)
+    try:
+        control = "nbt-test-control-busy"
+        send = kc.shell_channel.send
+        send(
+            kc.session.msg(
+                "comm_msg", {"comm_id": slow_id, "data": {"method": "custom", "content": {"event": "click"}}}
+            )
+        )
+        send(
+            kc.session.msg(
+                "comm_open",
+                {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
+                metadata={"version": "1.0.0"},
+            )
+        )
+        send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
+        end, states = time.monotonic() + 20, None
+        while states is None and time.monotonic() < end:
+            with contextlib.suppress(queue.Empty):
+                m = kc.get_iopub_msg(timeout=0.2)
+                data = m["content"].get("data") or {}
+                if m["msg_type"] == "comm_msg" and data.get("method") == "update_states":
+                    states = data["states"]
+        assert states is not None and stop_id in states, "the request behind the comm_open was answered"
+        kernel.click(stop_id)
+        kernel.reply(fit_id, timeout=30)
+        kernel.pump(0.5)
+        streams = [m["content"]["text"] for m in kernel.messages if m["msg_type"] == "stream"]
+        assert not [s for s in streams if "No such comm" in s], streams
+        assert kernel.stdout(fit_id).split()[:2] == ["RESULT", "stopped"]
+    finally:
+        kc.stop_channels()
