@@ -370,6 +370,7 @@ def lr_find(
     stopped = False
     snap = _Snapshot(trainer, train_loader)
     cuda = [trainer.device] if trainer.device.type == "cuda" else []
+    hooks = step.attach()  # optimizer_in_backward: the sweep's updates happen in backward too
     try:
         with torch.random.fork_rng(devices=cuda):
             model.train()
@@ -410,6 +411,7 @@ def lr_find(
                     reason, stopped = f"diverged at lr={format_lr(lr)}", True
                     break
     finally:
+        hooks.remove()
         restored = snap.restore()
     return LRFinderResult(
         lrs=lrs,

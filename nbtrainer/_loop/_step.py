@@ -8,6 +8,9 @@ per-step scheduler, never after a skipped step (the optimizer's step post-hook t
 The profiler's ``nbt.optimizer_step`` range wraps it. ``fit`` adds its bookkeeping around it (global step,
 per-step points, ``on_optimizer_step``, deferred saves); ``lr_find`` sets the LR itself, so it steps no
 scheduler and fires no events.
+
+With ``optimizer_in_backward`` (``_in_backward``) the update happens inside ``backward``, parameter by
+parameter; ``step`` then only reads the LR, tells whether anything was updated and steps the scheduler.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from nbtrainer._loop._in_backward import StepInBackward
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -41,10 +46,16 @@ class TrainStep:
         self.events = events
         self.schedule = schedule
         self._stepped = False
+        self._in_backward: StepInBackward | None = None
 
     def attach(self) -> Any:
-        """Register the optimizer's step post-hook (a skipped fp16 step never calls it); returns its handle."""
-        return self.host.optimizer.register_step_post_hook(self._on_step)
+        """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
+        ``optimizer_in_backward``, the per-parameter update hooks; returns a handle that removes them."""
+        hooks: list[Any] = [self.host.optimizer.register_step_post_hook(self._on_step)]
+        if self.host.optimizer_in_backward:
+            self._in_backward = StepInBackward(self.host.optimizer)
+            hooks.append(self._in_backward)
+        return _Handles(hooks, self)
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
@@ -58,6 +69,17 @@ class TrainStep:
     def backward(self, loss: torch.Tensor, window: int) -> None:
         """Back-propagate ``loss`` as one of ``window`` micro-batches (scaled by the GradScaler under fp16)."""
         scaled = loss / window if window != 1 else loss
+        in_bwd = self._in_backward
+        if in_bwd is not None:  # accumulation is refused with it: every micro-batch closes its window
+            guard = self.host.nonfinite
+            # "skip"/"stop": the window's flag, read now (the update happens during this backward), same cost
+            in_bwd.arm(allowed=guard.allow_step(self.host.optimizer, None) if guard.gating else True)
+            self._stepped = False
+            try:
+                scaled.backward()
+            finally:
+                in_bwd.disarm()
+            return
         scaler = self.host.scaler
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
@@ -66,6 +88,13 @@ class TrainStep:
         micro-batches were divided by the planned size). Returns ``(skipped, lr the step used)``."""
         host = self.host
         opt, scaler = host.optimizer, host.scaler
+        if self._in_backward is not None:  # updated during backward; parameters without a gradient keep none
+            lr = opt.param_groups[0]["lr"]
+            opt.zero_grad(set_to_none=True)
+            skipped = not self._stepped
+            if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
+                host.scheduler.step()
+            return skipped, lr
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
         with r_opt:
             if scaler is not None:
@@ -94,3 +123,15 @@ class TrainStep:
         if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
             host.scheduler.step()
         return skipped, lr
+
+
+class _Handles:
+    """Removes the hooks of :meth:`TrainStep.attach` (and forgets the per-parameter ones)."""
+
+    def __init__(self, hooks: list[Any], step: TrainStep) -> None:
+        self._hooks, self._step = hooks, step
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._step._in_backward = None

@@ -54,6 +54,7 @@ class TrainerBase:
     scaler: torch.amp.GradScaler | None
     grad_accum_steps: int
     max_grad_norm: float | None
+    optimizer_in_backward: bool  # each parameter updated inside backward (nbtrainer._loop._in_backward)
     seed: int | None
     deterministic: bool
     batch_spec: BatchSpec

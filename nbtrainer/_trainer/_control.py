@@ -45,11 +45,13 @@ class TrainerControl(TrainerBase):
     def set_grad_accum_steps(self, steps: int) -> None:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
         _validate.check_accum(steps)
+        _validate.check_in_backward_now(self._whole, grad_accum_steps=int(steps))
         self._live.apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
         """Attach a callback (any object with some ``nbtrainer.EVENTS`` hooks); also mid-fit."""
         _validate.check_callback(callback)
+        _validate.check_in_backward_now(self._whole, callbacks=[*self.callbacks.callbacks, callback])
         self.callbacks.append(callback)
 
     def remove_callback(self, callback: Any) -> None:
@@ -62,7 +64,9 @@ class TrainerControl(TrainerBase):
     def set_precision(self, precision: str) -> None:
         """Change precision between fits (checked against the device; never silently downgraded)."""
         self._require_idle("precision")
-        self.precision = require_precision(precision, self.device)
+        checked = require_precision(precision, self.device)
+        _validate.check_in_backward_now(self._whole, precision=checked)
+        self.precision = checked
         self.scaler = make_scaler(self.precision, self.device)
 
     def set_scheduler(self, scheduler: Any, interval: str = "step") -> None:
@@ -109,6 +113,7 @@ class TrainerControl(TrainerBase):
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        _validate.check_in_backward_now(self._whole, max_grad_norm=max_grad_norm)
         self.max_grad_norm = max_grad_norm
 
     def defer(self, fn: Callable[[], Any]) -> None:

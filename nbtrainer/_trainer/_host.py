@@ -115,6 +115,10 @@ class TrainerHost:
         return self.owner.max_grad_norm
 
     @property
+    def optimizer_in_backward(self) -> bool:
+        return self.owner.optimizer_in_backward
+
+    @property
     def timing_every(self) -> int:
         return self.owner.timing_every
 

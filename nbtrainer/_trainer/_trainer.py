@@ -22,6 +22,7 @@ from nbtrainer._dist._launch_monitor import launched_callbacks
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 from nbtrainer._events._progress import ProgressBar, progress_callback
 from nbtrainer._events._stream import CallbackList, Progress
+from nbtrainer._loop._in_backward import check_in_backward
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
@@ -115,6 +116,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             the optimizer and the loop state; a resume takes the base from the model it is given).
         offload_activations: saved activations wait in CPU memory (pinned on CUDA) for the backward.
         offload_optimizer: optimizer state and step in CPU RAM (CUDA only; torchao ``CPUOffloadOptimizer``).
+        optimizer_in_backward: update each parameter as soon as its gradient is complete, inside backward,
+            and free that gradient: saves about the trainable parameters' size in memory. Same weights as a
+            plain step; refused with max_grad_norm, fp16-mixed, accumulation, DDP/FSDP (see ``_in_backward``).
         attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
             ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``),
@@ -192,11 +196,13 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         save_base: bool = False,
         offload_activations: bool = False,
         offload_optimizer: bool = False,
+        optimizer_in_backward: bool = False,
         attention: str = "auto",
         run_store: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        requested_optimizer = optimizer  # a name is built later with quantize= / lora=
         _validate.check_args(
             criterion=criterion,
             optimizer=optimizer,
@@ -208,6 +214,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             refresh_interval=refresh_interval,
             on_nonfinite=on_nonfinite,
         )
+        callbacks = list(callbacks)  # read more than once (checks, then the CallbackList)
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that
@@ -271,6 +278,19 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self.scheduler_monitor = scheduler_monitor
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
+        if not isinstance(optimizer_in_backward, bool):
+            raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
+        self.optimizer_in_backward = optimizer_in_backward
+        if optimizer_in_backward:
+            check_in_backward(
+                optimizer=optimizer if optimizer is not None else requested_optimizer,
+                grad_accum_steps=grad_accum_steps,
+                max_grad_norm=max_grad_norm,
+                precision=self.precision,
+                distributed=bool(self.strategy.distributed),
+                offload_optimizer=offload_optimizer,
+                callbacks=callbacks,
+            )
         self.seed = seed
         self.deterministic = deterministic
         self.batch_spec = BatchSpec(

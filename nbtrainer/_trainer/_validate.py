@@ -201,6 +201,24 @@ def check_accum(steps: Any) -> None:
         raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")
 
 
+def check_in_backward_now(trainer: Trainer, **changes: Any) -> None:
+    """``optimizer_in_backward=True`` against the trainer's settings as they would be after ``changes``
+    (``grad_accum_steps=``, ``max_grad_norm=``, ``precision=``, ``callbacks=``); the callbacks too, as some
+    are added after construction."""
+    if not trainer.optimizer_in_backward:
+        return
+    from nbtrainer._loop._in_backward import check_in_backward
+
+    settings = {
+        "grad_accum_steps": trainer.grad_accum_steps,
+        "max_grad_norm": trainer.max_grad_norm,
+        "precision": trainer.precision,
+        "callbacks": list(trainer.callbacks.callbacks),
+        **changes,
+    }
+    check_in_backward(optimizer=trainer.optimizer, distributed=bool(trainer.strategy.distributed), **settings)
+
+
 def no_optimizer(what: str, extra: str = "") -> ValueError:
     """The error for a trainer built without an optimizer when ``what`` needs one."""
     return ValueError(
@@ -238,6 +256,7 @@ def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int,
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
 
     _check_loader("train_loader", train_loader)
+    check_in_backward_now(trainer)  # callbacks added since construction, settings changed between fits
     if val_loader is not None:
         _check_loader("val_loader", val_loader)
     if epochs > 1 and max_steps is None and _one_shot(train_loader):  # a stream with max_steps is fine
