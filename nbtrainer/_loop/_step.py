@@ -97,6 +97,9 @@ class TrainStep:
             return skipped, lr
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
         with r_opt:
+            wait = getattr(opt, "wait_for_gradients", None)
+            if wait is not None:  # offload_optimizer: gradients copied to the host during backward must land
+                wait()  # first (its step waits for them anyway: no extra sync)
             if scaler is not None:
                 scaler.unscale_(opt)
             if rescale != 1.0:

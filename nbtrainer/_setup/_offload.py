@@ -8,7 +8,8 @@
   device it changes nothing (they are already there), and is allowed so one configuration runs anywhere.
 * Optimizer state: on CUDA, torchao's ``CPUOffloadOptimizer`` keeps the parameters' fp32 master copies and
   the optimizer state in CPU RAM and runs the step there (gradients are copied to the CPU as they are
-  produced). On a CPU device there is nothing to offload to, and it is refused rather than ignored.
+  produced). On a CPU device there is nothing to offload to, and it is refused rather than ignored. The
+  adapter in ``_offload_optimizer`` gives it what torch optimizers have (step hooks, a standard state dict).
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def check_offload_optimizer(device: torch.device, optimizer: Any) -> None:
 
 def build_offload_optimizer(name: str, params: Iterable[torch.Tensor], lr: float | None) -> torch.optim.Optimizer:
     """torchao's ``CPUOffloadOptimizer`` over ``params`` with the torch optimizer ``name``."""
-    optim = require_module("torchao.optim", "offload_optimizer=True")
+    from nbtrainer._setup._offload_optimizer import offload_optimizer_class
+
     cls = getattr(torch.optim, _OFFLOADABLE[name.strip().lower()])
     kwargs: dict[str, Any] = {} if lr is None else {"lr": float(lr)}
-    return optim.CPUOffloadOptimizer(list(params), cls, offload_gradients=False, **kwargs)
+    optimizer: torch.optim.Optimizer = offload_optimizer_class()(list(params), cls, offload_gradients=False, **kwargs)
+    return optimizer

@@ -104,7 +104,8 @@ def build_from_params(
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move ``optimizer``'s state tensors to ``device`` (after the model moved there), in place.
+    """Move ``optimizer``'s state tensors to ``device`` (after the model moved there), in place; the state of a
+    parameter kept on another kind of device (an offloaded host copy) stays beside that parameter.
 
     ``step`` counters stay where they are: torch keeps them on the CPU unless ``capturable``/``fused``.
     Shared by the Trainer's setup and the LR finder.
@@ -117,7 +118,15 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
         >>> opt.state[model.weight]["exp_avg"].device.type
         'cpu'
     """
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.device != device and key != "step":
-                state[key] = value.to(device)
+    states = optimizer.state
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = states.get(param)
+            if not state:
+                continue
+            # beside its parameter: an offloaded optimizer (FSDP's CPU offload, offload_optimizer=True) keeps
+            # parameters, and so their state, on the CPU while the model trains on the device
+            target = param.device if param.device.type != device.type else device
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != target and key != "step":
+                    state[key] = value.to(target)

@@ -217,3 +217,30 @@ def test_changes_that_would_break_it_later_are_refused_too() -> None:
     with pytest.raises(TypeError, match=r"optimizer_in_backward= takes True or False"):
         bad: Any = "yes"
         Trainer(model(), nn.CrossEntropyLoss(), "adamw", optimizer_in_backward=bad, progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_same_weights_with_less_peak_memory() -> None:
+    """The hooks run on autograd's device thread there; the weights follow a plain step's, and the peak of
+    allocated memory falls by about the gradients' size."""
+    peaks, weights = {}, {}
+    for in_bwd in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)])
+        trainer = Trainer(
+            m, nn.MSELoss(), "adamw", lr=1e-3, device="cuda", optimizer_in_backward=in_bwd, progress=False, seed=0
+        )
+        g = torch.Generator().manual_seed(0)
+        batches = [(torch.randn(64, 1024, generator=g), torch.randn(64, 1024, generator=g)) for _ in range(4)]
+        trainer.fit(batches, epochs=1)  # the optimizer state exists from here on
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        trainer.fit(batches, epochs=2)
+        torch.cuda.synchronize()
+        peaks[in_bwd] = torch.cuda.max_memory_allocated()
+        weights[in_bwd] = {k: v.cpu() for k, v in m.state_dict().items()}
+    for k in weights[False]:
+        torch.testing.assert_close(weights[True][k], weights[False][k])
+    grads = 8 * (1024 * 1024 + 1024) * 4
+    assert peaks[False] - peaks[True] >= grads - 2 * 1024 * 1024 * 4, (peaks, grads)

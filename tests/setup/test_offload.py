@@ -3,6 +3,7 @@ a CPU device: nothing to offload to) (issue 22)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from setup_models import lm_batches, mlp, mlp_data, tiny_llama
 from torch import nn
 
-from nbtrainer import Trainer
+from nbtrainer import ModelCheckpoint, Trainer
 
 
 def grads(trainer: Trainer, loss_of) -> dict[str, torch.Tensor]:
@@ -77,12 +78,129 @@ def test_offload_optimizer_on_a_cpu_is_refused() -> None:
         Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", offload_activations=bad, progress=False)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_offload_optimizer_on_cuda_keeps_state_on_the_cpu() -> None:
+def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() -> None:
+    """The adapter's state dict, checked on a CPU with real torch optimizers laid out as torchao lays them out
+    (one per large parameter over its host copy, one on-device optimizer for the small ones): torchao itself
+    refuses to start without CUDA or XPU."""
+    pytest.importorskip("torchao")
+    from nbtrainer._setup._offload_optimizer import offload_optimizer_class
+
+    def built(seed: int) -> tuple[Any, list[torch.Tensor]]:
+        torch.manual_seed(seed)
+        big, small = [torch.randn(64, 64, requires_grad=True) for _ in range(2)], [torch.randn(8, requires_grad=True)]
+        cls: Any = offload_optimizer_class()
+        opt = cls.__new__(cls)  # torchao's __init__ needs CUDA; the attributes it would set:
+        opt.optim_dict = {p: torch.optim.AdamW([p], lr=1e-2) for p in big}
+        opt.d_opt = torch.optim.AdamW(small, lr=1e-2)
+        opt.queue = {}
+        return opt, [*big, *small]
+
+    opt, params = built(0)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        for inner in [*opt.optim_dict.values(), opt.d_opt]:
+            inner.step()
+    saved = opt.state_dict()
+    assert set(saved) == {"state", "param_groups"} and sorted(saved["state"]) == [0, 1, 2]
+    assert [g["params"] for g in saved["param_groups"]] == [[0], [1], [2]]
+    fresh, fresh_params = built(1)
+    fresh.load_state_dict(saved)
+    for a, b in zip(params, fresh_params, strict=True):
+        assert torch.equal(opt.state[a]["exp_avg_sq"], fresh.state[b]["exp_avg_sq"])
+    with pytest.raises(ValueError, match=r"has 3 param groups \(one per large parameter"):
+        fresh.load_state_dict({"state": {}, "param_groups": saved["param_groups"][:2]})
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _big_mlp(seed: int = 0) -> nn.Module:
+    # layers of >= 4096 weights: torchao keeps tensors smaller than that (the biases) on the device
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+
+
+def _offload_fit(
+    offload: bool,
+    epochs: int,
+    *,
+    max_steps: int | None = None,
+    resume_from: str | None = None,
+    seed: int = 0,
+    **kwargs: Any,
+) -> Trainer:
     x, y = mlp_data()
-    trainer = Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", offload_optimizer=True, device="cuda", progress=False)
-    trainer.fit((x, y), batch_size=32, epochs=1)
+    trainer = Trainer(
+        _big_mlp(seed),
+        nn.CrossEntropyLoss(),
+        "adamw",
+        lr=1e-2,
+        offload_optimizer=offload,
+        device="cuda",
+        progress=False,
+        seed=0,
+        **kwargs,
+    )
     assert trainer.optimizer is not None
-    states = [t for s in trainer.optimizer.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
-    assert states and all(t.device.type == "cpu" for t in states)
+    # 5 batches of 26 (the last 24) with accumulation 2: every epoch ends in a ragged window of one micro-batch
+    batches = [(x[i : i + 26], y[i : i + 26]) for i in range(0, 128, 26)]
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        trainer.optimizer, max_lr=1e-2, total_steps=trainer.total_steps(batches, epochs)
+    )
+    trainer.set_scheduler(sched)
+    trainer.fit(batches, epochs=epochs, max_steps=max_steps, resume_from=resume_from)
+    return trainer
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_offload_optimizer_on_cuda_keeps_state_on_the_cpu() -> None:
+    trainer = _offload_fit(True, 1)
+    assert trainer.optimizer is not None
+    weights = [p for p in trainer.optimizer.state if p.dim() == 2]
+    assert len(weights) == 3 and all(
+        t.device.type == "cpu" for p in weights for t in trainer.optimizer.state[p].values() if t.dim()
+    )
+    saved = trainer.optimizer.state_dict()
+    assert set(saved) == {"state", "param_groups"}, "an ordinary optimizer state dict (checkpoints check it)"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_offload_optimizer_on_cuda_steps_like_adamw_on_the_device() -> None:
+    """Accumulation with a ragged last window (the exact rescale), clipping and a schedule act on the gradients
+    the CPU step reads: the weights follow AdamW on the GPU (fused CPU vs CUDA kernels: rounding only)."""
+    options: dict[str, Any] = {"grad_accum_steps": 2, "max_grad_norm": 0.5}
+    plain, offloaded = _offload_fit(False, 3, **options), _offload_fit(True, 3, **options)
+    assert offloaded.global_step == plain.global_step == 9
+    a, b = plain.model.state_dict(), offloaded.model.state_dict()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(a["0.weight"], _big_mlp().state_dict()["0.weight"].cuda())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_offload_optimizer_on_cuda_resumes_exactly(tmp_path: Path) -> None:
+    full = _offload_fit(True, 4, grad_accum_steps=2)
+    first = _offload_fit(
+        True, 4, max_steps=6, grad_accum_steps=2, callbacks=[ModelCheckpoint(tmp_path, save_last=True)]
+    )
+    assert first.global_step == 6 and full.global_step == 12
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)  # plain data
+    assert set(ckpt["optimizer"]) == {"state", "param_groups"}
+    resumed = _offload_fit(True, 4, seed=1, grad_accum_steps=2, resume_from=str(tmp_path / "last.ckpt"))
+    assert resumed.global_step == 12
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_offload_optimizer_on_cuda_with_fp16_counts_the_scalers_skips() -> None:
+    trainer = _offload_fit(True, 2, precision="fp16-mixed")
+    assert trainer.global_step == 6
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+    skipped = trainer.history.epochs[-1]["skipped_steps"]  # counted over the run
+    assert skipped < trainer.global_step, "the first steps may be skipped while the scale settles, not all"
