@@ -15,6 +15,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_gpu(request: Any, monkeypatch: Any) -> None:
+    """Trainer(device="auto") picks CUDA where there is one. The tests not marked ``gpu`` are written for the
+    CPU (they compare with tensors on it, expect CPU figures), so on a GPU machine "auto" means the CPU for
+    them; the ``gpu`` tests name their device."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("NBTRAINER_DEVICE", "cpu")
+
+
 def make_classification(n: int = 256, d: int = 10, classes: int = 3, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g)

@@ -49,7 +49,8 @@ def offload_optimizer_class() -> type:
             self.defaults = dict(first.defaults) if first is not None else {}
 
         def _inner(self) -> list[torch.optim.Optimizer]:
-            return [*self.optim_dict.values(), *([self.d_opt] if self.d_opt is not None else [])]
+            # the order of torchao's param_groups: the on-device (small) parameters' groups first
+            return [*([self.d_opt] if self.d_opt is not None else []), *self.optim_dict.values()]
 
         @property
         def state(self) -> dict[torch.Tensor, dict[str, Any]]:

@@ -8,6 +8,7 @@ to bf16).
 from __future__ import annotations
 
 import contextlib
+import os
 import functools
 
 import torch
@@ -64,8 +65,12 @@ def normalize_precision(precision: str | int) -> str:
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``"auto"`` picks CUDA, then MPS, then CPU; anything else is passed to ``torch.device``."""
+    """``"auto"`` picks ``$NBTRAINER_DEVICE`` when set (e.g. ``cpu`` on a GPU machine), else CUDA, then MPS,
+    then CPU; anything else is passed to ``torch.device``."""
     if device is None or (isinstance(device, str) and device == "auto"):
+        chosen = os.environ.get("NBTRAINER_DEVICE", "").strip()
+        if chosen and chosen != "auto":
+            return resolve_device(chosen)
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         mps = getattr(torch.backends, "mps", None)

@@ -63,8 +63,13 @@ def rng_untouched(device: torch.device) -> Iterator[None]:
     A probe that is cached runs once per process: drawing from the global generator there would make the
     next random draws (e.g. LoRA's adapter init) depend on whether an earlier Trainer already probed.
     """
-    accel = device.type not in ("cpu", "meta")  # fork_rng(device_type="meta") would not fork the CPU generator
-    with torch.random.fork_rng(devices=[device] if accel else [], device_type=device.type if accel else None):
+    if device.type in ("cpu", "meta"):
+        # no accelerator to fork: devices=[] forks the CPU generator alone (device_type=None, which torch 2.13
+        # takes, is a TypeError in torch 2.11 on a machine with CUDA)
+        with torch.random.fork_rng(devices=[]):
+            yield
+        return
+    with torch.random.fork_rng(devices=[device], device_type=device.type):
         yield
 
 
@@ -93,12 +98,15 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    # A checkpoint loaded with map_location="cuda" brings these tensors onto the GPU; the generators take CPU
+    # byte tensors (and numpy cannot read device memory).
     py = state["python"]
-    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].cpu().tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"]))
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda") or []
+    keys = npy["keys"].cpu().numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, npy["pos"], npy["has_gauss"], npy["cached"]))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = [t.cpu() for t in state.get("cuda") or []]
     if cuda and torch.cuda.is_available():
         if len(cuda) != torch.cuda.device_count():
             raise RuntimeError(

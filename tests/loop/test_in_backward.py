@@ -114,11 +114,25 @@ def test_no_gradient_is_kept_until_the_end_of_backward() -> None:
     assert peaks[False] - peaks[True] >= grads - 2 * 256 * 256 * 4, (peaks, grads)
 
 
-def test_resume_is_exact(tmp_path: Path) -> None:
-    full = fit(True, "adamw", epochs=4)
-    first = fit(True, "adamw", epochs=4, max_steps=16, callbacks=[ModelCheckpoint(tmp_path, save_last=True)])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ],
+)
+def test_resume_is_exact(tmp_path: Path, device: str) -> None:
+    full = fit(True, "adamw", epochs=4, device=device)
+    first = fit(
+        True, "adamw", epochs=4, max_steps=16, device=device, callbacks=[ModelCheckpoint(tmp_path, save_last=True)]
+    )
     m = model(seed=1)  # other weights: the checkpoint must bring them back
-    resumed = Trainer(m, nn.CrossEntropyLoss(), "adamw", lr=1e-2, optimizer_in_backward=True, progress=False, seed=0)
+    resumed = Trainer(
+        m, nn.CrossEntropyLoss(), "adamw", lr=1e-2, optimizer_in_backward=True, progress=False, seed=0, device=device
+    )
     assert resumed.optimizer is not None
     resumed.set_scheduler(
         torch.optim.lr_scheduler.OneCycleLR(

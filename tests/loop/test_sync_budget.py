@@ -80,7 +80,7 @@ def test_reads_do_not_grow_with_steps(count_reads, precision, accum, data):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("data_on_device", [0.5, 0.0])
 def test_cuda_data_paths_add_no_sync_per_step(data_on_device):
-    """CUDA's own sync detector: the syncs of a fit of 10 and of 80 batches are as many (host reads at the
+    """CUDA's own sync detector: a fit of 80 batches syncs no more often than one of 10 (host reads at the
     refresh and epoch ends only), with the data copied to the GPU once (0.5) or prefetched (0.0)."""
     import warnings
 
@@ -108,7 +108,8 @@ def test_cuda_data_paths_add_no_sync_per_step(data_on_device):
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         counts.append(sum("synchroniz" in str(w.message) for w in caught))
-    assert counts[0] == counts[1], f"syncs grew with the number of steps: {counts}"
+    # 70 more steps add no sync (on an H200 the 10-batch fit counted one more than the 80-batch one: 10 vs 9)
+    assert counts[1] <= counts[0], f"syncs grew with the number of steps: {counts}"
 
 
 def test_loggers_and_line_progress_add_no_reads(count_reads, tmp_path):

@@ -92,6 +92,7 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
         opt = cls.__new__(cls)  # torchao's __init__ needs CUDA; the attributes it would set:
         opt.optim_dict = {p: torch.optim.AdamW([p], lr=1e-2) for p in big}
         opt.d_opt = torch.optim.AdamW(small, lr=1e-2)
+        opt.d_param_groups = opt.d_opt.param_groups  # the same group dicts, as torchao passes them
         opt.queue = {}
         return opt, [*big, *small]
 
@@ -104,6 +105,7 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
     saved = opt.state_dict()
     assert set(saved) == {"state", "param_groups"} and sorted(saved["state"]) == [0, 1, 2]
     assert [g["params"] for g in saved["param_groups"]] == [[0], [1], [2]]
+    assert [g["params"][0].shape for g in opt.param_groups] == [(8,), (64, 64), (64, 64)], "torchao's order"
     fresh, fresh_params = built(1)
     fresh.load_state_dict(saved)
     for a, b in zip(params, fresh_params, strict=True):
@@ -158,9 +160,10 @@ def _offload_fit(
 def test_offload_optimizer_on_cuda_keeps_state_on_the_cpu() -> None:
     trainer = _offload_fit(True, 1)
     assert trainer.optimizer is not None
-    weights = [p for p in trainer.optimizer.state if p.dim() == 2]
-    assert len(weights) == 3 and all(
-        t.device.type == "cpu" for p in weights for t in trainer.optimizer.state[p].values() if t.dim()
+    # torchao keeps tensors under 4096 values (the biases, the 4 x 128 head) and their state on the device
+    large = [p for p in trainer.optimizer.state if p.numel() >= 4096]
+    assert len(large) == 2 and all(
+        t.device.type == "cpu" for p in large for t in trainer.optimizer.state[p].values() if t.dim()
     )
     saved = trainer.optimizer.state_dict()
     assert set(saved) == {"state", "param_groups"}, "an ordinary optimizer state dict (checkpoints check it)"
@@ -200,7 +203,7 @@ def test_offload_optimizer_on_cuda_resumes_exactly(tmp_path: Path) -> None:
 @needs_cuda
 def test_offload_optimizer_on_cuda_with_fp16_counts_the_scalers_skips() -> None:
     trainer = _offload_fit(True, 2, precision="fp16-mixed")
-    assert trainer.global_step == 6
+    assert trainer.global_step == 10
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
     skipped = trainer.history.epochs[-1]["skipped_steps"]  # counted over the run
     assert skipped < trainer.global_step, "the first steps may be skipped while the scale settles, not all"

@@ -100,3 +100,13 @@ def test_cuda_bf16_refused_without_native_support():
             precision="bf16-mixed",
             device="cuda",
         )
+
+
+def test_nbtrainer_device_sets_what_auto_means(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbtrainer._setup._precision import resolve_device
+
+    monkeypatch.setenv("NBTRAINER_DEVICE", "meta")
+    assert resolve_device("auto") == torch.device("meta") and resolve_device(None) == torch.device("meta")
+    assert resolve_device("cpu") == torch.device("cpu"), "an explicit device wins"
+    monkeypatch.setenv("NBTRAINER_DEVICE", "auto")
+    assert resolve_device("auto").type in ("cpu", "cuda", "mps")
