@@ -107,7 +107,7 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
     """Move ``optimizer``'s state tensors to ``device`` (after the model moved there), in place; the state of a
     parameter kept on another kind of device (an offloaded host copy) stays beside that parameter.
 
-    ``step`` counters stay where they are: torch keeps them on the CPU unless ``capturable``/``fused``.
+    ``step`` counters stay on the CPU, as torch keeps them, unless the group is ``capturable`` / ``fused``.
     Shared by the Trainer's setup and the LR finder.
 
     Example:
@@ -120,6 +120,9 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
     """
     states = optimizer.state
     for group in optimizer.param_groups:
+        # A fused or capturable step reads its counters on the device. A checkpoint loaded before the model
+        # moved there (a resume inside fit) left them beside the CPU parameters: "state_steps is on cpu".
+        counters_on_device = bool(group.get("fused") or group.get("capturable"))
         for param in group["params"]:
             state = states.get(param)
             if not state:
@@ -128,5 +131,10 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
             # parameters, and so their state, on the CPU while the model trains on the device
             target = param.device if param.device.type != device.type else device
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.device != target and key != "step":
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key == "step":
+                    if counters_on_device and value.device != target:
+                        state[key] = value.to(device=target, dtype=torch.float32)
+                elif value.device != target:
                     state[key] = value.to(target)
