@@ -51,6 +51,9 @@ class TrainStep:
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
         ``optimizer_in_backward``, the per-parameter update hooks; returns a handle that removes them."""
+        pull = getattr(self.host.optimizer, "pull_parameters", None)
+        if pull is not None:  # offload_optimizer: its host master copies take weights loaded since it was built
+            pull()
         hooks: list[Any] = [self.host.optimizer.register_step_post_hook(self._on_step)]
         if self.host.optimizer_in_backward:
             self._in_backward = StepInBackward(self.host.optimizer)

@@ -12,6 +12,9 @@ stream) and steps on the CPU. What it does not have, and the rest of nbtrainer a
   checks expect ``{"state", "param_groups"}``. Here the inner optimizers' dicts are laid end to end as one
   (their groups in order, parameter indices renumbered) and split back on load, so a checkpoint is an ordinary
   optimizer state dict that ``torch.load(weights_only=True)`` reads;
+* **master copies that follow the model**: torchao copies each parameter to the host once, at construction;
+  :meth:`pull_parameters` copies them again (on every load of a state dict and at the start of each fit), so
+  weights loaded into the model afterwards are what the CPU step updates;
 * **gradients final before the step**: the host copies land asynchronously; :meth:`wait_for_gradients` waits for
   them, so the loop's unscale, the exact rescale of a ragged accumulation window and clipping act on the
   gradients the CPU step will read (they are the optimizer's parameters' ``.grad``).
@@ -70,6 +73,14 @@ def offload_optimizer_class() -> type:
             self._optimizer_step_post_hooks[handle.id] = hook
             return handle
 
+        def pull_parameters(self) -> None:
+            """Copy the model's parameters into the host master copies the CPU step updates. torchao takes
+            them once, at construction: weights loaded into the model later (a resume, ``load_state_dict``)
+            would otherwise be overwritten by the stale copies at the next step."""
+            with torch.no_grad():
+                for p_device, p_host in self.param_d2h_map.items():
+                    p_host.copy_(p_device.detach())
+
         def wait_for_gradients(self) -> None:
             """Block until every gradient copied to the host in this backward has landed."""
             for event in self.queue.values():
@@ -116,6 +127,7 @@ def offload_optimizer_class() -> type:
                     }
                 )
                 offset += count
+            self.pull_parameters()  # a resume loads the model's weights first, then this state
 
     _CLASS.append(OffloadOptimizer)
     return OffloadOptimizer

@@ -90,11 +90,14 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
         big, small = [torch.randn(64, 64, requires_grad=True) for _ in range(2)], [torch.randn(8, requires_grad=True)]
         cls: Any = offload_optimizer_class()
         opt = cls.__new__(cls)  # torchao's __init__ needs CUDA; the attributes it would set:
-        opt.optim_dict = {p: torch.optim.AdamW([p], lr=1e-2) for p in big}
+        # the host copies of the large parameters (torchao's param_d2h_map: device parameter -> host copy)
+        hosts = {p: p.detach().clone().requires_grad_() for p in big}
+        opt.param_d2h_map = {p: hosts[p] for p in big}
+        opt.optim_dict = {p: torch.optim.AdamW([hosts[p]], lr=1e-2) for p in big}
         opt.d_opt = torch.optim.AdamW(small, lr=1e-2)
         opt.d_param_groups = opt.d_opt.param_groups  # the same group dicts, as torchao passes them
         opt.queue = {}
-        return opt, [*big, *small]
+        return opt, [*[hosts[p] for p in big], *small]
 
     opt, params = built(0)
     for _ in range(3):
@@ -107,7 +110,14 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
     assert [g["params"] for g in saved["param_groups"]] == [[0], [1], [2]]
     assert [g["params"][0].shape for g in opt.param_groups] == [(8,), (64, 64), (64, 64)], "torchao's order"
     fresh, fresh_params = built(1)
+    model_weights = [p for p in fresh.param_d2h_map]
+    with torch.no_grad():  # a resume loads the model's weights before the optimizer's state
+        for p in model_weights:
+            p.copy_(torch.full_like(p, 0.5))
     fresh.load_state_dict(saved)
+    assert all(torch.equal(host, torch.full_like(host, 0.5)) for host in fresh.param_d2h_map.values()), (
+        "the CPU step must update the weights just loaded, not the copies taken at construction"
+    )
     for a, b in zip(params, fresh_params, strict=True):
         assert torch.equal(opt.state[a]["exp_avg_sq"], fresh.state[b]["exp_avg_sq"])
     with pytest.raises(ValueError, match=r"has 3 param groups \(one per large parameter"):
