@@ -8,6 +8,7 @@ stream) and steps on the CPU. What it does not have, and the rest of nbtrainer a
   step that fp16's GradScaler skipped) and the memory tracker's pre/post hooks had nowhere to go;
 * ``defaults`` (LR schedulers read it, e.g. OneCycleLR's momentum cycling) and ``state`` (memory accounting,
   moving state beside its parameter);
+* ``param_groups`` that stay live after ``load_state_dict`` (which replaces an optimizer's group dicts);
 * **a standard state dict**: its own is ``{"offloaded": [...], "on-device": ...}``; checkpoints and their
   checks expect ``{"state", "param_groups"}``. Here the inner optimizers' dicts are laid end to end as one
   (their groups in order, parameter indices renumbered) and split back on load, so a checkpoint is an ordinary
@@ -54,6 +55,14 @@ def offload_optimizer_class() -> type:
         def _inner(self) -> list[torch.optim.Optimizer]:
             # the order of torchao's param_groups: the on-device (small) parameters' groups first
             return [*([self.d_opt] if self.d_opt is not None else []), *self.optim_dict.values()]
+
+        @property
+        def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+            """The inner optimizers' live groups, in torchao's order. torchao's own property starts from the list
+            of group dicts the on-device optimizer was built with, and ``load_state_dict`` replaces an
+            optimizer's group dicts: after a resume, LR changes (a scheduler, ``set_lr``) went to the stale
+            dicts and the small parameters kept the loaded LR (seen on an H200: resumed != uninterrupted)."""
+            return [group for opt in self._inner() for group in opt.param_groups]
 
         @property
         def state(self) -> dict[torch.Tensor, dict[str, Any]]:

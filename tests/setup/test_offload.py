@@ -120,6 +120,9 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
     )
     for a, b in zip(params, fresh_params, strict=True):
         assert torch.equal(opt.state[a]["exp_avg_sq"], fresh.state[b]["exp_avg_sq"])
+    for group in fresh.param_groups:  # what a scheduler does after a resume
+        group["lr"] = 0.125
+    assert [g["lr"] for opt in [fresh.d_opt, *fresh.optim_dict.values()] for g in opt.param_groups] == [0.125] * 3
     with pytest.raises(ValueError, match=r"has 3 param groups \(one per large parameter"):
         fresh.load_state_dict({"state": {}, "param_groups": saved["param_groups"][:2]})
 
