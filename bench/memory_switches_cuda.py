@@ -3,8 +3,8 @@
 A random-init Llama decoder built on the GPU from a config (nothing downloaded), the same data and seed for
 every variant. Each variant trains ``--warmup`` steps (optimizer state allocated, kernels chosen), then the peak
 is reset and ``--steps`` more are timed (``torch.cuda.synchronize`` around them): ``peak`` is
-``torch.cuda.max_memory_allocated`` over those steps (with the fit's own per-refresh peaks), ``time / step`` their mean. Ratios are against the fp32
-AdamW row of the same run.
+``torch.cuda.max_memory_allocated`` over those steps (with the fit's own per-refresh peaks), ``time / step``
+their mean. Ratios are against the fp32 AdamW row of the same run.
 
 Usage: ``python bench/memory_switches_cuda.py [--hidden 1024 --layers 16 --vocab 32000 --seq 512 --batch 8]``.
 """

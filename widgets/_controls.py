@@ -132,7 +132,11 @@ class Controls:
             )
             self._set(self.view.accum, "value", t.grad_accum_steps)
             return
-        t.set_grad_accum_steps(int(k))  # mid-run: applied at the next step; the event is shown then
+        try:
+            t.set_grad_accum_steps(int(k))  # mid-run: applied at the next step; the event is shown then
+        except ValueError as exc:  # e.g. optimizer_in_backward keeps no gradients to accumulate
+            self.notify("warning", str(exc))
+            self._set(self.view.accum, "value", t.grad_accum_steps)
 
     def _apply_lr(self, lr: float) -> None:
         try:
@@ -144,7 +148,11 @@ class Controls:
         if self._syncing:
             return
         value = float(change["new"])
-        self.trainer.set_max_grad_norm(value if value > 0 else None)
+        try:
+            self.trainer.set_max_grad_norm(value if value > 0 else None)
+        except ValueError as exc:  # e.g. optimizer_in_backward: no moment when every gradient exists
+            self.notify("warning", str(exc))
+            self._set(self.view.max_grad_norm, "value", self.trainer.max_grad_norm or 0.0)
 
     def _on_checkpointing(self, change: Any) -> None:
         if self._syncing:

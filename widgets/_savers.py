@@ -1,4 +1,5 @@
-"""The panel's "memory savers" group: optimizer, quantized base, LoRA and offloading, chosen before Start.
+"""The panel's "memory savers" group: optimizer, quantized base, LoRA, offloading and the optimizer step in
+backward, chosen before Start.
 
 These switches change how the Trainer is built (a quantized base and adapters change the model in place, a
 named optimizer is built over what trains afterwards), so they cannot be flipped on a live trainer like the LR:
@@ -73,11 +74,11 @@ class Savers:
         self.offload_optimizer = W.Checkbox(
             value=False, description="offload optimizer", indent=False, layout=W.Layout(width="150px")
         )
-        for key, box in (
-            ("lora", self.lora),
-            ("offload_activations", self.offload_activations),
-            ("offload_optimizer", self.offload_optimizer),
-        ):
+        # frees each gradient as soon as its parameter is updated (needs no clipping, no accumulation, no fp16)
+        self.in_backward = W.Checkbox(
+            value=False, description="step in backward", indent=False, layout=W.Layout(width="150px")
+        )
+        for key, box in self._boxes():
             ok, why = s.get(key, (False, "unknown switch"))
             if not ok:
                 self.reasons[key] = why
@@ -91,7 +92,7 @@ class Savers:
         self.section = Section("memory savers", "nbt-savers", closable=False)
         self.section.show(
             W.HBox(
-                [self.optimizer, self.quantize, self.lora, self.offload_activations, self.offload_optimizer],
+                [*self.widgets],
                 layout=W.Layout(flex_flow="row wrap", align_items="center"),
             ),
             self.note,
@@ -106,7 +107,16 @@ class Savers:
 
     @property
     def widgets(self) -> tuple[Any, ...]:
-        return (self.optimizer, self.quantize, self.lora, self.offload_activations, self.offload_optimizer)
+        return (self.optimizer, self.quantize, *(box for _, box in self._boxes()))
+
+    def _boxes(self) -> tuple[tuple[str, Any], ...]:
+        """The checkboxes by the Trainer option (and memory_saver_support key) each one sets."""
+        return (
+            ("lora", self.lora),
+            ("offload_activations", self.offload_activations),
+            ("offload_optimizer", self.offload_optimizer),
+            ("optimizer_in_backward", self.in_backward),
+        )
 
     def _show_note(self, extra: str = "") -> None:
         off = [f"{k}: {r}" for k, r in self.reasons.items()]
@@ -125,11 +135,7 @@ class Savers:
             return
         for w in (self.optimizer, self.quantize):
             w.disabled = running
-        for key, box in (
-            ("lora", self.lora),
-            ("offload_activations", self.offload_activations),
-            ("offload_optimizer", self.offload_optimizer),
-        ):
+        for key, box in self._boxes():
             box.disabled = running or key in self.reasons
 
     def options(self) -> dict[str, Any]:
@@ -149,6 +155,8 @@ class Savers:
             out["offload_activations"] = True
         if self.offload_optimizer.value:
             out["offload_optimizer"] = True
+        if self.in_backward.value:
+            out["optimizer_in_backward"] = True
         for key in ("optimizer", "quantize"):
             why = self.reasons.get(f"{key}:{out.get(key)}")
             if why:

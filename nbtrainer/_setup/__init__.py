@@ -12,6 +12,7 @@ and the switches for training what does not fit (quantized base, LoRA, k-bit opt
 ``_lora``                      lora=: PEFT adapters, checkpoints of what trains, merge_lora
 ``_kbit_optim``                adamw8bit / paged_adamw8bit (bitsandbytes), adamw4bit (torchao)
 ``_offload``                   offload_activations (save_on_cpu), offload_optimizer (CPUOffloadOptimizer)
+``_offload_optimizer``         the adapter that makes CPUOffloadOptimizer behave like a torch optimizer
 ``_attention``                 attention=: the SDPA backend around the forward, checked on the device
 =============================  ================================================================================
 """

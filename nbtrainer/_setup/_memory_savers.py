@@ -212,7 +212,8 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
     """Which memory switches run on ``device`` in ``precision``: ``{switch: (ok, reason)}``.
 
     Keys: ``"quantize:nf4"`` (and ``nf4-dq``, ``fp4``, ``int8``), ``"lora"``, ``"optimizer:adamw8bit"`` (and
-    ``paged_adamw8bit``, ``adamw4bit``), ``"offload_activations"``, ``"offload_optimizer"``, ``"attention:flash"``
+    ``paged_adamw8bit``, ``adamw4bit``), ``"offload_activations"``, ``"offload_optimizer"``,
+    ``"optimizer_in_backward"``, ``"attention:flash"``
     (and ``auto``, ``efficient``, ``cudnn``, ``math``). The reason is empty when it runs and says why not (and
     what to install or use instead) when not: what a panel shows on a disabled option. Quantized layers and
     attention backends are checked by running a tiny one here (cached), like :func:`precision_support`.
@@ -245,6 +246,12 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
         else missing("torchao")
     )
     rows["offload_optimizer"] = (not why, why)
+    why = (
+        "fp16-mixed's GradScaler checks every gradient before a step: use bf16-mixed or fp32"
+        if precision == "fp16-mixed"
+        else ""
+    )
+    rows["optimizer_in_backward"] = (not why, why)
     dtype = autocast_dtype(precision) or torch.float32
     for name, (ok, reason) in _attention.attention_support(dev, dtype).items():
         rows[f"attention:{name}"] = (ok, reason)

@@ -57,7 +57,7 @@ def offload_optimizer_class() -> type:
             return [*([self.d_opt] if self.d_opt is not None else []), *self.optim_dict.values()]
 
         @property
-        def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        def param_groups(self) -> list[dict[str, Any]]:
             """The inner optimizers' live groups, in torchao's order. torchao's own property starts from the list
             of group dicts the on-device optimizer was built with, and ``load_state_dict`` replaces an
             optimizer's group dicts: after a resume, LR changes (a scheduler, ``set_lr``) went to the stale

@@ -8,8 +8,8 @@ to bf16).
 from __future__ import annotations
 
 import contextlib
-import os
 import functools
+import os
 
 import torch
 

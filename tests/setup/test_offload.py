@@ -110,7 +110,7 @@ def test_the_offload_adapter_gives_an_ordinary_state_dict_and_takes_it_back() ->
     assert [g["params"] for g in saved["param_groups"]] == [[0], [1], [2]]
     assert [g["params"][0].shape for g in opt.param_groups] == [(8,), (64, 64), (64, 64)], "torchao's order"
     fresh, fresh_params = built(1)
-    model_weights = [p for p in fresh.param_d2h_map]
+    model_weights = list(fresh.param_d2h_map)
     with torch.no_grad():  # a resume loads the model's weights before the optimizer's state
         for p in model_weights:
             p.copy_(torch.full_like(p, 0.5))

@@ -97,3 +97,40 @@ def test_a_panel_given_a_built_trainer_locks_the_group_with_the_reason():
     w = TrainerWidget(trainer, make_loader(x, y, 16))
     assert all(b.disabled for b in w.savers.widgets)
     assert "pass these options to Trainer" in w.savers.note.value
+
+
+def test_step_in_backward_chosen_before_start_trains_and_the_controls_that_cannot_follow_say_why():
+    w = _widget()
+    s = w.savers
+    assert not s.in_backward.disabled and s.in_backward in s.widgets
+    s.optimizer.value, s.in_backward.value = "adamw", True
+    assert s.options() == {"optimizer": "adamw", "optimizer_in_backward": True}
+    w.view.start.click()
+    history = w.wait(timeout=120)
+    assert history.status == "finished", _messages(w, "error")
+    assert w.trainer.optimizer_in_backward and w.trainer.global_step == 4
+    assert all(p.grad is None for p in w.trainer.model.parameters())
+    w.view.accum.value = 4  # no gradients to keep between micro-batches: refused, the control goes back
+    assert w.view.accum.value == 1 and w.trainer.grad_accum_steps == 1
+    w.view.max_grad_norm.value = 1.0
+    assert w.view.max_grad_norm.value == 0.0 and w.trainer.max_grad_norm is None
+    warnings = _messages(w, "warning")
+    assert any("grad_accum_steps=4 keeps the gradients" in m for m in warnings), warnings
+    assert any("max_grad_norm=1.0 clips by the norm" in m for m in warnings), warnings
+
+
+def test_step_in_backward_with_accumulation_is_refused_at_start_with_the_reason():
+    w = _widget(grad_accum_steps=2)
+    w.savers.in_backward.value = True
+    before = w.trainer
+    w.view.start.click()
+    assert w.trainer is before
+    errors = _messages(w, "error")
+    assert any("optimizer_in_backward=True: grad_accum_steps=2 keeps the gradients" in m for m in errors), errors
+
+
+def test_step_in_backward_is_unavailable_under_fp16():
+    support = memory_saver_support("cpu", "fp16-mixed")
+    assert support["optimizer_in_backward"][0] is False and "GradScaler" in support["optimizer_in_backward"][1]
+    w = _widget(precision="fp16-mixed")
+    assert w.savers.in_backward.disabled and "GradScaler" in w.savers.in_backward.tooltip
