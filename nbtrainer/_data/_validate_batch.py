@@ -203,7 +203,8 @@ def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[
     """
     where = "train_loader" if training else "val_loader"
     check_batch(batch, where)
-    default = not trainer.batch_steps.custom_loss
+    steps = trainer.batch_steps
+    default = not steps.custom_loss and not (training and steps.chunked_loss is not None)
     if not default or (not training and trainer.criterion is not None and trainer.batch_spec.split(batch)[2] is None):
         try:
             return trainer.batch_steps.compute(batch, training=training)

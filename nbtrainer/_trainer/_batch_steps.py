@@ -37,6 +37,8 @@ class BatchSteps:
     Attributes:
         compute_loss_fn: ``compute_loss=fn(model, batch)`` given to the Trainer, else None.
         predict_step_fn: ``predict_step=fn(model, batch)`` given to the Trainer, else None.
+        chunked_loss: the training loss of ``chunked_loss=`` (``nbtrainer._setup._chunked_loss``), else None;
+            evaluation calls the model as usual.
         val_metrics: the metrics :meth:`evaluate` fills (the training metrics' twin, with its own state).
     """
 
@@ -47,8 +49,10 @@ class BatchSteps:
         compute_loss: Callable[..., Any] | None,
         predict_step: Callable[..., Any] | None,
         val_metrics: MetricSet,
+        chunked_loss: Callable[..., Any] | None = None,
     ) -> None:
         self._trainer = trainer
+        self.chunked_loss = chunked_loss
         self.compute_loss_fn = compute_loss
         self.predict_step_fn = predict_step
         self.val_metrics = val_metrics
@@ -73,12 +77,13 @@ class BatchSteps:
     def compute(self, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
         """The batch protocol's ``(loss, outputs, targets)`` (``nbtrainer._data._loss``)."""
         trainer = self._trainer
+        chunked = self.chunked_loss if training else None
         return batch_loss(
             trainer.model,
             batch,
             spec=trainer.batch_spec,
             criterion=trainer.criterion,
-            custom=self.compute_loss_fn,
+            custom=chunked or self.compute_loss_fn,
             override=self._override(),
             training=training,
             need_outputs=bool(trainer.run_state.train_metrics),

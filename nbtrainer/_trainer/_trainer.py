@@ -27,6 +27,7 @@ from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
 from nbtrainer._runs._recorder import RunRecorder
+from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
 from nbtrainer._trainer import _validate
@@ -119,6 +120,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         optimizer_in_backward: update each parameter as soon as its gradient is complete, inside backward,
             and free that gradient: saves about the trainable parameters' size in memory. Same weights as a
             plain step; refused with max_grad_norm, fp16-mixed, accumulation, DDP/FSDP (see ``_in_backward``).
+        chunked_loss: a Hugging Face causal LM's training loss with the head and cross-entropy run ``True``
+            (1024) or N tokens at a time under checkpointing, so its full logits never exist; the model's own
+            loss otherwise (see ``_setup/_chunked_loss``).
         attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
             ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``),
@@ -197,6 +201,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         offload_activations: bool = False,
         offload_optimizer: bool = False,
         optimizer_in_backward: bool = False,
+        chunked_loss: bool | int = False,
         attention: str = "auto",
         run_store: str | os.PathLike[str] | bool | None = None,
     ) -> None:
@@ -306,7 +311,17 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self._metric_spec = dict((metrics or {}).items())  # a MetricCollection: its members by key
         self._run = RunState(MetricSet(self._metric_spec, self.device))
         val_metrics = self._run.train_metrics.clone(self.device)
-        self._steps = BatchSteps(self, compute_loss=compute_loss, predict_step=predict_step, val_metrics=val_metrics)
+        chunked = check_chunked_loss(
+            chunked_loss,
+            model=model,
+            criterion=criterion,
+            compute_loss=compute_loss,
+            metrics=self._metric_spec,
+            distributed=bool(self.strategy.distributed),
+        )
+        self._steps = BatchSteps(
+            self, compute_loss=compute_loss, predict_step=predict_step, val_metrics=val_metrics, chunked_loss=chunked
+        )
         user_callbacks = list(callbacks)
         if progress is not False and progress is not None:
             user_callbacks.append(progress_callback(progress))
