@@ -200,6 +200,7 @@ def _memory_switches(trainer: Trainer, *, transformed: bool, profiled_optimizer:
         "optimizer": _OPTIMIZER_NAMES.get(kind) if kind is not None and not same else None,
         "offload_activations": bool(getattr(savers, "offload_activations", False)),
         "offload_optimizer": bool(getattr(savers, "offload_optimizer", False)),
+        "optimizer_in_backward": bool(trainer.optimizer_in_backward),
     }
     if not transformed:
         switches["quantize"] = getattr(savers, "quantize", None)

@@ -91,6 +91,7 @@ class ModelProfile:
         optimizer: str | None = None,
         offload_activations: bool = False,
         offload_optimizer: bool = False,
+        optimizer_in_backward: bool = False,
     ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
 
@@ -115,6 +116,8 @@ class ModelProfile:
                 of state per trained value) or ``"adamw4bit"`` (1 byte); None: the optimizer profiled.
             offload_activations: Saved activations wait in host RAM.
             offload_optimizer: The optimizer state lives in host RAM.
+            optimizer_in_backward: Each gradient is freed once its parameter is updated (about the largest one
+                is kept).
 
         Returns:
             A :class:`~nbtrainer._profile._fit.FitResult` (truthy when it fits).
@@ -151,6 +154,7 @@ class ModelProfile:
             optimizer=optimizer,
             offload_activations=offload_activations,
             offload_optimizer=offload_optimizer,
+            optimizer_in_backward=optimizer_in_backward,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,8 @@ than measured once per combination:
   (bitsandbytes) 2 bytes plus an fp32 scale per block of 256 and two shared 256-entry maps, ``adamw4bit``
   (torchao) 1 byte plus an fp32 scale per block of 128; both keep tensors under 4096 values in 32 bits, as
   the libraries do. ``adafactor``: a row and a column statistic per matrix.
+* ``optimizer_in_backward``: each gradient is freed as soon as its parameter is updated, so about the largest
+  trained parameter's gradient is kept instead of all of them.
 * ``offload_activations``: the saved activations wait in host RAM (a checkpointed block's recomputation runs
   in the backward, outside the offloaded forward, and stays on the device). ``offload_optimizer``: the state
   (and the fp32 master copy of what trains) lives in host RAM. What moves is reported as ``host_bytes``.
@@ -73,6 +75,7 @@ def normalize_switches(
     optimizer: Any = None,
     offload_activations: bool = False,
     offload_optimizer: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> dict[str, Any]:
     """The switches checked and in plain data (``lora`` as ``{"r", "target_modules"}``); bad values refused."""
     if quantize is not None and quantize is not False:
@@ -90,7 +93,11 @@ def normalize_switches(
                 "or None for the optimizer the profile measured."
             )
         optimizer = key
-    for option, value in (("offload_activations", offload_activations), ("offload_optimizer", offload_optimizer)):
+    for option, value in (
+        ("offload_activations", offload_activations),
+        ("offload_optimizer", offload_optimizer),
+        ("optimizer_in_backward", optimizer_in_backward),
+    ):
         if not isinstance(value, bool):
             raise TypeError(f"fits({option}=) takes True or False, got {value!r}.")
     if offload_optimizer and optimizer in _KBIT:
@@ -104,6 +111,7 @@ def normalize_switches(
         "optimizer": optimizer,
         "offload_activations": offload_activations,
         "offload_optimizer": offload_optimizer,
+        "optimizer_in_backward": optimizer_in_backward,
     }
 
 
@@ -199,6 +207,12 @@ def apply_switches(
         out.savings["offload_optimizer"] = {"optimizer_state": state}
         out.parts["optimizer_state"] = 0
     out.host.pop("trained", None)
+    if switches.get("optimizer_in_backward") and out.parts["gradients"]:
+        # each gradient is freed once its parameter is updated: about the largest one exists at a time
+        largest = max((n * size for _, n, size, trains, _ in (structure or {}).get("params", []) if trains), default=0)
+        kept = min(out.parts["gradients"], largest) if largest else 0
+        out.savings["optimizer_in_backward"] = {"gradients": out.parts["gradients"] - kept}
+        out.parts["gradients"] = kept
     if switches["offload_activations"]:
         recompute = memory.get("recompute_peak") or 0
         kept = memory.get("activations_checkpointed") or 0

@@ -133,3 +133,27 @@ def test_bad_switch_values_are_refused_with_the_choices(prof: Any) -> None:
         prof.fits(budget_gb=1, optimizer="adamw8bit", offload_optimizer=True)
     with pytest.raises(TypeError, match="True or False"):
         prof.fits(budget_gb=1, offload_activations="yes")
+
+
+def test_fits_with_optimizer_in_backward_keeps_about_the_largest_gradient():
+    """The gradients the Trainer's step in backward lets exist at once: counted during a real backward (each
+    parameter's update hook sees how many gradients are alive), against what fits() predicts."""
+    prof = profile_model(Net(), torch.randn(16, 64), include=("memory",), targets=torch.randint(0, 4, (16,)))
+    plain = prof.fits(budget_gb=1, batch_size=16)
+    result = prof.fits(budget_gb=1, batch_size=16, optimizer_in_backward=True)
+    largest = 128 * 128 * 4
+    assert result.breakdown["gradients"] == largest < plain.breakdown["gradients"]
+    assert result.savings["optimizer_in_backward"]["gradients"] == plain.breakdown["gradients"] - largest
+    assert "optimizer_in_backward saves" in result.suggestion
+    model = Net()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", optimizer_in_backward=True, progress=False)
+    alive: list[int] = []
+    for p in model.parameters():  # before the fit adds its update hooks: each sees its own gradient alone
+        p.register_post_accumulate_grad_hook(
+            lambda _p: alive.append(sum(q.grad.numel() * 4 for q in model.parameters() if q.grad is not None))
+        )
+    trainer.fit([(torch.randn(16, 64), torch.randint(0, 4, (16,)))], epochs=1)
+    assert alive and max(alive) <= result.breakdown["gradients"]
+    with pytest.raises(TypeError, match=r"fits\(optimizer_in_backward=\) takes True or False"):
+        bad: Any = "yes"
+        prof.fits(budget_gb=1, optimizer_in_backward=bad)
