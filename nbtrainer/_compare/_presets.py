@@ -24,6 +24,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "adamw8bit": {"optimizer": "adamw8bit"},
     "offload": {"offload_activations": True},
     "flash": {"attention": "flash"},
+    # each parameter updated inside backward, its gradient freed at once (no clipping / accumulation / fp16)
+    "in_backward": {"optimizer_in_backward": True},
     # Every saver that runs on any device, together (offload_optimizer needs CUDA; flash needs half precision
     # on some GPUs, and "auto" picks it where it can run).
     "all": {
