@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import machine_line
+from memory_switches import batches, llama  # the same decoder and data as the CPU bench
 
 from nbtrainer import Trainer
 
@@ -54,33 +55,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "optimizer": "adamw8bit",
     },
 }
-
-
-def llama(args: argparse.Namespace) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation goes to PretrainedConfig
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=args.hidden // 64,
-        max_position_embeddings=args.seq,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config)
-
-
-def batches(args: argparse.Namespace, n: int) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    start = torch.randint(0, args.vocab, (n * args.batch, 1), generator=g)
-    ids = (start + torch.arange(args.seq)) % args.vocab
-    return [
-        {"input_ids": ids[i : i + args.batch], "labels": ids[i : i + args.batch]}
-        for i in range(0, len(ids), args.batch)
-    ]
 
 
 def run(args: argparse.Namespace, options: dict[str, Any], data: list) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""compare_strategies rows for the memory switches (qlora, adamw8bit, offload, flash, in_backward, all): they run, and the
-measured peak shows each saving where it acts (issue 22)."""
+"""compare_strategies rows for the memory switches (qlora, adamw8bit, offload, flash, in_backward, all): they run,
+and the measured peak shows each saving where it acts (issue 22)."""
 
 from __future__ import annotations
 

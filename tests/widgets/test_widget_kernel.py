@@ -198,6 +198,18 @@ def _second_client(kernel: Kernel) -> Any:
     return kc
 
 
+def _update_states(kc: Any, timeout: float) -> dict[str, Any] | None:
+    """The widget states the kernel sends back for the control comm's request_states (None if none came)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(queue.Empty):
+            m = kc.get_iopub_msg(timeout=0.2)
+            data = m["content"].get("data") or {}
+            if m["msg_type"] == "comm_msg" and data.get("method") == "update_states":
+                return data["states"]
+    return None
+
+
 def _shell_reply(kc: Any, msg_id: str, timeout: float) -> dict[str, Any]:
     end = time.monotonic() + timeout
     while True:
@@ -231,13 +243,7 @@ def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: 
             )
         )
         kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
-        end, states = time.monotonic() + 10, None
-        while states is None and time.monotonic() < end:
-            with contextlib.suppress(queue.Empty):
-                m = kc.get_iopub_msg(timeout=0.2)
-                data = m["content"].get("data") or {}
-                if m["msg_type"] == "comm_msg" and data.get("method") == "update_states":
-                    states = data["states"]
+        states = _update_states(kc, timeout=10)
         assert states is not None and stop_id in states, "the widget states came back while the cell blocks"
         # the new page's Stop ends the run; the cell (still the first page's) returns the History
         click = {"comm_id": stop_id, "data": {"method": "custom", "content": {"event": "click"}}}
@@ -284,13 +290,7 @@ def test_a_control_comm_opened_while_the_subshell_is_busy_logs_no_missing_comm(k
             )
         )
         send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
-        end, states = time.monotonic() + 20, None
-        while states is None and time.monotonic() < end:
-            with contextlib.suppress(queue.Empty):
-                m = kc.get_iopub_msg(timeout=0.2)
-                data = m["content"].get("data") or {}
-                if m["msg_type"] == "comm_msg" and data.get("method") == "update_states":
-                    states = data["states"]
+        states = _update_states(kc, timeout=20)
         assert states is not None and stop_id in states, "the request behind the comm_open was answered"
         kernel.click(stop_id)
         kernel.reply(fit_id, timeout=30)
