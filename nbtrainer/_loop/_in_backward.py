@@ -19,7 +19,9 @@ the step after backward), accumulation (gradients must survive between micro-bat
 FSDP (they reduce gradients after backward), ``offload_optimizer`` (its own per-parameter hooks),
 ``on_before_optimizer_step`` callbacks (there is no moment when the gradients exist together), optimizers that
 need a closure or see all parameters together (LBFGS), and paged optimizers (they synchronize the device at
-every ``step()``: once per parameter here). ``on_nonfinite="skip"/"stop"`` works: the loss is known before
+every ``step()``: once per parameter here). A gradient that arrives in two parts within one backward (reentrant
+activation checkpointing) stops the fit before a second update; nbtrainer's own checkpointing is non-reentrant.
+``on_nonfinite="skip"/"stop"`` works: the loss is known before
 its backward, so a non-finite window's gradients are dropped without an update.
 """
 
@@ -112,6 +114,7 @@ class StepInBackward:
         self.optimizer = optimizer
         self._armed = False
         self._allowed = True
+        self._done: set[int] = set()  # parameters handled in this backward
         self.updated = 0  # parameters updated since the last arm()
         self._handles: list[Any] = []
         for group in optimizer.param_groups:
@@ -122,6 +125,7 @@ class StepInBackward:
     def arm(self, *, allowed: bool = True) -> None:
         """The next backward steps each parameter (``allowed``) or drops its gradient (a non-finite window)."""
         self._armed, self._allowed, self.updated = True, allowed, 0
+        self._done = set()
 
     def disarm(self) -> None:
         self._armed = False
@@ -129,6 +133,16 @@ class StepInBackward:
     def _hook(self, group: dict[str, Any], param: torch.Tensor) -> None:
         if not self._armed:
             return
+        if id(param) in self._done:
+            # A second accumulation in one backward (reentrant checkpointing runs a backward of its own per
+            # segment): the first part was applied as if it were the whole gradient. Stop before a second update.
+            raise RuntimeError(
+                f"optimizer_in_backward=True: a parameter of shape {tuple(param.shape)} received its gradient in "
+                "two parts in one backward (reentrant activation checkpointing, torch.utils.checkpoint(..., "
+                "use_reentrant=True), does that), so it would be updated twice. Use use_reentrant=False (nbtrainer's "
+                "activation_checkpointing=True does), or remove optimizer_in_backward=True."
+            )
+        self._done.add(id(param))
         if self._allowed:
             # The optimizer steps every parameter of a group that has a gradient; narrowing the group's list to
             # this one parameter makes step() O(1) here instead of a scan of the whole model per parameter.

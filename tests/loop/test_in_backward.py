@@ -180,6 +180,33 @@ def test_lr_find_runs_and_restores_the_model() -> None:
     assert not torch.equal(before["0.weight"], m.state_dict()["0.weight"])
 
 
+class SharedAcrossACheckpoint(nn.Module):
+    """A layer used inside a reentrantly checkpointed segment and again outside it: its gradient comes in two
+    parts, from the segment's own backward and from the outer one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.shared, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda t: torch.relu(self.shared(t)), x, use_reentrant=True)
+        return self.head(self.shared(h))
+
+
+def test_a_gradient_in_two_parts_is_refused_before_a_second_update() -> None:
+    trainer = Trainer(
+        SharedAcrossACheckpoint(), nn.CrossEntropyLoss(), "adamw", optimizer_in_backward=True, progress=False
+    )
+    x = torch.randn(8, 16, requires_grad=True)  # reentrant checkpointing needs an input that requires grad
+    with pytest.raises(RuntimeError, match=r"received its gradient in two parts in one backward.*use_reentrant=False"):
+        trainer.fit([(x, torch.randint(0, 4, (8,)))], epochs=1)
+    plain = Trainer(SharedAcrossACheckpoint(), nn.CrossEntropyLoss(), "adamw", progress=False)
+    assert plain.fit([(x, torch.randint(0, 4, (8,)))], epochs=1).status == "finished"  # the model itself is fine
+
+
 class GradNorm:
     def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
         pass
