@@ -80,18 +80,13 @@ def check_in_backward(
         )
     if offload_optimizer:
         refuse("offload_optimizer has its own per-parameter hooks over the same gradients", "use one of the two")
-    if isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__
-        if isinstance(optimizer, torch.optim.LBFGS):
-            refuse(f"{name} re-evaluates the loss through a closure over all parameters", "use AdamW or SGD")
-        if name.lower().startswith("paged") or getattr(optimizer, "is_paged", False):
-            refuse(
-                f"{name} synchronizes the device at every step(), which would be once per parameter",
-                "use optimizer='adamw8bit'",
-            )
-    elif isinstance(optimizer, str) and optimizer.strip().lower().startswith("paged"):
+    if isinstance(optimizer, torch.optim.LBFGS):
+        refuse("LBFGS re-evaluates the loss through a closure over all parameters", "use AdamW or SGD")
+    name = optimizer.strip() if isinstance(optimizer, str) else type(optimizer).__name__  # by name, or an instance
+    if name.lower().startswith("paged") or getattr(optimizer, "is_paged", False):
+        shown = repr(name) if isinstance(optimizer, str) else name
         refuse(
-            f"{optimizer!r} synchronizes the device at every step(), which would be once per parameter",
+            f"{shown} synchronizes the device at every step(), which would be once per parameter",
             "use optimizer='adamw8bit'",
         )
     for cb in callbacks:
@@ -115,7 +110,6 @@ class StepInBackward:
         self._armed = False
         self._allowed = True
         self._done: set[int] = set()  # parameters handled in this backward
-        self.updated = 0  # parameters updated since the last arm()
         self._handles: list[Any] = []
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -124,7 +118,7 @@ class StepInBackward:
 
     def arm(self, *, allowed: bool = True) -> None:
         """The next backward steps each parameter (``allowed``) or drops its gradient (a non-finite window)."""
-        self._armed, self._allowed, self.updated = True, allowed, 0
+        self._armed, self._allowed = True, allowed
         self._done = set()
 
     def disarm(self) -> None:
@@ -152,7 +146,6 @@ class StepInBackward:
                 self.optimizer.step()
             finally:
                 group["params"] = params
-            self.updated += 1
         param.grad = None
 
     def remove(self) -> None:

@@ -27,7 +27,6 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from nbtrainer._setup._quantize import require_module
 
@@ -47,6 +46,7 @@ def offload_optimizer_class() -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            # what Optimizer.__init__ would have made: torch's own register_step_*_hook fill these dicts
             self._optimizer_step_pre_hooks: OrderedDict[int, Any] = OrderedDict()
             self._optimizer_step_post_hooks: OrderedDict[int, Any] = OrderedDict()
             first = next(iter(self._inner()), None)
@@ -71,16 +71,6 @@ def offload_optimizer_class() -> type:
             for opt in self._inner():
                 merged.update(opt.state)
             return merged
-
-        def register_step_pre_hook(self, hook: Any) -> RemovableHandle:
-            handle = RemovableHandle(self._optimizer_step_pre_hooks)
-            self._optimizer_step_pre_hooks[handle.id] = hook
-            return handle
-
-        def register_step_post_hook(self, hook: Any) -> RemovableHandle:
-            handle = RemovableHandle(self._optimizer_step_post_hooks)
-            self._optimizer_step_post_hooks[handle.id] = hook
-            return handle
 
         def pull_parameters(self) -> None:
             """Copy the model's parameters into the host master copies the CPU step updates. torchao takes

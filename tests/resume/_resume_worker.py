@@ -141,6 +141,19 @@ def run(seed: int, dirpath: str, out: str, *, resume: bool = False, **kw) -> Non
     torch.save(result(trainer, history), out)
 
 
+def run_job(job: dict) -> None:
+    """One run of a ``--jobs`` / ``--killed-jobs`` list (``{seed, dir, out, resume, precision, every, kill_at}``)."""
+    run(
+        job["seed"],
+        job["dir"],
+        job["out"],
+        resume=job.get("resume", False),
+        precision=job.get("precision", "fp32"),
+        every=job.get("every", 2),
+        kill_at=job.get("kill_at"),
+    )
+
+
 def _killed_jobs(jobs: list[dict]) -> int:
     """Each job in a forked child that must die by SIGKILL (a real kill: no cleanup, no atexit). This process
     runs no torch op before forking, so the children start as a fresh interpreter with the imports done."""
@@ -148,15 +161,7 @@ def _killed_jobs(jobs: list[dict]) -> int:
         pid = os.fork()
         if pid == 0:  # the child: run until the Killer callback sends SIGKILL to itself
             try:
-                run(
-                    job["seed"],
-                    job["dir"],
-                    job["out"],
-                    resume=job.get("resume", False),
-                    precision=job.get("precision", "fp32"),
-                    every=job.get("every", 2),
-                    kill_at=job["kill_at"],
-                )
+                run_job(job)
             except BaseException:
                 import traceback
 
@@ -198,15 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return _killed_jobs(json.loads(a.killed_jobs))
     if a.jobs:
         for job in json.loads(a.jobs):
-            run(
-                job["seed"],
-                job["dir"],
-                job["out"],
-                resume=job.get("resume", False),
-                precision=job.get("precision", "fp32"),
-                every=job.get("every", 2),
-                kill_at=job.get("kill_at"),
-            )
+            run_job(job)
         return 0
     if a.reference:
         for s in [int(v) for v in a.seeds.split(",") if v]:
