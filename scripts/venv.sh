@@ -1,24 +1,89 @@
 #!/usr/bin/env bash
-# Create or reuse ./.venv with torch pinned and installed FIRST (so no requirement pulls a CUDA build), then the project
-# in editable mode with its test/bench/demo extras, every dependency at the version locked in constraints.txt.
-# Idempotent: a stamp of the inputs skips the install when nothing changed. Prints the venv's python path on stdout.
+# Create or reuse ./.venv and print its python's path on stdout. One argument, the profile:
+#   demo  the core and its `demo` extra (what `bash scripts/demo.sh` needs: a fresh clone trains within 2 minutes)
+#   test  (default) the core with its test, bench and demo extras: the whole lock
+# torch is installed FIRST, from this machine's CPU wheel when one lies in /opt/wheels (so no requirement pulls a CUDA
+# build), then the project in editable mode, every dependency at the version locked in constraints.txt.
+# Installer: uv (`uv pip install`, installed with pip when missing), or plain pip where uv cannot be had; NBT_INSTALLER
+# forces one (uv|pip). One short line per phase on stderr; the installers' own output goes to $venv/install.log.
+# Idempotent: a stamp of the inputs skips the install when nothing changed; a `test` venv serves `demo` as it is.
 # NBT_VENV / NBT_CONSTRAINTS / NBT_UPGRADE=1 are for scripts/test-latest.sh (another venv, only torch pinned).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+profile="${1:-test}"
+case "$profile" in
+  demo) extras="demo" ;;
+  test) extras="test,bench,demo" ;;
+  *) echo "venv.sh: unknown profile '$profile' (demo or test)" >&2; exit 2 ;;
+esac
 venv="${NBT_VENV:-$root/.venv}"
 cons="${NBT_CONSTRAINTS:-$root/constraints.txt}"
 py="${PYTHON:-python3}"
 stamp="$venv/.nbtrainer-stamp"
+log="$venv/install.log"
 want="$(cat "$root/pyproject.toml" "$cons" | sha256sum | cut -d' ' -f1)"
+have="$(cat "$stamp" 2>/dev/null || true)"
+# a stamp is "<hash> <profile>"; the test profile holds everything the demo profile needs
+if [ "$have" = "$want $profile" ] || [ "$have" = "$want test" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+t0=$SECONDS
+phase() {  # phase "what" cmd...: one line when done; the command's output goes to the log, shown on failure
+  local what="$1" t=$SECONDS
+  shift
+  echo "== $what: $*" >>"$log"
+  if ! "$@" >>"$log" 2>&1; then
+    say "$what FAILED; the installer's output:"
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+  say "$what ($((SECONDS - t)) s)"
+}
+
+installer="${NBT_INSTALLER:-}"
+if [ -z "$installer" ]; then
+  if command -v uv >/dev/null 2>&1 || "$py" -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then
+    installer=uv
+  else
+    installer=pip
+  fi
+fi
+uv_bin="$(command -v uv || true)"
+if [ "$installer" = uv ] && [ -z "$uv_bin" ]; then
+  # pip put it beside the interpreter that installed it, which is not always on PATH
+  uv_bin="$("$py" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/uv"
+  [ -x "$uv_bin" ] || { say "uv not found after installing it; using pip"; installer=pip; }
+fi
+
+mkdir -p "$venv"
+: >"$log"
 if [ ! -x "$venv/bin/python" ]; then
-  "$py" -m venv "$venv" >&2
+  if [ "$installer" = uv ]; then
+    # --seed: pip inside the venv too, for scripts/lock.sh and the packaging tests (`python -m pip`)
+    phase "venv $venv (uv)" "$uv_bin" venv --seed --allow-existing --python "$py" "$venv"
+  else
+    phase "venv $venv (pip)" "$py" -m venv "$venv"
+  fi
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  pipx=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-  if [ -d /opt/wheels ]; then pipx+=(--find-links /opt/wheels); fi
-  if [ -n "${NBT_UPGRADE:-}" ]; then pipx+=(--upgrade --upgrade-strategy eager); fi
-  "${pipx[@]}" -c "$cons" torch >&2
-  "${pipx[@]}" -c "$cons" -e "$root[test,bench,demo]" >&2
-  echo "$want" > "$stamp"
+
+# torch: the CPU wheel on this machine's disk when there is one (uv does not look in pip's find-links by itself)
+torch_spec="$(grep -E '^torch==' "$cons")"
+wheel="$(ls /opt/wheels/torch-"${torch_spec#torch==}"+cpu-*.whl 2>/dev/null | head -n 1 || true)"
+if [ "$installer" = uv ]; then
+  inst=("$uv_bin" pip install --python "$venv/bin/python")
+  [ -z "${NBT_UPGRADE:-}" ] || inst+=(--upgrade)
+  phase "torch ${torch_spec#torch==}" "${inst[@]}" -c "$cons" "${wheel:-$torch_spec}"
+  phase "nbtrainer[$extras] from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$root[$extras]"
+else
+  inst=("$venv/bin/python" -m pip install --disable-pip-version-check)
+  [ ! -d /opt/wheels ] || inst+=(--find-links /opt/wheels)
+  [ -z "${NBT_UPGRADE:-}" ] || inst+=(--upgrade --upgrade-strategy eager)
+  phase "torch ${torch_spec#torch==}" "${inst[@]}" -c "$cons" "${wheel:-$torch_spec}"
+  phase "nbtrainer[$extras] from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$root[$extras]"
 fi
+echo "$want $profile" >"$stamp"
+say "ready in $((SECONDS - t0)) s with $installer (log: ${log#"$root"/})"
 echo "$venv/bin/python"

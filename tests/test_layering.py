@@ -55,3 +55,61 @@ def test_import_is_cheap():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     assert out == "[]"  # names resolve lazily: not even torch is imported by `import nbtrainer`
+
+
+# What a plain run must not import (each costs from 0.3 s to 3 s of a script's start, and memory): torchmetrics
+# alone pulled in scipy and transformers. torch._dynamo is checked where no optimizer exists: building any
+# torch.optim optimizer imports it (torch's own add_param_group), in a hand-written loop too.
+HEAVY = ("torchmetrics", "transformers", "scipy", "bitsandbytes", "peft", "torchao", "mlflow", "optuna", "sklearn")
+
+PLAIN_RUN = textwrap.dedent(r"""
+    import sys
+    import torch
+    from torch import nn
+    HEAVY = sys.argv[1].split(",")
+    assert not [m for m in HEAVY + ["torch._dynamo"] if m in sys.modules], "loaded before the test began"
+    x = torch.randn(256, 6); y = (x[:, 0] > 0).long()
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    from nbtrainer import Trainer
+    # no optimizer: evaluate and predict, which must not bring in torch._dynamo either
+    Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+            progress="lines").evaluate(dl)
+    Trainer(model, None).predict(dl)
+    dynamo_before_fit = "torch._dynamo" in sys.modules
+    t = Trainer(model, nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters(), 1e-3), progress="lines",
+                metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()}, precision="bf16-mixed",
+                grad_accum_steps=2, max_grad_norm=1.0)
+    h = t.fit(dl, dl, epochs=2)
+    t.evaluate(dl); t.predict(dl)
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
+    print("DYNAMO", dynamo_before_fit, "LOADED", loaded, "STATUS", h.status)
+""")
+
+
+def test_a_plain_run_imports_nothing_it_does_not_use(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAIN_RUN, ",".join(HEAVY)], capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DYNAMO False LOADED [] STATUS finished" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_torchmetrics_run_still_finds_its_metrics(tmp_path):
+    """The other side of the sys.modules checks: a user who imported torchmetrics gets its metrics treated as such
+    (state reset per epoch, compute at the end), not as callables."""
+    code = textwrap.dedent(r"""
+        import torch, torchmetrics
+        from torch import nn
+        from nbtrainer import Trainer
+        x = torch.randn(64, 6); y = (x[:, 0] > 0).long()
+        dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+        model = nn.Sequential(nn.Linear(6, 2))
+        acc = torchmetrics.Accuracy(task="multiclass", num_classes=2)
+        out = Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": acc}, progress=False).evaluate(dl)
+        expected = (model(x).argmax(1) == y).float().mean().item()
+        print("MATCH", abs(out["val_acc"] - expected) < 1e-6, acc.update_count)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MATCH True" in proc.stdout, proc.stdout

@@ -70,11 +70,10 @@ def exact_add(parts: list[float], values: Any) -> float:
 
 
 def is_torchmetric(obj: Any) -> bool:
-    try:
-        import torchmetrics
-    except ImportError:  # pragma: no cover - torchmetrics is a dependency
-        return False
-    return isinstance(obj, (torchmetrics.Metric, torchmetrics.MetricCollection))
+    # sys.modules, not an import: no Metric exists unless torchmetrics is imported, and importing it costs ~3 s
+    # (it pulls in scipy and transformers) in a run that uses none of it
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(obj, (torchmetrics.Metric, torchmetrics.MetricCollection))
 
 
 def is_collection(obj: Any) -> bool:

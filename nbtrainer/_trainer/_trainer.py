@@ -11,6 +11,7 @@ and the model's setup (``nbtrainer._setup._model_setup``). Mechanics live in the
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -425,9 +426,8 @@ def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 def _collection_names(spec: Mapping[str, Any]) -> set[str]:
     names: set[str] = set()
-    try:
-        import torchmetrics
-    except ImportError:  # pragma: no cover
+    torchmetrics = sys.modules.get("torchmetrics")  # no collection exists unless torchmetrics is imported
+    if torchmetrics is None:
         return names
     for value in spec.values():
         if isinstance(value, torchmetrics.MetricCollection):
