@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # name -> module that defines it (resolved on first use, PEP 562)
 _LAZY: dict[str, str] = {
     "Trainer": "nbtrainer._trainer._trainer",
+    "MemoryOptions": "nbtrainer._options",
     "History": "nbtrainer._events._history",
     "Callback": "nbtrainer._events._callbacks",
     "EarlyStopping": "nbtrainer._events._callbacks",
@@ -90,6 +91,7 @@ __all__ = [
     "LaunchMonitor",
     "LaunchView",
     "MLflowLogger",
+    "MemoryOptions",
     "ModelCheckpoint",
     "ModelProfile",
     "OptunaPruning",

@@ -18,7 +18,7 @@ PACKAGE = REPO / "nbtrainer"
 
 # Lowest first. A folder may import its own layer's other folders and any layer below; never one above.
 LAYERS: list[set[str]] = [
-    {"_optional", "_atomic", "_report", "plotting"},  # no torch: optional imports, atomic files, numbers and SVG
+    {"_optional", "_atomic", "_options", "_report", "plotting"},  # no torch: optional imports, atomic files, options, numbers, SVG
     {"_setup"},  # model setup before the first step: precision, seeds, optimizers, freezing, memory switches
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers
     {"_data"},  # loaders and arrays -> device batches; predictions back

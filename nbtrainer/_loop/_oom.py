@@ -28,6 +28,7 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._loop._memory import host_capacity
+from nbtrainer._options import OPTIMIZERS, optimizer_kind
 from nbtrainer._report._format import format_bytes, format_number
 
 if TYPE_CHECKING:
@@ -40,16 +41,6 @@ MARK = "nbtrainer: out of memory"
 # The latest profile_model() result per model (weakly held), so the advice can quote its fits() numbers; with it,
 # whether the model was already quantized / LoRA-wrapped when profiled (then those switches are in the measurement).
 _PROFILES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, bool]] = weakref.WeakKeyDictionary()
-
-# fits(optimizer=) takes the Trainer's names; an optimizer given as an instance is named by its class.
-_OPTIMIZER_NAMES = {
-    "AdamW": "adamw",
-    "Adam": "adam",
-    "Adafactor": "adafactor",
-    "AdamW8bit": "adamw8bit",
-    "PagedAdamW8bit": "paged_adamw8bit",
-    "AdamW4bit": "adamw4bit",
-}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -191,20 +182,19 @@ def _memory_switches(trainer: Trainer, *, transformed: bool, profiled_optimizer:
     """The memory switches ``trainer`` trains with, as ``ModelProfile.fits`` takes them. ``transformed``: the profile
     measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
     The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
-    # the Trainer keeps its switches in its ModelSetup (nbtrainer._setup._model_setup): the one place they are
-    savers = trainer.model_setup.savers
-    kind = type(trainer.optimizer).__name__ if trainer.optimizer is not None else None
-    same = kind == profiled_optimizer or {kind, profiled_optimizer} == {"Adam", "AdamW"}  # the same state
+    memory = trainer.options.memory
+    kind = optimizer_kind(trainer.optimizer)
+    same = kind == optimizer_kind(profiled_optimizer) or {kind, optimizer_kind(profiled_optimizer)} == {"adam", "adamw"}
     switches: dict[str, Any] = {
         "checkpointing": bool(trainer.checkpointed_blocks),
-        "optimizer": _OPTIMIZER_NAMES.get(kind) if kind is not None and not same else None,
-        "offload_activations": bool(getattr(savers, "offload_activations", False)),
-        "offload_optimizer": bool(getattr(savers, "offload_optimizer", False)),
-        "optimizer_in_backward": bool(trainer.optimizer_in_backward),
+        "optimizer": kind if kind in OPTIMIZERS and not same else None,
+        "offload_activations": memory.offload_activations,
+        "offload_optimizer": memory.offload_optimizer,
+        "optimizer_in_backward": memory.optimizer_in_backward,
     }
     if not transformed:
-        switches["quantize"] = getattr(savers, "quantize", None)
-        switches["lora"] = getattr(savers, "lora_config", None)
+        switches["quantize"] = memory.quantize
+        switches["lora"] = memory.lora
     return switches
 
 

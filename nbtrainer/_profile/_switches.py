@@ -36,12 +36,12 @@ from typing import Any
 
 from torch import nn
 
+from nbtrainer._options import OPTIMIZERS, QUANTIZE
+
 __all__ = ["OPTIMIZERS", "QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
 
-#: ``fits(quantize=...)`` takes the Trainer's names.
-QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8")
-#: ``fits(optimizer=...)``: None keeps the profiled optimizer (its measured state, scaled to what trains).
-OPTIMIZERS = ("adamw", "adam", "adafactor", "adamw8bit", "paged_adamw8bit", "adamw4bit")
+# fits(quantize=...) and fits(optimizer=...) take the Trainer's names (optimizer=None keeps the profiled optimizer:
+# its measured state, scaled to what trains)
 _KBIT = {"adamw8bit": (2, 256), "paged_adamw8bit": (2, 256), "adamw4bit": (1, 128)}  # bytes/value, block
 _LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
 _MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._options import QUANTIZE
 from nbtrainer._setup._seed import rng_untouched
 
 __all__ = [
@@ -40,9 +41,8 @@ __all__ = [
     "quantized_weight_bytes",
 ]
 
-#: The ``quantize=`` names: bitsandbytes 4-bit NormalFloat (``-dq``: double quantization of the block
-#: scales, about 0.4 bit less per weight), 4-bit float, and LLM.int8.
-QUANTIZE: tuple[str, ...] = ("nf4", "nf4-dq", "fp4", "int8")
+# The quantize= names (nbtrainer._options.QUANTIZE): bitsandbytes 4-bit NormalFloat (-dq: double quantization of
+# the block scales, about 0.4 bit less per weight), 4-bit float, and LLM.int8.
 INSTALL_QUANT = 'pip install "nbtrainer[quant]"'
 
 

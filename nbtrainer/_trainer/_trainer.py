@@ -27,6 +27,7 @@ from nbtrainer._loop._in_backward import check_in_backward
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
+from nbtrainer._options import MemoryOptions, TrainerOptions, optimizer_kind
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
@@ -297,6 +298,22 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                 offload_optimizer=offload_optimizer,
                 callbacks=callbacks,
             )
+        savers = self._setup.savers
+        # the memory switches, stored once and validated (precision resolved, quantize / attention normalized)
+        self.options = TrainerOptions(
+            memory=MemoryOptions(
+                precision=self.precision,
+                activation_checkpointing=activation_checkpointing,
+                optimizer=optimizer_kind(requested_optimizer),
+                optimizer_in_backward=optimizer_in_backward,
+                chunked_loss=chunked_loss,
+                quantize=savers.quantize,
+                lora=_lora_settings(lora, savers.lora_config),
+                offload_activations=savers.offload_activations,
+                offload_optimizer=savers.offload_optimizer,
+                attention=savers.attention,
+            )
+        )
         self.seed = seed
         self.deterministic = deterministic
         self.batch_spec = BatchSpec(
@@ -394,6 +411,21 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
             f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})"
         )
+
+
+def _lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
+    """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout and targets."""
+    if config is None:
+        return None
+    if isinstance(given, Mapping):
+        return dict(given)
+    targets = config.target_modules
+    return {
+        "r": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "target_modules": targets if isinstance(targets, str) else sorted(targets or ()),
+    }
 
 
 def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
