@@ -13,7 +13,7 @@ from nbtrainer import MemoryOptions, Trainer
 
 def _model() -> nn.Module:
     blocks = [nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3)]  # identical blocks, for checkpointing
-    return nn.Sequential(*blocks, nn.Linear(8, 2))
+    return nn.Sequential(nn.Sequential(*blocks), nn.Linear(8, 2))
 
 
 def test_the_trainer_stores_its_memory_switches_validated():
