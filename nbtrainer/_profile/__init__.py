@@ -10,19 +10,21 @@ One concept per module:
 ``_flops``         MACs (ptflops, aten backend) cross-checked with ``FlopCounterMode``
 ``_latency``       inference latency per device and precision
 ``_memory``        the measured memory breakdown of one optimizer step
-``_peak``          :func:`track_peak`: the measured peak of live tensor storage over a block, split by category
 ``_inputs``        example inputs: batch size, device moves, calling the model, a default loss
 ``_trace``         :func:`profile_training`: ``torch.profiler`` over a few real training steps
 =================  ==================================================================================
 
+The measured peak of live tensor storage over a block (:func:`track_peak`) lives below every folder, in
+``nbtrainer._peak``: the loop, the comparisons and the memory planner use it too.
+
 The public names are re-exported by ``nbtrainer`` (lazily); the rest of the core imports from here.
 """
 
+from nbtrainer._peak import PeakTracker, track_peak
 from nbtrainer._profile._fit import FitResult, plan_fit
 from nbtrainer._profile._flops import count_flops
 from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._model import profile_model
-from nbtrainer._profile._peak import PeakTracker, track_peak
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._trace import PHASES, TrainingProfile, profile_training
 
