@@ -67,8 +67,17 @@ class PeakTracker(TorchDispatchMode):
         current_bytes: Live bytes now.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, count_reads: bool = True, device_type: str | None = None, exclude: Iterable[torch.Tensor] = ()
+    ) -> None:
+        """``count_reads=False``: only what operators create is counted (not older tensors they read), e.g. to leave
+        out parameters that are counted by arithmetic; ``exclude``: tensors whose storage is never counted, views
+        of them included (a transposed weight); ``device_type``: only storages on that kind of device."""
         super().__init__()
+        self._count_reads = count_reads
+        self._device_type = device_type
+        self._excluded = [st for t in exclude for st in _storages(t)]  # held: their ids stay theirs
+        self._excluded_ids = {id(st) for st in self._excluded}
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [nbytes, category, weakref, birth]
         self._born = 0  # counts storages seen: an entry born at or before the peak's count was alive then
         self._peak_born = 0
@@ -99,8 +108,12 @@ class PeakTracker(TorchDispatchMode):
                 self.current_bytes -= entry[0]
 
     def _add(self, t: torch.Tensor, category: str, relabel: bool) -> None:
+        if self._device_type is not None and t.device.type != self._device_type:
+            return
         for st in _storages(t):
             key = id(st)
+            if key in self._excluded_ids:
+                continue
             entry = self._live.get(key)
             if entry is None:
                 nbytes = st.nbytes()
@@ -178,6 +191,12 @@ class PeakTracker(TorchDispatchMode):
                     self._add(t, "inputs", relabel=False)
             self._note_peak()
 
+    def label(self, t: torch.Tensor, category: str) -> None:
+        """Count ``t``'s storage under ``category`` from now on (at the peak too, if it was alive then)."""
+        with self._lock:
+            self._add(t, category, relabel=True)
+            self._note_peak()
+
     def reset(self) -> None:
         """Start a new peak from what is alive now (e.g. after a warm-up step); labels are refreshed."""
         with self._lock:
@@ -215,7 +234,7 @@ class PeakTracker(TorchDispatchMode):
         if self._frozen:
             return out
         with self._lock:
-            for t in tree_flatten((args, kwargs))[0]:
+            for t in tree_flatten((args, kwargs))[0] if self._count_reads else ():
                 if isinstance(t, torch.Tensor):  # older tensors the code reads (a known one keeps its label)
                     self._add(t, "inputs", relabel=False)
             category = "optimizer_state" if self._in_step else "activations"

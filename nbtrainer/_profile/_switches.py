@@ -28,46 +28,24 @@ than a trained one that feeds an adapter.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
-
 from nbtrainer._options import OPTIMIZERS, QUANTIZE
+from nbtrainer._plan._arithmetic import KBIT as _KBIT
+from nbtrainer._plan._arithmetic import model_structure
+from nbtrainer._plan._arithmetic import optimizer_state_bytes as _optimizer_state
+from nbtrainer._plan._arithmetic import quantized_bytes as _quantized_bytes
+from nbtrainer._plan._arithmetic import targeted as _targeted
 
 __all__ = ["OPTIMIZERS", "QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
 
+_LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
+
+
 # fits(quantize=...) and fits(optimizer=...) take the Trainer's names (optimizer=None keeps the profiled optimizer:
 # its measured state, scaled to what trains)
-_KBIT = {"adamw8bit": (2, 256), "paged_adamw8bit": (2, 256), "adamw4bit": (1, 128)}  # bytes/value, block
-_LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
-_MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it
-
-
-def model_structure(model: nn.Module) -> dict[str, Any]:
-    """The layer table fits() needs: every parameter ``[name, numel, element_size, trainable, shape]`` and every
-    linear layer ``[name, in, out, has_bias, quantizable]`` (quantizable: what ``Trainer(quantize=)`` replaces)."""
-    from nbtrainer._setup._quantize import output_head_name, quantizable_linears
-
-    head = output_head_name(model)
-    quantizable = set(quantizable_linears(model))
-    return {
-        "head": head,
-        "params": [
-            [name, p.numel(), p.element_size(), bool(p.requires_grad), list(p.shape)]
-            for name, p in model.named_parameters()
-        ],
-        "linears": [
-            [name, m.in_features, m.out_features, m.bias is not None, name in quantizable]
-            for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name
-        ],
-    }
-
-
 def normalize_switches(
     *,
     quantize: Any = None,
@@ -132,47 +110,6 @@ def _normalize_lora(lora: Any) -> dict[str, Any] | None:
     if targets is not None and not isinstance(targets, str):
         targets = sorted(targets)
     return {"r": r, "target_modules": targets}
-
-
-def _targeted(name: str, targets: Any, quantizable: bool, head: str | None) -> bool:
-    """PEFT's matching: "all-linear" (every linear but the head), a regex matched in full, or module-name suffixes."""
-    if targets is None or (isinstance(targets, str) and targets.lower() == "all-linear"):
-        return name != head
-    if isinstance(targets, str):
-        return re.fullmatch(targets, name) is not None
-    return any(name == t or name.endswith("." + t) for t in targets)
-
-
-def _adam_state(numel: int, elem: int) -> int:
-    return 2 * numel * elem + 4  # exp_avg, exp_avg_sq and a scalar fp32 step
-
-
-def _optimizer_state(name: str, trained: list[tuple[int, int, list[int]]]) -> int:
-    """State bytes of optimizer ``name`` over ``(numel, element_size, shape)`` trained tensors."""
-    total = 0
-    if name in _KBIT:
-        per_value, block = _KBIT[name]
-        small = [(n, e) for n, e, _ in trained if n < _MIN_KBIT or (name == "adamw4bit" and n % block)]
-        big = [n for n, _, _ in trained if n >= _MIN_KBIT and not (name == "adamw4bit" and n % block)]
-        total += sum(2 * n * e for n, e in small)
-        total += sum(n * per_value + 2 * 4 * math.ceil(n / block) for n in big)
-        maps = 2 * 256 * 4 if name != "adamw4bit" else 2 * 16 * 4 * len(big)  # bnb's maps are shared
-        return total + (maps if big else 0)
-    if name == "adafactor":
-        for n, e, shape in trained:
-            total += 4 + (4 * (shape[-2] + shape[-1]) * (n // (shape[-2] * shape[-1])) if len(shape) >= 2 else n * e)
-        return total
-    return sum(_adam_state(n, e) for n, e, _ in trained)
-
-
-def _quantized_bytes(method: str, n_in: int, n_out: int) -> int:
-    n = n_in * n_out
-    if method == "int8":
-        return n + 4 * n_out
-    blocks = math.ceil(n / 64)
-    if method == "nf4-dq":
-        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
-    return n // 2 + 4 * blocks + 4 * 16
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""Memory by arithmetic, exact where the arithmetic is: parameters under ``quantize=``, LoRA adapters, optimizer state
+by the libraries' own rules, the optimizer step's temporaries. Shared by the planner and ``profile_model(...).fits``.
+
+Rules (bytes):
+
+* ``quantize``: each quantizable ``nn.Linear`` weight (every one but the output head, as the Trainer picks them)
+  becomes 4-bit (0.5 byte per value, plus an fp32 ``absmax`` per block of 64 and a 16-entry code book; with
+  double quantization ``"nf4-dq"`` the block scales are 8-bit, with an fp32 scale per 256 of them and a 256-entry
+  code book) or int8 (1 byte per value plus an fp32 scale per output row). Biases stay in full precision.
+* ``lora``: adapters of ``r * (in + out)`` fp32 parameters beside every targeted linear layer; the base is frozen.
+* optimizer state: AdamW keeps 2 moments in the parameter's dtype and a scalar step; ``adamw8bit`` /
+  ``paged_adamw8bit`` (bitsandbytes) 2 bytes per value plus an fp32 scale per block of 256 and two shared 256-entry
+  maps; ``adamw4bit`` (torchao) 1 byte per value plus an fp32 scale per block of 128; tensors under 4096 values
+  stay 32-bit. ``adafactor``: a row and a column statistic per matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "KBIT",
+    "MIN_KBIT",
+    "adam_state_bytes",
+    "model_structure",
+    "optimizer_state_bytes",
+    "quantized_bytes",
+    "step_temporaries",
+    "targeted",
+]
+
+KBIT = {"adamw8bit": (2, 256), "paged_adamw8bit": (2, 256), "adamw4bit": (1, 128)}  # bytes/value, block
+MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it
+
+
+def model_structure(model: nn.Module) -> dict[str, Any]:
+    """The layer table fits() needs: every parameter ``[name, numel, element_size, trainable, shape]`` and every
+    linear layer ``[name, in, out, has_bias, quantizable]`` (quantizable: what ``Trainer(quantize=)`` replaces)."""
+    from nbtrainer._setup._quantize import output_head_name, quantizable_linears
+
+    head = output_head_name(model)
+    quantizable = set(quantizable_linears(model))
+    return {
+        "head": head,
+        "params": [
+            [name, p.numel(), p.element_size(), bool(p.requires_grad), list(p.shape)]
+            for name, p in model.named_parameters()
+        ],
+        "linears": [
+            [name, m.in_features, m.out_features, m.bias is not None, name in quantizable]
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name
+        ],
+    }
+
+
+def targeted(name: str, targets: Any, quantizable: bool, head: str | None) -> bool:
+    """PEFT's matching: "all-linear" (every linear but the head), a regex matched in full, or module-name suffixes."""
+    if targets is None or (isinstance(targets, str) and targets.lower() == "all-linear"):
+        return name != head
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def adam_state_bytes(numel: int, elem: int) -> int:
+    return 2 * numel * elem + 4  # exp_avg, exp_avg_sq and a scalar fp32 step
+
+
+def optimizer_state_bytes(name: str, trained: list[tuple[int, int, list[int]]]) -> int:
+    """State bytes of optimizer ``name`` over ``(numel, element_size, shape)`` trained tensors (the libraries' rules:
+    bitsandbytes' 8-bit blocks of 256 and shared maps, torchao's 4-bit blocks of 128, both keeping tensors under
+    :data:`MIN_KBIT` values in 32 bits; Adafactor's row and column statistics; two moments otherwise)."""
+    total = 0
+    if name in KBIT:
+        per_value, block = KBIT[name]
+        small = [(n, e) for n, e, _ in trained if n < MIN_KBIT or (name == "adamw4bit" and n % block)]
+        big = [n for n, _, _ in trained if n >= MIN_KBIT and not (name == "adamw4bit" and n % block)]
+        total += sum(2 * n * e for n, e in small)
+        total += sum(n * per_value + 2 * 4 * math.ceil(n / block) for n in big)
+        maps = 2 * 256 * 4 if name != "adamw4bit" else 2 * 16 * 4 * len(big)  # bnb's maps are shared
+        return total + (maps if big else 0)
+    if name == "adafactor":
+        for n, e, shape in trained:
+            total += 4 + (4 * (shape[-2] + shape[-1]) * (n // (shape[-2] * shape[-1])) if len(shape) >= 2 else n * e)
+        return total
+    return sum(adam_state_bytes(n, e) for n, e, _ in trained)
+
+
+def quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+    n = n_in * n_out
+    if method == "int8":
+        return n + 4 * n_out
+    blocks = math.ceil(n / 64)
+    if method == "nf4-dq":
+        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
+    return n // 2 + 4 * blocks + 4 * 16
+
+
+def step_temporaries(
+    name: str, device_type: str, trained: list[tuple[int, int, list[int]]], *, in_backward: bool, fused: bool = True
+) -> int:
+    """The largest extra the optimizer's ``step()`` allocates while it runs (beyond state and gradients).
+
+    AdamW / Adam built by name (``Trainer(optimizer="adamw")``) use torch's fused kernel where the device has one:
+    no temporaries. An AdamW built with torch's defaults runs ``foreach`` on CUDA, where ``sqrt(exp_avg_sq)`` for the
+    whole group is one temporary list as large as the trained parameters, and tensor by tensor on the CPU (and in
+    backward), so the largest parameter's worth. The 8-bit / 4-bit kernels update block by block in place; Adafactor
+    builds one parameter-sized update at a time.
+    """
+    if not trained or name in KBIT or (fused and name in ("adamw", "adam")):
+        return 0
+    largest = max(n * e for n, e, _ in trained)
+    if name in ("adamw", "adam") and device_type == "cuda" and not in_backward:
+        return sum(n * e for n, e, _ in trained)
+    return largest

@@ -1,0 +1,232 @@
+"""One training step run on fake tensors: what it allocates beyond the parameters, on the target device, at peak.
+
+The model may live on the meta device (an 8B decoder built from its config under ``torch.device("meta")``): it is
+copied structurally onto the meta device (no storage), its parameters and the batch become ``FakeTensor``s that
+claim the *target* device (``"cuda"`` need not be present), and the Trainer's own step runs on them: forward and
+loss under the precision's autocast (fake CUDA tensors take the CUDA autocast rules), activation checkpointing
+applied by the Trainer's own code, the chunked causal-LM loss, activations saved to host RAM for
+``offload_activations``, then backward. :class:`~nbtrainer._peak.PeakTracker` follows every storage an operator
+creates on the target device (its reads are left out: the parameters and the batch are counted by arithmetic), so
+the result is the peak of activations, temporaries, the loss head's logits and their gradients, and the gradients
+as backward creates them, all at the moment they coexist. Nothing of the model's size is allocated: fake tensors
+carry shapes and dtypes only, and the cost grows with the number of operators, not their size.
+
+What fake tensors cannot run (bitsandbytes' 4-bit parameters, k-bit optimizer states) is arithmetic in
+:mod:`nbtrainer._plan._arithmetic`; the planner adds the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbtrainer._data._batch import BatchSpec, iter_tensors, loss_from_outputs
+from nbtrainer._peak import PeakTracker
+
+__all__ = ["SimulatedStep", "meta_copy", "simulate_step"]
+
+
+@dataclass(frozen=True)
+class SimulatedStep:
+    """What one simulated step allocated on the target device, beyond the parameters and the batch.
+
+    Attributes:
+        peak: the largest total of live bytes (activations, temporaries, logits, gradients so far).
+        at_peak: that total split into ``activations`` (everything but gradients) and ``gradients``.
+        gradients: the gradients alive once backward ends.
+        batch: the batch's bytes on the device.
+        largest_activations: the largest total of everything but gradients (the peak when each gradient is
+            applied and dropped at once, ``optimizer_in_backward``).
+        logits_loss: what the model returns (the loss head's logits), alive until after backward.
+    """
+
+    peak: int
+    at_peak: dict[str, int]
+    gradients: int
+    batch: int
+    largest_activations: int = 0
+    logits_loss: int = 0
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A structural copy of ``model`` with every parameter and buffer on the meta device (ties kept, no storage).
+
+    The user's model is not touched; a model on a real device is not copied in memory either.
+    """
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in memo:
+            continue
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    return copy.deepcopy(model, memo)
+
+
+def _to_fake(model: nn.Module, device: torch.device) -> None:
+    """Replace ``model``'s parameters and buffers in place with fake tensors on ``device`` (inside a FakeTensorMode);
+    a tensor shared by two modules (tied weights) stays shared."""
+    done: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                new = done.get(id(t))
+                if new is None:
+                    fake = torch.empty(t.shape, dtype=t.dtype, device=device)
+                    new = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
+                    done[id(t)] = new
+                table[name] = new
+
+
+def _fake_batch(obj: Any, device: torch.device) -> Any:
+    """The batch with each tensor replaced by a fake one of its shape and dtype on ``device`` (integer tensors such
+    as token ids are zeros: only shapes matter for memory)."""
+    if isinstance(obj, torch.Tensor):
+        return torch.zeros(obj.shape, dtype=obj.dtype, device=device)
+    if isinstance(obj, Mapping):
+        return {k: _fake_batch(v, device) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
+        return type(obj)(_fake_batch(v, device) for v in obj)
+    if isinstance(obj, tuple):  # a namedtuple
+        return type(obj)(*(_fake_batch(v, device) for v in obj))
+    return obj
+
+
+def surrogate_loss(outputs: Any, targets: Any) -> torch.Tensor:
+    """The loss a plan assumes without a criterion: cross-entropy for class targets, MSE for float targets shaped
+    like the outputs, else the sum of the outputs' means (what each keeps for backward is what matters)."""
+    out = next((t for t in iter_tensors(outputs) if t.is_floating_point()), None)
+    if out is None:
+        raise ValueError("The model's output has no floating-point tensor: nothing to backpropagate.")
+    if isinstance(targets, torch.Tensor):
+        if not targets.is_floating_point() and out.dim() >= 2 and targets.dim() == out.dim() - 1:
+            return nn.functional.cross_entropy(out.float(), targets)
+        if targets.is_floating_point() and targets.shape == out.shape:
+            return nn.functional.mse_loss(out.float(), targets.float())
+    return torch.stack([t.float().mean() for t in iter_tensors(outputs) if t.is_floating_point()]).sum()
+
+
+def simulate_step(
+    model: nn.Module,
+    batch: Any,
+    *,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    checkpointing: bool,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None,
+    criterion: Callable | None,
+    offload_activations: bool,
+    free_gradients: bool,
+    accumulating: bool = False,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> SimulatedStep:
+    """Run one forward, loss and backward of a meta copy of ``model`` on fake tensors claiming ``device``.
+
+    Args:
+        model: the model (any device, meta included); a meta copy is made, the model is not changed.
+        batch: one example batch of the size to simulate (real or meta tensors).
+        device: the device the fake tensors claim. A CUDA target on a build without CUDA is simulated on the CPU
+            (autograd needs the device's runtime even for fake tensors): the caller passes ``cpu`` then.
+        autocast_dtype: the mixed precision's dtype, or None for fp32.
+        checkpointing: apply activation checkpointing as ``Trainer(activation_checkpointing=True)`` does.
+        loss_fn: ``fn(model, batch) -> loss`` (the chunked causal-LM loss), else the batch protocol with
+            ``criterion`` (or the model's ``.loss``, else :func:`surrogate_loss`).
+        offload_activations: saved tensors go to host RAM (as ``Trainer(offload_activations=True)``).
+        free_gradients: each gradient is dropped once complete (``optimizer_in_backward``).
+        accumulating: a later micro-batch of an accumulation window: every gradient exists already (counted by the
+            caller) and backward adds each new one into it, so only the incoming gradients are transient here.
+        prepare: called with the meta copy before anything runs (freezing, adapters).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nbtrainer._setup._model_setup import enable_activation_checkpointing
+
+    clone = meta_copy(model)
+    clone.train()
+    if prepare is not None:
+        prepare(clone)
+    if checkpointing:
+        enable_activation_checkpointing(clone, True)
+    spec = BatchSpec(pass_targets_to_model=criterion is None)
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        _to_fake(clone, device)
+        fake = _fake_batch(batch, device)
+        # the parameters and the batch are counted by arithmetic: not them, nor their views (a transposed weight)
+        if accumulating:
+            for p in clone.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in clone.parameters() if p.grad is not None]
+        fixed = [*clone.parameters(), *clone.buffers(), *iter_tensors(fake), *grads]
+        tracker = PeakTracker(count_reads=False, device_type=device.type, exclude=fixed)
+        batch_bytes = sum(t.numel() * t.element_size() for t in iter_tensors(fake))
+
+        def grad_ready(p: torch.Tensor) -> None:
+            tracker.label(p.grad, "gradients")  # type: ignore[arg-type]  # set: the hook runs after accumulation
+            if free_gradients:  # optimizer_in_backward: updated now, its gradient dropped
+                p.grad = None
+
+        hooks = [p.register_post_accumulate_grad_hook(grad_ready) for p in clone.parameters() if p.requires_grad]
+        with tracker, contextlib.ExitStack() as stack:
+            if autocast_dtype is not None:
+                stack.enter_context(torch.autocast(device.type, dtype=autocast_dtype))
+            if offload_activations:  # as save_on_cpu: what backward keeps waits off the device, and comes back
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_offload, _bring_back))
+            outputs = targets = None
+            if loss_fn is not None:
+                loss = loss_fn(clone, fake)
+            else:
+                args, kwargs, targets = spec.split(fake)
+                outputs = clone(*args, **kwargs)
+                if criterion is None and _has_loss(outputs):
+                    loss = loss_from_outputs(None, outputs, targets)
+                elif criterion is not None:
+                    loss = criterion(outputs, targets)
+                else:
+                    loss = surrogate_loss(outputs, targets)
+            stack.close()  # autocast covers forward and loss; backward runs outside it, as in the Trainer
+            returned = {
+                id(t.untyped_storage()): t.untyped_storage().nbytes()
+                for t in iter_tensors(outputs)
+                if t.is_floating_point() and t.device.type == device.type and t.dim() > 0
+            }
+            # the Trainer holds the outputs (for metrics) until after backward: so does the simulation
+            loss.backward()
+            del outputs, targets, loss
+        for h in hooks:
+            h.remove()
+        gradients = sum(p.grad.numel() * p.grad.element_size() for p in clone.parameters() if p.grad is not None)
+    grads_at_peak = tracker.breakdown.get("gradients", 0)
+    return SimulatedStep(
+        peak=tracker.peak_bytes,
+        at_peak={"activations": tracker.peak_bytes - grads_at_peak, "gradients": grads_at_peak},
+        gradients=gradients,
+        batch=batch_bytes,
+        largest_activations=tracker.largest.get("activations", 0),
+        logits_loss=sum(returned.values()),
+    )
+
+
+def _offload(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    # a meta copy stands for the host copy: not on the target device, so not counted there (whatever the device
+    # the simulation runs on); a parameter stays where it is, as save_on_cpu leaves it too
+    if isinstance(t, nn.Parameter):
+        return t.device, t
+    return t.device, torch.empty_like(t, device="meta")
+
+
+def _bring_back(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+    device, t = packed
+    return t if t.device == device else torch.empty_like(t, device=device)
+
+
+def _has_loss(outputs: Any) -> bool:
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return isinstance(loss, torch.Tensor)
