@@ -157,6 +157,14 @@ def run_job(job: dict) -> None:
 def _killed_jobs(jobs: list[dict]) -> int:
     """Each job in a forked child that must die by SIGKILL (a real kill: no cleanup, no atexit). This process
     runs no torch op before forking, so the children start as a fresh interpreter with the imports done."""
+    # what every child's run imports, imported once here (imports only: no torch op, no thread pool before the
+    # fork): torchmetrics for the metrics, torch._dynamo (with sympy) which building any torch optimizer imports,
+    # the single-device strategy. Each child imported them again, ~2.5 s quiet and much more on a loaded machine.
+    import torch._dynamo  # noqa: F401
+    import torchmetrics  # noqa: F401
+
+    import nbtrainer._dist._ddp  # noqa: F401
+
     for job in jobs:
         pid = os.fork()
         if pid == 0:  # the child: run until the Killer callback sends SIGKILL to itself
