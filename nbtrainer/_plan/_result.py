@@ -1,0 +1,223 @@
+"""What ``plan_memory`` returns: :class:`PlanRow` (one combination of switches and its predicted peak) and
+:class:`MemoryPlan` (the rows, the best, ``predict``, a text table, a DataFrame and a stacked-bar picture)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbtrainer._options import MemoryOptions
+from nbtrainer._report._format import format_bytes
+
+__all__ = ["PARTS", "MemoryPlan", "PlanRow"]
+
+#: The parts of a row's peak, in display order (they sum to ``peak_bytes``).
+PARTS = ("parameters", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "batch")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One combination of switches and what it needs.
+
+    Attributes:
+        switches: ``Trainer`` keyword arguments (``grad_accum_steps`` when the batch is split).
+        micro_batch: samples per forward; ``micro_batch * grad_accum_steps`` is the effective batch.
+        grad_accum_steps: micro-batches per optimizer step.
+        peak_bytes: the predicted peak on the device.
+        parts: ``peak_bytes`` split into :data:`PARTS`.
+        host_bytes: what offloading keeps in host RAM instead.
+        time_factor: predicted step time relative to plain fp32 at the whole batch (``nbtrainer._plan._cost``).
+        fits: ``peak_bytes`` is within the budget less the margin.
+        changes_training: the row trains something else than the model as given (a quantized base, adapters).
+    """
+
+    switches: dict[str, Any]
+    micro_batch: int
+    grad_accum_steps: int
+    peak_bytes: int
+    parts: dict[str, int]
+    host_bytes: int
+    time_factor: float
+    fits: bool
+    changes_training: bool = False
+
+    @property
+    def memory(self) -> MemoryOptions:
+        """The row's memory switches."""
+        return MemoryOptions.from_kwargs(self.switches)
+
+    def describe(self) -> str:
+        """The switches in a few words, e.g. ``bf16-mixed + checkpointing + adamw8bit, micro-batch 4 x 2``."""
+        m = self.memory
+        words = [m.precision]
+        words += ["checkpointing"] if m.activation_checkpointing else []
+        words += [m.optimizer] if m.optimizer and m.optimizer != "adamw" else []
+        words += ["in-backward"] if m.optimizer_in_backward else []
+        words += ["chunked loss"] if m.chunked_loss else []
+        words += ["offload activations"] if m.offload_activations else []
+        words += ["offload optimizer"] if m.offload_optimizer else []
+        words += [f"quantize {m.quantize}"] if m.quantize else []
+        words += [f"LoRA r={m.lora.get('r', 8)}"] if m.lora is not None else []
+        text = " + ".join(words)
+        if self.grad_accum_steps > 1:
+            text += f", micro-batch {self.micro_batch} x {self.grad_accum_steps}"
+        return text
+
+
+@dataclass
+class MemoryPlan:
+    """The result of :func:`plan_memory`: rows (fastest first), the best that fits, and what was left out and why.
+
+    Attributes:
+        rows: the combinations worth a look: none is both slower and larger than another (plus plain fp32).
+        best: the fastest row within ``budget * (1 - margin)`` (rows that change what trains only when asked).
+        budget_bytes, margin, device, batch_size: the question asked.
+        unavailable: ``{switch: reason}`` for switches not proposed on this target.
+        seconds: how long planning took.
+
+    Example:
+        >>> import torch
+        >>> from nbtrainer import plan_memory
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        >>> plan = plan_memory(model, (torch.randn(32, 64), torch.randint(0, 10, (32,))), budget_gb=1, device="cpu")
+        >>> plan.best.switches, plan.best.fits
+        ({'optimizer': 'adamw'}, True)
+    """
+
+    rows: list[PlanRow]
+    best: PlanRow | None
+    budget_bytes: int
+    margin: float
+    device: str
+    batch_size: int
+    unavailable: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    _predict: Any = field(default=None, repr=False, compare=False)
+
+    def predict(self, **switches: Any) -> PlanRow:
+        """The row for any one combination: ``Trainer`` keyword arguments (``precision=``, ``optimizer=``,
+        ``grad_accum_steps=`` ...), or ``micro_batch=``.
+
+        Example:
+            >>> # plan.predict(precision="bf16-mixed", activation_checkpointing=True, optimizer="adamw8bit")
+        """
+        return self._predict(switches)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.budget_bytes * (1 - self.margin))
+
+    def __str__(self) -> str:
+        head = (
+            f"memory plan for {self.device}, batch {self.batch_size}: budget {format_bytes(self.budget_bytes)} "
+            f"(usable {format_bytes(self.usable_bytes)} after a {self.margin:.0%} margin)"
+        )
+        lines = [head, f"{'time':>6}  {'peak':>10}  fits  switches"]
+        for row in self.rows:
+            mark = "*" if row is self.best else " "
+            lines.append(
+                f"{row.time_factor:>5.2f}x  {format_bytes(row.peak_bytes):>10}  {'yes ' if row.fits else 'no  '}"
+                f"{mark}{row.describe()}" + ("  (changes what trains)" if row.changes_training else "")
+            )
+        if self.best is None:
+            lines.append("nothing fits: " + _nothing_fits(self))
+        else:
+            lines.append(f"best: {self.best.describe()} ({format_bytes(self.best.peak_bytes)})")
+        if self.unavailable:
+            lines.append("not proposed: " + "; ".join(f"{k}: {v}" for k, v in self.unavailable.items()))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def to_pandas(self) -> Any:
+        """The rows as a pandas DataFrame (one column per part, in bytes)."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [
+                {
+                    "switches": row.describe(),
+                    "micro_batch": row.micro_batch,
+                    "grad_accum_steps": row.grad_accum_steps,
+                    "peak_bytes": row.peak_bytes,
+                    "time_factor": row.time_factor,
+                    "fits": row.fits,
+                    "host_bytes": row.host_bytes,
+                    **row.parts,
+                }
+                for row in self.rows
+            ]
+        )
+
+    def _repr_html_(self) -> str:
+        return _to_html(self)
+
+
+_COLORS = {
+    "parameters": "#4c78a8",
+    "gradients": "#f58518",
+    "optimizer_state": "#e45756",
+    "activations": "#72b7b2",
+    "logits_loss": "#54a24b",
+    "temporaries": "#b279a2",
+    "batch": "#9d755d",
+}
+
+
+def _to_html(plan: MemoryPlan) -> str:
+    """Each row as a stacked bar of its parts against the budget line (seed 003's strategy table as a picture)."""
+    top = max([plan.budget_bytes, *(r.peak_bytes for r in plan.rows)]) * 1.05
+    width = 420
+
+    def px(n: int) -> float:
+        return width * n / top
+
+    legend = " ".join(
+        f'<span style="display:inline-block;width:10px;height:10px;background:{c}"></span> {html.escape(k)}'
+        for k, c in _COLORS.items()
+    )
+    body = []
+    for row in plan.rows:
+        bars = "".join(
+            f'<div title="{k}: {format_bytes(v)}" style="position:absolute;left:{px(start):.1f}px;'
+            f'width:{px(v):.1f}px;height:14px;background:{_COLORS[k]}"></div>'
+            for k, v, start in _stacked(row.parts)
+        )
+        line = (
+            f'<div class="nbt-plan-budget" style="position:absolute;left:{px(plan.usable_bytes):.1f}px;width:2px;'
+            'height:18px;top:-2px;background:#000"></div>'
+        )
+        cls = "nbt-plan-row nbt-plan-best" if row is plan.best else "nbt-plan-row"
+        body.append(
+            f'<tr class="{cls}"><td>{html.escape(row.describe())}</td><td>{row.time_factor:.2f}x</td>'
+            f"<td>{format_bytes(row.peak_bytes)}</td><td>{'yes' if row.fits else 'no'}</td>"
+            f'<td><div style="position:relative;width:{width}px;height:14px">{bars}{line}</div></td></tr>'
+        )
+    best = html.escape(plan.best.describe()) if plan.best else html.escape("nothing fits: " + _nothing_fits(plan))
+    return (
+        f'<div class="nbt-plan"><b>Memory plan</b> for {html.escape(plan.device)}, batch {plan.batch_size}, budget '
+        f"{format_bytes(plan.budget_bytes)} (the line: {format_bytes(plan.usable_bytes)} after the margin). "
+        f"Best: <b>{best}</b><br>{legend}<table><tr><th>switches</th><th>time</th><th>peak</th><th>fits</th>"
+        f"<th>parts</th></tr>{''.join(body)}</table></div>"
+    )
+
+
+def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
+    start = 0
+    for k in PARTS:
+        v = int(parts.get(k, 0))
+        if v > 0:
+            yield k, v, start
+            start += v
+
+
+def _nothing_fits(plan: MemoryPlan) -> str:
+    smallest = min(plan.rows, key=lambda r: r.peak_bytes)
+    return (
+        f"the smallest row ({smallest.describe()}) needs {format_bytes(smallest.peak_bytes)}, more than the usable "
+        f"{format_bytes(plan.usable_bytes)}. What would help: a smaller batch or shorter sequences, LoRA on a "
+        "quantized base (allow=('lora',)), or a device with more memory."
+    )

@@ -1,0 +1,206 @@
+"""plan_memory: predictions checked against the measured peak of the same Trainer step, the search, bad input."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from nbtrainer import MemoryOptions, Trainer, plan_memory
+from nbtrainer._compare._measure import measure_step_peak
+from nbtrainer._plan._arithmetic import adam_state_bytes
+
+
+class _Loader:
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.Sequential(*[block() for _ in range(3)]),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
+
+
+def _llama(device: str | None = None) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=2000, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    if device == "meta":
+        with torch.device("meta"):
+            return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg)
+
+
+def _measured(model: nn.Module, batch: Any, criterion: Any, switches: dict[str, Any]) -> int:
+    switches = dict(switches)
+    accum = int(switches.pop("grad_accum_steps", 1))
+    if accum > 1:
+        parts = (
+            [{k: v.chunk(accum)[i] for k, v in batch.items()} for i in range(accum)]
+            if isinstance(batch, dict)
+            else [tuple(t.chunk(accum)[i] for t in batch) for i in range(accum)]
+        )
+        batches = parts * 2
+    else:
+        batches = [batch, batch]
+    private = copy.deepcopy(model)  # before the measurement: the source model is no part of the step
+
+    def make(callbacks: list[Any]) -> Trainer:
+        return Trainer(
+            private, criterion, lr=1e-3, grad_accum_steps=accum, callbacks=callbacks, progress=False,
+            device="cpu", fast_fetch=False, **switches,
+        )  # fmt: skip
+
+    peak, _, _ = measure_step_peak(make, _Loader(batches))
+    return peak
+
+
+CASES = {
+    "mlp": (_mlp, lambda: (torch.randn(64, 256), torch.randint(0, 10, (64,))), nn.CrossEntropyLoss()),
+    "cnn": (_cnn, lambda: (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))), nn.CrossEntropyLoss()),
+    "llama": (_llama, lambda: {"input_ids": (ids := torch.randint(0, 2000, (4, 128))), "labels": ids.clone()}, None),
+}
+ROWS = {
+    "mlp": [{"optimizer": "adamw"}, {"optimizer": "adafactor", "grad_accum_steps": 4}],
+    "cnn": [
+        {"optimizer": "adamw", "activation_checkpointing": True},
+        {"optimizer": "adamw", "precision": "bf16-mixed"},
+    ],
+    "llama": [
+        {"optimizer": "adamw"},
+        {"optimizer": "adamw", "precision": "bf16-mixed", "activation_checkpointing": True},
+        {"optimizer": "adamw", "optimizer_in_backward": True},
+        {"optimizer": "adamw", "chunked_loss": True},
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(CASES))
+def test_predicted_peaks_are_within_15_percent_of_the_measured(family):
+    make_model, make_batch, criterion = CASES[family]
+    model, batch = make_model(), make_batch()
+    plan = plan_memory(model, batch, budget_gb=16, device="cpu", criterion=criterion)
+    for switches in ROWS[family]:
+        predicted = plan.predict(**switches).peak_bytes
+        measured = _measured(model, batch, criterion, switches)
+        assert abs(predicted / measured - 1) <= 0.15, (family, switches, predicted, measured)
+
+
+def test_a_meta_model_plans_like_the_same_model_with_weights():
+    ids = torch.zeros(2, 64, dtype=torch.long)
+    batch = {"input_ids": ids, "labels": ids}
+    on_meta = plan_memory(_llama("meta"), batch, budget_gb=4, device="cpu")
+    real = _llama()
+    with_weights = plan_memory(real, batch, budget_gb=4, device="cpu")
+    for switches in ({}, {"precision": "bf16-mixed", "activation_checkpointing": True, "optimizer": "adafactor"}):
+        assert on_meta.predict(**switches).parts == with_weights.predict(**switches).parts
+    # parameters, gradients and AdamW's moments exactly: 4 + 4 + 8 bytes per value (and a step per tensor)
+    row = on_meta.predict(optimizer="adamw")
+    params = list(real.parameters())
+    n = sum(p.numel() for p in params)
+    assert row.parts["parameters"] == 4 * n
+    assert row.parts["optimizer_state"] == sum(adam_state_bytes(p.numel(), 4) for p in params)
+    assert row.peak_bytes >= 16 * n  # what the peers' meta estimate got wrong (gradients as big as the weights)
+
+
+def test_the_best_row_is_the_fastest_that_fits_and_never_changes_what_trains_unasked():
+    model = _llama()
+    ids = torch.zeros(8, 128, dtype=torch.long)
+    batch = {"input_ids": ids, "labels": ids}
+    roomy = plan_memory(model, batch, budget_gb=8, device="cpu")
+    # plain fp32 fits: nothing to switch on
+    assert roomy.best is not None and roomy.best.switches == {"optimizer": "adamw"}
+    fp32 = roomy.predict(optimizer="adamw").peak_bytes
+    tight = plan_memory(model, batch, budget_gb=0.8 * fp32 / 2**30 / 0.9, device="cpu")
+    best = tight.best
+    assert best is not None and best.fits and best.peak_bytes <= tight.usable_bytes
+    assert not best.changes_training
+    assert MemoryOptions.from_kwargs(best.switches) != MemoryOptions(optimizer="adamw") or best.grad_accum_steps > 1
+    faster = [r for r in tight.rows if r.time_factor < best.time_factor and not r.changes_training]
+    assert all(not r.fits for r in faster)
+    assert best.micro_batch * best.grad_accum_steps == 8
+    # the rows that change what trains are listed, and picked only when asked
+    assert any(r.changes_training for r in tight.rows)
+    asked = plan_memory(model, batch, budget_gb=0.8 * fp32 / 2**30 / 0.9, device="cpu", allow=("lora",))
+    assert asked.best is not None and asked.best.time_factor <= best.time_factor
+
+
+def test_nothing_fits_says_what_the_smallest_row_needs():
+    model = _mlp()
+    plan = plan_memory(model, (torch.randn(64, 256), torch.randint(0, 10, (64,))), budget_gb=1e-6, device="cpu")
+    assert plan.best is None
+    text = str(plan)
+    assert "nothing fits" in text and "smaller batch" in text
+    html = plan._repr_html_()
+    assert html.count('class="nbt-plan-row') == len(plan.rows)
+
+
+def test_a_cuda_target_plans_without_a_gpu():
+    model = _llama("meta")
+    ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    plan = plan_memory(model, {"input_ids": ids, "labels": ids}, budget_gb=1, device="cuda")
+    assert plan.device.startswith("cuda")
+    kinds = {r.memory.optimizer for r in plan.rows} | {r.memory.offload_optimizer for r in plan.rows}
+    assert "fp16-mixed" not in plan.unavailable and kinds
+    offloaded = plan.predict(precision="bf16-mixed", offload_optimizer=True)
+    plain = plan.predict(precision="bf16-mixed")
+    assert offloaded.host_bytes > 0 and offloaded.parts["optimizer_state"] == 0
+    assert offloaded.peak_bytes < plain.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget_gb": 0}, "positive number of GiB"),
+        ({"budget_gb": -2}, "positive number of GiB"),
+        ({"budget_gb": "8"}, "positive number of GiB"),
+        ({"budget_gb": 8, "device": "tpu"}, "not a device"),
+        ({"budget_gb": 8, "device": "mps"}, "'cuda' and 'cpu'"),
+        ({"budget_gb": 8, "margin": 1.5}, "margin"),
+        ({"budget_gb": 8, "allow": ("freeze-all",)}, "allow"),
+        ({"budget_gb": 8, "batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_runs(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plan_memory(_mlp(), (torch.randn(4, 256), torch.randint(0, 10, (4,))), **kwargs)
+
+
+def test_a_batch_that_does_not_fit_the_model_names_its_shapes():
+    with pytest.raises(ValueError, match=r"does not fit the model.*\(4, 99\)"):
+        plan_memory(_mlp(), (torch.randn(4, 99), torch.randint(0, 10, (4,))), budget_gb=1, device="cpu")
+
+
+def test_a_model_with_nothing_to_train_is_refused():
+    model = _mlp().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        plan_memory(model, (torch.randn(4, 256), torch.randint(0, 10, (4,))), budget_gb=1, device="cpu")
