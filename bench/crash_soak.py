@@ -12,7 +12,7 @@ and RNG are compared with the uninterrupted run's (``torch.equal``, exact equali
 
 Usage::
 
-    python bench/crash_soak.py [--trials 20] [--seed 0] [--json results.json]
+    python bench/crash_soak.py [--trials 20] [--seed 0] [--json results.json] [--device cuda]
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "..", "tests", "_resume_worker.py")
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+WORKER = os.path.join(HERE, "..", "tests", "resume", "_resume_worker.py")
+sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "resume")]
 
 from test_resume import assert_same_run  # noqa: E402  (the same comparison the tests make)
 
@@ -48,7 +48,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.02)
     ap.add_argument("--json")
+    ap.add_argument("--device", default="cpu", help="where the runs train (the worker reads NBT_RESUME_DEVICE)")
     args = ap.parse_args()
+    os.environ["NBT_RESUME_DEVICE"] = args.device  # every worker below inherits it
     rng = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="nbt-soak-")
     t_start = time.time()

@@ -44,6 +44,17 @@ from nbtrainer import compare_strategies
 SIZES = {
     # ~25M parameters, 256 tokens: a BERT-small-like fine-tuning step
     "gpu": {"vocab": 8000, "d_model": 512, "heads": 8, "layers": 8, "seq": 256, "batch": 32, "samples": 32 * 60},
+    # BERT-base-sized (hidden 768, 12 layers, 12 heads, ~110M parameters with a 30k vocabulary), 256 tokens: the
+    # seed's strategy table was a BERT-base fine-tune (scripts/gpu-check.sh runs this one)
+    "bert-base": {
+        "vocab": 30522,
+        "d_model": 768,
+        "heads": 12,
+        "layers": 12,
+        "seq": 256,
+        "batch": 16,
+        "samples": 16 * 30,
+    },
     # small enough for two shared CPU cores
     "cpu": {"vocab": 128, "d_model": 128, "heads": 4, "layers": 4, "seq": 64, "batch": 16, "samples": 16 * 40},
 }

@@ -111,7 +111,7 @@ def build(
         deterministic=True,
         progress=False,
         callbacks=callbacks,
-        device="cpu",
+        device=os.environ.get("NBT_RESUME_DEVICE", "cpu"),  # bench/crash_soak.py --device cuda
         refresh_interval=0.0 if seed % 3 == 0 else 0.05,
     )
     trainer.set_scheduler(
