@@ -73,7 +73,8 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
     a tensor shared by two modules (tied weights) stays shared."""
     done: dict[int, torch.Tensor] = {}
     for module in model.modules():
-        for table in (module._parameters, module._buffers):
+        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        for table in tables:
             for name, t in list(table.items()):
                 if t is None:
                     continue
@@ -123,7 +124,6 @@ def simulate_step(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None,
     criterion: Callable | None,
     offload_activations: bool,
-    free_gradients: bool,
     accumulating: bool = False,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> SimulatedStep:
@@ -139,7 +139,6 @@ def simulate_step(
         loss_fn: ``fn(model, batch) -> loss`` (the chunked causal-LM loss), else the batch protocol with
             ``criterion`` (or the model's ``.loss``, else :func:`surrogate_loss`).
         offload_activations: saved tensors go to host RAM (as ``Trainer(offload_activations=True)``).
-        free_gradients: each gradient is dropped once complete (``optimizer_in_backward``).
         accumulating: a later micro-batch of an accumulation window: every gradient exists already (counted by the
             caller) and backward adds each new one into it, so only the incoming gradients are transient here.
         prepare: called with the meta copy before anything runs (freezing, adapters).
@@ -169,9 +168,9 @@ def simulate_step(
         batch_bytes = sum(t.numel() * t.element_size() for t in iter_tensors(fake))
 
         def grad_ready(p: torch.Tensor) -> None:
+            # complete: counted apart from the rest, so the largest total of the rest is the peak of a step that
+            # applies and drops each gradient at once (optimizer_in_backward)
             tracker.label(p.grad, "gradients")  # type: ignore[arg-type]  # set: the hook runs after accumulation
-            if free_gradients:  # optimizer_in_backward: updated now, its gradient dropped
-                p.grad = None
 
         hooks = [p.register_post_accumulate_grad_hook(grad_ready) for p in clone.parameters() if p.requires_grad]
         with tracker, contextlib.ExitStack() as stack:

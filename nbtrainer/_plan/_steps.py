@@ -21,6 +21,8 @@ from nbtrainer._plan._simulate import SimulatedStep, simulate_step
 
 __all__ = ["Context", "micro_batches", "plan_row", "repeated_stack"]
 
+_DEPTHS = (2, 3)  # a deep stack of repeated blocks is simulated at these depths and extrapolated
+
 
 def _resize(obj: Any, old: int, new: int) -> Any:
     """The batch with every tensor whose first dimension is ``old`` given ``new`` rows, on the meta device."""
@@ -53,7 +55,7 @@ def repeated_stack(model: nn.Module) -> tuple[str, int] | None:
     from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
 
     blocks = find_checkpointable_blocks(model)
-    if len(blocks) < 4:
+    if len(blocks) <= _DEPTHS[1] + 2:  # a shallow stack costs no more to simulate whole than at two depths
         return None
     parents = {name.rsplit(".", 1)[0] if "." in name else "" for name, _ in blocks}
     if len(parents) != 1:
@@ -81,7 +83,7 @@ def _shallow_depth(model: nn.Module, stack: str, depth: int) -> nn.Module:
         node._modules[part] = child
         node = child
     blocks = model.get_submodule(stack)
-    node._modules[path[-1]] = nn.ModuleList(list(blocks)[:depth])
+    node._modules[path[-1]] = nn.ModuleList(list(blocks.children())[:depth])
     for m in (root, *(root.get_submodule(".".join(path[: i + 1])) for i in range(len(path) - 1))):
         config = getattr(m, "config", None)
         if config is not None and hasattr(config, "num_hidden_layers"):
@@ -118,7 +120,6 @@ class Context:
         checkpointing: bool,
         chunked: bool,
         offload: bool,
-        in_backward: bool,
         accumulating: bool,
         micro: int,
         lora: Any,
@@ -127,7 +128,11 @@ class Context:
         depths of the repeated stack, extrapolated."""
         # fp16 and bf16 autocast cast the same ops to 2-byte types: one simulation serves both
         half = "bf16-mixed" if precision == "fp16-mixed" else precision
-        key = (half, checkpointing, chunked, offload, in_backward, accumulating, lora is not None)
+        # the step in backward needs no simulation of its own: the largest total of everything but the gradients
+        # already complete is its peak (each is applied and dropped as soon as it is complete)
+        key = (half, checkpointing, chunked, offload, accumulating, lora is not None)
+        if micro == self.example_size:  # the example's own size: no interpolation
+            return self._at_size(key, micro, lora)
         sizes = sorted({1, self.example_size})
         at = {m: self._at_size(key, m, lora) for m in sizes}
         if len(sizes) == 1:
@@ -137,19 +142,20 @@ class Context:
         return _lerp(lo, hi, t)
 
     def _at_size(self, key: tuple, micro: int, lora: Any) -> SimulatedStep:
-        if (*key, micro) in self.cache:
-            return self.cache[(*key, micro)]
+        cached = (*key, micro)
+        if cached in self.cache:
+            return self.cache[cached]
         if self.stack is None:
             result = self._run(self.model, key, micro, lora)
         else:
             name, depth = self.stack
-            a, b = (self._run(_shallow_depth(self.model, name, d), key, micro, lora) for d in (2, 3))
-            result = _lerp(a, b, depth - 2)  # per block: b - a
-        self.cache[(*key, micro)] = result
+            a, b = (self._run(_shallow_depth(self.model, name, d), key, micro, lora) for d in _DEPTHS)
+            result = _lerp(a, b, depth - _DEPTHS[0])  # each block adds b - a
+        self.cache[cached] = result
         return result
 
     def _run(self, model: nn.Module, key: tuple, micro: int, lora: Any) -> SimulatedStep:
-        precision, checkpointing, chunked, offload, in_backward, accumulating, _ = key
+        precision, checkpointing, chunked, offload, accumulating, _ = key
         from nbtrainer._setup._precision import autocast_dtype
 
         loss_fn = None
@@ -169,7 +175,6 @@ class Context:
                 loss_fn=loss_fn,
                 criterion=self.criterion,
                 offload_activations=offload,
-                free_gradients=in_backward,
                 accumulating=accumulating,
                 prepare=prepare,
             )
@@ -204,6 +209,14 @@ class _SimLoRA(nn.Module):
         self.lora_A = nn.Linear(base.in_features, r, bias=False, device="meta")
         self.lora_B = nn.Linear(r, base.out_features, bias=False, device="meta")
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    @property
+    def weight(self) -> torch.Tensor:  # read directly by some modules (nn.MultiheadAttention's out_proj), as in PEFT
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.lora_B(self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype)))) * 2.0
@@ -271,17 +284,16 @@ def plan_row(
         checkpointing=bool(memory.activation_checkpointing),
         chunked=bool(memory.chunked_loss),
         offload=memory.offload_activations,
-        in_backward=memory.optimizer_in_backward,
         accumulating=micro < batch_size,
         micro=micro,
         lora=memory.lora,
     )
     grads = trained_bytes
     if memory.optimizer_in_backward:
-        # each gradient is applied and dropped as soon as it is complete (the simulation does the same): its peak,
-        # plus the update's temporary of one parameter
-        grads_part = sim.at_peak.get("gradients", 0)
-        activations = sim.peak - grads_part
+        # each gradient is applied and dropped as soon as it is complete: the simulation's largest total of all but
+        # the completed gradients (a gradient in flight included), plus the update's temporary of one parameter
+        grads_part = 0
+        activations = sim.largest_activations
         temporaries = dequant + temps
     elif micro < batch_size:
         # a later micro-batch of the window: every gradient exists while backward adds the new ones into them
