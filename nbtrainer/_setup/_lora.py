@@ -14,6 +14,7 @@ adapters added into full-precision weights (a quantized base is dequantized firs
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -111,7 +112,11 @@ def apply_lora(model: nn.Module, config: Any, keep_trainable: Iterable[str] = ()
     named in ``keep_trainable`` (the user's ``trainable=`` choice) train too. Returns the PeftModel."""
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # PEFT reads transformers' deprecated `is_gradient_checkpointing` while it wraps the model: a FutureWarning a
+        # user saw as red text in every LoRA cell, about a call they never made. Only that message is silenced.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        peft_model = get_peft_model(model, config)
     keep = set(keep_trainable)
     if keep:
         for name, p in model.named_parameters():

@@ -184,3 +184,20 @@ def test_gradients_after_an_evaluation_pass_are_the_same() -> None:
     trainer.evaluate([batch])
     after = grads()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_wrapping_a_transformers_model_shows_no_deprecation_warning_it_did_not_cause():
+    """PEFT reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model (#38): nbtrainer's
+    LoRA leaves that FutureWarning out, and only that one; PEFT alone still raises it (else this test is moot)."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    with warnings.catch_warnings(record=True) as alone:
+        warnings.simplefilter("always")
+        get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
+    assert any("is_gradient_checkpointing" in str(w.message) for w in alone), [str(w.message) for w in alone]
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        Trainer(tiny_llama(), None, "adamw", lr=1e-3, lora={"r": 4}, activation_checkpointing=True, progress=False)
+    assert not [str(w.message) for w in ours if issubclass(w.category, (FutureWarning, DeprecationWarning))]
