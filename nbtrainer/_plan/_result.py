@@ -215,9 +215,20 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
 
 
 def _nothing_fits(plan: MemoryPlan) -> str:
-    smallest = min(plan.rows, key=lambda r: r.peak_bytes)
+    same = [r for r in plan.rows if not r.changes_training] or plan.rows
+    smallest = min(same, key=lambda r: r.peak_bytes)
+    text = (
+        f"the smallest row that trains the model as given ({smallest.describe()}) needs "
+        f"{format_bytes(smallest.peak_bytes)}, more than the usable {format_bytes(plan.usable_bytes)}."
+    )
+    other = [r for r in plan.rows if r.changes_training and r.fits]
+    if other:
+        fastest = min(other, key=lambda r: r.time_factor)
+        return (
+            f"{text} With adapters it fits: {fastest.describe()} ({format_bytes(fastest.peak_bytes)}); ask for it "
+            "with allow=('lora',). Else: a smaller batch or shorter sequences, or a device with more memory."
+        )
     return (
-        f"the smallest row ({smallest.describe()}) needs {format_bytes(smallest.peak_bytes)}, more than the usable "
-        f"{format_bytes(plan.usable_bytes)}. What would help: a smaller batch or shorter sequences, LoRA on a "
-        "quantized base (allow=('lora',)), or a device with more memory."
+        f"{text} What would help: a smaller batch or shorter sequences, LoRA on a quantized base "
+        "(allow=('lora',)), or a device with more memory."
     )
