@@ -25,20 +25,7 @@ from _rounds import machine_line
 from torch import nn
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._compare._measure import measure_step_peak
-
-
-class _Loader:
-    """The same batches every epoch, with a length (enough for two optimizer steps under any accumulation)."""
-
-    def __init__(self, batches: list[Any]) -> None:
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches)
+from nbtrainer._compare._measure import measure_step_peak, stored_batches
 
 
 def _split(batch: Any, parts: int) -> list[Any]:
@@ -148,7 +135,7 @@ def measure(model: nn.Module, batch: Any, criterion: Any, switches: dict[str, An
             device="cpu", fast_fetch=False, seed=0, **switches,
         )  # fmt: skip
 
-    peak, _, _ = measure_step_peak(make, _Loader(batches))
+    peak, _, _ = measure_step_peak(make, stored_batches(batches, len(batches)))
     return peak
 
 

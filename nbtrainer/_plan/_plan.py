@@ -15,6 +15,7 @@ largest (activations grow linearly with the batch), so an 8B decoder plans in se
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -196,36 +197,30 @@ def plan_memory(
         unavailable["activation_checkpointing"] = "the model has no repeated blocks to checkpoint"
     rows: list[PlanRow] = []
     micros = micro_batches(batch_size) if example >= 1 else [batch_size]
-    for precision in precisions:
-        for quantize, lora_cfg in structures:
-            if quantize is not None and precision == "fp32" and target.type == "cuda":
-                continue  # a 4-bit base computes in half precision on CUDA
-            for ckpt in checkpointing:
-                for chunked in chunked_opts:
-                    for off_act in offloads:
-                        for kind in kinds:
-                            for in_bwd in (False, True):
-                                for off_opt in offloads:
-                                    for micro in micros:
-                                        accum = batch_size // micro
-                                        if in_bwd and (precision == "fp16-mixed" or accum > 1 or off_opt):
-                                            continue
-                                        if off_opt and kind in arith.KBIT:
-                                            continue
-                                        if in_bwd and kind == "paged_adamw8bit":
-                                            continue
-                                        memory = MemoryOptions(
-                                            precision=precision,
-                                            activation_checkpointing=ckpt,
-                                            optimizer=kind,
-                                            optimizer_in_backward=in_bwd,
-                                            chunked_loss=chunked,
-                                            quantize=quantize,
-                                            lora=lora_cfg,
-                                            offload_activations=off_act,
-                                            offload_optimizer=off_opt,
-                                        )
-                                        rows.append(plan_row(ctx, memory, micro, batch_size, usable))
+    combos = itertools.product(precisions, structures, checkpointing, chunked_opts, offloads, kinds, (False, True))
+    for precision, (quantize, lora_cfg), ckpt, chunked, off_act, kind, in_bwd in combos:
+        if quantize is not None and precision == "fp32" and target.type == "cuda":
+            continue  # a 4-bit base computes in half precision on CUDA
+        for off_opt, micro in itertools.product(offloads, micros):
+            # the combinations the Trainer refuses up front are not rows
+            if in_bwd and (
+                precision == "fp16-mixed" or batch_size // micro > 1 or off_opt or kind == "paged_adamw8bit"
+            ):
+                continue
+            if off_opt and kind in arith.KBIT:
+                continue
+            memory = MemoryOptions(
+                precision=precision,
+                activation_checkpointing=ckpt,
+                optimizer=kind,
+                optimizer_in_backward=in_bwd,
+                chunked_loss=chunked,
+                quantize=quantize,
+                lora=lora_cfg,
+                offload_activations=off_act,
+                offload_optimizer=off_opt,
+            )
+            rows.append(plan_row(ctx, memory, micro, batch_size, usable))
     baseline = next(r for r in rows if r.memory == MemoryOptions(optimizer="adamw") and r.grad_accum_steps == 1)
     pickable = [r for r in rows if r.fits and (not r.changes_training or "lora" in allowed)]
     # the fastest; among equally fast rows the one with fewest switches (nothing switched on that is not needed)

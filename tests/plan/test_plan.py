@@ -10,19 +10,8 @@ import torch
 from torch import nn
 
 from nbtrainer import MemoryOptions, Trainer, plan_memory
-from nbtrainer._compare._measure import measure_step_peak
+from nbtrainer._compare._measure import measure_step_peak, stored_batches
 from nbtrainer._plan._arithmetic import adam_state_bytes
-
-
-class _Loader:
-    def __init__(self, batches: list[Any]) -> None:
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches)
 
 
 def _mlp() -> nn.Module:
@@ -79,7 +68,7 @@ def _measured(model: nn.Module, batch: Any, criterion: Any, switches: dict[str, 
             device="cpu", fast_fetch=False, **switches,
         )  # fmt: skip
 
-    peak, _, _ = measure_step_peak(make, _Loader(batches))
+    peak, _, _ = measure_step_peak(make, stored_batches(batches, len(batches)))
     return peak
 
 
