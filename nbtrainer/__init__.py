@@ -77,67 +77,44 @@ _LAZY: dict[str, str] = {
     "RunsWidget": "nbtrainer.widgets",
 }
 
+# The everyday names (what `from nbtrainer import *`, tab completion and help() show). Every other name of
+# _LAZY still imports from here, lazily, so code written against an earlier nbtrainer keeps working; the tools
+# live in public submodules: nbtrainer.profile, .compare, .inference, .runs, .dist (and nbtrainer.widgets).
 __all__ = [
-    "DDP",
-    "EVENTS",
-    "FSDP",
     "CSVLogger",
     "Callback",
     "CheckpointError",
-    "CompareWidget",
-    "DistillationLoss",
     "EarlyStopping",
     "History",
-    "InferenceComparison",
-    "LRFinderResult",
     "LRMonitor",
-    "LaunchMonitor",
-    "LaunchView",
-    "MLflowLogger",
     "MemoryOptions",
-    "MemoryPlan",
     "ModelCheckpoint",
-    "ModelProfile",
-    "OptunaPruning",
-    "ParamCounts",
-    "PlanRow",
     "PrecisionError",
-    "ProfileCard",
     "Progress",
     "ProgressBar",
     "Runs",
-    "RunsWidget",
-    "StrategyComparison",
     "TensorBoardLogger",
     "Trainer",
     "TrainerWidget",
     "__version__",
-    "build_optimizer",
-    "compare_inference",
     "compare_strategies",
-    "format_bytes",
-    "format_count",
-    "format_duration",
-    "format_lr",
-    "format_number",
-    "freeze_parameters",
-    "in_notebook",
     "launch",
     "load_checkpoint",
     "load_ipython_extension",
-    "memory_saver_support",
     "plan_memory",
     "precision_support",
     "profile_model",
-    "profile_training",
-    "quantize_model",
     "seed_everything",
-    "tune",
     "unload_ipython_extension",
 ]
 
+#: Public submodules, imported on first access (``nbtrainer.dist`` without ``import nbtrainer.dist``).
+_SUBMODULES = ("compare", "dist", "inference", "profile", "runs", "widgets")
+
 
 def __getattr__(name: str) -> _typing.Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"nbtrainer.{name}")  # the import system sets it on the package
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbtrainer' has no attribute {name!r}")
@@ -148,7 +125,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 def __dir__() -> list[str]:
     # Only the public names (tab completion, help()): not the helpers this module imports for itself.
-    return sorted(__all__)
+    return sorted([*__all__, *_SUBMODULES])
 
 
 def load_ipython_extension(ipython: _typing.Any) -> None:
@@ -166,36 +143,56 @@ def unload_ipython_extension(ipython: _typing.Any) -> None:
 
 
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from nbtrainer._atomic import CheckpointError
-    from nbtrainer._compare._run import compare_strategies
-    from nbtrainer._compare._table import StrategyComparison
-    from nbtrainer._dist._ddp import DDP
-    from nbtrainer._dist._fsdp import FSDP
-    from nbtrainer._dist._launch import launch
-    from nbtrainer._dist._launch_monitor import LaunchMonitor
-    from nbtrainer._events._callbacks import Callback, EarlyStopping, LRMonitor
-    from nbtrainer._events._frontend import in_notebook
-    from nbtrainer._events._history import History
-    from nbtrainer._events._loggers import CSVLogger, TensorBoardLogger
-    from nbtrainer._events._model_checkpoint import ModelCheckpoint
-    from nbtrainer._events._progress import ProgressBar
-    from nbtrainer._events._stream import EVENTS, Progress
-    from nbtrainer._inference._compare import compare_inference
-    from nbtrainer._inference._distill import DistillationLoss
-    from nbtrainer._inference._quantize import quantize_model
-    from nbtrainer._inference._table import InferenceComparison
-    from nbtrainer._loop._lr_find import LRFinderResult
-    from nbtrainer._profile._model import profile_model
-    from nbtrainer._profile._report import ModelProfile
-    from nbtrainer._profile._trace import profile_training
-    from nbtrainer._report._format import format_bytes, format_count, format_duration, format_lr, format_number
-    from nbtrainer._resume._checkpoint_io import load_checkpoint
-    from nbtrainer._runs._mlflow import MLflowLogger
-    from nbtrainer._runs._optuna import OptunaPruning, tune
-    from nbtrainer._runs._runs import Runs
-    from nbtrainer._setup._memory_savers import memory_saver_support
-    from nbtrainer._setup._model_setup import ParamCounts, build_optimizer, freeze_parameters
-    from nbtrainer._setup._precision import PrecisionError, precision_support
-    from nbtrainer._setup._seed import seed_everything
-    from nbtrainer._trainer._trainer import Trainer
-    from nbtrainer.widgets import CompareWidget, LaunchView, ProfileCard, RunsWidget, TrainerWidget
+    from nbtrainer._atomic import CheckpointError as CheckpointError
+    from nbtrainer._compare._run import compare_strategies as compare_strategies
+    from nbtrainer._compare._table import StrategyComparison as StrategyComparison
+    from nbtrainer._dist._ddp import DDP as DDP
+    from nbtrainer._dist._fsdp import FSDP as FSDP
+    from nbtrainer._dist._launch import launch as launch
+    from nbtrainer._dist._launch_monitor import LaunchMonitor as LaunchMonitor
+    from nbtrainer._events._callbacks import Callback as Callback
+    from nbtrainer._events._callbacks import EarlyStopping as EarlyStopping
+    from nbtrainer._events._callbacks import LRMonitor as LRMonitor
+    from nbtrainer._events._frontend import in_notebook as in_notebook
+    from nbtrainer._events._history import History as History
+    from nbtrainer._events._loggers import CSVLogger as CSVLogger
+    from nbtrainer._events._loggers import TensorBoardLogger as TensorBoardLogger
+    from nbtrainer._events._model_checkpoint import ModelCheckpoint as ModelCheckpoint
+    from nbtrainer._events._progress import ProgressBar as ProgressBar
+    from nbtrainer._events._stream import EVENTS as EVENTS
+    from nbtrainer._events._stream import Progress as Progress
+    from nbtrainer._inference._compare import compare_inference as compare_inference
+    from nbtrainer._inference._distill import DistillationLoss as DistillationLoss
+    from nbtrainer._inference._quantize import quantize_model as quantize_model
+    from nbtrainer._inference._table import InferenceComparison as InferenceComparison
+    from nbtrainer._loop._lr_find import LRFinderResult as LRFinderResult
+    from nbtrainer._options import MemoryOptions as MemoryOptions
+    from nbtrainer._plan import MemoryPlan as MemoryPlan
+    from nbtrainer._plan import PlanRow as PlanRow
+    from nbtrainer._plan import plan_memory as plan_memory
+    from nbtrainer._profile._model import profile_model as profile_model
+    from nbtrainer._profile._report import ModelProfile as ModelProfile
+    from nbtrainer._profile._trace import profile_training as profile_training
+    from nbtrainer._report._format import format_bytes as format_bytes
+    from nbtrainer._report._format import format_count as format_count
+    from nbtrainer._report._format import format_duration as format_duration
+    from nbtrainer._report._format import format_lr as format_lr
+    from nbtrainer._report._format import format_number as format_number
+    from nbtrainer._resume._checkpoint_io import load_checkpoint as load_checkpoint
+    from nbtrainer._runs._mlflow import MLflowLogger as MLflowLogger
+    from nbtrainer._runs._optuna import OptunaPruning as OptunaPruning
+    from nbtrainer._runs._optuna import tune as tune
+    from nbtrainer._runs._runs import Runs as Runs
+    from nbtrainer._setup._memory_savers import memory_saver_support as memory_saver_support
+    from nbtrainer._setup._model_setup import ParamCounts as ParamCounts
+    from nbtrainer._setup._model_setup import build_optimizer as build_optimizer
+    from nbtrainer._setup._model_setup import freeze_parameters as freeze_parameters
+    from nbtrainer._setup._precision import PrecisionError as PrecisionError
+    from nbtrainer._setup._precision import precision_support as precision_support
+    from nbtrainer._setup._seed import seed_everything as seed_everything
+    from nbtrainer._trainer._trainer import Trainer as Trainer
+    from nbtrainer.widgets import CompareWidget as CompareWidget
+    from nbtrainer.widgets import LaunchView as LaunchView
+    from nbtrainer.widgets import ProfileCard as ProfileCard
+    from nbtrainer.widgets import RunsWidget as RunsWidget
+    from nbtrainer.widgets import TrainerWidget as TrainerWidget

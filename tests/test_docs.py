@@ -49,6 +49,26 @@ def test_public_names_have_docstrings():
     core = [n for n in nbtrainer.__all__ if n not in ("TrainerWidget", "ProfileCard", "__version__", "EVENTS")]
     missing = [n for n in core if not (getattr(nbtrainer, n).__doc__ or "").strip()]
     assert not missing, missing
+    # the public submodules' names, and every name the root still imports (lazily, outside __all__)
+    subs = [importlib.import_module(f"nbtrainer.{m}") for m in ("profile", "compare", "inference", "runs", "dist")]
+    assert all((m.__doc__ or "").strip() for m in subs)
+    names = {(m.__name__, n): getattr(m, n) for m in subs for n in m.__all__ if n != "PRESETS"}
+    names |= {("nbtrainer", n): getattr(nbtrainer, n) for n in nbtrainer._LAZY if n not in ("EVENTS",)}
+    missing_sub = [key for key, value in names.items() if not (getattr(value, "__doc__", "") or "").strip()]
+    assert not missing_sub, missing_sub
+
+
+def test_the_root_namespace_is_short_and_every_old_name_still_imports():
+    import nbtrainer
+
+    assert len(nbtrainer.__all__) <= 25
+    for name in nbtrainer._LAZY:  # the 52 names of the earlier root: importable still, lazily
+        assert getattr(nbtrainer, name) is not None, name
+    for sub in ("profile", "compare", "inference", "runs", "dist"):
+        module = getattr(nbtrainer, sub)
+        for name in module.__all__:
+            if name in nbtrainer._LAZY:
+                assert getattr(module, name) is getattr(nbtrainer, name), (sub, name)
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {"_trainer"},  # the facade users hold
     {"_profile", "_compare", "_inference"},  # tools built on the Trainer
     {"_shell"},  # magics, CLI, doctor
+    {"profile", "compare", "inference", "runs", "dist"},  # public submodules: re-exports of the folders below
 ]
 LEVEL = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}
 

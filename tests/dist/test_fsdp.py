@@ -301,7 +301,7 @@ def test_bad_input_is_refused_before_the_first_step(tmp_path):
 def test_strategy_string_and_public_name():
     import nbtrainer
 
-    assert "FSDP" in nbtrainer.__all__ and nbtrainer.FSDP is FSDP
+    assert "FSDP" in nbtrainer.dist.__all__ and nbtrainer.dist.FSDP is FSDP and nbtrainer.FSDP is FSDP
     trainer = _fsdp_trainer(strategy="fsdp")
     assert isinstance(trainer.strategy, FSDP) and trainer.strategy.units == ["2.2", "2.1", "2.0", ""]
     with pytest.raises(ValueError, match="'fsdp'"):
