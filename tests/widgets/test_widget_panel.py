@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -199,6 +200,12 @@ def test_activation_checkpointing_toggle():
         seq(torch.nn.Linear(16, 3)),
     )
     x, y = make_classification(n=64)
+    checked = threading.Event()
+
+    class HoldFirstBatch:  # the run stays running until the lock is checked (a loaded machine finished it first)
+        def on_train_batch_start(self, trainer, batch, batch_idx):
+            checked.wait(timeout=120)
+
     w = TrainerWidget(
         model,
         torch.nn.CrossEntropyLoss(),
@@ -206,11 +213,15 @@ def test_activation_checkpointing_toggle():
         make_loader(x, y, 16),
         progress=False,
         ui_interval=0.05,
+        callbacks=[HoldFirstBatch()],
     )
     w.view.checkpointing.value = True
     assert w.trainer.checkpointed_blocks == ["0", "1", "2"]
     w.start()
-    assert w.view.checkpointing.disabled  # locked while running
+    try:
+        assert w.view.checkpointing.disabled  # locked while running
+    finally:
+        checked.set()
     assert w.wait().status == "finished"
     w.view.checkpointing.value = False
     assert w.trainer.checkpointed_blocks == [] and "forward" not in model[1].__dict__
