@@ -136,7 +136,8 @@ def plan_memory(
         raise ValueError(f"plan_memory(allow={sorted(unknown)}): the switches to allow are ('lora',).")
     if lora is not None:
         allowed.add("lora")
-    usable = int(budget_gb * GiB * (1 - margin))
+    budget_bytes = int(budget_gb * GiB)
+    usable = int(budget_bytes * (1 - margin))  # as MemoryPlan.usable_bytes: one rounding for fits and best
 
     from nbtrainer._setup._chunked_loss import check_chunked_loss
 
@@ -153,7 +154,6 @@ def plan_memory(
         criterion=criterion,
         structure=arith.model_structure(model),
         stack=repeated_stack(model),
-        causal_lm=causal,
     )
     unavailable: dict[str, str] = {}
     precisions = ["fp32", "bf16-mixed"]
@@ -252,7 +252,7 @@ def plan_memory(
     return MemoryPlan(
         rows=shown,
         best=best,
-        budget_bytes=int(budget_gb * GiB),
+        budget_bytes=budget_bytes,
         margin=float(margin),
         device=str(target),
         batch_size=batch_size,

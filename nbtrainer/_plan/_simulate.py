@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._data._batch import BatchSpec, iter_tensors, loss_from_outputs
+from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
 from nbtrainer._peak import PeakTracker
 
-__all__ = ["SimulatedStep", "meta_copy", "simulate_step"]
+__all__ = ["SimulatedStep", "empty_batch", "meta_copy", "simulate_step"]
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,21 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
                 table[name] = new
 
 
-def _fake_batch(obj: Any, device: torch.device) -> Any:
-    """The batch with each tensor replaced by a fake one of its shape and dtype on ``device`` (integer tensors such
-    as token ids are zeros: only shapes matter for memory)."""
+def empty_batch(obj: Any, device: torch.device, rows: tuple[int, int] | None = None) -> Any:
+    """The batch with each tensor replaced by one of its shape and dtype on ``device`` (fake under a FakeTensorMode,
+    storage-free on ``meta``; integer tensors such as token ids are zeros: only shapes matter for memory).
+    ``rows=(old, new)``: tensors whose first dimension is ``old`` get ``new`` rows (another micro-batch size)."""
     if isinstance(obj, torch.Tensor):
-        return torch.zeros(obj.shape, dtype=obj.dtype, device=device)
+        shape = tuple(obj.shape)
+        if rows is not None and obj.dim() > 0 and shape[0] == rows[0]:
+            shape = (rows[1], *shape[1:])
+        return torch.zeros(shape, dtype=obj.dtype, device=device)
     if isinstance(obj, Mapping):
-        return {k: _fake_batch(v, device) for k, v in obj.items()}
+        return {k: empty_batch(v, device, rows) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
-        return type(obj)(_fake_batch(v, device) for v in obj)
+        return type(obj)(empty_batch(v, device, rows) for v in obj)
     if isinstance(obj, tuple):  # a namedtuple
-        return type(obj)(*(_fake_batch(v, device) for v in obj))
+        return type(obj)(*(empty_batch(v, device, rows) for v in obj))
     return obj
 
 
@@ -156,7 +160,7 @@ def simulate_step(
     spec = BatchSpec(pass_targets_to_model=criterion is None)
     with FakeTensorMode(allow_non_fake_inputs=False):
         _to_fake(clone, device)
-        fake = _fake_batch(batch, device)
+        fake = empty_batch(batch, device)
         # the parameters and the batch are counted by arithmetic: not them, nor their views (a transposed weight)
         if accumulating:
             for p in clone.parameters():
@@ -184,7 +188,7 @@ def simulate_step(
             else:
                 args, kwargs, targets = spec.split(fake)
                 outputs = clone(*args, **kwargs)
-                if criterion is None and _has_loss(outputs):
+                if criterion is None and isinstance(_get_loss_attr(outputs), torch.Tensor):
                     loss = loss_from_outputs(None, outputs, targets)
                 elif criterion is not None:
                     loss = criterion(outputs, targets)
@@ -224,8 +228,3 @@ def _offload(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
 def _bring_back(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
     device, t = packed
     return t if t.device == device else torch.empty_like(t, device=device)
-
-
-def _has_loss(outputs: Any) -> bool:
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
-    return isinstance(loss, torch.Tensor)

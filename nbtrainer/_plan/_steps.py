@@ -17,25 +17,11 @@ from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._cost import time_factor
 from nbtrainer._plan._result import PlanRow
-from nbtrainer._plan._simulate import SimulatedStep, simulate_step
+from nbtrainer._plan._simulate import SimulatedStep, empty_batch, simulate_step
 
 __all__ = ["Context", "micro_batches", "plan_row", "repeated_stack"]
 
 _DEPTHS = (2, 3)  # a deep stack of repeated blocks is simulated at these depths and extrapolated
-
-
-def _resize(obj: Any, old: int, new: int) -> Any:
-    """The batch with every tensor whose first dimension is ``old`` given ``new`` rows, on the meta device."""
-    if isinstance(obj, torch.Tensor):
-        shape = (new, *obj.shape[1:]) if obj.dim() > 0 and obj.shape[0] == old else tuple(obj.shape)
-        return torch.empty(shape, dtype=obj.dtype, device="meta")
-    if isinstance(obj, Mapping):
-        return {k: _resize(v, old, new) for k, v in obj.items()}
-    if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
-        return type(obj)(_resize(v, old, new) for v in obj)
-    if isinstance(obj, tuple):
-        return type(obj)(*(_resize(v, old, new) for v in obj))
-    return obj
 
 
 def micro_batches(batch_size: int) -> list[int]:
@@ -102,7 +88,6 @@ class Context:
     criterion: Any
     structure: dict[str, Any]
     stack: tuple[str, int] | None
-    causal_lm: bool
     cache: dict[tuple, SimulatedStep] = field(default_factory=dict)
 
     @property
@@ -163,7 +148,7 @@ class Context:
             from nbtrainer._setup._chunked_loss import ChunkedCausalLMLoss
 
             loss_fn = ChunkedCausalLMLoss(1024 if chunked is True else int(chunked))
-        batch = _resize(self.batch, self.example_size, micro)
+        batch = empty_batch(self.batch, torch.device("meta"), (self.example_size, micro))
         prepare = functools.partial(_sim_lora, lora=lora, structure=self.structure) if lora is not None else None
         try:
             return simulate_step(
