@@ -5,6 +5,7 @@
 ``_fetch``            one index_select per batch instead of per-sample collate
 ``_prefetch``         DataPath: batched fetch or the loader's iterator; CUDA side-stream prefetch
 ``_batch``            the batch protocol: inputs, targets, device moves, containers
+``_split``            a batch cut into micro-batches (comparisons, memory_budget_gb)
 ``_predict_collect``  predict's output collection: padding, concatenation, caches left out
 ``_validate_batch``   the first batch checked in stages (batch -> model -> criterion)
 ====================  ================================================================================

@@ -33,7 +33,7 @@ from nbtrainer._data._prefetch import DataPath
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._memory import MemoryProbe
 from nbtrainer._loop._metrics import exact_add
-from nbtrainer._loop._step import TrainStep
+from nbtrainer._loop._step import TrainStep, split_steps
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -215,33 +215,41 @@ class FitLoop:
                 t1 = time.perf_counter()
             if cb.has("on_train_batch_start"):
                 cb.call("on_train_batch_start", trainer=owner, batch=batch, batch_idx=st.batch)
-            # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
-            with step.no_sync(closes):
-                with r_fwd, amp:
-                    if first:  # staged, with clear errors (same computation)
-                        loss, outputs, targets = t.first_compute(batch)
-                    elif pair:
-                        outputs = model(x)
-                        loss = criterion(outputs, targets)
-                    else:
-                        loss, outputs, targets = t.compute(batch)
-                if first:
-                    t.check_first_loss(loss, outputs, targets)
-                if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
-                    guard.observe(loss)
-                if metrics is not None:
-                    with torch.no_grad():
-                        metrics.update(outputs, targets)
-                    if first:
-                        metrics.check_first()
+            if t.micro_split > 1:  # memory_budget_gb: this batch as several forward / backward passes
+                detached, bs = split_steps(t, step, batch, window, closes, first, amp, metrics)
                 if sample:
                     self._sync()
-                    t2 = time.perf_counter()
-                with r_bwd:
-                    step.backward(loss, window)
-            first = False
-            bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
-            detached = loss.detach()
+                    t1 = t2 = time.perf_counter()
+                first = False
+                loss = outputs = targets = None
+            else:
+                # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
+                with step.no_sync(closes):
+                    with r_fwd, amp:
+                        if first:  # staged, with clear errors (same computation)
+                            loss, outputs, targets = t.first_compute(batch)
+                        elif pair:
+                            outputs = model(x)
+                            loss = criterion(outputs, targets)
+                        else:
+                            loss, outputs, targets = t.compute(batch)
+                    if first:
+                        t.check_first_loss(loss, outputs, targets)
+                    if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
+                        guard.observe(loss)
+                    if metrics is not None:
+                        with torch.no_grad():
+                            metrics.update(outputs, targets)
+                        if first:
+                            metrics.check_first()
+                    if sample:
+                        self._sync()
+                        t2 = time.perf_counter()
+                    with r_bwd:
+                        step.backward(loss, window)
+                first = False
+                bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
+                detached = loss.detach()
             pend_loss.append(detached)
             pend_bs.append(bs)
             self._micro_total += 1
@@ -268,6 +276,7 @@ class FitLoop:
                     }
                 if control.dirty:
                     t.apply_control()
+                    amp = t.autocast()  # a change at this boundary may have switched the precision
                 if self.max_steps is not None and st.global_step >= self.max_steps:
                     control.request_stop(f"max_steps={self.max_steps} reached")
                 if control.stop_requested:

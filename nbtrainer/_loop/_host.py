@@ -71,6 +71,8 @@ class LoopHost(Protocol):
     @property
     def grad_accum_steps(self) -> int: ...
     @property
+    def micro_split(self) -> int: ...  # each loader batch as this many forward / backward passes (memory_budget_gb)
+    @property
     def max_grad_norm(self) -> float | None: ...
     @property
     def optimizer_in_backward(self) -> bool: ...  # each parameter updated in backward (_in_backward)

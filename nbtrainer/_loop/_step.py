@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._batch import batch_size_of
+from nbtrainer._data._split import split_batch
 from nbtrainer._loop._in_backward import StepInBackward
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
-__all__ = ["TrainStep"]
+__all__ = ["TrainStep", "split_steps"]
 
 _NULL = contextlib.nullcontext()
 
@@ -141,3 +143,37 @@ class _Handles:
         for hook in self._hooks:
             hook.remove()
         self._step._in_backward = None
+
+
+def split_steps(
+    host: LoopHost, step: TrainStep, batch: Any, window: int, closes: bool, first: bool, amp: Any, metrics: Any
+) -> tuple[torch.Tensor, int]:
+    """One loader batch as ``host.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
+    part's loss is divided by the parts' count too, so the window's gradient is the whole batch's (equal
+    parts of a mean loss). Returns the batch's mean loss (detached, on the device) and its size."""
+    t = host
+    parts = split_batch(batch, t.micro_split)
+    guard = t.nonfinite
+    losses: list[torch.Tensor] = []
+    size = 0
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        with step.no_sync(closes and last):  # DDP: one all-reduce, on the window's last backward
+            with amp:
+                if first and i == 0:
+                    loss, outputs, targets = t.first_compute(part)
+                    t.check_first_loss(loss, outputs, targets)
+                else:
+                    loss, outputs, targets = t.compute(part)
+            if guard.gating:
+                guard.observe(loss)
+            if metrics is not None:
+                with torch.no_grad():
+                    metrics.update(outputs, targets)
+                if first and i == 0:
+                    metrics.check_first()
+            step.backward(loss, window * len(parts))
+        losses.append(loss.detach())
+        size += targets.shape[0] if type(targets) is torch.Tensor and targets.ndim else batch_size_of(targets, part)
+        del loss, outputs, targets
+    return torch.stack(losses).mean(), size

@@ -90,6 +90,7 @@ def plan_memory(
     criterion: Any = None,
     lora: Mapping[str, Any] | None = None,
     optimizer: str | None = None,
+    keep: Mapping[str, Any] | None = None,
 ) -> MemoryPlan:
     """Which memory switches make a training step of ``model`` on ``batch`` fit ``budget_gb``, and which is fastest.
 
@@ -105,6 +106,8 @@ def plan_memory(
         criterion: the loss (default: the model's ``.loss``, else cross-entropy / MSE from the targets).
         lora: LoRA's settings for the rows that add adapters (implies ``allow=("lora",)``); default r=16, all-linear.
         optimizer: only this optimizer kind (an optimizer you build yourself); default: the planner chooses.
+        keep: switches held at these values (``{"precision": "bf16-mixed"}``): only the rows that have them
+            (``Trainer(memory_budget_gb=...)`` keeps the switches its user set).
 
     Returns:
         A :class:`MemoryPlan`.
@@ -136,6 +139,10 @@ def plan_memory(
         raise ValueError(f"plan_memory(allow={sorted(unknown)}): the switches to allow are ('lora',).")
     if lora is not None:
         allowed.add("lora")
+    keep = dict(keep or {})
+    unknown_keep = sorted(set(keep) - set(MemoryOptions.names()))
+    if unknown_keep:
+        raise TypeError(f"plan_memory(keep=...): {unknown_keep} are not switches; use {list(MemoryOptions.names())}.")
     budget_bytes = int(budget_gb * GiB)
     usable = int(budget_bytes * (1 - margin))  # as MemoryPlan.usable_bytes: one rounding for fits and best
 
@@ -220,8 +227,16 @@ def plan_memory(
                 offload_activations=off_act,
                 offload_optimizer=off_opt,
             )
+            if any(getattr(memory, k) != v for k, v in keep.items()):
+                continue
             rows.append(plan_row(ctx, memory, micro, batch_size, usable))
-    baseline = next(r for r in rows if r.memory == MemoryOptions(optimizer="adamw") and r.grad_accum_steps == 1)
+    if not rows:
+        raise ValueError(
+            f"plan_memory(keep={keep}): no combination has these switches on this model and target "
+            f"({'; '.join(f'{k}: {v}' for k, v in unavailable.items()) or 'check their values'})."
+        )
+    plain = MemoryOptions(**{**MemoryOptions(optimizer=kinds[0] if optimizer else "adamw").__dict__, **keep})
+    baseline = next((r for r in rows if r.memory == plain and r.grad_accum_steps == 1), None)
     pickable = [r for r in rows if r.fits and (not r.changes_training or "lora" in allowed)]
     # the fastest; among equally fast rows the one with fewest switches (nothing switched on that is not needed)
     best = min(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes), default=None)
@@ -259,4 +274,5 @@ def plan_memory(
         unavailable=unavailable,
         seconds=time.perf_counter() - start,
         _predict=predict,
+        _candidates=sorted(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes)),
     )

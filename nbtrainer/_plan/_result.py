@@ -95,6 +95,8 @@ class MemoryPlan:
     unavailable: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     _predict: Any = field(default=None, repr=False, compare=False)
+    #: every pickable row that fits, fastest first (a step-down's choices)
+    _candidates: list[PlanRow] = field(default_factory=list, repr=False, compare=False)
 
     def predict(self, **switches: Any) -> PlanRow:
         """The row for any one combination: ``Trainer`` keyword arguments (``precision=``, ``optimizer=``,

@@ -80,6 +80,8 @@ def _config(trainer: Trainer) -> dict[str, Any]:
         "compile": setup.compile_options is not None,
         "channels_last": setup.channels_last,
         "strategy": type(trainer.strategy).__name__,
+        "memory": dict(trainer.options.memory.changed()),  # the memory switches in effect (a plan's, if any)
+        "memory_budget_gb": getattr(trainer.memory_plan, "budget_bytes", 0) / 2**30 or None,
     }
 
 

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from nbtrainer._events._stream import CallbackList, Progress
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
+    from nbtrainer._options import TrainerOptions
     from nbtrainer._setup._model_setup import ModelSetup
     from nbtrainer._trainer._batch_steps import BatchSteps
     from nbtrainer._trainer._live_control import LiveControl
+    from nbtrainer._trainer._memory_budget import MemoryBudget
     from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["TrainerBase"]
@@ -53,6 +55,9 @@ class TrainerBase:
     strategy: Any  # placement (_dist): SingleDevice, DDP or FSDP (duck-typed: only the distributed ones gather)
     scaler: torch.amp.GradScaler | None
     grad_accum_steps: int
+    micro_split: int  # each loader batch as this many forward / backward passes (memory_budget_gb's plan)
+    options: TrainerOptions
+    _budget: MemoryBudget | None  # memory_budget_gb= (nbtrainer._trainer._memory_budget)
     max_grad_norm: float | None
     optimizer_in_backward: bool  # each parameter updated inside backward (nbtrainer._loop._in_backward)
     seed: int | None

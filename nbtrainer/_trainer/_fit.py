@@ -131,6 +131,8 @@ class TrainerFit(TrainerBase):
             raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
         run.has_validation = val_loader is not None
         _validate.check_fit(self._whole, train_loader, val_loader, epochs, max_steps)
+        if self._budget is not None:  # planned for the first batch; nothing fits: a ValueError before any step
+            self._budget.prepare(train_loader)
         control = self._live.requests
         control.reset()
         self._nonfinite.reset()
@@ -168,6 +170,8 @@ class TrainerFit(TrainerBase):
             # Hugging Face models build no key/value cache while training (nothing reads it; it only costs memory)
             with ctrl_c, no_cache(self.model):
                 self.callbacks.call("on_fit_start", trainer=self)
+                if self._budget is not None:  # what the plan chose (one progress line), then measure the first steps
+                    self._budget.start()
                 if resume_note is not None:  # say whether it resumed (one line in the progress, an event)
                     st = run.loop_state
                     event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}

@@ -111,6 +111,10 @@ class TrainerHost:
         return self.owner.grad_accum_steps
 
     @property
+    def micro_split(self) -> int:
+        return self.owner.micro_split
+
+    @property
     def max_grad_norm(self) -> float | None:
         return self.owner.max_grad_norm
 

@@ -39,9 +39,12 @@ from nbtrainer._trainer._control import TrainerControl
 from nbtrainer._trainer._eval import TrainerEval
 from nbtrainer._trainer._fit import TrainerFit, is_plateau
 from nbtrainer._trainer._live_control import LiveControl
+from nbtrainer._trainer._memory_budget import MemoryBudget, check_budget
 
 if TYPE_CHECKING:
     from torchmetrics import MetricCollection
+
+    from nbtrainer._plan._result import MemoryPlan
 
 __all__ = ["Trainer"]
 
@@ -56,6 +59,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             up and its metrics are logged with the others.
         optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
             ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
+            ``"auto"``: AdamW, or with ``memory_budget_gb`` the kind its plan picks (8-bit, 4-bit, Adafactor).
             ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
             adapter loaded for inference); ``fit`` and ``lr_find`` then raise.
         scheduler: any LR scheduler bound to ``optimizer`` (OneCycleLR: use :meth:`total_steps`).
@@ -67,6 +71,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             ``ModelOutput``, a tuple) gets their ``.logits`` (else the first tensor).
         callbacks: objects with any of the hooks in ``nbtrainer.EVENTS``.
         precision: ``"fp32"``, ``"fp16-mixed"`` or ``"bf16-mixed"`` (aliases ``"32"``, ``"16"``, ``"bf16"``...).
+            ``None`` (the default): fp32, or with ``memory_budget_gb`` the precision its plan picks.
         grad_accum_steps: micro-batches per optimizer step.
         max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
@@ -129,6 +134,15 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``),
             ``None`` (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
+        memory_budget_gb: keep the training step within this many GiB of device memory. At the first ``fit``,
+            :func:`~nbtrainer.plan_memory` plans for its first batch on this device and the fastest row that fits
+            is applied: precision, activation checkpointing, the optimizer kind (with ``optimizer="auto"``), and
+            each batch split into micro-batches when the whole batch does not fit (same gradient). The switches you
+            set yourself (a precision, checkpointing, an optimizer by name or instance, the step in backward...) are
+            kept. One progress line says what was chosen; it is in the History's events, the run store and
+            :attr:`memory_plan`. The peak of the first optimizer steps is measured; above the budget the next row
+            is applied at the next step boundary (and said). Nothing fits: a ``ValueError`` before the first step.
+            Not with ``quantize=`` / ``lora=`` / ``compile=`` / DDP (plan those with ``plan_memory``).
 
     Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._data._batch``):
 
@@ -172,7 +186,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         scheduler_monitor: str | None = None,
         metrics: Mapping[str, Any] | MetricCollection | None = None,
         callbacks: Iterable[Any] = (),
-        precision: str = "fp32",
+        precision: str | None = None,
         grad_accum_steps: int = 1,
         max_grad_norm: float | None = None,
         device: str | torch.device = "auto",
@@ -206,9 +220,15 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         chunked_loss: bool | int = False,
         attention: str = "auto",
         run_store: str | os.PathLike[str] | bool | None = None,
+        memory_budget_gb: float | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        precision_given = precision is not None  # memory_budget_gb keeps a precision given, else chooses
+        precision = "fp32" if precision is None else precision
+        auto_optimizer = isinstance(optimizer, str) and optimizer.strip().lower() == "auto"
+        if auto_optimizer:  # AdamW, or the lower-memory kind memory_budget_gb's plan picks at the first fit
+            optimizer = "adamw"
         requested_optimizer = optimizer  # a name is built later with quantize= / lora=
         _validate.check_args(
             criterion=criterion,
@@ -228,6 +248,13 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         # under DDP nothing touches a CUDA device before this rank's device is set.
         self.strategy = _make_strategy(strategy, device, seed)
         device = self.strategy.device
+        check_budget(
+            memory_budget_gb,
+            quantize=quantize,
+            lora=lora,
+            compile=compile,
+            strategy_distributed=bool(self.strategy.distributed),
+        )
         # Strategy options (nbtrainer._setup._model_setup): checked, and a named optimizer built, now; applied last.
         self._setup = ModelSetup(
             model,
@@ -254,7 +281,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                     f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
                     "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
                 )
-            _validate_optimizer(model, optimizer)
+            _validate.check_optimizer_params(model, optimizer)
         elif scheduler is not None:
             raise ValueError(
                 "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
@@ -314,6 +341,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                 attention=savers.attention,
             )
         )
+        self.micro_split = 1  # each loader batch as this many forward / backward passes (memory_budget_gb's plan)
         self.seed = seed
         self.deterministic = deterministic
         self.batch_spec = BatchSpec(
@@ -365,6 +393,11 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                 self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         # A criterion that needs the trainer (DistillationLoss: its teacher sees the model's inputs, on this device)
         # binds itself once the model is final and may bring metrics (its loss parts); the user's win a name clash.
+        self._budget = (
+            MemoryBudget(self, memory_budget_gb, auto_optimizer=auto_optimizer, lr=lr, keep_precision=precision_given)
+            if memory_budget_gb is not None
+            else None
+        )
         bind = getattr(criterion, "bind_trainer", None)
         if callable(bind):
             extra = {k: v for k, v in bind(self).items() if k not in self._metric_spec}
@@ -384,6 +417,12 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         """The callback that records each fit of this trainer as a run in the run store (``run_store=``,
         read with :class:`nbtrainer.Runs`); the run's id is :attr:`run_id`."""
         return self._run_recorder
+
+    @property
+    def memory_plan(self) -> MemoryPlan | None:
+        """With ``memory_budget_gb``: the :class:`~nbtrainer.MemoryPlan` made at the first fit (its ``best`` row is
+        what was applied), else None."""
+        return self._budget.plan if self._budget is not None else None
 
     @property
     def _scheduler_per_step(self) -> bool:
@@ -438,22 +477,6 @@ def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
     from nbtrainer._dist._ddp import resolve_strategy
 
     return resolve_strategy(strategy, device, seed=seed)
-
-
-def _validate_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    model_ids = {id(p) for p in model.parameters()}
-    opt_params = [p for g in optimizer.param_groups for p in g["params"]]
-    if not opt_params:
-        raise ValueError(
-            "The optimizer holds no parameters. Build it from model.parameters(), or pass optimizer=None "
-            "for a trainer that only evaluates and predicts."
-        )
-    if not any(id(p) in model_ids for p in opt_params):
-        raise ValueError(
-            "The optimizer holds none of the model's parameters (was it built for another model "
-            "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
-            "optimizer=None to only evaluate and predict)."
-        )
 
 
 def _collection_names(spec: Mapping[str, Any]) -> set[str]:

@@ -46,6 +46,7 @@ __all__ = [
     "check_callback",
     "check_fit",
     "check_loss",
+    "check_optimizer_params",
     "check_val_loader",
     "dry_metrics",
     "first_compute",
@@ -335,3 +336,19 @@ def _check_model(trainer: Trainer) -> None:
                     f"self.register_buffer('{attr}', tensor) (persistent=False to keep it out of "
                     "the state_dict)."
                 )
+
+
+def check_optimizer_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model_ids = {id(p) for p in model.parameters()}
+    opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not opt_params:
+        raise ValueError(
+            "The optimizer holds no parameters. Build it from model.parameters(), or pass optimizer=None "
+            "for a trainer that only evaluates and predicts."
+        )
+    if not any(id(p) in model_ids for p in opt_params):
+        raise ValueError(
+            "The optimizer holds none of the model's parameters (was it built for another model "
+            "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
+            "optimizer=None to only evaluate and predict)."
+        )

@@ -1,0 +1,139 @@
+"""A memory budget kept during a fit: the example batch, the row to apply, and the check of the measured peak.
+
+``Trainer(memory_budget_gb=X)`` plans at the start of its first fit (``nbtrainer._trainer._memory_budget``) with what
+lives here, none of which needs the Trainer:
+
+* :func:`example_batch`: one batch of the training data, read without moving the loader's shuffling state;
+* :func:`choose`: the plan's best row, or a ``ValueError`` that names the smallest row's need and what would help;
+* :func:`step_down`: the next row after a measured peak above the budget, the plan's predictions scaled by the miss;
+* :class:`PeakCheck`: the measured peak of the first optimizer steps (``max_memory_allocated`` on CUDA, the tensor
+  tracker of :mod:`nbtrainer._peak` elsewhere), compared with the budget at a step boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nbtrainer._plan._result import MemoryPlan, PlanRow, _nothing_fits
+
+__all__ = ["CHECKED_STEPS", "PeakCheck", "choose", "example_batch", "step_down"]
+
+#: Optimizer steps measured after the plan is applied (and after each step down): the second one has the
+#: optimizer's state, the steady state the plan predicts.
+CHECKED_STEPS = 2
+
+
+def example_batch(loader: Any) -> Any:
+    """One training batch, read so that the fit's data order does not change.
+
+    A ``DataLoader`` over a map-style dataset gives its first ``batch_size`` samples through its own collate
+    function (its sampler and generator are not touched); anything else that can be iterated again gives its
+    first batch. A one-shot iterator cannot (its first batch would be lost to the fit).
+    """
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+        size = loader.batch_size
+        dataset: Any = loader.dataset
+        if size is not None and len(dataset) > 0:
+            return loader.collate_fn([dataset[i] for i in range(min(size, len(dataset)))])
+    if iter(loader) is loader:
+        raise ValueError(
+            "memory_budget_gb needs training data it can read twice (a DataLoader, a list of batches, arrays), "
+            "not a one-shot iterator: its first batch is planned before the fit reads it."
+        )
+    try:
+        return next(iter(loader))
+    except StopIteration:
+        raise ValueError("memory_budget_gb: the training data is empty.") from None
+
+
+def choose(plan: MemoryPlan) -> PlanRow:
+    """The plan's best row; nothing fits: a ``ValueError`` naming the smallest row's need and what would help."""
+    if plan.best is not None:
+        return plan.best
+    raise ValueError(
+        f"memory_budget_gb={plan.budget_bytes / 2**30:g}: nothing fits on {plan.device}: {_nothing_fits(plan)} "
+        "The switches you set yourself are kept: turning one off may help too."
+    )
+
+
+def step_down(plan: MemoryPlan, current: PlanRow, measured: int, *, optimizer: str | None) -> PlanRow | None:
+    """The fastest row expected to fit once the plan's miss on ``current`` is taken into account.
+
+    The plan under-predicted ``current`` by ``measured / current.peak_bytes``; every row's prediction is scaled by
+    that ratio, and the fastest one that then fits within the full budget, smaller than ``current``, is next.
+    ``optimizer``: only rows with this optimizer kind (its state exists by now). None: nothing smaller fits.
+    """
+    ratio = measured / max(current.peak_bytes, 1)
+    for row in plan._candidates:
+        if row.peak_bytes >= current.peak_bytes or row.memory.optimizer != optimizer:
+            continue
+        if row.memory.optimizer_in_backward != current.memory.optimizer_in_backward:
+            continue  # set up once, when the trainer was built
+        if row.peak_bytes * ratio <= plan.budget_bytes:
+            return row
+    return None
+
+
+class PeakCheck:
+    """The measured peak of the next :data:`CHECKED_STEPS` optimizer steps, compared with ``budget_bytes``.
+
+    A callback the Trainer adds for ``memory_budget_gb``: :meth:`arm` before the steps to measure; at the last
+    of them ``over(measured_bytes)`` is called (on the training thread, at a step boundary) when the peak is above
+    the budget. On CUDA the peak is ``torch.cuda.max_memory_allocated`` (reset when armed); on other devices the
+    tracker of :mod:`nbtrainer._peak` follows every tensor over those steps only (it slows them; no other step).
+    """
+
+    def __init__(self, budget_bytes: int, device: torch.device, over: Callable[[int], None]) -> None:
+        self.budget_bytes = budget_bytes
+        self.device = device
+        self.over = over
+        self.measured: list[int] = []  # each check's peak, in order
+        self._left = 0
+        self._tracker: Any = None
+
+    def arm(self, model: torch.nn.Module, optimizer: Any) -> None:
+        self._left = CHECKED_STEPS
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        from nbtrainer._peak import PeakTracker
+
+        self._close()
+        tracker = PeakTracker()
+        tracker.watch(model=model, optimizer=optimizer)
+        tracker.__enter__()
+        self._tracker = tracker
+
+    def _close(self) -> None:
+        tracker, self._tracker = self._tracker, None
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+            tracker.close()
+
+    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        if self._left <= 0:
+            return
+        self._left -= 1
+        if self._left:
+            return
+        if self.device.type == "cuda":
+            peak = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            peak = int(self._tracker.peak_bytes)
+            self._close()
+        self.measured.append(peak)
+        if peak > self.budget_bytes:
+            self.over(peak)
+
+    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        self._left = 0
+        self._close()
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        self._left = 0
+        self._close()

@@ -1,0 +1,234 @@
+"""``Trainer(memory_budget_gb=X)``: plan at the start of the first fit, apply the best row, keep the measured peak
+under X (:class:`MemoryBudget`, a part the Trainer owns).
+
+At the first ``fit`` the planner (:func:`nbtrainer.plan_memory`) gets the model, one batch of the training data and
+the trainer's device, with the switches the user set held (:meth:`MemoryBudget.kept`); the best row is applied
+(precision, activation checkpointing, the optimizer kind for ``optimizer="auto"``, each batch split into
+micro-batches with accumulation), said in one progress line (an ``on_control`` event ``memory_plan``, so the History,
+the run store and MLflow have it too) and kept on ``trainer.memory_plan``. The first optimizer steps are measured
+(:class:`nbtrainer._plan._budget.PeakCheck`); above X, the next row is applied at the next step boundary
+(``memory_step_down``), with the plan's predictions scaled by its miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
+from nbtrainer._report._format import format_bytes
+
+if TYPE_CHECKING:
+    from nbtrainer._options import MemoryOptions
+    from nbtrainer._plan._result import MemoryPlan, PlanRow
+    from nbtrainer._trainer._trainer import Trainer
+
+__all__ = ["MemoryBudget", "check_budget"]
+
+GiB = 2**30
+
+
+def check_budget(budget_gb: Any, *, quantize: Any, lora: Any, compile: Any, strategy_distributed: bool) -> None:
+    """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built."""
+    if budget_gb is None:
+        return
+    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
+        raise ValueError(f"memory_budget_gb must be a positive number of GiB (e.g. 16), got {budget_gb!r}.")
+    if quantize is not None or lora is not None:
+        raise ValueError(
+            "memory_budget_gb plans the switches of a model trained as given; with quantize= / lora= the base is "
+            "already decided. Plan the adapters first: plan_memory(model, batch, budget_gb=..., allow=('lora',)) "
+            "and pass its best.switches to the Trainer without memory_budget_gb."
+        )
+    if compile:
+        raise ValueError("memory_budget_gb with compile=: the plan simulates the eager step; use one of the two.")
+    if strategy_distributed:
+        raise ValueError(
+            "memory_budget_gb plans one device; under DDP / FSDP plan each rank with plan_memory and pass the "
+            "switches it gives."
+        )
+
+
+class MemoryBudget:
+    """A Trainer's memory budget (see the module docstring). ``plan``: the :class:`MemoryPlan` once made."""
+
+    def __init__(
+        self, trainer: Trainer, budget_gb: float, *, auto_optimizer: bool, lr: float | None, keep_precision: bool
+    ) -> None:
+        self._trainer = trainer
+        self.budget_gb = float(budget_gb)
+        self.auto_optimizer = auto_optimizer
+        self.keep_precision = keep_precision
+        self._lr = lr
+        self.plan: MemoryPlan | None = None
+        self.row: PlanRow | None = None
+        self.kept: dict[str, Any] = {}
+        self._announced = False
+        self.check = PeakCheck(int(self.budget_gb * GiB), trainer.device, self._over)
+
+    def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
+        """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an
+        instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading."""
+        kept: dict[str, Any] = {}
+        if self.keep_precision:
+            kept["precision"] = memory.precision
+        if activation_checkpointing:
+            kept["activation_checkpointing"] = True
+        # set up when the trainer was built (hooks, the loss path, the savers): kept as they are
+        for name in ("chunked_loss", "offload_activations", "offload_optimizer"):
+            kept[name] = getattr(memory, name)
+        if memory.optimizer_in_backward or not self._in_backward_possible():
+            kept["optimizer_in_backward"] = memory.optimizer_in_backward
+        return kept
+
+    def _in_backward_possible(self) -> bool:
+        """Whether the plan may turn on the optimizer step in backward (what the trainer already has allows it)."""
+        from nbtrainer._loop._in_backward import check_in_backward
+
+        trainer = self._trainer
+        try:
+            check_in_backward(
+                optimizer=trainer.optimizer,
+                grad_accum_steps=trainer.grad_accum_steps,
+                max_grad_norm=trainer.max_grad_norm,
+                precision=trainer.precision,
+                distributed=False,
+                offload_optimizer=trainer.options.memory.offload_optimizer,
+                callbacks=trainer.callbacks.callbacks,
+            )
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    def prepare(self, train_loader: Any) -> None:
+        """Plan for the first batch and apply the best row (once per trainer: later fits keep it)."""
+        if self.plan is None:
+            self._plan(train_loader)
+        if self.check not in self._trainer.callbacks.callbacks:
+            self._trainer.callbacks.append(self.check)
+
+    def start(self) -> None:
+        """Inside the fit, after ``on_fit_start``: say what was chosen (first fit) and measure the first steps."""
+        trainer = self._trainer
+        if not self._announced:
+            self._announced = True
+            self.announce()
+        self.check.arm(trainer.model, trainer.optimizer)
+
+    def _plan(self, train_loader: Any) -> None:
+        from nbtrainer._options import optimizer_kind
+        from nbtrainer._plan._plan import plan_memory
+
+        trainer = self._trainer
+        setup = trainer.model_setup
+        memory = trainer.options.memory
+        self.kept = self.kept_switches(memory, activation_checkpointing=setup.activation_checkpointing)
+        kind = None if self.auto_optimizer else optimizer_kind(trainer.optimizer)
+        if kind is None and not self.auto_optimizer:
+            raise ValueError(
+                f"memory_budget_gb: the planner does not know the state of {type(trainer.optimizer).__name__}. Give "
+                "the optimizer by name ('adamw', 'adafactor', 'adamw8bit', ...) or optimizer='auto' (it chooses)."
+            )
+        batch = example_batch(train_loader)
+        ckpt = setup.activation_checkpointing
+        if ckpt:  # the planner applies checkpointing to its own copy of the model
+            setup.set_activation_checkpointing(False)
+        try:
+            plan = plan_memory(
+                setup.model,
+                batch,
+                budget_gb=self.budget_gb,
+                device=trainer.device,
+                criterion=trainer.criterion,
+                optimizer=kind,
+                keep=self.kept,
+            )
+        finally:
+            if ckpt:
+                setup.set_activation_checkpointing(ckpt)
+        row = choose(plan)
+        self.plan = plan
+        self._apply(row, first=True)
+
+    def _apply(self, row: PlanRow, *, first: bool) -> None:
+        from nbtrainer._options import optimizer_kind
+        from nbtrainer._setup._precision import make_scaler
+
+        trainer = self._trainer
+        memory = row.memory
+        setup = trainer.model_setup
+        if memory.precision != trainer.precision:
+            trainer.precision = memory.precision
+            trainer.scaler = make_scaler(memory.precision, trainer.device)
+        want = memory.activation_checkpointing
+        if bool(want) != bool(setup.activation_checkpointing):
+            setup.set_activation_checkpointing(bool(want))
+        if first and self.auto_optimizer and memory.optimizer not in (None, optimizer_kind(trainer.optimizer)):
+            self._rebuild_optimizer(memory.optimizer)
+        trainer.micro_split = row.grad_accum_steps
+        trainer.optimizer_in_backward = memory.optimizer_in_backward  # hooks attach when the loop starts
+        trainer.options = dataclasses.replace(
+            trainer.options, memory=trainer.options.memory.replace(**_applied(memory))
+        )
+        self.row = row
+
+    def _rebuild_optimizer(self, kind: str) -> None:
+        """``optimizer="auto"``: the plan's kind, built over the same parameters before any step (no state yet)."""
+        from nbtrainer._setup._model_setup import build_optimizer
+
+        trainer = self._trainer
+        params = list(trainer._params)
+        optimizer = build_optimizer(kind, params, self._lr, device=trainer.device)
+        trainer.optimizer = trainer.model_setup.optimizer = optimizer
+        trainer._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def describe(self, row: PlanRow) -> str:
+        assert self.plan is not None
+        kept = sorted(k for k, v in self.kept.items() if v)
+        return (
+            f"{row.describe()}: predicted peak {format_bytes(row.peak_bytes)} of the {self.budget_gb:g} GiB budget "
+            f"on {self.plan.device} ({row.time_factor:.2f}x the time of plain fp32"
+            + (f"; kept as you set them: {', '.join(kept)}" if kept else "")
+            + ")"
+        )
+
+    def announce(self) -> None:
+        """The plan's choice as one ``on_control`` event (a progress line, the History, the run store)."""
+        if self.row is not None:
+            self._trainer._live.event("memory_plan", None, self.describe(self.row))
+
+    def _over(self, measured: int) -> None:
+        """The measured peak went past the budget (training thread, at a step boundary)."""
+        trainer, plan, current = self._trainer, self.plan, self.row
+        assert plan is not None and current is not None
+        kind = trainer.options.memory.optimizer
+        nxt = step_down(plan, current, measured, optimizer=kind)
+        if nxt is None:
+            trainer._live.event(
+                "memory_step_down",
+                current.describe(),
+                f"measured peak {format_bytes(measured)} is over the {self.budget_gb:g} GiB budget and no smaller "
+                "row is left: stopping (a smaller batch, LoRA, or a bigger device would help)",
+            )
+            trainer.request_stop(f"memory_budget_gb={self.budget_gb:g}: measured peak {format_bytes(measured)}")
+            return
+
+        def apply() -> None:
+            self._apply(nxt, first=False)
+            trainer._live.event(
+                "memory_step_down",
+                current.describe(),
+                f"{nxt.describe()} (measured peak {format_bytes(measured)} was over the {self.budget_gb:g} GiB budget)",
+            )
+            self.check.arm(trainer.model, trainer.optimizer)
+
+        trainer._live.requests.submit(apply)  # run by the loop at this step boundary, then the precision is re-read
+
+
+def _applied(memory: MemoryOptions) -> dict[str, Any]:
+    return {
+        "precision": memory.precision,
+        "activation_checkpointing": memory.activation_checkpointing,
+        "optimizer": memory.optimizer,
+        "optimizer_in_backward": memory.optimizer_in_backward,
+    }

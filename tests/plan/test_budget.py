@@ -1,0 +1,208 @@
+"""Trainer(memory_budget_gb=...): the plan applied at the first fit, the measured peak kept under the budget, the
+step down when a model allocates what the plan cannot see, and bad input refused before the first step."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from nbtrainer import Trainer, plan_memory
+from nbtrainer._peak import PeakTracker
+
+GiB = 2**30
+D_IN, HIDDEN, N = 64, 256, 1024
+
+
+class Wide(nn.Module):
+    """Small weights, large activations: the batch decides the peak, so splitting it matters."""
+
+    def __init__(self, scratch: int = 0) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(D_IN, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, 10)
+        self.scratch = scratch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.l2(torch.relu(self.l1(x))))
+        if self.scratch and not isinstance(x, FakeTensor):
+            # a workspace the simulation cannot see (like a custom kernel's): real steps allocate it, the plan not
+            work = torch.ones(x.shape[0], self.scratch)
+            h = h + work[:, :1] * 0
+        return self.l3(h)
+
+
+def _wide(scratch: int = 0) -> nn.Module:
+    torch.manual_seed(0)
+    return Wide(scratch)
+
+
+def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2 * N, D_IN, generator=g), torch.randint(0, 10, (2 * N,), generator=g)
+    return [(x[:N], y[:N]), (x[N:], y[N:])]
+
+
+class FitPeak:
+    """The measured peak of every optimizer step of a fit (the tracker armed at the first batch, after planning)."""
+
+    def __init__(self) -> None:
+        self.tracker: PeakTracker | None = None
+
+    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
+        if self.tracker is None:
+            self.tracker = PeakTracker()
+            self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer, inputs=batch)
+            self.tracker.__enter__()
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+            self.tracker.close()
+
+    @property
+    def peak(self) -> int:
+        assert self.tracker is not None
+        return self.tracker.peak_bytes
+
+
+def _predicted(**switches: Any) -> int:
+    plan = plan_memory(_wide(), _data()[0], budget_gb=1, device="cpu", criterion=nn.CrossEntropyLoss())
+    return plan.predict(optimizer="adamw", **switches).peak_bytes
+
+
+def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
+    whole, half = _predicted(), _predicted(grad_accum_steps=2)
+    assert half < whole  # activations dominate: a split batch needs less
+    budget_gb = (half + whole) / 2 / 0.9 / GiB  # the whole batch does not fit the usable 90%, half of it does
+    peak = FitPeak()
+    model = _wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = io.StringIO()
+    trainer = Trainer(
+        model, nn.CrossEntropyLoss(), opt, precision="fp32", memory_budget_gb=budget_gb, device="cpu",
+        progress="lines", callbacks=[peak], run_store=False,
+    )  # fmt: skip
+    with redirect_stdout(out):
+        history = trainer.fit(_data(), epochs=1)
+    plan = trainer.memory_plan
+    assert plan is not None and plan.best is not None
+    assert trainer.micro_split == plan.best.grad_accum_steps >= 2
+    assert plan.best.memory.precision == "fp32" and plan.best.memory.optimizer == "adamw"  # kept as given
+    assert peak.peak <= budget_gb * GiB, (peak.peak, budget_gb * GiB)
+    assert [e["kind"] for e in history.events] == ["memory_plan"]
+    line = next(s for s in out.getvalue().splitlines() if s.startswith("memory plan:"))
+    assert f"micro-batch {N // trainer.micro_split} x {trainer.micro_split}" in line and "kept" in line
+    # the same weights as the whole batch in one pass: equal parts of a mean loss, divided by their count
+    ref_model = _wide()
+    ref = Trainer(ref_model, nn.CrossEntropyLoss(), torch.optim.AdamW(ref_model.parameters(), lr=1e-3),
+                  device="cpu", progress=False, run_store=False)  # fmt: skip
+    ref.fit(_data(), epochs=1)
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    losses = history.steps["loss"]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.history.steps["loss"]), rtol=1e-5, atol=1e-6)
+
+
+def test_budget_steps_down_when_the_measured_peak_is_over() -> None:
+    scratch = 4096  # N x 4096 floats = 4 MiB the plan does not see
+    whole, half = _predicted(), _predicted(grad_accum_steps=2)
+    budget_gb = (whole + N * scratch * 4 // 4) / GiB  # the plan says the whole batch fits; the scratch breaks it
+    peak = FitPeak()
+    model = _wide(scratch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = _data() * 3
+    out = io.StringIO()
+    trainer = Trainer(
+        model, nn.CrossEntropyLoss(), opt, precision="fp32", memory_budget_gb=budget_gb, device="cpu",
+        progress="lines", callbacks=[peak], run_store=False,
+    )  # fmt: skip
+    assert whole / 0.9 < budget_gb * GiB  # planned: the whole batch
+    with redirect_stdout(out):
+        history = trainer.fit(data, epochs=1)
+    kinds = [e["kind"] for e in history.events]
+    assert kinds[0] == "memory_plan" and "memory_step_down" in kinds, history.events
+    down = next(e for e in history.events if e["kind"] == "memory_step_down")
+    assert down["step"] == 2  # measured over the first two steps, applied at that boundary
+    assert trainer.micro_split >= 2
+    checks = trainer._budget.check.measured  # type: ignore[union-attr]
+    assert checks[0] > budget_gb * GiB >= checks[-1], checks
+    assert "memory step down:" in out.getvalue()
+    assert history.status == "finished" and len(history.steps["loss"]) == len(data)
+    assert half < whole
+
+
+def test_optimizer_auto_takes_the_kind_of_the_plan() -> None:
+    torch.manual_seed(0)  # large weights, a small batch: the optimizer's state decides the peak
+    model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    data = [(x[:32], y[:32]) for x, y in _data()]
+    plan = plan_memory(model, data[0], budget_gb=1, device="cpu", criterion=nn.CrossEntropyLoss())
+    adamw = [r.peak_bytes for r in plan._candidates if r.memory.optimizer == "adamw"]
+    budget_gb = min(adamw) * 0.97 / 0.9 / GiB  # no AdamW row fits
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "auto", lr=3e-3, precision="fp32", memory_budget_gb=budget_gb,
+                      device="cpu", progress=False, run_store=False)  # fmt: skip
+    assert type(trainer.optimizer).__name__ == "AdamW"  # "auto" before a plan: AdamW
+    trainer.fit(data, epochs=1)
+    best = trainer.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and best.memory.optimizer not in (None, "adamw")
+    assert trainer.options.memory.optimizer == best.memory.optimizer
+    from nbtrainer._options import optimizer_kind
+
+    assert optimizer_kind(trainer.optimizer) == best.memory.optimizer
+    assert trainer.optimizer is not None and trainer.optimizer.param_groups[0]["lr"] == 3e-3
+    assert trainer.global_step == 2
+
+
+def test_nothing_fits_is_refused_before_the_first_step() -> None:
+    model = _wide()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", memory_budget_gb=0.0005, device="cpu", progress=False,
+                      run_store=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"nothing fits on cpu.*needs .*What would help: a smaller batch"):
+        trainer.fit(_data(), epochs=1)
+    assert trainer.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("budget", [0, -1, True, "16"])
+def test_a_budget_that_is_not_positive_is_refused(budget: Any) -> None:
+    with pytest.raises(ValueError, match="memory_budget_gb must be a positive number"):
+        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=budget, progress=False)
+
+
+def test_switches_the_plan_cannot_change_are_refused_or_kept() -> None:
+    with pytest.raises(ValueError, match="quantize= / lora="):
+        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, lora={"r": 4}, progress=False)
+    # a precision given is kept: every row of the plan has it
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="bf16-mixed", memory_budget_gb=1,
+                      device="cpu", progress=False, run_store=False)  # fmt: skip
+    trainer.fit(_data(), epochs=1)
+    plan = trainer.memory_plan
+    assert plan is not None and {r.memory.precision for r in plan.rows} == {"bf16-mixed"}
+    assert trainer.precision == "bf16-mixed"
+
+
+def test_a_one_shot_iterator_is_refused() -> None:
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, device="cpu", progress=False,
+                      run_store=False)  # fmt: skip
+    with pytest.raises(ValueError, match="read twice"):
+        trainer.fit(iter(_data()), epochs=1)
+
+
+def test_the_run_store_records_the_plan(tmp_path: Any) -> None:
+    from nbtrainer.runs import Runs
+
+    db = tmp_path / "runs.db"
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "auto", precision="fp32", memory_budget_gb=1, device="cpu",
+                      progress=False, run_store=str(db))  # fmt: skip
+    trainer.fit(_data(), epochs=1)
+    assert trainer.run_id is not None
+    run = Runs(db)[trainer.run_id]
+    assert run.config["memory_budget_gb"] == 1
+    assert run.config["memory"] == trainer.options.memory.changed()
+    (event,) = [e for e in run.history.events if e["kind"] == "memory_plan"]
+    assert event["new"].startswith(trainer.memory_plan.best.describe())  # type: ignore[union-attr]
