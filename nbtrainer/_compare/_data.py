@@ -40,7 +40,8 @@ class SplitLoader:
 
 
 class DataOrder:
-    """Puts every loader's shuffling generators back as they were, before each strategy."""
+    """Puts every loader's shuffling generators back as they were, before each strategy: a generator of the user's
+    own has its state moved by each run."""
 
     def __init__(self, loaders: Iterable[Any]) -> None:
         self.saved: list[tuple[Any, str, Any, Any]] = []
@@ -57,7 +58,7 @@ class DataOrder:
     def reset(self) -> None:
         for owner, attr, gen, state in self.saved:
             try:
-                setattr(owner, attr, gen)  # drop a generator a Trainer installed
+                setattr(owner, attr, gen)  # as it was (a Trainer lends its own only for an epoch)
             except (AttributeError, ValueError):  # pragma: no cover - read-only attribute
                 pass
             if state is not None:

@@ -1,9 +1,12 @@
 """The data order of a training loader: the generator its sampler shuffles with, as state a checkpoint carries.
 
 A shuffling sampler without a generator of its own draws from the global RNG each epoch, which no checkpoint can
-replay. :func:`sampler_generator` installs one (seeded once from the global, seeded RNG), so the order of an epoch
-is a function of the generator's state: the loop records it at each epoch start (``LoopState.sampler_state``)
-and a resumed run sets it back, for an exact resume mid-epoch and at epoch boundaries.
+replay. :class:`ShuffleOrder` owns a generator for it (seeded from the global, seeded RNG when a run starts) and
+lends it to the loader for one epoch at a time: the order of an epoch is a function of the generator's state,
+which the loop records at each epoch start (``LoopState.sampler_state``) and a resumed run sets back, for an exact
+resume mid-epoch and at epoch boundaries. At the end of each epoch (and of the fit, however it ends) the loader gets
+back what it had, so the user's ``DataLoader`` is left exactly as it was: a second ``Trainer(seed=0)`` on the same
+loader (a re-run notebook cell) shuffles as the first did.
 """
 
 from __future__ import annotations
@@ -14,30 +17,67 @@ import torch
 
 from nbtrainer._setup._seed import seed_worker
 
-__all__ = ["sampler_generator"]
+__all__ = ["ShuffleOrder"]
 
 
-def sampler_generator(loader: Any, *, deterministic: bool = False) -> torch.Generator | None:
-    """The generator that shuffles ``loader`` (installed if it has none); ``None`` when it has no sampler with
-    a ``generator`` (a list of batches, an iterable dataset). ``deterministic``: workers are seeded too.
+class ShuffleOrder:
+    """The generator that shuffles one training loader, lent to it for an epoch at a time.
+
+    Args:
+        loader: the training loader. Without a sampler that has a ``generator`` (a list of batches, an iterable
+            dataset, a ``DistributedSampler``) there is nothing to lend: :meth:`lend` returns None. A sampler with
+            a generator of its own keeps it (its state is the order, read and set the same way).
+        deterministic: also seed the loader's workers (``worker_init_fn``) while the generator is lent.
 
     Example:
-        >>> import torch
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, shuffle=True)
-        >>> sampler_generator(loader) is loader.sampler.generator
-        True
+        >>> order = ShuffleOrder(loader)
+        >>> gen = order.lend()
+        >>> loader.sampler.generator is gen, order.give_back(), loader.sampler.generator
+        (True, None, None)
     """
-    sampler = getattr(loader, "sampler", None)
-    if sampler is None or not hasattr(sampler, "generator"):
-        return None
-    if sampler.generator is None:
-        gen = torch.Generator()
-        gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
-        sampler.generator = gen
-        if getattr(loader, "generator", "absent") is None:
-            loader.generator = gen  # worker base seeds follow the same state
-        workers = getattr(loader, "num_workers", 0)
-        if deterministic and workers and loader.worker_init_fn is None:
-            loader.worker_init_fn = seed_worker
-    return sampler.generator
+
+    def __init__(self, loader: Any, *, deterministic: bool = False) -> None:
+        self.loader = loader
+        self.deterministic = deterministic
+        sampler = getattr(loader, "sampler", None)
+        self._sampler = sampler if sampler is not None and hasattr(sampler, "generator") else None
+        self._own: torch.Generator | None = None
+        self._saved: list[tuple[Any, str, Any]] = []  # (object, attribute, the user's value) to put back
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The generator the loader shuffles with this epoch (the user's, or the one lent); None: no shuffling."""
+        if self._sampler is None:
+            return None
+        return self._sampler.generator if self._sampler.generator is not None else self._own
+
+    def lend(self) -> torch.Generator | None:
+        """Give the loader the generator for this epoch (created at the first call, from the global RNG)."""
+        sampler = self._sampler
+        if sampler is None:
+            return None
+        if sampler.generator is not None and not self._saved:
+            return sampler.generator  # the user's own generator
+        if self._own is None:
+            self._own = torch.Generator()
+            self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
+        if not self._saved:
+            loader = self.loader
+            self._lend(sampler, "generator", self._own)
+            if getattr(loader, "generator", "absent") is None:
+                self._lend(loader, "generator", self._own)  # worker base seeds follow the same state
+            if self.deterministic and getattr(loader, "num_workers", 0) and loader.worker_init_fn is None:
+                self._lend(loader, "worker_init_fn", seed_worker)
+        return self._own
+
+    def _lend(self, obj: Any, name: str, value: Any) -> None:
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def give_back(self) -> None:
+        """The loader's own values back (the end of an epoch, of the fit)."""
+        while self._saved:
+            obj, name, value = self._saved.pop()
+            setattr(obj, name, value)

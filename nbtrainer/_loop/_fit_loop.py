@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._data._batch import batch_size_of, move_to_device
+from nbtrainer._data._order import ShuffleOrder
 from nbtrainer._data._prefetch import DataPath
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._memory import MemoryProbe
@@ -100,6 +101,7 @@ class FitLoop:
         # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
         # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
         device, fast, fraction = host.device, host.fast_fetch, host.data_on_device
+        self.order = ShuffleOrder(train_loader, deterministic=host.deterministic)
         self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
         self.val_data = (
             DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
@@ -127,6 +129,7 @@ class FitLoop:
             self._restore_rng()  # resumed a run that had nothing left to do
         finally:
             hook.remove()
+            self.order.give_back()  # the user's loader as it was, however the fit ended
 
     def _restore_rng(self) -> None:
         """The RNG of a resumed run, once (after the epoch's data order has been replayed)."""
@@ -143,7 +146,7 @@ class FitLoop:
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        gen = t.sampler_generator(loader)
+        gen = self.order.lend()  # the loader shuffles with it this epoch; given back at the epoch's end
         if gen is not None:
             if st.sampler_state is not None:  # this epoch's start state (saved, or left by the last epoch)
                 gen.set_state(st.sampler_state)
@@ -471,9 +474,10 @@ class FitLoop:
         logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
         logs["steps"] = st.global_step
         logs["skipped_steps"] = st.skipped_steps
-        gen = t.sampler_generator(self.train_loader)
+        gen = self.order.generator
         if gen is not None:
             st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
+        self.order.give_back()
         st.epoch_complete = True
         st.epoch_time = epoch_time
         cb.call("on_epoch_end", trainer=owner, epoch=epoch_no, logs=logs)

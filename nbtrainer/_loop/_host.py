@@ -71,6 +71,8 @@ class LoopHost(Protocol):
     @property
     def grad_accum_steps(self) -> int: ...
     @property
+    def deterministic(self) -> bool: ...  # seeded data order: the loader's workers are seeded too
+    @property
     def micro_split(self) -> int: ...  # each loader batch as this many forward / backward passes (memory_budget_gb)
     @property
     def max_grad_norm(self) -> float | None: ...
@@ -104,5 +106,4 @@ class LoopHost(Protocol):
     def has_deferred(self) -> bool: ...
     def run_deferred(self) -> None: ...  # checkpoint saves queued while an event was delivered
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None: ...
-    def sampler_generator(self, loader: Any) -> torch.Generator | None: ...  # the data order's state
     def take_pending_rng(self) -> dict[str, Any] | None: ...  # RNG of a resumed run, restored once

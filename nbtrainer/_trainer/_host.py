@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._data._order import sampler_generator
 from nbtrainer._loop._control import step_epoch_scheduler
 from nbtrainer._trainer import _validate
 
@@ -111,6 +110,10 @@ class TrainerHost:
         return self.owner.grad_accum_steps
 
     @property
+    def deterministic(self) -> bool:
+        return self.owner.deterministic
+
+    @property
     def micro_split(self) -> int:
         return self.owner.micro_split
 
@@ -190,9 +193,6 @@ class TrainerHost:
 
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None:
         step_epoch_scheduler(self.owner.scheduler, self.owner.scheduler_monitor, logs)
-
-    def sampler_generator(self, loader: Any) -> torch.Generator | None:
-        return sampler_generator(loader, deterministic=self.owner.deterministic)
 
     def take_pending_rng(self) -> dict[str, Any] | None:
         return self.owner.run_state.take_pending_rng()
