@@ -306,7 +306,15 @@ def predict_outputs(trainer: Trainer, batch: Any) -> Any:
         return trainer.predict_step(batch)
     loss_fn = steps.compute_loss_fn
     if loss_fn is not None or overridden(trainer, "compute_loss"):
-        result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
+        try:
+            result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
+        except Exception as exc:  # the user's function, called for a use it may not have been written for
+            raise ValueError(
+                f"predict() has no predict_step, so it ran compute_loss on the batch for its outputs, and "
+                f"compute_loss raised {type(exc).__name__}: {exc} (a batch without targets?). Pass "
+                "Trainer(..., predict_step=fn(model, batch) -> outputs), or override Trainer.predict_step in a "
+                "subclass."
+            ) from exc
         if isinstance(result, tuple) and len(result) == 3:
             return result[1]
         # Only a loss: the model is called on the batch as the protocol splits it (an autoencoder's x).

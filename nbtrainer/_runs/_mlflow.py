@@ -3,8 +3,8 @@
 It consumes the same events as the other loggers (per-step values from ``on_refresh``'s ``step_points``,
 already on the host; epoch rows at ``on_epoch_end``; panel changes from ``on_control``) and hands every MLflow
 call to its own thread, so a slow server or the SQLite schema creation of a fresh ``mlflow.db`` (seconds)
-never stalls the loop. ``fit`` returns without waiting for that thread (``wait=True`` waits, bounded by
-``flush_timeout``); :meth:`MLflowLogger.flush` waits on demand, and a process waits for it at exit.
+never stalls the loop. ``fit`` returns once that thread has ended the run (bounded by ``flush_timeout``;
+``wait=False`` returns at once); :meth:`MLflowLogger.flush` waits on demand, and a process waits for it at exit.
 
 A tracking URI that cannot be reached is said once (a warning) and the fit goes on: its values stay in the
 History and the run store. Only rank 0 logs under DDP.
@@ -114,8 +114,10 @@ class MLflowLogger(Callback):
             step either way.
         send_interval: seconds between sends of the gathered points to MLflow (also at each epoch end and at
             the end of the fit): each send is one ``log_batch``, about 6 ms CPU on a local SQLite store.
-        wait: ``fit`` returns only once MLflow has the whole run (default: at once; the calls finish in the
-            background, :meth:`flush` waits for them, and so does the end of the process).
+        wait: ``fit`` returns once MLflow has the whole run, ended (default; bounded by ``flush_timeout``), so a
+            notebook that reads MLflow right after ``fit`` sees every metric and the final status. ``False``:
+            ``fit`` returns at once and the calls finish in the background (:meth:`flush` waits for them, and so
+            does the end of the process).
         flush_timeout: the longest :meth:`flush` (and ``wait=True``) waits, in seconds.
 
     Raises:
@@ -137,7 +139,7 @@ class MLflowLogger(Callback):
         tags: dict[str, Any] | None = None,
         every_step: bool = False,
         send_interval: float = 10.0,
-        wait: bool = False,
+        wait: bool = True,
         flush_timeout: float = 120.0,
     ) -> None:
         require("mlflow", "MLflowLogger", _INSTALL)

@@ -46,6 +46,27 @@ def test_predict_uses_compute_loss_outputs_when_given_as_a_function():
         assert torch.equal(preds, model(X))
 
 
+def test_predict_through_a_compute_loss_that_fails_names_predict_step():
+    model = mlp()
+    trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), 0.1), compute_loss=_feature_loss, progress=False)
+    trainer.fit(_feature_batches(), epochs=1)
+    seen = []
+
+    class Count:
+        def __iter__(self):
+            for i in range(0, 48, 16):
+                seen.append(i)
+                yield {"feats": X[i : i + 16]}  # new data: no labels, which _feature_loss reads
+
+    with pytest.raises(ValueError, match=r"no predict_step.*KeyError: 'y'.*predict_step=fn\(model, batch\)") as info:
+        trainer.predict(Count())
+    assert seen == [0]  # stopped at the first batch
+    assert isinstance(info.value.__cause__, KeyError)  # the user's own error stays attached
+    fixed = Trainer(model, None, None, compute_loss=_feature_loss, predict_step=lambda m, b: m(b["feats"]),
+                    progress=False)  # fmt: skip
+    assert fixed.predict(Count()).shape == (48, Y.max().item() + 1)
+
+
 def test_predict_uses_compute_loss_of_a_subclass():
     class FeatureTrainer(Trainer):
         def compute_loss(self, batch):

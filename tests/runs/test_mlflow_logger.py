@@ -96,7 +96,7 @@ def test_a_stopped_fit_ends_killed_with_its_reason(uri, tmp_path):
         def on_epoch_end(self, trainer, epoch, logs):
             trainer.request_stop("enough")
 
-    logger = MLflowLogger(tracking_uri=uri, experiment="digits", wait=True)  # fit returns once MLflow has it all
+    logger = MLflowLogger(tracking_uri=uri, experiment="digits")  # fit returns once MLflow has it all
     _, history = _fit(logger, tmp_path, epochs=3, callbacks=[Stop()])
     run = mlflow.MlflowClient(uri).get_run(logger.run_id)
     assert history.status == "stopped" and run.info.status == "KILLED"
@@ -198,3 +198,27 @@ def test_logging_to_a_real_mlflow_server_over_http(mlflow_server, tmp_path):
     assert [r.info.run_id for r in found] == [logger.run_id]
     files = {os.path.basename(a.path) for a in client.list_artifacts(logger.run_id, "checkpoints")}
     assert "last.ckpt" in files
+
+
+class FailAt:
+    def __init__(self, step):
+        self.step = step
+
+    def on_optimizer_step(self, trainer, step, skipped):
+        if step == self.step:
+            raise RuntimeError("boom at step 3")
+
+
+@pytest.mark.slow
+def test_the_mlflow_run_has_ended_with_every_metric_when_fit_returns(uri, tmp_path):
+    # default wait: no flush() before reading; the run is over in MLflow when fit returns
+    logger = MLflowLogger(tracking_uri=uri, experiment="ended", send_interval=3600.0)
+    _, history = _fit(logger, tmp_path)
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.info.end_time is not None
+    assert [m.value for m in client.get_metric_history(logger.run_id, "loss")] == pytest.approx(history["loss"])
+    failing = MLflowLogger(tracking_uri=uri, experiment="ended")
+    with pytest.raises(RuntimeError, match="boom at step 3"):
+        _fit(failing, tmp_path, callbacks=[FailAt(3)])
+    assert client.get_run(failing.run_id).info.status == "FAILED"
