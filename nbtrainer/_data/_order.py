@@ -68,7 +68,7 @@ class ShuffleOrder:
             self._lend(sampler, "generator", self._own)
             if getattr(loader, "generator", "absent") is None:
                 self._lend(loader, "generator", self._own)  # worker base seeds follow the same state
-            if self.deterministic and getattr(loader, "num_workers", 0) and loader.worker_init_fn is None:
+            if self.deterministic and int(getattr(loader, "num_workers", 0)) > 0 and loader.worker_init_fn is None:
                 self._lend(loader, "worker_init_fn", seed_worker)
         return self._own
 

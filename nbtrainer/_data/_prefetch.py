@@ -30,7 +30,7 @@ import torch
 from nbtrainer._data._batch import iter_tensors, move_to_device
 from nbtrainer._data._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor
 
-__all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "prefetch"]
+__all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "lookahead", "prefetch"]
 
 Tensor = torch.Tensor
 
@@ -178,3 +178,15 @@ class DataPath:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         return prefetch(pinned, self.device, self._stream)
+
+
+def lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
+    """Yield (item, is_last) with one item of lookahead (for loaders without len)."""
+    try:
+        current = next(it)
+    except StopIteration:
+        return
+    for nxt in it:
+        yield current, False
+        current = nxt
+    yield current, True

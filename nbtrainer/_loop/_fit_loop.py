@@ -30,7 +30,8 @@ import torch
 
 from nbtrainer._data._batch import batch_size_of, move_to_device
 from nbtrainer._data._order import ShuffleOrder
-from nbtrainer._data._prefetch import DataPath
+from nbtrainer._data._prefetch import DataPath, lookahead
+from nbtrainer._loop._closure import ClosureStep, needs_closure
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._memory import MemoryProbe
 from nbtrainer._loop._metrics import exact_add
@@ -45,18 +46,6 @@ _PAIR = (tuple, list)
 __all__ = ["FitLoop", "LoopState"]  # LoopState lives in _loop_state (re-exported for its importers)
 
 _NULL = contextlib.nullcontext()
-
-
-def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
-    """Yield (item, is_last) with one item of lookahead (for loaders without len)."""
-    try:
-        current = next(it)
-    except StopIteration:
-        return
-    for nxt in it:
-        yield current, False
-        current = nxt
-    yield current, True
 
 
 class FitLoop:
@@ -170,7 +159,7 @@ class FitLoop:
 
         n = self.n_batches
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
-        pairs = zip(it, itertools.repeat(False)) if n is not None else _lookahead(it)
+        pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
         window = in_window = 0
         timing_every = t.timing_every or 0
         metrics = t.train_metrics if t.train_metrics else None
@@ -186,6 +175,7 @@ class FitLoop:
         r_fwd = torch.profiler.record_function("nbt.forward") if prof else _NULL
         r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
         amp = t.autocast()
+        closure = ClosureStep(t) if needs_closure(t.optimizer) else None
         pend_loss, pend_bs = self._pend_loss, self._pend_bs
         t1 = t2 = t3 = 0.0
         while True:
@@ -218,12 +208,14 @@ class FitLoop:
                 t1 = time.perf_counter()
             if cb.has("on_train_batch_start"):
                 cb.call("on_train_batch_start", trainer=owner, batch=batch, batch_idx=st.batch)
-            if t.micro_split > 1:  # memory_budget_gb: this batch as several forward / backward passes
-                detached, bs = split_steps(t, step, batch, window, closes, first, amp, metrics)
-                if sample:
-                    self._sync()
-                    t1 = t2 = time.perf_counter()
-                first = False
+            if closure is not None or t.micro_split > 1:
+                # LBFGS: forward and backward run inside the step, at the window's close; memory_budget_gb's
+                # plan: this batch as several forward / backward passes. Their time counts as backward.
+                if closure is not None:
+                    detached, bs, step.closure = closure.prepare(batch, first, amp, metrics)
+                else:
+                    detached, bs = split_steps(t, step, batch, window, closes, first, amp, metrics)
+                t2 = t1
                 loss = outputs = targets = None
             else:
                 # DDP: non-final micro-steps skip the gradient all-reduce for forward AND backward.
@@ -250,9 +242,9 @@ class FitLoop:
                         t2 = time.perf_counter()
                     with r_bwd:
                         step.backward(loss, window)
-                first = False
                 bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
                 detached = loss.detach()
+            first = False
             pend_loss.append(detached)
             pend_bs.append(bs)
             self._micro_total += 1

@@ -49,6 +49,8 @@ class TrainStep:
         self.schedule = schedule
         self._stepped = False
         self._in_backward: StepInBackward | None = None
+        #: a closure optimizer's closure for the next step (``nbtrainer._loop._closure``), set by the loop
+        self.closure: Any = None
 
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
@@ -105,6 +107,15 @@ class TrainStep:
             wait = getattr(opt, "wait_for_gradients", None)
             if wait is not None:  # offload_optimizer: gradients copied to the host during backward must land
                 wait()  # first (its step waits for them anyway: no extra sync)
+            closure, self.closure = self.closure, None
+            if closure is not None:  # LBFGS: the gradients (clipped) come from the closure, inside the step
+                if self.events and host.callbacks.has("on_before_optimizer_step"):
+                    host.callbacks.call("on_before_optimizer_step", trainer=host.owner, optimizer=opt)
+                lr = opt.param_groups[0]["lr"]
+                self._stepped = False
+                opt.step(closure)
+                opt.zero_grad(set_to_none=True)
+                return self._after_step(lr)
             if scaler is not None:
                 scaler.unscale_(opt)
             if rescale != 1.0:
@@ -127,6 +138,10 @@ class TrainStep:
             elif allowed:
                 opt.step()
             opt.zero_grad(set_to_none=True)
+        return self._after_step(lr)
+
+    def _after_step(self, lr: float) -> tuple[bool, float]:
+        host = self.host
         skipped = not self._stepped
         if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
             host.scheduler.step()

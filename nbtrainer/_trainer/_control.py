@@ -46,6 +46,7 @@ class TrainerControl(TrainerBase):
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
         _validate.check_accum(steps)
         _validate.check_in_backward_now(self._whole, grad_accum_steps=int(steps))
+        self._check_closure(grad_accum_steps=int(steps))
         self._live.apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
@@ -57,6 +58,18 @@ class TrainerControl(TrainerBase):
     def remove_callback(self, callback: Any) -> None:
         self.callbacks.remove(callback)
 
+    def _check_closure(self, **changed: Any) -> None:
+        from nbtrainer._loop._closure import check_closure
+
+        settings: dict[str, Any] = {
+            "grad_accum_steps": self.grad_accum_steps,
+            "precision": self.precision,
+            "optimizer_in_backward": self.optimizer_in_backward,
+            "on_nonfinite": self._nonfinite.mode,
+            "memory_budget": self._budget is not None,
+        }
+        check_closure(self.optimizer, **{**settings, **changed})
+
     def _require_idle(self, what: str) -> None:
         if self._run.fitting:
             raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
@@ -66,6 +79,7 @@ class TrainerControl(TrainerBase):
         self._require_idle("precision")
         checked = require_precision(precision, self.device)
         _validate.check_in_backward_now(self._whole, precision=checked)
+        self._check_closure(precision=checked)
         self.precision = checked
         self.scaler = make_scaler(self.precision, self.device)
 

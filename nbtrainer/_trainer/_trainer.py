@@ -23,6 +23,7 @@ from nbtrainer._dist._launch_monitor import launched_callbacks
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 from nbtrainer._events._progress import ProgressBar, progress_callback
 from nbtrainer._events._stream import CallbackList, Progress
+from nbtrainer._loop._closure import check_closure
 from nbtrainer._loop._in_backward import check_in_backward
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
@@ -325,6 +326,14 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                 offload_optimizer=offload_optimizer,
                 callbacks=callbacks,
             )
+        check_closure(
+            optimizer,
+            grad_accum_steps=grad_accum_steps,
+            precision=self.precision,
+            optimizer_in_backward=optimizer_in_backward,
+            on_nonfinite=on_nonfinite,
+            memory_budget=memory_budget_gb is not None,
+        )
         savers = self._setup.savers
         # the memory switches, stored once and validated (precision resolved, quantize / attention normalized)
         self.options = TrainerOptions(

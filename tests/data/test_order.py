@@ -3,6 +3,8 @@ loader is left as it was and re-running a training cell trains the same weights.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -11,13 +13,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from nbtrainer import Trainer
 
 
-def _loader(**kwargs: object) -> DataLoader:
+def _loader(**kwargs: Any) -> DataLoader:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, **kwargs)  # type: ignore[arg-type]
+    return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, **kwargs)
 
 
-def _fit(loader: DataLoader, **kwargs: object) -> list[torch.Tensor]:
+def _fit(loader: DataLoader, **kwargs: Any) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.1, seed=0, progress=False, run_store=False, **kwargs)
