@@ -23,6 +23,8 @@ from torch import nn
 
 from nbtrainer._setup._quantize import (
     dequantize_linear,
+    is_conv1d,
+    is_linear,
     is_quantized_linear,
     output_head_name,
     require_module,
@@ -41,11 +43,7 @@ def is_peft_model(model: nn.Module) -> bool:
 
 def _linear_names(model: nn.Module) -> list[str]:
     head = output_head_name(model)
-    return [
-        name
-        for name, module in model.named_modules()
-        if (isinstance(module, nn.Linear) or is_quantized_linear(module)) and name != head and name
-    ]
+    return [name for name, module in model.named_modules() if is_linear(module) and name != head and name]
 
 
 def check_lora(model: nn.Module, lora: Any) -> Any:
@@ -107,11 +105,25 @@ def check_lora(model: nn.Module, lora: Any) -> Any:
     return config
 
 
+def _fan_in_fan_out(model: nn.Module, config: Any) -> None:
+    """transformers' ``Conv1D`` stores its weight ``(in, out)``: PEFT needs ``fan_in_fan_out=True`` for it and
+    ``False`` for ``nn.Linear`` (it corrects either with a warning per layer). Set for the layers as they are when
+    the adapters go in (``quantize=`` has turned the quantized ones into linear layers by then)."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targeted = [m for n, m in model.named_modules() if n and check_target_module_exists(config, n)]
+    if any(is_conv1d(m) for m in targeted):
+        config.fan_in_fan_out = True
+    elif targeted and all(is_linear(m) for m in targeted):
+        config.fan_in_fan_out = False
+
+
 def apply_lora(model: nn.Module, config: Any, keep_trainable: Iterable[str] = ()) -> nn.Module:
     """``peft.get_peft_model``: adapters injected into ``model`` (in place), base frozen; the parameters
     named in ``keep_trainable`` (the user's ``trainable=`` choice) train too. Returns the PeftModel."""
     from peft import get_peft_model
 
+    _fan_in_fan_out(model, config)
     with warnings.catch_warnings():
         # PEFT reads transformers' deprecated `is_gradient_checkpointing` while it wraps the model: a FutureWarning a
         # user saw as red text in every LoRA cell, about a call they never made. Only that message is silenced.
@@ -152,7 +164,7 @@ def merge_lora(model: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
             continue
         layer: Any = module
         inner = layer.get_base_layer()
-        if not (isinstance(inner, nn.Linear) or is_quantized_linear(inner)):
+        if not is_linear(inner):
             raise ValueError(f"merge_lora() merges LoRA on linear layers; {name} wraps {type(inner).__name__}.")
         dense = dequantize_linear(inner, dtype) if is_quantized_linear(inner) else copy.deepcopy(inner)
         dense.weight.requires_grad_(False)

@@ -105,6 +105,31 @@ def is_quantized_linear(module: nn.Module) -> bool:
     )
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's linear layers, weight stored ``(in, out)``), checked without importing it."""
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
+
+
+def is_linear(module: nn.Module) -> bool:
+    """A linear layer as PEFT's ``"all-linear"`` counts them: ``nn.Linear``, transformers' ``Conv1D``, bitsandbytes'."""
+    return isinstance(module, nn.Linear) or is_conv1d(module) or is_quantized_linear(module)
+
+
+def conv1d_as_linear(module: nn.Module) -> nn.Linear:
+    """An ``nn.Linear`` computing what a ``Conv1D`` does (``x @ W + b`` with ``W`` of shape ``(in, out)``)."""
+    weight: Any = module.weight
+    n_in, n_out = weight.shape
+    linear = nn.Linear(n_in, n_out, bias=getattr(module, "bias", None) is not None, device=weight.device,
+                       dtype=weight.dtype)  # fmt: skip
+    with torch.no_grad():
+        linear.weight.copy_(weight.t())
+        if linear.bias is not None:
+            linear.bias.copy_(module.bias)  # type: ignore[arg-type]
+    linear.weight.requires_grad_(weight.requires_grad)
+    return linear
+
+
 def output_head_name(model: nn.Module) -> str | None:
     """The output layer's qualified name: a Hugging Face model's output embeddings, else the last
     ``nn.Linear`` registered (the usual place of a classifier / LM head)."""
@@ -114,19 +139,20 @@ def output_head_name(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if head is not None and module is head:
             return name
-        if isinstance(module, nn.Linear) or is_quantized_linear(module):
+        if is_linear(module):
             last = name
     return last if head is None else None
 
 
 def quantizable_linears(model: nn.Module, keep: Iterable[str] = ()) -> list[str]:
-    """Qualified names of the ``nn.Linear`` layers :func:`quantize_model` replaces: all but the output head
-    and those whose parameters are named in ``keep`` (the ones that stay trainable)."""
+    """Qualified names of the ``nn.Linear`` (and transformers ``Conv1D``) layers :func:`quantize_model` replaces:
+    all but the output head and those whose parameters are named in ``keep`` (the ones that stay trainable)."""
     keep = set(keep)
     head = output_head_name(model)
     names = []
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear or name == head:  # subclasses may carry behaviour we would drop
+        # subclasses of nn.Linear may carry behaviour we would drop
+        if not (type(module) is nn.Linear or is_conv1d(module)) or name == head:
             continue
         if any(f"{name}.{p}" in keep for p, _ in module.named_parameters()):
             continue
@@ -170,7 +196,7 @@ def check_quantize(
     bnb(f"quantize={name!r}")
     names = quantizable_linears(model, keep)
     if not names:
-        present = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        present = [n for n, m in model.named_modules() if is_linear(m)]
         why = (
             f"its only nn.Linear layers are the output head or trainable ({present})"
             if present
@@ -236,6 +262,8 @@ def quantize_model(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, child)
+        if is_conv1d(linear):  # GPT-2's layers: the same product as an nn.Linear with the weight transposed
+            linear = conv1d_as_linear(linear)
         setattr(parent, child, _quantized_copy(lib, linear, method, dtype, device))
         count += 1
     flag = "is_loaded_in_8bit" if method == "int8" else "is_loaded_in_4bit"

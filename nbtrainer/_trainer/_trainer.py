@@ -116,8 +116,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the
             free device memory, and slice batches there; otherwise batches are gathered into pinned memory
             and copied on a side stream one step ahead. ``0``: never copy the dataset.
-        quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: the ``nn.Linear`` layers (but the output head
-            and trainable ones) become frozen bitsandbytes layers, computing in the precision's dtype.
+        quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: the ``nn.Linear`` (and GPT-2 ``Conv1D``) layers
+            (but the output head and trainable ones) become frozen bitsandbytes layers, computing in the precision's
+            dtype.
         lora: LoRA adapters through PEFT, base frozen: ``dict(r=8, alpha=16, dropout=0.05,
             target_modules="all-linear")`` or a ``peft.LoraConfig`` (with ``quantize=``: QLoRA). Give the optimizer
             by name with these two. Merge with :meth:`merge_lora`.

@@ -3,6 +3,8 @@ PeftModel passed in, and the refusals (issue 22)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from setup_models import lm_batches, mlp, mlp_data, tiny_llama
@@ -201,3 +203,63 @@ def test_wrapping_a_transformers_model_shows_no_deprecation_warning_it_did_not_c
         warnings.simplefilter("always")
         Trainer(tiny_llama(), None, "adamw", lr=1e-3, lora={"r": 4}, activation_checkpointing=True, progress=False)
     assert not [str(w.message) for w in ours if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+
+
+def _tiny_gpt2() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+def _gpt2_data() -> list[dict[str, torch.Tensor]]:
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    return [{"input_ids": ids, "labels": ids}] * 3
+
+
+def test_gpt2_conv1d_layers_take_all_linear_lora_and_merge_as_peft_does() -> None:
+    """GPT-2's layers are transformers' Conv1D (weight stored (in, out)): "all-linear" adapts them as PEFT's own
+    "all-linear" does, without PEFT's fan_in_fan_out warning, and merge_lora() equals PEFT's merge_and_unload."""
+    import copy
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    peft_own = get_peft_model(_tiny_gpt2(), LoraConfig(r=4, target_modules="all-linear"))
+    theirs = {n for n, m in peft_own.named_modules() if hasattr(m, "lora_A")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # PEFT's "fan_in_fan_out ... Setting to True" would fail here
+        trainer = Trainer(_tiny_gpt2(), None, "adamw", lr=1e-2, lora={"r": 4}, seed=0, progress=False, run_store=False)
+    ours = {n for n, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
+    assert ours == theirs and len(ours) == 8  # c_attn, c_proj, c_fc, mlp.c_proj in each of 2 blocks
+    history = trainer.fit(_gpt2_data(), epochs=2)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+    merged = trainer.merge_lora()
+    reference = copy.deepcopy(trainer.model).merge_and_unload()
+    ids = _gpt2_data()[0]["input_ids"]
+    merged.eval(), reference.eval(), trainer.model.eval()
+    with torch.no_grad():
+        ours_out, ref_out = merged(input_ids=ids).logits, reference(input_ids=ids).logits
+        torch.testing.assert_close(ours_out, ref_out)
+        torch.testing.assert_close(ours_out, trainer.model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_gpt2_conv1d_layers_are_quantized_for_qlora() -> None:
+    pytest.importorskip("bitsandbytes")
+    trainer = Trainer(_tiny_gpt2(), None, "adamw", lr=1e-2, quantize="nf4", lora={"r": 4}, seed=0, progress=False,
+                      run_store=False)  # fmt: skip
+    base = trainer.model.get_base_model()
+    attn = base.transformer.h[0].attn.c_attn
+    assert type(attn.base_layer).__name__ == "Linear4bit"  # the Conv1D became a 4-bit linear layer
+    assert type(base.lm_head).__name__ == "Linear"  # the output head stays
+    history = trainer.fit(_gpt2_data(), epochs=2)
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+    merged = trainer.merge_lora()
+    assert type(merged.transformer.h[0].attn.c_attn).__name__ == "Linear"
+    ids = _gpt2_data()[0]["input_ids"]
+    merged.eval(), trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits.float(), rtol=2e-2, atol=2e-2
+        )
