@@ -34,7 +34,8 @@ def test_qlora_trains_only_adapters_over_a_4bit_base() -> None:
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
     assert {id(p) for p in trainer._params} == {id(p) for n, p in trainer.model.named_parameters() if p.requires_grad}
-    base = trainer.model.get_base_model()
+    peft_model: Any = trainer.model
+    base = peft_model.get_base_model()
     assert type(base.model.layers[0].mlp.down_proj.base_layer).__name__ == "Linear4bit"
     assert not hasattr(base.lm_head, "lora_A")  # all-linear leaves the output head out
     history = trainer.fit(lm_batches(), epochs=3)
@@ -236,7 +237,8 @@ def test_gpt2_conv1d_layers_take_all_linear_lora_and_merge_as_peft_does() -> Non
     history = trainer.fit(_gpt2_data(), epochs=2)
     assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
     merged = trainer.merge_lora()
-    reference = copy.deepcopy(trainer.model).merge_and_unload()
+    peft_model: Any = copy.deepcopy(trainer.model)
+    reference = peft_model.merge_and_unload()
     ids = _gpt2_data()[0]["input_ids"]
     merged.eval(), reference.eval(), trainer.model.eval()
     with torch.no_grad():
@@ -249,13 +251,14 @@ def test_gpt2_conv1d_layers_are_quantized_for_qlora() -> None:
     pytest.importorskip("bitsandbytes")
     trainer = Trainer(_tiny_gpt2(), None, "adamw", lr=1e-2, quantize="nf4", lora={"r": 4}, seed=0, progress=False,
                       run_store=False)  # fmt: skip
-    base = trainer.model.get_base_model()
+    peft_model: Any = trainer.model
+    base = peft_model.get_base_model()
     attn = base.transformer.h[0].attn.c_attn
     assert type(attn.base_layer).__name__ == "Linear4bit"  # the Conv1D became a 4-bit linear layer
     assert type(base.lm_head).__name__ == "Linear"  # the output head stays
     history = trainer.fit(_gpt2_data(), epochs=2)
     assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
-    merged = trainer.merge_lora()
+    merged: Any = trainer.merge_lora()
     assert type(merged.transformer.h[0].attn.c_attn).__name__ == "Linear"
     ids = _gpt2_data()[0]["input_ids"]
     merged.eval(), trainer.model.eval()
