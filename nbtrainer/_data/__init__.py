@@ -6,6 +6,7 @@
 ``_prefetch``         DataPath: batched fetch or the loader's iterator; CUDA side-stream prefetch
 ``_batch``            the batch protocol: inputs, targets, device moves, containers
 ``_split``            a batch cut into micro-batches (comparisons, memory_budget_gb)
+``_step_result``      what a manual training_step / validation_step returns, checked
 ``_predict_collect``  predict's output collection: padding, concatenation, caches left out
 ``_validate_batch``   the first batch checked in stages (batch -> model -> criterion)
 ====================  ================================================================================

@@ -6,12 +6,14 @@ Part of the checks described in :mod:`nbtrainer._trainer._validate` (which re-ex
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device
+from nbtrainer._data._step_result import check_step_result
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -312,6 +314,10 @@ def check_val_loader(trainer: Trainer, val_loader: Any) -> None:
             del it
         batch = move_to_device(batch, trainer.device)
         steps = trainer.batch_steps
+        if steps.validation_step_fn is not None:  # manual optimization: validation_step's values, checked
+            with steps.inference(), steps.autocast(), manual_step_errors("validation_step"):
+                check_step_result(steps.validation_step_fn(model, batch), None, name="validation_step")
+            return
         with steps.inference(), steps.autocast():
             loss, outputs, targets = first_compute(trainer, batch, training=False)
             check_loss(trainer, loss, "validation")
@@ -321,6 +327,17 @@ def check_val_loader(trainer: Trainer, val_loader: Any) -> None:
         restore_rng(rng)
         for gen, state in gens:
             gen.set_state(state)
+
+
+@contextlib.contextmanager
+def manual_step_errors(name: str) -> Iterator[None]:
+    """A ``training_step`` / ``validation_step`` that fails on the first batch: its error, said to come from it."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        if "training_step" in str(exc) or "validation_step" in str(exc):
+            raise
+        raise type(exc)(f"{name} failed on the first batch: {exc}") from exc
 
 
 def dry_metrics(trainer: Trainer, metrics: Any, outputs: Any, targets: Any, where: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["Control", "is_plateau", "reference_lr", "rescale_lr", "step_epoch_scheduler"]
+__all__ = ["Control", "is_plateau", "lr_parts", "reference_lr", "rescale_lr", "step_epoch_scheduler"]
 
 
 class Control:
@@ -56,6 +56,11 @@ class Control:
         with self._lock:
             self._pending[key] = value
             self.dirty = True
+
+    def peek(self, key: str) -> Any:
+        """The value requested for ``key`` and not applied yet (None: none)."""
+        with self._lock:
+            return self._pending.get(key)
 
     def submit(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the training thread at the next step boundary; returns a Future."""
@@ -111,6 +116,20 @@ def rescale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
             scheduler.min_lrs = [lr * factor for lr in scheduler.min_lrs]
         if getattr(scheduler, "_last_lr", None) is not None:  # torch's own field: get_last_lr() reads it
             scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def lr_parts(optimizer: Any, scheduler: Any, name: str | None = None) -> list[tuple[Any, Any]]:
+    """``(optimizer, its scheduler)`` pairs an LR change applies to: the one optimizer, or of several named ones
+    (``nbtrainer._setup._optimizers.Optimizers``) the one called ``name`` (None: each)."""
+    children = getattr(optimizer, "optimizers", None)
+    if children is None:
+        if name is not None:
+            raise ValueError(f"optimizer={name!r} names one of several optimizers; this trainer has one.")
+        return [(optimizer, scheduler)]
+    if name is not None and name not in children:
+        raise ValueError(f"optimizer={name!r}: no optimizer of that name; the optimizers are {list(children)}.")
+    schedulers = getattr(scheduler, "schedulers", {}) or {}
+    return [(opt, schedulers.get(n)) for n, opt in children.items() if name is None or n == name]
 
 
 def is_plateau(scheduler: Any) -> bool:

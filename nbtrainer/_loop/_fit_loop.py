@@ -33,6 +33,7 @@ from nbtrainer._data._order import ShuffleOrder
 from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
 from nbtrainer._loop._loop_state import LoopState
+from nbtrainer._loop._manual import ManualStep
 from nbtrainer._loop._memory import MemoryProbe
 from nbtrainer._loop._metrics import exact_add
 from nbtrainer._loop._step import TrainStep, split_steps
@@ -176,6 +177,7 @@ class FitLoop:
         r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
         amp = t.autocast()
         closure = ClosureStep(t) if needs_closure(t.optimizer) else None
+        manual = step.manual = ManualStep(t, t.training_step) if t.training_step is not None else None
         pend_loss, pend_bs = self._pend_loss, self._pend_bs
         t1 = t2 = t3 = 0.0
         while True:
@@ -208,7 +210,12 @@ class FitLoop:
                 t1 = time.perf_counter()
             if cb.has("on_train_batch_start"):
                 cb.call("on_train_batch_start", trainer=owner, batch=batch, batch_idx=st.batch)
-            if closure is not None or t.micro_split > 1:
+            if manual is not None:  # training_step: the user's forward, backward and steps, by name
+                with step.no_sync(closes):
+                    detached, bs = manual.run(batch, window, closes, amp)
+                t2 = t1
+                loss = outputs = targets = None
+            elif closure is not None or t.micro_split > 1:
                 # LBFGS: forward and backward run inside the step, at the window's close; memory_budget_gb's
                 # plan: this batch as several forward / backward passes. Their time counts as backward.
                 if closure is not None:

@@ -71,6 +71,8 @@ class LoopHost(Protocol):
     @property
     def grad_accum_steps(self) -> int: ...
     @property
+    def training_step(self) -> Any: ...  # training_step=fn(step, batch) (manual optimization) or None
+    @property
     def deterministic(self) -> bool: ...  # seeded data order: the loader's workers are seeded too
     @property
     def micro_split(self) -> int: ...  # each loader batch as this many forward / backward passes (memory_budget_gb)

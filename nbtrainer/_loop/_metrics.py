@@ -137,6 +137,7 @@ class MetricSet:
         self.sums: dict[str, float] = {n: 0.0 for n, _ in self.callables}
         self._parts: dict[str, list[float]] = {n: [] for n, _ in self.callables}  # exact sums (see exact_add)
         self._unwrap: dict[str, bool] = {}  # name -> gets metric_input(outputs), decided on its first outputs
+        self.values: list[str] = []  # names of values given by add_values (a manual training_step's)
 
     def clone(self, device: torch.device) -> MetricSet:
         """An independent copy for another stage (validation keeps its own torchmetrics state)."""
@@ -152,13 +153,13 @@ class MetricSet:
     @property
     def names(self) -> list[str]:
         """The names of the values this set logs (a ``MetricCollection`` logs under its own keys)."""
-        names = [n for n, _ in self.callables]
+        names = [n for n, _ in self.callables] + list(self.values)
         for name, metric in self.torchmetrics:
             names += [str(k) for k in metric.keys()] if is_collection(metric) else [name]
         return names
 
     def __bool__(self) -> bool:
-        return bool(self.callables or self.torchmetrics)
+        return bool(self.callables or self.torchmetrics or self.values)
 
     @staticmethod
     def probe(metric: Any) -> Any:
@@ -214,6 +215,20 @@ class MetricSet:
         for name, metric in self.torchmetrics:
             metric.update(self.inputs(name, metric, outputs, targets), targets)
 
+    def add_values(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Per-batch values computed elsewhere (a manual ``training_step``'s dict): logged like a callable metric's,
+        read at the throttled refresh (no sync here). A name seen for the first time is added."""
+        for name, value in values.items():
+            if name not in self.pending:
+                self._add_value_name(name)
+            self.pending[name].append(value.detach())
+
+    def _add_value_name(self, name: str) -> None:
+        self.pending[name] = []
+        self.sums.setdefault(name, 0.0)  # a resumed run's sums were loaded before the first value came
+        self._parts.setdefault(name, [])
+        self.values.append(name)
+
     def check_first(self) -> None:
         """Validate the first batch's callable values (cheap attribute reads, no sync)."""
         for name, values in self.pending.items():
@@ -226,7 +241,7 @@ class MetricSet:
     def drain(self) -> list[torch.Tensor]:
         """Stack each callable's pending values (one device op each) and clear the lists."""
         stacked = []
-        for name, _ in self.callables:
+        for name in self.pending:  # callables, then add_values' names: the order the loop reads them back in
             vals = self.pending[name]
             stacked.append(torch.stack([v.reshape(()) for v in vals]).float() if vals else torch.empty(0))
             self.pending[name] = []
@@ -272,6 +287,9 @@ class MetricSet:
         }
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        for name in state.get("sums", {}):
+            if name not in self.pending:  # a manual training_step's value
+                self._add_value_name(name)
         self.sums.update(state.get("sums", {}))
         for name, parts in state.get("parts", {}).items():
             self._parts[name] = [float(v) for v in parts]

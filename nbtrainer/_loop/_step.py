@@ -51,6 +51,8 @@ class TrainStep:
         self._in_backward: StepInBackward | None = None
         #: a closure optimizer's closure for the next step (``nbtrainer._loop._closure``), set by the loop
         self.closure: Any = None
+        #: ``training_step=``'s runner (``nbtrainer._loop._manual``): the user steps; the window only closes here
+        self.manual: Any = None
 
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
@@ -95,6 +97,12 @@ class TrainStep:
         micro-batches were divided by the planned size). Returns ``(skipped, lr the step used)``."""
         host = self.host
         opt, scaler = host.optimizer, host.scaler
+        if self.manual is not None:  # training_step stepped each optimizer (and its scheduler) itself
+            lr = opt.param_groups[0]["lr"]
+            stepped = self.manual.window_closed(first_window=host.state.global_step == 0)
+            if scaler is not None:
+                scaler.update()  # one scale for every optimizer of the window
+            return not stepped, lr
         if self._in_backward is not None:  # updated during backward; parameters without a gradient keep none
             lr = opt.param_groups[0]["lr"]
             opt.zero_grad(set_to_none=True)

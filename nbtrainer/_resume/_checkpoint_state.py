@@ -129,7 +129,22 @@ def _check_model(trainer: Trainer, state: dict[str, torch.Tensor]) -> None:
 
 
 def _check_optimizer(trainer: Trainer, state: dict[str, Any], saved_class: str | None) -> None:
-    opt = _optimizer(trainer)
+    opt: Any = _optimizer(trainer)
+    children = getattr(opt, "optimizers", None)
+    if children is not None:  # several named optimizers: each checked against its own saved state
+        saved = state.get("optimizers", {}) if isinstance(state, dict) else {}
+        if saved_class != type(opt).__name__ or set(saved) != set(children):
+            raise CheckpointError(
+                f"The checkpoint holds the optimizers {sorted(saved) or saved_class}, this trainer "
+                f"{sorted(children)}. Build the same named optimizers to resume."
+            )
+        for name, child in children.items():
+            _check_one_optimizer(child, saved[name], type(child).__name__)
+        return
+    _check_one_optimizer(opt, state, saved_class)
+
+
+def _check_one_optimizer(opt: Any, state: dict[str, Any], saved_class: str | None) -> None:
     own_class = type(opt).__name__
     if saved_class is not None and saved_class != own_class:
         raise CheckpointError(
@@ -233,6 +248,8 @@ def _check_metrics(trainer: Trainer, saved: dict[str, Any]) -> None:
     own_sums = sorted(n for n, _ in metrics.callables)
     own_tm = sorted(n for n, m in metrics.torchmetrics if hasattr(m, "metric_state"))
     saved_sums, saved_tm = sorted(saved.get("sums", {})), sorted(saved.get("torchmetrics", {}))
+    if trainer.batch_steps.training_step_fn is not None:  # its values (it has no metrics=) come back when it returns
+        saved_sums = own_sums
     if saved_sums != own_sums or saved_tm != own_tm:
         raise CheckpointError(
             f"The checkpoint's run had the metrics {saved_sums + saved_tm}, this trainer has {own_sums + own_tm}: "

@@ -40,6 +40,8 @@ class BatchSteps:
         chunked_loss: the training loss of ``chunked_loss=`` (``nbtrainer._setup._chunked_loss``), else None;
             evaluation calls the model as usual.
         val_metrics: the metrics :meth:`evaluate` fills (the training metrics' twin, with its own state).
+        training_step_fn: ``training_step=fn(step, batch)`` (manual optimization, ``nbtrainer._loop._manual``).
+        validation_step_fn: ``validation_step=fn(model, batch) -> {name: scalar}``, what :meth:`evaluate` logs then.
     """
 
     def __init__(
@@ -50,8 +52,12 @@ class BatchSteps:
         predict_step: Callable[..., Any] | None,
         val_metrics: MetricSet,
         chunked_loss: Callable[..., Any] | None = None,
+        training_step: Callable[..., Any] | None = None,
+        validation_step: Callable[..., Any] | None = None,
     ) -> None:
         self._trainer = trainer
+        self.training_step_fn = training_step
+        self.validation_step_fn = validation_step
         self.chunked_loss = chunked_loss
         self.compute_loss_fn = compute_loss
         self.predict_step_fn = predict_step
@@ -106,6 +112,13 @@ class BatchSteps:
     # -- evaluation ----------------------------------------------------------------------------------
     def evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
         """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed."""
+        if self.validation_step_fn is not None:
+            return self._evaluate_steps(loader, prefix=prefix)
+        if self.training_step_fn is not None:
+            raise ValueError(
+                "This trainer trains through training_step=, and evaluating needs validation_step=fn(model, batch) "
+                "-> {'loss': ..., ...}: give it to the Trainer (its values are logged with the prefix val_)."
+            )
         trainer = self._trainer
         model, metrics, device = trainer.model, self.val_metrics, trainer.device
         was_training = model.training
@@ -145,3 +158,33 @@ class BatchSteps:
                 out[f"{prefix}{k}"] = v
         metrics.reset()
         return out
+
+    def _evaluate_steps(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+        """``validation_step``'s values over ``loader`` (sample-weighted means, one read, reduced across ranks)."""
+        from nbtrainer._data._step_result import check_step_result
+
+        trainer = self._trainer
+        model, device, fn = trainer.model, trainer.device, self.validation_step_fn
+        assert fn is not None
+        was_training = model.training
+        model.eval()
+        keys: list[str] | None = None
+        rows: list[torch.Tensor] = []
+        sizes: list[int] = []
+        try:
+            with self.inference(), self.autocast(), no_cache(model):
+                for batch in loader:
+                    batch = move_to_device(batch, device, trainer.non_blocking)
+                    values = check_step_result(fn(model, batch), keys, name="validation_step")
+                    keys = list(values)
+                    rows.append(torch.stack([v.detach().reshape(()).float() for v in values.values()]))
+                    sizes.append(batch_size_of(None, batch))
+            host = torch.stack(rows).tolist() if rows else []  # SYNC: once per evaluation
+        finally:
+            model.train(was_training)
+        if keys is None:
+            return {}
+        totals = [math.fsum(row[i] * n for row, n in zip(host, sizes, strict=True)) for i in range(len(keys))]
+        reduced = trainer.strategy.reduce_sums([float(sum(sizes)), *totals])
+        count = reduced[0] or 1.0
+        return {f"{prefix}{k}": total / count for k, total in zip(keys, reduced[1:], strict=True)}

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from nbtrainer._loop._control import lr_parts
 from nbtrainer._setup._precision import make_scaler, require_precision
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._base import TrainerBase
@@ -34,13 +35,17 @@ class TrainerControl(TrainerBase):
     def resume(self) -> None:
         self._live.requests.resume()
 
-    def set_lr(self, lr: float) -> None:
-        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled."""
+    def set_lr(self, lr: float, optimizer: str | None = None) -> None:
+        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled. With several
+        named optimizers, ``optimizer="name"`` sets that one's (without: each gets ``lr``)."""
         if self.optimizer is None:
             raise _validate.no_optimizer("set_lr")
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
-        self._live.apply_or_queue("lr", float(lr))
+        lr_parts(self.optimizer, self.scheduler, optimizer)  # an unknown name is refused now, not at the step
+        pending = dict(self._live.requests.peek("lr") or {})
+        pending[optimizer] = float(lr)
+        self._live.apply_or_queue("lr", pending)
 
     def set_grad_accum_steps(self, steps: int) -> None:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""

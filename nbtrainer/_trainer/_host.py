@@ -110,6 +110,10 @@ class TrainerHost:
         return self.owner.grad_accum_steps
 
     @property
+    def training_step(self) -> Any:
+        return self.owner.batch_steps.training_step_fn
+
+    @property
     def deterministic(self) -> bool:
         return self.owner.deterministic
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtrainer._loop._control import Control, rescale_lr
+from nbtrainer._loop._control import Control, lr_parts, reference_lr, rescale_lr
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -47,9 +47,12 @@ class LiveControl:
             pending, calls = control.take()
             for key, value in pending.items():
                 if key == "lr":
-                    old = trainer.lr
-                    rescale_lr(trainer.optimizer, trainer.scheduler, value / old)
-                    self.event("lr", old, value)
+                    for name, lr in value.items():  # {optimizer name or None (each): reference LR}
+                        parts = lr_parts(trainer.optimizer, trainer.scheduler, name)
+                        old = reference_lr(parts[0][0])
+                        for opt, sched in parts:
+                            rescale_lr(opt, sched, lr / reference_lr(opt))
+                        self.event("lr" if name is None else f"lr:{name}", old, lr)
                 elif key == "grad_accum_steps":
                     old, trainer.grad_accum_steps = trainer.grad_accum_steps, value
                     trainer.progress.grad_accum_steps = value

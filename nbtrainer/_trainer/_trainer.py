@@ -32,6 +32,7 @@ from nbtrainer._options import MemoryOptions, TrainerOptions, optimizer_kind
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
+from nbtrainer._setup._optimizers import check_optimizers, check_schedulers
 from nbtrainer._setup._precision import make_scaler, require_precision, resolve_device
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._batch_steps import BatchSteps
@@ -58,7 +59,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``. A criterion
             with ``bind_trainer(trainer) -> {name: metric}`` (``DistillationLoss``) is bound once the model is set
             up and its metrics are logged with the others.
-        optimizer: an optimizer over the model's parameters, or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
+        optimizer: an optimizer over the model's parameters; ``{"name": optimizer, ...}`` for several (one loss,
+            each steps; or by name in ``training_step``; ``scheduler={"name": sched}``); or a name: ``"adamw"``,
+            ``"adam"``, ``"sgd"``,
             ``"adafactor"`` (built over the trainable parameters, fused where the device has kernels; ``lr=``).
             ``"auto"``: AdamW, or with ``memory_budget_gb`` the kind its plan picks (8-bit, 4-bit, Adafactor).
             ``None`` (the default): a trainer that only evaluates and predicts (a frozen model, a PEFT
@@ -134,6 +137,11 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             loss otherwise (see ``_setup/_chunked_loss``).
         attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
             ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
+        training_step: manual optimization (GANs, several updates per batch): ``fn(step, batch) -> {name: scalar
+            tensor}`` with ``optimizer={"name": opt, ...}`` and no criterion; ``step.model``,
+            ``step.backward(loss, optimizer="name")``, ``step.step("name")`` (see ``nbtrainer._loop._manual``).
+        validation_step: with ``training_step``: ``fn(model, batch) -> {name: scalar tensor}``, what ``evaluate``
+            and validation log (``val_`` + name).
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``),
             ``None`` (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
         memory_budget_gb: keep the training step within this many GiB of device memory. At the first ``fit``,
@@ -181,7 +189,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         self,
         model: torch.nn.Module,
         criterion: Callable | None,
-        optimizer: torch.optim.Optimizer | str | None = None,
+        optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | str | None = None,
         *,
         scheduler: Any = None,
         scheduler_interval: str = "step",
@@ -223,6 +231,8 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         attention: str = "auto",
         run_store: str | os.PathLike[str] | bool | None = None,
         memory_budget_gb: float | None = None,
+        training_step: Callable | None = None,
+        validation_step: Callable | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -231,6 +241,12 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         auto_optimizer = isinstance(optimizer, str) and optimizer.strip().lower() == "auto"
         if auto_optimizer:  # AdamW, or the lower-memory kind memory_budget_gb's plan picks at the first fit
             optimizer = "adamw"
+        if isinstance(optimizer, Mapping):  # several named optimizers, stepped as one (or by name in training_step)
+            optimizer = check_optimizers(model, optimizer)
+            if isinstance(scheduler, Mapping):
+                scheduler = check_schedulers(scheduler, optimizer)
+        elif isinstance(scheduler, Mapping):
+            raise TypeError("scheduler={...} names schedulers of named optimizers: pass optimizer={'name': opt, ...}.")
         requested_optimizer = optimizer  # a name is built later with quantize= / lora=
         _validate.check_args(
             criterion=criterion,
@@ -244,6 +260,19 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             on_nonfinite=on_nonfinite,
         )
         callbacks = list(callbacks)  # read more than once (checks, then the CallbackList)
+        _validate.check_manual(
+            training_step,
+            validation_step,
+            criterion=criterion,
+            compute_loss=compute_loss,
+            optimizer=optimizer,
+            metrics=metrics,
+            options={
+                "optimizer_in_backward": optimizer_in_backward,
+                "chunked_loss": chunked_loss,
+                "memory_budget_gb": memory_budget_gb,
+            },
+        )
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that
@@ -376,7 +405,13 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             distributed=bool(self.strategy.distributed),
         )
         self._steps = BatchSteps(
-            self, compute_loss=compute_loss, predict_step=predict_step, val_metrics=val_metrics, chunked_loss=chunked
+            self,
+            compute_loss=compute_loss,
+            predict_step=predict_step,
+            val_metrics=val_metrics,
+            chunked_loss=chunked,
+            training_step=training_step,
+            validation_step=validation_step,
         )
         user_callbacks = list(callbacks)
         if progress is not False and progress is not None:

@@ -352,3 +352,43 @@ def check_optimizer_params(model: torch.nn.Module, optimizer: torch.optim.Optimi
             "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
             "optimizer=None to only evaluate and predict)."
         )
+
+
+def check_manual(
+    training_step: Any,
+    validation_step: Any,
+    *,
+    criterion: Any,
+    compute_loss: Any,
+    optimizer: Any,
+    metrics: Any,
+    options: dict[str, Any],
+) -> None:
+    """``training_step=`` / ``validation_step=`` and what they cannot be combined with, refused with the fix."""
+    if validation_step is not None and training_step is None:
+        raise ValueError("validation_step= goes with training_step= (manual optimization); use compute_loss= else.")
+    if training_step is None:
+        return
+    for name, fn in (("training_step", training_step), ("validation_step", validation_step)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function, got {type(fn).__name__}.")
+    if criterion is not None or compute_loss is not None:
+        raise ValueError(
+            "training_step= computes its own losses: pass criterion=None and no compute_loss= "
+            "(Trainer(model, None, optimizer={...}, training_step=fn))."
+        )
+    from nbtrainer._setup._optimizers import Optimizers
+
+    if not isinstance(optimizer, Optimizers):
+        raise ValueError(
+            "training_step= steps its optimizers by name: pass optimizer={'name': torch.optim.AdamW(...), ...} "
+            "(one entry for a single optimizer)."
+        )
+    if metrics:
+        raise ValueError(
+            "metrics= are computed from the model's outputs, which a training_step keeps to itself: return the "
+            "values from training_step instead ({'loss': ..., 'acc': ...}): each is logged like a metric."
+        )
+    for name, value in options.items():
+        if value:
+            raise ValueError(f"training_step= cannot be combined with {name}={value!r}. Remove that option.")

@@ -1,0 +1,152 @@
+"""Manual optimization: ``Trainer(model, None, optimizer={"d": opt_d, "g": opt_g}, training_step=fn)``.
+
+``fn(step, batch)`` trains one micro-batch itself (a GAN's two updates, a custom schedule of steps) through the
+:class:`StepHandle` it gets, and returns a dict of named scalar tensors, logged like metrics (read at the throttled
+refresh, never synced here); ``"loss"``, when present, is the History's loss, else the first value is. The handle
+keeps what the Trainer promises for an automatic step:
+
+* ``step.backward(loss, optimizer="d")``: scaled by the fp16 ``GradScaler``, divided by the size of the actual
+  accumulation window; with a name only that optimizer's parameters get gradients (a generator's loss leaves the
+  discriminator's gradients alone, as ``zero_grad`` before each update does in a hand loop);
+* ``step.step("d", closure=None)``: unscale, clip (``max_grad_norm``, that optimizer's parameters), the non-finite
+  gate, the step, that optimizer's scheduler and ``zero_grad``; under accumulation only at the window's last
+  micro-batch (earlier calls are no-ops, so every optimizer steps once per window).
+
+A window in which ``fn`` never called ``step.step`` is refused at the first one (nothing would train).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nbtrainer._data._batch import batch_size_of
+from nbtrainer._data._step_result import check_step_result
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
+__all__ = ["ManualStep", "StepHandle"]
+
+
+class StepHandle:
+    """What ``training_step(step, batch)`` gets: ``step.model``, ``step.backward``, ``step.step``.
+
+    Example:
+        >>> def training_step(step, batch):
+        ...     x, _ = batch
+        ...     loss = step.model(x).pow(2).mean()
+        ...     step.backward(loss, optimizer="main")
+        ...     step.step("main")
+        ...     return {"loss": loss}
+    """
+
+    def __init__(self, host: LoopHost) -> None:
+        self._host = host
+        self._window = 1
+        self._closes = True
+        self._allowed: bool | None = None  # the non-finite gate's answer for this window (asked once)
+        self.called: set[str] = set()  # names given to step() in the current window
+        self.stepped: set[str] = set()  # names whose optimizer really stepped in the current window
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._host.model
+
+    @property
+    def optimizers(self) -> Any:
+        return self._host.optimizer
+
+    def _optimizer(self, name: str, what: str) -> torch.optim.Optimizer:
+        children: dict[str, torch.optim.Optimizer] = getattr(self._host.optimizer, "optimizers", {})
+        if name not in children:
+            raise ValueError(f"step.{what}({name!r}): no optimizer of that name; the optimizers are {list(children)}.")
+        return children[name]
+
+    def backward(self, loss: torch.Tensor, optimizer: str | None = None) -> None:
+        """Back-propagate ``loss`` as this micro-batch's share of the window (fp16: scaled). ``optimizer``: only
+        that optimizer's parameters get gradients."""
+        host = self._host
+        inputs = None
+        if optimizer is not None:
+            opt = self._optimizer(optimizer, "backward")
+            inputs = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+        guard = host.nonfinite
+        if guard.gating:
+            guard.observe(loss)
+        scaled = loss / self._window if self._window != 1 else loss
+        scaler = host.scaler
+        if scaler is not None:
+            scaled = scaler.scale(scaled)
+        torch.autograd.backward(scaled, inputs=inputs)
+
+    def step(self, name: str, closure: Callable[[], Any] | None = None) -> None:
+        """Step the optimizer ``name`` (see the module docstring); a no-op before the window's last micro-batch."""
+        opt = self._optimizer(name, "step")
+        self.called.add(name)
+        if not self._closes:
+            return
+        host = self._host
+        scaler = host.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if host.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, host.max_grad_norm)  # the norm is never read: no sync
+        guard = host.nonfinite
+        if self._allowed is None:
+            self._allowed = guard.allow_step(opt, scaler) if guard.gating else True
+        before = len(self.stepped)
+        hook = opt.register_step_post_hook(lambda *_: self.stepped.add(name))
+        try:
+            if scaler is not None:
+                scaler.step(opt, closure) if closure is not None else scaler.step(opt)
+            elif self._allowed:
+                opt.step(closure) if closure is not None else opt.step()
+        finally:
+            hook.remove()
+        schedulers = getattr(host.scheduler, "schedulers", None)
+        if len(self.stepped) > before and schedulers and name in schedulers and host.scheduler_per_step:
+            schedulers[name].step()
+        opt.zero_grad(set_to_none=True)
+
+
+class ManualStep:
+    """One micro-batch through the user's ``training_step`` (see the module docstring)."""
+
+    def __init__(self, host: LoopHost, fn: Callable[[StepHandle, Any], Any]) -> None:
+        self.host = host
+        self.fn = fn
+        self.handle = StepHandle(host)
+        self.keys: list[str] | None = None
+
+    def run(self, batch: Any, window: int, closes: bool, amp: Any) -> tuple[torch.Tensor, int]:
+        """``fn(step, batch)`` under autocast; returns the main loss (on the device) and the batch size."""
+        handle = self.handle
+        if handle._closes:  # a new window starts
+            handle.called, handle.stepped, handle._allowed = set(), set(), None
+        handle._window, handle._closes = window, closes
+        with amp:
+            result = self.fn(handle, batch)
+        values = check_step_result(result, self.keys)
+        self.keys = list(values)
+        main = values.pop("loss", None)
+        if main is None:
+            main = values.pop(next(iter(values)))
+        if values:
+            self.host.train_metrics.add_values(values)
+        return main.detach().reshape(()), batch_size_of(None, batch)
+
+    def window_closed(self, first_window: bool) -> bool:
+        """After the window's last micro-batch: whether any optimizer stepped. The first window without any
+        ``step.step`` call is refused."""
+        handle = self.handle
+        if first_window and not handle.called:
+            raise ValueError(
+                "training_step never called step.step(name) during its first accumulation window: nothing would "
+                f"train. Call step.step(...) for each optimizer ({list(getattr(self.host.optimizer, 'names', []))}) "
+                "after its step.backward(...)."
+            )
+        return bool(handle.stepped)

@@ -1,0 +1,128 @@
+"""Manual optimization (training_step=) through examples/dcgan.py: both optimizers step once per accumulation window,
+fp16-mixed runs with one GradScaler, a mid-epoch resume is bit-exact for both networks and both optimizers, the
+returned values are logged, and what cannot work is refused before the first optimizer step."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from nbtrainer import Trainer
+
+_PATH = Path(__file__).resolve().parents[2] / "examples" / "dcgan.py"
+_spec = importlib.util.spec_from_file_location("nbt_example_dcgan", _PATH)
+assert _spec is not None and _spec.loader is not None
+dcgan: Any = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = dcgan
+_spec.loader.exec_module(dcgan)
+
+
+def _loaders(n: int = 384) -> tuple[Any, Any]:
+    train, val = dcgan.digits(batch_size=64)
+    subset = torch.utils.data.Subset(train.dataset, range(n))
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(subset, batch_size=64, shuffle=True, generator=g), val
+
+
+class CountSteps:
+    """How often each named optimizer really stepped (its step post-hook)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def on_fit_start(self, trainer: Any) -> None:
+        for name, opt in trainer.optimizer.items():
+            opt.register_step_post_hook(
+                lambda *_, name=name: self.counts.__setitem__(name, self.counts.get(name, 0) + 1)
+            )
+
+
+def test_both_optimizers_step_once_per_window_and_values_are_logged() -> None:
+    train, val = _loaders()  # 6 batches
+    counter = CountSteps()
+    trainer = dcgan.build(accum=2, progress=False, run_store=False, callbacks=[counter])
+    history = trainer.fit(train, val, epochs=2)
+    assert counter.counts == {"d": 6, "g": 6} and trainer.global_step == 6  # 3 windows of 2 per epoch
+    row = history.epochs[-1]
+    assert {"loss", "d_loss", "val_loss", "val_d_loss"} <= set(row)
+    assert all(torch.isfinite(torch.tensor(row[k])) for k in ("loss", "d_loss", "val_loss", "val_d_loss"))
+    assert len(history.steps["loss"]) == 6
+
+
+def test_fp16_mixed_runs_with_one_scaler() -> None:
+    train, val = _loaders(256)
+    trainer = dcgan.build(precision="fp16-mixed", progress=False, run_store=False)
+    assert trainer.scaler is not None
+    history = trainer.fit(train, val, epochs=1)
+    assert history.status == "finished" and history.epochs[-1]["skipped_steps"] < trainer.global_step
+    assert trainer.scaler.get_scale() > 0
+
+
+def _state(trainer: Trainer) -> list[torch.Tensor]:
+    out = [p.detach().clone() for p in trainer.model.parameters()] + [b.clone() for b in trainer.model.buffers()]
+    for opt in trainer.optimizer.optimizers.values():  # type: ignore[union-attr]
+        for s in opt.state.values():
+            out += [v.clone() for v in s.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def test_a_mid_epoch_resume_is_bit_exact_for_both_networks_and_optimizers(tmp_path: Any) -> None:
+    # each run gets its own loaders: the loader's generator is the user's, and a run moves its state
+    straight = dcgan.build(accum=2, progress=False, run_store=False)
+    straight.fit(_loaders()[0], epochs=2)
+    cut = dcgan.build(accum=2, progress=False, run_store=False)
+    cut.fit(_loaders()[0], epochs=2, max_steps=4)  # stops in the middle of the second epoch (3 steps per epoch)
+    path = cut.save_checkpoint(str(tmp_path / "gan.ckpt"))
+    resumed = dcgan.build(accum=2, progress=False, run_store=False)
+    history = resumed.fit(_loaders()[0], epochs=2, resume_from=path)
+    assert resumed.global_step == straight.global_step == 6
+    for a, b in zip(_state(straight), _state(resumed), strict=True):
+        assert torch.equal(a, b)
+    assert history.steps["loss"] == straight.history.steps["loss"]
+
+
+def _gan_trainer(fn: Any, **kwargs: Any) -> Trainer:
+    torch.manual_seed(0)
+    gan = dcgan.GAN()
+    return Trainer(gan, None, dcgan.optimizers(gan), training_step=fn, progress=False, run_store=False, **kwargs)
+
+
+def test_bad_manual_input_is_refused_before_the_first_step() -> None:
+    train, _ = _loaders(128)
+    gan = dcgan.GAN()
+    with pytest.raises(ValueError, match="criterion=None and no compute_loss"):
+        Trainer(gan, nn.BCEWithLogitsLoss(), dcgan.optimizers(gan), training_step=dcgan.training_step)
+    with pytest.raises(ValueError, match="steps its optimizers by name"):
+        Trainer(gan, None, torch.optim.Adam(gan.parameters()), training_step=dcgan.training_step)
+
+    def unknown(step: Any, batch: Any) -> Any:
+        step.step("disc")
+
+    with pytest.raises(ValueError, match=r"step.step\('disc'\): no optimizer of that name; .*\['d', 'g'\]"):
+        _gan_trainer(unknown).fit(train, epochs=1)
+
+    def not_a_dict(step: Any, batch: Any) -> Any:
+        dcgan.training_step(step, batch)
+        return 1.0
+
+    with pytest.raises(TypeError, match="training_step must return a dict of named scalar tensors"):
+        _gan_trainer(not_a_dict).fit(train, epochs=1)
+
+    def never_steps(step: Any, batch: Any) -> Any:
+        loss = step.model.discriminator(batch[0]).mean()
+        step.backward(loss, optimizer="d")
+        return {"loss": loss}
+
+    trainer = _gan_trainer(never_steps)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(ValueError, match=r"never called step.step\(name\) during its first accumulation window"):
+        trainer.fit(train, epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    with pytest.raises(ValueError, match="needs validation_step"):
+        _gan_trainer(dcgan.training_step).evaluate(train)
