@@ -28,7 +28,7 @@ from nbtrainer._data._batch import iter_tensors
 from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._result import MemoryPlan, PlanRow
-from nbtrainer._plan._steps import Context, micro_batches, plan_row, repeated_stack
+from nbtrainer._plan._steps import Context, micro_batches, plan_row, repeated_stack, shared_cache
 
 __all__ = ["MemoryPlan", "PlanRow", "plan_memory"]
 
@@ -57,6 +57,11 @@ def _resolve_target(device: Any) -> torch.device:
             f"plan_memory(device={device!r}): the planner knows the memory rules of 'cuda' and 'cpu' targets only."
         )
     return target
+
+
+def _sim_device(target: torch.device) -> torch.device:
+    """Where the simulation runs (Context.sim_device): a CUDA target on a torch without CUDA simulates on the CPU."""
+    return torch.device("cpu") if target.type == "cuda" and not torch.cuda.is_available() else target
 
 
 def _batch_size_of(batch: Any) -> int:
@@ -161,6 +166,7 @@ def plan_memory(
         criterion=criterion,
         structure=arith.model_structure(model),
         stack=repeated_stack(model),
+        cache=shared_cache(model, batch, _sim_device(target), criterion),
     )
     unavailable: dict[str, str] = {}
     precisions = ["fp32", "bf16-mixed"]

@@ -3,6 +3,7 @@ arithmetic parts, as a :class:`~nbtrainer._plan._result.PlanRow`."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 from collections.abc import Mapping
@@ -79,6 +80,37 @@ def _shallow_depth(model: nn.Module, stack: str, depth: int) -> nn.Module:
     return root
 
 
+#: Simulated steps kept across plans of the same model structure, batch shapes, target and loss (re-planning with
+#: another budget, a Trainer's plan after a notebook's): a few recent ones, keyed by what the simulation reads.
+_SHARED: collections.OrderedDict[tuple, dict[tuple, SimulatedStep]] = collections.OrderedDict()
+_SHARED_MAX = 4
+
+
+def shared_cache(model: nn.Module, batch: Any, device: torch.device, criterion: Any) -> dict[tuple, SimulatedStep]:
+    """The simulation cache for this model structure, batch signature, target and loss (a new one if unseen).
+
+    The key holds each parameter's and buffer's name, shape, dtype and ``requires_grad``, each module's type and a
+    Hugging Face config's text, the batch's structure and shapes, the target and the criterion (by type and text for
+    a loss module, by identity for a function): weights never matter to a simulation, everything it reads does.
+    """
+    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters())
+    buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers())
+    modules = tuple(type(m).__qualname__ for m in model.modules())
+    config = getattr(model, "config", None)
+    shapes = tuple((tuple(t.shape), str(t.dtype)) for t in iter_tensors(batch))
+    loss = (type(criterion).__qualname__, repr(criterion)) if isinstance(criterion, nn.Module) else id(criterion)
+    names = tuple(batch.keys()) if isinstance(batch, Mapping) else ()
+    key = (params, buffers, modules, repr(config), type(batch).__name__, names, shapes, str(device), loss)
+    if key in _SHARED:
+        _SHARED.move_to_end(key)
+        return _SHARED[key]
+    cache: dict[tuple, SimulatedStep] = {}
+    _SHARED[key] = cache
+    while len(_SHARED) > _SHARED_MAX:
+        _SHARED.popitem(last=False)
+    return cache
+
+
 @dataclass
 class Context:
     model: nn.Module
@@ -115,7 +147,9 @@ class Context:
         half = "bf16-mixed" if precision == "fp16-mixed" else precision
         # the step in backward needs no simulation of its own: the largest total of everything but the gradients
         # already complete is its peak (each is applied and dropped as soon as it is complete)
-        key = (half, checkpointing, chunked, offload, accumulating, lora is not None)
+        # LoRA's settings by value: the cache outlives one plan (shared_cache), and r or the targets change the step
+        lora_key = repr(sorted(lora.items())) if lora is not None else None
+        key = (half, checkpointing, chunked, offload, accumulating, lora_key)
         if micro == self.example_size:  # the example's own size: no interpolation
             return self._at_size(key, micro, lora)
         sizes = sorted({1, self.example_size})
