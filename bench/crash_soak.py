@@ -59,7 +59,10 @@ def main() -> int:
     refs = [
         {"seed": s, "dir": os.path.join(root, f"ref-ckpt-{s}"), "out": os.path.join(root, f"ref-{s}.pt")} for s in seeds
     ]
-    subprocess.run([sys.executable, WORKER, "--jobs", json.dumps(refs)], check=True, capture_output=True)
+    # the uninterrupted references, beside the probe (each process spends seconds importing before it trains)
+    ref_proc = subprocess.Popen(
+        [sys.executable, WORKER, "--jobs", json.dumps(refs)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     # how long the training part of one slowed-down run takes (kills are drawn over this span)
     probe = subprocess.Popen(
         [
@@ -81,6 +84,9 @@ def main() -> int:
     t0 = time.time()
     probe.wait()
     span = time.time() - t0
+    _, ref_err = ref_proc.communicate()
+    if ref_proc.returncode != 0:
+        raise RuntimeError(f"the reference runs failed (rc={ref_proc.returncode}): {ref_err.decode()[-2000:]}")
 
     rows = []
     for i, seed in enumerate(seeds):
