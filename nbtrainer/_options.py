@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OPTIMIZERS", "OPTIMIZER_KINDS", "QUANTIZE", "MemoryOptions", "TrainerOptions", "optimizer_kind"]
+__all__ = [
+    "OPTIMIZERS",
+    "OPTIMIZER_KINDS",
+    "QUANTIZE",
+    "MemoryOptions",
+    "TrainerOptions",
+    "lora_settings",
+    "optimizer_kind",
+]
 
 #: The optimizers a memory switch can name, whose state the memory arithmetic knows (``fits``, the planner).
 OPTIMIZERS = ("adamw", "adam", "adafactor", "adamw8bit", "paged_adamw8bit", "adamw4bit")
@@ -108,3 +116,18 @@ class TrainerOptions:
     """The options a Trainer was built with, by group (``trainer.options.memory``)."""
 
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+
+
+def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
+    """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout and targets."""
+    if config is None:
+        return None
+    if isinstance(given, Mapping):
+        return dict(given)
+    targets = config.target_modules
+    return {
+        "r": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "target_modules": targets if isinstance(targets, str) else sorted(targets or ()),
+    }

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
-from nbtrainer import Trainer, memory_saver_support
+from nbtrainer import MemoryOptions, Trainer, memory_saver_support
 
 from ._section import Section
 from ._theme import FG2
@@ -144,19 +144,15 @@ class Savers:
         Raises:
             ValueError: an option this environment cannot run was picked (with the reason).
         """
-        out: dict[str, Any] = {}
-        if self.optimizer.value != AS_GIVEN:
-            out["optimizer"] = self.optimizer.value
-        if self.quantize.value != "none":
-            out["quantize"] = self.quantize.value
-        if self.lora.value:
-            out["lora"] = {"r": LORA_R}
-        if self.offload_activations.value:
-            out["offload_activations"] = True
-        if self.offload_optimizer.value:
-            out["offload_optimizer"] = True
-        if self.in_backward.value:
-            out["optimizer_in_backward"] = True
+        # through the core's one declaration of the switches: .changed() keeps what differs from a plain run
+        out: dict[str, Any] = MemoryOptions(
+            optimizer=self.optimizer.value if self.optimizer.value != AS_GIVEN else None,
+            quantize=self.quantize.value if self.quantize.value != "none" else None,
+            lora={"r": LORA_R} if self.lora.value else None,
+            offload_activations=bool(self.offload_activations.value),
+            offload_optimizer=bool(self.offload_optimizer.value),
+            optimizer_in_backward=bool(self.in_backward.value),
+        ).changed()
         for key in ("optimizer", "quantize"):
             why = self.reasons.get(f"{key}:{out.get(key)}")
             if why:

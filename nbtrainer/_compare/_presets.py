@@ -6,36 +6,46 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbtrainer._options import MemoryOptions
+
 __all__ = ["PRESETS", "resolve_strategies"]
 
 _LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"}
 
+
+def _memory(**switches: Any) -> dict[str, Any]:
+    """Memory switches as Trainer options, through the one place they are declared (a misspelt name fails here)."""
+    return MemoryOptions(**switches).changed()
+
+
 #: Strategy presets by name (``compare_strategies(strategies=["fp32", "bf16", "ckpt", "accum4"])``).
 PRESETS: dict[str, dict[str, Any]] = {
     "fp32": {},
-    "fp16": {"precision": "fp16-mixed"},
-    "bf16": {"precision": "bf16-mixed"},
-    "ckpt": {"activation_checkpointing": True},
+    "fp16": _memory(precision="fp16-mixed"),
+    "bf16": _memory(precision="bf16-mixed"),
+    "ckpt": _memory(activation_checkpointing=True),
     "accum4": {"grad_accum_steps": 4},
-    "adafactor": {"optimizer": "adafactor"},
+    "adafactor": _memory(optimizer="adafactor"),
     # Training what does not fit (nbtrainer._setup._memory_savers): a frozen nf4 base with LoRA adapters, 8-bit
     # AdamW state, saved activations in CPU memory, the flash SDPA kernel.
-    "qlora": {"quantize": "nf4", "lora": dict(_LORA), "optimizer": "adamw"},  # by name: built after the adapters
-    "adamw8bit": {"optimizer": "adamw8bit"},
-    "offload": {"offload_activations": True},
-    "flash": {"attention": "flash"},
+    "qlora": _memory(quantize="nf4", lora=dict(_LORA), optimizer="adamw"),  # by name: built after the adapters
+    "adamw8bit": _memory(optimizer="adamw8bit"),
+    "offload": _memory(offload_activations=True),
+    "flash": _memory(attention="flash"),
     # each parameter updated inside backward, its gradient freed at once (no clipping / accumulation / fp16)
-    "in_backward": {"optimizer_in_backward": True},
+    "in_backward": _memory(optimizer_in_backward=True),
     # Every saver that runs on any device, together (offload_optimizer needs CUDA; flash needs half precision
     # on some GPUs, and "auto" picks it where it can run).
     "all": {
-        "precision": "bf16-mixed",
-        "activation_checkpointing": True,
+        **_memory(
+            precision="bf16-mixed",
+            activation_checkpointing=True,
+            quantize="nf4",
+            lora=dict(_LORA),
+            optimizer="adamw8bit",
+            offload_activations=True,
+        ),
         "grad_accum_steps": 4,
-        "quantize": "nf4",
-        "lora": dict(_LORA),
-        "optimizer": "adamw8bit",
-        "offload_activations": True,
     },
 }
 

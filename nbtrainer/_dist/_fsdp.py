@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from nbtrainer._dist import _fsdp_checkpoint as _ckpt
-from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler
-from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler, resolve_strategy
+from nbtrainer._dist._placement import SingleDevice, unwrap_model
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -387,3 +387,14 @@ def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:
                 "The model is wrapped in DistributedDataParallel; strategy='fsdp' shards the plain model. Pass "
                 "model.module (or use strategy='ddp')."
             )
+
+
+def make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
+    """The placement for ``Trainer(strategy=...)``: one device, DDP under torchrun, FSDP2 (see ``_dist``)."""
+    if isinstance(strategy, str) and strategy == "single":
+        from nbtrainer._setup._precision import resolve_device
+
+        return SingleDevice(resolve_device(device))
+    if isinstance(strategy, str) and strategy == "fsdp":
+        strategy = FSDP()
+    return resolve_strategy(strategy, device, seed=seed)

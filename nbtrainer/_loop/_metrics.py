@@ -25,7 +25,7 @@ import torch
 
 from nbtrainer._data._batch import as_mapping, iter_tensors
 
-__all__ = ["MetricSet", "exact_add", "is_collection", "is_torchmetric", "metric_input"]
+__all__ = ["MetricSet", "collection_names", "exact_add", "is_collection", "is_torchmetric", "metric_input"]
 
 
 def exact_add(parts: list[float], values: Any) -> float:
@@ -348,3 +348,15 @@ def _scalar(name: str, value: Any) -> float:
             )
         return float(value)
     return float(value)
+
+
+def collection_names(spec: Mapping[str, Any]) -> set[str]:
+    """The names a torchmetrics ``MetricCollection`` among ``spec``'s values logs under (none without torchmetrics)."""
+    names: set[str] = set()
+    torchmetrics = sys.modules.get("torchmetrics")  # no collection exists unless torchmetrics is imported
+    if torchmetrics is None:
+        return names
+    for value in spec.values():
+        if isinstance(value, torchmetrics.MetricCollection):
+            names |= {str(k) for k in value.keys()}  # its metric names (typed as Hashable by torchmetrics)
+    return names

@@ -11,7 +11,6 @@ and the model's setup (``nbtrainer._setup._model_setup``). Mechanics live in the
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,15 +19,15 @@ import torch
 from nbtrainer._data._batch import BatchSpec
 from nbtrainer._data._prefetch import check_data_options
 from nbtrainer._dist._launch_monitor import launched_callbacks
-from nbtrainer._dist._placement import SingleDevice, unwrap_model
+from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._events._progress import ProgressBar, progress_callback
 from nbtrainer._events._stream import CallbackList, Progress
 from nbtrainer._loop._closure import check_closure
 from nbtrainer._loop._in_backward import check_in_backward
-from nbtrainer._loop._metrics import MetricSet
+from nbtrainer._loop._metrics import MetricSet, collection_names
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
-from nbtrainer._options import MemoryOptions, TrainerOptions, optimizer_kind
+from nbtrainer._options import MemoryOptions, TrainerOptions, lora_settings, optimizer_kind
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
@@ -277,7 +276,9 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that
         # under DDP nothing touches a CUDA device before this rank's device is set.
-        self.strategy = _make_strategy(strategy, device, seed)
+        from nbtrainer._dist._fsdp import make_strategy  # DDP / FSDP machinery only once a Trainer is built
+
+        self.strategy = make_strategy(strategy, device, seed)
         device = self.strategy.device
         check_budget(
             memory_budget_gb,
@@ -374,7 +375,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
                 optimizer_in_backward=optimizer_in_backward,
                 chunked_loss=chunked_loss,
                 quantize=savers.quantize,
-                lora=_lora_settings(lora, savers.lora_config),
+                lora=lora_settings(lora, savers.lora_config),
                 offload_activations=savers.offload_activations,
                 offload_optimizer=savers.offload_optimizer,
                 attention=savers.attention,
@@ -484,7 +485,7 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
         return self._setup.savers.merge_lora(self.model)
 
     def expected_log_keys(self) -> set[str]:
-        names = set(self._run.train_metrics.names) | _collection_names(self._metric_spec)
+        names = set(self._run.train_metrics.names) | collection_names(self._metric_spec)
         keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
         if self._run.has_validation:
             keys |= {"val_loss"} | {f"val_{n}" for n in names}
@@ -495,41 +496,3 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             f"Trainer(model={type(unwrap_model(self.model)).__name__}, device={self.device}, "
             f"precision={self.precision!r}, grad_accum_steps={self.grad_accum_steps}, status={self.status!r})"
         )
-
-
-def _lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
-    """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout and targets."""
-    if config is None:
-        return None
-    if isinstance(given, Mapping):
-        return dict(given)
-    targets = config.target_modules
-    return {
-        "r": config.r,
-        "alpha": config.lora_alpha,
-        "dropout": config.lora_dropout,
-        "target_modules": targets if isinstance(targets, str) else sorted(targets or ()),
-    }
-
-
-def _make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
-    if isinstance(strategy, str) and strategy == "single":
-        return SingleDevice(resolve_device(device))
-    if isinstance(strategy, str) and strategy == "fsdp":
-        from nbtrainer._dist._fsdp import FSDP
-
-        strategy = FSDP()
-    from nbtrainer._dist._ddp import resolve_strategy
-
-    return resolve_strategy(strategy, device, seed=seed)
-
-
-def _collection_names(spec: Mapping[str, Any]) -> set[str]:
-    names: set[str] = set()
-    torchmetrics = sys.modules.get("torchmetrics")  # no collection exists unless torchmetrics is imported
-    if torchmetrics is None:
-        return names
-    for value in spec.values():
-        if isinstance(value, torchmetrics.MetricCollection):
-            names |= {str(k) for k in value.keys()}  # its metric names (typed as Hashable by torchmetrics)
-    return names
