@@ -107,6 +107,15 @@ def profile_model(
     unknown = set(include) - set(STEPS)
     if unknown:
         raise ValueError(f"include= takes {STEPS}, got {sorted(unknown)}")
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    if on_meta or any(torch.device(d).type == "meta" for d in devices):
+        # measuring needs weights and a device that runs kernels; the planner answers from shapes alone
+        raise ValueError(
+            "profile_model measures real steps, and "
+            + ("the model is on the meta device (no weights)" if on_meta else "devices=('meta',) runs no kernel")
+            + ". For what a training step needs in memory from shapes alone, and which switches make it fit, use "
+            "nbtrainer.plan_memory(model, batch, budget_gb=..., device='cuda'): it takes meta models."
+        )
     precisions = [normalize_precision(p) for p in precisions]
     batch_size = batch_size or infer_batch_size(example_inputs)
     seconds: dict[str, float] = {}

@@ -196,3 +196,14 @@ def test_a_model_with_nothing_to_train_is_refused():
     model = _mlp().requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         plan_memory(model, (torch.randn(4, 256), torch.randint(0, 10, (4,))), budget_gb=1, device="cpu")
+
+
+@pytest.mark.parametrize("where", ["model", "devices"])
+def test_profile_model_sends_a_meta_model_to_the_planner(where: str) -> None:
+    from nbtrainer import profile_model
+
+    model = _llama("meta") if where == "model" else _llama()
+    ids = torch.zeros(1, 16, dtype=torch.long, device="meta" if where == "model" else "cpu")
+    devices = ("meta",) if where == "devices" else ("cpu",)
+    with pytest.raises(ValueError, match=r"profile_model measures real steps.*use nbtrainer.plan_memory"):
+        profile_model(model, {"input_ids": ids, "labels": ids}, devices=devices)
