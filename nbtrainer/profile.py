@@ -10,16 +10,20 @@ Example:
 """
 
 from nbtrainer._plan import MemoryPlan, PlanRow, plan_memory
+from nbtrainer._plan._budget import example_batch
+from nbtrainer._plan._result import PART_COLORS
 from nbtrainer._profile._model import profile_model
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._trace import TrainingProfile, profile_training
 from nbtrainer._setup._memory_savers import memory_saver_support
 
 __all__ = [
+    "PART_COLORS",
     "MemoryPlan",
     "ModelProfile",
     "PlanRow",
     "TrainingProfile",
+    "example_batch",
     "memory_saver_support",
     "plan_memory",
     "profile_model",

@@ -20,7 +20,10 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              ``nbt-lr-exact`` (exact entry), ``nbt-epochs``, ``nbt-scheduler``,
                              ``nbt-clip``, ``nbt-checkpointing``, and the collapsible ``nbt-savers``
                              (memory savers chosen before Start: optimizer, quantize, LoRA, offload;
-                             ``nbt-savers-note`` says what cannot run here and why)
+                             ``nbt-savers-note`` says what cannot run here and why), and the collapsible
+                             ``nbt-plan-view`` (memory plan: ``nbt-plan-budget``, ``nbt-plan-button``,
+                             ``nbt-plan-note``, rows ``nbt-plan-row`` / ``nbt-plan-best`` over ``nbt-plan-bar``s;
+                             a click sets the controls and savers)
 ``nbt-buttons``              ``nbt-start``, ``nbt-pause``, ``nbt-stop``, ``nbt-save`` (+ ``nbt-save-path``),
                              ``nbt-profile``, ``nbt-lrfind``
 ``nbt-progress``             ``nbt-progress-epoch``, ``nbt-progress-step``, ``nbt-progress-info``

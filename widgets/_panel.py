@@ -32,6 +32,7 @@ from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
 from ._forms import parse_panel_args
+from ._plan_view import PlanView
 from ._poll import wait_until
 from ._pump import UiPump
 from ._runner import Feed, Run, claim_model
@@ -128,7 +129,8 @@ class TrainerWidget:
             if self._build is not None
             else "the panel was given a built Trainer: pass these options to Trainer(...) instead",
         )
-        v.controls.children = (*v.controls.children, self.savers.root)
+        self.plan_view = PlanView(self, view=v, savers=self.savers)
+        v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
         self._show_title()
         slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
         v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
@@ -338,6 +340,11 @@ class TrainerWidget:
         return len(self.ui_update_times)
 
     # -- what the panel's parts call back (UiPump's PumpHost, PanelActions' ActionsHost) ----------------
+    @property
+    def model(self) -> Any:
+        """The model the panel was given (the plan view plans it)."""
+        return self._model
+
     @property
     def running(self) -> bool:
         """A run started here is alive (training or paused)."""

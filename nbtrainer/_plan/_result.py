@@ -11,7 +11,7 @@ from typing import Any
 from nbtrainer._options import MemoryOptions
 from nbtrainer._report._format import format_bytes
 
-__all__ = ["PARTS", "MemoryPlan", "PlanRow"]
+__all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow"]
 
 #: The parts of a row's peak, in display order (they sum to ``peak_bytes``).
 PARTS = ("parameters", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "batch")
@@ -158,7 +158,8 @@ class MemoryPlan:
         return _to_html(self)
 
 
-_COLORS = {
+#: The color of each part in the plan's bars (the panel's plan view draws with the same).
+PART_COLORS = {
     "parameters": "#4c78a8",
     "gradients": "#f58518",
     "optimizer_state": "#e45756",
@@ -179,13 +180,13 @@ def _to_html(plan: MemoryPlan) -> str:
 
     legend = " ".join(
         f'<span style="display:inline-block;width:10px;height:10px;background:{c}"></span> {html.escape(k)}'
-        for k, c in _COLORS.items()
+        for k, c in PART_COLORS.items()
     )
     body = []
     for row in plan.rows:
         bars = "".join(
             f'<div title="{k}: {format_bytes(v)}" style="position:absolute;left:{px(start):.1f}px;'
-            f'width:{px(v):.1f}px;height:14px;background:{_COLORS[k]}"></div>'
+            f'width:{px(v):.1f}px;height:14px;background:{PART_COLORS[k]}"></div>'
             for k, v, start in _stacked(row.parts)
         )
         line = (
