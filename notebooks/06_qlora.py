@@ -134,5 +134,6 @@ print(table)
 merged = w.trainer.merge_lora().eval()
 prompt = torch.tensor([[ord(c) for c in "Beautiful is "]])
 with torch.no_grad():
-    out = merged.generate(prompt, max_new_tokens=24, do_sample=False)
+    # within the model's context: the prompt and what it generates fit max_position_embeddings (seq)
+    out = merged.generate(prompt, max_new_tokens=seq - prompt.shape[1], do_sample=False)
 print(repr("".join(chr(int(t)) for t in out[0])))
