@@ -50,7 +50,10 @@ def run(name: str, share: float) -> tuple[str, str, int, int, float]:
         copy.deepcopy(model), criterion, "auto", lr=1e-3, memory_budget_gb=budget / 2**30, device="cpu",
         progress=False, run_store=False, callbacks=[peak], seed=0,
     )  # fmt: skip
-    trainer.fit([batch] * 4, epochs=1)
+    try:
+        trainer.fit([batch] * 4, epochs=1)
+    except ValueError as exc:  # nothing fits: refused before the first step (its message says what would help)
+        return name, f"nothing fits: {str(exc).split(': ', 2)[-1][:90]}...", int(budget), 0, 0.0
     assert peak.tracker is not None and trainer.memory_plan is not None and trainer.memory_plan.best is not None
     downs = [e for e in trainer.history.events if e["kind"] == "memory_step_down"]
     chosen = trainer.memory_plan.best.describe() + (f" -> {downs[-1]['new']}" if downs else "")
@@ -61,7 +64,7 @@ def run(name: str, share: float) -> tuple[str, str, int, int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=["mlp", "cnn", "encoder", "llama"], choices=list(FAMILIES))
-    ap.add_argument("--shares", nargs="*", type=float, default=[0.5, 0.75])
+    ap.add_argument("--shares", nargs="*", type=float, default=[0.6, 0.8])
     args = ap.parse_args()
     torch.set_num_threads(2)
     print(machine_line(torch.device("cpu")))

@@ -56,7 +56,8 @@ def choose(plan: MemoryPlan) -> PlanRow:
     if plan.best is not None:
         return plan.best
     raise ValueError(
-        f"memory_budget_gb={plan.budget_bytes / 2**30:g}: nothing fits on {plan.device}: {_nothing_fits(plan)} "
+        f"memory_budget_gb={plan.budget_bytes / 2**30:g}: nothing fits on {plan.device}: "
+        f"{_nothing_fits(plan, ask='train them with Trainer(..., quantize=..., lora={...}) and no memory_budget_gb')} "
         "The switches you set yourself are kept: turning one off may help too."
     )
 

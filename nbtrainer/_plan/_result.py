@@ -217,7 +217,7 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
             start += v
 
 
-def _nothing_fits(plan: MemoryPlan) -> str:
+def _nothing_fits(plan: MemoryPlan, ask: str = "ask for it with allow=('lora',)") -> str:
     same = [r for r in plan.rows if not r.changes_training] or plan.rows
     smallest = min(same, key=lambda r: r.peak_bytes)
     text = (
@@ -228,8 +228,8 @@ def _nothing_fits(plan: MemoryPlan) -> str:
     if other:
         fastest = min(other, key=lambda r: r.time_factor)
         return (
-            f"{text} With adapters it fits: {fastest.describe()} ({format_bytes(fastest.peak_bytes)}); ask for it "
-            "with allow=('lora',). Else: a smaller batch or shorter sequences, or a device with more memory."
+            f"{text} With adapters it fits: {fastest.describe()} ({format_bytes(fastest.peak_bytes)}); {ask}. "
+            "Else: a smaller batch or shorter sequences, or a device with more memory."
         )
     return (
         f"{text} What would help: a smaller batch or shorter sequences, LoRA on a quantized base "
