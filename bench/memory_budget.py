@@ -13,32 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-from typing import Any
 
 import torch
 from _rounds import machine_line
 from plan_vs_measured import FAMILIES
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._peak import PeakTracker
-
-
-class FitPeak:
-    """The peak of live tensors from the first batch to the end of the fit."""
-
-    def __init__(self) -> None:
-        self.tracker: PeakTracker | None = None
-
-    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
-        if self.tracker is None:
-            self.tracker = PeakTracker()
-            self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer, inputs=batch)
-            self.tracker.__enter__()
-
-    def on_fit_end(self, trainer: Any, history: Any) -> None:
-        if self.tracker is not None:
-            self.tracker.__exit__(None, None, None)
-            self.tracker.close()
+from nbtrainer._peak import FitPeak
 
 
 def run(name: str, share: float) -> tuple[str, str, int, int, float]:
@@ -54,10 +35,10 @@ def run(name: str, share: float) -> tuple[str, str, int, int, float]:
         trainer.fit([batch] * 4, epochs=1)
     except ValueError as exc:  # nothing fits: refused before the first step (its message says what would help)
         return name, f"nothing fits: {str(exc).split(': ', 2)[-1][:90]}...", int(budget), 0, 0.0
-    assert peak.tracker is not None and trainer.memory_plan is not None and trainer.memory_plan.best is not None
+    assert trainer.memory_plan is not None and trainer.memory_plan.best is not None
     downs = [e for e in trainer.history.events if e["kind"] == "memory_step_down"]
     chosen = trainer.memory_plan.best.describe() + (f" -> {downs[-1]['new']}" if downs else "")
-    measured = peak.tracker.peak_bytes
+    measured = peak.peak_bytes
     return name, chosen, int(budget), measured, measured / budget
 
 

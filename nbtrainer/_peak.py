@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["CATEGORIES", "PeakTracker", "track_peak"]
+__all__ = ["CATEGORIES", "FitPeak", "PeakTracker", "track_peak"]
 
 #: The categories of :attr:`PeakTracker.breakdown`, in display order.
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "activations")
@@ -286,3 +286,40 @@ def track_peak(
             yield tracker
     finally:
         tracker.close()
+
+
+class FitPeak:
+    """A callback: the peak of live tensors from a fit's first batch to its end (what a plan made before the first
+    batch allocated is left out). Read :attr:`peak_bytes` after the fit.
+
+    Example:
+        >>> # peak = FitPeak(); Trainer(..., callbacks=[peak]).fit(...); peak.peak_bytes
+    """
+
+    def __init__(self) -> None:
+        self.tracker: PeakTracker | None = None
+        self._closed = False
+
+    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
+        if self.tracker is None:
+            self.tracker = PeakTracker()
+            self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer, inputs=batch)
+            self.tracker.__enter__()
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.tracker is not None and not self._closed:
+            self._closed = True
+            self.tracker.__exit__(None, None, None)
+            self.tracker.close()
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.tracker is None:
+            raise RuntimeError("FitPeak: no batch was trained, so nothing was measured.")
+        return int(self.tracker.peak_bytes)

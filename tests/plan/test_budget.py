@@ -13,7 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._peak import PeakTracker
+from nbtrainer._peak import FitPeak
 
 GiB = 2**30
 D_IN, HIDDEN, N = 64, 256, 1024
@@ -47,29 +47,6 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[:N], y[:N]), (x[N:], y[N:])]
 
 
-class FitPeak:
-    """The measured peak of every optimizer step of a fit (the tracker armed at the first batch, after planning)."""
-
-    def __init__(self) -> None:
-        self.tracker: PeakTracker | None = None
-
-    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
-        if self.tracker is None:
-            self.tracker = PeakTracker()
-            self.tracker.watch(model=trainer.model, optimizer=trainer.optimizer, inputs=batch)
-            self.tracker.__enter__()
-
-    def on_fit_end(self, trainer: Any, history: Any) -> None:
-        if self.tracker is not None:
-            self.tracker.__exit__(None, None, None)
-            self.tracker.close()
-
-    @property
-    def peak(self) -> int:
-        assert self.tracker is not None
-        return self.tracker.peak_bytes
-
-
 def _predicted(**switches: Any) -> int:
     plan = plan_memory(_wide(), _data()[0], budget_gb=1, device="cpu", criterion=nn.CrossEntropyLoss())
     return plan.predict(optimizer="adamw", **switches).peak_bytes
@@ -93,7 +70,7 @@ def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
     assert plan is not None and plan.best is not None
     assert trainer.micro_split == plan.best.grad_accum_steps >= 2
     assert plan.best.memory.precision == "fp32" and plan.best.memory.optimizer == "adamw"  # kept as given
-    assert peak.peak <= budget_gb * GiB, (peak.peak, budget_gb * GiB)
+    assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
     assert [e["kind"] for e in history.events] == ["memory_plan"]
     line = next(s for s in out.getvalue().splitlines() if s.startswith("memory plan:"))
     assert f"micro-batch {N // trainer.micro_split} x {trainer.micro_split}" in line and "kept" in line
