@@ -17,7 +17,9 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              failed) and a detail (``nbt-status-detail``) beside it
 ``nbt-controls``             controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
                              ``nbt-lr`` (log slider, two decades around the current LR),
-                             ``nbt-lr-exact`` (exact entry), ``nbt-epochs``, ``nbt-scheduler``,
+                             ``nbt-lr-exact`` (exact entry), ``nbt-lr-target`` and ``nbt-lr-readout`` (several
+                             named optimizers: which one the LR control sets, each one's LR), ``nbt-epochs``,
+                             ``nbt-scheduler``,
                              ``nbt-clip``, ``nbt-checkpointing``, and the collapsible ``nbt-savers``
                              (memory savers chosen before Start: optimizer, quantize, LoRA, offload;
                              ``nbt-savers-note`` says what cannot run here and why), and the collapsible

@@ -7,12 +7,13 @@ checkpointing are locked while a run is alive and take effect at the next Start.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer import precision_support
+from nbtrainer import format_lr, precision_support
 
 from ._lr_control import LRControl
 from ._theme import FG2
@@ -46,6 +47,8 @@ class Controls:
         v.accum.value = trainer.grad_accum_steps
         self.lr = LRControl(v.lr, v.lr_exact, self._apply_lr, notify)
         self.lr.show(trainer.lr)
+        self._show_optimizers()
+        v.lr_target.observe(self._on_lr_target, "value")
         v.epochs.value = epochs
         options = []
         if trainer.scheduler is not None:
@@ -87,10 +90,32 @@ class Controls:
         self.lr.show(lr)
         self._apply_lr(lr)
 
+    def _show_optimizers(self) -> None:
+        """Several named optimizers: the target menu (which one the LR control sets) and each one's LR."""
+        v, lrs = self.view, self.trainer.lrs
+        shown = "" if lrs else "none"
+        v.lr_target.layout.display = v.lr_readout.layout.display = shown
+        if lrs:
+            if [value for _, value in v.lr_target.options] != ["", *lrs]:
+                self._set(v.lr_target, "options", [("all", ""), *((name, name) for name in lrs)])
+            v.lr_readout.value = (
+                f"<span style='font-size:11px;color:{FG2}'>LR by optimizer: "
+                + " · ".join(f"<b>{html.escape(n)}</b> {format_lr(lr)}" for n, lr in lrs.items())
+                + "</span>"
+            )
+
+    def _on_lr_target(self, change: Any) -> None:
+        if self._syncing:
+            return
+        name = change["new"]
+        lrs = self.trainer.lrs
+        self.lr.show(lrs.get(name, self.trainer.lr))
+
     def use_trainer(self, trainer: Trainer) -> None:
         """Steer ``trainer`` from now on (the panel rebuilt it at Start); its schedule is the one "keep" restores."""
         self.trainer = trainer
         self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
+        self._show_optimizers()
 
     def set_running(self, running: bool) -> None:
         self.running = running
@@ -102,6 +127,11 @@ class Controls:
         kind, new = event.get("kind"), event.get("new")
         if kind == "lr" and isinstance(new, (int, float)) and new > 0:
             self.lr.show(new)
+            self._show_optimizers()
+        elif isinstance(kind, str) and kind.startswith("lr:"):  # one of several named optimizers
+            if self.view.lr_target.value == kind[3:] and isinstance(new, (int, float)):
+                self.lr.show(new)
+            self._show_optimizers()
         elif kind == "grad_accum_steps" and isinstance(new, int):
             self._set(self.view.accum, "value", new)
 
@@ -140,7 +170,10 @@ class Controls:
 
     def _apply_lr(self, lr: float) -> None:
         try:
-            self.trainer.set_lr(float(lr))  # mid-run: applied at the next step; the event is shown then
+            # mid-run: applied at the next step; the event is shown then. "" (all) or one named optimizer
+            self.trainer.set_lr(float(lr), optimizer=self.view.lr_target.value or None)
+            if not self.running:
+                self._show_optimizers()
         except ValueError as exc:
             self.notify("warning", str(exc))
 

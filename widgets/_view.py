@@ -98,6 +98,12 @@ class PanelView:
             ),
             "nbt-lr-exact",
         )
+        # several named optimizers: which one the LR control sets ("all": each), and every one's LR
+        self.lr_target = _cls(
+            W.Dropdown(options=[("all", "")], value="", layout=W.Layout(width="90px", display="none")),
+            "nbt-lr-target",
+        )
+        self.lr_readout = _cls(W.HTML(layout=W.Layout(display="none")), "nbt-lr-readout")
         self.epochs = _cls(
             W.BoundedIntText(
                 value=1, min=1, max=1_000_000, description="epochs", style=_WIDE, layout=W.Layout(width="140px")
@@ -130,12 +136,13 @@ class PanelView:
             W.VBox(
                 [
                     W.HBox(
-                        [self.precision, self.accum, W.HBox([self.lr, self.lr_exact]), self.epochs],
+                        [self.precision, self.accum, W.HBox([self.lr, self.lr_exact, self.lr_target]), self.epochs],
                         layout=W.Layout(flex_flow="row wrap", align_items="center"),
                     ),
                     W.HBox(
                         [self.scheduler, self.max_grad_norm, self.checkpointing], layout=W.Layout(flex_flow="row wrap")
                     ),
+                    self.lr_readout,
                     self.precision_note,
                 ]
             ),

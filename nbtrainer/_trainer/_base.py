@@ -146,6 +146,12 @@ class TrainerBase:
         return reference_lr(self.optimizer)
 
     @property
+    def lrs(self) -> dict[str, float]:
+        """With several named optimizers (``optimizer={"name": opt}``): each one's reference LR; else empty."""
+        children = getattr(self.optimizer, "optimizers", None) or {}
+        return {name: reference_lr(opt) for name, opt in children.items()}
+
+    @property
     def current_lr(self) -> float:
         if self.optimizer is None:
             raise _validate.no_optimizer("current_lr")

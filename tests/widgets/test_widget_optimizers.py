@@ -1,0 +1,47 @@
+"""The panel with several named optimizers: one LR readout per optimizer and a target menu for the LR control."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from widget_helpers import classes, make_classification, make_loader
+
+from nbtrainer import TrainerWidget
+
+
+def _widget() -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    opts = {"body": torch.optim.SGD(model[0].parameters(), lr=0.1), "head": torch.optim.AdamW(model[2].parameters())}
+    x, y = make_classification(n=64, d=16, seed=0)
+    return TrainerWidget(
+        model, torch.nn.CrossEntropyLoss(), opts, make_loader(x, y, 16), epochs=1, device="cpu", progress=False,
+        refresh_interval=0.05, ui_interval=0.05, run_store=False,
+    )  # fmt: skip
+
+
+def test_each_optimizer_has_its_lr_and_the_control_sets_the_one_chosen() -> None:
+    w = _widget()
+    v, t = w.view, w.trainer
+    assert "nbt-lr-target" in classes(v.lr_target) and v.lr_target.layout.display != "none"
+    assert [value for _, value in v.lr_target.options] == ["", "body", "head"]
+    assert "body" in v.lr_readout.value and "1.00e-1" in v.lr_readout.value and "1.00e-3" in v.lr_readout.value
+    v.lr_target.value = "head"
+    assert float(v.lr_exact.value) == 1e-3  # the control shows the chosen optimizer's LR
+    v.lr_exact.value = "5e-4"
+    assert t.lrs == {"body": 0.1, "head": 5e-4}
+    assert "5.00e-4" in v.lr_readout.value
+    v.lr_target.value = ""
+    v.lr_exact.value = "2e-2"  # "all": each optimizer gets it
+    assert t.lrs == {"body": 0.02, "head": 0.02}
+
+
+def test_one_optimizer_shows_no_target_menu() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 3)
+    x, y = make_classification(n=32, d=16, seed=0)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      make_loader(x, y, 16), epochs=1, device="cpu", progress=False, run_store=False)  # fmt: skip
+    assert w.view.lr_target.layout.display == "none" and w.view.lr_readout.layout.display == "none"
+    assert w.trainer.lrs == {}
