@@ -53,16 +53,23 @@ class ShuffleOrder:
             return None
         return self._sampler.generator if self._sampler.generator is not None else self._own
 
-    def lend(self) -> torch.Generator | None:
-        """Give the loader the generator for this epoch (created at the first call, from the global RNG)."""
+    def lend(self, *, state: torch.Tensor | None = None) -> torch.Generator | None:
+        """Give the loader the generator for this epoch. ``state``: the epoch's saved start state (a resumed or
+        continued run), set on it; without one, the generator is seeded from the global RNG at its first lending
+        (only then is a number drawn from it, so a continued run draws what the uninterrupted one drew)."""
         sampler = self._sampler
         if sampler is None:
             return None
         if sampler.generator is not None and not self._saved:
+            if state is not None:
+                sampler.generator.set_state(state)
             return sampler.generator  # the user's own generator
         if self._own is None:
             self._own = torch.Generator()
-            self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG, once
+            if state is None:
+                self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG
+        if state is not None:
+            self._own.set_state(state)
         if not self._saved:
             loader = self.loader
             self._lend(sampler, "generator", self._own)

@@ -136,12 +136,11 @@ class FitLoop:
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        gen = self.order.lend()  # the loader shuffles with it this epoch; given back at the epoch's end
-        if gen is not None:
-            if st.sampler_state is not None:  # this epoch's start state (saved, or left by the last epoch)
-                gen.set_state(st.sampler_state)
-            else:
-                st.sampler_state = gen.get_state()
+        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's start state
+        # when there is one (saved, or left by the last epoch)
+        gen = self.order.lend(state=st.sampler_state)
+        if gen is not None and st.sampler_state is None:
+            st.sampler_state = gen.get_state()
         if not resumed_mid_epoch:
             st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
             st.loss_parts, st.nonfinite_samples = [], 0
