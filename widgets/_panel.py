@@ -6,9 +6,8 @@ thread* wakes at most every ``ui_interval`` seconds, decimates, and pushes one b
 ``w.fit()`` / ``w.wait()`` (``_poll``: ``jupyter-ui-poll`` processes the widget messages from inside the
 waiting cell). The training loop never waits on the UI and never syncs the device for it.
 
-The panel is composed of parts (view, charts, compare menu, controls, memory savers, side actions, summary)
-that it builds and wires; a part that calls back into the panel does so through a small protocol of public
-members (``_pump.PumpHost``, ``_actions.ActionsHost``), never through the panel's private attributes.
+Its parts (view, charts, compare menu, controls, memory savers, plan view, side actions, summary) call it back only
+through small protocols of public members (``PumpHost``, ``ActionsHost``, ``PlanHost``), never its private names.
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ class TrainerWidget:
             if self._build is not None
             else "the panel was given a built Trainer: pass these options to Trainer(...) instead",
         )
-        self.plan_view = PlanView(self, view=v, savers=self.savers)
+        self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
         v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
         self._show_title()
         slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
@@ -340,11 +339,6 @@ class TrainerWidget:
         return len(self.ui_update_times)
 
     # -- what the panel's parts call back (UiPump's PumpHost, PanelActions' ActionsHost) ----------------
-    @property
-    def model(self) -> Any:
-        """The model the panel was given (the plan view plans it)."""
-        return self._model
-
     @property
     def running(self) -> bool:
         """A run started here is alive (training or paused)."""

@@ -34,9 +34,6 @@ class PlanHost(Protocol):
     def train_loader(self) -> Any: ...
 
     @property
-    def model(self) -> Any: ...
-
-    @property
     def running(self) -> bool: ...
 
     def notify(self, level: str, text: str, details: str | None = None) -> None: ...
@@ -51,12 +48,12 @@ class PlanView:
     (``nbt-plan-button``), one button per row (``nbt-plan-row``; the best also ``nbt-plan-best``) above its bar.
 
     Example:
-        >>> pv = PlanView(w, view=w.view, savers=w.savers)  # doctest: +SKIP
+        >>> pv = PlanView(w, model=model, view=w.view, savers=w.savers)  # doctest: +SKIP
         >>> pv.budget.value = 16; pv.plan_button.click(); pv.thread.join(); pv.choose(pv.plan.best)  # doctest: +SKIP
     """
 
-    def __init__(self, host: PlanHost, *, view: PanelView, savers: Savers) -> None:
-        self.host, self.view, self.savers = host, view, savers
+    def __init__(self, host: PlanHost, *, model: Any, view: PanelView, savers: Savers) -> None:
+        self.host, self.model, self.view, self.savers = host, model, view, savers
         self.budget = W.BoundedFloatText(
             value=16.0, min=0.0001, max=100000.0, step=1.0, description="budget GiB", layout=W.Layout(width="190px")
         )
@@ -97,7 +94,7 @@ class PlanView:
         try:
             batch = example_batch(self.host.train_loader)
             plan = plan_memory(
-                self.host.model, batch, budget_gb=budget_gb, device=trainer.device, criterion=trainer.criterion
+                self.model, batch, budget_gb=budget_gb, device=trainer.device, criterion=trainer.criterion
             )
         except Exception as exc:  # the planner's message says what is wrong and the fix
             self.note.value = ""
