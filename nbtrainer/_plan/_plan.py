@@ -59,11 +59,6 @@ def _resolve_target(device: Any) -> torch.device:
     return target
 
 
-def _sim_device(target: torch.device) -> torch.device:
-    """Where the simulation runs (Context.sim_device): a CUDA target on a torch without CUDA simulates on the CPU."""
-    return torch.device("cpu") if target.type == "cuda" and not torch.cuda.is_available() else target
-
-
 def _batch_size_of(batch: Any) -> int:
     for t in iter_tensors(batch):
         if t.dim() > 0:
@@ -166,8 +161,9 @@ def plan_memory(
         criterion=criterion,
         structure=arith.model_structure(model),
         stack=repeated_stack(model),
-        cache=shared_cache(model, batch, _sim_device(target), criterion),
     )
+    # simulated steps kept across plans, keyed by where they run (Context.sim_device), not the target
+    ctx.cache = shared_cache(model, batch, ctx.sim_device, criterion)
     unavailable: dict[str, str] = {}
     precisions = ["fp32", "bf16-mixed"]
     if target.type == "cuda":
