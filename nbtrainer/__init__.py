@@ -75,6 +75,7 @@ _LAZY: dict[str, str] = {
     "OptunaPruning": "nbtrainer._runs._optuna",
     "tune": "nbtrainer._runs._optuna",
     "RunsWidget": "nbtrainer.widgets",
+    "quiet_imports": "nbtrainer._quiet",
 }
 
 # The everyday names (what `from nbtrainer import *`, tab completion and help() show). Every other name of
@@ -173,6 +174,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._profile._model import profile_model as profile_model
     from nbtrainer._profile._report import ModelProfile as ModelProfile
     from nbtrainer._profile._trace import profile_training as profile_training
+    from nbtrainer._quiet import quiet_imports as quiet_imports
     from nbtrainer._report._format import format_bytes as format_bytes
     from nbtrainer._report._format import format_count as format_count
     from nbtrainer._report._format import format_duration as format_duration

@@ -30,7 +30,13 @@ import io
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from nbtrainer import quiet_imports
+
+# transformers imports torchao when it is installed; on a CPU build torchao logs a line per CUDA library it
+# cannot load. quiet_imports drops exactly those known lines while the import runs (nothing else).
+with quiet_imports():
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 # Models this small run fastest on one intra-op thread, and it leaves a core for the kernel and the panel.
 torch.set_num_threads(1)

@@ -18,8 +18,8 @@ PACKAGE = REPO / "nbtrainer"
 
 # Lowest first. A folder may import its own layer's other folders and any layer below; never one above.
 LAYERS: list[set[str]] = [
-    # no torch: optional imports, atomic files, the options groups, numbers and SVG
-    {"_optional", "_atomic", "_options", "_report", "plotting"},
+    # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
+    {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting"},
     # the measured memory peak; model setup before the first step: precision, seeds, optimizers, memory switches
     {"_peak", "_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers

@@ -102,6 +102,14 @@ def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
         assert out.output_type != "error", f"{path.name}: {out.get('ename')}: {out.get('evalue')}"
         text = out.get("text", "") if out.output_type == "stream" else ""
         assert "Traceback (most recent call last)" not in text, f"{path.name}:\n{text}"
+    # a new user reads red stderr blocks as something gone wrong: no notebook writes any (warnings included)
+    stderr = [
+        (i, out.get("text", ""))
+        for i, cell in enumerate(nb.cells)
+        for out in cell.get("outputs", [])
+        if out.output_type == "stream" and out.get("name") == "stderr"
+    ]
+    assert not stderr, f"{path.name} wrote to stderr: " + "\n".join(f"cell {i}: {t[:600]}" for i, t in stderr)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code_cells)
     # "well under a minute" on 2 cores; the bound leaves room for a loaded CI machine

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
-import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+from nbtrainer._quiet import quiet_imports
 
 __all__ = ["GROUP_SIZE", "QUANT_METHODS", "quantize_model", "quantized_layers"]
 
@@ -35,21 +36,12 @@ _GROUPED = ("int4-weight", "codebook4")
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """torchao's import logs a warning per CUDA kernel library it cannot load on a CPU build (harmless, and
-    said in red in a notebook), torch one about an Enum it registers; k-means warns that ``index_reduce`` is beta.
-    None of it is the user's to act on."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta", category=UserWarning)
-            warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=DeprecationWarning)
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+    """torchao's import noise on a CPU build (``quiet_imports``: its kernel-library lines, torch's Enum warnings);
+    k-means warns that ``index_reduce`` is beta. None of it is the user's to act on."""
+    with quiet_imports(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=DeprecationWarning)
+        yield
 
 
 def _torchao() -> Any:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from nbtrainer._options import QUANTIZE
+from nbtrainer._quiet import quiet_imports
 from nbtrainer._setup._seed import rng_untouched
 
 __all__ = [
@@ -63,7 +64,8 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoHubKernelNotice(
 def require_module(module: str, what: str) -> ModuleType:
     """``import module`` or an ImportError naming the feature and the extra that installs it."""
     try:
-        return importlib.import_module(module)
+        with quiet_imports():  # torchao's CPU-build noise (its import, or transformers' import of it)
+            return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
             f"{what} needs {module}, which is not installed here. Install it with: {INSTALL_QUANT}"
