@@ -38,7 +38,8 @@ __all__ = [
     "tooltip",
 ]
 
-_MARGIN = {"top": 12, "bottom": 42, "left": 64, "right": 14}
+# top: room for the figure title (each chart says what it is, as a screen reader and a screenshot read it)
+_MARGIN = {"top": 30, "bottom": 42, "left": 64, "right": 14}
 _BOX = {"flex": "1 1 330px", "min_width": "300px", "max_width": "560px", "margin": "0 4px 4px 0"}
 _FIG = {"width": "100%", "height": "250px"}
 EPOCH_POINTS = 600  # per epoch chart's lines (all series together), however many epochs the run has
@@ -110,7 +111,7 @@ def legend_html(entries: list[tuple[str, str, bool]], extra: str = "") -> str:
     return f"<div style='font-size:11px;color:{FG};min-height:16px'>{''.join(items)}{tail}</div>"
 
 
-def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_format: str) -> bq.Figure:
+def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_format: str, *, title: str) -> bq.Figure:
     # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
     # domain has zero width (the first step or epoch), and the axis never recovered from that error.
     # Axis titles in the theme's text colour (left unset, bqplot painted them in a series colour).
@@ -120,7 +121,15 @@ def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_fo
             scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px", label_color=FG
         ),
     ]
-    fig = bq.Figure(marks=marks, axes=axes, fig_margin=dict(_MARGIN), animation_duration=0, layout=W.Layout(**_FIG))
+    fig = bq.Figure(
+        marks=marks,
+        axes=axes,
+        title=title,
+        title_style={"font-size": "13px", "font-weight": "600", "fill": FG},
+        fig_margin=dict(_MARGIN),
+        animation_duration=0,
+        layout=W.Layout(**_FIG),
+    )
     fig.add_class(css)
     return fig
 
@@ -146,7 +155,7 @@ class Box:
 class EpochChart:
     """Metrics per epoch on one axis: train solid, validation dashed, every point with a tooltip (``box``)."""
 
-    def __init__(self, css: str, ylabel: str, y: Any, *controls: W.Widget) -> None:
+    def __init__(self, css: str, title: str, ylabel: str, y: Any, *controls: W.Widget) -> None:
         x, e = lin_scale(min=0.75, max=1.25), np.empty(0)
         self.x = x
         sc = {"x": x, "y": y}
@@ -163,7 +172,7 @@ class EpochChart:
             interactions={"hover": "tooltip"},
             tooltip=tooltip(("name", "", ""), ("y", "value", ".4~g")),
         )
-        self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g")
+        self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g", title=title)
         self.box = Box(self.fig, *controls)
 
     def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], extra: str = "") -> None:
@@ -230,7 +239,9 @@ class BoundedChart(EpochChart):
     """The 0-1 metrics per epoch, zoomed to the data once it clusters (``bounded_range``)."""
 
     def __init__(self, *controls: W.Widget) -> None:
-        super().__init__("nbt-chart-metrics", "value (0-1)", lin_scale(min=0.0, max=1.0), *controls)
+        super().__init__(
+            "nbt-chart-metrics", "metrics per epoch", "value (0-1)", lin_scale(min=0.0, max=1.0), *controls
+        )
         self.fig.axes[1].tick_values = np.asarray(bounded_range([], False)[2])
 
     def draw_bounded(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], *, zoom: bool) -> None:
@@ -263,7 +274,14 @@ class MemoryChart:
         self.line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[4]], stroke_width=2, labels=["memory"])
         self.capacity = bq.Lines(x=e, y=e, scales=sc, colors=[MARKER], line_style="dashed", stroke_width=1)
         self.fig = figure(
-            "nbt-chart-memory", [self.line, self.capacity], x, self.y, "optimizer step", "memory (MiB)", ",~g"
+            "nbt-chart-memory",
+            [self.line, self.capacity],
+            x,
+            self.y,
+            "optimizer step",
+            "memory (MiB)",
+            ",~g",
+            title="memory",
         )
         self.box = Box(self.fig)
         self.box.legend.value = legend_html([("peak per window", PALETTE[4], False)])

@@ -25,7 +25,7 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
-from nbtrainer import format_lr, format_number
+from nbtrainer import format_lr
 from nbtrainer.plotting import (
     PALETTE,
     Ema,
@@ -52,12 +52,12 @@ from ._chart_parts import (
     step_ticks,
     tooltip,
 )
+from ._lr_chart import LRChart
 
 __all__ = ["LiveCharts"]
 
 
 _HOVER_POINTS = 300  # per hover layer: enough to read values along the curve, cheap to redraw
-_LABEL_GAP = 0.12  # an LR-change label needs this fraction of the x range to its right neighbour
 
 
 def _zero_based(lo: float, hi: float) -> tuple[float, float]:
@@ -113,7 +113,9 @@ class LiveCharts:
             tooltip=tooltip(("name", "change", "")),
         )
         self.loss_marks = [self.raw, self.smooth, self.val_line, self.val, self.loss_hover, self.loss_events]
-        self.loss_fig = figure("nbt-chart-loss", self.loss_marks, sx, sy, "optimizer step", "loss", ".3~g")
+        self.loss_fig = figure(
+            "nbt-chart-loss", self.loss_marks, sx, sy, "optimizer step", "loss", ".3~g", title="training loss"
+        )
         self.loss_scale = W.Dropdown(
             options=[("y: auto", "auto"), ("y: linear", "linear"), ("y: log", "log")],
             value="auto",
@@ -124,38 +126,10 @@ class LiveCharts:
         self.loss_box = Box(self.loss_fig, self.loss_scale)
         self.loss_is_log = False
 
-        # 2. learning rate: log axis, changes marked at the new value
-        # Before any data: a decade each side of the optimizer's LR, ticks at round values only.
-        centre = lr if lr is not None and math.isfinite(lr) and lr > 0 else 1e-3
-        self.lr_x, self.lr_scale = lin_scale(min=0.0, max=1.0), log_scale(min=centre / 10, max=centre * 10)
-        lx = self.lr_x
-        lsc = {"x": lx, "y": self.lr_scale}
-        self.lr = bq.Lines(x=e, y=e, scales=lsc, colors=[PALETTE[2]], stroke_width=2, labels=["lr"])
-        self.lr_hover = hover_layer(lsc, PALETTE[2], ("y", "lr", ".3~e"))
-        self.lr_events = bq.Scatter(
-            x=e,
-            y=e,
-            scales=lsc,
-            marker="triangle-down",
-            colors=[MARKER],
-            default_size=60,
-            names=[],
-            display_names=True,
-            label_display_vertical_offset=-12,
-            interactions={"hover": "tooltip"},
-            tooltip=tooltip(("name", "change", "")),
-        )
-        self.lr_fig = figure(
-            "nbt-chart-lr",
-            [self.lr, self.lr_hover, self.lr_events],
-            lx,
-            self.lr_scale,
-            "optimizer step",
-            "learning rate (log)",
-            ".1~e",
-        )
-        self.lr_fig.axes[1].tick_values = np.asarray(log_ticks(centre / 10, centre * 10))
-        self.lr_box = Box(self.lr_fig)
+        # 2. learning rate: log axis, changes marked (and labelled) at the new value
+        self.lr_chart = c = LRChart(lr)
+        self.lr, self.lr_hover, self.lr_events, self.lr_labels = c.line, c.hover, c.events, c.labels
+        self.lr_x, self.lr_scale, self.lr_fig, self.lr_box = c.x, c.y, c.fig, c.box
 
         # 3. bounded metrics per epoch: 0-1 axis; train solid, val dashed; points carry tooltips
         self.metrics_scale = W.Dropdown(
@@ -170,7 +144,9 @@ class LiveCharts:
         self.other_choice = W.Dropdown(options=[], layout=W.Layout(width="140px"))
         self.other_choice.add_class("nbt-other-metric")
         self.other_choice.observe(lambda _: self._dirty.add("epochs"), "value")
-        self.other = EpochChart("nbt-chart-other", "value", lin_scale(min=0.0, max=1.0), self.other_choice)
+        self.other = EpochChart(
+            "nbt-chart-other", "other metric per epoch", "value", lin_scale(min=0.0, max=1.0), self.other_choice
+        )
         self.other_box = self.other.box
 
         # 5. memory per refresh window, against the device's capacity
@@ -230,7 +206,8 @@ class LiveCharts:
         kind, new, step = event.get("kind"), event.get("new"), event.get("step") or 0
         label = change_label(event)
         if kind == "lr" and isinstance(new, (int, float)):
-            short = format_lr(new)
+            # the marker's label: the new value and, from the panel, how it was set ("3.00e-4 typed")
+            short = f"{format_lr(new)} {event['source']}" if event.get("source") else format_lr(new)
         elif kind == "grad_accum_steps":
             short = f"accum {new}"
         else:
@@ -313,45 +290,7 @@ class LiveCharts:
 
     def _render_lr(self, stack: ExitStack) -> None:
         x, y = self._lr.points()
-        events = [e for e in self.events if e["kind"] == "lr"]
-        positive = [v for v in [*y.tolist(), *(e["new"] for e in events)] if math.isfinite(v) and v > 0]
-        if not positive:
-            return
-        lo, hi = min(positive), max(positive)
-        if hi / lo < 10:  # at least one decade, centred on the data, so a constant LR has ticks
-            mid = math.sqrt(lo * hi)
-            lo, hi = mid / math.sqrt(10), mid * math.sqrt(10)
-        lo, hi = lo / 1.3, hi * 2.0  # headroom above: the change labels sit over their markers
-        with self.lr_scale.hold_sync():
-            self.lr_scale.min, self.lr_scale.max = lo, hi
-        self.lr_fig.axes[1].tick_values = np.asarray(log_ticks(lo, hi))
-        y = np.where(np.isfinite(y) & (y > 0), y, lo)  # an LR of 0 (cosine's end) sits on the axis floor
-        hx, hy = decimate(x, y, _HOVER_POINTS)
-        with self.lr_x.hold_sync():
-            self.lr_x.max = max(float(x.max()) if len(x) else 1.0, max((e["step"] for e in events), default=1.0), 1.0)
-        self.lr_fig.axes[0].tick_values = step_ticks(x)
-        for mark, xs, ys in ((self.lr, x, y), (self.lr_hover, hx, hy)):
-            stack.enter_context(mark.hold_sync())
-            mark.x, mark.y = xs, ys
-        # Changes at their new value; a label is shown only with room before the next labelled one.
-        span = max(float(x.max()) if len(x) else 1.0, max((e["step"] for e in events), default=1.0), 1.0)
-        names, last_x = [], math.inf
-        for ev in reversed(events):
-            show = (last_x - ev["step"]) / span >= _LABEL_GAP
-            names.append(ev["short"] if show else "")
-            if show:
-                last_x = ev["step"]
-        stack.enter_context(self.lr_events.hold_sync())
-        self.lr_events.x = np.asarray([e["step"] for e in events], dtype=float)
-        self.lr_events.y = np.asarray([min(max(e["new"], lo), hi) for e in events], dtype=float)
-        self.lr_events.names = list(reversed(names))
-        accum = [e for e in self.events if e["kind"] == "grad_accum_steps"]
-        extra = (
-            f"accumulation changed at step {', '.join(format_number(int(e['step'])) for e in accum)}" if accum else ""
-        )
-        self.lr_box.legend.value = legend_html(
-            [("lr", PALETTE[2], False)] + ([("change", MARKER, False)] if events else []), extra
-        )
+        self.lr_chart.render(stack, x, y, self.events)
 
     def _render_loss_events(self, stack: ExitStack) -> None:
         keep = [e for e in self.events if math.isfinite(e["loss"])]
@@ -381,12 +320,13 @@ class LiveCharts:
             with scale.hold_sync():
                 scale.min, scale.max = _zero_based(lo, hi)
             self.other_box.fig.axes[1].label = chosen[0]
+            self.other_box.fig.title = f"{chosen[0]} per epoch"
             self.other.draw(stack, rows, chosen)
 
     def _legends(self) -> None:
         self.loss_box.legend.value = legend_html([("loss (step)", PALETTE[0], False), ("smoothed", PALETTE[0], False)])
         self.lr_box.legend.value = legend_html([("lr", PALETTE[2], False)])
-        self.metrics_box.legend.value = legend_html([], "metrics per epoch (0-1)")
+        self.metrics_box.legend.value = legend_html([], "0-1 scale")
 
     def sent_points(self) -> dict[str, int]:
         """How many points each per-step mark currently holds (what a front end received)."""

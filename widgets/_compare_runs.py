@@ -61,7 +61,8 @@ class CompareRuns:
         self.align = W.ToggleButtons(
             options=["step", "epoch"], value="step", tooltips=["align by optimizer step", "align by epoch"]
         )
-        self.align.style.button_width = "56px"
+        # sized to their words: a fixed 56 px cut "epoch" to "ep..." in JupyterLab's 13 px font (10 px padding)
+        self.align.style.button_width = "auto"
         self.align.add_class("nbt-compare-align")
         self.root = W.HBox([self.select, self.align], layout=W.Layout(align_items="center", flex_flow="row wrap"))
         self.root.add_class("nbt-compare")

@@ -88,7 +88,7 @@ class Controls:
         """
         lr = float(lr)
         self.lr.show(lr)
-        self._apply_lr(lr)
+        self._apply_lr(lr, "lr finder")
 
     def _show_optimizers(self) -> None:
         """Several named optimizers: the target menu (which one the LR control sets) and each one's LR."""
@@ -168,10 +168,10 @@ class Controls:
             self.notify("warning", str(exc))
             self._set(self.view.accum, "value", t.grad_accum_steps)
 
-    def _apply_lr(self, lr: float) -> None:
+    def _apply_lr(self, lr: float, source: str) -> None:
         try:
             # mid-run: applied at the next step; the event is shown then. "" (all) or one named optimizer
-            self.trainer.set_lr(float(lr), optimizer=self.view.lr_target.value or None)
+            self.trainer.set_lr(float(lr), optimizer=self.view.lr_target.value or None, source=source)
             if not self.running:
                 self._show_optimizers()
         except ValueError as exc:

@@ -61,7 +61,9 @@ class LaunchView(LaunchMonitor):
         self._losses: list[float] = []
         scales = {"x": lin_scale(), "y": lin_scale()}
         self._line = bq.Lines(x=[], y=[], scales=scales, colors=[PALETTE[0]], stroke_width=1.5)
-        self.chart = figure("nbt-launch-chart", [self._line], scales["x"], scales["y"], "optimizer step", "loss", ".3g")
+        self.chart = figure(
+            "nbt-launch-chart", [self._line], scales["x"], scales["y"], "optimizer step", "loss", ".3g", title="loss"
+        )
         self.legend = W.HTML(legend_html([("loss (rank 0)", PALETTE[0], False)]))
         self.epoch_table = W.HTML()
         self.epoch_table.add_class("nbt-launch-epochs")

@@ -21,10 +21,11 @@ EDGE = 0.1  # re-centre when a value is within this fraction of the range from a
 
 
 class LRControl:
-    """Binds a ``FloatLogSlider`` and a ``Text`` to one learning rate; ``on_change(lr)`` on user edits."""
+    """Binds a ``FloatLogSlider`` and a ``Text`` to one learning rate; ``on_change(lr, source)`` on user edits
+    (``source``: ``"dragged"`` from the slider, ``"typed"`` from the text box)."""
 
     def __init__(
-        self, slider: Any, text: Any, on_change: Callable[[float], None], notify: Callable[[str, str], None]
+        self, slider: Any, text: Any, on_change: Callable[[float, str], None], notify: Callable[[str, str], None]
     ) -> None:
         self.slider, self.text, self.on_change, self.notify = slider, text, on_change, notify
         self._syncing = False
@@ -59,7 +60,7 @@ class LRControl:
             return
         lr = float(change["new"])
         self.show(lr)  # text, and a re-centred range when the drag ended near an end
-        self.on_change(lr)
+        self.on_change(lr, "dragged")
 
     def _on_text(self, change: Any) -> None:
         if self._syncing:
@@ -74,4 +75,4 @@ class LRControl:
             self.show(self.value)
             return
         self.show(lr)
-        self.on_change(lr)
+        self.on_change(lr, "typed")

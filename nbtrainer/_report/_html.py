@@ -99,7 +99,8 @@ def change_label(event: Mapping[str, Any]) -> str | None:
     ``None`` for events that are not an LR or accumulation change."""
     kind, step = event.get("kind"), event.get("step")
     if kind == "lr":
-        return f"step {step}: lr {format_lr(event.get('old'))} → {format_lr(event.get('new'))}"
+        source = f" ({event['source']})" if event.get("source") else ""
+        return f"step {step}: lr {format_lr(event.get('old'))} → {format_lr(event.get('new'))}{source}"
     if kind == "grad_accum_steps":
         return f"step {step}: accumulation {event.get('old')} → {event.get('new')}"
     return None

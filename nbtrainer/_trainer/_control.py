@@ -35,16 +35,21 @@ class TrainerControl(TrainerBase):
     def resume(self) -> None:
         self._live.requests.resume()
 
-    def set_lr(self, lr: float, optimizer: str | None = None) -> None:
+    def set_lr(self, lr: float, optimizer: str | None = None, *, source: str | None = None) -> None:
         """Set the (reference) learning rate at the next optimizer step; schedules are rescaled. With several
-        named optimizers, ``optimizer="name"`` sets that one's (without: each gets ``lr``)."""
+        named optimizers, ``optimizer="name"`` sets that one's (without: each gets ``lr``).
+
+        ``source`` says who changed it (the panel passes ``"typed"``, ``"dragged"`` or ``"lr finder"``): it is
+        kept on the ``lr`` event (``event["source"]``), and the panel labels the change's marker with it."""
         if self.optimizer is None:
             raise _validate.no_optimizer("set_lr")
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
+        if source is not None and not isinstance(source, str):
+            raise TypeError(f"source must be a short string (e.g. 'typed') or None, got {source!r}.")
         lr_parts(self.optimizer, self.scheduler, optimizer)  # an unknown name is refused now, not at the step
         pending = dict(self._live.requests.peek("lr") or {})
-        pending[optimizer] = float(lr)
+        pending[optimizer] = (float(lr), source)
         self._live.apply_or_queue("lr", pending)
 
     def set_grad_accum_steps(self, steps: int) -> None:

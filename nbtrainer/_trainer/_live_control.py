@@ -47,12 +47,13 @@ class LiveControl:
             pending, calls = control.take()
             for key, value in pending.items():
                 if key == "lr":
-                    for name, lr in value.items():  # {optimizer name or None (each): reference LR}
+                    # {optimizer name or None (each): (reference LR, who set it or None)}
+                    for name, (lr, source) in value.items():
                         parts = lr_parts(trainer.optimizer, trainer.scheduler, name)
                         old = reference_lr(parts[0][0])
                         for opt, sched in parts:
                             rescale_lr(opt, sched, lr / reference_lr(opt))
-                        self.event("lr" if name is None else f"lr:{name}", old, lr)
+                        self.event("lr" if name is None else f"lr:{name}", old, lr, source=source)
                 elif key == "grad_accum_steps":
                     old, trainer.grad_accum_steps = trainer.grad_accum_steps, value
                     trainer.progress.grad_accum_steps = value
@@ -77,11 +78,14 @@ class LiveControl:
                     self.event("resume", None, None)
                     return
 
-    def event(self, kind: str, old: Any, new: Any) -> None:
-        """Tell the callbacks of a change (``on_control``), at the run's current step and epoch."""
+    def event(self, kind: str, old: Any, new: Any, *, source: str | None = None) -> None:
+        """Tell the callbacks of a change (``on_control``), at the run's current step and epoch; ``source``
+        (who made it, e.g. ``"typed"``) goes on the event when given."""
         trainer = self._trainer
         st = trainer.run_state.loop_state
         event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": kind, "old": old, "new": new}
+        if source is not None:
+            event["source"] = source
         trainer.callbacks.call("on_control", trainer=trainer, event=event)
 
     # -- calls deferred until the current event has reached every callback -----------------------------

@@ -6,6 +6,7 @@
   row once the user has scrolled up; the status and section titles stay on one line.
 * A second run marks the first run's summary as the previous run.
 * At 1280 px the LR finder button sits on the buttons' first row.
+* At 800 and at 1280 px the compare menu's choices and its step / epoch buttons read in full (issue 38).
 * No bqplot console error ("negative width", "translate(0,NaN)") from the page load to the end.
 """
 
@@ -76,6 +77,23 @@ STATUS_ONE_LINE = """() => {
     const b = badge.getBoundingClientRect(), d = detail.getBoundingClientRect();
     return detail.getClientRects().length === 1 && Math.abs(b.top + b.height / 2 - (d.top + d.height / 2)) < 6;
 }"""
+# The compare menu's words cut short: a button or label whose text overflows its box ("epoch" shown as "ep..."),
+# or a choice of the run list wider than the list (measured in the list's own font).
+COMPARE_CUT = """() => {
+    const cut = [];
+    for (const el of document.querySelectorAll('.nbt-compare button, .nbt-compare label')) {
+        if (el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
+            cut.push({text: el.textContent.trim(), need: el.scrollWidth, have: el.clientWidth});
+    }
+    const sel = document.querySelector('.nbt-compare select');
+    const ctx = document.createElement('canvas').getContext('2d');
+    ctx.font = getComputedStyle(sel).font;
+    for (const opt of sel.options) {
+        const need = ctx.measureText(opt.text).width, have = sel.clientWidth - 8;
+        if (need > have) cut.push({text: opt.text, need, have});
+    }
+    return cut;
+}"""
 # every visible section title is one line high
 TITLES_ONE_LINE = """() => [...document.querySelectorAll('.nbt-section-title')].filter(t => t.offsetParent !== null)
     .map(t => {
@@ -143,6 +161,11 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     for part in (".nbt-header", ".nbt-epochs-area", ".nbt-chart-metrics"):
         screenshot(page, f"panel-narrow-800{part.replace('.nbt', '')}", selector=part)
 
+    # the compare menu lists the finished run; its choices and both align buttons read in full (issue 38)
+    page.wait_for_function("() => document.querySelectorAll('.nbt-compare select option').length >= 1")
+    assert page.evaluate(COMPARE_CUT) == [], page.evaluate(COMPARE_CUT)
+    screenshot(page, "panel-narrow-800-compare", selector=".nbt-compare")
+
     # a second, long run: the first run's summary is marked as the previous run's
     epochs = page.locator(".nbt-epochs input").first
     epochs.fill("2000")
@@ -186,6 +209,8 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     a, b = start.bounding_box(), lrfind.bounding_box()
     assert abs(a["y"] - b["y"]) < 4, (a, b)
     screenshot(page, "panel-1280-buttons", selector=".nbt-buttons")
+    assert page.evaluate(COMPARE_CUT) == [], page.evaluate(COMPARE_CUT)
+    screenshot(page, "panel-1280-compare", selector=".nbt-compare")
 
     assert widget_problems(page) == []
     assert not bqplot_noise(console_log), bqplot_noise(console_log)[:5]

@@ -26,6 +26,7 @@ def test_every_axis_is_labelled_and_point_layers_have_tooltips():
     figs = [charts.loss_fig, charts.lr_fig, charts.metrics_box.fig, charts.other_box.fig, charts.mem_box.fig]
     for fig in figs:
         assert all(axis.label for axis in fig.axes), [a.label for a in fig.axes]
+        assert fig.title, "every chart says what it is"
         assert not fig.legend_location or all(not getattr(m, "display_legend", False) for m in fig.marks)
     for mark in (charts.val, charts.loss_hover, charts.lr_hover, charts.lr_events, charts.metric_points):
         assert isinstance(mark.tooltip, bq.Tooltip) and mark.interactions.get("hover") == "tooltip"
@@ -69,8 +70,11 @@ def test_lr_is_on_a_log_axis_with_changes_at_the_new_value_and_no_overlapping_la
     lo, hi = charts.lr_scale.min, charts.lr_scale.max
     assert lo < 1e-4 and hi > 3.7e-2  # the small LR is as visible as the large one
     assert charts.lr_events.y.tolist() == pytest.approx([3e-3, 1e-4])  # at the new LR, not the old
-    names = list(charts.lr_events.names)
-    assert names.count("") == 1 and names[-1] == "1.00e-4"  # the later label wins, the close one is hidden
+    # each marker's tooltip says the change in full; the later label wins, the close one is not drawn
+    assert list(charts.lr_events.names) == ["step 40: lr 3.70e-2 → 3.00e-3", "step 42: lr 3.00e-3 → 1.00e-4"]
+    labels = {align: list(mark.text) for align, mark in charts.lr_labels.items()}
+    assert labels == {"start": ["1.00e-4"], "end": []}, labels  # in the left half: it runs to the right
+    assert charts.lr_labels["start"].y.tolist() == pytest.approx([1e-4])
     assert any("accumulation 1 → 4" in n for n in charts.loss_events.names)  # every change on the loss chart
     ticks = list(charts.lr_fig.axes[1].tick_values)
     assert len(ticks) >= 3 and all(lo <= t <= hi for t in ticks)

@@ -73,17 +73,22 @@ def test_lr_and_accumulation_changes_mid_run_reach_optimizer_history_and_charts(
     assert w.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
     events = {e["kind"]: e for e in h.events}
     assert events["lr"]["new"] == pytest.approx(0.2) and events["lr"]["old"] == pytest.approx(0.05)
+    assert events["lr"]["source"] == "dragged"  # the slider said who changed it; the text box says "typed"
     assert events["grad_accum_steps"]["new"] == 4
     lrs = dict(zip(h.steps["step"], h.steps["lr"], strict=True))
     assert lrs[events["lr"]["step"] + 1] == pytest.approx(0.2)
     assert len(h.steps["step"]) < 128  # fewer optimizer steps after accumulating 4
     # the LR change is marked on the LR chart at its new value; both changes on the loss chart
-    assert list(w.charts.lr_events.names) == ["2.00e-1"]
     assert w.charts.lr_events.y.tolist() == pytest.approx([0.2])
     assert w.charts.lr_events.x.tolist() == [events["lr"]["step"]]
+    assert list(w.charts.lr_events.names) == [f"step {events['lr']['step']}: lr 5.00e-2 → 2.00e-1 (dragged)"]
+    # labelled with the value and how it was set, on the side of its marker that keeps it inside the chart
+    labels = {align: list(mark.text) for align, mark in w.charts.lr_labels.items()}
+    side = "start" if events["lr"]["step"] < h.steps["step"][-1] / 2 else "end"
+    assert labels[side] == ["2.00e-1 dragged"] and sum(labels.values(), []) == labels[side], labels
     loss_labels = list(w.charts.loss_events.names)
     assert len(loss_labels) == 2 and any("accumulation 1 → 4" in lab for lab in loss_labels)
-    assert any("lr 5.00e-2 → 2.00e-1" in text for _, text in w.view.message_log)
+    assert any("lr 5.00e-2 → 2.00e-1 (dragged)" in text for _, text in w.view.message_log)
 
 
 def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
