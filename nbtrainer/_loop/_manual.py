@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from nbtrainer._data._batch import batch_size_of
 from nbtrainer._data._step_result import check_step_result
@@ -53,7 +54,12 @@ class StepHandle:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self._host.model
+        """The model to call. Under DDP the module inside the wrapper: DDP reduces gradients in backward only
+        after its own forward and expects every parameter it saw to get one, which a GAN's partial backward
+        (the discriminator's loss) breaks; :meth:`step` averages each optimizer's gradients across ranks instead,
+        once per window."""
+        model = self._host.model
+        return model.module if isinstance(model, DistributedDataParallel) else model
 
     @property
     def optimizers(self) -> Any:
@@ -89,10 +95,12 @@ class StepHandle:
         if not self._closes:
             return
         host = self._host
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if isinstance(host.model, DistributedDataParallel):
+            average_gradients(params, host.model.process_group)
         scaler = host.scaler
         if scaler is not None:
             scaler.unscale_(opt)
-        params = [p for g in opt.param_groups for p in g["params"]]
         if host.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, host.max_grad_norm)  # the norm is never read: no sync
         guard = host.nonfinite
@@ -111,6 +119,26 @@ class StepHandle:
         if len(self.stepped) > before and schedulers and name in schedulers and host.scheduler_per_step:
             schedulers[name].step()
         opt.zero_grad(set_to_none=True)
+
+
+def average_gradients(params: list[torch.Tensor], group: Any) -> None:
+    """Average the gradients of ``params`` across the ranks of ``group`` in one all-reduce (the window's only
+    gradient sync), as DDP would have. Parameters without a gradient keep none (an optimizer skips them); which
+    parameters have one must be the same on every rank, as DDP requires (else the ranks' buffers differ in size
+    and the collective fails)."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])  # no host read: the step stays asynchronous
+    dist.all_reduce(flat, group=group)
+    flat.div_(dist.get_world_size(group))
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
 
 
 class ManualStep:

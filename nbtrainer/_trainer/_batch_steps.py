@@ -110,15 +110,19 @@ class BatchSteps:
         return torch.no_grad() if distributed else torch.inference_mode()
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
-        """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed."""
-        if self.validation_step_fn is not None:
-            return self._evaluate_steps(loader, prefix=prefix)
-        if self.training_step_fn is not None:
+    def check_can_evaluate(self) -> None:
+        """Refuse evaluation (``evaluate``, a fit's val_loader) that has nothing to compute a loss with."""
+        if self.training_step_fn is not None and self.validation_step_fn is None:
             raise ValueError(
                 "This trainer trains through training_step=, and evaluating needs validation_step=fn(model, batch) "
                 "-> {'loss': ..., ...}: give it to the Trainer (its values are logged with the prefix val_)."
             )
+
+    def evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+        """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed."""
+        if self.validation_step_fn is not None:
+            return self._evaluate_steps(loader, prefix=prefix)
+        self.check_can_evaluate()
         trainer = self._trainer
         model, metrics, device = trainer.model, self.val_metrics, trainer.device
         was_training = model.training

@@ -259,19 +259,6 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
             on_nonfinite=on_nonfinite,
         )
         callbacks = list(callbacks)  # read more than once (checks, then the CallbackList)
-        _validate.check_manual(
-            training_step,
-            validation_step,
-            criterion=criterion,
-            compute_loss=compute_loss,
-            optimizer=optimizer,
-            metrics=metrics,
-            options={
-                "optimizer_in_backward": optimizer_in_backward,
-                "chunked_loss": chunked_loss,
-                "memory_budget_gb": memory_budget_gb,
-            },
-        )
         if criterion is not None and not callable(criterion):
             raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
         # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that
@@ -280,6 +267,20 @@ class Trainer(TrainerFit, TrainerCheckpoints, TrainerEval, TrainerControl):
 
         self.strategy = make_strategy(strategy, device, seed)
         device = self.strategy.device
+        _validate.check_manual(
+            training_step,
+            validation_step,
+            criterion=criterion,
+            compute_loss=compute_loss,
+            optimizer=optimizer,
+            metrics=metrics,
+            strategy=self.strategy,
+            options={
+                "optimizer_in_backward": optimizer_in_backward,
+                "chunked_loss": chunked_loss,
+                "memory_budget_gb": memory_budget_gb,
+            },
+        )
         check_budget(
             memory_budget_gb,
             quantize=quantize,

@@ -260,6 +260,7 @@ def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int,
     check_in_backward_now(trainer)  # callbacks added since construction, settings changed between fits
     if val_loader is not None:
         _check_loader("val_loader", val_loader)
+        trainer.batch_steps.check_can_evaluate()  # training_step= validates through validation_step= only
     if epochs > 1 and max_steps is None and _one_shot(train_loader):  # a stream with max_steps is fine
         raise TypeError(
             f"train_loader is a one-shot iterator ({type(train_loader).__name__}): epoch 2 would get "
@@ -362,6 +363,7 @@ def check_manual(
     compute_loss: Any,
     optimizer: Any,
     metrics: Any,
+    strategy: Any,
     options: dict[str, Any],
 ) -> None:
     """``training_step=`` / ``validation_step=`` and what they cannot be combined with, refused with the fix."""
@@ -392,3 +394,9 @@ def check_manual(
     for name, value in options.items():
         if value:
             raise ValueError(f"training_step= cannot be combined with {name}={value!r}. Remove that option.")
+    if getattr(strategy, "can_shard_checkpoints", False):  # FSDP: its reduce-scatter runs inside every backward
+        raise ValueError(
+            "training_step= with strategy='fsdp' is not supported: FSDP2 reduce-scatters gradients inside each "
+            "backward, while a manual step averages each optimizer's gradients across ranks once per window, at "
+            "its step.step. Use strategy='ddp' (or one device)."
+        )

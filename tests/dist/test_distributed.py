@@ -150,6 +150,39 @@ def test_accumulation_all_reduces_once_per_optimizer_step(parity_run):
         assert_same_logs(got, want)
 
 
+def test_training_step_under_ddp_matches_one_process_with_twice_the_batch(parity_run):
+    """training_step= (issue 36) on 2 ranks with accumulation: each optimizer sees only its own loss's gradient
+    (a partial backward DDP itself refuses), averaged across ranks once per window: the weights of one process
+    with twice the batch, identical on both ranks."""
+    m0, m1 = results(parity_run, "manual")
+    model = common.make_model(0)
+    ref = Trainer(
+        model,
+        None,
+        common.manual_optimizers(model),
+        training_step=common.manual_step,
+        validation_step=common.manual_validation_step,
+        seed=common.SAMPLER_SEED,
+        progress=False,
+        grad_accum_steps=2,
+        strategy="single",
+    )
+    train, val = common.reference_loaders()
+    history = ref.fit(train, val, epochs=2)
+    assert m0["steps"] == m1["steps"] == ref.global_step == 4
+    w0, w1 = weights(parity_run, "manual")
+    assert_same_weights(w0, w1, atol=0)
+    assert_same_weights(w0, ref.model_state_dict())
+    for got, want in zip(m0["epochs"], history.epochs, strict=True):
+        assert_same_logs(got, want, keys=("loss", "body_loss", "val_loss"))  # validated on both ranks' shards
+
+
+def test_training_step_with_fsdp_is_refused_naming_ddp(world_of_one):
+    model = common.make_model(0)
+    with pytest.raises(ValueError, match=r"strategy='fsdp' is not supported.*strategy='ddp'"):
+        Trainer(model, None, common.manual_optimizers(model), training_step=common.manual_step, strategy="fsdp")
+
+
 def test_ddp_checkpoint_resumes_in_a_single_process(parity_run):
     path = str(parity_run / "ckpts" / "last.ckpt")
     ckpt = load_checkpoint(path)

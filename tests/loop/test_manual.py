@@ -126,3 +126,9 @@ def test_bad_manual_input_is_refused_before_the_first_step() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
     with pytest.raises(ValueError, match="needs validation_step"):
         _gan_trainer(dcgan.training_step).evaluate(train)
+    # a val_loader without validation_step=: refused before the first step, naming it (not "no criterion")
+    trainer = _gan_trainer(dcgan.training_step)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(ValueError, match="evaluating needs validation_step"):
+        trainer.fit(train, train, epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))

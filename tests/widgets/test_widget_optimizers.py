@@ -45,3 +45,41 @@ def test_one_optimizer_shows_no_target_menu() -> None:
                       make_loader(x, y, 16), epochs=1, device="cpu", progress=False, run_store=False)  # fmt: skip
     assert w.view.lr_target.layout.display == "none" and w.view.lr_readout.layout.display == "none"
     assert w.trainer.lrs == {}
+
+
+def _manual_step(step: Any, batch: Any) -> dict[str, torch.Tensor]:
+    """The head trains on its loss alone, then the body on a second forward (a GAN's shape, in miniature)."""
+    x, y = batch
+    head_loss = torch.nn.functional.cross_entropy(step.model(x), y)
+    step.backward(head_loss, optimizer="head")
+    step.step("head")
+    body_loss = torch.nn.functional.cross_entropy(step.model(x), y)
+    step.backward(body_loss, optimizer="body")
+    step.step("body")
+    return {"loss": head_loss, "body_loss": body_loss}
+
+
+def _validation_step(model: Any, batch: Any) -> dict[str, torch.Tensor]:
+    x, y = batch
+    return {"loss": torch.nn.functional.cross_entropy(model(x), y)}
+
+
+def test_a_training_step_runs_in_the_panel_and_its_values_reach_history_table_and_charts() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    opts = {"body": torch.optim.SGD(model[0].parameters(), lr=0.1), "head": torch.optim.SGD(model[2].parameters())}
+    x, y = make_classification(n=96, d=16, seed=0)
+    w = TrainerWidget(
+        model, None, opts, make_loader(x, y, 16), make_loader(x[:32], y[:32], 16), epochs=2, device="cpu",
+        progress=False, refresh_interval=0.05, ui_interval=0.05, run_store=False,
+        training_step=_manual_step, validation_step=_validation_step, grad_accum_steps=2,
+    )  # fmt: skip
+    w.start()
+    h = w.wait(timeout=60)
+    assert h.status == "finished" and w.trainer.global_step == 6  # 6 batches an epoch, windows of 2
+    assert {"loss", "body_loss", "val_loss"} <= set(h.epochs[-1])
+    assert "body_loss" in w.view.epoch_table.value  # a column of the live epoch table
+    # the values the step returned are charted: the loss per step, body_loss among the per-epoch metrics
+    assert w.charts.sent_points()["loss"] >= 6
+    assert "body_loss" in list(w.charts.other_choice.options)
+    assert "body" in w.view.lr_readout.value and "head" in w.view.lr_readout.value

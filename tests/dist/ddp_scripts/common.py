@@ -71,3 +71,30 @@ def reference_loaders(shuffle: bool = True):
 
 def sgd(model: torch.nn.Module, lr: float = 0.1) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=lr)  # no momentum: DDP == bigger batch, up to rounding
+
+
+def manual_optimizers(model: torch.nn.Module) -> dict[str, torch.optim.Optimizer]:
+    """Two named optimizers over make_model's first and last Linear layers, for the manual training_step below."""
+    layers = list(model.children())
+    return {
+        "body": torch.optim.SGD(layers[0].parameters(), lr=0.1),
+        "head": torch.optim.SGD(layers[-1].parameters(), lr=0.1),
+    }
+
+
+def manual_step(step, batch):
+    """A GAN-shaped training_step: the head's loss reaches only the head (a partial backward), it steps, then a
+    second forward with the stepped head trains the body alone."""
+    x, y = batch
+    head_loss = torch.nn.functional.cross_entropy(step.model(x), y)
+    step.backward(head_loss, optimizer="head")
+    step.step("head")
+    body_loss = torch.nn.functional.cross_entropy(step.model(x), y)
+    step.backward(body_loss, optimizer="body")
+    step.step("body")
+    return {"loss": head_loss, "body_loss": body_loss}
+
+
+def manual_validation_step(model, batch):
+    x, y = batch
+    return {"loss": torch.nn.functional.cross_entropy(model(x), y)}
