@@ -14,7 +14,6 @@ import pytest
 MODULES = [
     "nbtrainer",
     "nbtrainer._trainer._trainer",
-    "nbtrainer._trainer._eval",
     "nbtrainer._data._batch",
     "nbtrainer._data._predict_collect",
     "nbtrainer._events._history",
@@ -29,6 +28,7 @@ MODULES = [
     "nbtrainer._events._progress",
     "nbtrainer._events._loggers",
     "nbtrainer._optional",
+    "nbtrainer._quiet",
     "nbtrainer._inference._distill",
     "nbtrainer._inference._quantize",
     "nbtrainer._inference._compare",
