@@ -598,7 +598,7 @@ def measured_peak(size: DecoderSize, row: Any, device: torch.device) -> int:
             trainer.fit(data, epochs=1)
         return int(peak.peak_bytes)
     trainer.fit(data, epochs=1)
-    # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._loop._memory)
+    # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._loop._window_memory)
     return int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0))
 
 

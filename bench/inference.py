@@ -5,7 +5,7 @@ Part 1, quantization: a 301K-parameter MLP (64-512-512-10) trained with the Trai
 ``nbtrainer.compare_inference`` over the validation set: fp32, bf16 and the four ``quantize_model`` methods.
 Targets (the issue): ``int8-weight`` at most 0.30x of fp32's size on disk and within 1 accuracy point;
 ``codebook4`` at most 0.20x (codebooks and scales counted) and within 2 points. Size on disk is ``torch.save`` of
-the state dict with torchao's tensor subclasses flattened into the tensors they hold (``_inference/_measure.py``).
+the state dict with torchao's tensor subclasses flattened into the tensors they hold (``_inference/_size_latency.py``).
 
 Part 2, distillation: a 9K-parameter student (64-64-64-10) trained alone (cross-entropy) and distilled from the
 teacher (``DistillationLoss``, T=4, kd_weight=0.7: common defaults, not tuned on this validation set), with the

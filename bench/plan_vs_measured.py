@@ -4,7 +4,7 @@ For each family (an MLP, a CNN, a BERT-style encoder and a Llama-style decoder, 
 built from small configs) and each row of switches, ``plan_memory(...).predict(**switches)`` gives the predicted
 peak, and a Trainer with those switches trains two optimizer steps on a copy of the model while
 ``nbtrainer._peak.track_peak`` follows every tensor storage; the measured peak is the second (steady-state) step's
-(``nbtrainer._compare._measure.measure_step_peak``, the strategy table's measurement). Also: the time to plan an 8B
+(``nbtrainer._compare._run_measure.measure_step_peak``, the strategy table's measurement). Also: the time to plan an 8B
 Llama built on the meta device, and the extra resident memory that took.
 
     python bench/plan_vs_measured.py              # every family, then the 8B plan
@@ -25,7 +25,7 @@ from _rounds import machine_line
 from torch import nn
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._compare._measure import measure_step_peak, stored_batches
+from nbtrainer._compare._run_measure import measure_step_peak, stored_batches
 
 
 def _split(batch: Any, parts: int) -> list[Any]:

@@ -53,11 +53,11 @@ _LAZY: dict[str, str] = {
     "DDP": "nbtrainer._dist._ddp",
     "FSDP": "nbtrainer._dist._fsdp",
     "compare_strategies": "nbtrainer._compare._run",
-    "StrategyComparison": "nbtrainer._compare._table",
+    "StrategyComparison": "nbtrainer._compare._strategy_table",
     "DistillationLoss": "nbtrainer._inference._distill",
-    "quantize_model": "nbtrainer._inference._quantize",
+    "quantize_model": "nbtrainer._inference._quantize_model",
     "compare_inference": "nbtrainer._inference._compare",
-    "InferenceComparison": "nbtrainer._inference._table",
+    "InferenceComparison": "nbtrainer._inference._inference_table",
     "LRFinderResult": "nbtrainer._loop._lr_find",
     "build_optimizer": "nbtrainer._setup._model_setup",
     "freeze_parameters": "nbtrainer._setup._model_setup",
@@ -146,7 +146,7 @@ def unload_ipython_extension(ipython: _typing.Any) -> None:
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._atomic import CheckpointError as CheckpointError
     from nbtrainer._compare._run import compare_strategies as compare_strategies
-    from nbtrainer._compare._table import StrategyComparison as StrategyComparison
+    from nbtrainer._compare._strategy_table import StrategyComparison as StrategyComparison
     from nbtrainer._dist._ddp import DDP as DDP
     from nbtrainer._dist._fsdp import FSDP as FSDP
     from nbtrainer._dist._launch import launch as launch
@@ -164,8 +164,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._events._stream import Progress as Progress
     from nbtrainer._inference._compare import compare_inference as compare_inference
     from nbtrainer._inference._distill import DistillationLoss as DistillationLoss
-    from nbtrainer._inference._quantize import quantize_model as quantize_model
-    from nbtrainer._inference._table import InferenceComparison as InferenceComparison
+    from nbtrainer._inference._inference_table import InferenceComparison as InferenceComparison
+    from nbtrainer._inference._quantize_model import quantize_model as quantize_model
     from nbtrainer._loop._lr_find import LRFinderResult as LRFinderResult
     from nbtrainer._options import MemoryOptions as MemoryOptions
     from nbtrainer._plan import MemoryPlan as MemoryPlan

@@ -5,6 +5,6 @@ The panel's view of it is ``nbtrainer.widgets.CompareWidget``.
 
 from nbtrainer._compare._presets import PRESETS
 from nbtrainer._compare._run import compare_strategies
-from nbtrainer._compare._table import StrategyComparison
+from nbtrainer._compare._strategy_table import StrategyComparison
 
 __all__ = ["PRESETS", "StrategyComparison", "compare_strategies"]

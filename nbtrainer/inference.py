@@ -3,7 +3,7 @@
 
 from nbtrainer._inference._compare import compare_inference
 from nbtrainer._inference._distill import DistillationLoss
-from nbtrainer._inference._quantize import quantize_model
-from nbtrainer._inference._table import InferenceComparison
+from nbtrainer._inference._inference_table import InferenceComparison
+from nbtrainer._inference._quantize_model import quantize_model
 
 __all__ = ["DistillationLoss", "InferenceComparison", "compare_inference", "quantize_model"]

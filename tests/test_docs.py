@@ -30,7 +30,7 @@ MODULES = [
     "nbtrainer._optional",
     "nbtrainer._quiet",
     "nbtrainer._inference._distill",
-    "nbtrainer._inference._quantize",
+    "nbtrainer._inference._quantize_model",
     "nbtrainer._inference._compare",
 ]
 

@@ -21,7 +21,7 @@ from nbtrainer import LaunchMonitor, format_duration, format_lr, format_number
 from nbtrainer.plotting import PALETTE, decimate
 
 from ._chart_parts import figure, legend_html, lin_scale
-from ._frontend import in_notebook
+from ._notebook import in_notebook
 from ._poll import wait_until
 from ._theme import FG, FG2, STATUS_COLORS
 

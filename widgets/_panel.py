@@ -24,7 +24,7 @@ import ipywidgets as W
 
 from nbtrainer import format_count
 
-from . import _frontend
+from . import _notebook
 from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
@@ -141,7 +141,7 @@ class TrainerWidget:
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
         self.panel.children = (*self.panel.children, self._hide_static)
-        self._cell = _frontend.cell_id()
+        self._cell = _notebook.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
             if msg:
@@ -287,7 +287,7 @@ class TrainerWidget:
         While the cell waits, the panel's clicks are handled at once, and a page reloaded (or a second tab)
         gets the panel back live: the front end's requests are answered beside the waiting cell (``_poll``).
         """
-        if not _frontend.in_notebook():
+        if not _notebook.in_notebook():
             print(
                 f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
                 "foreground with console progress.",

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._frontend import in_notebook
+from ._notebook import in_notebook
 
 __all__ = ["wait_until"]
 

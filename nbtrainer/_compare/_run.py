@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from nbtrainer._compare._data import DataOrder, SplitLoader, split_batch
-from nbtrainer._compare._measure import (
+from nbtrainer._compare._presets import resolve_strategies
+from nbtrainer._compare._run_measure import (
     StepTimer,
     accuracy,
     emulated_note,
@@ -45,8 +46,7 @@ from nbtrainer._compare._measure import (
     measure_step_peak,
     stored_batches,
 )
-from nbtrainer._compare._presets import resolve_strategies
-from nbtrainer._compare._table import StrategyComparison
+from nbtrainer._compare._strategy_table import StrategyComparison
 from nbtrainer._data._batch import _first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
@@ -283,7 +283,8 @@ def compare_strategies(
             history = trainer.fit(loader, val_loader if steps is None else None, epochs=epochs, max_steps=steps)
             row["train_time_s"] = time.perf_counter() - start
             if cuda:
-                # The trainer resets CUDA's peak per refresh window (nbtrainer._loop._memory): its fit-wide peak wins.
+                # The trainer resets CUDA's peak per refresh window (nbtrainer._loop._window_memory): its fit-wide
+                # peak wins.
                 peak = max(torch.cuda.max_memory_allocated(dev), trainer.progress.memory_peak or 0)
                 row["peak_memory_bytes"] = int(peak)
             times, samples = timer.times, timer.samples

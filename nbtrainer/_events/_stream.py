@@ -59,7 +59,8 @@ class Progress:
     ``status`` is ``running``, ``pausing`` (a pause was requested; the loop has not reached the step
     boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
     peak of the last refresh window in bytes (CUDA allocator peak, reset each window; process RSS on CPU),
-    ``memory_peak`` the fit's peak so far and ``memory_capacity`` the device's total (``nbtrainer._loop._memory``).
+    ``memory_peak`` the fit's peak so far and ``memory_capacity`` the device's total
+    (``nbtrainer._loop._window_memory``).
     """
 
     status: str = "running"

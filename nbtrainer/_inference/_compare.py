@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, move_to_device
+from nbtrainer._inference._inference_table import InferenceComparison
 from nbtrainer._inference._logits import logits_of
-from nbtrainer._inference._measure import disk_bytes, memory_bytes, param_count, spread_of, time_rounds
-from nbtrainer._inference._quantize import QUANT_METHODS, quantize_model
-from nbtrainer._inference._table import InferenceComparison
+from nbtrainer._inference._quantize_model import QUANT_METHODS, quantize_model
+from nbtrainer._inference._size_latency import disk_bytes, memory_bytes, param_count, spread_of, time_rounds
 
 __all__ = ["DEFAULT_METHODS", "METHODS", "compare_inference"]
 

@@ -1,15 +1,15 @@
 """The training loop: one batch at a time, through one training step, with the device-side sums it keeps.
 
-================  ================================================================================
-``_fit_loop``     FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
-``_step``         TrainStep: one window's backward and optimizer step (fit and the LR finder)
-``_in_backward``  optimizer_in_backward: each parameter updated inside backward, its gradient freed
-``_run_state``    RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer
-``_metrics``      device-side running sums of losses and metrics
-``_nonfinite``    the NaN/inf gate, without a per-step sync
-``_control``      requests from other threads, applied at a step boundary
-``_oom``          out-of-memory: free, re-raise with advice
-``_memory``       memory per refresh window (host counters only)
-``_lr_find``      the LR range test
-================  ================================================================================
+==================  ================================================================================
+``_fit_loop``       FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
+``_step``           TrainStep: one window's backward and optimizer step (fit and the LR finder)
+``_in_backward``    optimizer_in_backward: each parameter updated inside backward, its gradient freed
+``_run_state``      RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer
+``_metrics``        device-side running sums of losses and metrics
+``_nonfinite``      the NaN/inf gate, without a per-step sync
+``_control``        requests from other threads, applied at a step boundary
+``_oom``            out-of-memory: free, re-raise with advice
+``_window_memory``  memory per refresh window (host counters only)
+``_lr_find``        the LR range test
+==================  ================================================================================
 """

@@ -34,9 +34,9 @@ from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._manual import ManualStep
-from nbtrainer._loop._memory import MemoryProbe
 from nbtrainer._loop._metrics import exact_add
 from nbtrainer._loop._step import TrainStep, split_steps
+from nbtrainer._loop._window_memory import MemoryProbe
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost

@@ -1,7 +1,7 @@
 """The seam between the fit loop and whatever runs it: :class:`LoopHost`, everything :class:`FitLoop` uses.
 
 The loop does not know the Trainer. It trains the host's model with the host's optimizer, precision, metrics,
-control and callbacks, through this Protocol (the Trainer's side is ``nbtrainer._trainer._host.TrainerHost``).
+control and callbacks, through this Protocol (the Trainer's side is ``nbtrainer._trainer._loop_host.TrainerHost``).
 What the host reads of a running loop is the loop's public methods (``pending_points``, ``release_pending``,
 ``open_window``, ``refresh``...). ``owner`` is the object callbacks receive as ``trainer=``.
 

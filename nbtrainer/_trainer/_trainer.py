@@ -52,9 +52,9 @@ from nbtrainer._setup._precision import make_scaler, require_precision, resolve_
 from nbtrainer._setup._seed import seed_everything, set_deterministic
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._batch_steps import BatchSteps
-from nbtrainer._trainer._host import TrainerHost
 from nbtrainer._trainer._interrupt import INTERRUPT_REASON, StopOnInterrupt, reraise_in_script, save_on_interrupt
 from nbtrainer._trainer._live_control import LiveControl
+from nbtrainer._trainer._loop_host import TrainerHost
 from nbtrainer._trainer._memory_budget import MemoryBudget, check_budget
 
 if TYPE_CHECKING:
@@ -1203,7 +1203,7 @@ class Trainer:
 
         if self.optimizer is None:
             raise _validate.no_optimizer("lr_find")
-        from nbtrainer._trainer._host import TrainerHost
+        from nbtrainer._trainer._loop_host import TrainerHost
 
         host = TrainerHost(self)
         return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, host=host, **kwargs)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nbtrainer import MemoryOptions, Trainer, plan_memory
-from nbtrainer._compare._measure import measure_step_peak, stored_batches
+from nbtrainer._compare._run_measure import measure_step_peak, stored_batches
 from nbtrainer._plan._arithmetic import adam_state_bytes
 
 

@@ -231,20 +231,20 @@ def test_long_runs_send_a_bounded_number_of_points_with_spikes():
 
 
 def test_rerunning_a_cell_that_recreates_the_model_stops_the_old_run(monkeypatch):
-    from nbtrainer.widgets import _frontend
+    from nbtrainer.widgets import _notebook
 
-    monkeypatch.setattr(_frontend, "cell_id", lambda: ("cell-a", "exec-1"))
+    monkeypatch.setattr(_notebook, "cell_id", lambda: ("cell-a", "exec-1"))
     w1 = make_widget(n=4096, epochs=5, slow=0.003)
     w_same_exec = make_widget(n=4096, epochs=5, slow=0.003)  # two widgets in one execution: both may run
     w1.start()
     w_same_exec.start()
     wait_for(lambda: w1.trainer.global_step >= 3 and w_same_exec.trainer.global_step >= 3)
     assert w1.status == w_same_exec.status == "running"
-    monkeypatch.setattr(_frontend, "cell_id", lambda: ("cell-a", "exec-2"))  # the cell runs again
+    monkeypatch.setattr(_notebook, "cell_id", lambda: ("cell-a", "exec-2"))  # the cell runs again
     with pytest.warns(RuntimeWarning, match="re-run"):
         w2 = make_widget(epochs=1)  # a new model: the old ones would be zombies
     assert w1.status == w_same_exec.status == "stopped"
-    monkeypatch.setattr(_frontend, "cell_id", lambda: ("cell-b", "exec-3"))
+    monkeypatch.setattr(_notebook, "cell_id", lambda: ("cell-b", "exec-3"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         w3 = make_widget(epochs=1)  # another cell: w2 is left alone

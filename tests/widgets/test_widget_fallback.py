@@ -90,7 +90,7 @@ def test_widget_layer_uses_only_public_core_names():
 
 @pytest.mark.parametrize("value,expected", [("console", False), ("notebook", True)])
 def test_frontend_override(monkeypatch, value, expected):
-    from nbtrainer.widgets._frontend import in_notebook
+    from nbtrainer.widgets._notebook import in_notebook
 
     monkeypatch.setenv("NBTRAINER_FRONTEND", value)
     assert in_notebook() is expected

@@ -51,7 +51,7 @@ def test_lazy_reexports_and_all():
 
 
 def test_panel_builds_and_trains_without_a_kernel():
-    from nbtrainer.widgets._frontend import in_notebook
+    from nbtrainer.widgets._notebook import in_notebook
 
     assert not in_notebook() and "ipykernel.kernelapp" not in sys.modules  # ipywidgets present, no kernel
     w = make_widget(epochs=2)
