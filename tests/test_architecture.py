@@ -315,3 +315,13 @@ def test_module_is_at_most_500_lines(source: str) -> None:
     lines = len((REPO / source).read_text(encoding="utf-8").splitlines())
     limit = FACADE_MAX_LINES if source == FACADE_MODULE else MAX_LINES
     assert lines <= limit, f"{source} has {lines} lines (> {limit}): split it by concept"
+
+
+def test_module_names_are_distinct_across_folders() -> None:
+    """One name, one module (issue 34): ``_table`` or ``_measure`` in two folders made a reader open both."""
+    seen: dict[str, list[str]] = {}
+    for name, (path, is_package) in MODULES.items():
+        if not is_package:
+            seen.setdefault(name.rpartition(".")[2], []).append(str(path.relative_to(REPO)))
+    repeated = {short: paths for short, paths in seen.items() if len(paths) > 1 and short.startswith("_")}
+    assert not repeated, repeated
