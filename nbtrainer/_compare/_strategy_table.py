@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from nbtrainer._report._comparison import ComparisonTable
 from nbtrainer._report._format import format_bytes, format_duration, format_number
-from nbtrainer._report._rows import NamedRows
 
 __all__ = ["StrategyComparison"]
 
@@ -34,7 +34,7 @@ def _split(row: dict[str, Any]) -> dict[str, int | None]:
 
 
 @dataclass
-class StrategyComparison(NamedRows):
+class StrategyComparison(ComparisonTable):
     """The result of :func:`compare_strategies`: one row per strategy.
 
     Attributes:
@@ -51,6 +51,11 @@ class StrategyComparison(NamedRows):
     """
 
     row_kind: ClassVar[str] = "strategy"  # NamedRows: 'No strategy ...' for a missing name
+    _bars: ClassVar[dict[int, tuple[str, str]]] = {
+        1: ("step_time_ratio", "#1f77b4"),
+        2: ("samples_per_s_ratio", "#2ca02c"),
+        3: ("peak_memory_ratio", "#ff7f0e"),
+    }
 
     rows: list[dict[str, Any]]
     baseline: str
@@ -151,17 +156,11 @@ class StrategyComparison(NamedRows):
 
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files)."""
-        lines = ["| " + " | ".join(self._header) + " |", "|" + "---|" * len(self._header)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in self._cells(r)) + " |" for r in self.rows]
-        return "\n".join(lines + [""] + [f"{w}  " for w in self.warnings()] + [self._legend()])
+        return "\n".join([*self._markdown_lines(), "", *(f"{w}  " for w in self.warnings()), self._legend()])
 
     def __str__(self) -> str:
-        table = [self._header] + [self._cells(r) for r in self.rows]
         # the last column (notes, failure reasons) is never cut and does not widen the others
-        widths = [max(len(row[i]) for row in table) for i in range(len(self._header) - 1)] + [0]
-        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        out.insert(1, "  ".join("-" * max(w, len(self._header[-1])) for w in widths))
-        return "\n".join([*out, *self.warnings(), self._legend()])
+        return "\n".join([*self._text_lines(free_last=True), *self.warnings(), self._legend()])
 
     def __repr__(self) -> str:
         return f"StrategyComparison({len(self.rows)} strategies, baseline={self.baseline!r})\n{self}"
@@ -178,39 +177,8 @@ class StrategyComparison(NamedRows):
         return f"{env.get('device', '?')}, torch {env.get('torch', '?')}; *peak memory: {self.memory_kind}"
 
     def _repr_html_(self) -> str:
-        def bar(ratio: float | None, color: str) -> str:
-            if ratio is None:
-                return ""
-            width = max(1.0, min(ratio, 2.0) * 50)
-            return (
-                f"<div style='background:{color};height:4px;width:{width:.0f}px;margin-top:2px' "
-                f"title='{ratio:.0%} of baseline'></div>"
-            )
-
-        head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self._header)
-        body = []
-        bars = {
-            1: ("step_time_ratio", "#1f77b4"),
-            2: ("samples_per_s_ratio", "#2ca02c"),
-            3: ("peak_memory_ratio", "#ff7f0e"),
-        }
-        for row in self.rows:
-            cells = self._cells(row)
-            if row["status"] != "ok":
-                span = len(cells) - 2
-                body.append(
-                    f"<tr><td>{html.escape(cells[0])}</td><td><b style='color:#c00'>failed</b></td>"
-                    f"<td colspan='{span}' style='color:#c00'>{html.escape(cells[-1])}</td></tr>"
-                )
-                continue
-            cells_html = [
-                html.escape(c) + (bar(row.get(bars[i][0]), bars[i][1]) if i in bars else "")
-                for i, c in enumerate(cells)
-            ]
-            body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells_html) + "</tr>")
         notes = "".join(f"<br><b style='color:#b35900'>{html.escape(w)}</b>" for w in self.warnings())
         return (
-            f"<div class='nbt-compare'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
-            f"</table><small>Ratios to {html.escape(self.baseline)!s} (bars: 100% = 50 px); ±: the step time's "
-            f"spread. {html.escape(self._where())}.{notes}</small></div>"
+            f"<div class='nbt-compare'>{self._table_html()}<small>Ratios to {html.escape(self.baseline)!s} "
+            f"(bars: 100% = 50 px); ±: the step time's spread. {html.escape(self._where())}.{notes}</small></div>"
         )

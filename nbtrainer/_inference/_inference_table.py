@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from nbtrainer._report._comparison import ComparisonTable
 from nbtrainer._report._format import format_bytes, format_count, format_duration, format_number
-from nbtrainer._report._rows import NamedRows
 
 __all__ = ["InferenceComparison"]
 
@@ -22,7 +22,7 @@ def _spread(s: Any) -> str:
 
 
 @dataclass
-class InferenceComparison(NamedRows):
+class InferenceComparison(ComparisonTable):
     """The result of :func:`compare_inference`: one row per variant (a method applied to the model, or a model).
 
     Attributes:
@@ -45,6 +45,11 @@ class InferenceComparison(NamedRows):
     """
 
     row_kind: ClassVar[str] = "variant"  # NamedRows: 'No variant ...' for a missing name
+    _bars: ClassVar[dict[int, tuple[str, str]]] = {
+        1: ("size_ratio", "#ff7f0e"),
+        3: ("latency_ratio", "#1f77b4"),
+        5: ("samples_per_s_ratio", "#2ca02c"),
+    }
 
     rows: list[dict[str, Any]]
     baseline: str
@@ -142,52 +147,18 @@ class InferenceComparison(NamedRows):
 
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files), warnings below it."""
-
-        def row(cells: list[str]) -> str:
-            return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-        lines = [row(self._header), "|" + "---|" * len(self._header), *(row(self._cells(r)) for r in self.rows)]
-        return "\n".join([*lines, "", *(f"*{w}*" for w in self.warnings)])
+        return "\n".join([*self._markdown_lines(), "", *(f"*{w}*" for w in self.warnings)])
 
     def __str__(self) -> str:
-        table = [self._header] + [[c if len(c) <= 90 else c[:87] + "..." for c in self._cells(r)] for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(self._header))]
-        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        out.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join([*out, f"({self._where()})", *(f"warning: {w}" for w in self.warnings)])
+        lines = self._text_lines(cut=90)
+        return "\n".join([*lines, f"({self._where()})", *(f"warning: {w}" for w in self.warnings)])
 
     def __repr__(self) -> str:
         return f"InferenceComparison({len(self.rows)} variants, baseline={self.baseline!r})\n{self}"
 
     def _repr_html_(self) -> str:
-        def bar(ratio: Any, color: str) -> str:
-            if not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
-                return ""
-            width = max(1.0, min(ratio, 2.0) * 50)
-            return (
-                f"<div style='background:{color};height:4px;width:{width:.0f}px;margin-top:2px' "
-                f"title='{ratio:.0%} of baseline'></div>"
-            )
-
-        colors = {1: ("size_ratio", "#ff7f0e"), 3: ("latency_ratio", "#1f77b4"), 5: ("samples_per_s_ratio", "#2ca02c")}
-        head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self._header)
-        body = []
-        for row in self.rows:
-            cells = self._cells(row)
-            if row["status"] != "ok":
-                body.append(
-                    f"<tr><td>{html.escape(cells[0])}</td><td><b style='color:#c00'>failed</b></td>"
-                    f"<td colspan='{len(cells) - 2}' style='color:#c00'>{html.escape(cells[-1])}</td></tr>"
-                )
-                continue
-            parts = []
-            for i, text in enumerate(cells):
-                key_color = colors.get(i)
-                parts.append(html.escape(text) + (bar(row.get(key_color[0]), key_color[1]) if key_color else ""))
-            body.append("<tr>" + "".join(f"<td>{c}</td>" for c in parts) + "</tr>")
         notes = "".join(f"<div style='color:#b35900'>⚠ {html.escape(w)}</div>" for w in self.warnings)
         return (
-            f"<div class='nbt-compare nbt-compare-inference'><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table><small>{html.escape(self._where())} (bars: 100% = 50 px).</small>"
-            f"{notes}</div>"
+            f"<div class='nbt-compare nbt-compare-inference'>{self._table_html()}"
+            f"<small>{html.escape(self._where())} (bars: 100% = 50 px).</small>{notes}</div>"
         )

@@ -209,3 +209,26 @@ def test_history_repr_keeps_small_values():
     h = History()
     h.add_epoch({"epoch": 1, "lr": 1.52e-6, "loss": 0.123456})
     assert "'lr': 1.52e-06" in repr(h) and "'loss': 0.1235" in repr(h)
+
+
+def test_both_comparisons_are_one_table_type_and_draw_a_failed_row_alike():
+    """compare_strategies and compare_inference return the one ComparisonTable type (issue 34): the same text,
+    Markdown and HTML code draws both, a failed row spanning its reason and ratio bars scaled to the baseline."""
+    from nbtrainer._report._comparison import ComparisonTable
+    from nbtrainer.compare import StrategyComparison
+    from nbtrainer.inference import InferenceComparison
+
+    ok = {"name": "base", "status": "ok", "step_time_s": 0.01, "step_time_ratio": 1.0, "samples_per_s_ratio": 1.0,
+          "peak_memory_ratio": 1.0, "size_ratio": 1.0, "latency_ratio": 1.0}  # fmt: skip
+    failed = {"name": "broken", "status": "failed", "reason": "out of memory: use checkpointing"}
+    tables = [
+        StrategyComparison([ok, failed], baseline="base", metric=None, memory_kind="bytes"),
+        InferenceComparison([ok, failed], baseline="base", metric=None),
+    ]
+    for table in tables:
+        assert isinstance(table, ComparisonTable)
+        page = table._repr_html_()
+        assert page.count("width:50px") == 3  # a 100% ratio is a 50 px bar, one per ratio column
+        assert "colspan=" in page and "out of memory: use checkpointing" in page
+        assert "out of memory: use checkpointing" in str(table) and "| broken | failed |" in table.to_markdown()
+        assert table["broken"]["status"] == "failed"
