@@ -47,7 +47,7 @@ from nbtrainer._data._batch import (
 )
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._data._data_host import DataTrainer
 
 __all__ = [
     "DROPPED_BY_DEFAULT",
@@ -296,7 +296,7 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
     return chunks
 
 
-def predict_outputs(trainer: Trainer, batch: Any) -> Any:
+def predict_outputs(trainer: DataTrainer, batch: Any) -> Any:
     """One batch's outputs, by the rule in the module docstring."""
     steps = trainer.batch_steps
     fn = steps.predict_step_fn
@@ -340,7 +340,7 @@ def _add_note(exc: BaseException, note: str) -> None:
 
 
 def run_predict(
-    trainer: Trainer,
+    trainer: DataTrainer,
     loader: Iterable,
     *,
     per_batch: bool,

@@ -16,7 +16,7 @@ from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device
 from nbtrainer._data._step_result import check_step_result
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._data._data_host import DataTrainer
 
 __all__ = [
     "check_batch",
@@ -100,7 +100,7 @@ def _passthrough(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) or isinstance(exc, (MemoryError, torch.OutOfMemoryError))
 
 
-def _model_hint(trainer: Trainer, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
+def _model_hint(trainer: DataTrainer, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
@@ -197,7 +197,7 @@ def _one_shot(loader: Any) -> bool:
     return isinstance(loader, Iterator)
 
 
-def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+def first_compute(trainer: DataTrainer, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
     """The first micro-batch's ``(loss, outputs, targets)``, computed in stages with clear errors.
 
     For the default batch handling this runs exactly what the loop runs (``model(*inputs)`` then
@@ -249,7 +249,7 @@ def first_compute(trainer: Trainer, batch: Any, training: bool = True) -> tuple[
     return loss, outputs, targets
 
 
-def onecycle_overflow(trainer: Trainer, total_steps: int) -> ValueError:
+def onecycle_overflow(trainer: DataTrainer, total_steps: int) -> ValueError:
     """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
     (a train_loader without len() could not be counted before the run)."""
     st = trainer.run_state.loop_state
@@ -262,7 +262,7 @@ def onecycle_overflow(trainer: Trainer, total_steps: int) -> ValueError:
     )
 
 
-def check_loss(trainer: Trainer, loss: Any, where: str, *, needs_grad: bool = False) -> None:
+def check_loss(trainer: DataTrainer, loss: Any, where: str, *, needs_grad: bool = False) -> None:
     """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
     if loss is None:
         return
@@ -287,7 +287,7 @@ def check_loss(trainer: Trainer, loss: Any, where: str, *, needs_grad: bool = Fa
         raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
 
 
-def check_val_loader(trainer: Trainer, val_loader: Any) -> None:
+def check_val_loader(trainer: DataTrainer, val_loader: Any) -> None:
     """Run the first validation batch (eval mode, inference_mode) and put every RNG back."""
     from nbtrainer._setup._seed import capture_rng, restore_rng
 
@@ -340,7 +340,7 @@ def manual_step_errors(name: str) -> Iterator[None]:
         raise type(exc)(f"{name} failed on the first batch: {exc}") from exc
 
 
-def dry_metrics(trainer: Trainer, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
+def dry_metrics(trainer: DataTrainer, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
     """Each metric on one batch, on copies (the real ones keep their state): must run and give a number.
 
     Structured outputs (a ``ModelOutput``, a tuple...) reach a metric whole, or their ``.logits`` / first

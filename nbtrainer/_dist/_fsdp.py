@@ -39,7 +39,7 @@ from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler, resolve_strate
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._dist._dist_host import DistTrainer
 
 __all__ = ["FSDP", "shard_units"]
 
@@ -230,7 +230,7 @@ class FSDP(DDP):
             offload = self.offload or OffloadPolicy()
         return unit, root, offload
 
-    def attach(self, trainer: Trainer) -> None:
+    def attach(self, trainer: DistTrainer) -> None:
         """Shard ``trainer.model`` and rebind ``trainer.optimizer`` to the sharded parameters (once)."""
         if self._attached:
             raise RuntimeError(
@@ -352,12 +352,12 @@ class FSDP(DDP):
         return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
 
     # -- checkpoints (nbtrainer._dist._fsdp_checkpoint) -----------------------------------------
-    def gather_weights(self, trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+    def gather_weights(self, trainer: DistTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
         """Full model and optimizer state on rank 0 (empty on the others); a collective."""
         return _ckpt.gather_full(trainer)
 
     def load_weights(
-        self, trainer: Trainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
+        self, trainer: DistTrainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
     ) -> None:
         """Load full (single-process format) or sharded state; each rank keeps its shard."""
         _ckpt.load_weights(trainer, model_state, optim_state)

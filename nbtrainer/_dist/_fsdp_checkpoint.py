@@ -27,7 +27,7 @@ from nbtrainer._atomic import CheckpointError
 from nbtrainer._dist._placement import unwrap_model
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._dist._dist_host import DistTrainer
 
 __all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "to_indexed"]
 
@@ -38,13 +38,13 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def _optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+def _optimizer(trainer: DistTrainer) -> torch.optim.Optimizer:
     if trainer.optimizer is None:
         raise ValueError("A checkpoint holds the optimizer's state, and this Trainer has none (optimizer=None).")
     return trainer.optimizer
 
 
-def _names(trainer: Trainer) -> list[str]:
+def _names(trainer: DistTrainer) -> list[str]:
     """The parameter name of each optimizer parameter, in the optimizer's (index) order."""
     names = {id(p): n for n, p in unwrap_model(trainer.model).named_parameters()}
     order = [names.get(id(p)) for g in _optimizer(trainer).param_groups for p in g["params"]]
@@ -56,7 +56,7 @@ def _names(trainer: Trainer) -> list[str]:
     return [str(n) for n in order]
 
 
-def to_indexed(named: dict[str, Any], trainer: Trainer) -> dict[str, Any]:
+def to_indexed(named: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
     names = _names(trainer)
     index = {n: i for i, n in enumerate(names)}
     state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
@@ -64,7 +64,7 @@ def to_indexed(named: dict[str, Any], trainer: Trainer) -> dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
-def _to_named(indexed: dict[str, Any], trainer: Trainer) -> dict[str, Any]:
+def _to_named(indexed: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
     names = _names(trainer)
     state = {names[int(i)]: s for i, s in indexed.get("state", {}).items()}
     groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]]
@@ -81,7 +81,7 @@ def _is_sharded(values: Any) -> bool:
     return False
 
 
-def gather_full(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+def gather_full(trainer: DistTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model state, optimizer state) in the single-process format on rank 0, empty dicts elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -93,7 +93,7 @@ def gather_full(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
     return saved_part(trainer, model_sd), to_indexed(named, trainer)
 
 
-def saved_part(trainer: Trainer, model_sd: dict[str, Any]) -> dict[str, Any]:
+def saved_part(trainer: DistTrainer, model_sd: dict[str, Any]) -> dict[str, Any]:
     """LoRA: the single-process format holds what trains (the adapters), not the frozen base."""
     savers = trainer.model_setup.savers
     if savers is None:
@@ -112,7 +112,7 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_weights(trainer: Trainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None) -> None:
+def load_weights(trainer: DistTrainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None) -> None:
     """Full tensors (a single-process / DDP / FSDP full checkpoint, the same on every rank) or this rank's
     shards (a sharded checkpoint): each rank keeps its shard. A collective."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict

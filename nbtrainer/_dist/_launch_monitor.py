@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._dist._dist_host import DistTrainer
 
 __all__ = ["LaunchMonitor", "RankMonitor", "launched_callbacks"]
 
@@ -151,20 +151,20 @@ class RankMonitor:
     def _snapshot(self, progress: Any) -> dict[str, Any]:
         return {**progress.to_dict(), "rank": self.rank, "world_size": self.world_size, "time": time.time()}
 
-    def on_refresh(self, trainer: Trainer, progress: Any) -> None:
+    def on_refresh(self, trainer: DistTrainer, progress: Any) -> None:
         self._send("progress", self._snapshot(progress))
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: DistTrainer, epoch: int, logs: dict[str, Any]) -> None:
         self._send("epoch", {k: v for k, v in logs.items() if isinstance(v, (int, float, str, type(None)))})
 
-    def on_optimizer_step(self, trainer: Trainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: DistTrainer, step: int, skipped: bool) -> None:
         shared = self.shared
         if self.rank == 0 and shared[0] and not shared[1]:
             shared[1] = step + 1  # every other rank has finished at most step `step`: all will see this
         if shared[1] and step >= shared[1]:
             trainer.request_stop("stopped from the launching process")
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: DistTrainer, history: Any) -> None:
         final = self._snapshot(trainer.progress)
         final["status"] = getattr(history, "status", None) or trainer.status
         self._send("end", final)

@@ -8,5 +8,6 @@
 ``_loggers``           TensorBoardLogger, CSVLogger
 ``_history``           History: steps, epochs, events
 ``_frontend``          notebook or console, decided at run time
+``_trainer_view``      TrainerView: the Protocol of what callbacks, loggers and trackers read of the Trainer
 =====================  ================================================================================
 """

@@ -16,7 +16,7 @@ from nbtrainer._report._format import format_number
 from nbtrainer._report._html import higher_is_better
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
 
@@ -30,7 +30,7 @@ def resolve_mode(monitor: str, mode: str) -> str:
     return mode
 
 
-def check_monitor(owner: str, monitor: str, trainer: Trainer) -> None:
+def check_monitor(owner: str, monitor: str, trainer: TrainerView) -> None:
     """Refuse, before the first step, to monitor a key the fit will never log."""
     keys = trainer.expected_log_keys()
     if monitor not in keys:
@@ -109,10 +109,10 @@ class EarlyStopping(Callback):
             return True
         return value < ref - self.min_delta if self.mode == "min" else value > ref + self.min_delta
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         check_monitor("EarlyStopping", self.monitor, trainer)
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         value = float(logs[self.monitor])
         reason = None
         if self.check_finite and not math.isfinite(value):
@@ -149,7 +149,7 @@ class EarlyStopping(Callback):
             self.stopped_epoch = epoch
             trainer.request_stop(f"EarlyStopping: {reason}")
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         if self.restore_best_weights and self._best_weights is not None:
             trainer.load_model_state_dict(self._best_weights)
             history.add_event(
@@ -183,7 +183,7 @@ class LRMonitor(Callback):
         >>> monitor = LRMonitor()  # Trainer(..., callbacks=[monitor]); history["lr_group0"]
     """
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         for i, group in enumerate(trainer.optimizer.param_groups if trainer.optimizer is not None else ()):
             logs[f"lr_group{i}"] = float(group["lr"])
 
@@ -194,12 +194,12 @@ class HistoryRecorder:
     def __init__(self, history: Any) -> None:
         self.history = history
 
-    def on_refresh(self, trainer: Trainer, progress: Progress) -> None:
+    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if progress.step_points:
             self.history.add_steps(progress.step_points, progress.epoch)
 
-    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         self.history.add_event(**event)
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         self.history.add_epoch(logs)

@@ -20,7 +20,7 @@ from nbtrainer._optional import require
 from nbtrainer._report._format import format_value
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
 
@@ -66,7 +66,7 @@ class TensorBoardLogger(Callback):
         self.log_dir = os.fspath(log_dir)
         self._writer: Any = None
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if not trainer.is_global_zero:
             return
         from torch.utils.tensorboard import SummaryWriter
@@ -77,7 +77,7 @@ class TensorBoardLogger(Callback):
         self._writer = SummaryWriter(self.log_dir, purge_step=step + 1 if step else 0)
         self._writer.add_scalar("control/grad_accum_steps", trainer.grad_accum_steps, step)
 
-    def on_refresh(self, trainer: Trainer, progress: Progress) -> None:
+    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         writer = self._writer
         if writer is None:
             return
@@ -86,7 +86,7 @@ class TensorBoardLogger(Callback):
                 writer.add_scalar("step/loss", loss, step)
             writer.add_scalar("step/lr", lr, step)
 
-    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if self._writer is None or event.get("kind") not in _CONTROL_KINDS:
             return
         step = int(event.get("step") or 0)
@@ -95,7 +95,7 @@ class TensorBoardLogger(Callback):
         change = f"{format_value(kind, event.get('old'))} -> {format_value(kind, event['new'])}"
         self._writer.add_text("control", f"step {step}: {kind} {change}", step)
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self._writer is None:
             return
         # After every callback has seen the row (LRMonitor adds keys to it), like ModelCheckpoint's saves.
@@ -108,7 +108,7 @@ class TensorBoardLogger(Callback):
             self._writer.add_scalar(f"epoch/{key}", value, step)
         self._writer.flush()
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.add_text("status", f"{history.status}" + (f": {history.stop_reason}" if history.stop_reason else ""))
@@ -157,7 +157,7 @@ class CSVLogger(Callback):
     def events_path(self) -> str:
         return os.path.join(self.dir, "events.csv")
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if not trainer.is_global_zero:
             return
         try:
@@ -187,17 +187,17 @@ class CSVLogger(Callback):
         csv.writer(buf).writerows(kept)
         atomic_write_bytes(self.steps_path, buf.getvalue().encode())
 
-    def on_refresh(self, trainer: Trainer, progress: Progress) -> None:
+    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if self._writer is None or not progress.step_points:
             return
         epoch = progress.epoch
         self._writer.writerows((step, epoch, repr(loss), repr(lr)) for step, loss, lr in progress.step_points)
 
-    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if self._writer is not None:
             self._write_events(trainer.history.events)
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self._writer is None:
             return
         self._steps.flush()
@@ -207,7 +207,7 @@ class CSVLogger(Callback):
 
         trainer.defer(write)
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         steps, self._steps, self._writer = self._steps, None, None
         if steps is None:
             return

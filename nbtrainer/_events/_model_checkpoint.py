@@ -11,7 +11,7 @@ from nbtrainer._atomic import remove_stale_temps
 from nbtrainer._events._callbacks import Callback, check_monitor, resolve_mode
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["ModelCheckpoint"]
 
@@ -88,7 +88,7 @@ class ModelCheckpoint(Callback):
     def last_path(self) -> str:
         return os.path.join(self.dirpath, "last.ckpt")
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
         if self.sharded and not getattr(trainer.strategy, "can_shard_checkpoints", False):
@@ -115,18 +115,18 @@ class ModelCheckpoint(Callback):
                 if name.endswith((".partial", ".old")) and os.path.isdir(os.path.join(self.dirpath, name)):
                     shutil.rmtree(os.path.join(self.dirpath, name), ignore_errors=True)
 
-    def on_optimizer_step(self, trainer: Trainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: TrainerView, step: int, skipped: bool) -> None:
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.last_model_path = self.last_path
             self._save(trainer, self.last_path)
 
-    def save_now(self, trainer: Trainer) -> str:
+    def save_now(self, trainer: TrainerView) -> str:
         """Write ``last.ckpt`` at once (not deferred): fit calls it at a Ctrl-C, once the loop has stopped."""
         trainer.save_checkpoint(self.last_path)
         self.last_model_path = self.last_path
         return self.last_path
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if epoch % self.every_n_epochs:
             return
         # The epoch is complete: the saved loop state points at the start of the next epoch.
@@ -170,7 +170,7 @@ class ModelCheckpoint(Callback):
             except FileNotFoundError:
                 pass
 
-    def _save(self, trainer: Trainer, path: str) -> None:
+    def _save(self, trainer: TrainerView, path: str) -> None:
         # Deferred until every callback has seen this event, so their state (patience counters, this
         # callback's own top-k list) is saved as it will be when training continues.
         if self.sharded:

@@ -27,7 +27,7 @@ from nbtrainer._events._stream import Progress
 from nbtrainer._report._format import format_duration, format_lr, format_number, format_value
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["MODES", "ProgressBar", "format_logs", "progress_callback", "start_progress"]
 
@@ -155,7 +155,7 @@ class ProgressBar:
             print(text, file=self.file if self.file is not None else sys.stdout, flush=True)
 
     # -- events ---------------------------------------------------------------------------------
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         self.active_mode = None
         if not getattr(trainer, "is_global_zero", True):
             return
@@ -182,7 +182,7 @@ class ProgressBar:
             total=progress.epochs, desc="epochs", unit="epoch", file=self.file, dynamic_ncols=True, initial=done
         )
 
-    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         if self._tqdm is None:
             return
         total = trainer.progress.batches
@@ -194,7 +194,7 @@ class ProgressBar:
             self._step_bar.reset(total=total)
             self._step_bar.set_description(f"epoch {epoch}", refresh=False)
 
-    def on_refresh(self, trainer: Trainer, progress: Progress) -> None:
+    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if self._step_bar is None and self._tqdm is not None and progress.stage == "train":
             # an epoch resumed mid-way gets no on_epoch_start (it started in the run that was saved)
             self.on_epoch_start(trainer, progress.epoch)
@@ -219,7 +219,7 @@ class ProgressBar:
                 self._next_beat = now + self.heartbeat
                 self._write(_heartbeat_line(progress))
 
-    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if event.get("kind") == "resume_from" and self.active_mode is not None:
             self._write(f"resume_from={event.get('old')!r}: {event.get('new')}")
             return
@@ -234,7 +234,7 @@ class ProgressBar:
             text += f" {format_value(kind, event.get('old'))} -> {format_value(kind, event.get('new'))}"
         self._write(text)
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self.active_mode is None:
             return
         if self._epoch_bar is not None:
@@ -242,7 +242,7 @@ class ProgressBar:
         if self.print_epochs:
             self._write(f"epoch {epoch}/{trainer.progress.epochs}  {format_logs(logs)}")
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         for bar in (self._step_bar, self._epoch_bar):
             if bar is not None:
                 bar.close()
@@ -256,7 +256,7 @@ class ProgressBar:
         self._tqdm = None
 
 
-def _completed_epochs(trainer: Trainer, planned: int) -> int:
+def _completed_epochs(trainer: TrainerView, planned: int) -> int:
     """Epochs already done when a fit starts (a resumed run's History holds one row per finished epoch)."""
     history = getattr(trainer, "history", None)
     done = len(getattr(history, "epochs", ()) or ())
@@ -280,7 +280,7 @@ def _heartbeat_line(p: Progress) -> str:
     return "  ".join(parts)
 
 
-def _final_line(trainer: Trainer, history: Any) -> str:
+def _final_line(trainer: TrainerView, history: Any) -> str:
     p = trainer.progress
     reason = f" ({history.stop_reason})" if history.stop_reason else ""
     parts = [f"training {history.status}{reason}"]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from nbtrainer._loop._metrics import MetricSet
     from nbtrainer._loop._nonfinite import NonFiniteGuard
 
-__all__ = ["LoopHost"]
+__all__ = ["LoopHost", "ToolTrainer"]
 
 
 class LoopHost(Protocol):
@@ -109,3 +109,34 @@ class LoopHost(Protocol):
     def run_deferred(self) -> None: ...  # checkpoint saves queued while an event was delivered
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None: ...
     def take_pending_rng(self) -> dict[str, Any] | None: ...  # RNG of a resumed run, restored once
+
+
+class ToolTrainer(Protocol):
+    """The Trainer as the LR finder and the out-of-memory advice see it (they run around a fit, not inside the loop;
+    ``_loop`` is below the Trainer in the floor plan and never imports it, not even for types)."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scaler: Any
+    grad_accum_steps: int
+
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def strategy(self) -> Any: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def non_blocking(self) -> bool: ...
+    @property
+    def options(self) -> Any: ...
+    @property
+    def progress(self) -> Any: ...
+    @property
+    def run_state(self) -> Any: ...
+    @property
+    def checkpointed_blocks(self) -> list[str]: ...
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any: ...
+    def lr_find(self, *args: Any, **kwargs: Any) -> Any: ...
+    def set_lr(self, lr: float, optimizer: str | None = ..., *, source: str | None = ...) -> None: ...

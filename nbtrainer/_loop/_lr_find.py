@@ -35,8 +35,7 @@ from nbtrainer._report._format import format_lr, format_number
 from nbtrainer._setup._optim import move_optimizer_state
 
 if TYPE_CHECKING:
-    from nbtrainer._loop._host import LoopHost
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._loop._host import LoopHost, ToolTrainer
 
 __all__ = ["LRFinderResult", "lr_find", "suggest"]
 
@@ -263,7 +262,7 @@ class LRFinderResult:
 class _Snapshot:
     """Everything the sweep changes, copied, and put back by :meth:`restore`."""
 
-    def __init__(self, trainer: Trainer, loader: Any) -> None:
+    def __init__(self, trainer: ToolTrainer, loader: Any) -> None:
         self.model = unwrap_model(trainer.model)
         self.model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.training = self.model.training
@@ -306,7 +305,7 @@ def _batches(loader: Iterable) -> Iterable[Any]:
 
 
 def lr_find(
-    trainer: Trainer,
+    trainer: ToolTrainer,
     train_loader: Iterable,
     min_lr: float = 1e-7,
     max_lr: float = 10.0,

@@ -34,6 +34,12 @@ class ComparisonTable(NamedRows):
     def _cells(self, row: dict[str, Any]) -> list[str]:
         raise NotImplementedError
 
+    def to_markdown(self) -> str:
+        raise NotImplementedError
+
+    def _repr_html_(self) -> str:
+        raise NotImplementedError
+
     # -- text -------------------------------------------------------------------------------------------
     def _text_lines(self, *, cut: int | None = None, free_last: bool = False) -> list[str]:
         """Aligned columns with a rule under the header; ``cut``: cells longer than that end in "...";

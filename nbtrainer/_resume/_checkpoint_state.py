@@ -13,14 +13,14 @@ from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError,
 from nbtrainer._setup._seed import capture_rng
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._resume._resume_host import ResumableTrainer
 
 __all__ = ["load_trainer_state", "rank_state", "resume", "trainer_state_dict"]
 
 VERSION = 1
 
 
-def _optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+def _optimizer(trainer: ResumableTrainer) -> torch.optim.Optimizer:
     """The trainer's optimizer (saving and resuming refuse a trainer without one before they get here)."""
     if trainer.optimizer is None:
         raise ValueError("A checkpoint holds the optimizer's state, and this Trainer has none (optimizer=None).")
@@ -31,7 +31,7 @@ def _callback_key(index: int, cb: Any) -> str:
     return f"{type(cb).__name__}:{index}"
 
 
-def _stateful(trainer: Trainer) -> list[tuple[str, Any]]:
+def _stateful(trainer: ResumableTrainer) -> list[tuple[str, Any]]:
     return [
         (_callback_key(i, cb), cb)
         for i, cb in enumerate(trainer.callbacks.callbacks)
@@ -39,17 +39,17 @@ def _stateful(trainer: Trainer) -> list[tuple[str, Any]]:
     ]
 
 
-def _savers(trainer: Trainer) -> Any:
+def _savers(trainer: ResumableTrainer) -> Any:
     """The trainer's quantize / LoRA setup (``_setup._memory_savers``), which decides what of the model is saved."""
     return trainer.model_setup.savers
 
 
-def _model_state(trainer: Trainer) -> dict[str, Any]:
+def _model_state(trainer: ResumableTrainer) -> dict[str, Any]:
     model, savers = unwrap_model(trainer.model), _savers(trainer)
     return savers.model_state(model) if savers is not None else model.state_dict()
 
 
-def trainer_state_dict(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
+def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> dict[str, Any]:
     """``weights=False``: without the model and optimizer state (empty dicts), e.g. a rank's own part."""
     run = trainer.run_state
     loop = run.loop
@@ -104,7 +104,7 @@ def trainer_state_dict(trainer: Trainer, *, weights: bool = True) -> dict[str, A
     }
 
 
-def _check_model(trainer: Trainer, state: dict[str, torch.Tensor]) -> None:
+def _check_model(trainer: ResumableTrainer, state: dict[str, torch.Tensor]) -> None:
     own = _model_state(trainer)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -128,7 +128,7 @@ def _check_model(trainer: Trainer, state: dict[str, torch.Tensor]) -> None:
         )
 
 
-def _check_optimizer(trainer: Trainer, state: dict[str, Any], saved_class: str | None) -> None:
+def _check_optimizer(trainer: ResumableTrainer, state: dict[str, Any], saved_class: str | None) -> None:
     opt: Any = _optimizer(trainer)
     children = getattr(opt, "optimizers", None)
     if children is not None:  # several named optimizers: each checked against its own saved state
@@ -196,7 +196,7 @@ _KBIT_BOOKKEEPING = frozenset(
 )
 
 
-def _check_compatible(trainer: Trainer, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
+def _check_compatible(trainer: ResumableTrainer, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
     """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
     for key in ("model", "optimizer", "loop", "history", "rng"):
         if key not in ckpt:
@@ -242,7 +242,7 @@ def _check_compatible(trainer: Trainer, ckpt: dict[str, Any], load_scheduler: bo
         )
 
 
-def _check_metrics(trainer: Trainer, saved: dict[str, Any]) -> None:
+def _check_metrics(trainer: ResumableTrainer, saved: dict[str, Any]) -> None:
     """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
     metrics = trainer.run_state.train_metrics
     own_sums = sorted(n for n, _ in metrics.callables)
@@ -262,13 +262,13 @@ def _check_metrics(trainer: Trainer, saved: dict[str, Any]) -> None:
 _PER_RANK = ("loop", "metrics", "rng")
 
 
-def rank_state(trainer: Trainer) -> dict[str, Any]:
+def rank_state(trainer: ResumableTrainer) -> dict[str, Any]:
     """This rank's own part of a checkpoint: RNG, loop sums (samples, loss) and metric states."""
     full = trainer_state_dict(trainer, weights=False)
     return {key: full[key] for key in _PER_RANK}
 
 
-def _this_rank(trainer: Trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
+def _this_rank(trainer: ResumableTrainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint as this rank should load it: its own RNG/sums when the world size matches."""
     strategy = getattr(trainer, "strategy", None)
     world, rank = getattr(strategy, "world_size", 1), getattr(strategy, "rank", 0)
@@ -290,7 +290,7 @@ def _this_rank(trainer: Trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_trainer_state(
-    trainer: Trainer,
+    trainer: ResumableTrainer,
     ckpt: dict[str, Any],
     *,
     load_scheduler: bool = True,
@@ -337,7 +337,7 @@ def load_trainer_state(
 
 
 def resume(
-    trainer: Trainer,
+    trainer: ResumableTrainer,
     resume_from: str,
     *,
     load_scheduler: bool = True,

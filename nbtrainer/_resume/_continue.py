@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._resume._resume_host import ResumableTrainer
 
 __all__ = [
     "CONTINUE",
@@ -59,7 +59,7 @@ class Plan:
     epochs: int
     max_steps: int | None
 
-    def batches(self, trainer: Trainer) -> int | None:
+    def batches(self, trainer: ResumableTrainer) -> int | None:
         from nbtrainer._loop._fit_loop import _safe_len
 
         return _safe_len(trainer.strategy.prepare_loader(self.train_loader, train=True))  # this rank's share
@@ -103,7 +103,7 @@ def schedule_capacity(cls_name: str, state: dict[str, Any]) -> tuple[int, int] |
 
 
 def check_schedule(
-    trainer: Trainer,
+    trainer: ResumableTrainer,
     plan: Plan,
     *,
     scheduler_state: dict[str, Any] | None = None,
@@ -189,7 +189,7 @@ def _check_factory(scheduler: Any) -> None:
 
 
 def fit_more(
-    trainer: Trainer,
+    trainer: ResumableTrainer,
     train_loader: Any,
     val_loader: Any = None,
     *,
@@ -256,7 +256,7 @@ def fit_more(
 IF_EXISTS = ("last-if-exists", "auto")
 
 
-def resolve_if_exists(trainer: Trainer, resume_from: str) -> tuple[str | None, str]:
+def resolve_if_exists(trainer: ResumableTrainer, resume_from: str) -> tuple[str | None, str]:
     """``resume_from="last-if-exists"`` (or ``"auto"``): ``("last", note)`` when the ModelCheckpoint's
     ``last.ckpt`` exists, ``(None, note)`` (a fresh start) when it does not; ``note`` says which, for the log."""
     import os
@@ -273,7 +273,7 @@ def resolve_if_exists(trainer: Trainer, resume_from: str) -> tuple[str | None, s
     return None, f"no {path} yet, starting fresh"
 
 
-def resume(trainer: Trainer, resume_from: Any, plan: Plan) -> None:
+def resume(trainer: ResumableTrainer, resume_from: Any, plan: Plan) -> None:
     """``fit(resume_from=...)``: load the checkpoint, refusing first a saved schedule too short for ``plan``;
     nothing to load for :data:`CONTINUE` (``fit_more`` already put the run's state in place)."""
     from nbtrainer._resume import _checkpoint_state as _state
@@ -283,7 +283,9 @@ def resume(trainer: Trainer, resume_from: Any, plan: Plan) -> None:
     _state.resume(trainer, resume_from, before_load=lambda ckpt: check_resume(trainer, plan, ckpt))
 
 
-def check_resume(trainer: Trainer, plan: Plan, ckpt: dict[str, Any], *, resume_hint: str = ", resume_from=...") -> None:
+def check_resume(
+    trainer: ResumableTrainer, plan: Plan, ckpt: dict[str, Any], *, resume_hint: str = ", resume_from=..."
+) -> None:
     """Refuse a checkpoint already past ``plan.epochs``; then :func:`check_schedule` for it (its scheduler,
     position and accumulation), before anything of it is loaded."""
     loop = ckpt.get("loop", {})
@@ -312,7 +314,7 @@ def check_resume(trainer: Trainer, plan: Plan, ckpt: dict[str, Any], *, resume_h
     )
 
 
-def _install_fresh_schedule(trainer: Trainer, factory: Any, plan: Plan) -> None:
+def _install_fresh_schedule(trainer: ResumableTrainer, factory: Any, plan: Plan) -> None:
     assert trainer.optimizer is not None  # fit_more goes through fit, which refuses a trainer without one
     _reset_for_fresh_schedule(trainer.optimizer)
     if factory is None:

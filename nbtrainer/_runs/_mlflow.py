@@ -30,7 +30,7 @@ from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["MLflowLogger"]
 
@@ -215,7 +215,7 @@ class MLflowLogger(Callback):
             self._client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS])
 
     # -- the event stream ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
@@ -257,7 +257,7 @@ class MLflowLogger(Callback):
 
         self._submit(start)
 
-    def on_refresh(self, trainer: Trainer, progress: Any) -> None:
+    def on_refresh(self, trainer: TrainerView, progress: Any) -> None:
         if not self._on or not progress.step_points:
             return
         points = progress.step_points
@@ -284,12 +284,12 @@ class MLflowLogger(Callback):
         if values:
             self._submit(lambda: self._metrics(values))
 
-    def on_control(self, trainer: Trainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if not self._on:
             return
 
@@ -304,7 +304,7 @@ class MLflowLogger(Callback):
 
         trainer.defer(queue_epoch)
 
-    def on_fit_end(self, trainer: Trainer, history: Any) -> None:
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         if not self._on:
             return
         self._on = False
