@@ -29,6 +29,7 @@ __all__ = [
     "EpochChart",
     "MemoryChart",
     "bounded_range",
+    "change_markers",
     "figure",
     "hover_layer",
     "legend_html",
@@ -132,6 +133,23 @@ def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_fo
     )
     fig.add_class(css)
     return fig
+
+
+def change_markers(scales: dict[str, Any], size: int) -> bq.Scatter:
+    """Grey down-triangles where a control change took effect; hovering one shows the change in full (its name)."""
+    e = np.empty(0)
+    return bq.Scatter(
+        x=e,
+        y=e,
+        scales=scales,
+        marker="triangle-down",
+        colors=[MARKER],
+        default_size=size,
+        names=[],
+        display_names=False,
+        interactions={"hover": "tooltip"},
+        tooltip=tooltip(("name", "change", "")),
+    )
 
 
 def tooltip(*fields: tuple[str, str, str]) -> bq.Tooltip:

@@ -39,11 +39,11 @@ from nbtrainer.plotting import (
 )
 
 from ._chart_parts import (
-    MARKER,
     BoundedChart,
     Box,
     EpochChart,
     MemoryChart,
+    change_markers,
     figure,
     hover_layer,
     legend_html,
@@ -100,18 +100,7 @@ class LiveCharts:
             tooltip=tooltip(("name", "epoch", ""), ("x", "step", ",.0f"), ("y", "val_loss", ".4~g")),
         )
         self.val_line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[1]], stroke_width=1.5, labels=["val_loss"])
-        self.loss_events = bq.Scatter(
-            x=e,
-            y=e,
-            scales=sc,
-            marker="triangle-down",
-            colors=[MARKER],
-            default_size=50,
-            names=[],
-            display_names=False,
-            interactions={"hover": "tooltip"},
-            tooltip=tooltip(("name", "change", "")),
-        )
+        self.loss_events = change_markers(sc, 50)
         self.loss_marks = [self.raw, self.smooth, self.val_line, self.val, self.loss_hover, self.loss_events]
         self.loss_fig = figure(
             "nbt-chart-loss", self.loss_marks, sx, sy, "optimizer step", "loss", ".3~g", title="training loss"

@@ -18,7 +18,17 @@ import numpy as np
 from nbtrainer import format_number
 from nbtrainer.plotting import PALETTE, decimate, log_ticks
 
-from ._chart_parts import MARKER, Box, figure, hover_layer, legend_html, lin_scale, log_scale, step_ticks, tooltip
+from ._chart_parts import (
+    MARKER,
+    Box,
+    change_markers,
+    figure,
+    hover_layer,
+    legend_html,
+    lin_scale,
+    log_scale,
+    step_ticks,
+)
 from ._theme import FG
 
 __all__ = ["LRChart"]
@@ -37,18 +47,7 @@ class LRChart:
         sc, e = {"x": self.x, "y": self.y}, np.empty(0)
         self.line = bq.Lines(x=e, y=e, scales=sc, colors=[PALETTE[2]], stroke_width=2, labels=["lr"])
         self.hover = hover_layer(sc, PALETTE[2], ("y", "lr", ".3~e"))
-        self.events = bq.Scatter(
-            x=e,
-            y=e,
-            scales=sc,
-            marker="triangle-down",
-            colors=[MARKER],
-            default_size=60,
-            names=[],
-            display_names=False,
-            interactions={"hover": "tooltip"},
-            tooltip=tooltip(("name", "change", "")),
-        )
+        self.events = change_markers(sc, 60)
         self.labels = {
             align: bq.Label(
                 x=e, y=e, text=[], scales=sc, colors=[FG], align=align, x_offset=off, y_offset=-9, default_size=11

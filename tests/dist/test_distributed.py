@@ -155,20 +155,8 @@ def test_training_step_under_ddp_matches_one_process_with_twice_the_batch(parity
     (a partial backward DDP itself refuses), averaged across ranks once per window: the weights of one process
     with twice the batch, identical on both ranks."""
     m0, m1 = results(parity_run, "manual")
-    model = common.make_model(0)
-    ref = Trainer(
-        model,
-        None,
-        common.manual_optimizers(model),
-        training_step=common.manual_step,
-        validation_step=common.manual_validation_step,
-        seed=common.SAMPLER_SEED,
-        progress=False,
-        grad_accum_steps=2,
-        strategy="single",
-    )
-    train, val = common.reference_loaders()
-    history = ref.fit(train, val, epochs=2)
+    ref = common.manual_trainer(strategy="single")
+    history = ref.fit(*common.reference_loaders(), epochs=2)
     assert m0["steps"] == m1["steps"] == ref.global_step == 4
     w0, w1 = weights(parity_run, "manual")
     assert_same_weights(w0, w1, atol=0)

@@ -98,3 +98,21 @@ def manual_step(step, batch):
 def manual_validation_step(model, batch):
     x, y = batch
     return {"loss": torch.nn.functional.cross_entropy(model(x), y)}
+
+
+def manual_trainer(**kwargs):
+    """The manual-optimization Trainer of the DDP scenario and of its single-process reference (``strategy=`` apart)."""
+    from nbtrainer import Trainer
+
+    model = make_model(0)
+    return Trainer(
+        model,
+        None,
+        manual_optimizers(model),
+        training_step=manual_step,
+        validation_step=manual_validation_step,
+        seed=SAMPLER_SEED,
+        progress=False,
+        grad_accum_steps=2,
+        **kwargs,
+    )

@@ -159,19 +159,8 @@ def scenario_parity(out: str, ckpt_dir: str) -> None:
 def scenario_manual(out: str) -> None:
     """training_step= under DDP with accumulation (issue 36): a partial backward per optimizer, each optimizer's
     gradients averaged across ranks once per window."""
-    model = common.make_model(0)
-    train, val = common.ddp_loaders()
-    trainer = Trainer(
-        model,
-        None,
-        common.manual_optimizers(model),
-        training_step=common.manual_step,
-        validation_step=common.manual_validation_step,
-        seed=common.SAMPLER_SEED,
-        progress=False,
-        grad_accum_steps=2,
-    )
-    history = trainer.fit(train, val, epochs=2)
+    trainer = common.manual_trainer()
+    history = trainer.fit(*common.ddp_loaders(), epochs=2)
     dump(out, "manual", {"epochs": history.epochs, "steps": trainer.global_step}, cpu_state(trainer))
 
 
