@@ -15,6 +15,7 @@ another that imports it, e.g. ``_trainer._host`` naming the ``Trainer``). ``widg
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -115,6 +116,12 @@ def import_graph(
     return graph
 
 
+@functools.cache
+def package_graph(*, runtime_only: bool = True) -> dict[str, set[str]]:
+    """The import graph of the whole package (every module parsed once per test process, not once per test)."""
+    return import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"), runtime_only=runtime_only)
+
+
 def find_components(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (each holds at least one cycle)."""
     index: dict[str, int] = {}
@@ -178,7 +185,7 @@ SOURCES = sorted(str(path.relative_to(REPO)) for path, _ in MODULES.values())
 
 
 def test_the_graph_sees_the_whole_package() -> None:
-    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"))
+    graph = package_graph()
     assert {"nbtrainer._trainer._trainer", "nbtrainer._profile._model", "nbtrainer.widgets._panel"} <= set(graph)
     assert "nbtrainer._loop._run_state" in graph["nbtrainer._trainer._trainer"]  # module level
     assert "nbtrainer._loop._lr_find" in graph["nbtrainer._trainer._trainer"]  # inside a method
@@ -187,7 +194,7 @@ def test_the_graph_sees_the_whole_package() -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"))
+    graph = package_graph()
     cycles = [
         f"{' -> '.join(_cycle_in(graph, set(c)))}  (modules in cycles together: {', '.join(c)})"
         for c in find_components(graph)
@@ -206,7 +213,7 @@ BELOW_THE_TRAINER = ("_loop", "_data", "_events", "_report", "_setup", "_dist", 
 
 @pytest.mark.parametrize("folder", BELOW_THE_TRAINER)
 def test_folders_below_the_trainer_do_not_import_it(folder: str) -> None:
-    graph = import_graph(MODULES, lazy_names(ROOTS[FACADE] / "__init__.py"), runtime_only=False)
+    graph = package_graph(runtime_only=False)
     prefix = f"{FACADE}.{folder}"
     upward = sorted(
         f"{name} -> {target}"

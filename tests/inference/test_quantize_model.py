@@ -77,6 +77,7 @@ def test_model_without_supported_layers() -> None:
         quantize_model(nn.Linear(10, 3), "codebook4")
 
 
+@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
 def test_missing_torchao_says_how_to_install() -> None:
     code = (
         "import sys, torch; sys.modules['torchao'] = None; sys.modules['torchao.quantization'] = None\n"

@@ -37,6 +37,7 @@ def test_help_lists_the_commands_and_imports_no_torch():
     assert not imported & {"torch", "IPython", "ipywidgets", "tqdm"}, sorted(imported)
 
 
+@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
 def test_version_and_no_command():
     import nbtrainer
 
@@ -46,6 +47,7 @@ def test_version_and_no_command():
     assert proc.returncode == 0 and proc.stdout.startswith("usage: nbtrainer")
 
 
+@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
 def test_doctor_runs_without_ipython():
     proc = _run("doctor", "--device", "cpu", importtime=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -86,6 +88,7 @@ def test_bad_arguments_exit_with_usage(capsys):
     assert info.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
 def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "nbtrainer")
     assert os.path.exists(script), "reinstall the project (bash scripts/venv.sh): [project.scripts] nbtrainer"
