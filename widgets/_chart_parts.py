@@ -23,6 +23,7 @@ from ._theme import FG, FG2
 __all__ = [
     "EPOCH_POINTS",
     "HOVER_EPOCHS",
+    "HOVER_POINTS",
     "MARKER",
     "BoundedChart",
     "Box",
@@ -44,6 +45,7 @@ _MARGIN = {"top": 30, "bottom": 42, "left": 64, "right": 14}
 _BOX = {"flex": "1 1 330px", "min_width": "300px", "max_width": "560px", "margin": "0 4px 4px 0"}
 _FIG = {"width": "100%", "height": "250px"}
 EPOCH_POINTS = 600  # per epoch chart's lines (all series together), however many epochs the run has
+HOVER_POINTS = 300  # per per-step hover layer: enough to read values along the curve, cheap to redraw
 HOVER_EPOCHS = 150  # hover points per series (each with its name: the costliest payload of a long run)
 MARKER = "#8b949e"  # change markers: mid grey, visible on light and dark backgrounds
 

@@ -39,6 +39,7 @@ from nbtrainer.plotting import (
 )
 
 from ._chart_parts import (
+    HOVER_POINTS,
     BoundedChart,
     Box,
     EpochChart,
@@ -55,9 +56,6 @@ from ._chart_parts import (
 from ._lr_chart import LRChart
 
 __all__ = ["LiveCharts"]
-
-
-_HOVER_POINTS = 300  # per hover layer: enough to read values along the curve, cheap to redraw
 
 
 def _zero_based(lo: float, hi: float) -> tuple[float, float]:
@@ -259,7 +257,7 @@ class LiveCharts:
                 self.loss_lin.min, self.loss_lin.max = bottom, top
             ticks = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top]
             self.loss_fig.axes[1].tick_values = np.asarray(ticks)  # round values (bqplot splits the range evenly)
-        hx, hy = decimate(sx, sy, _HOVER_POINTS)
+        hx, hy = decimate(sx, sy, HOVER_POINTS)
         with self.loss_x.hold_sync():
             self.loss_x.max = max(float(rx.max()) if len(rx) else 1.0, max((v[0] for v in val), default=1.0), 1.0)
         self.loss_fig.axes[0].tick_values = step_ticks(rx)

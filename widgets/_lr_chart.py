@@ -19,6 +19,7 @@ from nbtrainer import format_number
 from nbtrainer.plotting import PALETTE, decimate, log_ticks
 
 from ._chart_parts import (
+    HOVER_POINTS,
     MARKER,
     Box,
     change_markers,
@@ -33,7 +34,6 @@ from ._theme import FG
 
 __all__ = ["LRChart"]
 
-HOVER_POINTS = 300  # hover points along the line: enough to read values, cheap to redraw
 LABEL_GAP = 0.3  # a change's label needs this fraction of the x range from the next labelled change
 
 
