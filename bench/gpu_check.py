@@ -529,6 +529,8 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
         llama(size, torch.device("meta")), example, budget_gb=capacity / 2**30, device=str(device)
     )
     planning = time.perf_counter() - start
+    # progress on stderr: a step killed at its budget still shows how far it got (the first GPU run showed nothing)
+    print(f"planned {len(plan.rows)} rows in {planning:.1f} s", file=sys.stderr, flush=True)
     rows = plan_rows(plan, scale.planner_rows)
     cells, ratios = [], []
     for row, source in rows:
@@ -537,9 +539,11 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
             measured = measured_peak(size, row, device)
         except Exception as exc:  # one row's failure is that row's result; the others still measure
             cells.append([*label, f"failed: {first_line(exc)}", "-"])
+            print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
             continue
         ratios.append(row.peak_bytes / measured)
         cells.append([*label, mib(measured), f"**{ratios[-1]:.2f}**"])
+        print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
     how = "CUDA's allocator peak over the fit" if device.type == "cuda" else "the peak of live tensors (track_peak)"
     spread = (
         f"Predicted / measured: median {statistics.median(ratios):.2f}, {min(ratios):.2f}-{max(ratios):.2f} over "
@@ -993,12 +997,14 @@ STEPS = [
     Step(2, "Overhead against a hand-written AMP loop", 70, 45, lambda c: c.measure("overhead")),
     Step(3, "Host syncs per step (target 0)", 30, 30, lambda c: c.measure("syncs")),
     Step(4, "Strategy table (bench/strategies.py)", 75, 60, strategies_command, strategies_summary),
-    # dry run: planning alone took 10-25 s of a tiny Llama on two busy cores
-    Step(5, "Memory planner: predicted against measured peak", 70, 90, lambda c: c.measure("planner")),
+    # dry run: planning alone took 10-25 s of a tiny Llama on two busy cores; on the H200 the 106M Llama's
+    # planning (33 s on this 2-core VM) and 10 fits ran past 70 s
+    Step(5, "Memory planner: predicted against measured peak", 150, 90, lambda c: c.measure("planner")),
     # dry run: inductor's C++ build of even a tiny model takes ~40 s on two busy cores with a cold cache
     Step(6, "compile=True against eager", 70, 90, lambda c: c.measure("compile")),
     Step(7, "DDP and FSDP2 as a world of one (torchrun)", 45, 45, torchrun_command),
-    Step(8, "SIGKILL-and-resume soak (bench/crash_soak.py)", 85, 90, soak_command),
+    # on the H200 each trial took about 30 s (two interpreters, each with its CUDA start): 2 of 5 in 85 s
+    Step(8, "SIGKILL-and-resume soak (bench/crash_soak.py)", 170, 90, soak_command),
 ]
 
 

@@ -107,7 +107,8 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
     """Move ``optimizer``'s state tensors to ``device`` (after the model moved there), in place; the state of a
     parameter kept on another kind of device (an offloaded host copy) stays beside that parameter.
 
-    ``step`` counters stay on the CPU, as torch keeps them, unless the group is ``capturable`` / ``fused``.
+    ``step`` counters go to (or stay on) the CPU, as torch keeps them, unless the group is ``capturable`` /
+    ``fused``, whose counters go beside their parameters.
     Shared by the Trainer's setup and the LR finder.
 
     Example:
@@ -136,5 +137,10 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
                 if key == "step":
                     if counters_on_device and value.device != target:
                         state[key] = value.to(device=target, dtype=torch.float32)
+                    elif not counters_on_device and value.device.type != "cpu":
+                        # a checkpoint loaded with map_location=<the GPU> brings the counters there, and
+                        # torch's load_state_dict leaves them as loaded: a non-capturable Adam then reads each
+                        # one with .item(), a host sync per parameter per step (found by the GPU soak)
+                        state[key] = value.to("cpu")
                 elif value.device != target:
                     state[key] = value.to(target)

@@ -135,3 +135,49 @@ def test_loggers_and_line_progress_add_no_reads(count_reads, tmp_path):
         trainer.fit(loader, loader, epochs=2)
         totals.append(count_reads["n"])
     assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_resume_adds_no_sync_per_step(tmp_path):
+    """A fit resumed on CUDA with a user's ``torch.optim.Adam`` (foreach, not fused) syncs no more often over 80
+    batches than over 10. The checkpoint is loaded onto the GPU, which brought Adam's step counters there too;
+    non-capturable Adam then read each with .item() every step (found by the GPU soak: the resumed state's
+    counters were on cuda:0, the uninterrupted run's on the CPU). The string "adam" builds a fused Adam on CUDA,
+    whose counters belong on the device: a first version of this test used it and found them there."""
+    import warnings
+
+    path = str(tmp_path / "first.ckpt")
+    x, y = make_classification(n=16 * 10)
+    model = mlp()
+    first = Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=1e-3), progress=False, device="cuda"
+    )
+    first.fit(make_loader(x, y, batch_size=16), epochs=1)
+    first.save_checkpoint(path)
+    counts = []
+    for n_batches in (10, 80):
+        x, y = make_classification(n=16 * n_batches)
+        model = mlp()
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.Adam(model.parameters(), lr=1e-3),
+            progress=False,
+            refresh_interval=3600.0,
+            timing_every=0,
+            device="cuda",
+        )
+        loader = make_loader(x, y, batch_size=16)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.fit(loader, epochs=2, resume_from=path)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        steps = [s["step"] for s in trainer.optimizer.state.values()]
+        assert steps and all(s.device.type == "cpu" for s in steps), [s.device for s in steps]
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    assert counts[1] <= counts[0], f"syncs grew with the number of steps after a resume: {counts}"
