@@ -37,7 +37,7 @@ def _cnn() -> nn.Module:
 def _llama(device: str | None = None) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation goes to PretrainedConfig
+    cfg = LlamaConfig(
         vocab_size=2000, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
     )  # fmt: skip

@@ -15,7 +15,7 @@ def tiny_llama(seed: int = 0, attn: str = "sdpa") -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation goes to PretrainedConfig
+    config = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
