@@ -19,8 +19,9 @@ what differs, and where:
   (gradients accumulate unsharded, no reduce-scatter), ``True`` on the step that closes the window.
 * **evaluation data**: every forward is a collective (parameters are all-gathered), so every rank must
   run the same number of batches: a validation shard is cut into the same number of batches on every rank.
-* **checkpoints**: ``_fsdp_checkpoint`` (full state gathered to rank 0 in the single-process format, or
-  a sharded ``torch.distributed.checkpoint`` directory).
+* **checkpoints**: ``nbtrainer._resume`` (``_full_state``: the full state gathered to rank 0 in the
+  single-process format; ``_sharded``: a ``torch.distributed.checkpoint`` directory). It knows an FSDP
+  placement by ``can_shard_checkpoints``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
-from nbtrainer._dist import _fsdp_checkpoint as _ckpt
+from nbtrainer._atomic import CheckpointError
 from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler, resolve_strategy
 from nbtrainer._dist._placement import SingleDevice, unwrap_model
 
 if TYPE_CHECKING:
     from nbtrainer._dist._dist_host import DistTrainer
 
-__all__ = ["FSDP", "shard_units"]
+__all__ = ["FSDP", "optimizer_param_names", "optimizer_state_by_name", "shard_units"]
 
 _NULL = contextlib.nullcontext()
 _LARGE_SHARE = 0.1  # a child holding at least this share of the parameters is a sharding unit of its own
@@ -291,7 +292,10 @@ class FSDP(DDP):
                 group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
             optimizer.state.clear()
             if saved_optim is not None:  # state built before sharding (e.g. a previous fit): now sharded too
-                _ckpt.load_weights(trainer, None, saved_optim)
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+                named = optimizer_state_by_name(saved_optim, optimizer_param_names(root, optimizer))
+                set_optimizer_state_dict(root, optimizer, named, options=StateDictOptions(full_state_dict=True))
         self._attached = True
 
     def _broadcast_from_rank0(self, root: torch.nn.Module) -> None:
@@ -351,24 +355,30 @@ class FSDP(DDP):
             kwargs.pop(key, None)
         return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
 
-    # -- checkpoints (nbtrainer._dist._fsdp_checkpoint) -----------------------------------------
-    def gather_weights(self, trainer: DistTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Full model and optimizer state on rank 0 (empty on the others); a collective."""
-        return _ckpt.gather_full(trainer)
-
-    def load_weights(
-        self, trainer: DistTrainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None
-    ) -> None:
-        """Load full (single-process format) or sharded state; each rank keeps its shard."""
-        _ckpt.load_weights(trainer, model_state, optim_state)
-
-    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The full model state on every rank, on the CPU; a collective."""
-        return _ckpt.full_model_state(model)
-
+    # -- checkpoints: nbtrainer._resume._full_state gathers and loads them (it reads this flag) -------------
     #: ``ModelCheckpoint(sharded=True)`` / ``trainer.save_checkpoint(path, sharded=True)`` write a DCP directory of
     #: each rank's shards (``nbtrainer._resume._sharded``); resume reads it on the same number of processes.
     can_shard_checkpoints = True
+
+
+def optimizer_param_names(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameter name of each optimizer parameter, in the optimizer's (index) order: torch's distributed
+    state dicts key the optimizer's state by name, its own ``state_dict()`` by that index."""
+    names = {id(p): n for n, p in root.named_parameters()}
+    order = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+    if None in order:
+        raise CheckpointError(
+            "The optimizer holds parameters that are not in the model; under FSDP its state is saved by parameter "
+            "name. Build the optimizer from the model's parameters only."
+        )
+    return [str(n) for n in order]
+
+
+def optimizer_state_by_name(indexed: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An optimizer ``state_dict()`` (keyed by index) keyed by parameter ``names`` instead."""
+    state = {names[int(i)]: s for i, s in indexed.get("state", {}).items()}
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:

@@ -10,12 +10,13 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
+from nbtrainer._resume._full_state import gather_full, load_weights, shards_parameters
 from nbtrainer._setup._seed import capture_rng
 
 if TYPE_CHECKING:
     from nbtrainer._resume._resume_host import ResumableTrainer
 
-__all__ = ["load_trainer_state", "rank_state", "resume", "trainer_state_dict"]
+__all__ = ["load_trainer_state", "rank_state", "restore", "trainer_state_dict"]
 
 VERSION = 1
 
@@ -74,9 +75,8 @@ def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> di
     optim_state: dict[str, Any] = {}
     if weights:
         # FSDP gathers the full state to rank 0 (a collective: every rank gets here), else the module's own.
-        gather = getattr(trainer.strategy, "gather_weights", None)
-        if gather is not None:
-            model_state, optim_state = gather(trainer)
+        if shards_parameters(trainer.strategy):
+            model_state, optim_state = gather_full(trainer)
         else:
             # LoRA / a quantized base: what trains (not the frozen base, unless save_base=True)
             model_state, optim_state = _model_state(trainer), _optimizer(trainer).state_dict()
@@ -305,9 +305,8 @@ def load_trainer_state(
     _check_compatible(trainer, ckpt, load_scheduler)
     if before_load is not None:
         before_load(ckpt)
-    load = getattr(trainer.strategy, "load_weights", None)
-    if load is not None:  # FSDP: each rank keeps its shard of the saved tensors
-        load(trainer, ckpt["model"], ckpt["optimizer"])
+    if shards_parameters(trainer.strategy):  # FSDP: each rank keeps its shard of the saved tensors
+        load_weights(trainer, ckpt["model"], ckpt["optimizer"])
     elif _savers(trainer) is not None:  # only what trains, or a quantized base in bitsandbytes' format
         _savers(trainer).load_model_state(unwrap_model(trainer.model), ckpt["model"])
         _optimizer(trainer).load_state_dict(ckpt["optimizer"])
@@ -336,7 +335,7 @@ def load_trainer_state(
             cb.load_state_dict(saved_cbs[key])
 
 
-def resume(
+def restore(
     trainer: ResumableTrainer,
     resume_from: str,
     *,
@@ -344,7 +343,7 @@ def resume(
     before_load: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Load ``resume_from`` (a path or ``"last"``) into ``trainer``; ``before_load(ckpt)`` may refuse the
-    checkpoint before anything of it is loaded (``_continue.resume`` checks the saved schedule there)."""
+    checkpoint before anything of it is loaded (``_continue.resume_fit`` checks the saved schedule there)."""
     path = os.fspath(resume_from)
     if path == "last":
         dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
@@ -360,7 +359,7 @@ def resume(
                 "first, or pass a checkpoint path."
             )
     if os.path.isdir(path):  # ModelCheckpoint(sharded=True): only a strategy that shards can read it
-        if not getattr(trainer.strategy, "can_shard_checkpoints", False):
+        if not shards_parameters(trainer.strategy):
             raise CheckpointError(
                 f"{path!r} is a sharded checkpoint directory (ModelCheckpoint(..., sharded=True)); resume it with "
                 "strategy='fsdp' on the number of processes that wrote it, or resume from a full checkpoint file."
@@ -370,6 +369,5 @@ def resume(
         ckpt = load_sharded(trainer, path)
     else:
         # FSDP: the full tensors stay on the CPU until each rank has taken its shard
-        sharding = getattr(trainer.strategy, "load_weights", None) is not None
-        ckpt = load_checkpoint(path, map_location="cpu" if sharding else trainer.device)
+        ckpt = load_checkpoint(path, map_location="cpu" if shards_parameters(trainer.strategy) else trainer.device)
     load_trainer_state(trainer, ckpt, load_scheduler=load_scheduler, before_load=before_load)

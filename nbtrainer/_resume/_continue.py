@@ -29,7 +29,7 @@ __all__ = [
     "completed_epochs",
     "fit_more",
     "resolve_if_exists",
-    "resume",
+    "resume_fit",
     "schedule_capacity",
     "steps_left",
 ]
@@ -223,7 +223,7 @@ def fit_more(
             if not fresh:
                 check_resume(trainer, plan, ckpt, resume_hint=", resume_from=...")
 
-        _state.resume(trainer, resume_from, load_scheduler=not fresh, before_load=before_load)
+        _state.restore(trainer, resume_from, load_scheduler=not fresh, before_load=before_load)
         plan = plans[0]
     else:
         st = trainer.run_state.loop_state
@@ -273,14 +273,14 @@ def resolve_if_exists(trainer: ResumableTrainer, resume_from: str) -> tuple[str 
     return None, f"no {path} yet, starting fresh"
 
 
-def resume(trainer: ResumableTrainer, resume_from: Any, plan: Plan) -> None:
+def resume_fit(trainer: ResumableTrainer, resume_from: Any, plan: Plan) -> None:
     """``fit(resume_from=...)``: load the checkpoint, refusing first a saved schedule too short for ``plan``;
     nothing to load for :data:`CONTINUE` (``fit_more`` already put the run's state in place)."""
     from nbtrainer._resume import _checkpoint_state as _state
 
     if isinstance(resume_from, _InPlace):
         return
-    _state.resume(trainer, resume_from, before_load=lambda ckpt: check_resume(trainer, plan, ckpt))
+    _state.restore(trainer, resume_from, before_load=lambda ckpt: check_resume(trainer, plan, ckpt))
 
 
 def check_resume(

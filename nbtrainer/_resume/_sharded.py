@@ -4,7 +4,7 @@ Each rank writes its own shards with ``torch.distributed.checkpoint`` into ``<na
 ``trainer.ckpt`` (everything but the weights: loop, RNG of every rank, history, callbacks) and renames the directory
 into place (an older one of the same name is moved aside first and removed after). Nothing is gathered: for models
 whose full state does not fit in one host's memory. It resumes on the same number of processes (the per-rank data
-order and RNG are part of it). The full-state format (gathered to rank 0) is ``nbtrainer._dist._fsdp_checkpoint``.
+order and RNG are part of it). The full-state format (gathered to rank 0) is ``nbtrainer._resume._full_state``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._atomic import CheckpointError
-from nbtrainer._dist._fsdp_checkpoint import saved_part, to_indexed
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._resume._checkpoint_io import load_checkpoint, save_checkpoint_file
+from nbtrainer._resume._full_state import saved_part, to_indexed
 
 if TYPE_CHECKING:
     from nbtrainer._resume._resume_host import ResumableTrainer

@@ -43,6 +43,7 @@ from nbtrainer._loop._run_state import RunState
 from nbtrainer._options import MemoryOptions, TrainerOptions, lora_settings, optimizer_kind
 from nbtrainer._resume import _checkpoint_state as _state
 from nbtrainer._resume import _continue
+from nbtrainer._resume._full_state import full_model_state, load_weights, shards_parameters
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
@@ -747,7 +748,7 @@ class Trainer:
             resume_from, note = _continue.resolve_if_exists(self, resume_from)
             resume_note = (requested, note)
         if resume_from is not None:
-            _continue.resume(self, resume_from, plan)  # refuses a saved schedule too short for this fit
+            _continue.resume_fit(self, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
             _continue.check_schedule(self, plan)  # e.g. a OneCycleLR a previous fit used up
             if self.seed is not None:
@@ -1053,7 +1054,7 @@ class Trainer:
                 "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
             )
         if sharded:
-            if not getattr(self.strategy, "can_shard_checkpoints", False):
+            if not shards_parameters(self.strategy):
                 raise ValueError(
                     "save_checkpoint(sharded=True) needs strategy='fsdp' (a sharded checkpoint is each rank's "
                     "shards); without it, save_checkpoint(path) writes the full state."
@@ -1086,13 +1087,13 @@ class Trainer:
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights (under FSDP: gathered in full, on the CPU; call it on every rank)."""
-        full = getattr(self.strategy, "full_model_state", None)
-        return full(self.model) if full is not None else unwrap_model(self.model).state_dict()
+        if shards_parameters(self.strategy):
+            return full_model_state(self.model)
+        return unwrap_model(self.model).state_dict()
 
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        load = getattr(self.strategy, "load_weights", None)  # FSDP: each rank keeps its shard
-        if load is not None:
-            load(self, state, None)
+        if shards_parameters(self.strategy):  # FSDP: each rank keeps its shard
+            load_weights(self, state, None)
         else:
             unwrap_model(self.model).load_state_dict(state)
 

@@ -14,7 +14,8 @@
   processes (the per-rank data order and RNG are part of it).
 
 The optimizer's own format is indexed by position; torch's distributed state dicts are keyed by
-parameter name: :func:`to_indexed` / :func:`_to_named` convert through the optimizer's parameter order.
+parameter name: :func:`to_indexed` and ``_dist._fsdp.optimizer_state_by_name`` convert through the optimizer's
+parameter order.
 """
 
 from __future__ import annotations
@@ -23,13 +24,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._atomic import CheckpointError
+from nbtrainer._dist._fsdp import optimizer_param_names, optimizer_state_by_name
 from nbtrainer._dist._placement import unwrap_model
 
 if TYPE_CHECKING:
     from nbtrainer._dist._dist_host import DistTrainer
 
-__all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "to_indexed"]
+__all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "shards_parameters", "to_indexed"]
+
+
+def shards_parameters(strategy: Any) -> bool:
+    """Whether ``strategy`` keeps each parameter in shards across ranks (FSDP2): its checkpoints are gathered
+    (a collective every rank joins) and loaded shard by shard, never through ``module.state_dict()``."""
+    return bool(getattr(strategy, "can_shard_checkpoints", False))
 
 
 def _options(**kwargs: Any) -> Any:
@@ -45,15 +52,7 @@ def _optimizer(trainer: DistTrainer) -> torch.optim.Optimizer:
 
 
 def _names(trainer: DistTrainer) -> list[str]:
-    """The parameter name of each optimizer parameter, in the optimizer's (index) order."""
-    names = {id(p): n for n, p in unwrap_model(trainer.model).named_parameters()}
-    order = [names.get(id(p)) for g in _optimizer(trainer).param_groups for p in g["params"]]
-    if None in order:
-        raise CheckpointError(
-            "The optimizer holds parameters that are not in the model; under FSDP its state is saved by parameter "
-            "name. Build the optimizer from the model's parameters only."
-        )
-    return [str(n) for n in order]
+    return optimizer_param_names(unwrap_model(trainer.model), _optimizer(trainer))
 
 
 def to_indexed(named: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
@@ -61,13 +60,6 @@ def to_indexed(named: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
     index = {n: i for i, n in enumerate(names)}
     state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]]
-    return {"state": state, "param_groups": groups}
-
-
-def _to_named(indexed: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
-    names = _names(trainer)
-    state = {names[int(i)]: s for i, s in indexed.get("state", {}).items()}
-    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]]
     return {"state": state, "param_groups": groups}
 
 
@@ -124,6 +116,6 @@ def load_weights(trainer: DistTrainer, model_state: dict[str, Any] | None, optim
         options = _options(full_state_dict=not _is_sharded(model_state), strict=not partial)
         set_model_state_dict(root, model_state, options=options)
     if optim_state is not None and trainer.optimizer is not None:
-        named = _to_named(optim_state, trainer)
+        named = optimizer_state_by_name(optim_state, _names(trainer))
         options = _options(full_state_dict=not _is_sharded(optim_state.get("state", {})))
         set_optimizer_state_dict(root, trainer.optimizer, named, options=options)
