@@ -7,7 +7,8 @@
 ``_run_state``      RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer
 ``_metrics``        device-side running sums of losses and metrics
 ``_nonfinite``      the NaN/inf gate, without a per-step sync
-``_control``        requests from other threads, applied at a step boundary
+``_control``        all control: requests from other threads, the Trainer's LiveControl that applies them at a
+                    step boundary as on_control events, deferred calls, the LR arithmetic of a change
 ``_oom``            out-of-memory: free, re-raise with advice
 ``_window_memory``  memory per refresh window (host counters only)
 ``_lr_find``        the LR range test

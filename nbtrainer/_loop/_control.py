@@ -1,9 +1,12 @@
-"""Thread-safe control of a running fit: stop, pause/resume, lr and accumulation changes, saves; and the LR
-arithmetic a change of the reference LR makes (:func:`reference_lr`, :func:`rescale_lr`).
+"""Control of a running fit, in one place: stop, pause/resume, LR and accumulation changes, calls to run on the
+training thread; and the LR arithmetic a change of the reference LR makes (:func:`reference_lr`, :func:`rescale_lr`).
 
-Requests come from any thread (a widget's button, a magic, a signal handler) and are applied by the
-training thread at the next optimizer-step boundary. The hot loop only reads ``dirty`` (a plain
-attribute) per step; the lock is taken when something was requested.
+* :class:`Control`: the thread-safe requests. They come from any thread (a widget's button, a magic, a signal
+  handler); the hot loop only reads ``dirty`` (a plain attribute) per step, the lock is taken when something was
+  requested.
+* :class:`LiveControl`: a Trainer's control, which applies the requests at the next optimizer-step boundary and
+  tells the callbacks (``on_control``). It sees the Trainer as :class:`ControlTrainer` (``_loop`` is below the
+  Trainer and never imports it). The public verbs (``request_stop``, ``pause``, ``set_lr``...) are the Trainer's.
 """
 
 from __future__ import annotations
@@ -11,9 +14,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Control", "is_plateau", "lr_parts", "reference_lr", "rescale_lr", "step_epoch_scheduler"]
+__all__ = [
+    "Control",
+    "ControlTrainer",
+    "LiveControl",
+    "is_plateau",
+    "lr_parts",
+    "reference_lr",
+    "rescale_lr",
+    "step_epoch_scheduler",
+]
 
 
 class Control:
@@ -93,6 +105,111 @@ class Control:
             self._calls.clear()
             self.dirty = False
         self._resume.set()
+
+
+class ControlTrainer(Protocol):
+    """The Trainer as its live control sees it: what a change touches (the LR, the accumulation, the status) and
+    whom it tells (the callbacks, which get the trainer itself)."""
+
+    optimizer: Any
+    scheduler: Any
+    grad_accum_steps: int
+    status: str
+
+    @property
+    def run_state(self) -> Any: ...
+    @property
+    def progress(self) -> Any: ...
+    @property
+    def callbacks(self) -> Any: ...
+
+
+class LiveControl:
+    """A Trainer's live control, owned by one :class:`~nbtrainer.Trainer`: requests from any thread (:class:`Control`)
+    applied by the training thread at the next optimizer-step boundary (the loop calls :meth:`apply` through
+    ``LoopHost.apply_control``; between fits at once), each change told to the callbacks as an ``on_control`` event
+    so the History shows it where it took effect; and the calls deferred until an event has reached every callback.
+
+    Attributes:
+        requests: the thread-safe requests (stop, pause, values, calls to run on the training thread).
+    """
+
+    def __init__(self, trainer: ControlTrainer) -> None:
+        self._trainer = trainer
+        self.requests = Control()
+        self._deferred: list[Callable[[], Any]] = []
+
+    def apply_or_queue(self, key: str, value: Any) -> None:
+        """Request ``key = value``; applied now between fits, else at the next step boundary."""
+        self.requests.set(key, value)
+        if not self._trainer.run_state.fitting:
+            self.apply()
+
+    def apply(self) -> None:
+        """Apply what was requested (the training thread, at a step boundary); hold here while paused."""
+        trainer, control, run = self._trainer, self.requests, self._trainer.run_state
+        while True:
+            pending, calls = control.take()
+            for key, value in pending.items():
+                if key == "lr":
+                    # {optimizer name or None (each): (reference LR, who set it or None)}
+                    for name, (lr, source) in value.items():
+                        parts = lr_parts(trainer.optimizer, trainer.scheduler, name)
+                        old = reference_lr(parts[0][0])
+                        for opt, sched in parts:
+                            rescale_lr(opt, sched, lr / reference_lr(opt))
+                        self.event("lr" if name is None else f"lr:{name}", old, lr, source=source)
+                elif key == "grad_accum_steps":
+                    old, trainer.grad_accum_steps = trainer.grad_accum_steps, value
+                    trainer.progress.grad_accum_steps = value
+                    self.event("grad_accum_steps", old, value)
+                elif key == "pause" and run.fitting:
+                    self.event("pause" if value else "resume", None, None)
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+            if not run.fitting or not control.paused or control.stop_requested:
+                return
+            trainer.status = "paused"
+            if run.loop is not None:
+                run.loop.refresh()
+            control.wait_while_paused()
+            if not control.paused:
+                trainer.status = "running"
+                if not control.dirty:
+                    self.event("resume", None, None)
+                    return
+
+    def event(self, kind: str, old: Any, new: Any, *, source: str | None = None) -> None:
+        """Tell the callbacks of a change (``on_control``), at the run's current step and epoch; ``source``
+        (who made it, e.g. ``"typed"``) goes on the event when given."""
+        trainer = self._trainer
+        st = trainer.run_state.loop_state
+        event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": kind, "old": old, "new": new}
+        if source is not None:
+            event["source"] = source
+        trainer.callbacks.call("on_control", trainer=trainer, event=event)
+
+    # -- calls deferred until the current event has reached every callback -----------------------------
+    def defer(self, fn: Callable[[], Any]) -> None:
+        if not self._trainer.run_state.fitting:
+            fn()
+        else:
+            self._deferred.append(fn)
+
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def run_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
+
+    def drop_deferred(self) -> None:
+        """The fit ends: what was not run is dropped."""
+        self._deferred.clear()
 
 
 # -- LR arithmetic: what a set_lr request does to the optimizer and its schedule -------------------------------

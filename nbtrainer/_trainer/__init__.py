@@ -3,7 +3,6 @@
 ==================  ================================================================================
 ``_trainer``        Trainer: the one public class (fit, evaluate, predict, checkpoints, control), over its parts
 ``_batch_steps``    BatchSteps: a batch's loss / outputs (compute_loss= / predict_step=), evaluation, val metrics
-``_live_control``   LiveControl: requests applied at a step boundary as on_control events, deferred calls
 ``_loop_host``      TrainerHost: the Trainer as the fit loop's LoopHost
 ``_interrupt``      Ctrl-C during fit: stop at the next step, last.ckpt, re-raise in a script
 ``_validate``       argument and fit checks that run before anything trains

@@ -3,11 +3,11 @@ parts it builds and owns.
 
 The Trainer's state is declared once, at the top of the class: the configuration, and the parts it delegates to,
 the run's progress (``nbtrainer._loop._run_state.RunState``), the batch steps (``_batch_steps``), the live control
-(``_live_control``), the model's setup (``nbtrainer._setup._model_setup``) and the memory budget
+(``nbtrainer._loop._control.LiveControl``), the model's setup (``nbtrainer._setup._model_setup``) and the memory budget
 (``_memory_budget``). The verbs follow, by concept: running a fit (the loop is ``nbtrainer._loop._fit_loop``, driven
 through ``_host.TrainerHost``), evaluation and prediction, checkpoints (their content is
 ``nbtrainer._resume._checkpoint_state``, their files ``_checkpoint_io``), and control (requests applied by
-``_live_control`` at a step boundary). This module is the one allowed past the 500-line rule
+``LiveControl`` at a step boundary). This module is the one allowed past the 500-line rule
 (``tests/test_architecture.py``): its length is the public API's docstrings and examples.
 """
 
@@ -34,7 +34,7 @@ from nbtrainer._events._progress import ProgressBar, progress_callback, start_pr
 from nbtrainer._events._stream import CallbackList, Progress
 from nbtrainer._loop import _oom
 from nbtrainer._loop._closure import check_closure
-from nbtrainer._loop._control import is_plateau, lr_parts, reference_lr
+from nbtrainer._loop._control import LiveControl, is_plateau, lr_parts, reference_lr
 from nbtrainer._loop._fit_loop import FitLoop, _safe_len
 from nbtrainer._loop._in_backward import check_in_backward
 from nbtrainer._loop._metrics import MetricSet, collection_names
@@ -54,7 +54,6 @@ from nbtrainer._setup._seed import seed_everything, set_deterministic
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._batch_steps import BatchSteps
 from nbtrainer._trainer._interrupt import INTERRUPT_REASON, StopOnInterrupt, reraise_in_script, save_on_interrupt
-from nbtrainer._trainer._live_control import LiveControl
 from nbtrainer._trainer._loop_host import TrainerHost
 from nbtrainer._trainer._memory_budget import MemoryBudget, check_budget
 
@@ -70,7 +69,6 @@ if TYPE_CHECKING:
     from nbtrainer._plan._result import MemoryPlan
     from nbtrainer._setup._model_setup import ModelSetup
     from nbtrainer._trainer._batch_steps import BatchSteps
-    from nbtrainer._trainer._live_control import LiveControl
     from nbtrainer._trainer._memory_budget import MemoryBudget
 
 __all__ = ["Trainer"]

@@ -1,4 +1,4 @@
-"""The Trainer's live control (``nbtrainer._trainer._live_control.LiveControl``): requests applied at a step
+"""The Trainer's live control (``nbtrainer._loop._control.LiveControl``): requests applied at a step
 boundary as ``on_control`` events, and calls deferred until an event has reached every callback."""
 
 from __future__ import annotations
