@@ -587,7 +587,7 @@ def measured_peak(size: DecoderSize, row: Any, device: torch.device) -> int:
     """The peak of 3 optimizer steps under the row's switches. A function of its own: what it builds is gone
     (refcounts) when it returns, so one row's model and optimizer state never count in the next row's peak."""
     from nbtrainer import Trainer
-    from nbtrainer._peak import track_peak
+    from nbtrainer._memory._peak import track_peak
 
     data = llama_batches(size, row.micro_batch, 3 * row.grad_accum_steps, device)
     gc.collect()
@@ -602,7 +602,7 @@ def measured_peak(size: DecoderSize, row: Any, device: torch.device) -> int:
             trainer.fit(data, epochs=1)
         return int(peak.peak_bytes)
     trainer.fit(data, epochs=1)
-    # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._loop._window_memory)
+    # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._memory._window)
     return int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0))
 
 

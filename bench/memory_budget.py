@@ -2,7 +2,7 @@
 
 For each family of ``bench/plan_vs_measured.py`` and each budget (a share of plain fp32's predicted peak, so that
 the plan must switch something on), a Trainer with ``optimizer="auto"`` and ``memory_budget_gb`` trains a few
-optimizer steps on copies of the family's batch while ``nbtrainer._peak.PeakTracker`` follows every tensor from
+optimizer steps on copies of the family's batch while ``nbtrainer._memory._peak.PeakTracker`` follows every tensor from
 the first batch on (after the plan: planning allocates fake tensors only). Printed: the row applied, any step down,
 the measured peak of the whole fit and its ratio to the budget (must stay <= 1).
 
@@ -19,7 +19,7 @@ from _rounds import machine_line
 from plan_vs_measured import FAMILIES
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._peak import FitPeak
+from nbtrainer._memory._peak import FitPeak
 
 
 def run(name: str, share: float) -> tuple[str, str, int, int, float]:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import machine_line
 
 from nbtrainer import Trainer
-from nbtrainer._peak import track_peak
+from nbtrainer._memory._peak import track_peak
 from nbtrainer._setup._quantize import quantized_weight_bytes
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"}

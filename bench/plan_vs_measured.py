@@ -3,7 +3,8 @@
 For each family (an MLP, a CNN, a BERT-style encoder and a Llama-style decoder, the last two Hugging Face models
 built from small configs) and each row of switches, ``plan_memory(...).predict(**switches)`` gives the predicted
 peak, and a Trainer with those switches trains two optimizer steps on a copy of the model while
-``nbtrainer._peak.track_peak`` follows every tensor storage; the measured peak is the second (steady-state) step's
+``nbtrainer._memory._peak.track_peak`` follows every tensor storage; the measured peak is the second (steady-state)
+step's
 (``nbtrainer._compare._run_measure.measure_step_peak``, the strategy table's measurement). Also: the time to plan an 8B
 Llama built on the meta device, and the extra resident memory that took.
 

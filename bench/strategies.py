@@ -15,7 +15,7 @@ optimizer step as fp32).
 Expectations from published results (BERT fine-tuning, Hugging Face's single-GPU guide), on a GPU:
 mixed precision well under 60% of the fp32 step time; checkpointing at or under ~55% of the peak memory.
 Peak memory is measured: on CUDA ``torch.cuda.max_memory_allocated`` over the fit; on a CPU the peak of live
-tensor storage over one steady-state optimizer step (``nbtrainer._peak.track_peak``), not a sum of
+tensor storage over one steady-state optimizer step (``nbtrainer._memory._peak.track_peak``), not a sum of
 parts; the table splits it into parameters, gradients, optimizer state and activations. On a CPU autocast is
 usually slower than fp32 (fp16 is emulated where the CPU has no fp16 kernels: its row says so). Step times
 carry their spread (±) and the table names the rows whose spread makes their ratios unreliable; the machine's

@@ -189,7 +189,7 @@ def test_the_graph_sees_the_whole_package() -> None:
     assert {"nbtrainer._trainer._trainer", "nbtrainer._profile._model", "nbtrainer.widgets._panel"} <= set(graph)
     assert "nbtrainer._loop._run_state" in graph["nbtrainer._trainer._trainer"]  # module level
     assert "nbtrainer._loop._lr_find" in graph["nbtrainer._trainer._trainer"]  # inside a method
-    assert "nbtrainer._profile._inputs" in graph["nbtrainer._profile._flops"]  # inside a subpackage
+    assert "nbtrainer._data._inputs" in graph["nbtrainer._profile._flops"]  # inside a subpackage
     assert "nbtrainer._compare._run" in graph["nbtrainer.widgets._compare_view"]  # `from nbtrainer import X`
 
 
@@ -208,7 +208,7 @@ def test_no_import_cycles() -> None:
 # The floor plan: the folders below the Trainer never import it, type-only imports included (issue 34); they are
 # typed against a small Protocol each (the loop: LoopHost and ToolTrainer; the callbacks: TrainerView; the data:
 # DataTrainer; the placement: DistTrainer; checkpoints: ResumableTrainer), which the Trainer satisfies.
-BELOW_THE_TRAINER = ("_loop", "_data", "_events", "_report", "_setup", "_dist", "_resume", "_runs", "_plan")
+BELOW_THE_TRAINER = ("_loop", "_data", "_memory", "_events", "_report", "_setup", "_dist", "_resume", "_runs", "_plan")
 
 
 @pytest.mark.parametrize("folder", BELOW_THE_TRAINER)

@@ -21,10 +21,11 @@ PACKAGE = REPO / "nbtrainer"
 LAYERS: list[set[str]] = [
     # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
     {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting"},
-    # the measured memory peak; model setup before the first step: precision, seeds, optimizers, memory switches
-    {"_peak", "_setup"},
+    # model setup before the first step: precision, seeds, optimizers, memory switches
+    {"_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers
     {"_data"},  # loaders and arrays -> device batches; predictions back
+    {"_memory"},  # every memory measurement: the peak over a block, one step's breakdown, the refresh window's
     {"_events"},  # the event stream and its consumers (callbacks, progress, history, loggers)
     {"_loop"},  # the fit loop, the training step, metrics, NaN gate, control, OOM
     {"_resume"},  # checkpoint contents, continue, checkpoint files

@@ -10,7 +10,7 @@ each from the same initial weights and over the same data order, and reports per
 * samples/s: the median over those steps of samples / step time;
 * peak memory: on CUDA the peak allocated bytes during the fit (``torch.cuda.max_memory_allocated``);
   elsewhere the *measured* peak of live tensor storage over one steady-state optimizer step (the second) of
-  a private copy trained with the strategy's options (``nbtrainer._peak.track_peak``: every
+  a private copy trained with the strategy's options (``nbtrainer._memory._peak.track_peak``: every
   tensor tracked, not a sum of parts). The peak's split into parameters, gradients, optimizer state,
   activations (with temporaries) and the rest is ``memory_detail`` (on CUDA measured the same way);
 * notes that say what a strategy does here: ``accumN`` cuts each batch into N micro-batches (of batch/N
@@ -283,7 +283,7 @@ def compare_strategies(
             history = trainer.fit(loader, val_loader if steps is None else None, epochs=epochs, max_steps=steps)
             row["train_time_s"] = time.perf_counter() - start
             if cuda:
-                # The trainer resets CUDA's peak per refresh window (nbtrainer._loop._window_memory): its fit-wide
+                # The trainer resets CUDA's peak per refresh window (nbtrainer._memory._window): its fit-wide
                 # peak wins.
                 peak = max(torch.cuda.max_memory_allocated(dev), trainer.progress.memory_peak or 0)
                 row["peak_memory_bytes"] = int(peak)

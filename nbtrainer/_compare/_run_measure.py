@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._peak import PeakTracker, track_peak
+from nbtrainer._memory._peak import PeakTracker, track_peak
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -94,7 +94,7 @@ def measure_step_peak(
     """The measured peak of live tensor memory over the second optimizer step of a private trainer.
 
     ``make_trainer(callbacks)`` builds a Trainer like the strategy's (on a copy of the model); it trains two
-    steps on ``loader`` under :func:`nbtrainer._peak.track_peak`. Returns ``(peak bytes, split at
+    steps on ``loader`` under :func:`nbtrainer._memory._peak.track_peak`. Returns ``(peak bytes, split at
     the peak by category, what stays allocated after the step by category)``.
     """
     with track_peak() as tracker:

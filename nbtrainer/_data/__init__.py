@@ -5,6 +5,7 @@
 ``_fetch``            one index_select per batch instead of per-sample collate
 ``_prefetch``         DataPath: batched fetch or the loader's iterator; CUDA side-stream prefetch
 ``_batch``            the batch protocol: inputs, targets, device moves, containers
+``_inputs``           example inputs (profiling, the memory breakdown): batch size, calling the model, a default loss
 ``_split``            a batch cut into micro-batches (comparisons, memory_budget_gb)
 ``_step_result``      what a manual training_step / validation_step returns, checked
 ``_predict_collect``  predict's output collection: padding, concatenation, caches left out

@@ -60,7 +60,7 @@ class Progress:
     boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
     peak of the last refresh window in bytes (CUDA allocator peak, reset each window; process RSS on CPU),
     ``memory_peak`` the fit's peak so far and ``memory_capacity`` the device's total
-    (``nbtrainer._loop._window_memory``).
+    (``nbtrainer._memory._window``).
     """
 
     status: str = "running"

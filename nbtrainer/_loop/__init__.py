@@ -10,7 +10,6 @@
 ``_control``        all control: requests from other threads, the Trainer's LiveControl that applies them at a
                     step boundary as on_control events, deferred calls, the LR arithmetic of a change
 ``_oom``            out-of-memory: free, re-raise with advice
-``_window_memory``  memory per refresh window (host counters only)
 ``_lr_find``        the LR range test
 ==================  ================================================================================
 """

@@ -36,7 +36,7 @@ from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._manual import ManualStep
 from nbtrainer._loop._metrics import exact_add
 from nbtrainer._loop._step import TrainStep, split_steps
-from nbtrainer._loop._window_memory import MemoryProbe
+from nbtrainer._memory._window import MemoryProbe
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from nbtrainer._dist._placement import unwrap_model
-from nbtrainer._loop._window_memory import host_capacity
+from nbtrainer._memory._window import host_capacity
 from nbtrainer._options import OPTIMIZERS, optimizer_kind
 from nbtrainer._report._format import format_bytes, format_number
 

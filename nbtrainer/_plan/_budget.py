@@ -7,7 +7,7 @@ lives here, none of which needs the Trainer:
 * :func:`choose`: the plan's best row, or a ``ValueError`` that names the smallest row's need and what would help;
 * :func:`step_down`: the next row after a measured peak above the budget, the plan's predictions scaled by the miss;
 * :class:`PeakCheck`: the measured peak of the first optimizer steps (``max_memory_allocated`` on CUDA, the tensor
-  tracker of :mod:`nbtrainer._peak` elsewhere), compared with the budget at a step boundary.
+  tracker of :mod:`nbtrainer._memory._peak` elsewhere), compared with the budget at a step boundary.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class PeakCheck:
     A callback the Trainer adds for ``memory_budget_gb``: :meth:`arm` before the steps to measure; at the last
     of them ``over(measured_bytes)`` is called (on the training thread, at a step boundary) when the peak is above
     the budget. On CUDA the peak is ``torch.cuda.max_memory_allocated`` (reset when armed); on other devices the
-    tracker of :mod:`nbtrainer._peak` follows every tensor over those steps only (it slows them; no other step).
+    tracker of :mod:`nbtrainer._memory._peak` follows every tensor over those steps only (it slows them; no other step).
     """
 
     def __init__(self, budget_bytes: int, device: torch.device, over: Callable[[int], None]) -> None:
@@ -102,7 +102,7 @@ class PeakCheck:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
-        from nbtrainer._peak import PeakTracker
+        from nbtrainer._memory._peak import PeakTracker
 
         self._close()
         tracker = PeakTracker()

@@ -5,7 +5,7 @@ copied structurally onto the meta device (no storage), its parameters and the ba
 claim the *target* device (``"cuda"`` need not be present), and the Trainer's own step runs on them: forward and
 loss under the precision's autocast (fake CUDA tensors take the CUDA autocast rules), activation checkpointing
 applied by the Trainer's own code, the chunked causal-LM loss, activations saved to host RAM for
-``offload_activations``, then backward. :class:`~nbtrainer._peak.PeakTracker` follows every storage an operator
+``offload_activations``, then backward. :class:`~nbtrainer._memory._peak.PeakTracker` follows every storage an operator
 creates on the target device (its reads are left out: the parameters and the batch are counted by arithmetic), so
 the result is the peak of activations, temporaries, the loss head's logits and their gradients, and the gradients
 as backward creates them, all at the moment they coexist. Nothing of the model's size is allocated: fake tensors
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
-from nbtrainer._peak import PeakTracker
+from nbtrainer._memory._peak import PeakTracker
 
 __all__ = ["SimulatedStep", "empty_batch", "meta_copy", "simulate_step"]
 

@@ -9,21 +9,21 @@ One concept per module:
 ``_switches``      what quantize / lora / k-bit optimizers / offloading do to a measured step (for ``fits``)
 ``_flops``         MACs (ptflops, aten backend) cross-checked with ``FlopCounterMode``
 ``_latency``       inference latency per device and precision
-``_memory``        the measured memory breakdown of one optimizer step
-``_inputs``        example inputs: batch size, device moves, calling the model, a default loss
 ``_trace``         :func:`profile_training`: ``torch.profiler`` over a few real training steps
 =================  ==================================================================================
 
-The measured peak of live tensor storage over a block (:func:`track_peak`) lives below every folder, in
-``nbtrainer._peak``: the loop, the comparisons and the memory planner use it too.
+Memory is measured in one place, ``nbtrainer._memory`` (below the loop): the peak of live tensor storage over a
+block (:func:`track_peak`), the breakdown of one optimizer step (:func:`measure_training_memory`) and the memory
+per refresh window; the loop, the comparisons and the memory planner use it too. Example inputs (batch size,
+device moves, calling the model) are the data path's, ``nbtrainer._data._inputs``.
 
 The public names are re-exported by ``nbtrainer`` (lazily); the rest of the core imports from here.
 """
 
-from nbtrainer._peak import PeakTracker, track_peak
+from nbtrainer._memory._breakdown import measure_training_memory, optimizer_factory
+from nbtrainer._memory._peak import PeakTracker, track_peak
 from nbtrainer._profile._fit import FitResult, plan_fit
 from nbtrainer._profile._flops import count_flops
-from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._model import profile_model
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._trace import PHASES, TrainingProfile, profile_training

@@ -1,6 +1,6 @@
 """Does a training step fit a memory budget? If not, which micro-batch x accumulation split does.
 
-Works from one :func:`nbtrainer._profile._memory.measure_training_memory` breakdown: the fixed parts
+Works from one :func:`nbtrainer._memory._breakdown.measure_training_memory` breakdown: the fixed parts
 (parameters, buffers, gradients, optimizer state) plus activations and inputs on the measured
 ``fixed + per_sample * batch_size`` lines. The memory switches (``quantize=``, ``lora=``, ``optimizer=``,
 ``offload_activations=``, ``offload_optimizer=``) change those parts by arithmetic (:mod:`._switches`).

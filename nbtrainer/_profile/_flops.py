@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils import flop_counter as _fc
 
-from nbtrainer._profile._inputs import call_model, scalar_loss
+from nbtrainer._data._inputs import call_model, scalar_loss
 
 __all__ = ["CONVENTION", "count_flops"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._profile._inputs import call_model
+from nbtrainer._data._inputs import call_model
 from nbtrainer._setup._precision import autocast, normalize_precision
 
 __all__ = ["latency_stats", "measure_latency"]

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._data._inputs import infer_batch_size, to_device
+from nbtrainer._memory._breakdown import measure_training_memory, optimizer_factory
 from nbtrainer._profile._flops import count_flops
-from nbtrainer._profile._inputs import infer_batch_size, to_device
 from nbtrainer._profile._latency import measure_latency
-from nbtrainer._profile._memory import measure_training_memory, optimizer_factory
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._switches import model_structure
 from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing

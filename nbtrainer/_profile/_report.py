@@ -53,7 +53,7 @@ class ModelProfile:
             "batch_size", "throughput"}}}`` in ms (throughput in samples/s), or ``{"supported": False,
             "reason": ...}`` where the device can't run that precision.
         memory: ``{device: {precision: breakdown}}``, bytes; see
-            :func:`nbtrainer._profile._memory.measure_training_memory`.
+            :func:`nbtrainer._memory._breakdown.measure_training_memory`.
         environment: torch / ptflops versions and device names.
         seconds: Wall time per profiling step.
         structure: The layer table :meth:`fits` needs for the memory switches: ``{"head", "params": [[name,

@@ -1,7 +1,7 @@
 """What the memory switches do to a measured training step, by arithmetic: ``fits(quantize=..., lora=...)``.
 
 The Trainer's switches (``quantize=``, ``lora=``, the k-bit optimizers, ``offload_activations=`` and
-``offload_optimizer=``) change the parts of one measured step (:mod:`nbtrainer._profile._memory`) in ways that
+``offload_optimizer=``) change the parts of one measured step (:mod:`nbtrainer._memory._breakdown`) in ways that
 follow from the layer shapes the profile recorded (:func:`model_structure`), so they are computed here rather
 than measured once per combination:
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from nbtrainer import ModelCheckpoint, Trainer
-from nbtrainer._peak import track_peak
+from nbtrainer._memory._peak import track_peak
 
 
 def model(seed: int = 0) -> nn.Sequential:

@@ -15,7 +15,7 @@ from conftest import make_classification, make_loader
 from torch import nn
 
 from nbtrainer import Trainer, profile_model
-from nbtrainer._loop._window_memory import host_capacity
+from nbtrainer._memory._window import host_capacity
 
 pytest.importorskip("bitsandbytes")
 pytest.importorskip("peft")

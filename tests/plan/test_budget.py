@@ -13,7 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from nbtrainer import Trainer, plan_memory
-from nbtrainer._peak import FitPeak
+from nbtrainer._memory._peak import FitPeak
 
 GiB = 2**30
 D_IN, HIDDEN, N = 64, 256, 1024

@@ -447,7 +447,7 @@ def _train_step(model: nn.Sequential, opt: torch.optim.Optimizer, x: torch.Tenso
 
 
 def test_track_peak_sees_a_temporary_and_its_release() -> None:
-    from nbtrainer._peak import CATEGORIES, track_peak
+    from nbtrainer._memory._peak import CATEGORIES, track_peak
 
     torch.manual_seed(0)
     model = _deep_mlp(depth=3, width=64)
@@ -472,7 +472,7 @@ def test_track_peak_sees_a_temporary_and_its_release() -> None:
 
 def test_track_peak_agrees_with_torch_mem_tracker() -> None:
     """torch's own tracker (torch.distributed._tools, private) sees the same peak and the same split."""
-    from nbtrainer._peak import track_peak
+    from nbtrainer._memory._peak import track_peak
 
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
     torch.manual_seed(0)
@@ -494,7 +494,7 @@ def test_track_peak_agrees_with_torch_mem_tracker() -> None:
 
 
 def test_activation_checkpointing_lowers_the_measured_peak() -> None:
-    from nbtrainer._peak import track_peak
+    from nbtrainer._memory._peak import track_peak
 
     torch.manual_seed(0)
     model = _deep_mlp(depth=6, width=64)
@@ -515,7 +515,7 @@ def test_activation_checkpointing_lowers_the_measured_peak() -> None:
 def test_track_peak_lets_torch_compile_run() -> None:
     """torch.compile skips every frame under a dispatch mode unless the mode ignores compiled internals:
     torchao's 8-bit optimizers compile their step with fullgraph=True, an error then."""
-    from nbtrainer._peak import track_peak
+    from nbtrainer._memory._peak import track_peak
 
     # the eager backend: dynamo's check of the active dispatch mode comes before any backend, so this fails
     # without the fix as inductor would, without a C++ build (about 10 s of CPU here)

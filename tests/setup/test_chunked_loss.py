@@ -13,7 +13,7 @@ from setup_models import lm_batches, mlp, tiny_llama
 from torch import nn
 
 from nbtrainer import Trainer
-from nbtrainer._peak import track_peak
+from nbtrainer._memory._peak import track_peak
 from nbtrainer._setup._chunked_loss import ChunkedCausalLMLoss
 
 pytest.importorskip("transformers")

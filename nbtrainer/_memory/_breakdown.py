@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._profile._inputs import call_model, iter_tensors, make_loss, slice_batch
+from nbtrainer._data._inputs import call_model, iter_tensors, make_loss, slice_batch
 from nbtrainer._setup._activation_checkpointing import apply_activation_checkpointing, find_checkpointable_blocks
 from nbtrainer._setup._optim import build_from_params
 from nbtrainer._setup._precision import autocast, normalize_precision
