@@ -82,11 +82,11 @@ class ClosureStep:
             state["calls"] += 1
             with torch.enable_grad(), amp:
                 if first and initial:
-                    loss, outputs, targets = t.first_compute(batch)
+                    loss, outputs, targets = t.steps.first_compute(batch)
                 else:
-                    loss, outputs, targets = t.compute(batch)
+                    loss, outputs, targets = t.steps.compute(batch)
             if first and initial:
-                t.check_first_loss(loss, outputs, targets)
+                t.steps.check_first_loss(loss, outputs, targets)
             loss.backward()
             if t.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(t.params, t.max_grad_norm)

@@ -62,7 +62,7 @@ class FitLoop:
         self.epochs = epochs
         self.max_steps = max_steps
         self.profiler = profiler
-        self.state = host.state
+        self.state = host.run.loop_state
         self.n_batches = _safe_len(train_loader)
         # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
         sched = host.scheduler
@@ -107,14 +107,14 @@ class FitLoop:
         t, st = self.host, self.state
         hook = self.step.attach()
         try:
-            while st.epoch < self.epochs and not t.control.stop_requested:
+            while st.epoch < self.epochs and not t.live.requests.stop_requested:
                 if st.epoch_complete:
                     st.epoch += 1
                     st.epoch_complete = False
                     st.batch = 0
                     continue
                 self._train_epoch()
-                if t.control.stop_requested and not st.epoch_complete:
+                if t.live.requests.stop_requested and not st.epoch_complete:
                     break
             self._restore_rng()  # resumed a run that had nothing left to do
         finally:
@@ -123,7 +123,7 @@ class FitLoop:
 
     def _restore_rng(self) -> None:
         """The RNG of a resumed run, once (after the epoch's data order has been replayed)."""
-        rng = self.host.take_pending_rng()
+        rng = self.host.run.take_pending_rng()
         if rng is not None:
             from nbtrainer._setup._seed import restore_rng
 
@@ -144,7 +144,7 @@ class FitLoop:
         if not resumed_mid_epoch:
             st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
             st.loss_parts, st.nonfinite_samples = [], 0
-            t.train_metrics.reset()
+            t.run.train_metrics.reset()
             self._restore_rng()  # resumed at an epoch boundary: RNG as it was when saved
         t.model.train()
         p = self.progress
@@ -162,21 +162,21 @@ class FitLoop:
         pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
         window = in_window = 0
         timing_every = t.timing_every or 0
-        metrics = t.train_metrics if t.train_metrics else None
+        metrics = t.run.train_metrics if t.run.train_metrics else None
         first = st.global_step == 0 and st.batch == 0
         guard = t.nonfinite
         gating = guard.gating
-        device, non_blocking, model, control = t.device, t.non_blocking, t.model, t.control
+        device, non_blocking, model, control = t.device, t.non_blocking, t.model, t.live.requests
         criterion = t.criterion
         step = self.step
-        fast = t.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
+        fast = t.steps.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
         prof = self.profiler is not None
         r_data = torch.profiler.record_function("nbt.data") if prof else _NULL
         r_fwd = torch.profiler.record_function("nbt.forward") if prof else _NULL
         r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
-        amp = t.autocast()
+        amp = t.steps.autocast()
         closure = ClosureStep(t) if needs_closure(t.optimizer) else None
-        manual = step.manual = ManualStep(t, t.training_step) if t.training_step is not None else None
+        manual = step.manual = ManualStep(t, t.steps.training_step_fn) if t.steps.training_step_fn is not None else None
         pend_loss, pend_bs = self._pend_loss, self._pend_bs
         t1 = t2 = t3 = 0.0
         while True:
@@ -228,14 +228,14 @@ class FitLoop:
                 with step.no_sync(closes):
                     with r_fwd, amp:
                         if first:  # staged, with clear errors (same computation)
-                            loss, outputs, targets = t.first_compute(batch)
+                            loss, outputs, targets = t.steps.first_compute(batch)
                         elif pair:
                             outputs = model(x)
                             loss = criterion(outputs, targets)
                         else:
-                            loss, outputs, targets = t.compute(batch)
+                            loss, outputs, targets = t.steps.compute(batch)
                     if first:
-                        t.check_first_loss(loss, outputs, targets)
+                        t.steps.check_first_loss(loss, outputs, targets)
                     if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
                         guard.observe(loss)
                     if metrics is not None:
@@ -276,8 +276,8 @@ class FitLoop:
                         "optimizer": (t4 - t3) * 1e3,
                     }
                 if control.dirty:
-                    t.apply_control()
-                    amp = t.autocast()  # a change at this boundary may have switched the precision
+                    t.live.apply()
+                    amp = t.steps.autocast()  # a change at this boundary may have switched the precision
                 if self.max_steps is not None and st.global_step >= self.max_steps:
                     control.request_stop(f"max_steps={self.max_steps} reached")
                 if control.stop_requested:
@@ -306,8 +306,8 @@ class FitLoop:
         cb = t.callbacks
         if cb.has("on_optimizer_step"):
             cb.call("on_optimizer_step", trainer=t.owner, step=st.global_step, skipped=skipped)
-        if t.has_deferred():
-            t.run_deferred()
+        if t.live.has_deferred():
+            t.live.run_deferred()
         if self.profiler is not None:
             self.profiler.step()
 
@@ -359,7 +359,7 @@ class FitLoop:
             return
         n = len(self._pend_loss)
         parts = [torch.stack(self._pend_loss).float()]  # 0-d losses (checked on the first batch)
-        metrics = t.train_metrics
+        metrics = t.run.train_metrics
         parts += metrics.drain()
         host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
         losses = host[:n]
@@ -408,8 +408,8 @@ class FitLoop:
             open_window=self._open_window,
             epoch=st.epoch + 1,
             global_step=st.global_step,
-            history=t.history,
-            request_stop=t.control.request_stop,
+            history=t.run.history,
+            request_stop=t.live.requests.request_stop,
         )
 
     def _refresh(self, now: float, final: bool = False) -> None:
@@ -417,20 +417,20 @@ class FitLoop:
         self.flush()
         elapsed_epoch = now - self._epoch_start
         # "paused" only once the loop really holds (the trainer sets its status there); until then "pausing".
-        if t.control.stop_requested:
+        if t.live.requests.stop_requested:
             p.status = "stopping"
         elif t.status == "paused":
             p.status = "paused"
         else:
-            p.status = "pausing" if t.control.paused else "running"
+            p.status = "pausing" if t.live.requests.paused else "running"
         p.batch, p.global_step, p.samples = st.batch, st.global_step, st.samples
-        p.elapsed = now - self._fit_start + t.elapsed_before
+        p.elapsed = now - self._fit_start + t.run.elapsed_before
         p.epoch_elapsed = elapsed_epoch
         p.samples_per_s = st.samples / elapsed_epoch if elapsed_epoch > 0 else 0.0
         counted = st.samples - st.nonfinite_samples
         p.loss = st.loss_sum / counted if counted else None
         p.lr = float(t.optimizer.param_groups[0]["lr"])
-        p.metrics = t.train_metrics.running(st.samples)
+        p.metrics = t.run.train_metrics.running(st.samples)
         p.step_points, self._new_points = self._new_points, []
         p.grad_accum_steps = t.grad_accum_steps
         p.skipped_steps = st.skipped_steps
@@ -446,7 +446,7 @@ class FitLoop:
 
     def _end_epoch(self) -> None:
         t, st, cb = self.host, self.state, self.host.callbacks
-        owner, metrics = t.owner, t.train_metrics
+        owner, metrics = t.owner, t.run.train_metrics
         now = time.perf_counter()
         self._refresh(now)
         epoch_no = st.epoch + 1
@@ -465,7 +465,7 @@ class FitLoop:
         if self.val_data is not None and epoch_no % t.val_every_n_epochs == 0:
             cb.call("on_validation_start", trainer=owner)
             self.progress.stage = "val"
-            val_logs = t.evaluate(self.val_data, "val_")
+            val_logs = t.steps.evaluate(self.val_data, prefix="val_")
             cb.call("on_validation_end", trainer=owner, logs=val_logs)
             logs.update(val_logs)
         logs["time"] = epoch_time
@@ -483,10 +483,10 @@ class FitLoop:
         # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
         if t.scheduler is not None and not t.scheduler_per_step:
             t.step_epoch_scheduler(logs)
-        t.run_deferred()
+        t.live.run_deferred()
         # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
-        if t.strategy.any_rank(t.control.stop_requested) and not t.control.stop_requested:
-            t.control.request_stop("another rank stopped")
+        if t.strategy.any_rank(t.live.requests.stop_requested) and not t.live.requests.stop_requested:
+            t.live.requests.request_stop("another rank stopped")
 
 
 def _safe_len(loader: Any) -> int | None:

@@ -17,19 +17,33 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
-    from nbtrainer._loop._control import Control
-    from nbtrainer._loop._fit_loop import LoopState
-    from nbtrainer._loop._metrics import MetricSet
+    from nbtrainer._loop._control import LiveControl
     from nbtrainer._loop._nonfinite import NonFiniteGuard
+    from nbtrainer._loop._run_state import RunState
 
-__all__ = ["LoopHost", "ToolTrainer"]
+__all__ = ["LoopHost", "LoopSteps", "ToolTrainer"]
+
+
+class LoopSteps(Protocol):
+    """How a batch becomes a loss, as the loop calls it (the Trainer's ``BatchSteps``): the batch protocol,
+    ``compute_loss=``, the first batch's staged checks, evaluation, and a manual ``training_step=``."""
+
+    @property
+    def training_step_fn(self) -> Any: ...  # training_step=fn(step, batch) (manual optimization) or None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+    def default_compute(self) -> bool: ...  # (x, y) batches may take the inlined model(x) / criterion path
+    def first_compute(self, batch: Any) -> tuple[Any, Any, Any]: ...  # staged, with clear errors
+    def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None: ...
+    def compute(self, batch: Any) -> tuple[Any, Any, Any]: ...  # the batch protocol's (loss, outputs, targets)
+    def evaluate(self, batches: Iterable[Any], *, prefix: str) -> dict[str, float]: ...
 
 
 class LoopHost(Protocol):
-    """What :class:`~nbtrainer._loop._fit_loop.FitLoop` needs from its owner (read at the moment of use:
-    ``grad_accum_steps`` or ``max_grad_norm`` may change between steps)."""
+    """What :class:`~nbtrainer._loop._fit_loop.FitLoop` needs from its owner: the run's objects, three parts the
+    owner holds (the run's state, its live control, its batch steps: the loop calls them directly) and the settings,
+    read at the moment of use (``grad_accum_steps`` or ``max_grad_norm`` may change between steps)."""
 
     # -- the run's objects ------------------------------------------------------------------------
     @property
@@ -53,25 +67,23 @@ class LoopHost(Protocol):
     @property
     def progress(self) -> Progress: ...
     @property
-    def history(self) -> History: ...
-    @property
-    def state(self) -> LoopState: ...
-    @property
-    def control(self) -> Control: ...
-    @property
-    def train_metrics(self) -> MetricSet: ...
-    @property
     def nonfinite(self) -> NonFiniteGuard: ...
     @property
     def params(self) -> list[torch.Tensor]: ...  # what the optimizer steps (clipping, the window rescale)
+
+    # -- the owner's parts ------------------------------------------------------------------------------
+    @property
+    def run(self) -> RunState: ...  # position, training metrics, History, seconds before, a resumed RNG
+    @property
+    def live(self) -> LiveControl: ...  # requests from other threads, applied at a step boundary; deferred calls
+    @property
+    def steps(self) -> LoopSteps: ...
 
     # -- settings -----------------------------------------------------------------------------------
     @property
     def status(self) -> str: ...
     @property
     def grad_accum_steps(self) -> int: ...
-    @property
-    def training_step(self) -> Any: ...  # training_step=fn(step, batch) (manual optimization) or None
     @property
     def deterministic(self) -> bool: ...  # seeded data order: the loader's workers are seeded too
     @property
@@ -94,21 +106,8 @@ class LoopHost(Protocol):
     def data_on_device(self) -> float: ...
     @property
     def scheduler_per_step(self) -> bool: ...
-    @property
-    def elapsed_before(self) -> float: ...  # seconds of the run before a resume
 
-    # -- what the loop asks the host to do -------------------------------------------------------------
-    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
-    def default_compute(self) -> bool: ...  # (x, y) batches may take the inlined model(x) / criterion path
-    def first_compute(self, batch: Any) -> tuple[Any, Any, Any]: ...  # staged, with clear errors
-    def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None: ...
-    def compute(self, batch: Any) -> tuple[Any, Any, Any]: ...  # the batch protocol's (loss, outputs, targets)
-    def evaluate(self, batches: Iterable[Any], prefix: str) -> dict[str, float]: ...
-    def apply_control(self) -> None: ...  # requests queued by other threads, at a step boundary
-    def has_deferred(self) -> bool: ...
-    def run_deferred(self) -> None: ...  # checkpoint saves queued while an event was delivered
     def step_epoch_scheduler(self, logs: dict[str, Any]) -> None: ...
-    def take_pending_rng(self) -> dict[str, Any] | None: ...  # RNG of a resumed run, restored once
 
 
 class ToolTrainer(Protocol):

@@ -384,10 +384,10 @@ def lr_find(
                 for j in range(k):
                     batch = move_to_device(next(batches), trainer.device, trainer.non_blocking)
                     with step.no_sync(j == k - 1):
-                        with host.autocast():
-                            loss, outputs, targets = host.compute(batch)
+                        with host.steps.autocast():
+                            loss, outputs, targets = host.steps.compute(batch)
                         if i == 0 and j == 0:
-                            host.check_first_loss(loss, outputs, targets)
+                            host.steps.check_first_loss(loss, outputs, targets)
                         if guard.gating:
                             guard.observe(loss)
                         step.backward(loss, k)

@@ -164,7 +164,7 @@ class ManualStep:
         if main is None:
             main = values.pop(next(iter(values)))
         if values:
-            self.host.train_metrics.add_values(values)
+            self.host.run.train_metrics.add_values(values)
         return main.detach().reshape(()), batch_size_of(None, batch)
 
     def window_closed(self, first_window: bool) -> bool:

@@ -99,7 +99,7 @@ class TrainStep:
         opt, scaler = host.optimizer, host.scaler
         if self.manual is not None:  # training_step stepped each optimizer (and its scheduler) itself
             lr = opt.param_groups[0]["lr"]
-            stepped = self.manual.window_closed(first_window=host.state.global_step == 0)
+            stepped = self.manual.window_closed(first_window=host.run.loop_state.global_step == 0)
             if scaler is not None:
                 scaler.update()  # one scale for every optimizer of the window
             return not stepped, lr
@@ -184,10 +184,10 @@ def split_steps(
         with step.no_sync(closes and last):  # DDP: one all-reduce, on the window's last backward
             with amp:
                 if first and i == 0:
-                    loss, outputs, targets = t.first_compute(part)
-                    t.check_first_loss(loss, outputs, targets)
+                    loss, outputs, targets = t.steps.first_compute(part)
+                    t.steps.check_first_loss(loss, outputs, targets)
                 else:
-                    loss, outputs, targets = t.compute(part)
+                    loss, outputs, targets = t.steps.compute(part)
             if guard.gating:
                 guard.observe(loss)
             if metrics is not None:

@@ -96,6 +96,24 @@ class BatchSteps:
         )
 
     # -- the contexts a forward runs in --------------------------------------------------------------
+    def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
+        """The first micro-batch of a fresh fit: computed in stages with clear errors, the training metrics tried."""
+        from nbtrainer._trainer import _validate
+
+        trainer = self._trainer
+        loss, outputs, targets = _validate.first_compute(trainer, batch)
+        metrics = trainer.run_state.train_metrics
+        if metrics:
+            with torch.no_grad():
+                _validate.dry_metrics(trainer, metrics, outputs, targets, "training")
+        return loss, outputs, targets
+
+    def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
+        """The first training loss: a scalar tensor that requires grad, else a clear error."""
+        from nbtrainer._trainer import _validate
+
+        _validate.check_loss(self._trainer, loss, "training", needs_grad=True)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The precision's autocast (none under FSDP, whose MixedPrecisionPolicy casts instead)."""
         trainer = self._trainer
