@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (scripts/test.sh runs 2 workers) the browser tests share one worker: one Chromium and one
+    """Under pytest-xdist (scripts/test.sh runs 3 workers) the browser tests share one worker: one Chromium and one
     Jupyter server at a time, started first (they are the longest), while the other worker takes the rest. Work
     that tests share stays on one worker, or each worker would do it again: the notebooks' tests share one kernel
     run per notebook (tests/test_notebooks.py caches it per process), and the cases of a parametrized test share
