@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -36,6 +38,27 @@ def make_loader(x, y, batch_size: int = 32, shuffle: bool = False, seed: int = 0
     ds = torch.utils.data.TensorDataset(x, y)
     gen = torch.Generator().manual_seed(seed) if shuffle else None
     return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=gen, **kw)
+
+
+def needs(*packages: str) -> pytest.MarkDecorator:
+    """A module's ``pytestmark``: skip its tests when an optional package is missing, found without importing it.
+    ``pytest.importorskip`` at module level imported mlflow, torchao, bitsandbytes, peft and nbformat (about 8 s of
+    CPU) in every worker that collects the module, which is every worker, whether or not it runs those tests."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
+
+
+class LazyModule:
+    """A module imported at its first attribute read (``mlflow = LazyModule("mlflow")`` beside ``needs("mlflow")``)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        # pytest's collection probes every module global (__test__, fixture markers): those must not import it
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
 
 
 def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.float32) -> torch.nn.Sequential:

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LazyModule, needs
 
-nbformat = pytest.importorskip("nbformat")
-jupytext = pytest.importorskip("jupytext")
+pytestmark = needs("nbformat", "jupytext")
+nbformat = LazyModule("nbformat")
+jupytext = LazyModule("jupytext")
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = [REPO / "notebooks", REPO / "tests" / "browser" / "notebooks"]

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import LazyModule, needs
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytestmark = needs("nbformat", "nbclient")
+nbformat = LazyModule("nbformat")
+nbclient = LazyModule("nbclient")
 
 REPO = Path(__file__).resolve().parents[1]
 NB_DIR = REPO / "notebooks"

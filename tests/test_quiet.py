@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import needs
 
-pytest.importorskip("torchao")
+pytestmark = needs("torchao")
 
 NOISE = ("Failed to load", "register_constant()")
 

@@ -9,12 +9,13 @@ import math
 
 import pytest
 import torch
+from conftest import needs
 from inference_data import batches, digits, mlp, train
 from torch import nn
 
 from nbtrainer import InferenceComparison, compare_inference, quantize_model
 
-pytest.importorskip("torchao")
+pytestmark = needs("torchao")
 
 
 @pytest.fixture(scope="module")

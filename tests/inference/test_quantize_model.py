@@ -10,12 +10,13 @@ from typing import Any, cast
 
 import pytest
 import torch
+from conftest import needs
 from inference_data import accuracy, batches, digits, mlp, train
 from torch import nn
 
 from nbtrainer import quantize_model
 
-pytest.importorskip("torchao")
+pytestmark = needs("torchao")
 
 # largest |output - fp32 output| on the trained model's validation logits (logits span about +-20)
 TOLERANCE = {"int8-dynamic": 0.3, "int8-weight": 0.15, "int4-weight": 1.0, "codebook4": 1.5}

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_classification, make_loader
+from conftest import make_classification, make_loader, needs
 from torch import nn
 
 from nbtrainer import Trainer, profile_model
 from nbtrainer._memory._window import host_capacity
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("peft")
+pytestmark = needs("bitsandbytes", "peft")
 
 BUDGET_GB = (host_capacity() or 0) / 2**30  # what the advice takes as the CPU's budget (RAM, or the cgroup limit)
 

@@ -14,12 +14,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import accuracy, make_classification, make_loader, mlp
+from conftest import LazyModule, accuracy, make_classification, make_loader, mlp, needs
 
 from nbtrainer import MLflowLogger, ModelCheckpoint, Trainer
 from nbtrainer._runs._mlflow import MAX_PARAM, flatten_params
 
-mlflow = pytest.importorskip("mlflow")
+pytestmark = needs("mlflow")
+mlflow = LazyModule("mlflow")
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,13 @@ import sys
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import LazyModule, make_classification, make_loader, mlp, needs
 
 import nbtrainer
 from nbtrainer import OptunaPruning, Runs, Trainer
 
-optuna = pytest.importorskip("optuna")
+pytestmark = needs("optuna")
+optuna = LazyModule("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

@@ -7,13 +7,14 @@ import threading
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import LazyModule, make_classification, make_loader, mlp, needs
 
 from nbtrainer import Runs, RunsWidget, Trainer
 from nbtrainer.plotting import PALETTE
 from nbtrainer.widgets import TuneView
 
-optuna = pytest.importorskip("optuna")
+pytestmark = needs("optuna")
+optuna = LazyModule("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

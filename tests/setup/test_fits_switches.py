@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import needs
 from torch import nn
 
 from nbtrainer import Trainer, profile_model
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("peft")
+pytestmark = needs("bitsandbytes", "peft")
 
 # Predicted vs counted: the arithmetic should be exact but for PEFT's and bitsandbytes' small extras (scalar
 # step counters, code books shared or not); 1% of each part is far below any switch's effect.

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import needs
 from setup_models import mlp, mlp_data
 from torch import nn
 
 from nbtrainer import Trainer, build_optimizer
 
-pytest.importorskip("bitsandbytes")
+pytestmark = needs("bitsandbytes")
 
 
 def fit(name: str, tmp_path, *, resume: bool) -> Trainer:

@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LazyModule, needs
 from setup_models import lm_batches, mlp, mlp_data, tiny_llama
 from torch import nn
 
 from nbtrainer import Trainer
 from nbtrainer._resume._checkpoint_io import CheckpointError
 
-pytest.importorskip("bitsandbytes")
-peft = pytest.importorskip("peft")
+pytestmark = needs("bitsandbytes", "peft")
+peft = LazyModule("peft")
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.05, "target_modules": "all-linear"}
 

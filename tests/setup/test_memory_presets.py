@@ -4,12 +4,12 @@ and the measured peak shows each saving where it acts (issue 22)."""
 from __future__ import annotations
 
 import pytest
+from conftest import needs
 from setup_models import lm_batches, tiny_llama
 
 from nbtrainer import compare_strategies
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("peft")
+pytestmark = needs("bitsandbytes", "peft")
 
 
 @pytest.mark.slow  # six strategies, each measured over a step: about a minute on a shared 2-core machine

@@ -8,13 +8,15 @@ import sys
 
 import pytest
 import torch
+from conftest import LazyModule, needs
 from setup_models import lm_batches, mlp, mlp_data, tiny_llama
 from torch import nn
 
 from nbtrainer import Trainer
 from nbtrainer._setup._quantize import quantized_weight_bytes
 
-bnb = pytest.importorskip("bitsandbytes")
+pytestmark = needs("bitsandbytes")
+bnb = LazyModule("bitsandbytes")
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+from conftest import needs
 from widget_helpers import classes, make_classification, make_loader
 
 from nbtrainer import Trainer, TrainerWidget, memory_saver_support
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("peft")
+pytestmark = needs("bitsandbytes", "peft")
 
 
 def _mlp() -> torch.nn.Sequential:
