@@ -88,8 +88,8 @@ class ClosureStep:
             if first and initial:
                 t.steps.check_first_loss(loss, outputs, targets)
             loss.backward()
-            if t.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(t.params, t.max_grad_norm)
+            if t.settings.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(t.params, t.settings.max_grad_norm)
             if initial:
                 holder.copy_(loss.detach())
                 if metrics is not None:

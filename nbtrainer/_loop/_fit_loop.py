@@ -90,8 +90,8 @@ class FitLoop:
         self._memory = MemoryProbe(host.device)
         # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
         # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
-        device, fast, fraction = host.device, host.fast_fetch, host.data_on_device
-        self.order = ShuffleOrder(train_loader, deterministic=host.deterministic)
+        device, fast, fraction = host.device, host.settings.fast_fetch, host.settings.data_on_device
+        self.order = ShuffleOrder(train_loader, deterministic=host.settings.deterministic)
         self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
         self.val_data = (
             DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
@@ -161,12 +161,12 @@ class FitLoop:
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
         pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
         window = in_window = 0
-        timing_every = t.timing_every or 0
+        timing_every = t.settings.timing_every or 0
         metrics = t.run.train_metrics if t.run.train_metrics else None
         first = st.global_step == 0 and st.batch == 0
         guard = t.nonfinite
         gating = guard.gating
-        device, non_blocking, model, control = t.device, t.non_blocking, t.model, t.live.requests
+        device, non_blocking, model, control = t.device, t.settings.non_blocking, t.model, t.live.requests
         criterion = t.criterion
         step = self.step
         fast = t.steps.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
@@ -189,7 +189,7 @@ class FitLoop:
                     break
             if in_window == 0:
                 self._mid_window = True
-                k = t.grad_accum_steps
+                k = t.settings.grad_accum_steps
                 remaining = n - st.batch if n is not None else 0
                 window = min(k, remaining) if remaining > 0 else k
             in_window += 1
@@ -214,7 +214,7 @@ class FitLoop:
                     detached, bs = manual.run(batch, window, closes, amp)
                 t2 = t1
                 loss = outputs = targets = None
-            elif closure is not None or t.micro_split > 1:
+            elif closure is not None or t.settings.micro_split > 1:
                 # LBFGS: forward and backward run inside the step, at the window's close; memory_budget_gb's
                 # plan: this batch as several forward / backward passes. Their time counts as backward.
                 if closure is not None:
@@ -419,7 +419,7 @@ class FitLoop:
         # "paused" only once the loop really holds (the trainer sets its status there); until then "pausing".
         if t.live.requests.stop_requested:
             p.status = "stopping"
-        elif t.status == "paused":
+        elif t.settings.status == "paused":
             p.status = "paused"
         else:
             p.status = "pausing" if t.live.requests.paused else "running"
@@ -432,7 +432,7 @@ class FitLoop:
         p.lr = float(t.optimizer.param_groups[0]["lr"])
         p.metrics = t.run.train_metrics.running(st.samples)
         p.step_points, self._new_points = self._new_points, []
-        p.grad_accum_steps = t.grad_accum_steps
+        p.grad_accum_steps = t.settings.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times
         self.read_memory()
@@ -442,7 +442,7 @@ class FitLoop:
             p.eta_fit = p.eta_epoch + rate * self.n_batches * max(p.epochs - st.epoch - 1, 0)  # p.epochs: max_steps
         t.callbacks.call("on_refresh", trainer=t.owner, progress=p)
         self._last_refresh = now
-        self._next_refresh = time.perf_counter() + t.refresh_interval
+        self._next_refresh = time.perf_counter() + t.settings.refresh_interval
 
     def _end_epoch(self) -> None:
         t, st, cb = self.host, self.state, self.host.callbacks
@@ -462,7 +462,7 @@ class FitLoop:
         for name, total in zip(metrics.sums, reduced[3:], strict=True):
             logs[name] = total / count
         logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})
-        if self.val_data is not None and epoch_no % t.val_every_n_epochs == 0:
+        if self.val_data is not None and epoch_no % t.settings.val_every_n_epochs == 0:
             cb.call("on_validation_start", trainer=owner)
             self.progress.stage = "val"
             val_logs = t.steps.evaluate(self.val_data, prefix="val_")

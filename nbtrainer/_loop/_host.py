@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
 
-__all__ = ["LoopHost", "LoopSteps", "ToolTrainer"]
+__all__ = ["LoopHost", "LoopSettings", "LoopSteps", "ToolTrainer"]
 
 
 class LoopSteps(Protocol):
@@ -40,10 +40,41 @@ class LoopSteps(Protocol):
     def evaluate(self, batches: Iterable[Any], *, prefix: str) -> dict[str, float]: ...
 
 
+class LoopSettings(Protocol):
+    """The settings the loop reads, each at the moment of use (a change between steps is seen at once): the
+    Trainer's own public attributes."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def grad_accum_steps(self) -> int: ...
+    @property
+    def deterministic(self) -> bool: ...  # seeded data order: the loader's workers are seeded too
+    @property
+    def micro_split(self) -> int: ...  # each loader batch as this many forward / backward passes (memory_budget_gb)
+    @property
+    def max_grad_norm(self) -> float | None: ...
+    @property
+    def optimizer_in_backward(self) -> bool: ...  # each parameter updated in backward (_in_backward)
+    @property
+    def timing_every(self) -> int: ...
+    @property
+    def refresh_interval(self) -> float: ...
+    @property
+    def val_every_n_epochs(self) -> int: ...
+    @property
+    def non_blocking(self) -> bool: ...
+    @property
+    def fast_fetch(self) -> bool: ...
+    @property
+    def data_on_device(self) -> float: ...
+
+
 class LoopHost(Protocol):
     """What :class:`~nbtrainer._loop._fit_loop.FitLoop` needs from its owner: the run's objects, three parts the
-    owner holds (the run's state, its live control, its batch steps: the loop calls them directly) and the settings,
-    read at the moment of use (``grad_accum_steps`` or ``max_grad_norm`` may change between steps)."""
+    owner holds (the run's state, its live control, its batch steps: the loop calls them directly) and its settings
+    (:class:`LoopSettings`, read at the moment of use: ``grad_accum_steps`` or ``max_grad_norm`` may change between
+    steps)."""
 
     # -- the run's objects ------------------------------------------------------------------------
     @property
@@ -79,31 +110,9 @@ class LoopHost(Protocol):
     @property
     def steps(self) -> LoopSteps: ...
 
-    # -- settings -----------------------------------------------------------------------------------
+    # -- settings, read at the moment of use --------------------------------------------------------------
     @property
-    def status(self) -> str: ...
-    @property
-    def grad_accum_steps(self) -> int: ...
-    @property
-    def deterministic(self) -> bool: ...  # seeded data order: the loader's workers are seeded too
-    @property
-    def micro_split(self) -> int: ...  # each loader batch as this many forward / backward passes (memory_budget_gb)
-    @property
-    def max_grad_norm(self) -> float | None: ...
-    @property
-    def optimizer_in_backward(self) -> bool: ...  # each parameter updated in backward (_in_backward)
-    @property
-    def timing_every(self) -> int: ...
-    @property
-    def refresh_interval(self) -> float: ...
-    @property
-    def val_every_n_epochs(self) -> int: ...
-    @property
-    def non_blocking(self) -> bool: ...
-    @property
-    def fast_fetch(self) -> bool: ...
-    @property
-    def data_on_device(self) -> float: ...
+    def settings(self) -> LoopSettings: ...
     @property
     def scheduler_per_step(self) -> bool: ...
 

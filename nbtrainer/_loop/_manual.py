@@ -101,8 +101,8 @@ class StepHandle:
         scaler = host.scaler
         if scaler is not None:
             scaler.unscale_(opt)
-        if host.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, host.max_grad_norm)  # the norm is never read: no sync
+        if host.settings.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, host.settings.max_grad_norm)  # the norm is never read: no sync
         guard = host.nonfinite
         if self._allowed is None:
             self._allowed = guard.allow_step(opt, scaler) if guard.gating else True

@@ -61,7 +61,7 @@ class TrainStep:
         if pull is not None:  # offload_optimizer: its host master copies take weights loaded since it was built
             pull()
         hooks: list[Any] = [self.host.optimizer.register_step_post_hook(self._on_step)]
-        if self.host.optimizer_in_backward:
+        if self.host.settings.optimizer_in_backward:
             self._in_backward = StepInBackward(self.host.optimizer)
             hooks.append(self._in_backward)
         return _Handles(hooks, self)
@@ -130,9 +130,9 @@ class TrainStep:
                 grads = [p.grad for p in host.params if p.grad is not None]
                 if grads:
                     torch._foreach_mul_(grads, rescale)
-            if host.max_grad_norm is not None:
+            if host.settings.max_grad_norm is not None:
                 # Never read the returned norm here: that would be a sync per step.
-                torch.nn.utils.clip_grad_norm_(host.params, host.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(host.params, host.settings.max_grad_norm)
             if self.events and host.callbacks.has("on_before_optimizer_step"):
                 host.callbacks.call("on_before_optimizer_step", trainer=host.owner, optimizer=opt)
             lr = opt.param_groups[0]["lr"]
@@ -171,11 +171,11 @@ class _Handles:
 def split_steps(
     host: LoopHost, step: TrainStep, batch: Any, window: int, closes: bool, first: bool, amp: Any, metrics: Any
 ) -> tuple[torch.Tensor, int]:
-    """One loader batch as ``host.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
+    """One loader batch as ``host.settings.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
     part's loss is divided by the parts' count too, so the window's gradient is the whole batch's (equal
     parts of a mean loss). Returns the batch's mean loss (detached, on the device) and its size."""
     t = host
-    parts = split_batch(batch, t.micro_split)
+    parts = split_batch(batch, t.settings.micro_split)
     guard = t.nonfinite
     losses: list[torch.Tensor] = []
     size = 0

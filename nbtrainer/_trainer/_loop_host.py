@@ -82,56 +82,12 @@ class TrainerHost:
 
     # -- settings -----------------------------------------------------------------------------------
     @property
-    def status(self) -> str:
-        return self.owner.status
-
-    @property
-    def grad_accum_steps(self) -> int:
-        return self.owner.grad_accum_steps
-
-    @property
-    def deterministic(self) -> bool:
-        return self.owner.deterministic
-
-    @property
-    def micro_split(self) -> int:
-        return self.owner.micro_split
-
-    @property
-    def max_grad_norm(self) -> float | None:
-        return self.owner.max_grad_norm
-
-    @property
-    def optimizer_in_backward(self) -> bool:
-        return self.owner.optimizer_in_backward
-
-    @property
-    def timing_every(self) -> int:
-        return self.owner.timing_every
-
-    @property
-    def refresh_interval(self) -> float:
-        return self.owner.refresh_interval
-
-    @property
-    def val_every_n_epochs(self) -> int:
-        return self.owner.val_every_n_epochs
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.owner.non_blocking
-
-    @property
-    def fast_fetch(self) -> bool:
-        return self.owner.fast_fetch
-
-    @property
-    def data_on_device(self) -> float:
-        return self.owner.data_on_device
-
-    @property
     def scheduler_per_step(self) -> bool:
         return self.owner._scheduler_per_step
+
+    @property
+    def settings(self) -> Trainer:
+        return self.owner  # its own public attributes are the LoopSettings
 
     # -- the Trainer's parts, which the loop calls directly ----------------------------------------------
     @property
