@@ -22,6 +22,7 @@ from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
 from nbtrainer._data._loss import batch_loss, plain_pairs
 from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._setup._precision import autocast
+from nbtrainer._trainer import _validate
 
 if TYPE_CHECKING:
     from nbtrainer._loop._metrics import MetricSet
@@ -95,11 +96,8 @@ class BatchSteps:
             need_outputs=bool(trainer.run_state.train_metrics),
         )
 
-    # -- the contexts a forward runs in --------------------------------------------------------------
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
         """The first micro-batch of a fresh fit: computed in stages with clear errors, the training metrics tried."""
-        from nbtrainer._trainer import _validate
-
         trainer = self._trainer
         loss, outputs, targets = _validate.first_compute(trainer, batch)
         metrics = trainer.run_state.train_metrics
@@ -110,10 +108,9 @@ class BatchSteps:
 
     def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
         """The first training loss: a scalar tensor that requires grad, else a clear error."""
-        from nbtrainer._trainer import _validate
-
         _validate.check_loss(self._trainer, loss, "training", needs_grad=True)
 
+    # -- the contexts a forward runs in --------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The precision's autocast (none under FSDP, whose MixedPrecisionPolicy casts instead)."""
         trainer = self._trainer
