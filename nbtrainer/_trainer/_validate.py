@@ -36,6 +36,7 @@ from nbtrainer._data._validate_batch import (
     first_compute,
     onecycle_overflow,
 )
+from nbtrainer._resume._full_state import shards_parameters
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -394,7 +395,7 @@ def check_manual(
     for name, value in options.items():
         if value:
             raise ValueError(f"training_step= cannot be combined with {name}={value!r}. Remove that option.")
-    if getattr(strategy, "can_shard_checkpoints", False):  # FSDP: its reduce-scatter runs inside every backward
+    if shards_parameters(strategy):  # FSDP: its reduce-scatter runs inside every backward
         raise ValueError(
             "training_step= with strategy='fsdp' is not supported: FSDP2 reduce-scatters gradients inside each "
             "backward, while a manual step averages each optimizer's gradients across ranks once per window, at "
