@@ -22,6 +22,8 @@ The steps (``STEPS``, with each one's budget on the GPU and in the dry run):
 6. ``compile=True`` against eager: the first epoch (compilation included) and the steady-state step, apart.
 7. DDP and FSDP2 as a world of one under ``torchrun`` (NCCL; gloo in the dry run).
 8. ``bench/crash_soak.py``: SIGKILL-and-resume cycles checked bit-exact.
+9. The panel: a ``TrainerWidget`` with no front end (its training and UI threads, real ipywidgets and bqplot objects,
+   no browser) through a 2-epoch fit against the plain ``Trainer``'s, interleaved rounds; target within 3%.
 
 How it runs: this process (the orchestrator) imports torch but never initialises CUDA (``is_available`` counts the
 devices without creating a context): a context here would hold device memory through every step. Each step is a
@@ -108,6 +110,8 @@ class Scale:
     dist_decoder: DecoderSize
     dist_steps: int
     soak_trials: int
+    panel_steps: int  # per epoch; the panel's fit is 2 epochs, its second is the steady state that is compared
+    panel_rounds: int
     strategy_args: tuple[str, ...] = field(default=())
 
 
@@ -128,7 +132,11 @@ GPU = Scale(
     compile_rounds=3,
     dist_decoder=DecoderSize(vocab=4096, d_model=256, heads=4, layers=4, seq=128, batch=16),
     dist_steps=20,
-    soak_trials=5,
+    # 4, not 5: about 30 s a trial on the H200 (two interpreters, each with its CUDA start), and step 9 comes after
+    soak_trials=4,
+    # ~1 ms a step on the GPU: 400 steps make an epoch long enough that the panel's few UI pushes are in it
+    panel_steps=400,
+    panel_rounds=5,
     strategy_args=("--steps", "30", "--warmup", "5"),
 )
 TINY = Scale(
@@ -147,6 +155,8 @@ TINY = Scale(
     dist_decoder=DecoderSize(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=4),
     dist_steps=4,
     soak_trials=1,
+    panel_steps=8,
+    panel_rounds=1,
     # one intra-op thread: two shared cores are slower with two spinning OpenMP threads than with one
     strategy_args=("--steps", "2", "--warmup", "1", "--threads", "1"),
 )
@@ -768,6 +778,78 @@ def run_soak(trials: int, report: Path, device: str) -> int:
     return rc
 
 
+# -- step 9: the panel against the plain Trainer ----------------------------------------------------------------------
+def measure_panel(scale: Scale, device: torch.device) -> str:
+    """``TrainerWidget(...).start(); wait()`` with no front end (its training thread, its UI thread pushing to real
+    ipywidgets and bqplot objects whose messages go nowhere) against ``Trainer(...).fit``, each a 2-epoch fit of the
+    small CNN from the same weights. Compared: the second epoch's time per step (the steady state; the first holds
+    the fit's setup and CUDA's lazy initialisation), per round, so drift on the machine hits both alike."""
+    try:
+        import bqplot
+        import ipywidgets
+    except ImportError as exc:
+        raise Skipped(f"the widget stack is not installed ({exc.name}): scripts/gpu-wheels.sh carries it") from None
+    from nbtrainer import Trainer, TrainerWidget
+
+    x, y = image_data(scale.panel_steps, scale.cnn_batch)
+    data = split(x, y, scale.cnn_batch, device)
+    # the dry run checks the path, not the speed: fp32, whatever the CPU's bf16 support
+    precision = "bf16-mixed" if device.type == "cuda" else "fp32"
+    ui_pushes: list[int] = []
+
+    def second_epoch_per_step(name: str) -> float:
+        gc.collect()
+        torch.manual_seed(0)
+        model = small_cnn().to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        options: dict[str, Any] = {"precision": precision, "device": device, "progress": False}
+        if name == "Trainer.fit":
+            history = Trainer(model, nn.CrossEntropyLoss(), opt, **options).fit(data, epochs=2)
+        else:
+            panel = TrainerWidget(model, nn.CrossEntropyLoss(), opt, data, epochs=2, **options)
+            panel.start()
+            history = panel.wait()
+            if panel.status != "finished":
+                raise Failed(f"the panel's run ended {panel.status!r}, not 'finished'")
+            ui_pushes.append(panel.ui_updates)
+        # the epoch's time is read after its losses were: on CUDA it includes the device's work
+        return float(history.epochs[1]["time"]) / len(data)
+
+    warm_device(device)
+    names = ["Trainer.fit", "TrainerWidget start + wait"]
+    per_step = interleaved(second_epoch_per_step, names, scale.panel_rounds)
+    plain, panel = per_step[names[0]], per_step[names[1]]
+    ratios = [p / t for p, t in zip(panel, plain, strict=True)]
+    ratio = statistics.median(ratios)
+    verdict = "met" if ratio <= 1.03 else "**MISSED**"
+    rows = [
+        [
+            "Trainer.fit",
+            f"{statistics.median(plain) * 1e3:.3f}",
+            f"{1 / statistics.median(plain):.0f}",
+            "-",
+            "-",
+        ],
+        [
+            "TrainerWidget start + wait",
+            f"{statistics.median(panel) * 1e3:.3f}",
+            f"{1 / statistics.median(panel):.0f}",
+            f"**{ratio:.3f}x** ({min(ratios):.3f}-{max(ratios):.3f})",
+            f"{min(ui_pushes)}-{max(ui_pushes)}",
+        ],
+    ]
+    return (
+        f"{machine_line(device).removeprefix('# ')}; "
+        f"ipywidgets {ipywidgets.__version__}, bqplot {bqplot.__version__}.\n"
+        f"Small CNN 1x28x28, batch {scale.cnn_batch}, {len(data)} steps an epoch, {precision}, Adam (lr 1e-4), batches "
+        f"already on the device; 2-epoch fits from the same weights, the second epoch's time per step compared; "
+        f"rounds: {scale.panel_rounds} (one warm-up round first), medians, the ratio's range over the rounds in "
+        f"brackets. The panel has no front end: its threads and widgets run, their messages go nowhere.\n\n"
+        + table(["variant", "ms/step (epoch 2)", "steps/s", "panel / Trainer", "UI pushes per fit"], rows)
+        + f"\n\nTarget: the panel within 3% of the plain Trainer: {verdict}."
+    )
+
+
 # -- the measuring subcommands -----------------------------------------------------------------------------------------
 def environment(device: bool = True) -> dict[str, Any]:
     """Versions and machine; with ``device``, the GPU's name, memory and driver too (that creates a CUDA context)."""
@@ -818,6 +900,7 @@ MEASURES: dict[str, Callable[[Scale, torch.device], str]] = {
     "planner": measure_planner,
     "compile": measure_compile,
     "dist": measure_dist,
+    "panel": measure_panel,
 }
 
 
@@ -1004,7 +1087,10 @@ STEPS = [
     Step(6, "compile=True against eager", 70, 90, lambda c: c.measure("compile")),
     Step(7, "DDP and FSDP2 as a world of one (torchrun)", 45, 45, torchrun_command),
     # on the H200 each trial took about 30 s (two interpreters, each with its CUDA start): 2 of 5 in 85 s
-    Step(8, "SIGKILL-and-resume soak (bench/crash_soak.py)", 170, 90, soak_command),
+    Step(8, "SIGKILL-and-resume soak (bench/crash_soak.py)", 150, 90, soak_command),
+    # 6 fits of 2 x 400 steps at ~1 ms, plus the panels' final pushes; in the dry run one interpreter's imports of
+    # torch, ipywidgets and bqplot are most of it
+    Step(9, "The panel (TrainerWidget, no front end) against Trainer.fit", 45, 45, lambda c: c.measure("panel")),
 ]
 
 

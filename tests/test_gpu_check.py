@@ -53,11 +53,11 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
     assert re.match(r"## GPU check \d{4}-\d{2}-\d{2} .*\(dry run on the CPU: .+\)\n", section)
 
     headings = re.findall(r"^### (\d)\. .+? — (.+)$", section, flags=re.M)
-    assert [n for n, _ in headings] == [str(n) for n in range(1, 9)], headings
+    assert [n for n, _ in headings] == [str(n) for n in range(1, 10)], headings
     status = dict(headings)
     for number, text in status.items():
         assert text == "OK" or re.fullmatch(r"SKIPPED: \S.{8,}", text), (number, text)  # a skip says why
-    steps = dict(zip("12345678", re.split(r"^### \d\. .*$", section, flags=re.M)[1:], strict=True))
+    steps = dict(zip("123456789", re.split(r"^### \d\. .*$", section, flags=re.M)[1:], strict=True))
 
     assert re.search(r"\d+ skipped", steps["1"])  # the gpu tests ran their skip conditions
     assert len(re.findall(r"\*\*\d+\.\d{3}x\*\*", steps["2"])) == 4  # bf16 and fp16 ratios, CNN and decoder
@@ -72,5 +72,10 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
     )
     assert re.search(r"\| ddp \| DDP \| gloo \|", steps["7"]) and re.search(r"\| fsdp \| FSDP \| gloo \|", steps["7"])
     assert re.search(r"\*\*1/1 bit-identical\*\*", steps["8"])
+    # the panel trained 2 epochs beside the plain Trainer and pushed to its widgets at least once a fit
+    assert re.search(
+        r"\| TrainerWidget start \+ wait \| [\d.]+ \| \d+ \| \*\*\d+\.\d{3}x\*\* .*\| [1-9]\d*-\d+ \|", steps["9"]
+    )
+    assert re.search(r"Target: the panel within 3% of the plain Trainer: (met|\*\*MISSED\*\*)\.", steps["9"])
 
     assert RESULTS.read_bytes() == before
