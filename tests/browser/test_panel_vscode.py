@@ -191,6 +191,7 @@ def test_panel_renders_and_trains_in_vscode_bundle(vscode_harness, harness_page,
     assert (("/scripts/jupyter/nbextensions/bqplot/index.js", 200)) in vscode_harness.site.requests
     screenshot(page, "panel-vscode-idle", selector=".nbt-panel")
     run_controls_scenario(page, screenshot, "panel-vscode", console_log)
+    assert not [m for m in console_log if m.startswith("error")], console_log
 
 
 BLOCKING_CELL = (
@@ -224,7 +225,7 @@ STEP_PAST_OR_DONE = """([n, i]) => {
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screenshot) -> None:
+def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screenshot, console_log) -> None:
     page = harness_page
     open_harness(page, vscode_harness)
     wait_cell(page, run_cell(page, BLOCKING_CELL), timeout_s=60)
@@ -246,6 +247,7 @@ def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screensho
     assert global_step(page) == TOTAL_STEPS
     assert 0 < seen[1] < seen[2] < TOTAL_STEPS, seen
     assert widget_problems(page) == []
+    assert not [m for m in console_log if m.startswith(("error", "pageerror"))], console_log
 
 
 @pytest.mark.slow

@@ -200,7 +200,8 @@ async function main() {
 
     // WidgetManager.initializeKernelAndWidgetManager: the bundle's manager on the kernel, the page as its container
     const WidgetManager = window.vscIPyWidgets.WidgetManager;
-    const manager = new WidgetManager(kernel, document.getElementById('cells'), makeScriptLoader(config), log);
+    // (vscode-jupyter passes no container: every view is attached to the output element it renders into)
+    const manager = new WidgetManager(kernel, undefined, makeScriptLoader(config), log);
     harness.manager = manager;
     kernel.iopubMessage.connect((_sender, msg) => {
         const type = msg.header.msg_type;
