@@ -114,7 +114,7 @@ def _environment(trainer: TrainerView) -> dict[str, Any]:
 def best_values(epochs: list[dict[str, Any]]) -> dict[str, float]:
     """The best value of every numeric epoch key (max for accuracy-like names, else min)."""
     best: dict[str, float] = {}
-    skip = {"epoch", "time", "samples_per_s", "steps", "skipped_steps", "lr"}
+    skip = {"epoch", "time", "sample_time", "samples_per_s", "steps", "skipped_steps", "lr"}
     for row in epochs:
         for key, value in row.items():
             if key in skip or key.startswith("lr_") or isinstance(value, bool) or not isinstance(value, (int, float)):
