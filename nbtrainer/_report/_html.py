@@ -302,7 +302,8 @@ def latest_samples_html(samples: list[dict[str, Any]]) -> str:
         value = s["value"]
         if s["kind"] == "image" and isinstance(value, (bytes, str)):
             raw = value if isinstance(value, str) else base64.b64encode(value).decode("ascii")
-            body = f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' style='image-rendering:pixelated;min-width:64px;max-width:256px'>"
+            style = "image-rendering:pixelated;min-width:64px;max-width:256px"
+            body = f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' style='{style}'>"
         else:
             body = f"<pre style='white-space:pre-wrap;margin:0;max-width:480px'>{html.escape(str(value))}</pre>"
         cells.append(
