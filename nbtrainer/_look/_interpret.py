@@ -59,7 +59,7 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
         and callable(getattr(dataset, "__getitem__", None))
     )
     if not indexable:
-        return ((None, batch) for batch in loader), None
+        return _numbered(loader, None), None
     with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
         lists = [list(ix) for ix in sampler]
     fetch = batched_fetch(loader) if fast else None
@@ -77,7 +77,18 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
             worker_init_fn=loader.worker_init_fn,
             **({"prefetch_factor": loader.prefetch_factor} if workers else {}),
         )
-    return ((torch.tensor(ix, dtype=torch.int64), b) for ix, b in zip(lists, batches, strict=True)), dataset
+    return _numbered(batches, lists), dataset
+
+
+def _numbered(batches: Any, lists: list[list[int]] | None) -> Iterator[tuple[Tensor | None, Any]]:
+    # A generator function, so that iter(loader) (which may draw a seed from the global generator) runs at the
+    # first batch, inside the pass's side_pass, not when the pass is set up.
+    if lists is None:
+        for batch in batches:
+            yield None, batch
+        return
+    for ix, batch in zip(lists, batches, strict=True):
+        yield torch.tensor(ix, dtype=torch.int64), batch
 
 
 def _task(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
