@@ -19,6 +19,7 @@ import bisect
 import difflib
 import html
 import re
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,7 @@ _STYLE = (
     ".nbt-diff-del{background:rgba(207,34,46,0.28);text-decoration:line-through}"
     ".nbt-samples-name{font-size:11px;font-weight:600;margin:2px 0}"
     ".nbt-samples-head{font-size:12px;margin-bottom:4px}"
-    ".nbt-samples-pane img{image-rendering:pixelated;min-width:96px;max-width:100%}"
+    ".nbt-samples-pane img{image-rendering:pixelated;max-width:100%;display:block;margin-bottom:6px}"
     ".nbt-samples-error{font-size:12px}</style>"
 )
 _COMPARE = [("baseline", "baseline"), ("previous sample", "previous"), ("nothing", "none")]
@@ -68,8 +69,11 @@ def word_diff(old: str, new: str) -> tuple[str, str]:
 
 
 def _picture(value: Any, name: str) -> str:
-    raw = value if isinstance(value, str) else base64.b64encode(bytes(value)).decode("ascii")
-    return f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}'>"
+    png = base64.b64decode(value) if isinstance(value, str) else bytes(value)
+    width = struct.unpack(">I", png[16:20])[0] if len(png) >= 24 else 64  # IHDR: a small picture is enlarged
+    scale = max(1, min(8, 256 // max(width, 1)))
+    raw = base64.b64encode(png).decode("ascii")
+    return f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' width='{width * scale}'>"
 
 
 class SamplesView:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IMAGE_TYPES", "as_pixels", "data_uri", "encode_png", "is_pil", "to_png"]
+__all__ = ["IMAGE_TYPES", "as_pixels", "data_uri", "encode_png", "is_pil", "png_width", "to_png"]
 
 #: how the accepted kinds are named in errors
 IMAGE_TYPES = (
@@ -111,6 +111,11 @@ def to_png(value: Any) -> bytes | None:
         return buf.getvalue()
     pixels = as_pixels(value)
     return None if pixels is None else encode_png(pixels)
+
+
+def png_width(png: bytes) -> int:
+    """The width in pixels written in a PNG's header (``IHDR``)."""
+    return struct.unpack(">I", png[16:20])[0] if len(png) >= 24 else 0
 
 
 def data_uri(png: bytes) -> str:

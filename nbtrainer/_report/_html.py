@@ -301,9 +301,14 @@ def latest_samples_html(samples: list[dict[str, Any]]) -> str:
     for name, s in latest.items():
         value = s["value"]
         if s["kind"] == "image" and isinstance(value, (bytes, str)):
-            raw = value if isinstance(value, str) else base64.b64encode(value).decode("ascii")
-            style = "image-rendering:pixelated;min-width:64px;max-width:256px"
-            body = f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' style='{style}'>"
+            png = base64.b64decode(value) if isinstance(value, str) else value
+            width = int.from_bytes(png[16:20], "big") if len(png) >= 24 else 64  # the PNG header's width
+            shown = width * max(1, min(8, 256 // max(width, 1)))  # a small picture enlarged, pixels kept sharp
+            raw = base64.b64encode(png).decode("ascii")
+            body = (
+                f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' width='{shown}' "
+                "style='image-rendering:pixelated;max-width:100%'>"
+            )
         else:
             body = f"<pre style='white-space:pre-wrap;margin:0;max-width:480px'>{html.escape(str(value))}</pre>"
         cells.append(
