@@ -155,3 +155,21 @@ def test_returned_names_are_kept_and_the_first_is_also_the_loss() -> None:
     assert row["val_loss"] == row["val_d_loss"]
     with_loss = _gan_trainer(dcgan.training_step, validation_step=dcgan.validation_step).fit(train, val, epochs=1)
     assert "g_loss" not in with_loss.epochs[-1] and {"loss", "d_loss", "val_loss"} <= set(with_loss.epochs[-1])
+
+
+def test_the_dcgan_example_draws_a_fixed_noise_grid_every_epoch_without_changing_the_run() -> None:
+    train, val = _loaders(256)
+    plain = dcgan.build(progress=False, run_store=False).fit(train, val, epochs=2)
+    train, val = _loaders(256)
+    trainer = dcgan.build(progress=False, run_store=False, callbacks=[dcgan.noise_grid(16)])
+    history = trainer.fit(train, val, epochs=2)
+    assert [(s["step"], s["name"], s["kind"]) for s in history.samples] == [
+        (0, "fixed noise", "image"), (4, "fixed noise", "image"), (8, "fixed noise", "image"),
+    ]  # fmt: skip
+    assert history.samples[0]["value"] != history.samples[-1]["value"]  # the generator learned something
+    assert history.steps["loss"] == plain.steps["loss"]
+    import io
+
+    from PIL import Image
+
+    assert Image.open(io.BytesIO(history.samples[-1]["value"])).size == (32, 32)  # 4 x 4 tiles of 8 x 8
