@@ -166,10 +166,14 @@ def interpret(
     probabilities = isinstance(trainer.criterion, torch.nn.BCELoss)
     parts: dict[str, list[Tensor]] = {"loss": [], "index": []}
     n_classes: int | None = None
+    plain = steps.default_compute()  # (x, y) batches: model(x) alone (the batch's mean loss is not needed)
     with side_pass(model, steps.autocast(), grad=steps.inference), no_cache(model):
         for indices, batch in batches:
             batch = move_to_device(batch, device, trainer.non_blocking)
-            _, outputs, targets = steps.compute(batch, training=False)
+            if plain and type(batch) in (tuple, list) and len(batch) == 2 and isinstance(batch[0], Tensor):
+                outputs, targets = model(batch[0]), batch[1]
+            else:
+                _, outputs, targets = steps.compute(batch, training=False)
             if outputs is None:
                 raise NoPerItemLoss(
                     "interpret needs the model's outputs, and compute_loss= returned a loss alone: return "

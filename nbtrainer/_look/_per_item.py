@@ -56,6 +56,8 @@ def _class_weighted(criterion: Any) -> PerItem:
         if not isinstance(targets, Tensor) or targets.is_floating_point():  # class probabilities: a plain mean
             return _rows(values, b, "mean")
         keep = targets != ignore
+        if values.ndim == 1 and weight is None:  # one target per item: its loss, nan where it is ignored (as alone)
+            return torch.where(keep, values.float(), torch.nan)
         denom = weight[targets.clamp(min=0)] * keep if weight is not None else keep
         return values.reshape(b, -1).float().sum(1) / denom.reshape(b, -1).float().sum(1)
 
