@@ -67,6 +67,9 @@ class _Collector:
             return
         self.done((interp, gallery, trainer.global_step, trainer.current_epoch))
 
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        trainer.remove_callback(self)  # it rides on one run (the panel attaches a new one at each Start)
+
 
 class ErrorsView:
     """The errors section. ``root`` is its :class:`Section` (class ``nbt-errors``), hidden until a result comes.
@@ -136,6 +139,7 @@ class ErrorsView:
         trainer.add_callback(self._collector)
 
     def detach(self, trainer: Any) -> None:
+        """Take the callback off (a run that could not start; one that ran took it off at its end)."""
         if self._collector is not None:
             trainer.remove_callback(self._collector)
             self._collector = None

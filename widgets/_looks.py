@@ -4,7 +4,7 @@
 a ``nbtrainer.Samples`` callback has taken something) and the errors section (``_errors_view``, with
 ``TrainerWidget(..., interpret=True)`` or a dict of ``interpret`` options). The UI thread redraws both at each push
 (``parts``, the pump's :class:`~nbtrainer.widgets._pump.LivePart`); the errors section's callback rides on each
-run (``attach`` at Start, ``detach`` when the run ends).
+run (``attach`` at Start; it leaves at the run's end, or with ``detach`` when the run could not start).
 """
 
 from __future__ import annotations
@@ -56,5 +56,5 @@ class Looks:
         self.errors.attach(trainer, val_loader)
 
     def detach(self, trainer: Any) -> None:
-        """The run ended (or did not start): the trainer as it was."""
+        """The run could not start: the trainer as it was."""
         self.errors.detach(trainer)

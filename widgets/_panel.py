@@ -200,7 +200,7 @@ class TrainerWidget:
             id(self._model),
             kwargs,
             owner=self._label,
-            on_done=lambda r: (feed.detach(r.trainer), self.looks.detach(r.trainer)),
+            on_done=lambda r: feed.detach(r.trainer),
             cell=self._cell,
         )
         self._run = run

@@ -58,7 +58,7 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
         and not isinstance(dataset, torch.utils.data.IterableDataset)
         and callable(getattr(dataset, "__getitem__", None))
     )
-    if not indexable:
+    if not indexable or sampler is None or dataset is None:
         return _numbered(loader, None), None
     with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
         lists = [list(ix) for ix in sampler]

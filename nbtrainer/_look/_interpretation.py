@@ -38,7 +38,7 @@ class ItemTable:
         return len(self.columns["index"])
 
 
-class Rows(list):  # type: ignore[type-arg]  # list[dict[str, Any]] with a notebook display
+class Rows(list):  # list[dict[str, Any]] with a notebook display
     """A list of dict rows that displays as a table in a notebook (``to_pandas()`` with pandas installed)."""
 
     def _repr_html_(self) -> str:
@@ -228,9 +228,9 @@ class Interpretation:
         if self.task == "multilabel":
             raise ValueError("where() picks a cell of a multi-class matrix; for multi-label use top_losses().")
         if target is not None:
-            keep &= self.targets == int(target)  # type: ignore[operator]
+            keep &= self.targets == int(target)
         if prediction is not None:
-            keep &= self.predictions == int(prediction)  # type: ignore[operator]
+            keep &= self.predictions == int(prediction)
         picked = keep.nonzero().flatten()
         order = torch.argsort(self.losses[picked], descending=True)
         return [int(self.indices[i]) for i in picked[order].tolist()]

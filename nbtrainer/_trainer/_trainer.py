@@ -449,9 +449,9 @@ class Trainer:
             offload_optimizer=offload_optimizer,
             attention=attention,
         )
-        optimizer = self._setup.optimizer
-        steps = {"grad_accum_steps": grad_accum_steps, "max_grad_norm": max_grad_norm, "predict_step": predict_step}
-        _validate.check_optimization(model, optimizer, scheduler, scheduler_interval, val_every_n_epochs, **steps)
+        steps = {"scheduler_interval": scheduler_interval, "val_every_n_epochs": val_every_n_epochs}
+        steps |= {"grad_accum_steps": grad_accum_steps, "max_grad_norm": max_grad_norm, "predict_step": predict_step}
+        optimizer = _validate.check_optimization(model, self._setup.optimizer, scheduler, **steps)
         check_data_options(fast_fetch, data_on_device)
         self.device = resolve_device(device)
         self.precision = require_precision(precision, self.device)

@@ -230,15 +230,15 @@ def check_optimization(
     model: torch.nn.Module,
     optimizer: Any,
     scheduler: Any,
+    *,
     scheduler_interval: Any,
     val_every_n_epochs: Any,
-    *,
     grad_accum_steps: Any,
     max_grad_norm: Any,
     predict_step: Any,
-) -> None:
-    """The Trainer's optimizer (given, or built from its name), its scheduler and the step options, checked
-    before anything is set."""
+) -> torch.optim.Optimizer | None:
+    """The Trainer's optimizer (given, or built from its name; returned), its scheduler and the step options,
+    checked before anything is set."""
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -264,6 +264,7 @@ def check_optimization(
     check_max_grad_norm(max_grad_norm)
     if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
         raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+    return optimizer
 
 
 def check_closure_now(trainer: Trainer, **changes: Any) -> None:

@@ -23,6 +23,11 @@ def _trainer(model: torch.nn.Module, criterion: Any, **kw: Any) -> Trainer:
     return Trainer(model, criterion, progress=False, run_store=False, **kw)
 
 
+def _numpy_keys() -> Any:
+    state: Any = np.random.get_state()
+    return state[1]
+
+
 def _alone(criterion: Any, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The criterion applied to each item alone (what a per-item loss must equal)."""
     return torch.stack([criterion(outputs[i : i + 1], targets[i : i + 1]) for i in range(len(targets))])
@@ -79,7 +84,8 @@ def test_a_classifier_matches_scikit_learn() -> None:
     with torch.no_grad():
         logits = model(x)
     pred = logits.argmax(1)
-    assert interp.task == "classification" and torch.equal(interp.predictions, pred)
+    assert interp.task == "classification" and interp.predictions is not None
+    assert torch.equal(interp.predictions, pred)
     assert np.array_equal(interp.confusion_matrix().numpy(), confusion_matrix(y, pred, labels=range(4)))
     p, r, f, s = precision_recall_fscore_support(y, pred, labels=range(4), zero_division=0)
     rows = interp.per_class()
@@ -136,7 +142,7 @@ def test_a_shuffled_loader_keeps_dataset_indices_and_the_rng_and_the_model_untou
     model = mlp()
     model.train()
     shuffled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
-    rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    rng = (torch.get_rng_state(), random.getstate(), _numpy_keys().copy())
     for fast_fetch in (True, False):  # the batched fetch, and a loader built on the drawn index lists
         trainer = _trainer(model, torch.nn.CrossEntropyLoss(), fast_fetch=fast_fetch)
         interp = trainer.interpret(shuffled)
@@ -145,7 +151,7 @@ def test_a_shuffled_loader_keeps_dataset_indices_and_the_rng_and_the_model_untou
             expected = F.cross_entropy(model(x), y, reduction="none")
         torch.testing.assert_close(interp.losses, expected)
     assert torch.equal(rng[0], torch.get_rng_state()) and rng[1] == random.getstate()
-    assert np.array_equal(rng[2], np.random.get_state()[1])
+    assert np.array_equal(rng[2], _numpy_keys())
     assert model.training
     part = _trainer(model, torch.nn.CrossEntropyLoss()).interpret(shuffled, max_items=20)
     assert len(part.losses) == 20 and len(set(part.indices.tolist())) == 20
@@ -156,7 +162,8 @@ def test_a_fit_that_interprets_after_each_validation_equals_one_that_does_not() 
 
     class Interpret:
         def __init__(self, loader: Any) -> None:
-            self.loader, self.results = loader, []
+            self.loader = loader
+            self.results: list[Interpretation] = []
 
         def on_validation_end(self, trainer: Any, logs: Any) -> None:
             self.results.append(trainer.interpret(self.loader))
@@ -263,7 +270,8 @@ def test_a_causal_lm_gets_each_sequences_mean_token_loss() -> None:
     ids = torch.randint(0, 40, (6, 8))
     labels = ids.clone()
     labels[2, 5:] = -100  # padding
-    batches = torch.utils.data.DataLoader([{"input_ids": ids[i], "labels": labels[i]} for i in range(6)], batch_size=4)
+    items: Any = [{"input_ids": ids[i], "labels": labels[i]} for i in range(6)]
+    batches = torch.utils.data.DataLoader(items, batch_size=4)
     interp = _trainer(model, None).interpret(batches)
     assert interp.task == "lm" and interp.indices.tolist() == list(range(6))
     model.eval()
@@ -283,7 +291,8 @@ def test_a_hugging_face_classifier_without_criterion() -> None:
                         intermediate_size=32, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"})  # fmt: skip
     model = BertForSequenceClassification(config)
     ids, labels = torch.randint(0, 30, (10, 6)), torch.randint(0, 3, (10,))
-    loader = torch.utils.data.DataLoader([{"input_ids": ids[i], "labels": labels[i]} for i in range(10)], batch_size=4)
+    items: Any = [{"input_ids": ids[i], "labels": labels[i]} for i in range(10)]
+    loader = torch.utils.data.DataLoader(items, batch_size=4)
     interp = _trainer(model, None).interpret(loader)
     model.eval()
     with torch.no_grad():

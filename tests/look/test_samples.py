@@ -63,6 +63,11 @@ class Greedy:
         return {"text": " ".join(str(int(c)) for c in logits.argmax(1)), "picture": torch.rand(3, 6, 5)}
 
 
+def _numpy_keys() -> Any:
+    state: Any = np.random.get_state()
+    return state[1]
+
+
 def _state(trainer: Trainer) -> list[torch.Tensor]:
     return [t.detach().clone() for t in trainer.model.state_dict().values()]
 
@@ -99,13 +104,13 @@ def test_side_pass_puts_every_module_flag_and_generator_back() -> None:
     model = Net()
     model.frozen_bn.eval()  # a user's frozen BatchNorm (set by a callback at each epoch's start)
     before = [m.training for m in model.modules()]
-    rng = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    rng = (torch.get_rng_state(), _numpy_keys().copy(), random.getstate())
     with pytest.raises(RuntimeError, match="inside"), side_pass(model, torch.autocast("cpu", enabled=False)):
         assert not any(m.training for m in model.modules()) and not torch.is_grad_enabled()
         torch.rand(5), np.random.rand(), random.random()
         raise RuntimeError("inside")
     assert [m.training for m in model.modules()] == before and torch.is_grad_enabled()
-    assert torch.equal(rng[0], torch.get_rng_state()) and np.array_equal(rng[1], np.random.get_state()[1])
+    assert torch.equal(rng[0], torch.get_rng_state()) and np.array_equal(rng[1], _numpy_keys())
     assert rng[2] == random.getstate()
 
 
@@ -167,7 +172,11 @@ def test_bad_input_is_refused_before_the_first_step() -> None:
     for value, shown in ((3.5, "a float"), ({"ok": "x", "bad": torch.zeros(5)}, "'bad' is a tensor of shape (5,)")):
         for at_start in (True, False):
             train, _ = _loaders()
-            trainer = _trainer([Samples(lambda m, v=value: v, at_start=at_start)])
+
+            def fn(model: torch.nn.Module, v: Any = value) -> Any:
+                return v
+
+            trainer = _trainer([Samples(fn, at_start=at_start)])
             before = _state(trainer)
             with pytest.raises(SampleTypeError, match=r"cannot be shown\. A sample is a str, an image: a torch tensor"):
                 trainer.fit(train, epochs=1)
@@ -180,7 +189,7 @@ def test_bad_input_is_refused_before_the_first_step() -> None:
 
 
 def test_samples_survive_a_checkpoint_and_resume_and_json(tmp_path: Any) -> None:
-    def fn(model: torch.nn.Module) -> dict[str, Any]:
+    def fn(model: Any) -> dict[str, Any]:
         w = model.head.weight.detach()
         return {"norm": f"{float(w.norm()):.6f}", "weights": (w - w.min()) / (w.max() - w.min())}
 
@@ -206,6 +215,7 @@ def test_the_run_store_keeps_samples_and_the_report_shows_the_latest(tmp_path: A
     fn = Greedy()
     trainer = _trainer([Samples(fn)], run_store=store)
     history = trainer.fit(train, epochs=2)
+    assert trainer.run_id is not None
     run = Runs(store)[trainer.run_id]
     assert run.history.samples == history.samples
     report = history.to_html()
@@ -251,7 +261,11 @@ def test_host_reads_do_not_grow_with_steps(monkeypatch: pytest.MonkeyPatch) -> N
     for n_batches in (10, 80):
         x, y = make_classification(n=16 * n_batches)
         picture = torch.rand(1, 8, 8)
-        trainer = _trainer([Samples(lambda m, p=picture: {"p": p, "t": "x"})], refresh_interval=3600.0)
+
+        def fn(model: torch.nn.Module, p: torch.Tensor = picture) -> dict[str, Any]:
+            return {"p": p, "t": "x"}
+
+        trainer = _trainer([Samples(fn)], refresh_interval=3600.0)
         counts["n"] = 0
         trainer.fit(make_loader(x, y, batch_size=16, shuffle=True), epochs=2)
         totals.append(counts["n"])

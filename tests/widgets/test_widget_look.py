@@ -25,7 +25,7 @@ class Probe:
     def __init__(self) -> None:
         self.x = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
 
-    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+    def __call__(self, model: Any) -> dict[str, Any]:
         w = model[0].weight.detach()
         picture = (w - w.min()) / (w.max() - w.min())
         return {"predicted": " ".join(f"class {int(c)}" for c in model(self.x).argmax(1)), "weights": picture}
@@ -68,7 +68,11 @@ def test_text_differences_are_marked_word_by_word() -> None:
         "<del class='nbt-diff-del'>&lt;b&gt;</del>",
         "<ins class='nbt-diff-ins'>&lt;i&gt;</ins>",
     )
-    w = make_widget(callbacks=[Samples(lambda m: f"loss head {float(m[2].bias[0]):.4f}")], epochs=2)
+
+    def head(model: Any) -> str:
+        return f"loss head {float(model[2].bias[0]):.4f}"
+
+    w = make_widget(callbacks=[Samples(head)], epochs=2)
     w.start()
     w.wait()
     assert "nbt-diff-del" in w.looks.samples.left.value and "nbt-diff-ins" in w.looks.samples.right.value
@@ -121,7 +125,7 @@ def test_errors_refresh_after_each_validation_and_say_what_cannot_run() -> None:
         got.append(len(interp.losses))
         original(interp, *args)
 
-    view.show = record  # type: ignore[method-assign]
+    view.show = record
     w.start()
     w.wait()
     assert got and all(n == 50 for n in got)
