@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import subprocess
 import sys
 from typing import Any
@@ -159,7 +160,9 @@ def test_a_sample_fn_that_raises_is_reported_and_training_goes_on(capsys: pytest
         }
     ]
     assert [s["step"] for s in history.samples] == [0, 20, 30]
-    assert "sample 'flaky' failed at step 10: RuntimeError: the tokenizer is missing" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sample 'flaky' failed at step 10: RuntimeError: the tokenizer is missing" in out
+    assert len(re.findall(r"^epoch \d/3 .*  time=\S+  sample_time=\S+  samples_per_s=", out, flags=re.M)) == 3
 
 
 def test_bad_input_is_refused_before_the_first_step() -> None:

@@ -46,6 +46,7 @@ def test_the_samples_section_shows_the_baseline_and_follows_the_run() -> None:
     assert f"step <b>{view.steps[-1]:,}</b>" in view.step_label.value
     assert "data:image/png;base64," in view.right.value and "data:image/png;base64," in view.left.value
     assert "step 0<" in view.left.value  # compared with the baseline by default
+    assert "nbt-summary-samples" in (w.summary_html or "")  # the static summary left in the notebook shows them
 
     # a click on a point of the loss chart: the sample nearest that step
     hover = w.charts.loss_hover
