@@ -125,14 +125,14 @@ def _columns(task: str, logits: Tensor, targets: Tensor, probabilities: bool) ->
         probs = logits.float().softmax(-1)
         target = targets.argmax(-1) if targets.is_floating_point() else targets
         p_pred, pred = probs.max(-1)
-        return {"target": target, "prediction": pred, "p_target": probs.gather(1, target[:, None])[:, 0],
+        return {"target": target.int(), "prediction": pred.int(), "p_target": probs.gather(1, target[:, None])[:, 0],
                 "p_prediction": p_pred}  # fmt: skip
     if task in ("binary", "multilabel"):
         p = logits.float() if probabilities else torch.sigmoid(logits.float())
         p, t = p.reshape(b, -1), targets.reshape(b, -1) > 0.5
         right = torch.where(t, p, 1 - p)
         if task == "binary":
-            return {"target": t[:, 0].long(), "prediction": (p[:, 0] > 0.5).long(), "p_target": right[:, 0],
+            return {"target": t[:, 0].int(), "prediction": (p[:, 0] > 0.5).int(), "p_target": right[:, 0],
                     "p_prediction": torch.maximum(p[:, 0], 1 - p[:, 0])}  # fmt: skip
         return {"target": t.to(torch.uint8), "prediction": (p > 0.5).to(torch.uint8), "p_target": right.mean(1)}
     if task == "regression":

@@ -258,7 +258,7 @@ def test_the_kept_columns_are_a_few_bytes_per_item() -> None:
     x, y = make_classification(n=2000, d=64)
     interp = _trainer(mlp(d=64), torch.nn.CrossEntropyLoss()).interpret((x, y), batch_size=256)
     kept = sum(t.numel() * t.element_size() for t in interp.items.columns.values())
-    assert kept <= 40 * 2000  # index, loss, target, prediction, two probabilities; never the 256-byte inputs
+    assert kept == 28 * 2000  # index, loss, target, prediction, two probabilities; never the 256-byte inputs
 
 
 @needs("transformers")
