@@ -238,8 +238,8 @@ class Interpretation:
     # -- pictures ----------------------------------------------------------------------------------
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
         """A gallery of items (dataset indices, at most ``k`` of them; default: the ``k`` largest losses), each
-        input fetched again from the dataset: pictures, text (``decode=``: a function or a tokenizer) or tabular rows (``feature_names``),
-        captioned with its loss, target and prediction."""
+        input fetched again from the dataset: pictures, text (``decode=``: a function or a tokenizer) or tabular
+        rows (``feature_names``), captioned with its loss, target and prediction."""
         if items is None:
             items = [r["index"] for r in self.top_losses(k)]
         items = [int(i) for i in items][: max(int(k), 0) if k is not None else None]
