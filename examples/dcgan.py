@@ -3,9 +3,11 @@ manual ``training_step`` (the discriminator's update, then the generator's), run
 
 What the Trainer keeps for it: the fp16 GradScaler (``--precision fp16-mixed``), accumulation (both optimizers step
 once per window), clipping, both optimizers and schedulers in every checkpoint (a mid-epoch resume is bit-exact), the
-progress bar and the History (``loss`` is the generator's, ``d_loss`` the discriminator's).
+progress bar and the History (``loss`` is the generator's, ``d_loss`` the discriminator's). Every epoch the generator
+draws a grid from the same fixed noise (``nbtrainer.Samples``: in ``history.samples``, the panel's samples section and
+the HTML report), as the TensorFlow DCGAN tutorial does with matplotlib, without changing the run.
 
-    python examples/dcgan.py [--epochs 5] [--precision bf16-mixed] [--accum 2]
+    python examples/dcgan.py [--epochs 5] [--precision bf16-mixed] [--accum 2] [--report gan.html]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer import Trainer
+from nbtrainer import Samples, Trainer
 
 NZ = 16  # the generator's noise size
 
@@ -49,6 +51,20 @@ class GAN(nn.Module):
 
     def sample(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.generator(torch.randn(n, self.nz, 1, 1, device=device))
+
+
+def noise_grid(n: int = 16, seed: int = 0) -> Samples:
+    """The generator's images from one fixed noise batch, tiled into a square grid, at the end of every epoch (and
+    the step-0 baseline): the same latent points, so the grids show what training changed."""
+    side = int(n**0.5)
+    noise = torch.randn(side * side, NZ, 1, 1, generator=torch.Generator().manual_seed(seed))
+
+    def grid(gan: GAN) -> torch.Tensor:
+        images = gan.generator(noise.to(next(gan.parameters()).device)).float()  # (n, 1, 8, 8) in [-1, 1]
+        tiles = images[:, 0].reshape(side, side, 8, 8).permute(0, 2, 1, 3).reshape(side * 8, side * 8)
+        return (tiles + 1) / 2  # an (H, W) picture in [0, 1]
+
+    return Samples(grid, name="fixed noise")
 
 
 def optimizers(gan: GAN, lr: float = 2e-4) -> dict[str, torch.optim.Optimizer]:
@@ -114,12 +130,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--precision", default=None)
     ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--report", default=None, help="write the History's HTML report (with the last grid) here")
     args = ap.parse_args()
     train, val = digits()
-    trainer = build(precision=args.precision, accum=args.accum, run_store=False)
+    trainer = build(precision=args.precision, accum=args.accum, run_store=False, callbacks=[noise_grid()])
     history = trainer.fit(train, val, epochs=args.epochs)
     last = history.epochs[-1]
     print(f"D loss {last['d_loss']:.3f}, G loss {last['loss']:.3f} after {args.epochs} epochs")
+    print(f"{len(history.samples)} fixed-noise grids (steps {[s['step'] for s in history.samples]})")
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as fh:
+            fh.write(history.to_html(title="DCGAN on digits"))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ _LAZY: dict[str, str] = {
     "tune": "nbtrainer._runs._optuna",
     "RunsWidget": "nbtrainer.widgets",
     "quiet_imports": "nbtrainer._quiet",
+    "Samples": "nbtrainer._look._samples",
+    "Interpretation": "nbtrainer._look._interpretation",
 }
 
 # The everyday names (what `from nbtrainer import *`, tab completion and help() show). Every other name of
@@ -166,6 +168,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._inference._distill import DistillationLoss as DistillationLoss
     from nbtrainer._inference._inference_table import InferenceComparison as InferenceComparison
     from nbtrainer._inference._quantize_model import quantize_model as quantize_model
+    from nbtrainer._look._interpretation import Interpretation as Interpretation
+    from nbtrainer._look._samples import Samples as Samples
     from nbtrainer._loop._lr_find import LRFinderResult as LRFinderResult
     from nbtrainer._options import MemoryOptions as MemoryOptions
     from nbtrainer._plan import MemoryPlan as MemoryPlan

@@ -32,6 +32,10 @@ MODULES = [
     "nbtrainer._inference._distill",
     "nbtrainer._inference._quantize_model",
     "nbtrainer._inference._compare",
+    "nbtrainer._look._samples",
+    "nbtrainer._look._images",
+    "nbtrainer._look._per_item",
+    "nbtrainer._look._interpretation",
 ]
 
 

@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
     {"_resume"},  # checkpoint contents, continue, checkpoint files
     {"_runs"},  # the run store and trackers: consumers of the event stream that the Trainer attaches
     {"_plan"},  # the memory planner: a step on fake tensors plus arithmetic (the Trainer will plan at fit start)
+    {"_look"},  # samples during training, error analysis (interpret): event-stream consumers the Trainer delegates to
     {"_trainer"},  # the facade users hold
     {"_profile", "_compare", "_inference"},  # tools built on the Trainer
     {"_shell"},  # magics, CLI, doctor

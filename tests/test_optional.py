@@ -30,7 +30,7 @@ def test_to_pandas_with_pandas():
     frame = h.to_pandas()
     assert isinstance(frame, pd.DataFrame) and list(frame.index) == [1, 2] and list(frame["loss"]) == [0.5, 0.4]
     assert list(h.to_pandas("steps")["loss"]) == [0.7, 0.6]
-    with pytest.raises(ValueError, match="'epochs', 'steps' or 'events'"):
+    with pytest.raises(ValueError, match="'epochs', 'steps', 'events' or 'samples'"):
         h.to_pandas("rows")
 
 

@@ -39,6 +39,14 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              clustered values; menu ``nbt-metrics-scale``),
                              ``nbt-chart-other`` (one other metric, menu ``nbt-other-metric``),
                              ``nbt-chart-memory``; each has an HTML legend ``nbt-legend`` above it
+``nbt-samples``              the samples section (``nbtrainer.Samples``): slider ``nbt-samples-slider`` over the
+                             sampled steps (the step-0 baseline first), ``nbt-samples-step``, ``nbt-samples-compare``
+                             (baseline / previous / nothing), panes ``nbt-samples-left`` / ``nbt-samples-right``
+                             (text differences ``nbt-diff-del`` / ``nbt-diff-ins``), ``nbt-samples-error``; a
+                             click on the loss chart's points picks the nearest sample
+``nbt-errors``               the errors section (``TrainerWidget(interpret=True)``): ``nbt-errors-summary``, the
+                             bqplot heatmap ``nbt-errors-matrix`` (click a cell), ``nbt-errors-examples``,
+                             ``nbt-errors-table``, the top-losses ``nbt-errors-gallery`` (items ``nbt-gallery-item``)
 ``nbt-section``              a collapsible area: header with ``nbt-section-title``, ``nbt-collapse`` (and
                              ``nbt-close``), body: ``nbt-epochs-area`` (the newest rows of the live table
                              ``nbt-epoch-table`` in ``nbt-epoch-table-box``, ``nbt-epoch-note`` saying how

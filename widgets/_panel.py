@@ -12,7 +12,6 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import sys
@@ -22,8 +21,6 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import format_count
-
 from . import _notebook
 from ._actions import PanelActions
 from ._charts import LiveCharts
@@ -31,12 +28,12 @@ from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
 from ._forms import parse_panel_args
+from ._looks import Looks
 from ._plan_view import PlanView
 from ._poll import wait_until
 from ._pump import UiPump
 from ._runner import Feed, Run, claim_model
 from ._savers import Savers
-from ._theme import FG2
 from ._view import HIDE_STATIC, PanelView
 
 __all__ = ["TrainerWidget"]
@@ -64,6 +61,7 @@ class TrainerWidget:
         name: the panel's name (``w.name``), shown in its title, messages and errors, and used in the
             default checkpoint path. Default ``"<model class> #<n>"``, ``n`` counting the panels made in
             this kernel, so two panels in one notebook are told apart and never save to one file.
+        interpret: the errors section: ``trainer.interpret(val_loader)`` after each validation (``_looks``).
         **trainer_options: any other :class:`nbtrainer.Trainer` option (model form only): ``precision=``,
             ``grad_accum_steps=``...
 
@@ -88,6 +86,7 @@ class TrainerWidget:
         smoothing: float = 0.9,
         save_path: str | None = None,
         name: str | None = None,
+        interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
         a = parse_panel_args(
@@ -117,7 +116,8 @@ class TrainerWidget:
         self.compare = CompareRuns(
             self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
         )
-        self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box]))
+        self.looks = Looks(self.charts, lambda: self.trainer, self.notify, interpret=interpret, val_loader=a.val_loader)
+        self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self.notify)
         self._actions = PanelActions(self, model=user_model, view=v, controls=self.controls)
@@ -188,6 +188,7 @@ class TrainerWidget:
         self._paused_requested = False
         feed = Feed()
         feed.attach(self.trainer)  # the panel is the progress display
+        self.looks.attach(self.trainer, self.val_loader)
         kwargs = {
             "train_loader": self.train_loader,
             "val_loader": self.val_loader,
@@ -209,6 +210,7 @@ class TrainerWidget:
             run.start()
         except BaseException:
             feed.detach(run.trainer)
+            self.looks.detach(run.trainer)
             self._run = None
             self.set_running(False)
             raise
@@ -227,6 +229,7 @@ class TrainerWidget:
             controls=self.controls,
             interval=self.ui_interval,
             push_times=self.ui_update_times,
+            parts=self.looks.parts,
         )
         self._pump.start()
 
@@ -382,12 +385,7 @@ class TrainerWidget:
 
     # -- internals -------------------------------------------------------------------------------------
     def _show_title(self) -> None:
-        t, n_params = self.trainer, sum(p.numel() for p in self._model.parameters())
-        self.view.title.value = (
-            f"<b style='font-size:14px'>{html.escape(self.name)}</b> <span style='color:{FG2}'>· "
-            f"{type(self._model).__name__} · {t.device} · {format_count(n_params, compact=False)} parameters · "
-            f"{type(t.optimizer).__name__}</span>"
-        )
+        self.view.show_title(self.name, self._model, self.trainer)
 
     def _apply_savers(self) -> None:
         """At Start: the Trainer rebuilt with the memory savers chosen (nothing chosen: keep it)."""

@@ -20,6 +20,7 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from nbtrainer import format_duration, format_number
@@ -31,7 +32,7 @@ from ._controls import Controls
 from ._runner import Feed, Run
 from ._view import PanelView
 
-__all__ = ["PumpHost", "UiPump"]
+__all__ = ["LivePart", "PumpHost", "UiPump"]
 
 _LIVE = ("running", "pausing", "paused", "stopping")
 # A browser redraws a bqplot mark from scratch for every message, and a loaded one falls behind a fast stream:
@@ -66,6 +67,13 @@ class PumpHost(Protocol):
         ...
 
 
+class LivePart(Protocol):
+    """A section the UI thread redraws at each push from what the run has made so far (the samples section reads
+    ``history.samples``, the errors section its latest interpretation): ``refresh(final)`` draws what is new."""
+
+    def refresh(self, final: bool = False) -> bool: ...
+
+
 class UiPump:
     """The UI thread of one run: drains ``feed`` and draws into the panel's parts until ``run`` is done.
 
@@ -76,6 +84,7 @@ class UiPump:
         view, charts, compare, controls: the panel's parts it draws into.
         interval: at least this many seconds between two pushes.
         push_times: each push appends its ``time.monotonic()`` here (the panel's ``ui_update_times``).
+        parts: sections redrawn at each push (:class:`LivePart`).
 
     Example:
         >>> pump = UiPump(w, run, feed, view=w.view, charts=w.charts, compare=w.compare,
@@ -95,8 +104,10 @@ class UiPump:
         controls: Controls,
         interval: float,
         push_times: list[float],
+        parts: Sequence[LivePart] = (),
     ) -> None:
         self.host, self.run, self.feed = host, run, feed
+        self.parts = tuple(parts)
         self.view, self.charts, self.compare, self.controls = view, charts, compare, controls
         self.interval = interval
         self.push_times = push_times
@@ -196,6 +207,8 @@ class UiPump:
             if charts.render():  # the budget counts from when the data left (a slow render is not a head start)
                 self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / _POINTS_PER_S
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
+        for part in self.parts:  # sections that read the run's History themselves (samples, errors)
+            part.refresh(final)
         if status is not None:
             v.set_status(*status)
         self.push_times.append(time.monotonic())

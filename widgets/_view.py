@@ -12,7 +12,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbtrainer import format_bytes, format_duration, format_lr, format_number
+from nbtrainer import format_bytes, format_count, format_duration, format_lr, format_number
 
 from ._epoch_table import CSS, MAX_ALL, epoch_table
 from ._messages import MessageLog
@@ -267,6 +267,15 @@ class PanelView:
         return self.messages_log.log
 
     # -- text ----------------------------------------------------------------------------------------
+    def show_title(self, name: str, model: Any, trainer: Any) -> None:
+        """The title: the panel's name, the model's class, device, parameters and optimizer."""
+        n_params = sum(p.numel() for p in model.parameters())
+        self.title.value = (
+            f"<b style='font-size:14px'>{html.escape(name)}</b> <span style='color:{FG2}'>· "
+            f"{type(model).__name__} · {trainer.device} · {format_count(n_params, compact=False)} parameters · "
+            f"{type(trainer.optimizer).__name__}</span>"
+        )
+
     def set_epoch_rows(self, rows: list[dict[str, Any]]) -> int:
         """The live epoch table: the newest ``FOLLOW_ROWS`` rows and how many are hidden, or every row.
 

@@ -6,6 +6,7 @@ written as CSV/JSON without pickle.
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -24,6 +25,8 @@ class History:
             samples_per_s, steps, skipped_steps``.
         steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
         events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``).
+        samples: what :class:`~nbtrainer.Samples` took: ``{"step", "epoch", "name", "kind": "text" | "image",
+            "value"}`` (an image's value is PNG bytes; base64 text in :meth:`state_dict` and JSON).
         status: ``"finished"``, ``"stopped"``, ``"interrupted"`` or ``"failed"`` once a fit ends.
 
     Example:
@@ -37,6 +40,7 @@ class History:
         self.epochs: list[dict[str, Any]] = []
         self.steps: dict[str, list] = {"step": [], "epoch": [], "loss": [], "lr": []}
         self.events: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
         self.status: str = "idle"
         self.stop_reason: str | None = None
 
@@ -54,6 +58,9 @@ class History:
 
     def add_event(self, **event: Any) -> None:
         self.events.append(event)
+
+    def add_sample(self, *, step: int, epoch: int, name: str, kind: str, value: str | bytes) -> None:
+        self.samples.append({"step": step, "epoch": epoch, "name": name, "kind": kind, "value": value})
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -131,20 +138,20 @@ class History:
 
     # -- export ------------------------------------------------------------------------------
     def to_pandas(self, what: str = "epochs") -> Any:
-        """``what="epochs"`` (default), ``"steps"`` or ``"events"`` as a ``pandas.DataFrame``.
+        """``what="epochs"`` (default), ``"steps"``, ``"events"`` or ``"samples"`` as a ``pandas.DataFrame``.
 
         pandas is optional (not a dependency of nbtrainer): without it this raises an ImportError that
         says to ``pip install pandas`` (or ``nbtrainer[pandas]``); :meth:`to_csv` / :meth:`to_json` need nothing.
         """
-        if what not in ("epochs", "steps", "events"):
-            raise ValueError(f"what must be 'epochs', 'steps' or 'events', got {what!r}.")
+        if what not in ("epochs", "steps", "events", "samples"):
+            raise ValueError(f"what must be 'epochs', 'steps', 'events' or 'samples', got {what!r}.")
         from nbtrainer._optional import import_optional
 
         pd = import_optional(
             "pandas", "History.to_pandas()", 'pip install pandas  (or: pip install "nbtrainer[pandas]")'
         )
 
-        data = {"epochs": self.epochs, "steps": self.steps, "events": self.events}[what]
+        data = {"epochs": self.epochs, "steps": self.steps, "events": self.events, "samples": self.samples}[what]
         frame = pd.DataFrame(data)
         if what == "epochs" and "epoch" in frame:
             frame = frame.set_index("epoch")
@@ -179,6 +186,8 @@ class History:
             "epochs": [dict(r) for r in self.epochs],
             "steps": {k: list(v) for k, v in self.steps.items()},
             "events": [dict(e) for e in self.events],
+            # an image's PNG bytes as base64 text: plain data for JSON and for a weights_only checkpoint alike
+            "samples": [_encoded(s) for s in self.samples],
             "status": self.status,
             "stop_reason": self.stop_reason,
         }
@@ -188,6 +197,7 @@ class History:
         steps = state.get("steps") or {}
         self.steps = {k: list(steps.get(k, [])) for k in ("step", "epoch", "loss", "lr")}
         self.events = [dict(e) for e in state.get("events", [])]
+        self.samples = [_decoded(s) for s in state.get("samples", [])]
         self.status = state.get("status", "idle")
         self.stop_reason = state.get("stop_reason")
 
@@ -198,3 +208,15 @@ class History:
         history = cls()
         history.load_state_dict(state)
         return history
+
+
+def _encoded(sample: dict[str, Any]) -> dict[str, Any]:
+    value = sample["value"]
+    return {**sample, "value": base64.b64encode(value).decode("ascii")} if isinstance(value, bytes) else dict(sample)
+
+
+def _decoded(sample: dict[str, Any]) -> dict[str, Any]:
+    value = sample.get("value")
+    if sample.get("kind") == "image" and isinstance(value, str):
+        return {**sample, "value": base64.b64decode(value)}
+    return dict(sample)

@@ -61,7 +61,7 @@ def _tqdm_class() -> Any:
 
 
 # Shown after the values a reader looks for first (loss, metrics, validation), in this order.
-_TRAILING = ("lr", "time", "samples_per_s", "steps", "skipped_steps")
+_TRAILING = ("lr", "time", "sample_time", "samples_per_s", "steps", "skipped_steps")
 
 
 def format_logs(logs: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) -> str:
@@ -222,6 +222,9 @@ class ProgressBar:
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if event.get("kind") == "resume_from" and self.active_mode is not None:
             self._write(f"resume_from={event.get('old')!r}: {event.get('new')}")
+            return
+        if event.get("kind") == "sample_error" and self.active_mode is not None:  # Samples' fn raised; the run goes on
+            self._write(f"sample {event.get('old')!r} failed at step {event.get('step')}: {event.get('new')}")
             return
         if event.get("kind") in ("memory_plan", "memory_step_down") and self.active_mode is not None:
             self._write(f"{event['kind'].replace('_', ' ')}: {event.get('new')}")

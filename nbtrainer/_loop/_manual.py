@@ -2,7 +2,8 @@
 
 ``fn(step, batch)`` trains one micro-batch itself (a GAN's two updates, a custom schedule of steps) through the
 :class:`StepHandle` it gets, and returns a dict of named scalar tensors, logged like metrics (read at the throttled
-refresh, never synced here); ``"loss"``, when present, is the History's loss, else the first value is. The handle
+refresh, never synced here); ``"loss"``, when present, is the History's loss, else the first value is also the loss
+and keeps its own name (``{"d_loss": ..., "g_loss": ...}`` logs ``loss``, ``d_loss`` and ``g_loss``). The handle
 keeps what the Trainer promises for an automatic step:
 
 * ``step.backward(loss, optimizer="d")``: scaled by the fp16 ``GradScaler``, divided by the size of the actual
@@ -161,8 +162,8 @@ class ManualStep:
         values = check_step_result(result, self.keys)
         self.keys = list(values)
         main = values.pop("loss", None)
-        if main is None:
-            main = values.pop(next(iter(values)))
+        if main is None:  # the first value is also the loss, and keeps its own name in the History
+            main = next(iter(values.values()))
         if values:
             self.host.run.train_metrics.add_values(values)
         return main.detach().reshape(()), batch_size_of(None, batch)

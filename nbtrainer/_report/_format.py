@@ -198,6 +198,6 @@ def format_value(key: str, value: Any) -> str:
     """
     if key == "lr" or key.startswith(("lr_", "lr/")):
         return format_lr(value)
-    if key == "time":
+    if key in ("time", "sample_time"):
         return format_duration(value)
     return format_number(value)

@@ -15,6 +15,7 @@ Charts:
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 import os
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: epoch-log keys that are bookkeeping, not metrics
-METRIC_SKIP = ("epoch", "lr", "time", "samples_per_s", "steps", "skipped_steps")
+METRIC_SKIP = ("epoch", "lr", "time", "sample_time", "samples_per_s", "steps", "skipped_steps")
 _MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map", "jaccard", "agreement")
 _BOUNDED_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "jaccard", "specificity", "agreement")
 
@@ -283,7 +284,40 @@ def summary_html(history: Any, *, title: str = "nbtrainer run", extra: dict[str,
     return (
         "<div class='nbt-summary' style='font-family:sans-serif;font-size:12px'>"
         f"<div style='margin-bottom:4px'>{' · '.join(head)}</div>"
-        f"<div style='overflow-x:auto;margin-bottom:6px'>{table}</div><div>{charts}</div></div>"
+        f"<div style='overflow-x:auto;margin-bottom:6px'>{table}</div><div>{charts}</div>"
+        f"{latest_samples_html(getattr(history, 'samples', None) or [])}</div>"
+    )
+
+
+def latest_samples_html(samples: list[dict[str, Any]]) -> str:
+    """The latest sample of each name (``History.samples``): text as preformatted text, images as PNG pictures
+    inline, so a notebook saved and opened without widgets (GitHub, nbviewer) still shows them."""
+    latest: dict[str, dict[str, Any]] = {}
+    for sample in samples:
+        latest[sample["name"]] = sample
+    if not latest:
+        return ""
+    cells = []
+    for name, s in latest.items():
+        value = s["value"]
+        if s["kind"] == "image" and isinstance(value, (bytes, str)):
+            png = base64.b64decode(value) if isinstance(value, str) else value
+            width = int.from_bytes(png[16:20], "big") if len(png) >= 24 else 64  # the PNG header's width
+            shown = width * max(1, min(8, 256 // max(width, 1)))  # a small picture enlarged, pixels kept sharp
+            raw = base64.b64encode(png).decode("ascii")
+            body = (
+                f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' width='{shown}' "
+                "style='image-rendering:pixelated;max-width:100%'>"
+            )
+        else:
+            body = f"<pre style='white-space:pre-wrap;margin:0;max-width:480px'>{html.escape(str(value))}</pre>"
+        cells.append(
+            f"<div class='nbt-summary-sample' style='margin:0 12px 6px 0'><div><b>{html.escape(name)}</b> "
+            f"step {format_number(s['step'])}</div>{body}</div>"
+        )
+    return (
+        "<div class='nbt-summary-samples' style='margin-top:6px'><div><b>latest samples</b></div>"
+        f"<div style='display:flex;flex-flow:row wrap;align-items:flex-start'>{''.join(cells)}</div></div>"
     )
 
 

@@ -114,7 +114,7 @@ def _environment(trainer: TrainerView) -> dict[str, Any]:
 def best_values(epochs: list[dict[str, Any]]) -> dict[str, float]:
     """The best value of every numeric epoch key (max for accuracy-like names, else min)."""
     best: dict[str, float] = {}
-    skip = {"epoch", "time", "samples_per_s", "steps", "skipped_steps", "lr"}
+    skip = {"epoch", "time", "sample_time", "samples_per_s", "steps", "skipped_steps", "lr"}
     for row in epochs:
         for key, value in row.items():
             if key in skip or key.startswith("lr_") or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -154,7 +154,7 @@ class RunRecorder:
         self.run_id: str | None = None
         self.tags: dict[str, str] = {}
         self._on = False
-        self._n_steps = self._n_epochs = self._n_events = 0
+        self._n_steps = self._n_epochs = self._n_events = self._n_samples = 0
         self._last_step: int | None = None
 
     # -- the event stream ------------------------------------------------------------------------
@@ -184,7 +184,7 @@ class RunRecorder:
             store.submit(resume)
         else:
             self.run_id = run_id = uuid.uuid4().hex[:12]
-            self._n_steps = self._n_epochs = self._n_events = 0
+            self._n_steps = self._n_epochs = self._n_events = self._n_samples = 0
             model = _model(trainer)
             row = (
                 run_id,
@@ -263,6 +263,12 @@ class RunRecorder:
         events = history.events[self._n_events :]
         first_event = self._n_events
         self._n_events += len(events)
+        first_sample, samples = self._n_samples, history.samples[self._n_samples :]
+        self._n_samples += len(samples)
+        sample_rows = [
+            (run_id, first_sample + i, s["step"], s["epoch"], s["name"], s["kind"], s["value"])
+            for i, s in enumerate(samples)
+        ]
         rows: list[dict[str, Any]] = []
         best = None
         checkpoints = None
@@ -285,6 +291,12 @@ class RunRecorder:
                 conn.executemany("INSERT OR REPLACE INTO epochs (run_id, epoch, data) VALUES (?, ?, ?)", epoch_rows)
             if event_rows:
                 conn.executemany("INSERT OR REPLACE INTO events (run_id, seq, data) VALUES (?, ?, ?)", event_rows)
+            if sample_rows:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO samples (run_id, seq, step, epoch, name, kind, value) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    sample_rows,
+                )
             conn.execute(
                 "UPDATE runs SET heartbeat=?, n_steps=(SELECT COUNT(*) FROM steps WHERE run_id=?), "
                 "n_epochs=(SELECT COUNT(*) FROM epochs WHERE run_id=?), best=COALESCE(?, best), "

@@ -119,6 +119,9 @@ def read_history(store: RunStore, run_id: str, status: str = "idle", stop_reason
         h.add_epoch(json.loads(data))
     for (data,) in store.query("SELECT data FROM events WHERE run_id=? ORDER BY seq", (run_id,)):
         h.add_event(**json.loads(data))
+    query = "SELECT step, epoch, name, kind, value FROM samples WHERE run_id=? ORDER BY seq"
+    for step, epoch, name, kind, value in store.query(query, (run_id,)):
+        h.add_sample(step=step, epoch=epoch, name=name, kind=kind, value=value)
     h.status, h.stop_reason = status, stop_reason
     return h
 
@@ -434,7 +437,7 @@ class Runs:
             raise RuntimeError(f"Run {target.name} ({target.id}) is still training: stop it before deleting it.")
 
         def drop(conn: Any) -> None:
-            for table in ("steps", "epochs", "events"):
+            for table in ("steps", "epochs", "events", "samples"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id=?", (target.id,))
             conn.execute("DELETE FROM runs WHERE id=?", (target.id,))
 

@@ -10,7 +10,8 @@ transaction: two processes writing one store wait for each other and lose nothin
 mid-write leaves the last committed batch (SQLite's journal), never a damaged file.
 
 Schema: ``PRAGMA application_id`` marks an nbtrainer store and ``PRAGMA user_version`` is its version.
-Version 1 (nbtrainer 0.1) had no liveness columns, tags nor counters; :func:`_migrate` adds them. A run
+Version 1 (nbtrainer 0.1) had no liveness columns, tags nor counters; version 2 no ``samples`` table (what
+``nbtrainer.Samples`` took: text, or an image's PNG bytes); :func:`_migrate` adds them. A run
 left ``running`` by a process that is gone (same host: its pid is dead or now belongs to another process,
 told apart by the process start time; another host: no heartbeat for an hour) is marked ``killed`` when
 the store is opened or listed, its end time its last heartbeat.
@@ -32,7 +33,7 @@ from typing import Any
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "RunStore", "open_store", "process_start", "session_store"]
 
 APPLICATION_ID = 0x6E627472  # "nbtr"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _STALE_REMOTE_S = 3600.0  # a run of another host with no heartbeat for this long is taken as killed
 _BUSY_TIMEOUT_MS = 60_000
 
@@ -53,6 +54,10 @@ CREATE TABLE IF NOT EXISTS epochs (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samples (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, step INTEGER NOT NULL, epoch INTEGER, name TEXT NOT NULL,
+    kind TEXT NOT NULL, value BLOB, PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 """
 # columns version 2 added to version 1's runs table (ALTER TABLE ADD COLUMN keeps old writers working)
@@ -287,6 +292,8 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
         conn.execute("UPDATE runs SET n_steps=(SELECT COUNT(*) FROM steps WHERE steps.run_id=runs.id)")
         conn.execute("UPDATE runs SET n_epochs=(SELECT COUNT(*) FROM epochs WHERE epochs.run_id=runs.id)")
+    if version < 3:
+        _create_tables(conn)  # IF NOT EXISTS: only the samples table is new
 
 
 def session_store() -> RunStore:

@@ -206,4 +206,7 @@ class BatchSteps:
         totals = [math.fsum(row[i] * n for row, n in zip(host, sizes, strict=True)) for i in range(len(keys))]
         reduced = trainer.strategy.reduce_sums([float(sum(sizes)), *totals])
         count = reduced[0] or 1.0
-        return {f"{prefix}{k}": total / count for k, total in zip(keys, reduced[1:], strict=True)}
+        out = {f"{prefix}{k}": total / count for k, total in zip(keys, reduced[1:], strict=True)}
+        if "loss" not in keys:  # as in training: the first value is also the loss, under its own name too
+            out = {f"{prefix}loss": out[f"{prefix}{keys[0]}"], **out}
+        return out

@@ -67,11 +67,15 @@ class StopOnInterrupt:
 
 def save_on_interrupt(trainer: Trainer) -> list[str]:
     """Write ``last.ckpt`` of every ``ModelCheckpoint(save_on_interrupt=True)`` now (the loop is at a step
-    boundary); returns the paths written. A failed save leaves the previous file as it was (atomic write)
-    and says so."""
+    boundary), each a ``save_on_interrupt`` event in the History; returns the paths written. Nothing before the
+    run's first step (a checkpoint would only repeat the start). A failed save leaves the previous file as it was
+    (atomic write) and says so."""
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
 
+    st = trainer.run_state.loop_state
     written: list[str] = []
+    if st.global_step == 0:
+        return written
     for cb in trainer.callbacks.callbacks:
         if not (isinstance(cb, ModelCheckpoint) and cb.save_on_interrupt):
             continue
@@ -86,6 +90,7 @@ def save_on_interrupt(trainer: Trainer) -> list[str]:
             )
             continue
         written.append(path)
+        trainer.history.add_event(step=st.global_step, epoch=st.epoch + 1, kind="save_on_interrupt", old=None, new=path)
     return written
 
 

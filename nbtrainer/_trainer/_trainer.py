@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from nbtrainer._data._batch import BatchSpec
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
+    from nbtrainer._look._interpretation import Interpretation
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
     from nbtrainer._options import TrainerOptions
@@ -448,33 +449,9 @@ class Trainer:
             offload_optimizer=offload_optimizer,
             attention=attention,
         )
-        optimizer = self._setup.optimizer
-        if optimizer is not None:
-            if not isinstance(optimizer, torch.optim.Optimizer):
-                raise TypeError(
-                    f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
-                    "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
-                )
-            _validate.check_optimizer_params(model, optimizer)
-        elif scheduler is not None:
-            raise ValueError(
-                "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
-                "was built from: Trainer(model, criterion, optimizer, scheduler=...)."
-            )
-        if predict_step is not None and not callable(predict_step):
-            raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
-        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
-            raise ValueError(
-                "The scheduler is bound to a different optimizer than the one given to the Trainer. "
-                "Create the scheduler from this trainer's optimizer."
-            )
-        if scheduler_interval not in ("step", "epoch"):
-            raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
-        _validate.check_accum(grad_accum_steps)
-        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
-        if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
-            raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+        steps = {"scheduler_interval": scheduler_interval, "val_every_n_epochs": val_every_n_epochs}
+        steps |= {"grad_accum_steps": grad_accum_steps, "max_grad_norm": max_grad_norm, "predict_step": predict_step}
+        optimizer = _validate.check_optimization(model, self._setup.optimizer, scheduler, **steps)
         check_data_options(fast_fetch, data_on_device)
         self.device = resolve_device(device)
         self.precision = require_precision(precision, self.device)
@@ -795,7 +772,7 @@ class Trainer:
                 self.history.stop_reason = reason
             if ctrl_c.received and not completed:
                 self.status = "interrupted"
-                self._save_on_interrupt()
+                save_on_interrupt(self)
             elif control.stop_requested and not completed and not at_max_steps:
                 self.status = "stopped"
             else:
@@ -808,7 +785,7 @@ class Trainer:
             self.history.stop_reason = INTERRUPT_REASON
             interrupted = exc
             if loop.at_step_boundary() and not self.strategy.distributed:
-                self._save_on_interrupt()
+                save_on_interrupt(self)
         except BaseException as exc:
             self.status = "failed"
             self.history.stop_reason = f"{type(exc).__name__}: {exc}"
@@ -827,15 +804,6 @@ class Trainer:
             finally:
                 interrupted = None  # no frame holds the exception it raises
         return self.history
-
-    def _save_on_interrupt(self) -> None:
-        st = self._run.loop_state
-        if st.global_step == 0:
-            return  # nothing trained in this run yet: a checkpoint would only repeat the start
-        for path in save_on_interrupt(self):
-            self.history.add_event(
-                step=st.global_step, epoch=st.epoch + 1, kind="save_on_interrupt", old=None, new=path
-            )
 
     def fit_more(
         self,
@@ -1004,6 +972,32 @@ class Trainer:
             to_cpu=to_cpu,
         )
 
+    def interpret(
+        self,
+        loader: Any,
+        *,
+        max_items: int | None = None,
+        loss_per_item: Callable[[Any, Any], torch.Tensor] | None = None,
+        classes: Sequence[Any] | None = None,
+        decode: Any = None,
+        feature_names: Sequence[str] | None = None,
+        batch_size: int | None = None,
+    ) -> Interpretation:
+        """Error analysis over ``loader`` (arrays too): one streamed pass keeping each item's loss (the criterion
+        on that item alone; ``loss_per_item=fn(outputs, targets)`` where it has no ``reduction="none"``),
+        prediction, target and dataset index, never its inputs; the model, its mode and the RNG are left as they
+        were. ``classes`` names the classes, ``decode`` (a function or tokenizer) and ``feature_names`` show
+        inputs in :meth:`Interpretation.show <nbtrainer.Interpretation.show>` (details: ``nbtrainer._look``).
+
+        Example:
+            >>> # interp = trainer.interpret(val_loader); interp.top_losses(9); interp.confusion_matrix(); interp
+        """
+        from nbtrainer._look._interpret import interpret
+
+        self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
+        options = {"loss_per_item": loss_per_item, "decode": decode, "feature_names": feature_names}
+        return interpret(self, loader, max_items=max_items, classes=classes, batch_size=batch_size, **options)
+
     def _batches(self, loader: Any) -> Any:
         """``loader``'s batches by the fastest equivalent path (``_prefetch``); one pass of evaluate or
         predict does not copy the dataset to the device (``fraction=0``)."""
@@ -1129,7 +1123,7 @@ class Trainer:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
         _validate.check_accum(steps)
         _validate.check_in_backward_now(self, grad_accum_steps=int(steps))
-        self._check_closure(grad_accum_steps=int(steps))
+        _validate.check_closure_now(self, grad_accum_steps=int(steps))
         self._live.apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
@@ -1141,18 +1135,6 @@ class Trainer:
     def remove_callback(self, callback: Any) -> None:
         self.callbacks.remove(callback)
 
-    def _check_closure(self, **changed: Any) -> None:
-        from nbtrainer._loop._closure import check_closure
-
-        settings: dict[str, Any] = {
-            "grad_accum_steps": self.grad_accum_steps,
-            "precision": self.precision,
-            "optimizer_in_backward": self.optimizer_in_backward,
-            "on_nonfinite": self._nonfinite.mode,
-            "memory_budget": self._budget is not None,
-        }
-        check_closure(self.optimizer, **{**settings, **changed})
-
     def _require_idle(self, what: str) -> None:
         if self._run.fitting:
             raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
@@ -1162,7 +1144,7 @@ class Trainer:
         self._require_idle("precision")
         checked = require_precision(precision, self.device)
         _validate.check_in_backward_now(self, precision=checked)
-        self._check_closure(precision=checked)
+        _validate.check_closure_now(self, precision=checked)
         self.precision = checked
         self.scaler = make_scaler(self.precision, self.device)
 
@@ -1208,8 +1190,7 @@ class Trainer:
         return lr_find(self, train_loader, min_lr=min_lr, max_lr=max_lr, steps=steps, host=host, **kwargs)
 
     def set_max_grad_norm(self, max_grad_norm: float | None) -> None:
-        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+        _validate.check_max_grad_norm(max_grad_norm)
         _validate.check_in_backward_now(self, max_grad_norm=max_grad_norm)
         self.max_grad_norm = max_grad_norm
 

@@ -221,6 +221,67 @@ def check_in_backward_now(trainer: Trainer, **changes: Any) -> None:
     check_in_backward(optimizer=trainer.optimizer, distributed=bool(trainer.strategy.distributed), **settings)
 
 
+def check_max_grad_norm(max_grad_norm: Any) -> None:
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+
+
+def check_optimization(
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    scheduler_interval: Any,
+    val_every_n_epochs: Any,
+    grad_accum_steps: Any,
+    max_grad_norm: Any,
+    predict_step: Any,
+) -> torch.optim.Optimizer | None:
+    """The Trainer's optimizer (given, or built from its name; returned), its scheduler and the step options,
+    checked before anything is set."""
+    if optimizer is not None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. "
+                "Build it from the model's parameters, e.g. torch.optim.AdamW(model.parameters())."
+            )
+        check_optimizer_params(model, optimizer)
+    elif scheduler is not None:
+        raise ValueError(
+            "A scheduler was given without an optimizer (optimizer=None). Pass the optimizer the scheduler "
+            "was built from: Trainer(model, criterion, optimizer, scheduler=...)."
+        )
+    if predict_step is not None and not callable(predict_step):
+        raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
+    if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+        raise ValueError(
+            "The scheduler is bound to a different optimizer than the one given to the Trainer. "
+            "Create the scheduler from this trainer's optimizer."
+        )
+    if scheduler_interval not in ("step", "epoch"):
+        raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
+    check_accum(grad_accum_steps)
+    check_max_grad_norm(max_grad_norm)
+    if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
+        raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+    return optimizer
+
+
+def check_closure_now(trainer: Trainer, **changes: Any) -> None:
+    """A closure optimizer (LBFGS) against the trainer's settings as they would be after ``changes``
+    (``grad_accum_steps=``, ``precision=``)."""
+    from nbtrainer._loop._closure import check_closure
+
+    settings: dict[str, Any] = {
+        "grad_accum_steps": trainer.grad_accum_steps,
+        "precision": trainer.precision,
+        "optimizer_in_backward": trainer.optimizer_in_backward,
+        "on_nonfinite": trainer._nonfinite.mode,
+        "memory_budget": trainer._budget is not None,
+    }
+    check_closure(trainer.optimizer, **{**settings, **changes})
+
+
 def no_optimizer(what: str, extra: str = "") -> ValueError:
     """The error for a trainer built without an optimizer when ``what`` needs one."""
     return ValueError(

@@ -132,3 +132,44 @@ def test_bad_manual_input_is_refused_before_the_first_step() -> None:
     with pytest.raises(ValueError, match="evaluating needs validation_step"):
         trainer.fit(train, train, epochs=1)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_returned_names_are_kept_and_the_first_is_also_the_loss() -> None:
+    # {"d_loss", "g_loss"} (no "loss"): the History keeps both names, and "loss" is d_loss (the first value), in
+    # training and in validation; a run that does return "loss" gets no copy of another value.
+    train, val = _loaders(256)
+
+    def named(step: Any, batch: Any) -> Any:
+        out = dcgan.training_step(step, batch)
+        return {"d_loss": out["d_loss"], "g_loss": out["loss"]}
+
+    def named_val(gan: Any, batch: Any) -> Any:
+        out = dcgan.validation_step(gan, batch)
+        return {"d_loss": out["d_loss"], "g_loss": out["loss"]}
+
+    trainer = _gan_trainer(named, validation_step=named_val)
+    history = trainer.fit(train, val, epochs=2)
+    row = history.epochs[-1]
+    assert {"loss", "d_loss", "g_loss", "val_loss", "val_d_loss", "val_g_loss"} <= set(row)
+    assert row["loss"] == pytest.approx(row["d_loss"], rel=1e-6) and row["loss"] != row["g_loss"]
+    assert row["val_loss"] == row["val_d_loss"]
+    with_loss = _gan_trainer(dcgan.training_step, validation_step=dcgan.validation_step).fit(train, val, epochs=1)
+    assert "g_loss" not in with_loss.epochs[-1] and {"loss", "d_loss", "val_loss"} <= set(with_loss.epochs[-1])
+
+
+def test_the_dcgan_example_draws_a_fixed_noise_grid_every_epoch_without_changing_the_run() -> None:
+    train, val = _loaders(256)
+    plain = dcgan.build(progress=False, run_store=False).fit(train, val, epochs=2)
+    train, val = _loaders(256)
+    trainer = dcgan.build(progress=False, run_store=False, callbacks=[dcgan.noise_grid(16)])
+    history = trainer.fit(train, val, epochs=2)
+    assert [(s["step"], s["name"], s["kind"]) for s in history.samples] == [
+        (0, "fixed noise", "image"), (4, "fixed noise", "image"), (8, "fixed noise", "image"),
+    ]  # fmt: skip
+    assert history.samples[0]["value"] != history.samples[-1]["value"]  # the generator learned something
+    assert history.steps["loss"] == plain.steps["loss"]
+    import io
+
+    from PIL import Image
+
+    assert Image.open(io.BytesIO(history.samples[-1]["value"])).size == (32, 32)  # 4 x 4 tiles of 8 x 8

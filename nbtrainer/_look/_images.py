@@ -1,0 +1,123 @@
+"""Pictures as PNG bytes, with no imaging library: what a sample or a gallery item becomes to be stored and shown.
+
+A PNG is a signature and three chunks (``IHDR``, one zlib-compressed ``IDAT``, ``IEND``), each with its CRC32: the
+standard library's ``zlib`` writes it (PNG spec, ISO/IEC 15948). Pillow is used only when the user hands a PIL image
+(then it is installed); nothing here imports it.
+
+What counts as an image (``as_pixels``): a torch tensor ``(C, H, W)`` (C = 1, 3 or 4) or ``(H, W)``, a NumPy array
+``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``, float in [0, 1] (clipped; NaN drawn black) or uint8.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+__all__ = ["IMAGE_TYPES", "as_pixels", "data_uri", "encode_png", "is_pil", "png_width", "to_png"]
+
+#: how the accepted kinds are named in errors
+IMAGE_TYPES = (
+    "an image: a torch tensor (C, H, W) with C = 1, 3 or 4 or (H, W), float in [0, 1] or uint8; a NumPy array "
+    "(H, W), (H, W, C) or (C, H, W); or a PIL image"
+)
+_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> PNG colour type: grey, grey+alpha, RGB, RGBA
+_CHANNELS = (1, 3, 4)
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """An 8-bit PNG of ``pixels``: uint8 ``(H, W)`` or ``(H, W, C)``, C in 1-4.
+
+    Example:
+        >>> png = encode_png(np.zeros((2, 3), dtype=np.uint8))
+        >>> png[:8] == b"\\x89PNG\\r\\n\\x1a\\n", len(png) > 40
+        (True, True)
+    """
+    if pixels.dtype != np.uint8:
+        raise TypeError(f"encode_png takes uint8 pixels, got {pixels.dtype}.")
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    h, w, c = pixels.shape
+    # each row is prefixed with filter type 0 (none)
+    rows = np.concatenate([np.zeros((h, 1), dtype=np.uint8), np.ascontiguousarray(pixels).reshape(h, w * c)], axis=1)
+    header = struct.pack(">IIBBBBB", w, h, 8, _COLOR_TYPE[c], 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+        + _chunk(b"IEND", b"")
+    )
+
+
+def is_pil(value: Any) -> bool:
+    """A PIL image, told without importing Pillow."""
+    return any(c.__module__.startswith("PIL.") and c.__name__ == "Image" for c in type(value).__mro__)
+
+
+def _to_uint8(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * 255
+    if not np.issubdtype(arr.dtype, np.number):
+        raise TypeError(f"an image's values must be numbers, got {arr.dtype}")
+    values = np.nan_to_num(arr.astype(np.float32), nan=0.0, posinf=1.0, neginf=0.0)
+    return (np.clip(values, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def as_pixels(value: Any) -> np.ndarray | None:
+    """``value`` as uint8 ``(H, W)`` or ``(H, W, C)`` pixels, or ``None`` when it is not an image (see the module
+    docstring). A tensor or array of another shape is not an image either."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.ndim == 3 and t.shape[0] in _CHANNELS:
+            t = t.permute(1, 2, 0)
+        elif t.ndim != 2:
+            return None
+        if t.dtype == torch.bfloat16 or t.dtype == torch.float16:
+            t = t.float()
+        arr = t.cpu().numpy()
+    elif isinstance(value, np.ndarray):
+        arr = value
+        if arr.ndim == 3 and arr.shape[-1] not in _CHANNELS and arr.shape[0] in _CHANNELS:
+            arr = arr.transpose(1, 2, 0)
+        if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in _CHANNELS)):
+            return None
+    else:
+        return None
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        return None
+    if arr.ndim == 3 and arr.shape[-1] == 1:
+        arr = arr[:, :, 0]
+    return _to_uint8(arr)
+
+
+def to_png(value: Any) -> bytes | None:
+    """PNG bytes of an image value (a PIL image is saved by Pillow itself), or ``None`` if it is not one."""
+    if is_pil(value):
+        import io
+
+        buf = io.BytesIO()
+        value.save(buf, format="PNG")
+        return buf.getvalue()
+    pixels = as_pixels(value)
+    return None if pixels is None else encode_png(pixels)
+
+
+def png_width(png: bytes) -> int:
+    """The width in pixels written in a PNG's header (``IHDR``)."""
+    return struct.unpack(">I", png[16:20])[0] if len(png) >= 24 else 0
+
+
+def data_uri(png: bytes) -> str:
+    """``data:image/png;base64,...`` for an ``<img src=...>``."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")

@@ -1,0 +1,52 @@
+"""A side computation on the model between optimizer steps, that leaves no trace on the run.
+
+Samples and ``interpret`` look at the model in the middle of a fit: they must not change what the fit does next.
+Inside :func:`side_pass` the model is in eval mode under ``torch.no_grad()`` and the run's autocast; afterwards each
+module's training flag is put back as it was (a frozen BatchNorm in eval stays so) and so are the random generators
+(Python's ``random``, NumPy's global one, torch's CPU generator and, once CUDA is in use, every CUDA device's), so a
+fit with a sample or an interpretation in it has the weights and the data order of a fit without, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["kept_rng", "side_pass"]
+
+
+@contextlib.contextmanager
+def kept_rng() -> Iterator[None]:
+    """Every global random generator as it was on entry, whatever ran inside (also when it raised)."""
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def side_pass(
+    model: torch.nn.Module, autocast: contextlib.AbstractContextManager[Any], *, grad: Any = torch.no_grad
+) -> Iterator[None]:
+    """``model`` in eval mode under ``grad()`` (``torch.no_grad`` by default) and ``autocast``; the modules'
+    training flags and the random generators restored on exit (see the module docstring)."""
+    flags = [(m, m.training) for m in model.modules()]
+    with kept_rng():
+        model.eval()
+        try:
+            with grad(), autocast:
+                yield
+        finally:
+            for module, training in flags:
+                module.training = training

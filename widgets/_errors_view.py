@@ -1,0 +1,221 @@
+"""The panel's errors section (``nbt-errors``): ``trainer.interpret`` on the validation set after each validation.
+
+With ``TrainerWidget(..., interpret=True)`` (or a dict of ``interpret`` options: ``loss_per_item=``, ``decode=``,
+``classes=``, ``feature_names=``, ``max_items=``) a callback runs ``trainer.interpret(val_loader)`` at each
+``on_validation_end``, on the training thread, between optimizer steps (the pass leaves the weights, the model's
+mode and the random generators as they were), and prepares the top-losses gallery there too (the dataset is read and
+the pictures encoded on the thread that already runs torch). The UI thread then draws it: the confusion matrix as a
+bqplot ``GridHeatMap`` (``nbt-errors-matrix``; a click on a cell shows that cell's items, largest loss first, in
+``nbt-errors-examples``), the per-class figures and the gallery (``nbt-errors-gallery``). A model whose loss cannot
+be split per item is said once in the panel's messages and the section, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bqplot as bq
+import ipywidgets as W
+import numpy as np
+
+from ._section import Section
+
+__all__ = ["ErrorsView", "interpret_options"]
+
+_MAX_CLASSES = 30  # a larger matrix is a list of the most confused pairs instead
+_EXAMPLES = 9
+_OPTIONS = ("loss_per_item", "decode", "classes", "feature_names", "max_items")
+
+
+def interpret_options(interpret: Any) -> dict[str, Any] | None:
+    """``TrainerWidget(interpret=...)``: ``False`` / ``None`` (off), ``True`` or a dict of ``interpret`` options."""
+    if interpret is None or interpret is False:
+        return None
+    if interpret is True:
+        return {}
+    if isinstance(interpret, Mapping):
+        unknown = sorted(set(interpret) - set(_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"TrainerWidget(interpret={{...}}) takes the interpret options {list(_OPTIONS)}; got {unknown}."
+            )
+        return dict(interpret)
+    raise TypeError(
+        f"TrainerWidget(interpret=...) takes True, False or a dict of interpret options, got {interpret!r}."
+    )
+
+
+class _Collector:
+    """The training thread's side: interpret the validation set after each validation (a callback)."""
+
+    def __init__(self, loader: Any, options: dict[str, Any], done: Callable[[Any], None]) -> None:
+        self.loader, self.options, self.done = loader, options, done
+        self.failed = False
+
+    def on_validation_end(self, trainer: Any, logs: dict[str, Any]) -> None:
+        if self.failed:
+            return
+        try:
+            interp = trainer.interpret(self.loader, **self.options)
+            gallery = interp.show(k=_EXAMPLES).html
+        except Exception as exc:  # the run goes on; said once
+            self.failed = True
+            self.done(exc)
+            return
+        self.done((interp, gallery, trainer.global_step, trainer.current_epoch))
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        trainer.remove_callback(self)  # it rides on one run (the panel attaches a new one at each Start)
+
+
+class ErrorsView:
+    """The errors section. ``root`` is its :class:`Section` (class ``nbt-errors``), hidden until a result comes.
+
+    Args:
+        notify: the panel's messages (``level, text``).
+        options: the ``interpret`` options (:func:`interpret_options`), or ``None``: the section stays off.
+
+    Widgets (stable classes): ``nbt-errors-summary``, the heatmap figure ``nbt-errors-matrix`` (its mark:
+    :attr:`heatmap`), ``nbt-errors-examples`` (a clicked cell's items), ``nbt-errors-table`` (per class, or the most
+    confused pairs) and ``nbt-errors-gallery`` (the top losses).
+
+    Example:
+        >>> view = ErrorsView(w.notify, {})  # doctest: +SKIP
+        >>> view.attach(trainer, val_loader); trainer.fit(...); view.refresh()  # doctest: +SKIP
+    """
+
+    def __init__(self, notify: Callable[[str, str], None], options: dict[str, Any] | None) -> None:
+        self.notify, self.options = notify, options
+        self.section = Section("errors", "nbt-errors")
+        self.root = self.section.root
+        self.summary = W.HTML()
+        self.summary.add_class("nbt-errors-summary")
+        rows, cols, color = bq.OrdinalScale(reverse=True), bq.OrdinalScale(), bq.ColorScale(scheme="Blues", min=0.0)
+        self.heatmap = bq.GridHeatMap(
+            color=np.zeros((2, 2)),
+            row=np.arange(2),
+            column=np.arange(2),
+            scales={"row": rows, "column": cols, "color": color},
+            display_format=".0f",
+            font_style={"font-size": "11px"},
+            interactions={"click": "select"},
+            stroke="white",
+        )
+        axes = [
+            bq.Axis(scale=cols, label="predicted", tick_format="d"),
+            bq.Axis(scale=rows, side="left", label="target", tick_format="d", label_offset="32px"),
+        ]
+        self.figure = bq.Figure(
+            marks=[self.heatmap],
+            axes=axes,
+            title="confusion matrix (click a cell)",
+            fig_margin={"top": 30, "bottom": 40, "left": 50, "right": 10},
+            animation_duration=0,
+            layout=W.Layout(width="340px", height="320px"),
+        )
+        self.figure.add_class("nbt-errors-matrix")
+        self.examples, self.table, self.gallery = W.HTML(), W.HTML(), W.HTML()
+        self.examples.add_class("nbt-errors-examples")
+        self.table.add_class("nbt-errors-table")
+        self.gallery.add_class("nbt-errors-gallery")
+        self.body = W.VBox(
+            [self.summary, W.HBox([self.figure, self.table], layout=W.Layout(flex_flow="row wrap")), self.examples,
+             W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"), self.gallery]
+        )  # fmt: skip
+        self.interpretation: Any = None  # the last one drawn
+        self._pending: Any = None  # set by the training thread, taken by the UI thread
+        self._collector: _Collector | None = None
+        self._lock = threading.RLock()
+        self.heatmap.observe(self._on_cell, "selected")
+
+    # -- the run (the panel attaches it at Start, detaches it when the run ends) ---------------------------
+    def attach(self, trainer: Any, loader: Any) -> None:
+        if self.options is None or loader is None:
+            return
+        self._collector = _Collector(loader, self.options, self._arrived)
+        trainer.add_callback(self._collector)
+
+    def detach(self, trainer: Any) -> None:
+        """Take the callback off (a run that could not start; one that ran took it off at its end)."""
+        if self._collector is not None:
+            trainer.remove_callback(self._collector)
+            self._collector = None
+
+    def _arrived(self, result: Any) -> None:
+        self._pending = result  # one reference swap: the UI thread takes the newest
+
+    # -- drawing (UI thread) -----------------------------------------------------------------------------
+    def refresh(self, final: bool = False) -> bool:
+        result, self._pending = self._pending, None
+        if result is None:
+            return False
+        if isinstance(result, Exception):
+            text = f"errors section off: interpret failed: {type(result).__name__}: {result}"
+            self.notify("warning", text)
+            self.summary.value = f"<div style='font-size:12px'>{html.escape(text)}</div>"
+            self.section.show(self.body, detail="off")
+            return True
+        self.show(*result)
+        return True
+
+    def show(self, interp: Any, gallery: str, step: int = 0, epoch: int = 0) -> None:
+        """Draw ``interp`` (an :class:`nbtrainer.Interpretation`) with its top-losses ``gallery`` HTML."""
+        with self._lock:
+            self.interpretation = interp
+            self.summary.value = (
+                f"<div style='font-size:12px'>validation set after epoch {epoch} (step {step:,}): "
+                f"{html.escape(interp.summary())}</div>"
+            )
+            classifier = interp.task in ("classification", "binary") and interp.targets is not None
+            matrix = interp.confusion_matrix() if classifier else None
+            if matrix is not None and len(matrix) <= _MAX_CLASSES:
+                counts = matrix.numpy().astype(float)
+                with self.heatmap.hold_sync():
+                    self.heatmap.color = counts
+                    self.heatmap.row, self.heatmap.column = np.arange(len(counts)), np.arange(len(counts))
+                self.figure.layout.display = "flex"
+                names = interp.classes
+                legend = ", ".join(f"{i}: {n}" for i, n in enumerate(names)) if names else ""
+                self.table.value = (f"<div style='font-size:11px'>{html.escape(legend)}</div>" if legend else "") + (
+                    interp.per_class()._repr_html_()
+                )
+            else:
+                self.figure.layout.display = "none"
+                if interp.task in ("classification", "binary", "multilabel"):
+                    rows = "".join(
+                        f"<tr><td>{html.escape(str(a))}</td><td>{html.escape(str(b))}</td><td>{n}</td></tr>"
+                        for a, b, n in interp.most_confused(10)
+                    )
+                    self.table.value = (
+                        "<div style='font-size:12px'>most confused</div><table><tr><th>target</th><th>predicted</th>"
+                        f"<th>count</th></tr>{rows}</table>"
+                    )
+                else:
+                    self.table.value = ""
+            self.gallery.value = gallery
+            self.examples.value = ""
+            self.section.show(self.body, detail=f"epoch {epoch}")
+
+    def _on_cell(self, change: Any) -> None:
+        selected = change.get("new")
+        interp = self.interpretation
+        if selected is None or interp is None or len(selected) == 0:
+            return
+        cell = np.asarray(selected).reshape(-1, 2)[-1]
+        self.show_cell(int(cell[0]), int(cell[1]))
+
+    def show_cell(self, target: int, predicted: int) -> list[int]:
+        """The items of one matrix cell (largest loss first) in ``nbt-errors-examples``; returns their indices."""
+        with self._lock:
+            interp = self.interpretation
+            if interp is None:
+                return []
+            items = interp.where(target=target, prediction=predicted)
+            name = interp.classes or list(range(interp.n_classes or 0))
+            head = f"target {name[target]}, predicted {name[predicted]}: {len(items)} item(s)"
+            shown = interp.show(items=items[:_EXAMPLES], k=_EXAMPLES).html if items else ""
+            self.examples.value = f"<div style='font-size:12px;margin-top:4px'><b>{html.escape(head)}</b></div>{shown}"
+            return items
