@@ -31,6 +31,10 @@ THEME_CSS = (
     f"{_FIG} text.mainheading{{fill:{FG}!important;font-size:13px;font-weight:600}}"
     f"{_FIG} g.object_grp text.label{{fill:{FG}!important}}"
     f".nbt-panel{{border:1px solid {BORDER}}}"
+    # Outside JupyterLab / Notebook 7 (no data-jp-theme-light on the body) and VS Code (vscode-* body classes), the
+    # --jp-* variables are ipywidgets 7's own defaults (classic Notebook, Colab), whose secondary text colour,
+    # rgba(0,0,0,.5), is 3.95:1 on white, under WCAG AA: nbt- views take a grey that reads 6:1 there.
+    'body:not([data-jp-theme-light]):not([class*="vscode"]) [class*="nbt-"]{--jp-ui-font-color2:#59636e}'
     # Start and Stop: white on their own green and red (ButtonStyle.text_color is ipywidgets 8 only)
     ".jupyter-button.nbt-start,.jupyter-button.nbt-stop{color:#fff!important}"
 )
