@@ -90,9 +90,7 @@ def prepare_display() -> None:
         return
     _enabled.add(id(shell))
     try:
-        from google.colab import output
-
-        output.enable_custom_widget_manager()
+        importlib.import_module("google.colab.output").enable_custom_widget_manager()
     except Exception as exc:  # the fallback text and HTML still show; say why the charts may not
         print(f"nbtrainer: could not enable Colab's custom widget manager ({exc}): charts may not draw.")
 
