@@ -61,12 +61,7 @@ _enabled: set[int] = set()  # id(shell) where the Colab custom widget manager wa
 
 
 def _colab() -> bool:
-    if "google.colab" in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec("google.colab") is not None
-    except (ImportError, ValueError):  # no `google` package at all
-        return False
+    return "google.colab" in sys.modules or _has("google.colab")
 
 
 def detect() -> FrontEnd:
@@ -95,6 +90,13 @@ def prepare_display() -> None:
         print(f"nbtrainer: could not enable Colab's custom widget manager ({exc}): charts may not draw.")
 
 
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent missing, or a None placed in sys.modules to block it
+        return False
+
+
 def _kernel() -> Any:
     shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
     return getattr(shell, "kernel", None)
@@ -108,7 +110,7 @@ def unreachable_clicks() -> str:
         return ""  # no kernel (nothing to click), or subshells: _poll routes the clicks
     if detect().name == "vscode":
         why = "VS Code cannot deliver clicks to a busy ipykernel 6"
-    elif importlib.util.find_spec("jupyter_ui_poll") is None:
+    elif not _has("jupyter_ui_poll"):
         why = "clicks wait for this cell (ipykernel 6 without jupyter-ui-poll)"
     else:
         return ""

@@ -221,3 +221,28 @@ def test_frontend_detection_and_throttling(monkeypatch) -> None:
     assert detect().name in ("vscode", "colab") and detect().ui_interval(0.1) == 0.5 and detect().budget == 0.5
     monkeypatch.setenv("NBTRAINER_WIDGET_FRONTEND", "jupyter")
     assert detect().name == "jupyter"
+
+
+def test_the_status_names_what_works_where_a_busy_kernel_cannot_take_clicks(monkeypatch) -> None:
+    """ipykernel 6 (no subshells): in VS Code, or without jupyter-ui-poll, the panel's clicks wait for the cell."""
+    import types
+
+    import IPython
+
+    from nbtrainer.widgets import _frontend
+
+    kernel6, kernel7 = types.SimpleNamespace(), types.SimpleNamespace(_supports_kernel_subshells=True)
+    shell = types.SimpleNamespace(kernel=kernel6)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.delenv("NBTRAINER_WIDGET_FRONTEND", raising=False)
+    monkeypatch.delenv("VSCODE_PID", raising=False)
+    if "google.colab" not in sys.modules:
+        assert _frontend.unreachable_clicks() == ""  # jupyter-ui-poll carries them
+    monkeypatch.setitem(sys.modules, "jupyter_ui_poll", None)  # not importable
+    assert "without jupyter-ui-poll" in _frontend.unreachable_clicks()
+    monkeypatch.setenv("VSCODE_PID", "1")
+    monkeypatch.setenv("NBTRAINER_WIDGET_FRONTEND", "vscode")
+    note = _frontend.unreachable_clicks()
+    assert "VS Code" in note and "interrupt the kernel" in note and "Start (trains in the background)" in note
+    shell.kernel = kernel7  # ipykernel 7: nbtrainer's subshell takes them, whatever the front end
+    assert _frontend.unreachable_clicks() == ""
