@@ -19,7 +19,7 @@ from typing import Any
 
 from nbtrainer import format_number
 
-from ._frontend import prepare_display
+from ._frontends import prepare_display
 
 __all__ = ["WidgetView", "html_view", "panel_view"]
 

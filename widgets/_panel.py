@@ -4,7 +4,7 @@ Threads: the *training thread* runs ``trainer.fit`` and only feeds a deque (:cla
 at most every ``ui_interval`` seconds, decimates, and pushes one batched update (``hold_sync``) to the widgets; clicks
 are handled also while a cell blocks in ``w.fit()`` / ``w.wait()`` (``_poll``). The training loop never waits on the
 UI and never syncs the device for it. Front ends (Colab, VS Code) and the fallback where widgets cannot render:
-``_frontend``, ``_fallback``.
+``_frontends``, ``_fallback``.
 
 Its parts (view, charts, compare menu, controls, memory savers, plan view, side actions, summary) call it back only
 through small protocols of public members (``PumpHost``, ``ActionsHost``, ``PlanHost``), never its private names.
@@ -24,7 +24,7 @@ import ipywidgets as W
 
 from nbtrainer import format_count
 
-from . import _fallback, _frontend, _notebook
+from . import _fallback, _frontends, _notebook
 from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
@@ -102,7 +102,7 @@ class TrainerWidget:
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
         self.max_steps = max_steps
-        self.ui_interval = _frontend.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
+        self.ui_interval = _frontends.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
         self._model = user_model
         self.name = str(name) if name else f"{type(user_model).__name__} #{next(_counter)}"
         self._label = f"TrainerWidget '{self.name}'"
@@ -269,7 +269,7 @@ class TrainerWidget:
             return False
 
         try:
-            with self.view.noting(_frontend.unreachable_clicks()):  # where clicks cannot come, what works instead
+            with self.view.noting(_frontends.unreachable_clicks()):  # where clicks cannot come, what works instead
                 wait_until(done)  # from a notebook cell, clicks on Pause / Stop / the LR keep working meanwhile
         except KeyboardInterrupt:  # interrupting the cell stops the run; the kernel lives on
             run.stop("interrupted (KeyboardInterrupt)")

@@ -28,7 +28,7 @@ from nbtrainer.plotting import change_label, higher_is_better
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
-from ._frontend import detect
+from ._frontends import detect
 from ._runner import Feed, Run
 from ._view import PanelView
 
@@ -100,7 +100,7 @@ class UiPump:
         self.host, self.run, self.feed = host, run, feed
         self.view, self.charts, self.compare, self.controls = view, charts, compare, controls
         self.interval = interval
-        self._budget = detect().budget  # VS Code, Colab: half (_frontend)
+        self._budget = detect().budget  # VS Code, Colab: half (_frontends)
         self.push_times = push_times
         self.progress: Any = None
         self.stream_status = "running"  # the status the last drained item implies

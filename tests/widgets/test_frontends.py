@@ -211,7 +211,7 @@ def test_vscode_throttles_updates_and_says_what_works_where_clicks_cannot_reach_
 
 
 def test_frontend_detection_and_throttling(monkeypatch) -> None:
-    from nbtrainer.widgets._frontend import detect
+    from nbtrainer.widgets._frontends import detect
 
     for name in ("VSCODE_PID", "NBTRAINER_WIDGET_FRONTEND"):
         monkeypatch.delenv(name, raising=False)
@@ -229,7 +229,7 @@ def test_the_status_names_what_works_where_a_busy_kernel_cannot_take_clicks(monk
 
     import IPython
 
-    from nbtrainer.widgets import _frontend
+    from nbtrainer.widgets import _frontends
 
     kernel6, kernel7 = types.SimpleNamespace(), types.SimpleNamespace(_supports_kernel_subshells=True)
     shell = types.SimpleNamespace(kernel=kernel6)
@@ -237,12 +237,12 @@ def test_the_status_names_what_works_where_a_busy_kernel_cannot_take_clicks(monk
     monkeypatch.delenv("NBTRAINER_WIDGET_FRONTEND", raising=False)
     monkeypatch.delenv("VSCODE_PID", raising=False)
     if "google.colab" not in sys.modules:
-        assert _frontend.unreachable_clicks() == ""  # jupyter-ui-poll carries them
+        assert _frontends.unreachable_clicks() == ""  # jupyter-ui-poll carries them
     monkeypatch.setitem(sys.modules, "jupyter_ui_poll", None)  # not importable
-    assert "without jupyter-ui-poll" in _frontend.unreachable_clicks()
+    assert "without jupyter-ui-poll" in _frontends.unreachable_clicks()
     monkeypatch.setenv("VSCODE_PID", "1")
     monkeypatch.setenv("NBTRAINER_WIDGET_FRONTEND", "vscode")
-    note = _frontend.unreachable_clicks()
+    note = _frontends.unreachable_clicks()
     assert "VS Code" in note and "interrupt the kernel" in note and "Start (trains in the background)" in note
     shell.kernel = kernel7  # ipykernel 7: nbtrainer's subshell takes them, whatever the front end
-    assert _frontend.unreachable_clicks() == ""
+    assert _frontends.unreachable_clicks() == ""
