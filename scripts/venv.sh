@@ -19,9 +19,9 @@ case "$profile" in
   test) extras="test,bench,demo" ;;
   colab)
     extras=""
-    # what tests/widgets, the kernel tests and the classic-Notebook browser test run with (nothing of the test extra:
-    # it needs JupyterLab 4 and Notebook 7, which need what Colab pins older)
-    tools=(pytest pytest-xdist pytest-timeout nbclient nbformat playwright notebook)
+    # what tests/widgets, the kernel tests, the runs views (optuna) and the classic-Notebook browser test run with
+    # (not the test extra: it needs JupyterLab 4 and Notebook 7, which need what Colab pins older)
+    tools=(pytest pytest-xdist pytest-timeout nbclient nbformat playwright notebook optuna)
     NBT_VENV="${NBT_VENV:-$root/.venv-colab}"
     NBT_CONSTRAINTS="${NBT_CONSTRAINTS:-$root/constraints-colab.txt}"
     ;;
