@@ -2,6 +2,8 @@
 # Create or reuse ./.venv and print its python's path on stdout. One argument, the profile:
 #   demo  the core and its `demo` extra (what `bash scripts/demo.sh` needs: a fresh clone trains within 2 minutes)
 #   test  (default) the core with its test, bench and demo extras: the whole lock
+#   colab ./.venv-colab: Google Colab's widget stack (ipywidgets 7.7.1, ipykernel 6.17.1, IPython 7.34, bqplot 0.12,
+#         classic Notebook 6.5) from constraints-colab.txt, the core and the few tools its tests need (issue 45)
 # torch is installed FIRST, from this machine's CPU wheel when one lies in /opt/wheels (so no requirement pulls a CUDA
 # build), then the project in editable mode, every dependency at the version locked in constraints.txt.
 # Installer: uv (`uv pip install`, installed with pip when missing), or plain pip where uv cannot be had; NBT_INSTALLER
@@ -11,17 +13,27 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 profile="${1:-test}"
+tools=()
 case "$profile" in
   demo) extras="demo" ;;
   test) extras="test,bench,demo" ;;
-  *) echo "venv.sh: unknown profile '$profile' (demo or test)" >&2; exit 2 ;;
+  colab)
+    extras=""
+    # what tests/widgets, the kernel tests, the runs views (optuna) and the classic-Notebook browser test run with
+    # (not the test extra: it needs JupyterLab 4 and Notebook 7, which need what Colab pins older)
+    tools=(pytest pytest-xdist pytest-timeout nbclient nbformat playwright notebook optuna)
+    NBT_VENV="${NBT_VENV:-$root/.venv-colab}"
+    NBT_CONSTRAINTS="${NBT_CONSTRAINTS:-$root/constraints-colab.txt}"
+    ;;
+  *) echo "venv.sh: unknown profile '$profile' (demo, test or colab)" >&2; exit 2 ;;
 esac
 venv="${NBT_VENV:-$root/.venv}"
 cons="${NBT_CONSTRAINTS:-$root/constraints.txt}"
 py="${PYTHON:-python3}"
 stamp="$venv/.nbtrainer-stamp"
 log="$venv/install.log"
-want="$(cat "$root/pyproject.toml" "$cons" | sha256sum | cut -d' ' -f1)"
+spec="$root${extras:+[$extras]}"
+want="$( (cat "$root/pyproject.toml" "$cons"; printf '%s' "${tools[*]-}") | sha256sum | cut -d' ' -f1)"
 have="$(cat "$stamp" 2>/dev/null || true)"
 # a stamp is "<hash> <profile>"; the test profile holds everything the demo profile needs
 if [ "$have" = "$want $profile" ] || [ "$have" = "$want test" ]; then
@@ -79,17 +91,17 @@ if [ "$installer" = uv ]; then
   # and where PYTHONDONTWRITEBYTECODE is set (this machine, CI) none is ever written: each of them compiled torch,
   # transformers and Jupyter from source again (7.4 s of CPU for `import torch, nbtrainer, torchmetrics` against
   # 3.6 s). pip compiles at install by default. The demo's one interpreter is quicker without the compile step.
-  [ "$profile" != test ] || inst+=(--compile-bytecode)
+  [ "$profile" = demo ] || inst+=(--compile-bytecode)
   phase "torch ${torch_spec#torch==}" "${inst[@]}" -c "$cons" "${wheel:-$torch_spec}"
-  phase "nbtrainer[$extras] from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$root[$extras]"
+  phase "nbtrainer${extras:+[$extras]} from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$spec" ${tools[@]+"${tools[@]}"}
 else
   inst=("$venv/bin/python" -m pip install --disable-pip-version-check)
   [ ! -d /opt/wheels ] || inst+=(--find-links /opt/wheels)
   [ -z "${NBT_UPGRADE:-}" ] || inst+=(--upgrade --upgrade-strategy eager)
   phase "torch ${torch_spec#torch==}" "${inst[@]}" -c "$cons" "${wheel:-$torch_spec}"
-  phase "nbtrainer[$extras] from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$root[$extras]"
+  phase "nbtrainer${extras:+[$extras]} from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$spec" ${tools[@]+"${tools[@]}"}
 fi
-if [ "$profile" = test ]; then
+if [ "$profile" != demo ]; then
   # the repository's own modules too (read, never written, under PYTHONDONTWRITEBYTECODE; stale ones are ignored)
   phase "bytecode of nbtrainer, widgets, tests" "$venv/bin/python" -m compileall -q -j 0 "$root/nbtrainer" "$root/widgets" "$root/tests" "$root/bench"
 fi

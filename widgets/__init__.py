@@ -14,7 +14,8 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-header``               header row: ``nbt-title`` (run name, model, device, params) and ``nbt-status``
 ``nbt-status``               status: a badge (``nbt-status-badge`` and ``nbt-status-<status>``: idle,
                              running, pausing, paused, stopping, finished, stopped, interrupted,
-                             failed) and a detail (``nbt-status-detail``) beside it
+                             failed) and a detail (``nbt-status-detail``) beside it; ``nbt-status-note``
+                             where a busy kernel cannot take clicks (what works instead)
 ``nbt-controls``             controls: ``nbt-precision``, ``nbt-precision-note``, ``nbt-accum``,
                              ``nbt-lr`` (log slider, two decades around the current LR),
                              ``nbt-lr-exact`` (exact entry), ``nbt-lr-target`` and ``nbt-lr-readout`` (several
@@ -72,7 +73,9 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              ``nbt-compare-chart-memory``, ``nbt-compare-chart-metric``
 ===========================  ================================================================
 
-Colours come from JupyterLab's CSS variables (legible in light and dark themes); numbers are formatted by
+Colours come from JupyterLab's CSS variables, through the stylesheet each view carries (``nbt-style``; never a
+colour trait: ipywidgets 7 refuses a CSS variable there), legible in light and dark themes; the ``text/html`` a
+view leaves for front ends without widgets is a ``nbt-fallback`` block; numbers are formatted by
 ``nbtrainer.format_*``; plotting helpers (decimation, smoothing, metric classification, SVG charts) are the
 core's public ``nbtrainer.plotting``.
 

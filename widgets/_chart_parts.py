@@ -117,18 +117,15 @@ def legend_html(entries: list[tuple[str, str, bool]], extra: str = "") -> str:
 def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_format: str, *, title: str) -> bq.Figure:
     # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
     # domain has zero width (the first step or epoch), and the axis never recovered from that error.
-    # Axis titles in the theme's text colour (left unset, bqplot painted them in a series colour).
+    # Axis titles and the figure title take the theme's text colour from _style.THEME_CSS (never a trait: see there).
     axes = [
-        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5, label_color=FG),
-        bq.Axis(
-            scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px", label_color=FG
-        ),
+        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5),
+        bq.Axis(scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px"),
     ]
     fig = bq.Figure(
         marks=marks,
         axes=axes,
         title=title,
-        title_style={"font-size": "13px", "font-weight": "600", "fill": FG},
         fig_margin=dict(_MARGIN),
         animation_duration=0,
         layout=W.Layout(**_FIG),

@@ -23,6 +23,9 @@ import torch
 from nbtrainer import InferenceComparison, StrategyComparison, compare_strategies
 from nbtrainer.plotting import PALETTE
 
+from ._fallback import html_view
+from ._style import theme_style
+
 __all__ = ["CompareWidget"]
 
 _MARGIN = {"top": 35, "bottom": 45, "left": 50, "right": 10}
@@ -126,7 +129,7 @@ class CompareWidget:
                 self.figures[key], self.bars[key] = _bar_chart(key, self.metric, self.charts)
         charts = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap", width="100%"))
         charts.add_class("nbt-compare-charts")
-        self.root = W.VBox([self.status, self.table, charts])
+        self.root = W.VBox([self.status, self.table, charts, theme_style()])
         self.root.add_class("nbt-compare")
         self._render()
 
@@ -193,8 +196,8 @@ class CompareWidget:
                 bars.x = np.array(names, dtype=str)
                 bars.y = np.array(values, dtype=float)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.root._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
+        return html_view(self.root, "strategy comparison", self.status, self.table)._repr_mimebundle_(**kwargs)
 
     # -- live ------------------------------------------------------------------------------------
     @classmethod

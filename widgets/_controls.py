@@ -16,6 +16,7 @@ import torch
 from nbtrainer import format_lr, precision_support
 
 from ._lr_control import LRControl
+from ._style import set_tooltip
 from ._theme import FG2
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class Controls:
             if off
             else ""
         )
-        v.precision.tooltip = "; ".join(off) or f"all precisions run on {trainer.device}"
+        set_tooltip(v.precision, "; ".join(off) or f"all precisions run on {trainer.device}")
         v.accum.value = trainer.grad_accum_steps
         self.lr = LRControl(v.lr, v.lr_exact, self._apply_lr, notify)
         self.lr.show(trainer.lr)

@@ -21,8 +21,10 @@ from nbtrainer import LaunchMonitor, format_duration, format_lr, format_number
 from nbtrainer.plotting import PALETTE, decimate
 
 from ._chart_parts import figure, legend_html, lin_scale
+from ._fallback import html_view
 from ._notebook import in_notebook
 from ._poll import wait_until
+from ._style import theme_style
 from ._theme import FG, FG2, STATUS_COLORS
 
 __all__ = ["LaunchView"]
@@ -76,6 +78,7 @@ class LaunchView(LaunchMonitor):
                 self.legend,
                 self.chart,
                 self.epoch_table,
+                theme_style(),
             ]
         )
         self.panel.add_class("nbt-launch")
@@ -88,7 +91,7 @@ class LaunchView(LaunchMonitor):
         from IPython.display import display
 
         self._shown = True
-        display(self.panel)
+        display(html_view(self.panel, "distributed run", self.status, self.info, self.epoch_table))
 
     def on_start(self, nprocs: int) -> None:
         self._nprocs = nprocs

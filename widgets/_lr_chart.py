@@ -30,7 +30,6 @@ from ._chart_parts import (
     log_scale,
     step_ticks,
 )
-from ._theme import FG
 
 __all__ = ["LRChart"]
 
@@ -50,7 +49,7 @@ class LRChart:
         self.events = change_markers(sc, 60)
         self.labels = {
             align: bq.Label(
-                x=e, y=e, text=[], scales=sc, colors=[FG], align=align, x_offset=off, y_offset=-9, default_size=11
+                x=e, y=e, text=[], scales=sc, colors=[MARKER], align=align, x_offset=off, y_offset=-9, default_size=11
             )
             for align, off in (("start", 4), ("end", -4))
         }

@@ -26,6 +26,8 @@ from nbtrainer import format_lr
 from nbtrainer.plotting import PALETTE, nice_ticks
 
 from ._chart_parts import legend_html
+from ._fallback import html_view
+from ._style import theme_style
 from ._theme import FG, FG2, WARN
 
 __all__ = ["LRFinderView"]
@@ -137,7 +139,7 @@ class LRFinderView:
             x=np.empty(0), y=np.empty(0), scales=scales, colors=[_CHOSEN], line_style="dashed", stroke_width=2
         )
         axes = [
-            bq.Axis(scale=sx, label="learning rate (log)", tick_format=".0e", tick_values=x_ticks, label_color=FG),
+            bq.Axis(scale=sx, label="learning rate (log)", tick_format=".0e", tick_values=x_ticks),
             bq.Axis(
                 scale=sy,
                 side="left",
@@ -145,7 +147,6 @@ class LRFinderView:
                 tick_format=".3~g",
                 tick_values=y_ticks(y_lo, y_hi),
                 label_offset="56px",  # clear of the widest tick label ("0.0015")
-                label_color=FG,
             ),
         ]
         self.figure = bq.Figure(
@@ -209,6 +210,7 @@ class LRFinderView:
                 self.figure,
                 W.HBox([*self.use_buttons.values(), self.restore], layout=W.Layout(flex_flow="row wrap")),
                 self.choice,
+                theme_style(),
             ]
         )
         self.root.add_class("nbt-lrfinder")
@@ -261,5 +263,5 @@ class LRFinderView:
         if 0 <= i < len(self.lrs):
             self.choose(float(self.lrs[i]), "clicked on the curve")
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.root._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
+        return html_view(self.root, "LR finder", self.head, self.legend, self.choice)._repr_mimebundle_(**kwargs)

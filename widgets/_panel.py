@@ -1,10 +1,10 @@
 """``TrainerWidget``: the training panel. Trains in a background thread and steers it from the panel.
 
-Threads: the *training thread* runs ``trainer.fit`` and only feeds a deque (:class:`Feed`); a *UI
-thread* wakes at most every ``ui_interval`` seconds, decimates, and pushes one batched update
-(``hold_sync``) to the widgets; the kernel's own thread handles clicks, also while a cell blocks in
-``w.fit()`` / ``w.wait()`` (``_poll``: ``jupyter-ui-poll`` processes the widget messages from inside the
-waiting cell). The training loop never waits on the UI and never syncs the device for it.
+Threads: the *training thread* runs ``trainer.fit`` and only feeds a deque (:class:`Feed`); a *UI thread* wakes
+at most every ``ui_interval`` seconds, decimates, and pushes one batched update (``hold_sync``) to the widgets; clicks
+are handled also while a cell blocks in ``w.fit()`` / ``w.wait()`` (``_poll``). The training loop never waits on the
+UI and never syncs the device for it. Front ends (Colab, VS Code) and the fallback where widgets cannot render:
+``_frontends``, ``_fallback``.
 
 Its parts (view, charts, compare menu, controls, memory savers, plan view, side actions, summary) call it back only
 through small protocols of public members (``PumpHost``, ``ActionsHost``, ``PlanHost``), never its private names.
@@ -21,7 +21,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from . import _notebook
+from . import _fallback, _frontends, _notebook
 from ._actions import PanelActions
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
@@ -53,7 +53,7 @@ class TrainerWidget:
         metrics: the Trainer's ``metrics=`` (model form only).
         epochs: the epochs of a run (the panel's epochs control starts there).
         max_steps: stop a run after this many optimizer steps (default: no limit).
-        ui_interval: seconds between two pushes of the UI thread (default 0.25, at least 0.05).
+        ui_interval: seconds between two pushes of the UI thread (default 0.25, at least 0.05; 0.5 in VS Code, Colab).
         max_points: the points kept per chart series (min/max decimated; default 2000).
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
         save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name made
@@ -101,7 +101,7 @@ class TrainerWidget:
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
         self.max_steps = max_steps
-        self.ui_interval = max(0.05, float(ui_interval))
+        self.ui_interval = _frontends.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
         self._model = user_model
         self.name = str(name) if name else f"{type(user_model).__name__} #{next(_counter)}"
         self._label = f"TrainerWidget '{self.name}'"
@@ -272,8 +272,8 @@ class TrainerWidget:
             return False
 
         try:
-            # From a notebook cell, clicks on Pause / Stop / the LR keep working while this waits.
-            wait_until(done)
+            with self.view.noting(_frontends.unreachable_clicks()):  # where clicks cannot come, what works instead
+                wait_until(done)  # from a notebook cell, clicks on Pause / Stop / the LR keep working meanwhile
         except KeyboardInterrupt:  # interrupting the cell stops the run; the kernel lives on
             run.stop("interrupted (KeyboardInterrupt)")
             run.join()
@@ -376,12 +376,12 @@ class TrainerWidget:
         """Show the summary of ``history`` (if given) in the panel and in every static output slot."""
         self._summary.publish(history, title=f"{type(self._model).__name__} on {self.trainer.device}")
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.panel._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # the panel, with text/plain and text/html (_fallback)
+        return _fallback.panel_view(self)._repr_mimebundle_(**kwargs)
 
     def _ipython_display_(self) -> None:
-        """The panel, then a plain-HTML slot that receives the static summary when a run ends."""
-        self._summary.display(self.panel)
+        """The panel, then a plain-HTML slot that receives the static summary (and its charts) when a run ends."""
+        self._summary.display(_fallback.panel_view(self, charts=False))
 
     # -- internals -------------------------------------------------------------------------------------
     def _show_title(self) -> None:

@@ -13,6 +13,7 @@ import ipywidgets as W
 
 from nbtrainer import ModelProfile, format_bytes, format_count, format_duration
 
+from ._fallback import html_view
 from ._theme import FG, WARN
 
 __all__ = ["ProfileCard", "profile_html"]
@@ -114,3 +115,9 @@ class ProfileCard(W.VBox):
         self.html = W.HTML(profile_html(data))
         super().__init__([self.html], **kwargs)
         self.add_class("nbt-profile-card")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
+        return html_view(self, "model profile", self.html)._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:  # ipywidgets 7's own would publish the widget view alone
+        html_view(self, "model profile", self.html)._ipython_display_()

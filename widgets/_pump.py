@@ -29,6 +29,7 @@ from nbtrainer.plotting import change_label, higher_is_better
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
+from ._frontends import detect
 from ._runner import Feed, Run
 from ._view import PanelView
 
@@ -110,6 +111,7 @@ class UiPump:
         self.parts = tuple(parts)
         self.view, self.charts, self.compare, self.controls = view, charts, compare, controls
         self.interval = interval
+        self._budget = detect().budget  # VS Code, Colab: half (_frontends)
         self.push_times = push_times
         self.progress: Any = None
         self.stream_status = "running"  # the status the last drained item implies
@@ -198,14 +200,16 @@ class UiPump:
             if self._table_pending and (whole or now >= self._table_next):
                 self._table_pending = False
                 cells = v.set_epoch_rows(charts.rows)
-                self._table_next = now + cells / _CELLS_PER_S
+                self._table_next = now + cells / (_CELLS_PER_S * self._budget)
                 if v.epoch_section.body.children != (v.epoch_area,):
                     v.epoch_section.show(v.epoch_area)
                 v.epoch_section.set_title("epochs", f"{len(charts.rows)} so far")
         self._charts_pending = not (whole or now >= self._charts_next)
         if not self._charts_pending:
             if charts.render():  # the budget counts from when the data left (a slow render is not a head start)
-                self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / _POINTS_PER_S
+                self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / (
+                    _POINTS_PER_S * self._budget
+                )
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
         for part in self.parts:  # sections that read the run's History themselves (samples, errors)
             part.refresh(final)

@@ -25,6 +25,9 @@ import numpy as np
 from nbtrainer import Runs, format_number, tune
 from nbtrainer.plotting import PALETTE
 
+from ._fallback import html_view
+from ._style import theme_style
+
 if TYPE_CHECKING:
     from nbtrainer import Trainer
 
@@ -90,7 +93,7 @@ class RunsWidget:
         self.figure, self._sx, self._sy = _figure("", "nbt-runs-chart")
         self.message = W.HTML()
         controls = W.VBox([self.metric, self.x, self.refresh_button])
-        self.root = W.VBox([W.HBox([self.select, controls]), self.message, self.figure, self.table])
+        self.root = W.VBox([W.HBox([self.select, controls]), self.message, self.figure, self.table, theme_style()])
         self.root.add_class("nbt-runs")
         self._quiet = False
         self.refresh()
@@ -147,8 +150,8 @@ class RunsWidget:
         self.figure.title = f"{metric} ({len(marks)} runs)"
         self.figure.axes[0].label = x or ("step" if metric in _STEP_SERIES else "epoch")
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.root._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
+        return html_view(self.root, "runs", self.message, self.table)._repr_mimebundle_(**kwargs)
 
     @classmethod
     def tune(
@@ -208,7 +211,7 @@ class TuneView:
         self.figure.axes[0].label = "epoch"
         self.table = W.HTML()
         self.table.add_class("nbt-tune-table")
-        self.root = W.VBox([W.HBox([self.status, self.stop_button]), self.figure, self.table])
+        self.root = W.VBox([W.HBox([self.status, self.stop_button]), self.figure, self.table, theme_style()])
         self.root.add_class("nbt-tune")
         self._render()
 
@@ -319,5 +322,5 @@ class TuneView:
         body = "".join(rows)
         self.table.value = f"<table style='font-size:12px;border-collapse:collapse'>{head}{body}</table>"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.root._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
+        return html_view(self.root, "hyperparameter search", self.status, self.table)._repr_mimebundle_(**kwargs)

@@ -7,7 +7,9 @@ panel stays bounded however long it is used.
 
 from __future__ import annotations
 
+import contextlib
 import html
+from collections.abc import Iterator
 from typing import Any
 
 import ipywidgets as W
@@ -17,7 +19,8 @@ from nbtrainer import format_bytes, format_count, format_duration, format_lr, fo
 from ._epoch_table import CSS, MAX_ALL, epoch_table
 from ._messages import MessageLog
 from ._section import Section
-from ._theme import BORDER, FG, FG2, STATUS_COLORS, card_style
+from ._style import THEME_CSS, set_tooltip
+from ._theme import FG, FG2, STATUS_COLORS, card_style
 
 __all__ = ["STATUS_COLORS", "PanelView"]
 
@@ -25,7 +28,7 @@ _WIDE = {"description_width": "initial"}
 _AUTO = {"width": "auto"}  # a button as wide as its text (ipywidgets' default is 148 px)
 # Hides the plain-HTML summary left under the panel for front ends without widgets (GitHub, nbviewer, an
 # export without JavaScript): where this widget renders, the panel's own summary section shows instead.
-HIDE_STATIC = "<style>.nbt-summary-static{display:none}</style>"
+HIDE_STATIC = f"<style>.nbt-summary-static{{display:none}}{THEME_CSS}</style>"  # and the theme (_style)
 FOLLOW_ROWS = 8  # the live epoch table shows the newest rows only (``_epoch_table``: bounded whatever the run)
 # The box itself scrolls (it outlives each update, so a scroll position does too): sideways in a narrow panel
 # (lr and time stay reachable) and, with "show all", down from the newest row: column-reverse anchors the
@@ -94,10 +97,10 @@ class PanelView:
                 value="1.00e-3",
                 continuous_update=False,
                 layout=W.Layout(width="88px"),
-                tooltip="type an exact learning rate, e.g. 3e-4",
             ),
             "nbt-lr-exact",
         )
+        set_tooltip(self.lr_exact, "type an exact learning rate, e.g. 3e-4")
         # several named optimizers: which one the LR control sets ("all": each), and every one's LR
         self.lr_target = _cls(
             W.Dropdown(options=[("all", "")], value="", layout=W.Layout(width="90px", display="none")),
@@ -154,7 +157,7 @@ class PanelView:
             W.Button(
                 description="Start",
                 icon="play",
-                style={"button_color": "#1a7f37", "text_color": "white"},
+                style={"button_color": "#1a7f37"},  # white text: _style.THEME_CSS
                 layout=W.Layout(width="auto"),
             ),
             "nbt-start",
@@ -167,7 +170,7 @@ class PanelView:
                 description="Stop",
                 icon="stop",
                 disabled=True,
-                style={"button_color": "#cf222e", "text_color": "white"},
+                style={"button_color": "#cf222e"},
                 layout=W.Layout(width="auto"),
             ),
             "nbt-stop",
@@ -257,7 +260,7 @@ class PanelView:
                     self.summary_section.root,
                     self.messages,
                 ],
-                layout=W.Layout(border=f"1px solid {BORDER}", padding="6px"),
+                layout=W.Layout(padding="6px"),  # border: _style.THEME_CSS
             ),
             "nbt-panel",
         )
@@ -302,19 +305,34 @@ class PanelView:
         self.epoch_all.layout.display = "flex" if hidden else "none"
         return (len(rows) - first) * (len(rows[-1]) if rows else 0)
 
+    @contextlib.contextmanager
+    def noting(self, note: str) -> Iterator[None]:
+        """Inside the block, a live status carries ``note`` (class ``nbt-status-note``) after its detail."""
+        self._note = note
+        if note:
+            self.set_status(*getattr(self, "_shown", ("idle", "")))
+        try:
+            yield
+        finally:
+            self._note = ""
+
     def set_status(self, status: str, detail: str = "") -> None:
         """The badge shows the status word alone (class ``nbt-status-<status>``); the detail sits beside it."""
+        self._shown = (status, detail)
         color = STATUS_COLORS.get(status, STATUS_COLORS["idle"])
         tail = (
             f" <span class='nbt-status-detail' style='color:{FG2};font-size:12px'>{html.escape(detail)}</span>"
             if detail
             else ""
         )
-        # one line: "5" and "epoch(s)" must not wrap apart in a narrow panel
+        note = getattr(self, "_note", "") if status in ("starting", "running", "pausing", "paused", "stopping") else ""
+        # one line: "5" and "epoch(s)" must not wrap apart in a narrow panel (a note goes on its own lines below)
         self.status.value = (
             "<span style='white-space:nowrap'>"
             f"<span class='nbt-status-badge nbt-status-{status}' style='background:{color};color:white;"
             f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}</span>"
+        ) + (
+            f"<div class='nbt-status-note' style='color:{FG2};font-size:12px'>{html.escape(note)}</div>" if note else ""
         )
 
     def set_progress(self, p: Any) -> None:

@@ -22,9 +22,10 @@ from nbtrainer._report._format import format_bytes
 
 __all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
 
-# ipykernel releases before 7.1 drop widget/comm messages sent from background threads (7.0.x) or
-# deliver them only when the cell ends, so a training thread cannot update the panel live.
+# ipykernel 7.0.x drops widget/comm messages sent from background threads, so a training thread cannot update the
+# panel live (fixed in 7.1). 6.17 to 6.x deliver them (Google Colab's 6.17.1 is tested: issue 45).
 IPYKERNEL_THREAD_FIX = (7, 1)
+IPYKERNEL_FLOOR = (6, 17)
 # ipywidgets major -> the jupyterlab_widgets major whose front end speaks its protocol
 _WIDGETS_FRONTEND_MAJOR = {7: 1, 8: 3}
 LABEXTENSIONS = {
@@ -348,18 +349,17 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         rep.problems.append(
             Problem(
                 "ipywidgets is not installed: no panel, no notebook progress bars",
-                'pip install "ipywidgets>=8.1"   (then restart the kernel)',
+                'pip install "ipywidgets>=7.7"   (then restart the kernel)',
             )
         )
-    elif _vtuple(ipw) < (8, 1):
+    elif _vtuple(ipw) < (7, 7):
         rep.problems.append(
             Problem(
-                f"ipywidgets {ipw} is older than 8.1, which nbtrainer's panel needs",
-                'pip install -U "ipywidgets>=8.1" "jupyterlab_widgets>=3"   '
-                "(then restart the kernel and reload the page)",
+                f"ipywidgets {ipw} is older than 7.7, which nbtrainer's panel needs",
+                'pip install -U "ipywidgets>=7.7,<9"   (then restart the kernel and reload the page)',
             )
         )
-    if ipw and jlw:
+    if ipw and jlw and versions["jupyterlab"]:  # jupyterlab_widgets is JupyterLab's front end only
         want = _WIDGETS_FRONTEND_MAJOR.get(_vtuple(ipw)[:1][0] if _vtuple(ipw) else -1)
         if want is not None and _vtuple(jlw)[:1] != (want,):
             rep.problems.append(
@@ -374,14 +374,20 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         rep.problems.append(
             Problem(
                 "bqplot is not installed: the panel's live charts need it",
-                'pip install "bqplot>=0.13"   (then restart the kernel and reload the page)',
+                'pip install "bqplot>=0.12,<0.14"   (then restart the kernel and reload the page)',
             )
         )
-    elif _vtuple(bq) < (0, 13):
-        rep.problems.append(Problem(f"bqplot {bq} is older than 0.13", 'pip install -U "bqplot>=0.13"'))
+    elif _vtuple(bq) < (0, 12):
+        rep.problems.append(Problem(f"bqplot {bq} is older than 0.12", 'pip install -U "bqplot>=0.12,<0.14"'))
     if ipk is None:
-        rep.problems.append(Problem("ipykernel is not installed in this environment", 'pip install "ipykernel>=7.1"'))
-    elif _vtuple(ipk) < IPYKERNEL_THREAD_FIX:
+        rep.problems.append(Problem("ipykernel is not installed in this environment", 'pip install "ipykernel>=6.17"'))
+    elif _vtuple(ipk) < IPYKERNEL_FLOOR:
+        rep.problems.append(
+            Problem(
+                f"ipykernel {ipk} is older than 6.17", 'pip install -U "ipykernel>=6.17"   (then restart the kernel)'
+            )
+        )
+    elif (7, 0) <= _vtuple(ipk)[:2] < IPYKERNEL_THREAD_FIX:
         rep.problems.append(
             Problem(
                 f"ipykernel {ipk} is in the thread-update bug range (< 7.1): widget and chart updates sent from "
@@ -390,9 +396,7 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
             )
         )
     else:
-        rows.append(
-            Check("thread updates", f"ipykernel {ipk} >= 7.1: live updates from the training thread work", True)
-        )
+        rows.append(Check("thread updates", f"ipykernel {ipk}: live updates from the training thread work", True))
 
     # -- front-end extensions -------------------------------------------------------------------
     rows = rep.section("front-end extensions (JupyterLab / Notebook 7 / Voila)")

@@ -43,6 +43,8 @@ def run_controls_scenario(
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[2], timeout=30_000)
     a_step, a_points = global_step(page), loss_points(page)
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[a_points + 10], timeout=30_000)
+    # the step line is its own widget message, which can be drawn after the chart's (seen on ipywidgets 7)
+    page.wait_for_function(STEP_ABOVE, arg=[a_step], timeout=30_000)
     b_step = global_step(page)
     assert b_step > a_step > 0, (a_step, b_step)
     screenshot(page, f"{name}-running", selector=".nbt-panel")

@@ -33,6 +33,7 @@ __all__ = [
     "free_port",
     "isolated_env",
     "lab_run_all",
+    "start_classic",
     "start_lab",
     "start_notebook7",
     "start_voila",
@@ -322,6 +323,36 @@ def start_notebook7(
         *extra_args,
     ]
     return _spawn("notebook", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+
+
+def start_classic(
+    root_dir: Path,
+    workdir: Path,
+    *,
+    timeout: float = 90.0,
+    extra_args: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
+    """The classic Jupyter Notebook 6.5 (its own ``NotebookApp``, the ipywidgets 7 front end through
+    widgetsnbextension) serving ``root_dir``: open ``/notebooks/NAME.ipynb``; ``window.Jupyter`` is the page's API.
+    Needs the colab profile's venv (notebook 6.5 there; the main venv has Notebook 7)."""
+    env = env or isolated_env(workdir)
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "notebook",
+        "--no-browser",
+        "--allow-root",
+        f"--NotebookApp.ip={HOST}",
+        f"--NotebookApp.port={port}",
+        "--NotebookApp.port_retries=0",
+        "--NotebookApp.token=",
+        "--NotebookApp.password=",
+        f"--NotebookApp.notebook_dir={Path(root_dir).resolve()}",
+        *extra_args,
+    ]
+    return _spawn("notebook6", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
 def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:

@@ -48,7 +48,9 @@ def test_runs_widget_table_selection_and_overlay(data, tmp_path):
     trainer.fit(data[0], data[1], epochs=1)
     widget.refresh_button.click()  # a run written since: listed, the selection kept
     assert len(widget.select.options) == 4 and widget.selected == [ids[1]]
-    assert widget.root._repr_mimebundle_() is not None
+    bundle = widget._repr_mimebundle_()  # the widget view (on ipywidgets 7 and 8) and a readable fallback
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.root.model_id
+    assert bundle["text/plain"].startswith("runs") and "VBox(" not in bundle["text/plain"]
 
 
 def test_tune_view_shows_trials_live_and_stops_after_the_current_trial(data, tmp_path):

@@ -239,7 +239,7 @@ def test_summary_is_static_html_with_svg_and_reaches_the_display_slot(monkeypatc
     monkeypatch.setattr(disp, "update_display", lambda obj, **k: updates.append((obj, k)))
     w = make_widget(epochs=2)
     w._ipython_display_()
-    assert shown[0][0][0] is w.panel
+    assert shown[0][0][0].widget is w.panel  # with its text/plain and text/html fallback (_fallback)
     slot = shown[1][1]["display_id"]
     assert "nbt-summary-slot" in shown[1][0][0]["text/html"]
     w.start()

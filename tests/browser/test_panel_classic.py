@@ -1,0 +1,139 @@
+"""The training panel in the classic Jupyter Notebook 6.5 with widgetsnbextension 3.6: the ipywidgets 7 front end
+(Google Colab's stack: ipywidgets 7.7.1, bqplot 0.12, ipykernel 6.17), in a real Chromium.
+
+Runs in the colab profile's venv (``bash scripts/venv.sh colab``; ``scripts/test.sh`` runs it there), skipped in
+the main venv, which has Notebook 7 and ipywidgets 8. One server for the module.
+
+* Run All, then the controls scenario (Start trains in the background, the loss chart grows, Pause holds still,
+  Resume, Stop holds), no widget error in the page or the console, the panel's text legible (WCAG AA).
+* A second panel whose cell blocks in ``w.fit()``: on ipykernel 6 the clicks reach the kernel through
+  jupyter-ui-poll; Stop clicked in the page ends the run and the cell returns the History ("stopped").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from . import _servers
+from ._panel import PANEL_SELECTORS, badge, low_contrast, state_errors
+from ._scenario import run_controls_scenario
+from ._servers import Server, wait_widgets_rendered, widget_problems
+
+notebook = pytest.importorskip("notebook")
+if int(notebook.__version__.split(".")[0]) >= 7:
+    pytest.skip(
+        "needs the classic Notebook 6.5 of the colab profile (scripts/test.sh runs this module there)",
+        allow_module_level=True,
+    )
+
+SETUP = """
+import time, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from nbtrainer import TrainerWidget
+torch.set_num_threads(1)
+torch.manual_seed(0)
+x = torch.randn(2048, 16); y = (x[:, :4].sum(1) > 0).long()
+train_loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+val_loader = DataLoader(TensorDataset(x[:256], y[:256]), batch_size=256)
+
+class Slow(nn.Module):  # about 40 steps a second: long enough to watch and click
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+    def forward(self, x):
+        time.sleep(0.02)
+        return self.inner(x)
+
+def panel(epochs):
+    model = Slow(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+    return TrainerWidget(model, nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters(), lr=3e-3),
+                         train_loader, val_loader, epochs=epochs, seed=0,
+                         metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()})
+"""
+
+KERNEL_IDLE = """() => {
+    const nb = window.Jupyter && window.Jupyter.notebook;
+    const icon = document.querySelector('#kernel_indicator_icon');
+    return !!(nb && nb.kernel && nb.kernel.is_connected() && icon && icon.classList.contains('kernel_idle_icon'));
+}"""
+ALL_RAN = """() => {
+    const cells = window.Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code');
+    const icon = document.querySelector('#kernel_indicator_icon');
+    return cells.every(c => c.input_prompt_number !== null && c.input_prompt_number !== '*')
+        && icon.classList.contains('kernel_idle_icon');
+}"""
+
+
+@pytest.fixture(scope="module")
+def classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, list[str]], Server]]:
+    """One Notebook 6.5 server for the module; ``classic(name, cells)`` writes a notebook into its root."""
+    root = tmp_path_factory.mktemp("classic-nb")
+    server = _servers.start_classic(root, tmp_path_factory.mktemp("classic"))
+
+    def notebook_of(name: str, cells: list[str]) -> Server:
+        _servers.write_notebook(root / f"{name}.ipynb", cells)
+        return server
+
+    try:
+        yield notebook_of
+    finally:
+        server.stop()
+
+
+def _run_all(page: Any, url: str) -> None:
+    page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+    page.evaluate("() => window.Jupyter.notebook.execute_all_cells()")
+    page.wait_for_function(ALL_RAN, timeout=120_000)
+
+
+@pytest.mark.timeout(300)
+def test_panel_in_classic_notebook_on_ipywidgets_7(classic, page, screenshot, console_log) -> None:
+    server = classic("classic_panel", [SETUP, "w = panel(40)\nw"])
+    _run_all(page, f"{server.url}/notebooks/classic_panel.ipynb")
+    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    page.locator(".nbt-panel").first.scroll_into_view_if_needed()
+    assert badge(page) == "idle"
+    run_controls_scenario(page, screenshot, "panel-classic", console_log)
+    bad = low_contrast(page, ".nbt-panel")
+    why = page.evaluate(
+        """() => [document.body.getAttribute('class'), document.body.getAttribute('data-jp-theme-light'),
+                  getComputedStyle(document.querySelector('.nbt-title')).getPropertyValue('--jp-ui-font-color2'),
+                  [...document.querySelectorAll('style')].filter(s => s.textContent.includes('nbt-')).length]"""
+    )
+    assert not bad, f"low-contrast text in Notebook 6.5: {bad[:12]}; body class, theme, colour 2, styles: {why}"
+    # (every text of the charts included: their axis and figure titles take the theme colour from the panel's
+    # stylesheet, ipywidgets 7 having refused it as a colour trait)
+
+    # A cell blocks in w.fit(): the Stop clicked in the page reaches the kernel (ipykernel 6: jupyter-ui-poll)
+    page.evaluate(
+        """() => {
+            const cell = window.Jupyter.notebook.insert_cell_at_bottom('code');
+            cell.set_text("w2 = panel(40)\\nh2 = w2.fit()\\nprint('RESULT', h2.status, len(h2.epochs))");
+            cell.execute();
+        }"""
+    )
+    second = page.locator(".nbt-panel").nth(1)
+    second.locator(".nbt-status .nbt-status-running").wait_for(timeout=60_000)
+    page.wait_for_function(
+        """() => {
+            const el = document.querySelectorAll('.nbt-panel')[1].querySelector('.nbt-progress-info');
+            const m = el && el.innerText.match(/step ([\\d,]+)/);
+            return m !== null && parseInt(m[1].replace(/,/g, ''), 10) > 20;
+        }""",
+        timeout=60_000,
+    )
+    second.locator("button.nbt-stop").click()
+    second.locator(".nbt-status .nbt-status-stopped").wait_for(timeout=30_000)
+    result = page.locator(".output_area pre", has_text="RESULT")
+    result.wait_for(timeout=30_000)
+    words = result.inner_text().split()
+    assert words[:2] == ["RESULT", "stopped"] and int(words[2]) < 40, words
+    assert widget_problems(page) == []
+    assert not state_errors(console_log), state_errors(console_log)[:5]
+    errors = [m for m in console_log if m.startswith(("pageerror", "error")) and "widget" in m.lower()]
+    assert not errors, errors
