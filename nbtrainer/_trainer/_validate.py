@@ -197,6 +197,36 @@ def check_args(
     check_mode(on_nonfinite)
 
 
+def check_loop_options(
+    *,
+    optimizer: Any,
+    scheduler: Any,
+    predict_step: Any,
+    scheduler_interval: Any,
+    grad_accum_steps: Any,
+    max_grad_norm: Any,
+    val_every_n_epochs: Any,
+    optimizer_in_backward: Any,
+) -> None:
+    """The Trainer's loop options, each refused with its fix before anything is built."""
+    if predict_step is not None and not callable(predict_step):
+        raise TypeError(f"predict_step must be a function fn(model, batch) -> outputs, got {predict_step!r}.")
+    if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+        raise ValueError(
+            "The scheduler is bound to a different optimizer than the one given to the Trainer. "
+            "Create the scheduler from this trainer's optimizer."
+        )
+    if scheduler_interval not in ("step", "epoch"):
+        raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}.")
+    check_accum(grad_accum_steps)
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}.")
+    if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
+        raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+    if not isinstance(optimizer_in_backward, bool):
+        raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
+
+
 def check_accum(steps: Any) -> None:
     """``grad_accum_steps`` (``Trainer(...)`` and ``set_grad_accum_steps``): an int >= 1."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
