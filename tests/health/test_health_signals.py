@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import PoisonNet, make_classification, make_loader, mlp, poisoned_loader
 
 from nbtrainer import Health, HealthReport, Trainer
 
@@ -53,40 +53,10 @@ def test_lr_advice_takes_the_lr_finders_valley():
 
 
 # -- a module that produces NaN for one batch -------------------------------------------------------------------
-class Fragile(torch.nn.Module):
-    """NaN wherever its input is far out of range: finite for every batch but the one with the poisoned sample."""
-
-    def forward(self, x):
-        return torch.where(x.abs() > 1e3, torch.full_like(x, float("nan")), x)
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU())
-        self.layers = torch.nn.ModuleList(
-            [torch.nn.Sequential(torch.nn.Linear(32, 32), Fragile(), torch.nn.ReLU()) for _ in range(3)]
-        )
-        self.head = torch.nn.Linear(32, 3)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
-def _poisoned(batch: int = 17, row: int = 5):
-    x, y = make_classification(n=64 * 16, d=10)
-    x[batch * 16 + row] = 1e5  # finite; only the first Fragile (layers.0.1) turns it into NaN
-    return make_loader(x, y, batch_size=16)
-
-
 def test_a_nan_from_one_module_is_located_on_the_batch_that_made_it():
     """on_nonfinite="skip": the bad window is skipped, Health runs its batch again with hooks and names the module,
     the step, the batch and the epoch, at that very step (0 steps after the cause)."""
-    model = Net()
+    model = PoisonNet()
     weights: dict[int, torch.Tensor] = {}
 
     class Watch:
@@ -101,7 +71,7 @@ def test_a_nan_from_one_module_is_located_on_the_batch_that_made_it():
         on_nonfinite="skip",
         progress=False,
     )
-    history = trainer.fit(_poisoned(batch=17), epochs=2)
+    history = trainer.fit(poisoned_loader(batch=17), epochs=2)
     nonfinite = [r for r in _reports(history) if r.kind == "nonfinite"]
     first = nonfinite[0]
     assert first.step == 18 and first.epoch == 1 and first.data["batch"] == 17
@@ -118,7 +88,7 @@ def test_a_nan_from_one_module_is_located_on_the_batch_that_made_it():
 
 
 def test_a_nan_under_raise_is_reported_with_what_to_do():
-    model = Net()
+    model = PoisonNet()
     trainer = Trainer(
         model,
         torch.nn.CrossEntropyLoss(),
@@ -128,7 +98,7 @@ def test_a_nan_under_raise_is_reported_with_what_to_do():
         refresh_interval=0.0,  # the loss is read after every batch: the error comes at the bad step
     )
     with pytest.raises(Exception, match="non-finite"):
-        trainer.fit(_poisoned(batch=3), epochs=1)
+        trainer.fit(poisoned_loader(batch=3), epochs=1)
     (report,) = _reports(trainer.history)
     assert report.kind == "nonfinite" and report.step == 4
     assert "on_nonfinite='skip'" in report.advice and report.data["lr"] == pytest.approx(0.05 / 3)

@@ -112,7 +112,7 @@ def test_rollback_refuses_without_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         bare.rollback(str(tmp_path / "missing.ckpt"))
     trainer = _trainer(tmp_path)
-    with pytest.raises(CheckpointError, match="no checkpoint to roll back to yet.*every_n_steps"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint to roll back to yet.*every_n_steps"):
         trainer.rollback()
 
 
