@@ -68,7 +68,10 @@ class Truth:
     """The test's own record of the sampled steps: the gradients torch clips, and the weights around the step."""
 
     def __init__(self, steps: set[int]) -> None:
-        self.steps, self.grads, self.before, self.after = steps, {}, {}, {}
+        self.steps = steps
+        self.grads: dict[int, dict] = {}
+        self.before: dict[int, dict] = {}
+        self.after: dict[int, dict] = {}
 
     def on_before_optimizer_step(self, trainer, optimizer):
         step = trainer.global_step + 1
@@ -103,7 +106,7 @@ def test_norms_equal_torchs_of_that_steps_gradients(monkeypatch, clip):
     truth = Truth(sampled)
     if clip is not None:  # the gradients torch's clip_grad_norm_ sees, and the norm it returns: torch's truth
         original = torch.nn.utils.clip_grad_norm_
-        seen: dict[int, tuple[dict, float]] = {}
+        seen: dict[int, tuple[list, float]] = {}
 
         def clip_and_record(params, max_norm, *a, **kw):
             params = list(params)

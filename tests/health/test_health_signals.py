@@ -126,7 +126,7 @@ def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
     assert finding.where == "input" and finding.module == "1.inner" and finding.parent == "1"
     assert "the forward of `1`" in finding.describe()
     with torch.no_grad():
-        model[0].weight.fill_(float("nan"))
+        model[0].weight.fill_(float("nan"))  # type: ignore[operator]
     finding = locate_nonfinite(model, compute, torch.ones(3, 4), torch.autocast("cpu", enabled=False))
     assert finding.where == "weights" and finding.module == "0"
 
@@ -201,7 +201,7 @@ def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
 def test_dead_relu_units_are_reported_per_block_once_an_epoch():
     model = mlp(hidden=32)
     with torch.no_grad():
-        model[0].bias[:24] = -100.0  # 24 of 32 hidden units never turn on
+        model[0].bias[:24] = -100.0  # type: ignore[operator]  # 24 of 32 hidden units never turn on
     health = Health()
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-3, callbacks=[health], progress=False)
     x, y = make_classification(n=160, d=10)

@@ -35,7 +35,8 @@ class RollbackAt:
     """Calls trainer.rollback() once, from on_optimizer_step (the training thread, a step boundary)."""
 
     def __init__(self, step: int) -> None:
-        self.step, self.paths = step, []
+        self.step = step
+        self.paths: list[str] = []
 
     def on_optimizer_step(self, trainer, step, skipped):
         if step == self.step and not self.paths:
@@ -78,7 +79,7 @@ def test_rollback_from_another_thread_while_paused(tmp_path):
                 trainer.pause()
 
     trainer = _trainer(tmp_path / "b", PauseAt())
-    errors = []
+    errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _run(trainer, errors))
     thread.start()
     try:
@@ -126,7 +127,7 @@ def test_rollback_refuses_a_running_fit_that_is_not_paused(tmp_path):
                 release.wait(30)
 
     trainer = _trainer(tmp_path, Hold())
-    errors = []
+    errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _run(trainer, errors))
     thread.start()
     try:
@@ -167,7 +168,7 @@ def test_health_stop_saves_last_and_pause_holds_at_the_next_step(tmp_path):
         refresh_interval=0.0,
     )
     history = trainer.fit(loader, epochs=1)
-    assert history.status == "stopped" and history.stop_reason.startswith("Health: Step 1 changed the weights")
+    assert history.status == "stopped" and str(history.stop_reason).startswith("Health: Step 1 changed the weights")
     assert trainer.global_step == 2
     from nbtrainer import load_checkpoint
 
@@ -183,8 +184,8 @@ def test_health_stop_saves_last_and_pause_holds_at_the_next_step(tmp_path):
         progress=False,
         refresh_interval=0.0,
     )
-    errors = []
-    thread = threading.Thread(target=lambda: errors.append(trainer.fit(loader, epochs=1)))
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(trainer.fit(loader, epochs=1)))
     thread.start()
     try:
         for _ in range(600):
