@@ -88,7 +88,6 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "EarlyStopping",
-    "Health",
     "History",
     "LRMonitor",
     "MemoryOptions",
