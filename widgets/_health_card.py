@@ -7,8 +7,9 @@ small :class:`HealthHost` protocol), so the panel's Pause button and badge stay 
 pump calls :meth:`HealthCard.draw`) and on the kernel's (the clicks); the training thread only appends reports to
 the panel's feed.
 
-Colours are literal hex values in widget traits (ipywidgets 7's Color trait refuses CSS variables); the chart is
-built from the same bqplot parts as the panel's other charts (bqplot 0.12 and 0.13).
+Colours are literal hex values in widget traits (ipywidgets 7's Color trait refuses CSS variables; CSS variables
+only inside HTML), and the chart uses bqplot API that 0.12 and 0.13 share (checked under ipywidgets 7.7.1 + bqplot
+0.12.45 and ipywidgets 8 + bqplot 0.13).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from nbtrainer import Health, format_lr
 from nbtrainer.plotting import PALETTE
 
-from ._chart_parts import figure, legend_html, lin_scale, log_scale
+from ._chart_parts import legend_html, lin_scale, log_scale
 from ._theme import FG, FG2
 
 __all__ = ["HealthCard", "HealthHost", "health_of"]
@@ -58,9 +59,9 @@ def health_of(trainer: Any) -> Health:
     return health
 
 
-def _button(description: str, css: str, color: str | None = None) -> W.Button:
-    style = {"button_color": color, "text_color": "white"} if color else {}
-    button = W.Button(description=description, style=style, layout=W.Layout(width="auto", display="none"))
+def _button(description: str, css: str) -> W.Button:
+    # no style: ButtonStyle's text_color is ipywidgets 8 only (7 warns, then ignores it)
+    button = W.Button(description=description, layout=W.Layout(width="auto", display="none"))
     button.add_class(css)
     return button
 
@@ -79,17 +80,27 @@ class HealthCard:
         self.x, self.y = lin_scale(min=0.0, max=1.0), log_scale(min=1e-3, max=1.0)
         e = np.empty(0)
         self.lines = bq.Lines(x=e, y=e, scales={"x": self.x, "y": self.y}, colors=[PALETTE[0]], stroke_width=1.5)
-        self.fig = figure(
-            "nbt-health-chart", [self.lines], self.x, self.y, "optimizer step", "gradient norm (log)", ".1~e",
-            title="gradient norm per block",
-        )  # fmt: skip
-        self.fig.layout.height = "200px"
+        # its own small figure: axes without a label colour (a trait that takes no CSS variable under ipywidgets 7)
+        axes = [
+            bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", num_ticks=5),
+            bq.Axis(scale=self.y, side="left", label="gradient norm", tick_format=".1~e", label_offset="48px"),
+        ]
+        self.fig = bq.Figure(
+            marks=[self.lines],
+            axes=axes,
+            title="gradient norm per block (log)",
+            title_style={"font-size": "12px", "font-weight": "600", "fill": FG},
+            fig_margin={"top": 26, "bottom": 40, "left": 64, "right": 14},
+            animation_duration=0,
+            layout=W.Layout(width="100%", max_width="560px", height="200px"),
+        )
+        self.fig.add_class("nbt-health-chart")
         self.fig.layout.display = "none"  # until there are two samples: a chart of one point says nothing
         self.legend = W.HTML()
         self.legend.add_class("nbt-legend")
         self.advice = W.HTML()
         self.advice.add_class("nbt-health-advice")
-        self.apply_lr = _button("apply LR", "nbt-health-apply-lr", "#1a7f37")
+        self.apply_lr = _button("apply LR", "nbt-health-apply-lr")
         self.rollback = _button("roll back to last checkpoint and resume", "nbt-health-rollback")
         self.skip = _button("skip this batch and resume", "nbt-health-skip")
         self.apply_lr.on_click(lambda _: self._guard(self.click_apply_lr))
