@@ -169,6 +169,8 @@ class Health(Callback):
             return "with optimizer_in_backward the gradients never exist together"
         if trainer.batch_steps.training_step_fn is not None:
             return "training_step steps the optimizers itself"
+        if type(trainer.optimizer).__name__ == "LBFGS":
+            return "LBFGS computes its gradients inside its step"
         if getattr(trainer.strategy, "shards_parameters", False) or type(trainer.strategy).__name__ == "FSDP":
             return "FSDP shards the gradients"
         return None

@@ -82,7 +82,7 @@ def judge_norms(
         exploded = weights[0] > 0 and total > 10 * weights[0]
         than = f"{total / max(weights[0], 1e-12):.0f}x the weights' norm"
     totals.append(total)
-    summary = f"norm {format_number(total)} at step {step} · largest `{largest[0]}` {format_number(largest[1])}"
+    summary = f"norm {format_number(total)} at step {step} · largest {largest[0]} {format_number(largest[1])}"
     if exploded:
         drafts.append(
             Draft(
