@@ -340,9 +340,13 @@ class Health(Callback):
         if batch is None or trainer.batch_steps.training_step_fn is not None:
             return
         names = self._probe.names if self._probe is not None else []
-        found = dead_units(
-            self._model, trainer.batch_steps.compute, batch, trainer.batch_steps.autocast(), _owner(names)
-        )
+        try:
+            found = dead_units(
+                self._model, trainer.batch_steps.compute, batch, trainer.batch_steps.autocast(), _owner(names)
+            )
+        except Exception as exc:  # a diagnostic never ends the run: the light says why it could not look
+            self._light({"dead units": SignalState("ok", f"not checked: {type(exc).__name__}: {exc}"[:120])})
+            return
         step = trainer.global_step
         drafts, lights, shares = judge_dead(found, step, epoch)
         for block, share in shares.items():

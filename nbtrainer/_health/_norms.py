@@ -119,22 +119,18 @@ class NormProbe:
             index.extend([len(self.names)] * len(rest))
             self.names.append("(other)")
             self.params.extend(rest)
-        self._index = torch.tensor(index, dtype=torch.long)
-        self._device_index: dict[torch.device, torch.Tensor] = {}
+        self._sizes = [index.count(i) for i in range(len(self.names))]  # parameters per block, contiguous
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         self._before: Sequence[torch.Tensor] | None = None
         self._weights: torch.Tensor | None = None
         self._grads: torch.Tensor | None = None
 
-    def _per_block(self, norms: torch.Tensor, which: list[int]) -> torch.Tensor:
-        """``[total, block 0, ...]`` from per-parameter norms of the parameters at positions ``which``."""
-        device = norms.device
-        index = self._device_index.get(device)
-        if index is None:
-            index = self._device_index[device] = self._index.to(device)
-        sq = norms.square()
-        blocks = torch.zeros(len(self.names), device=device, dtype=torch.float32)
-        blocks.index_add_(0, index[torch.tensor(which, device=device)] if len(which) != len(self.params) else index, sq)
+    def _per_block(self, norms: list[torch.Tensor]) -> torch.Tensor:
+        """``[total, block 0, ...]`` from each parameter's norm (in :attr:`params` order, where the blocks are
+        contiguous): sums of squares per block as slices, no scatter (``index_add_`` has no deterministic CUDA
+        kernel, and ``Trainer(deterministic=True)`` would refuse it)."""
+        sq = torch.stack(norms).square()
+        blocks = torch.stack([part.sum() for part in torch.split(sq, self._sizes)])
         return torch.cat([sq.sum().reshape(1), blocks]).sqrt()
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
@@ -143,18 +139,21 @@ class NormProbe:
         also a copy of the weights, for the update after it."""
         with torch.no_grad():
             params = self.params
-            which = [i for i, p in enumerate(params) if p.grad is not None]
-            if not which:
+            grads = [p.grad for p in params]
+            present = [g for g in grads if g is not None]
+            if not present:
                 self._grads = None
                 return
-            grads = self._per_block(_norms([params[i].grad for i in which]), which)  # type: ignore[misc]
+            found = iter(_norms(present).unbind())
+            zero = torch.zeros((), device=present[0].device)
+            block_grads = self._per_block([next(found) if g is not None else zero for g in grads])
             if pre_clip_total is not None and max_norm is not None:
-                total = pre_clip_total.detach().to(grads.device, torch.float32)
+                total = pre_clip_total.detach().to(block_grads.device, torch.float32)
                 coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
-                grads = torch.cat([total.reshape(1), grads[1:] / coef])
-            self._grads = grads
+                block_grads = torch.cat([total.reshape(1), block_grads[1:] / coef])
+            self._grads = block_grads
             detached = [p.detach() for p in params]
-            self._weights = self._per_block(_norms(detached), list(range(len(params))))
+            self._weights = self._per_block(list(_norms(detached).unbind()))
             self._before = torch._foreach_mul(detached, 1.0) if ratio else None
 
     def after_step(self, step: int) -> None:
@@ -167,7 +166,7 @@ class NormProbe:
         if before is not None:
             with torch.no_grad():
                 change = torch._foreach_sub([p.detach() for p in self.params], list(before))
-                ratios = self._per_block(_norms(change), list(range(len(self.params)))) / weights.clamp_min(1e-30)
+                ratios = self._per_block(list(_norms(change).unbind())) / weights.clamp_min(1e-30)
         self.pending.append((step, grads, ratios, weights))
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:

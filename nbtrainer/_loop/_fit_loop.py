@@ -3,11 +3,11 @@
 Sync budget (host <-> device) of one fit, on purpose and nowhere else:
 
 1. the throttled refresh (``refresh_interval``, default 0.25 s): one ``tolist()`` of the pending
-   per-micro-batch losses and callable-metric values, stacked on the device first;
-2. the end of each epoch: the same flush, torchmetrics' ``compute``, and validation's single read;
-3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step);
-4. the sampled step-time breakdown (every ``timing_every`` micro-batches, CUDA only: ``synchronize``
-   around the phases of that one step);
+   per-micro-batch losses and callable-metric values, stacked on the device first (``nbtrainer.Health``: one more);
+2. the end of each epoch: the same flush, torchmetrics' ``compute``, validation's read (Health: one dead-units read);
+3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step; Health reads a skipped one's);
+4. the sampled step-time breakdown (micro-batches 1, 11, then every ``timing_every``; CUDA only: ``synchronize``
+   before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
 The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
