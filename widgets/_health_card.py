@@ -95,7 +95,6 @@ class HealthCard:
             layout=W.Layout(width="100%", max_width="560px", height="200px"),
         )
         self.fig.add_class("nbt-health-chart")
-        self.fig.layout.display = "none"  # until there are two samples: a chart of one point says nothing
         self.legend = W.HTML()
         self.legend.add_class("nbt-legend")
         self.advice = W.HTML()
@@ -107,10 +106,10 @@ class HealthCard:
         self.rollback.on_click(lambda _: self._guard(self.click_rollback))
         self.skip.on_click(lambda _: self._guard(self.click_skip))
         self.buttons = W.HBox([self.apply_lr, self.rollback, self.skip], layout=W.Layout(flex_flow="row wrap"))
-        self.root = W.VBox(
-            [self.lights, self.advice, self.buttons, W.VBox([self.legend, self.fig])],
-            layout=W.Layout(margin="2px 0 4px 0"),
-        )
+        # the chart joins the tree once there are two samples (a chart of one point says nothing, and a figure
+        # rendered hidden measures 0 x 0: bqplot logs negative sizes)
+        self.chart = W.VBox()
+        self.root = W.VBox([self.lights, self.advice, self.buttons, self.chart], layout=W.Layout(margin="2px 0 4px 0"))
         self.root.add_class("nbt-health")
         self._drawn = -1  # samples of the total norm on the chart
         self.draw()
@@ -130,7 +129,7 @@ class HealthCard:
         """A new run: no problem shown, the chart empty (the lights come from the new fit)."""
         self.problem = None
         self._drawn = -1
-        self.fig.layout.display = "none"
+        self.chart.children = ()
         self._show_problem()
 
     # -- what the pump calls (the UI thread) -----------------------------------------------------------------
@@ -174,7 +173,7 @@ class HealthCard:
     def _chart(self, norms: dict[str, list[tuple[int, float]]]) -> None:
         total = norms.get("total", [])
         if len(total) < 2:
-            self.fig.layout.display = "none"
+            self.chart.children = ()
             return
         steps = [s for s, _ in total]
         blocks = [n for n in norms if n != "total" and len(norms[n]) == len(total)]
@@ -196,7 +195,8 @@ class HealthCard:
             self.lines.labels = names
             self.lines.stroke_width = 1.5
         self.legend.value = legend_html([(name, color, False) for name, color in zip(names, colors, strict=True)])
-        self.fig.layout.display = "flex"
+        if not self.chart.children:
+            self.chart.children = (self.legend, self.fig)
 
     # -- the problem and its buttons --------------------------------------------------------------------------
     def _show_problem(self) -> None:

@@ -21,7 +21,7 @@ def test_the_panel_adds_health_and_shows_its_lights_and_norms():
     for signal in ("gradients", "loss", "non-finite", "learning rate", "dead units", "data"):
         assert f"<b style='flex:none'>{signal}</b>" in lights
     assert lights.count("nbt-health-ok") == 6  # a healthy run: every light green
-    assert w.health_card.fig.layout.display == "flex"  # steps 1 and 50: a line
+    assert w.health_card.chart.children == (w.health_card.legend, w.health_card.fig)  # steps 1 and 50: a line
     assert w.health_card.lines.labels[0] == "total" and len(w.health_card.lines.x) == 2
     assert w.health_card.apply_lr.layout.display == "none"  # no problem, no buttons
 
