@@ -34,14 +34,14 @@ def _loader():
 class RollbackAt:
     """Calls trainer.rollback() once, from on_optimizer_step (the training thread, a step boundary)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, back_to: int = 10) -> None:
+        self.step, self.back_to = step, back_to
         self.paths: list[str] = []
 
     def on_optimizer_step(self, trainer, step, skipped):
         if step == self.step and not self.paths:
             self.paths.append(trainer.rollback())
-            assert trainer.global_step == 10  # restored at once
+            assert trainer.global_step == self.back_to  # restored at once
 
 
 def test_rollback_mid_fit_goes_on_exactly_as_the_run_would_have(tmp_path):
@@ -198,3 +198,17 @@ def test_health_stop_saves_last_and_pause_holds_at_the_next_step(tmp_path):
         trainer.resume()
         thread.join(60)
     assert trainer.history.status == "finished" and trainer.lr == pytest.approx(5.0 / 3)
+
+
+def test_rollback_to_an_epoch_end_checkpoint(tmp_path):
+    """last.ckpt written at the end of epoch 2 (save_last, no every_n_steps); rolled back from step 20 (mid-epoch
+    3), the run redoes epoch 3 from its start and ends as the reference run."""
+    reference = _trainer(tmp_path / "a", every_n_steps=None)
+    expected = reference.fit(_loader(), epochs=3)
+    roll = RollbackAt(20, back_to=16)
+    trainer = _trainer(tmp_path / "b", roll, every_n_steps=None)
+    history = trainer.fit(_loader(), epochs=3)
+    assert roll.paths and history.steps["step"] == expected.steps["step"]
+    assert [r["epoch"] for r in history.epochs] == [1, 2, 3]
+    for a, b in zip(trainer.model.parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(a, b)
