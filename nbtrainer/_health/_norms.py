@@ -4,11 +4,11 @@ The blocks are the model's top-level children, with a repeated stack split into 
 ``Sequential`` of two or more blocks of one class: a transformer's ``encoder.layer.0``, ``encoder.layer.1``...);
 parameters that sit directly on a module that was split form a block named by that module.
 
-Cost, at a sampled step only (``Health(every_n_steps=...)``): two ``torch._foreach_norm`` over the gradients and the
-weights (a few fused kernels), a copy of the trainable weights (freed after the step) and one more ``_foreach_norm``
-over their change; the results stay on the device, as one small vector per sample, until the refresh reads them
-with one ``tolist()``. The optimizer's step pre/post hooks are registered for the sampled step alone, so the other
-steps pay nothing.
+Cost, at a sampled step only (``Health(every_n_steps=...)``): one ``torch._foreach_norm`` over the gradients and the
+weights together and a matrix product for the blocks, a copy of the trainable weights (freed after the step), and
+one more ``_foreach_norm`` over their change; the results stay on the device, as one small vector per sample, until
+the refresh reads them with one ``tolist()``. The optimizer's step pre/post hooks are registered for the sampled step
+alone, so the other steps pay nothing.
 
 The gradient values are those of the step's gradients after unscaling (fp16) and the rescale of a ragged
 accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`` returns (kept by the loop's
@@ -119,24 +119,30 @@ class NormProbe:
             index.extend([len(self.names)] * len(rest))
             self.names.append("(other)")
             self.params.extend(rest)
-        self._sizes = [index.count(i) for i in range(len(self.names))]  # parameters per block, contiguous
+        # block membership as a 0/1 matrix: per-block sums of squares are one matrix product (no index_add_ or
+        # scatter, which have no deterministic CUDA kernel; Trainer(deterministic=True) would refuse them)
+        self._member = torch.zeros(len(self.names), len(self.params))
+        self._member[torch.tensor(index), torch.arange(len(self.params))] = 1.0
+        self._member_on: dict[torch.device, torch.Tensor] = {}
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         self._before: Sequence[torch.Tensor] | None = None
         self._weights: torch.Tensor | None = None
         self._grads: torch.Tensor | None = None
 
-    def _per_block(self, norms: list[torch.Tensor]) -> torch.Tensor:
-        """``[total, block 0, ...]`` from each parameter's norm (in :attr:`params` order, where the blocks are
-        contiguous): sums of squares per block as slices, no scatter (``index_add_`` has no deterministic CUDA
-        kernel, and ``Trainer(deterministic=True)`` would refuse it)."""
-        sq = torch.stack(norms).square()
-        blocks = torch.stack([part.sum() for part in torch.split(sq, self._sizes)])
-        return torch.cat([sq.sum().reshape(1), blocks]).sqrt()
+    def _per_block(self, norms: torch.Tensor) -> torch.Tensor:
+        """``[..., total, block 0, block 1, ...]`` from each parameter's norm (``[..., n_params]``, in :attr:`params`
+        order): square roots of the sums of squares."""
+        member = self._member_on.get(norms.device)
+        if member is None:
+            member = self._member_on[norms.device] = self._member.to(norms.device)
+        sq = norms.square()
+        return torch.cat([sq.sum(-1, keepdim=True), sq @ member.T], dim=-1).sqrt()
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
     def before_step(self, pre_clip_total: torch.Tensor | None, max_norm: float | None, ratio: bool) -> None:
         """The gradients (unclipped, see the module docstring) and the weights, before the update; with ``ratio``
-        also a copy of the weights, for the update after it."""
+        also a copy of the weights, for the update after it. A few fused kernels: one ``_foreach_norm`` over the
+        gradients and the weights together, one matrix product for the blocks."""
         with torch.no_grad():
             params = self.params
             grads = [p.grad for p in params]
@@ -144,16 +150,21 @@ class NormProbe:
             if not present:
                 self._grads = None
                 return
-            found = iter(_norms(present).unbind())
-            zero = torch.zeros((), device=present[0].device)
-            block_grads = self._per_block([next(found) if g is not None else zero for g in grads])
+            detached = [p.detach() for p in params]
+            norms = _norms(present + detached)
+            n = len(params)
+            if len(present) == n:  # the usual case: every parameter has its gradient
+                both = norms.reshape(2, n)
+            else:  # a block unused this step: its gradient counts as zero
+                found = iter(norms[: len(present)].unbind())
+                zero = norms.new_zeros(())
+                both = torch.stack([torch.stack([next(found) if g is not None else zero for g in grads]), norms[-n:]])
+            block_grads, weights = self._per_block(both).unbind()
             if pre_clip_total is not None and max_norm is not None:
                 total = pre_clip_total.detach().to(block_grads.device, torch.float32)
                 coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
                 block_grads = torch.cat([total.reshape(1), block_grads[1:] / coef])
-            self._grads = block_grads
-            detached = [p.detach() for p in params]
-            self._weights = self._per_block(list(_norms(detached).unbind()))
+            self._grads, self._weights = block_grads, weights
             self._before = torch._foreach_mul(detached, 1.0) if ratio else None
 
     def after_step(self, step: int) -> None:
@@ -166,7 +177,7 @@ class NormProbe:
         if before is not None:
             with torch.no_grad():
                 change = torch._foreach_sub([p.detach() for p in self.params], list(before))
-                ratios = self._per_block(list(_norms(change).unbind())) / weights.clamp_min(1e-30)
+                ratios = self._per_block(_norms(change)) / weights.clamp_min(1e-30)
         self.pending.append((step, grads, ratios, weights))
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:
