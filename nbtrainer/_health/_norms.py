@@ -78,13 +78,16 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Paramet
 
 def _norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Each tensor's 2-norm, as one float32 vector on the first tensor's device."""
-    device = tensors[0].device
     norms: Sequence[torch.Tensor]
     try:
         norms = torch._foreach_norm(list(tensors))
     except (RuntimeError, NotImplementedError):  # a kind foreach does not take (sparse, some subclasses)
         norms = [torch.linalg.vector_norm(t) for t in tensors]
-    return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
+    try:
+        return torch.stack(list(norms)).float()  # one device (the usual case): no per-tensor copy
+    except RuntimeError:  # parameters on several devices
+        device = tensors[0].device
+        return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
 
 
 class NormProbe:
@@ -126,8 +129,8 @@ class NormProbe:
         self._member_on: dict[torch.device, torch.Tensor] = {}
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         self._before: Sequence[torch.Tensor] | None = None
-        self._weights: torch.Tensor | None = None
-        self._grads: torch.Tensor | None = None
+        self._norm_vec: torch.Tensor | None = None  # the gradients' then the weights' norms, per parameter
+        self._clip: tuple[torch.Tensor | None, float | None] = (None, None)
 
     def _per_block(self, norms: torch.Tensor) -> torch.Tensor:
         """``[..., total, block 0, block 1, ...]`` from each parameter's norm (``[..., n_params]``, in :attr:`params`
@@ -140,44 +143,48 @@ class NormProbe:
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
     def before_step(self, pre_clip_total: torch.Tensor | None, max_norm: float | None, ratio: bool) -> None:
-        """The gradients (unclipped, see the module docstring) and the weights, before the update; with ``ratio``
-        also a copy of the weights, for the update after it. A few fused kernels: one ``_foreach_norm`` over the
-        gradients and the weights together, one matrix product for the blocks."""
+        """The gradients' norms (unclipped, see the module docstring) and the weights', before the update, in one
+        ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights,
+        for the update after it. Nothing is reduced per block yet: :meth:`after_step` does it once for all."""
         with torch.no_grad():
             params = self.params
             grads = [p.grad for p in params]
             present = [g for g in grads if g is not None]
             if not present:
-                self._grads = None
+                self._norm_vec = None
                 return
             detached = [p.detach() for p in params]
             norms = _norms(present + detached)
-            n = len(params)
-            if len(present) == n:  # the usual case: every parameter has its gradient
-                both = norms.reshape(2, n)
-            else:  # a block unused this step: its gradient counts as zero
+            if len(present) != len(params):  # a block unused this step: its gradient counts as zero
                 found = iter(norms[: len(present)].unbind())
                 zero = norms.new_zeros(())
-                both = torch.stack([torch.stack([next(found) if g is not None else zero for g in grads]), norms[-n:]])
-            block_grads, weights = self._per_block(both).unbind()
-            if pre_clip_total is not None and max_norm is not None:
-                total = pre_clip_total.detach().to(block_grads.device, torch.float32)
-                coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
-                block_grads = torch.cat([total.reshape(1), block_grads[1:] / coef])
-            self._grads, self._weights = block_grads, weights
+                norms = torch.cat(
+                    [torch.stack([next(found) if g is not None else zero for g in grads]), norms[-len(params) :]]
+                )
+            self._norm_vec = norms
+            self._clip = (pre_clip_total, max_norm)
             self._before = torch._foreach_mul(detached, 1.0) if ratio else None
 
     def after_step(self, step: int) -> None:
-        """The update of the sampled step, as a share of the weights; queues the sample for the refresh."""
-        grads, weights, before = self._grads, self._weights, self._before
-        self._grads = self._weights = self._before = None
-        if grads is None or weights is None:
+        """The update of the sampled step; every per-block value of the sample in one reduction, queued for the
+        refresh: ``[total, block...]`` of the gradients, of the update ratios, of the weights."""
+        norms, before = self._norm_vec, self._before
+        self._norm_vec = self._before = None
+        if norms is None:
             return
-        ratios = None
-        if before is not None:
-            with torch.no_grad():
+        n = len(self.params)
+        with torch.no_grad():
+            if before is not None:
                 change = torch._foreach_sub([p.detach() for p in self.params], list(before))
-                ratios = self._per_block(_norms(change)) / weights.clamp_min(1e-30)
+                norms = torch.cat([norms, _norms(change).to(norms.device)])
+            rows = self._per_block(norms.reshape(-1, n))
+            grads, weights = rows[0], rows[1]
+            ratios = rows[2] / weights.clamp_min(1e-30) if before is not None else None
+            pre_clip, max_norm = self._clip
+            if pre_clip is not None and max_norm is not None:
+                total = pre_clip.detach().to(grads.device, torch.float32)
+                coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
+                grads = torch.cat([total.reshape(1), grads[1:] / coef])
         self.pending.append((step, grads, ratios, weights))
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:
@@ -204,7 +211,7 @@ class NormProbe:
         return out
 
     def forget(self) -> None:
-        self.pending, self._grads, self._weights, self._before = [], None, None, None
+        self.pending, self._norm_vec, self._before = [], None, None
 
 
 def hook_step(optimizer: Any, probe: NormProbe, before: Any, after: Any) -> list[Any]:
