@@ -137,12 +137,15 @@ class HealthCard:
         """A report arrived (in stream order); a problem becomes the one the buttons act on."""
         if report.level == "problem":
             self.problem = report
+            if self.health.on_problem == "pause" and self.host.running and not self.host.pause_requested:
+                # Health asked for the pause: it becomes the panel's own (its button says Resume, the badge
+                # "pausing" then "paused"). Once per report, never from the status: right after a resume the
+                # status still reads "paused", and that would pause the run again.
+                self.host.pause()
         self._show_problem()
 
     def draw(self) -> None:
         """The lights, and the chart when new norm samples arrived."""
-        if self.trainer.status == "paused" and self.host.running and not self.host.pause_requested:
-            self.host.pause()  # Health paused it (on_problem="pause"): the panel's button now says Resume
         with self.lights.hold_sync():
             self.lights.value = self._lights_html()
         self._buttons()

@@ -207,7 +207,7 @@ class UiPump:
             if charts.render():  # the budget counts from when the data left (a slow render is not a head start)
                 self._charts_next = time.monotonic() + sum(charts.sent_points().values()) / _POINTS_PER_S
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
-        self.health.draw()  # before the badge: a pause Health made becomes the panel's own (the Resume button)
+        self.health.draw()
         if status is not None:
             v.set_status(*status)
         self.push_times.append(time.monotonic())
