@@ -107,6 +107,20 @@ def run_nbtrainer(w: Workload, device: torch.device) -> float:
         return time.perf_counter() - start
 
 
+def run_nbtrainer_health(w: Workload, device: torch.device) -> float:
+    """``run_nbtrainer`` with ``nbtrainer.Health()`` at its defaults (issue 47)."""
+    from nbtrainer import Health, ProgressBar, Trainer
+
+    model, opt, crit = w.fresh()
+    with open(os.devnull, "w") as sink:
+        trainer = Trainer(
+            model, crit, opt, device=device, progress=False, callbacks=[ProgressBar(file=sink, mode="bars"), Health()]
+        )
+        start = time.perf_counter()
+        trainer.fit(w.data, epochs=1)
+        return time.perf_counter() - start
+
+
 def run_lightning(w: Workload, device: torch.device) -> float:
     import lightning as L
 
@@ -149,6 +163,7 @@ def run_lightning(w: Workload, device: torch.device) -> float:
 VARIANTS: dict[str, Callable[[Workload, torch.device], float]] = {
     "hand": run_hand,
     "nbtrainer": run_nbtrainer,
+    "health": run_nbtrainer_health,
     "lightning": run_lightning,
 }
 

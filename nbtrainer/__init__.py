@@ -32,6 +32,8 @@ _LAZY: dict[str, str] = {
     "EarlyStopping": "nbtrainer._events._callbacks",
     "ModelCheckpoint": "nbtrainer._events._model_checkpoint",
     "LRMonitor": "nbtrainer._events._callbacks",
+    "Health": "nbtrainer._health._health",
+    "HealthReport": "nbtrainer._health._health_report",
     "ProgressBar": "nbtrainer._events._progress",
     "TensorBoardLogger": "nbtrainer._events._loggers",
     "CSVLogger": "nbtrainer._events._loggers",
@@ -164,6 +166,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._events._progress import ProgressBar as ProgressBar
     from nbtrainer._events._stream import EVENTS as EVENTS
     from nbtrainer._events._stream import Progress as Progress
+    from nbtrainer._health._health import Health as Health
+    from nbtrainer._health._health_report import HealthReport as HealthReport
     from nbtrainer._inference._compare import compare_inference as compare_inference
     from nbtrainer._inference._distill import DistillationLoss as DistillationLoss
     from nbtrainer._inference._inference_table import InferenceComparison as InferenceComparison

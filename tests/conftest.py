@@ -66,6 +66,40 @@ def mlp(d: int = 10, hidden: int = 16, out: int = 3, seed: int = 0, dtype=torch.
     return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out)).to(dtype)
 
 
+# -- training health (tests/health, tests/widgets): a module that turns one batch into NaN ----------------
+class Fragile(torch.nn.Module):
+    """NaN wherever its input is far out of range: finite for every batch but the one with the poisoned sample."""
+
+    def forward(self, x):
+        return torch.where(x.abs() > 1e3, torch.full_like(x, float("nan")), x)
+
+
+class PoisonNet(torch.nn.Module):
+    """Blocks ``embed``, ``layers.0-2`` (each ``Linear, Fragile, ReLU``), ``head``: ``layers.0.1`` makes the NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU())
+        self.layers = torch.nn.ModuleList(
+            [torch.nn.Sequential(torch.nn.Linear(32, 32), Fragile(), torch.nn.ReLU()) for _ in range(3)]
+        )
+        self.head = torch.nn.Linear(32, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def poisoned_loader(batch: int = 17, row: int = 5):
+    """64 batches of 16 (not shuffled); one sample of ``batch`` is far out of range."""
+    x, y = make_classification(n=64 * 16, d=10)
+    x[batch * 16 + row] = 1e5  # finite; only the first Fragile (layers.0.1) turns it into NaN
+    return make_loader(x, y, batch_size=16)
+
+
 # Tests that share work (one Chromium and Jupyter server; one kernel run per notebook): each group runs on one
 # worker, and the groups go first, in this order (the longest first).
 _SHARED = ("tests/browser/", "tests/test_notebooks.py::")

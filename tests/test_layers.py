@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"_loop"},  # the fit loop, the training step, metrics, NaN gate, control, OOM
     {"_resume"},  # checkpoint contents, continue, checkpoint files
     {"_runs"},  # the run store and trackers: consumers of the event stream that the Trainer attaches
+    {"_health"},  # training health: a consumer of the event stream that reports and acts (pause, stop)
     {"_plan"},  # the memory planner: a step on fake tensors plus arithmetic (the Trainer will plan at fit start)
     {"_look"},  # samples during training, error analysis (interpret): event-stream consumers the Trainer delegates to
     {"_trainer"},  # the facade users hold

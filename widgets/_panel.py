@@ -28,6 +28,7 @@ from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
 from ._forms import parse_panel_args
+from ._health_card import HealthCard
 from ._looks import Looks
 from ._plan_view import PlanView
 from ._poll import wait_until
@@ -130,6 +131,7 @@ class TrainerWidget:
         )
         self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
         v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
+        self.health_card = HealthCard(self, view=v)  # nbtrainer.Health's lights, norms, advice and buttons
         self._show_title()
         slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
         v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
@@ -214,11 +216,8 @@ class TrainerWidget:
             self._run = None
             self.set_running(False)
             raise
-        self.notify(
-            "info",
-            f"run started: {self.epochs} epoch(s), {self.trainer.precision}, "
-            f"accumulation {self.trainer.grad_accum_steps}",
-        )
+        t = self.trainer
+        self.notify("info", f"run started: {self.epochs} epoch(s), {t.precision}, accumulation {t.grad_accum_steps}")
         self._pump = UiPump(
             self,
             run,
@@ -395,4 +394,5 @@ class TrainerWidget:
         if trainer is not None:
             self.trainer = trainer
             self.controls.use_trainer(trainer)
+            self.health_card.watch(trainer)
             self._show_title()

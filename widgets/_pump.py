@@ -30,6 +30,7 @@ from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._frontends import detect
+from ._health_card import HealthCard
 from ._runner import Feed, Run
 from ._view import PanelView
 
@@ -65,6 +66,11 @@ class PumpHost(Protocol):
 
     def publish_summary(self, history: Any = None) -> None:
         """Show the summary of ``history`` in the panel and in its static output slots."""
+        ...
+
+    @property
+    def health_card(self) -> HealthCard:
+        """The panel's health card (``_health_card``): the pump hands it the reports and has it redraw."""
         ...
 
 
@@ -109,6 +115,7 @@ class UiPump:
     ) -> None:
         self.host, self.run, self.feed = host, run, feed
         self.parts = tuple(parts)
+        self.health: HealthCard = host.health_card  # reports in stream order, lights and norms at every push
         self.view, self.charts, self.compare, self.controls = view, charts, compare, controls
         self.interval = interval
         self._budget = detect().budget  # VS Code, Colab: half (_frontends)
@@ -181,6 +188,10 @@ class UiPump:
                 epochs_changed = True
             elif kind == "control":
                 self._control(payload)
+            elif kind == "health":
+                self.health.add(payload)
+            elif kind == "start":
+                self.health.clear()
         v, p = self.view, self.progress
         now = time.monotonic()
         status = None if final else self._live_status(p)
@@ -213,6 +224,7 @@ class UiPump:
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
         for part in self.parts:  # sections that read the run's History themselves (samples, errors)
             part.refresh(final)
+        self.health.draw()
         if status is not None:
             v.set_status(*status)
         self.push_times.append(time.monotonic())
@@ -230,8 +242,19 @@ class UiPump:
         # holds at); the "pause" event is emitted just before it, so it would show a stale step.
         if kind == "resume":
             self.stream_status = "running"
+        elif kind == "rollback":  # the charts go back to the checkpoint's step, from the History
+            self._rewind_charts(event)
         elif kind in ("lr", "grad_accum_steps"):
             self.host.notify("info", change_label(event) or kind)
+
+    def _rewind_charts(self, event: dict[str, Any]) -> None:
+        history, step, charts = self.run.trainer.history, event["new"], self.charts
+        s = history.steps
+        charts.clear()
+        charts.add_steps([p for p in zip(s["step"], s["loss"], s["lr"], strict=False) if p[0] <= step])
+        for row in [r for r in history.epochs if r.get("steps", 0) <= step]:
+            charts.add_epoch(row)
+        self.host.notify("info", f"rolled back to step {step} ({event.get('path')})")
 
     def _live_status(self, p: Any) -> tuple[str, str]:
         run = self.run

@@ -74,6 +74,10 @@ class Feed:
         self.queue.append(("control", dict(event)))
         self.wake.set()
 
+    def on_health(self, trainer: Trainer, report: Any) -> None:
+        self.queue.append(("health", report))  # the health card's problem and advice
+        self.wake.set()
+
     def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self.queue.append(("exception", exception))
         self.wake.set()

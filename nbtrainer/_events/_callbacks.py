@@ -201,5 +201,8 @@ class HistoryRecorder:
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         self.history.add_event(**event)
 
+    def on_health(self, trainer: TrainerView, report: Any) -> None:
+        self.history.add_health(report.to_dict())
+
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         self.history.add_epoch(logs)

@@ -24,9 +24,14 @@ class History:
         epochs: one dict per epoch: ``epoch, lr, loss, <metric>, val_loss, val_<metric>, time,
             samples_per_s, steps, skipped_steps``.
         steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
-        events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``).
+        events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``; a health
+            report is one of kind ``"health"``).
         samples: what :class:`~nbtrainer.Samples` took: ``{"step", "epoch", "name", "kind": "text" | "image",
             "value"}`` (an image's value is PNG bytes; base64 text in :meth:`state_dict` and JSON).
+        health: what :class:`~nbtrainer.Health` measured: ``health["grad_norm"][name]`` and
+            ``health["update_ratio"][name]`` as ``[(step, value), ...]`` per block (``"total"``: the whole model),
+            ``health["dead_units"][block]`` (the share of dead ReLU units), ``health["data_wait"]`` (the share of
+            the step spent waiting for the loader) and ``health["reports"]`` (each report as a dict).
         status: ``"finished"``, ``"stopped"``, ``"interrupted"`` or ``"failed"`` once a fit ends.
 
     Example:
@@ -41,6 +46,7 @@ class History:
         self.steps: dict[str, list] = {"step": [], "epoch": [], "loss": [], "lr": []}
         self.events: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
+        self.health: dict[str, Any] = _no_health()
         self.status: str = "idle"
         self.stop_reason: str | None = None
 
@@ -61,6 +67,25 @@ class History:
 
     def add_sample(self, *, step: int, epoch: int, name: str, kind: str, value: str | bytes) -> None:
         self.samples.append({"step": step, "epoch": epoch, "name": name, "kind": kind, "value": value})
+
+    def add_health(self, report: dict[str, Any]) -> None:
+        """A health report (``HealthReport.to_dict()``): kept in ``health["reports"]`` and as a ``"health"`` event."""
+        self.health.setdefault("reports", []).append(report)
+        self.add_event(
+            step=report["step"], epoch=report["epoch"], kind="health", old=report["kind"], new=report["message"]
+        )
+
+    def truncate(self, step: int) -> None:
+        """Forget the steps after ``step`` (a rollback): per-step values, samples and health series; events stay
+        (they say what happened, the rollback included)."""
+        keep = sum(1 for s in self.steps["step"] if s <= step)
+        self.steps = {k: v[:keep] for k, v in self.steps.items()}
+        self.samples = [s for s in self.samples if s["step"] <= step]
+        for key, series in self.health.items():
+            if key == "data_wait":
+                self.health[key] = [p for p in series if p[0] <= step]
+            elif key != "reports":
+                self.health[key] = {n: [p for p in pts if p[0] <= step] for n, pts in series.items()}
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -188,6 +213,7 @@ class History:
             "events": [dict(e) for e in self.events],
             # an image's PNG bytes as base64 text: plain data for JSON and for a weights_only checkpoint alike
             "samples": [_encoded(s) for s in self.samples],
+            "health": _copy_health(self.health),
             "status": self.status,
             "stop_reason": self.stop_reason,
         }
@@ -198,6 +224,8 @@ class History:
         self.steps = {k: list(steps.get(k, [])) for k in ("step", "epoch", "loss", "lr")}
         self.events = [dict(e) for e in state.get("events", [])]
         self.samples = [_decoded(s) for s in state.get("samples", [])]
+        self.health = _no_health()
+        self.health.update(_copy_health(state.get("health") or {}, pairs=tuple))
         self.status = state.get("status", "idle")
         self.stop_reason = state.get("stop_reason")
 
@@ -220,3 +248,20 @@ def _decoded(sample: dict[str, Any]) -> dict[str, Any]:
     if sample.get("kind") == "image" and isinstance(value, str):
         return {**sample, "value": base64.b64decode(value)}
     return dict(sample)
+
+
+def _no_health() -> dict[str, Any]:
+    return {"grad_norm": {}, "update_ratio": {}, "dead_units": {}, "data_wait": [], "reports": []}
+
+
+def _copy_health(health: dict[str, Any], pairs: Any = list) -> dict[str, Any]:
+    """A copy of plain data (``(step, value)`` pairs as lists for a checkpoint or JSON, as tuples when loaded)."""
+    out: dict[str, Any] = {}
+    for key, value in health.items():
+        if key == "reports":
+            out[key] = [dict(r) for r in value]
+        elif isinstance(value, dict):
+            out[key] = {n: [pairs(p) for p in pts] for n, pts in value.items()}
+        else:
+            out[key] = [pairs(p) for p in value]
+    return out

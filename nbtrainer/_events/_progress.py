@@ -107,8 +107,8 @@ class ProgressBar:
 
     Lines are ``epoch 3/10  loss=...  acc=...  val_loss=...  lr=...  time=...`` (every logged value, LRs with
     :func:`~nbtrainer.format_lr`, the rest with :func:`~nbtrainer.format_number`), ``step ...`` for
-    heartbeats, ``control ...`` when the LR or accumulation changes mid-run, and a last ``training <status>``
-    line. Under DDP only rank 0 prints.
+    heartbeats, ``control ...`` when the LR or accumulation changes mid-run, ``health ...`` once per kind of
+    :class:`~nbtrainer.Health` report, and a last ``training <status>`` line. Under DDP only rank 0 prints.
 
     Example:
         >>> from nbtrainer import ProgressBar
@@ -135,6 +135,7 @@ class ProgressBar:
         self._step_bar: Any = None
         self._tqdm: Any = None
         self._next_beat = 0.0
+        self._health_said: set[str] = set()
 
     # -- which output ---------------------------------------------------------------------------
     def resolve_mode(self) -> str:
@@ -157,6 +158,7 @@ class ProgressBar:
     # -- events ---------------------------------------------------------------------------------
     def on_fit_start(self, trainer: TrainerView) -> None:
         self.active_mode = None
+        self._health_said = set()
         if not getattr(trainer, "is_global_zero", True):
             return
         self.active_mode = self.resolve_mode()
@@ -236,6 +238,13 @@ class ProgressBar:
         if kind in ("lr", "grad_accum_steps"):
             text += f" {format_value(kind, event.get('old'))} -> {format_value(kind, event.get('new'))}"
         self._write(text)
+
+    def on_health(self, trainer: TrainerView, report: Any) -> None:
+        """One line per kind of health report and fit (``Health``'s own throttle spaces the rest out)."""
+        if self.active_mode is None or report.kind in self._health_said:
+            return
+        self._health_said.add(report.kind)
+        self._write(str(report))
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self.active_mode is None:

@@ -16,7 +16,8 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 ``on_optimizer_step(trainer, step, skipped)``         after the step; ``skipped`` when fp16's scaler skipped
 ``on_refresh(trainer, progress)``   wall-clock throttled (``refresh_interval``); the only place running
                                     values are read from the device. ``progress`` is a :class:`Progress`.
-``on_control(trainer, event)``     a control request (lr, accumulation, pause, stop) took effect
+``on_control(trainer, event)``     a control request (lr, accumulation, pause, stop, rollback) took effect
+``on_health(trainer, report)``     ``nbtrainer.Health`` found something (a :class:`~nbtrainer.HealthReport`)
 ``on_validation_start(trainer)`` / ``on_validation_end(trainer, logs)``  in fit and in ``evaluate()``
 ``on_epoch_end(trainer, epoch, logs)``  ``logs`` is the History row for the epoch
 ``on_exception(trainer, exception)``   then the exception propagates (KeyboardInterrupt excepted)
@@ -41,6 +42,7 @@ EVENTS: tuple[str, ...] = (
     "on_optimizer_step",
     "on_refresh",
     "on_control",
+    "on_health",
     "on_validation_start",
     "on_validation_end",
     "on_epoch_end",

@@ -3,11 +3,11 @@
 Sync budget (host <-> device) of one fit, on purpose and nowhere else:
 
 1. the throttled refresh (``refresh_interval``, default 0.25 s): one ``tolist()`` of the pending
-   per-micro-batch losses and callable-metric values, stacked on the device first;
-2. the end of each epoch: the same flush, torchmetrics' ``compute``, and validation's single read;
-3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step);
-4. the sampled step-time breakdown (every ``timing_every`` micro-batches, CUDA only: ``synchronize``
-   around the phases of that one step);
+   per-micro-batch losses and callable-metric values, stacked on the device first (``nbtrainer.Health``: one more);
+2. the end of each epoch: the same flush, torchmetrics' ``compute``, validation's read (Health: one dead-units read);
+3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step; Health reads a skipped one's);
+4. the sampled step-time breakdown (micro-batches 1, 11, then every ``timing_every``; CUDA only: ``synchronize``
+   before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
 The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
@@ -32,7 +32,7 @@ from nbtrainer._data._batch import batch_size_of, move_to_device
 from nbtrainer._data._order import ShuffleOrder
 from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
-from nbtrainer._loop._loop_state import LoopState
+from nbtrainer._loop._loop_state import LoopState, close_windows
 from nbtrainer._loop._manual import ManualStep
 from nbtrainer._loop._metrics import exact_add
 from nbtrainer._loop._step import TrainStep, split_steps
@@ -81,6 +81,7 @@ class FitLoop:
         self._open_window: list[tuple[float, int]] = []
         self.step = TrainStep(host, profiler=profiler)  # backward and the optimizer step, as lr_find's
         self._mid_window = False  # micro-batches taken since the last optimizer step (see at_step_boundary)
+        self._rewound = False  # rewind() was called: the epoch in progress is left, the run state restored
         self._fit_start = time.perf_counter()
         self._epoch_start = self._fit_start
         self._last_refresh = self._fit_start
@@ -114,6 +115,10 @@ class FitLoop:
                     st.batch = 0
                     continue
                 self._train_epoch()
+                if self._rewound:  # rolled back (Trainer.rollback): on from the restored position
+                    self._rewound = False
+                    st = self.state = t.run.loop_state
+                    continue
                 if t.live.requests.stop_requested and not st.epoch_complete:
                     break
             self._restore_rng()  # resumed a run that had nothing left to do
@@ -180,7 +185,12 @@ class FitLoop:
         pend_loss, pend_bs = self._pend_loss, self._pend_bs
         t1 = t2 = t3 = 0.0
         while True:
-            sample = timing_every and not self._micro_total % timing_every
+            # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
+            # checks); on CUDA the last step's kernels are waited for before the clock starts (not data time).
+            m = self._micro_total
+            sample = timing_every and (not (m - 1) % timing_every or m == 11)
+            if sample:
+                self._sync()
             t0 = time.perf_counter() if sample else 0.0
             with r_data:
                 try:
@@ -278,6 +288,8 @@ class FitLoop:
                 if control.dirty:
                     t.live.apply()
                     amp = t.steps.autocast()  # a change at this boundary may have switched the precision
+                    if self._rewound:
+                        return
                 if self.max_steps is not None and st.global_step >= self.max_steps:
                     control.request_stop(f"max_steps={self.max_steps} reached")
                 if control.stop_requested:
@@ -310,6 +322,18 @@ class FitLoop:
             t.live.run_deferred()
         if self.profiler is not None:
             self.profiler.step()
+
+    def rewind(self) -> None:
+        """The run state was just restored from a checkpoint at a step boundary (``Trainer.rollback``): drop the
+        values of the steps since then, leave the epoch in progress, and go on from the restored position (the
+        resume path: that epoch's data order replayed up to the saved batch, then the saved RNG)."""
+        self._pend_loss.clear()
+        self._pend_bs.clear()
+        self._pend_base = self._micro_total
+        self._step_marks, self._new_points, self._open_window = [], [], []
+        self.order.give_back()
+        self._rewound = True
+        self.host.live.requests.dirty = True  # the loop looks at the next step boundary (also from a callback)
 
     def at_step_boundary(self) -> bool:
         """True between optimizer steps: no micro-batch of an unfinished window has been taken, so the
@@ -373,30 +397,10 @@ class FitLoop:
         else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
             st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True)])
         metrics.absorb(metric_vals, bss)
-        # One point per closed optimizer step: its window's sample-weighted mean loss. Windows are found
-        # from the step marks' cumulative micro-batch ends (a one-batch window is just its loss).
-        base = self._pend_base
-        vals = self._open_window
-        vals.extend(zip(losses, bss, strict=True))
-        first = base + n - len(vals)  # cumulative micro-batch index of vals[0]
-        points: list[tuple[int, float, float]] = []
-        marks = self._step_marks
-        lo = j = 0
-        for step, cum, lr in marks:
-            if cum > base + n:
-                break
-            hi = cum - first
-            if hi - lo == 1:
-                points.append((step, vals[lo][0], float(lr)))
-            else:
-                window = vals[lo:hi]
-                total = sum(b for _, b in window) or 1
-                points.append((step, sum(v * b for v, b in window) / total, float(lr)))
-            lo = hi
-            j += 1
-        self._open_window = vals[lo:]
-        self._step_marks = marks[j:]
-        self._pend_base = base + n
+        points, self._open_window, self._step_marks = close_windows(
+            self._open_window, zip(losses, bss, strict=True), self._step_marks, end=self._pend_base + n
+        )
+        self._pend_base += n
         # cleared in place: the epoch loop holds local aliases of these lists
         self._pend_loss.clear()
         self._pend_bs.clear()

@@ -6,11 +6,12 @@ a checkpoint saves its ``state_dict()`` and a resume loads it back before the lo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["LoopState"]
+__all__ = ["LoopState", "close_windows"]
 
 
 class LoopState:
@@ -37,3 +38,33 @@ class LoopState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+def close_windows(
+    open_window: list[tuple[float, int]],
+    read: Iterable[tuple[float, int]],
+    marks: list[tuple[int, int, float]],
+    *,
+    end: int,
+) -> tuple[list[tuple[int, float, float]], list[tuple[float, int]], list[tuple[int, int, float]]]:
+    """One point per closed optimizer step: its window's sample-weighted mean loss (a one-batch window is just its
+    loss). ``open_window`` holds the ``(loss, batch size)`` read earlier of the window still open, ``read`` those
+    just read, ``marks`` the steps taken as ``(step, cumulative micro-batch end, lr)`` and ``end`` the cumulative
+    micro-batch count read so far. Returns the points, the window left open and the marks not yet closed."""
+    vals = open_window + list(read)
+    first = end - len(vals)  # cumulative micro-batch index of vals[0]
+    points: list[tuple[int, float, float]] = []
+    lo = j = 0
+    for step, cum, lr in marks:
+        if cum > end:
+            break
+        hi = cum - first
+        if hi - lo == 1:
+            points.append((step, vals[lo][0], float(lr)))
+        else:
+            window = vals[lo:hi]
+            total = sum(b for _, b in window) or 1
+            points.append((step, sum(v * b for v, b in window) / total, float(lr)))
+        lo = hi
+        j += 1
+    return points, vals[lo:], marks[j:]

@@ -412,7 +412,7 @@ def lr_find(
     finally:
         hooks.remove()
         restored = snap.restore()
-    return LRFinderResult(
+    result = LRFinderResult(
         lrs=lrs,
         losses=losses,
         smoothed=smoothed,
@@ -425,3 +425,5 @@ def lr_find(
         steps=steps,
         restored=restored,
     )
+    trainer.run_state.lr_finder = result  # Health's LR advice takes its valley
+    return result

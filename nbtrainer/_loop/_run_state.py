@@ -41,6 +41,8 @@ class RunState:
             None between fits.
         fit_thread: the id of the thread running ``fit``; None between fits.
         recorder: the callback that feeds :attr:`history` from the event stream.
+        lr_finder: the :class:`~nbtrainer.LRFinderResult` of the last ``lr_find`` (None before one): its valley is
+            the LR ``nbtrainer.Health`` advises when the run goes wrong.
     """
 
     def __init__(self, train_metrics: MetricSet, history: History | None = None) -> None:
@@ -52,6 +54,7 @@ class RunState:
         self.loop: FitLoop | None = None
         self.fit_thread: int | None = None
         self.recorder = HistoryRecorder(History() if history is None else history)
+        self.lr_finder: Any = None
 
     @property
     def history(self) -> History:

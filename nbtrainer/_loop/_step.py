@@ -53,6 +53,9 @@ class TrainStep:
         self.closure: Any = None
         #: ``training_step=``'s runner (``nbtrainer._loop._manual``): the user steps; the window only closes here
         self.manual: Any = None
+        #: the total gradient norm before clipping of the step being taken (a device tensor, never read here), or
+        #: None without ``max_grad_norm``: what ``nbtrainer.Health`` reports as the step's norm
+        self.grad_norm: torch.Tensor | None = None
 
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
@@ -131,8 +134,10 @@ class TrainStep:
                 if grads:
                     torch._foreach_mul_(grads, rescale)
             if host.settings.max_grad_norm is not None:
-                # Never read the returned norm here: that would be a sync per step.
-                torch.nn.utils.clip_grad_norm_(host.params, host.settings.max_grad_norm)
+                # Never read the returned norm here: that would be a sync per step (Health reads it at the refresh).
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(host.params, host.settings.max_grad_norm)
+            else:
+                self.grad_norm = None
             if self.events and host.callbacks.has("on_before_optimizer_step"):
                 host.callbacks.call("on_before_optimizer_step", trainer=host.owner, optimizer=opt)
             lr = opt.param_groups[0]["lr"]

@@ -16,7 +16,7 @@ from nbtrainer._setup._seed import capture_rng
 if TYPE_CHECKING:
     from nbtrainer._resume._resume_host import ResumableTrainer
 
-__all__ = ["load_trainer_state", "rank_state", "restore", "trainer_state_dict"]
+__all__ = ["load_trainer_state", "rank_state", "restore", "save_trainer_checkpoint", "trainer_state_dict"]
 
 VERSION = 1
 
@@ -102,6 +102,36 @@ def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> di
         "history": history,
         "callbacks": {key: cb.state_dict() for key, cb in _stateful(trainer)},
     }
+
+
+def save_trainer_checkpoint(trainer: ResumableTrainer, path: str, *, sharded: bool = False) -> str:
+    """``Trainer.save_checkpoint`` on the training thread: the full state in one file (under DDP with every rank's
+    own part; under FSDP gathered with a collective), or with ``sharded=True`` (FSDP2) each rank's shards."""
+    strategy = trainer.strategy
+    if sharded:
+        if not shards_parameters(strategy):
+            raise ValueError(
+                "save_checkpoint(sharded=True) needs strategy='fsdp' (a sharded checkpoint is each rank's "
+                "shards); without it, save_checkpoint(path) writes the full state."
+            )
+        from nbtrainer._resume._sharded import save_sharded
+
+        state = trainer_state_dict(trainer, weights=False)
+        state["ranks"] = strategy.all_gather_object(rank_state(trainer))
+        return save_sharded(trainer, path, state)
+    # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
+    ranks = strategy.all_gather_object(rank_state(trainer)) if strategy.distributed else None
+    # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
+    if strategy.is_global_zero or getattr(strategy, "collective_state", False):
+        from nbtrainer._resume._checkpoint_io import save_checkpoint_file
+
+        state = trainer.state_dict()  # a subclass may add to it
+        if ranks is not None:
+            state["ranks"] = ranks
+        if strategy.is_global_zero:
+            save_checkpoint_file(path, state)
+    strategy.barrier()
+    return path
 
 
 def _check_model(trainer: ResumableTrainer, state: dict[str, torch.Tensor]) -> None:

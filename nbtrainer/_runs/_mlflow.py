@@ -96,7 +96,8 @@ class MLflowLogger(Callback):
     metrics ``step/loss`` and ``step/lr`` at the refresh interval (the mean loss of the steps since the last
     refresh and the LR, at the last of those steps; ``every_step=True``: every step's values), every epoch value
     under its own name (``loss``, ``val_loss``, ``val_acc``...) at the epoch's last step, ``control/lr`` and
-    ``control/grad_accum_steps`` where the panel (or ``set_lr``) changed them; tags ``nbtrainer.status``,
+    ``control/grad_accum_steps`` where the panel (or ``set_lr``) changed them, ``health/<kind>`` where
+    :class:`~nbtrainer.Health` reported (its message in the tag ``nbtrainer.health.<kind>``); tags ``nbtrainer.status``,
     ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the events as
     ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The MLflow
     run ends FINISHED, KILLED (stopped, interrupted) or FAILED.
@@ -288,6 +289,15 @@ class MLflowLogger(Callback):
         if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
+
+    def on_health(self, trainer: TrainerView, report: Any) -> None:
+        """A health report: metric ``health/<kind>`` (1 at its step) and tag ``nbtrainer.health.<kind>`` (its
+        message and advice, the newest of its kind)."""
+        if not self._on:
+            return
+        self._pending.append((f"health/{report.kind}", 1.0, int(report.step)))
+        key, text = f"nbtrainer.health.{report.kind}", f"{report.message} {report.advice}".strip()[:MAX_TAG]
+        self._submit(lambda: self._client.set_tag(self.run_id, key, text))
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if not self._on:

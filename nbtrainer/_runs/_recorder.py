@@ -220,6 +220,10 @@ class RunRecorder:
         if self._on:
             self._push(trainer)
 
+    def on_health(self, trainer: TrainerView, report: Any) -> None:
+        if self._on:  # the History holds it as a "health" event already (its recorder is the first callback)
+            self._push(trainer)
+
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self._on:
             trainer.defer(lambda: self._push(trainer, epochs=True))  # after LRMonitor & co. add their keys

@@ -451,6 +451,7 @@ class Trainer:
         )
         steps = {"scheduler_interval": scheduler_interval, "val_every_n_epochs": val_every_n_epochs}
         steps |= {"grad_accum_steps": grad_accum_steps, "max_grad_norm": max_grad_norm, "predict_step": predict_step}
+        steps |= {"optimizer_in_backward": optimizer_in_backward}
         optimizer = _validate.check_optimization(model, self._setup.optimizer, scheduler, **steps)
         check_data_options(fast_fetch, data_on_device)
         self.device = resolve_device(device)
@@ -463,8 +464,6 @@ class Trainer:
         self.scheduler_monitor = scheduler_monitor
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
-        if not isinstance(optimizer_in_backward, bool):
-            raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
         self.optimizer_in_backward = optimizer_in_backward
         if optimizer_in_backward:
             check_in_backward(
@@ -1045,30 +1044,25 @@ class Trainer:
             raise _validate.no_optimizer(
                 "save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path)."
             )
-        if sharded:
-            if not shards_parameters(self.strategy):
-                raise ValueError(
-                    "save_checkpoint(sharded=True) needs strategy='fsdp' (a sharded checkpoint is each rank's "
-                    "shards); without it, save_checkpoint(path) writes the full state."
-                )
-            from nbtrainer._resume._sharded import save_sharded
+        return _state.save_trainer_checkpoint(self, path, sharded=sharded)
 
-            state = _state.trainer_state_dict(self, weights=False)
-            state["ranks"] = self.strategy.all_gather_object(_state.rank_state(self))
-            return save_sharded(self, path, state)
-        # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
-        ranks = self.strategy.all_gather_object(_state.rank_state(self)) if self.strategy.distributed else None
-        # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
-        if self.is_global_zero or getattr(self.strategy, "collective_state", False):
-            from nbtrainer._resume._checkpoint_io import save_checkpoint_file
+    def rollback(self, path: str = "last") -> str:
+        """Go back to a checkpoint and train on from there: model, optimizer, scheduler, scaler and the loop's
+        position are restored at a step boundary (the epoch's data order replayed up to the saved batch), and the
+        running fit continues from that position. Between fits, the state is loaded in place (``fit_more`` goes on
+        from it). Returns the checkpoint's path.
 
-            state = self.state_dict()
-            if ranks is not None:
-                state["ranks"] = ranks
-            if self.is_global_zero:
-                save_checkpoint_file(path, state)
-        self.strategy.barrier()
-        return path
+        ``path``: ``"last"`` (the ``last.ckpt`` of a ``ModelCheckpoint``) or a file. From another thread the fit
+        must be paused first (:meth:`pause`, then ``rollback``, then :meth:`resume`); the panel's health card does
+        that. Refused up front: no checkpoint to roll back to, a running fit that is not paused, DDP / FSDP.
+
+        Example:
+            >>> # trainer = Trainer(..., callbacks=[ModelCheckpoint("ckpt", save_last=True, every_n_steps=200)])
+            >>> # trainer.pause(); trainer.rollback(); trainer.set_lr(trainer.lr / 3); trainer.resume()
+        """
+        from nbtrainer._resume._rollback import rollback
+
+        return rollback(self, path, self._live)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs, as tensors and plain data (loads with ``weights_only=True``)."""

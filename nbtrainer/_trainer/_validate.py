@@ -236,6 +236,7 @@ def check_optimization(
     grad_accum_steps: Any,
     max_grad_norm: Any,
     predict_step: Any,
+    optimizer_in_backward: Any,
 ) -> torch.optim.Optimizer | None:
     """The Trainer's optimizer (given, or built from its name; returned), its scheduler and the step options,
     checked before anything is set."""
@@ -264,6 +265,8 @@ def check_optimization(
     check_max_grad_norm(max_grad_norm)
     if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
         raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
+    if not isinstance(optimizer_in_backward, bool):
+        raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
     return optimizer
 
 

@@ -137,6 +137,35 @@ def test_loggers_and_line_progress_add_no_reads(count_reads, tmp_path):
     assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"
 
 
+@pytest.mark.parametrize("precision,accum", [("fp32", 1), ("bf16-mixed", 2)])
+def test_health_at_its_defaults_adds_no_read_per_step(count_reads, precision, accum):
+    """``Health()`` (gradient norms and update ratios every 50 steps, spikes, data wait, dead units at epoch ends):
+    fits of 200 and 800 batches an epoch (each epoch holds sampled steps) read equally often: its device values
+    are read with the refresh and at the epoch's end, never per step. (SGD: Adam reads its CPU step counters.)"""
+    from nbtrainer import Health
+
+    totals = []
+    for n_batches in (200, 800):
+        x, y = make_classification(n=16 * n_batches)
+        model = mlp()
+        trainer = Trainer(
+            model,
+            torch.nn.CrossEntropyLoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            callbacks=[Health()],
+            precision=precision,
+            grad_accum_steps=accum,
+            max_grad_norm=1.0,
+            progress=False,
+            refresh_interval=3600.0,
+        )
+        count_reads["n"] = 0
+        history = trainer.fit(make_loader(x, y, batch_size=16, shuffle=True), epochs=2)
+        totals.append(count_reads["n"])
+        assert len(history.health["grad_norm"]["total"]) >= 4  # it did measure, in both epochs
+    assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_resume_adds_no_sync_per_step(tmp_path):

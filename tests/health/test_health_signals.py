@@ -1,0 +1,245 @@
+"""Health's reference cases, each reported within 50 steps of its cause, with the advice an engineer can act on;
+and the healthy runs beside them, which must stay quiet."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import PoisonNet, make_classification, make_loader, mlp, poisoned_loader
+
+from nbtrainer import Health, HealthReport, Trainer
+
+
+def _reports(history) -> list[HealthReport]:
+    return [HealthReport.from_dict(r) for r in history.health["reports"]]
+
+
+def _problems(history) -> list[HealthReport]:
+    return [r for r in _reports(history) if r.level == "problem"]
+
+
+# -- LR set 100x too high ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,lr", [("sgd", 0.05), ("adamw", 1e-3)], ids=["sgd", "adamw"])
+def test_lr_100x_too_high_is_reported_within_50_steps_with_a_lower_lr(name, lr):
+    x, y = make_classification(n=3200, d=10)
+    found = {}
+    for factor in (1, 100):
+        model = mlp(hidden=64)
+        trainer = Trainer(
+            model, torch.nn.CrossEntropyLoss(), name, lr=lr * factor, callbacks=[Health()], progress=False, seed=0
+        )
+        found[factor] = _problems(trainer.fit(make_loader(x, y, batch_size=32, shuffle=True), epochs=1))
+    assert found[1] == []  # the sane LR: no problem at all
+    first = found[100][0]
+    assert first.step <= 50, first
+    assert first.kind in ("update_ratio", "grad_norm", "loss_spike", "loss_rise", "nonfinite")
+    assert first.data["lr"] == pytest.approx(lr * 100 / 3)  # a third of the current reference LR
+    assert "Lower the LR to" in first.advice
+
+
+def test_lr_advice_takes_the_lr_finders_valley():
+    x, y = make_classification(n=3200, d=10)
+    model = mlp(hidden=64)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=5.0, callbacks=[Health()], progress=False, seed=0)
+    loader = make_loader(x, y, batch_size=32, shuffle=True)
+    result = trainer.lr_find(loader, steps=40)
+    valley = result.suggestions["valley"]
+    assert valley is not None and valley < 5.0
+    first = _problems(trainer.fit(loader, epochs=1))[0]
+    assert first.data["lr"] == pytest.approx(valley)
+    assert "valley" in first.advice
+
+
+# -- a module that produces NaN for one batch -------------------------------------------------------------------
+def test_a_nan_from_one_module_is_located_on_the_batch_that_made_it():
+    """on_nonfinite="skip": the bad window is skipped, Health runs its batch again with hooks and names the module,
+    the step, the batch and the epoch, at that very step (0 steps after the cause)."""
+    model = PoisonNet()
+    weights: dict[int, torch.Tensor] = {}
+
+    class Watch:
+        def on_optimizer_step(self, trainer, step, skipped):
+            weights[step] = model.head.weight.detach().clone()
+
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=[Health(), Watch()],
+        on_nonfinite="skip",
+        progress=False,
+    )
+    history = trainer.fit(poisoned_loader(batch=17), epochs=2)
+    nonfinite = [r for r in _reports(history) if r.kind == "nonfinite"]
+    first = nonfinite[0]
+    assert first.step == 18 and first.epoch == 1 and first.data["batch"] == 17
+    assert first.message == (
+        "NaN first appears in the output of `layers.0.1` (Fragile) at step 18, batch 17 of epoch 1."
+    )
+    assert first.data["module"] == "layers.0.1" and first.data["module_type"] == "Fragile"
+    assert torch.equal(weights[18], weights[17])  # the step was skipped: the weights did not move
+    assert torch.isfinite(model.head.weight).all()
+    # epoch 2 meets the same batch at step 82, skipped again and counted, not told again within window=100 steps
+    assert len(nonfinite) == 1 and history.status == "finished"
+    assert history.epochs[-1]["skipped_steps"] == 2
+    assert trainer.callbacks.callbacks[1].signals["non-finite"].summary == "2 step(s) skipped, the last at step 82"
+
+
+def test_a_nan_under_raise_is_reported_with_what_to_do():
+    model = PoisonNet()
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=[Health()],
+        progress=False,
+        refresh_interval=0.0,  # the loss is read after every batch: the error comes at the bad step
+    )
+    with pytest.raises(Exception, match="non-finite"):
+        trainer.fit(poisoned_loader(batch=3), epochs=1)
+    (report,) = _reports(trainer.history)
+    assert report.kind == "nonfinite" and report.step == 4
+    assert "on_nonfinite='skip'" in report.advice and report.data["lr"] == pytest.approx(0.05 / 3)
+
+
+def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
+    """A NaN made by a module's own code (outside its submodules) is told as the input of the next submodule."""
+
+    class Parent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(torch.log(x))  # log of a negative number: NaN, in Parent's own code
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Parent(), torch.nn.Linear(4, 2))
+    from nbtrainer._health._locate import locate_nonfinite
+
+    def compute(batch):
+        out = model(batch)
+        return out.sum(), out, None
+
+    finding = locate_nonfinite(model, compute, -torch.ones(3, 4).abs() - 10, torch.autocast("cpu", enabled=False))
+    assert finding.where == "input" and finding.module == "1.inner" and finding.parent == "1"
+    assert "the forward of `1`" in finding.describe()
+    with torch.no_grad():
+        model[0].weight.fill_(float("nan"))  # type: ignore[operator]
+    finding = locate_nonfinite(model, compute, torch.ones(3, 4), torch.autocast("cpu", enabled=False))
+    assert finding.where == "weights" and finding.module == "0"
+
+
+# -- a loader that sleeps -------------------------------------------------------------------------------------
+class Sleepy(torch.utils.data.Dataset):
+    def __init__(self, x, y, pause: float) -> None:
+        self.x, self.y, self.pause = x, y, pause
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.pause:
+            time.sleep(self.pause)
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.0005])
+def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause):
+    x, y = make_classification(n=16 * 60, d=10)
+    model = mlp(hidden=32)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[Health()], progress=False)
+    history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, pause), batch_size=16), epochs=1)
+    waits = [r for r in _reports(history) if r.kind == "data_wait"]
+    if not pause:
+        assert waits == []  # an in-memory loader without sleeps: the model's time dominates
+        return
+    (report,) = waits
+    assert report.step <= 50 and report.level == "warning"
+    assert "num_workers=" in report.advice  # this loader has none
+    assert history.health["data_wait"][-1][1] > 0.3
+
+
+# -- spikes ---------------------------------------------------------------------------------------------------
+def _spiky(bad_batch: int, n: int = 100):
+    x, y = make_classification(n=16 * n, d=10)
+    y[bad_batch * 16 : bad_batch * 16 + 16] = (y[bad_batch * 16 : bad_batch * 16 + 16] + 1) % 3  # wrong labels
+    return make_loader(x, y, batch_size=16)
+
+
+def test_a_loss_spike_is_reported_with_its_step_and_batch():
+    model = mlp(hidden=32)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, callbacks=[Health()], progress=False, seed=0
+    )
+    history = trainer.fit(_spiky(bad_batch=70), epochs=2)
+    spikes = [r for r in _reports(history) if r.kind == "loss_spike"]
+    assert [(r.step, r.epoch, r.data["batch"]) for r in spikes][:2] == [(71, 1, 70), (171, 2, 70)]
+    assert "lr" not in spikes[0].data  # no LR increase before it: the advice is clipping and the batch
+    assert "batch 70 of epoch 1" in spikes[0].message and "max_grad_norm" in spikes[0].advice
+
+
+def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
+    model = mlp(hidden=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    class Raise:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 60:
+                trainer.set_lr(0.3)
+
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, callbacks=[Health(), Raise()], progress=False, seed=0)
+    history = trainer.fit(_spiky(bad_batch=1000, n=150), epochs=1)
+    later = [r for r in _problems(history) if r.step > 60]
+    assert later and later[0].step <= 110
+    assert later[0].data["lr"] == pytest.approx(0.1)
+    assert "Lower the LR to 1.00e-1" in later[0].advice
+
+
+# -- dead units and vanishing gradients -------------------------------------------------------------------------
+def test_dead_relu_units_are_reported_per_block_once_an_epoch():
+    model = mlp(hidden=32)
+    with torch.no_grad():
+        model[0].bias[:24] = -100.0  # type: ignore[operator]  # 24 of 32 hidden units never turn on
+    health = Health()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-3, callbacks=[health], progress=False)
+    x, y = make_classification(n=160, d=10)
+    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=2)
+    assert [share for _, share in history.health["dead_units"]["1"]] == [0.75, 0.75]  # one check per epoch
+    (report,) = [r for r in _reports(history) if r.kind == "dead_units"]
+    assert report.level == "warning" and "`1`" in report.message and health.signals["dead units"].level == "warning"
+
+
+def test_a_vanishing_block_gradient_is_a_warning():
+    class Dimmed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.body = torch.nn.Linear(10, 16)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.body(x) * 1e-12) + 1.0)
+
+    x, y = make_classification(n=64, d=10)
+    trainer = Trainer(Dimmed(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[Health()], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    (report,) = [r for r in _reports(history) if r.kind == "grad_norm"]
+    assert report.level == "warning" and "`body`" in report.message and "vanishes" in report.message
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"on_problem": "halt"}, "on_problem.*'warn', 'pause', 'stop'"),
+        ({"every_n_steps": 0}, "every_n_steps.*>= 1"),
+        ({"every_n_steps": 2.5}, "every_n_steps"),
+        ({"spike_zscore": 0}, "spike_zscore"),
+        ({"window": 3}, "window"),
+    ],
+)
+def test_bad_options_are_refused_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Health(**kwargs)
