@@ -7,10 +7,13 @@ the Jupyter protocol as a front end drives it. Each round runs, in rotated order
 * ``w.fit()``: ``TrainerWidget(...).fit()`` in a cell (the cell blocks, the panel's thread trains, its messages are
   answered beside the cell);
 * ``Start``: ``w.start()`` in a cell that returns at once; the client then only reads the kernel's messages until
-  the panel's status says ``finished`` (the kernel's main thread is idle, as after a click on Start).
+  the panel's status says ``finished`` (the kernel's main thread is idle, as after a click on Start);
+* ``thread``: the headless fit in ``nbtrainer.start_training_thread``, joined by the cell: the training thread
+  without the panel, which tells the thread's cost from the panel's (its UI thread and messages).
 
 Each fit is timed inside the kernel by a callback (``on_fit_start`` to ``on_fit_end``), so the figures are the
-training's own time per step, not the protocol's; the threads of the kernel process are counted at the fit's end.
+training's own time per step, not the protocol's; the threads of the kernel process are counted at the fit's end,
+and so are the page faults per step (the training thread allocates from its own malloc arena).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from _rounds import interleaved
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 SETUP = """
-import json, os, sys, time, torch
+import json, os, resource, sys, time, torch
 sys.path.insert(0, {bench!r})
 import overhead
 from nbtrainer import Trainer, TrainerWidget
@@ -40,13 +43,16 @@ W = overhead.workloads({scale!r})
 
 class Clock:
     def on_fit_start(self, trainer):
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.t0 = time.perf_counter()
     def on_fit_end(self, trainer, history):
         self.seconds = time.perf_counter() - self.t0
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults
         self.threads = len(os.listdir("/proc/self/task"))
 
 def report(clock, w):
-    print("RESULT", json.dumps({{"s_per_step": clock.seconds / w.steps, "threads": clock.threads}}))
+    res = {{"s_per_step": clock.seconds / w.steps, "threads": clock.threads, "faults": clock.faults / w.steps}}
+    print("RESULT", json.dumps(res))
 
 def panel(w, clock):
     model, opt, crit = w.fresh()
@@ -65,6 +71,15 @@ FIT = """
 w, clock = W[{key!r}], Clock()
 h = panel(w, clock).fit()
 assert h.status == "finished", h.status
+report(clock, w)
+"""
+
+THREAD = """
+from nbtrainer import start_training_thread
+w, clock = W[{key!r}], Clock()
+model, opt, crit = w.fresh()
+trainer = Trainer(model, crit, opt, progress=False, callbacks=[clock])
+start_training_thread(trainer.fit, args=(w.data,), kwargs={{"epochs": 1}}).join()
 report(clock, w)
 """
 
@@ -150,10 +165,13 @@ def measure(workloads: list[str], rounds: int, scale: float, before: bool) -> li
         rows = []
         for key in workloads:
             threads: dict[str, int] = {}
+            faults: dict[str, list[float]] = {}
 
-            def run(name: str, key: str = key, threads: dict[str, int] = threads) -> float:
+            def run(name: str, key: str = key, threads: dict[str, int] = threads, faults=faults) -> float:
                 if name == "headless":
                     res = _result(kernel.run(HEADLESS.format(key=key)))
+                elif name == "thread":
+                    res = _result(kernel.run(THREAD.format(key=key)))
                 elif name == "w.fit()":
                     res = _result(kernel.run(FIT.format(key=key)))
                 else:  # Start: the cell returns at once; the client waits for the panel to say "finished"
@@ -162,10 +180,12 @@ def measure(workloads: list[str], rounds: int, scale: float, before: bool) -> li
                     kernel.wait_status(status_id, "finished")
                     res = _result(kernel.run("p.wait(); report(clock, w)"))
                 threads[name] = res["threads"]
+                faults.setdefault(name, []).append(res["faults"])
                 return float(res["s_per_step"])
 
-            res = interleaved(run, ["headless", "w.fit()", "Start"], rounds)
+            res = interleaved(run, ["headless", "thread", "w.fit()", "Start"], rounds)
             row = {"workload": key, "threads": dict(threads)}
+            row["faults"] = {name: statistics.median(v) for name, v in faults.items()}
             row.update({name: statistics.median(values) for name, values in res.items()})
             rows.append(row)
         return rows
@@ -174,16 +194,18 @@ def measure(workloads: list[str], rounds: int, scale: float, before: bool) -> li
 
 
 def table(rows: list[dict[str, Any]], label: str) -> None:
+    names = ("headless", "thread", "w.fit()", "Start")
     print(
-        f"| {label} | headless ms/step | w.fit() | Start | w.fit() / headless | Start / headless | threads at fit end |"
+        f"| {label} | headless ms/step | thread / headless | w.fit() / headless | Start / headless | "
+        "threads at fit end: headless / thread / w.fit() / Start | page faults per step (same order) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---|---|")
     for r in rows:
         base = r["headless"]
-        t = r["threads"]
+        threads = " / ".join(str(r["threads"][n]) for n in names)
+        faults = " / ".join(f"{r['faults'][n]:.0f}" for n in names)
         print(
-            f"| {r['workload']} | {base * 1e3:.4f} | {r['w.fit()'] * 1e3:.4f} | {r['Start'] * 1e3:.4f} | "
-            f"{r['w.fit()'] / base:.3f}x | {r['Start'] / base:.3f}x | "
-            f"{t['headless']} / {t['w.fit()']} / {t['Start']} |",
+            f"| {r['workload']} | {base * 1e3:.4f} | {r['thread'] / base:.3f}x | {r['w.fit()'] / base:.3f}x | "
+            f"{r['Start'] / base:.3f}x | {threads} | {faults} |",
             flush=True,
         )
