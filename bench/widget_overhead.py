@@ -1,10 +1,13 @@
-"""Overhead of the TrainerWidget panel (issue 4): the panel attached with no front end vs the headless Trainer.
+"""Overhead of the TrainerWidget panel (issues 4, 49): the panel vs the headless Trainer on the main thread.
 
 Same method and workloads as ``bench/overhead.py`` (interleaved rounds in one process, median time per
-step). Variants, registered into ``overhead.VARIANTS`` on import:
+step), at torch's default intra-op threads (``--threads`` to change them). Variants, registered into
+``overhead.VARIANTS`` on import:
 
-* ``headless``: ``Trainer(..., progress=False).fit(...)``, no callbacks at all;
-* ``headless-thread``: the same fit in a plain ``threading.Thread`` (what the widget's thread adds alone);
+* ``headless``: ``Trainer(..., progress=False).fit(...)`` on the main thread, no callbacks at all;
+* ``headless-thread``: the same fit in a plain ``threading.Thread``: the main thread keeps its idle OpenMP pool, so
+  the thread's parallel regions are throttled (what every training thread did before issue 49);
+* ``helper-thread``: the same fit in ``nbtrainer.start_training_thread`` (the main thread's idle pool given back);
 * ``widget``:   ``TrainerWidget(...).start()``: the fit runs in the widget's background thread with the
   panel's feed attached and its UI thread pushing decimated updates to real ipywidgets/bqplot
   objects (no kernel, so comm messages go nowhere; everything up to sending is done). Timed until
@@ -13,8 +16,14 @@ step). Variants, registered into ``overhead.VARIANTS`` on import:
   while the run was alive, as a share of the run's wall time: on a loaded machine this is the more
   stable figure (it bounds what the panel can take from the training thread through the GIL).
 
+With ``--kernel`` the panel is measured in a real Jupyter kernel instead: ``w.fit()`` (the cell blocks) and Start
+(the cell returns; the kernel's main thread is idle) against a headless fit in the same kernel
+(``bench/_kernel_panel.py``). ``--before`` runs either as the code was before issue 49 (the starting thread keeps
+its idle OpenMP pool), for the before/after table.
+
     python bench/widget_overhead.py                 # tiny, medium, cnn; 7 rounds
     python bench/widget_overhead.py --rounds 9 --workloads tiny
+    python bench/widget_overhead.py --kernel --rounds 5 [--before]
 """
 
 from __future__ import annotations
@@ -31,28 +40,39 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead
 
+THREADS: dict[str, int] = {}  # variant -> threads of the process at the end of its last fit
 END_TO_END: dict[str, list[float]] = {}
 UI_CPU: dict[str, list[float]] = {}  # the panel's UI-thread CPU time during the run / the run's wall time
+
+
+class CountThreads:
+    """A callback: the process's threads when the fit ends (the training thread and its OpenMP pool still alive)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def on_fit_end(self, trainer, history) -> None:
+        THREADS[self.name] = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
 
 
 def run_headless(w, device) -> float:
     from nbtrainer import Trainer
 
     model, opt, crit = w.fresh()
-    trainer = Trainer(model, crit, opt, device=device, progress=False)
+    trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[CountThreads("headless")])
     start = time.perf_counter()
     trainer.fit(w.data, epochs=1)
     return time.perf_counter() - start
 
 
 def run_headless_thread(w, device) -> float:
-    """The headless fit in a plain background thread: separates the panel's cost from the thread's."""
+    """The headless fit in a plain background thread: what a thread costs when nothing is done about the pools."""
     import threading
 
     from nbtrainer import Trainer
 
     model, opt, crit = w.fresh()
-    trainer = Trainer(model, crit, opt, device=device, progress=False)
+    trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[CountThreads("headless-thread")])
     start = time.perf_counter()
     th = threading.Thread(target=trainer.fit, args=(w.data,), kwargs={"epochs": 1})
     th.start()
@@ -60,11 +80,24 @@ def run_headless_thread(w, device) -> float:
     return time.perf_counter() - start
 
 
+def run_helper_thread(w, device) -> float:
+    """The headless fit in ``nbtrainer.start_training_thread``: the fix alone, no panel."""
+    from nbtrainer import Trainer, start_training_thread
+
+    model, opt, crit = w.fresh()
+    trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[CountThreads("helper-thread")])
+    start = time.perf_counter()
+    start_training_thread(trainer.fit, args=(w.data,), kwargs={"epochs": 1}).join()
+    return time.perf_counter() - start
+
+
 def run_widget(w, device) -> float:
     from nbtrainer import TrainerWidget
 
     model, opt, crit = w.fresh()
-    widget = TrainerWidget(model, crit, opt, w.data, epochs=1, device=device, progress=False)
+    widget = TrainerWidget(
+        model, crit, opt, w.data, epochs=1, device=device, progress=False, callbacks=[CountThreads("widget")]
+    )
     start = time.perf_counter()
     widget.start()
     widget._run.done.wait()  # the training thread has returned from fit
@@ -78,7 +111,21 @@ def run_widget(w, device) -> float:
 
 for _mod in {sys.modules.get("__main__"), overhead}:  # also when overhead.py is the script
     if _mod is not None and hasattr(_mod, "VARIANTS"):
-        _mod.VARIANTS.update({"headless": run_headless, "headless-thread": run_headless_thread, "widget": run_widget})
+        _mod.VARIANTS.update(
+            {
+                "headless": run_headless,
+                "headless-thread": run_headless_thread,
+                "helper-thread": run_helper_thread,
+                "widget": run_widget,
+            }
+        )
+
+
+def before_issue_49() -> None:
+    """Run as before issue 49: a training thread's starter keeps its idle OpenMP pool."""
+    import nbtrainer._threads as threads
+
+    threads.release_openmp_pool = lambda: False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,7 +134,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kernel", action="store_true", help="w.fit() and Start in a real Jupyter kernel")
+    parser.add_argument("--before", action="store_true", help="as before issue 49 (the idle pool is kept)")
     args = parser.parse_args(argv)
+    if args.kernel:
+        import _kernel_panel
+
+        print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; {args.rounds} rounds")
+        rows = _kernel_panel.measure(args.workloads, args.rounds, args.scale, args.before)
+        _kernel_panel.table(rows, "before issue 49" if args.before else "after")
+        print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+        return
+    if args.before:
+        before_issue_49()
     if args.threads:
         torch.set_num_threads(args.threads)
     import bqplot
@@ -97,11 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, no GPU; torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}, python {platform.python_version()}, ipywidgets {ipywidgets.__version__}, "
-        f"bqplot {bqplot.__version__}; {args.rounds} interleaved rounds"
+        f"bqplot {bqplot.__version__}; {args.rounds} interleaved rounds{'; BEFORE issue 49' if args.before else ''}; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        "| workload | steps/round | headless ms/step | in a thread | widget ms/step | widget / headless | "
-        "widget / thread | end-to-end / headless | UI-thread CPU share |"
+        "| workload | steps/round | headless ms/step | plain thread / headless | start_training_thread / headless | "
+        "widget / headless | end-to-end / headless | UI-thread CPU share | "
+        "threads: headless / plain / helper / widget |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     all_w = overhead.workloads(args.scale)
@@ -109,15 +170,17 @@ def main(argv: list[str] | None = None) -> None:
         w = all_w[key]
         END_TO_END.pop(w.name, None)
         UI_CPU.pop(w.name, None)
-        res = overhead.measure(w, ["headless", "headless-thread", "widget"], args.rounds, device)
-        base, thr, wid = (statistics.median(res[k]) for k in ("headless", "headless-thread", "widget"))
+        names = ["headless", "headless-thread", "helper-thread", "widget"]
+        res = overhead.measure(w, names, args.rounds, device)
+        base, thr, helper, wid = (statistics.median(res[k]) for k in names)
         e2e = statistics.median(END_TO_END[w.name][1:])  # [0] is the warm-up round
         share = statistics.median(UI_CPU[w.name][1:])
         print(
-            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr * 1e3:.4f} | {wid * 1e3:.4f} | {wid / base:.3f}x | "
-            f"{wid / thr:.3f}x | {e2e / base:.3f}x | {share:.2%} |",
+            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr / base:.3f}x | {helper / base:.3f}x | "
+            f"{wid / base:.3f}x | {e2e / base:.3f}x | {share:.2%} | {' / '.join(str(THREADS[k]) for k in names)} |",
             flush=True,
         )
+    print(f"# load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

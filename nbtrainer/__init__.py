@@ -80,6 +80,8 @@ _LAZY: dict[str, str] = {
     "quiet_imports": "nbtrainer._quiet",
     "Samples": "nbtrainer._look._samples",
     "Interpretation": "nbtrainer._look._interpretation",
+    "start_training_thread": "nbtrainer._threads",
+    "release_openmp_pool": "nbtrainer._threads",
 }
 
 # The everyday names (what `from nbtrainer import *`, tab completion and help() show). Every other name of
@@ -200,6 +202,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._setup._precision import PrecisionError as PrecisionError
     from nbtrainer._setup._precision import precision_support as precision_support
     from nbtrainer._setup._seed import seed_everything as seed_everything
+    from nbtrainer._threads import release_openmp_pool as release_openmp_pool
+    from nbtrainer._threads import start_training_thread as start_training_thread
     from nbtrainer._trainer._trainer import Trainer as Trainer
     from nbtrainer.widgets import CompareWidget as CompareWidget
     from nbtrainer.widgets import LaunchView as LaunchView

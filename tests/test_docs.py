@@ -32,6 +32,7 @@ MODULES = [
     "nbtrainer._events._loggers",
     "nbtrainer._optional",
     "nbtrainer._quiet",
+    "nbtrainer._threads",
     "nbtrainer._inference._distill",
     "nbtrainer._inference._quantize_model",
     "nbtrainer._inference._compare",

@@ -20,7 +20,8 @@ PACKAGE = REPO / "nbtrainer"
 # Lowest first. A folder may import its own layer's other folders and any layer below; never one above.
 LAYERS: list[set[str]] = [
     # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
-    {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting"},
+    # ... and the OpenMP pools of threads that train (_threads: ctypes only, no torch import)
+    {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting", "_threads"},
     # model setup before the first step: precision, seeds, optimizers, memory switches
     {"_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from nbtrainer import Trainer, format_lr
+from nbtrainer import Trainer, format_lr, start_training_thread
 
 from ._controls import Controls
 from ._view import PanelView
@@ -207,7 +207,9 @@ class PanelActions:
                     v.save.disabled = "save" in self.busy
                     v.lr.disabled = v.lr_exact.disabled = False
 
-        threading.Thread(target=target, name=f"nbtrainer-{name}", daemon=True).start()
+        # Profile and the LR finder train (and Profile times steps): their thread must not be throttled by the
+        # kernel thread's idle OpenMP pool (nbtrainer.start_training_thread gives it back first; issue 49).
+        start_training_thread(target, name=f"nbtrainer-{name}")
 
     def click_lr_find(self) -> None:
         """The LR finder button: refused at once (a panel message) while a run is alive, else a helper thread."""

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtrainer import ProgressBar, Trainer
+from nbtrainer import ProgressBar, Trainer, start_training_thread
 
 if TYPE_CHECKING:
     from nbtrainer import Trainer
@@ -88,7 +88,12 @@ class Feed:
 
 
 class Run:
-    """One ``trainer.fit(...)`` in a daemon thread; the error, if any, is kept for ``wait()``."""
+    """One ``trainer.fit(...)`` in a daemon thread; the error, if any, is kept for ``wait()``.
+
+    The thread is started by ``nbtrainer.start_training_thread``: the starting thread (the kernel's main thread,
+    idle or waiting while the run trains) gives its idle OpenMP pool back first, so the training thread's parallel
+    regions are not throttled and the run trains as fast as a fit on the main thread (issue 49, ``nbtrainer._threads``).
+    """
 
     def __init__(
         self,
@@ -112,11 +117,11 @@ class Run:
         self.stop_reason: str | None = None
         self.status = "running"  # the trainer's final status once the fit has returned
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._main, name=f"nbtrainer-fit ({owner})", daemon=True)
+        self.thread: threading.Thread | None = None  # made by start()
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive() and not self.done.is_set()
+        return self.thread is not None and self.thread.is_alive() and not self.done.is_set()
 
     def start(self) -> None:
         with _LOCK:
@@ -124,7 +129,13 @@ class Run:
             if other is not None and other.alive:
                 raise RuntimeError(f"{other.owner} is already training this model; stop it first.")
             _LIVE[self.model_key] = self
-        self.thread.start()
+        try:
+            self.thread = start_training_thread(self._main, name=f"nbtrainer-fit ({self.owner})")
+        except BaseException:
+            with _LOCK:
+                if _LIVE.get(self.model_key) is self:
+                    del _LIVE[self.model_key]
+            raise
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -132,6 +143,8 @@ class Run:
         self.trainer.request_stop(reason)
 
     def join(self, timeout: float | None = None) -> bool:
+        if self.thread is None:  # never started
+            return True
         self.thread.join(timeout)
         return not self.thread.is_alive()
 

@@ -22,7 +22,7 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
-from nbtrainer import Runs, format_number, tune
+from nbtrainer import Runs, format_number, start_training_thread, tune
 from nbtrainer.plotting import PALETTE
 
 from ._fallback import html_view
@@ -235,8 +235,7 @@ class TuneView:
                 self.stop_button.disabled = True
                 self._render()
 
-        self._thread = threading.Thread(target=run, name="nbtrainer-tune", daemon=True)
-        self._thread.start()
+        self._thread = start_training_thread(run, name="nbtrainer-tune")  # trials at the main thread's speed
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the search ends; returns the study (re-raises what ended the search, if it failed)."""

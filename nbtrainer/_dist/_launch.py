@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._threads import release_openmp_pool
+
 if TYPE_CHECKING:
     from nbtrainer._dist._launch_monitor import LaunchMonitor
 
@@ -193,6 +195,10 @@ def launch(
     monitor = _monitor(view)
     channel = monitor.attach(multiprocessing.get_context(start_method), nprocs) if monitor is not None else None
     result_dir = tempfile.mkdtemp(prefix="nbtrainer-launch-")
+    if start_method == "fork":
+        # A forked rank inherits this thread's OpenMP pool record but not its worker threads: its first parallel
+        # region would wait for them forever (issue 49, nbtrainer._threads). Give the pool back before forking.
+        release_openmp_pool()
     try:
         context = mp.start_processes(
             _worker,

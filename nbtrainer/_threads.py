@@ -1,0 +1,167 @@
+"""Training off the main thread at the main thread's speed: torch's OpenMP thread pools (issue 49).
+
+Why a thread trained slower, measured on a 2-CPU VM (``bench/RESULTS.md``, "Training off the main thread"):
+torch's Linux wheels run their intra-op parallelism (ATen kernels, MKL, oneDNN) on GNU OpenMP, the ``libgomp``
+shipped in ``torch/lib``. libgomp keeps **one pool of worker threads per master thread**: the first parallel
+region a thread runs creates its pool (``torch.get_num_threads() - 1`` workers), and the pool lives until that
+thread exits. libgomp also counts the workers of every pool (``gomp_managed_threads``); while that count is above
+the CPUs it may use, a thread waiting for work or at a barrier spins 100 times instead of about 300,000 before it
+sleeps on a futex (``gomp_throttled_spin_count_var``, ``libgomp/config/linux/wait.h``). A notebook's main thread
+has a pool as soon as it ran one op big enough for a parallel region (a larger tensor, a ``log_softmax`` over a
+batch...). A second thread that trains (the panel's Start and ``w.fit()``, its LR finder and Profile, a search)
+then makes a second pool: 1 + 1 + 1 = 3 managed threads on 2 CPUs, so every parallel region of the training
+thread pays a futex sleep and a wake-up on both sides. A tiny MLP's step runs 3 regions (``log_softmax``,
+``nll_loss`` backward, ``log_softmax`` backward): 6 voluntary context switches per step instead of 0, and
+0.58-0.68 ms per step instead of 0.27-0.29 ms; a small CNN (34 regions per step) 1.36x; a medium MLP 1.2-1.5x.
+Setting the thread's intra-op count does not help: 2 threads stay throttled, 1 thread loses the parallel speed
+(small CNN 1.75x, medium MLP 1.4-2x) and changes the results (other reduction order).
+
+The fix, at that depth: before a training thread starts, the thread that starts it (in a notebook, the kernel's
+main thread, idle while the run trains) gives its idle pool back with ``omp_pause_resource_all`` (OpenMP 5.0;
+torch's libgomp has it). The training thread's pool is then the only one, its regions spin like the main
+thread's did, at the same thread count, so the results equal a main-thread fit bit for bit. The main thread
+gets a new pool at its next parallel region (one thread start, tens of microseconds); while a training thread
+started here lives, its pool is given back again after each notebook cell (IPython's ``post_run_cell``), so a
+cell that ran a big op on the main thread does not slow the rest of the run.
+
+The same pool also made ``nbtrainer.launch`` hang: a forked rank inherits the launching thread's pool record
+but not its threads, and its first parallel region waits forever for workers that do not exist; the launch
+gives the pool back before it forks.
+
+Other OpenMP runtimes (LLVM ``libomp`` on macOS, ``vcomp`` on Windows) and torch builds without OpenMP are left
+as they are: nothing here touches them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["release_openmp_pool", "start_training_thread"]
+
+_OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
+_HANDLES: dict[str, Any] = {}  # path of a loaded libgomp -> its ctypes handle (None: no omp_pause_resource_all)
+_LIVE: list[threading.Thread] = []  # the training threads started here (alive ones keep the post-cell release)
+_LOCK = threading.Lock()
+_HOOKED: set[int] = set()  # id() of the IPython shells whose post_run_cell gives the main thread's pool back
+
+
+def _loaded_libgomps() -> list[str]:
+    """Paths of the GNU OpenMP runtimes loaded in this process (torch's, and any other copy); [] off Linux."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "libgomp" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith("libgomp") and os.path.isabs(p))
+
+
+def _pause(path: str) -> Any:
+    if path not in _HANDLES:
+        try:  # RTLD_NOLOAD: the copy already in the process, never a new load
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+            fn = lib.omp_pause_resource_all
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError):  # an older libgomp (before OpenMP 5.0): nothing to call
+            fn = None
+        _HANDLES[path] = fn
+    return _HANDLES[path]
+
+
+def release_openmp_pool() -> bool:
+    """Give back the calling thread's idle OpenMP worker threads (GNU libgomp; elsewhere nothing happens).
+
+    A thread that runs torch ops on the CPU keeps a pool of OpenMP workers after its first parallel region; a
+    second thread that then trains gets its own pool, and with both on the machine libgomp throttles its spin
+    waits, so every parallel region of the training thread sleeps and wakes (a tiny model trains 2x slower). Call
+    this on the thread that will sit idle (the notebook's main thread) before another thread trains;
+    :func:`start_training_thread` does it for you. The pool is re-created at the thread's next parallel region.
+
+    Returns:
+        True if a runtime gave a pool back (or had none to give), False where nothing could be done (no libgomp
+        loaded, an older one, or the calling thread is inside a parallel region).
+
+    Example:
+        >>> import nbtrainer
+        >>> nbtrainer.release_openmp_pool() in (True, False)
+        True
+    """
+    released = False
+    for path in _loaded_libgomps():
+        fn = _pause(path)
+        if fn is not None and fn(_OMP_PAUSE_SOFT) == 0:
+            released = True
+    return released
+
+
+def _release_after_cell(*_: Any) -> None:
+    """IPython ``post_run_cell``: a cell ran on the main thread while a training thread trains; give back the pool
+    that cell may have made, so the training thread keeps the only one."""
+    with _LOCK:
+        _LIVE[:] = [t for t in _LIVE if t.is_alive()]
+        training = bool(_LIVE)
+    if training and threading.current_thread() is threading.main_thread():
+        release_openmp_pool()
+
+
+def _hook_cells() -> None:
+    """Register :func:`_release_after_cell` with the running IPython shell (once per shell; no IPython import)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    events = getattr(shell, "events", None)
+    if events is None or id(shell) in _HOOKED:
+        return
+    try:
+        events.register("post_run_cell", _release_after_cell)
+    except Exception:  # an IPython without that event: the release at start still holds
+        return
+    _HOOKED.add(id(shell))
+
+
+def start_training_thread(
+    target: Callable[..., Any],
+    *,
+    name: str | None = None,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    daemon: bool = True,
+) -> threading.Thread:
+    """Start ``target(*args, **kwargs)`` in a new thread that trains at the speed of the calling thread.
+
+    The calling thread's idle OpenMP pool is given back first (:func:`release_openmp_pool`), so the new thread's
+    pool is the only one and its parallel regions are not throttled; in a notebook, it is given back again after
+    each cell while the thread lives. Use it for any thread that runs a fit, a sweep or a profile while the
+    calling thread waits or returns to the notebook (the panel's Start, ``w.fit()``, LR finder and Profile do).
+
+    Args:
+        target: what the thread runs (e.g. ``trainer.fit``).
+        name: the thread's name.
+        args, kwargs: the arguments of ``target``.
+        daemon: a daemon thread (default), so a notebook kernel can exit while it runs.
+
+    Returns:
+        The started thread.
+
+    Example:
+        >>> import torch
+        >>> from nbtrainer import Trainer, start_training_thread
+        >>> model = torch.nn.Linear(4, 2)
+        >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", progress=False)
+        >>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,)))] * 3
+        >>> thread = start_training_thread(trainer.fit, args=(data,), kwargs={"epochs": 2})
+        >>> thread.join(); trainer.status
+        'finished'
+    """
+    thread = threading.Thread(target=target, name=name, args=tuple(args), kwargs=dict(kwargs or {}), daemon=daemon)
+    release_openmp_pool()
+    if threading.current_thread() is threading.main_thread():
+        _hook_cells()
+    with _LOCK:
+        _LIVE[:] = [t for t in _LIVE if t.is_alive()]
+        _LIVE.append(thread)
+    thread.start()
+    return thread

@@ -1,0 +1,108 @@
+"""``nbtrainer.start_training_thread`` / ``release_openmp_pool`` (issue 49): a thread that trains holds the process's
+only OpenMP pool, so libgomp does not throttle its parallel regions.
+
+Each case runs in a fresh process with two intra-op threads (the suite runs torch on one thread, where no pool is
+ever made). A pool is counted by its workers: the process's threads that are not Python threads (a pool of a
+2-thread team has one worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="GNU OpenMP pools: Linux, and at least 2 CPUs (one intra-op thread makes no pool)",
+)
+
+PRELUDE = """
+import json, os, threading, time
+def workers():  # threads that are not Python threads: the OpenMP pools' workers (and torch's own, counted as base)
+    python = {t.native_id for t in threading.enumerate()}
+    return len([t for t in os.listdir("/proc/self/task") if int(t) not in python])
+def settled(expected):
+    # a thread's pool ends as the thread exits: its workers are told to leave, then exit on their own (detached)
+    end = time.monotonic() + 10
+    while workers() != expected and time.monotonic() < end:
+        time.sleep(0.01)
+    return workers()
+"""
+
+
+def _run(code: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+@pytest.mark.slow
+def test_a_training_thread_holds_the_only_pool_and_a_plain_thread_a_second_one() -> None:
+    res = _run("""
+        import nbtrainer
+        before_torch = nbtrainer.release_openmp_pool()  # no OpenMP runtime loaded yet: nothing to do
+        import torch
+        torch.set_num_threads(2)
+        base = workers()
+        torch.ones(10**6).sum()  # the main thread's first parallel region: its pool
+        main_pool = workers()
+        seen = {}
+        def train(key, *, n):
+            torch.ones(n).sum()  # a parallel region in this thread: its own pool
+            seen[key] = (workers(), threading.current_thread().name)
+        plain = threading.Thread(target=train, args=("plain",), kwargs={"n": 10**6})
+        plain.start(); plain.join()
+        torch.ones(10**6).sum()
+        thread = nbtrainer.start_training_thread(train, name="trainer", args=("helper",), kwargs={"n": 10**6})
+        thread.join()
+        after = settled(base)
+        torch.ones(10**6).sum()  # the main thread makes a pool again when it needs one
+        print("RESULT", json.dumps({"before_torch": before_torch, "base": base, "main_pool": main_pool,
+                                    "plain": seen["plain"], "helper": seen["helper"], "daemon": thread.daemon,
+                                    "after": after, "again": workers()}))
+    """)
+    base = res["base"]
+    assert res["before_torch"] is False
+    assert res["main_pool"] == base + 1
+    assert res["plain"][0] == base + 2, "a plain thread beside the main thread's pool: two pools"
+    assert res["helper"] == [base + 1, "trainer"], "start_training_thread: the main thread's pool was given back"
+    assert res["daemon"] is True
+    assert res["after"] == base, "the training thread's pool ends with the thread"
+    assert res["again"] == base + 1
+
+
+@pytest.mark.slow
+def test_after_each_notebook_cell_the_main_thread_gives_back_a_pool_while_a_training_thread_lives() -> None:
+    """A cell that runs a big op on the main thread while a run trains makes a pool there again; IPython's
+    ``post_run_cell`` gives it back, so the rest of the run is not throttled. Once no training thread lives, the
+    main thread keeps its pool (it is the one training then)."""
+    res = _run("""
+        import threading, torch
+        from IPython.core.interactiveshell import InteractiveShell
+        import nbtrainer
+        torch.set_num_threads(2)
+        shell = InteractiveShell.instance()
+        base = workers()
+        go, ready = threading.Event(), threading.Event()
+        def train():
+            torch.ones(10**6).sum()
+            ready.set()
+            go.wait(60)
+        thread = nbtrainer.start_training_thread(train)
+        ready.wait(60)
+        shell.run_cell("import torch; x = torch.ones(10**6).sum()")  # the cell's op: a pool on the main thread
+        during = workers()  # the training thread's pool only
+        go.set(); thread.join()
+        shell.run_cell("x = torch.ones(10**6).sum()")
+        print("RESULT", json.dumps({"base": base, "during": during, "after": settled(base + 1)}))
+    """)
+    assert res["during"] == res["base"] + 1
+    assert res["after"] == res["base"] + 1
