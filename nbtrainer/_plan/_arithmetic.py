@@ -29,6 +29,8 @@ __all__ = [
     "model_structure",
     "optimizer_state_bytes",
     "quantized_bytes",
+    "quantized_tensors",
+    "state_tensors",
     "step_temporaries",
     "targeted",
 ]
@@ -91,14 +93,51 @@ def optimizer_state_bytes(name: str, trained: list[tuple[int, int, list[int]]]) 
     return sum(adam_state_bytes(n, e) for n, e, _ in trained)
 
 
-def quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+def quantized_tensors(method: str, n_in: int, n_out: int) -> list[int]:
+    """The tensors (bytes each) a quantized ``n_in x n_out`` weight is stored in: the packed values, the block
+    scales (and with double quantization their scales, code book and offset), the code book."""
     n = n_in * n_out
     if method == "int8":
-        return n + 4 * n_out
+        return [n, 4 * n_out]
     blocks = math.ceil(n / 64)
     if method == "nf4-dq":
-        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
-    return n // 2 + 4 * blocks + 4 * 16
+        return [n // 2, blocks, 4 * math.ceil(blocks / 256), 4 * 256, 4 * 16, 4]
+    return [n // 2, 4 * blocks, 4 * 16]
+
+
+def quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+    return sum(quantized_tensors(method, n_in, n_out))
+
+
+def state_tensors(name: str, trained: list[tuple[int, int, list[int]]]) -> tuple[list[list[int]], list[int]]:
+    """Optimizer ``name``'s state as the tensors (bytes each) it allocates: per trained tensor, and shared by all
+    (bitsandbytes' two 256-entry maps). They sum to :func:`optimizer_state_bytes` (the caching allocator rounds each
+    one on its own)."""
+    per: list[list[int]] = []
+    shared: list[int] = []
+    if name in KBIT:
+        per_value, block = KBIT[name]
+        for n, e, _ in trained:
+            if n < MIN_KBIT or (name == "adamw4bit" and n % block):
+                per.append([n * e, n * e])
+                continue
+            packed, scales = n * per_value, 4 * math.ceil(n / block)
+            per.append([packed // 2, packed - packed // 2, scales, scales])
+            if name == "adamw4bit":
+                per[-1] += [2 * 16 * 4 // 2, 2 * 16 * 4 // 2]
+            elif not shared:
+                shared = [256 * 4, 256 * 4]
+        return per, shared
+    for n, e, shape in trained:
+        if name == "adafactor":
+            if len(shape) >= 2:
+                stacked = n // (shape[-2] * shape[-1])
+                per.append([4, 4 * shape[-2] * stacked, 4 * shape[-1] * stacked])
+            else:
+                per.append([4, n * e])
+        else:  # AdamW: a scalar step and two moments
+            per.append([4, n * e, n * e])
+    return per, shared
 
 
 def step_temporaries(

@@ -6,8 +6,8 @@ lives here, none of which needs the Trainer:
 * :func:`example_batch`: one batch of the training data, read without moving the loader's shuffling state;
 * :func:`choose`: the plan's best row, or a ``ValueError`` that names the smallest row's need and what would help;
 * :func:`step_down`: the next row after a measured peak above the budget, the plan's predictions scaled by the miss;
-* :class:`PeakCheck`: the measured peak of the first optimizer steps (``max_memory_allocated`` on CUDA, the tensor
-  tracker of :mod:`nbtrainer._memory._peak` elsewhere), compared with the budget at a step boundary.
+* :class:`PeakCheck`: the measured peak of the first optimizer steps (``max_memory_reserved`` and the context on
+  CUDA, the tensor tracker of :mod:`nbtrainer._memory._peak` elsewhere), compared with the budget at a step boundary.
 """
 
 from __future__ import annotations
@@ -65,17 +65,19 @@ def choose(plan: MemoryPlan) -> PlanRow:
 def step_down(plan: MemoryPlan, current: PlanRow, measured: int, *, optimizer: str | None) -> PlanRow | None:
     """The fastest row expected to fit once the plan's miss on ``current`` is taken into account.
 
-    The plan under-predicted ``current`` by ``measured / current.peak_bytes``; every row's prediction is scaled by
-    that ratio, and the fastest one that then fits within the full budget, smaller than ``current``, is next.
-    ``optimizer``: only rows with this optimizer kind (its state exists by now). None: nothing smaller fits.
+    ``measured``: what :class:`PeakCheck` measured, the prediction's counterpart (the reserved bytes on CUDA, the
+    peak of the tensors elsewhere). The plan under-predicted ``current`` by ``measured / predicted``; every row's
+    prediction is scaled by that ratio, and the fastest one that then fits within the full budget (with the CUDA
+    context), smaller than ``current``, is next. ``optimizer``: only rows with this optimizer kind (its state exists
+    by now). None: nothing smaller fits.
     """
-    ratio = measured / max(current.peak_bytes, 1)
+    ratio = measured / max(current.reserved_bytes, 1)
     for row in plan._candidates:
         if row.peak_bytes >= current.peak_bytes or row.memory.optimizer != optimizer:
             continue
         if row.memory.optimizer_in_backward != current.memory.optimizer_in_backward:
             continue  # set up once, when the trainer was built
-        if row.peak_bytes * ratio <= plan.budget_bytes:
+        if row.reserved_bytes * ratio + row.context_bytes <= plan.budget_bytes:
             return row
     return None
 
@@ -84,15 +86,19 @@ class PeakCheck:
     """The measured peak of the next :data:`CHECKED_STEPS` optimizer steps, compared with ``budget_bytes``.
 
     A callback the Trainer adds for ``memory_budget_gb``: :meth:`arm` before the steps to measure; at the last
-    of them ``over(measured_bytes)`` is called (on the training thread, at a step boundary) when the peak is above
-    the budget. On CUDA the peak is ``torch.cuda.max_memory_allocated`` (reset when armed); on other devices the
+    of them ``over(measured_bytes)`` is called (on the training thread, at a step boundary) when the device needs
+    more than the budget. On CUDA that is ``torch.cuda.max_memory_reserved`` (reset when armed: what the caching
+    allocator took from the device) plus ``context_bytes`` (the CUDA context, held outside it); on other devices the
     tracker of :mod:`nbtrainer._memory._peak` follows every tensor over those steps only (it slows them; no other step).
     """
 
-    def __init__(self, budget_bytes: int, device: torch.device, over: Callable[[int], None]) -> None:
+    def __init__(
+        self, budget_bytes: int, device: torch.device, over: Callable[[int], None], context_bytes: int = 0
+    ) -> None:
         self.budget_bytes = budget_bytes
         self.device = device
         self.over = over
+        self.context_bytes = context_bytes if device.type == "cuda" else 0
         self.measured: list[int] = []  # each check's peak, in order
         self._left = 0
         self._tracker: Any = None
@@ -123,12 +129,12 @@ class PeakCheck:
         if self._left:
             return
         if self.device.type == "cuda":
-            peak = int(torch.cuda.max_memory_allocated(self.device))
+            peak = int(torch.cuda.max_memory_reserved(self.device))
         else:
             peak = int(self._tracker.peak_bytes)
             self._close()
         self.measured.append(peak)
-        if peak > self.budget_bytes:
+        if peak + self.context_bytes > self.budget_bytes:
             self.over(peak)
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:

@@ -27,8 +27,9 @@ from torch import nn
 from nbtrainer._data._batch import iter_tensors
 from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
+from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
 from nbtrainer._plan._result import MemoryPlan, PlanRow
-from nbtrainer._plan._steps import Context, micro_batches, plan_row, repeated_stack, shared_cache
+from nbtrainer._plan._steps import plan_row
 
 __all__ = ["MemoryPlan", "PlanRow", "plan_memory"]
 
@@ -145,6 +146,9 @@ def plan_memory(
         raise TypeError(f"plan_memory(keep=...): {unknown_keep} are not switches; use {list(MemoryOptions.names())}.")
     budget_bytes = int(budget_gb * GiB)
     usable = int(budget_bytes * (1 - margin))  # as MemoryPlan.usable_bytes: one rounding for fits and best
+    from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
+
+    context = CUDA_CONTEXT_BYTES if target.type == "cuda" else 0  # held outside the allocator, counted in fits
 
     from nbtrainer._setup._chunked_loss import check_chunked_loss
 
@@ -196,8 +200,7 @@ def plan_memory(
             structures.append(("nf4", lora_settings))
         else:
             unavailable["quantize"] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
-    from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
-    from nbtrainer._setup._model_setup import has_own_checkpointing
+    from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks, has_own_checkpointing
 
     checkpointing = [False]
     if has_own_checkpointing(model) or find_checkpointable_blocks(model):
@@ -231,7 +234,7 @@ def plan_memory(
             )
             if any(getattr(memory, k) != v for k, v in keep.items()):
                 continue
-            rows.append(plan_row(ctx, memory, micro, batch_size, usable))
+            rows.append(plan_row(ctx, memory, micro, batch_size, usable, context))
     if not rows:
         raise ValueError(
             f"plan_memory(keep={keep}): no combination has these switches on this model and target "
@@ -239,9 +242,14 @@ def plan_memory(
         )
     plain = MemoryOptions(**{**MemoryOptions(optimizer=kinds[0] if optimizer else "adamw").__dict__, **keep})
     baseline = next((r for r in rows if r.memory == plain and r.grad_accum_steps == 1), None)
-    pickable = [r for r in rows if r.fits and (not r.changes_training or "lora" in allowed)]
-    # the fastest; among equally fast rows the one with fewest switches (nothing switched on that is not needed)
-    best = min(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes), default=None)
+    # the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is not
+    # needed). Rows are searched in that order and the first that fits is best: on a CUDA target a row's reserved
+    # bytes are replayed when first asked, so only the rows the search reaches (and those shown) are replayed.
+    order = sorted(
+        (r for r in rows if not r.changes_training or "lora" in allowed),
+        key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes),
+    )
+    best = next((r for r in order if r.fits), None)
     # the plain rows' front, then the front of the rows that train something else (listed, picked only when asked)
     shown = _pareto([r for r in rows if not r.changes_training]) + _pareto([r for r in rows if r.changes_training])
     for extra in (baseline, best):
@@ -264,7 +272,7 @@ def plan_memory(
         switches["precision"] = normalize_precision(switches.get("precision", "fp32"))
         if switches.get("lora") is True:
             switches["lora"] = dict(lora_settings)
-        return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable)
+        return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable, context)
 
     return MemoryPlan(
         rows=shown,
@@ -276,5 +284,6 @@ def plan_memory(
         unavailable=unavailable,
         seconds=time.perf_counter() - start,
         _predict=predict,
-        _candidates=sorted(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes)),
+        _candidates=[r for r in order if r.peak_bytes + r.context_bytes <= usable],
+        context_bytes=context,
     )

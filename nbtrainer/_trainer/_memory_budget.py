@@ -64,7 +64,9 @@ class MemoryBudget:
         self.row: PlanRow | None = None
         self.kept: dict[str, Any] = {}
         self._announced = False
-        self.check = PeakCheck(int(self.budget_gb * GiB), trainer.device, self._over)
+        from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
+
+        self.check = PeakCheck(int(self.budget_gb * GiB), trainer.device, self._over, CUDA_CONTEXT_BYTES)
 
     def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
         """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an

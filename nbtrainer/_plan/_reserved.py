@@ -1,0 +1,194 @@
+"""What the CUDA caching allocator reserves for a row: its steps replayed, allocation by allocation, through the
+allocator's rules (:mod:`nbtrainer._plan._allocator`).
+
+For each leaf of the row's step (:class:`~nbtrainer._plan._context.Leaf`: a simulation at one size and depth, with
+its allocation trace), the device's life is replayed in the order a Trainer's fit goes:
+
+1. the parameters, tensor by tensor (a quantized weight as its packed values, scales and code book; LoRA's adapters
+   after them);
+2. an optimizer step window, twice (the second is the steady state; a third reserves nothing new, the test suite
+   checks it): for each micro-batch, the batch, cuBLAS's two workspaces (the first matmul of forward and of
+   backward, on the first step), a quantized base's dequantized weight, then the trace (the window's first
+   micro-batch creates the gradients; later ones add into them); then the optimizer step: its state on the first
+   step (for ``optimizer_in_backward``, each parameter's as its gradient completes, which is then dropped), its
+   temporaries, and ``zero_grad`` releasing the gradients.
+
+The reserved bytes after that are the leaf's; the row's are the leaves' weighted sum (depth, checkpointed share,
+micro-batch size: the weights of :meth:`~nbtrainer._plan._context.Context.terms`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nbtrainer._data._batch import iter_tensors
+from nbtrainer._options import MemoryOptions
+from nbtrainer._plan import _arithmetic as arith
+from nbtrainer._plan._allocator import CachingAllocator, cublas_workspace_bytes
+from nbtrainer._plan._context import Context, Leaf
+from nbtrainer._plan._trace import ALLOC, FREE, GRAD, Trace
+
+__all__ = ["STEPS", "replay", "reserved_bytes"]
+
+STEPS = 2  # optimizer steps replayed: the first builds the optimizer's state, the second is the steady state
+
+
+def replay(
+    *,
+    params: list[int],
+    batch: list[int],
+    first: Trace,
+    rest: Trace | None = None,
+    micro_batches: int = 1,
+    state: list[list[int]] = (),  # type: ignore[assignment]
+    shared_state: list[int] = (),  # type: ignore[assignment]
+    temporaries: list[int] = (),  # type: ignore[assignment]
+    in_backward: bool = False,
+    dequant: int = 0,
+    workspaces: list[int] = (),  # type: ignore[assignment]
+    steps: int = STEPS,
+) -> CachingAllocator:
+    """Replay a fit's first ``steps`` optimizer steps through the caching allocator (see the module docstring).
+
+    Args:
+        params: each parameter's bytes, allocated first and kept.
+        batch: each batch tensor's bytes (one micro-batch), allocated before its forward, released after the step.
+        first: the window's first micro-batch (creates the gradients); ``rest``: each later one (default: first).
+        micro_batches: micro-batches per optimizer step.
+        state: per trained tensor (the index a gradient event carries), the optimizer state tensors' bytes;
+            ``shared_state``: state shared by all (allocated with the first tensor's).
+        temporaries: what the optimizer step allocates while it runs (released at its end).
+        in_backward: each parameter is stepped when its gradient completes, and the gradient dropped.
+        dequant: a dequantized weight allocated and released at the start of each micro-batch.
+        workspaces: kept from the first micro-batch on (cuBLAS's, per thread).
+
+    Returns:
+        The allocator: ``reserved`` and ``peak_allocated`` (``max_memory_reserved`` / ``max_memory_allocated``).
+    """
+    a = CachingAllocator()
+    a.malloc_all(params)
+    has_state = False
+    for step in range(steps):
+        held: dict[int, Any] = {}  # the window's gradients (and whatever else a micro-batch left alive)
+        batches = []
+        for i in range(micro_batches):
+            batches.append(a.malloc_all(batch))
+            if step == 0 and i == 0:
+                a.malloc_all(workspaces)
+            if dequant:
+                a.free(a.malloc(dequant))
+            live: dict[int, Any] = {}
+            trace = first if i == 0 or rest is None else rest
+            for op, ident, n in zip(trace.ops, trace.ids, trace.sizes, strict=True):
+                if op == ALLOC:
+                    live[ident] = a.malloc(n)
+                elif op == FREE:
+                    block = live.pop(ident, None)
+                    if block is not None:
+                        a.free(block)
+                elif op == GRAD and in_backward:  # trained tensor n's gradient is complete: step it, drop it
+                    if not has_state and n < len(state):
+                        a.malloc_all(state[n] + (shared_state if n == 0 else []))
+                    block = live.pop(ident, None)
+                    if block is not None:
+                        a.free(block)
+            held.update({(i, k): v for k, v in live.items()})
+        if not in_backward:
+            if not has_state:
+                a.malloc_all(shared_state)
+                for tensors in state:
+                    a.malloc_all(tensors)
+            for block in a.malloc_all(temporaries):
+                a.free(block)
+        has_state = True
+        for block in held.values():  # zero_grad(set_to_none=True)
+            a.free(block)
+        for blocks in batches:
+            for block in blocks:
+                a.free(block)
+    return a
+
+
+def _batch_sizes(ctx: Context, micro: int) -> list[int]:
+    sizes = []
+    for t in iter_tensors(ctx.batch):
+        n = t.numel() * t.element_size()
+        if t.dim() > 0 and t.shape[0] == ctx.example_size:
+            n = n // ctx.example_size * micro
+        sizes.append(n)
+    return sizes
+
+
+def _keep(ctx: Context, depth: int | None) -> Any:
+    """The parameter names a shallow copy of ``depth`` blocks holds (None: all)."""
+    if depth is None or ctx.stack is None:
+        return None
+    prefix = f"{ctx.stack[0]}." if ctx.stack[0] else ""
+
+    def keep(name: str) -> bool:
+        if not name.startswith(prefix):
+            return True
+        index = name[len(prefix) :].split(".", 1)[0]
+        return not index.isdigit() or int(index) < depth
+
+    return keep
+
+
+def _workspaces(ctx: Context) -> list[int]:
+    capability = None
+    if ctx.device.type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(ctx.device)
+    return [cublas_workspace_bytes(capability)] * 2  # forward's thread and autograd's device thread
+
+
+def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf | None, windows: int) -> int:
+    kind = memory.optimizer or "adamw"
+    key = ("replay", id(first), id(rest), windows, kind, memory.offload_optimizer, memory.optimizer_in_backward,
+           memory.quantize, memory.precision if memory.quantize else None, repr(memory.lora))  # fmt: skip
+    cached = ctx.cache.get(key)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    from nbtrainer._plan._steps import row_tensors
+
+    tensors = row_tensors(ctx.structure, memory, _keep(ctx, first.depth))
+    # stepped all at once: every trained tensor of the model at this depth; in backward: the one whose gradient
+    # completes, numbered as the simulated model's (a stack put together from 3 blocks repeats the middle one's)
+    in_backward = memory.optimizer_in_backward
+    trained = [(n, e, list(shape)) for n, e, shape in first.step.trained] if in_backward else tensors.trained
+    state, shared = arith.state_tensors(kind, trained) if not memory.offload_optimizer else ([], [])
+    temps_bytes = arith.step_temporaries(kind, ctx.device.type, trained, in_backward=in_backward)
+    temporaries: list[int] = []
+    if temps_bytes and not memory.offload_optimizer:
+        whole = sum(n * e for n, e, _ in trained)
+        temporaries = [n * e for n, e, _ in trained] if temps_bytes == whole else [temps_bytes]
+    assert first.step.trace is not None
+    allocator = replay(
+        params=tensors.params,
+        batch=_batch_sizes(ctx, first.micro),
+        first=first.step.trace,
+        rest=rest.step.trace if rest is not None else None,
+        micro_batches=windows,
+        state=state,
+        shared_state=shared,
+        temporaries=temporaries,
+        in_backward=memory.optimizer_in_backward,
+        dequant=tensors.dequant,
+        workspaces=_workspaces(ctx),
+    )
+    ctx.cache[key] = allocator.reserved
+    return allocator.reserved
+
+
+def reserved_bytes(ctx: Context, memory: MemoryOptions, micro: int, batch_size: int, switches: dict[str, Any]) -> int:
+    """The row's reserved bytes at its peak (see the module docstring); ``switches``: the row's simulated switches
+    (as :meth:`Context.terms` takes them)."""
+    windows = batch_size // micro
+    first = ctx.terms(accumulating=False, **switches)
+    rest = ctx.terms(accumulating=True, **switches) if windows > 1 else None
+    total = 0.0
+    for i, (leaf, weight) in enumerate(first):
+        later = rest[i][0] if rest is not None else None
+        total += weight * _leaf_reserved(ctx, memory, leaf, later, windows)
+    return max(0, round(total))
