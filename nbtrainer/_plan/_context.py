@@ -164,8 +164,13 @@ class Context:
         return self.device
 
     @property
-    def depth(self) -> int | None:
-        return self.stack[1] if self.stack is not None else None
+    def blocks(self) -> int:
+        """How many repeated blocks checkpointing picks among (0: none)."""
+        if "blocks" not in self.cache:
+            from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
+
+            self.cache["blocks"] = len(find_checkpointable_blocks(self.model))
+        return int(self.cache["blocks"])
 
     def terms(
         self,
@@ -193,7 +198,7 @@ class Context:
         full = (half, True, chunked, offload, lora_key)
         if not checkpointing:
             return self._stacked(plain, micro, accumulating, lora, n)
-        terms = self._stacked(full, micro, accumulating, lora, n)
+        terms = list(self._stacked(full, micro, accumulating, lora, n))  # a new list: the cached one stays
         left_plain = n - checkpoint_count(checkpointing, n) if is_selective(checkpointing) else 0
         if left_plain:  # per block left plain: a plain block's increment instead of a checkpointed one's
             for key, sign in ((plain, 1), (full, -1)):
@@ -233,7 +238,7 @@ class Context:
         if isinstance(cached, _NotRepeated):
             raise cached
         if cached is not None:
-            return cached  # type: ignore[no-any-return]
+            return list(cached)
         example = self.example_size
         terms: Terms
         try:
@@ -256,7 +261,7 @@ class Context:
             self.cache[cache_key] = exc
             raise
         self.cache[cache_key] = terms
-        return terms
+        return list(terms)
 
     @staticmethod
     def _leaf(

@@ -6,7 +6,8 @@ memory switches on an H200 and on 2 CPU cores) and the usual published figures; 
 
 * mixed precision: 0.45x on CUDA (tensor cores); on a CPU bf16 autocast is 1.2x (casts around fp32 kernels) and
   fp16 is emulated on most CPUs, so it is not proposed there;
-* activation checkpointing: the blocks' forward runs twice, 1.3x; the chunked loss recomputes the head, 1.05x;
+* activation checkpointing: the blocks' forward runs twice, 1.3x (checkpointing a share of the blocks: that share
+  of the 0.3); the chunked loss recomputes the head, 1.05x;
 * 8-bit / 4-bit AdamW: 1.1x / 1.15x (block-wise dequantize and requantize), paged 1.15x, Adafactor 1.05x;
 * offload: activations cross PCIe twice, 2.5x; optimizer state on the host (the CPU steps it), 1.6x;
 * a quantized (4-bit) base: 2.0x on CUDA, 1.5x on a CPU (dequantized at each matmul); LoRA alone 0.8x (no weight
@@ -21,7 +22,7 @@ import math
 
 from nbtrainer._options import MemoryOptions
 
-__all__ = ["time_factor"]
+__all__ = ["checkpointed_share", "time_factor"]
 
 _FACTORS: dict[str, dict[str, float]] = {
     "cuda": {
@@ -57,8 +58,22 @@ _FACTORS: dict[str, dict[str, float]] = {
 }
 
 
-def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int) -> float:
+def checkpointed_share(value: object, blocks: int | None) -> float:
+    """The share of the repeated blocks ``activation_checkpointing=value`` checkpoints (1 for True or a list)."""
+    from nbtrainer._setup._activation_checkpointing import checkpoint_count, is_selective
+
+    if not is_selective(value):
+        return 1.0
+    if isinstance(value, float):
+        return value if not blocks else checkpoint_count(value, blocks) / blocks
+    return min(1.0, value / blocks) if blocks else 1.0  # type: ignore[operator]
+
+
+def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int, blocks: int | None = None) -> float:
     """Predicted step time relative to plain fp32 with the whole batch at once (see the module docstring).
+
+    ``blocks``: the model's repeated blocks, for selective checkpointing (``activation_checkpointing=0.5`` or ``k``):
+    only the checkpointed share of the blocks runs its forward twice.
 
     Example:
         >>> round(time_factor("cuda", MemoryOptions(precision="bf16-mixed", activation_checkpointing=True), 1), 3)
@@ -67,7 +82,7 @@ def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int) 
     f = _FACTORS["cuda" if device_type == "cuda" else "cpu"]
     factor = f.get(memory.precision, 1.0)
     if memory.activation_checkpointing:
-        factor *= f["checkpointing"]
+        factor *= 1 + (f["checkpointing"] - 1) * checkpointed_share(memory.activation_checkpointing, blocks)
     if memory.chunked_loss:
         factor *= f["chunked_loss"]
     factor *= f.get(memory.optimizer or "adamw", 1.0)

@@ -79,6 +79,28 @@ def _pareto(rows: list[PlanRow]) -> list[PlanRow]:
     return front
 
 
+#: The shares of the repeated blocks a plan checkpoints besides all of them (selective checkpointing: the fastest
+#: plan that fits may keep some blocks' activations).
+SHARES = (0.25, 0.5, 0.75)
+
+
+def _shares(blocks: int, kept: Any) -> list[Any]:
+    """The selective checkpointing values to plan for ``blocks`` repeated blocks: each of :data:`SHARES` that picks
+    a different number of blocks, more than none and fewer than all (for a few blocks, the share nearest to what it
+    picks: 0.5 of 2 blocks, not 0.25), and the value the user set (``kept``)."""
+    from nbtrainer._setup._activation_checkpointing import checkpoint_count, is_selective
+
+    by_count: dict[int, float] = {}
+    for share in SHARES:
+        k = checkpoint_count(share, blocks) if blocks else 0
+        if 0 < k < blocks and abs(share - k / blocks) < abs(by_count.get(k, 2.0) - k / blocks):
+            by_count[k] = share
+    values: list[Any] = [by_count[k] for k in sorted(by_count)]
+    if is_selective(kept) and kept not in values:
+        values.append(kept)
+    return values
+
+
 def plan_memory(
     model: nn.Module,
     batch: Any,
@@ -202,9 +224,10 @@ def plan_memory(
             unavailable["quantize"] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
     from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks, has_own_checkpointing
 
-    checkpointing = [False]
-    if has_own_checkpointing(model) or find_checkpointable_blocks(model):
-        checkpointing.append(True)
+    checkpointing: list[Any] = [False]
+    blocks = len(find_checkpointable_blocks(model))
+    if has_own_checkpointing(model) or blocks:
+        checkpointing += [*_shares(blocks, keep.get("activation_checkpointing")), True]
     else:
         unavailable["activation_checkpointing"] = "the model has no repeated blocks to checkpoint"
     rows: list[PlanRow] = []

@@ -83,7 +83,7 @@ class PlanRow:
         """The switches in a few words, e.g. ``bf16-mixed + checkpointing + adamw8bit, micro-batch 4 x 2``."""
         m = self.memory
         words = [m.precision]
-        words += ["checkpointing"] if m.activation_checkpointing else []
+        words += [_checkpointing_words(m.activation_checkpointing)] if m.activation_checkpointing else []
         words += [m.optimizer] if m.optimizer and m.optimizer != "adamw" else []
         words += ["in-backward"] if m.optimizer_in_backward else []
         words += ["chunked loss"] if m.chunked_loss else []
@@ -254,6 +254,14 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
         if v > 0:
             yield k, v, start
             start += v
+
+
+def _checkpointing_words(value: Any) -> str:
+    if isinstance(value, float):
+        return f"checkpointing {value:g} of the blocks"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"checkpointing {value} blocks"
+    return "checkpointing"
 
 
 def _need(row: PlanRow) -> str:

@@ -149,7 +149,7 @@ def plan_row(
         peak_bytes=peak,
         parts=parts,
         host_bytes=host,
-        time_factor=time_factor(ctx.device.type, memory, accum),
+        time_factor=time_factor(ctx.device.type, memory, accum, ctx.blocks),
         changes_training=memory.quantize is not None or memory.lora is not None,
         context_bytes=context_bytes,
         usable_bytes=usable,

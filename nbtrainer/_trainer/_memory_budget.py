@@ -74,8 +74,9 @@ class MemoryBudget:
         kept: dict[str, Any] = {}
         if self.keep_precision:
             kept["precision"] = memory.precision
-        if activation_checkpointing:
-            kept["activation_checkpointing"] = True
+        if activation_checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
+            simple = isinstance(activation_checkpointing, (bool, int, float))
+            kept["activation_checkpointing"] = activation_checkpointing if simple else True
         # set up when the trainer was built (hooks, the loss path, the savers): kept as they are
         for name in ("chunked_loss", "offload_activations", "offload_optimizer"):
             kept[name] = getattr(memory, name)
@@ -163,8 +164,8 @@ class MemoryBudget:
             trainer.precision = memory.precision
             trainer.scaler = make_scaler(memory.precision, trainer.device)
         want = memory.activation_checkpointing
-        if bool(want) != bool(setup.activation_checkpointing):
-            setup.set_activation_checkpointing(bool(want))
+        if want != setup.activation_checkpointing and not (want is True and setup.activation_checkpointing):
+            setup.set_activation_checkpointing(want)
         if first and self.auto_optimizer and memory.optimizer not in (None, optimizer_kind(trainer.optimizer)):
             self._rebuild_optimizer(memory.optimizer)
         trainer.micro_split = row.grad_accum_steps

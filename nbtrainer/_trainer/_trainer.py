@@ -125,8 +125,8 @@ class Trainer:
             (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
         lr: learning rate of an optimizer given by name (default: torch's default for it).
         activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
-            ``gradient_checkpointing_enable()``, else its repeated blocks) or a list of module types / names;
-            switch later with :meth:`set_activation_checkpointing`.
+            ``gradient_checkpointing_enable()``, else its repeated blocks), an int k / a float share in (0, 1) of
+            those blocks (evenly spaced) or a list of module types / names; :meth:`set_activation_checkpointing`.
         trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
             counts in :attr:`param_counts`.
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
