@@ -19,6 +19,7 @@ micro-batch size: the weights of :meth:`~nbtrainer._plan._context.Context.terms`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -42,12 +43,12 @@ def replay(
     first: Trace,
     rest: Trace | None = None,
     micro_batches: int = 1,
-    state: list[list[int]] = (),  # type: ignore[assignment]
-    shared_state: list[int] = (),  # type: ignore[assignment]
-    temporaries: list[int] = (),  # type: ignore[assignment]
+    state: Sequence[list[int]] = (),
+    shared_state: Sequence[int] = (),
+    temporaries: Sequence[int] = (),
     in_backward: bool = False,
     dequant: int = 0,
-    workspaces: list[int] = (),  # type: ignore[assignment]
+    workspaces: Sequence[int] = (),
     steps: int = STEPS,
 ) -> CachingAllocator:
     """Replay a fit's first ``steps`` optimizer steps through the caching allocator (see the module docstring).
@@ -90,7 +91,7 @@ def replay(
                         a.free(block)
                 elif op == GRAD and in_backward:  # trained tensor n's gradient is complete: step it, drop it
                     if not has_state and n < len(state):
-                        a.malloc_all(state[n] + (shared_state if n == 0 else []))
+                        a.malloc_all([*state[n], *(shared_state if n == 0 else ())])
                     block = live.pop(ident, None)
                     if block is not None:
                         a.free(block)
