@@ -44,7 +44,8 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     """The storages behind ``t`` (a wrapper subclass: its inner tensors')."""
     if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
-        return [s for n in names for s in _storages(getattr(t, n))]
+        inner = (getattr(t, n) for n in names)
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]  # a mesh is no tensor
     if t.device.type == "meta":
         return []
     try:

@@ -154,6 +154,10 @@ class Context:
     structure: dict[str, Any]
     stack: tuple[str, int] | None
     cache: dict[tuple, Any] = field(default_factory=dict)
+    #: None (one device), "ddp" or "fsdp", over ``world_size`` ranks; FSDP's units' parameter names, the root's last
+    strategy: str | None = None
+    world_size: int = 1
+    units: list[list[str]] = field(default_factory=list)
 
     @property
     def sim_device(self) -> torch.device:
@@ -316,12 +320,14 @@ class Context:
             loss_fn = ChunkedCausalLMLoss(1024 if chunked is True else int(chunked))
         batch = empty_batch(self.batch, torch.device("meta"), (self.example_size, micro))
         prepare = functools.partial(_sim_lora, lora=lora, structure=self.structure) if lora is not None else None
+        if precision == "bf16-params":  # FSDP's mixed precision: the parameters in bf16, autocast off
+            prepare = functools.partial(_in_bf16, then=prepare)
         try:
             return simulate_step(
                 model,
                 batch,
                 device=self.sim_device,
-                autocast_dtype=autocast_dtype(precision),
+                autocast_dtype=autocast_dtype(precision) if precision != "bf16-params" else None,
                 checkpointing=checkpointing,
                 loss_fn=loss_fn,
                 criterion=self.criterion,
@@ -363,6 +369,12 @@ def weighted(terms: Terms) -> SimulatedStep:
         largest_activations=f([s.largest_activations for s in steps]),
         logits_loss=f([s.logits_loss for s in steps]),
     )
+
+
+def _in_bf16(model: nn.Module, *, then: Any) -> None:
+    if then is not None:
+        then(model)
+    model.to(torch.bfloat16)
 
 
 class _SimLoRA(nn.Module):

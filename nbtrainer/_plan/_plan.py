@@ -114,6 +114,8 @@ def plan_memory(
     lora: Mapping[str, Any] | None = None,
     optimizer: str | None = None,
     keep: Mapping[str, Any] | None = None,
+    world_size: int = 1,
+    strategy: str | None = None,
 ) -> MemoryPlan:
     """Which memory switches make a training step of ``model`` on ``batch`` fit ``budget_gb``, and which is fastest.
 
@@ -130,16 +132,23 @@ def plan_memory(
         lora: LoRA's settings for the rows that add adapters (implies ``allow=("lora",)``); default r=16, all-linear.
         optimizer: only this optimizer kind (an optimizer you build yourself); default: the planner chooses.
         keep: switches held at these values (``{"precision": "bf16-mixed"}``): only the rows that have them
-            (``Trainer(memory_budget_gb=...)`` keeps the switches its user set).
+            (``Trainer(memory_budget_gb=...)`` keeps the switches its user set). ``quantize`` / ``lora`` kept: the
+            rows train that quantized base with those adapters (QLoRA under a budget).
+        world_size, strategy: plan one rank of ``world_size`` under ``"ddp"`` (each rank holds the whole model,
+            and DDP's gradient buckets) or ``"fsdp"`` (FSDP2: parameters, gradients and optimizer state sharded,
+            one unit gathered at a time); the batch is one rank's (``nbtrainer._plan._distributed``).
 
     Returns:
         A :class:`MemoryPlan`.
 
     Raises:
         ValueError: a budget that is not positive, an unknown target, a batch that does not fit the model, a model
-            with no trainable parameters.
+            with no trainable parameters, ``world_size`` < 1, ``strategy="fsdp"`` on one rank.
     """
     start = time.perf_counter()
+    from nbtrainer._plan._distributed import check_strategy, fsdp_units
+
+    check_strategy(world_size, strategy)
     if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
         raise ValueError(f"plan_memory(budget_gb={budget_gb!r}): the budget must be a positive number of GiB.")
     if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
@@ -187,6 +196,9 @@ def plan_memory(
         criterion=criterion,
         structure=arith.model_structure(model),
         stack=repeated_stack(model),
+        strategy=strategy,
+        world_size=world_size,
+        units=fsdp_units(model) if strategy == "fsdp" else [],
     )
     # simulated steps kept across plans, keyed by where they run (Context.sim_device), not the target
     ctx.cache = shared_cache(model, batch, ctx.sim_device, criterion)
@@ -216,7 +228,10 @@ def plan_memory(
     structures: list[tuple[str | None, Any]] = [(None, None)]
     lora_settings = dict(lora) if lora is not None else dict(_DEFAULT_LORA)
     quantizable = any(row[4] for row in ctx.structure["linears"])
-    if quantizable:
+    if keep.get("quantize") is not None or keep.get("lora") is not None:  # QLoRA / LoRA as the user set them
+        structures = [(keep.get("quantize"), keep.get("lora"))]
+        allowed.add("lora")
+    elif quantizable:
         structures.append((None, lora_settings))
         if importlib.util.find_spec("bitsandbytes") is not None:
             structures.append(("nf4", lora_settings))
@@ -243,6 +258,12 @@ def plan_memory(
             ):
                 continue
             if off_opt and kind in arith.KBIT:
+                continue
+            # what the Trainer refuses under DDP / FSDP: the step in backward, the chunked loss; FSDP: a quantized
+            # base (bitsandbytes' packed weights are not shardable) and offloading the optimizer
+            if strategy is not None and (in_bwd or chunked):
+                continue
+            if strategy == "fsdp" and (quantize is not None or off_opt):
                 continue
             memory = MemoryOptions(
                 precision=precision,

@@ -50,6 +50,8 @@ def replay(
     dequant: int = 0,
     workspaces: Sequence[int] = (),
     steps: int = STEPS,
+    drop_gradients: bool = False,
+    per_step: Sequence[int] = (),
 ) -> CachingAllocator:
     """Replay a fit's first ``steps`` optimizer steps through the caching allocator (see the module docstring).
 
@@ -64,6 +66,8 @@ def replay(
         in_backward: each parameter is stepped when its gradient completes, and the gradient dropped.
         dequant: a dequantized weight allocated and released at the start of each micro-batch.
         workspaces: kept from the first micro-batch on (cuBLAS's, per thread).
+        drop_gradients: each gradient is released as it completes (FSDP reduce-scatters it into a shard).
+        per_step: allocated at each micro-batch's start and released at its end (FSDP's gathered parameters).
 
     Returns:
         The allocator: ``reserved`` and ``peak_allocated`` (``max_memory_reserved`` / ``max_memory_allocated``).
@@ -80,6 +84,7 @@ def replay(
                 a.malloc_all(workspaces)
             if dequant:
                 a.free(a.malloc(dequant))
+            gathered = a.malloc_all(per_step)
             live: dict[int, Any] = {}
             trace = first if i == 0 or rest is None else rest
             for op, ident, n in zip(trace.ops, trace.ids, trace.sizes, strict=True):
@@ -89,12 +94,14 @@ def replay(
                     block = live.pop(ident, None)
                     if block is not None:
                         a.free(block)
-                elif op == GRAD and in_backward:  # trained tensor n's gradient is complete: step it, drop it
-                    if not has_state and n < len(state):
+                elif op == GRAD and (in_backward or drop_gradients):  # trained tensor n's gradient is complete
+                    if in_backward and not has_state and n < len(state):  # step it
                         a.malloc_all([*state[n], *(shared_state if n == 0 else ())])
-                    block = live.pop(ident, None)
+                    block = live.pop(ident, None)  # and drop it
                     if block is not None:
                         a.free(block)
+            for block in gathered:
+                a.free(block)
             held.update({(i, k): v for k, v in live.items()})
         if not in_backward:
             if not has_state:
@@ -147,7 +154,7 @@ def _workspaces(ctx: Context) -> list[int]:
 def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf | None, windows: int) -> int:
     kind = memory.optimizer or "adamw"
     key = ("replay", id(first), id(rest), windows, kind, memory.offload_optimizer, memory.optimizer_in_backward,
-           memory.quantize, memory.precision if memory.quantize else None, repr(memory.lora))  # fmt: skip
+           memory.quantize, memory.precision, repr(memory.lora), ctx.strategy, ctx.world_size)  # fmt: skip
     cached = ctx.cache.get(key)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
@@ -165,8 +172,14 @@ def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf 
         whole = sum(n * e for n, e, _ in trained)
         temporaries = [n * e for n, e, _ in trained] if temps_bytes == whole else [temps_bytes]
     assert first.step.trace is not None
+    params, per_step, drop = tensors.params, [], False
+    if ctx.strategy == "ddp":  # DDP's gradient buckets: 1 MiB first, then up to 25 MiB each, kept
+        params = [*params, *_buckets(sum(n * e for n, e, _ in tensors.trained))]
+    elif ctx.strategy == "fsdp":
+        params, per_step, drop, state, temporaries = _fsdp_replay(ctx, memory, tensors, kind)
+        shared = []  # in the last of ``state``
     allocator = replay(
-        params=tensors.params,
+        params=params,
         batch=_batch_sizes(ctx, first.micro),
         first=first.step.trace,
         rest=rest.step.trace if rest is not None else None,
@@ -177,9 +190,38 @@ def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf 
         in_backward=memory.optimizer_in_backward,
         dequant=tensors.dequant,
         workspaces=_workspaces(ctx),
+        drop_gradients=drop,
+        per_step=per_step,
     )
     ctx.cache[key] = allocator.reserved
     return allocator.reserved
+
+
+def _buckets(total: int, first: int = 2**20, cap: int = 25 * 2**20) -> list[int]:
+    sizes = [min(first, total)] if total else []
+    total -= sizes[0] if sizes else 0
+    while total > 0:
+        sizes.append(min(cap, total))
+        total -= sizes[-1]
+    return sizes
+
+
+def _fsdp_replay(ctx: Context, memory: MemoryOptions, tensors: Any, kind: str) -> tuple[list[int], ...]:
+    """FSDP2's rank, for the replay: the shards kept (parameters and gradients), the root's whole parameters and
+    the largest unit gathered twice for each micro-batch, gradients dropped as reduce-scattered, the sharded
+    state. An approximation of FSDP's own buffers (their order within a step is not followed)."""
+    from nbtrainer._plan._distributed import rank_parts, shard_bytes
+
+    ws = ctx.world_size
+    shares = rank_parts(ctx.structure, ctx.units, memory, ws, tensors.trained)
+    kept = [shard_bytes(n, e, shape, ws) for _, n, e, _, shape in ctx.structure["params"]]
+    kept += [shard_bytes(n, e, shape, ws) for n, e, shape in tensors.trained]  # the sharded gradients
+    per_step = [shares["root"], shares["units"] // 2, shares["units"] - shares["units"] // 2]
+    state, shared = arith.state_tensors(kind, shares["trained"]) if not memory.offload_optimizer else ([], [])
+    whole = sum(n * e for n, e, _ in shares["trained"])
+    temps = arith.step_temporaries(kind, ctx.device.type, shares["trained"], in_backward=False)
+    temporaries = [n * e for n, e, _ in shares["trained"]] if temps and temps == whole else ([temps] if temps else [])
+    return kept, [p for p in per_step if p], True, [*state, shared], temporaries  # type: ignore[return-value]
 
 
 def reserved_bytes(ctx: Context, memory: MemoryOptions, micro: int, batch_size: int, switches: dict[str, Any]) -> int:

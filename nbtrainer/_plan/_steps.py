@@ -93,8 +93,11 @@ def plan_row(
     if memory.offload_optimizer:
         host = state + trained_bytes  # the moments and an fp32 master copy of what trains, on the host
         state, temps = 0, 0
+    fsdp = ctx.strategy == "fsdp"
+    half = memory.precision in ("bf16-mixed", "fp16-mixed")
     switches = {
-        "precision": memory.precision,
+        # FSDP casts the parameters to the compute dtype (no autocast): simulated so
+        "precision": "bf16-params" if fsdp and half else memory.precision,
         "checkpointing": memory.activation_checkpointing,
         "chunked": bool(memory.chunked_loss),
         "offload": memory.offload_activations,
@@ -103,7 +106,18 @@ def plan_row(
     }
     sim = ctx.simulate(accumulating=micro < batch_size, **switches)
     grads = trained_bytes
-    if memory.optimizer_in_backward:
+    if fsdp:
+        from nbtrainer._plan._distributed import fsdp_parts, rank_parts
+
+        shares = rank_parts(ctx.structure, ctx.units, memory, ctx.world_size, trained)
+        state = arith.optimizer_state_bytes(kind, shares["trained"])
+        temps = arith.step_temporaries(kind, ctx.device.type, shares["trained"], in_backward=False)
+        whole = sum(n * (2 if half else e) for n, e, _ in trained)
+        parts = fsdp_parts(
+            shares, state=state, temps=temps, sim=sim, batch=sim.batch, accumulating=micro < batch_size,
+            unsharded_grads=whole,
+        )  # fmt: skip
+    elif memory.optimizer_in_backward:
         # each gradient is applied and dropped as soon as it is complete: the simulation's largest total of all but
         # the completed gradients (a gradient in flight included), plus the update's temporary of one parameter
         grads_part = 0
@@ -122,16 +136,18 @@ def plan_row(
         temporaries = dequant
     else:  # the peak is the optimizer step: activations are gone by then, every gradient and the step's temporaries
         grads_part, activations, temporaries = grads, 0, dequant + temps
-    logits = min(sim.logits_loss, activations)
-    parts = {
-        "parameters": param_bytes,
-        "gradients": grads_part,
-        "optimizer_state": state,
-        "activations": activations - logits,
-        "logits_loss": logits,
-        "temporaries": temporaries,
-        "batch": sim.batch,
-    }
+    if not fsdp:
+        logits = min(sim.logits_loss, activations)
+        parts = {
+            "parameters": param_bytes,
+            # DDP's buckets: a second copy of every trained gradient, kept from the wrap on
+            "gradients": grads_part + (trained_bytes if ctx.strategy == "ddp" else 0),
+            "optimizer_state": state,
+            "activations": activations - logits,
+            "logits_loss": logits,
+            "temporaries": temporaries,
+            "batch": sim.batch,
+        }
     peak = sum(parts.values())
     accum = batch_size // micro
     reserved: Any = None  # elsewhere than on CUDA: the peak itself
