@@ -133,6 +133,7 @@ class PeakCheck:
         else:
             peak = int(self._tracker.peak_bytes)
             self._close()
+        peak = _largest_over_ranks(peak, self.device)  # every rank steps down together, or none does
         self.measured.append(peak)
         if peak + self.context_bytes > self.budget_bytes:
             self.over(peak)
@@ -144,3 +145,15 @@ class PeakCheck:
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self._left = 0
         self._close()
+
+
+def _largest_over_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` over the ranks of a DDP / FSDP run (one collective; ``value`` on one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return value
+    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.int64, device=where)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())  # two checked steps per plan: the only host reads this adds

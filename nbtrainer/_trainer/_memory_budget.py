@@ -23,43 +23,69 @@ if TYPE_CHECKING:
     from nbtrainer._plan._result import MemoryPlan, PlanRow
     from nbtrainer._trainer._trainer import Trainer
 
-__all__ = ["MemoryBudget", "check_budget"]
+__all__ = ["BudgetOptions", "MemoryBudget", "check_budget"]
 
 GiB = 2**30
 
 
-def check_budget(budget_gb: Any, *, quantize: Any, lora: Any, compile: Any, strategy_distributed: bool) -> None:
-    """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built."""
+@dataclasses.dataclass(frozen=True)
+class BudgetOptions:
+    """``memory_budget_gb`` and what its plan needs from the Trainer's constructor: the model as given (a copy on the
+    meta device, taken before ``quantize=`` / ``lora=`` change it or FSDP shards it; None: the trainer's own model
+    is planned), whether the optimizer is ``"auto"``, its learning rate, and whether a precision was given."""
+
+    budget_gb: float
+    source: Any
+    auto_optimizer: bool
+    lr: float | None
+    keep_precision: bool
+
+
+def check_budget(
+    budget_gb: Any,
+    *,
+    model: Any,
+    quantize: Any,
+    lora: Any,
+    compile: Any,
+    strategy: Any,
+    auto_optimizer: bool,
+    lr: float | None,
+    keep_precision: bool,
+) -> BudgetOptions | None:
+    """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built (None: no budget).
+
+    ``quantize=`` / ``lora=`` (QLoRA) and DDP / FSDP are planned: the rows keep the quantized base and the adapters,
+    and plan one rank. ``compile=`` is refused (not planned yet).
+    """
     if budget_gb is None:
-        return
+        return None
     if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
         raise ValueError(f"memory_budget_gb must be a positive number of GiB (e.g. 16), got {budget_gb!r}.")
-    if quantize is not None or lora is not None:
-        raise ValueError(
-            "memory_budget_gb plans the switches of a model trained as given; with quantize= / lora= the base is "
-            "already decided. Plan the adapters first: plan_memory(model, batch, budget_gb=..., allow=('lora',)) "
-            "and pass its best.switches to the Trainer without memory_budget_gb."
-        )
     if compile:
-        raise ValueError("memory_budget_gb with compile=: the plan simulates the eager step; use one of the two.")
-    if strategy_distributed:
         raise ValueError(
-            "memory_budget_gb plans one device; under DDP / FSDP plan each rank with plan_memory and pass the "
-            "switches it gives."
+            "memory_budget_gb with compile=: compile is not planned yet (the plan simulates the eager step, and "
+            "compiled code allocates otherwise). Use one of the two: the budget without compile=, or compile= "
+            "without memory_budget_gb."
         )
+    source = None
+    if quantize is not None or lora is not None or getattr(strategy, "distributed", False):
+        from nbtrainer._plan._simulate import meta_copy
+
+        source = meta_copy(model)
+    return BudgetOptions(float(budget_gb), source, auto_optimizer, lr, keep_precision)
 
 
 class MemoryBudget:
     """A Trainer's memory budget (see the module docstring). ``plan``: the :class:`MemoryPlan` once made."""
 
-    def __init__(
-        self, trainer: Trainer, budget_gb: float, *, auto_optimizer: bool, lr: float | None, keep_precision: bool
-    ) -> None:
+    def __init__(self, trainer: Trainer, options: BudgetOptions) -> None:
         self._trainer = trainer
-        self.budget_gb = float(budget_gb)
-        self.auto_optimizer = auto_optimizer
-        self.keep_precision = keep_precision
-        self._lr = lr
+        self.budget_gb = options.budget_gb
+        self.auto_optimizer = options.auto_optimizer
+        self.keep_precision = options.keep_precision
+        self._lr = options.lr
+        self._source = options.source  # the model as given, on meta (quantize= / lora= / DDP / FSDP), else None
         self.plan: MemoryPlan | None = None
         self.row: PlanRow | None = None
         self.kept: dict[str, Any] = {}
@@ -70,10 +96,13 @@ class MemoryBudget:
 
     def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
         """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an
-        instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading."""
+        instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading, the quantized
+        base and the adapters. Under FSDP the precision too (its mixed-precision policy is set when it shards)."""
         kept: dict[str, Any] = {}
-        if self.keep_precision:
+        if self.keep_precision or self._strategy()[0] == "fsdp":
             kept["precision"] = memory.precision
+        if memory.quantize is not None or memory.lora is not None:
+            kept["quantize"], kept["lora"] = memory.quantize, memory.lora
         if activation_checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
             simple = isinstance(activation_checkpointing, (bool, int, float))
             kept["activation_checkpointing"] = activation_checkpointing if simple else True
@@ -126,25 +155,29 @@ class MemoryBudget:
         setup = trainer.model_setup
         memory = trainer.options.memory
         self.kept = self.kept_switches(memory, activation_checkpointing=setup.activation_checkpointing)
-        kind = None if self.auto_optimizer else optimizer_kind(trainer.optimizer)
+        strategy, world_size = self._strategy()
+        # "auto" rebuilds the optimizer over the parameters: not over FSDP's shards (k-bit kinds are not DTensor-aware)
+        kind = None if self.auto_optimizer and strategy != "fsdp" else optimizer_kind(trainer.optimizer)
         if kind is None and not self.auto_optimizer:
             raise ValueError(
                 f"memory_budget_gb: the planner does not know the state of {type(trainer.optimizer).__name__}. Give "
                 "the optimizer by name ('adamw', 'adafactor', 'adamw8bit', ...) or optimizer='auto' (it chooses)."
             )
-        batch = example_batch(train_loader)
-        ckpt = setup.activation_checkpointing
+        batch = example_batch(train_loader)  # one rank's, under DDP / FSDP
+        ckpt = setup.activation_checkpointing if self._source is None else False
         if ckpt:  # the planner applies checkpointing to its own copy of the model
             setup.set_activation_checkpointing(False)
         try:
             plan = plan_memory(
-                setup.model,
+                self._source if self._source is not None else setup.model,
                 batch,
                 budget_gb=self.budget_gb,
                 device=trainer.device,
                 criterion=trainer.criterion,
                 optimizer=kind,
                 keep=self.kept,
+                world_size=world_size,
+                strategy=strategy,
             )
         finally:
             if ckpt:
@@ -152,6 +185,14 @@ class MemoryBudget:
         row = choose(plan)
         self.plan = plan
         self._apply(row, first=True)
+
+    def _strategy(self) -> tuple[str | None, int]:
+        """``(strategy, world_size)`` to plan one rank with: None on one device (or a world of one)."""
+        strategy = self._trainer.strategy
+        world_size = int(getattr(strategy, "world_size", 1) or 1)
+        if not getattr(strategy, "distributed", False) or world_size < 2:
+            return None, 1
+        return ("fsdp" if getattr(strategy, "distributed_params", False) else "ddp"), world_size
 
     def _apply(self, row: PlanRow, *, first: bool) -> None:
         from nbtrainer._options import optimizer_kind

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import needs
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -167,8 +168,8 @@ def test_a_budget_that_is_not_positive_is_refused(budget: Any) -> None:
 
 
 def test_switches_the_plan_cannot_change_are_refused_or_kept() -> None:
-    with pytest.raises(ValueError, match="quantize= / lora="):
-        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, lora={"r": 4}, progress=False)
+    with pytest.raises(ValueError, match="compile is not planned yet"):
+        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, compile=True, progress=False)
     # a precision given is kept: every row of the plan has it
     trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="bf16-mixed", memory_budget_gb=1,
                       device="cpu", progress=False, run_store=False)  # fmt: skip
@@ -198,3 +199,43 @@ def test_the_run_store_records_the_plan(tmp_path: Any) -> None:
     assert run.config["memory"] == trainer.options.memory.changed()
     (event,) = [e for e in run.history.events if e["kind"] == "memory_plan"]
     assert event["new"].startswith(trainer.memory_plan.best.describe())  # type: ignore[union-attr]
+
+
+@needs("bitsandbytes", "peft")
+def test_qlora_under_a_budget_keeps_the_quantized_base_and_adapters_and_splits_the_batch() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def tiny_llama() -> nn.Module:
+        torch.manual_seed(0)
+        return LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa",
+            )
+        )  # fmt: skip
+
+    ids = torch.randint(0, 128, (16, 64), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": ids[:8], "labels": ids[:8]}, {"input_ids": ids[8:], "labels": ids[8:]}]
+    lora = {"r": 4}
+
+    def trainer(budget_gb: float, callbacks: list[Any] = ()) -> Trainer:  # type: ignore[assignment]
+        return Trainer(
+            tiny_llama(), None, "adamw", quantize="nf4", lora=lora, precision="fp32", memory_budget_gb=budget_gb,
+            device="cpu", progress=False, run_store=False, callbacks=list(callbacks),
+        )  # fmt: skip
+
+    roomy = trainer(1)
+    roomy.fit(data[:1], epochs=1)
+    plan = roomy.memory_plan
+    assert plan is not None and plan.rows
+    assert {(r.memory.quantize, r.memory.lora["r"]) for r in plan.rows} == {("nf4", 4)}  # every row: QLoRA as set
+    whole, half = plan.predict(quantize="nf4", lora=lora), plan.predict(quantize="nf4", lora=lora, grad_accum_steps=2)
+    assert half.peak_bytes < whole.peak_bytes
+    # a budget the whole batch does not fit (its usable 90%), half of it does: the plan splits, the peak stays under
+    budget_gb = (half.peak_bytes + whole.peak_bytes) / 2 / 0.9 / GiB
+    peak = FitPeak()
+    tight = trainer(budget_gb, [peak])
+    tight.fit(data, epochs=1)
+    best = tight.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and best.memory.quantize == "nf4" and tight.micro_split >= 2
+    assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)

@@ -21,16 +21,17 @@ import plan_common as pc  # noqa: E402
 LAUNCH_TIMEOUT = 300
 
 
-def _launch(tmp_path, strategy: str) -> list[list[int]]:
+def _launch(tmp_path, strategy: str, *extra: str) -> list:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(SCRIPTS, "plan_scenario.py"), strategy, str(tmp_path)]  # fmt: skip
+           os.path.join(SCRIPTS, "plan_scenario.py"), strategy, str(tmp_path), *extra]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=env)
     assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return [json.load(open(tmp_path / f"{strategy}.rank{r}.json")) for r in (0, 1)]
+    name = f"{strategy}-{extra[0]}" if extra else strategy
+    return [json.load(open(tmp_path / f"{name}.rank{r}.json")) for r in (0, 1)]
 
 
 @pytest.mark.slow
@@ -48,6 +49,17 @@ def test_each_ranks_predicted_peak_is_within_15_percent_of_its_measured_peak(tmp
         alone = single.predict(optimizer="adamw", **switches).peak_bytes
         # FSDP: a rank holds less than one device would; DDP: more (its gradient buckets)
         assert predicted < alone if strategy == "fsdp" else predicted > alone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo")
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_budget_under_ddp_and_fsdp_plans_one_rank_and_every_rank_applies_the_same_row(tmp_path, strategy) -> None:
+    ranks = _launch(tmp_path, strategy, "budget")
+    assert ranks[0]["row"] == ranks[1]["row"] and ranks[0]["split"] == ranks[1]["split"] >= 2, ranks
+    for r in ranks:
+        assert r["steps"] == 2 and r["peak"] <= r["budget"], r
 
 
 @pytest.mark.parametrize(

@@ -44,5 +44,28 @@ def main(strategy: str, out: str) -> None:
         json.dump(peaks, fh)
 
 
+def budget(strategy: str, out: str) -> None:
+    """``Trainer(strategy=STRATEGY, memory_budget_gb=X)``: X between the plan's whole-batch and split-batch rows,
+    so every rank must split (the same way: a step down is decided on the largest rank's peak)."""
+    from nbtrainer import plan_memory
+    from nbtrainer._memory._peak import FitPeak
+
+    torch.set_num_threads(1)
+    plan = plan_memory(pc.llama(), pc.example(), budget_gb=16, device="cpu", world_size=2, strategy=strategy)
+    whole, half = (plan.predict(optimizer="adamw", grad_accum_steps=k).peak_bytes for k in (1, 2))
+    budget_gb = (whole + half) / 2 / 0.9 / 2**30
+    peak = FitPeak()
+    trainer = Trainer(
+        pc.llama(), None, "adamw", lr=1e-3, device="cpu", progress=False, strategy=strategy, run_store=False,
+        memory_budget_gb=budget_gb, callbacks=[peak], precision="fp32",
+    )  # fmt: skip
+    trainer.fit(pc.batches(RANK, 1)[:1] * 4, epochs=1)  # 2 a rank (the data is sharded)
+    best = trainer.memory_plan.best  # type: ignore[union-attr]
+    result = {"split": trainer.micro_split, "peak": peak.peak_bytes, "budget": budget_gb * 2**30,
+              "row": best.describe() if best else None, "steps": trainer.global_step}  # fmt: skip
+    with open(os.path.join(out, f"{strategy}-budget.rank{RANK}.json"), "w") as fh:
+        json.dump(result, fh)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    (budget if sys.argv[3:] == ["budget"] else main)(sys.argv[1], sys.argv[2])
