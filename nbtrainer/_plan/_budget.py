@@ -12,6 +12,7 @@ lives here, none of which needs the Trainer:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,11 +20,13 @@ import torch
 
 from nbtrainer._plan._result import MemoryPlan, PlanRow, _nothing_fits
 
-__all__ = ["CHECKED_STEPS", "PeakCheck", "choose", "example_batch", "step_down"]
+__all__ = ["CHECKED_STEPS", "TIMED_STEPS", "PeakCheck", "choose", "example_batch", "step_down"]
 
 #: Optimizer steps measured after the plan is applied (and after each step down): the second one has the
 #: optimizer's state, the steady state the plan predicts.
 CHECKED_STEPS = 2
+#: Optimizer steps timed after a check that fits (the checked steps are slower on a CPU: every tensor is tracked).
+TIMED_STEPS = 3
 
 
 def example_batch(loader: Any) -> Any:
@@ -93,18 +96,28 @@ class PeakCheck:
     """
 
     def __init__(
-        self, budget_bytes: int, device: torch.device, over: Callable[[int], None], context_bytes: int = 0
+        self,
+        budget_bytes: int,
+        device: torch.device,
+        over: Callable[[int], None],
+        context_bytes: int = 0,
+        timed: Callable[[int, float], None] | None = None,
     ) -> None:
         self.budget_bytes = budget_bytes
         self.device = device
         self.over = over
         self.context_bytes = context_bytes if device.type == "cuda" else 0
         self.measured: list[int] = []  # each check's peak, in order
+        #: seconds per optimizer step of the :data:`TIMED_STEPS` after each check (a tracked step is slower)
+        self.step_seconds: list[float] = []
+        self._timed = timed  # called with (the check's peak, seconds per step) once they are timed
         self._left = 0
         self._tracker: Any = None
+        self._clock: list[float] = []  # the ends of the timed steps (the first: where timing starts)
 
     def arm(self, model: torch.nn.Module, optimizer: Any) -> None:
         self._left = CHECKED_STEPS
+        self._clock = []
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
@@ -122,7 +135,20 @@ class PeakCheck:
             tracker.__exit__(None, None, None)
             tracker.close()
 
+    def _tick(self) -> None:
+        if self.device.type == "cuda":  # the steps' kernels done: one sync at each end of the timed steps, no other
+            torch.cuda.synchronize(self.device)
+        self._clock.append(time.perf_counter())
+        if len(self._clock) == TIMED_STEPS + 1:
+            seconds = (self._clock[-1] - self._clock[0]) / TIMED_STEPS
+            self.step_seconds.append(seconds)
+            self._clock = []
+            if self._timed is not None and self.measured:
+                self._timed(self.measured[-1], seconds)
+
     def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        if self._clock:
+            self._tick()
         if self._left <= 0:
             return
         self._left -= 1
@@ -137,13 +163,17 @@ class PeakCheck:
         self.measured.append(peak)
         if peak + self.context_bytes > self.budget_bytes:
             self.over(peak)
+        else:
+            self._tick()  # the next TIMED_STEPS steps, untracked, are timed
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         self._left = 0
+        self._clock = []
         self._close()
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self._left = 0
+        self._clock = []
         self._close()
 
 

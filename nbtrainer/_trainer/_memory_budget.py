@@ -92,7 +92,9 @@ class MemoryBudget:
         self._announced = False
         from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
 
-        self.check = PeakCheck(int(self.budget_gb * GiB), trainer.device, self._over, CUDA_CONTEXT_BYTES)
+        self.check = PeakCheck(
+            int(self.budget_gb * GiB), trainer.device, self._over, CUDA_CONTEXT_BYTES, timed=self._measured
+        )
 
     def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
         """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an
@@ -240,6 +242,24 @@ class MemoryBudget:
         """The plan's choice as one ``on_control`` event (a progress line, the History, the run store)."""
         if self.row is not None:
             self._trainer._live.event("memory_plan", None, self.describe(self.row))
+
+    def _measured(self, peak: int, seconds: float) -> None:
+        """The measured peak and step time of the applied row, beside what the plan predicted (an ``on_control``
+        event ``memory_check``: a progress line, the History, the run store). The time factor is relative to plain
+        fp32, so ``seconds / time_factor`` is what plain fp32 would take if the cost model is right."""
+        row = self.row
+        if row is None:
+            return
+        on_cuda = self._trainer.device.type == "cuda"
+        predicted = row.reserved_bytes if on_cuda else row.peak_bytes
+        self._trainer._live.event(
+            "memory_check",
+            None,
+            f"{row.describe()}: measured peak {format_bytes(peak)} ({'reserved' if on_cuda else 'tensors'}; "
+            f"predicted {format_bytes(predicted)}), step time {seconds * 1000:.0f} ms (predicted "
+            f"{row.time_factor:.2f}x the time of plain fp32: plain fp32 would take about "
+            f"{seconds / max(row.time_factor, 1e-9) * 1000:.0f} ms)",
+        )
 
     def _over(self, measured: int) -> None:
         """The measured peak went past the budget (training thread, at a step boundary)."""

@@ -83,7 +83,7 @@ def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
     assert trainer.micro_split == plan.best.grad_accum_steps >= 2
     assert plan.best.memory.precision == "fp32" and plan.best.memory.optimizer == "adamw"  # kept as given
     assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
-    assert [e["kind"] for e in history.events] == ["memory_plan"]
+    assert [e["kind"] for e in history.events] == ["memory_plan"]  # 2 steps: checked, none left to time
     line = next(s for s in out.getvalue().splitlines() if s.startswith("memory plan:"))
     assert f"micro-batch {N // trainer.micro_split} x {trainer.micro_split}" in line and "kept" in line
     # the gradient the optimizer steps on is the whole batch's in one pass: equal parts of a mean loss, divided by
@@ -239,3 +239,18 @@ def test_qlora_under_a_budget_keeps_the_quantized_base_and_adapters_and_splits_t
     best = tight.memory_plan.best  # type: ignore[union-attr]
     assert best is not None and best.memory.quantize == "nf4" and tight.micro_split >= 2
     assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
+
+
+def test_the_measured_step_time_is_logged_beside_the_prediction() -> None:
+    out = io.StringIO()
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="fp32", memory_budget_gb=1, device="cpu",
+                      progress="lines", run_store=False)  # fmt: skip
+    with redirect_stdout(out):
+        history = trainer.fit(_data() * 3, epochs=1)  # 2 checked steps, then 3 timed ones
+    check = trainer._budget.check  # type: ignore[union-attr]
+    assert len(check.measured) == 1 and len(check.step_seconds) == 1 and check.step_seconds[0] > 0
+    (event,) = [e for e in history.events if e["kind"] == "memory_check"]
+    best = trainer.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and f"predicted {best.time_factor:.2f}x the time of plain fp32" in event["new"]
+    assert f"step time {check.step_seconds[0] * 1000:.0f} ms" in event["new"]
+    assert any(s.startswith("memory check: ") for s in out.getvalue().splitlines())
