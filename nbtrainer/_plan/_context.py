@@ -5,8 +5,10 @@ micro-batch size. Rows need many sizes and, for a decoder of 32 identical blocks
 for. So a row's step is a weighted sum of a few *leaves*, each a simulation at an exact size and depth with its
 allocation trace (:mod:`nbtrainer._plan._trace`):
 
-* **depth**: a deep stack of repeated blocks (a decoder's layers in one ``nn.ModuleList``) is simulated at depths 2
-  and 3; each block adds what the third adds (weights ``3 - N`` and ``N - 2``);
+* **depth**: a deep stack of repeated blocks (a decoder's layers in one ``nn.ModuleList``) is simulated with 3
+  blocks and its trace put together at the model's depth, the middle block repeated
+  (:func:`nbtrainer._plan._trace.synthesize`: exact for identical blocks); blocks that do not repeat exactly are
+  simulated at 2 and 3 and extrapolated (each block adds what the third adds: weights ``3 - N`` and ``N - 2``);
 * **some blocks checkpointed** (``activation_checkpointing=0.5`` or ``k``): the stack fully checkpointed, plus, per
   block left plain, the difference between a plain block and a checkpointed one (four leaves);
 * **micro-batch size**: sizes 1, 2 and the example's are simulated; another size takes the trace at 2 and at the

@@ -7,9 +7,11 @@ The peak of one training step (steady state: the optimizer's state exists) is, o
 where the *simulated step* (:mod:`nbtrainer._plan._simulate`) is the peak of what forward, loss and backward
 allocate (activations, temporaries, the loss head's logits and their gradient, the gradients as backward creates
 them), run on fake tensors for each precision / checkpointing / chunked-loss / offload combination, and the rest is
-arithmetic (:mod:`nbtrainer._plan._arithmetic`). Repeated blocks (a decoder's layers) are simulated at two depths and
-extrapolated to the model's (both parts grow by the same amount per block), and each micro-batch at sizes 1 and the
-largest (activations grow linearly with the batch), so an 8B decoder plans in seconds.
+arithmetic (:mod:`nbtrainer._plan._arithmetic`). A deep stack of repeated blocks (a decoder's layers) is simulated
+with 3 blocks and its allocation trace put together at the model's depth; micro-batch sizes and the later
+micro-batches of an accumulation window come from the traces too (:mod:`nbtrainer._plan._context`), so an 8B
+decoder plans in seconds. On a CUDA target each row's steps are replayed through the caching allocator's rules
+(:mod:`nbtrainer._plan._reserved`): ``fits`` is judged on the reserved bytes plus the CUDA context.
 """
 
 from __future__ import annotations
