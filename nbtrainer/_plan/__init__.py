@@ -6,7 +6,7 @@
 ``_steps``         one row: its simulated step plus the arithmetic parts, its reserved bytes on CUDA
 ``_context``       what is simulated, and a row's step as a weighted sum of simulations (depth, size, share)
 ``_simulate``      one training step on fake tensors: activations, temporaries, logits and gradients, in order
-``_trace``         a simulation's allocation trace: its peak, another size, accumulation, a deeper stack
+``_timeline``      a simulation's allocation trace: its peak, another size, accumulation, a deeper stack
 ``_allocator``     the CUDA caching allocator's rules (segments, blocks, rounding), cuBLAS's workspace
 ``_reserved``      a row's steps replayed through the allocator: ``PlanRow.reserved_bytes``
 ``_distributed``   one rank of DDP or FSDP2

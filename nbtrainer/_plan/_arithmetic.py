@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from nbtrainer._options import MemoryOptions
 
 __all__ = [
     "KBIT",
     "MIN_KBIT",
+    "RowTensors",
     "adam_state_bytes",
     "model_structure",
     "optimizer_state_bytes",
     "quantized_bytes",
     "quantized_tensors",
+    "row_tensors",
     "state_tensors",
     "step_temporaries",
     "targeted",
@@ -157,3 +164,54 @@ def step_temporaries(
     if name in ("adamw", "adam") and device_type == "cuda" and not in_backward:
         return sum(n * e for n, e, _ in trained)
     return largest
+
+
+@dataclass(frozen=True)
+class RowTensors:
+    """What a row keeps on the device between steps, tensor by tensor (bytes), and what it trains.
+
+    Attributes:
+        params: each parameter's storage (a quantized weight: its packed values, scales and code book; LoRA's
+            adapters after the model's own).
+        trained: ``(numel, element_size, shape)`` of each trained tensor.
+        dequant: the dequantized copy of the largest quantized weight (a 4-bit matmul's temporary), 0 without.
+    """
+
+    params: list[int]
+    trained: list[tuple[int, int, list[int]]]
+    dequant: int
+
+
+def row_tensors(
+    structure: dict[str, Any], memory: MemoryOptions, keep: Callable[[str], bool] | None = None
+) -> RowTensors:
+    """The row's parameters and trained tensors from the layer table; ``keep``: only the parameters (and linear
+    layers) whose names it accepts (a shallow copy of the model's stack)."""
+    rows = [row for row in structure["params"] if keep is None or keep(row[0])]
+    linears = [row for row in structure["linears"] if keep is None or keep(row[0])]
+    sizes = {row[0]: [row[1] * row[2]] for row in rows}
+    trained = [(n, e, shape) for _, n, e, trains, shape in rows if trains]
+    dequant = 0
+    if memory.quantize:
+        by_name = {row[0]: row for row in rows}
+        names: set[str] = set()
+        for name, n_in, n_out, _, q in linears:
+            if not q or f"{name}.weight" not in by_name:
+                continue
+            sizes[f"{name}.weight"] = quantized_tensors(memory.quantize, n_in, n_out)
+            dequant = max(dequant, n_in * n_out * (2 if memory.precision != "fp32" else 4))
+            names |= {f"{name}.weight", f"{name}.bias"}
+        trained = [(n, e, shape) for name, n, e, trains, shape in rows if trains and name not in names]
+    adapters: list[int] = []
+    if memory.lora is not None:
+        r = int(memory.lora.get("r", 8))
+        targets = [
+            row
+            for row in linears
+            if targeted(row[0], memory.lora.get("target_modules", "all-linear"), row[4], structure["head"])
+        ]
+        trained = [(r * n_in, 4, [r, n_in]) for _, n_in, _, _, _ in targets]
+        trained += [(r * n_out, 4, [n_out, r]) for _, _, n_out, _, _ in targets]
+        adapters = [n * e for n, e, _ in trained]
+    params = [size for tensors in sizes.values() for size in tensors] + adapters
+    return RowTensors(params, trained, dequant)

@@ -3,11 +3,11 @@
 A simulation (:func:`nbtrainer._plan._simulate.simulate_step`) runs one step of the model on fake tensors at one
 micro-batch size. Rows need many sizes and, for a decoder of 32 identical blocks, a depth no simulation should pay
 for. So a row's step is a weighted sum of a few *leaves*, each a simulation at an exact size and depth with its
-allocation trace (:mod:`nbtrainer._plan._trace`):
+allocation trace (:mod:`nbtrainer._plan._timeline`):
 
 * **depth**: a deep stack of repeated blocks (a decoder's layers in one ``nn.ModuleList``) is simulated with 3
   blocks and its trace put together at the model's depth, the middle block repeated
-  (:func:`nbtrainer._plan._trace.synthesize`: exact for identical blocks); blocks that do not repeat exactly are
+  (:func:`nbtrainer._plan._timeline.synthesize`: exact for identical blocks); blocks that do not repeat exactly are
   simulated at 2 and 3 and extrapolated (each block adds what the third adds: weights ``3 - N`` and ``N - 2``);
 * **some blocks checkpointed** (``activation_checkpointing=0.5`` or ``k``): the stack fully checkpointed, plus, per
   block left plain, the difference between a plain block and a checkpointed one (four leaves);
@@ -16,7 +16,7 @@ allocation trace (:mod:`nbtrainer._plan._trace`):
   operations, else the two leaves weighted by where the size falls between them; size 1 is simulated on its own
   (a batch of one takes other operations: views instead of copies);
 * **a later micro-batch of an accumulation window**: the plain step's trace with each gradient released as soon
-  as it is complete (:func:`nbtrainer._plan._trace.accumulating`), no simulation of its own.
+  as it is complete (:func:`nbtrainer._plan._timeline.accumulating`), no simulation of its own.
 
 The same weights apply to every number read from the leaves: the peak and its parts here, the caching allocator's
 reserved bytes replayed from each leaf's trace (:mod:`nbtrainer._plan._reserved`).
@@ -37,7 +37,7 @@ from torch import nn
 
 from nbtrainer._data._batch import iter_tensors
 from nbtrainer._plan import _arithmetic as arith
-from nbtrainer._plan import _trace
+from nbtrainer._plan import _timeline as _trace
 from nbtrainer._plan._simulate import SimulatedStep, empty_batch, simulate_step
 
 __all__ = ["Context", "Leaf", "micro_batches", "repeated_stack", "shared_cache"]
@@ -172,11 +172,11 @@ class Context:
     @property
     def blocks(self) -> int:
         """How many repeated blocks checkpointing picks among (0: none)."""
-        if "blocks" not in self.cache:
+        if ("blocks",) not in self.cache:
             from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
 
-            self.cache["blocks"] = len(find_checkpointable_blocks(self.model))
-        return int(self.cache["blocks"])
+            self.cache[("blocks",)] = len(find_checkpointable_blocks(self.model))
+        return int(self.cache[("blocks",)])
 
     def terms(
         self,
@@ -219,7 +219,7 @@ class Context:
         cache_key = ("sum", *sorted((k, repr(v)) for k, v in switches.items()))
         if cache_key not in self.cache:
             self.cache[cache_key] = weighted(self.terms(**switches))
-        return self.cache[cache_key]  # type: ignore[no-any-return]
+        return self.cache[cache_key]
 
     def _stacked(self, key: tuple, micro: int, accumulating: bool, lora: Any, depth: int) -> Terms:
         """The step with ``depth`` blocks: put together from the simulation at 3 (exact), or, for blocks that do not
@@ -305,7 +305,7 @@ class Context:
         """One simulation: the model (at ``depth`` blocks of its stack) at exactly ``micro`` samples."""
         cached = ("raw", *key, micro, depth)
         if cached in self.cache:
-            return self.cache[cached]  # type: ignore[no-any-return]
+            return self.cache[cached]
         model = self.model if depth is None else _shallow_depth(self.model, self.stack[0], depth)  # type: ignore[index]
         result = self._run(model, key, micro, lora, blocks=self.stack[0] if depth is not None else None)  # type: ignore[index]
         self.cache[cached] = result

@@ -80,7 +80,7 @@ def rank_parts(
     memory: MemoryOptions,
     world_size: int,
     trained: list[tuple[int, int, list[int]]],
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """What FSDP2 holds on one rank besides the activations: ``params``, ``grads``, ``trained`` (the sharded trained
     tensors, for the optimizer's state), ``root`` (the root's parameters, whole) and ``units`` (the most a unit
     adds while it is gathered, forward or backward)."""
@@ -110,7 +110,7 @@ def rank_parts(
         "grads": grads,
         "root": whole(units[-1]),
         "units": max(forward, backward),
-        "trained": sharded,  # type: ignore[dict-item]
+        "trained": sharded,
     }
 
 

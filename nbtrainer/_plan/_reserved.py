@@ -29,7 +29,7 @@ from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._allocator import CachingAllocator, cublas_workspace_bytes
 from nbtrainer._plan._context import Context, Leaf
-from nbtrainer._plan._trace import ALLOC, FREE, GRAD, Trace
+from nbtrainer._plan._timeline import ALLOC, FREE, GRAD, Trace
 
 __all__ = ["STEPS", "replay", "reserved_bytes"]
 
@@ -157,10 +157,8 @@ def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf 
            memory.quantize, memory.precision, repr(memory.lora), ctx.strategy, ctx.world_size)  # fmt: skip
     cached = ctx.cache.get(key)
     if cached is not None:
-        return cached  # type: ignore[no-any-return]
-    from nbtrainer._plan._steps import row_tensors
-
-    tensors = row_tensors(ctx.structure, memory, _keep(ctx, first.depth))
+        return cached
+    tensors = arith.row_tensors(ctx.structure, memory, _keep(ctx, first.depth))
     # stepped all at once: every trained tensor of the model at this depth; in backward: the one whose gradient
     # completes, numbered as the simulated model's (a stack put together from 3 blocks repeats the middle one's)
     in_backward = memory.optimizer_in_backward
@@ -168,11 +166,12 @@ def _leaf_reserved(ctx: Context, memory: MemoryOptions, first: Leaf, rest: Leaf 
     state, shared = arith.state_tensors(kind, trained) if not memory.offload_optimizer else ([], [])
     temps_bytes = arith.step_temporaries(kind, ctx.device.type, trained, in_backward=in_backward)
     temporaries: list[int] = []
+    per_step: list[int]
     if temps_bytes and not memory.offload_optimizer:
         whole = sum(n * e for n, e, _ in trained)
         temporaries = [n * e for n, e, _ in trained] if temps_bytes == whole else [temps_bytes]
     assert first.step.trace is not None
-    params, per_step, drop = tensors.params, [], False
+    params, per_step, drop = list(tensors.params), [], False
     if ctx.strategy == "ddp":  # DDP's gradient buckets: 1 MiB first, then up to 25 MiB each, kept
         params = [*params, *_buckets(sum(n * e for n, e, _ in tensors.trained))]
     elif ctx.strategy == "fsdp":
@@ -206,7 +205,9 @@ def _buckets(total: int, first: int = 2**20, cap: int = 25 * 2**20) -> list[int]
     return sizes
 
 
-def _fsdp_replay(ctx: Context, memory: MemoryOptions, tensors: Any, kind: str) -> tuple[list[int], ...]:
+def _fsdp_replay(
+    ctx: Context, memory: MemoryOptions, tensors: Any, kind: str
+) -> tuple[list[int], list[int], bool, list[list[int]], list[int]]:
     """FSDP2's rank, for the replay: the shards kept (parameters and gradients), the root's whole parameters and
     the largest unit gathered twice for each micro-batch, gradients dropped as reduce-scattered, the sharded
     state. An approximation of FSDP's own buffers (their order within a step is not followed)."""
@@ -221,7 +222,7 @@ def _fsdp_replay(ctx: Context, memory: MemoryOptions, tensors: Any, kind: str) -
     whole = sum(n * e for n, e, _ in shares["trained"])
     temps = arith.step_temporaries(kind, ctx.device.type, shares["trained"], in_backward=False)
     temporaries = [n * e for n, e, _ in shares["trained"]] if temps and temps == whole else ([temps] if temps else [])
-    return kept, [p for p in per_step if p], True, [*state, shared], temporaries  # type: ignore[return-value]
+    return kept, [p for p in per_step if p], True, [*state, shared], temporaries
 
 
 def reserved_bytes(ctx: Context, memory: MemoryOptions, micro: int, batch_size: int, switches: dict[str, Any]) -> int:

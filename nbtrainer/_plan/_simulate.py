@@ -29,7 +29,7 @@ from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
 from nbtrainer._memory._peak import PeakTracker
-from nbtrainer._plan._trace import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, Trace
+from nbtrainer._plan._timeline import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, Trace
 
 __all__ = ["SimulatedStep", "empty_batch", "meta_copy", "simulate_step"]
 
@@ -54,7 +54,7 @@ class SimulatedStep:
     batch: int
     largest_activations: int = 0
     logits_loss: int = 0
-    #: the allocations in order (:mod:`nbtrainer._plan._trace`): what the caching allocator is replayed with
+    #: the allocations in order (:mod:`nbtrainer._plan._timeline`): what the caching allocator is replayed with
     trace: Trace | None = None
     #: the trained parameters' ``(numel, element_size, shape)``, in the order the trace's gradient events number them
     trained: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
@@ -153,11 +153,11 @@ def simulate_step(
         offload_activations: saved tensors go to host RAM (as ``Trainer(offload_activations=True)``).
         accumulating: a later micro-batch of an accumulation window: every gradient exists already (counted by the
             caller) and backward adds each new one into it, so only the incoming gradients are transient here (the
-            planner derives this from the plain step's trace: :func:`nbtrainer._plan._trace.accumulating`).
+            planner derives this from the plain step's trace: :func:`nbtrainer._plan._timeline.accumulating`).
         prepare: called with the meta copy before anything runs (freezing, adapters).
         blocks: the qualified name of the ``nn.ModuleList`` of repeated blocks: the trace marks where each block's
-            forward and backward begin (:data:`nbtrainer._plan._trace.MARK`), so a deeper stack's trace can be put
-            together from it (:func:`nbtrainer._plan._trace.synthesize`).
+            forward and backward begin (:data:`nbtrainer._plan._timeline.MARK`), so a deeper stack's trace can be put
+            together from it (:func:`nbtrainer._plan._timeline.synthesize`).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 

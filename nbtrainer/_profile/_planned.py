@@ -3,7 +3,8 @@
 Nothing can run, so nothing is timed or measured: the parameters and their bytes come from the shapes, and the
 memory of a training step comes from the memory planner (:func:`nbtrainer.plan_memory`, the same engine a
 ``Trainer(memory_budget_gb=...)`` uses). The profile keeps the plan, so ``profile.fits(budget_gb, **switches)`` is
-``plan_memory(...).predict(**switches)`` judged against that budget: the same row, the same parts, the same bytes.
+``plan_memory(...).predict(**switches)`` judged against that budget (:func:`nbtrainer._profile._fit.planned_fit`): the
+same row, the same parts, the same bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import torch
 from torch import nn
 
 from nbtrainer._data._batch import iter_tensors
-from nbtrainer._profile._fit import FitResult
 from nbtrainer._profile._report import ModelProfile
-from nbtrainer._report._format import format_bytes
 
-__all__ = ["planned_fit", "planned_profile"]
+__all__ = ["planned_profile"]
 
 _NOTHING_RUNS = "the model is on the meta device (no weights): nothing runs, so nothing is timed"
 
@@ -57,7 +56,7 @@ def planned_profile(
     for t in [*params, *model.buffers()]:
         key = str(t.dtype).replace("torch.", "")
         by_dtype[key] = by_dtype.get(key, 0) + t.numel() * t.element_size()
-    sizes = {
+    sizes: dict[str, Any] = {
         "parameters_bytes": sum(p.numel() * p.element_size() for p in params),
         "buffers_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
         "by_dtype": by_dtype,
@@ -89,67 +88,3 @@ def planned_profile(
     prof.seconds["plan"] = plan.seconds
     prof._plan = plan  # type: ignore[attr-defined]  # not a field: to_dict() stays plain data
     return prof
-
-
-def planned_fit(
-    plan: Any,
-    budget_gb: float,
-    *,
-    batch_size: int,
-    example_size: int,
-    precision: str,
-    checkpointing: Any,
-    headroom: float,
-    switches: dict[str, Any],
-) -> FitResult:
-    """``fits()`` of a planned profile: the plan's row for these switches against ``budget_gb`` (less ``headroom``);
-    not fitting, the largest micro-batch of the plan's that does (same switches, accumulation)."""
-    if batch_size != example_size:
-        raise ValueError(
-            f"fits(batch_size={batch_size}): this profile was planned for its example's {example_size} samples (the "
-            "model has no weights to measure). Profile an example of that size, or plan_memory(model, batch, "
-            f"batch_size={batch_size}, ...) for an effective batch reached with accumulation."
-        )
-    chosen = {k: v for k, v in switches.items() if v not in (None, False)}
-    row = plan.predict(precision=precision, activation_checkpointing=checkpointing, **chosen)
-    budget = int(budget_gb * 2**30 * (1.0 - headroom))
-    needed = row.needed_bytes
-    common = {
-        "needed_bytes": needed,
-        "budget_bytes": budget,
-        "batch_size": batch_size,
-        "device": plan.device,
-        "precision": precision,
-        "checkpointing": bool(checkpointing),
-        "breakdown": dict(row.parts),
-        "switches": dict(row.switches),
-        "host_bytes": row.host_bytes,
-    }
-    what = f"{format_bytes(needed)} (planned: {row.describe()})"
-    if needed <= budget:
-        return FitResult(
-            fits=True, micro_batch_size=batch_size, accumulation_steps=1,
-            suggestion=f"Fits: {what} of {format_bytes(budget)}.", **common,
-        )  # fmt: skip
-    micro = batch_size // 2
-    while micro >= 1:
-        if batch_size % micro == 0:
-            smaller = plan.predict(
-                precision=precision, activation_checkpointing=checkpointing, grad_accum_steps=batch_size // micro,
-                **chosen,
-            )  # fmt: skip
-            if smaller.needed_bytes <= budget:
-                return FitResult(
-                    fits=False, micro_batch_size=micro, accumulation_steps=batch_size // micro,
-                    suggestion=(
-                        f"Needs {what} > {format_bytes(budget)}. Use micro-batches of {micro} with "
-                        f"{batch_size // micro} accumulation steps ({format_bytes(smaller.needed_bytes)})."
-                    ),
-                    **common,
-                )  # fmt: skip
-        micro //= 2
-    return FitResult(
-        fits=False, micro_batch_size=None, accumulation_steps=None,
-        suggestion=f"Does not fit at micro-batch 1 either: {what} > {format_bytes(budget)}; see plan_memory.",
-        **common,
-    )  # fmt: skip

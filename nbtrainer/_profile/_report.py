@@ -9,7 +9,7 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from nbtrainer._profile._fit import FitResult, plan_fit
+from nbtrainer._profile._fit import FitResult, plan_fit, planned_fit
 from nbtrainer._report._format import format_bytes, format_count, format_duration
 from nbtrainer._setup._precision import normalize_precision, resolve_device
 
@@ -139,8 +139,6 @@ class ModelProfile:
         if (
             plan is not None
         ):  # a meta model's profile: the planner's row, not a measured step (nbtrainer._profile._planned)
-            from nbtrainer._profile._planned import planned_fit
-
             return planned_fit(
                 plan, budget_gb, batch_size=batch_size or self.batch_size, example_size=self.batch_size,
                 precision=normalize_precision(precision or "fp32"), checkpointing=checkpointing, headroom=headroom,

@@ -163,10 +163,10 @@ def apply_switches(
 def _params_and_state(
     memory: dict[str, Any], structure: dict[str, Any], switches: dict[str, Any], out: Switched
 ) -> None:
-    # the parameters and what trains after quantize / lora: the planner's own code (nbtrainer._plan._steps), so a
+    # the parameters and what trains after quantize / lora: the planner's own code (nbtrainer._plan._arithmetic), so a
     # profile's fits() and a plan's rows count them alike
     from nbtrainer._options import MemoryOptions
-    from nbtrainer._plan._steps import row_tensors
+    from nbtrainer._plan._arithmetic import row_tensors
 
     method, lora = switches["quantize"], switches["lora"]
     head = structure["head"]

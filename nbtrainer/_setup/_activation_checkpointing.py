@@ -199,9 +199,10 @@ def _select(model: nn.Module, blocks: Any) -> list[tuple[str, nn.Module]]:
         return [found[i] for i in selected_blocks(len(found), checkpoint_count(blocks, len(found)))]
     if blocks is False or isinstance(blocks, (str, type)) or not isinstance(blocks, Iterable):
         raise TypeError("blocks must be True or a list of module types and/or qualified module names")
-    types = tuple(b for b in blocks if isinstance(b, type))
-    names = [b for b in blocks if isinstance(b, str)]
-    if len(types) + len(names) != len(blocks):
+    items: list[Any] = list(blocks)
+    types: tuple[type[nn.Module], ...] = tuple(b for b in items if isinstance(b, type))
+    names = [b for b in items if isinstance(b, str)]
+    if len(types) + len(names) != len(items):
         raise TypeError("blocks must be True or a list of module types and/or qualified module names")
     chosen: dict[str, nn.Module] = {name: model.get_submodule(name) for name in names}
     if types:
@@ -320,7 +321,7 @@ class _OwnSwitch:
         if select is not None:
             chosen = {id(block) for _, block in select}
             for _, block in find_checkpointable_blocks(model):
-                block.gradient_checkpointing = id(block) in chosen
+                setattr(block, "gradient_checkpointing", id(block) in chosen)  # noqa: B010  (a Module attribute)
             self.names = [name for name, _ in select]
 
     def remove(self) -> None:

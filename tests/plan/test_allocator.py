@@ -14,7 +14,7 @@ from nbtrainer._plan._allocator import (
     segment_size,
 )
 from nbtrainer._plan._reserved import replay
-from nbtrainer._plan._trace import Trace
+from nbtrainer._plan._timeline import Trace
 
 KiB, MiB = 2**10, 2**20
 

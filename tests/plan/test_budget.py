@@ -228,7 +228,7 @@ def test_qlora_under_a_budget_keeps_the_quantized_base_and_adapters_and_splits_t
     roomy.fit(data[:1], epochs=1)
     plan = roomy.memory_plan
     assert plan is not None and plan.rows
-    assert {(r.memory.quantize, r.memory.lora["r"]) for r in plan.rows} == {("nf4", 4)}  # every row: QLoRA as set
+    assert {(r.memory.quantize, (r.memory.lora or {}).get("r")) for r in plan.rows} == {("nf4", 4)}  # QLoRA as set
     whole, half = plan.predict(quantize="nf4", lora=lora), plan.predict(quantize="nf4", lora=lora, grad_accum_steps=2)
     assert half.peak_bytes < whole.peak_bytes
     # a budget the whole batch does not fit (its usable 90%), half of it does: the plan splits, the peak stays under

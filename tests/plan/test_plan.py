@@ -213,7 +213,7 @@ def test_profile_model_of_a_meta_model_is_the_planner_fits_is_predict() -> None:
         prof.params == sum(p.numel() for p in model.parameters()) and prof.memory["cuda"]["fp32"]["source"] == "planned"
     )
     assert prof.latency_ms["cuda"]["fp32"]["supported"] is False  # nothing runs
-    switches = [
+    switches: list[dict[str, Any]] = [
         {},
         {"precision": "bf16-mixed", "checkpointing": True},
         {"precision": "bf16-mixed", "optimizer": "adafactor", "optimizer_in_backward": True},

@@ -1,6 +1,6 @@
-"""A simulated step's allocation trace (nbtrainer._plan._trace): what the planner derives from it instead of simulating
-again (a deeper stack, another micro-batch size, a later micro-batch of an accumulation window) equals what a
-simulation of that step records."""
+"""A simulated step's allocation trace (nbtrainer._plan._timeline): what the planner derives from it instead of
+simulating again (a deeper stack, another micro-batch size, a later micro-batch of an accumulation window) equals
+what a simulation of that step records."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from nbtrainer._plan import _trace
+from nbtrainer._plan import _timeline as _trace
 from nbtrainer._plan._arithmetic import model_structure
 from nbtrainer._plan._context import _shallow_depth, _sim_lora
 from nbtrainer._plan._reserved import replay
@@ -50,7 +50,7 @@ def _same(a: _trace.Trace, b: _trace.Trace) -> None:
     for accumulating in (False, True):
         x, y = (_trace.accumulating(t) if accumulating else t for t in (a, b))
         assert _trace.stats(x) == _trace.stats(y)
-        kw = {"params": [4096] * 3, "batch": [512], "state": [[64, 64]] * 3, "workspaces": [8 * 2**20]}
+        kw: dict[str, Any] = {"params": [4096] * 3, "batch": [512], "state": [[64, 64]] * 3, "workspaces": [8 * 2**20]}
         assert replay(first=x, **kw).reserved == replay(first=y, **kw).reserved
 
 
