@@ -306,6 +306,23 @@ class Context:
         cached = ("raw", *key, micro, depth)
         if cached in self.cache:
             return self.cache[cached]
+        precision, checkpointing, chunked, offload, lora_key = key
+        if not offload and self.device.type == "cuda":
+            # a CUDA plan has offloading rows too: their simulation gives this one (its trace with each saved
+            # storage kept on the device until its last use: exact, checked in tests/plan/test_timeline.py)
+            off = self._raw((precision, checkpointing, chunked, True, lora_key), micro, depth, lora)
+            assert off.trace is not None
+            trace = _trace.kept_on_device(off.trace)
+            st = _trace.stats(trace)
+            result = dataclasses.replace(
+                off,
+                peak=st.peak,
+                at_peak={"activations": st.peak - st.gradients_at_peak, "gradients": st.gradients_at_peak},
+                largest_activations=st.largest_activations,
+                trace=trace,
+            )
+            self.cache[cached] = result
+            return result
         model = self.model if depth is None else _shallow_depth(self.model, self.stack[0], depth)  # type: ignore[index]
         result = self._run(model, key, micro, lora, blocks=self.stack[0] if depth is not None else None)  # type: ignore[index]
         self.cache[cached] = result

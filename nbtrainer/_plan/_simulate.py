@@ -29,7 +29,7 @@ from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
 from nbtrainer._memory._peak import PeakTracker
-from nbtrainer._plan._timeline import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, Trace
+from nbtrainer._plan._timeline import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, PACK, UNPACK, Trace
 
 __all__ = ["SimulatedStep", "empty_batch", "meta_copy", "simulate_step"]
 
@@ -201,7 +201,8 @@ def simulate_step(
             if autocast_dtype is not None:
                 stack.enter_context(torch.autocast(device.type, dtype=autocast_dtype))
             if offload_activations:  # as save_on_cpu: what backward keeps waits off the device, and comes back
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_offload, _bring_back))
+                offloaded = _Offloaded(tracker, events)
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(offloaded.pack, offloaded.unpack))
             outputs = targets = None
             if loss_fn is not None:
                 loss = loss_fn(clone, fake)
@@ -239,17 +240,31 @@ def simulate_step(
     )
 
 
-def _offload(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-    # a meta copy stands for the host copy: not on the target device, so not counted there (whatever the device
-    # the simulation runs on); a parameter stays where it is, as save_on_cpu leaves it too
-    if isinstance(t, nn.Parameter):
-        return t.device, t
-    return t.device, torch.empty_like(t, device="meta")
+class _Offloaded:
+    """``save_on_cpu`` for the simulation: what backward keeps waits off the device and comes back when used. A meta
+    copy stands for the host copy (not on the target device, so not counted there, whatever the device the
+    simulation runs on); a parameter stays where it is, as ``save_on_cpu`` leaves it too. The trace marks each
+    saved storage (PACK, its id, the pack's number) and each copy brought back (UNPACK, the copy's id, the pack's
+    number): the same step without offloading follows from it (:func:`nbtrainer._plan._timeline.kept_on_device`)."""
 
+    def __init__(self, tracker: PeakTracker, events: list[tuple[int, int, int]]) -> None:
+        self.tracker, self.events = tracker, events
+        self.packs = 0
 
-def _bring_back(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
-    device, t = packed
-    return t if t.device == device else torch.empty_like(t, device=device)
+    def pack(self, t: torch.Tensor) -> tuple[torch.device, torch.Tensor, int]:
+        if isinstance(t, nn.Parameter):
+            return t.device, t, -1
+        self.packs += 1
+        self.events.append((PACK, self.tracker.birth(t), self.packs))
+        return t.device, torch.empty_like(t, device="meta"), self.packs
+
+    def unpack(self, packed: tuple[torch.device, torch.Tensor, int]) -> torch.Tensor:
+        device, t, number = packed
+        if t.device == device:
+            return t
+        back = torch.empty_like(t, device=device)
+        self.events.append((UNPACK, self.tracker.birth(back), number))
+        return back
 
 
 def _mark_blocks(stack: nn.Module, events: list[tuple[int, int, int]]) -> list[Any]:

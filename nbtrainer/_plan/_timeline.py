@@ -32,15 +32,18 @@ __all__ = [
     "FREE",
     "GRAD",
     "MARK",
+    "PACK",
+    "UNPACK",
     "Trace",
     "TraceStats",
     "accumulating",
     "at_micro",
+    "kept_on_device",
     "stats",
     "synthesize",
 ]
 
-ALLOC, FREE, GRAD, MARK = 0, 1, 2, 3
+ALLOC, FREE, GRAD, MARK, PACK, UNPACK = 0, 1, 2, 3, 4, 5
 #: a MARK event's id: where a repeated block's forward begins, or its backward (its size: the block's index)
 FORWARD_STARTS, BACKWARD_STARTS = 0, 1
 
@@ -242,3 +245,42 @@ def synthesize(trace: Trace, depth: int) -> Trace | None:
     # block 0's backward and the rest: copy 1 is the template
     ok = ok and emit(b0, len(ops), lambda ident: ident, every_block(b0, len(ops)))
     return Trace.of(out) if ok else None
+
+
+def kept_on_device(trace: Trace) -> Trace:
+    """The step without ``offload_activations`` from the trace of the step with it.
+
+    Offloaded, a storage backward keeps (PACK) is released on the device as soon as nothing else holds it, and
+    each use in backward brings a copy back (UNPACK: allocated, released after the use). Kept on the device, it
+    lives until its last use instead: its release moves to where its last copy's is, and the copies go. Saved
+    tensors never brought back are released with the graph, at the end. (The trace of the step with offloading
+    shows when nothing else holds a storage; the step without it cannot: so this way round.)
+    """
+    ops, ids, sizes = trace.ops, trace.ids, trace.sizes
+    storage_of: dict[int, int] = {}  # pack number -> storage id
+    copy_of: dict[int, int] = {}  # copy id -> storage id
+    for op, ident, n in zip(ops, ids, sizes, strict=True):
+        if op == PACK:  # id 0: a storage not followed (a parameter's view, the batch): only its copies go
+            storage_of[n] = ident
+        elif op == UNPACK and n in storage_of:
+            copy_of[ident] = storage_of[n]
+    kept = set(storage_of.values()) - {0}
+    last_release: dict[int, int] = {}  # storage id -> position of its last copy's release, or its own
+    for i, (op, ident) in enumerate(zip(ops, ids, strict=True)):
+        if op == FREE:
+            if ident in copy_of:
+                if copy_of[ident]:
+                    last_release[copy_of[ident]] = i
+            elif ident in kept:
+                last_release[ident] = max(last_release.get(ident, i), i)
+    releases: dict[int, list[int]] = {}
+    for storage, i in last_release.items():
+        releases.setdefault(i, []).append(storage)
+    events: list[tuple[int, int, int]] = []
+    for i, (op, ident, n) in enumerate(zip(ops, ids, sizes, strict=True)):
+        if op in (PACK, UNPACK) or ident in copy_of:
+            pass
+        elif not (op == FREE and ident in kept):
+            events.append((op, ident, n))
+        events += [(FREE, storage, 0) for storage in releases.get(i, ())]
+    return Trace.of(events)

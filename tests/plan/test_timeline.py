@@ -143,3 +143,31 @@ def test_stats_follow_the_peak_tracker() -> None:
         step.largest_activations,
     )
     assert st.gradients_end == step.gradients
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"autocast_dtype": torch.bfloat16, "checkpointing": True}, {"lora": {"r": 4}}],
+    ids=["fp32", "bf16-checkpointing", "lora"],
+)
+def test_the_step_without_offloading_follows_from_the_step_with_it(options: dict[str, Any]) -> None:
+    model = _shallow_depth(_llama(), "model.layers", 3)
+    lora = options.pop("lora", None)
+    if lora is not None:
+        options["prepare"] = functools.partial(_sim_lora, lora=lora, structure=model_structure(_llama()))
+    offloaded = simulate_step(
+        model, _batch(2), device=torch.device("cpu"), offload_activations=True, blocks="model.layers",
+        **{"autocast_dtype": None, "checkpointing": False, "loss_fn": None, "criterion": None, **options},
+    )  # fmt: skip
+    kept = _simulate(model, 2, blocks="model.layers", **options)
+    assert offloaded.trace is not None and kept.trace is not None
+    derived = _trace.kept_on_device(offloaded.trace)
+    _same(derived, _without_packs(kept.trace))
+    assert _trace.stats(offloaded.trace).peak < _trace.stats(derived).peak  # offloading did hold less
+
+
+def _without_packs(trace: _trace.Trace) -> _trace.Trace:
+    return _trace.Trace.of(
+        [e for e in zip(trace.ops, trace.ids, trace.sizes, strict=True) if e[0] not in (_trace.PACK, _trace.UNPACK)]
+    )
