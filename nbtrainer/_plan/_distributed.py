@@ -15,7 +15,8 @@ parameters, of their gradients (reduce-scattered as backward goes) and of the op
   again for its backward; while one is in use the next is gathered (FSDP2 prefetches one unit in backward; the
   all-gather's output buffer is copied out into the parameters, so a unit is briefly there twice in forward too);
   in backward the unit's gradients exist whole, in the compute dtype and in the fp32 of the reduction, before the
-  reduce-scatter leaves a rank its share;
+  reduce-scatter leaves a rank its share; under accumulation they stay whole until the window's last micro-batch,
+  whose reduce-scatter fills the shards while they are held;
 * the activations are a single device's at the rank's batch, with the parameters cast to the compute dtype rather
   than autocast (FSDP's ``MixedPrecisionPolicy`` turns autocast off): simulated that way, and with every gradient
   dropped as it completes (it is reduce-scattered), as for the optimizer step in backward.
@@ -127,7 +128,9 @@ def fsdp_parts(
     """One FSDP2 rank's peak in parts (see the module docstring): ``r`` from :func:`rank_parts`; ``sim``: the
     simulated step with the parameters in the compute dtype; ``accumulating``: a micro-batch of a window whose
     gradients stay whole until its last one (``set_requires_gradient_sync(False)``), ``unsharded_grads`` bytes."""
-    grads = unsharded_grads if accumulating else r["grads"]
+    # a window's gradients stay whole until its last micro-batch, whose reduce-scatter fills the shards while the
+    # whole gradients of the units still to reduce are held: both at once
+    grads = unsharded_grads + r["grads"] if accumulating else r["grads"]
     inside = sim.largest_activations + r["root"] + r["units"]  # backward: gradients dropped as reduce-scattered
     logits = min(sim.logits_loss, sim.largest_activations)
     if inside >= temps:
