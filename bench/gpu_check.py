@@ -542,32 +542,70 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
     # progress on stderr: a step killed at its budget still shows how far it got (the first GPU run showed nothing)
     print(f"planned {len(plan.rows)} rows in {planning:.1f} s", file=sys.stderr, flush=True)
     rows = plan_rows(plan, scale.planner_rows)
-    cells, ratios = [], []
+    cuda = device.type == "cuda"
+    cells, ratios, reserved_ratios = [], [], []
+    context: list[int] = []
     for row, source in rows:
         label = [f"{row_label(row)}{source}", f"{row.micro_batch} x {row.grad_accum_steps}", mib(row.peak_bytes)]
         try:
-            measured = measured_peak(size, row, device)
+            measured, reserved = measured_peak(size, row, device, context)
         except Exception as exc:  # one row's failure is that row's result; the others still measure
-            cells.append([*label, f"failed: {first_line(exc)}", "-"])
+            cells.append([*label, f"failed: {first_line(exc)}", "-", "-", "-", "-"])
             print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
             continue
         ratios.append(row.peak_bytes / measured)
-        cells.append([*label, mib(measured), f"**{ratios[-1]:.2f}**"])
+        predicted_reserved = getattr(row, "reserved_bytes", row.peak_bytes)
+        if cuda:
+            reserved_ratios.append(predicted_reserved / reserved)
+            tail = [mib(predicted_reserved), mib(reserved), f"**{reserved_ratios[-1]:.3f}**"]
+        else:  # no caching allocator: the reserved bytes are the peak itself
+            tail = [mib(predicted_reserved), "-", "-"]
+        cells.append([*label, mib(measured), f"**{ratios[-1]:.2f}**", *tail])
         print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
-    how = "CUDA's allocator peak over the fit" if device.type == "cuda" else "the peak of live tensors (track_peak)"
+    how = (
+        "torch.cuda.max_memory_allocated over the fit, and the allocator's reserved bytes after it (memory_reserved: "
+        "nothing is released without an out-of-memory retry, so the most it reserved)"
+        if cuda
+        else "the peak of live tensors (track_peak); no caching allocator on the CPU"
+    )
     spread = (
-        f"Predicted / measured: median {statistics.median(ratios):.2f}, {min(ratios):.2f}-{max(ratios):.2f} over "
-        f"{len(ratios)} rows."
+        f"Predicted / measured peak (allocated): median {statistics.median(ratios):.2f}, "
+        f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rows."
         if ratios
         else "No row measured."
     )
+    if reserved_ratios:
+        under = sum(r < 1 for r in reserved_ratios)
+        over = sum(r > 1.08 for r in reserved_ratios)
+        spread += (
+            f" Predicted / measured reserved: median {statistics.median(reserved_ratios):.3f}, "
+            f"{min(reserved_ratios):.3f}-{max(reserved_ratios):.3f}; target: every row in [1, 1.08]: "
+            f"{under} under, {over} more than 8% over."
+        )
+    if context:
+        spread += (
+            f" CUDA context (device memory in use minus the allocator's reserved bytes): {mib(max(context))}; "
+            f"the planner assumes {mib(getattr(plan, 'context_bytes', 0))}."
+        )
     params = n_params(llama(size, torch.device("meta")))
     return (
         f"plan_memory (budget {capacity / 2**30:.0f} GiB, planned in {planning:.1f} s) on the "
         f"{size.describe(params, 'Llama')} built on the meta device; then each row's switches fitted for 3 optimizer "
         f"steps on a fresh model (AdamW unless the row names an optimizer); measured: {how}. The rows that train the "
         f"model as given come first (the planner's order), then those that change it (LoRA, quantized bases).\n\n"
-        + table(["row", "micro-batch x accumulation", "predicted", "measured", "predicted / measured"], cells)
+        + table(
+            [
+                "row",
+                "micro-batch x accumulation",
+                "predicted peak",
+                "measured allocated",
+                "predicted / measured",
+                "predicted reserved",
+                "measured reserved",
+                "reserved: predicted / measured",
+            ],
+            cells,
+        )
         + f"\n\n{spread}"
     )
 
@@ -593,16 +631,17 @@ def plan_rows(plan: Any, n: int) -> list[tuple[Any, str]]:
     return picked
 
 
-def measured_peak(size: DecoderSize, row: Any, device: torch.device) -> int:
-    """The peak of 3 optimizer steps under the row's switches. A function of its own: what it builds is gone
-    (refcounts) when it returns, so one row's model and optimizer state never count in the next row's peak."""
+def measured_peak(size: DecoderSize, row: Any, device: torch.device, context: list[int]) -> tuple[int, int]:
+    """The peak of 3 optimizer steps under the row's switches, and on CUDA the caching allocator's reserved bytes
+    after them (the CUDA context measured beside them goes to ``context``). A function of its own: what it builds is
+    gone (refcounts) when it returns, so one row's model and optimizer state never count in the next row's peak."""
     from nbtrainer import Trainer
     from nbtrainer._memory._peak import track_peak
 
     data = llama_batches(size, row.micro_batch, 3 * row.grad_accum_steps, device)
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # reserved from zero: this row's segments only
         torch.cuda.reset_peak_memory_stats(device)
     model = llama(size, device)
     options = {"optimizer": "adamw", "lr": 1e-4, **row.switches}  # switches hold grad_accum_steps when split
@@ -610,10 +649,15 @@ def measured_peak(size: DecoderSize, row: Any, device: torch.device) -> int:
     if device.type != "cuda":
         with track_peak(model, trainer.optimizer) as peak:
             trainer.fit(data, epochs=1)
-        return int(peak.peak_bytes)
+        return int(peak.peak_bytes), 0
     trainer.fit(data, epochs=1)
+    torch.cuda.synchronize(device)
+    # segments are released only by empty_cache or an out-of-memory retry: what is reserved now is the most it was
+    reserved = int(torch.cuda.memory_reserved(device))
+    free, total = torch.cuda.mem_get_info(device)
+    context.append(int(total - free) - reserved)
     # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._memory._window)
-    return int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0))
+    return int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0)), reserved
 
 
 def mib(n: float) -> str:

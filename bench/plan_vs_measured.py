@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
+import os
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _rounds import machine_line
+from _rounds import interleaved, machine_line
 from torch import nn
 
 from nbtrainer import Trainer, plan_memory
@@ -123,6 +126,106 @@ ROWS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+# each family's rows for the step-time check: what the cost model ranks (precision, checkpointing and its shares,
+# the optimizer kinds, accumulation), on the CPU
+TIME_ROWS: dict[str, list[dict[str, Any]]] = {
+    "mlp": [
+        {"optimizer": "adamw"},
+        {"optimizer": "adamw", "precision": "bf16-mixed"},
+        {"optimizer": "adafactor"},
+        {"optimizer": "adamw8bit"},
+        {"optimizer": "adamw", "grad_accum_steps": 2},
+        {"optimizer": "adamw", "grad_accum_steps": 8},
+    ],
+    "cnn": [
+        {"optimizer": "adamw"},
+        {"optimizer": "adamw", "activation_checkpointing": 0.5},
+        {"optimizer": "adamw", "activation_checkpointing": True},
+        {"optimizer": "adamw", "precision": "bf16-mixed"},
+        {"optimizer": "adamw", "grad_accum_steps": 4},
+        {"optimizer": "adafactor"},
+    ],
+    "encoder": [
+        {"optimizer": "adamw"},
+        {"optimizer": "adamw", "activation_checkpointing": 0.5},
+        {"optimizer": "adamw", "activation_checkpointing": True},
+        {"optimizer": "adamw", "precision": "bf16-mixed"},
+        {"optimizer": "adamw", "grad_accum_steps": 4},
+        {"optimizer": "adamw8bit"},
+    ],
+    "llama": [
+        {"optimizer": "adamw"},
+        {"optimizer": "adamw", "activation_checkpointing": 0.5},
+        {"optimizer": "adamw", "activation_checkpointing": True},
+        {"optimizer": "adamw", "precision": "bf16-mixed"},
+        {"optimizer": "adamw", "precision": "bf16-mixed", "activation_checkpointing": True},
+        {"optimizer": "adamw", "chunked_loss": True},
+        {"optimizer": "adamw", "grad_accum_steps": 4},
+    ],
+}
+
+
+def kendall_tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b of two rankings (ties in either count as neither concordant nor discordant)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else 0.0
+
+
+def step_times(
+    model: nn.Module, batch: Any, criterion: Any, rows: list[dict[str, Any]], *, steps: int, rounds: int
+) -> list[float]:
+    """Median seconds per optimizer step of each row: a Trainer per row (a copy of the model, built once), ``steps``
+    + 1 optimizer steps per round, timed from one step's end to the next (the fit's own start and end left out),
+    rounds alternated across the rows (bench/_rounds.py) so the load spreads alike."""
+    trainers, data, clocks = [], [], []
+    for switches in rows:
+        switches = dict(switches)
+        accum = int(switches.pop("grad_accum_steps", 1))
+        batches = _split(batch, accum) * (steps + 1) if accum > 1 else [batch] * (steps + 1)
+        clock = _StepClock()
+        trainer = Trainer(
+            copy.deepcopy(model), criterion, lr=1e-4, grad_accum_steps=accum, progress=False, device="cpu",
+            seed=0, run_store=False, refresh_interval=3600, callbacks=[clock], **switches,
+        )  # fmt: skip
+        trainers.append(trainer)
+        data.append(batches)
+        clocks.append(clock)
+
+    def run(name: str) -> float:
+        i = int(name)
+        clocks[i].times.clear()
+        trainers[i].fit(data[i], epochs=1)
+        ticks = clocks[i].times
+        return statistics.median(b - a for a, b in itertools.pairwise(ticks))
+
+    times = interleaved(run, [str(i) for i in range(len(rows))], rounds)
+    return [statistics.median(times[str(i)]) for i in range(len(rows))]
+
+
+class _StepClock:
+    """The time at the end of each optimizer step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        self.times.append(time.perf_counter())
+
+
 def measure(model: nn.Module, batch: Any, criterion: Any, switches: dict[str, Any]) -> int:
     switches = dict(switches)
     accum = int(switches.pop("grad_accum_steps", 1))
@@ -157,17 +260,49 @@ def plan_8b() -> tuple[float, float]:
     return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
 
 
+def step_time_table(args: Any) -> None:
+    """Each family's rows timed (median s per optimizer step) against ``time_factor``: Kendall's tau per family and
+    over every row (measured time relative to the family's plain fp32 row against the predicted factor)."""
+    print("\n| family | switches | predicted time_factor | measured s / step | measured / plain fp32 |")
+    print("|---|---|---:|---:|---:|")
+    pooled_x: list[float] = []
+    pooled_y: list[float] = []
+    taus = {}
+    for name in args.only:
+        model, batch, criterion = FAMILIES[name]()
+        plan = plan_memory(model, batch, budget_gb=64, device="cpu", criterion=criterion)
+        rows = TIME_ROWS[name]
+        predicted = [plan.predict(**switches).time_factor for switches in rows]
+        measured = step_times(model, batch, criterion, rows, steps=args.steps, rounds=args.rounds)
+        for switches, p, m in zip(rows, predicted, measured, strict=True):
+            text = ", ".join(f"{k}={v}" for k, v in switches.items())
+            print(f"| {name} | {text} | {p:.3f} | {m:.4f} | {m / measured[0]:.3f} |")
+        taus[name] = kendall_tau(predicted, measured)
+        pooled_x += predicted
+        pooled_y += [m / measured[0] for m in measured]
+    print(
+        "\nKendall tau of predicted time_factor against measured step time (target >= 0.7): "
+        + ", ".join(f"{name} {tau:.2f}" for name, tau in taus.items())
+        + f"; every row (measured relative to its family's plain fp32) {kendall_tau(pooled_x, pooled_y):.2f}"
+    )
+    print(f"load average before / after: {os.getloadavg()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--skip-time", action="store_true", help="leave out the step-time check of time_factor")
+    ap.add_argument("--skip-memory", action="store_true", help="leave out the predicted / measured peak table")
+    ap.add_argument("--steps", type=int, default=3, help="optimizer steps per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="alternated rounds per row")
     args = ap.parse_args()
     torch.set_num_threads(2)
     print(machine_line(torch.device("cpu")))
     print("| family | switches | predicted | measured | predicted / measured |")
     print("|---|---|---:|---:|---:|")
     worst = 0.0
-    for name in args.only:
+    for name in [] if args.skip_memory else args.only:
         model, batch, criterion = FAMILIES[name]()
         plan = plan_memory(model, batch, budget_gb=64, device="cpu", criterion=criterion)
         for switches in ROWS[name]:
@@ -178,6 +313,8 @@ def main() -> None:
             text = ", ".join(f"{k}={v}" for k, v in switches.items())
             print(f"| {name} | {text} | {predicted / 2**20:,.1f} MiB | {measured / 2**20:,.1f} MiB | {ratio:.3f} |")
     print(f"\nlargest miss: {worst:.1%}")
+    if not args.skip_time:
+        step_time_table(args)
     if not args.skip_8b:
         seconds, extra = plan_8b()
         print(f"plan an 8B Llama on meta (batch 1 x 2048, target cuda): {seconds:.1f} s, {extra:.0f} MiB extra RSS")

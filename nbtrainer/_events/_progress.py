@@ -228,7 +228,7 @@ class ProgressBar:
         if event.get("kind") == "sample_error" and self.active_mode is not None:  # Samples' fn raised; the run goes on
             self._write(f"sample {event.get('old')!r} failed at step {event.get('step')}: {event.get('new')}")
             return
-        if event.get("kind") in ("memory_plan", "memory_step_down") and self.active_mode is not None:
+        if event.get("kind") in ("memory_plan", "memory_step_down", "memory_check") and self.active_mode is not None:
             self._write(f"{event['kind'].replace('_', ' ')}: {event.get('new')}")
             return
         if self.active_mode != "lines" or event.get("kind") not in ("lr", "grad_accum_steps", "pause", "resume"):

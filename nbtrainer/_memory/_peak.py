@@ -44,7 +44,8 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     """The storages behind ``t`` (a wrapper subclass: its inner tensors')."""
     if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
-        return [s for n in names for s in _storages(getattr(t, n))]
+        inner = (getattr(t, n) for n in names)
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]  # a mesh is no tensor
     if t.device.type == "meta":
         return []
     try:
@@ -92,6 +93,9 @@ class PeakTracker(TorchDispatchMode):
         self.breakdown = dict(self._totals)
         self.largest = dict(self._totals)
         self.resident: dict[str, int] = {}
+        #: when a list: each storage's birth ``(0, id, nbytes)`` and release ``(1, id, 0)``, in order (the memory
+        #: planner replays them through a model of CUDA's caching allocator); ids count births from 1
+        self.trace: list[tuple[int, int, int]] | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -106,6 +110,8 @@ class PeakTracker(TorchDispatchMode):
             if entry is not None:
                 self._totals[entry[1]] -= entry[0]
                 self.current_bytes -= entry[0]
+                if self.trace is not None:
+                    self.trace.append((1, entry[3], 0))
 
     def _add(self, t: torch.Tensor, category: str, relabel: bool) -> None:
         if self._device_type is not None and t.device.type != self._device_type:
@@ -122,12 +128,16 @@ class PeakTracker(TorchDispatchMode):
                 self._live[key] = [nbytes, category, ref, self._born]
                 self._totals[category] += nbytes
                 self.current_bytes += nbytes
+                if self.trace is not None:
+                    self.trace.append((0, self._born, nbytes))
                 continue
             nbytes = st.nbytes()
             if nbytes != entry[0]:  # resized in place (an out= op)
                 self._totals[entry[1]] += nbytes - entry[0]
                 self.current_bytes += nbytes - entry[0]
                 entry[0] = nbytes
+                if self.trace is not None:  # a new allocation replaces the old one (the id stays the storage's)
+                    self.trace += [(1, entry[3], 0), (0, entry[3], nbytes)]
             if relabel and entry[1] != category:
                 old, size = entry[1], entry[0]
                 self._totals[old] -= size
@@ -190,6 +200,11 @@ class PeakTracker(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._add(t, "inputs", relabel=False)
             self._note_peak()
+
+    def birth(self, t: torch.Tensor) -> int:
+        """The trace id of ``t``'s storage (0: not followed)."""
+        entry = next((self._live.get(id(st)) for st in _storages(t)), None)
+        return entry[3] if entry is not None else 0
 
     def label(self, t: torch.Tensor, category: str) -> None:
         """Count ``t``'s storage under ``category`` from now on (at the peak too, if it was alive then)."""

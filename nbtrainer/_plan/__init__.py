@@ -3,10 +3,16 @@
 =================  ==================================================================================
 ``_plan``          :func:`plan_memory`: the candidates, the search, the best row
 ``_result``        :class:`MemoryPlan` and :class:`PlanRow`: the result, its table and its picture
-``_steps``         one row: the simulated step of a combination (extrapolated) plus the arithmetic parts
-``_simulate``      one training step on fake tensors: activations, temporaries, logits and gradients at peak
+``_steps``         one row: its simulated step plus the arithmetic parts, its reserved bytes on CUDA
+``_context``       what is simulated, and a row's step as a weighted sum of simulations (depth, size, share)
+``_simulate``      one training step on fake tensors: activations, temporaries, logits and gradients, in order
+``_timeline``      a simulation's allocation trace: its peak, another size, accumulation, a deeper stack
+``_allocator``     the CUDA caching allocator's rules (segments, blocks, rounding), cuBLAS's workspace
+``_reserved``      a row's steps replayed through the allocator: ``PlanRow.reserved_bytes``
+``_distributed``   one rank of DDP or FSDP2
 ``_arithmetic``    parameters under quantize / LoRA, optimizer state and step temporaries by the libraries' rules
 ``_cost``          the step-time model behind ``time_factor`` (relative to plain fp32)
+``_budget``        ``Trainer(memory_budget_gb=...)``'s example batch, choice, step down and measured check
 =================  ==================================================================================
 """
 

@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from nbtrainer._options import MemoryOptions
 
 __all__ = [
     "KBIT",
     "MIN_KBIT",
+    "RowTensors",
     "adam_state_bytes",
     "model_structure",
     "optimizer_state_bytes",
     "quantized_bytes",
+    "quantized_tensors",
+    "row_tensors",
+    "state_tensors",
     "step_temporaries",
     "targeted",
 ]
@@ -91,14 +100,51 @@ def optimizer_state_bytes(name: str, trained: list[tuple[int, int, list[int]]]) 
     return sum(adam_state_bytes(n, e) for n, e, _ in trained)
 
 
-def quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+def quantized_tensors(method: str, n_in: int, n_out: int) -> list[int]:
+    """The tensors (bytes each) a quantized ``n_in x n_out`` weight is stored in: the packed values, the block
+    scales (and with double quantization their scales, code book and offset), the code book."""
     n = n_in * n_out
     if method == "int8":
-        return n + 4 * n_out
+        return [n, 4 * n_out]
     blocks = math.ceil(n / 64)
     if method == "nf4-dq":
-        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
-    return n // 2 + 4 * blocks + 4 * 16
+        return [n // 2, blocks, 4 * math.ceil(blocks / 256), 4 * 256, 4 * 16, 4]
+    return [n // 2, 4 * blocks, 4 * 16]
+
+
+def quantized_bytes(method: str, n_in: int, n_out: int) -> int:
+    return sum(quantized_tensors(method, n_in, n_out))
+
+
+def state_tensors(name: str, trained: list[tuple[int, int, list[int]]]) -> tuple[list[list[int]], list[int]]:
+    """Optimizer ``name``'s state as the tensors (bytes each) it allocates: per trained tensor, and shared by all
+    (bitsandbytes' two 256-entry maps). They sum to :func:`optimizer_state_bytes` (the caching allocator rounds each
+    one on its own)."""
+    per: list[list[int]] = []
+    shared: list[int] = []
+    if name in KBIT:
+        per_value, block = KBIT[name]
+        for n, e, _ in trained:
+            if n < MIN_KBIT or (name == "adamw4bit" and n % block):
+                per.append([n * e, n * e])
+                continue
+            packed, scales = n * per_value, 4 * math.ceil(n / block)
+            per.append([packed // 2, packed - packed // 2, scales, scales])
+            if name == "adamw4bit":
+                per[-1] += [2 * 16 * 4 // 2, 2 * 16 * 4 // 2]
+            elif not shared:
+                shared = [256 * 4, 256 * 4]
+        return per, shared
+    for n, e, shape in trained:
+        if name == "adafactor":
+            if len(shape) >= 2:
+                stacked = n // (shape[-2] * shape[-1])
+                per.append([4, 4 * shape[-2] * stacked, 4 * shape[-1] * stacked])
+            else:
+                per.append([4, n * e])
+        else:  # AdamW: a scalar step and two moments
+            per.append([4, n * e, n * e])
+    return per, shared
 
 
 def step_temporaries(
@@ -118,3 +164,54 @@ def step_temporaries(
     if name in ("adamw", "adam") and device_type == "cuda" and not in_backward:
         return sum(n * e for n, e, _ in trained)
     return largest
+
+
+@dataclass(frozen=True)
+class RowTensors:
+    """What a row keeps on the device between steps, tensor by tensor (bytes), and what it trains.
+
+    Attributes:
+        params: each parameter's storage (a quantized weight: its packed values, scales and code book; LoRA's
+            adapters after the model's own).
+        trained: ``(numel, element_size, shape)`` of each trained tensor.
+        dequant: the dequantized copy of the largest quantized weight (a 4-bit matmul's temporary), 0 without.
+    """
+
+    params: list[int]
+    trained: list[tuple[int, int, list[int]]]
+    dequant: int
+
+
+def row_tensors(
+    structure: dict[str, Any], memory: MemoryOptions, keep: Callable[[str], bool] | None = None
+) -> RowTensors:
+    """The row's parameters and trained tensors from the layer table; ``keep``: only the parameters (and linear
+    layers) whose names it accepts (a shallow copy of the model's stack)."""
+    rows = [row for row in structure["params"] if keep is None or keep(row[0])]
+    linears = [row for row in structure["linears"] if keep is None or keep(row[0])]
+    sizes = {row[0]: [row[1] * row[2]] for row in rows}
+    trained = [(n, e, shape) for _, n, e, trains, shape in rows if trains]
+    dequant = 0
+    if memory.quantize:
+        by_name = {row[0]: row for row in rows}
+        names: set[str] = set()
+        for name, n_in, n_out, _, q in linears:
+            if not q or f"{name}.weight" not in by_name:
+                continue
+            sizes[f"{name}.weight"] = quantized_tensors(memory.quantize, n_in, n_out)
+            dequant = max(dequant, n_in * n_out * (2 if memory.precision != "fp32" else 4))
+            names |= {f"{name}.weight", f"{name}.bias"}
+        trained = [(n, e, shape) for name, n, e, trains, shape in rows if trains and name not in names]
+    adapters: list[int] = []
+    if memory.lora is not None:
+        r = int(memory.lora.get("r", 8))
+        targets = [
+            row
+            for row in linears
+            if targeted(row[0], memory.lora.get("target_modules", "all-linear"), row[4], structure["head"])
+        ]
+        trained = [(r * n_in, 4, [r, n_in]) for _, n_in, _, _, _ in targets]
+        trained += [(r * n_out, 4, [n_out, r]) for _, _, n_out, _, _ in targets]
+        adapters = [n * e for n, e, _ in trained]
+    params = [size for tensors in sizes.values() for size in tensors] + adapters
+    return RowTensors(params, trained, dequant)

@@ -4,24 +4,30 @@ These are rough, stated costs for ranking combinations (which is faster: bf16 + 
 optimizer?), not a measurement of your model. They come from this project's benchmarks (bench/RESULTS.md: the
 memory switches on an H200 and on 2 CPU cores) and the usual published figures; docs/will-it-fit.md lists them.
 
-* mixed precision: 0.45x on CUDA (tensor cores); on a CPU bf16 autocast is 1.2x (casts around fp32 kernels) and
-  fp16 is emulated on most CPUs, so it is not proposed there;
-* activation checkpointing: the blocks' forward runs twice, 1.3x; the chunked loss recomputes the head, 1.05x;
-* 8-bit / 4-bit AdamW: 1.1x / 1.15x (block-wise dequantize and requantize), paged 1.15x, Adafactor 1.05x;
+* mixed precision: 0.45x on CUDA (tensor cores); on a CPU bf16 autocast is 1.0x where the CPU computes bf16
+  natively (AMX, AVX512-BF16), else 1.2x (casts around fp32 kernels); fp16 is emulated on most CPUs, so it is not
+  proposed there;
+* activation checkpointing: the blocks' forward runs twice, 1.3x on CUDA, 1.45x on a CPU (checkpointing a share of
+  the blocks: that share of it); the chunked loss recomputes the head, 1.05x (1.3x on a CPU);
+* 8-bit / 4-bit AdamW: 1.1x / 1.15x (block-wise dequantize and requantize), paged 1.15x, Adafactor 1.05x; on a CPU
+  1.6x and 1.3x (bitsandbytes' and torchao's CPU kernels, torch's Adafactor);
 * offload: activations cross PCIe twice, 2.5x; optimizer state on the host (the CPU steps it), 1.6x;
 * a quantized (4-bit) base: 2.0x on CUDA, 1.5x on a CPU (dequantized at each matmul); LoRA alone 0.8x (no weight
   gradients for the frozen base);
-* micro-batches: each halving of the micro-batch costs 8% on CUDA (smaller kernels), 3% on a CPU; the number of
-  samples per optimizer step is the same.
+* micro-batches: each halving of the micro-batch costs 8% on CUDA (smaller kernels), 35% on a CPU (measured: a small
+  model's step is mostly per-pass overhead there); the number of samples per optimizer step is the same.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+
+import torch
 
 from nbtrainer._options import MemoryOptions
 
-__all__ = ["time_factor"]
+__all__ = ["checkpointed_share", "time_factor"]
 
 _FACTORS: dict[str, dict[str, float]] = {
     "cuda": {
@@ -39,35 +45,68 @@ _FACTORS: dict[str, dict[str, float]] = {
         "lora": 0.8,
         "halving": 1.08,
     },
+    # corrected from bench/plan_vs_measured.py's step times on the 2-core VM (bench/RESULTS.md, issue 48): a CPU
+    # pays per micro-batch far more than a GPU (each halving 1.35x, not 1.03x), recomputes a block at its full cost
+    # (1.45x), and runs bitsandbytes' 8-bit and torch's Adafactor steps slowly; bf16 autocast is about as fast as
+    # fp32 where the CPU computes bf16 natively (AMX / AVX512-BF16), slower where it converts (see cpu_factors)
     "cpu": {
         "bf16-mixed": 1.2,
         "fp16-mixed": 3.0,
-        "checkpointing": 1.3,
-        "chunked_loss": 1.05,
-        "adamw8bit": 1.1,
-        "paged_adamw8bit": 1.15,
-        "adamw4bit": 1.15,
-        "adafactor": 1.05,
+        "checkpointing": 1.45,
+        "chunked_loss": 1.3,
+        "adamw8bit": 1.6,
+        "paged_adamw8bit": 1.6,
+        "adamw4bit": 1.6,
+        "adafactor": 1.3,
         "offload_activations": 1.0,
         "offload_optimizer": 1.6,
         "quantize": 1.5,
         "lora": 0.8,
-        "halving": 1.03,
+        "halving": 1.35,
     },
 }
 
 
-def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int) -> float:
+@functools.cache
+def cpu_factors() -> dict[str, float]:
+    """The CPU column, with bf16 autocast at 1.0x where this CPU computes bf16 natively (oneDNN says so: AMX or
+    AVX512-BF16; measured 0.78-1.22x of fp32 on the VM's AMX CPU, 0.97x their geometric mean: no faster, so a plan
+    keeps fp32 when it fits) and 1.2x where it converts around fp32 kernels."""
+    factors = dict(_FACTORS["cpu"])
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    if native:
+        factors["bf16-mixed"] = 1.0
+    return factors
+
+
+def checkpointed_share(value: object, blocks: int | None) -> float:
+    """The share of the repeated blocks ``activation_checkpointing=value`` checkpoints (1 for True or a list)."""
+    from nbtrainer._setup._activation_checkpointing import checkpoint_count, is_selective
+
+    if not is_selective(value):
+        return 1.0
+    if isinstance(value, float):
+        return value if not blocks else checkpoint_count(value, blocks) / blocks
+    return min(1.0, value / blocks) if blocks else 1.0  # type: ignore[operator]
+
+
+def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int, blocks: int | None = None) -> float:
     """Predicted step time relative to plain fp32 with the whole batch at once (see the module docstring).
+
+    ``blocks``: the model's repeated blocks, for selective checkpointing (``activation_checkpointing=0.5`` or ``k``):
+    only the checkpointed share of the blocks runs its forward twice.
 
     Example:
         >>> round(time_factor("cuda", MemoryOptions(precision="bf16-mixed", activation_checkpointing=True), 1), 3)
         0.585
     """
-    f = _FACTORS["cuda" if device_type == "cuda" else "cpu"]
+    f = _FACTORS["cuda"] if device_type == "cuda" else cpu_factors()
     factor = f.get(memory.precision, 1.0)
     if memory.activation_checkpointing:
-        factor *= f["checkpointing"]
+        factor *= 1 + (f["checkpointing"] - 1) * checkpointed_share(memory.activation_checkpointing, blocks)
     if memory.chunked_loss:
         factor *= f["chunked_loss"]
     factor *= f.get(memory.optimizer or "adamw", 1.0)

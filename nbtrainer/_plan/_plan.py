@@ -7,9 +7,11 @@ The peak of one training step (steady state: the optimizer's state exists) is, o
 where the *simulated step* (:mod:`nbtrainer._plan._simulate`) is the peak of what forward, loss and backward
 allocate (activations, temporaries, the loss head's logits and their gradient, the gradients as backward creates
 them), run on fake tensors for each precision / checkpointing / chunked-loss / offload combination, and the rest is
-arithmetic (:mod:`nbtrainer._plan._arithmetic`). Repeated blocks (a decoder's layers) are simulated at two depths and
-extrapolated to the model's (both parts grow by the same amount per block), and each micro-batch at sizes 1 and the
-largest (activations grow linearly with the batch), so an 8B decoder plans in seconds.
+arithmetic (:mod:`nbtrainer._plan._arithmetic`). A deep stack of repeated blocks (a decoder's layers) is simulated
+with 3 blocks and its allocation trace put together at the model's depth; micro-batch sizes and the later
+micro-batches of an accumulation window come from the traces too (:mod:`nbtrainer._plan._context`), so an 8B
+decoder plans in seconds. On a CUDA target each row's steps are replayed through the caching allocator's rules
+(:mod:`nbtrainer._plan._reserved`): ``fits`` is judged on the reserved bytes plus the CUDA context.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from torch import nn
 from nbtrainer._data._batch import iter_tensors
 from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
+from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
 from nbtrainer._plan._result import MemoryPlan, PlanRow
-from nbtrainer._plan._steps import Context, micro_batches, plan_row, repeated_stack, shared_cache
+from nbtrainer._plan._steps import plan_row
 
 __all__ = ["MemoryPlan", "PlanRow", "plan_memory"]
 
@@ -78,6 +81,28 @@ def _pareto(rows: list[PlanRow]) -> list[PlanRow]:
     return front
 
 
+#: The shares of the repeated blocks a plan checkpoints besides all of them (selective checkpointing: the fastest
+#: plan that fits may keep some blocks' activations).
+SHARES = (0.25, 0.5, 0.75)
+
+
+def _shares(blocks: int, kept: Any) -> list[Any]:
+    """The selective checkpointing values to plan for ``blocks`` repeated blocks: each of :data:`SHARES` that picks
+    a different number of blocks, more than none and fewer than all (for a few blocks, the share nearest to what it
+    picks: 0.5 of 2 blocks, not 0.25), and the value the user set (``kept``)."""
+    from nbtrainer._setup._activation_checkpointing import checkpoint_count, is_selective
+
+    by_count: dict[int, float] = {}
+    for share in SHARES:
+        k = checkpoint_count(share, blocks) if blocks else 0
+        if 0 < k < blocks and abs(share - k / blocks) < abs(by_count.get(k, 2.0) - k / blocks):
+            by_count[k] = share
+    values: list[Any] = [by_count[k] for k in sorted(by_count)]
+    if is_selective(kept) and kept not in values:
+        values.append(kept)
+    return values
+
+
 def plan_memory(
     model: nn.Module,
     batch: Any,
@@ -91,6 +116,8 @@ def plan_memory(
     lora: Mapping[str, Any] | None = None,
     optimizer: str | None = None,
     keep: Mapping[str, Any] | None = None,
+    world_size: int = 1,
+    strategy: str | None = None,
 ) -> MemoryPlan:
     """Which memory switches make a training step of ``model`` on ``batch`` fit ``budget_gb``, and which is fastest.
 
@@ -107,16 +134,23 @@ def plan_memory(
         lora: LoRA's settings for the rows that add adapters (implies ``allow=("lora",)``); default r=16, all-linear.
         optimizer: only this optimizer kind (an optimizer you build yourself); default: the planner chooses.
         keep: switches held at these values (``{"precision": "bf16-mixed"}``): only the rows that have them
-            (``Trainer(memory_budget_gb=...)`` keeps the switches its user set).
+            (``Trainer(memory_budget_gb=...)`` keeps the switches its user set). ``quantize`` / ``lora`` kept: the
+            rows train that quantized base with those adapters (QLoRA under a budget).
+        world_size, strategy: plan one rank of ``world_size`` under ``"ddp"`` (each rank holds the whole model,
+            and DDP's gradient buckets) or ``"fsdp"`` (FSDP2: parameters, gradients and optimizer state sharded,
+            one unit gathered at a time); the batch is one rank's (``nbtrainer._plan._distributed``).
 
     Returns:
         A :class:`MemoryPlan`.
 
     Raises:
         ValueError: a budget that is not positive, an unknown target, a batch that does not fit the model, a model
-            with no trainable parameters.
+            with no trainable parameters, ``world_size`` < 1, ``strategy="fsdp"`` on one rank.
     """
     start = time.perf_counter()
+    from nbtrainer._plan._distributed import check_strategy, fsdp_units
+
+    check_strategy(world_size, strategy)
     if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
         raise ValueError(f"plan_memory(budget_gb={budget_gb!r}): the budget must be a positive number of GiB.")
     if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
@@ -145,6 +179,9 @@ def plan_memory(
         raise TypeError(f"plan_memory(keep=...): {unknown_keep} are not switches; use {list(MemoryOptions.names())}.")
     budget_bytes = int(budget_gb * GiB)
     usable = int(budget_bytes * (1 - margin))  # as MemoryPlan.usable_bytes: one rounding for fits and best
+    from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
+
+    context = CUDA_CONTEXT_BYTES if target.type == "cuda" else 0  # held outside the allocator, counted in fits
 
     from nbtrainer._setup._chunked_loss import check_chunked_loss
 
@@ -161,6 +198,9 @@ def plan_memory(
         criterion=criterion,
         structure=arith.model_structure(model),
         stack=repeated_stack(model),
+        strategy=strategy,
+        world_size=world_size,
+        units=fsdp_units(model) if strategy == "fsdp" else [],
     )
     # simulated steps kept across plans, keyed by where they run (Context.sim_device), not the target
     ctx.cache = shared_cache(model, batch, ctx.sim_device, criterion)
@@ -190,18 +230,21 @@ def plan_memory(
     structures: list[tuple[str | None, Any]] = [(None, None)]
     lora_settings = dict(lora) if lora is not None else dict(_DEFAULT_LORA)
     quantizable = any(row[4] for row in ctx.structure["linears"])
-    if quantizable:
+    if keep.get("quantize") is not None or keep.get("lora") is not None:  # QLoRA / LoRA as the user set them
+        structures = [(keep.get("quantize"), keep.get("lora"))]
+        allowed.add("lora")
+    elif quantizable:
         structures.append((None, lora_settings))
         if importlib.util.find_spec("bitsandbytes") is not None:
             structures.append(("nf4", lora_settings))
         else:
             unavailable["quantize"] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
-    from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
-    from nbtrainer._setup._model_setup import has_own_checkpointing
+    from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks, has_own_checkpointing
 
-    checkpointing = [False]
-    if has_own_checkpointing(model) or find_checkpointable_blocks(model):
-        checkpointing.append(True)
+    checkpointing: list[Any] = [False]
+    blocks = len(find_checkpointable_blocks(model))
+    if has_own_checkpointing(model) or blocks:
+        checkpointing += [*_shares(blocks, keep.get("activation_checkpointing")), True]
     else:
         unavailable["activation_checkpointing"] = "the model has no repeated blocks to checkpoint"
     rows: list[PlanRow] = []
@@ -218,6 +261,12 @@ def plan_memory(
                 continue
             if off_opt and kind in arith.KBIT:
                 continue
+            # what the Trainer refuses under DDP / FSDP: the step in backward, the chunked loss; FSDP: a quantized
+            # base (bitsandbytes' packed weights are not shardable) and offloading the optimizer
+            if strategy is not None and (in_bwd or chunked):
+                continue
+            if strategy == "fsdp" and (quantize is not None or off_opt):
+                continue
             memory = MemoryOptions(
                 precision=precision,
                 activation_checkpointing=ckpt,
@@ -231,7 +280,7 @@ def plan_memory(
             )
             if any(getattr(memory, k) != v for k, v in keep.items()):
                 continue
-            rows.append(plan_row(ctx, memory, micro, batch_size, usable))
+            rows.append(plan_row(ctx, memory, micro, batch_size, usable, context))
     if not rows:
         raise ValueError(
             f"plan_memory(keep={keep}): no combination has these switches on this model and target "
@@ -239,9 +288,14 @@ def plan_memory(
         )
     plain = MemoryOptions(**{**MemoryOptions(optimizer=kinds[0] if optimizer else "adamw").__dict__, **keep})
     baseline = next((r for r in rows if r.memory == plain and r.grad_accum_steps == 1), None)
-    pickable = [r for r in rows if r.fits and (not r.changes_training or "lora" in allowed)]
-    # the fastest; among equally fast rows the one with fewest switches (nothing switched on that is not needed)
-    best = min(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes), default=None)
+    # the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is not
+    # needed). Rows are searched in that order and the first that fits is best: on a CUDA target a row's reserved
+    # bytes are replayed when first asked, so only the rows the search reaches (and those shown) are replayed.
+    order = sorted(
+        (r for r in rows if not r.changes_training or "lora" in allowed),
+        key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes),
+    )
+    best = next((r for r in order if r.fits), None)
     # the plain rows' front, then the front of the rows that train something else (listed, picked only when asked)
     shown = _pareto([r for r in rows if not r.changes_training]) + _pareto([r for r in rows if r.changes_training])
     for extra in (baseline, best):
@@ -264,7 +318,7 @@ def plan_memory(
         switches["precision"] = normalize_precision(switches.get("precision", "fp32"))
         if switches.get("lora") is True:
             switches["lora"] = dict(lora_settings)
-        return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable)
+        return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable, context)
 
     return MemoryPlan(
         rows=shown,
@@ -276,5 +330,6 @@ def plan_memory(
         unavailable=unavailable,
         seconds=time.perf_counter() - start,
         _predict=predict,
-        _candidates=sorted(pickable, key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes)),
+        _candidates=[r for r in order if r.peak_bytes + r.context_bytes <= usable],
+        context_bytes=context,
     )

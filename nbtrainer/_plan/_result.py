@@ -25,12 +25,19 @@ class PlanRow:
         switches: ``Trainer`` keyword arguments (``grad_accum_steps`` when the batch is split).
         micro_batch: samples per forward; ``micro_batch * grad_accum_steps`` is the effective batch.
         grad_accum_steps: micro-batches per optimizer step.
-        peak_bytes: the predicted peak on the device.
+        peak_bytes: the predicted peak of the tensors on the device (``torch.cuda.max_memory_allocated`` is this plus
+            the allocator's rounding of each tensor and cuBLAS's workspaces).
         parts: ``peak_bytes`` split into :data:`PARTS`.
         host_bytes: what offloading keeps in host RAM instead.
         time_factor: predicted step time relative to plain fp32 at the whole batch (``nbtrainer._plan._cost``).
-        fits: ``peak_bytes`` is within the budget less the margin.
+        fits: what the device must hold (``needed_bytes``) is within the budget less the margin: on a CUDA target
+            the caching allocator's ``reserved_bytes`` plus the CUDA context, elsewhere the peak itself.
         changes_training: the row trains something else than the model as given (a quantized base, adapters).
+        reserved_bytes: on a CUDA target, what the caching allocator reserves at the peak
+            (``torch.cuda.max_memory_reserved``): the step replayed through its segment and block rules
+            (``nbtrainer._plan._reserved``), workspaces included; elsewhere ``peak_bytes``.
+        context_bytes: what a CUDA target holds outside the allocator (the CUDA context,
+            ``nbtrainer._plan._allocator.CUDA_CONTEXT_BYTES``); 0 elsewhere.
     """
 
     switches: dict[str, Any]
@@ -40,8 +47,32 @@ class PlanRow:
     parts: dict[str, int]
     host_bytes: int
     time_factor: float
-    fits: bool
     changes_training: bool = False
+    context_bytes: int = 0
+    #: the budget less the margin, which ``fits`` compares with
+    usable_bytes: int = field(default=0, repr=False)
+    #: the reserved bytes, or a function that replays the step for them (called once, when first asked: a plan
+    #: replays the rows it shows and those its search reaches, not all of them)
+    _reserved: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def reserved_bytes(self) -> int:
+        reserved = self._reserved
+        if callable(reserved):
+            reserved = max(self.peak_bytes, int(reserved()))  # a block is never smaller than its tensor
+            object.__setattr__(self, "_reserved", reserved)
+        return self.peak_bytes if reserved is None else int(reserved)
+
+    @property
+    def needed_bytes(self) -> int:
+        """What ``fits`` compares with the usable budget: ``reserved_bytes + context_bytes``."""
+        return self.reserved_bytes + self.context_bytes
+
+    @property
+    def fits(self) -> bool:
+        if self.peak_bytes + self.context_bytes > self.usable_bytes:  # reserved >= peak: no replay needed
+            return False
+        return self.needed_bytes <= self.usable_bytes
 
     @property
     def memory(self) -> MemoryOptions:
@@ -52,7 +83,7 @@ class PlanRow:
         """The switches in a few words, e.g. ``bf16-mixed + checkpointing + adamw8bit, micro-batch 4 x 2``."""
         m = self.memory
         words = [m.precision]
-        words += ["checkpointing"] if m.activation_checkpointing else []
+        words += [_checkpointing_words(m.activation_checkpointing)] if m.activation_checkpointing else []
         words += [m.optimizer] if m.optimizer and m.optimizer != "adamw" else []
         words += ["in-backward"] if m.optimizer_in_backward else []
         words += ["chunked loss"] if m.chunked_loss else []
@@ -95,8 +126,10 @@ class MemoryPlan:
     unavailable: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     _predict: Any = field(default=None, repr=False, compare=False)
-    #: every pickable row that fits, fastest first (a step-down's choices)
+    #: the pickable rows whose peak fits, fastest first (a step-down's choices; it checks ``fits`` as it goes)
     _candidates: list[PlanRow] = field(default_factory=list, repr=False, compare=False)
+    #: what the device holds outside the caching allocator, counted in each row's ``fits`` (the CUDA context)
+    context_bytes: int = 0
 
     def predict(self, **switches: Any) -> PlanRow:
         """The row for any one combination: ``Trainer`` keyword arguments (``precision=``, ``optimizer=``,
@@ -116,17 +149,22 @@ class MemoryPlan:
             f"memory plan for {self.device}, batch {self.batch_size}: budget {format_bytes(self.budget_bytes)} "
             f"(usable {format_bytes(self.usable_bytes)} after a {self.margin:.0%} margin)"
         )
-        lines = [head, f"{'time':>6}  {'peak':>10}  fits  switches"]
+        cuda = self.context_bytes > 0
+        if cuda:
+            head += f"; a row needs its reserved bytes plus the CUDA context ({format_bytes(self.context_bytes)})"
+        lines = [head, f"{'time':>6}  {'peak':>10}  " + (f"{'reserved':>10}  " if cuda else "") + "fits  switches"]
         for row in self.rows:
             mark = "*" if row is self.best else " "
+            reserved = f"{format_bytes(row.reserved_bytes):>10}  " if cuda else ""
             lines.append(
-                f"{row.time_factor:>5.2f}x  {format_bytes(row.peak_bytes):>10}  {'yes ' if row.fits else 'no  '}"
-                f"{mark}{row.describe()}" + ("  (changes what trains)" if row.changes_training else "")
+                f"{row.time_factor:>5.2f}x  {format_bytes(row.peak_bytes):>10}  {reserved}"
+                f"{'yes ' if row.fits else 'no  '}{mark}{row.describe()}"
+                + ("  (changes what trains)" if row.changes_training else "")
             )
         if self.best is None:
             lines.append("nothing fits: " + _nothing_fits(self))
         else:
-            lines.append(f"best: {self.best.describe()} ({format_bytes(self.best.peak_bytes)})")
+            lines.append(f"best: {self.best.describe()} ({_need(self.best)})")
         if self.unavailable:
             lines.append("not proposed: " + "; ".join(f"{k}: {v}" for k, v in self.unavailable.items()))
         return "\n".join(lines)
@@ -145,6 +183,7 @@ class MemoryPlan:
                     "micro_batch": row.micro_batch,
                     "grad_accum_steps": row.grad_accum_steps,
                     "peak_bytes": row.peak_bytes,
+                    "reserved_bytes": row.reserved_bytes,
                     "time_factor": row.time_factor,
                     "fits": row.fits,
                     "host_bytes": row.host_bytes,
@@ -217,18 +256,36 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
             start += v
 
 
+def _checkpointing_words(value: Any) -> str:
+    if isinstance(value, float):
+        return f"checkpointing {value:g} of the blocks"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"checkpointing {value} blocks"
+    return "checkpointing"
+
+
+def _need(row: PlanRow) -> str:
+    """What a row needs, in words: its peak, or on a CUDA target its reserved bytes and the context."""
+    if not row.context_bytes:
+        return format_bytes(row.peak_bytes)
+    return (
+        f"{format_bytes(row.needed_bytes)}: {format_bytes(row.reserved_bytes)} reserved by the caching allocator "
+        f"for a {format_bytes(row.peak_bytes)} peak, and the CUDA context"
+    )
+
+
 def _nothing_fits(plan: MemoryPlan, ask: str = "ask for it with allow=('lora',)") -> str:
     same = [r for r in plan.rows if not r.changes_training] or plan.rows
-    smallest = min(same, key=lambda r: r.peak_bytes)
+    smallest = min(same, key=lambda r: r.needed_bytes)
     text = (
         f"the smallest row that trains the model as given ({smallest.describe()}) needs "
-        f"{format_bytes(smallest.peak_bytes)}, more than the usable {format_bytes(plan.usable_bytes)}."
+        f"{_need(smallest)}, more than the usable {format_bytes(plan.usable_bytes)}."
     )
     other = [r for r in plan.rows if r.changes_training and r.fits]
     if other:
         fastest = min(other, key=lambda r: r.time_factor)
         return (
-            f"{text} With adapters it fits: {fastest.describe()} ({format_bytes(fastest.peak_bytes)}); {ask}. "
+            f"{text} With adapters it fits: {fastest.describe()} ({_need(fastest)}); {ask}. "
             "Else: a smaller batch or shorter sequences, or a device with more memory."
         )
     return (

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
 from nbtrainer._memory._peak import PeakTracker
+from nbtrainer._plan._timeline import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, PACK, UNPACK, Trace
 
 __all__ = ["SimulatedStep", "empty_batch", "meta_copy", "simulate_step"]
 
@@ -52,6 +54,10 @@ class SimulatedStep:
     batch: int
     largest_activations: int = 0
     logits_loss: int = 0
+    #: the allocations in order (:mod:`nbtrainer._plan._timeline`): what the caching allocator is replayed with
+    trace: Trace | None = None
+    #: the trained parameters' ``(numel, element_size, shape)``, in the order the trace's gradient events number them
+    trained: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -124,12 +130,13 @@ def simulate_step(
     *,
     device: torch.device,
     autocast_dtype: torch.dtype | None,
-    checkpointing: bool,
+    checkpointing: Any,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None,
     criterion: Callable | None,
     offload_activations: bool,
     accumulating: bool = False,
     prepare: Callable[[nn.Module], Any] | None = None,
+    blocks: str | None = None,
 ) -> SimulatedStep:
     """Run one forward, loss and backward of a meta copy of ``model`` on fake tensors claiming ``device``.
 
@@ -139,24 +146,29 @@ def simulate_step(
         device: the device the fake tensors claim. A CUDA target on a build without CUDA is simulated on the CPU
             (autograd needs the device's runtime even for fake tensors): the caller passes ``cpu`` then.
         autocast_dtype: the mixed precision's dtype, or None for fp32.
-        checkpointing: apply activation checkpointing as ``Trainer(activation_checkpointing=True)`` does.
+        checkpointing: apply activation checkpointing as ``Trainer(activation_checkpointing=...)`` does (``True``,
+            ``k`` blocks or a share of them).
         loss_fn: ``fn(model, batch) -> loss`` (the chunked causal-LM loss), else the batch protocol with
             ``criterion`` (or the model's ``.loss``, else :func:`surrogate_loss`).
         offload_activations: saved tensors go to host RAM (as ``Trainer(offload_activations=True)``).
         accumulating: a later micro-batch of an accumulation window: every gradient exists already (counted by the
-            caller) and backward adds each new one into it, so only the incoming gradients are transient here.
+            caller) and backward adds each new one into it, so only the incoming gradients are transient here (the
+            planner derives this from the plain step's trace: :func:`nbtrainer._plan._timeline.accumulating`).
         prepare: called with the meta copy before anything runs (freezing, adapters).
+        blocks: the qualified name of the ``nn.ModuleList`` of repeated blocks: the trace marks where each block's
+            forward and backward begin (:data:`nbtrainer._plan._timeline.MARK`), so a deeper stack's trace can be put
+            together from it (:func:`nbtrainer._plan._timeline.synthesize`).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nbtrainer._setup._model_setup import enable_activation_checkpointing
+    from nbtrainer._setup._activation_checkpointing import enable_activation_checkpointing
 
     clone = meta_copy(model)
     clone.train()
     if prepare is not None:
         prepare(clone)
     if checkpointing:
-        enable_activation_checkpointing(clone, True)
+        enable_activation_checkpointing(clone, checkpointing)
     spec = BatchSpec(pass_targets_to_model=criterion is None)
     with FakeTensorMode(allow_non_fake_inputs=False):
         _to_fake(clone, device)
@@ -169,19 +181,28 @@ def simulate_step(
         grads = [p.grad for p in clone.parameters() if p.grad is not None]
         fixed = [*clone.parameters(), *clone.buffers(), *iter_tensors(fake), *grads]
         tracker = PeakTracker(count_reads=False, device_type=device.type, exclude=fixed)
+        events: list[tuple[int, int, int]] = []
+        tracker.trace = events
         batch_bytes = sum(t.numel() * t.element_size() for t in iter_tensors(fake))
+        trained = [p for p in clone.parameters() if p.requires_grad]
 
-        def grad_ready(p: torch.Tensor) -> None:
+        def grad_ready(p: torch.Tensor, index: int) -> None:
             # complete: counted apart from the rest, so the largest total of the rest is the peak of a step that
             # applies and drops each gradient at once (optimizer_in_backward)
             tracker.label(p.grad, "gradients")  # type: ignore[arg-type]  # set: the hook runs after accumulation
+            events.append((GRAD, tracker.birth(p.grad), index))  # type: ignore[arg-type]
 
-        hooks = [p.register_post_accumulate_grad_hook(grad_ready) for p in clone.parameters() if p.requires_grad]
+        hooks = [
+            p.register_post_accumulate_grad_hook(functools.partial(grad_ready, index=i)) for i, p in enumerate(trained)
+        ]
+        if blocks is not None:
+            hooks += _mark_blocks(clone.get_submodule(blocks), events)
         with tracker, contextlib.ExitStack() as stack:
             if autocast_dtype is not None:
                 stack.enter_context(torch.autocast(device.type, dtype=autocast_dtype))
             if offload_activations:  # as save_on_cpu: what backward keeps waits off the device, and comes back
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_offload, _bring_back))
+                offloaded = _Offloaded(tracker, events)
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(offloaded.pack, offloaded.unpack))
             outputs = targets = None
             if loss_fn is not None:
                 loss = loss_fn(clone, fake)
@@ -214,17 +235,56 @@ def simulate_step(
         batch=batch_bytes,
         largest_activations=tracker.largest.get("activations", 0),
         logits_loss=sum(returned.values()),
+        trace=Trace.of(events),
+        trained=tuple((p.numel(), p.element_size(), tuple(p.shape)) for p in trained),
     )
 
 
-def _offload(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-    # a meta copy stands for the host copy: not on the target device, so not counted there (whatever the device
-    # the simulation runs on); a parameter stays where it is, as save_on_cpu leaves it too
-    if isinstance(t, nn.Parameter):
-        return t.device, t
-    return t.device, torch.empty_like(t, device="meta")
+class _Offloaded:
+    """``save_on_cpu`` for the simulation: what backward keeps waits off the device and comes back when used. A meta
+    copy stands for the host copy (not on the target device, so not counted there, whatever the device the
+    simulation runs on); a parameter stays where it is, as ``save_on_cpu`` leaves it too. The trace marks each
+    saved storage (PACK, its id, the pack's number) and each copy brought back (UNPACK, the copy's id, the pack's
+    number): the same step without offloading follows from it (:func:`nbtrainer._plan._timeline.kept_on_device`)."""
+
+    def __init__(self, tracker: PeakTracker, events: list[tuple[int, int, int]]) -> None:
+        self.tracker, self.events = tracker, events
+        self.packs = 0
+
+    def pack(self, t: torch.Tensor) -> tuple[torch.device, torch.Tensor, int]:
+        if isinstance(t, nn.Parameter):
+            return t.device, t, -1
+        self.packs += 1
+        self.events.append((PACK, self.tracker.birth(t), self.packs))
+        return t.device, torch.empty_like(t, device="meta"), self.packs
+
+    def unpack(self, packed: tuple[torch.device, torch.Tensor, int]) -> torch.Tensor:
+        device, t, number = packed
+        if t.device == device:
+            return t
+        back = torch.empty_like(t, device=device)
+        self.events.append((UNPACK, self.tracker.birth(back), number))
+        return back
 
 
-def _bring_back(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
-    device, t = packed
-    return t if t.device == device else torch.empty_like(t, device=device)
+def _mark_blocks(stack: nn.Module, events: list[tuple[int, int, int]]) -> list[Any]:
+    """Hooks that mark, in ``events``, where each block of ``stack`` begins its forward (a forward pre-hook) and its
+    backward (a hook on the gradient of its output). A recomputation under checkpointing calls the block's forward
+    function, not the module: no mark."""
+    handles = []
+
+    def output_grad(_grad: torch.Tensor, index: int) -> None:
+        events.append((MARK, BACKWARD_STARTS, index))
+
+    def forward_start(_module: nn.Module, _args: Any, index: int) -> None:
+        events.append((MARK, FORWARD_STARTS, index))
+
+    def forward_end(_module: nn.Module, _args: Any, output: Any, index: int) -> None:
+        out = next((t for t in iter_tensors(output) if t.requires_grad), None)
+        if out is not None and torch.is_grad_enabled():
+            out.register_hook(functools.partial(output_grad, index=index))
+
+    for i, block in enumerate(stack.children()):
+        handles.append(block.register_forward_pre_hook(functools.partial(forward_start, index=i)))
+        handles.append(block.register_forward_hook(functools.partial(forward_end, index=i)))
+    return handles

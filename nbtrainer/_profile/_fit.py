@@ -14,7 +14,7 @@ from typing import Any
 from nbtrainer._profile._switches import Switched, apply_switches, normalize_switches
 from nbtrainer._report._format import format_bytes
 
-__all__ = ["FitResult", "plan_fit"]
+__all__ = ["FitResult", "plan_fit", "planned_fit"]
 
 _GIB = 2**30
 
@@ -178,3 +178,67 @@ def plan_fit(
         ),
         **common,
     )
+
+
+def planned_fit(
+    plan: Any,
+    budget_gb: float,
+    *,
+    batch_size: int,
+    example_size: int,
+    precision: str,
+    checkpointing: Any,
+    headroom: float,
+    switches: dict[str, Any],
+) -> FitResult:
+    """``fits()`` of a planned profile: the plan's row for these switches against ``budget_gb`` (less ``headroom``);
+    not fitting, the largest micro-batch of the plan's that does (same switches, accumulation)."""
+    if batch_size != example_size:
+        raise ValueError(
+            f"fits(batch_size={batch_size}): this profile was planned for its example's {example_size} samples (the "
+            "model has no weights to measure). Profile an example of that size, or plan_memory(model, batch, "
+            f"batch_size={batch_size}, ...) for an effective batch reached with accumulation."
+        )
+    chosen = {k: v for k, v in switches.items() if v not in (None, False)}
+    row = plan.predict(precision=precision, activation_checkpointing=checkpointing, **chosen)
+    budget = int(budget_gb * 2**30 * (1.0 - headroom))
+    needed = row.needed_bytes
+    common = {
+        "needed_bytes": needed,
+        "budget_bytes": budget,
+        "batch_size": batch_size,
+        "device": plan.device,
+        "precision": precision,
+        "checkpointing": bool(checkpointing),
+        "breakdown": dict(row.parts),
+        "switches": dict(row.switches),
+        "host_bytes": row.host_bytes,
+    }
+    what = f"{format_bytes(needed)} (planned: {row.describe()})"
+    if needed <= budget:
+        return FitResult(
+            fits=True, micro_batch_size=batch_size, accumulation_steps=1,
+            suggestion=f"Fits: {what} of {format_bytes(budget)}.", **common,
+        )  # fmt: skip
+    micro = batch_size // 2
+    while micro >= 1:
+        if batch_size % micro == 0:
+            smaller = plan.predict(
+                precision=precision, activation_checkpointing=checkpointing, grad_accum_steps=batch_size // micro,
+                **chosen,
+            )  # fmt: skip
+            if smaller.needed_bytes <= budget:
+                return FitResult(
+                    fits=False, micro_batch_size=micro, accumulation_steps=batch_size // micro,
+                    suggestion=(
+                        f"Needs {what} > {format_bytes(budget)}. Use micro-batches of {micro} with "
+                        f"{batch_size // micro} accumulation steps ({format_bytes(smaller.needed_bytes)})."
+                    ),
+                    **common,
+                )  # fmt: skip
+        micro //= 2
+    return FitResult(
+        fits=False, micro_batch_size=None, accumulation_steps=None,
+        suggestion=f"Does not fit at micro-batch 1 either: {what} > {format_bytes(budget)}; see plan_memory.",
+        **common,
+    )  # fmt: skip

@@ -94,7 +94,9 @@ def profile_model(
         include: Which of ``"flops"``, ``"latency"``, ``"memory"`` to run.
 
     Returns:
-        A :class:`ModelProfile`.
+        A :class:`ModelProfile`. For a model on the meta device (no weights) nothing runs: sizes come from the
+        shapes, latency is reported unsupported, and memory is planned by :func:`nbtrainer.plan_memory` for the
+        first of ``devices`` (which need not be present): ``fits()`` is then the plan's ``predict()``.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
@@ -107,14 +109,20 @@ def profile_model(
     unknown = set(include) - set(STEPS)
     if unknown:
         raise ValueError(f"include= takes {STEPS}, got {sorted(unknown)}")
-    on_meta = any(p.device.type == "meta" for p in model.parameters())
-    if on_meta or any(torch.device(d).type == "meta" for d in devices):
-        # measuring needs weights and a device that runs kernels; the planner answers from shapes alone
+    if any(p.device.type == "meta" for p in model.parameters()):
+        # no weights: nothing is measured; the memory planner answers from the shapes (the same engine as
+        # plan_memory and Trainer(memory_budget_gb=...)): fits() is plan_memory(...).predict(...)
+        from nbtrainer._profile._planned import planned_profile
+
+        return planned_profile(
+            model, example_inputs, devices=devices, precisions=precisions, criterion=criterion, targets=targets,
+            batch_size=batch_size,
+        )  # fmt: skip
+    if any(torch.device(d).type == "meta" for d in devices):
         raise ValueError(
-            "profile_model measures real steps, and "
-            + ("the model is on the meta device (no weights)" if on_meta else "devices=('meta',) runs no kernel")
-            + ". For what a training step needs in memory from shapes alone, and which switches make it fit, use "
-            "nbtrainer.plan_memory(model, batch, budget_gb=..., device='cuda'): it takes meta models."
+            "profile_model(devices=('meta',)): the meta device runs no kernel, so nothing can be measured there. "
+            "Profile on 'cpu' / 'cuda'; for a model built on the meta device, profile_model plans instead of "
+            "measuring, on the device you name (devices=('cuda',)), as nbtrainer.plan_memory does."
         )
     precisions = [normalize_precision(p) for p in precisions]
     batch_size = batch_size or infer_batch_size(example_inputs)

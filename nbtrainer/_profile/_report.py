@@ -9,7 +9,7 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from nbtrainer._profile._fit import FitResult, plan_fit
+from nbtrainer._profile._fit import FitResult, plan_fit, planned_fit
 from nbtrainer._report._format import format_bytes, format_count, format_duration
 from nbtrainer._setup._precision import normalize_precision, resolve_device
 
@@ -95,6 +95,10 @@ class ModelProfile:
     ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
 
+        A measured profile (a model with weights) answers from its measured step, with the switches' effect computed
+        from the layer shapes by the planner's arithmetic (``nbtrainer._plan._arithmetic``). A planned profile (a
+        model on the meta device) answers with the planner's row: ``plan_memory(...).predict(**switches)``.
+
         The memory switches take the Trainer's option names and values; their effect on the measured parts is
         computed from the layer shapes (the ``FitResult`` says which switch saved what, in ``savings`` and its
         ``suggestion``). Offloading moves bytes to host RAM (``host_bytes``): the budget is the training
@@ -131,6 +135,17 @@ class ModelProfile:
             >>> prof.fits(budget_gb=1, batch_size=64, optimizer="adamw8bit").breakdown["optimizer_state"]
             10880
         """
+        plan = getattr(self, "_plan", None)
+        if (
+            plan is not None
+        ):  # a meta model's profile: the planner's row, not a measured step (nbtrainer._profile._planned)
+            return planned_fit(
+                plan, budget_gb, batch_size=batch_size or self.batch_size, example_size=self.batch_size,
+                precision=normalize_precision(precision or "fp32"), checkpointing=checkpointing, headroom=headroom,
+                switches={"quantize": quantize, "lora": lora, "optimizer": optimizer,
+                          "offload_activations": offload_activations, "offload_optimizer": offload_optimizer,
+                          "optimizer_in_backward": optimizer_in_backward},
+            )  # fmt: skip
         measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
         measured = {d: per for d, per in measured.items() if per}
         if not measured:

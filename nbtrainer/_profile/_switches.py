@@ -36,7 +36,6 @@ from nbtrainer._options import OPTIMIZERS, QUANTIZE
 from nbtrainer._plan._arithmetic import KBIT as _KBIT
 from nbtrainer._plan._arithmetic import model_structure
 from nbtrainer._plan._arithmetic import optimizer_state_bytes as _optimizer_state
-from nbtrainer._plan._arithmetic import quantized_bytes as _quantized_bytes
 from nbtrainer._plan._arithmetic import targeted as _targeted
 
 __all__ = ["OPTIMIZERS", "QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
@@ -164,40 +163,32 @@ def apply_switches(
 def _params_and_state(
     memory: dict[str, Any], structure: dict[str, Any], switches: dict[str, Any], out: Switched
 ) -> None:
-    params = {row[0]: row for row in structure["params"]}
-    trained = {name for name, *_rest in structure["params"] if _rest[2]}
+    # the parameters and what trains after quantize / lora: the planner's own code (nbtrainer._plan._arithmetic), so a
+    # profile's fits() and a plan's rows count them alike
+    from nbtrainer._options import MemoryOptions
+    from nbtrainer._plan._arithmetic import row_tensors
+
     method, lora = switches["quantize"], switches["lora"]
     head = structure["head"]
-    param_saving = 0
+    if method is not None and not any(row[4] for row in structure["linears"]):
+        raise ValueError(f"fits(quantize={method!r}): the model has no nn.Linear to quantize besides its output head.")
+    if lora is not None and not any(
+        _targeted(row[0], lora["target_modules"], row[4], head) for row in structure["linears"]
+    ):
+        raise ValueError(
+            f"fits(lora=): target_modules={lora['target_modules']!r} matches no linear layer of the model; use "
+            "target_modules='all-linear' or the names of its nn.Linear layers."
+        )
+    tensors = row_tensors(structure, MemoryOptions(quantize=method, lora=lora))
+    adapters = tensors.trained if lora is not None else []
+    adapter_bytes = sum(n * e for n, e, _ in adapters)
     if method is not None:
-        linears = [row for row in structure["linears"] if row[4]]
-        if not linears:
-            raise ValueError(
-                f"fits(quantize={method!r}): the model has no nn.Linear to quantize besides its output head."
-            )
-        for name, n_in, n_out, _, _ in linears:
-            weight = params.get(f"{name}.weight")
-            if weight is None:
-                continue
-            param_saving += weight[1] * weight[2] - _quantized_bytes(method, n_in, n_out)
-            trained -= {f"{name}.weight", f"{name}.bias"}
+        param_saving = sum(n * e for _, n, e, _, _ in structure["params"]) + adapter_bytes - sum(tensors.params)
         out.parts["parameters"] -= param_saving
         out.savings[f"quantize={method!r}"] = {"parameters": param_saving}
-    adapters: list[tuple[int, int, list[int]]] = []
-    if lora is not None:
-        targets = [row for row in structure["linears"] if _targeted(row[0], lora["target_modules"], row[4], head)]
-        if not targets:
-            raise ValueError(
-                f"fits(lora=): target_modules={lora['target_modules']!r} matches no linear layer of the model; use "
-                "target_modules='all-linear' or the names of its nn.Linear layers."
-            )
-        r = lora["r"]
-        adapters = [(r * n_in, 4, [r, n_in]) for _, n_in, _, _, _ in targets]
-        adapters += [(r * n_out, 4, [n_out, r]) for _, _, n_out, _, _ in targets]
-        trained = set()  # PEFT freezes the whole base
-        out.parts["parameters"] += sum(n * e for n, e, _ in adapters)
+    out.parts["parameters"] += adapter_bytes
+    after = tensors.trained
     before = [(row[1], row[2], row[4]) for row in structure["params"] if row[3]]
-    after = [(params[n][1], params[n][2], params[n][4]) for n in trained] + adapters
     bytes_before = sum(n * e for n, e, _ in before)
     bytes_after = sum(n * e for n, e, _ in after)
     out.host["trained"] = bytes_after

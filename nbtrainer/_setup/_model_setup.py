@@ -19,13 +19,17 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from nbtrainer._setup._activation_checkpointing import apply_activation_checkpointing
+from nbtrainer._setup._activation_checkpointing import (
+    _check_blocks_exist,
+    _check_checkpointing_value,
+    enable_activation_checkpointing,
+)
 from nbtrainer._setup._kbit_optim import KBIT_OPTIMIZERS, build_kbit_optimizer
 from nbtrainer._setup._memory_savers import MemorySavers
 from nbtrainer._setup._precision import resolve_device
@@ -254,92 +258,6 @@ def freeze_parameters(model: nn.Module, trainable: Any = None, freeze: Any = Non
 # =============================================================================================
 # activation checkpointing, channels_last, compile
 # =============================================================================================
-
-
-def _own_switch(model: nn.Module, action: str) -> tuple[str, Any] | None:
-    """The model's own ``<prefix>_checkpointing_<action>`` method: transformers >= 5 names it
-    ``activation_checkpointing_*`` and deprecates ``gradient_checkpointing_*`` (a FutureWarning at each
-    call), so the new name is used when the model has it and the old one otherwise."""
-    for prefix in ("activation", "gradient"):
-        fn = getattr(model, f"{prefix}_checkpointing_{action}", None)
-        if callable(fn):
-            return prefix, fn
-    return None
-
-
-class _OwnSwitch:
-    """Handle for a model's own checkpointing switch (Hugging Face's ``activation_checkpointing_enable()``,
-    or ``gradient_checkpointing_enable()`` before transformers 5)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        found = _own_switch(model, "enable")
-        if found is None:  # pragma: no cover - has_own_checkpointing() was checked first
-            raise ValueError(f"{type(model).__name__} has no checkpointing switch of its own.")
-        prefix, enable = found
-        self.names = [f"{type(model).__name__}.{prefix}_checkpointing_enable()"]
-        try:
-            enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
-        except TypeError:  # older transformers, or a model whose switch takes no arguments
-            enable()
-
-    def remove(self) -> None:
-        found = _own_switch(self.model, "disable")
-        if found is not None:
-            found[1]()
-        self.names = []
-
-
-def has_own_checkpointing(model: nn.Module) -> bool:
-    """Whether the model brings its own switch (``activation_checkpointing_enable`` or
-    ``gradient_checkpointing_enable``) and supports it."""
-    return _own_switch(model, "enable") is not None and bool(getattr(model, "supports_gradient_checkpointing", True))
-
-
-def _check_checkpointing_value(value: Any) -> None:
-    if value is None or isinstance(value, bool):
-        return
-    if (
-        isinstance(value, (str, type))
-        or not isinstance(value, Sequence)
-        or not all(isinstance(v, (str, type)) for v in value)
-    ):
-        raise TypeError(
-            "activation_checkpointing= takes True, False, or a list of module types and/or "
-            f"qualified module names, got {value!r}."
-        )
-
-
-def _check_blocks_exist(model: nn.Module, value: Any) -> None:
-    """Raise now (before anything changes) if checkpointing ``value`` would find nothing to wrap."""
-    if not value or (value is True and has_own_checkpointing(model)):
-        return
-    from nbtrainer._setup._activation_checkpointing import _select
-
-    try:
-        found = _select(model, True if value is True else list(value))
-    except AttributeError as exc:  # a qualified name that is not a submodule
-        raise ValueError(f"activation_checkpointing: {exc}") from None
-    if not found:
-        raise ValueError(
-            "activation_checkpointing found no blocks to checkpoint: the model has no nn.ModuleList / "
-            "nn.Sequential of >= 2 identical modules, or the given types match none. Pass a list of "
-            "module types or qualified names, e.g. activation_checkpointing=[MyBlock]."
-        )
-
-
-def enable_activation_checkpointing(model: nn.Module, value: Any) -> Any:
-    """Turn activation checkpointing on; returns a handle with ``names`` and ``remove()`` (None for off).
-
-    ``True``: the model's own switch when it has one, else the children of its largest container of
-    identical blocks. A list: those module types / qualified names (always our wrapping).
-    """
-    _check_checkpointing_value(value)
-    if not value:
-        return None
-    if value is True and has_own_checkpointing(model):
-        return _OwnSwitch(model)
-    return apply_activation_checkpointing(model, True if value is True else list(value))
 
 
 def has_conv2d(model: nn.Module) -> bool:

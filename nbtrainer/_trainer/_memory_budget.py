@@ -23,57 +23,91 @@ if TYPE_CHECKING:
     from nbtrainer._plan._result import MemoryPlan, PlanRow
     from nbtrainer._trainer._trainer import Trainer
 
-__all__ = ["MemoryBudget", "check_budget"]
+__all__ = ["BudgetOptions", "MemoryBudget", "check_budget"]
 
 GiB = 2**30
 
 
-def check_budget(budget_gb: Any, *, quantize: Any, lora: Any, compile: Any, strategy_distributed: bool) -> None:
-    """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built."""
+@dataclasses.dataclass(frozen=True)
+class BudgetOptions:
+    """``memory_budget_gb`` and what its plan needs from the Trainer's constructor: the model as given (a copy on the
+    meta device, taken before ``quantize=`` / ``lora=`` change it or FSDP shards it; None: the trainer's own model
+    is planned), whether the optimizer is ``"auto"``, its learning rate, and whether a precision was given."""
+
+    budget_gb: float
+    source: Any
+    auto_optimizer: bool
+    lr: float | None
+    keep_precision: bool
+
+
+def check_budget(
+    budget_gb: Any,
+    *,
+    model: Any,
+    quantize: Any,
+    lora: Any,
+    compile: Any,
+    strategy: Any,
+    auto_optimizer: bool,
+    lr: float | None,
+    keep_precision: bool,
+) -> BudgetOptions | None:
+    """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built (None: no budget).
+
+    ``quantize=`` / ``lora=`` (QLoRA) and DDP / FSDP are planned: the rows keep the quantized base and the adapters,
+    and plan one rank. ``compile=`` is refused (not planned yet).
+    """
     if budget_gb is None:
-        return
+        return None
     if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
         raise ValueError(f"memory_budget_gb must be a positive number of GiB (e.g. 16), got {budget_gb!r}.")
-    if quantize is not None or lora is not None:
-        raise ValueError(
-            "memory_budget_gb plans the switches of a model trained as given; with quantize= / lora= the base is "
-            "already decided. Plan the adapters first: plan_memory(model, batch, budget_gb=..., allow=('lora',)) "
-            "and pass its best.switches to the Trainer without memory_budget_gb."
-        )
     if compile:
-        raise ValueError("memory_budget_gb with compile=: the plan simulates the eager step; use one of the two.")
-    if strategy_distributed:
         raise ValueError(
-            "memory_budget_gb plans one device; under DDP / FSDP plan each rank with plan_memory and pass the "
-            "switches it gives."
+            "memory_budget_gb with compile=: compile is not planned yet (the plan simulates the eager step, and "
+            "compiled code allocates otherwise). Use one of the two: the budget without compile=, or compile= "
+            "without memory_budget_gb."
         )
+    source = None
+    if quantize is not None or lora is not None or getattr(strategy, "distributed", False):
+        from nbtrainer._plan._simulate import meta_copy
+
+        source = meta_copy(model)
+    return BudgetOptions(float(budget_gb), source, auto_optimizer, lr, keep_precision)
 
 
 class MemoryBudget:
     """A Trainer's memory budget (see the module docstring). ``plan``: the :class:`MemoryPlan` once made."""
 
-    def __init__(
-        self, trainer: Trainer, budget_gb: float, *, auto_optimizer: bool, lr: float | None, keep_precision: bool
-    ) -> None:
+    def __init__(self, trainer: Trainer, options: BudgetOptions) -> None:
         self._trainer = trainer
-        self.budget_gb = float(budget_gb)
-        self.auto_optimizer = auto_optimizer
-        self.keep_precision = keep_precision
-        self._lr = lr
+        self.budget_gb = options.budget_gb
+        self.auto_optimizer = options.auto_optimizer
+        self.keep_precision = options.keep_precision
+        self._lr = options.lr
+        self._source = options.source  # the model as given, on meta (quantize= / lora= / DDP / FSDP), else None
         self.plan: MemoryPlan | None = None
         self.row: PlanRow | None = None
         self.kept: dict[str, Any] = {}
         self._announced = False
-        self.check = PeakCheck(int(self.budget_gb * GiB), trainer.device, self._over)
+        from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
+
+        self.check = PeakCheck(
+            int(self.budget_gb * GiB), trainer.device, self._over, CUDA_CONTEXT_BYTES, timed=self._measured
+        )
 
     def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
         """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an
-        instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading."""
+        instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading, the quantized
+        base and the adapters. Under FSDP the precision too (its mixed-precision policy is set when it shards)."""
         kept: dict[str, Any] = {}
-        if self.keep_precision:
+        if self.keep_precision or self._strategy()[0] == "fsdp":
             kept["precision"] = memory.precision
-        if activation_checkpointing:
-            kept["activation_checkpointing"] = True
+        if memory.quantize is not None or memory.lora is not None:
+            kept["quantize"], kept["lora"] = memory.quantize, memory.lora
+        if activation_checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
+            simple = isinstance(activation_checkpointing, (bool, int, float))
+            kept["activation_checkpointing"] = activation_checkpointing if simple else True
         # set up when the trainer was built (hooks, the loss path, the savers): kept as they are
         for name in ("chunked_loss", "offload_activations", "offload_optimizer"):
             kept[name] = getattr(memory, name)
@@ -123,25 +157,29 @@ class MemoryBudget:
         setup = trainer.model_setup
         memory = trainer.options.memory
         self.kept = self.kept_switches(memory, activation_checkpointing=setup.activation_checkpointing)
-        kind = None if self.auto_optimizer else optimizer_kind(trainer.optimizer)
+        strategy, world_size = self._strategy()
+        # "auto" rebuilds the optimizer over the parameters: not over FSDP's shards (k-bit kinds are not DTensor-aware)
+        kind = None if self.auto_optimizer and strategy != "fsdp" else optimizer_kind(trainer.optimizer)
         if kind is None and not self.auto_optimizer:
             raise ValueError(
                 f"memory_budget_gb: the planner does not know the state of {type(trainer.optimizer).__name__}. Give "
                 "the optimizer by name ('adamw', 'adafactor', 'adamw8bit', ...) or optimizer='auto' (it chooses)."
             )
-        batch = example_batch(train_loader)
-        ckpt = setup.activation_checkpointing
+        batch = example_batch(train_loader)  # one rank's, under DDP / FSDP
+        ckpt = setup.activation_checkpointing if self._source is None else False
         if ckpt:  # the planner applies checkpointing to its own copy of the model
             setup.set_activation_checkpointing(False)
         try:
             plan = plan_memory(
-                setup.model,
+                self._source if self._source is not None else setup.model,
                 batch,
                 budget_gb=self.budget_gb,
                 device=trainer.device,
                 criterion=trainer.criterion,
                 optimizer=kind,
                 keep=self.kept,
+                world_size=world_size,
+                strategy=strategy,
             )
         finally:
             if ckpt:
@@ -149,6 +187,14 @@ class MemoryBudget:
         row = choose(plan)
         self.plan = plan
         self._apply(row, first=True)
+
+    def _strategy(self) -> tuple[str | None, int]:
+        """``(strategy, world_size)`` to plan one rank with: None on one device (or a world of one)."""
+        strategy = self._trainer.strategy
+        world_size = int(getattr(strategy, "world_size", 1) or 1)
+        if not getattr(strategy, "distributed", False) or world_size < 2:
+            return None, 1
+        return ("fsdp" if getattr(strategy, "distributed_params", False) else "ddp"), world_size
 
     def _apply(self, row: PlanRow, *, first: bool) -> None:
         from nbtrainer._options import optimizer_kind
@@ -161,8 +207,8 @@ class MemoryBudget:
             trainer.precision = memory.precision
             trainer.scaler = make_scaler(memory.precision, trainer.device)
         want = memory.activation_checkpointing
-        if bool(want) != bool(setup.activation_checkpointing):
-            setup.set_activation_checkpointing(bool(want))
+        if want != setup.activation_checkpointing and not (want is True and setup.activation_checkpointing):
+            setup.set_activation_checkpointing(want)
         if first and self.auto_optimizer and memory.optimizer not in (None, optimizer_kind(trainer.optimizer)):
             self._rebuild_optimizer(memory.optimizer)
         trainer.micro_split = row.grad_accum_steps
@@ -196,6 +242,24 @@ class MemoryBudget:
         """The plan's choice as one ``on_control`` event (a progress line, the History, the run store)."""
         if self.row is not None:
             self._trainer._live.event("memory_plan", None, self.describe(self.row))
+
+    def _measured(self, peak: int, seconds: float) -> None:
+        """The measured peak and step time of the applied row, beside what the plan predicted (an ``on_control``
+        event ``memory_check``: a progress line, the History, the run store). The time factor is relative to plain
+        fp32, so ``seconds / time_factor`` is what plain fp32 would take if the cost model is right."""
+        row = self.row
+        if row is None:
+            return
+        on_cuda = self._trainer.device.type == "cuda"
+        predicted = row.reserved_bytes if on_cuda else row.peak_bytes
+        self._trainer._live.event(
+            "memory_check",
+            None,
+            f"{row.describe()}: measured peak {format_bytes(peak)} ({'reserved' if on_cuda else 'tensors'}; "
+            f"predicted {format_bytes(predicted)}), step time {seconds * 1000:.0f} ms (predicted "
+            f"{row.time_factor:.2f}x the time of plain fp32: plain fp32 would take about "
+            f"{seconds / max(row.time_factor, 1e-9) * 1000:.0f} ms)",
+        )
 
     def _over(self, measured: int) -> None:
         """The measured peak went past the budget (training thread, at a step boundary)."""

@@ -126,8 +126,8 @@ class Trainer:
             (both: no extra sync under fp16, else one read per optimizer step; see ``_nonfinite``).
         lr: learning rate of an optimizer given by name (default: torch's default for it).
         activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
-            ``gradient_checkpointing_enable()``, else its repeated blocks) or a list of module types / names;
-            switch later with :meth:`set_activation_checkpointing`.
+            ``gradient_checkpointing_enable()``, else its repeated blocks), an int k / a float share in (0, 1) of
+            those blocks (evenly spaced) or a list of module types / names; :meth:`set_activation_checkpointing`.
         trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``);
             counts in :attr:`param_counts`.
         compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
@@ -423,12 +423,16 @@ class Trainer:
                 "memory_budget_gb": memory_budget_gb,
             },
         )
-        check_budget(
+        budget = check_budget(  # None without memory_budget_gb; the model as given is kept (on meta) for the plan
             memory_budget_gb,
+            model=model,
             quantize=quantize,
             lora=lora,
             compile=compile,
-            strategy_distributed=bool(self.strategy.distributed),
+            strategy=self.strategy,
+            auto_optimizer=auto_optimizer,
+            lr=lr,
+            keep_precision=precision_given,
         )
         # Strategy options (nbtrainer._setup._model_setup): checked, and a named optimizer built, now; applied last.
         self._setup = ModelSetup(
@@ -557,11 +561,7 @@ class Trainer:
                 self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         # A criterion that needs the trainer (DistillationLoss: its teacher sees the model's inputs, on this device)
         # binds itself once the model is final and may bring metrics (its loss parts); the user's win a name clash.
-        self._budget = (
-            MemoryBudget(self, memory_budget_gb, auto_optimizer=auto_optimizer, lr=lr, keep_precision=precision_given)
-            if memory_budget_gb is not None
-            else None
-        )
+        self._budget = MemoryBudget(self, budget) if budget is not None else None
         bind = getattr(criterion, "bind_trainer", None)
         if callable(bind):
             extra = {k: v for k, v in bind(self).items() if k not in self._metric_spec}

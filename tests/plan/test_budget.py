@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import needs
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -47,6 +48,16 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[:N], y[:N]), (x[N:], y[N:])]
 
 
+class _Gradients:
+    """Each optimizer step's gradients, as the optimizer is about to step on them."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
+        self.steps.append([p.grad.detach().clone() for g in optimizer.param_groups for p in g["params"]])
+
+
 def _predicted(**switches: Any) -> int:
     plan = plan_memory(_wide(), _data()[0], budget_gb=1, device="cpu", criterion=nn.CrossEntropyLoss())
     return plan.predict(optimizer="adamw", **switches).peak_bytes
@@ -60,9 +71,10 @@ def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
     model = _wide()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     out = io.StringIO()
+    grads = _Gradients()
     trainer = Trainer(
         model, nn.CrossEntropyLoss(), opt, precision="fp32", memory_budget_gb=budget_gb, device="cpu",
-        progress="lines", callbacks=[peak], run_store=False,
+        progress="lines", callbacks=[peak, grads], run_store=False,
     )  # fmt: skip
     with redirect_stdout(out):
         history = trainer.fit(_data(), epochs=1)
@@ -71,16 +83,20 @@ def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
     assert trainer.micro_split == plan.best.grad_accum_steps >= 2
     assert plan.best.memory.precision == "fp32" and plan.best.memory.optimizer == "adamw"  # kept as given
     assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
-    assert [e["kind"] for e in history.events] == ["memory_plan"]
+    assert [e["kind"] for e in history.events] == ["memory_plan"]  # 2 steps: checked, none left to time
     line = next(s for s in out.getvalue().splitlines() if s.startswith("memory plan:"))
     assert f"micro-batch {N // trainer.micro_split} x {trainer.micro_split}" in line and "kept" in line
-    # the same weights as the whole batch in one pass: equal parts of a mean loss, divided by their count
+    # the gradient the optimizer steps on is the whole batch's in one pass: equal parts of a mean loss, divided by
+    # their count. Compared at the first step, where both start from the same weights: the step's input, not its
+    # output (AdamW divides by |g|, so summation-order noise on a near-zero gradient would become a whole update).
     ref_model = _wide()
+    ref_grads = _Gradients()
     ref = Trainer(ref_model, nn.CrossEntropyLoss(), torch.optim.AdamW(ref_model.parameters(), lr=1e-3),
-                  device="cpu", progress=False, run_store=False)  # fmt: skip
+                  device="cpu", progress=False, run_store=False, callbacks=[ref_grads])  # fmt: skip
     ref.fit(_data(), epochs=1)
-    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert len(grads.steps) == len(ref_grads.steps) == 2
+    for a, b in zip(grads.steps[0], ref_grads.steps[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     losses = history.steps["loss"]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.history.steps["loss"]), rtol=1e-5, atol=1e-6)
 
@@ -152,8 +168,8 @@ def test_a_budget_that_is_not_positive_is_refused(budget: Any) -> None:
 
 
 def test_switches_the_plan_cannot_change_are_refused_or_kept() -> None:
-    with pytest.raises(ValueError, match="quantize= / lora="):
-        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, lora={"r": 4}, progress=False)
+    with pytest.raises(ValueError, match="compile is not planned yet"):
+        Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, compile=True, progress=False)
     # a precision given is kept: every row of the plan has it
     trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="bf16-mixed", memory_budget_gb=1,
                       device="cpu", progress=False, run_store=False)  # fmt: skip
@@ -183,3 +199,58 @@ def test_the_run_store_records_the_plan(tmp_path: Any) -> None:
     assert run.config["memory"] == trainer.options.memory.changed()
     (event,) = [e for e in run.history.events if e["kind"] == "memory_plan"]
     assert event["new"].startswith(trainer.memory_plan.best.describe())  # type: ignore[union-attr]
+
+
+@needs("bitsandbytes", "peft")
+def test_qlora_under_a_budget_keeps_the_quantized_base_and_adapters_and_splits_the_batch() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def tiny_llama() -> nn.Module:
+        torch.manual_seed(0)
+        return LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa",
+            )
+        )  # fmt: skip
+
+    ids = torch.randint(0, 128, (16, 64), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": ids[:8], "labels": ids[:8]}, {"input_ids": ids[8:], "labels": ids[8:]}]
+    lora = {"r": 4}
+
+    def trainer(budget_gb: float, callbacks: list[Any] = ()) -> Trainer:  # type: ignore[assignment]
+        return Trainer(
+            tiny_llama(), None, "adamw", quantize="nf4", lora=lora, precision="fp32", memory_budget_gb=budget_gb,
+            device="cpu", progress=False, run_store=False, callbacks=list(callbacks),
+        )  # fmt: skip
+
+    roomy = trainer(1)
+    roomy.fit(data[:1], epochs=1)
+    plan = roomy.memory_plan
+    assert plan is not None and plan.rows
+    assert {(r.memory.quantize, (r.memory.lora or {}).get("r")) for r in plan.rows} == {("nf4", 4)}  # QLoRA as set
+    whole, half = plan.predict(quantize="nf4", lora=lora), plan.predict(quantize="nf4", lora=lora, grad_accum_steps=2)
+    assert half.peak_bytes < whole.peak_bytes
+    # a budget the whole batch does not fit (its usable 90%), half of it does: the plan splits, the peak stays under
+    budget_gb = (half.peak_bytes + whole.peak_bytes) / 2 / 0.9 / GiB
+    peak = FitPeak()
+    tight = trainer(budget_gb, [peak])
+    tight.fit(data, epochs=1)
+    best = tight.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and best.memory.quantize == "nf4" and tight.micro_split >= 2
+    assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
+
+
+def test_the_measured_step_time_is_logged_beside_the_prediction() -> None:
+    out = io.StringIO()
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="fp32", memory_budget_gb=1, device="cpu",
+                      progress="lines", run_store=False)  # fmt: skip
+    with redirect_stdout(out):
+        history = trainer.fit(_data() * 3, epochs=1)  # 2 checked steps, then 3 timed ones
+    check = trainer._budget.check  # type: ignore[union-attr]
+    assert len(check.measured) == 1 and len(check.step_seconds) == 1 and check.step_seconds[0] > 0
+    (event,) = [e for e in history.events if e["kind"] == "memory_check"]
+    best = trainer.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and f"predicted {best.time_factor:.2f}x the time of plain fp32" in event["new"]
+    assert f"step time {check.step_seconds[0] * 1000:.0f} ms" in event["new"]
+    assert any(s.startswith("memory check: ") for s in out.getvalue().splitlines())

@@ -200,12 +200,39 @@ def test_a_model_with_nothing_to_train_is_refused():
         plan_memory(model, (torch.randn(4, 256), torch.randint(0, 10, (4,))), budget_gb=1, device="cpu")
 
 
-@pytest.mark.parametrize("where", ["model", "devices"])
-def test_profile_model_sends_a_meta_model_to_the_planner(where: str) -> None:
+@pytest.mark.slow
+def test_profile_model_of_a_meta_model_is_the_planner_fits_is_predict() -> None:
     from nbtrainer import profile_model
 
-    model = _llama("meta") if where == "model" else _llama()
-    ids = torch.zeros(1, 16, dtype=torch.long, device="meta" if where == "model" else "cpu")
-    devices = ("meta",) if where == "devices" else ("cpu",)
-    with pytest.raises(ValueError, match=r"profile_model measures real steps.*use nbtrainer.plan_memory"):
-        profile_model(model, {"input_ids": ids, "labels": ids}, devices=devices)
+    model = _llama("meta")
+    ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    batch = {"input_ids": ids, "labels": ids}
+    prof = profile_model(model, batch, devices=("cuda",), precisions=("fp32", "bf16-mixed"))
+    plan = plan_memory(model, batch, budget_gb=1, device="cuda")
+    assert (
+        prof.params == sum(p.numel() for p in model.parameters()) and prof.memory["cuda"]["fp32"]["source"] == "planned"
+    )
+    assert prof.latency_ms["cuda"]["fp32"]["supported"] is False  # nothing runs
+    switches: list[dict[str, Any]] = [
+        {},
+        {"precision": "bf16-mixed", "checkpointing": True},
+        {"precision": "bf16-mixed", "optimizer": "adafactor", "optimizer_in_backward": True},
+        {"lora": {"r": 8}, "precision": "bf16-mixed"},
+    ]
+    for kw in switches:
+        ask = dict(kw)
+        ckpt = ask.pop("checkpointing", False)
+        row = plan.predict(activation_checkpointing=ckpt, **ask)
+        for budget_gb in (row.needed_bytes / 2**30 * 0.99, row.needed_bytes / 2**30 * 1.01):
+            fit = prof.fits(budget_gb, **kw)
+            assert fit.needed_bytes == row.needed_bytes and fit.breakdown == row.parts, kw
+            assert fit.fits == (row.needed_bytes <= int(budget_gb * 2**30)), kw
+    assert not prof.fits(0.001).fits
+
+
+def test_profile_model_refuses_the_meta_device_for_a_model_with_weights() -> None:
+    from nbtrainer import profile_model
+
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"meta device runs no kernel.*profile_model plans instead"):
+        profile_model(_llama(), {"input_ids": ids, "labels": ids}, devices=("meta",))

@@ -1,0 +1,78 @@
+"""plan_memory(..., world_size=2, strategy="ddp" | "fsdp"): each row's per-rank prediction against the peak each of
+2 gloo CPU ranks measures (tests/dist/ddp_scripts/plan_scenario.py under torchrun), within 15%; and the bad input
+refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+from nbtrainer import plan_memory
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dist", "ddp_scripts")
+sys.path.insert(0, SCRIPTS)
+import plan_common as pc  # noqa: E402
+
+LAUNCH_TIMEOUT = 300
+
+
+def _launch(tmp_path, strategy: str, *extra: str) -> list:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(SCRIPTS, "plan_scenario.py"), strategy, str(tmp_path), *extra]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    name = f"{strategy}-{extra[0]}" if extra else strategy
+    return [json.load(open(tmp_path / f"{name}.rank{r}.json")) for r in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo")
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_each_ranks_predicted_peak_is_within_15_percent_of_its_measured_peak(tmp_path, strategy: str) -> None:
+    measured = _launch(tmp_path, strategy)
+    plan = plan_memory(pc.llama(), pc.example(), budget_gb=16, device="cpu", world_size=2, strategy=strategy)
+    single = plan_memory(pc.llama(), pc.example(), budget_gb=16, device="cpu")
+    for i, switches in enumerate(pc.ROWS):
+        predicted = plan.predict(optimizer="adamw", **switches).peak_bytes
+        for rank in (0, 1):
+            assert abs(predicted / measured[rank][i] - 1) <= 0.15, (strategy, switches, rank, predicted, measured)
+        alone = single.predict(optimizer="adamw", **switches).peak_bytes
+        # FSDP: a rank holds less than one device would; DDP: more (its gradient buckets)
+        assert predicted < alone if strategy == "fsdp" else predicted > alone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo")
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_budget_under_ddp_and_fsdp_plans_one_rank_and_every_rank_applies_the_same_row(tmp_path, strategy) -> None:
+    ranks = _launch(tmp_path, strategy, "budget")
+    assert ranks[0]["row"] == ranks[1]["row"] and ranks[0]["split"] == ranks[1]["split"], ranks
+    assert ranks[0]["row"] != ranks[0]["plain"], ranks  # the budget excludes the plain whole-batch row
+    for r in ranks:
+        assert r["steps"] == 2 and r["peak"] <= r["budget"], r
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 0}, r"world_size=0.*int >= 1"),
+        ({"world_size": 2.0, "strategy": "ddp"}, r"world_size=2.0.*int >= 1"),
+        ({"world_size": 1, "strategy": "fsdp"}, r"one rank shards nothing.*world_size=8"),
+        ({"world_size": 4}, r"strategy='ddp'.*strategy='fsdp'"),
+        ({"world_size": 2, "strategy": "deepspeed"}, r"'ddp' or 'fsdp'"),
+    ],
+)
+def test_bad_ranks_and_strategies_are_refused_before_anything_runs(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_memory(pc.llama(), pc.example(), budget_gb=1, device="cpu", **kwargs)
