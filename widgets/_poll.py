@@ -160,26 +160,34 @@ def _install_router(kernel: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _route_comms(kernel: Any, subshell_id: str) -> Iterator[Callable[[], None]]:
-    """Every comm's frontend messages go to ``subshell_id`` inside the block (new comms included)."""
+def _route_comms(kernel: Any, subshell_id: str) -> Iterator[None]:
+    """Every comm's frontend messages go to ``subshell_id`` inside the block, comms opened meanwhile (an LR
+    finder's chart) included: those are routed as they register. Nothing rescans the kernel's comms while the
+    cell waits: every widget ever displayed keeps its comm (ipywidgets never drops one), about 500 a panel, and a
+    rescan every 50 ms of a notebook's 20,000 comms held the GIL as long as the training thread ran (w.fit() 2-3x
+    slower after 40 panels; bench/RESULTS.md, issue 49)."""
 
     def route(data: Any, default: Any) -> str:
         return subshell_id
 
     manager = kernel.comm_manager
-    routed: dict[str, Any] = {}
+    routed = list(manager.comms.values())
+    for comm in routed:
+        comm._reply_subshell_for = route  # read by the shell channel thread for each comm_msg
+    register = manager.register_comm
 
-    def refresh() -> None:
-        for comm_id, comm in list(manager.comms.items()):
-            if comm_id not in routed:
-                comm._reply_subshell_for = route  # read by the shell channel thread for each comm_msg
-                routed[comm_id] = comm
+    def register_routed(comm: Any) -> Any:
+        comm._reply_subshell_for = route
+        routed.append(comm)
+        return register(comm)
 
-    refresh()
+    manager.register_comm = register_routed  # an instance attribute over the class's method, removed below
     try:
-        yield refresh
+        yield
     finally:
-        for comm in routed.values():
+        with contextlib.suppress(AttributeError):
+            del manager.register_comm
+        for comm in routed:
             with contextlib.suppress(AttributeError):
                 del comm._reply_subshell_for  # back to the class's own routing
 
@@ -197,9 +205,9 @@ def wait_until(done: Callable[[float], bool], *, interval: float = 0.05) -> None
         if _install_router(kernel):
             _ACTIVE[id(kernel)] = subshell_id
         try:
-            with _route_comms(kernel, subshell_id) as refresh:
+            with _route_comms(kernel, subshell_id):
                 while not done(interval):
-                    refresh()  # widgets created meanwhile (an LR finder chart) are routed too
+                    pass
         finally:
             _ACTIVE.pop(id(kernel), None)
         return
