@@ -137,10 +137,13 @@ class Kernel:
 
     def wait_status(self, model_id: str, word: str, timeout: float = 600) -> None:
         """Read iopub until the widget ``model_id`` is sent a value containing ``nbt-status-<word>``."""
-        end = time.monotonic() + timeout
+        end, seen = time.monotonic() + timeout, 0
         while time.monotonic() < end:
-            if any(c == model_id and f"nbt-status-{word}" in v for c, v in self.values):
+            # only the values read since the last look: rescanning them all made this client a CPU load of its
+            # own beside the kernel it times (quadratic in a run's updates)
+            if any(c == model_id and f"nbt-status-{word}" in v for c, v in self.values[seen:]):
                 return
+            seen = len(self.values)
             try:
                 self._keep(self.kc.get_iopub_msg(timeout=0.2))
             except queue.Empty:

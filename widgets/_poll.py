@@ -206,7 +206,10 @@ def wait_until(done: Callable[[float], bool], *, interval: float = 0.05) -> None
             _ACTIVE[id(kernel)] = subshell_id
         try:
             with _route_comms(kernel, subshell_id):
-                while not done(interval):
+                # the subshell handles the clicks; this thread only waits for the end, which ``done`` sees at once
+                # (a join), so it wakes once a second, not each ``interval``: each wake takes the GIL from the
+                # training thread
+                while not done(1.0):
                     pass
         finally:
             _ACTIVE.pop(id(kernel), None)
