@@ -290,15 +290,7 @@ class Context:
         if accumulating:
             trace = _trace.accumulating(trace)
         if trace is not step.trace:  # the peak and its parts from the trace at this size / depth / micro-batch
-            st = _trace.stats(trace)
-            step = dataclasses.replace(
-                step,
-                peak=st.peak,
-                at_peak={"activations": st.peak - st.gradients_at_peak, "gradients": st.gradients_at_peak},
-                largest_activations=st.largest_activations,
-                gradients=gradients,
-                trace=trace,
-            )
+            step = _retraced(step, trace, gradients=gradients)
         return Leaf(step, target if target is not None else depth, micro)
 
     def _raw(self, key: tuple, micro: int, depth: int | None, lora: Any) -> SimulatedStep:
@@ -312,15 +304,7 @@ class Context:
             # storage kept on the device until its last use: exact, checked in tests/plan/test_timeline.py)
             off = self._raw((precision, checkpointing, chunked, True, lora_key), micro, depth, lora)
             assert off.trace is not None
-            trace = _trace.kept_on_device(off.trace)
-            st = _trace.stats(trace)
-            result = dataclasses.replace(
-                off,
-                peak=st.peak,
-                at_peak={"activations": st.peak - st.gradients_at_peak, "gradients": st.gradients_at_peak},
-                largest_activations=st.largest_activations,
-                trace=trace,
-            )
+            result = _retraced(off, _trace.kept_on_device(off.trace))
             self.cache[cached] = result
             return result
         model = self.model if depth is None else _shallow_depth(self.model, self.stack[0], depth)  # type: ignore[index]
@@ -364,6 +348,20 @@ class Context:
 
 class _NotRepeated(Exception):
     """The stack's blocks do not repeat exactly in a trace: it cannot be put together at another depth."""
+
+
+def _retraced(step: SimulatedStep, trace: _trace.Trace, **changes: Any) -> SimulatedStep:
+    """``step`` with its peak, the parts at the peak and the largest activations read from ``trace`` (the same step
+    at another size, depth, accumulation or placement of its saved storages)."""
+    st = _trace.stats(trace)
+    return dataclasses.replace(
+        step,
+        peak=st.peak,
+        at_peak={"activations": st.peak - st.gradients_at_peak, "gradients": st.gradients_at_peak},
+        largest_activations=st.largest_activations,
+        trace=trace,
+        **changes,
+    )
 
 
 def _lerp(a: SimulatedStep, b: SimulatedStep, t: float) -> SimulatedStep:
