@@ -236,3 +236,21 @@ def test_profile_model_refuses_the_meta_device_for_a_model_with_weights() -> Non
     ids = torch.zeros(1, 16, dtype=torch.long)
     with pytest.raises(ValueError, match=r"meta device runs no kernel.*profile_model plans instead"):
         profile_model(_llama(), {"input_ids": ids, "labels": ids}, devices=("meta",))
+
+
+def test_a_plan_simulates_only_the_rows_a_question_needs_and_answers_as_a_full_search() -> None:
+    model, batch = _mlp(), (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    plan = plan_memory(model, batch, budget_gb=1, device="cpu")
+    search = plan._search
+    simulated = lambda: sum(r is not None for r in search._rows)  # noqa: E731
+    assert simulated() == 0  # nothing is simulated before a question
+    plan.predict(precision="bf16-mixed")
+    assert simulated() == 0  # predict builds the row it is asked for, not the table
+    best = plan.best
+    assert best is not None and 0 < simulated() < len(search.specs)  # the fastest rows, until one fits
+    rows = plan.rows
+    assert simulated() == len(search.specs)
+    assert plan.best is best and any(r is best for r in rows)  # the same row object, listed
+    # the same answers as a plan whose table was read first
+    again = plan_memory(model, batch, budget_gb=1, device="cpu")
+    assert str(again) == str(plan) and again.best == best and again._candidates == plan._candidates
