@@ -142,9 +142,7 @@ class TrainerWidget:
         v.set_status("idle")
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
-        self._hide_static.add_class("nbt-style")
-        # first: a box draws its children as each view is ready; the sheet that colours the text is asked for before
-        # any text it colours (last, a page could show the panel in the front end's own colours first)
+        self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
         self.panel.children = (self._hide_static, *self.panel.children)
         self._cell = _notebook.cell_id()
         try:
