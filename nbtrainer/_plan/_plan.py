@@ -288,6 +288,7 @@ def plan_memory(
         pickable=lambda m: (m.quantize is None and m.lora is None) or "lora" in allowed,
         plain=plain,
     )
+    search.row(0)  # one step now: a batch that does not fit the model is refused here, not at the first question
 
     def predict(switches: Mapping[str, Any]) -> PlanRow:
         switches = dict(switches)

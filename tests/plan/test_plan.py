@@ -243,9 +243,9 @@ def test_a_plan_simulates_only_the_rows_a_question_needs_and_answers_as_a_full_s
     plan = plan_memory(model, batch, budget_gb=1, device="cpu")
     search = plan._search
     simulated = lambda: sum(r is not None for r in search._rows)  # noqa: E731
-    assert simulated() == 0  # nothing is simulated before a question
+    assert simulated() == 1  # the first row only (a batch that does not fit the model is refused at once)
     plan.predict(precision="bf16-mixed")
-    assert simulated() == 0  # predict builds the row it is asked for, not the table
+    assert simulated() == 1  # predict builds the row it is asked for, not the table
     best = plan.best
     assert best is not None and 0 < simulated() < len(search.specs)  # the fastest rows, until one fits
     rows = plan.rows
