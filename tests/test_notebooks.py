@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -40,11 +41,18 @@ WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output", "0
 CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
 
 
-_CACHE: dict[str, tuple[Any, float]] = {}
+_CACHE: dict[str, tuple[Any, float, float]] = {}
 
 
-def execute(path: Path) -> tuple[Any, float]:
-    """Run ``path`` top to bottom in a fresh kernel (cwd = its folder); cached per test module run."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def execute(path: Path) -> tuple[Any, float, float]:
+    """Run ``path`` top to bottom in a fresh kernel (cwd = its folder); cached per test module run. Returns the
+    notebook, the wall seconds and the CPU seconds of the kernel and what it started (reaped when the kernel is shut
+    down at the end: nothing else ends in this process meanwhile, tests of one worker run one at a time)."""
     key = str(path)
     if key not in _CACHE:
         nb = nbformat.read(path, as_version=4)
@@ -55,9 +63,9 @@ def execute(path: Path) -> tuple[Any, float]:
             store_widget_state=True,
             resources={"metadata": {"path": str(path.parent)}},
         )
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu()
         client.execute()
-        _CACHE[key] = (nb, time.perf_counter() - start)
+        _CACHE[key] = (nb, time.perf_counter() - start, _children_cpu() - cpu)
     return _CACHE[key]
 
 
@@ -98,8 +106,8 @@ def test_the_demo_notebooks_are_all_there() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
 def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
-    nb, seconds = execute(path)
-    print(f"\n{path.name}: executed in {seconds:.1f} s")
+    nb, seconds, cpu = execute(path)
+    print(f"\n{path.name}: executed in {seconds:.1f} s, {cpu:.1f} s of CPU")
     for out in outputs(nb):
         assert out.output_type != "error", f"{path.name}: {out.get('ename')}: {out.get('evalue')}"
         text = out.get("text", "") if out.output_type == "stream" else ""
@@ -114,8 +122,9 @@ def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
     assert not stderr, f"{path.name} wrote to stderr: " + "\n".join(f"cell {i}: {t[:600]}" for i, t in stderr)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code_cells)
-    # "well under a minute" on 2 cores; the bound leaves room for a loaded CI machine
-    assert seconds < 120, f"{path.name} took {seconds:.0f} s"
+    # "well under a minute" on 2 cores, as work done: the kernel's CPU seconds (its wall time under the parallel
+    # suite measures the other workers too: issue 57); the quiet run times are in bench/RESULTS.md
+    assert cpu < 120, f"{path.name} used {cpu:.0f} s of CPU ({seconds:.0f} s of wall time)"
     if path.stem in WIDGET_NOTEBOOKS:
         state = widget_state(nb)
         assert state, f"{path.name}: no {WIDGET_STATE} in the notebook metadata"
@@ -171,7 +180,7 @@ def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
 
 @pytest.mark.slow
 def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "02_precision_and_accumulation.ipynb")
+    nb = execute(NB_DIR / "02_precision_and_accumulation.ipynb")[0]
     tables = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
     results = [t for t in tables if "step memory (KiB)" in t and "val_acc" in t]
     assert results, "no results table"
@@ -181,7 +190,7 @@ def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None
 
 @pytest.mark.slow
 def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "03_profiling.ipynb")
+    nb = execute(NB_DIR / "03_profiling.ipynb")[0]
     sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "%load_ext nbtrainer" in sources and "%nbtrainer profile" in sources
     state = widget_state(nb)
@@ -192,7 +201,7 @@ def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
 
 @pytest.mark.slow
 def test_scripts_notebook_trains_headless(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "05_scripts.ipynb")
+    nb = execute(NB_DIR / "05_scripts.ipynb")[0]
     streams = "".join(o.get("text", "") for o in outputs(nb) if o.output_type == "stream")
     assert "no notebook front end" in streams, streams[-2000:]
     assert "finished: 3 epochs" in streams, streams[-2000:]  # examples/train_digits.py's last line
