@@ -122,11 +122,10 @@ def _epochs_so_far(page) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page, screenshot, console_log):
+def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page, screenshot, console_log):
     page.set_viewport_size({"width": 800, "height": 900})
     nb = make_notebook("panel_narrow", CELLS)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     lab_run_all(page, timeout=120)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     panel = page.locator(".nbt-panel").first

@@ -45,13 +45,12 @@ def bqplot_noise(console_log: list[str]) -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_works(
-    lab_server, make_notebook, page, screenshot, console_log
+    shared_lab, make_notebook, page, screenshot, console_log
 ):
     cells = [BLOCKING_CELLS[0].replace("epochs=60", "epochs=3000"), BLOCKING_CELLS[1]]
     assert "epochs=3000" in cells[0]
     nb = make_notebook("reload_mid_fit", cells)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     page.wait_for_function(KERNEL_READY, timeout=60_000)
     # Not awaited: the command settles only when every cell has run, and the 2nd cell blocks for the run.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")

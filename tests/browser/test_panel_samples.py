@@ -54,7 +54,7 @@ def _shown(page: Any) -> list[int] | None:
     return page.evaluate(SHOWN)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_loss(
     voila_server, make_notebook, page, screenshot
 ) -> None:

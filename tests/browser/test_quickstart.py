@@ -32,10 +32,9 @@ def _copy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.timeout(240)
-def test_quickstart_in_jupyterlab_run_all(lab_server, page, screenshot, console_log, tmp_path) -> None:
+def test_quickstart_in_jupyterlab_run_all(shared_lab, page, screenshot, console_log, tmp_path) -> None:
     nb = _copy(tmp_path)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     t0 = time.monotonic()
     lab_run_all(page, timeout=200)
     print(f"\nquickstart Run All in JupyterLab: {time.monotonic() - t0:.1f} s")

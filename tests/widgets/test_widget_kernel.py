@@ -194,7 +194,7 @@ def test_pause_resume_stop_clicks_work_while_a_cell_blocks_in_fit(kernel: Kernel
     result = kernel.stdout(fit_id).split()
     assert result[:2] == ["RESULT", "stopped"], result
     assert int(result[3]) < 50
-    stopped_at = _wait_status(kernel, status_id, "stopped", timeout=5)
+    stopped_at = _wait_status(kernel, status_id, "stopped", timeout=30)  # a deadline: the message is on its way
     final = [_step(v) for t, v in kernel.values(info_id) if t <= stopped_at][-1]
     assert final == int(result[2]), "the last step drawn before 'stopped' is the step the run ended on"
     # the kernel is free for the next cell at once
