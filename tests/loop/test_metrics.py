@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchmetrics
-from conftest import accuracy, make_classification, make_loader, mlp
+from conftest import LazyModule, accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import Trainer
+
+torchmetrics = LazyModule("torchmetrics")  # imported at first use: collection stays cheap in every worker
 
 
 def test_metrics_match_direct_computation():
