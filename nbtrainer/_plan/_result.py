@@ -140,7 +140,7 @@ class MemoryPlan:
 
     @property
     def best(self) -> PlanRow | None:
-        return self._search.best()  # type: ignore[no-any-return]
+        return self._search.best()
 
     @property
     def _candidates(self) -> list[PlanRow]:

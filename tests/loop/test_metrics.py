@@ -99,7 +99,7 @@ def test_a_metric_collection_is_accepted_its_keys_name_the_values():
         Trainer(
             model,
             torch.nn.CrossEntropyLoss(),
-            metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4),  # type: ignore[arg-type]
+            metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4),
         )
 
 
