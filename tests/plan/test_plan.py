@@ -124,7 +124,7 @@ def test_a_meta_model_plans_like_the_same_model_with_weights():
 
 @pytest.mark.slow
 def test_the_best_row_is_the_fastest_that_fits_and_never_changes_what_trains_unasked():
-    model = _llama(layers=2)  # the choice among rows does not depend on the depth; each row is a simulated step
+    model = _llama(layers=1)  # the choice among rows does not depend on the depth; each row is a simulated step
     ids = torch.zeros(8, 128, dtype=torch.long)
     batch = {"input_ids": ids, "labels": ids}
     roomy = plan_memory(model, batch, budget_gb=8, device="cpu")
@@ -157,9 +157,9 @@ def test_nothing_fits_says_what_the_smallest_row_needs():
 
 @pytest.mark.slow
 def test_a_cuda_target_plans_without_a_gpu():
-    # two blocks: the CUDA target's rows (offloading, every optimizer kind) each take a simulated step, and what is
+    # one block: the CUDA target's rows (offloading, every optimizer kind) each take a simulated step, and what is
     # checked here (the rows a CUDA target has, offloading's host bytes) does not depend on the depth
-    model = _llama("meta", layers=2)
+    model = _llama("meta", layers=1)
     ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
     plan = plan_memory(model, {"input_ids": ids, "labels": ids}, budget_gb=1, device="cuda")
     assert plan.device.startswith("cuda")
