@@ -13,11 +13,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-# the second pass's tests: the runs views, all of tests/widgets but two slow ones that draw no widget (a console fit
-# in a subprocess, CompareWidget.run measuring strategies), and the browser test only that venv can run
+# the second pass's tests: the runs views, all of tests/widgets but three slow ones that draw no widget (a console fit
+# in a subprocess, CompareWidget.run measuring strategies, the OpenMP pools of the panel's training thread), and the
+# browser test only that venv can run
 colab_tests=(tests/widgets tests/runs/test_runs_widget.py tests/browser/test_panel_classic.py
   --deselect tests/widgets/test_widget_fallback.py::test_fit_without_a_frontend_trains_in_the_foreground_with_console_bars
-  --deselect tests/widgets/test_widget_compare.py::test_run_adds_each_row_as_it_is_measured)
+  --deselect tests/widgets/test_widget_compare.py::test_run_adds_each_row_as_it_is_measured
+  --deselect tests/widgets/test_widget_threads.py::test_the_panels_thread_trains_as_fast_as_a_fit_on_the_main_thread)
 if [ "${1:-}" = "--quick" ]; then
   shift
   set -- -m "not slow and not browser" "$@"
