@@ -141,6 +141,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedWorkOnOneWorker(config, log)
 
 
+@pytest.fixture(scope="session")
+def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A folder every pytest-xdist worker of this test run shares (the parent of the workers' temp folders; the
+    run's own temp folder without xdist): work done once per run goes there, under a file lock
+    (``tests/_notebook_runs.py``)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 @pytest.fixture
 def classification():
     x, y = make_classification()

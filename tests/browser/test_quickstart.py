@@ -71,16 +71,14 @@ def test_quickstart_in_jupyterlab_run_all(shared_lab, page, screenshot, console_
 
 @pytest.mark.timeout(240)
 def test_quickstart_exported_to_html_shows_the_summary_without_javascript(
-    browser, screenshot, tmp_path, venv_kernelspec
+    browser, screenshot, tmp_path, venv_kernelspec, run_shared_dir
 ) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
     nbconvert = pytest.importorskip("nbconvert")
-    nb_path = _copy(tmp_path)
-    nb = nbformat.read(nb_path, as_version=4)
-    nbclient.NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
-    ).execute()
+    from _notebook_runs import executed
+
+    nb = executed(QUICKSTART, run_shared_dir)[0]  # the run tests/test_notebooks.py checks (once per test run)
     body, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
     html = tmp_path / "quickstart.html"
     html.write_text(body, encoding="utf-8")
