@@ -105,16 +105,16 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[5], timeout=30_000)
 
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "paused", timeout_s=10)  # the click reached the kernel while the cell is busy
+    wait_badge(page, "paused", timeout_s=30)  # the click reached the kernel while the cell is busy
     held, points = global_step(page), loss_points(page)
     page.wait_for_timeout(1500)
     assert (global_step(page), loss_points(page)) == (held, points), "the run moved while paused"
     screenshot(page, "blocking-fit-lab-paused", selector=".nbt-panel")
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "running", timeout_s=10)
+    wait_badge(page, "running", timeout_s=30)
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[points + 5], timeout=30_000)
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=10)
+    wait_badge(page, "stopped", timeout_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
     out = page.locator(".jp-OutputArea-output", has_text="RESULT").first
     out.wait_for(timeout=30_000)

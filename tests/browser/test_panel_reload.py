@@ -82,7 +82,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     screenshot(page, "reload-mid-fit-live", selector=".nbt-panel")
 
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=15)
+    wait_badge(page, "stopped", timeout_s=30)
     final = global_step(page)
     page.wait_for_timeout(1000)
     assert global_step(page) == final, "training went on after Stop"

@@ -87,7 +87,7 @@ def test_quickstart_exported_to_html_shows_the_summary_without_javascript(
         page = context.new_page()
         page.goto(html.as_uri())
         static = page.locator(".nbt-summary-static .nbt-summary").first
-        static.wait_for(timeout=10_000)
+        static.wait_for(timeout=30_000)
         assert static.is_visible()
         assert static.locator(".nbt-summary-table tbody tr").count() == EPOCHS
         charts = static.locator("svg.nbt-summary-chart")
