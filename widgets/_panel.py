@@ -142,7 +142,8 @@ class TrainerWidget:
         v.set_status("idle")
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
-        self.panel.children = (*self.panel.children, self._hide_static)
+        self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
+        self.panel.children = (self._hide_static, *self.panel.children)
         self._cell = _notebook.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)

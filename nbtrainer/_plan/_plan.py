@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,6 +30,7 @@ from nbtrainer._options import MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
 from nbtrainer._plan._result import MemoryPlan, PlanRow
+from nbtrainer._plan._search import RowSearch
 from nbtrainer._plan._steps import plan_row
 
 __all__ = ["MemoryPlan", "PlanRow", "plan_memory"]
@@ -67,18 +67,6 @@ def _batch_size_of(batch: Any) -> int:
         if t.dim() > 0:
             return int(t.shape[0])
     raise ValueError("plan_memory: the example batch has no tensor with a batch dimension.")
-
-
-def _pareto(rows: list[PlanRow]) -> list[PlanRow]:
-    """The rows no other row beats on both time and peak (ties: the fewer switches), fastest first."""
-    ordered = sorted(rows, key=lambda r: (r.time_factor, r.peak_bytes, len(r.switches)))
-    front: list[PlanRow] = []
-    smallest = math.inf
-    for row in ordered:
-        if row.peak_bytes < smallest:
-            front.append(row)
-            smallest = row.peak_bytes
-    return front
 
 
 #: The shares of the repeated blocks a plan checkpoints besides all of them (selective checkpointing: the fastest
@@ -247,7 +235,8 @@ def plan_memory(
         checkpointing += [*_shares(blocks, keep.get("activation_checkpointing")), True]
     else:
         unavailable["activation_checkpointing"] = "the model has no repeated blocks to checkpoint"
-    rows: list[PlanRow] = []
+    # the combinations; each row's step is simulated when the plan first needs it (nbtrainer._plan._search)
+    specs: list[tuple[MemoryOptions, int]] = []
     micros = micro_batches(batch_size) if example >= 1 else [batch_size]
     combos = itertools.product(precisions, structures, checkpointing, chunked_opts, offloads, kinds, (False, True))
     for precision, (quantize, lora_cfg), ckpt, chunked, off_act, kind, in_bwd in combos:
@@ -280,28 +269,26 @@ def plan_memory(
             )
             if any(getattr(memory, k) != v for k, v in keep.items()):
                 continue
-            rows.append(plan_row(ctx, memory, micro, batch_size, usable, context))
-    if not rows:
+            specs.append((memory, micro))
+    if not specs:
         raise ValueError(
             f"plan_memory(keep={keep}): no combination has these switches on this model and target "
             f"({'; '.join(f'{k}: {v}' for k, v in unavailable.items()) or 'check their values'})."
         )
     plain = MemoryOptions(**{**MemoryOptions(optimizer=kinds[0] if optimizer else "adamw").__dict__, **keep})
-    baseline = next((r for r in rows if r.memory == plain and r.grad_accum_steps == 1), None)
-    # the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is not
-    # needed). Rows are searched in that order and the first that fits is best: on a CUDA target a row's reserved
-    # bytes are replayed when first asked, so only the rows the search reaches (and those shown) are replayed.
-    order = sorted(
-        (r for r in rows if not r.changes_training or "lora" in allowed),
-        key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes),
+    # best: the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is
+    # not needed). Rows that change what trains are listed, and picked only when asked. On a CUDA target a row's
+    # reserved bytes are replayed when first asked, so only the rows the search reaches (and those shown) are.
+    search = RowSearch(
+        ctx,
+        specs,
+        batch_size=batch_size,
+        usable=usable,
+        context_bytes=context,
+        pickable=lambda m: (m.quantize is None and m.lora is None) or "lora" in allowed,
+        plain=plain,
     )
-    best = next((r for r in order if r.fits), None)
-    # the plain rows' front, then the front of the rows that train something else (listed, picked only when asked)
-    shown = _pareto([r for r in rows if not r.changes_training]) + _pareto([r for r in rows if r.changes_training])
-    for extra in (baseline, best):
-        if extra is not None and extra not in shown:
-            shown.append(extra)
-    shown.sort(key=lambda r: (r.time_factor, r.peak_bytes))
+    search.row(0)  # one step now: a batch that does not fit the model is refused here, not at the first question
 
     def predict(switches: Mapping[str, Any]) -> PlanRow:
         switches = dict(switches)
@@ -321,15 +308,13 @@ def plan_memory(
         return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable, context)
 
     return MemoryPlan(
-        rows=shown,
-        best=best,
         budget_bytes=budget_bytes,
         margin=float(margin),
         device=str(target),
         batch_size=batch_size,
         unavailable=unavailable,
-        seconds=time.perf_counter() - start,
         _predict=predict,
-        _candidates=[r for r in order if r.peak_bytes + r.context_bytes <= usable],
+        _search=search,
+        _started=time.perf_counter() - start,
         context_bytes=context,
     )

@@ -101,12 +101,16 @@ class PlanRow:
 class MemoryPlan:
     """The result of :func:`plan_memory`: rows (fastest first), the best that fits, and what was left out and why.
 
+    A row's peak comes from a simulated step, and each is simulated when first needed: ``predict`` simulates the
+    row it is asked for, ``best`` the fastest rows until one fits, ``rows`` (and the text, the picture, the
+    DataFrame) every row. The answers do not depend on what is asked first.
+
     Attributes:
         rows: the combinations worth a look: none is both slower and larger than another (plus plain fp32).
         best: the fastest row within ``budget * (1 - margin)`` (rows that change what trains only when asked).
         budget_bytes, margin, device, batch_size: the question asked.
         unavailable: ``{switch: reason}`` for switches not proposed on this target.
-        seconds: how long planning took.
+        seconds: how long planning took so far (the rows simulated when first read included).
 
     Example:
         >>> import torch
@@ -117,19 +121,35 @@ class MemoryPlan:
         ({'optimizer': 'adamw'}, True)
     """
 
-    rows: list[PlanRow]
-    best: PlanRow | None
     budget_bytes: int
     margin: float
     device: str
     batch_size: int
     unavailable: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
     _predict: Any = field(default=None, repr=False, compare=False)
-    #: the pickable rows whose peak fits, fastest first (a step-down's choices; it checks ``fits`` as it goes)
-    _candidates: list[PlanRow] = field(default_factory=list, repr=False, compare=False)
+    #: the rows, simulated on first use (nbtrainer._plan._search.RowSearch: ``best()``, ``table()``, ``seconds``)
+    _search: Any = field(default=None, repr=False, compare=False)
+    #: the seconds plan_memory took before any row was simulated
+    _started: float = field(default=0.0, repr=False)
     #: what the device holds outside the caching allocator, counted in each row's ``fits`` (the CUDA context)
     context_bytes: int = 0
+
+    @property
+    def rows(self) -> list[PlanRow]:
+        return list(self._search.table().shown)
+
+    @property
+    def best(self) -> PlanRow | None:
+        return self._search.best()
+
+    @property
+    def _candidates(self) -> list[PlanRow]:
+        """The pickable rows whose peak fits, fastest first (a step-down's choices; it checks ``fits`` as it goes)."""
+        return list(self._search.table().candidates)
+
+    @property
+    def seconds(self) -> float:
+        return self._started + float(self._search.seconds)
 
     def predict(self, **switches: Any) -> PlanRow:
         """The row for any one combination: ``Trainer`` keyword arguments (``precision=``, ``optimizer=``,

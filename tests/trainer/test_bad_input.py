@@ -87,11 +87,12 @@ from typing import Any
 
 import pytest
 import torch
-import torchmetrics
-from conftest import accuracy, make_classification, make_loader
+from conftest import LazyModule, accuracy, make_classification, make_loader
 from torch import nn
 
 from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
+
+torchmetrics = LazyModule("torchmetrics")  # imported at first use: collection stays cheap in every worker
 
 X, Y = make_classification(n=64)
 
