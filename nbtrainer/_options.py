@@ -1,6 +1,23 @@
-"""The Trainer's options in typed groups: each switch declared once, as a field, and read from here.
+"""The Trainer's options in typed groups: each option declared once, as a field, and read from here.
 
-``Trainer(...)`` keeps its keyword arguments flat for users; it stores them at once on ``trainer.options``.
+``Trainer(...)`` keeps its keyword arguments flat for users (what Lightning and Hugging Face users expect). They are
+parsed once, by :meth:`TrainerOptions.parse`, into frozen groups that the Trainer holds as ``trainer.options``; each
+group documents its own fields:
+
+============================  ==============================================================================
+``trainer.options.memory``    :class:`MemoryOptions`: the switches that decide what a step keeps in memory
+``trainer.options.setup``     :class:`SetupOptions`: the device and what is done to the model before the first step
+``trainer.options.step``      :class:`StepOptions`: the optimizer step (accumulation, clipping, the schedule's clock)
+``trainer.options.batch``     :class:`BatchOptions`: how a batch becomes a loss or outputs
+``trainer.options.data``      :class:`DataOptions`: how batches reach the device
+``trainer.options.run``       :class:`RunOptions`: seeding, reporting and recording
+``trainer.options.budget``    :class:`BudgetOptions` or None: ``memory_budget_gb`` and what its plan may choose
+============================  ==============================================================================
+
+The groups are the only copy of what they hold: ``trainer.precision`` or ``trainer.grad_accum_steps`` read them, and a
+setter (``set_precision``, ``set_grad_accum_steps``...) replaces its group (``dataclasses.replace``), so whatever reads
+the group (the run store, the memory planner, the OOM advice, the panel) sees the change. The other keywords are the
+objects the Trainer holds and changes (the model, the optimizer, the scheduler, the metrics, the callbacks).
 :class:`MemoryOptions` are the switches that decide what a training step keeps in memory and where (precision,
 activation checkpointing, the optimizer kind, the optimizer step in backward, chunked loss, a quantized base, LoRA,
 offloading, the attention kernel). Everything that reasons about memory (``profile_model(...).fits``, the memory
@@ -11,16 +28,32 @@ so a new switch is one new field here, not a string in six lists.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import inspect
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from nbtrainer._keywords import KEYWORDS, TrainerKeywords, unknown_keyword
+
+if TYPE_CHECKING:
+    import os
 
 __all__ = [
     "OPTIMIZERS",
     "OPTIMIZER_KINDS",
     "QUANTIZE",
+    "BatchOptions",
+    "BudgetOptions",
+    "DataOptions",
     "MemoryOptions",
+    "Option",
+    "RunOptions",
+    "SetupOptions",
+    "StepOptions",
     "TrainerOptions",
+    "TrainerParts",
+    "keyword_signature",
     "lora_settings",
     "optimizer_kind",
 ]
@@ -68,6 +101,31 @@ class MemoryOptions:
     Frozen: a different combination is a new object (``dataclasses.replace``). ``changed()`` gives the switches
     that differ from a plain fp32 run, as keyword arguments for ``Trainer(...)``, ``fits(...)`` or a comparison.
 
+    Attributes:
+        precision: ``"fp32"``, ``"fp16-mixed"`` or ``"bf16-mixed"`` (aliases ``"32"``, ``"16"``, ``"bf16"``...;
+            stored resolved). ``Trainer(precision=None)`` (the default): fp32, or with ``memory_budget_gb`` the
+            precision its plan picks. ``Trainer.set_precision`` changes it between fits.
+        activation_checkpointing: ``True`` (the model's own ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, else its repeated blocks), an int k / a float share in (0, 1) of
+            those blocks (evenly spaced) or a list of module types / names; ``Trainer.set_activation_checkpointing``.
+        optimizer: the optimizer's kind by name (``"adamw"``, ``"adamw8bit"``, ...; the Trainer's third argument
+            by name, or the kind of the instance given); None: an optimizer whose state the planner does not know.
+        optimizer_in_backward: update each parameter as soon as its gradient is complete, inside backward, and free
+            that gradient: saves about the trainable parameters' size in memory. Same weights as a plain step;
+            refused with max_grad_norm, fp16-mixed, accumulation, DDP/FSDP (see ``nbtrainer._loop._in_backward``).
+        chunked_loss: a Hugging Face causal LM's training loss with the head and cross-entropy run ``True`` (1024)
+            or N tokens at a time under checkpointing, so its full logits never exist (``_setup/_chunked_loss``).
+        quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: the ``nn.Linear`` (and GPT-2 ``Conv1D``) layers
+            (but the output head and trainable ones) become frozen bitsandbytes layers, computing in the
+            precision's dtype.
+        lora: LoRA adapters through PEFT, base frozen: ``dict(r=8, alpha=16, dropout=0.05,
+            target_modules="all-linear")`` or a ``peft.LoraConfig`` (with ``quantize=``: QLoRA; stored as plain
+            settings). Give the optimizer by name with these two. Merge with ``Trainer.merge_lora``.
+        offload_activations: saved activations wait in CPU memory (pinned on CUDA) for the backward.
+        offload_optimizer: optimizer state and step in CPU RAM (CUDA only; torchao ``CPUOffloadOptimizer``).
+        attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
+            ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
+
     Example:
         >>> from nbtrainer import MemoryOptions
         >>> MemoryOptions(precision="bf16-mixed", activation_checkpointing=True).changed()
@@ -98,6 +156,13 @@ class MemoryOptions:
         names = set(cls.names())
         return cls(**{k: v for k, v in kwargs.items() if k in names})
 
+    def check_flags(self) -> None:
+        """The on / off switches hold True or False (``offload_optimizer="yes"`` is refused, naming the switch)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise TypeError(f"{f.name}= takes True or False, got {value!r}.")
+
     def changed(self) -> dict[str, Any]:
         """The switches that differ from their defaults, as ``Trainer`` keyword arguments."""
         return {
@@ -112,10 +177,295 @@ class MemoryOptions:
 
 
 @dataclass(frozen=True)
+class SetupOptions:
+    """The device and what is done to the model before the first step, besides the memory switches
+    (``nbtrainer._setup._model_setup.ModelSetup`` applies them).
+
+    Attributes:
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; the Trainer stores the ``torch.device`` it
+            resolved (under DDP: this rank's ``LOCAL_RANK`` GPU, or the CPU with gloo).
+        lr: learning rate of an optimizer given by name (default: torch's default for it).
+        trainable / freeze: glob patterns of parameter names to train only / to freeze (``["head.*"]``); counts in
+            ``Trainer.param_counts``.
+        compile: ``torch.compile`` the model (``True``, a mode string or a dict of its options).
+        channels_last: convert a conv net to ``torch.channels_last`` memory format.
+        save_base: with ``lora=`` / ``quantize=``, checkpoints also hold the frozen base (default: what trains, the
+            optimizer and the loop state; a resume takes the base from the model it is given).
+    """
+
+    device: Any = "auto"
+    lr: float | None = None
+    trainable: str | Sequence[str] | None = None
+    freeze: str | Sequence[str] | None = None
+    compile: bool | str | dict[str, Any] = False
+    channels_last: bool = False
+    save_base: bool = False
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """The optimizer step (``nbtrainer._loop._step.TrainStep``); ``set_grad_accum_steps`` / ``set_max_grad_norm`` /
+    ``set_scheduler`` replace this group.
+
+    Attributes:
+        grad_accum_steps: micro-batches per optimizer step.
+        max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step; None: no clipping.
+        scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or ``"epoch"``.
+            ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
+        scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss``, else ``loss``).
+        on_nonfinite: a NaN/inf training loss: ``"raise"`` (detected at the throttled read, no extra sync),
+            ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit (see ``nbtrainer._loop._nonfinite``).
+    """
+
+    grad_accum_steps: int = 1
+    max_grad_norm: float | None = None
+    scheduler_interval: str = "step"
+    scheduler_monitor: str | None = None
+    on_nonfinite: str = "raise"
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a batch becomes a loss or outputs (the batch protocol, ``nbtrainer._data._batch``; the table of batch shapes
+    is in the ``Trainer``'s docstring).
+
+    Attributes:
+        num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last; also turns
+            off the unpacking of ``((x1, x2), y)``).
+        target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion and metrics
+            get a tuple of them in this order.
+        compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch becomes a loss in
+            fit and evaluate (subclasses can override ``Trainer.compute_loss`` instead).
+        predict_step: ``fn(model, batch) -> outputs`` overrides how ``predict`` gets a batch's outputs (or override
+            ``Trainer.predict_step``). Without it, a customised ``compute_loss`` that returns ``(loss, outputs,
+            targets)`` gives predict its outputs; otherwise the model is called on the batch.
+        training_step: manual optimization (GANs, several updates per batch): ``fn(step, batch) -> {name: scalar
+            tensor}`` with ``optimizer={"name": opt, ...}`` and no criterion; ``step.model``,
+            ``step.backward(loss, optimizer="name")``, ``step.step("name")`` (see ``nbtrainer._loop._manual``).
+        validation_step: with ``training_step``: ``fn(model, batch) -> {name: scalar tensor}``, what ``evaluate`` and
+            validation log (``val_`` + name).
+    """
+
+    num_inputs: int | None = None
+    target_keys: Sequence[str] | str | None = None
+    compute_loss: Callable[..., Any] | None = None
+    predict_step: Callable[..., Any] | None = None
+    training_step: Callable[..., Any] | None = None
+    validation_step: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How batches reach the device (``nbtrainer._data._prefetch``).
+
+    Attributes:
+        fast_fetch: fetch each batch of a ``DataLoader`` over in-memory data (``TensorDataset``, arrays, ``Subset`` of
+            them, a dataset with ``__getitems__``; ``num_workers=0``, default collate) with one indexing call, same
+            indices and order, bit-identical results. Anything else uses the loader as it is. ``False``: always the
+            loader's own iterator.
+        data_on_device: on CUDA, copy such a dataset to the GPU once when it fits in this fraction of the free device
+            memory, and slice batches there; otherwise batches are gathered into pinned memory and copied on a side
+            stream one step ahead. ``0``: never copy the dataset.
+        non_blocking: asynchronous host-to-device copies (stored as what runs: False off CUDA).
+    """
+
+    fast_fetch: bool = True
+    data_on_device: float = 0.5
+    non_blocking: bool = True
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Seeding, reporting and recording of each fit.
+
+    Attributes:
+        seed: seed everything at the start of ``fit``; with ``lora=``, also the adapters' random init (so two Trainers
+            built with one seed start from the same adapters).
+        deterministic: deterministic algorithms and seeded data order.
+        progress: ``True`` / ``"auto"``: a ``ProgressBar`` that picks at run time (notebook bars, console bars on a
+            terminal, plain epoch lines when the output is a file or pipe); ``"bars"`` or ``"lines"`` to force one;
+            a ``ProgressBar(...)`` of your own; ``False``: none.
+        refresh_interval: seconds between reads of running values (progress, history, widget).
+        timing_every: sample the step-time breakdown every n micro-batches (0: off).
+        val_every_n_epochs: validate every n epochs.
+        run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``), ``None``
+            (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
+    """
+
+    seed: int | None = None
+    deterministic: bool = False
+    progress: Any = True
+    refresh_interval: float = 0.25
+    timing_every: int = 50
+    val_every_n_epochs: int = 1
+    run_store: str | os.PathLike[str] | bool | None = None
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """``memory_budget_gb``: the budget, and which switches its plan may choose (those not given).
+
+    ``Trainer(memory_budget_gb=X)`` keeps the training step within X GiB of device memory. At the first ``fit``,
+    ``nbtrainer.plan_memory`` plans for its first batch on this device and the fastest row that fits is applied:
+    precision, activation checkpointing, the optimizer kind (with ``optimizer="auto"``), and each batch split into
+    micro-batches when the whole batch does not fit (same gradient). The switches you set yourself (a precision,
+    checkpointing, an optimizer by name or instance, the step in backward...) are kept. One progress line says what was
+    chosen; it is in the History's events, the run store and ``Trainer.memory_plan``. The peak of the first optimizer
+    steps is measured; above the budget the next row is applied at the next step boundary (and said). Nothing fits: a
+    ``ValueError`` before the first step. Not with ``compile=`` (plan that with ``plan_memory``).
+
+    Attributes:
+        budget_gb: the budget in GiB.
+        choose_precision: no ``precision=`` was given: the plan picks it.
+        choose_optimizer: ``optimizer="auto"``: the plan picks the optimizer's kind.
+    """
+
+    budget_gb: float
+    choose_precision: bool = True
+    choose_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class TrainerParts:
+    """The keywords that are objects the Trainer holds and changes, not options: taken apart when it is built."""
+
+    scheduler: Any = None
+    metrics: Any = None
+    callbacks: Iterable[Any] = ()
+    strategy: Any = "auto"
+
+
+_GROUPS: dict[str, type] = {
+    "memory": MemoryOptions,
+    "setup": SetupOptions,
+    "step": StepOptions,
+    "batch": BatchOptions,
+    "data": DataOptions,
+    "run": RunOptions,
+}
+#: Keywords that are no field of their group under the same name: ``optimizer`` (an object; the memory group keeps
+#: its kind), ``precision`` (None: fp32, or the budget's choice) and ``memory_budget_gb`` (the budget group).
+_SPECIAL = {"optimizer", "precision", "memory_budget_gb"}
+
+
+def keyword_signature() -> inspect.Signature:
+    """``Trainer.__init__``'s signature, flat (what ``help(Trainer)``, IPython's completion and ``inspect`` show):
+    ``self, model, criterion, optimizer=None``, then every keyword with its default, read from the groups."""
+    defaults: dict[str, Any] = {"precision": None, "memory_budget_gb": None}
+    for group in (*_GROUPS.values(), TrainerParts):
+        for f in dataclasses.fields(group):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            defaults.setdefault(f.name, default)
+    kind, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    parameters = [
+        inspect.Parameter("self", kind),
+        inspect.Parameter("model", kind, annotation="torch.nn.Module"),
+        inspect.Parameter("criterion", kind, annotation="Callable[..., Any] | None"),
+        inspect.Parameter("optimizer", kind, default=None, annotation="torch.optim.Optimizer | str | None"),
+    ]
+    parameters += [
+        inspect.Parameter(name, keyword, default=defaults[name], annotation=getattr(hint, "__forward_arg__", hint))
+        for name, hint in TrainerKeywords.__annotations__.items()
+    ]
+    return inspect.Signature(parameters, return_annotation="None")
+
+
+@dataclass(frozen=True)
 class TrainerOptions:
-    """The options a Trainer was built with, by group (``trainer.options.memory``)."""
+    """The options of one Trainer, by group (see the module docstring): ``trainer.options.memory``, ``.setup``,
+    ``.step``, ``.batch``, ``.data``, ``.run`` and ``.budget``. Frozen: a change is a new object.
+
+    Example:
+        >>> options, parts = TrainerOptions.parse({"precision": "bf16-mixed", "grad_accum_steps": 4}, optimizer="sgd")
+        >>> options.memory.precision, options.step.grad_accum_steps, options.memory.optimizer
+        ('bf16-mixed', 4, 'sgd')
+    """
 
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+    setup: SetupOptions = field(default_factory=SetupOptions)
+    step: StepOptions = field(default_factory=StepOptions)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    run: RunOptions = field(default_factory=RunOptions)
+    budget: BudgetOptions | None = None
+
+    @classmethod
+    def parse(cls, keywords: Mapping[str, Any], *, optimizer: Any = None) -> tuple[TrainerOptions, TrainerParts]:
+        """``Trainer(...)``'s keywords as given (values unchecked: the Trainer checks each where it applies it), into
+        the groups and the parts; an unknown keyword raises ``TypeError`` naming the closest valid one.
+        ``optimizer``: the Trainer's third argument, whose kind the memory group keeps."""
+        for name in keywords:
+            if name not in TrainerKeywords.__annotations__:
+                raise unknown_keyword("Trainer", name, KEYWORDS)
+        precision = keywords.get("precision")
+        auto = isinstance(optimizer, str) and optimizer.strip().lower() == "auto"
+        given = {k: v for k, v in keywords.items() if k not in _SPECIAL}
+        groups = {
+            name: group(**{f.name: given[f.name] for f in dataclasses.fields(group) if f.name in given})
+            for name, group in _GROUPS.items()
+        }
+        memory = groups["memory"]
+        groups["memory"] = dataclasses.replace(
+            memory,
+            precision="fp32" if precision is None else precision,
+            optimizer=optimizer_kind("adamw" if auto else optimizer),  # "auto": AdamW, or the kind a budget picks
+        )
+        budget_gb = keywords.get("memory_budget_gb")
+        budget = None if budget_gb is None else BudgetOptions(budget_gb, precision is None, auto)
+        parts = TrainerParts(**{f.name: given[f.name] for f in dataclasses.fields(TrainerParts) if f.name in given})
+        return cls(**groups, budget=budget), parts
+
+    def replace(self, group: str, **changes: Any) -> TrainerOptions:
+        """A copy with the group named ``group`` replaced by a copy with ``changes`` (unknown names: ``TypeError``).
+
+        Example:
+            >>> TrainerOptions().replace("step", grad_accum_steps=4).step.grad_accum_steps
+            4
+        """
+        return dataclasses.replace(self, **{group: dataclasses.replace(getattr(self, group), **changes)})
+
+
+T = TypeVar("T")
+
+
+class Option(Generic[T]):
+    """A Trainer attribute that is one field of one option group (``trainer.grad_accum_steps`` is
+    ``trainer.options.step.grad_accum_steps``): read from the group; assigned, the group is replaced, so the group
+    stays the only copy.
+
+    Example:
+        >>> class Holder:
+        ...     grad_accum_steps: Option[int] = Option("step")
+        ...     def __init__(self):
+        ...         self.options = TrainerOptions()
+        >>> h = Holder(); h.grad_accum_steps = 2
+        >>> h.options.step.grad_accum_steps
+        2
+    """
+
+    __slots__ = ("_get", "group", "name")
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.name = ""
+        self._get: Callable[[Any], Any] = operator.attrgetter("options")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self._get = operator.attrgetter(f"options.{self.group}.{name}")  # one C call: as fast as a plain property
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Option[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object, owner: type | None = None) -> Option[T] | T:
+        if obj is None:
+            return self
+        value: T = self._get(obj)
+        return value
+
+    def __set__(self, obj: Any, value: T) -> None:
+        obj.options = obj.options.replace(self.group, **{self.name: value})
 
 
 def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:

@@ -187,7 +187,7 @@ SOURCES = sorted(str(path.relative_to(REPO)) for path, _ in MODULES.values())
 def test_the_graph_sees_the_whole_package() -> None:
     graph = package_graph()
     assert {"nbtrainer._trainer._trainer", "nbtrainer._profile._model", "nbtrainer.widgets._panel"} <= set(graph)
-    assert "nbtrainer._loop._run_state" in graph["nbtrainer._trainer._trainer"]  # module level
+    assert "nbtrainer._trainer._assemble" in graph["nbtrainer._trainer._trainer"]  # module level
     assert "nbtrainer._loop._lr_find" in graph["nbtrainer._trainer._trainer"]  # inside a method
     assert "nbtrainer._data._inputs" in graph["nbtrainer._profile._flops"]  # inside a subpackage
     assert "nbtrainer._compare._run" in graph["nbtrainer.widgets._compare_view"]  # `from nbtrainer import X`

@@ -91,7 +91,7 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: TrainerView) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
-        if self.sharded and not getattr(trainer.strategy, "can_shard_checkpoints", False):
+        if self.sharded and not trainer.strategy.shards_parameters:
             raise ValueError(
                 "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "
                 "Drop sharded=True: the full checkpoint file holds the same state."

@@ -171,7 +171,7 @@ class Health(Callback):
             return "training_step steps the optimizers itself"
         if type(trainer.optimizer).__name__ == "LBFGS":
             return "LBFGS computes its gradients inside its step"
-        if getattr(trainer.strategy, "shards_parameters", False) or type(trainer.strategy).__name__ == "FSDP":
+        if trainer.strategy.shards_parameters:
             return "FSDP shards the gradients"
         return None
 

@@ -181,7 +181,7 @@ class Samples:
     # -- taking one --------------------------------------------------------------------------------
     def _take(self, trainer: SamplingTrainer, *, epoch: int, keep: bool = True, strict: bool = False) -> None:
         # Under FSDP every rank must run the forward (it gathers the shards); elsewhere rank 0 alone does.
-        sharded = bool(getattr(trainer.strategy, "distributed_params", False))
+        sharded = trainer.strategy.shards_parameters
         if not trainer.is_global_zero and not sharded:
             return
         step = trainer.global_step

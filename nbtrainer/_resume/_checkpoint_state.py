@@ -122,7 +122,7 @@ def save_trainer_checkpoint(trainer: ResumableTrainer, path: str, *, sharded: bo
     # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
     ranks = strategy.all_gather_object(rank_state(trainer)) if strategy.distributed else None
     # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
-    if strategy.is_global_zero or getattr(strategy, "collective_state", False):
+    if strategy.is_global_zero or strategy.shards_parameters:
         from nbtrainer._resume._checkpoint_io import save_checkpoint_file
 
         state = trainer.state_dict()  # a subclass may add to it

@@ -36,7 +36,7 @@ __all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "sha
 def shards_parameters(strategy: Any) -> bool:
     """Whether ``strategy`` keeps each parameter in shards across ranks (FSDP2): its checkpoints are gathered
     (a collective every rank joins) and loaded shard by shard, never through ``module.state_dict()``."""
-    return bool(getattr(strategy, "can_shard_checkpoints", False))
+    return bool(strategy.shards_parameters)
 
 
 def _options(**kwargs: Any) -> Any:

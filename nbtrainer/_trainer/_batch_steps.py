@@ -26,6 +26,7 @@ from nbtrainer._trainer import _validate
 
 if TYPE_CHECKING:
     from nbtrainer._loop._metrics import MetricSet
+    from nbtrainer._options import BatchOptions
     from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["BatchSteps"]
@@ -48,20 +49,17 @@ class BatchSteps:
     def __init__(
         self,
         trainer: Trainer,
+        options: BatchOptions,
         *,
-        compute_loss: Callable[..., Any] | None,
-        predict_step: Callable[..., Any] | None,
         val_metrics: MetricSet,
         chunked_loss: Callable[..., Any] | None = None,
-        training_step: Callable[..., Any] | None = None,
-        validation_step: Callable[..., Any] | None = None,
     ) -> None:
         self._trainer = trainer
-        self.training_step_fn = training_step
-        self.validation_step_fn = validation_step
+        self.training_step_fn = options.training_step
+        self.validation_step_fn = options.validation_step
         self.chunked_loss = chunked_loss
-        self.compute_loss_fn = compute_loss
-        self.predict_step_fn = predict_step
+        self.compute_loss_fn = options.compute_loss
+        self.predict_step_fn = options.predict_step
         self.val_metrics = val_metrics
 
     # -- how a batch becomes a loss ------------------------------------------------------------------
@@ -114,14 +112,14 @@ class BatchSteps:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The precision's autocast (none under FSDP, whose MixedPrecisionPolicy casts instead)."""
         trainer = self._trainer
-        if getattr(trainer.strategy, "casts_params", False):
+        if trainer.strategy.casts_params:
             return contextlib.nullcontext()
         return autocast(trainer.precision, trainer.device)
 
     def inference(self) -> contextlib.AbstractContextManager[Any]:
         """``inference_mode`` for evaluation; ``no_grad`` under FSDP, whose all-gathered parameters are
         tracked by version counters, which inference tensors do not have."""
-        distributed = getattr(self._trainer.strategy, "distributed_params", False)
+        distributed = self._trainer.strategy.shards_parameters
         return torch.no_grad() if distributed else torch.inference_mode()
 
     # -- evaluation ----------------------------------------------------------------------------------

@@ -20,10 +20,11 @@ back every RNG it could have touched (python, numpy, torch, CUDA, the loader's g
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import string
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 
@@ -41,6 +42,9 @@ from nbtrainer._resume._full_state import shards_parameters
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 __all__ = [
     "check_accum",
     "check_args",
@@ -53,6 +57,7 @@ __all__ = [
     "first_compute",
     "no_optimizer",
     "onecycle_overflow",
+    "requires_optimizer",
 ]
 
 # Hook names other trainers use, mapped to ours (a callback using them would silently never run).
@@ -236,7 +241,6 @@ def check_optimization(
     grad_accum_steps: Any,
     max_grad_norm: Any,
     predict_step: Any,
-    optimizer_in_backward: Any,
 ) -> torch.optim.Optimizer | None:
     """The Trainer's optimizer (given, or built from its name; returned), its scheduler and the step options,
     checked before anything is set."""
@@ -265,8 +269,6 @@ def check_optimization(
     check_max_grad_norm(max_grad_norm)
     if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
         raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
-    if not isinstance(optimizer_in_backward, bool):
-        raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
     return optimizer
 
 
@@ -283,6 +285,22 @@ def check_closure_now(trainer: Trainer, **changes: Any) -> None:
         "memory_budget": trainer._budget is not None,
     }
     check_closure(trainer.optimizer, **{**settings, **changes})
+
+
+def requires_optimizer(what: str, extra: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A Trainer method that needs an optimizer: on a Trainer built with ``optimizer=None`` it raises
+    :func:`no_optimizer` (``what`` needs one) before doing anything."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            if getattr(args[0], "optimizer", None) is None:
+                raise no_optimizer(what, extra)
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return wrap
 
 
 def no_optimizer(what: str, extra: str = "") -> ValueError:
