@@ -1,5 +1,7 @@
-"""The keywords of ``Trainer(...)`` as one typed list (:class:`TrainerKeywords`), and the ``TypeError`` for an unknown
-keyword that names the closest valid one (:func:`unknown_keyword`, :func:`checked_keywords` for a method's).
+"""The Trainer's flat interface over its option groups: the keywords of ``Trainer(...)`` as one typed list
+(:class:`TrainerKeywords`), the ``TypeError`` for an unknown keyword that names the closest valid one
+(:func:`unknown_keyword`, :func:`checked_keywords` for a method's), and the attributes that read one field of a group
+(:class:`Option`: ``trainer.grad_accum_steps`` is ``trainer.options.step.grad_accum_steps``).
 
 Each keyword is a field of one option group of ``nbtrainer._options`` (which documents it) or one of the objects the
 Trainer holds (``TrainerParts``); ``tests/trainer/test_public_api.py`` holds the list.
@@ -10,8 +12,9 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypedDict, TypeVar, overload
 
 if TYPE_CHECKING:
     import os
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torchmetrics import MetricCollection
 
-__all__ = ["KEYWORDS", "TrainerKeywords", "checked_keywords", "unknown_keyword"]
+__all__ = ["KEYWORDS", "Option", "TrainerKeywords", "checked_keywords", "unknown_keyword"]
 
 
 class TrainerKeywords(TypedDict, total=False):
@@ -107,3 +110,47 @@ def checked_keywords(fn: Callable[P, R]) -> Callable[P, R]:
         return fn(*args, **kwargs)
 
     return checked
+
+
+T = TypeVar("T")
+
+
+class Option(Generic[T]):
+    """A Trainer attribute that is one field of one option group (``trainer.grad_accum_steps`` is
+    ``trainer.options.step.grad_accum_steps``): read from the group; assigned, the group is replaced, so the group
+    stays the only copy.
+
+    Example:
+        >>> from nbtrainer._options import TrainerOptions
+        >>> class Holder:
+        ...     grad_accum_steps: Option[int] = Option("step")
+        ...     def __init__(self):
+        ...         self.options = TrainerOptions()
+        >>> h = Holder(); h.grad_accum_steps = 2
+        >>> h.options.step.grad_accum_steps
+        2
+    """
+
+    __slots__ = ("_get", "group", "name")
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.name = ""
+        self._get: Callable[[Any], Any] = operator.attrgetter("options")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self._get = operator.attrgetter(f"options.{self.group}.{name}")  # one C call: as fast as a plain property
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Option[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object, owner: type | None = None) -> Option[T] | T:
+        if obj is None:
+            return self
+        value: T = self._get(obj)
+        return value
+
+    def __set__(self, obj: Any, value: T) -> None:
+        obj.options = obj.options.replace(self.group, **{self.name: value})

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 from nbtrainer._keywords import KEYWORDS, TrainerKeywords, unknown_keyword
 
@@ -47,7 +46,6 @@ __all__ = [
     "BudgetOptions",
     "DataOptions",
     "MemoryOptions",
-    "Option",
     "RunOptions",
     "SetupOptions",
     "StepOptions",
@@ -226,8 +224,26 @@ class StepOptions:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """How a batch becomes a loss or outputs (the batch protocol, ``nbtrainer._data._batch``; the table of batch shapes
-    is in the ``Trainer``'s docstring).
+    """How a batch becomes a loss or outputs: the batch protocol (``nbtrainer._data._batch``), the same for fit,
+    evaluate and predict:
+
+    ================================================  ==============================  ======================
+    batch                                             model call                      targets
+    ================================================  ==============================  ======================
+    ``x`` or ``(x,)``                                 ``model(x)``                    none
+    ``(x, y)`` / ``(x1, ..., xk, y)``                 ``model(x)`` / ``(x1..xk)``     ``y``
+    ``(x1, ..., xk, y1, y2)``, ``num_inputs=k``       ``model(x1, ..., xk)``          ``(y1, y2)``
+    ``((x1, x2), y)`` / ``((x1, x2), (y1, y2))``      ``model(x1, x2)``               ``y`` / ``(y1, y2)``
+    ``({"a": a, "b": b}, y)``                         ``model(a=a, b=b)``             ``y``
+    ``{"a": a, "labels": y}`` (any Mapping)           ``model(a=a)``                  ``y``
+    the same with ``criterion=None``                  ``model(a=a, labels=y)``        ``y`` (metrics)
+    a dataclass (fields ``a``, ``labels``)            like the dict of its fields     ``y``
+    a namedtuple                                      like a tuple                    like a tuple
+    ================================================  ==============================  ======================
+
+    Target keys: ``target_keys=``, else the first of ``labels``, ``label``, ``targets``, ``target``, ``y``; several
+    ``target_keys`` reach the criterion as a tuple in key order. Anything else: ``compute_loss=`` and
+    ``predict_step=`` (or the methods of those names in a subclass).
 
     Attributes:
         num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last; also turns
@@ -327,7 +343,21 @@ class BudgetOptions:
 
 @dataclass(frozen=True)
 class TrainerParts:
-    """The keywords that are objects the Trainer holds and changes, not options: taken apart when it is built."""
+    """The keywords that are objects the Trainer holds and changes, not options: taken apart when it is built.
+
+    Attributes:
+        scheduler: any LR scheduler bound to the optimizer (OneCycleLR: use ``Trainer.total_steps``);
+            ``{"name": sched}`` with several named optimizers. ``Trainer.set_scheduler`` replaces it.
+        metrics: ``{"acc": torchmetrics.Accuracy(...), "mae": callable(outputs, targets)}``, or a torchmetrics
+            ``MetricCollection`` (its keys name the values). A metric that fails on structured outputs (a
+            ``ModelOutput``, a tuple) gets their ``.logits`` (else the first tensor).
+        callbacks: objects with any of the hooks in ``nbtrainer.EVENTS`` (``Trainer.add_callback`` /
+            ``remove_callback`` change them, also mid-fit).
+        strategy: ``"auto"`` (DDP when launched by ``torchrun`` / ``nbtrainer.launch`` with more than one process,
+            else one device), ``"single"``, ``"ddp"``, ``"fsdp"`` (FSDP2: parameters, gradients and optimizer state
+            sharded across ranks), or ``nbtrainer.DDP(...)`` / ``nbtrainer.FSDP(...)`` with options. Each rank uses
+            its ``LOCAL_RANK`` GPU (or the CPU with gloo); see ``docs/distributed.md``.
+    """
 
     scheduler: Any = None
     metrics: Any = None
@@ -423,49 +453,6 @@ class TrainerOptions:
             4
         """
         return dataclasses.replace(self, **{group: dataclasses.replace(getattr(self, group), **changes)})
-
-
-T = TypeVar("T")
-
-
-class Option(Generic[T]):
-    """A Trainer attribute that is one field of one option group (``trainer.grad_accum_steps`` is
-    ``trainer.options.step.grad_accum_steps``): read from the group; assigned, the group is replaced, so the group
-    stays the only copy.
-
-    Example:
-        >>> class Holder:
-        ...     grad_accum_steps: Option[int] = Option("step")
-        ...     def __init__(self):
-        ...         self.options = TrainerOptions()
-        >>> h = Holder(); h.grad_accum_steps = 2
-        >>> h.options.step.grad_accum_steps
-        2
-    """
-
-    __slots__ = ("_get", "group", "name")
-
-    def __init__(self, group: str) -> None:
-        self.group = group
-        self.name = ""
-        self._get: Callable[[Any], Any] = operator.attrgetter("options")
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-        self._get = operator.attrgetter(f"options.{self.group}.{name}")  # one C call: as fast as a plain property
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> Option[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-    def __get__(self, obj: object, owner: type | None = None) -> Option[T] | T:
-        if obj is None:
-            return self
-        value: T = self._get(obj)
-        return value
-
-    def __set__(self, obj: Any, value: T) -> None:
-        obj.options = obj.options.replace(self.group, **{self.name: value})
 
 
 def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:

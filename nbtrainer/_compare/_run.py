@@ -47,7 +47,7 @@ from nbtrainer._compare._run_measure import (
     stored_batches,
 )
 from nbtrainer._compare._strategy_table import StrategyComparison
-from nbtrainer._data._batch import _first_tensor
+from nbtrainer._data._batch import first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
@@ -93,13 +93,13 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
     """What gradient accumulation does to each batch in this comparison, in words."""
     if accum <= 1:
         return ""
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     size = int(first.shape[0]) if first is not None and first.dim() > 0 else None
     if not split or size is None:
         what = f"{size} samples" if size is not None else "a batch"
         return f"{accum} whole batches of {what} per optimizer step ({accum}x the baseline's samples per step)"
     parts = split_batch(batch, accum)
-    sizes = sorted({int(t.shape[0]) for t in map(_first_tensor, parts) if t is not None}, reverse=True)
+    sizes = sorted({int(t.shape[0]) for t in map(first_tensor, parts) if t is not None}, reverse=True)
     each = "/".join(str(n) for n in sizes)
     return f"each batch of {size} split into {len(parts)} micro-batches of {each}, one optimizer step per batch"
 

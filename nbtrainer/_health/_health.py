@@ -34,7 +34,7 @@ from nbtrainer._health._norms import NormProbe, hook_step
 from nbtrainer._report._format import format_lr, format_number
 
 if TYPE_CHECKING:
-    from nbtrainer._health._health_host import HealthTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["ON_PROBLEM", "Health"]
 
@@ -127,7 +127,7 @@ class Health(Callback):
         return next((r for r in reversed(self.reports) if r.level == "problem"), None)
 
     # -- a fit starts and ends ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: HealthTrainer) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         self.reports = []
         self.signals = {s: SignalState() for s in SIGNALS}
         st = trainer.run_state.loop_state
@@ -156,14 +156,14 @@ class Health(Callback):
             self.signals["data"] = SignalState("ok", "not measured (Trainer(timing_every=0))")
         self._arm(trainer, self._first_step)
 
-    def on_fit_end(self, trainer: HealthTrainer, history: Any) -> None:
+    def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         self._unhook()
         if self._probe is not None:
             self._probe.forget()
         self._batches, self._losses, self._last_batch = [], [], None  # no batch outlives the fit
 
     @staticmethod
-    def _why_no_norms(trainer: HealthTrainer) -> str | None:
+    def _why_no_norms(trainer: LoopHost) -> str | None:
         memory = getattr(trainer.options, "memory", None)
         if getattr(memory, "optimizer_in_backward", False):
             return "with optimizer_in_backward the gradients never exist together"
@@ -176,17 +176,17 @@ class Health(Callback):
         return None
 
     # -- per micro-batch and per step: references only --------------------------------------------------------
-    def on_epoch_start(self, trainer: HealthTrainer, epoch: int) -> None:
+    def on_epoch_start(self, trainer: LoopHost, epoch: int) -> None:
         self._epoch = epoch
 
-    def on_train_batch_start(self, trainer: HealthTrainer, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: LoopHost, batch: Any, batch_idx: int) -> None:
         self._batches.append(batch)
         self._batch_idx = batch_idx
 
-    def on_train_batch_end(self, trainer: HealthTrainer, batch_idx: int, loss: Any) -> None:
+    def on_train_batch_end(self, trainer: LoopHost, batch_idx: int, loss: Any) -> None:
         self._losses.append(loss)
 
-    def on_optimizer_step(self, trainer: HealthTrainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: LoopHost, step: int, skipped: bool) -> None:
         if self._hooks:
             self._unhook()
         if skipped and self._losses:
@@ -200,7 +200,7 @@ class Health(Callback):
         if not (step + 1) % self.every_n_steps:
             self._arm(trainer, step + 1)
 
-    def _arm(self, trainer: HealthTrainer, step: int) -> None:
+    def _arm(self, trainer: LoopHost, step: int) -> None:
         """Hook the optimizer's next step (``step``) to measure it; removed at its ``on_optimizer_step``."""
         probe = self._probe
         if probe is None or trainer.optimizer is None:
@@ -219,7 +219,7 @@ class Health(Callback):
         self._hooks = []
 
     # -- the refresh: values already on the host ------------------------------------------------------------------
-    def on_refresh(self, trainer: HealthTrainer, progress: Any) -> None:
+    def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         self._step = progress.global_step
         if self._probe is not None and self._probe.pending:
             self._read_norms(trainer)
@@ -232,10 +232,10 @@ class Health(Callback):
             warm = progress.global_step * max(progress.grad_accum_steps, 1) > 11
             self._data_sample(trainer, progress.global_step, times, warm)
 
-    def _store(self, trainer: HealthTrainer, key: str, name: str, step: int, value: float) -> None:
+    def _store(self, trainer: LoopHost, key: str, name: str, step: int, value: float) -> None:
         trainer.history.health.setdefault(key, {}).setdefault(name, []).append((step, value))
 
-    def _read_norms(self, trainer: HealthTrainer) -> None:
+    def _read_norms(self, trainer: LoopHost) -> None:
         probe = self._probe
         assert probe is not None
         names = ["total", *probe.names]
@@ -264,7 +264,7 @@ class Health(Callback):
         steps = [self._reported[k] for k in kinds if k in self._reported]
         return not steps or self._step - max(steps) >= self.window
 
-    def _watch_loss(self, trainer: HealthTrainer, points: list[tuple[int, float, float]]) -> None:
+    def _watch_loss(self, trainer: LoopHost, points: list[tuple[int, float, float]]) -> None:
         self._lrs.extend((step, lr) for step, _, lr in points)
         where = {}
         last = points[-1][0]
@@ -311,7 +311,7 @@ class Health(Callback):
             return "the LR is warming up or was raised"
         return None
 
-    def _data_sample(self, trainer: HealthTrainer, step: int, times: dict[str, float], warm: bool) -> None:
+    def _data_sample(self, trainer: LoopHost, step: int, times: dict[str, float], warm: bool) -> None:
         total = sum(times.values())
         if total <= 0:
             return
@@ -335,7 +335,7 @@ class Health(Callback):
             self._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
 
     # -- the epoch's end: dead units -------------------------------------------------------------------------------
-    def on_epoch_end(self, trainer: HealthTrainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         batch = self._last_batch
         if batch is None or trainer.batch_steps.training_step_fn is not None:
             return
@@ -356,7 +356,7 @@ class Health(Callback):
             self._file(trainer, draft)
 
     # -- non-finite losses ------------------------------------------------------------------------------------
-    def _after_skip(self, trainer: HealthTrainer, step: int) -> None:
+    def _after_skip(self, trainer: LoopHost, step: int) -> None:
         import torch
 
         losses = self._losses
@@ -389,7 +389,7 @@ class Health(Callback):
         advice = "That step was skipped: the weights are as they were before it."
         self._file(trainer, Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._lr_raised(step))))
 
-    def on_exception(self, trainer: HealthTrainer, exception: BaseException) -> None:
+    def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
         if type(exception).__name__ != "NonFiniteLossError" or any(r.kind == "nonfinite" for r in self.reports):
             return
         first = str(exception).split(". ")[0]
@@ -402,7 +402,7 @@ class Health(Callback):
         self._file(trainer, draft, act=False)
 
     # -- control: a changed LR, a rollback ------------------------------------------------------------------
-    def on_control(self, trainer: HealthTrainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         kind = event.get("kind", "")
         if kind.startswith("lr"):
             old, new = event.get("old"), event.get("new")
@@ -427,7 +427,7 @@ class Health(Callback):
         last = self._reported.get(kind)
         return last is not None and 0 <= step - last < self.window
 
-    def _file(self, trainer: HealthTrainer, draft: Draft, *, act: bool = True) -> None:
+    def _file(self, trainer: LoopHost, draft: Draft, *, act: bool = True) -> None:
         """File a report (one of a kind per ``window`` steps), with a concrete LR when the draft asks; act on a
         problem as ``on_problem`` says."""
         if self._throttled(draft.kind, draft.step):
@@ -445,7 +445,7 @@ class Health(Callback):
         if act and report.level == "problem":
             self._act(trainer, report)
 
-    def _emit(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _emit(self, trainer: LoopHost, report: HealthReport) -> None:
         self._reported[report.kind] = report.step
         self.reports.append(report)
         signal = report.signal
@@ -453,7 +453,7 @@ class Health(Callback):
             self.signals[signal] = SignalState(report.level, report.message)
         trainer.callbacks.call("on_health", trainer=trainer, report=report)
 
-    def _act(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _act(self, trainer: LoopHost, report: HealthReport) -> None:
         if self.on_problem == "pause":
             trainer.pause()
         elif self.on_problem == "stop":
@@ -478,5 +478,5 @@ def _owner(blocks: list[str]) -> Any:
     return block_of
 
 
-def _saver(checkpoint: Any, trainer: HealthTrainer) -> Callable[[], Any]:
+def _saver(checkpoint: Any, trainer: LoopHost) -> Callable[[], Any]:
     return lambda: checkpoint.save_now(trainer)

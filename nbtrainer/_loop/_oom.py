@@ -32,7 +32,7 @@ from nbtrainer._options import OPTIMIZERS, optimizer_kind
 from nbtrainer._report._format import format_bytes, format_number
 
 if TYPE_CHECKING:
-    from nbtrainer._loop._host import ToolTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
 
@@ -54,7 +54,7 @@ def remember_profile(model: torch.nn.Module, profile: Any) -> None:
         pass
 
 
-def _batch_size(trainer: ToolTrainer, loader: Any) -> int | None:
+def _batch_size(trainer: LoopHost, loader: Any) -> int | None:
     loop = trainer.run_state.loop
     if loader is None and loop is not None:
         loader = loop.train_loader
@@ -64,7 +64,7 @@ def _batch_size(trainer: ToolTrainer, loader: Any) -> int | None:
     return loop.last_batch_size() if loop is not None else None  # a loader without batch_size: the last batch
 
 
-def _mixed_precision_hint(trainer: ToolTrainer) -> str | None:
+def _mixed_precision_hint(trainer: LoopHost) -> str | None:
     if trainer.precision != "fp32":
         return None
     try:
@@ -112,7 +112,7 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def advice(trainer: ToolTrainer, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
+def advice(trainer: LoopHost, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
     """``(where it happened, what to try)`` from the run's own settings."""
     model = trainer.model
     accum = int(trainer.grad_accum_steps)
@@ -142,7 +142,7 @@ def advice(trainer: ToolTrainer, where: str, *, loader: Any = None) -> tuple[str
     if mixed:
         tips.append(mixed)
     if where == "fit":
-        blocks = list(getattr(trainer, "checkpointed_blocks", []) or [])
+        blocks = trainer.checkpointed_blocks
         if not blocks:
             tips.append(
                 "activation_checkpointing=True: the repeated blocks recompute their activations in backward "
@@ -178,7 +178,7 @@ def _known_profile(model: torch.nn.Module) -> tuple[Any, bool] | None:
     return found
 
 
-def _memory_switches(trainer: ToolTrainer, *, transformed: bool, profiled_optimizer: str | None) -> dict[str, Any]:
+def _memory_switches(trainer: LoopHost, *, transformed: bool, profiled_optimizer: str | None) -> dict[str, Any]:
     """The memory switches ``trainer`` trains with, as ``ModelProfile.fits`` takes them. ``transformed``: the profile
     measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
     The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
@@ -198,7 +198,7 @@ def _memory_switches(trainer: ToolTrainer, *, transformed: bool, profiled_optimi
     return switches
 
 
-def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: ToolTrainer) -> str | None:
+def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: LoopHost) -> str | None:
     if known is None or total is None or bs is None or not getattr(known[0], "memory", None):
         return None
     profile, transformed = known
@@ -211,7 +211,7 @@ def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | No
     return f"profile_model(...).fits(budget_gb={total / 2**30:.0f}, batch_size={bs}): {result.suggestion}"
 
 
-def release(trainer: ToolTrainer, exc: BaseException) -> None:
+def release(trainer: LoopHost, exc: BaseException) -> None:
     """Drop what the failed step holds: the traceback's finished frames (batch, outputs, activations), the
     loop's pending device values and the gradients; the optimizer state stays. Then free the cache."""
     traceback.clear_frames(exc.__traceback__)
@@ -226,7 +226,7 @@ def release(trainer: ToolTrainer, exc: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
-def handle(trainer: ToolTrainer, exc: BaseException, where: str, *, loader: Any = None) -> None:
+def handle(trainer: LoopHost, exc: BaseException, where: str, *, loader: Any = None) -> None:
     """Release the memory, then append the advice to ``exc``'s message (once; the caller re-raises it)."""
     if not isinstance(exc, torch.OutOfMemoryError):
         return

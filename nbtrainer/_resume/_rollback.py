@@ -22,12 +22,12 @@ from nbtrainer._atomic import CheckpointError
 from nbtrainer._resume._checkpoint_state import restore
 
 if TYPE_CHECKING:
-    from nbtrainer._resume._resume_host import ResumableTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["checkpoint_path", "rollback"]
 
 
-def checkpoint_path(trainer: ResumableTrainer, path: str | os.PathLike[str] = "last") -> str:
+def checkpoint_path(trainer: LoopHost, path: str | os.PathLike[str] = "last") -> str:
     """The file ``rollback(path)`` would load, or a :class:`CheckpointError` that says how to get one."""
     path = os.fspath(path)
     if path != "last":
@@ -53,7 +53,7 @@ def checkpoint_path(trainer: ResumableTrainer, path: str | os.PathLike[str] = "l
     return last
 
 
-def rollback(trainer: ResumableTrainer, path: str | os.PathLike[str], live: Any) -> str:
+def rollback(trainer: LoopHost, path: str | os.PathLike[str], live: Any) -> str:
     """Load ``path`` (``"last"``: the ModelCheckpoint's ``last.ckpt``) at a step boundary and go on from there.
     ``live`` is the trainer's :class:`~nbtrainer._loop._control.LiveControl`. Returns the checkpoint's path."""
     file = checkpoint_path(trainer, path)
@@ -88,7 +88,7 @@ def rollback(trainer: ResumableTrainer, path: str | os.PathLike[str], live: Any)
                 return file
 
 
-def _in_fit(trainer: ResumableTrainer, file: str, live: Any) -> None:
+def _in_fit(trainer: LoopHost, file: str, live: Any) -> None:
     """On the training thread, at a step boundary."""
     run = trainer.run_state
     history, elapsed = trainer.history, run.elapsed_before
@@ -100,7 +100,8 @@ def _in_fit(trainer: ResumableTrainer, file: str, live: Any) -> None:
     history.truncate(step)
     run.history = history
     run.elapsed_before = elapsed  # wall time trained keeps counting
-    run.loop.rewind()
+    if run.loop is not None:
+        run.loop.rewind()
     st = run.loop_state
     event = {"step": step, "epoch": st.epoch + 1, "kind": "rollback", "old": before, "new": step, "path": file}
     trainer.callbacks.call("on_control", trainer=trainer, event=event)

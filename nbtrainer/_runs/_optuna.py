@@ -17,7 +17,7 @@ from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._runs._store import dumps
 
 if TYPE_CHECKING:
-    from nbtrainer._events._trainer_view import TrainerView
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["OptunaPruning", "tune"]
 
@@ -54,11 +54,11 @@ class OptunaPruning(Callback):
         self.monitor = monitor
         self.pruned_epoch: int | None = None
 
-    def on_fit_start(self, trainer: TrainerView) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         check_monitor("OptunaPruning", self.monitor, trainer)
         self.pruned_epoch = None
 
-    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         prune = False
         if trainer.is_global_zero and self.monitor in logs:
             self.trial.report(float(logs[self.monitor]), step=epoch)
@@ -68,7 +68,7 @@ class OptunaPruning(Callback):
             value = format_number(logs.get(self.monitor))
             raise _optuna().TrialPruned(f"trial {self.trial.number} pruned at epoch {epoch} ({self.monitor}={value})")
 
-    def on_exception(self, trainer: TrainerView, exception: BaseException) -> None:
+    def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
         if self.pruned_epoch is not None and isinstance(exception, _optuna().TrialPruned):
             trainer.status = "stopped"  # a planned end of the fit, not a failure of the model
             trainer.history.stop_reason = f"Optuna: {exception}"

@@ -21,11 +21,13 @@ import torch
 
 from nbtrainer._data._batch import BatchSpec
 from nbtrainer._data._prefetch import check_data_options
-from nbtrainer._dist._launch_monitor import launched_callbacks
+from nbtrainer._dist._launch_monitor import launched_channels
+from nbtrainer._events._launched import RankMonitor
 from nbtrainer._events._progress import progress_callback
 from nbtrainer._events._stream import CallbackList
 from nbtrainer._loop._closure import check_closure
 from nbtrainer._loop._in_backward import check_in_backward
+from nbtrainer._loop._manual import check_manual
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
@@ -39,9 +41,10 @@ from nbtrainer._trainer import _validate
 from nbtrainer._trainer._memory_budget import check_budget
 
 if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
     from nbtrainer._trainer._memory_budget import BudgetPlan
 
-__all__ = ["Assembled", "assemble", "trained_params"]
+__all__ = ["Assembled", "assemble", "bind_criterion"]
 
 
 @dataclasses.dataclass
@@ -62,15 +65,9 @@ class Assembled:
     val_metrics: MetricSet
     chunked_loss: Any
     nonfinite: NonFiniteGuard
-    params: list[torch.Tensor]
     budget: BudgetPlan | None
     recorder: RunRecorder
     metric_spec: dict[str, Any]
-
-
-def trained_params(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """What ``optimizer`` steps, in its order (clipping and the window's rescale go over these)."""
-    return [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
 
 
 def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions, parts: TrainerParts) -> Assembled:
@@ -101,7 +98,7 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
     device = resolve_device(strategy.device)
     options = options.replace("setup", device=device)
     batch = options.batch
-    _validate.check_manual(
+    check_manual(
         batch.training_step,
         batch.validation_step,
         criterion=criterion,
@@ -170,7 +167,8 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
     # last: it opens (and checks) the store now, before any step, and callback indices (checkpoint keys) keep
     recorder = RunRecorder(run.run_store)
     # after it: nbtrainer.launch(view=...)'s progress/stop channel (launched ranks only; no state, no index)
-    callback_list = CallbackList([run_state.recorder, *callbacks, recorder, *launched_callbacks()])
+    launched = [RankMonitor(channel) for channel in launched_channels()]
+    callback_list = CallbackList([run_state.recorder, *callbacks, recorder, *launched])
     # freeze, quantize, lora (its adapters' init from seed=), channels_last, checkpointing, compile: the model changes
     model = setup.apply(seed=run.seed, activation_checkpointing=memory.activation_checkpointing)
     if setup.optimizer is not optimizer:  # named, built once quantize= / lora= changed the model
@@ -194,7 +192,6 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
         val_metrics=run_state.train_metrics.clone(device),
         chunked_loss=chunked,
         nonfinite=NonFiniteGuard(step.on_nonfinite),
-        params=trained_params(optimizer),
         budget=budget,
         recorder=recorder,
         metric_spec=metric_spec,
@@ -217,3 +214,17 @@ def _named_optimizers(model: torch.nn.Module, optimizer: Any, scheduler: Any) ->
 
 def _named(group: Any, *names: str) -> dict[str, Any]:
     return {name: getattr(group, name) for name in names}
+
+
+def bind_criterion(trainer: LoopHost, metric_spec: dict[str, Any]) -> None:
+    """A criterion that needs the trainer (``DistillationLoss``: its teacher sees the model's inputs, on this device)
+    binds itself once the model is final, and may bring metrics (its loss parts); the user's win a name clash."""
+    bind = getattr(trainer.criterion, "bind_trainer", None)
+    if not callable(bind):
+        return
+    extra = {k: v for k, v in bind(trainer).items() if k not in metric_spec}
+    if extra:
+        metric_spec.update(extra)
+        run = trainer.run_state
+        run.train_metrics = MetricSet(metric_spec, trainer.device)
+        trainer.batch_steps.val_metrics = run.train_metrics.clone(trainer.device)

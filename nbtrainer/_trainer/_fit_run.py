@@ -9,33 +9,49 @@ The loop itself is ``nbtrainer._loop._fit_loop.FitLoop``; Ctrl-C is ``_interrupt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._data import _arrays
+from nbtrainer._data._batch import safe_len
 from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._events._progress import start_progress
 from nbtrainer._loop import _oom
-from nbtrainer._loop._fit_loop import FitLoop, _safe_len
+from nbtrainer._loop._fit_loop import FitLoop
 from nbtrainer._resume import _continue
 from nbtrainer._setup._optim import move_optimizer_state
 from nbtrainer._setup._seed import seed_everything, set_deterministic
 from nbtrainer._trainer import _validate
 from nbtrainer._trainer._interrupt import INTERRUPT_REASON, StopOnInterrupt, reraise_in_script, save_on_interrupt
-from nbtrainer._trainer._loop_host import TrainerHost
 
 if TYPE_CHECKING:
     from nbtrainer._events._history import History
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._loop._control import LiveControl
+    from nbtrainer._loop._host import LoopHost
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
+    from nbtrainer._trainer._memory_budget import MemoryBudget
 
-__all__ = ["FitRun", "check_fit_args"]
+__all__ = ["FitParts", "FitRun", "check_fit_args"]
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class FitParts:
+    """The parts of a Trainer that only its fits use (``Trainer.fit`` hands them over): the live control, the NaN/inf
+    gate, the memory budget, and the set of trainers fitting in this process."""
+
+    live: LiveControl
+    nonfinite: NonFiniteGuard
+    budget: MemoryBudget | None
+    active: weakref.WeakSet[Any]
+
+
 def check_fit_args(
-    trainer: Trainer,
+    trainer: LoopHost,
     data: Any,
     val_loader: Any,
     epochs: Any,
@@ -64,9 +80,9 @@ def check_fit_args(
             "This trainer is already fitting (in another thread?). Call request_stop() "
             "and wait for it to end before starting another fit."
         )
-    if _safe_len(train) == 0:
+    if safe_len(train) == 0:
         raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
-    if val is not None and _safe_len(val) == 0:
+    if val is not None and safe_len(val) == 0:
         raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
     trainer.run_state.has_validation = val is not None
     _validate.check_fit(trainer, train, val, epochs, max_steps)
@@ -77,9 +93,9 @@ class FitRun:
     """One fit of ``trainer`` (see the module docstring): built by ``Trainer.fit`` once its arguments are checked."""
 
     def __init__(
-        self, trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None
+        self, trainer: LoopHost, parts: FitParts, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None
     ) -> None:
-        self.trainer, self.epochs, self.max_steps = trainer, epochs, max_steps
+        self.trainer, self.parts, self.epochs, self.max_steps = trainer, parts, epochs, max_steps
         self.train_loader, self.val_loader = train_loader, val_loader
         self.resume_from: Any = None
         self.resume_note: tuple[str, str] | None = None  # (what was asked, what was done): one line and an event
@@ -87,12 +103,12 @@ class FitRun:
 
     def begin(self, resume_from: Any, profiler: Any) -> None:
         """Plan (``memory_budget_gb``), resume or start fresh, place the model and the loaders, build the loop."""
-        trainer = self.trainer
+        trainer, parts = self.trainer, self.parts
         run = trainer.run_state
-        if trainer._budget is not None:  # planned for the first batch; nothing fits: a ValueError before any step
-            trainer._budget.prepare(self.train_loader)
-        trainer._live.requests.reset()
-        trainer._nonfinite.reset()
+        if parts.budget is not None:  # planned for the first batch; nothing fits: a ValueError before any step
+            parts.budget.prepare(self.train_loader)
+        parts.live.requests.reset()
+        parts.nonfinite.reset()
         plan = _continue.Plan(self.train_loader, self.epochs, self.max_steps)
         if isinstance(resume_from, str) and resume_from in _continue.IF_EXISTS:
             requested = resume_from
@@ -103,21 +119,32 @@ class FitRun:
             _continue.resume_fit(trainer, resume_from, plan)  # refuses a saved schedule too short for this fit
         else:
             _continue.check_schedule(trainer, plan)  # e.g. a OneCycleLR a previous fit used up
-            if trainer.seed is not None:
-                seed_everything(trainer.seed)
+            seed = trainer.options.run.seed
+            if seed is not None:
+                seed_everything(seed)
             run.start_fresh()  # each fit gets its own History (the returned object)
-        if trainer.deterministic:
+        if trainer.options.run.deterministic:
             set_deterministic(True)
         trainer.model = trainer.strategy.setup_model(trainer.model)
         move_optimizer_state(self._optimizer(), trainer.device)
         train = trainer.strategy.prepare_loader(self.train_loader, train=True)
         if self.val_loader is not None:
             self.val_loader = trainer.strategy.prepare_loader(self.val_loader, train=False)
-        n = _safe_len(train)  # this rank's share under DDP
+        n = safe_len(train)  # this rank's share under DDP
         trainer.progress = start_progress(run.loop_state, n, trainer.grad_accum_steps, self.epochs, self.max_steps)
-        self.loop = FitLoop(TrainerHost(trainer), train, self.val_loader, self.epochs, self.max_steps, profiler)
-        run.loop, run.fit_thread = self.loop, threading.get_ident()
-        trainer._active.add(trainer)
+        loop = FitLoop(
+            trainer,
+            train,
+            self.val_loader,
+            self.epochs,
+            self.max_steps,
+            profiler,
+            live=parts.live,
+            nonfinite=parts.nonfinite,
+        )
+        self.loop = loop
+        run.loop, run.fit_thread = loop, threading.get_ident()
+        parts.active.add(trainer)
         trainer.status = trainer.history.status = "running"
         trainer.history.stop_reason = None
 
@@ -125,7 +152,7 @@ class FitRun:
         """Run the loop between ``on_fit_start`` and ``on_fit_end``; the status says how it ended."""
         trainer, loop = self.trainer, self.loop
         assert loop is not None  # begin() built it
-        control = trainer._live.requests
+        control = self.parts.live.requests
         # Ctrl-C: the first one stops at the next optimizer step (_interrupt), a second one raises at once
         ctrl_c = StopOnInterrupt(control, enabled=not trainer.strategy.distributed)
         interrupted: BaseException | None = None
@@ -170,8 +197,8 @@ class FitRun:
     def _start(self) -> None:
         trainer, run = self.trainer, self.trainer.run_state
         trainer.callbacks.call("on_fit_start", trainer=trainer)
-        if trainer._budget is not None:  # what the plan chose (one progress line), then measure the first steps
-            trainer._budget.start()
+        if self.parts.budget is not None:  # what the plan chose (one progress line), then measure the first steps
+            self.parts.budget.start()
         if self.resume_note is not None:  # say whether it resumed (one line in the progress, an event)
             st = run.loop_state
             event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}
@@ -180,12 +207,12 @@ class FitRun:
         if self.val_loader is not None and self.resume_from is None:
             # its first batch, now, under restored RNG; after on_fit_start, so a stateful compute_loss
             # (reset by its callbacks) never sees a batch before the fit has started
-            _validate.check_val_loader(trainer, self.val_loader)
+            trainer.batch_steps.check_val_loader(self.val_loader)
 
     def _finish(self, interrupted: bool) -> None:
         """The status of a loop that returned: finished, stopped (a request), or interrupted (Ctrl-C)."""
         trainer = self.trainer
-        control = trainer._live.requests
+        control = self.parts.live.requests
         st, reason = trainer.run_state.loop_state, control.stop_reason
         completed = st.epoch_complete and st.epoch + 1 >= self.epochs
         at_max_steps = (reason or "").startswith("max_steps")
@@ -218,12 +245,12 @@ class FitRun:
             loop.read_memory()  # the last window (validation, the final steps) counts in the fit's peak
         trainer.history.status = trainer.status
         trainer.progress.status = trainer.status
-        trainer._live.drop_deferred()
+        self.parts.live.drop_deferred()
         try:
             trainer.callbacks.call("on_fit_end", trainer=trainer, history=trainer.history)
         finally:
             run.loop = run.fit_thread = None  # drop references to batches/outputs held by the loop
-            trainer._active.discard(trainer)
+            self.parts.active.discard(trainer)
             trainer.strategy.barrier()
         if flush_error is not None and trainer.status != "failed":
             raise flush_error

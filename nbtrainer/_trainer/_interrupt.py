@@ -25,7 +25,7 @@ from nbtrainer._events._frontend import in_notebook
 
 if TYPE_CHECKING:
     from nbtrainer._loop._control import Control
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["INTERRUPT_REASON", "StopOnInterrupt", "reraise_in_script", "save_on_interrupt"]
 
@@ -65,7 +65,7 @@ class StopOnInterrupt:
             self._previous = None
 
 
-def save_on_interrupt(trainer: Trainer) -> list[str]:
+def save_on_interrupt(trainer: LoopHost) -> list[str]:
     """Write ``last.ckpt`` of every ``ModelCheckpoint(save_on_interrupt=True)`` now (the loop is at a step
     boundary), each a ``save_on_interrupt`` event in the History; returns the paths written. Nothing before the
     run's first step (a checkpoint would only repeat the start). A failed save leaves the previous file as it was

@@ -19,9 +19,10 @@ from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
 from nbtrainer._report._format import format_bytes
 
 if TYPE_CHECKING:
+    from nbtrainer._loop._control import LiveControl
+    from nbtrainer._loop._host import LoopHost
     from nbtrainer._options import BudgetOptions, MemoryOptions, SetupOptions
     from nbtrainer._plan._result import MemoryPlan, PlanRow
-    from nbtrainer._trainer._trainer import Trainer
 
 __all__ = ["BudgetPlan", "MemoryBudget", "check_budget"]
 
@@ -69,8 +70,8 @@ def check_budget(
 class MemoryBudget:
     """A Trainer's memory budget (see the module docstring). ``plan``: the :class:`MemoryPlan` once made."""
 
-    def __init__(self, trainer: Trainer, given: BudgetPlan) -> None:
-        self._trainer = trainer
+    def __init__(self, trainer: LoopHost, given: BudgetPlan, live: LiveControl) -> None:
+        self._trainer, self._live = trainer, live
         self.budget_gb = given.options.budget_gb
         self.auto_optimizer = given.options.choose_optimizer
         self.keep_precision = not given.options.choose_precision
@@ -217,10 +218,10 @@ class MemoryBudget:
         from nbtrainer._setup._model_setup import build_optimizer
 
         trainer = self._trainer
-        params = list(trainer._params)
+        assert trainer.optimizer is not None  # a budget plans a trainer that trains
+        params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
         optimizer = build_optimizer(kind, params, self._lr, device=trainer.device)
         trainer.optimizer = trainer.model_setup.optimizer = optimizer
-        trainer._params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def describe(self, row: PlanRow) -> str:
         assert self.plan is not None
@@ -235,7 +236,7 @@ class MemoryBudget:
     def announce(self) -> None:
         """The plan's choice as one ``on_control`` event (a progress line, the History, the run store)."""
         if self.row is not None:
-            self._trainer._live.event("memory_plan", None, self.describe(self.row))
+            self._live.event("memory_plan", None, self.describe(self.row))
 
     def _measured(self, peak: int, seconds: float) -> None:
         """The measured peak and step time of the applied row, beside what the plan predicted (an ``on_control``
@@ -246,7 +247,7 @@ class MemoryBudget:
             return
         on_cuda = self._trainer.device.type == "cuda"
         predicted = row.reserved_bytes if on_cuda else row.peak_bytes
-        self._trainer._live.event(
+        self._live.event(
             "memory_check",
             None,
             f"{row.describe()}: measured peak {format_bytes(peak)} ({'reserved' if on_cuda else 'tensors'}; "
@@ -262,7 +263,7 @@ class MemoryBudget:
         kind = trainer.options.memory.optimizer
         nxt = step_down(plan, current, measured, optimizer=kind)
         if nxt is None:
-            trainer._live.event(
+            self._live.event(
                 "memory_step_down",
                 current.describe(),
                 f"measured peak {format_bytes(measured)} is over the {self.budget_gb:g} GiB budget and no smaller "
@@ -273,11 +274,11 @@ class MemoryBudget:
 
         def apply() -> None:
             self._apply(nxt, first=False)
-            trainer._live.event(
+            self._live.event(
                 "memory_step_down",
                 current.describe(),
                 f"{nxt.describe()} (measured peak {format_bytes(measured)} was over the {self.budget_gb:g} GiB budget)",
             )
             self.check.arm(trainer.model, trainer.optimizer)
 
-        trainer._live.requests.submit(apply)  # run by the loop at this step boundary, then the precision is re-read
+        self._live.requests.submit(apply)  # run by the loop at this step boundary, then the precision is re-read
