@@ -12,6 +12,7 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -38,6 +39,8 @@ from ._savers import Savers
 from ._view import HIDE_STATIC, PanelView
 
 __all__ = ["TrainerWidget"]
+
+log = logging.getLogger(__name__)
 
 _counter = iter(range(1, 1 << 30))
 
@@ -368,6 +371,7 @@ class TrainerWidget:
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
+            log.debug("the run store could not be read: said in the panel, training goes on", exc_info=True)
             self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -51,6 +52,8 @@ from nbtrainer._data._batch import first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
+
+log = logging.getLogger(__name__)
 
 
 def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default: Any) -> tuple[Any, dict[str, Any]]:
@@ -258,6 +261,7 @@ def compare_strategies(
                     peak, row["memory_detail"], row["memory_resident"] = measure_step_peak(make_measured, loader_m)
                     row["peak_memory_bytes"] = peak
                 except Exception as exc:
+                    log.debug("this strategy's memory could not be measured: its row says why", exc_info=True)
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
                 del copy_model, make_measured, batches
                 gc.collect()
@@ -304,6 +308,9 @@ def compare_strategies(
                 row["metric"] = value
             row["setup"] = trainer.model_setup.describe()
         except Exception as exc:
+            log.debug(
+                "a strategy that fails is a row of the table (its status and reason), not an error", exc_info=True
+            )
             row.update(status="failed", reason=failure_reason(exc))
         finally:
             del trainer, model

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -54,6 +55,8 @@ __all__ = [
     "rebuild_sequence",
     "safe_len",
 ]
+
+log = logging.getLogger(__name__)
 
 _DEFAULT_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
@@ -118,11 +121,16 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
                     new[k] = v
                 return new
             except Exception:
-                pass
+                log.debug(
+                    "this Mapping cannot be copied and updated in place: rebuilt from a dict instead", exc_info=True
+                )
         cls: Any = type(obj)  # an immutable Mapping: rebuilt from a dict when its class allows it
         try:
             return cls(items)
         except Exception:
+            log.debug(
+                "this Mapping class cannot be built from a dict: the batch goes on as a plain dict", exc_info=True
+            )
             return items
     if is_record(obj):
         return rebuild_record(

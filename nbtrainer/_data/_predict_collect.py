@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -56,6 +57,8 @@ __all__ = [
     "no_cache",
     "prepare_outputs",
 ]
+
+log = logging.getLogger(__name__)
 
 # transformers 5 renamed GPT-2's (and others') `past_key_values` output field to `cache`; XLNet's is `mems`.
 _CACHE_ENTRIES = ("past_key_values", "cache", "cache_params", "mems", "past_buckets_states")
@@ -160,6 +163,7 @@ def _rebuild_mapping(obj: Mapping[str, Any], items: dict[str, Any]) -> Any:
         try:
             return build()
         except Exception:
+            log.debug("this output class cannot be rebuilt this way: the next way is tried", exc_info=True)
             continue
     return items
 

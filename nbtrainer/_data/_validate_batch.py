@@ -8,6 +8,7 @@ Part of the checks described in :mod:`nbtrainer._trainer._validate`; a Trainer's
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,17 @@ __all__ = [
     "onecycle_overflow",
 ]
 
-_ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "SoftMarginLoss")
+log = logging.getLogger(__name__)
+
+_ELEMENTWISE = (
+    torch.nn.MSELoss,
+    torch.nn.L1Loss,
+    torch.nn.SmoothL1Loss,
+    torch.nn.HuberLoss,
+    torch.nn.BCELoss,
+    torch.nn.BCEWithLogitsLoss,
+    torch.nn.SoftMarginLoss,
+)
 
 
 def _desc(obj: Any, depth: int = 0) -> str:
@@ -93,6 +104,7 @@ def _rewrap(exc: BaseException, message: str) -> BaseException:
     try:
         new = type(exc)(message)
     except Exception:
+        log.debug("this exception class takes no message: the message goes in a RuntimeError", exc_info=True)
         new = RuntimeError(message)
     return new
 
@@ -174,7 +186,7 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
 
 def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
     if (
-        type(criterion).__name__ not in _ELEMENTWISE
+        not isinstance(criterion, _ELEMENTWISE)
         or not isinstance(outputs, torch.Tensor)
         or not isinstance(targets, torch.Tensor)
         or outputs.shape == targets.shape

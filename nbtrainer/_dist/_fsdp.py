@@ -245,7 +245,7 @@ class FSDP(DDP):
                 f"strategy='fsdp': {type(root).__name__} has no parameters, so there is nothing to shard. "
                 "Use strategy='single' (or 'ddp') for it."
             )
-        quantized = sorted({type(p).__name__ for p in root.parameters() if type(p).__name__ in _PACKED})
+        quantized = sorted({type(p).__name__ for p in root.parameters() if _packed(p)})
         if quantized:
             raise ValueError(
                 f"strategy='fsdp' cannot shard bitsandbytes' quantized weights ({', '.join(quantized)}: packed "
@@ -350,6 +350,12 @@ class FSDP(DDP):
         for key in ("batch_size", "drop_last", "generator"):
             kwargs.pop(key, None)
         return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
+
+
+def _packed(p: torch.Tensor) -> bool:
+    """A bitsandbytes quantized weight (told without importing bitsandbytes)."""
+    cls = type(p)
+    return cls.__module__.startswith("bitsandbytes") and cls.__name__ in _PACKED
 
 
 def optimizer_param_names(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

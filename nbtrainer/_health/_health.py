@@ -19,24 +19,30 @@ Per step it only keeps references (the batch, the loss tensor) and appends ``(st
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._events._callbacks import Callback
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._health._advice import data_advice, suggest_lr
 from nbtrainer._health._health_report import KINDS, SIGNALS, HealthReport, SignalState
 from nbtrainer._health._judge import Draft, judge_dead, judge_norms
 from nbtrainer._health._locate import dead_units, locate_nonfinite
 from nbtrainer._health._loss_watch import LossWatch
 from nbtrainer._health._norms import NormProbe, hook_step
+from nbtrainer._loop._closure import needs_closure
+from nbtrainer._loop._nonfinite import NonFiniteLossError
 from nbtrainer._report._format import format_lr, format_number
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["ON_PROBLEM", "Health"]
+
+log = logging.getLogger(__name__)
 
 ON_PROBLEM = ("warn", "pause", "stop")
 DATA_SHARE = 0.3  # the loader taking this share of the step time gets a warning
@@ -152,7 +158,7 @@ class Health(Callback):
         self._first_step = trainer.global_step + 1
         self._step = trainer.global_step
         self.signals["non-finite"] = SignalState("ok", "every loss finite so far")
-        if not getattr(trainer, "timing_every", 1):
+        if not trainer.options.run.timing_every:
             self.signals["data"] = SignalState("ok", "not measured (Trainer(timing_every=0))")
         self._arm(trainer, self._first_step)
 
@@ -164,12 +170,11 @@ class Health(Callback):
 
     @staticmethod
     def _why_no_norms(trainer: LoopHost) -> str | None:
-        memory = getattr(trainer.options, "memory", None)
-        if getattr(memory, "optimizer_in_backward", False):
+        if trainer.options.memory.optimizer_in_backward:
             return "with optimizer_in_backward the gradients never exist together"
         if trainer.batch_steps.training_step_fn is not None:
             return "training_step steps the optimizers itself"
-        if type(trainer.optimizer).__name__ == "LBFGS":
+        if needs_closure(trainer.optimizer):
             return "LBFGS computes its gradients inside its step"
         if trainer.strategy.shards_parameters:
             return "FSDP shards the gradients"
@@ -208,7 +213,7 @@ class Health(Callback):
         loop = trainer.run_state.loop
 
         def before(optimizer: Any) -> None:
-            pre_clip = getattr(getattr(loop, "step", None), "grad_norm", None)
+            pre_clip = loop.grad_norm if loop is not None else None
             probe.before_step(pre_clip, trainer.max_grad_norm, ratio=True)
 
         self._hooks = hook_step(trainer.optimizer, probe, before, lambda optimizer: probe.after_step(step))
@@ -324,12 +329,11 @@ class Health(Callback):
         self._light({"data": SignalState(level, f"waiting for data {share:.0%} of the step time")})
         if level == "warning":
             loop = trainer.run_state.loop
-            data = getattr(loop, "train_data", None)
             advice = data_advice(
-                getattr(loop, "train_loader", None),
-                mode=getattr(data, "mode", None),
+                loop.train_loader if loop is not None else None,
+                mode=loop.data_mode if loop is not None else None,
                 device_type=trainer.device.type,
-                fast_fetch=bool(getattr(trainer, "fast_fetch", True)),
+                fast_fetch=trainer.options.data.fast_fetch,
             )
             message = f"the step waits for the loader {sum(recent) / len(recent):.0%} of its time (step-time samples)"
             self._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
@@ -345,6 +349,7 @@ class Health(Callback):
                 self._model, trainer.batch_steps.compute, batch, trainer.batch_steps.autocast(), _owner(names)
             )
         except Exception as exc:  # a diagnostic never ends the run: the light says why it could not look
+            log.debug("the dead-units diagnostic failed (it never ends the run): its light says why", exc_info=True)
             self._light({"dead units": SignalState("ok", f"not checked: {type(exc).__name__}: {exc}"[:120])})
             return
         step = trainer.global_step
@@ -390,7 +395,7 @@ class Health(Callback):
         self._file(trainer, Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._lr_raised(step))))
 
     def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
-        if type(exception).__name__ != "NonFiniteLossError" or any(r.kind == "nonfinite" for r in self.reports):
+        if not isinstance(exception, NonFiniteLossError) or any(r.kind == "nonfinite" for r in self.reports):
             return
         first = str(exception).split(". ")[0]
         advice = (
@@ -434,7 +439,7 @@ class Health(Callback):
             return
         advice, data = draft.advice, dict(draft.data)
         if draft.lr_advice:
-            suggestion = suggest_lr(trainer.optimizer, getattr(trainer.run_state, "lr_finder", None))
+            suggestion = suggest_lr(trainer.optimizer, trainer.run_state.lr_finder)
             if suggestion is not None:
                 lr, why = suggestion
                 data["lr"] = lr
@@ -457,9 +462,9 @@ class Health(Callback):
         if self.on_problem == "pause":
             trainer.pause()
         elif self.on_problem == "stop":
-            for cb in trainer.callbacks.callbacks:  # last.ckpt at the step boundary where the run stops
-                if getattr(cb, "save_last", False) and callable(getattr(cb, "save_now", None)):
-                    trainer.defer(_saver(cb, trainer))
+            for checkpoint in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+                if checkpoint.save_last:  # last.ckpt at the step boundary where the run stops
+                    trainer.defer(_saver(checkpoint, trainer))
             trainer.request_stop(f"Health: {report.message}")
 
 
@@ -478,5 +483,5 @@ def _owner(blocks: list[str]) -> Any:
     return block_of
 
 
-def _saver(checkpoint: Any, trainer: LoopHost) -> Callable[[], Any]:
+def _saver(checkpoint: ModelCheckpoint, trainer: LoopHost) -> Callable[[], Any]:
     return lambda: checkpoint.save_now(trainer)

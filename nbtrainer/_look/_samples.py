@@ -15,6 +15,7 @@ schedule, and a value of a type that cannot be shown (``fn`` is called once at t
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["SampleTypeError", "Samples", "sample_entries"]
+
+log = logging.getLogger(__name__)
 
 
 class SampleTypeError(TypeError):
@@ -180,6 +183,7 @@ class Samples:
             self._report(trainer, step, epoch, exc)
             return
         except Exception as exc:
+            log.debug("a sample failed: reported as an on_control event, the run goes on", exc_info=True)
             self._report(trainer, step, epoch, exc)
             return
         finally:

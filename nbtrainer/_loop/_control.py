@@ -11,6 +11,7 @@ training thread; and the LR arithmetic a change of the reference LR makes (:func
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -30,6 +31,8 @@ __all__ = [
     "rescale_lr",
     "step_epoch_scheduler",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class Control:
@@ -176,6 +179,10 @@ class LiveControl:
                     try:
                         fut.set_result(fn())
                     except BaseException as exc:
+                        log.debug(
+                            "a call run on the training thread failed: its caller gets the exception from the Future",
+                            exc_info=True,
+                        )
                         fut.set_exception(exc)
             if not run.fitting or not control.paused or control.stop_requested:
                 return

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import traceback
 import weakref
 from collections.abc import Callable
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
+
+log = logging.getLogger(__name__)
 
 MARK = "nbtrainer: out of memory"
 
@@ -72,6 +75,9 @@ def _mixed_precision_hint(trainer: LoopHost) -> str | None:
 
         support = precision_support(trainer.device)
     except Exception:  # the check itself may need memory we do not have
+        log.debug(
+            "precision support could not be checked (it may need memory there is none of): no hint", exc_info=True
+        )
         return None
     for name in ("bf16-mixed", "fp16-mixed"):
         if support.get(name, (False, ""))[0]:
@@ -92,6 +98,7 @@ def _device_memory(device: torch.device, fit_peak: int | None) -> tuple[int, int
         peak = max(int(torch.cuda.max_memory_allocated(device)), int(fit_peak or 0))
         return peak, int(torch.cuda.get_device_properties(device).total_memory)
     except Exception:
+        log.debug("no CUDA memory figures: the out-of-memory advice goes without them", exc_info=True)
         return None
 
 
@@ -207,6 +214,10 @@ def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | No
         switches = _memory_switches(trainer, transformed=transformed, profiled_optimizer=measured.get("optimizer"))
         result = profile.fits(total / 2**30, bs, device=str(trainer.device), precision=trainer.precision, **switches)
     except Exception:  # measured on another device / precision, or without checkpointing: no numbers to quote
+        log.debug(
+            "the remembered profile cannot answer for this device, precision or switches: no numbers quoted",
+            exc_info=True,
+        )
         return None
     return f"profile_model(...).fits(budget_gb={total / 2**30:.0f}, batch_size={bs}): {result.suggestion}"
 

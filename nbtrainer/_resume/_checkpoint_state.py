@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from nbtrainer._resume._full_state import gather_full, load_weights, shards_parameters
 from nbtrainer._setup._seed import capture_rng
@@ -300,8 +301,7 @@ def rank_state(trainer: LoopHost) -> dict[str, Any]:
 
 def _this_rank(trainer: LoopHost, ckpt: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint as this rank should load it: its own RNG/sums when the world size matches."""
-    strategy = getattr(trainer, "strategy", None)
-    world, rank = getattr(strategy, "world_size", 1), getattr(strategy, "rank", 0)
+    world, rank = trainer.strategy.world_size, trainer.strategy.rank
     ranks = ckpt.get("ranks") or []
     if len(ranks) == world and world > 1:
         return {**ckpt, **{k: v for k, v in ranks[rank].items() if k in _PER_RANK}}
@@ -377,7 +377,8 @@ def restore(
     checkpoint before anything of it is loaded (``_continue.resume_fit`` checks the saved schedule there)."""
     path = os.fspath(resume_from)
     if path == "last":
-        dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+        found = ModelCheckpoint.find(trainer.callbacks.callbacks)
+        dirs = [found.dirpath] if found is not None else []
         if not dirs:
             raise CheckpointError(
                 "resume_from='last' needs a ModelCheckpoint callback (its dirpath holds last.ckpt); "

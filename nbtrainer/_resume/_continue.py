@@ -19,6 +19,7 @@ import torch
 
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import safe_len
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -271,7 +272,8 @@ def resolve_if_exists(trainer: LoopHost, resume_from: str) -> tuple[str | None, 
     ``last.ckpt`` exists, ``(None, note)`` (a fresh start) when it does not; ``note`` says which, for the log."""
     import os
 
-    dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+    found = ModelCheckpoint.find(trainer.callbacks.callbacks)
+    dirs = [found.dirpath] if found is not None else []
     if not dirs:
         raise ValueError(
             f"resume_from={resume_from!r} looks for the last.ckpt of a ModelCheckpoint callback, and this trainer "

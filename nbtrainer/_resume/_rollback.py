@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._atomic import CheckpointError
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._resume._checkpoint_state import restore
 
 if TYPE_CHECKING:
@@ -37,14 +38,14 @@ def checkpoint_path(trainer: LoopHost, path: str | os.PathLike[str] = "last") ->
                 "ModelCheckpoint, or path='last' for a ModelCheckpoint's last.ckpt."
             )
         return path
-    dirs = [cb for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
-    if not dirs:
+    checkpoint = ModelCheckpoint.find(trainer.callbacks.callbacks)
+    if checkpoint is None:
         raise CheckpointError(
             "rollback(path='last') has no checkpoint to roll back to: this trainer has no ModelCheckpoint. Add "
             "ModelCheckpoint(dirpath, save_last=True, every_n_steps=200) (last.ckpt every 200 steps), or pass the "
             "path of a checkpoint written by trainer.save_checkpoint()."
         )
-    last = dirs[0].last_path
+    last = checkpoint.last_path
     if not os.path.exists(last):
         raise CheckpointError(
             f"rollback(path='last') has no checkpoint to roll back to yet: no {last!r}. ModelCheckpoint writes it "
@@ -58,7 +59,7 @@ def rollback(trainer: LoopHost, path: str | os.PathLike[str], live: Any) -> str:
     ``live`` is the trainer's :class:`~nbtrainer._loop._control.LiveControl`. Returns the checkpoint's path."""
     file = checkpoint_path(trainer, path)
     run = trainer.run_state
-    if getattr(trainer.strategy, "distributed", False):
+    if trainer.strategy.distributed:
         raise RuntimeError(
             "rollback() is not supported under DDP / FSDP (every rank would have to roll back together): stop the "
             "run and resume it with fit(..., resume_from=path)."

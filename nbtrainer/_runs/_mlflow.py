@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import queue
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["MLflowLogger"]
+
+log = logging.getLogger(__name__)
 
 _INSTALL = 'pip install "nbtrainer[mlflow]"  (or: pip install mlflow)'
 # MLflow's limits (mlflow.utils.validation): key length, param value length, entities per log_batch
@@ -184,6 +187,7 @@ class MLflowLogger(Callback):
                 if op is not None and self.error is None:
                     op()
             except Exception as exc:
+                log.debug("an MLflow call failed: the logger stops and warns once (the run goes on)", exc_info=True)
                 self._fail(f"{type(exc).__name__}: {exc}")
             finally:
                 self._queue.task_done()
@@ -321,7 +325,7 @@ class MLflowLogger(Callback):
         values, self._pending = self._pending, []
         status, reason = history.status, history.stop_reason
         events, has_events = json.dumps(history.events, default=str), bool(history.events)
-        run_id = getattr(trainer, "run_id", None)
+        run_id = trainer.run_id
         files = [p for p in _checkpoints(trainer) if os.path.isfile(p)] if self.log_checkpoints else []
 
         def end() -> None:

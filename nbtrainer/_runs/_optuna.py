@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback, check_monitor
+from nbtrainer._events._stream import CallbackList
 from nbtrainer._optional import import_optional
 from nbtrainer._report._format import format_number
 from nbtrainer._runs._recorder import RunRecorder
@@ -80,7 +81,11 @@ def _check_built(built: Any, trial_number: int) -> tuple[Any, Any, Any]:
         what = f"a {type(built).__name__}" + (f" of {len(built)}" if isinstance(built, (tuple, list)) else "")
         raise TypeError(f"{hint}; trial {trial_number} got {what}.")
     trainer = built[0]
-    if not (callable(getattr(trainer, "fit", None)) and hasattr(trainer, "callbacks")):
+    try:
+        trains = callable(trainer.fit) and isinstance(trainer.callbacks, CallbackList)
+    except AttributeError:
+        trains = False
+    if not trains:
         raise TypeError(f"{hint}; the first item of trial {trial_number} is a {type(trainer).__name__}, not a Trainer.")
     if built[1] is None:
         raise TypeError(f"{hint}; the train_loader of trial {trial_number} is None.")
@@ -173,7 +178,7 @@ def tune(
         finally:
             for cb in [*extra, pruning]:
                 trainer.callbacks.remove(cb)
-            run_id = getattr(trainer, "run_id", None)
+            run_id = trainer.run_id
             if run_id is not None:
                 trial.set_user_attr("nbtrainer_run_id", run_id)
             if recorder is not None and recorder.store is not None and run_id is not None:

@@ -128,16 +128,11 @@ def best_values(epochs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _checkpoints(trainer: LoopHost) -> list[str]:
+    from nbtrainer._events._model_checkpoint import ModelCheckpoint
+
     paths: list[str] = []
-    for cb in trainer.callbacks.callbacks:
-        for attr in ("best_model_path", "last_model_path"):
-            path = getattr(cb, attr, None)
-            if isinstance(path, str) and path not in paths:
-                paths.append(path)
-        for item in getattr(cb, "best_k", None) or ():
-            path = item[1] if isinstance(item, (tuple, list)) and len(item) > 1 else None
-            if isinstance(path, str) and path not in paths:
-                paths.append(path)
+    for checkpoint in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+        paths += [path for path in checkpoint.files() if path not in paths]
     return paths
 
 

@@ -178,12 +178,14 @@ class MemorySavers:
             return
         rest = dict(state)
         for name, module in model.named_modules():
-            if type(module).__name__ != "Linear4bit" or not _quantize.is_quantized_linear(module):
+            if not _quantize.is_quantized_linear(module):  # told without importing bitsandbytes
+                continue
+            lib = _quantize.bnb("loading a quantized checkpoint")
+            if not isinstance(module, lib.nn.Linear4bit):
                 continue
             prefix = f"{name}.weight" if name else "weight"
             stats = {k[len(prefix) + 1 :]: rest.pop(k) for k in list(rest) if k.startswith(prefix + ".")}
             data = rest.pop(prefix)
-            lib = _quantize.bnb("loading a quantized checkpoint")
             module.weight = lib.nn.Params4bit.from_prequantized(
                 data, stats, requires_grad=False, device=module.weight.device, module=module
             )

@@ -14,6 +14,7 @@ different steps and wait for each other forever).
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import traceback
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["INTERRUPT_REASON", "StopOnInterrupt", "reraise_in_script", "save_on_interrupt"]
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_REASON = "KeyboardInterrupt"
 
@@ -76,12 +79,15 @@ def save_on_interrupt(trainer: LoopHost) -> list[str]:
     written: list[str] = []
     if st.global_step == 0:
         return written
-    for cb in trainer.callbacks.callbacks:
-        if not (isinstance(cb, ModelCheckpoint) and cb.save_on_interrupt):
+    for cb in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+        if not cb.save_on_interrupt:
             continue
         try:
             path = cb.save_now(trainer)
         except BaseException as exc:  # a second Ctrl-C during the write included: the run is ending anyway
+            log.debug(
+                "last.ckpt could not be written at the interrupt: warned, the run is ending anyway", exc_info=True
+            )
             warnings.warn(
                 f"ModelCheckpoint could not write {cb.last_path!r} at the interrupt ({type(exc).__name__}: {exc}); "
                 "the previous file, if any, is unchanged.",
