@@ -40,8 +40,6 @@ from ._view import HIDE_STATIC, PanelView
 
 __all__ = ["TrainerWidget"]
 
-log = logging.getLogger(__name__)
-
 _counter = iter(range(1, 1 << 30))
 
 
@@ -371,7 +369,7 @@ class TrainerWidget:
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
-            log.debug("the run store could not be read: said in the panel, training goes on", exc_info=True)
+            logging.getLogger(__name__).debug("the run store could not be read: said in the panel", exc_info=True)
             self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 
