@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._keywords import KEYWORDS, TrainerKeywords, unknown_keyword
+from nbtrainer._optimizer_kinds import optimizer_kind
 
 if TYPE_CHECKING:
     import os
 
 __all__ = [
-    "OPTIMIZERS",
-    "OPTIMIZER_KINDS",
+    "LABELS",
     "QUANTIZE",
+    "SWITCH",
     "BatchOptions",
     "BudgetOptions",
     "DataOptions",
@@ -49,47 +50,15 @@ __all__ = [
     "RunOptions",
     "SetupOptions",
     "StepOptions",
+    "SwitchNames",
     "TrainerOptions",
     "TrainerParts",
     "keyword_signature",
     "lora_settings",
-    "optimizer_kind",
 ]
 
-#: The optimizers a memory switch can name, whose state the memory arithmetic knows (``fits``, the planner).
-OPTIMIZERS = ("adamw", "adam", "adafactor", "adamw8bit", "paged_adamw8bit", "adamw4bit")
 #: ``quantize=``: the base's weight formats.
 QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8")
-
-#: The optimizers a memory switch can name (``Trainer(optimizer="adamw8bit")``), by the class each builds.
-OPTIMIZER_KINDS: dict[str, str] = {
-    "AdamW": "adamw",
-    "Adam": "adam",
-    "Adafactor": "adafactor",
-    "AdamW8bit": "adamw8bit",
-    "PagedAdamW8bit": "paged_adamw8bit",
-    "AdamW4bit": "adamw4bit",
-    "SGD": "sgd",
-}
-
-
-def optimizer_kind(optimizer: Any) -> str | None:
-    """The switch name of an optimizer given by name or as an instance (None: none, or a kind not listed).
-
-    Example:
-        >>> import torch
-        >>> optimizer_kind(torch.optim.AdamW([torch.zeros(1, requires_grad=True)])), optimizer_kind("PagedAdamW8bit")
-        ('adamw', 'paged_adamw8bit')
-    """
-    if optimizer is None:
-        return None
-    if isinstance(optimizer, str):  # a switch name, or a class name as the profile records it
-        return OPTIMIZER_KINDS.get(optimizer.strip(), optimizer.strip().lower())
-    inner = getattr(optimizer, "optimizer", None)  # an adapter around a library optimizer (offload_optimizer)
-    kind = OPTIMIZER_KINDS.get(type(optimizer).__name__)
-    if kind is None and inner is not None and inner is not optimizer:
-        return optimizer_kind(inner)
-    return kind
 
 
 @dataclass(frozen=True)
@@ -154,12 +123,14 @@ class MemoryOptions:
         names = set(cls.names())
         return cls(**{k: v for k, v in kwargs.items() if k in names})
 
-    def check_flags(self) -> None:
-        """The on / off switches hold True or False (``offload_optimizer="yes"`` is refused, naming the switch)."""
+    def check_flags(self, call: str = "") -> None:
+        """The on / off switches hold True or False (``offload_optimizer="yes"`` is refused, naming the switch, as a
+        keyword of ``call`` when given: ``fits(offload_optimizer=)``)."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "bool" and not isinstance(value, bool):
-                raise TypeError(f"{f.name}= takes True or False, got {value!r}.")
+                keyword = f"{call}({f.name}=)" if call else f"{f.name}="
+                raise TypeError(f"{keyword} takes True or False, got {value!r}.")
 
     def changed(self) -> dict[str, Any]:
         """The switches that differ from their defaults, as ``Trainer`` keyword arguments."""
@@ -172,6 +143,34 @@ class MemoryOptions:
     def replace(self, **changes: Any) -> MemoryOptions:
         """A copy with ``changes`` applied (unknown names raise ``TypeError``)."""
         return dataclasses.replace(self, **changes)
+
+
+class SwitchNames:
+    """The memory switches' names as attributes (``SWITCH.quantize == "quantize"``), read from :class:`MemoryOptions`'
+    fields: code that must name a switch as data (a key of a report, a record or a table of labels) names it through
+    :data:`SWITCH`, so a switch renamed or removed fails where it is named, and no switch name is written twice."""
+
+    def __getattr__(self, name: str) -> str:
+        if name in _SWITCHES:
+            return name
+        raise AttributeError(f"{name!r} is no memory switch; they are {sorted(_SWITCHES)}")
+
+
+_SWITCHES = frozenset(f.name for f in dataclasses.fields(MemoryOptions))
+#: The memory switches' names (see :class:`SwitchNames`).
+SWITCH = SwitchNames()
+
+#: How each switch reads in a few words (a plan row's ``describe()``, reports): the one table of display labels.
+LABELS: dict[str, str] = {
+    SWITCH.activation_checkpointing: "checkpointing",
+    SWITCH.optimizer_in_backward: "in-backward",
+    SWITCH.chunked_loss: "chunked loss",
+    SWITCH.offload_activations: "offload activations",
+    SWITCH.offload_optimizer: "offload optimizer",
+    SWITCH.quantize: "quantize",
+    SWITCH.lora: "LoRA",
+    SWITCH.attention: "attention",
+}
 
 
 @dataclass(frozen=True)

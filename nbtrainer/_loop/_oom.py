@@ -17,6 +17,7 @@ them the batch, the outputs and the autograd graph with its activations. So, on 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -29,7 +30,8 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._memory._window import host_capacity
-from nbtrainer._options import OPTIMIZERS, optimizer_kind
+from nbtrainer._optimizer_kinds import OPTIMIZERS, optimizer_kind
+from nbtrainer._options import MemoryOptions
 from nbtrainer._report._format import format_bytes, format_number
 
 if TYPE_CHECKING:
@@ -185,24 +187,31 @@ def _known_profile(model: torch.nn.Module) -> tuple[Any, bool] | None:
     return found
 
 
-def _memory_switches(trainer: LoopHost, *, transformed: bool, profiled_optimizer: str | None) -> dict[str, Any]:
-    """The memory switches ``trainer`` trains with, as ``ModelProfile.fits`` takes them. ``transformed``: the profile
-    measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
-    The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
+def _memory_switches(trainer: LoopHost, *, transformed: bool, profiled_optimizer: str | None) -> MemoryOptions:
+    """The memory switches ``trainer`` trains with (its one group), as ``ModelProfile.fits`` can take them: the
+    precision is the profile's measured one, not a switch of its; checkpointing as the model has it now;
+    ``transformed``: the profile measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are
+    in its numbers already; the optimizer is named only when it is not the class the profile stepped (else its
+    measured state counts); the chunked loss and the attention kernel are not ``fits()``'s to model."""
     memory = trainer.options.memory
     kind = optimizer_kind(trainer.optimizer)
-    same = kind == optimizer_kind(profiled_optimizer) or {kind, optimizer_kind(profiled_optimizer)} == {"adam", "adamw"}
-    switches: dict[str, Any] = {
-        "checkpointing": bool(trainer.checkpointed_blocks),
-        "optimizer": kind if kind in OPTIMIZERS and not same else None,
-        "offload_activations": memory.offload_activations,
-        "offload_optimizer": memory.offload_optimizer,
-        "optimizer_in_backward": memory.optimizer_in_backward,
-    }
-    if not transformed:
-        switches["quantize"] = memory.quantize
-        switches["lora"] = memory.lora
-    return switches
+    profiled = optimizer_kind(profiled_optimizer)
+    same = kind == profiled or _state(kind) == _state(profiled) == "moments"  # Adam and AdamW keep the same state
+    known = _state(kind) is not None
+    fits = dataclasses.replace(
+        memory,
+        precision="fp32",
+        activation_checkpointing=bool(trainer.checkpointed_blocks),
+        optimizer=kind if known and not same else None,
+        chunked_loss=False,
+        attention="auto",
+    )
+    return dataclasses.replace(fits, quantize=None, lora=None) if transformed else fits
+
+
+def _state(kind: str | None) -> str | None:
+    found = OPTIMIZERS.get(kind or "")
+    return found.state if found is not None else None
 
 
 def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: LoopHost) -> str | None:
@@ -212,7 +221,8 @@ def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | No
     measured = profile.memory.get(str(trainer.device), {}).get(trainer.precision, {})
     try:
         switches = _memory_switches(trainer, transformed=transformed, profiled_optimizer=measured.get("optimizer"))
-        result = profile.fits(total / 2**30, bs, device=str(trainer.device), precision=trainer.precision, **switches)
+        device, precision = str(trainer.device), trainer.precision
+        result = profile.fits(total / 2**30, bs, device=device, precision=precision, **switches.changed())
     except Exception:  # measured on another device / precision, or without checkpointing: no numbers to quote
         log.debug(
             "the remembered profile cannot answer for this device, precision or switches: no numbers quoted",

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._options import SWITCH
 from nbtrainer._report._html import higher_is_better
 from nbtrainer._runs._store import RunStore, dumps, open_store, session_store
 
@@ -76,7 +77,7 @@ def _config(trainer: LoopHost) -> dict[str, Any]:
         "batch_size": getattr(loader, "batch_size", None),
         "epochs": getattr(loop, "epochs", None),
         "max_steps": getattr(loop, "max_steps", None),
-        "activation_checkpointing": list(setup.checkpointed_blocks),
+        SWITCH.activation_checkpointing: list(setup.checkpointed_blocks),
         "compile": setup.compile_options is not None,
         "channels_last": setup.channels_last,
         "strategy": type(trainer.strategy).__name__,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._options import MemoryOptions, lora_settings
+from nbtrainer._options import SWITCH, MemoryOptions, lora_settings
 from nbtrainer._setup import _attention, _kbit_optim, _lora, _offload, _quantize
 from nbtrainer._setup._precision import autocast_dtype, require_precision, resolve_device
 from nbtrainer._setup._seed import rng_untouched
@@ -79,7 +79,7 @@ class MemorySavers:
             )
         name = optimizer.strip().lower() if isinstance(optimizer, str) else None
         if name is not None and name in _kbit_optim.KBIT_OPTIMIZERS:
-            library = _kbit_optim.KBIT_OPTIMIZERS[name][0]
+            library = _kbit_optim.KBIT_OPTIMIZERS[name].library
             _quantize.require_module("torchao.optim" if library == "torchao" else library, f"optimizer={name!r}")
         if name is not None and self.lora_config is None and quantize is not None:
             quantized = {f"{m}.{p}" for m in self.quant_targets for p in ("weight", "bias")}
@@ -150,11 +150,11 @@ class MemorySavers:
     def describe(self) -> dict[str, Any]:
         lora = self.lora_config
         out: dict[str, Any] = {
-            "quantize": self.memory.quantize,
+            SWITCH.quantize: self.memory.quantize,
             "quantized_layers": len(self.quant_targets),
-            "lora": lora and {"r": lora.r, "alpha": lora.lora_alpha},
-            "offload_activations": self.memory.offload_activations,
-            "offload_optimizer": self.memory.offload_optimizer,
+            SWITCH.lora: lora and {"r": lora.r, "alpha": lora.lora_alpha},
+            SWITCH.offload_activations: self.memory.offload_activations,
+            SWITCH.offload_optimizer: self.memory.offload_optimizer,
             "attention": self.memory.attention,
         }
         return out
@@ -166,7 +166,9 @@ class MemorySavers:
         return (self.lora_config is not None or self.memory.quantize is not None) and not self.save_base
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {"quantize": self.memory.quantize, "lora": self.lora_config is not None, "save_base": self.save_base}
+        # the keys a checkpoint has always carried: the switches' names
+        lora = self.lora_config is not None
+        return {SWITCH.quantize: self.memory.quantize, SWITCH.lora: lora, "save_base": self.save_base}
 
     def model_state(self, model: nn.Module) -> dict[str, Any]:
         return _lora.trainable_state(model) if self.partial_checkpoints else model.state_dict()
@@ -193,7 +195,7 @@ class MemorySavers:
 
     def check_checkpoint(self, config: dict[str, Any]) -> str | None:
         """Why a checkpoint written with ``config`` cannot be resumed here (None when it can)."""
-        saved_q, saved_lora = config.get("quantize"), bool(config.get("lora", False))
+        saved_q, saved_lora = config.get(SWITCH.quantize), bool(config.get(SWITCH.lora, False))
         if saved_q != self.memory.quantize:
             return (
                 f"The checkpoint was trained with quantize={saved_q!r}, this trainer has "
@@ -236,26 +238,26 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
     rows: dict[str, tuple[bool, str]] = {}
     for method in _quantize.QUANTIZE:
         why = missing("bitsandbytes") or _quantize._probe(str(dev), method, _quantize.compute_dtype(precision))
-        rows[f"quantize:{method}"] = (not why, why)
+        rows[f"{SWITCH.quantize}:{method}"] = (not why, why)
     why = missing("peft")
-    rows["lora"] = (not why, why)
-    for name, (library, _, _) in _kbit_optim.KBIT_OPTIMIZERS.items():
-        why = missing(library)
-        rows[f"optimizer:{name}"] = (not why, why)
-    rows["offload_activations"] = (True, "")
+    rows[SWITCH.lora] = (not why, why)
+    for name, kind in _kbit_optim.KBIT_OPTIMIZERS.items():
+        why = missing(kind.library)
+        rows[f"{SWITCH.optimizer}:{name}"] = (not why, why)
+    rows[SWITCH.offload_activations] = (True, "")
     why = (
         f"nothing to offload to on {dev}: the optimizer state is in CPU RAM already (needs CUDA)"
         if dev.type != "cuda"
         else missing("torchao")
     )
-    rows["offload_optimizer"] = (not why, why)
+    rows[SWITCH.offload_optimizer] = (not why, why)
     why = (
         "fp16-mixed's GradScaler checks every gradient before a step: use bf16-mixed or fp32"
         if precision == "fp16-mixed"
         else ""
     )
-    rows["optimizer_in_backward"] = (not why, why)
+    rows[SWITCH.optimizer_in_backward] = (not why, why)
     dtype = autocast_dtype(precision) or torch.float32
     for name, (ok, reason) in _attention.attention_support(dev, dtype).items():
-        rows[f"attention:{name}"] = (ok, reason)
+        rows[f"{SWITCH.attention}:{name}"] = (ok, reason)
     return rows

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._options import MemoryOptions, SetupOptions
+from nbtrainer._optimizer_kinds import OPTIMIZERS
+from nbtrainer._options import SWITCH, MemoryOptions, SetupOptions
 from nbtrainer._setup._activation_checkpointing import (
     _check_blocks_exist,
     _check_checkpointing_value,
@@ -36,7 +37,7 @@ from nbtrainer._setup._memory_savers import MemorySavers
 from nbtrainer._setup._precision import resolve_device
 
 __all__ = [
-    "OPTIMIZERS",
+    "TORCH_OPTIMIZERS",
     "ModelSetup",
     "ParamCounts",
     "build_optimizer",
@@ -45,13 +46,8 @@ __all__ = [
     "param_counts",
 ]
 
-# name -> (class path, whether a fused kernel exists)
-OPTIMIZERS: dict[str, tuple[str, bool]] = {
-    "adamw": ("AdamW", True),
-    "adam": ("Adam", True),
-    "sgd": ("SGD", True),
-    "adafactor": ("Adafactor", False),
-}
+# name -> the registry's row, for torch's own optimizers (the others: _kbit_optim)
+TORCH_OPTIMIZERS = {name: kind for name, kind in OPTIMIZERS.items() if kind.library == "torch"}
 
 
 # =============================================================================================
@@ -98,12 +94,12 @@ def build_optimizer(
     key = str(name).strip().lower()
     if key in KBIT_OPTIMIZERS:
         return build_kbit_optimizer(key, params, lr, **kwargs)
-    if key not in OPTIMIZERS:
+    if key not in TORCH_OPTIMIZERS:
         raise ValueError(
-            f"Unknown optimizer name {name!r}: use one of {sorted([*OPTIMIZERS, *KBIT_OPTIMIZERS])}, or pass an "
+            f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an "
             "optimizer instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
         )
-    cls_name, has_fused = OPTIMIZERS[key]
+    cls_name, has_fused = TORCH_OPTIMIZERS[key].cls, TORCH_OPTIMIZERS[key].fused
     cls = getattr(torch.optim, cls_name, None)
     if cls is None:  # pragma: no cover - torch < 2.5 has no Adafactor
         raise ValueError(f"torch {torch.__version__} has no torch.optim.{cls_name}; upgrade torch or pick another.")
@@ -324,7 +320,7 @@ class ModelSetup:
             self.optimizer_name = optimizer.strip().lower()
             if self.savers.deferred:  # built in apply(), over what trains once quantize / lora changed the model
                 optimizer = None
-            elif not params and self.optimizer_name in {*OPTIMIZERS, *KBIT_OPTIMIZERS}:
+            elif not params and self.optimizer_name in OPTIMIZERS:
                 raise ValueError(
                     f"optimizer={optimizer!r} has nothing to train: every parameter of the model is frozen "
                     "(requires_grad=False). To evaluate or predict only, pass optimizer=None: "
@@ -379,7 +375,7 @@ class ModelSetup:
         return {
             "optimizer": self.optimizer_name or (type(self.optimizer).__name__ if self.optimizer is not None else None),
             "optimizer_impl": optimizer_impl(self.optimizer) if self.optimizer is not None else None,
-            "activation_checkpointing": self.checkpointed_blocks,
+            SWITCH.activation_checkpointing: self.checkpointed_blocks,
             "compile": self.compile_options is not None,
             "channels_last": self.channels_last,
             "params": str(self.param_counts()),

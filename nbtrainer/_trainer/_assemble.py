@@ -31,7 +31,7 @@ from nbtrainer._loop._manual import check_manual
 from nbtrainer._loop._metrics import MetricSet
 from nbtrainer._loop._nonfinite import NonFiniteGuard
 from nbtrainer._loop._run_state import RunState
-from nbtrainer._options import TrainerOptions, TrainerParts
+from nbtrainer._options import SWITCH, TrainerOptions, TrainerParts
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._setup._chunked_loss import check_chunked_loss
 from nbtrainer._setup._model_setup import ModelSetup
@@ -107,7 +107,8 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
         metrics=parts.metrics,
         strategy=strategy,
         options={
-            **_named(memory, "optimizer_in_backward", "chunked_loss"),
+            SWITCH.optimizer_in_backward: memory.optimizer_in_backward,
+            SWITCH.chunked_loss: memory.chunked_loss,
             "memory_budget_gb": options.budget and options.budget.budget_gb,
         },
     )
@@ -210,10 +211,6 @@ def _named_optimizers(model: torch.nn.Module, optimizer: Any, scheduler: Any) ->
     elif isinstance(scheduler, Mapping):
         raise TypeError("scheduler={...} names schedulers of named optimizers: pass optimizer={'name': opt, ...}.")
     return optimizer, scheduler
-
-
-def _named(group: Any, *names: str) -> dict[str, Any]:
-    return {name: getattr(group, name) for name in names}
 
 
 def bind_criterion(trainer: LoopHost, metric_spec: dict[str, Any]) -> None:

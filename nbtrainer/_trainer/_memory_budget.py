@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._options import SWITCH
 from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
 from nbtrainer._report._format import format_bytes
 
@@ -96,16 +97,16 @@ class MemoryBudget:
         if self.keep_precision or self._strategy()[0] == "fsdp":
             kept["precision"] = memory.precision
         if memory.quantize is not None or memory.lora is not None:
-            kept["quantize"], kept["lora"] = memory.quantize, memory.lora
+            kept[SWITCH.quantize], kept[SWITCH.lora] = memory.quantize, memory.lora
         checkpointing = memory.activation_checkpointing
         if checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
             simple = isinstance(checkpointing, (bool, int, float))
-            kept["activation_checkpointing"] = checkpointing if simple else True
+            kept[SWITCH.activation_checkpointing] = checkpointing if simple else True
         # set up when the trainer was built (hooks, the loss path, the savers): kept as they are
-        for name in ("chunked_loss", "offload_activations", "offload_optimizer"):
+        for name in (SWITCH.chunked_loss, SWITCH.offload_activations, SWITCH.offload_optimizer):
             kept[name] = getattr(memory, name)
         if memory.optimizer_in_backward or not self._in_backward_possible():
-            kept["optimizer_in_backward"] = memory.optimizer_in_backward
+            kept[SWITCH.optimizer_in_backward] = memory.optimizer_in_backward
         return kept
 
     def _in_backward_possible(self) -> bool:
@@ -143,7 +144,7 @@ class MemoryBudget:
         self.check.arm(trainer.model, trainer.optimizer)
 
     def _plan(self, train_loader: Any) -> None:
-        from nbtrainer._options import optimizer_kind
+        from nbtrainer._optimizer_kinds import optimizer_kind
         from nbtrainer._plan._plan import plan_memory
 
         trainer = self._trainer
@@ -189,7 +190,7 @@ class MemoryBudget:
         return ("fsdp" if strategy.shards_parameters else "ddp"), strategy.world_size
 
     def _apply(self, row: PlanRow, *, first: bool) -> None:
-        from nbtrainer._options import optimizer_kind
+        from nbtrainer._optimizer_kinds import optimizer_kind
         from nbtrainer._setup._precision import make_scaler
 
         trainer = self._trainer

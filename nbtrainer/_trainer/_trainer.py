@@ -23,7 +23,7 @@ from nbtrainer._loop import _oom
 from nbtrainer._loop._batch_steps import BatchSteps
 from nbtrainer._loop._control import LiveControl, reference_lr
 from nbtrainer._loop._metrics import collection_names
-from nbtrainer._options import TrainerOptions, keyword_signature
+from nbtrainer._options import SWITCH, TrainerOptions, keyword_signature
 from nbtrainer._resume import _checkpoint_state as _state
 from nbtrainer._resume import _continue
 from nbtrainer._resume._full_state import load_model_state, model_state
@@ -556,7 +556,7 @@ class Trainer:
         self.scheduler = scheduler
         self.options = self.options.replace("step", scheduler_interval=interval)
 
-    @between_fits("activation_checkpointing")
+    @between_fits(SWITCH.activation_checkpointing)
     def set_activation_checkpointing(self, value: Any) -> list[str]:
         """Activation checkpointing between fits: ``True``, a list of module types / names, or ``False``
         (the model is restored exactly). Returns the checkpointed blocks."""

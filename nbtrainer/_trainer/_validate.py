@@ -270,11 +270,11 @@ def check_closure_now(trainer: LoopHost, **changes: Any) -> None:
     settings: dict[str, Any] = {
         "grad_accum_steps": trainer.grad_accum_steps,
         "precision": trainer.precision,
-        "optimizer_in_backward": trainer.options.memory.optimizer_in_backward,
         "on_nonfinite": trainer.options.step.on_nonfinite,
         "memory_budget": trainer.options.budget is not None,
     }
-    check_closure(trainer.optimizer, **{**settings, **changes})
+    in_backward = trainer.options.memory.optimizer_in_backward
+    check_closure(trainer.optimizer, optimizer_in_backward=in_backward, **{**settings, **changes})
 
 
 def requires_optimizer(what: str, extra: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:
