@@ -31,7 +31,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrainer._keywords import KEYWORDS, TrainerKeywords, unknown_keyword
 from nbtrainer._optimizer_kinds import optimizer_kind
@@ -111,6 +111,8 @@ class MemoryOptions:
     offload_activations: bool = False
     offload_optimizer: bool = False
     attention: str = "auto"
+    #: the switches' names as attributes (``MemoryOptions.SWITCH.quantize == "quantize"``): see :data:`SWITCH`
+    SWITCH: ClassVar[SwitchNames]
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -157,8 +159,9 @@ class SwitchNames:
 
 
 _SWITCHES = frozenset(f.name for f in dataclasses.fields(MemoryOptions))
-#: The memory switches' names (see :class:`SwitchNames`).
+#: The memory switches' names (see :class:`SwitchNames`); public as ``MemoryOptions.SWITCH``.
 SWITCH = SwitchNames()
+MemoryOptions.SWITCH = SWITCH
 
 #: How each switch reads in a few words (a plan row's ``describe()``, reports): the one table of display labels.
 LABELS: dict[str, str] = {
