@@ -12,6 +12,7 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -369,6 +370,7 @@ class TrainerWidget:
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
+            logging.getLogger(__name__).debug("the run store could not be read: said in the panel", exc_info=True)
             self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 

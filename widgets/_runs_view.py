@@ -13,6 +13,7 @@ Stable CSS classes: ``nbt-runs`` (root), ``nbt-runs-select``, ``nbt-runs-metric`
 from __future__ import annotations
 
 import html
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from nbtrainer import Trainer
 
 __all__ = ["RunsWidget", "TuneView"]
+
+log = logging.getLogger(__name__)
 
 MUTED = "#8b949e"
 _MARGIN = {"top": 30, "bottom": 40, "left": 60, "right": 10}
@@ -229,6 +232,7 @@ class TuneView:
             try:
                 self.study = tune(build, callbacks=callbacks, study_callbacks=study_callbacks, **tune_kwargs)
             except BaseException as exc:  # shown in the view; wait() re-raises it
+                log.debug("the search failed: shown in the view, and re-raised by wait()", exc_info=True)
                 self.error = exc
             finally:
                 self.done = True

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -47,10 +48,12 @@ from nbtrainer._compare._run_measure import (
     stored_batches,
 )
 from nbtrainer._compare._strategy_table import StrategyComparison
-from nbtrainer._data._batch import _first_tensor
+from nbtrainer._data._batch import first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
+
+log = logging.getLogger(__name__)
 
 
 def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default: Any) -> tuple[Any, dict[str, Any]]:
@@ -93,13 +96,13 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
     """What gradient accumulation does to each batch in this comparison, in words."""
     if accum <= 1:
         return ""
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     size = int(first.shape[0]) if first is not None and first.dim() > 0 else None
     if not split or size is None:
         what = f"{size} samples" if size is not None else "a batch"
         return f"{accum} whole batches of {what} per optimizer step ({accum}x the baseline's samples per step)"
     parts = split_batch(batch, accum)
-    sizes = sorted({int(t.shape[0]) for t in map(_first_tensor, parts) if t is not None}, reverse=True)
+    sizes = sorted({int(t.shape[0]) for t in map(first_tensor, parts) if t is not None}, reverse=True)
     each = "/".join(str(n) for n in sizes)
     return f"each batch of {size} split into {len(parts)} micro-batches of {each}, one optimizer step per batch"
 
@@ -258,6 +261,7 @@ def compare_strategies(
                     peak, row["memory_detail"], row["memory_resident"] = measure_step_peak(make_measured, loader_m)
                     row["peak_memory_bytes"] = peak
                 except Exception as exc:
+                    log.debug("this strategy's memory could not be measured: its row says why", exc_info=True)
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
                 del copy_model, make_measured, batches
                 gc.collect()
@@ -304,6 +308,9 @@ def compare_strategies(
                 row["metric"] = value
             row["setup"] = trainer.model_setup.describe()
         except Exception as exc:
+            log.debug(
+                "a strategy that fails is a row of the table (its status and reason), not an error", exc_info=True
+            )
             row.update(status="failed", reason=failure_reason(exc))
         finally:
             del trainer, model

@@ -189,6 +189,7 @@ class DDP:
     """
 
     distributed = True
+    shards_parameters = False
 
     def __init__(
         self,
@@ -217,6 +218,7 @@ class DDP:
         self.timeout = timeout
         self.shard_data = shard_data
         self.seed = 0
+        self.casts_params = False
         self.device = torch.device("cpu")
         self.world_size = 1
         self.rank = 0
@@ -311,6 +313,9 @@ class DDP:
         wrapper = DistributedDataParallel(model, device_ids=ids, output_device=out, **self.ddp_kwargs)
         _track(wrapper)
         return wrapper
+
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str) -> None:
+        pass  # DDP wraps the model when a fit places it (setup_model); nothing to do when the Trainer is built
 
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:
         if skip_sync and isinstance(model, DistributedDataParallel):

@@ -8,6 +8,7 @@
 ``_loggers``           TensorBoardLogger, CSVLogger
 ``_history``           History: steps, epochs, events
 ``_frontend``          notebook or console, decided at run time
+``_launched``          RankMonitor: a launched rank's progress to the launching process, its stop back
 ``_trainer_view``      TrainerView: the Protocol of what callbacks, loggers and trackers read of the Trainer
 =====================  ================================================================================
 """

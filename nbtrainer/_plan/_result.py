@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbtrainer._options import MemoryOptions
+from nbtrainer._options import LABELS, SWITCH, MemoryOptions
 from nbtrainer._report._format import format_bytes
 
 __all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow"]
@@ -85,12 +85,12 @@ class PlanRow:
         words = [m.precision]
         words += [_checkpointing_words(m.activation_checkpointing)] if m.activation_checkpointing else []
         words += [m.optimizer] if m.optimizer and m.optimizer != "adamw" else []
-        words += ["in-backward"] if m.optimizer_in_backward else []
-        words += ["chunked loss"] if m.chunked_loss else []
-        words += ["offload activations"] if m.offload_activations else []
-        words += ["offload optimizer"] if m.offload_optimizer else []
-        words += [f"quantize {m.quantize}"] if m.quantize else []
-        words += [f"LoRA r={m.lora.get('r', 8)}"] if m.lora is not None else []
+        words += [LABELS[SWITCH.optimizer_in_backward]] if m.optimizer_in_backward else []
+        words += [LABELS[SWITCH.chunked_loss]] if m.chunked_loss else []
+        words += [LABELS[SWITCH.offload_activations]] if m.offload_activations else []
+        words += [LABELS[SWITCH.offload_optimizer]] if m.offload_optimizer else []
+        words += [f"{LABELS[SWITCH.quantize]} {m.quantize}"] if m.quantize else []
+        words += [f"{LABELS[SWITCH.lora]} r={m.lora.get('r', 8)}"] if m.lora is not None else []
         text = " + ".join(words)
         if self.grad_accum_steps > 1:
             text += f", micro-batch {self.micro_batch} x {self.grad_accum_steps}"
@@ -277,11 +277,12 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
 
 
 def _checkpointing_words(value: Any) -> str:
+    label = LABELS[SWITCH.activation_checkpointing]
     if isinstance(value, float):
-        return f"checkpointing {value:g} of the blocks"
+        return f"{label} {value:g} of the blocks"
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"checkpointing {value} blocks"
-    return "checkpointing"
+        return f"{label} {value} blocks"
+    return label
 
 
 def _need(row: PlanRow) -> str:

@@ -9,7 +9,9 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from nbtrainer._options import MemoryOptions
 from nbtrainer._profile._fit import FitResult, plan_fit, planned_fit
+from nbtrainer._profile._switches import normalize_switches
 from nbtrainer._report._format import format_bytes, format_count, format_duration
 from nbtrainer._setup._precision import normalize_precision, resolve_device
 
@@ -92,6 +94,7 @@ class ModelProfile:
         offload_activations: bool = False,
         offload_optimizer: bool = False,
         optimizer_in_backward: bool = False,
+        activation_checkpointing: bool | None = None,
     ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
 
@@ -110,7 +113,8 @@ class ModelProfile:
             batch_size: Batch size to check (default: the profiled one).
             device: Which measured device (default: the first measured).
             precision: Which measured precision (default: the first measured on that device).
-            checkpointing: Assume activation checkpointing of the model's repeated blocks.
+            activation_checkpointing: Assume activation checkpointing of the model's repeated blocks (the Trainer's
+                name; ``checkpointing=`` is its former one here and still works).
             headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
             quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: every ``nn.Linear`` but the output head
                 frozen in 4 bits (0.5 byte per weight plus a scale per block of 64) or 8 bits.
@@ -136,16 +140,26 @@ class ModelProfile:
             10880
         """
         plan = getattr(self, "_plan", None)
-        if (
-            plan is not None
-        ):  # a meta model's profile: the planner's row, not a measured step (nbtrainer._profile._planned)
+        ckpt = checkpointing if activation_checkpointing is None else activation_checkpointing
+
+        def switches(precision: str) -> MemoryOptions:  # the Trainer's keywords, checked into one MemoryOptions
+            return normalize_switches(
+                precision=precision,
+                activation_checkpointing=ckpt,
+                quantize=quantize,
+                lora=lora,
+                optimizer=optimizer,
+                offload_activations=offload_activations,
+                offload_optimizer=offload_optimizer,
+                optimizer_in_backward=optimizer_in_backward,
+            )
+
+        if plan is not None:  # a meta model's profile: the planner's row, not a measured step (_profile/_planned)
+            memory = switches(normalize_precision(precision or "fp32"))
+            size = batch_size or self.batch_size
             return planned_fit(
-                plan, budget_gb, batch_size=batch_size or self.batch_size, example_size=self.batch_size,
-                precision=normalize_precision(precision or "fp32"), checkpointing=checkpointing, headroom=headroom,
-                switches={"quantize": quantize, "lora": lora, "optimizer": optimizer,
-                          "offload_activations": offload_activations, "offload_optimizer": offload_optimizer,
-                          "optimizer_in_backward": optimizer_in_backward},
-            )  # fmt: skip
+                plan, budget_gb, batch_size=size, example_size=self.batch_size, switches=memory, headroom=headroom
+            )
         measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
         measured = {d: per for d, per in measured.items() if per}
         if not measured:
@@ -161,15 +175,9 @@ class ModelProfile:
             measured[dev][prec],
             budget_gb=budget_gb,
             batch_size=batch_size or self.batch_size,
-            checkpointing=checkpointing,
+            switches=switches(prec),
             headroom=headroom,
             structure=self.structure,
-            quantize=quantize,
-            lora=lora,
-            optimizer=optimizer,
-            offload_activations=offload_activations,
-            offload_optimizer=offload_optimizer,
-            optimizer_in_backward=optimizer_in_backward,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import importlib.metadata as metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -21,6 +22,8 @@ from typing import Any
 from nbtrainer._report._format import format_bytes
 
 __all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
+
+log = logging.getLogger(__name__)
 
 # ipykernel 7.0.x drops widget/comm messages sent from background threads, so a training thread cannot update the
 # panel live (fixed in 7.1). 6.17 to 6.x deliver them (Google Colab's 6.17.1 is tested: issue 45).
@@ -245,7 +248,7 @@ def _unavailable(dev: Any) -> str | None:
             if available():
                 return None
         except Exception:
-            pass
+            log.debug("the device backend's is_available() failed: the device is reported unusable", exc_info=True)
     return f"torch has no usable {dev.type!r} device here"
 
 
@@ -320,6 +323,7 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         try:
             support = precision_support(dev)
         except Exception as exc:
+            log.debug("precision support could not be checked: a problem row says why", exc_info=True)
             rows.append(Check("  precisions", f"could not be checked: {type(exc).__name__}: {exc}", False))
             rep.problems.append(
                 Problem(

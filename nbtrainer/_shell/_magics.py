@@ -363,18 +363,14 @@ class NbtrainerMagics(Magics):
 
     @staticmethod
     def _describe(i: int, trainer: Trainer) -> str:
-        p = getattr(trainer, "progress", None)
-        model = type(getattr(trainer, "model", None)).__name__
-        parts = [f"[{i}] {model}"]
-        status = getattr(p, "status", None) or getattr(trainer, "status", "?")
-        parts.append(str(status))
-        if p is not None:
-            parts.append(f"epoch {p.epoch}/{p.epochs}")
-            total = f"/{format_number(p.total_steps)}" if p.total_steps else ""
-            parts.append(f"step {format_number(p.global_step)}{total}")
-            if p.loss is not None:
-                parts.append(f"loss {format_number(p.loss)}")
-        parts.append(f"{getattr(trainer, 'device', '?')} {getattr(trainer, 'precision', '')}".strip())
+        p = trainer.progress
+        parts = [f"[{i}] {type(trainer.model).__name__}", str(p.status or trainer.status)]
+        parts.append(f"epoch {p.epoch}/{p.epochs}")
+        total = f"/{format_number(p.total_steps)}" if p.total_steps else ""
+        parts.append(f"step {format_number(p.global_step)}{total}")
+        if p.loss is not None:
+            parts.append(f"loss {format_number(p.loss)}")
+        parts.append(f"{trainer.device} {trainer.precision}")
         return " · ".join(parts)
 
     def _cmd_status(self, args: Any) -> None:
