@@ -16,6 +16,7 @@ Each page is its own test, so pytest-xdist spreads the pages over its workers.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)
 _GPU = re.compile(r"^#\s*GPU only\b")
 _AFTER = re.compile(r"^#.*\bafter the (script|snippet) above\b")
-_REPO = re.compile(r"^#.*\brun from the repository's folder\b")
+_REPO = re.compile(r"#.*\brun from the repository's folder\b")
 
 
 def snippets(page: Path) -> list[str]:
@@ -36,6 +37,8 @@ def snippets(page: Path) -> list[str]:
 def run_page(page: Path, folder: Path, monkeypatch: Any) -> int:
     """Run the page's snippets in order; returns how many ran."""
     import torch
+
+    from nbtrainer._dist._ddp import destroy_process_group
 
     ran = 0
     namespace: dict[str, Any] = {}
@@ -52,6 +55,10 @@ def run_page(page: Path, folder: Path, monkeypatch: Any) -> int:
             exec(compile(code, name, "exec"), namespace)
         except Exception as exc:
             raise AssertionError(f"{name} fails as written:\n{code}") from exc
+        finally:
+            # a snippet that made a world of one (strategy="ddp" outside a launcher) leaves it to the next one in a
+            # reader's fresh process, not in this one: nbtrainer.launch refuses to fork beside a live group
+            destroy_process_group()
         ran += 1
     return ran
 
@@ -59,6 +66,7 @@ def run_page(page: Path, folder: Path, monkeypatch: Any) -> int:
 def _page_test(page: Path) -> Any:
     @pytest.mark.slow
     def test(tmp_path: Any, monkeypatch: Any) -> None:
+        monkeypatch.setattr(sys, "path", list(sys.path))  # a snippet's sys.path.insert(0, "examples") stays there
         run_page(page, tmp_path, monkeypatch)
 
     test.__doc__ = f"The Python snippets of {page.relative_to(ROOT)} run as written."
