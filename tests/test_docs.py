@@ -17,6 +17,7 @@ MODULES = [
     "nbtrainer._data._batch",
     "nbtrainer._data._predict_collect",
     "nbtrainer._events._history",
+    "nbtrainer._events._sample_list",
     "nbtrainer._events._callbacks",
     "nbtrainer._health._health",
     "nbtrainer._health._health_report",
