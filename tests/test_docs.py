@@ -34,6 +34,7 @@ MODULES = [
     "nbtrainer._optional",
     "nbtrainer._quiet",
     "nbtrainer._threads",
+    "nbtrainer._compare._presets",
     "nbtrainer._inference._distill",
     "nbtrainer._inference._quantize_model",
     "nbtrainer._inference._compare",
