@@ -8,12 +8,36 @@ from typing import Any
 
 from nbtrainer import Trainer
 
-__all__ = ["USAGE", "PanelArgs", "parse_panel_args"]
+__all__ = ["USAGE", "PanelArgs", "check_keywords", "parse_panel_args"]
 
 USAGE = (
     "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
     "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
 )
+
+
+def check_keywords(options: dict[str, Any], panel_keywords: Any) -> None:
+    """Refuse a keyword that is neither the panel's nor the Trainer's, naming the closest valid one: a misspelt
+    option must not reach ``Trainer(...)`` as a bare ``unexpected keyword argument``.
+
+    Example:
+        >>> check_keywords({"grad_accumulation_steps": 2}, ["epochs"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: ... argument 'grad_accumulation_steps'; did you mean 'grad_accum_steps'? ...
+    """
+    import difflib
+    import inspect
+
+    trainer_keywords = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    valid = sorted({*panel_keywords, *trainer_keywords} - {"self", "model", "args", "trainer_options"})
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise TypeError(
+                f"TrainerWidget() got an unexpected keyword argument {key!r}{hint} It takes the panel's own options "
+                f"and any Trainer option; valid keywords: {', '.join(valid)}."
+            )
 
 
 @dataclass

@@ -12,6 +12,7 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
-from ._forms import parse_panel_args
+from ._forms import check_keywords, parse_panel_args
 from ._health_card import HealthCard
 from ._looks import Looks
 from ._plan_view import PlanView
@@ -90,6 +91,7 @@ class TrainerWidget:
         interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
+        check_keywords(trainer_options, inspect.signature(TrainerWidget.__init__).parameters)
         a = parse_panel_args(
             model,
             args,
