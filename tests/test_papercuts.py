@@ -30,7 +30,8 @@ def test_an_unknown_keyword_to_the_panel_names_the_closest_valid_one(keyword: st
     from nbtrainer import TrainerWidget
 
     with pytest.raises(TypeError, match=rf"unexpected keyword argument '{keyword}'; did you mean '{closest}'\?"):
-        TrainerWidget(mlp(), nn.CrossEntropyLoss(), "adamw", _data(), **{keyword: 2})
+        options: dict[str, Any] = {keyword: 2}
+        TrainerWidget(mlp(), nn.CrossEntropyLoss(), "adamw", _data(), **options)
 
 
 # -- a dict batch whose label entry has another name --------------------------------------------------------------

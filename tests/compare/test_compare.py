@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -381,7 +382,7 @@ def test_the_default_list_leaves_out_what_cannot_apply_and_says_so() -> None:
     def stack() -> nn.Module:
         return nn.Sequential(nn.Flatten(), *[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(2)])
 
-    two = {"strategies": ["fp32", "ckpt"], "steps": 1, "metric": None, "measure_memory": False}
+    two: dict[str, Any] = {"strategies": ["fp32", "ckpt"], "steps": 1, "metric": None, "measure_memory": False}
     kept = compare_strategies(stack, None, nn.CrossEntropyLoss(), data, **two)
     assert kept.names == ["fp32", "ckpt"] and not kept.left_out
     named = compare_strategies(cnn, None, nn.CrossEntropyLoss(), data, **two)
