@@ -63,3 +63,44 @@ def test_the_site_builds_strict(tmp_path: Any) -> None:
     # the reference is generated from the docstrings: the Trainer's own example is on its page
     assert "Trainer" in trainer_page and "history.status, len(history.epochs)" in trainer_page
     assert (site / "index.html").exists() and (site / "testing" / "index.html").exists()
+
+
+def test_the_readme_starts_where_a_newcomer_starts() -> None:
+    """At most 20 KB; the two commands first (CI runs its test command), then the pitch, the panel's picture,
+    install, a script, the panel, the docs' table, the contributors' set-up; every page of docs/ in the table."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode()) <= 20_000
+    first_block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert first_block and text.index("```bash") < 20
+    assert [line.split("#")[0].strip() for line in first_block.group(1).splitlines()] == [
+        "bash scripts/demo.sh",
+        "bash scripts/test.sh",
+    ]
+    order = [
+        "](docs/images/panel.png)",
+        "## Install",
+        "pip install nbtrainer",
+        "load_digits",
+        "## The panel in three lines",
+        "## Documentation",
+        "## Contributing",
+    ]
+    positions = [text.find(marker) for marker in order]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), dict(zip(order, positions, strict=True))
+    assert re.search(r"Python 3\.\d+ or newer", text)
+    linked = set(re.findall(r"\]\(docs/([\w/.-]+\.md)\)", text))
+    guides = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert guides <= linked, f"pages missing from the README's table: {sorted(guides - linked)}"
+
+
+def test_the_readme_picture_is_the_browser_tests_screenshot_and_small() -> None:
+    picture = ROOT / "docs" / "images" / "panel.png"
+    data = picture.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
+    script = (ROOT / "scripts" / "readme-picture.sh").read_text(encoding="utf-8")
+    test = re.search(r"(tests/browser/\S+\.py)::(\w+)", script)
+    assert test, "scripts/readme-picture.sh names the browser test whose screenshot it takes"
+    source = (ROOT / test.group(1)).read_text(encoding="utf-8")
+    assert f"def {test.group(2)}(" in source
+    shot = re.search(r'"\$shots/([\w-]+)\.png"', script)
+    assert shot and shot.group(1).startswith("panel-voila")  # run_controls_scenario(..., "panel-voila", ...)
