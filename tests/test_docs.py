@@ -26,6 +26,7 @@ MODULES = [
     "nbtrainer._resume._checkpoint_io",
     "nbtrainer._setup._seed",
     "nbtrainer._setup._precision",
+    "nbtrainer._setup._coverage",
     "nbtrainer._events._stream",
     "nbtrainer._report._format",
     "nbtrainer._data._arrays",
