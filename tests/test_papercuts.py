@@ -104,3 +104,31 @@ def test_printing_the_runs_table_shows_the_table(tmp_path: Path, capsys: pytest.
     rows = {line.split()[0]: line for line in lines[2:]}
     assert set(rows) == set(ids)
     assert "1.00e-2" in rows[ids[0]] and "3.00e-3" in rows[ids[1]] and "finished" in rows[ids[0]]
+
+
+# -- a head replaced after the optimizer was built ---------------------------------------------------------------
+
+
+def test_trainable_parameters_no_optimizer_holds_are_refused_before_the_first_step_naming_them() -> None:
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model[2] = nn.Linear(16, 3)  # the new head: trainable, in no optimizer; it would never change
+    with pytest.raises(
+        ValueError, match=r"2 trainable parameter tensor\(s\) that no optimizer holds: 2.weight, 2.bias"
+    ):
+        Trainer(model, nn.CrossEntropyLoss(), optimizer, progress=False, run_store=False)
+    # the fix it names: the optimizer built after the change (or by name) trains the new head
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, progress=False, run_store=False)
+    before = model[2].weight.detach().clone()
+    trainer.fit(_data(), epochs=1)
+    assert not torch.equal(before, model[2].weight)
+
+
+def test_with_trainable_the_parameters_no_optimizer_holds_are_a_warning_naming_them() -> None:
+    model = mlp()
+    optimizer = torch.optim.AdamW(model[0].parameters(), lr=1e-2)  # the body only, on purpose
+    with pytest.warns(UserWarning, match=r"no optimizer holds: 2.weight, 2.bias"):
+        trainer = Trainer(
+            model, nn.CrossEntropyLoss(), optimizer, trainable=["0.*", "2.*"], progress=False, run_store=False
+        )
+    assert trainer.fit(_data(), epochs=1).status == "finished"

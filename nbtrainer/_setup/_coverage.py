@@ -39,11 +39,12 @@ def _listed(names: list[str], most: int = 8) -> str:
 def check_optimizer_covers(
     model: nn.Module, optimizers: Iterable[torch.optim.Optimizer], *, trainable: Any = None
 ) -> None:
-    """Refuse trainable parameters that no optimizer holds, naming them, with the fixes; with ``trainable=``
-    (the user said which parameters train) a warning instead.
+    """Refuse trainable parameters that no optimizer holds, naming them, with the fixes; when the user said which
+    parameters train (``trainable=`` / ``freeze=``: ``trainable`` is then their plan, not None) a warning instead.
 
     Raises:
-        ValueError: some trainable parameters are in no optimizer, and ``trainable=`` was not given.
+        ValueError: some trainable parameters are in no optimizer, and neither ``trainable=`` nor ``freeze=`` was
+            given.
     """
     missing = untrained_parameters(model, optimizers)
     if not missing:
@@ -51,7 +52,7 @@ def check_optimizer_covers(
     what = f"{len(missing)} trainable parameter tensor(s) that no optimizer holds: {_listed(missing)}"
     if trainable is not None:
         warnings.warn(
-            f"{what}. trainable= keeps them trainable, so they get gradients, but the optimizer never steps "
+            f"{what}. trainable= / freeze= keep them trainable, so they get gradients, but the optimizer never steps "
             "them: build the optimizer after setting up the model, or pass it by name (Trainer(model, "
             "criterion, 'adamw') builds it over what trains).",
             UserWarning,
