@@ -119,9 +119,11 @@ def test_trainable_parameters_no_optimizer_holds_are_refused_before_the_first_st
         Trainer(model, nn.CrossEntropyLoss(), optimizer, progress=False, run_store=False)
     # the fix it names: the optimizer built after the change (or by name) trains the new head
     trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, progress=False, run_store=False)
-    before = model[2].weight.detach().clone()
+    head = model[2]
+    assert isinstance(head, nn.Linear)
+    before = head.weight.detach().clone()
     trainer.fit(_data(), epochs=1)
-    assert not torch.equal(before, model[2].weight)
+    assert not torch.equal(before, head.weight)
 
 
 def test_with_trainable_the_parameters_no_optimizer_holds_are_a_warning_naming_them() -> None:
