@@ -16,19 +16,20 @@ USAGE = (
 )
 
 
-def check_keywords(options: dict[str, Any], panel_keywords: Any) -> None:
+def check_keywords(options: dict[str, Any], panel: Any) -> None:
     """Refuse a keyword that is neither the panel's nor the Trainer's, naming the closest valid one: a misspelt
     option must not reach ``Trainer(...)`` as a bare ``unexpected keyword argument``.
 
     Example:
-        >>> check_keywords({"grad_accumulation_steps": 2}, ["epochs"])  # doctest: +ELLIPSIS
+        >>> check_keywords({"grad_accumulation_steps": 2}, lambda self, epochs=1: None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         TypeError: ... argument 'grad_accumulation_steps'; did you mean 'grad_accum_steps'? ...
     """
     import difflib
     import inspect
 
-    trainer_keywords = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    panel_keywords = inspect.signature(panel).parameters  # TrainerWidget.__init__: the panel's own options
+    trainer_keywords = inspect.signature(Trainer.__init__).parameters
     valid = sorted({*panel_keywords, *trainer_keywords} - {"self", "model", "args", "trainer_options"})
     for key in options:
         if key not in valid:

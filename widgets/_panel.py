@@ -12,7 +12,6 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import sys
@@ -91,7 +90,7 @@ class TrainerWidget:
         interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
-        check_keywords(trainer_options, inspect.signature(TrainerWidget.__init__).parameters)
+        check_keywords(trainer_options, TrainerWidget.__init__)
         a = parse_panel_args(
             model,
             args,

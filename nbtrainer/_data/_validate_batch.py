@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._data._batch import _DEFAULT_TARGET_KEYS, as_mapping, loss_from_outputs, move_to_device
+from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device
 from nbtrainer._data._step_result import check_step_result
 
 if TYPE_CHECKING:
@@ -103,16 +103,9 @@ def _passthrough(exc: BaseException) -> bool:
 def _model_hint(trainer: DataTrainer, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
-        unnamed = not trainer.batch_spec.target_keys and not any(k in kwargs for k in _DEFAULT_TARGET_KEYS)
-        if kwargs and not args and unnamed:
-            # a dict batch whose label entry has none of the names looked for: everything went to the model
-            looked = ", ".join(_DEFAULT_TARGET_KEYS)
-            return (
-                f"nbtrainer passed every entry {sorted(kwargs)} to the model as keyword inputs: it takes as the "
-                f"targets the first entry named {looked}, and the batch has none. Name the target entry with "
-                f"target_keys= (e.g. Trainer(..., target_keys={_guess_target(kwargs)!r}); several: a tuple), or "
-                "pass compute_loss=fn(model, batch) (and predict_step=fn(model, batch) for predict)."
-            )
+        unnamed = _unnamed_targets_hint(args, kwargs, batch)
+        if unnamed:
+            return unnamed
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
@@ -407,6 +400,23 @@ def _check_value(name: str, value: Any) -> None:
         raise TypeError(
             f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
         )
+
+
+def _unnamed_targets_hint(args: tuple, kwargs: dict[str, Any], batch: Any) -> str:
+    """A dict batch whose label entry has none of the names looked for: every entry went to the model (none was
+    taken as the target), and the fix is ``target_keys=`` ("" when that is not the case)."""
+    from nbtrainer._data._batch import _DEFAULT_TARGET_KEYS
+
+    mapping = as_mapping(batch)
+    if args or not kwargs or mapping is None or set(mapping) - set(kwargs):
+        return ""
+    looked = ", ".join(_DEFAULT_TARGET_KEYS)
+    return (
+        f"nbtrainer passed every entry {sorted(kwargs)} to the model as keyword inputs: it takes as the targets the "
+        f"first entry named {looked}, and the batch has none. Name the target entry with target_keys= (e.g. "
+        f"Trainer(..., target_keys={_guess_target(kwargs)!r}); several: a tuple), or pass compute_loss=fn(model, "
+        "batch) (and predict_step=fn(model, batch) for predict)."
+    )
 
 
 def _guess_target(kwargs: dict[str, Any]) -> str:
