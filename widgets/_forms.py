@@ -66,14 +66,18 @@ def parse_panel_args(
     metrics: Any = None,
     epochs: int = 1,
     trainer_options: dict[str, Any] | None = None,
+    panel: Any = None,
 ) -> PanelArgs:
     """Check the arguments of ``TrainerWidget(...)`` and build the Trainer of the model form.
 
     Raises:
-        TypeError: arguments of neither form (with both forms spelled out).
+        TypeError: arguments of neither form (with both forms spelled out); a keyword neither the panel nor the
+            Trainer takes (with the closest valid one).
         ValueError: ``epochs`` is not a positive int, or the Trainer has no optimizer (with the fix).
     """
     options = dict(trainer_options or {})
+    if panel is not None:
+        check_keywords(options, panel)
     build: tuple[Any, ...] | None
     if isinstance(model, Trainer):
         if metrics is not None or options:

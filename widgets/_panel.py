@@ -27,7 +27,7 @@ from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
 from ._display import SummaryDisplay
-from ._forms import check_keywords, parse_panel_args
+from ._forms import parse_panel_args
 from ._health_card import HealthCard
 from ._looks import Looks
 from ._plan_view import PlanView
@@ -90,7 +90,6 @@ class TrainerWidget:
         interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
-        check_keywords(trainer_options, TrainerWidget.__init__)
         a = parse_panel_args(
             model,
             args,
@@ -99,6 +98,7 @@ class TrainerWidget:
             metrics=metrics,
             epochs=epochs,
             trainer_options=trainer_options,
+            panel=TrainerWidget.__init__,  # its own keywords: a misspelt one is named with the closest valid one
         )
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
