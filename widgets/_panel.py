@@ -99,6 +99,7 @@ class TrainerWidget:
             metrics=metrics,
             epochs=epochs,
             trainer_options=trainer_options,
+            panel=TrainerWidget.__init__,  # its own keywords: a misspelt one is named with the closest valid one
         )
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader

@@ -156,6 +156,9 @@ class RunsWidget:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
         return html_view(self.root, "runs", self.message, self.table)._repr_mimebundle_(**kwargs)
 
+    def __repr__(self) -> str:
+        return f"RunsWidget({self.runs!r})"
+
     @classmethod
     def tune(
         cls, build: Callable[[Any], Any], *, show: bool | Callable[[Any], Any] = True, **tune_kwargs: Any

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from nbtrainer._compare._data import DataOrder, SplitLoader, split_batch
-from nbtrainer._compare._presets import resolve_strategies
+from nbtrainer._compare._presets import inapplicable, resolve_strategies
 from nbtrainer._compare._run_measure import (
     StepTimer,
     accuracy,
@@ -144,7 +144,9 @@ def compare_strategies(
         train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
         strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
             ``activation_checkpointing``, ``optimizer``, ``lr``, ``trainable``, ``freeze``, ``compile``,
-            ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``).
+            ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``). Default:
+            ``fp32, bf16, ckpt, accum4, adafactor`` less what cannot apply to this model on this device (``ckpt``
+            without repeated blocks, ``bf16`` where it does not run), named in one line under the table.
         epochs / steps: how long each strategy trains (``steps``: optimizer steps; default 1 epoch).
         metric: the validation key to report (``"val_acc"``: an argmax accuracy is added when ``metrics``
             has no ``acc``); ``None`` for none.
@@ -208,6 +210,8 @@ def compare_strategies(
     for name, options in plan.items():
         if callable(options.get("optimizer")) and not isinstance(options["optimizer"], torch.optim.Optimizer):
             check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
+    left_out = inapplicable(first_model, dev) if strategies is None else {}
+    plan = {name: options for name, options in plan.items() if name not in left_out}
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
     del first_model
     first_batch: Any = next(iter(train_loader), None)  # its size names accumulation's micro-batches
@@ -379,4 +383,5 @@ def compare_strategies(
             "split_batches": split_batches,
             "repeats": repeats,
         },
+        left_out=left_out,
     )

@@ -313,6 +313,14 @@ def loss_from_outputs(
             raise _missing_loss(outputs, batch, spec)
         return loss
     if targets is None:
+        mapping = as_mapping(batch) if batch is not None else None
+        if mapping is not None:
+            raise ValueError(
+                f"The dict batch (keys {list(mapping)}) has no targets for the criterion: nbtrainer takes the first "
+                f"entry named {', '.join(_DEFAULT_TARGET_KEYS)}, and it has none. Name the target entry with "
+                "target_keys= (e.g. Trainer(..., target_keys='label_ids')), or use compute_loss= for unsupervised "
+                "losses."
+            )
         raise ValueError(
             "The batch has no targets for the criterion. Yield (inputs, targets), set "
             "num_inputs=/target_keys=, or use compute_loss= for unsupervised losses."

@@ -116,6 +116,9 @@ def _passthrough(exc: BaseException) -> bool:
 def _model_hint(device: torch.device, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
+        unnamed = _unnamed_targets_hint(args, kwargs, batch)
+        if unnamed:
+            return unnamed
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
@@ -374,3 +377,28 @@ def _check_value(name: str, value: Any) -> None:
         raise TypeError(
             f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
         )
+
+
+def _unnamed_targets_hint(args: tuple, kwargs: dict[str, Any], batch: Any) -> str:
+    """A dict batch whose label entry has none of the names looked for: every entry went to the model (none was
+    taken as the target), and the fix is ``target_keys=`` ("" when that is not the case)."""
+    from nbtrainer._data._batch import _DEFAULT_TARGET_KEYS
+
+    mapping = as_mapping(batch)
+    if args or not kwargs or mapping is None or set(mapping) - set(kwargs):
+        return ""
+    looked = ", ".join(_DEFAULT_TARGET_KEYS)
+    return (
+        f"nbtrainer passed every entry {sorted(kwargs)} to the model as keyword inputs: it takes as the targets the "
+        f"first entry named {looked}, and the batch has none. Name the target entry with target_keys= (e.g. "
+        f"Trainer(..., target_keys={_guess_target(kwargs)!r}); several: a tuple), or pass compute_loss=fn(model, "
+        "batch) (and predict_step=fn(model, batch) for predict)."
+    )
+
+
+def _guess_target(kwargs: dict[str, Any]) -> str:
+    """The entry most likely to be the target: an integer tensor of one dimension, else the last entry."""
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_floating_point():
+            return str(key)
+    return str(list(kwargs)[-1])

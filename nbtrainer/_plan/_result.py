@@ -79,6 +79,23 @@ class PlanRow:
         """The row's memory switches."""
         return MemoryOptions.from_kwargs(self.switches)
 
+    def __str__(self) -> str:
+        from nbtrainer._report._format import format_bytes
+
+        reserved = f", {format_bytes(self.reserved_bytes)} reserved" if self.reserved_bytes != self.peak_bytes else ""
+        context = f" + {format_bytes(self.context_bytes)} CUDA context" if self.context_bytes else ""
+        parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in self.parts.items())
+        host = f"; {format_bytes(self.host_bytes)} in host RAM" if self.host_bytes else ""
+        return (
+            f"{self.describe()}: peak {format_bytes(self.peak_bytes)}{reserved}{context}, "
+            f"{'fits' if self.fits else 'does not fit'}; step time {self.time_factor:.2f}x fp32's\n  {parts}{host}"
+        )
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre class='nbtrainer-plan-row'>{html.escape(str(self))}</pre>"
+
     def describe(self) -> str:
         """The switches in a few words, e.g. ``bf16-mixed + checkpointing + adamw8bit, micro-batch 4 x 2``."""
         m = self.memory

@@ -58,6 +58,35 @@ class FitResult:
         """Plain-data copy (JSON-serialisable)."""
         return asdict(self)
 
+    def _parts(self) -> list[tuple[str, str]]:
+        parts = [(k.replace("_", " "), format_bytes(v)) for k, v in self.breakdown.items()]
+        return parts + ([("in host RAM (offloaded)", format_bytes(self.host_bytes))] if self.host_bytes else [])
+
+    def __str__(self) -> str:
+        head = (
+            f"{'fits' if self.fits else 'does not fit'}: {format_bytes(self.needed_bytes)} needed of "
+            f"{format_bytes(self.budget_bytes)} on {self.device} ({self.precision}, batch size {self.batch_size})"
+        )
+        parts = ", ".join(f"{name} {value}" for name, value in self._parts())
+        return f"{head}\n  {parts}\n  {self.suggestion}" if parts else f"{head}\n  {self.suggestion}"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        verdict = "fits" if self.fits else "does not fit"
+        rows = "".join(
+            f"<tr><td style='padding:1px 8px'>{html.escape(k)}</td><td style='padding:1px 8px;text-align:right'>"
+            f"{html.escape(v)}</td></tr>"
+            for k, v in [*self._parts(), ("needed", format_bytes(self.needed_bytes))]
+        )
+        return (
+            f"<div class='nbtrainer-fit'><b>{verdict}</b>: {html.escape(format_bytes(self.needed_bytes))} of "
+            f"{html.escape(format_bytes(self.budget_bytes))} on {html.escape(self.device)} "
+            f"({html.escape(self.precision)}, batch size {self.batch_size})"
+            f"<table style='border-collapse:collapse;margin:4px 0'>{rows}</table>"
+            f"<div>{html.escape(self.suggestion)}</div></div>"
+        )
+
 
 def _needed(memory: dict[str, Any], batch_size: int, checkpointing: bool, switched: Switched) -> dict[str, int]:
     line = memory["scaling"]["activations_checkpointed" if checkpointing else "activations"]

@@ -60,6 +60,8 @@ class ModelProfile:
         seconds: Wall time per profiling step.
         structure: The layer table :meth:`fits` needs for the memory switches: ``{"head", "params": [[name,
             numel, element_size, trainable, shape]], "linears": [[name, in, out, has_bias, quantizable]]}``.
+        notes: What the reader must know to read the numbers (a meta model's profile is planned, not measured,
+            and for which device); shown first in the text and the HTML.
     """
 
     MEMORY_ROWS: ClassVar[tuple[str, ...]] = _MEMORY_ROWS
@@ -78,6 +80,7 @@ class ModelProfile:
     environment: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     structure: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def fits(
         self,
@@ -280,9 +283,25 @@ def _combos(data: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, 
     return [(d, p, e) for d, per in data.items() for p, e in per.items()]
 
 
+def _optimizer(entry: dict[str, Any]) -> str:
+    """The optimizer a memory entry stepped (measured) or assumed (planned: no optimizer object exists)."""
+    name = str(entry.get("optimizer") or "AdamW")
+    return f"{name}, planned" if entry.get("source") == "planned" else name
+
+
+def _memory_keys(combos: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """The rows of the memory table: the measured breakdown's, then the parts only a plan has (logits and loss,
+    temporaries, the batch, the allocator's reserve), in their order."""
+    planned = [e for _, _, e in combos if e.get("source") == "planned"]
+    extra = [k for e in planned for k, v in e.items() if k not in _MEMORY_ROWS and type(v) in (int, float)]
+    keys = [k for k in _MEMORY_ROWS if k != "total"] + [k for k in dict.fromkeys(extra) if k != "reserved"]
+    return [*keys, "total", *(["reserved"] if "reserved" in extra else [])]
+
+
 def to_html(prof: ModelProfile) -> str:
     """The notebook view: model summary, compute, latency and memory tables."""
     parts = [f"<div class='nbtrainer-profile'><b>{html.escape(prof.model_name)}</b> (batch size {prof.batch_size})"]
+    parts += [f"<div><i>{html.escape(note)}</i></div>" for note in prof.notes]
     summary = [
         ["parameters", f"{format_count(prof.params)} ({format_count(prof.trainable_params)} trainable)"],
         ["size in memory", format_bytes(prof.size_mb * 2**20)],
@@ -321,12 +340,17 @@ def to_html(prof: ModelProfile) -> str:
         combos = _combos(prof.memory)
         header = ["training step (one optimizer step)"] + [f"{d} {p}" for d, p, _ in combos]
         body = []
-        for key in _MEMORY_ROWS:
+        for key in _memory_keys(combos):
             values = [e.get(key) if e.get("supported", True) else None for _, _, e in combos]
             if any(v is not None for v in values):
                 body.append([key.replace("_", " ")] + [format_bytes(v) for v in values])
-        optimizers = sorted({e["optimizer"] for _, _, e in combos if e.get("supported", True)})
-        parts.append(f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers))})" + _table(header, body))
+        reasons = [f"{d} {p}: not run: {e['reason']}" for d, p, e in combos if not e.get("supported", True)]
+        optimizers = sorted({_optimizer(e) for _, _, e in combos if e.get("supported", True)})
+        parts.append(
+            f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers) or 'none')})"
+            + _table(header, body)
+            + "".join(f"<div>{html.escape(r)}</div>" for r in reasons)
+        )
     return "".join(parts) + "</div>"
 
 
@@ -337,10 +361,15 @@ def to_text(prof: ModelProfile) -> str:
         f"trainable={format_count(prof.trainable_params)}, size={format_bytes(prof.size_mb * 2**20)}, "
         f"macs/sample={format_count(prof.macs)}, flops/sample={format_count(prof.flops)})"
     ]
+    lines += [f"  note: {note}" for note in prof.notes]
     for device, precision, e in _combos(prof.latency_ms):
         if e.get("supported", True):
             lines.append(f"  latency {device} {precision}: median {_ms(e['median'])}, p90 {_ms(e['p90'])}")
+        else:
+            lines.append(f"  latency {device} {precision}: not run: {e['reason']}")
     for device, precision, e in _combos(prof.memory):
         if e.get("supported", True):
-            lines.append(f"  memory {device} {precision}: total {format_bytes(e['total'])} ({e['optimizer']})")
+            lines.append(f"  memory {device} {precision}: total {format_bytes(e['total'])} ({_optimizer(e)})")
+        else:
+            lines.append(f"  memory {device} {precision}: not run: {e['reason']}")
     return "\n".join(lines)

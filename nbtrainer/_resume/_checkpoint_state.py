@@ -96,6 +96,8 @@ def trainer_state_dict(trainer: LoopHost, *, weights: bool = True) -> dict[str, 
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
             "elapsed": run.elapsed(),
+            # the fit's planned epochs: `nbtrainer checkpoint` tells a finished run from one to finish
+            "epochs": loop.epochs if loop is not None else None,
             **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
         "metrics": run.train_metrics.state_dict(),

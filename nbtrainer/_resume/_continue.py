@@ -200,9 +200,18 @@ def fit_more(
     scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
     max_steps: int | None = None,
     profiler: Any = None,
+    val_data: Any = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
 ) -> Any:
-    """:meth:`Trainer.fit_more` (documented there)."""
+    """:meth:`Trainer.fit_more` (documented there). Arrays with ``batch_size=`` (``val_data=``, ``shuffle=``) become
+    loaders as in ``fit``."""
+    from nbtrainer._data._arrays import fit_loaders
     from nbtrainer._resume import _checkpoint_state as _state
+
+    train_loader, val_loader = fit_loaders(
+        train_loader, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle, caller="fit_more"
+    )
 
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit_more: epochs (how many more) must be an int >= 1, got {epochs!r}.")

@@ -32,8 +32,10 @@ from nbtrainer._setup._activation_checkpointing import (
     _check_checkpointing_value,
     enable_activation_checkpointing,
 )
+from nbtrainer._setup._coverage import check_optimizer_covers
 from nbtrainer._setup._kbit_optim import KBIT_OPTIMIZERS, build_kbit_optimizer
 from nbtrainer._setup._memory_savers import MemorySavers
+from nbtrainer._setup._optimizers import Optimizers
 from nbtrainer._setup._precision import resolve_device
 
 __all__ = [
@@ -345,6 +347,9 @@ class ModelSetup:
         trained = self.savers.transform(model, seed=seed)
         if self.savers.deferred and self.optimizer_name is not None:
             self.optimizer = self.savers.build_optimizer(trained, self.optimizer_name, self._lr, build_optimizer)
+        named = isinstance(self.optimizer, Optimizers)  # several named optimizers: check_optimizers warns already
+        if isinstance(self.optimizer, torch.optim.Optimizer) and not named:
+            check_optimizer_covers(trained, [self.optimizer], trainable=self._plan)
         if self.channels_last:
             # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
             model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

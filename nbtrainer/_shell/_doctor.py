@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbtrainer._report._format import format_bytes
+from nbtrainer._report._format import format_bytes, text_html
 
 __all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
 
@@ -150,7 +150,9 @@ class DoctorReport:
             parts.append("<div style='margin-top:10px;color:#1a7f37;font-weight:600'>No problems found.</div>")
         if self.notes:
             parts.append(
-                "<ul style='margin:6px 0;color:#57606a'>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>"
+                "<ul style='margin:6px 0;color:#57606a'>"
+                + "".join(f"<li>{text_html(n)}</li>" for n in self.notes)
+                + "</ul>"
             )
         parts.append("</div>")
         return "".join(parts)

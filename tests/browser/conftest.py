@@ -177,7 +177,9 @@ def console_log() -> list[str]:
 
 @pytest.fixture
 def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # NBT_VIEWPORT_HEIGHT: scripts/readme-picture.sh takes the whole panel (bqplot paints only what is in view)
+    height = int(os.environ.get("NBT_VIEWPORT_HEIGHT") or 900)
+    context = browser.new_context(viewport={"width": 1280, "height": height})
     pg = context.new_page()
     pg.set_default_timeout(30_000)
     pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
