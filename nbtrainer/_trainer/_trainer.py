@@ -324,15 +324,16 @@ class Trainer:
         scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
         max_steps: int | None = None,
         profiler: Any = None,
+        val_data: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
     ) -> History:
         """Continue a run for ``epochs`` more epochs: after a finished or stopped ``fit`` of this trainer, or
         from a checkpoint (``resume_from=path | "last"``), optionally with a fresh LR schedule for them.
-
         Epoch numbers, the global step and the History continue (a ``fit_more`` event where the extension starts);
-        a run stopped mid-epoch first finishes that epoch, the first of the ``epochs`` more. ``train_loader`` /
-        ``val_loader`` / ``profiler``: as for :meth:`fit`; ``max_steps``: of the extension; ``resume_from``: a
-        checkpoint of the run to continue (default: this trainer's own state).
-
+        a run stopped mid-epoch first finishes that epoch, the first of the ``epochs`` more. ``train_loader`` (batches
+        or arrays) / ``val_loader`` / ``val_data`` / ``batch_size`` / ``shuffle`` / ``profiler``: as for :meth:`fit`;
+        ``max_steps``: of the extension; ``resume_from``: a checkpoint of the run (default: this trainer's state).
         ``scheduler``: ``"keep"`` (default) continues the run's scheduler, refused before any step when it cannot
         cover the extension (a OneCycleLR ends where it was built to end); ``fn(optimizer, total_steps) ->
         scheduler`` builds a fresh one for the extension's optimizer steps (epochs with ``scheduler_interval=
@@ -350,7 +351,8 @@ class Trainer:
             ([1, 2, 3, 4, 5], 'finished')
         """
         more = {"resume_from": resume_from, "scheduler": scheduler, "max_steps": max_steps, "profiler": profiler}
-        return _continue.fit_more(self, train_loader, val_loader, epochs=epochs, **more)
+        return _continue.fit_more(self, train_loader, val_loader, epochs=epochs, **more, val_data=val_data,
+                                  batch_size=batch_size, shuffle=shuffle)  # fmt: skip
 
     @_oom.on_oom("evaluate")
     def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
