@@ -11,6 +11,10 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
                                 training and validation batches are checked after it)
 ``on_epoch_start(trainer, epoch)``  not again for an epoch resumed mid-way (it started in the saved run)
 ``on_train_batch_start(trainer, batch, batch_idx)``   per micro-batch, already on the device
+``on_train_forward(trainer, outputs, targets, indices)``  per micro-batch, right after the forward the step makes:
+                                device tensors (never read them here); ``indices`` the batch's dataset indices (a
+                                list, ``range`` or int64 tensor; None where the loop cannot know them). Only with
+                                the default forward (not ``training_step=``, LBFGS or a memory plan's split)
 ``on_train_batch_end(trainer, batch_idx, loss)``      ``loss`` is a device tensor: never ``.item()`` it here
 ``on_before_optimizer_step(trainer, optimizer)``      grads are unscaled and clipped
 ``on_optimizer_step(trainer, step, skipped)``         after the step; ``skipped`` when fp16's scaler skipped
@@ -37,6 +41,7 @@ EVENTS: tuple[str, ...] = (
     "on_fit_start",
     "on_epoch_start",
     "on_train_batch_start",
+    "on_train_forward",
     "on_train_batch_end",
     "on_before_optimizer_step",
     "on_optimizer_step",

@@ -29,7 +29,7 @@ from nbtrainer._look._per_item import NoPerItemLoss, is_causal_lm, per_item_loss
 from nbtrainer._look._side import kept_rng, side_pass
 from nbtrainer._loop._metrics import metric_input
 
-__all__ = ["interpret"]
+__all__ = ["indexed_batches", "interpret", "task_of"]
 
 Tensor = torch.Tensor
 _SMALL = 16  # a regression keeps its predictions and targets when each item has at most this many values
@@ -91,7 +91,7 @@ def _numbered(batches: Any, lists: list[list[int]] | None) -> Iterator[tuple[Ten
         yield torch.tensor(ix, dtype=torch.int64), batch
 
 
-def _task(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
+def task_of(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
     """``classification``, ``binary``, ``multilabel``, ``regression``, ``lm`` (a causal LM's tokens), ``tokens``
     (per-token labels) or ``other`` (losses only), from the first batch."""
     if not isinstance(logits, Tensor) or not isinstance(targets, Tensor) or targets.ndim == 0:
@@ -189,7 +189,7 @@ def interpret(
                 )
             logits = metric_input(outputs)
             if task is None:
-                task = _task(trainer.criterion, model, logits, targets)
+                task = task_of(trainer.criterion, model, logits, targets)
                 if task == "classification" and isinstance(logits, Tensor):
                     n_classes = int(logits.shape[1])
                 elif task == "binary":

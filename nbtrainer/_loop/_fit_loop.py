@@ -89,16 +89,13 @@ class FitLoop:
         self._step_times: dict[str, float] | None = None
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
-        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
-        # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
-        device, fast, fraction = host.device, host.settings.fast_fetch, host.settings.data_on_device
+        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per batch, on
+        # CUDA device-resident or prefetched; with a consumer of items (DataMap) each batch's indices followed.
+        paths = {"device": host.device, "enabled": host.settings.fast_fetch, "fraction": host.settings.data_on_device}
         self.order = ShuffleOrder(train_loader, deterministic=host.settings.deterministic)
-        self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
-        self.val_data = (
-            DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
-        )
+        self.train_data = DataPath(train_loader, **paths, track=host.callbacks.has("on_train_forward"))
+        self.val_data = DataPath(val_loader, **paths) if val_loader is not None else None
 
-    # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.host.device.type == "cuda":
             torch.cuda.synchronize(self.host.device)
@@ -141,8 +138,7 @@ class FitLoop:
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's start state
-        # when there is one (saved, or left by the last epoch)
+        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's saved start state
         gen = self.order.lend(state=st.sampler_state)
         if gen is not None and st.sampler_state is None:
             st.sampler_state = gen.get_state()
@@ -182,7 +178,8 @@ class FitLoop:
         amp = t.steps.autocast()
         closure = ClosureStep(t) if needs_closure(t.optimizer) else None
         manual = step.manual = ManualStep(t, t.steps.training_step_fn) if t.steps.training_step_fn is not None else None
-        pend_loss, pend_bs = self._pend_loss, self._pend_bs
+        pend_loss, pend_bs, track = self._pend_loss, self._pend_bs, self.train_data.track
+        observe = track is not None and cb.has("on_train_forward")
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
@@ -253,6 +250,9 @@ class FitLoop:
                             metrics.update(outputs, targets)
                         if first:
                             metrics.check_first()
+                    if observe:  # device tensors and the dataset indices (host lists): nothing is read here
+                        ix = track.current if track is not None else None
+                        cb.call("on_train_forward", trainer=owner, outputs=outputs, targets=targets, indices=ix)
                     if sample:
                         self._sync()
                         t2 = time.perf_counter()
