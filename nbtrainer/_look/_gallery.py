@@ -23,7 +23,7 @@ import torch
 from nbtrainer._look._images import as_pixels, data_uri, encode_png, is_pil, png_width, to_png
 from nbtrainer._report._format import format_number
 
-__all__ = ["heatmap_html", "input_html", "model_input", "rows_html"]
+__all__ = ["heatmap_html", "input_html", "model_input", "picture_html", "rows_html"]
 
 _MAX_FEATURES = 12
 _MAX_IDS = 48
@@ -51,7 +51,7 @@ def _decode(ids: list[int], decode: Any) -> str | None:
     return str(decode(ids))
 
 
-def _picture(value: Any) -> str | None:
+def picture_html(value: Any) -> str | None:
     if is_pil(value):
         png = to_png(value)
     else:
@@ -94,7 +94,7 @@ def input_html(sample: Any, *, decode: Any = None, feature_names: Sequence[str] 
         )
         more = f"<tr><td colspan='2'>... {len(values) - len(shown)} more</td></tr>" if len(values) > len(shown) else ""
         return f"<table class='nbt-item-row'>{cells}{more}</table>"
-    picture = _picture(value)
+    picture = picture_html(value)
     if picture is not None:
         return picture
     if isinstance(value, torch.Tensor) and value.ndim == 0:

@@ -49,8 +49,11 @@ class InterpretingTrainer(Protocol):
     def batch_steps(self) -> Any: ...  # BatchSteps: compute, autocast, inference context
 
 
-def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
-    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring)."""
+def indexed_batches(
+    loader: Any, *, fast: bool, lists: list[list[int]] | None = None
+) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
+    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring); ``lists``: read these
+    index lists of the loader's dataset instead of its sampler's."""
     sampler, dataset = getattr(loader, "batch_sampler", None), getattr(loader, "dataset", None)
     indexable = (
         isinstance(loader, torch.utils.data.DataLoader)
@@ -60,8 +63,9 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
     )
     if not indexable or sampler is None or dataset is None:
         return _numbered(loader, None), None
-    with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
-        lists = [list(ix) for ix in sampler]
+    if lists is None:
+        with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
+            lists = [list(ix) for ix in sampler]
     fetch = batched_fetch(loader) if fast else None
     if fetch is not None:
         read: Callable[[list[int]], Any] = fetch.read

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from nbtrainer._data._batch import BatchSpec
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList, Progress
+    from nbtrainer._know._data_report import DataReport
     from nbtrainer._look._interpretation import Interpretation
     from nbtrainer._loop._nonfinite import NonFiniteGuard
     from nbtrainer._loop._run_state import RunState
@@ -177,6 +178,11 @@ class Trainer:
             :attr:`memory_plan`. The peak of the first optimizer steps is measured; above the budget the next row
             is applied at the next step boundary (and said). Nothing fits: a ``ValueError`` before the first step.
             Not with ``quantize=`` / ``lora=`` / ``compile=`` / DDP (plan those with ``plan_memory``).
+        check_data: check the data at the start of each fresh fit (:meth:`check_data`: duplicates, leaks between
+            training and validation, NaN / Inf, scale, constant features, class balance), one progress line per
+            finding; labels the model has no output for refuse the fit before its first step. ``True``: every
+            item; an int: a seeded sample of that many items per split. A report made by :meth:`check_data` on
+            the same loaders is reused (the panel checks before Start).
 
     Batch shapes (the same for fit, evaluate and predict; details in ``nbtrainer._data._batch``):
 
@@ -238,6 +244,7 @@ class Trainer:
     non_blocking: bool
     fast_fetch: bool
     data_on_device: float
+    _check_data: bool | int  # check_data= (nbtrainer._know._check.check_at_fit)
     _setup: ModelSetup
     _steps: BatchSteps  # how a batch becomes a loss / outputs, and evaluation (the overrides, validation metrics)
     _metric_spec: dict[str, Any]
@@ -250,6 +257,7 @@ class Trainer:
     _run: RunState  # the run's progress across fits (loop position, metrics' state, History, the running loop)
     _live: LiveControl  # requests from any thread, applied at a step boundary; calls deferred past an event
     _nonfinite: NonFiniteGuard
+    data_report: DataReport | None  # the last check of the data (check_data, or a fit with check_data=True)
 
     # -- read-only views of that state ------------------------------------------------------------
     @property
@@ -374,6 +382,7 @@ class Trainer:
         memory_budget_gb: float | None = None,
         training_step: Callable | None = None,
         validation_step: Callable | None = None,
+        check_data: bool | int = False,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -546,6 +555,10 @@ class Trainer:
         self.callbacks = CallbackList([self._run.recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
         self.progress = Progress()
         self.status = "idle"
+        from nbtrainer._know._check import check_option
+
+        self._check_data = check_option(check_data)
+        self.data_report: DataReport | None = None  # the last check_data's (a fit with check_data=True reuses it)
         self._live = LiveControl(self)
         self._nonfinite = NonFiniteGuard(on_nonfinite)
         self._params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
@@ -751,6 +764,10 @@ class Trainer:
                 self.callbacks.call("on_fit_start", trainer=self)
                 if self._budget is not None:  # what the plan chose (one progress line), then measure the first steps
                     self._budget.start()
+                if resume_from is None and self._check_data:  # labels past the outputs: refused before any step
+                    from nbtrainer._know._check import check_at_fit
+
+                    check_at_fit(self, self._check_data, train_loader, val_loader)
                 if resume_note is not None:  # say whether it resumed (one line in the progress, an event)
                     st = run.loop_state
                     event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}
@@ -996,6 +1013,44 @@ class Trainer:
         self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
         options = {"loss_per_item": loss_per_item, "decode": decode, "feature_names": feature_names}
         return interpret(self, loader, max_items=max_items, classes=classes, batch_size=batch_size, **options)
+
+    def check_data(
+        self, train_loader: Any, val_loader: Any = None, *, max_items: int | None = None, batch_size: int | None = None
+    ) -> DataReport:
+        """Check the data before training: one streamed pass per split (memory: some bytes per item, never the
+        items), the run's random generators and the model left as they were. Finds exact duplicates inside a split
+        and between training and validation (a leak), NaN / Inf in inputs or targets (which field, feature or
+        channel, how many items), inputs far from normalized and constant features, class counts and imbalance,
+        labels outside the model's outputs (run once on the first batch) and validation classes that training
+        lacks. Each finding is a :class:`~nbtrainer._know._data_report.DataProblem` (``kind``, ``message``,
+        ``advice``, ``data`` with the dataset indices concerned) in ``report.problems``. ``max_items``: a seeded
+        sample of that many items per split (said in ``report.notes``). Arrays are read with ``batch_size``
+        (default 256). Nothing is changed: clean with ``nbtrainer.DataMap().cleaned`` or ``CleanedDataset``.
+
+        Example:
+            >>> import torch
+            >>> model = torch.nn.Linear(4, 3)
+            >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False)
+            >>> x, y = torch.randn(100, 4) * 1000, torch.randint(0, 3, (100,))
+            >>> sorted(p.kind for p in trainer.check_data((x, y)).problems)
+            ['scale']
+        """
+        from nbtrainer._know._check import check_data
+
+        self.model = self.strategy.setup_model(self.model) if not self._run.fitting else self.model
+        self.data_report = check_data(self, train_loader, val_loader, max_items=max_items, batch_size=batch_size)
+        return self.data_report
+
+    def show_batch(self, loader: Any, n: int = 16, *, decode: Any = None, **options: Any) -> Any:
+        """The first ``n`` items of ``loader``'s first batch as the model receives them (``nbtrainer.show_batch``),
+        split by this trainer's batch protocol (``num_inputs=``, ``target_keys=``).
+
+        Example:
+            >>> # trainer.show_batch(train_loader, 8, decode=tokenizer.decode)
+        """
+        from nbtrainer._know._show_batch import show_batch
+
+        return show_batch(loader, n, decode=decode, spec=self.batch_spec, **options)
 
     def _batches(self, loader: Any) -> Any:
         """``loader``'s batches by the fastest equivalent path (``_prefetch``); one pass of evaluate or
