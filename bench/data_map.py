@@ -54,16 +54,31 @@ def digits_flipped(seed: int, share: float = 0.05) -> dict[str, Any]:
 def small_cnn(seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
-        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
-    )  # fmt: skip
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
 
 
 def train(x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int, callbacks: list[Any]) -> Any:
     from nbtrainer import Trainer
 
-    trainer = Trainer(small_cnn(seed), nn.CrossEntropyLoss(), "adam", lr=3e-3, seed=seed, callbacks=callbacks,
-                      progress=False, run_store=False)  # fmt: skip
+    trainer = Trainer(
+        small_cnn(seed),
+        nn.CrossEntropyLoss(),
+        "adam",
+        lr=3e-3,
+        seed=seed,
+        callbacks=callbacks,
+        progress=False,
+        run_store=False,
+    )
     trainer.fit((x, y), batch_size=32, epochs=epochs)
     return trainer
 
@@ -88,8 +103,9 @@ def cleanlab_ranking(data: dict[str, Any], epochs: int, seed: int) -> list[int] 
         with torch.no_grad():
             trainer.model.eval()
             probs[held] = trainer.model(x[held]).softmax(1)
-    ranked = find_label_issues(y.numpy(), probs.numpy(), filter_by="prune_by_noise_rate",
-                               return_indices_ranked_by="self_confidence")  # fmt: skip
+    ranked = find_label_issues(
+        y.numpy(), probs.numpy(), filter_by="prune_by_noise_rate", return_indices_ranked_by="self_confidence"
+    )
     # cleanlab returns only the items it flags; the rest follow by self-confidence (for a full top k)
     rest = torch.argsort(probs.gather(1, y[:, None])[:, 0]).tolist()
     flagged = [int(i) for i in ranked]
@@ -123,16 +139,25 @@ def issues(seeds: int) -> list[str]:
             suggested_right = sum(
                 1 for i in dm.label_issues(k) if i.index in flipped and i.suggested == int(data["y_true"][i.index])
             )
-            rows.append({
-                "epochs": epochs, "seed": seed, "k": k, "fit_s": fit_time,
-                "map": precision(ranked_map, flipped, k), "aum": precision(aum_rank, flipped, k),
-                "interpret": precision(ranked_in, flipped, k),
-                "cleanlab": precision(ranked_cl, flipped, k) if ranked_cl is not None else None,
-                "t_map": t_map, "t_in": t_in, "t_cl": t_cl if ranked_cl is not None else None,
-                "auto_n": len(auto), "auto_prec": len(flipped & set(auto.indices)) / max(len(auto), 1),
-                "auto_recall": len(flipped & set(auto.indices)) / k,
-                "suggested": suggested_right / max(1, len(flipped & set(ranked_map))),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "epochs": epochs,
+                    "seed": seed,
+                    "k": k,
+                    "fit_s": fit_time,
+                    "map": precision(ranked_map, flipped, k),
+                    "aum": precision(aum_rank, flipped, k),
+                    "interpret": precision(ranked_in, flipped, k),
+                    "cleanlab": precision(ranked_cl, flipped, k) if ranked_cl is not None else None,
+                    "t_map": t_map,
+                    "t_in": t_in,
+                    "t_cl": t_cl if ranked_cl is not None else None,
+                    "auto_n": len(auto),
+                    "auto_prec": len(flipped & set(auto.indices)) / max(len(auto), 1),
+                    "auto_recall": len(flipped & set(auto.indices)) / k,
+                    "suggested": suggested_right / max(1, len(flipped & set(ranked_map))),
+                }
+            )
             print("  ", rows[-1], flush=True)
     lines = [
         "| epochs | seed | k | DataMap top-k | AUM top-k | interpret in-sample | cleanlab 5-fold | suggested = true "
@@ -184,8 +209,9 @@ def overhead(rounds: int) -> list[str]:
             data, epochs = (x_mlp, y_mlp), 6
         else:
             model, data, epochs = small_cnn(0), (cnn_data["x"], cnn_data["y"]), 3
-        trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=callbacks, progress=False,
-                          run_store=False, seed=0)  # fmt: skip
+        trainer = Trainer(
+            model, nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=callbacks, progress=False, run_store=False, seed=0
+        )
         trainer.fit(data, batch_size=32, epochs=epochs)
         return statistics.median(clock.deltas)
 

@@ -23,7 +23,7 @@ _TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
 
 def _index(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)) and not hasattr(value, "__index__"):
+    if isinstance(value, bool) or (not isinstance(value, (int, torch.Tensor)) and not hasattr(value, "__index__")):
         raise TypeError(f"{what} must be an int dataset index, got {value!r}.")
     try:
         return int(value.__index__() if not isinstance(value, torch.Tensor) else value.item())
@@ -105,8 +105,11 @@ class DataEdits:
         for i, label in (relabel or {}).items():
             j = _index(i, "relabel")
             decisions[j] = _label(label, j)
-        return cleaned(dataset, drop=[i for i, v in decisions.items() if v is None],
-                       relabel={i: v for i, v in decisions.items() if v is not None})  # fmt: skip
+        return cleaned(
+            dataset,
+            drop=[i for i, v in decisions.items() if v is None],
+            relabel={i: v for i, v in decisions.items() if v is not None},
+        )
 
 
 def target_position(sample: Any) -> int | str | None:
@@ -125,7 +128,7 @@ def _with_target(sample: Any, label: int) -> Any:
             f"Cannot relabel an item of type {type(sample).__name__}: relabeling needs items (inputs..., target) or "
             f"dicts with one of the keys {list(_TARGET_KEYS)}."
         )
-    old = sample[where]  # type: ignore[index]
+    old = sample[where]
     new: Any = torch.tensor(label, dtype=old.dtype) if isinstance(old, torch.Tensor) else type(old)(label)
     if isinstance(sample, Mapping):
         return {**sample, where: new}
@@ -155,6 +158,11 @@ class CleanedDataset(torch.utils.data.Dataset):
         self.indices = indices
         self.relabel = relabel
         self.base_len = len(dataset)
+
+    @classmethod
+    def of(cls, dataset: Any, *, drop: Iterable[Any] = (), relabel: Mapping[Any, Any] | None = None) -> CleanedDataset:
+        """``dataset`` without ``drop`` (indices) and with ``relabel`` (``{index: label}``) applied: a view."""
+        return cleaned(dataset, drop=drop, relabel=relabel)
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -145,6 +145,11 @@ class DataPath:
         self._stream: Any = None
 
     @property
+    def indices(self) -> Any:
+        """The dataset indices of the last batch handed out (``track``), or None."""
+        return self.track.current if self.track is not None else None
+
+    @property
     def mode(self) -> str:
         if self._mode is None:
             free = self._free_bytes or _free_bytes(self.device)

@@ -150,8 +150,9 @@ class _Scan:
         return targets
 
     def summary(self, of: int | None, sampled: bool) -> Split:
-        return Split(self.name, self.items, of, sampled, self.fields, self.hashes, self.targets, self.unreadable,
-                     self.unhashed)  # fmt: skip
+        return Split(
+            self.name, self.items, of, sampled, self.fields, self.hashes, self.targets, self.unreadable, self.unhashed
+        )
 
 
 def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: list[Any]) -> Split:
@@ -182,7 +183,9 @@ def check_data(
     """The pass of :meth:`nbtrainer.Trainer.check_data` (see the module docstring and that method)."""
     check_max_items(max_items)
     train = _arrays.eval_loader(train_loader, batch_size, name="check_data() train_loader")
-    val = _arrays.eval_loader(val_loader, batch_size, name="check_data() val_loader") if val_loader is not None else None
+    val = (
+        _arrays.eval_loader(val_loader, batch_size, name="check_data() val_loader") if val_loader is not None else None
+    )
     for name, loader in (("train_loader", train), ("val_loader", val)):
         if isinstance(loader, Iterator):
             raise TypeError(
@@ -222,8 +225,16 @@ def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader
     cb, st = trainer.callbacks, trainer.run_state.loop_state
     where = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "data_check"}
     if any(isinstance(loader, Iterator) for loader in (train_loader, val_loader)):
-        cb.call("on_control", trainer=trainer, event={**where, "old": "skipped", "new": "data check skipped: a "
-                "one-shot iterator would be used up by it (pass a DataLoader or a list of batches)"})  # fmt: skip
+        cb.call(
+            "on_control",
+            trainer=trainer,
+            event={
+                **where,
+                "old": "skipped",
+                "new": "data check skipped: a "
+                "one-shot iterator would be used up by it (pass a DataLoader or a list of batches)",
+            },
+        )
         return None
     report = trainer.data_report
     max_items = None if option is True else int(option)

@@ -125,8 +125,12 @@ class DataReport:
         return levels
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problems": [p.to_dict() for p in self.problems], "splits": self.splits, "outputs": self.outputs,
-                "notes": self.notes}  # fmt: skip
+        return {
+            "problems": [p.to_dict() for p in self.problems],
+            "splits": self.splits,
+            "outputs": self.outputs,
+            "notes": self.notes,
+        }
 
     # -- display -----------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -137,7 +141,9 @@ class DataReport:
             if split.get("sampled") and of:
                 read += f" sampled of {of:,}"
             parts.append(f"{name} {read} items")
-        found = f"{len(self.problems)} finding{'s' if len(self.problems) != 1 else ''}" if self.problems else "no problem"
+        found = (
+            f"{len(self.problems)} finding{'s' if len(self.problems) != 1 else ''}" if self.problems else "no problem"
+        )
         return " · ".join([*parts, found])
 
     def __repr__(self) -> str:
@@ -175,8 +181,16 @@ class DataReport:
             )
             blocks.append(f"<ul style='margin:4px 0;padding-left:18px'>{items}</ul>")
         rows = [
-            {"split": name, "field": field, "dtype": s["dtype"], "shape": str(list(s["shape"])), "mean": s["mean"],
-             "std": s["std"], "min": s["min"], "max": s["max"]}  # fmt: skip
+            {
+                "split": name,
+                "field": field,
+                "dtype": s["dtype"],
+                "shape": str(list(s["shape"])),
+                "mean": s["mean"],
+                "std": s["std"],
+                "min": s["min"],
+                "max": s["max"],
+            }
             for name, split in self.splits.items()
             for field, s in split.get("fields", {}).items()
         ]

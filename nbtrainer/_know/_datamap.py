@@ -129,7 +129,9 @@ class DataMap:
                 values = self._loss_fn(outputs, targets).detach().float()
             self._pending.append((values, None, indices))
         else:
-            self._pending.append((metric_input(outputs).detach(), targets, indices))
+            logits = metric_input(outputs)
+            assert logits is not None  # a classification task was told from it
+            self._pending.append((logits.detach(), targets, indices))
         self._rows += len(indices)
         if self._rows >= self.flush_rows:
             self._reduce()
@@ -168,7 +170,8 @@ class DataMap:
         if self._stats is not None and self._min_margin is not None and self._given is not None:
             old = self._stats.shape[1]  # a list of batches grows as it is numbered
             stats[:, :old], low[:old], given[:old] = self._stats, self._min_margin, self._given
-            suggest[:old] = self._suggest
+            if self._suggest is not None:
+                suggest[:old] = self._suggest
         self._stats, self._min_margin, self._given, self._suggest = stats, low, given, suggest
 
     def _choose_mode(self, trainer: TrainerView, outputs: Any, targets: Any) -> None:
@@ -179,8 +182,12 @@ class DataMap:
         if task in ("classification", "binary"):
             self.mode = task
             return
-        what = {"multilabel": "multi-label targets", "regression": "regression targets", "lm": "a language model's "
-                "tokens", "tokens": "per-token labels"}.get(task, "targets that are not class labels")  # fmt: skip
+        what = {
+            "multilabel": "multi-label targets",
+            "regression": "regression targets",
+            "lm": "a language model's tokens",
+            "tokens": "per-token labels",
+        }.get(task, "targets that are not class labels")
         try:
             custom = bool(getattr(getattr(trainer, "batch_steps", None), "custom_loss", False))
             self._loss_fn = per_item_loss(criterion, unwrap_model(trainer.model), None, custom=custom)
@@ -195,13 +202,13 @@ class DataMap:
 
     def _index(self, parts: list[Any]) -> Tensor:
         if all(isinstance(p, Tensor) for p in parts):
-            return torch.cat([p.reshape(-1) for p in parts]).to(self._device, torch.int64)
+            return torch.cat([p.reshape(-1) for p in parts]).to(self._device, torch.int64, non_blocking=True)
         if all(isinstance(p, range) for p in parts):
             stop = max(p.stop for p in parts)
             self._extent = max(self._extent, stop)
             if self._stats is None or stop > self._stats.shape[1]:
                 self._allocate(max(stop, 2 * (self._stats.shape[1] if self._stats is not None else 0)))
-            return torch.cat([torch.arange(p.start, p.stop) for p in parts]).to(self._device)
+            return torch.cat([torch.arange(p.start, p.stop, device=self._device) for p in parts])
         flat = list(itertools.chain.from_iterable(p.tolist() if isinstance(p, Tensor) else p for p in parts))
         return index_tensor(flat).to(self._device, non_blocking=True)
 
@@ -265,8 +272,11 @@ class DataMap:
                 return {"stats": torch.empty(5, 0), "given": empty.long(), "suggest": empty.long()}
             assert self._given is not None and self._suggest is not None
             n = self._size if self._size is not None else self._extent  # a list's numbering grows in doublings
-            return {"stats": self._stats[:, :n].cpu().clone(), "given": self._given[:n].cpu().clone(),
-                    "suggest": self._suggest[:n].cpu().clone()}  # fmt: skip
+            return {
+                "stats": self._stats[:, :n].cpu().clone(),
+                "given": self._given[:n].cpu().clone(),
+                "suggest": self._suggest[:n].cpu().clone(),
+            }
 
     @staticmethod
     def _mean(stats: Tensor, row: int) -> Tensor:

@@ -69,8 +69,12 @@ def _duplicates(split: Split) -> list[DataProblem]:
             "Copies weigh those items more and inflate scores on them: drop them, e.g. "
             "nbtrainer.CleanedDataset via DataMap().cleaned(dataset, drop=report.by_kind('duplicates_within')[0]"
             ".data['indices']).",
-            {"split": split.name, "count": len(copies), "indices": copies,
-             "groups": [[int(i) for i in g] for g in groups[:100]]},  # fmt: skip
+            {
+                "split": split.name,
+                "count": len(copies),
+                "indices": copies,
+                "groups": [[int(i) for i in g] for g in groups[:100]],
+            },
             level="warning",
         )
     ]
@@ -138,11 +142,16 @@ def _values(split: Split) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "nonfinite",
-                    f"{_field_name(split, name)}: {_n(stats.nonfinite_items, 'item')} hold NaN or Inf{where}; e.g. items "
+                    f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. items "
                     f"{_few(stats.nonfinite_first)}.",
                     "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
-                    {"split": split.name, "field": name, "items": stats.nonfinite_items, axis: bad,
-                     "indices": stats.nonfinite_first},  # fmt: skip
+                    {
+                        "split": split.name,
+                        "field": name,
+                        "items": stats.nonfinite_items,
+                        axis: bad,
+                        "indices": stats.nonfinite_first,
+                    },
                 )
             )
     return problems
@@ -159,13 +168,32 @@ def _scale(split: Split) -> list[DataProblem]:
         far = abs(o["mean"]) > 10 or o["std"] > 10 or 0 < o["std"] < 1e-3
         live = std[(std > 0) & std.isfinite()]
         spread = float(live.max() / live.min()) if len(live) > 1 else 1.0
-        data = {"split": split.name, "field": name, **o, f"{axis}_mean": mean.tolist()[:256],
-                f"{axis}_std": std.tolist()[:256]}  # fmt: skip
+        data = {
+            "split": split.name,
+            "field": name,
+            **o,
+            f"{axis}_mean": mean.tolist()[:256],
+            f"{axis}_std": std.tolist()[:256],
+        }
         said = (
             f"{_field_name(split, name)}: mean {format_number(o['mean'])}, std {format_number(o['std'])}, min "
             f"{format_number(o['min'])}, max {format_number(o['max'])}"
         )
-        if far:
+        if stats.layout == "table" and spread > 1e3:
+            lo, hi = int(std.masked_fill(~(std > 0), math.inf).argmin()), int(std.nan_to_num(-1.0).argmax())
+            problems.append(
+                DataProblem(
+                    "scale",
+                    f"{_field_name(split, name)}: features on very different scales (std "
+                    f"{format_number(float(std[lo]))} for feature {lo}, {format_number(float(std[hi]))} for feature "
+                    f"{hi}).",
+                    "Standardize each feature ((x - mean) / std per column, e.g. sklearn's StandardScaler fitted on "
+                    "the training set): the large ones dominate the first layer.",
+                    data,
+                    level="warning",
+                )
+            )
+        elif far:
             problems.append(
                 DataProblem(
                     "scale",
@@ -173,19 +201,6 @@ def _scale(split: Split) -> list[DataProblem]:
                     "Normalize the inputs, e.g. x = (x - mean) / std with the training set's mean and std per "
                     f"{axis} (report.problems[...].data['{axis}_mean'] / ['{axis}_std']), or divide 0-255 pixels by "
                     "255: large inputs slow training down or make it diverge.",
-                    data,
-                    level="warning",
-                )
-            )
-        elif stats.layout == "table" and spread > 1e3:
-            lo, hi = int(std.masked_fill(~(std > 0), math.inf).argmin()), int(std.nan_to_num(-1.0).argmax())
-            problems.append(
-                DataProblem(
-                    "scale",
-                    f"{_field_name(split, name)}: features on very different scales (std {format_number(float(std[lo]))} "
-                    f"for feature {lo}, {format_number(float(std[hi]))} for feature {hi}).",
-                    "Standardize each feature ((x - mean) / std per column, e.g. sklearn's StandardScaler fitted on "
-                    "the training set): the large ones dominate the first layer.",
                     data,
                     level="warning",
                 )
@@ -221,10 +236,11 @@ def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProbl
     return [
         DataProblem(
             "imbalance",
-            f"class {small} has {_n(present[small], 'training item')}, class {big} {present[big]:,} ({ratio:.1f} to 1): "
-            "a model can score well by ignoring the rare classes.",
+            f"class {small} has {_n(present[small], 'training item')}, class {big} {present[big]:,} ({ratio:.1f} to "
+            "1): a model can score well by ignoring the rare classes.",
             f"Weight the loss: CrossEntropyLoss(weight=torch.tensor({weights})), or sample evenly: "
-            "WeightedRandomSampler(weights=1 / count[label] per item); watch per-class scores (interpret().per_class()).",
+            "WeightedRandomSampler(weights=1 / count[label] per item); watch per-class scores "
+            "(interpret().per_class()).",
             {"counts": dict(sorted(present.items())), "ratio": ratio, "weights": weights},
             level="warning",
         )
@@ -237,7 +253,7 @@ def _label_range(splits: list[Split], outputs: int, ignore: int) -> list[DataPro
         bad = sorted(k for k in split.targets.counts if k != ignore and not 0 <= k < outputs)
         if not bad:
             continue
-        hashes, indices, labels = split.hashes.arrays()
+        _, indices, labels = split.hashes.arrays()
         wrong = indices[np.isin(labels, bad)].tolist() if split.targets.kind == "labels" else []
         n = sum(split.targets.counts[k] for k in bad)
         where = "training" if split.name == "train" else "validation"
@@ -267,8 +283,8 @@ def _unseen(train: Split, val: Split, ignore: int) -> list[DataProblem]:
     return [
         DataProblem(
             "unseen_class",
-            f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot learn "
-            "them.",
+            f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot "
+            "learn them.",
             "Move some of their items into training, or drop them from validation (check the split is stratified).",
             {"classes": missing, "indices": items},
         )
@@ -278,11 +294,20 @@ def _unseen(train: Split, val: Split, ignore: int) -> list[DataProblem]:
 def _summary(split: Split) -> dict[str, Any]:
     fields = {}
     for name, stats in split.fields.items():
-        fields[name] = {"dtype": stats.dtype, "shape": stats.shape, **stats.overall(),
-                        "nonfinite_items": stats.nonfinite_items}  # fmt: skip
+        fields[name] = {
+            "dtype": stats.dtype,
+            "shape": stats.shape,
+            **stats.overall(),
+            "nonfinite_items": stats.nonfinite_items,
+        }
     t = split.targets
-    out: dict[str, Any] = {"items": split.items, "of": split.of, "sampled": split.sampled, "fields": fields,
-                           "targets": t.kind}  # fmt: skip
+    out: dict[str, Any] = {
+        "items": split.items,
+        "of": split.of,
+        "sampled": split.sampled,
+        "fields": fields,
+        "targets": t.kind,
+    }
     if t.kind == "labels":
         out["classes"] = dict(sorted(t.counts.items()))
     return out

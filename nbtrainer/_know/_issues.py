@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -84,8 +85,14 @@ class LabelIssues(list):  # list[LabelIssue], displayed as a table
 
     def rows(self) -> list[dict[str, Any]]:
         return [
-            {"index": i.index, "given": self._name(i.given), "suggested": self._name(i.suggested), "score": i.score,
-             "confidence": i.confidence, "correct": i.correctness}  # fmt: skip
+            {
+                "index": i.index,
+                "given": self._name(i.given),
+                "suggested": self._name(i.suggested),
+                "score": i.score,
+                "confidence": i.confidence,
+                "correct": i.correctness,
+            }
             for i in self
         ]
 
@@ -104,7 +111,7 @@ def correctness_colour(value: float) -> str:
     if not math.isfinite(value):
         return "#8c959f"
     stops = [(0.0, (207, 34, 46)), (0.5, (191, 135, 0)), (1.0, (9, 105, 218))]
-    for (x0, c0), (x1, c1) in zip(stops, stops[1:], strict=False):
+    for (x0, c0), (x1, c1) in itertools.pairwise(stops):
         if value <= x1:
             f = (value - x0) / (x1 - x0)
             r, g, b = (round(a + (b_ - a) * f) for a, b_ in zip(c0, c1, strict=True))

@@ -18,7 +18,7 @@ import torch
 
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import BatchSpec
-from nbtrainer._look._gallery import picture_html, input_html, rows_html
+from nbtrainer._look._gallery import input_html, picture_html, rows_html
 from nbtrainer._look._side import kept_rng
 from nbtrainer._report._format import format_number
 
@@ -121,18 +121,25 @@ def show_batch(
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}.")
-    loader = _arrays.eval_loader(loader, max(n, 1) if _arrays.is_array_data(loader) else None, name="show_batch() loader")
+    loader = _arrays.eval_loader(
+        loader, max(n, 1) if _arrays.is_array_data(loader) else None, name="show_batch() loader"
+    )
     batch = _first_batch(loader)
     args, kwargs, targets = (spec or BatchSpec()).split(batch)
-    named: dict[str, Any] = {"inputs": args[0]} if len(args) == 1 and not kwargs else {
-        **{f"inputs[{i}]": a for i, a in enumerate(args)}, **kwargs}  # fmt: skip
+    named: dict[str, Any] = (
+        {"inputs": args[0]}
+        if len(args) == 1 and not kwargs
+        else {**{f"inputs[{i}]": a for i, a in enumerate(args)}, **kwargs}
+    )
     if isinstance(batch, Mapping) and "input_ids" in batch:  # a tokenizer's batch: the ids carry the text
         named = {"input_ids": batch["input_ids"], **{k: v for k, v in named.items() if k != "input_ids"}}
     fields = {k: _describe(v) for k, v in named.items()}
     if targets is not None:
         fields["targets"] = _describe(targets)
-    main = next(iter(named.values()), None)
-    size = len(main) if isinstance(main, (Tensor, list, tuple)) and getattr(main, "ndim", 1) else 1
+    main: Any = next(iter(named.values()), None)
+    if main is None:
+        raise ValueError(f"show_batch(): the batch {_describe(batch)} holds no inputs for the model.")
+    size = 1 if isinstance(main, Tensor) and main.ndim == 0 else len(main) if hasattr(main, "__len__") else 1
     shown = min(n, size)
     kind = _kind(main)
     names = [str(c) for c in classes] if classes is not None else None
@@ -142,8 +149,10 @@ def show_batch(
         cards = []
         for i in range(shown):
             picture = picture_html(main[i]) or f"<div>{html.escape(_describe(main[i]))}</div>"
-            cards.append(f"<div class='nbt-batch-item' style='margin:0 6px 6px 0;font-size:11px'>{picture}"
-                         f"<div>{html.escape(labels[i])}</div></div>")  # fmt: skip
+            cards.append(
+                f"<div class='nbt-batch-item' style='margin:0 6px 6px 0;font-size:11px'>{picture}"
+                f"<div>{html.escape(labels[i])}</div></div>"
+            )
         body = f"<div style='display:flex;flex-flow:row wrap;align-items:flex-end'>{''.join(cards)}</div>"
         if main.is_floating_point() and (float(main.min()) < 0 or float(main.max()) > 1):
             note = "normalized values: each picture stretched to its own range"
@@ -156,10 +165,12 @@ def show_batch(
     else:
         cards, text_items = [], []
         for i in range(shown):
-            item = main[i] if main is not None else None
+            item = main[i]
             shown_html = input_html((item,), decode=decode) if kind != "text" else html.escape(str(item))
-            cards.append(f"<div class='nbt-batch-item' style='margin:0 0 6px 0;font-size:11px'>{shown_html}"
-                         f"<div><b>{html.escape(labels[i])}</b></div></div>")  # fmt: skip
+            cards.append(
+                f"<div class='nbt-batch-item' style='margin:0 0 6px 0;font-size:11px'>{shown_html}"
+                f"<div><b>{html.escape(labels[i])}</b></div></div>"
+            )
             text_items.append(f"{i}: {_plain(item, decode)} -> {labels[i]}")
         body = "".join(cards)
     head = " · ".join(f"{html.escape(k)} {html.escape(v)}" for k, v in fields.items())
@@ -168,8 +179,13 @@ def show_batch(
         f"<div class='nbt-batch' style='font-size:12px'><div><b>Batch</b> · {shown} of {size} items · {head}</div>"
         f"{note_html}{body}</div>"
     )
-    text = "\n".join([f"batch: {shown} of {size} items; " + "; ".join(f"{k} {v}" for k, v in fields.items()),
-                      *([note] if note else []), *text_items])  # fmt: skip
+    text = "\n".join(
+        [
+            f"batch: {shown} of {size} items; " + "; ".join(f"{k} {v}" for k, v in fields.items()),
+            *([note] if note else []),
+            *text_items,
+        ]
+    )
     return BatchView(page, text, fields, shown, size)
 
 

@@ -10,9 +10,8 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
-The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
-are asynchronous (``_prefetch``'s docstring says how).
-
+The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch are
+asynchronous (``_prefetch``'s docstring says how); a DataMap keeps each step's logits and index list on the device.
 Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
 learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).
 """
@@ -20,6 +19,7 @@ learned without reading it (the optimizer's step post-hook tells whether fp16's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -89,12 +89,13 @@ class FitLoop:
         self._step_times: dict[str, float] | None = None
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
-        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per batch, on
-        # CUDA device-resident or prefetched; with a consumer of items (DataMap) each batch's indices followed.
-        paths = {"device": host.device, "enabled": host.settings.fast_fetch, "fraction": host.settings.data_on_device}
-        self.order = ShuffleOrder(train_loader, deterministic=host.settings.deterministic)
-        self.train_data = DataPath(train_loader, **paths, track=host.callbacks.has("on_train_forward"))
-        self.val_data = DataPath(val_loader, **paths) if val_loader is not None else None
+        # Where batches come from (_prefetch.DataPath, decided at the first batch): the loader's iterator, or one
+        # indexing call per batch, on CUDA device-resident or prefetched; for a consumer of items their indices.
+        s = host.settings
+        path = functools.partial(DataPath, device=host.device, enabled=s.fast_fetch, fraction=s.data_on_device)
+        self.order = ShuffleOrder(train_loader, deterministic=s.deterministic)
+        self.train_data = path(train_loader, track=host.callbacks.has("on_train_forward"))
+        self.val_data = path(val_loader) if val_loader is not None else None
 
     def _sync(self) -> None:
         if self.host.device.type == "cuda":
@@ -138,7 +139,7 @@ class FitLoop:
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's saved start state
+        # lent to the loader for this epoch (given back at its end), from its start state if any (saved, or left)
         gen = self.order.lend(state=st.sampler_state)
         if gen is not None and st.sampler_state is None:
             st.sampler_state = gen.get_state()
@@ -178,8 +179,8 @@ class FitLoop:
         amp = t.steps.autocast()
         closure = ClosureStep(t) if needs_closure(t.optimizer) else None
         manual = step.manual = ManualStep(t, t.steps.training_step_fn) if t.steps.training_step_fn is not None else None
-        pend_loss, pend_bs, track = self._pend_loss, self._pend_bs, self.train_data.track
-        observe = track is not None and cb.has("on_train_forward")
+        pend_loss, pend_bs, data = self._pend_loss, self._pend_bs, self.train_data
+        emit = functools.partial(cb.call, "on_train_forward", trainer=owner) if cb.has("on_train_forward") else None
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
@@ -250,9 +251,8 @@ class FitLoop:
                             metrics.update(outputs, targets)
                         if first:
                             metrics.check_first()
-                    if observe:  # device tensors and the dataset indices (host lists): nothing is read here
-                        ix = track.current if track is not None else None
-                        cb.call("on_train_forward", trainer=owner, outputs=outputs, targets=targets, indices=ix)
+                    if emit is not None:  # device tensors, the batch's dataset indices (host lists): nothing read
+                        emit(outputs=outputs, targets=targets, indices=data.indices)
                     if sample:
                         self._sync()
                         t2 = time.perf_counter()
