@@ -96,7 +96,6 @@ __all__ = [
     "CSVLogger",
     "Callback",
     "CheckpointError",
-    "DataMap",
     "EarlyStopping",
     "History",
     "LRMonitor",
@@ -118,7 +117,6 @@ __all__ = [
     "precision_support",
     "profile_model",
     "seed_everything",
-    "show_batch",
     "unload_ipython_extension",
 ]
 

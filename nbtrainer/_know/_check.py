@@ -26,7 +26,7 @@ from nbtrainer._look._interpret import indexed_batches
 from nbtrainer._look._side import kept_rng, side_pass
 from nbtrainer._loop._metrics import metric_input
 
-__all__ = ["check_data", "check_max_items", "output_size"]
+__all__ = ["check_at_fit", "check_data", "check_max_items", "output_size"]
 
 Tensor = torch.Tensor
 _BATCH = 256  # the batch size of the pass where the loader has none
@@ -203,17 +203,6 @@ def check_data(
     report = DataReport(problems, summaries, outputs=outputs, notes=notes)
     report.sources, report.max_items = (train, val), max_items
     return report
-
-
-def check_option(value: Any) -> bool | int:
-    """``Trainer(check_data=...)``: True (every item), False, or an int (a seeded sample of that many items)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value >= 1:
-        return value
-    raise TypeError(
-        f"check_data must be True, False or an int >= 1 (check a seeded sample of that many items), got {value!r}."
-    )
 
 
 def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader: Any) -> DataReport | None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from nbtrainer._data._cleaned import CleanedDataset, DataEdits
 from nbtrainer._look._gallery import heatmap_html, input_html, rows_html
 from nbtrainer._report._format import format_number
 
@@ -112,6 +113,7 @@ class Interpretation:
         if classes is not None and n_classes is not None and len(classes) != n_classes:
             raise ValueError(f"classes= names {len(classes)} classes, the model predicts {n_classes}.")
         self.classes: list[str] | None = [str(c) for c in classes] if classes is not None else None
+        self.edits = DataEdits()  # keep / relabel / drop per item: the panel's cleaner in the errors view
 
     # -- the columns -------------------------------------------------------------------------------
     @property
@@ -234,6 +236,24 @@ class Interpretation:
         picked = keep.nonzero().flatten()
         order = torch.argsort(self.losses[picked], descending=True)
         return [int(self.indices[i]) for i in picked[order].tolist()]
+
+    def cleaned(
+        self, dataset: Any = None, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+    ) -> CleanedDataset:
+        """``dataset`` (default: the one interpreted) without the items dropped and with the ones relabeled, in the
+        panel's cleaner (:attr:`edits`) and here (``drop``: indices, ``relabel``: ``{index: label}``), as a view for
+        the next fit: nothing is copied (``nbtrainer.CleanedDataset``).
+
+        Example:
+            >>> # clean_val = interp.cleaned(drop=[r["index"] for r in interp.top_losses(5)])
+        """
+        dataset = dataset if dataset is not None else self.dataset
+        if dataset is None:
+            raise ValueError(
+                "cleaned(): this interpretation has no dataset to index (a list of batches or an IterableDataset was "
+                "interpreted); pass the dataset: interp.cleaned(dataset, drop=[...])."
+            )
+        return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
 
     # -- pictures ----------------------------------------------------------------------------------
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:

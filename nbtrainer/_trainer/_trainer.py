@@ -555,7 +555,7 @@ class Trainer:
         self.callbacks = CallbackList([self._run.recorder, *user_callbacks, self._run_recorder, *launched_callbacks()])
         self.progress = Progress()
         self.status = "idle"
-        from nbtrainer._know._check import check_option
+        from nbtrainer._know._option import check_option
 
         self._check_data = check_option(check_data)
         self.data_report: DataReport | None = None  # the last check_data's (a fit with check_data=True reuses it)

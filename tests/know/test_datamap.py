@@ -229,3 +229,18 @@ def test_display():
     issues = dm.label_issues(3)
     assert "nbt-label-issues" in issues._repr_html_() and issues.rows()[0]["given"] in ("a", "b", "c")
     assert str(issues).count("\n") == 2 and "LabelIssues(3 items" in repr(issues)
+
+
+def test_interpretation_cleans_what_its_errors_view_marks():
+    x, y = make_classification(n=40)
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False, run_store=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+    interp = trainer.interpret(loader)
+    worst = [r["index"] for r in interp.top_losses(3)]
+    interp.edits.drop(worst[0])
+    interp.edits.relabel(worst[1], 0)
+    view = interp.cleaned(drop=[worst[2]])
+    assert view.dataset is loader.dataset and sorted(view.changes["dropped"]) == sorted([worst[0], worst[2]])
+    assert view.changes["relabeled"] == {worst[1]: 0} and len(view) == 38
+    with pytest.raises(ValueError, match="no dataset to index"):
+        Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False, run_store=False).interpret([(x, y)]).cleaned()
