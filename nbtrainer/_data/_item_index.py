@@ -17,7 +17,7 @@ which: :func:`index_note` says so in one sentence.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -95,6 +95,15 @@ class IndexTrack:
             return len(self.loader.dataset)
         except (AttributeError, TypeError):
             return None
+
+    def reading(self, read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``read`` (index list -> batch) telling :attr:`current`, for a fetch that reads nothing ahead."""
+
+        def read_one(indices: Any) -> Any:
+            self.current = indices
+            return read(indices)
+
+        return read_one
 
     def tee(self, lists: Iterator[Any]) -> Iterator[Any]:
         """The batched fetch's index lists, each queued as it is drawn."""

@@ -170,7 +170,8 @@ class DataPath:
             return track.numbered(iter(self.loader), skip)
         if self.mode == "loader" or self.fetch is None:
             return track.loader_iter(skip)
-        return track.handed_out(self._batches(skip, track))
+        batches = self._batches(skip, track)
+        return batches if self.mode == "batched" else track.handed_out(batches)
 
     def _batches(self, skip: int, track: IndexTrack | None = None) -> Iterator[Any]:
         mode, fetch = self.mode, self.fetch
@@ -179,9 +180,9 @@ class DataPath:
             for _ in range(skip):  # reproduce the data order of a resumed epoch
                 next(it)
             return it
+        if mode == "batched":  # read in order, none ahead: the indices read are the batch's
+            return map(fetch.read if track is None else track.reading(fetch.read), fetch.indices(skip))
         indices = fetch.indices(skip) if track is None else track.tee(fetch.indices(skip))
-        if mode == "batched":
-            return map(fetch.read, indices)
         source = fetch.source
         assert source is not None
         if mode == "device":

@@ -32,7 +32,8 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["EVENTS", "CallbackList", "Progress"]
@@ -131,3 +132,13 @@ class CallbackList:
     def call(self, hook: str, **kwargs: Any) -> None:
         for fn in self._bound[hook]:
             fn(**kwargs)
+
+    def caller(self, hook: str) -> Callable[..., None] | None:
+        """A function calling ``hook`` on the callbacks defining it now (the one bound method itself when one does,
+        for a per-step hook: no dispatch), or None when none does."""
+        bound = self._bound.get(hook)
+        if not bound:
+            return None
+        if len(bound) == 1:
+            return bound[0]
+        return functools.partial(self.call, hook)

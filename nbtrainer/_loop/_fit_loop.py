@@ -180,7 +180,7 @@ class FitLoop:
         closure = ClosureStep(t) if needs_closure(t.optimizer) else None
         manual = step.manual = ManualStep(t, t.steps.training_step_fn) if t.steps.training_step_fn is not None else None
         pend_loss, pend_bs, data = self._pend_loss, self._pend_bs, self.train_data
-        emit = functools.partial(cb.call, "on_train_forward", trainer=owner) if cb.has("on_train_forward") else None
+        emit = cb.caller("on_train_forward")
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
@@ -252,7 +252,7 @@ class FitLoop:
                         if first:
                             metrics.check_first()
                     if emit is not None:  # device tensors, the batch's dataset indices (host lists): nothing read
-                        emit(outputs=outputs, targets=targets, indices=data.indices)
+                        emit(trainer=owner, outputs=outputs, targets=targets, indices=data.indices)
                     if sample:
                         self._sync()
                         t2 = time.perf_counter()
