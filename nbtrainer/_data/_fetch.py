@@ -50,6 +50,8 @@ def index_tensor(indices: Any) -> Tensor:
         except (TypeError, ValueError, OverflowError):  # empty, or not plain ints
             pass
     if isinstance(indices, Tensor):
+        if type(indices) is Tensor and indices.dtype is torch.int64 and indices.ndim == 1:
+            return indices  # made here already (a DataMap's batch: _item_index.IndexTrack.reading)
         return indices.reshape(-1).to(torch.int64)
     return torch.tensor([operator.index(i) for i in indices], dtype=torch.int64)
 

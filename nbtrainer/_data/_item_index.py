@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from nbtrainer._data._batch import _first_tensor
+from nbtrainer._data._fetch import index_tensor
 
 __all__ = ["IndexTrack", "index_note"]
 
@@ -96,14 +97,20 @@ class IndexTrack:
         except (AttributeError, TypeError):
             return None
 
-    def reading(self, read: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``read`` (index list -> batch) telling :attr:`current`, for a fetch that reads nothing ahead."""
+    def reading(self, read: Callable[[Any], Any], *, as_tensor: bool) -> Callable[[Any], Any]:
+        """``read`` (index list -> batch) telling :attr:`current`, for a fetch that reads nothing ahead. ``as_tensor``:
+        the fetch slices tensors by an index tensor anyway: made once here, for both (joining the lists of a refresh
+        later costs more than their tensors)."""
 
         def read_one(indices: Any) -> Any:
             self.current = indices
             return read(indices)
 
-        return read_one
+        def read_tensor(indices: Any) -> Any:
+            self.current = ix = index_tensor(indices)
+            return read(ix)
+
+        return read_tensor if as_tensor else read_one
 
     def tee(self, lists: Iterator[Any]) -> Iterator[Any]:
         """The batched fetch's index lists, each queued as it is drawn."""

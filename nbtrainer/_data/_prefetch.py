@@ -181,7 +181,8 @@ class DataPath:
                 next(it)
             return it
         if mode == "batched":  # read in order, none ahead: the indices read are the batch's
-            return map(fetch.read if track is None else track.reading(fetch.read), fetch.indices(skip))
+            read = fetch.read if track is None else track.reading(fetch.read, as_tensor=fetch.source is not None)
+            return map(read, fetch.indices(skip))
         indices = fetch.indices(skip) if track is None else track.tee(fetch.indices(skip))
         source = fetch.source
         assert source is not None

@@ -228,7 +228,10 @@ class DataMap:
                 self._stats.index_add_(1, idx, rows)
                 return
             logits = torch.cat([p[0] for p in pending]).detach().float()
-            targets = torch.cat([p[1].reshape(len(p[0]), -1) if p[1].ndim > 1 else p[1] for p in pending])
+            if pending[0][1].ndim > 1:  # class probabilities (or (B, 1) labels)
+                targets = torch.cat([p[1].reshape(len(p[0]), -1) for p in pending])
+            else:
+                targets = torch.cat([p[1] for p in pending])
             label, valid, p, margin, other = self._classify(logits, targets)
             idx = torch.where(valid, idx, trash)  # an ignored label (-100), one past the outputs, a NaN: not counted
             rows = torch.stack([torch.ones_like(p), p, p * p, (margin > 0).float(), margin])
