@@ -197,8 +197,8 @@ class DataMap:
         )
 
     def _index(self, parts: list[Any]) -> Tensor:
-        if all(isinstance(p, Tensor) for p in parts):
-            return torch.cat([p.reshape(-1) for p in parts]).to(self._device, torch.int64, non_blocking=True)
+        if all(isinstance(p, Tensor) and p.ndim == 1 for p in parts):  # the batched fetch's
+            return torch.cat(parts).to(self._device, torch.int64, non_blocking=True)
         if all(isinstance(p, range) for p in parts):
             stop = max(p.stop for p in parts)
             self._extent = max(self._extent, stop)
