@@ -118,6 +118,7 @@ class TrainerWidget:
             self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
         )
         self.looks = Looks(self.charts, lambda: self.trainer, self.notify, interpret=interpret, val_loader=a.val_loader)
+        self.data_map = self.looks.data.data_map  # the runs' DataMap: its edits are the data section's cleaner's
         self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self.notify)
@@ -152,6 +153,7 @@ class TrainerWidget:
         except RuntimeError as exc:
             self.notify("error", str(exc))
             warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
+        self.looks.data.start_check(trainer, self.train_loader, self.val_loader)  # its lights show before Start
 
     # -- public API ------------------------------------------------------------------------------------
     @property
@@ -181,6 +183,10 @@ class TrainerWidget:
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
         self._apply_savers()
+        refused = self.looks.refused()  # waits for the data check (the fit reuses its report)
+        if refused:
+            self.notify("error", f"not started: {refused}")
+            return
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self.notify("warning", msg)
@@ -191,12 +197,8 @@ class TrainerWidget:
         feed = Feed()
         feed.attach(self.trainer)  # the panel is the progress display
         self.looks.attach(self.trainer, self.val_loader)
-        kwargs = {
-            "train_loader": self.train_loader,
-            "val_loader": self.val_loader,
-            "epochs": self.epochs,
-            "max_steps": self.max_steps,
-        }
+        kwargs = {"train_loader": self.train_loader, "val_loader": self.val_loader}
+        kwargs |= {"epochs": self.epochs, "max_steps": self.max_steps}
         run = Run(
             self.trainer,
             id(self._model),

@@ -207,8 +207,8 @@ def check_data(
 
 def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader: Any) -> DataReport | None:
     """``Trainer(check_data=True)`` at the start of a fit: the check (or the report of the same loaders made before,
-    by ``trainer.check_data`` or the panel), one progress line per finding, and labels the model has no output for
-    refused before the first step."""
+    by ``trainer.check_data`` or the panel), one progress line and History event per finding (none for clean data),
+    and labels the model has no output for refused before the first step."""
     if option is False:
         return None
     cb, st = trainer.callbacks, trainer.run_state.loop_state
@@ -232,8 +232,6 @@ def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader
     trainer.data_report = report
     for problem in report.problems:
         cb.call("on_control", trainer=trainer, event={**where, "old": problem.kind, "new": str(problem)})
-    if not report.problems:
-        cb.call("on_control", trainer=trainer, event={**where, "old": "ok", "new": f"data check: {report.summary()}"})
     refused = report.by_kind("label_range")
     if refused:
         p = refused[0]

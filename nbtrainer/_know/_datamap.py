@@ -19,6 +19,7 @@ says so; ``correctness`` and ``aum`` are not defined there (NaN).
 
 from __future__ import annotations
 
+import html
 import itertools
 import math
 import threading
@@ -31,10 +32,12 @@ from nbtrainer._data._cleaned import CleanedDataset, DataEdits
 from nbtrainer._data._fetch import index_tensor
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._know._issues import LabelIssue, LabelIssues, map_html
+from nbtrainer._look._gallery import input_html
 from nbtrainer._look._interpret import task_of
+from nbtrainer._look._interpretation import Gallery
 from nbtrainer._look._per_item import NoPerItemLoss, per_item_loss
 from nbtrainer._loop._metrics import metric_input
-from nbtrainer._report._format import format_count
+from nbtrainer._report._format import format_count, format_number
 
 if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
@@ -389,6 +392,28 @@ class DataMap:
             raise ValueError("cleaned(dataset): pass the training dataset (this map has not seen a DataLoader's).")
         return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
 
+    def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
+        """A gallery of training items (dataset indices, at most ``k``; default: the ``k`` most suspicious labels),
+        each fetched again from the training set, captioned with its label, the suggestion and its confidence."""
+        t = self.table()
+        if items is None:
+            items = self.label_issues(k).indices
+        items = [int(i) for i in items][: max(int(k), 0)]
+        dataset = self._dataset
+        if dataset is None:
+            note = f"<div class='nbt-gallery-note'>The items cannot be shown: {self.note or 'no dataset seen'}.</div>"
+            return Gallery(note, items)
+        cards = []
+        for i in items:
+            caption = _caption(t, i, self.classes) if 0 <= i < len(t["index"]) else "not in this map"
+            body = input_html(dataset[i], decode=decode)
+            cards.append(
+                f"<div class='nbt-gallery-item' data-index='{i}' style='margin:0 8px 8px 0;max-width:260px;"
+                f"font-size:11px'>{body}<div>#{i} · {html.escape(caption)}</div></div>"
+            )
+        style = "display:flex;flex-flow:row wrap;align-items:flex-end"
+        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
+
     # -- display -----------------------------------------------------------------------------------
     def summary(self) -> str:
         t = self.table()
@@ -412,3 +437,18 @@ class DataMap:
 
     def _repr_html_(self) -> str:
         return map_html(self.table(), self.summary(), self.note, self.label_issues(10), classes=self.classes)
+
+
+def _caption(t: dict[str, Tensor], i: int, classes: Sequence[str] | None) -> str:
+    def name(c: int) -> str:
+        return str(classes[c]) if classes is not None and 0 <= c < len(classes) else str(c)
+
+    if int(t["visits"][i]) == 0:
+        return "not seen yet"
+    given, suggested = int(t["given"][i]), int(t["suggested"][i])
+    if given < 0:
+        return f"mean loss {format_number(float(t['score'][i]))}"
+    return (
+        f"given {name(given)} · suggested {name(suggested)} · confidence {float(t['confidence'][i]):.2f} · "
+        f"right {float(t['correctness'][i]):.0%}"
+    )

@@ -56,9 +56,10 @@ class Gallery:
     """Items of an :class:`Interpretation` with their inputs fetched back from the dataset (``html``, displayed
     in a notebook)."""
 
-    def __init__(self, html_text: str, indices: list[int]) -> None:
+    def __init__(self, html_text: str, indices: list[int], cards: list[str] | None = None) -> None:
         self.html = html_text
         self.indices = indices
+        self.cards = cards if cards is not None else []  # each item's own HTML (a cleaner puts controls beside it)
 
     def _repr_html_(self) -> str:
         return self.html
@@ -283,7 +284,7 @@ class Interpretation:
                 f"<div>#{ix} · {html.escape(caption)}</div></div>"
             )
         style = "display:flex;flex-flow:row wrap;align-items:flex-end"
-        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items)
+        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
 
     def _caption(self, i: int) -> str:
         row = self._row(i)
