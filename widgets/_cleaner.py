@@ -64,7 +64,7 @@ class Cleaner:
             choice = W.ToggleButtons(
                 options=list(_CHOICES),
                 value="keep" if decision == "keep" else "drop" if decision == "drop" else "relabel",
-                style={"button_width": "56px"},
+                style={"button_width": "64px"},
                 layout=W.Layout(width="auto"),
             )
             choice.add_class("nbt-cleaner-choice")

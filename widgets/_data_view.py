@@ -87,8 +87,9 @@ class DataView:
         self.cleaner = Cleaner("w.data_map.cleaned()")
         self.cleaner.root.add_class("nbt-data-selection")
         self.selection: list[int] = []
-        self.map_box = W.VBox([self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root])
-        self.map_box.layout.display = "none"
+        # empty until the first drawing: a bqplot figure made inside a hidden box measures 0 x 0 and stays so
+        self.map_box = W.VBox(layout=W.Layout(display="none"))
+        self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
         self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
         self._drawn_epochs = -1
@@ -160,7 +161,7 @@ class DataView:
             if not len(seen):
                 if dm.note:
                     self.map_note.value = f"<div style='font-size:12px'>{html.escape(dm.note)}</div>"
-                    self.map_box.layout.display = "flex"
+                    self._show_map()
                 return
             if len(seen) > _POINTS:
                 score = table["score"].numpy()[seen]
@@ -183,8 +184,13 @@ class DataView:
                 f"<div style='font-size:12px'>{html.escape(dm.summary())} · {shown} drawn; colour: right in how many "
                 f"epochs (red never, blue always){html.escape(note)}</div>"
             )
-            self.map_box.layout.display = "flex"
+            self._show_map()
             self.section.show(self.body, detail=self.section_detail())
+
+    def _show_map(self) -> None:
+        if self.map_box.layout.display != "flex":  # shown first, then filled (see __init__)
+            self.map_box.layout.display = "flex"
+            self.map_box.children = self._map_parts
 
     def section_detail(self) -> str:
         issues = len(self.data_map.label_issues())
