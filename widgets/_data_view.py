@@ -24,7 +24,6 @@ from typing import Any
 import bqplot as bq
 import ipywidgets as W
 import numpy as np
-from bqplot.interacts import LassoSelector
 
 from nbtrainer import DataMap, show_batch, start_training_thread
 
@@ -74,7 +73,7 @@ class DataView:
             bq.Axis(scale=xs, label="variability", tick_format=".2f"),
             bq.Axis(scale=ys, side="left", label="confidence", tick_format=".1f", label_offset="36px"),
         ]
-        self.lasso = LassoSelector(marks=[self.scatter])
+        self.lasso = bq.interacts.LassoSelector(marks=[self.scatter])
         self.figure = bq.Figure(
             marks=[self.scatter], axes=axes, animation_duration=0, title="data map (click a point, or a lasso)",
             fig_margin={"top": 30, "bottom": 40, "left": 50, "right": 10},

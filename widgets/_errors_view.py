@@ -226,6 +226,6 @@ class ErrorsView:
             self.examples.value = f"<div style='font-size:12px;margin-top:4px'><b>{html.escape(head)}</b></div>"
             shown = interp.show(items=items[:_EXAMPLES], k=_EXAMPLES)
             labels = [str(n) for n in name]
-            suggested = dict.fromkeys(shown.indices, predicted)
+            suggested: dict[int, int | None] = dict.fromkeys(shown.indices, predicted)
             self.cleaner.show(interp.edits, shown.indices, shown.cards, classes=labels, suggested=suggested)
             return items

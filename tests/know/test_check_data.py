@@ -125,12 +125,15 @@ def test_the_pass_leaves_the_rng_and_model_as_they_were_and_the_report_is_reused
     trainer = _trainer()
     model = trainer.model
     model.train()
-    states = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    numpy_state: Any = np.random.get_state()
+    states = (torch.get_rng_state(), random.getstate(), numpy_state[1].copy())
     trainer.check_data(loader, DataLoader(Augment(), batch_size=16))
     assert torch.equal(states[0], torch.get_rng_state()) and states[1] == random.getstate()
-    assert np.array_equal(states[2], np.random.get_state()[1]) and model.training
+    numpy_after: Any = np.random.get_state()
+    assert np.array_equal(states[2], numpy_after[1]) and model.training
     # a fit with check_data=True on the same loaders reuses that report (the panel checks before Start)
     report = trainer.data_report
+    assert report is not None
     trainer2 = _trainer(check_data=True)
     trainer2.data_report = report
     report.sources = (loader, None)

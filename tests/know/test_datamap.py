@@ -72,7 +72,7 @@ def test_each_items_statistics_equal_those_of_the_fits_own_forward_passes(path):
     elif path == "workers":  # the loader's own iterator, its sampler drawn ahead of the batches by 2 workers
         loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, num_workers=2, persistent_workers=True)
     elif path == "collate":
-        loader = DataLoader(_pairs(x, y), batch_size=16, shuffle=True, collate_fn=_collate)
+        loader = DataLoader(_pairs(x, y), batch_size=16, shuffle=True, collate_fn=_collate)  # type: ignore[arg-type]
     elif path == "list":  # items numbered in the order the list yields them
         loader = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 96, 16)]
     elif path == "subset":  # indices are the Subset's own positions
@@ -213,6 +213,7 @@ def test_the_run_store_records_what_a_cleaned_dataset_changed(tmp_path):
     trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False,
                       run_store=str(tmp_path / "runs.db"))  # fmt: skip
     trainer.fit(DataLoader(view, batch_size=8), epochs=1)
+    assert trainer.run_id is not None
     run = Runs(str(tmp_path / "runs.db"))[trainer.run_id]
     assert run.config["data"] == {"items": 40, "dropped": [1, 2], "relabeled": {"5": 0}}
 

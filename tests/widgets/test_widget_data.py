@@ -27,7 +27,7 @@ def test_the_check_shows_before_start_the_run_maps_the_items_and_the_cleaner_wri
     x, y = make_classification(n=320)
     w = _panel(x, y, epochs=3)
     data = w.looks.data
-    assert {"nbt-data", "nbt-data-map", "nbt-data-map-mode", "nbt-cleaner"} <= classes(w.panel)
+    assert "nbt-data" in classes(w.panel) and "nbt-data-map" not in classes(w.panel)  # no map before a run
     data.wait_check(30)
     report = data.report
     assert report is not None and report.by_kind("duplicates_across")  # validation is the first 64 training items
@@ -41,6 +41,7 @@ def test_the_check_shows_before_start_the_run_maps_the_items_and_the_cleaner_wri
     wait_for(lambda: len(data.scatter.x) == 320, 10, "the map drawn at the run's end")
     dm = w.data_map
     assert int(dm.visits.sum()) == 3 * 320 and data.map_box.layout.display == "flex"
+    assert {"nbt-data-map", "nbt-data-map-mode", "nbt-data-map-note", "nbt-cleaner"} <= classes(w.panel)
     assert "likely label issues" in data.section.title.value
 
     # a selection (a click or a lasso sets the scatter's `selected`): those items, most suspicious first
