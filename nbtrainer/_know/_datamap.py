@@ -4,9 +4,9 @@ Per item and per visit (once an epoch, for a sampler without replacement) it add
 the model gave the item's label, whether the label was the model's top class, and the margin: the label's logit less
 the largest other logit (the area under the margin, Pleiss et al. 2020). Dataset cartography's coordinates
 (Swayamdipta et al. 2020) follow: ``confidence`` is the mean probability, ``variability`` its spread across visits,
-``correctness`` the share of visits predicted right. Running sums, so memory is seven numbers per item whatever the
-number of epochs; the class the model ranked highest after the given one, at the item's last visit, is kept as a
-suggestion.
+``correctness`` the share of visits predicted right. Running sums, so memory is eight numbers per item whatever the
+number of epochs; the class the model predicted the last time it got the item wrong (else the one it ranked after the
+given one at the last visit) is kept as a suggestion.
 
 Cost per step: references to the step's logits, targets and index list are kept (no device op, nothing read); at the
 refresh (and when more than ``flush_rows`` rows wait) the waiting rows are reduced in one batched pass on the device,
@@ -91,7 +91,8 @@ class DataMap:
         self._lock = threading.Lock()
         self._stats: Tensor | None = None  # (5, N) float32 on the run's device
         self._given: Tensor | None = None  # (N,) the label last seen (-1: never)
-        self._suggest: Tensor | None = None  # (N,) the class preferred most strongly over the label
+        # (2, N): the strongest other class at the last visit; the class predicted at the last visit predicted wrong
+        self._suggest: Tensor | None = None
         self._pending: list[tuple[Any, Any, Any]] = []
         self._rows = 0
         self._loss_fn: Any = None
@@ -167,10 +168,14 @@ class DataMap:
         device = self._device
         stats = torch.zeros(5, n + 1, device=device)
         given = torch.full((n + 1,), -1, dtype=torch.int64, device=device)
-        suggest = torch.full((n + 1,), -1, dtype=torch.int64, device=device)
+        suggest = torch.full((2, n + 1), -1, dtype=torch.int64, device=device)
         if self._stats is not None and self._given is not None and self._suggest is not None:
             old = self._stats.shape[1] - 1  # a list of batches grows as it is numbered
-            stats[:, :old], given[:old], suggest[:old] = self._stats[:, :old], self._given[:old], self._suggest[:old]
+            stats[:, :old], given[:old], suggest[:, :old] = (
+                self._stats[:, :old],
+                self._given[:old],
+                self._suggest[:, :old],
+            )
         self._stats, self._given, self._suggest = stats, given, suggest
 
     def _choose_mode(self, trainer: TrainerView, outputs: Any, targets: Any) -> None:
@@ -240,7 +245,9 @@ class DataMap:
             rows = torch.stack([torch.ones_like(p), p, p * p, (margin > 0).float(), margin])
             self._stats.index_add_(1, idx, rows)
             # scatter_, not index_put_: a CPU index_put_ of int64 values is ~50x slower
-            self._suggest.scatter_(0, idx, other)  # the strongest other class at the last visit
+            self._suggest[0].scatter_(0, idx, other)  # the strongest other class at the last visit
+            # ... and at the last visit the model got wrong: a memorized mislabeled item's true class is there
+            self._suggest[1].scatter_(0, torch.where(margin < 0, idx, trash), other)
             self._given.scatter_(0, idx, label)
 
     def _classify(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
@@ -273,7 +280,7 @@ class DataMap:
             return {
                 "stats": self._stats[:, :n].cpu().clone(),
                 "given": self._given[:n].cpu().clone(),
-                "suggest": self._suggest[:n].cpu().clone(),
+                "suggest": torch.where(self._suggest[1, :n] >= 0, self._suggest[1, :n], self._suggest[0, :n]).cpu(),
             }
 
     @staticmethod
@@ -345,8 +352,8 @@ class DataMap:
         ``score`` is ``1 - confidence`` (the mean probability the model gave the label while it trained; in loss mode
         the mean loss). ``k=None``: the items the model predicted right in fewer than half of their visits (loss mode:
         the top 1%); ``k``: the ``k`` highest scores. Each :class:`LabelIssue` has ``index``, ``given``, ``suggested``
-        (the class the model ranked highest after the given one at the item's last visit; None in loss mode) and
-        ``score``.
+        (the class the model predicted the last time it got the item wrong, else the one it ranked after the given one;
+        None in loss mode) and ``score``.
         """
         t = self.table()
         seen = t["visits"] > 0

@@ -157,10 +157,13 @@ def _values(split: Split) -> list[DataProblem]:
     return problems
 
 
-def _scale(split: Split) -> list[DataProblem]:
+def _scale(split: Split, done: set[str]) -> list[DataProblem]:
+    """Scale and constant features; for validation only a field whose training twin was fine (inputs scaled in
+    training but not in validation), never constants (a small split has many by chance)."""
     problems = []
+    train = split.name == "train"
     for name, stats in split.fields.items():
-        if not stats.floating or not stats.count.sum():
+        if not stats.floating or not stats.count.sum() or name in done:
             continue
         o = stats.overall()
         mean, std = stats.moments()
@@ -205,7 +208,9 @@ def _scale(split: Split) -> list[DataProblem]:
                     level="warning",
                 )
             )
-        constant = stats.constant() if split.items > 1 else []
+        if train and problems and problems[-1].data.get("field") == name:
+            done.add(name)
+        constant = stats.constant() if split.items > 1 and train else []
         if constant:
             values = [float(stats.min[i]) for i in constant]
             problems.append(
@@ -324,10 +329,11 @@ def findings(
         problems += _label_range(splits, outputs, ignore_index)
     if val is not None:
         problems += _across(train, val)
+    scaled: set[str] = set()  # fields whose scale was said for training
     for split in splits:
         problems += _values(split)
         problems += _duplicates(split)
-        problems += _scale(split)
+        problems += _scale(split, scaled)
         for field, what in split.unreadable.items():
             notes.append(f"{split.name} {field}: {what}, not a tensor: checked for duplicates only, no statistics")
         if split.unhashed:

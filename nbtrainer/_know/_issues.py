@@ -27,8 +27,8 @@ class LabelIssue:
     Attributes:
         index: the item's dataset index.
         given: the label it was trained with (None where targets are not class labels).
-        suggested: the class the model ranked highest after the given one at the item's last visit (None in loss
-            mode).
+        suggested: the class the model predicted the last time it got the item wrong, else the one it ranked after
+            the given one (None in loss mode).
         score: how suspicious: ``1 - confidence`` (loss mode: the mean loss); higher is more.
         confidence: the mean probability given to the label; variability: its spread; correctness: the share
             of visits predicted right.
