@@ -181,6 +181,18 @@ class CleanedDataset(torch.utils.data.Dataset):
         dropped = (~kept).nonzero().flatten().tolist()
         return {"items": self.base_len, "dropped": dropped, "relabeled": dict(sorted(self.relabel.items()))}
 
+    def _repr_html_(self) -> str:
+        import html
+
+        c = self.changes
+        dropped, relabeled = c["dropped"], list(c["relabeled"].items())
+        more = " ..." if len(dropped) > 20 or len(relabeled) > 20 else ""
+        return (
+            f"<div class='nbt-cleaned' style='font-size:12px'><b>CleanedDataset</b> · {len(self):,} of {c['items']:,} "
+            f"items of a {html.escape(type(self.dataset).__name__)} · dropped {html.escape(str(dropped[:20]))} · "
+            f"relabeled {html.escape(str(dict(relabeled[:20])))}{more}</div>"
+        )
+
     def __repr__(self) -> str:
         c = self.changes
         return (

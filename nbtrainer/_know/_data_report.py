@@ -68,6 +68,14 @@ class DataProblem:
         tail = f" {self.advice}" if self.advice else ""
         return f"data {self.level}: {self.message}{tail}"
 
+    def _repr_html_(self) -> str:
+        colour = "#cf222e" if self.level == "problem" else "#9a6700"
+        advice = f"<br><i>{html.escape(self.advice)}</i>" if self.advice else ""
+        return (
+            f"<div class='nbt-data-problem' data-kind='{html.escape(self.kind)}' style='font-size:12px'><b style='"
+            f"color:{colour}'>{html.escape(self.kind)}</b>: {html.escape(self.message)}{advice}</div>"
+        )
+
 
 class DataReport:
     """The findings of one data check (:meth:`nbtrainer.Trainer.check_data`).

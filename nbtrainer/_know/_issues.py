@@ -53,6 +53,9 @@ class LabelIssue:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def _repr_html_(self) -> str:
+        return f"<div class='nbt-label-issue' style='font-size:12px'>{html.escape(str(self))}</div>"
+
     def __str__(self) -> str:
         if self.given is None:
             return f"#{self.index}: score {format_number(self.score)}"

@@ -245,3 +245,21 @@ def test_interpretation_cleans_what_its_errors_view_marks():
     assert view.changes["relabeled"] == {worst[1]: 0} and len(view) == 38
     with pytest.raises(ValueError, match="no dataset to index"):
         Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False, run_store=False).interpret([(x, y)]).cleaned()
+
+
+def test_every_result_type_displays() -> None:
+    """repr, str and _repr_html_ of each public result type this issue adds (a cell can return any of them)."""
+    from nbtrainer import DataProblem, DataReport, show_batch
+
+    x, y = make_classification(n=40)
+    dm = DataMap()
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[dm], progress=False,
+                      run_store=False)  # fmt: skip
+    trainer.fit((x, y), batch_size=8, epochs=1)
+    report = trainer.check_data((x, y), (x[:4], y[:4]))
+    issues = dm.label_issues(2)
+    results = [report, report.problems[0], dm, issues, issues[0], dm.cleaned(drop=[1]), show_batch((x, y), 3)]
+    assert {type(r).__name__ for r in results} >= {"DataReport", "DataProblem", "DataMap", "LabelIssues"}
+    for r in results:
+        assert repr(r) and str(r) and "<" in r._repr_html_(), type(r).__name__
+    assert isinstance(report, DataReport) and isinstance(report.problems[0], DataProblem)
