@@ -263,10 +263,11 @@ class DataMap:
         label = targets.argmax(1) if targets.is_floating_point() and targets.ndim == 2 else targets.reshape(-1).long()
         safe = label.clamp(0, c - 1)
         chosen = logits.gather(1, safe[:, None])[:, 0]
-        best_other, other = logits.scatter(1, safe[:, None], -math.inf).max(1)
-        margin = chosen - best_other
         # the label's softmax probability: a CPU's softmax over short rows is ~6x slower than one logsumexp
         p = torch.exp(chosen - torch.logsumexp(logits, 1))
+        # then the logits themselves (joined for this reduction: no one else holds them) lose the label's column
+        best_other, other = logits.scatter_(1, safe[:, None], -math.inf).max(1)
+        margin = chosen - best_other
         return label, (safe == label) & torch.isfinite(margin), p, margin, other
 
     # -- reading (host copies, consistent across the columns) ----------------------------------------
