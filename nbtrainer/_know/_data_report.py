@@ -28,6 +28,9 @@ KINDS: dict[str, str] = {
 #: The data section's lights, in the order the panel shows them.
 AREAS: tuple[str, ...] = ("duplicates", "values", "scale", "targets")
 _RANK = {"ok": 0, "warning": 1, "problem": 2}
+# the theme's own colours in JupyterLab, these elsewhere
+_COLOURS = {"ok": "var(--jp-success-color1, #1a7f37)", "warning": "var(--jp-warn-color1, #9a6700)",
+            "problem": "var(--jp-error-color1, #cf222e)"}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -69,11 +72,11 @@ class DataProblem:
         return f"data {self.level}: {self.message}{tail}"
 
     def _repr_html_(self) -> str:
-        colour = "#cf222e" if self.level == "problem" else "#9a6700"
         advice = f"<br><i>{html.escape(self.advice)}</i>" if self.advice else ""
         return (
-            f"<div class='nbt-data-problem' data-kind='{html.escape(self.kind)}' style='font-size:12px'><b style='"
-            f"color:{colour}'>{html.escape(self.kind)}</b>: {html.escape(self.message)}{advice}</div>"
+            f"<div class='nbt-data-problem nbt-data-problem-{html.escape(self.level)}' data-kind='"
+            f"{html.escape(self.kind)}' style='font-size:12px;border-left:3px solid {_COLOURS.get(self.level, '')};"
+            f"padding:1px 8px;margin:2px 0'><b>{html.escape(self.kind)}</b>: {html.escape(self.message)}{advice}</div>"
         )
 
 
@@ -173,21 +176,17 @@ class DataReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        colours = {"ok": "#1a7f37", "warning": "#9a6700", "problem": "#cf222e"}
+        # a light is a coloured disc (not a coloured glyph: text in those colours is too faint on a dark theme), the
+        # text keeps the page's colour; a finding's level is the colour of its left border
         lights = "".join(
-            f"<span class='nbt-data-light nbt-data-{level}' title='{html.escape(area)}: {level}' style='margin-right:"
-            f"10px'><span style='color:{colours[level]}'>●</span> {html.escape(area)}</span>"
+            f"<span class='nbt-data-light nbt-data-{level}' title='{html.escape(area)}: {level}' style='display:"
+            f"inline-flex;align-items:center;gap:5px;margin-right:12px'><span style='width:10px;height:10px;"
+            f"border-radius:50%;background:{_COLOURS[level]}'></span>{html.escape(area)}</span>"
             for area, level in self.lights().items()
         )
         blocks = [f"<div><b>Data check</b> · {html.escape(self.summary())}</div>", f"<div>{lights}</div>"]
         if self.problems:
-            items = "".join(
-                f"<li class='nbt-data-problem' data-kind='{p.kind}'><b style='color:{colours.get(p.level, '')}'>"
-                f"{html.escape(p.kind)}</b>: {html.escape(p.message)}"
-                f"{'<br><i>' + html.escape(p.advice) + '</i>' if p.advice else ''}</li>"
-                for p in self.problems
-            )
-            blocks.append(f"<ul style='margin:4px 0;padding-left:18px'>{items}</ul>")
+            blocks.append("<div style='margin:4px 0'>" + "".join(p._repr_html_() for p in self.problems) + "</div>")
         rows = [
             {
                 "split": name,
@@ -205,5 +204,5 @@ class DataReport:
         if rows:
             blocks.append(rows_html(rows))
         for note in self.notes:
-            blocks.append(f"<div class='nbt-data-note' style='color:#57606a'>{html.escape(note)}</div>")
+            blocks.append(f"<div class='nbt-data-note'>{html.escape(note)}</div>")
         return f"<div class='nbt-data-report' style='font-size:12px'>{''.join(blocks)}</div>"

@@ -172,7 +172,7 @@ def map_html(
     """A data map in a notebook: the summary, its note, the scatter and the top label issues."""
     blocks = [f"<div><b>DataMap</b> · {html.escape(summary)}</div>"]
     if note:
-        blocks.append(f"<div class='nbt-datamap-note' style='color:#9a6700'>{html.escape(note)}</div>")
+        blocks.append(f"<div class='nbt-datamap-note' style='font-style:italic'>{html.escape(note)}</div>")
     if int((table["visits"] > 0).sum()):
         legend = "colour: correctness (red: never right, blue: always right)"
         picture = f"<div>{scatter_svg(table)}<div style='font-size:10px'>{legend}</div></div>"

@@ -174,7 +174,7 @@ def show_batch(
             text_items.append(f"{i}: {_plain(item, decode)} -> {labels[i]}")
         body = "".join(cards)
     head = " · ".join(f"{html.escape(k)} {html.escape(v)}" for k, v in fields.items())
-    note_html = f"<div class='nbt-batch-note' style='color:#57606a'>{html.escape(note)}</div>" if note else ""
+    note_html = f"<div class='nbt-batch-note' style='font-style:italic'>{html.escape(note)}</div>" if note else ""
     page = (
         f"<div class='nbt-batch' style='font-size:12px'><div><b>Batch</b> · {shown} of {size} items · {head}</div>"
         f"{note_html}{body}</div>"
