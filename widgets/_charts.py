@@ -237,26 +237,28 @@ class LiveCharts:
         if log and values and min(values) <= 0:
             log = False  # a loss that reaches 0 or below cannot go on a log axis
         scale = self.loss_log if log else self.loss_lin
-        if log != self.loss_is_log or "y" not in self.raw.scales or self.raw.scales["y"] is not scale:
-            self.loss_is_log = log
-            for mark in self.loss_marks:
-                stack.enter_context(mark.hold_sync())
-                mark.scales = {"x": mark.scales["x"], "y": scale}
-            self.loss_fig.axes[1].scale = scale
-            self.loss_fig.axes[1].label = "loss (log)" if log else "loss"
         lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
         if log:
-            with self.loss_log.hold_sync():
-                self.loss_log.min, self.loss_log.max = lo / 1.2, hi * 1.2
-            self.loss_fig.axes[1].tick_values = np.asarray(log_ticks(lo / 1.2, hi * 1.2))
-            self.loss_fig.axes[1].tick_format = ".2~g"
+            bottom, top = lo / 1.2, hi * 1.2
+            ticks, tick_format = list(log_ticks(bottom, top)), ".2~g"
         else:
-            self.loss_fig.axes[1].tick_format = ".3~g"
             bottom, top = _zero_based(lo, hi)
-            with self.loss_lin.hold_sync():
-                self.loss_lin.min, self.loss_lin.max = bottom, top
-            ticks = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top]
-            self.loss_fig.axes[1].tick_values = np.asarray(ticks)  # round values (bqplot splits the range evenly)
+            # round values (bqplot splits the range evenly)
+            ticks, tick_format = [t for t in nice_ticks(bottom, top, 5) if bottom <= t <= top], ".3~g"
+        # The scale's range first, then the axis's scale, ticks and format in one message: an axis whose scale's
+        # range changes while it still holds the other scale's ticks draws them there (a linear 0 on the log scale:
+        # "translate(0,NaN)", seen in VS Code when a layout change redrew the axis between two of these messages).
+        with scale.hold_sync():
+            scale.min, scale.max = bottom, top
+        axis = self.loss_fig.axes[1]
+        with axis.hold_sync():
+            if log != self.loss_is_log or "y" not in self.raw.scales or self.raw.scales["y"] is not scale:
+                self.loss_is_log = log
+                for mark in self.loss_marks:
+                    stack.enter_context(mark.hold_sync())
+                    mark.scales = {"x": mark.scales["x"], "y": scale}
+                axis.scale, axis.label = scale, "loss (log)" if log else "loss"
+            axis.tick_values, axis.tick_format = np.asarray(ticks), tick_format
         hx, hy = decimate(sx, sy, HOVER_POINTS)
         with self.loss_x.hold_sync():
             self.loss_x.max = max(float(rx.max()) if len(rx) else 1.0, max((v[0] for v in val), default=1.0), 1.0)

@@ -89,8 +89,10 @@ class DataView:
         self.cleaner = Cleaner("w.data_map.cleaned()")
         self.cleaner.root.add_class("nbt-data-selection")
         self.selection: list[int] = []
-        # empty until the first drawing: a bqplot figure made inside a hidden box measures 0 x 0 and stays so
-        self.map_box = W.VBox(layout=W.Layout(display="none"))
+        # empty until the first drawing, and never hidden: a bqplot figure whose view is made inside a hidden box
+        # measures 0 x 0 and stays so, and one whose box is shown by the same push that adds it can render before
+        # the box's layout arrives (VS Code: its axes at translate(0,NaN)). An empty VBox takes no room.
+        self.map_box = W.VBox()
         self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
         self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
@@ -192,8 +194,7 @@ class DataView:
             self.section.show(self.body, detail=self.section_detail())
 
     def _show_map(self) -> None:
-        if self.map_box.layout.display != "flex":  # shown first, then filled (see __init__)
-            self.map_box.layout.display = "flex"
+        if not self.map_box.children:  # filled once, in a box that is already shown (see __init__)
             self.map_box.children = self._map_parts
 
     def section_detail(self) -> str:

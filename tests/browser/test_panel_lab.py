@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -116,7 +117,9 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", timeout_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
-    out = page.locator(".jp-OutputArea-output", has_text="RESULT").first
+    # the printed line itself (has_text with a string is a case-insensitive substring: a hidden part of the panel
+    # that says "result" would match first and read as empty)
+    out = page.locator(".jp-OutputArea-output", has_text=re.compile(r"RESULT \w+ \d+")).first
     out.wait_for(timeout=30_000)
     status, epochs = out.inner_text().split()[1:3]
     assert status == "stopped" and int(epochs) < 60, out.inner_text()

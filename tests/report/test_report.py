@@ -208,7 +208,7 @@ def test_on_a_tie_the_table_bolds_the_first_best_epoch_as_history_best_does():
 def test_history_repr_keeps_small_values():
     h = History()
     h.add_epoch({"epoch": 1, "lr": 1.52e-6, "loss": 0.123456})
-    assert "'lr': 1.52e-06" in repr(h) and "'loss': 0.1235" in repr(h)
+    assert "lr=1.52e-6" in repr(h) and "loss=0.1235" in repr(h)  # not rounded to 0 (each value in its own format)
 
 
 def test_both_comparisons_are_one_table_type_and_draw_a_failed_row_alike():
