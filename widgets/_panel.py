@@ -33,6 +33,7 @@ from ._looks import Looks
 from ._plan_view import PlanView
 from ._poll import wait_until
 from ._pump import UiPump
+from ._restore import guard_restore
 from ._runner import Feed, Run, claim_model
 from ._savers import Savers
 from ._view import HIDE_STATIC, PanelView
@@ -90,6 +91,7 @@ class TrainerWidget:
         interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
+        guard_restore()  # before the first widget: a page's restore must not take their comms over (_restore)
         a = parse_panel_args(
             model,
             args,
