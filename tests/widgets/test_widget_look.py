@@ -110,7 +110,9 @@ def test_the_errors_section_matches_interpret_and_a_cell_click_lists_its_items()
     matrix = interp.confusion_matrix()
     off = [(i, j) for i in range(len(matrix)) for j in range(len(matrix)) if i != j and matrix[i, j] > 0]
     target, predicted = max(off, key=lambda c: int(matrix[c]))
-    view.heatmap.selected = np.array([[target, predicted]])
+    n = len(matrix)  # what a click on that cell's square sends: its index, row-major
+    assert (view.cells.x[target * n + predicted], view.cells.y[target * n + predicted]) == (predicted, target)
+    view.cells.selected = np.array([target * n + predicted])
     assert f"target {target}, predicted {predicted}: {int(matrix[target, predicted])} item(s)" in view.examples.value
     assert view.examples.value.count("nbt-gallery-item") == min(9, int(matrix[target, predicted]))
     assert {"nbt-errors", "nbt-errors-matrix", "nbt-errors-gallery", "nbt-errors-examples"} <= classes(w.panel)
