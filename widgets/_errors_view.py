@@ -88,8 +88,9 @@ class ErrorsView:
         options: the ``interpret`` options (:func:`interpret_options`), or ``None``: the section stays off.
 
     Widgets (stable classes): ``nbt-errors-summary``, the heatmap figure ``nbt-errors-matrix`` (its marks:
-    :attr:`heatmap`, and :attr:`cells`, the squares that take the clicks), ``nbt-errors-examples`` (a clicked cell's items), ``nbt-errors-table`` (per class, or the most
-    confused pairs) and ``nbt-errors-gallery`` (the top losses).
+    :attr:`heatmap`, and :attr:`cells`, the squares that take the clicks), ``nbt-errors-examples`` (a clicked
+    cell's items), ``nbt-errors-table`` (per class, or the most confused pairs) and ``nbt-errors-gallery`` (the top
+    losses).
 
     Example:
         >>> view = ErrorsView(w.notify, {})  # doctest: +SKIP
