@@ -25,7 +25,7 @@ import numpy as np
 from nbtrainer import Health, format_lr
 from nbtrainer.plotting import PALETTE
 
-from ._chart_parts import legend_html, lin_scale, log_scale
+from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
 from ._theme import FG, FG2
 
 __all__ = ["HealthCard", "HealthHost", "health_of"]
@@ -82,7 +82,7 @@ class HealthCard:
         self.lines = bq.Lines(x=e, y=e, scales={"x": self.x, "y": self.y}, colors=[PALETTE[0]], stroke_width=1.5)
         # its own small figure: axes without a label colour (a trait that takes no CSS variable under ipywidgets 7)
         axes = [
-            bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", num_ticks=5),
+            bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", tick_values=step_ticks(np.empty(0))),
             bq.Axis(scale=self.y, side="left", label="gradient norm", tick_format=".1~e", label_offset="48px"),
         ]
         self.fig = bq.Figure(
@@ -191,6 +191,7 @@ class HealthCard:
         colors = [PALETTE[i % len(PALETTE)] for i in range(len(names))]
         with self.lines.hold_sync(), self.x.hold_sync(), self.y.hold_sync():
             self.x.min, self.x.max = float(steps[0]), float(max(steps[-1], steps[0] + 1))
+            self.fig.axes[0].tick_values = step_ticks(np.asarray(steps, dtype=float), lo=float(steps[0]))
             self.y.min, self.y.max = lo, hi
             self.lines.x = np.asarray(steps, dtype=float)
             self.lines.y = values
