@@ -22,6 +22,7 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
+from ._markup import text_html
 from ._section import Section
 
 __all__ = ["ErrorsView", "interpret_options"]
@@ -189,7 +190,7 @@ class ErrorsView:
         if isinstance(result, Exception):
             text = f"errors section off: interpret failed: {type(result).__name__}: {result}"
             self.notify("warning", text)
-            self.summary.value = f"<div style='font-size:12px'>{html.escape(text)}</div>"
+            self.summary.value = f"<div style='font-size:12px'>{text_html(text)}</div>"
             self.section.show(self.body, detail="off")
             return True
         self.show(*result)

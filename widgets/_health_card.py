@@ -26,6 +26,7 @@ from nbtrainer import Health, format_lr
 from nbtrainer.plotting import PALETTE
 
 from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
+from ._markup import plain_text, text_html
 from ._theme import FG, FG2
 
 __all__ = ["HealthCard", "HealthHost", "health_of"]
@@ -158,14 +159,14 @@ class HealthCard:
     def _lights_html(self) -> str:
         cells = []
         for name, state in self.health.signals.items():
-            color = LIGHTS.get(state.level, LIGHTS["ok"])
+            color, tip = LIGHTS.get(state.level, LIGHTS["ok"]), html.escape(plain_text(state.summary))
             cells.append(
-                f"<div class='nbt-health-light nbt-health-{state.level}' title='{html.escape(state.summary)}' "
+                f"<div class='nbt-health-light nbt-health-{state.level}' title='{tip}' "
                 f"style='display:flex;align-items:center;gap:6px;min-width:0;font-size:12px;color:{FG}'>"
                 f"<span style='flex:none;width:10px;height:10px;border-radius:50%;background:{color}'></span>"
                 f"<b style='flex:none'>{html.escape(name)}</b>"
                 f"<span style='color:{FG2};white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
-                f"{html.escape(state.summary)}</span></div>"
+                f"{text_html(state.summary)}</span></div>"
             )
         return (
             "<div style='display:grid;grid-template-columns:repeat(auto-fill,minmax(260px,1fr));gap:2px 12px'>"
@@ -210,7 +211,7 @@ class HealthCard:
         else:
             self.advice.value = (
                 f"<div style='font-size:12px;color:{FG};border-left:3px solid {LIGHTS['problem']};padding:2px 8px'>"
-                f"<b>{html.escape(report.message)}</b><br>{html.escape(report.advice)}</div>"
+                f"<b>{text_html(report.message)}</b><br>{text_html(report.advice)}</div>"
             )
         self._buttons()
 
