@@ -60,9 +60,10 @@ class TrainerWidget:
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
         save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name made
             file-safe).
-        name: the panel's name (``w.name``), shown in its title, messages and errors, and used in the
-            default checkpoint path. Default ``"<model class> #<n>"``, ``n`` counting the panels made in
-            this kernel, so two panels in one notebook are told apart and never save to one file.
+        name: the panel's name (``w.name``), shown in its title, messages and errors, used in the default
+            checkpoint path, and given, the name of its runs in the run store (``nbtrainer.Runs``) and every compare
+            menu. Default ``"<model class> #<n>"``, ``n`` counting the panels made in this kernel, so two panels in
+            one notebook are told apart and never save to one file.
         interpret: the errors section: ``trainer.interpret(val_loader)`` after each validation (``_looks``).
         **trainer_options: any other :class:`nbtrainer.Trainer` option (model form only): ``precision=``,
             ``grad_accum_steps=``...
@@ -107,6 +108,7 @@ class TrainerWidget:
         self.ui_interval = _frontends.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
         self._model = user_model
         self.name = str(name) if name else f"{type(user_model).__name__} #{next(_counter)}"
+        self._run_name = self.name if name else None  # a name given here names the runs in the run store too
         self._label = f"TrainerWidget '{self.name}'"
         self._run: Run | None = None
         self._pump: UiPump | None = None
@@ -187,6 +189,7 @@ class TrainerWidget:
         if msg:
             self.notify("warning", msg)
         self.controls.apply_schedule(self.train_loader, self.epochs)
+        self._name_runs()
         self.charts.clear()
         self._summary.mark_previous()  # the last run's summary must not read as this run's
         self._paused_requested = False
@@ -300,6 +303,7 @@ class TrainerWidget:
             )
             claim_model(self._model, owner=self._label)
             self.controls.apply_schedule(self.train_loader, self.epochs)
+            self._name_runs()
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)
         if not self._summary.display_ids:
             from IPython.display import display
@@ -387,6 +391,11 @@ class TrainerWidget:
     # -- internals -------------------------------------------------------------------------------------
     def _show_title(self) -> None:
         self.view.show_title(self.name, self._model, self.trainer)
+
+    def _name_runs(self) -> None:
+        """``name=`` names this panel's runs in the run store (and so in every compare menu)."""
+        if self._run_name is not None:
+            self.trainer.run_recorder.name = self._run_name
 
     def _apply_savers(self) -> None:
         """At Start: the Trainer rebuilt with the memory savers chosen (nothing chosen: keep it)."""
