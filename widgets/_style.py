@@ -37,6 +37,10 @@ THEME_CSS = (
     'body:not([data-jp-theme-light]):not([class*="vscode"]) [class*="nbt-"]{--jp-ui-font-color2:#59636e}'
     # Start and Stop: white on their own green and red (ButtonStyle.text_color is ipywidgets 8 only)
     ".jupyter-button.nbt-start,.jupyter-button.nbt-stop{color:#fff!important}"
+    # bqplot's tooltip box stays where it was shown until the pointer moves over a point again: in classic Notebook
+    # it covered the next confusion-matrix cell (or loss point) clicked and took the click. A tooltip only shows:
+    # the pointer goes through it. (Mark.tooltip_style styles its content, not this box.)
+    ".tooltip_div{pointer-events:none}"
 )
 
 
