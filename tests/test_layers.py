@@ -21,7 +21,7 @@ PACKAGE = REPO / "nbtrainer"
 LAYERS: list[set[str]] = [
     # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
     # ... and the OpenMP pools of threads that train (_threads: ctypes only, no torch import)
-    {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting", "_threads"},
+    {"_optional", "_quiet", "_atomic", "_keywords", "_options", "_optimizer_kinds", "_report", "plotting", "_threads"},
     # model setup before the first step: precision, seeds, optimizers, memory switches
     {"_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers

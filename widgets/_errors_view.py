@@ -14,6 +14,7 @@ section, and the run goes on.
 from __future__ import annotations
 
 import html
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +27,8 @@ from ._markup import text_html
 from ._section import Section
 
 __all__ = ["ErrorsView", "interpret_options"]
+
+log = logging.getLogger(__name__)
 
 _MAX_CLASSES = 30  # a larger matrix is a list of the most confused pairs instead
 _EXAMPLES = 9
@@ -72,6 +75,7 @@ class _Collector:
             interp = trainer.interpret(self.loader, **self.options)
             gallery = interp.show(k=_EXAMPLES).html
         except Exception as exc:  # the run goes on; said once
+            log.debug("the error analysis failed: said once in the panel, the run goes on", exc_info=True)
             self.failed = True
             self.done(exc)
             return
@@ -228,17 +232,7 @@ class ErrorsView:
                 )
             else:
                 self.figure.layout.display = "none"
-                if interp.task in ("classification", "binary", "multilabel"):
-                    rows = "".join(
-                        f"<tr><td>{html.escape(str(a))}</td><td>{html.escape(str(b))}</td><td>{n}</td></tr>"
-                        for a, b, n in interp.most_confused(10)
-                    )
-                    self.table.value = (
-                        "<div style='font-size:12px'>most confused</div><table><tr><th>target</th><th>predicted</th>"
-                        f"<th>count</th></tr>{rows}</table>"
-                    )
-                else:
-                    self.table.value = ""
+                self.table.value = interp.most_confused_html(10)  # empty for a task without classes
             self.gallery.value = gallery
             self.examples.value = ""
             self.section.show(self.body, detail=f"epoch {epoch}")

@@ -12,6 +12,7 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -101,6 +102,7 @@ class TrainerWidget:
             metrics=metrics,
             epochs=epochs,
             trainer_options=trainer_options,
+            panel=TrainerWidget.__init__,  # its own keywords: a misspelt one is named with the closest valid one
         )
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
@@ -146,7 +148,8 @@ class TrainerWidget:
         v.set_status("idle")
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
-        self.panel.children = (*self.panel.children, self._hide_static)
+        self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
+        self.panel.children = (self._hide_static, *self.panel.children)
         self._cell = _notebook.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
@@ -374,6 +377,7 @@ class TrainerWidget:
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
+            logging.getLogger(__name__).debug("the run store could not be read: said in the panel", exc_info=True)
             self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 

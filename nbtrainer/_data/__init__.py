@@ -10,6 +10,5 @@
 ``_step_result``      what a manual training_step / validation_step returns, checked
 ``_predict_collect``  predict's output collection: padding, concatenation, caches left out
 ``_validate_batch``   the first batch checked in stages (batch -> model -> criterion)
-``_data_host``        DataTrainer: the Protocol of what the first-batch checks and predict need
 ====================  ================================================================================
 """

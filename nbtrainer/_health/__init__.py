@@ -8,7 +8,6 @@
 ``_loss_watch``     loss spikes and a rising loss, from the losses the refresh has read
 ``_locate``         diagnostic forwards: where a NaN first appears, dead ReLU units
 ``_advice``         a concrete LR, and what helps a slow loader
-``_health_host``    HealthTrainer: the Trainer as Health sees it
 ==================  ==============================================================================
 """
 

@@ -19,24 +19,30 @@ Per step it only keeps references (the batch, the loss tensor) and appends ``(st
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._events._callbacks import Callback
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._health._advice import data_advice, suggest_lr
 from nbtrainer._health._health_report import KINDS, SIGNALS, HealthReport, SignalState
 from nbtrainer._health._judge import Draft, judge_dead, judge_norms
 from nbtrainer._health._locate import dead_units, locate_nonfinite
 from nbtrainer._health._loss_watch import LossWatch
 from nbtrainer._health._norms import NormProbe, hook_step
+from nbtrainer._loop._closure import needs_closure
+from nbtrainer._loop._nonfinite import NonFiniteLossError
 from nbtrainer._report._format import format_lr, format_number
 
 if TYPE_CHECKING:
-    from nbtrainer._health._health_host import HealthTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["ON_PROBLEM", "Health"]
+
+log = logging.getLogger(__name__)
 
 ON_PROBLEM = ("warn", "pause", "stop")
 DATA_SHARE = 0.3  # the loader taking this share of the step time gets a warning
@@ -127,7 +133,7 @@ class Health(Callback):
         return next((r for r in reversed(self.reports) if r.level == "problem"), None)
 
     # -- a fit starts and ends ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: HealthTrainer) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         self.reports = []
         self.signals = {s: SignalState() for s in SIGNALS}
         st = trainer.run_state.loop_state
@@ -152,41 +158,40 @@ class Health(Callback):
         self._first_step = trainer.global_step + 1
         self._step = trainer.global_step
         self.signals["non-finite"] = SignalState("ok", "every loss finite so far")
-        if not getattr(trainer, "timing_every", 1):
+        if not trainer.options.run.timing_every:
             self.signals["data"] = SignalState("ok", "not measured (Trainer(timing_every=0))")
         self._arm(trainer, self._first_step)
 
-    def on_fit_end(self, trainer: HealthTrainer, history: Any) -> None:
+    def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         self._unhook()
         if self._probe is not None:
             self._probe.forget()
         self._batches, self._losses, self._last_batch = [], [], None  # no batch outlives the fit
 
     @staticmethod
-    def _why_no_norms(trainer: HealthTrainer) -> str | None:
-        memory = getattr(trainer.options, "memory", None)
-        if getattr(memory, "optimizer_in_backward", False):
+    def _why_no_norms(trainer: LoopHost) -> str | None:
+        if trainer.options.memory.optimizer_in_backward:
             return "with optimizer_in_backward the gradients never exist together"
         if trainer.batch_steps.training_step_fn is not None:
             return "training_step steps the optimizers itself"
-        if type(trainer.optimizer).__name__ == "LBFGS":
+        if needs_closure(trainer.optimizer):
             return "LBFGS computes its gradients inside its step"
-        if getattr(trainer.strategy, "shards_parameters", False) or type(trainer.strategy).__name__ == "FSDP":
+        if trainer.strategy.shards_parameters:
             return "FSDP shards the gradients"
         return None
 
     # -- per micro-batch and per step: references only --------------------------------------------------------
-    def on_epoch_start(self, trainer: HealthTrainer, epoch: int) -> None:
+    def on_epoch_start(self, trainer: LoopHost, epoch: int) -> None:
         self._epoch = epoch
 
-    def on_train_batch_start(self, trainer: HealthTrainer, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: LoopHost, batch: Any, batch_idx: int) -> None:
         self._batches.append(batch)
         self._batch_idx = batch_idx
 
-    def on_train_batch_end(self, trainer: HealthTrainer, batch_idx: int, loss: Any) -> None:
+    def on_train_batch_end(self, trainer: LoopHost, batch_idx: int, loss: Any) -> None:
         self._losses.append(loss)
 
-    def on_optimizer_step(self, trainer: HealthTrainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: LoopHost, step: int, skipped: bool) -> None:
         if self._hooks:
             self._unhook()
         if skipped and self._losses:
@@ -200,7 +205,7 @@ class Health(Callback):
         if not (step + 1) % self.every_n_steps:
             self._arm(trainer, step + 1)
 
-    def _arm(self, trainer: HealthTrainer, step: int) -> None:
+    def _arm(self, trainer: LoopHost, step: int) -> None:
         """Hook the optimizer's next step (``step``) to measure it; removed at its ``on_optimizer_step``."""
         probe = self._probe
         if probe is None or trainer.optimizer is None:
@@ -208,7 +213,7 @@ class Health(Callback):
         loop = trainer.run_state.loop
 
         def before(optimizer: Any) -> None:
-            pre_clip = getattr(getattr(loop, "step", None), "grad_norm", None)
+            pre_clip = loop.grad_norm if loop is not None else None
             probe.before_step(pre_clip, trainer.max_grad_norm, ratio=True)
 
         self._hooks = hook_step(trainer.optimizer, probe, before, lambda optimizer: probe.after_step(step))
@@ -219,7 +224,7 @@ class Health(Callback):
         self._hooks = []
 
     # -- the refresh: values already on the host ------------------------------------------------------------------
-    def on_refresh(self, trainer: HealthTrainer, progress: Any) -> None:
+    def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         self._step = progress.global_step
         if self._probe is not None and self._probe.pending:
             self._read_norms(trainer)
@@ -232,10 +237,10 @@ class Health(Callback):
             warm = progress.global_step * max(progress.grad_accum_steps, 1) > 11
             self._data_sample(trainer, progress.global_step, times, warm)
 
-    def _store(self, trainer: HealthTrainer, key: str, name: str, step: int, value: float) -> None:
+    def _store(self, trainer: LoopHost, key: str, name: str, step: int, value: float) -> None:
         trainer.history.health.setdefault(key, {}).setdefault(name, []).append((step, value))
 
-    def _read_norms(self, trainer: HealthTrainer) -> None:
+    def _read_norms(self, trainer: LoopHost) -> None:
         probe = self._probe
         assert probe is not None
         names = ["total", *probe.names]
@@ -264,7 +269,7 @@ class Health(Callback):
         steps = [self._reported[k] for k in kinds if k in self._reported]
         return not steps or self._step - max(steps) >= self.window
 
-    def _watch_loss(self, trainer: HealthTrainer, points: list[tuple[int, float, float]]) -> None:
+    def _watch_loss(self, trainer: LoopHost, points: list[tuple[int, float, float]]) -> None:
         self._lrs.extend((step, lr) for step, _, lr in points)
         where = {}
         last = points[-1][0]
@@ -311,7 +316,7 @@ class Health(Callback):
             return "the LR is warming up or was raised"
         return None
 
-    def _data_sample(self, trainer: HealthTrainer, step: int, times: dict[str, float], warm: bool) -> None:
+    def _data_sample(self, trainer: LoopHost, step: int, times: dict[str, float], warm: bool) -> None:
         total = sum(times.values())
         if total <= 0:
             return
@@ -324,18 +329,17 @@ class Health(Callback):
         self._light({"data": SignalState(level, f"waiting for data {share:.0%} of the step time")})
         if level == "warning":
             loop = trainer.run_state.loop
-            data = getattr(loop, "train_data", None)
             advice = data_advice(
-                getattr(loop, "train_loader", None),
-                mode=getattr(data, "mode", None),
+                loop.train_loader if loop is not None else None,
+                mode=loop.data_mode if loop is not None else None,
                 device_type=trainer.device.type,
-                fast_fetch=bool(getattr(trainer, "fast_fetch", True)),
+                fast_fetch=trainer.options.data.fast_fetch,
             )
             message = f"the step waits for the loader {sum(recent) / len(recent):.0%} of its time (step-time samples)"
             self._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
 
     # -- the epoch's end: dead units -------------------------------------------------------------------------------
-    def on_epoch_end(self, trainer: HealthTrainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         batch = self._last_batch
         if batch is None or trainer.batch_steps.training_step_fn is not None:
             return
@@ -345,6 +349,7 @@ class Health(Callback):
                 self._model, trainer.batch_steps.compute, batch, trainer.batch_steps.autocast(), _owner(names)
             )
         except Exception as exc:  # a diagnostic never ends the run: the light says why it could not look
+            log.debug("the dead-units diagnostic failed (it never ends the run): its light says why", exc_info=True)
             self._light({"dead units": SignalState("ok", f"not checked: {type(exc).__name__}: {exc}"[:120])})
             return
         step = trainer.global_step
@@ -356,7 +361,7 @@ class Health(Callback):
             self._file(trainer, draft)
 
     # -- non-finite losses ------------------------------------------------------------------------------------
-    def _after_skip(self, trainer: HealthTrainer, step: int) -> None:
+    def _after_skip(self, trainer: LoopHost, step: int) -> None:
         import torch
 
         losses = self._losses
@@ -389,8 +394,8 @@ class Health(Callback):
         advice = "That step was skipped: the weights are as they were before it."
         self._file(trainer, Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._lr_raised(step))))
 
-    def on_exception(self, trainer: HealthTrainer, exception: BaseException) -> None:
-        if type(exception).__name__ != "NonFiniteLossError" or any(r.kind == "nonfinite" for r in self.reports):
+    def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
+        if not isinstance(exception, NonFiniteLossError) or any(r.kind == "nonfinite" for r in self.reports):
             return
         first = str(exception).split(". ")[0]
         advice = (
@@ -402,7 +407,7 @@ class Health(Callback):
         self._file(trainer, draft, act=False)
 
     # -- control: a changed LR, a rollback ------------------------------------------------------------------
-    def on_control(self, trainer: HealthTrainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         kind = event.get("kind", "")
         if kind.startswith("lr"):
             old, new = event.get("old"), event.get("new")
@@ -427,14 +432,14 @@ class Health(Callback):
         last = self._reported.get(kind)
         return last is not None and 0 <= step - last < self.window
 
-    def _file(self, trainer: HealthTrainer, draft: Draft, *, act: bool = True) -> None:
+    def _file(self, trainer: LoopHost, draft: Draft, *, act: bool = True) -> None:
         """File a report (one of a kind per ``window`` steps), with a concrete LR when the draft asks; act on a
         problem as ``on_problem`` says."""
         if self._throttled(draft.kind, draft.step):
             return
         advice, data = draft.advice, dict(draft.data)
         if draft.lr_advice:
-            suggestion = suggest_lr(trainer.optimizer, getattr(trainer.run_state, "lr_finder", None))
+            suggestion = suggest_lr(trainer.optimizer, trainer.run_state.lr_finder)
             if suggestion is not None:
                 lr, why = suggestion
                 data["lr"] = lr
@@ -445,7 +450,7 @@ class Health(Callback):
         if act and report.level == "problem":
             self._act(trainer, report)
 
-    def _emit(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _emit(self, trainer: LoopHost, report: HealthReport) -> None:
         self._reported[report.kind] = report.step
         self.reports.append(report)
         signal = report.signal
@@ -453,13 +458,13 @@ class Health(Callback):
             self.signals[signal] = SignalState(report.level, report.message)
         trainer.callbacks.call("on_health", trainer=trainer, report=report)
 
-    def _act(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _act(self, trainer: LoopHost, report: HealthReport) -> None:
         if self.on_problem == "pause":
             trainer.pause()
         elif self.on_problem == "stop":
-            for cb in trainer.callbacks.callbacks:  # last.ckpt at the step boundary where the run stops
-                if getattr(cb, "save_last", False) and callable(getattr(cb, "save_now", None)):
-                    trainer.defer(_saver(cb, trainer))
+            for checkpoint in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+                if checkpoint.save_last:  # last.ckpt at the step boundary where the run stops
+                    trainer.defer(_saver(checkpoint, trainer))
             trainer.request_stop(f"Health: {report.message}")
 
 
@@ -478,5 +483,5 @@ def _owner(blocks: list[str]) -> Any:
     return block_of
 
 
-def _saver(checkpoint: Any, trainer: HealthTrainer) -> Callable[[], Any]:
+def _saver(checkpoint: ModelCheckpoint, trainer: LoopHost) -> Callable[[], Any]:
     return lambda: checkpoint.save_now(trainer)

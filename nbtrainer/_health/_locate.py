@@ -10,6 +10,7 @@ when a problem was seen (the non-finite finder) or once an epoch on one batch (d
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 __all__ = ["Finding", "dead_units", "locate_nonfinite"]
+
+log = logging.getLogger(__name__)
 
 #: the ReLU family: their output is exactly zero where a unit is off
 RELU_TYPES: tuple[type[torch.nn.Module], ...] = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Threshold)
@@ -138,6 +141,7 @@ def locate_nonfinite(
                 if value is not None:
                     found.append(Finding("loss", value=value))
     except Exception as exc:  # a diagnostic must never end the run
+        log.debug("locating the non-finite value failed (a diagnostic never ends the run): reported", exc_info=True)
         return Finding("error", detail=f"{type(exc).__name__}: {exc}"[:200])
     finally:
         for h in handles:

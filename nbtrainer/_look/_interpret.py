@@ -15,7 +15,7 @@ grows by some bytes per item, whatever the inputs' size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,24 +29,13 @@ from nbtrainer._look._per_item import NoPerItemLoss, is_causal_lm, per_item_loss
 from nbtrainer._look._side import kept_rng, side_pass
 from nbtrainer._loop._metrics import metric_input
 
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
 __all__ = ["interpret"]
 
 Tensor = torch.Tensor
 _SMALL = 16  # a regression keeps its predictions and targets when each item has at most this many values
-
-
-class InterpretingTrainer(Protocol):
-    """What :func:`interpret` reads of the Trainer (which satisfies it)."""
-
-    criterion: Any
-    device: torch.device
-    non_blocking: bool
-    fast_fetch: bool
-
-    @property
-    def model(self) -> torch.nn.Module: ...
-    @property
-    def batch_steps(self) -> Any: ...  # BatchSteps: compute, autocast, inference context
 
 
 def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
@@ -144,7 +133,7 @@ def _columns(task: str, logits: Tensor, targets: Tensor, probabilities: bool) ->
 
 
 def interpret(
-    trainer: InterpretingTrainer,
+    trainer: LoopHost,
     loader: Any,
     *,
     max_items: int | None = None,
@@ -160,7 +149,7 @@ def interpret(
     loader = _arrays.eval_loader(loader, batch_size, name="interpret() loader")
     steps, model = trainer.batch_steps, trainer.model
     fn = per_item_loss(trainer.criterion, unwrap_model(model), loss_per_item, custom=steps.custom_loss)
-    batches, dataset = indexed_batches(loader, fast=trainer.fast_fetch)
+    batches, dataset = indexed_batches(loader, fast=trainer.options.data.fast_fetch)
     device, seen = trainer.device, 0
     task: str | None = None
     probabilities = isinstance(trainer.criterion, torch.nn.BCELoss)
@@ -169,7 +158,7 @@ def interpret(
     plain = steps.default_compute()  # (x, y) batches: model(x) alone (the batch's mean loss is not needed)
     with side_pass(model, steps.autocast(), grad=steps.inference), no_cache(model):
         for indices, batch in batches:
-            batch = move_to_device(batch, device, trainer.non_blocking)
+            batch = move_to_device(batch, device, trainer.options.data.non_blocking)
             if plain and type(batch) in (tuple, list) and len(batch) == 2 and isinstance(batch[0], Tensor):
                 outputs, targets = model(batch[0]), batch[1]
             else:

@@ -203,6 +203,15 @@ class Interpretation:
         found.sort(key=lambda f: -f[2])
         return found[: int(k)]
 
+    def most_confused_html(self, k: int = 10) -> str:
+        """:meth:`most_confused` as a small table with its title (what a notebook, the report and the panel show;
+        empty for a task without classes)."""
+        if self.task not in _CLASSIFIERS or self.targets is None:
+            return ""
+        columns = ("label", "mistake") if self.task == "multilabel" else ("target", "predicted")
+        rows = [{columns[0]: a, columns[1]: b, "count": n} for a, b, n in self.most_confused(k)]
+        return "<div class='nbt-most-confused'><div>most confused</div>" + rows_html(rows) + "</div>"
+
     def per_class(self) -> Rows:
         """Per class (per label for multi-label): ``precision``, ``recall``, ``f1`` and ``support`` (its items)."""
         matrix = self.confusion_matrix()
@@ -293,13 +302,10 @@ class Interpretation:
         blocks = [f"<div><b>Interpretation</b> · {html.escape(self.summary())}</div>"]
         if self.task in _CLASSIFIERS and self.targets is not None:
             matrix = self.confusion_matrix()
-            if self.task == "multilabel":
-                blocks.append(rows_html([{"label": a, "mistake": b, "count": n} for a, b, n in self.most_confused(10)]))
-            elif len(matrix) <= 30:
+            if self.task != "multilabel" and len(matrix) <= 30:
                 blocks.append(heatmap_html(matrix, self._labels(), title="confusion matrix"))
             else:
-                rows = [{"target": a, "predicted": b, "count": n} for a, b, n in self.most_confused(10)]
-                blocks.append("<div>most confused</div>" + rows_html(rows))
+                blocks.append(self.most_confused_html(10))
             blocks.append("<div style='margin-top:6px'>per class</div>" + rows_html(self.per_class()))
         blocks.append("<div style='margin-top:6px'>top losses</div>" + rows_html(self.top_losses(9)))
         return f"<div class='nbt-interpretation' style='font-size:12px'>{''.join(blocks)}</div>"
