@@ -71,6 +71,7 @@ class TrainerKeywords(TypedDict, total=False):
     memory_budget_gb: float | None
     training_step: Callable[..., Any] | None
     validation_step: Callable[..., Any] | None
+    check_data: bool | int
 
 
 #: Every keyword ``Trainer(...)`` takes, the three positional ones first (``Trainer.KEYWORDS``).

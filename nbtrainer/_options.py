@@ -308,6 +308,11 @@ class RunOptions:
         val_every_n_epochs: validate every n epochs.
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``), ``None``
             (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
+        check_data: check the data at the start of each fresh fit (``Trainer.check_data``: duplicates, leaks between
+            training and validation, NaN / Inf, scale, constant features, class balance), one progress line per
+            finding; labels the model has no output for refuse the fit before its first step. ``True``: every item;
+            an int: a seeded sample of that many items per split. A report made by ``Trainer.check_data`` on the same
+            loaders is reused (the panel checks before Start).
     """
 
     seed: int | None = None
@@ -317,6 +322,7 @@ class RunOptions:
     timing_every: int = 50
     val_every_n_epochs: int = 1
     run_store: str | os.PathLike[str] | bool | None = None
+    check_data: bool | int = False
 
 
 @dataclass(frozen=True)

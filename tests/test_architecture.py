@@ -29,7 +29,7 @@ MAX_LINES = 500
 # The one exception: the Trainer facade is one class (no mixins, issue 34), and its public verbs with their
 # docstrings and examples are what users read; the mechanics it delegates to follow the rule (issue 53: 1,193
 # lines down to under 600 once building it and running a fit moved to _assemble and _fit_run).
-FACADE_MODULE, FACADE_MAX_LINES = "nbtrainer/_trainer/_trainer.py", 600
+FACADE_MODULE, FACADE_MAX_LINES = "nbtrainer/_trainer/_trainer.py", 599  # under 600 (issue 53)
 # The typed seams (issue 53: twelve overlapping Protocols, mostly typed Any, became these four).
 SEAMS = {
     "nbtrainer._dist._placement": {"Strategy"},

@@ -166,6 +166,18 @@ def _panel() -> Any:
     return TrainerWidget(mlp(), nn.CrossEntropyLoss(), "adamw", *_data(), epochs=1, run_store=False)
 
 
+@functools.cache
+def _data_mapped() -> tuple[Any, Any]:
+    """A fit with a DataMap, and the data check of its data (a copy of training items in validation)."""
+    from nbtrainer import DataMap
+
+    x, y = make_classification(n=40)
+    dm = DataMap()
+    trainer = _trainer(callbacks=[dm])
+    trainer.fit((x, y), batch_size=8, epochs=1)
+    return dm, trainer.check_data((x, y), (x[:4], y[:4]))
+
+
 #: name -> a function of a temporary folder that builds one form of a public result type
 FORMS: dict[str, Callable[[Path], Any]] = {
     "ModelProfile measured": lambda tmp: _measured_profile(),
@@ -211,6 +223,13 @@ FORMS: dict[str, Callable[[Path], Any]] = {
     "LRFinderResult": lambda tmp: _trainer().lr_find(_data()[0], steps=20),
     "ParamCounts": lambda tmp: _fitted().param_counts,
     "DoctorReport": lambda tmp: __import__("nbtrainer._shell._doctor", fromlist=["x"]).doctor_report(["cpu"]),
+    "DataReport": lambda tmp: _data_mapped()[1],
+    "DataProblem": lambda tmp: _data_mapped()[1].problems[0],
+    "DataMap": lambda tmp: _data_mapped()[0],
+    "LabelIssues": lambda tmp: _data_mapped()[0].label_issues(2),
+    "LabelIssue": lambda tmp: _data_mapped()[0].label_issues(2)[0],
+    "CleanedDataset": lambda tmp: _data_mapped()[0].cleaned(drop=[1]),
+    "show_batch": lambda tmp: __import__("nbtrainer").show_batch((torch.randn(6, 10), torch.arange(6) % 3), 3),
     "TrainerWidget": lambda tmp: _panel(),
     "ProfileCard": lambda tmp: __import__("nbtrainer").widgets.ProfileCard(_measured_profile()),
     "CompareWidget": lambda tmp: __import__("nbtrainer").widgets.CompareWidget(_strategies()),

@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"_health"},  # training health: a consumer of the event stream that reports and acts (pause, stop)
     {"_plan"},  # the memory planner: a step on fake tensors plus arithmetic (the Trainer will plan at fit start)
     {"_look"},  # samples during training, error analysis (interpret): event-stream consumers the Trainer delegates to
+    {"_know"},  # knowing the data: check_data, show_batch, the DataMap (it reuses _look's per-item passes)
     {"_trainer"},  # the facade users hold
     {"_profile", "_compare", "_inference"},  # tools built on the Trainer
     {"_shell"},  # magics, CLI, doctor

@@ -94,6 +94,7 @@ def parse_panel_args(
             raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {USAGE}")
         criterion, optimizer, *loaders = args
         args = tuple(loaders)
+        options.setdefault("check_data", True)  # the panel checks the data (its lights show before Start)
         trainer = Trainer(model, criterion, optimizer, metrics=metrics, **options)
         user_model = model
         build = (criterion, optimizer, metrics, options)

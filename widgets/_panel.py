@@ -59,8 +59,7 @@ class TrainerWidget:
         ui_interval: seconds between two pushes of the UI thread (default 0.25, at least 0.05; 0.5 in VS Code, Colab).
         max_points: the points kept per chart series (min/max decimated; default 2000).
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
-        save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name made
-            file-safe).
+        save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name file-safe).
         name: the panel's name (``w.name``), shown in its title, messages and errors, used in the default
             checkpoint path, and given, the name of its runs in the run store (``nbtrainer.Runs``) and every compare
             menu. Default ``"<model class> #<n>"``, ``n`` counting the panels made in this kernel, so two panels in
@@ -124,6 +123,7 @@ class TrainerWidget:
             self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
         )
         self.looks = Looks(self.charts, lambda: self.trainer, self.notify, interpret=interpret, val_loader=a.val_loader)
+        self.data_map = self.looks.data.data_map  # the runs' DataMap: its edits are the data section's cleaner's
         self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self.notify)
@@ -159,6 +159,7 @@ class TrainerWidget:
         except RuntimeError as exc:
             self.notify("error", str(exc))
             warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
+        self.looks.data.start_check(trainer, self.train_loader, self.val_loader)  # its lights show before Start
 
     # -- public API ------------------------------------------------------------------------------------
     @property
@@ -188,6 +189,9 @@ class TrainerWidget:
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
         self._apply_savers()
+        if refused := self.looks.refused():  # waits for the data check (the fit reuses its report)
+            self.notify("error", f"not started: {refused}")
+            return
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self.notify("warning", msg)
@@ -199,21 +203,10 @@ class TrainerWidget:
         feed = Feed()
         feed.attach(self.trainer)  # the panel is the progress display
         self.looks.attach(self.trainer, self.val_loader)
-        kwargs = {
-            "train_loader": self.train_loader,
-            "val_loader": self.val_loader,
-            "epochs": self.epochs,
-            "max_steps": self.max_steps,
-        }
-        run = Run(
-            self.trainer,
-            id(self._model),
-            kwargs,
-            owner=self._label,
-            on_done=lambda r: feed.detach(r.trainer),
-            cell=self._cell,
-        )
-        self._run = run
+        kwargs = {"train_loader": self.train_loader, "val_loader": self.val_loader}
+        kwargs |= {"epochs": self.epochs, "max_steps": self.max_steps}
+        done = lambda r: feed.detach(r.trainer)  # noqa: E731
+        self._run = run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=done, cell=self._cell)
         self.set_running(True)
         self.view.set_status("running", "starting")
         try:

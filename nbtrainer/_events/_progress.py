@@ -228,6 +228,9 @@ class ProgressBar:
         if event.get("kind") == "sample_error" and self.active_mode is not None:  # Samples' fn raised; the run goes on
             self._write(f"sample {event.get('old')!r} failed at step {event.get('step')}: {event.get('new')}")
             return
+        if event.get("kind") == "data_check" and self.active_mode is not None:  # Trainer(check_data=True): a line each
+            self._write(str(event.get("new")))
+            return
         if event.get("kind") in ("memory_plan", "memory_step_down", "memory_check") and self.active_mode is not None:
             self._write(f"{event['kind'].replace('_', ' ')}: {event.get('new')}")
             return

@@ -11,6 +11,10 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
                                 training and validation batches are checked after it)
 ``on_epoch_start(trainer, epoch)``  not again for an epoch resumed mid-way (it started in the saved run)
 ``on_train_batch_start(trainer, batch, batch_idx)``   per micro-batch, already on the device
+``on_train_forward(trainer, outputs, targets, indices)``  per micro-batch, right after the forward the step makes:
+                                device tensors (never read them here); ``indices`` the batch's dataset indices (a
+                                list, ``range`` or int64 tensor; None where the loop cannot know them). Only with
+                                the default forward (not ``training_step=``, LBFGS or a memory plan's split)
 ``on_train_batch_end(trainer, batch_idx, loss)``      ``loss`` is a device tensor: never ``.item()`` it here
 ``on_before_optimizer_step(trainer, optimizer)``      grads are unscaled and clipped
 ``on_optimizer_step(trainer, step, skipped)``         after the step; ``skipped`` when fp16's scaler skipped
@@ -28,7 +32,8 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["EVENTS", "CallbackList", "Progress"]
@@ -37,6 +42,7 @@ EVENTS: tuple[str, ...] = (
     "on_fit_start",
     "on_epoch_start",
     "on_train_batch_start",
+    "on_train_forward",
     "on_train_batch_end",
     "on_before_optimizer_step",
     "on_optimizer_step",
@@ -126,3 +132,13 @@ class CallbackList:
     def call(self, hook: str, **kwargs: Any) -> None:
         for fn in self._bound[hook]:
             fn(**kwargs)
+
+    def caller(self, hook: str) -> Callable[..., None] | None:
+        """A function calling ``hook`` on the callbacks defining it now (the one bound method itself when one does,
+        for a per-step hook: no dispatch), or None when none does."""
+        bound = self._bound.get(hook)
+        if not bound:
+            return None
+        if len(bound) == 1:
+            return bound[0]
+        return functools.partial(self.call, hook)

@@ -32,14 +32,17 @@ from nbtrainer._loop._metrics import metric_input
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
 
-__all__ = ["interpret"]
+__all__ = ["indexed_batches", "interpret", "task_of"]
 
 Tensor = torch.Tensor
 _SMALL = 16  # a regression keeps its predictions and targets when each item has at most this many values
 
 
-def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
-    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring)."""
+def indexed_batches(
+    loader: Any, *, fast: bool, lists: list[list[int]] | None = None
+) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
+    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring); ``lists``: read these
+    index lists of the loader's dataset instead of its sampler's."""
     sampler, dataset = getattr(loader, "batch_sampler", None), getattr(loader, "dataset", None)
     indexable = (
         isinstance(loader, torch.utils.data.DataLoader)
@@ -49,8 +52,9 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
     )
     if not indexable or sampler is None or dataset is None:
         return _numbered(loader, None), None
-    with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
-        lists = [list(ix) for ix in sampler]
+    if lists is None:
+        with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
+            lists = [list(ix) for ix in sampler]
     fetch = batched_fetch(loader) if fast else None
     if fetch is not None:
         read: Callable[[list[int]], Any] = fetch.read
@@ -80,7 +84,7 @@ def _numbered(batches: Any, lists: list[list[int]] | None) -> Iterator[tuple[Ten
         yield torch.tensor(ix, dtype=torch.int64), batch
 
 
-def _task(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
+def task_of(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
     """``classification``, ``binary``, ``multilabel``, ``regression``, ``lm`` (a causal LM's tokens), ``tokens``
     (per-token labels) or ``other`` (losses only), from the first batch."""
     if not isinstance(logits, Tensor) or not isinstance(targets, Tensor) or targets.ndim == 0:
@@ -178,7 +182,7 @@ def interpret(
                 )
             logits = metric_input(outputs)
             if task is None:
-                task = _task(trainer.criterion, model, logits, targets)
+                task = task_of(trainer.criterion, model, logits, targets)
                 if task == "classification" and isinstance(logits, Tensor):
                     n_classes = int(logits.shape[1])
                 elif task == "binary":

@@ -10,9 +10,8 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
-The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
-are asynchronous (``_prefetch``'s docstring says how).
-
+The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch are
+asynchronous (``_prefetch``'s docstring says how); a DataMap keeps each step's logits and index list on the device.
 Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
 learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).
 """
@@ -20,6 +19,7 @@ learned without reading it (the optimizer's step post-hook tells whether fp16's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -96,17 +96,14 @@ class FitLoop:
         self._step_times: dict[str, float] | None = None
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
-        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
-        # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
+        # Where batches come from (_prefetch.DataPath, decided at the first batch): the loader's iterator, or one
+        # indexing call per batch, on CUDA device-resident or prefetched; for a consumer of items their indices.
         data = host.options.data
-        device, fast, fraction = host.device, data.fast_fetch, data.data_on_device
+        path = functools.partial(DataPath, device=host.device, enabled=data.fast_fetch, fraction=data.data_on_device)
         self.order = ShuffleOrder(train_loader, deterministic=host.options.run.deterministic)
-        self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
-        self.val_data = (
-            DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
-        )
+        self.train_data = path(train_loader, track=host.callbacks.has("on_train_forward"))
+        self.val_data = path(val_loader) if val_loader is not None else None
 
-    # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.host.device.type == "cuda":
             torch.cuda.synchronize(self.host.device)
@@ -148,8 +145,7 @@ class FitLoop:
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's start state
-        # when there is one (saved, or left by the last epoch)
+        # lent to the loader for this epoch (given back at its end), from its start state if any (saved, or left)
         gen = self.order.lend(state=st.sampler_state)
         if gen is not None and st.sampler_state is None:
             st.sampler_state = gen.get_state()
@@ -194,6 +190,8 @@ class FitLoop:
         manual = step.manual = ManualStep(t, manual_fn, guard) if manual_fn is not None else None
         pending = self.pending
         pend_loss, pend_bs = pending.losses, pending.sizes
+        data = self.train_data
+        emit = cb.caller("on_train_forward")
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
@@ -264,6 +262,8 @@ class FitLoop:
                             metrics.update(outputs, targets)
                         if first:
                             metrics.check_first()
+                    if emit is not None:  # device tensors, the batch's dataset indices (host lists): nothing read
+                        emit(trainer=t, outputs=outputs, targets=targets, indices=data.indices)
                     if sample:
                         self._sync()
                         t2 = time.perf_counter()

@@ -104,6 +104,16 @@ class RunState:
         """Seconds trained in the whole run, the running fit included."""
         return self.elapsed_before + (0.0 if self.loop is None else self.loop.fit_elapsed())
 
+    def expected_log_keys(self, metric_spec: Any) -> set[str]:
+        """The keys a fit's epoch rows will have (``Trainer.expected_log_keys``), given the metrics as specified."""
+        from nbtrainer._loop._metrics import collection_names
+
+        names = set(self.train_metrics.names) | collection_names(metric_spec)
+        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
+        if self.has_validation:
+            keys |= {"val_loss"} | {f"val_{n}" for n in names}
+        return keys
+
     def start_fresh(self) -> None:
         """A new run: position, seconds and pending RNG back to the start, a new History."""
         self.pending_rng = None

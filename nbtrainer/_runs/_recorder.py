@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._data._cleaned import data_changes
 from nbtrainer._options import SWITCH
 from nbtrainer._report._html import higher_is_better
 from nbtrainer._runs._store import RunStore, dumps, open_store, session_store
@@ -84,6 +85,7 @@ def _config(trainer: LoopHost) -> dict[str, Any]:
         "strategy": type(trainer.strategy).__name__,
         "memory": dict(trainer.options.memory.changed()),  # the memory switches in effect (a plan's, if any)
         "memory_budget_gb": trainer.options.budget.budget_gb if trainer.options.budget is not None else None,
+        "data": data_changes(loader),  # a cleaned dataset's dropped and relabeled items (DataMap.cleaned)
     }
 
 

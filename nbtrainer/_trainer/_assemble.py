@@ -25,6 +25,7 @@ from nbtrainer._dist._launch_monitor import launched_channels
 from nbtrainer._events._launched import RankMonitor
 from nbtrainer._events._progress import progress_callback
 from nbtrainer._events._stream import CallbackList
+from nbtrainer._know._option import check_option
 from nbtrainer._loop._closure import check_closure
 from nbtrainer._loop._in_backward import check_in_backward
 from nbtrainer._loop._manual import check_manual
@@ -127,6 +128,7 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
         predict_step=batch.predict_step,
     )
     check_data_options(options.data.fast_fetch, options.data.data_on_device)
+    options = options.replace("run", check_data=check_option(run.check_data))
     if memory.optimizer_in_backward:
         check_in_backward(
             optimizer=optimizer if optimizer is not None else requested,

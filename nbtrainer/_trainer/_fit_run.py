@@ -199,6 +199,10 @@ class FitRun:
         trainer.callbacks.call("on_fit_start", trainer=trainer)
         if self.parts.budget is not None:  # what the plan chose (one progress line), then measure the first steps
             self.parts.budget.start()
+        if self.resume_from is None and trainer.options.run.check_data:  # labels past the outputs: refused here
+            from nbtrainer._know._check import check_at_fit
+
+            check_at_fit(trainer, trainer.options.run.check_data, self.train_loader, self.val_loader)
         if self.resume_note is not None:  # say whether it resumed (one line in the progress, an event)
             st = run.loop_state
             event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}

@@ -22,7 +22,6 @@ from nbtrainer._keywords import KEYWORDS, Option, checked_keywords
 from nbtrainer._loop import _oom
 from nbtrainer._loop._batch_steps import BatchSteps
 from nbtrainer._loop._control import LiveControl, reference_lr
-from nbtrainer._loop._metrics import collection_names
 from nbtrainer._options import SWITCH, TrainerOptions, keyword_signature
 from nbtrainer._resume import _checkpoint_state as _state
 from nbtrainer._resume import _continue
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from nbtrainer._events._history import History
     from nbtrainer._events._stream import CallbackList
     from nbtrainer._keywords import TrainerKeywords
+    from nbtrainer._know._data_report import DataReport
     from nbtrainer._look._interpretation import Interpretation
     from nbtrainer._loop._run_state import RunState
     from nbtrainer._plan._result import MemoryPlan
@@ -70,16 +70,15 @@ class Trainer:
                         ``validation_step`` (and the table of batch shapes the Trainer takes)
     ``options.data``    ``fast_fetch``, ``data_on_device``, ``non_blocking``
     ``options.run``     ``seed``, ``deterministic``, ``progress``, ``refresh_interval``, ``timing_every``,
-                        ``val_every_n_epochs``, ``run_store``
+                        ``val_every_n_epochs``, ``run_store``, ``check_data``
     ``options.budget``  ``memory_budget_gb``: the memory switches planned to fit a budget at the first fit
     (the parts)         ``scheduler``, ``metrics``, ``callbacks``, ``strategy`` (``TrainerParts``)
     ==================  ==========================================================================================
 
     Args:
         model: the ``nn.Module``.
-        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``. A criterion
-            with ``bind_trainer(trainer) -> {name: metric}`` (``DistillationLoss``) is bound once the model is set
-            up and its metrics are logged with the others.
+        criterion: ``loss = criterion(outputs, targets)``; ``None`` if the model returns ``.loss``. A criterion with
+            ``bind_trainer(trainer) -> {name: metric}`` (``DistillationLoss``) is bound once the model is set up.
         optimizer: an optimizer over the model's parameters; ``{"name": optimizer, ...}`` for several (one loss,
             each steps; or by name in ``training_step``); or a name: ``"adamw"``, ``"adam"``, ``"sgd"``,
             ``"adafactor"``, ``"adamw8bit"``... (built over the trainable parameters, fused where the device has
@@ -132,10 +131,10 @@ class Trainer:
     progress: Progress
     status: str
     run_id: str | None  # the id of this trainer's run in the store (nbtrainer.Runs), set by fit
-    # Its parts, each with its own state: _setup (ModelSetup: what was done to the model), _run (RunState: the run
-    # across fits: position, metrics' state, History, the running loop), _steps (BatchSteps: a batch's loss / outputs,
-    # evaluation, prediction), _live (LiveControl: requests from any thread, applied at a step boundary), _nonfinite
-    # (the NaN/inf gate), _budget (MemoryBudget: memory_budget_gb=, or None), _run_recorder (the run store's writer).
+    data_report: DataReport | None  # the last check of the data (check_data, or a fit with check_data=True reuses it)
+    # Its parts, each with its own state: _setup (ModelSetup), _run (RunState: the run across fits), _steps
+    # (BatchSteps: a batch's loss / outputs), _live (LiveControl: requests from any thread, applied at a step
+    # boundary), _nonfinite (the NaN/inf gate), _budget (MemoryBudget or None), _run_recorder (the run store's writer).
 
     def __init__(
         self,
@@ -149,6 +148,7 @@ class Trainer:
         self.options, self.strategy, self.model, self.criterion = a.options, a.strategy, a.model, a.criterion
         self.optimizer, self.scheduler, self.scaler, self.batch_spec = a.optimizer, a.scheduler, a.scaler, a.batch_spec
         self.callbacks, self.progress, self.status, self.run_id = a.callbacks, Progress(), "idle", None
+        self.data_report = None
         self._setup, self._run, self._nonfinite = a.setup, a.run, a.nonfinite
         self._metric_spec, self._run_recorder = a.metric_spec, a.recorder
         self._steps = BatchSteps(self, a.run, a.options.batch, val_metrics=a.val_metrics, chunked_loss=a.chunked_loss)
@@ -247,19 +247,12 @@ class Trainer:
         return self._budget.plan if self._budget is not None else None
 
     def merge_lora(self) -> torch.nn.Module:
-        """A plain copy of the model for inference: LoRA adapters merged into full-precision weights (a
-        quantized base dequantized first), no PEFT wrapper; this trainer's model is unchanged. Example:
-            >>> # trainer = Trainer(model, None, "adamw", quantize="nf4", lora=dict(r=8)); trainer.fit(...)
-            >>> # merged = trainer.merge_lora()
-        """
+        """A plain copy of the model for inference: LoRA adapters merged into full-precision weights (a quantized base
+        dequantized first), no PEFT wrapper; this trainer's model is unchanged. Example: ``trainer.merge_lora()``."""
         return self._setup.savers.merge_lora(self.model)
 
     def expected_log_keys(self) -> set[str]:
-        names = set(self._run.train_metrics.names) | collection_names(self._metric_spec)
-        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
-        if self._run.has_validation:
-            keys |= {"val_loss"} | {f"val_{n}" for n in names}
-        return keys
+        return self._run.expected_log_keys(self._metric_spec)
 
     def __repr__(self) -> str:
         return (
@@ -358,9 +351,8 @@ class Trainer:
     def evaluate(self, loader: Any, *, prefix: str = "val_", batch_size: int | None = None) -> dict[str, float]:
         """Loss and metrics over ``loader`` (sample-weighted), keys prefixed (``val_loss``, ``val_acc``); arrays as in
         :meth:`fit` (``batch_size`` default 256). In eval mode under ``torch.inference_mode`` and the trainer's
-        precision; needs no optimizer; fires ``on_validation_start`` / ``on_validation_end(logs)`` as fit does.
+        precision; needs no optimizer; fires ``on_validation_start`` / ``on_validation_end(logs)`` as fit does. Example:
 
-        Example:
             >>> import torch
             >>> trainer = Trainer(torch.nn.Linear(3, 2), torch.nn.CrossEntropyLoss(), progress=False)  # no optimizer
             >>> sorted(trainer.evaluate([(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]))
@@ -386,19 +378,14 @@ class Trainer:
     ) -> Any:
         """Model outputs for the whole loader, concatenated along the batch dimension, structure kept: a tensor, or
         the model's structure (tuple, dict, ``ModelOutput``, dataclass) of concatenated tensors (others, such as an
-        LSTM's ``(h, c)``, as a list per batch). Outputs come from ``predict_step=`` / :meth:`predict_step` (the rule
-        when only ``compute_loss`` is customised: ``nbtrainer._data._predict_collect``), in eval mode under
-        ``torch.no_grad`` and the trainer's precision.
-
-        Args:
-            loader: any iterable of batches, or arrays as in :meth:`fit` (``predict(x)``; ``batch_size`` default 256).
-            per_batch: a list with each batch's outputs instead of their concatenation.
-            pad_index: fills the dimensions that vary between batches (dynamic padding) when concatenating (-100).
-            keep_dtype: keep autocast's bfloat16 / float16 outputs (default: float32, so ``.numpy()`` works).
-            keep: entries of mapping / ``ModelOutput`` outputs left out by default because they grow with the data:
-                ``"loss"``, ``"cache"`` (``"past_key_values"``; Hugging Face models then run with ``use_cache=False``),
-                ``"hidden_states"``, ``"attentions"``.
-            to_cpu: each batch's outputs moved to the CPU as they come (``False``: kept on the trainer's device).
+        LSTM's ``(h, c)``, as a list per batch), from ``predict_step=`` / :meth:`predict_step` (the rule when only
+        ``compute_loss`` is customised: ``nbtrainer._data._predict_collect``), in eval mode under ``torch.no_grad``
+        and the trainer's precision. ``loader``: batches, or arrays as in :meth:`fit` (``batch_size`` default 256).
+        ``per_batch``: a list of each batch's outputs. ``pad_index``: fills the dimensions that vary between batches
+        (-100). ``keep_dtype``: keep autocast's half-precision outputs (default: float32, so ``.numpy()`` works).
+        ``keep``: entries left out by default as they grow with the data: ``"loss"``, ``"cache"`` (Hugging Face
+        models then run with ``use_cache=False``), ``"hidden_states"``, ``"attentions"``. ``to_cpu``: each batch's
+        outputs moved to the CPU as they come (``False``: kept on the trainer's device).
 
         Example:
             >>> import torch
@@ -424,18 +411,42 @@ class Trainer:
         feature_names: Sequence[str] | None = None,
         batch_size: int | None = None,
     ) -> Interpretation:
-        """Error analysis over ``loader`` (arrays too): one streamed pass keeping each item's loss (the criterion
-        on that item alone; ``loss_per_item=fn(outputs, targets)`` where it has no ``reduction="none"``),
-        prediction, target and dataset index, never its inputs; the model, its mode and the RNG are left as they
-        were. ``classes`` names the classes, ``decode`` (a function or tokenizer) and ``feature_names`` show
-        inputs in :meth:`Interpretation.show <nbtrainer.Interpretation.show>` (details: ``nbtrainer._look``).
-        Example: ``interp = trainer.interpret(val_loader); interp.top_losses(9); interp.confusion_matrix()``.
-        """
+        """Error analysis over ``loader`` (arrays too): one streamed pass keeping each item's loss (the criterion on
+        that item alone; ``loss_per_item=fn(outputs, targets)`` where it has no ``reduction="none"``), prediction,
+        target and dataset index, never its inputs; the model, its mode and the RNG are left as they were. ``classes``
+        names the classes, ``decode`` (a function or tokenizer) and ``feature_names`` show inputs in
+        :meth:`Interpretation.show <nbtrainer.Interpretation.show>` (details: ``nbtrainer._look``). Example:
+        ``interp = trainer.interpret(val_loader); interp.top_losses(9); interp.confusion_matrix()``."""
         from nbtrainer._look._interpret import interpret
 
         self._place()
         options = {"loss_per_item": loss_per_item, "decode": decode, "feature_names": feature_names}
         return interpret(self, loader, max_items=max_items, classes=classes, batch_size=batch_size, **options)
+
+    def check_data(
+        self, train_loader: Any, val_loader: Any = None, *, max_items: int | None = None, batch_size: int | None = None
+    ) -> DataReport:
+        """Check the data in one streamed pass per split that keeps no items: duplicates (inside a split, between
+        training and validation), NaN / Inf, scale, constant features, class balance, labels past the model's outputs
+        (``nbtrainer._know._check``). ``max_items``: a seeded sample per split; arrays: ``batch_size``. Example:
+            >>> import torch
+            >>> trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.CrossEntropyLoss(), "sgd", progress=False)
+            >>> x, y = torch.randn(100, 4) * 1000, torch.randint(0, 3, (100,))
+            >>> [p.kind for p in trainer.check_data((x, y)).problems]
+            ['scale']
+        """
+        from nbtrainer._know._check import check_data
+
+        self._place()
+        self.data_report = check_data(self, train_loader, val_loader, max_items=max_items, batch_size=batch_size)
+        return self.data_report
+
+    def show_batch(self, loader: Any, n: int = 16, *, decode: Any = None, **options: Any) -> Any:
+        """The first ``n`` items of ``loader``'s first batch as the model receives them (``nbtrainer.show_batch``),
+        split by this trainer's batch protocol. Example: ``trainer.show_batch(train_loader, 8, decode=tok.decode)``."""
+        from nbtrainer._know._show_batch import show_batch
+
+        return show_batch(loader, n, decode=decode, spec=self.batch_spec, **options)
 
     def _place(self) -> None:
         """The model on its device (wrapped by DDP / FSDP) for a pass outside ``fit``; inside, the fit placed it."""
@@ -444,17 +455,13 @@ class Trainer:
 
     # -- how a batch becomes a loss / outputs ----------------------------------------------------
     def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]:
-        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``. The default splits the
-        batch by the batch protocol (``BatchOptions``), calls the model and the criterion (or takes the model's
-        ``.loss`` when ``criterion=None``)."""
+        """Override in a subclass to change how a batch becomes ``(loss, outputs, targets)``; the default splits it by
+        the batch protocol, calls the model and the criterion (or takes the model's ``.loss`` with no criterion)."""
         return batch_loss(self.model, batch, spec=self.batch_spec, criterion=self.criterion)
 
     def predict_step(self, batch: Any) -> Any:
-        """A batch's outputs for :meth:`predict`; override in a subclass (or pass ``predict_step=``).
-
-        The default calls the model on the batch's inputs, split by the batch protocol.
-
-        Example:
+        """A batch's outputs for :meth:`predict`; override in a subclass (or pass ``predict_step=``). The default calls
+        the model on the batch's inputs, split by the batch protocol. Example:
             >>> import torch
             >>> class Probabilities(Trainer):
             ...     def predict_step(self, batch):
@@ -469,22 +476,18 @@ class Trainer:
     # == checkpoints =========================================================================================
     @requires_optimizer("save_checkpoint", " To save the weights alone: torch.save(trainer.model_state_dict(), path).")
     def save_checkpoint(self, path: str, *, sharded: bool = False) -> str:
-        """Write a full checkpoint atomically (from any thread: applied at the next step boundary).
-
-        ``sharded=True`` (FSDP2 only) writes a directory of each rank's shards instead of gathering the full
-        state to rank 0; every rank must call it, and it resumes on the same number of processes."""
+        """Write a full checkpoint atomically (from any thread: applied at the next step boundary). ``sharded=True``
+        (FSDP2 only) writes a directory of each rank's shards instead of gathering the full state to rank 0; every
+        rank must call it, and it resumes on the same number of processes."""
         return self._live.on_fit_thread(lambda: _state.save_trainer_checkpoint(self, path, sharded=sharded))
 
     def rollback(self, path: str = "last") -> str:
         """Go back to a checkpoint (``"last"``: a ``ModelCheckpoint``'s ``last.ckpt``, or a file) and train on from
         there: model, optimizer, scheduler, scaler and the loop's position restored at a step boundary (the epoch's
         data order replayed up to the saved batch). Between fits, loaded in place (``fit_more`` goes on from it).
-        From another thread the fit is paused first (:meth:`pause`, ``rollback``, :meth:`resume`), as the panel's
-        health card does. Refused up front: no checkpoint, a running fit not paused, DDP / FSDP. Returns the path.
-
-        Example:
-            >>> # trainer = Trainer(..., callbacks=[ModelCheckpoint("ckpt", save_last=True, every_n_steps=200)])
-            >>> # trainer.pause(); trainer.rollback(); trainer.set_lr(trainer.lr / 3); trainer.resume()
+        From another thread the fit is paused first, as the panel's health card does. Refused up front: no
+        checkpoint, a running fit not paused, DDP / FSDP. Returns the path. Example, with a ``ModelCheckpoint(dir,
+        save_last=True)``: ``trainer.pause(); trainer.rollback(); trainer.set_lr(trainer.lr / 3); trainer.resume()``.
         """
         from nbtrainer._resume._rollback import rollback
 
@@ -518,19 +521,16 @@ class Trainer:
 
     @requires_optimizer("set_lr")
     def set_lr(self, lr: float, optimizer: str | None = None, *, source: str | None = None) -> None:
-        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled. With several
-        named optimizers, ``optimizer="name"`` sets that one's (without: each gets ``lr``).
-
-        ``source`` says who changed it (the panel passes ``"typed"``, ``"dragged"`` or ``"lr finder"``): it is
-        kept on the ``lr`` event (``event["source"]``), and the panel labels the change's marker with it."""
+        """Set the (reference) learning rate at the next optimizer step; schedules are rescaled. With several named
+        optimizers, ``optimizer="name"`` sets that one's (without: each gets ``lr``). ``source`` says who changed it
+        (the panel's ``"typed"``, ``"dragged"``, ``"lr finder"``): kept on the ``lr`` event, it labels its marker."""
         _validate.check_lr(lr, source)
         self._live.request_lr(float(lr), optimizer, source)
 
     def set_grad_accum_steps(self, steps: int) -> None:
         """Change accumulation at the next optimizer-step boundary (thread-safe)."""
         _validate.check_accum(steps)
-        _validate.check_in_backward_now(self, grad_accum_steps=int(steps))
-        _validate.check_closure_now(self, grad_accum_steps=int(steps))
+        _validate.check_change(self, grad_accum_steps=int(steps))
         self._live.apply_or_queue("grad_accum_steps", int(steps))
 
     def add_callback(self, callback: Any) -> None:
@@ -546,8 +546,7 @@ class Trainer:
     def set_precision(self, precision: str) -> None:
         """Change precision between fits (checked against the device; never silently downgraded)."""
         checked = require_precision(precision, self.device)
-        _validate.check_in_backward_now(self, precision=checked)
-        _validate.check_closure_now(self, precision=checked)
+        _validate.check_change(self, precision=checked)
         self.options = self.options.replace("memory", precision=checked)  # what every reader of the switches sees
         self.scaler = make_scaler(checked, self.device)
 

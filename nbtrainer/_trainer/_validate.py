@@ -262,6 +262,13 @@ def check_optimization(
     return optimizer
 
 
+def check_change(trainer: LoopHost, **changes: Any) -> None:
+    """A change of settings (``set_precision``, ``set_grad_accum_steps``) against the step in backward and a closure
+    optimizer, as the settings would be after it."""
+    check_in_backward_now(trainer, **changes)
+    check_closure_now(trainer, **changes)
+
+
 def check_closure_now(trainer: LoopHost, **changes: Any) -> None:
     """A closure optimizer (LBFGS) against the trainer's settings as they would be after ``changes``
     (``grad_accum_steps=``, ``precision=``)."""

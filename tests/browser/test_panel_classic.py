@@ -15,6 +15,7 @@ the main venv, which has Notebook 7 and ipywidgets 8. One server for the module.
   times out behind a slow first cell), so it falls back to ``comm_info`` while the panel is being made: the race that
   lost the panel's updates or hid it (``widgets/_restore``). A confusion-matrix cell clicked with the mouse shows its
   items.
+* The data section's map on bqplot 0.12: a mouse click on a point and a lasso (test_panel_data.py's scenario).
 """
 
 from __future__ import annotations
@@ -231,3 +232,16 @@ def test_a_finished_panel_shows_all_of_itself_every_time(classic, page, screensh
             break
     assert seen == {"fit": [[]] * RUNS, "start": [[]] * RUNS}, seen
     assert not state_errors(console_log), state_errors(console_log)[:5]
+
+
+@pytest.mark.timeout(240)
+def test_the_data_map_takes_a_click_and_a_lasso_on_bqplot_0_12(classic, page, screenshot) -> None:
+    """The data section's map (issue 55) on Colab's stack (bqplot 0.12, ipywidgets 7): the mouse scenario of
+    test_panel_data.py (bqplot 0.13 in Voila): lights before Start, a click on a point, drop, a lasso."""
+    from .test_panel_data import CELLS, data_map_scenario
+
+    server = classic("classic_data", CELLS)
+    _run_all(page, f"{server.url}/notebooks/classic_data.ipynb")
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], timeout=60)
+    data_map_scenario(page)
+    screenshot(page, "panel-data-classic", selector=".nbt-data")

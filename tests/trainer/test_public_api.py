@@ -61,7 +61,7 @@ TRAINER_KEYWORDS = [
     "training_step",
     "validation_step",
 ]
-ADDED_TRAINER_KEYWORDS: tuple[str, ...] = ()
+ADDED_TRAINER_KEYWORDS: tuple[str, ...] = ("check_data",)  # the data checked at the start of a fit (issue 55)
 
 # A Trainer's public names (methods, properties and the attributes a built Trainer has).
 TRAINER_NAMES = [
@@ -139,7 +139,12 @@ TRAINER_NAMES = [
     "status",
     "run_id",
 ]
-ADDED_TRAINER_NAMES = ("KEYWORDS",)  # the valid keywords, for the panel's own check (issue 53)
+ADDED_TRAINER_NAMES = (
+    "KEYWORDS",  # the valid keywords, for the panel's own check (issue 53)
+    "check_data",  # issue 55: the data checked before training, its last report, a batch as the model gets it
+    "data_report",
+    "show_batch",
+)
 
 ROOT_ALL = [
     "CSVLogger",
@@ -231,7 +236,13 @@ ROOT_LAZY = [
     "tune",
 ]
 ADDED_ROOT_ALL: tuple[str, ...] = ()
-ADDED_ROOT_LAZY: tuple[str, ...] = ()
+ADDED_ROOT_LAZY: tuple[str, ...] = (
+    "CleanedDataset",  # issue 55: knowing the data
+    "DataMap",
+    "DataProblem",
+    "DataReport",
+    "show_batch",
+)
 
 
 def test_the_trainer_takes_the_same_keywords():
