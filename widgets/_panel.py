@@ -60,10 +60,9 @@ class TrainerWidget:
         max_points: the points kept per chart series (min/max decimated; default 2000).
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
         save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name file-safe).
-        name: the panel's name (``w.name``), shown in its title, messages and errors, used in the default
-            checkpoint path, and given, the name of its runs in the run store (``nbtrainer.Runs``) and every compare
-            menu. Default ``"<model class> #<n>"``, ``n`` counting the panels made in this kernel, so two panels in
-            one notebook are told apart and never save to one file.
+        name: the panel's name (``w.name``): its title, messages, errors, default checkpoint path and, given, its
+            runs' name in the run store (``nbtrainer.Runs``) and every compare menu. Default ``"<model class> #<n>"``
+            (``n`` counting this kernel's panels), so two panels are told apart and never save to one file.
         interpret: the errors section: ``trainer.interpret(val_loader)`` after each validation (``_looks``).
         **trainer_options: any other :class:`nbtrainer.Trainer` option (model form only): ``precision=``,
             ``grad_accum_steps=``...
@@ -129,12 +128,8 @@ class TrainerWidget:
         self.controls = Controls(v, trainer, epochs, self.notify)
         self._actions = PanelActions(self, model=user_model, view=v, controls=self.controls)
         self._summary = SummaryDisplay(v, label=self._label)
-        self.savers = Savers(
-            trainer,
-            locked_reason=None
-            if self._build is not None
-            else "the panel was given a built Trainer: pass these options to Trainer(...) instead",
-        )
+        built = "the panel was given a built Trainer: pass these options to Trainer(...) instead"
+        self.savers = Savers(trainer, locked_reason=None if self._build is not None else built)
         self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
         v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
         self.health_card = HealthCard(self, view=v)  # nbtrainer.Health's lights, norms, advice and buttons
@@ -195,8 +190,7 @@ class TrainerWidget:
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self.notify("warning", msg)
-        self.controls.apply_schedule(self.train_loader, self.epochs)
-        self._name_runs()
+        self._before_run()
         self.charts.clear()
         self._summary.mark_previous()  # the last run's summary must not read as this run's
         self._paused_requested = False
@@ -298,8 +292,7 @@ class TrainerWidget:
                 flush=True,
             )
             claim_model(self._model, owner=self._label)
-            self.controls.apply_schedule(self.train_loader, self.epochs)
-            self._name_runs()
+            self._before_run()
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)
         if not self._summary.display_ids:
             from IPython.display import display
@@ -389,10 +382,9 @@ class TrainerWidget:
     def _show_title(self) -> None:
         self.view.show_title(self.name, self._model, self.trainer)
 
-    def _name_runs(self) -> None:
-        """``name=`` names this panel's runs in the run store (and so in every compare menu)."""
-        if self._run_name is not None:
-            self.trainer.run_recorder.name = self._run_name
+    def _before_run(self) -> None:  # the LR schedule for this run's length; name= names its runs in the store
+        self.controls.apply_schedule(self.train_loader, self.epochs)
+        self.trainer.run_recorder.name = self._run_name or self.trainer.run_recorder.name
 
     def _apply_savers(self) -> None:
         """At Start: the Trainer rebuilt with the memory savers chosen (nothing chosen: keep it)."""
