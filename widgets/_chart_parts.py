@@ -85,10 +85,12 @@ def bounded_range(values: list[float], zoom: bool) -> tuple[float, float, list[f
     return bottom, top, [t for t in ticks if bottom - 1e-9 <= t <= top + 1e-9]
 
 
-def step_ticks(x: np.ndarray) -> np.ndarray:
-    """Round, whole-step tick values from 0 to the last step (bqplot's own split 487 into 121.75s)."""
-    top = float(x.max()) if len(x) else 1.0
-    return np.asarray([t for t in nice_ticks(0.0, max(top, 1.0), 5) if t == int(t) and t <= top] or [0.0])
+def step_ticks(x: np.ndarray, lo: float = 0.0) -> np.ndarray:
+    """Round, whole-step tick values from ``lo`` to the last step (bqplot's own split 487 into 121.75s); every
+    axis of optimizer steps or epochs takes its ticks from here (never bqplot's even split)."""
+    top = float(np.max(x)) if len(x) else lo + 1.0
+    ticks = [t for t in nice_ticks(lo, max(top, lo + 1.0), 5) if t == int(t) and lo <= t <= top]
+    return np.asarray(ticks or [lo])
 
 
 def lin_scale(**kw: Any) -> bq.LinearScale:
@@ -118,8 +120,8 @@ def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_fo
     # An explicit x tick format: bqplot's automatic one is built from the tick spacing, which is NaN while the
     # domain has zero width (the first step or epoch), and the axis never recovered from that error.
     # Axis titles and the figure title take the theme's text colour from _style.THEME_CSS (never a trait: see there).
-    axes = [
-        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5),
+    axes = [  # x: whole steps or epochs from the first draw (bqplot would split the empty 0..1 into 0.2s)
+        bq.Axis(scale=x, label=xlabel, tick_format=",~g", num_ticks=5, tick_values=step_ticks(np.empty(0))),
         bq.Axis(scale=y, side="left", label=ylabel, tick_format=y_format, num_ticks=5, label_offset="48px"),
     ]
     fig = bq.Figure(
@@ -190,6 +192,7 @@ class EpochChart:
             tooltip=tooltip(("name", "", ""), ("y", "value", ".4~g")),
         )
         self.fig = figure(css, [self.train, self.val, self.points], x, y, "epoch", ylabel, ".3~g", title=title)
+        self.fig.axes[0].tick_values = np.asarray([1.0])  # the first epoch, alone on its 0.75..1.25 before data
         self.box = Box(self.fig, *controls)
 
     def draw(self, stack: ExitStack, rows: list[dict[str, Any]], bases: list[str], extra: str = "") -> None:
@@ -249,7 +252,7 @@ class EpochChart:
             with self.x.hold_sync():
                 self.x.min, self.x.max = float(epochs.min()) - 0.25, float(epochs.max()) + 0.25
         n = len(rows)  # ticks on whole epochs only (at most ~8 of them)
-        self.fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else None
+        self.fig.axes[0].tick_values = np.unique(epochs[:: max(1, math.ceil(n / 8))]) if n else np.asarray([1.0])
 
 
 class BoundedChart(EpochChart):

@@ -5,10 +5,11 @@ With ``TrainerWidget(..., interpret=True)`` (or a dict of ``interpret`` options:
 ``on_validation_end``, on the training thread, between optimizer steps (the pass leaves the weights, the model's
 mode and the random generators as they were), and prepares the top-losses gallery there too (the dataset is read and
 the pictures encoded on the thread that already runs torch). The UI thread then draws it: the confusion matrix as a
-bqplot ``GridHeatMap`` (``nbt-errors-matrix``; a click on a cell shows that cell's items, largest loss first, in
-``nbt-errors-examples``, each with keep / drop / relabel in ``nbt-errors-cleaner``: ``interp.cleaned(dataset)``),
-the per-class figures and the gallery (``nbt-errors-gallery``). A model whose loss cannot
-be split per item is said once in the panel's messages and the section, and the run goes on.
+bqplot ``GridHeatMap`` (``nbt-errors-matrix``; a click on a cell, taken by an invisible square over it, shows that
+cell's items, largest loss first, in ``nbt-errors-examples``, each with keep / drop / relabel in
+``nbt-errors-cleaner``: ``interp.cleaned(dataset)``), the per-class figures and the gallery (``nbt-errors-gallery``).
+A model whose loss cannot be split per item is said once in the panel's messages and the section, and the run goes
+on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ipywidgets as W
 import numpy as np
 
 from ._cleaner import Cleaner
+from ._markup import text_html
 from ._section import Section
 
 __all__ = ["ErrorsView", "interpret_options"]
@@ -32,7 +34,15 @@ log = logging.getLogger(__name__)
 
 _MAX_CLASSES = 30  # a larger matrix is a list of the most confused pairs instead
 _EXAMPLES = 9
+_PLOT = 250  # the matrix's plot area, px a side
+_MARGIN = {"top": 30, "bottom": 40, "left": 50, "right": 10}
 _OPTIONS = ("loss_per_item", "decode", "classes", "feature_names", "max_items")
+
+
+def _cell_area(n: int) -> int:
+    """A Scatter square's size (its area in px) covering nearly all of one cell of an ``n`` x ``n`` matrix."""
+    side = _PLOT / max(n, 1) - 1.0  # a pixel short of the cell: a click near its edge is never the neighbour's
+    return int(max(side, 4.0) ** 2)
 
 
 def interpret_options(interpret: Any) -> dict[str, Any] | None:
@@ -84,9 +94,10 @@ class ErrorsView:
         notify: the panel's messages (``level, text``).
         options: the ``interpret`` options (:func:`interpret_options`), or ``None``: the section stays off.
 
-    Widgets (stable classes): ``nbt-errors-summary``, the heatmap figure ``nbt-errors-matrix`` (its mark:
-    :attr:`heatmap`), ``nbt-errors-examples`` (a clicked cell's items), ``nbt-errors-table`` (per class, or the most
-    confused pairs) and ``nbt-errors-gallery`` (the top losses).
+    Widgets (stable classes): ``nbt-errors-summary``, the heatmap figure ``nbt-errors-matrix`` (its marks:
+    :attr:`heatmap`, and :attr:`cells`, the squares that take the clicks), ``nbt-errors-examples`` (a clicked
+    cell's items), ``nbt-errors-table`` (per class, or the most confused pairs) and ``nbt-errors-gallery`` (the top
+    losses).
 
     Example:
         >>> view = ErrorsView(w.notify, {})  # doctest: +SKIP
@@ -99,7 +110,9 @@ class ErrorsView:
         self.root = self.section.root
         self.summary = W.HTML()
         self.summary.add_class("nbt-errors-summary")
-        rows, cols, color = bq.OrdinalScale(reverse=True), bq.OrdinalScale(), bq.ColorScale(scheme="Blues", min=0.0)
+        # no padding: the click squares' size would otherwise pad the scales and shrink the cells under them
+        rows, cols = bq.OrdinalScale(reverse=True, allow_padding=False), bq.OrdinalScale(allow_padding=False)
+        color = bq.ColorScale(scheme="Blues", min=0.0)
         self.heatmap = bq.GridHeatMap(
             color=np.zeros((2, 2)),
             row=np.arange(2),
@@ -107,20 +120,42 @@ class ErrorsView:
             scales={"row": rows, "column": cols, "color": color},
             display_format=".0f",
             font_style={"font-size": "11px"},
-            interactions={"click": "select"},
             stroke="white",
+        )
+        # The trap: bqplot's own GridHeatMap selection never reaches the kernel with a mouse. 0.13 binds each cell's
+        # click without the cell (its handler then reads rowNum of nothing); 0.12 sends the selection as a list of
+        # [row, column] pairs the kernel side cannot deserialize (bqplot#1632; #1013 and #375 before them). So the
+        # clicks land on an invisible square per cell drawn over the heatmap: a Scatter, whose "select" click sets
+        # ``selected = [index]`` on both 0.12 and 0.13 (the loss chart's and the LR finder's points work the same way).
+        self.cells = bq.Scatter(
+            x=np.empty(0),
+            y=np.empty(0),
+            scales={"x": cols, "y": rows},
+            marker="square",
+            default_size=_cell_area(2),
+            opacities=[0.0],
+            names=[],
+            display_names=False,
+            interactions={"click": "select", "hover": "tooltip"},
+            tooltip=bq.Tooltip(fields=["name"], labels=["cell"]),
         )
         axes = [
             bq.Axis(scale=cols, label="predicted", tick_format="d"),
             bq.Axis(scale=rows, side="left", label="target", tick_format="d", label_offset="32px"),
         ]
+        # a square plot area (_PLOT x _PLOT px, no padding), so that each cell is square and its click target covers it
         self.figure = bq.Figure(
-            marks=[self.heatmap],
+            marks=[self.heatmap, self.cells],
             axes=axes,
             title="confusion matrix (click a cell)",
-            fig_margin={"top": 30, "bottom": 40, "left": 50, "right": 10},
+            fig_margin=dict(_MARGIN),
+            padding_x=0.0,
+            padding_y=0.0,
             animation_duration=0,
-            layout=W.Layout(width="340px", height="320px"),
+            layout=W.Layout(
+                width=f"{_PLOT + _MARGIN['left'] + _MARGIN['right']}px",
+                height=f"{_PLOT + _MARGIN['top'] + _MARGIN['bottom']}px",
+            ),
         )
         self.figure.add_class("nbt-errors-matrix")
         self.examples, self.table, self.gallery = W.HTML(), W.HTML(), W.HTML()
@@ -139,7 +174,7 @@ class ErrorsView:
         self._pending: Any = None  # set by the training thread, taken by the UI thread
         self._collector: _Collector | None = None
         self._lock = threading.RLock()
-        self.heatmap.observe(self._on_cell, "selected")
+        self.cells.observe(self._on_cell, "selected")
 
     # -- the run (the panel attaches it at Start, detaches it when the run ends) ---------------------------
     def attach(self, trainer: Any, loader: Any) -> None:
@@ -165,7 +200,7 @@ class ErrorsView:
         if isinstance(result, Exception):
             text = f"errors section off: interpret failed: {type(result).__name__}: {result}"
             self.notify("warning", text)
-            self.summary.value = f"<div style='font-size:12px'>{html.escape(text)}</div>"
+            self.summary.value = f"<div style='font-size:12px'>{text_html(text)}</div>"
             self.section.show(self.body, detail="off")
             return True
         self.show(*result)
@@ -183,12 +218,21 @@ class ErrorsView:
             matrix = interp.confusion_matrix() if classifier else None
             if matrix is not None and len(matrix) <= _MAX_CLASSES:
                 counts = matrix.numpy().astype(float)
+                n = len(counts)
                 with self.heatmap.hold_sync():
                     self.heatmap.color = counts
-                    self.heatmap.row, self.heatmap.column = np.arange(len(counts)), np.arange(len(counts))
+                    self.heatmap.row, self.heatmap.column = np.arange(n), np.arange(n)
+                target, predicted = np.divmod(np.arange(n * n), n)  # row-major: index = target * n + predicted
+                names = interp.classes or list(range(n))
+                with self.cells.hold_sync():
+                    self.cells.x, self.cells.y = predicted.astype(float), target.astype(float)
+                    self.cells.default_size = _cell_area(n)
+                    self.cells.names = [
+                        f"target {names[t]}, predicted {names[p]}: {int(counts[t, p])}"
+                        for t, p in zip(target, predicted, strict=True)
+                    ]
                 self.figure.layout.display = "flex"
-                names = interp.classes
-                legend = ", ".join(f"{i}: {n}" for i, n in enumerate(names)) if names else ""
+                legend = ", ".join(f"{i}: {c}" for i, c in enumerate(interp.classes)) if interp.classes else ""
                 self.table.value = (f"<div style='font-size:11px'>{html.escape(legend)}</div>" if legend else "") + (
                     interp.per_class()._repr_html_()
                 )
@@ -202,11 +246,12 @@ class ErrorsView:
 
     def _on_cell(self, change: Any) -> None:
         selected = change.get("new")
-        interp = self.interpretation
-        if selected is None or interp is None or len(selected) == 0:
+        if selected is None or len(selected) == 0:
             return
-        cell = np.asarray(selected).reshape(-1, 2)[-1]
-        self.show_cell(int(cell[0]), int(cell[1]))
+        index, n = int(np.asarray(selected).reshape(-1)[-1]), len(self.heatmap.row)
+        self.cells.selected = None  # a second click on the same cell is a change again
+        if self.interpretation is not None and 0 <= index < n * n:
+            self.show_cell(*divmod(index, n))
 
     def show_cell(self, target: int, predicted: int) -> list[int]:
         """The items of one matrix cell (largest loss first) in ``nbt-errors-examples``; returns their indices."""

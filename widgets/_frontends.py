@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ._restore import guard_restore
+
 __all__ = ["FrontEnd", "detect", "prepare_display", "unreachable_clicks"]
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,9 @@ def detect() -> FrontEnd:
 
 
 def prepare_display() -> None:
-    """Before a view is displayed: on Colab, turn on the custom widget manager (once per kernel)."""
+    """Before a view is displayed: the restore guard (``_restore``, for the views made from now on) and, on Colab,
+    the custom widget manager (once per kernel)."""
+    guard_restore()
     if not _colab():
         return
     shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None

@@ -26,7 +26,8 @@ import numpy as np
 from nbtrainer import Health, ModelCheckpoint, format_lr
 from nbtrainer.plotting import PALETTE
 
-from ._chart_parts import legend_html, lin_scale, log_scale
+from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
+from ._markup import plain_text, text_html
 from ._theme import FG, FG2
 
 __all__ = ["HealthCard", "HealthHost", "health_of"]
@@ -85,7 +86,7 @@ class HealthCard:
         self.lines = bq.Lines(x=e, y=e, scales={"x": self.x, "y": self.y}, colors=[PALETTE[0]], stroke_width=1.5)
         # its own small figure: axes without a label colour (a trait that takes no CSS variable under ipywidgets 7)
         axes = [
-            bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", num_ticks=5),
+            bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", tick_values=step_ticks(np.empty(0))),
             bq.Axis(scale=self.y, side="left", label="gradient norm", tick_format=".1~e", label_offset="48px"),
         ]
         self.fig = bq.Figure(
@@ -161,14 +162,14 @@ class HealthCard:
     def _lights_html(self) -> str:
         cells = []
         for name, state in self.health.signals.items():
-            color = LIGHTS.get(state.level, LIGHTS["ok"])
+            color, tip = LIGHTS.get(state.level, LIGHTS["ok"]), html.escape(plain_text(state.summary))
             cells.append(
-                f"<div class='nbt-health-light nbt-health-{state.level}' title='{html.escape(state.summary)}' "
+                f"<div class='nbt-health-light nbt-health-{state.level}' title='{tip}' "
                 f"style='display:flex;align-items:center;gap:6px;min-width:0;font-size:12px;color:{FG}'>"
                 f"<span style='flex:none;width:10px;height:10px;border-radius:50%;background:{color}'></span>"
                 f"<b style='flex:none'>{html.escape(name)}</b>"
                 f"<span style='color:{FG2};white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
-                f"{html.escape(state.summary)}</span></div>"
+                f"{text_html(state.summary)}</span></div>"
             )
         return (
             "<div style='display:grid;grid-template-columns:repeat(auto-fill,minmax(260px,1fr));gap:2px 12px'>"
@@ -194,6 +195,7 @@ class HealthCard:
         colors = [PALETTE[i % len(PALETTE)] for i in range(len(names))]
         with self.lines.hold_sync(), self.x.hold_sync(), self.y.hold_sync():
             self.x.min, self.x.max = float(steps[0]), float(max(steps[-1], steps[0] + 1))
+            self.fig.axes[0].tick_values = step_ticks(np.asarray(steps, dtype=float), lo=float(steps[0]))
             self.y.min, self.y.max = lo, hi
             self.lines.x = np.asarray(steps, dtype=float)
             self.lines.y = values
@@ -212,7 +214,7 @@ class HealthCard:
         else:
             self.advice.value = (
                 f"<div style='font-size:12px;color:{FG};border-left:3px solid {LIGHTS['problem']};padding:2px 8px'>"
-                f"<b>{html.escape(report.message)}</b><br>{html.escape(report.advice)}</div>"
+                f"<b>{text_html(report.message)}</b><br>{text_html(report.advice)}</div>"
             )
         self._buttons()
 

@@ -27,6 +27,7 @@ from nbtrainer.plotting import PALETTE, nice_ticks
 
 from ._chart_parts import legend_html
 from ._fallback import html_view
+from ._markup import text_html
 from ._style import theme_style
 from ._theme import FG, FG2, WARN
 
@@ -170,12 +171,12 @@ class LRFinderView:
         sug = result.suggestion
         self.head = W.HTML(
             f"<span style='color:{FG}'><b>LR finder</b> · {len(result.lrs)} of {result.steps} steps, "
-            f"{html.escape(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
+            f"{text_html(result.stop_reason)} · suggestion ({html.escape(result.rule)}): "
             f"<b>{format_lr(sug) if sug is not None else 'none'}</b> · model and optimizer restored. "
             f"<span style='color:{FG2}'>Click the curve to set the learning rate.</span></span>"
         )
         self.warning = W.HTML(
-            f"<div style='color:{WARN};font-size:12px'><b>warning</b>: {html.escape(warning)}</div>" if warning else ""
+            f"<div style='color:{WARN};font-size:12px'><b>warning</b>: {text_html(warning)}</div>" if warning else ""
         )
         self.warning.add_class("nbt-lrfinder-warning")
         self.choice = W.HTML()

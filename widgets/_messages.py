@@ -11,6 +11,7 @@ import threading
 
 import ipywidgets as W
 
+from ._markup import text_html
 from ._theme import ERROR, FG, WARN
 
 __all__ = ["MessageLog"]
@@ -39,7 +40,7 @@ class MessageLog:
 
     def add(self, level: str, text: str, details: str | None = None) -> None:
         color = _COLORS.get(level, FG)
-        body = f"<span style='color:{color}'><b>{level}</b>: {html.escape(text)}</span>"
+        body = f"<span style='color:{color}'><b>{level}</b>: {text_html(text)}</span>"
         if details:
             body += (
                 f"<details class='nbt-traceback' style='color:{FG}'><summary>traceback</summary>"

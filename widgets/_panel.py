@@ -34,6 +34,7 @@ from ._looks import Looks
 from ._plan_view import PlanView
 from ._poll import wait_until
 from ._pump import UiPump
+from ._restore import guard_restore
 from ._runner import Feed, Run, claim_model
 from ._savers import Savers
 from ._view import HIDE_STATIC, PanelView
@@ -59,9 +60,9 @@ class TrainerWidget:
         max_points: the points kept per chart series (min/max decimated; default 2000).
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
         save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name file-safe).
-        name: the panel's name (``w.name``), shown in its title, messages and errors, and used in the
-            default checkpoint path. Default ``"<model class> #<n>"``, ``n`` counting the panels made in
-            this kernel, so two panels in one notebook are told apart and never save to one file.
+        name: the panel's name (``w.name``): its title, messages, errors, default checkpoint path and, given, its
+            runs' name in the run store (``nbtrainer.Runs``) and every compare menu. Default ``"<model class> #<n>"``
+            (``n`` counting this kernel's panels), so two panels are told apart and never save to one file.
         interpret: the errors section: ``trainer.interpret(val_loader)`` after each validation (``_looks``).
         **trainer_options: any other :class:`nbtrainer.Trainer` option (model form only): ``precision=``,
             ``grad_accum_steps=``...
@@ -90,6 +91,7 @@ class TrainerWidget:
         interpret: bool | dict[str, Any] = False,
         **trainer_options: Any,
     ) -> None:
+        guard_restore()  # before the first widget: a page's restore must not take their comms over (_restore)
         a = parse_panel_args(
             model,
             args,
@@ -106,6 +108,7 @@ class TrainerWidget:
         self.ui_interval = _frontends.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
         self._model = user_model
         self.name = str(name) if name else f"{type(user_model).__name__} #{next(_counter)}"
+        self._run_name = self.name if name else None  # a name given here names the runs in the run store too
         self._label = f"TrainerWidget '{self.name}'"
         self._run: Run | None = None
         self._pump: UiPump | None = None
@@ -125,12 +128,8 @@ class TrainerWidget:
         self.controls = Controls(v, trainer, epochs, self.notify)
         self._actions = PanelActions(self, model=user_model, view=v, controls=self.controls)
         self._summary = SummaryDisplay(v, label=self._label)
-        self.savers = Savers(
-            trainer,
-            locked_reason=None
-            if self._build is not None
-            else "the panel was given a built Trainer: pass these options to Trainer(...) instead",
-        )
+        built = "the panel was given a built Trainer: pass these options to Trainer(...) instead"
+        self.savers = Savers(trainer, locked_reason=None if self._build is not None else built)
         self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
         v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
         self.health_card = HealthCard(self, view=v)  # nbtrainer.Health's lights, norms, advice and buttons
@@ -191,7 +190,7 @@ class TrainerWidget:
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self.notify("warning", msg)
-        self.controls.apply_schedule(self.train_loader, self.epochs)
+        self._before_run()
         self.charts.clear()
         self._summary.mark_previous()  # the last run's summary must not read as this run's
         self._paused_requested = False
@@ -293,7 +292,7 @@ class TrainerWidget:
                 flush=True,
             )
             claim_model(self._model, owner=self._label)
-            self.controls.apply_schedule(self.train_loader, self.epochs)
+            self._before_run()
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)
         if not self._summary.display_ids:
             from IPython.display import display
@@ -382,6 +381,10 @@ class TrainerWidget:
     # -- internals -------------------------------------------------------------------------------------
     def _show_title(self) -> None:
         self.view.show_title(self.name, self._model, self.trainer)
+
+    def _before_run(self) -> None:  # the LR schedule for this run's length; name= names its runs in the store
+        self.controls.apply_schedule(self.train_loader, self.epochs)
+        self.trainer.run_recorder.name = self._run_name or self.trainer.run_recorder.name
 
     def _apply_savers(self) -> None:
         """At Start: the Trainer rebuilt with the memory savers chosen (nothing chosen: keep it)."""

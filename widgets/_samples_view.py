@@ -5,8 +5,9 @@ step it is compared with (the baseline, the previous sample, or none), text diff
 (``difflib``: ``nbt-diff-del`` on the left, ``nbt-diff-ins`` on the right), pictures side by side. Clicking a point
 of the loss chart moves the slider to the sample nearest that step. New samples appear while the run trains: the
 UI thread calls :meth:`SamplesView.refresh`, which reads ``history.samples`` (plain data the training thread
-appends to) and redraws only when something new came; a slider left on the newest sample follows the new ones. A
-sample function that failed is said in the section and in the panel's messages.
+appends to) and redraws only when something new came; a slider left on the newest sample follows the new ones, and
+a run that has ended rests on its latest. A sample function that failed is said in the section and in the panel's
+messages.
 
 Colours come from CSS classes in the section's own style block, not from widget traits (ipywidgets 7 refuses CSS
 variables there).
@@ -131,7 +132,8 @@ class SamplesView:
                 self._history, self._seen, self._seen_events = history, 0, 0
                 self.steps, self._by_step = [], {}
             samples, events = history.samples, history.events
-            new, self._seen = samples[self._seen : len(samples)], len(samples)
+            n = len(samples)  # once: the training thread may append meanwhile
+            new, self._seen = samples[self._seen : n], n
             failed = [e for e in events[self._seen_events :] if e.get("kind") == "sample_error"]
             self._seen_events = len(events)
             for e in failed:
@@ -141,7 +143,7 @@ class SamplesView:
                     html.escape(f"step {e.get('step')}: {e.get('old')} failed: {e.get('new')}") for e in failed[-3:]
                 )
             if not new:
-                return bool(failed)
+                return self._rest_on_latest(final) or bool(failed)
             following = not self.steps or self.slider.value >= len(self.steps) - 1
             for s in new:
                 if s["step"] not in self._by_step:
@@ -154,8 +156,17 @@ class SamplesView:
                     self.slider.value = len(self.steps) - 1
             if not self.section.visible:
                 self.section.show(self.body, detail="")
-            self.render()
+            if not self._rest_on_latest(final):
+                self.render()
             return True
+
+    def _rest_on_latest(self, final: bool) -> bool:
+        """A run that has ended shows its latest sample (the slider had stopped following after a click)."""
+        last = len(self.steps) - 1
+        if not final or last < 0 or self.slider.value == last:
+            return False
+        self.slider.value = last  # drawn by the slider's observer
+        return True
 
     # -- choosing a step ----------------------------------------------------------------------------------
     def select_step(self, step: float) -> int | None:

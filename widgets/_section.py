@@ -11,6 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from ._markup import text_html
 from ._theme import FG
 
 __all__ = ["Section"]
@@ -47,7 +48,7 @@ class Section:
 
     def set_title(self, title: str, detail: str = "") -> None:
         self._title = title
-        tail = f" <span style='font-weight:normal'>{html.escape(detail)}</span>" if detail else ""
+        tail = f" <span style='font-weight:normal'>{text_html(detail)}</span>" if detail else ""
         # One line ("5 epoch(s)" never splits in a narrow panel); too long for the width, it ends in "...".
         self.title.value = (
             f"<div style='white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:{FG};font-size:12px'>"

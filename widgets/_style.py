@@ -37,6 +37,11 @@ THEME_CSS = (
     'body:not([data-jp-theme-light]):not([class*="vscode"]) [class*="nbt-"]{--jp-ui-font-color2:#59636e}'
     # Start and Stop: white on their own green and red (ButtonStyle.text_color is ipywidgets 8 only)
     ".jupyter-button.nbt-start,.jupyter-button.nbt-stop{color:#fff!important}"
+    # bqplot's tooltip box stays where it was shown until the pointer moves over a point again: it covered the next
+    # confusion-matrix cell (or loss point) clicked and took the click (bqplot 0.12: .tooltip_div in the figure;
+    # 0.13: .bqplot_tooltip_div on the page's body, and a mark's own box may be set to take the pointer). A tooltip
+    # only shows: the pointer goes through it. (Mark.tooltip_style styles its content, not these boxes.)
+    ".tooltip_div,.bqplot_tooltip_div,.mark_tooltip,.bqplot_mark_tooltip{pointer-events:none!important}"
 )
 
 

@@ -17,6 +17,7 @@ import ipywidgets as W
 from nbtrainer import format_bytes, format_count, format_duration, format_lr, format_number
 
 from ._epoch_table import CSS, MAX_ALL, epoch_table
+from ._markup import text_html
 from ._messages import MessageLog
 from ._section import Section
 from ._style import THEME_CSS, set_tooltip
@@ -321,7 +322,7 @@ class PanelView:
         self._shown = (status, detail)
         color = STATUS_COLORS.get(status, STATUS_COLORS["idle"])
         tail = (
-            f" <span class='nbt-status-detail' style='color:{FG2};font-size:12px'>{html.escape(detail)}</span>"
+            f" <span class='nbt-status-detail' style='color:{FG2};font-size:12px'>{text_html(detail)}</span>"
             if detail
             else ""
         )
@@ -331,9 +332,7 @@ class PanelView:
             "<span style='white-space:nowrap'>"
             f"<span class='nbt-status-badge nbt-status-{status}' style='background:{color};color:white;"
             f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}</span>"
-        ) + (
-            f"<div class='nbt-status-note' style='color:{FG2};font-size:12px'>{html.escape(note)}</div>" if note else ""
-        )
+        ) + (f"<div class='nbt-status-note' style='color:{FG2};font-size:12px'>{text_html(note)}</div>" if note else "")
 
     def set_progress(self, p: Any) -> None:
         epochs = max(int(p.epochs or 1), 1)

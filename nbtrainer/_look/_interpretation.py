@@ -286,25 +286,28 @@ class Interpretation:
         cards = []
         for ix in items:
             i = position.get(ix)
-            caption = self._caption(i) if i is not None else "not in this interpretation"
+            parts = [f"#{ix}", *(self._caption_parts(i) if i is not None else ["not in this interpretation"])]
+            # each part on one line ("p(true) 0.06" never splits, nor lands alone on a line of its own)
+            caption = " · ".join(f"<span style='white-space:nowrap'>{html.escape(p)}</span>" for p in parts)
             body = input_html(self.dataset[ix], decode=decode, feature_names=self.feature_names)
             cards.append(
                 f"<div class='nbt-gallery-item' style='margin:0 8px 8px 0;max-width:260px;font-size:11px'>{body}"
-                f"<div>#{ix} · {html.escape(caption)}</div></div>"
+                f"<div class='nbt-gallery-caption'>{caption}</div></div>"
             )
-        style = "display:flex;flex-flow:row wrap;align-items:flex-end"
+        # tops aligned: the pictures of a row sit at one height whatever their captions' lengths
+        style = "display:flex;flex-flow:row wrap;align-items:flex-start"
         return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
 
-    def _caption(self, i: int) -> str:
+    def _caption_parts(self, i: int) -> list[str]:
         row = self._row(i)
         parts = [f"loss {format_number(row['loss'])}"]
         if "target" in row:
-            parts.append(f"true {_short(row['target'])} · pred {_short(row['prediction'])}")
+            parts += [f"true {_short(row['target'])}", f"pred {_short(row['prediction'])}"]
         if row.get("probability") is not None:
             parts.append(f"p(true) {row['probability']:.2f}")
         if "residual" in row:
             parts.append(f"residual {format_number(row['residual'])}")
-        return " · ".join(parts)
+        return parts
 
     # -- display -----------------------------------------------------------------------------------
     def summary(self) -> str:

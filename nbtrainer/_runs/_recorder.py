@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 import sqlite3
 import time
 import uuid
@@ -145,11 +146,18 @@ class RunRecorder:
     Attributes:
         store: the :class:`RunStore`, or ``None`` when recording is off (``run_store=False``).
         run_id: the id of the run being (or last) recorded.
+        name: the name of the runs recorded from now on (``None``: ``"<model class>-<n>"``, ``n`` counting the
+            store's runs); a name the store holds already gets ``" (2)"``, ``" (3)"``... The panel's
+            ``TrainerWidget(name=...)`` sets it.
+
+    Example:
+        >>> trainer.run_recorder.name = "baseline"  # the next fit is listed as "baseline"  # doctest: +SKIP
     """
 
     def __init__(self, run_store: Any = None) -> None:
         self.store = resolve_store(run_store)  # opened and checked now: bad paths fail before any step
         self.run_id: str | None = None
+        self.name: str | None = None
         self.tags: dict[str, str] = {}
         self._on = False
         self._n_steps = self._n_epochs = self._n_events = self._n_samples = 0
@@ -196,14 +204,20 @@ class RunRecorder:
                 dumps(_environment(trainer)),
                 dumps(self.tags),
             )
-            model_class = str(model["class"]).lower()
+            model_class, given = str(model["class"]).lower(), self.name
 
             def create(conn: sqlite3.Connection) -> None:
-                n = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] + 1
+                if given:
+                    rows = conn.execute("SELECT name FROM runs WHERE substr(name, 1, ?) = ?", (len(given), given))
+                    again = re.compile(re.escape(given) + r" \(\d+\)")
+                    taken = sum(n == given or again.fullmatch(n) is not None for (n,) in rows)
+                    name = given if not taken else f"{given} ({taken + 1})"
+                else:
+                    name = f"{model_class}-{conn.execute('SELECT COUNT(*) FROM runs').fetchone()[0] + 1}"
                 conn.execute(
                     "INSERT INTO runs (id, name, status, started, heartbeat, pid, host, proc_start, config, model, "
                     "env, tags) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row[0], f"{model_class}-{n}", *row[1:]),
+                    (row[0], name, *row[1:]),
                 )
 
             store.submit(create)

@@ -200,3 +200,73 @@ def low_contrast(page: Any, root: str = ".nbt-panel", minimum: float = 4.5) -> l
     panel's stylesheet is applied (:func:`wait_styled`): the same page reads the same every time."""
     wait_styled(page, root)
     return [t for t in page.evaluate(_CONTRAST_JS, root) if t["ratio"] < minimum]
+
+
+# What a finished panel shows (the last panel on the page): the badge, the progress line, the stat cards, the health
+# lights, the samples' step and the errors section's summary; and any backtick left in its text.
+PANEL_STATE = """() => {
+    const panels = document.querySelectorAll('.nbt-panel'), p = panels[panels.length - 1];
+    if (!p) return null;
+    const text = (sel) => { const e = p.querySelector(sel); return e ? e.innerText.trim() : ''; };
+    return {badge: text('.nbt-status-badge'), progress: text('.nbt-progress-info'),
+            epoch: text('.nbt-progress-epoch'), cards: p.querySelectorAll('.nbt-stats .nbt-stat').length,
+            best: text('.nbt-stat-best'), lights: p.querySelectorAll('.nbt-health-light').length,
+            samples: text('.nbt-samples-step'), pictures: p.querySelectorAll('.nbt-samples img').length,
+            errors: text('.nbt-errors-summary'), backticks: p.innerText.includes('`')};
+}"""
+
+
+def panel_state(page: Any) -> dict[str, Any]:
+    return page.evaluate(PANEL_STATE) or {}
+
+
+def incomplete(state: dict[str, Any], *, steps: int, epochs: int) -> list[str]:
+    """What a finished run's panel (``panel_state``) is missing: [] when it shows all of itself."""
+    s = state
+    shown = re.match(r"sample (\d+) of (\d+)", (s.get("samples") or "").split(" · ")[-1])
+    missing = {
+        "the badge": s.get("badge") != "finished",
+        "the last progress": f"epoch {epochs}/{epochs}" not in (s.get("epoch") or ""),
+        "the step line": f"step {steps}/{steps}" not in (s.get("progress") or ""),
+        "the stat cards": (s.get("cards") or 0) < 3 or "val_loss" not in (s.get("best") or ""),
+        "the health lights": s.get("lights") != 6,
+        "the latest sample": not shown or shown[1] != shown[2] or not s.get("pictures"),
+        "the errors": f"after epoch {epochs}" not in (s.get("errors") or ""),
+        "text without Markdown": bool(s.get("backticks")),
+    }
+    return [what for what, bad in missing.items() if bad]
+
+
+# The confusion matrix as drawn: each cell's box and the count written in it, and the axes' tick labels with their
+# centres (x: predicted, y: target), to tell which cell lies under a point.
+MATRIX = """() => {
+    const fig = document.querySelector('.nbt-errors-matrix');
+    const box = (e) => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+    const cells = [...fig.querySelectorAll('rect.heatmapcell')].map(r => {
+        const label = r.parentElement.querySelectorAll('.heatmapcell_label')[[...r.parentElement
+            .querySelectorAll('rect.heatmapcell')].indexOf(r)];
+        return {box: box(r), count: label ? label.textContent.trim() : ''};
+    });
+    const axes = [...fig.querySelectorAll('svg.svg-background g.axis')].map(a => [...a.querySelectorAll('g.tick')]
+        .map(t => { const b = t.querySelector('text').getBoundingClientRect();
+                    return [t.querySelector('text').textContent, b.x + b.width / 2, b.y + b.height / 2]; }));
+    return {cells, axes};
+}"""
+
+
+def click_matrix_cell(page: Any, *, at: tuple[float, float] = (0.5, 0.5), skip: int = 0) -> tuple[str, str, str]:
+    """Click, with the mouse, the ``skip``-th off-diagonal cell that has items, at ``at`` (fractions of its box);
+    return what lies there as drawn: (target, predicted, count) read from the axes and the cell's label."""
+    m = page.evaluate(MATRIX)
+    xs, ys = m["axes"][0], m["axes"][1]
+    picked = []
+    for c in m["cells"]:
+        x, y, w, h = c["box"]
+        cx, cy = x + w / 2, y + h / 2
+        predicted = min(xs, key=lambda t: abs(t[1] - cx))[0]
+        target = min(ys, key=lambda t: abs(t[2] - cy))[0]
+        if target != predicted and c["count"] not in ("", "0"):
+            picked.append((x + at[0] * w, y + at[1] * h, target, predicted, c["count"]))
+    x, y, target, predicted, count = picked[skip]
+    page.mouse.click(x, y)
+    return target, predicted, count

@@ -8,6 +8,13 @@ the main venv, which has Notebook 7 and ipywidgets 8. One server for the module.
   Resume, Stop holds), no widget error in the page or the console, the panel's text legible (WCAG AA).
 * A second panel whose cell blocks in ``w.fit()``: on ipykernel 6 the clicks reach the kernel through
   jupyter-ui-poll; Stop clicked in the page ends the run and the cell returns the History ("stopped").
+* A finished panel shows all of itself, every time (issue 59): a notebook with samples and the errors section, opened
+  and Run All at once, five times ending in ``w.fit()`` and five times in a click on Start, each checked for the
+  last progress, the step line, the stat cards, the health lights, the latest sample and the errors. The page's
+  widget manager cannot fetch the kernel's widgets through its control comm (unregistered in the kernel, as where it
+  times out behind a slow first cell), so it falls back to ``comm_info`` while the panel is being made: the race that
+  lost the panel's updates or hid it (``widgets/_restore``). A confusion-matrix cell clicked with the mouse shows its
+  items.
 * The data section's map on bqplot 0.12: a mouse click on a point and a lasso (test_panel_data.py's scenario).
 """
 
@@ -17,9 +24,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from . import _servers
-from ._panel import PANEL_SELECTORS, badge, low_contrast, state_errors
+from ._panel import PANEL_SELECTORS, badge, click_matrix_cell, incomplete, low_contrast, panel_state, state_errors
 from ._scenario import run_controls_scenario
 from ._servers import Server, wait_widgets_rendered, widget_problems
 
@@ -138,6 +146,92 @@ def test_panel_in_classic_notebook_on_ipywidgets_7(classic, page, screenshot, co
     assert not state_errors(console_log), state_errors(console_log)[:5]
     errors = [m for m in console_log if m.startswith(("pageerror", "error")) and "widget" in m.lower()]
     assert not errors, errors
+
+
+# A small CNN on 8x8 pictures with samples and the errors section (the issue's notebook, on generated pictures: the
+# colab profile has no scikit-learn). Each Run All reuses the kernel: the first cell closes the previous run's widgets
+# (a real reload would fetch thousands) and takes the control comm away, so that the page's widget manager falls back
+# to comm_info, as it does after its 3 s timeout behind a first cell that imports torch.
+LOOKS = """
+import torch, ipywidgets
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from nbtrainer import Samples, TrainerWidget
+ipywidgets.Widget.close_all()
+get_ipython().kernel.comm_manager.targets.pop('jupyter.widget.control', None)
+torch.set_num_threads(1)
+_ = torch.manual_seed(0)
+x = torch.rand(704, 1, 8, 8)  # the class: the brightest of the first 10 pixels
+y = x.flatten(1)[:, :10].argmax(1)
+order = torch.Generator().manual_seed(0)
+train = DataLoader(TensorDataset(x[:512], y[:512]), batch_size=64, shuffle=True, generator=order)
+val = DataLoader(TensorDataset(x[512:], y[512:]), batch_size=192)
+fixed = x[512:520]
+def predictions(model):
+    digits = fixed[:, 0].permute(1, 0, 2).reshape(8, 64)  # the 8 pictures side by side
+    return {'digits': digits, 'predicted': ' '.join(str(int(c)) for c in model(fixed).argmax(1))}
+model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
+w = TrainerWidget(model, nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters(), 3e-3), train, val, epochs=2,
+                  callbacks=[Samples(predictions, every_n_steps=4)], interpret=True, seed=0)
+"""
+RUNS = 5
+STEPS, EPOCHS = 16, 2  # 8 batches of 64 a epoch
+
+
+def _open_and_run_all(page: Any, url: str) -> None:
+    """Open the notebook and Run All at once: the cells are sent as soon as the kernel connects, ahead of the widget
+    manager's own requests (as a person clicking Run All the moment the page shows)."""
+    page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_function("() => !!(window.Jupyter && window.Jupyter.notebook && window.Jupyter.notebook.kernel)")
+    page.evaluate("() => window.Jupyter.notebook.execute_all_cells()")
+
+
+def _finished(page: Any, how: str) -> bool:
+    """Run the panel to its end as a person does (``w.fit()`` ran with the cells, or a click on Start) and wait for
+    its badge; False when the panel never shows the end (its updates lost, or the panel re-rendered away)."""
+    try:
+        if how == "fit":
+            page.wait_for_function(ALL_RAN, timeout=120_000)  # the cell returns when the run has ended
+        else:
+            page.wait_for_function(
+                "() => { const b = document.querySelector('button.nbt-start'); return b && !b.disabled; }",
+                timeout=120_000,
+            )
+            page.locator("button.nbt-start").click(timeout=10_000)
+        page.locator(".nbt-status .nbt-status-finished").wait_for(timeout=60_000 if how == "start" else 10_000)
+    except PlaywrightTimeout:
+        return False
+    return True
+
+
+@pytest.mark.timeout(300)
+def test_a_finished_panel_shows_all_of_itself_every_time(classic, page, screenshot, console_log) -> None:
+    server = classic("looks_fit", [LOOKS, "h = w.fit()"])
+    classic("looks_start", [LOOKS, "w"])
+    seen: dict[str, list[list[str]]] = {"fit": [], "start": []}
+    for i in range(RUNS):
+        for how in ("fit", "start"):
+            _open_and_run_all(page, f"{server.url}/notebooks/looks_{how}.ipynb")
+            ended = _finished(page, how)
+            state = panel_state(page)  # read at once: the badge is the last thing a run's end draws
+            seen[how].append(incomplete(state, steps=STEPS, epochs=EPOCHS) + ([] if ended else ["the end"]))
+            if seen[how][-1]:
+                screenshot(page, f"panel-classic-incomplete-{how}-{i}")
+                print(f"{how} run {i}: missing {seen[how][-1]}: {state}")
+                break
+            if i == 0 and how == "fit":  # a confusion-matrix cell clicked with the mouse: its items
+                page.locator(".nbt-errors-matrix").scroll_into_view_if_needed()
+                target, predicted, count = click_matrix_cell(page)
+                head = f"target {target}, predicted {predicted}: {count} item(s)"
+                page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+                target, predicted, count = click_matrix_cell(page, at=(0.1, 0.9), skip=1)  # near a corner
+                head = f"target {target}, predicted {predicted}: {count} item(s)"
+                page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+                screenshot(page, "panel-classic-errors", selector=".nbt-errors")
+        if any(seen["fit"] + seen["start"]):  # the first incomplete panel fails the test: no need to wait on more
+            break
+    assert seen == {"fit": [[]] * RUNS, "start": [[]] * RUNS}, seen
+    assert not state_errors(console_log), state_errors(console_log)[:5]
 
 
 @pytest.mark.timeout(240)

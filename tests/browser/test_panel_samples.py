@@ -1,6 +1,7 @@
 """The samples section in a real Chromium (Voila): after a short run started from the page, the section shows the
 step-0 baseline beside a later step (pictures and text), and a click on a point of the loss chart moves the
-timeline to the sample nearest that step; the errors section draws its confusion matrix. Issue 46.
+timeline to the sample nearest that step; the errors section draws its confusion matrix, and a cell of it clicked
+with the mouse shows its items (issue 59). Issue 46.
 
 Screenshot: ``test-artifacts/panel-samples.png``.
 """
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ._panel import wait_badge
+from ._panel import click_matrix_cell, wait_badge
 from ._servers import wait_widgets_rendered, widget_problems
 
 CELLS = [
@@ -83,4 +84,10 @@ def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_lo
     assert f"step {step}" in page.locator(".nbt-samples-right").first.inner_text()
     # the errors section: a 10 x 10 heatmap
     assert page.locator(".nbt-errors-matrix svg.svg-figure").count() == 1
+    # a confusion-matrix cell clicked with the mouse (bqplot 0.13 here), at its centre and near a corner: its items
+    page.locator(".nbt-errors-matrix").scroll_into_view_if_needed()
+    for at, skip in (((0.5, 0.5), 0), ((0.1, 0.9), 1)):
+        target, predicted, count = click_matrix_cell(page, at=at, skip=skip)
+        head = f"target {target}, predicted {predicted}: {count} item(s)"
+        page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
     screenshot(page, "panel-samples", selector=".nbt-samples")

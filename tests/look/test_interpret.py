@@ -228,7 +228,7 @@ def test_show_fetches_pictures_text_and_rows_back_by_index() -> None:
     gallery = pictures.show(k=4)
     assert gallery.html.count("<img src='data:image/png;base64,") == 4 and len(gallery.indices) == 4
     assert gallery.indices == [r["index"] for r in pictures.top_losses(4)]
-    assert "p(true)" in gallery.html and f"#{gallery.indices[0]} " in gallery.html
+    assert "p(true)" in gallery.html and f">#{gallery.indices[0]}<" in gallery.html
 
     text_model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Flatten(), torch.nn.Linear(12, 2))
     loader = torch.utils.data.DataLoader(Tokens(), batch_size=4)

@@ -171,3 +171,36 @@ def test_thousands_of_epochs_send_a_bounded_epoch_chart_that_keeps_a_dip_and_the
     names = list(charts.metrics.points.names)
     assert len(names) <= 2 * HOVER_EPOCHS  # two series, each with its hover points
     assert f"val_acc · epoch {dip}" in names and f"acc · epoch {n}" in names and f"val_acc · epoch {n}" in names
+
+
+def test_every_step_and_epoch_axis_shows_whole_numbers_before_and_after_a_run():
+    """bqplot splits a range evenly (0.2 steps on the empty 0..1, 25.75 on 1..100); the panel's step and epoch axes
+    take explicit whole ticks, the health card's gradient norms from its first sampled step too."""
+    from widget_helpers import make_widget
+
+    from nbtrainer import Health
+
+    w = make_widget(epochs=3, callbacks=[Health(every_n_steps=7)])
+
+    def x_ticks() -> dict[str, list[float]]:
+        figs = {
+            "loss": w.charts.loss_fig,
+            "lr": w.charts.lr_fig,
+            "metrics": w.charts.metrics_box.fig,
+            "other": w.charts.other_box.fig,
+            "memory": w.charts.mem_box.fig,
+            "health": w.health_card.fig,
+        }
+        return {k: [float(t) for t in f.axes[0].tick_values] for k, f in figs.items()}
+
+    before = x_ticks()
+    w.start()
+    w.wait()
+    after = x_ticks()
+    assert w.health_card.chart.children, "the health chart is drawn"
+    for ticks in (before, after):
+        assert all(t and all(v == int(v) for v in t) for t in ticks.values()), ticks
+    steps = w.history.steps["step"]
+    health_steps = [s for s, _ in w.history.health["grad_norm"]["total"]]
+    assert after["loss"][-1] <= steps[-1] and len(after["loss"]) >= 3
+    assert health_steps[0] <= after["health"][0] and after["health"][-1] <= health_steps[-1], after["health"]

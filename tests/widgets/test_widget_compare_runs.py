@@ -106,3 +106,22 @@ def test_epoch_alignment_and_the_live_run_is_not_listed(two_runs):
         np.testing.assert_allclose(m.x, [1.0, 2.0])
         np.testing.assert_allclose(m.y, [e["val_acc"] for e in r.history.epochs])
     assert len(w.charts.raw.x) == 8  # the live loss is its own
+
+
+def test_a_panels_name_names_its_runs_in_the_store_and_every_compare_menu(tmp_path):
+    """Two panels named "slow" and "fast" on one store: their runs are listed by those names (a second run of "slow"
+    as "slow (2)"), in the store and in the other panel's compare menu; a panel without a name keeps the default."""
+    from nbtrainer import Runs
+
+    store = str(tmp_path / "runs.db")
+    slow = make_widget(n=64, bs=16, epochs=1, name="slow", run_store=store)
+    fast = make_widget(n=64, bs=16, epochs=1, name="fast", run_store=store)
+    plain = make_widget(n=64, bs=16, epochs=1, run_store=store)
+    for w in (slow, fast, slow, plain):
+        w.start()
+        w.wait(timeout=60)
+    names = [r["name"] for r in Runs(store).table().rows]
+    assert names[:3] == ["slow", "fast", "slow (2)"] and names[3].startswith("sequential-"), names
+    fast.compare.refresh()  # (the menu is re-read when a run starts or ends; the others ran since)
+    listed = [label.split(" · ")[0] for label, _ in fast.compare.select.options]
+    assert {"slow", "fast", "slow (2)"} <= set(listed), listed

@@ -24,6 +24,27 @@ def test_the_panel_adds_health_and_shows_its_lights_and_norms():
     assert w.health_card.chart.children == (w.health_card.legend, w.health_card.fig)  # steps 1 and 50: a line
     assert w.health_card.lines.labels[0] == "total" and len(w.health_card.lines.x) == 2
     assert w.health_card.apply_lr.layout.display == "none"  # no problem, no buttons
+    # the core writes code spans as Markdown ("at most 0% dead (`0`)"): the panel shows them as <code>, and no
+    # backtick is left in any HTML of the panel (messages, lights, status, sections)
+    assert "`" in w.health_card.health.signals["dead units"].summary
+    assert "<code class='nbt-code'" in lights
+    w.notify("warning", "Health: `3` stays zero")
+    texts = {h.value for h in _html_widgets(w.panel)}
+    assert not [t for t in texts if "`" in t], [t for t in texts if "`" in t]
+    assert any("<code class='nbt-code'" in t and ">3</code> stays zero" in t for t in texts)
+
+
+def _html_widgets(root):
+    """Every ``HTML`` widget under ``root`` (the panel's tree, as the page draws it)."""
+    import ipywidgets as W
+
+    seen, todo = [], [root]
+    while todo:
+        w = todo.pop()
+        if isinstance(w, W.HTML):
+            seen.append(w)
+        todo.extend(getattr(w, "children", ()) or ())
+    return seen
 
 
 def test_a_panel_given_a_trainer_with_health_keeps_that_one():
@@ -141,7 +162,7 @@ def test_skip_button_resumes_past_a_nonfinite_batch():
         wait_for(lambda: w.trainer.status == "paused", what="Health's pause")
         card = w.health_card
         wait_for(lambda: card.skip.layout.display == "flex", what="the skip button")
-        assert "`layers.0.1` (Fragile) at step 6, batch 5 of epoch 1" in card.advice.value
+        assert ">layers.0.1</code> (Fragile) at step 6, batch 5 of epoch 1" in card.advice.value
         card.skip.click()
         wait_for(lambda: not w.running, timeout=30, what="the run's end")
     finally:

@@ -393,3 +393,44 @@ def test_a_waiting_cell_costs_no_cpu_however_many_widgets_the_notebook_holds(ker
     assert int(result[2]) < 400 * 128, "the click was handled while the cell waited"
     # the waiting cell's CPU against the training thread's, while the run trained (the rescan: 0.23-0.25)
     assert float(result[3]) < 0.05, result
+
+
+def _shell_replies_until(kc: Any, last_id: str, timeout: float) -> list[dict[str, Any]]:
+    """Every shell reply ``kc`` gets up to and including the reply to ``last_id`` (the kernel answers a client's
+    requests in order, so a request sent before ``last_id`` and not answered by then is not answered)."""
+    end, out = time.monotonic() + timeout, list[dict[str, Any]]()
+    while not out or out[-1]["parent_header"].get("msg_id") != last_id:
+        out.append(kc.get_shell_msg(timeout=max(0.05, end - time.monotonic())))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_pages_late_widget_restore_cannot_take_the_panel_over(kernel: Kernel) -> None:
+    """ipywidgets 7 (Colab's stack, classic Notebook 6.5): a page whose widget manager asks ``comm_info`` after its
+    own cells made the panel (its control comm timed out behind a slow first cell) would take over the comms of
+    widgets it already has and re-render their output away (``widgets/_restore``). The kernel leaves that request
+    unanswered; a new page (a reload) is still told every widget, and other targets are answered as before."""
+    ipywidgets = pytest.importorskip("ipywidgets")
+    if not ipywidgets.__version__.startswith("7."):
+        pytest.skip("the guard is for ipywidgets 7's classic widget manager (the colab profile)")
+    status_id = kernel.run(SETUP).split("IDS", 1)[1].split()[2]
+    kc = kernel.kc  # the page that ran the cell
+    late = kc.comm_info(target_name="jupyter.widget")
+    other = kc.comm_info(target_name="jupyter.widget.control")
+    replies = _shell_replies_until(kc, kc.kernel_info(), timeout=30)
+    answered = {r["parent_header"]["msg_id"]: r for r in replies}
+    assert late not in answered, "the late restore was answered: it would take the panel's comms over"
+    assert answered[other]["content"]["status"] == "ok"
+    reloaded = _second_client(kernel)  # a reloaded page: it needs the widgets made before it connected
+    try:
+        comms = _shell_reply(reloaded, reloaded.comm_info(target_name="jupyter.widget"), timeout=30)
+        assert status_id in comms["content"]["comms"]
+        # once that page has made widgets of its own, its late restore goes unanswered too
+        code = "import ipywidgets\nmore = ipywidgets.HTML('x')\nprint('MORE', more.model_id)"
+        _shell_reply(reloaded, reloaded.execute(code), timeout=30)
+        again = reloaded.comm_info(target_name="jupyter.widget")
+        replies = _shell_replies_until(reloaded, reloaded.kernel_info(), timeout=30)
+        assert again not in {r["parent_header"]["msg_id"] for r in replies}
+    finally:
+        reloaded.stop_channels()

@@ -39,10 +39,12 @@ def test_the_samples_section_shows_the_baseline_and_follows_the_run() -> None:
     w.start()
     wait_for(lambda: len(view.steps) >= 2, 30, "samples while training")
     seen.append(list(view.steps))
+    view.select_step(0)  # looking back while it trains: the slider stops following...
     w.wait()
     assert view.steps[0] == 0 and view.steps == sorted({s["step"] for s in w.history.samples})
     assert len(view.steps) > len(seen[0]) >= 2  # they came while the run trained, then more
-    assert view.section.visible and view.slider.value == view.slider.max == len(view.steps) - 1  # followed
+    # ...and the run that has ended rests on its latest sample
+    assert view.section.visible and view.slider.value == view.slider.max == len(view.steps) - 1
     assert f"step <b>{view.steps[-1]:,}</b>" in view.step_label.value
     assert "data:image/png;base64," in view.right.value and "data:image/png;base64," in view.left.value
     assert "step 0<" in view.left.value  # compared with the baseline by default
@@ -110,7 +112,9 @@ def test_the_errors_section_matches_interpret_and_a_cell_click_lists_its_items()
     matrix = interp.confusion_matrix()
     off = [(i, j) for i in range(len(matrix)) for j in range(len(matrix)) if i != j and matrix[i, j] > 0]
     target, predicted = max(off, key=lambda c: int(matrix[c]))
-    view.heatmap.selected = np.array([[target, predicted]])
+    n = len(matrix)  # what a click on that cell's square sends: its index, row-major
+    assert (view.cells.x[target * n + predicted], view.cells.y[target * n + predicted]) == (predicted, target)
+    view.cells.selected = np.array([target * n + predicted])
     assert f"target {target}, predicted {predicted}: {int(matrix[target, predicted])} item(s)" in view.examples.value
     cards = [row.children[0].value for row in view.cleaner.items.children]  # each with keep / drop / relabel
     assert sum("nbt-gallery-item" in card for card in cards) == min(9, int(matrix[target, predicted]))
