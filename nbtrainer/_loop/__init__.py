@@ -2,6 +2,8 @@
 
 ==================  ================================================================================
 ``_fit_loop``       FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
+``_epoch_end``      an epoch's end in a fit: its History row, validation, the epoch scheduler, deferred saves
+``_kept``           KeptBatches: the open window's batches kept for a consumer that looks at them again (Health)
 ``_step``           TrainStep: one window's backward and optimizer step (fit and the LR finder)
 ``_in_backward``    optimizer_in_backward: each parameter updated inside backward, its gradient freed
 ``_run_state``      RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer

@@ -1,0 +1,55 @@
+"""The end of an epoch in a fit (``FitLoop``): its History row, validation, the epoch scheduler, deferred saves."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._fit_loop import FitLoop
+
+__all__ = ["end_epoch"]
+
+
+def end_epoch(loop: FitLoop) -> None:
+    """A last refresh, the epoch's row (sums reduced over the ranks) with validation, ``on_epoch_end``, the
+    epoch scheduler and the deferred saves; a stop one rank asked for is every rank's."""
+    t, st, cb = loop.host, loop.state, loop.host.callbacks
+    owner, metrics = t.owner, t.run.train_metrics
+    loop.refresh()
+    epoch_no = st.epoch + 1
+    epoch_time = loop.epoch_elapsed()
+    samples, loss_sum = st.samples, st.loss_sum
+    metric_sums = [metrics.sums[n] for n in metrics.sums]
+    reduced = t.strategy.reduce_sums([float(samples), loss_sum, float(samples - st.nonfinite_samples), *metric_sums])
+    count = reduced[0] or 1.0
+    loss = reduced[1] / reduced[2] if reduced[2] else math.nan
+    logs: dict[str, Any] = {"epoch": epoch_no, "lr": loop.progress.lr, "loss": loss}
+    for name, total in zip(metrics.sums, reduced[3:], strict=True):
+        logs[name] = total / count
+    logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})
+    if loop.val_data is not None and epoch_no % t.settings.val_every_n_epochs == 0:
+        cb.call("on_validation_start", trainer=owner)
+        loop.progress.stage = "val"
+        val_logs = t.steps.evaluate(loop.val_data, prefix="val_")
+        cb.call("on_validation_end", trainer=owner, logs=val_logs)
+        logs.update(val_logs)
+    logs["time"] = epoch_time
+    logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
+    logs["steps"] = st.global_step
+    logs["skipped_steps"] = st.skipped_steps
+    gen = loop.order.generator
+    if gen is not None:
+        st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
+    loop.order.give_back()
+    st.epoch_complete = True
+    st.epoch_time = epoch_time
+    cb.call("on_epoch_end", trainer=owner, epoch=epoch_no, logs=logs)
+    # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
+    # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
+    if t.scheduler is not None and not t.scheduler_per_step:
+        t.step_epoch_scheduler(logs)
+    t.live.run_deferred()
+    # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
+    if t.strategy.any_rank(t.live.requests.stop_requested) and not t.live.requests.stop_requested:
+        t.live.requests.request_stop("another rank stopped")
