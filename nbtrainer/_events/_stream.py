@@ -35,12 +35,12 @@ reads them where the loop already keeps them, once per refresh window, instead o
 * the running loop (``trainer.run_state.loop``, a ``FitLoop``): ``keep_window_batches()`` has it keep
   references to the micro-batches of the open accumulation window (``window_batches``, dropped at each
   optimizer step after the step's events) and to the last one trained (``last_batch``): no copy, no call;
-* **scheduled steps**: a callback that defines ``on_optimizer_step`` and an attribute ``next_optimizer_step``
-  (an int, or None for "only skipped steps") gets that hook only at steps ``>= next_optimizer_step`` and at
-  skipped steps, which are rare; the loop compares one int per step (``CallbackList.next_due``). The callback
-  moves the attribute on as it goes (at a delivery, or in any other event but the per-batch ones, after which
-  the list looks at it again). ``nbtrainer.Health`` is delivered twice per sampled step this way, ``Samples``
-  at its ``every_n_steps`` only.
+* **scheduled steps**: a callback with an attribute ``next_optimizer_step`` (an int, or None for "only skipped
+  steps") gets ``on_before_optimizer_step`` and ``on_optimizer_step`` only at steps ``>= next_optimizer_step``
+  (the step about to be taken, then the one just taken) and at skipped steps, which are rare; the loop compares
+  one int per step (``CallbackList.next_due``). The callback moves the attribute on as it goes (at a delivery,
+  or in any other event but the per-batch ones, after which the list looks at it again). ``nbtrainer.Health``
+  is delivered at its sampled steps and the one before each; ``Samples`` at its ``every_n_steps``.
 
 ``tests/events/test_step_cost.py`` counts the calls per step the watching consumers make.
 """
@@ -120,14 +120,14 @@ class CallbackList:
     """Dispatch hooks to the callbacks that define them.
 
     The bound methods for each hook are resolved once, so a hook nobody defines costs one dict
-    lookup and an empty loop per call. Callbacks with a ``next_optimizer_step`` attribute get
-    ``on_optimizer_step`` only when their step has come, or at a skipped step (the module docstring:
-    scheduled steps): ``has("on_optimizer_step")`` counts the others only, and the loop calls
-    ``call("on_optimizer_step", ...)`` when one of them takes every step or ``step >= next_due`` or skipped.
+    lookup and an empty loop per call. Callbacks with a ``next_optimizer_step`` attribute get the two
+    step hooks only when their step has come, or at a skipped step (the module docstring: scheduled steps):
+    ``has(...)`` counts the others only, and the loop calls the hook when one of them takes every step or
+    the step is ``>= next_due`` (or skipped, for ``on_optimizer_step``).
 
     Attributes:
         next_due: the smallest ``next_optimizer_step`` of the scheduled callbacks (``math.inf`` when none
-            wants a step): the loop calls :meth:`call_due` at a step ``>= next_due`` or a skipped one.
+            wants a step).
 
     Example:
         >>> class EveryTenth:
@@ -146,27 +146,27 @@ class CallbackList:
     def __init__(self, callbacks: Iterable[Any] = ()) -> None:
         self.callbacks: list[Any] = list(callbacks)
         self._bound: dict[str, list[Any]] = {}
-        self._scheduled: list[tuple[Any, Any]] = []
+        self._scheduled: list[Any] = []
         self.next_due: float = math.inf
         self.rebuild()
 
     def rebuild(self) -> None:
-        self._bound = {
-            name: [getattr(cb, name) for cb in self.callbacks if callable(getattr(cb, name, None))] for name in EVENTS
-        }
         scheduled = [cb for cb in self.callbacks if _scheduled(cb)]
-        self._bound["on_optimizer_step"] = [
-            cb.on_optimizer_step
-            for cb in self.callbacks
-            if callable(getattr(cb, "on_optimizer_step", None)) and not _scheduled(cb)
-        ]
-        self._scheduled = [(cb, cb.on_optimizer_step) for cb in scheduled]
+        self._bound = {
+            name: [
+                getattr(cb, name)
+                for cb in self.callbacks
+                if callable(getattr(cb, name, None)) and not (name in _STEP_HOOKS and _scheduled(cb))
+            ]
+            for name in EVENTS
+        }
+        self._scheduled = scheduled
         self.reschedule()
 
     def reschedule(self) -> None:
         """Look at the scheduled callbacks' ``next_optimizer_step`` again (after they moved it)."""
         due = math.inf
-        for cb, _ in self._scheduled:
+        for cb in self._scheduled:
             step = cb.next_optimizer_step
             if step is not None and step < due:
                 due = step
@@ -181,7 +181,7 @@ class CallbackList:
         self.rebuild()
 
     def has(self, hook: str) -> bool:
-        """Whether a callback takes ``hook`` at every event (the scheduled ``on_optimizer_step`` ones do not)."""
+        """Whether a callback takes ``hook`` at every event (the scheduled ones are not counted)."""
         return bool(self._bound.get(hook))
 
     def call(self, hook: str, **kwargs: Any) -> None:
@@ -189,25 +189,35 @@ class CallbackList:
             fn(**kwargs)
         if self._scheduled and hook not in _PER_BATCH:
             if hook == "on_optimizer_step":
-                if kwargs["skipped"] or kwargs["step"] >= self.next_due:
-                    self.call_due(**kwargs)
+                self.call_due(hook, kwargs["step"], kwargs["skipped"], kwargs)
             else:
                 self.reschedule()
 
-    def call_due(self, *, step: int, skipped: bool, **kwargs: Any) -> None:
-        """``on_optimizer_step`` to the scheduled callbacks whose step has come (all of them at a skipped step),
-        then :meth:`reschedule`."""
-        for cb, fn in self._scheduled:
+    def call_before_step(self, step: int, **kwargs: Any) -> None:
+        """``on_before_optimizer_step`` before optimizer step ``step`` (the loop's call: it knows the step)."""
+        for fn in self._bound["on_before_optimizer_step"]:
+            fn(**kwargs)
+        if step >= self.next_due:
+            self.call_due("on_before_optimizer_step", step, False, kwargs)
+
+    def call_due(self, hook: str, step: int, skipped: bool, kwargs: dict[str, Any]) -> None:
+        """``hook`` (a step hook) to the scheduled callbacks whose step has come (all of them at a skipped
+        step); then :meth:`reschedule` after ``on_optimizer_step``."""
+        for cb in self._scheduled:
             want = cb.next_optimizer_step
-            if skipped or (want is not None and step >= want):
-                fn(step=step, skipped=skipped, **kwargs)
-        self.reschedule()
+            fn = getattr(cb, hook, None)
+            if fn is not None and (skipped or (want is not None and step >= want)):
+                fn(**kwargs)
+        if hook == "on_optimizer_step":
+            self.reschedule()
 
 
+#: the two hooks a scheduled callback gets only at its steps
+_STEP_HOOKS = frozenset({"on_before_optimizer_step", "on_optimizer_step"})
 #: the hooks fired per micro-batch or per step: no rescheduling after them (the loop's hot path)
 _PER_BATCH = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step"})
 
 
 def _scheduled(callback: Any) -> bool:
-    """A callback that asks for scheduled ``on_optimizer_step`` deliveries (module docstring)."""
-    return callable(getattr(callback, "on_optimizer_step", None)) and hasattr(callback, "next_optimizer_step")
+    """A callback that asks for scheduled step deliveries (module docstring)."""
+    return hasattr(callback, "next_optimizer_step") and any(callable(getattr(callback, h, None)) for h in _STEP_HOOKS)

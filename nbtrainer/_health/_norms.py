@@ -5,10 +5,11 @@ The blocks are the model's top-level children, with a repeated stack split into 
 parameters that sit directly on a module that was split form a block named by that module.
 
 Cost, at a sampled step only (``Health(every_n_steps=...)``): one ``torch._foreach_norm`` over the gradients and the
-weights together and a matrix product for the blocks, a copy of the trainable weights (freed after the step), and
-one more ``_foreach_norm`` over their change; the results stay on the device, as one small vector per sample, until
-the refresh reads them with one ``tolist()``. The optimizer's step pre/post hooks are registered for the sampled step
-alone, so the other steps pay nothing.
+weights together, a copy of the trainable weights (kept by Health as its snapshot, else freed after the step), one
+more ``_foreach_norm`` over their change, and one matrix product for the total and every block of all three
+(about a dozen operations whatever the model's size); the results stay on the device, as one small vector per
+sample, until the refresh reads them with one ``tolist()``. The optimizer's step pre/post hooks are registered for
+the sampled step alone, so the other steps pay nothing.
 
 The gradient values are those of the step's gradients after unscaling (fp16) and the rescale of a ragged
 accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`` returns (kept by the loop's
@@ -99,8 +100,11 @@ class NormProbe:
 
     Attributes:
         names: the block names, in order (``"total"`` is not one of them: it is each vector's first value).
-        pending: ``(step, grad vector, update-ratio vector or None, weight vector)`` measured and not yet read;
-            each vector is ``[total, block 0, block 1, ...]`` on the device.
+        params: the stepped parameters, in block order.
+        before: the copy of the trainable weights taken before the sampled step (None between samples): the
+            update is measured against it, and Health keeps it as its snapshot of the weights (``_snapshot``).
+        pending: ``(step, vector)`` measured and not yet read; the vector on the device is ``[total, block...]``
+            of the gradients, then of the weights, then (when the update was measured) of the update ratios.
     """
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]) -> None:
@@ -122,96 +126,100 @@ class NormProbe:
             index.extend([len(self.names)] * len(rest))
             self.names.append("(other)")
             self.params.extend(rest)
-        # block membership as a 0/1 matrix: per-block sums of squares are one matrix product (no index_add_ or
-        # scatter, which have no deterministic CUDA kernel; Trainer(deterministic=True) would refuse them)
-        self._member = torch.zeros(len(self.names), len(self.params))
-        self._member[torch.tensor(index), torch.arange(len(self.params))] = 1.0
-        self._member_on: dict[torch.device, torch.Tensor] = {}
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
-        self._before: Sequence[torch.Tensor] | None = None
-        self._norm_vec: torch.Tensor | None = None  # the gradients' then the weights' norms, per parameter
+        self._index = index
+        self._reduce_on: dict[torch.device, torch.Tensor] = {}
+        self.pending: list[tuple[int, torch.Tensor]] = []
+        self.before: list[torch.Tensor] | None = None
+        self._norms: list[torch.Tensor] | None = None  # the gradients' then the weights' norms, per parameter
         self._clip: tuple[torch.Tensor | None, float | None] = (None, None)
 
-    def _per_block(self, norms: torch.Tensor) -> torch.Tensor:
-        """``[..., total, block 0, block 1, ...]`` from each parameter's norm (``[..., n_params]``, in :attr:`params`
-        order): square roots of the sums of squares."""
-        member = self._member_on.get(norms.device)
-        if member is None:
-            member = self._member_on[norms.device] = self._member.to(norms.device)
-        sq = norms.square()
-        return torch.cat([sq.sum(-1, keepdim=True), sq @ member.T], dim=-1).sqrt()
+    def _reduce(self, device: torch.device) -> torch.Tensor:
+        """``[n_params, 1 + blocks]``: a column of ones (the total) and each block's 0/1 membership, so the sums
+        of squares of the total and of every block are one matrix product (no index_add_ or scatter, which have
+        no deterministic CUDA kernel; Trainer(deterministic=True) would refuse them)."""
+        matrix = self._reduce_on.get(device)
+        if matrix is None:
+            n = len(self.params)
+            matrix = torch.zeros(n, len(self.names) + 1)
+            matrix[:, 0] = 1.0
+            matrix[torch.arange(n), torch.tensor(self._index) + 1] = 1.0
+            matrix = self._reduce_on[device] = matrix.to(device)
+        return matrix
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
     def before_step(self, pre_clip_total: torch.Tensor | None, max_norm: float | None, ratio: bool) -> None:
         """The gradients' norms (unclipped, see the module docstring) and the weights', before the update, in one
-        ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights,
-        for the update after it. Nothing is reduced per block yet: :meth:`after_step` does it once for all."""
+        ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights
+        (:attr:`before`), for the update after it. Nothing is reduced per block yet: :meth:`after_step` does it
+        once for all."""
         with torch.no_grad():
             params = self.params
             grads = [p.grad for p in params]
             present = [g for g in grads if g is not None]
             if not present:
-                self._norm_vec = None
+                self._norms = None
                 return
             detached = [p.detach() for p in params]
-            norms = _norms(present + detached)
+            norms = list(torch._foreach_norm(present + detached))
             if len(present) != len(params):  # a block unused this step: its gradient counts as zero
-                found = iter(norms[: len(present)].unbind())
-                zero = norms.new_zeros(())
-                norms = torch.cat(
-                    [torch.stack([next(found) if g is not None else zero for g in grads]), norms[-len(params) :]]
-                )
-            self._norm_vec = norms
+                found = iter(norms[: len(present)])
+                zero = norms[0].new_zeros(())
+                norms = [next(found) if g is not None else zero for g in grads] + norms[len(present) :]
+            self._norms = norms
             self._clip = (pre_clip_total, max_norm)
-            self._before = torch._foreach_mul(detached, 1.0) if ratio else None
+            self.before = list(torch._foreach_mul(detached, 1.0)) if ratio else None
 
     def after_step(self, step: int) -> None:
-        """The update of the sampled step; every per-block value of the sample in one reduction, queued for the
-        refresh: ``[total, block...]`` of the gradients, of the update ratios, of the weights."""
-        norms, before = self._norm_vec, self._before
-        self._norm_vec = self._before = None
+        """The update of the sampled step, and every per-block value of the sample in one reduction, queued for
+        the refresh (see :attr:`pending`)."""
+        norms, before = self._norms, self.before
+        self._norms = self.before = None
         if norms is None:
             return
         n = len(self.params)
         with torch.no_grad():
             if before is not None:
-                change = torch._foreach_sub([p.detach() for p in self.params], list(before))
-                norms = torch.cat([norms, _norms(change).to(norms.device)])
-            rows = self._per_block(norms.reshape(-1, n))
+                norms = norms + list(torch._foreach_norm(torch._foreach_sub([p.detach() for p in self.params], before)))
+            device = norms[0].device
+            try:
+                flat = torch.stack(norms)
+            except RuntimeError:  # parameters on several devices
+                flat = torch.stack([t.to(device) for t in norms])
+            rows = (flat.float().reshape(-1, n).square() @ self._reduce(device)).sqrt()  # [total, block...] each
             grads, weights = rows[0], rows[1]
-            ratios = rows[2] / weights.clamp_min(1e-30) if before is not None else None
             pre_clip, max_norm = self._clip
             if pre_clip is not None and max_norm is not None:
                 total = pre_clip.detach().to(grads.device, torch.float32)
                 coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
                 grads = torch.cat([total.reshape(1), grads[1:] / coef])
-        self.pending.append((step, grads, ratios, weights))
+            parts = [grads, weights]
+            if before is not None:
+                parts.append(rows[2] / weights.clamp_min(1e-30))
+            self.pending.append((step, torch.cat(parts)))
+
+    def unpack(self, values: list[float]) -> tuple[list[float], list[float] | None, list[float]]:
+        """One pending vector read to the host: ``(grads, update ratios or None, weights)``."""
+        n = len(self.names) + 1
+        grads, weights = values[:n], values[n : 2 * n]
+        return grads, (values[2 * n : 3 * n] if len(values) > 2 * n else None), weights
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:
         """The pending samples on the host: one ``tolist()`` for all of them (the refresh's read)."""
         pending, self.pending = self.pending, []
         if not pending:
             return []
-        n = len(self.names) + 1
-        parts: list[torch.Tensor] = []
-        for _, grads, ratios, weights in pending:
-            parts += [grads, weights.to(grads.device)]
-            if ratios is not None:
-                parts.append(ratios.to(grads.device))
-        flat = torch.cat(parts).tolist()  # the one host read of the samples (at the refresh)
+        flat = torch.cat([v.reshape(-1).to(pending[0][1].device) for _, v in pending]).tolist()
         out: list[tuple[int, list[float], list[float] | None, list[float]]] = []
         at = 0
-        for step, _, ratios, _ in pending:
-            g, w = flat[at : at + n], flat[at + n : at + 2 * n]
-            at += 2 * n
-            r = None
-            if ratios is not None:
-                r, at = flat[at : at + n], at + n
-            out.append((step, g, r, w))
+        for step, vector in pending:
+            values = flat[at : at + vector.numel()]
+            at += vector.numel()
+            grads, ratios, weights = self.unpack(values)
+            out.append((step, grads, ratios, weights))
         return out
 
     def forget(self) -> None:
-        self.pending, self._norm_vec, self._before = [], None, None
+        self.pending, self._norms, self.before = [], None, None
 
 
 def hook_step(optimizer: Any, probe: NormProbe, before: Any, after: Any) -> list[Any]:

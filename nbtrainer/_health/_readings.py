@@ -1,0 +1,192 @@
+"""What Health makes of what the refresh delivers: the sampled norms and dead units (one host read), the per-step
+losses (spikes, a rising loss, a run that does not learn, a fix's verdict), the step-time samples (data wait).
+
+A Readings is part of one :class:`~nbtrainer.Health` and works on its state; it keeps none of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nbtrainer._health._advice import data_advice
+from nbtrainer._health._fix import next_step
+from nbtrainer._health._health_report import SignalState
+from nbtrainer._health._judge import Draft, judge_dead, judge_norms
+from nbtrainer._health._units import chance_level
+from nbtrainer._report._format import format_number
+
+if TYPE_CHECKING:
+    from nbtrainer._health._health import Health
+    from nbtrainer._health._health_host import HealthTrainer
+
+__all__ = ["DATA_SHARE", "Readings"]
+
+DATA_SHARE = 0.3  # the loader taking this share of the step time gets a warning
+
+
+class Readings:
+    """The refresh's half of ``health`` (see the module docstring)."""
+
+    def __init__(self, health: Health) -> None:
+        self.health = health
+
+    def read_samples(self, trainer: HealthTrainer) -> None:
+        """The sampled steps' norms and dead units, with one host read for all of them."""
+        h = self.health
+        probe, units = h._probe, h._units
+        norms = probe.pending if probe is not None else []
+        dead = units.pending if units is not None else []
+        if not norms and not dead:
+            return
+        parts = [v for _, v in norms] + [c for _, _, c, _ in dead]
+        device = parts[0].device
+        flat = torch.cat([t.reshape(-1).float().to(device) for t in parts]).tolist()  # SYNC: at the refresh
+        if probe is not None:
+            probe.pending = []
+        if units is not None:
+            units.pending = []
+            h._loss.chance = chance_level(trainer.criterion, units.classes)
+        at = 0
+        for step, vector in norms:
+            grads, ratios, weights = probe.unpack(flat[at : at + vector.numel()])  # type: ignore[union-attr]
+            at += vector.numel()
+            self.norm_sample(trainer, step, grads, ratios, weights)
+        for step, names, _, sizes in dead:
+            counts = flat[at : at + len(names)]
+            at += len(names)
+            self.unit_sample(trainer, step, {n: (int(c), s) for n, c, s in zip(names, counts, sizes, strict=True)})
+
+    def norm_sample(
+        self, trainer: HealthTrainer, step: int, grads: list[float], ratios: list[float] | None, weights: list[float]
+    ) -> None:
+        h = self.health
+        probe = h._probe
+        assert probe is not None
+        names = ["total", *probe.names]
+        for name, value in zip(names, grads, strict=True):
+            h._store(trainer, "grad_norm", name, step, value)
+        if ratios is not None:
+            for name, value in zip(names, ratios, strict=True):
+                h._store(trainer, "update_ratio", name, step, value)
+            at = h._sample_lrs.pop(step, None)
+            if math.isfinite(ratios[0]) and at:
+                h._ratios.append((step, ratios[0], at))
+        lr = h._lrs[-1][1] if h._lrs else None
+        drafts, lights = judge_norms(step, probe.names, grads, ratios, weights, h._grad_totals, lr)
+        if "learning rate" in lights:
+            h._lights["ratio"] = lights.pop("learning rate")
+        h._light(lights)
+        for draft in drafts:
+            h._file(trainer, draft)
+        h._lr_light()
+
+    def unit_sample(self, trainer: HealthTrainer, step: int, found: dict[str, tuple[int, int]]) -> None:
+        h = self.health
+        for name, (dead, total) in found.items():
+            if dead < total:
+                h._alive_at[name] = step
+            elif step == h._first_step and h._fresh_run and total >= 2:
+                h._dead_at_init.add(name)  # dead before any update: the initialization
+        drafts, lights, shares = judge_dead(found, step, h._epoch, h._units.types if h._units else None)
+        for module, share in shares.items():
+            h._store(trainer, "dead_units", module, step, share)
+        h._light(lights)
+        for draft in drafts:
+            if draft.level == "problem":
+                modules = list(draft.data.get("modules", {}))
+                draft.onset = min((h._alive_at.get(m, h._first_step) for m in modules), default=step)
+            h._file(trainer, draft)
+
+    def watch_loss(self, trainer: HealthTrainer, progress: Any) -> None:
+        h = self.health
+        points = progress.step_points
+        h._lrs.extend((step, lr) for step, _, lr in points)
+        last = points[-1][0]
+        # every point of one refresh is in progress.epoch (the epoch's end has a refresh of its own): a step's
+        # batch counts back from where the loop is
+        k = max(progress.grad_accum_steps, 1)
+        for spike in h._loss.add([(step, loss) for step, loss, _ in points]):
+            batch = progress.batch - 1 - (progress.global_step - spike.step) * k
+            epoch = progress.epoch
+            at = f"step {spike.step}" + (f", batch {batch} of epoch {epoch}" if batch >= 0 else "")
+            raised = self.lr_raised(spike.step)
+            advice = f"It follows an LR increase ({raised})." if raised else f"Look at batch {batch} of epoch {epoch}."
+            message = (
+                f"the loss spiked to {format_number(spike.loss)} at {at}: {spike.zscore:.0f} standard deviations "
+                f"above the mean {format_number(spike.mean)} of the last steps"
+            )
+            data = {"batch": batch, "loss": spike.loss, "mean": spike.mean}
+            draft = Draft("loss_spike", spike.step, message, advice, data, lr_advice=bool(raised), epoch=epoch)
+            draft.clip_advice = not raised
+            h._file(trainer, draft)
+        rise = h._loss.rise(last)
+        if rise is not None:
+            message = (
+                f"the loss rose from {format_number(rise.before)} to {format_number(rise.after)} over the last "
+                f"{h.window} steps"
+            )
+            data = {"before": rise.before, "after": rise.after}
+            draft = Draft("loss_rise", last, message, "The training is diverging.", data, lr_advice=True)
+            draft.onset = max(last - h.window, h._first_step)
+            h._file(trainer, draft)
+        self.learning(trainer, last)
+
+    def learning(self, trainer: HealthTrainer, step: int) -> None:
+        """Whether the run learns (the learning-rate light), and the verdict of the last fix."""
+        h = self.health
+        loss, chance = h._loss, h._loss.chance
+        if loss.seen >= h.window and h._fixer.check is not None and loss.mean is not None:
+            verdict = h._fixer.verdict(loss.mean, chance)
+            if verdict is not None:
+                check, worked = verdict
+                if worked:
+                    h._lights["learning"] = SignalState(
+                        "ok", f"the fix at step {check.step} worked: loss {check.before:.3g} -> {loss.mean:.3g}"
+                    )
+                    h._lr_light()
+                    return
+                message, advice, data = next_step(check, loss.mean, chance)
+                h._file(trainer, Draft("fix_failed", step, message, advice, data))
+        stuck = loss.stuck(step)
+        if stuck is not None:
+            h._file(trainer, h._remedy.stuck_draft(stuck))
+            return
+        if loss.start is not None and loss.mean is not None:
+            h._lights["learning"] = SignalState("ok", f"learning: loss {loss.start:.3g} -> {loss.mean:.3g}")
+            h._lr_light()
+
+    def lr_raised(self, step: int) -> str | None:
+        """Why the LR at ``step`` counts as raised: a warm-up or a change within the last ``window`` steps."""
+        h = self.health
+        if h._lr_raised_at is not None and 0 <= step - h._lr_raised_at <= h.window:
+            return f"set at step {h._lr_raised_at}"
+        recent = [lr for s, lr in h._lrs if s <= step]
+        if len(recent) >= 2 and recent[-1] > 1.05 * min(recent[:-1]):
+            return "the LR is warming up or was raised"
+        return None
+
+    def data_sample(self, trainer: HealthTrainer, step: int, times: dict[str, float], warm: bool) -> None:
+        h = self.health
+        total = sum(times.values())
+        if total <= 0:
+            return
+        share = times.get("data", 0.0) / total
+        h._data.append(share)
+        trainer.history.health.setdefault("data_wait", []).append((step, share))
+        # two samples in a row, or one taken past the start (a worker starting up must not read as a slow loader)
+        recent = h._data[-2:] if len(h._data) >= 2 or not warm else h._data[-1:]
+        level = "warning" if (len(recent) == 2 or warm) and min(recent) > DATA_SHARE else "ok"
+        h._light({"data": SignalState(level, f"waiting for data {share:.0%} of the step time")})
+        if level == "warning":
+            loop = trainer.run_state.loop
+            advice = data_advice(
+                loop.train_loader if loop is not None else None,
+                mode=loop.train_data.mode if loop is not None else None,
+                device_type=trainer.device.type,
+                fast_fetch=bool(trainer.fast_fetch),
+            )
+            message = f"the step waits for the loader {sum(recent) / len(recent):.0%} of its time (step-time samples)"
+            h._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
