@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["ON_PROBLEM", "Health"]
 
 ON_PROBLEM = ("warn", "pause", "stop")
-_ORDER = {"ok": 0, "warning": 1, "problem": 2}
+_LEVEL = {"ok": 0, "warning": 1, "problem": 2}
 
 
 def _check(every_n_steps: Any, on_problem: Any, spike_zscore: Any, window: Any, snapshot_mb: Any) -> None:
@@ -169,6 +169,7 @@ class Health(Callback):
         self._loss = LossWatch(window=self.window, zscore=self.spike_zscore)
         self._lrs: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.window + 1)
         self._lr_raised_at: int | None = None
+        self._since = 0  # the first step of the run at its current LR, from these weights (a damage's earliest)
         self._grad_totals: list[float] = []
         self._ratios: list[tuple[int, float, float]] = []  # (step, update ratio, its LR) since the run (re)started
         self._sample_lrs: dict[int, float] = {}  # the LR of each sampled step not yet read
@@ -239,7 +240,7 @@ class Health(Callback):
         self._snaps = Snapshots(min(budget, free // 10) if free is not None else budget)
         loop = trainer.run_state.loop
         self._kept = loop.keep_window_batches() if loop is not None else None
-        self._first_step = self._step = trainer.global_step + 1
+        self._first_step = self._step = self._since = trainer.global_step + 1
         self._fresh_run = trainer.global_step == 0
         self.signals["non-finite"] = SignalState("ok", "every loss finite so far")
         if not trainer.timing_every:
@@ -340,7 +341,7 @@ class Health(Callback):
     def _lr_light(self) -> None:
         """The learning-rate light: whether the run learns, and the size of its steps (the worse of the two)."""
         ratio, learning = self._lights["ratio"], self._lights["learning"]
-        worst = max((learning, ratio), key=lambda s: _ORDER.get(s.level, 0))
+        worst = max((learning, ratio), key=lambda s: _LEVEL.get(s.level, 0))
         if worst.level == "ok":
             parts = [s.summary for s in (learning, ratio) if s.summary != "no data yet"]
             worst = SignalState("ok", " · ".join(parts) or "no data yet")
@@ -410,10 +411,12 @@ class Health(Callback):
             old, new = event.get("old"), event.get("new")
             if isinstance(old, (int, float)) and isinstance(new, (int, float)) and new > old:
                 self._lr_raised_at = int(event.get("step") or 0)
+            if old != new:
+                self._since = int(event.get("step") or 0) + 1
             if event.get("source") == "health":
                 self._remedy.at_boundary(trainer, self._fixer)
         elif kind == "rollback":  # the steps after the checkpoint are gone: so are their statistics
-            self._segment()
+            self._segment(trainer.global_step + 1)
             self._snaps.drop_after(trainer.global_step)
             if self._kept is not None:
                 self._kept.clear()
@@ -423,8 +426,9 @@ class Health(Callback):
             self._epoch = st.epoch + (2 if st.epoch_complete else 1)
             self._arm(trainer, trainer.global_step + 1)
 
-    def _segment(self) -> None:
-        """The run starts again from other weights (a fix, a rollback): the statistics of the steps before go."""
+    def _segment(self, step: int) -> None:
+        """The run starts again from other weights (a fix, a rollback) at ``step``: the statistics before go."""
+        self._since = step
         self._loss.reset()
         self._grad_totals.clear()
         self._ratios.clear()
@@ -455,7 +459,10 @@ class Health(Callback):
         self._reported[report.kind] = report.step
         self.reports.append(report)
         signal = report.signal
-        if self.signals[signal].level != "problem" or report.level == "problem":
+        held = self.signals[signal]
+        # the report's words when its light says less (a light its judge already set at this level keeps its
+        # short summary: "1 (ReLU): 100% dead")
+        if _LEVEL[held.level] < _LEVEL[report.level]:
             self.signals[signal] = SignalState(report.level, report.message)
         trainer.callbacks.call("on_health", trainer=trainer, report=report)
 

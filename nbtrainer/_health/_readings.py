@@ -76,6 +76,8 @@ class Readings:
                 h._ratios.append((step, ratios[0], at))
         lr = h._lrs[-1][1] if h._lrs else None
         drafts, lights = judge_norms(step, probe.names, grads, ratios, weights, h._grad_totals, lr)
+        for draft in drafts:  # the steps before at this LR were as large: the damage may start with the first
+            draft.onset = min(h._since, step) if draft.kind == "update_ratio" else draft.onset
         if "learning rate" in lights:
             h._lights["ratio"] = lights.pop("learning rate")
         h._light(lights)
@@ -121,6 +123,7 @@ class Readings:
             data = {"batch": batch, "loss": spike.loss, "mean": spike.mean}
             draft = Draft("loss_spike", spike.step, message, advice, data, lr_advice=bool(raised), epoch=epoch)
             draft.clip_advice = not raised
+            draft.onset = min(h._since, spike.step) if raised else spike.step  # after an LR increase: from it
             h._file(trainer, draft)
         rise = h._loss.rise(last)
         if rise is not None:

@@ -149,8 +149,9 @@ class Remedy:
         if died:
             why.append(f"every unit of {died[0]} ({types.get(died[0], 'ReLU')}) is dead")
         chance = h._loss.chance
-        # a spike's last batch is the culprit: its loss says nothing of the weights (their units still do)
-        if draft.kind == "loss_spike":
+        # a spike with no LR change before it: its last batch is the culprit, and its loss says nothing of the
+        # weights (their units still do)
+        if draft.kind == "loss_spike" and not draft.lr_advice:
             pass
         elif not math.isfinite(loss):
             why.append(f"the loss of the last batch is {loss}")
@@ -162,8 +163,8 @@ class Remedy:
         h = self.health
         onset = draft.onset if draft.onset is not None else draft.step
         raised = h._lr_raised_at
-        if raised is not None and 0 <= draft.step - raised <= h.window:
-            onset = min(onset, raised + 1)  # the steps since an LR increase may have done it
+        if raised is not None and onset <= raised + 1 <= draft.step and draft.step - raised <= h.window:
+            onset = raised + 1  # the evidence allows it: the LR increase did it, not the steps before
         snap = h._snaps.choose(onset)
         if snap is not None:
             data.update(restore="snapshot", restore_step=snap.step)
@@ -240,7 +241,7 @@ class Remedy:
         check = fixer.check
         if check is not None and not check.started:
             check.started, check.step = True, step
-            h._segment()
+            h._segment(step + 1)
             h._lights["learning"] = SignalState("ok", f"fix applied at step {step}: checking the next {h.window} steps")
             h._lr_light()
             if h._started and h._armed_for is None:
