@@ -185,6 +185,7 @@ class Health(Callback):
         self._armed_for: int | None = None
         self._compiled = False
         self._lights: dict[str, SignalState] = {"ratio": SignalState(), "learning": SignalState()}
+        self._fix_note = ""  # the last fix's verdict, said in the learning-rate light
 
     @property
     def last_problem(self) -> HealthReport | None:

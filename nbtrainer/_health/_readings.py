@@ -141,24 +141,25 @@ class Readings:
         """Whether the run learns (the learning-rate light), and the verdict of the last fix."""
         h = self.health
         loss, chance = h._loss, h._loss.chance
+        if loss.mean is not None:
+            h._light({"loss": SignalState("ok", f"mean {format_number(loss.mean)} over the last steps, no spike")})
         if loss.seen >= h.window and h._fixer.check is not None and loss.mean is not None:
             verdict = h._fixer.verdict(loss.mean, chance)
             if verdict is not None:
                 check, worked = verdict
                 if worked:
-                    h._lights["learning"] = SignalState(
-                        "ok", f"the fix at step {check.step} worked: loss {check.before:.3g} -> {loss.mean:.3g}"
-                    )
-                    h._lr_light()
-                    return
-                message, advice, data = next_step(check, loss.mean, chance)
-                h._file(trainer, Draft("fix_failed", step, message, advice, data))
+                    before = f"{check.before:.3g}" if check.before is not None else "?"
+                    h._fix_note = f"the fix at step {check.step} worked (loss {before} -> {loss.mean:.3g})"
+                else:
+                    message, advice, data = next_step(check, loss.mean, chance)
+                    h._file(trainer, Draft("fix_failed", step, message, advice, data))
         stuck = loss.stuck(step)
         if stuck is not None:
             h._file(trainer, h._remedy.stuck_draft(stuck))
             return
         if loss.start is not None and loss.mean is not None:
-            h._lights["learning"] = SignalState("ok", f"learning: loss {loss.start:.3g} -> {loss.mean:.3g}")
+            said = f"learning: loss {loss.start:.3g} -> {loss.mean:.3g}"
+            h._lights["learning"] = SignalState("ok", f"{h._fix_note} · {said}" if h._fix_note else said)
             h._lr_light()
 
     def lr_raised(self, step: int) -> str | None:

@@ -242,6 +242,7 @@ class Remedy:
         if check is not None and not check.started:
             check.started, check.step = True, step
             h._segment(step + 1)
+            h._fix_note = ""
             h._lights["learning"] = SignalState("ok", f"fix applied at step {step}: checking the next {h.window} steps")
             h._lr_light()
             if h._started and h._armed_for is None:
