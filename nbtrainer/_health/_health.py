@@ -174,6 +174,7 @@ class Health(Callback):
         self._ratios: list[tuple[int, float, float]] = []  # (step, update ratio, its LR) since the run (re)started
         self._sample_lrs: dict[int, float] = {}  # the LR of each sampled step not yet read
         self._alive_at: dict[str, int] = {}  # ReLU module -> the last sampled step it had a live unit
+        self._healthy_dead: dict[str, float] = {}  # ReLU module -> its dead share while the run was healthy
         self._dead_at_init: set[str] = set()
         self._data: list[float] = []
         self._times: Any = None
@@ -389,9 +390,12 @@ class Health(Callback):
         else:
             message = f"the loss is {'NaN' if math.isnan(values[i]) else 'inf'} {where}"
         advice = "That step was skipped: the weights are as they were before it."
-        self._file(
-            trainer, Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._readings.lr_raised(step)))
-        )
+        draft = Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._readings.lr_raised(step)))
+        told = [r for r in self.reports if r.kind == "nonfinite" and r.data.get("skipped")]
+        if any(r.data.get("module") == data.get("module") for r in told):
+            # the same source again (a batch that comes back each epoch): counted and told, without another pause
+            draft.level, draft.advice = "warning", f"{advice} It is the same source as at step {told[0].step}."
+        self._file(trainer, draft)
 
     def on_exception(self, trainer: HealthTrainer, exception: BaseException) -> None:
         if type(exception).__name__ != "NonFiniteLossError" or any(r.kind == "nonfinite" for r in self.reports):
@@ -401,8 +405,9 @@ class Health(Callback):
             "That step updated the weights, so where it started cannot be found now: Trainer(on_nonfinite='skip') "
             "keeps the weights of such a step, and Health then names the module where the value first appears."
         )
-        draft = Draft("nonfinite", trainer.global_step, f"{first} (on_nonfinite='raise' ended the fit)", advice)
-        draft.data, draft.lr_advice = {"where": "loss", "skipped": False}, True
+        step = trainer.global_step
+        draft = Draft("nonfinite", step, f"{first} (on_nonfinite='raise' ended the fit)", advice)
+        draft.data, draft.lr_advice = {"where": "loss", "skipped": False}, bool(self._readings.lr_raised(step))
         self._file(trainer, draft, act=False)
 
     # -- control: a changed LR (a fix arriving), a rollback --------------------------------------------------

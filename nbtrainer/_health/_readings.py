@@ -95,6 +95,8 @@ class Readings:
         drafts, lights, shares = judge_dead(found, step, h._epoch, h._units.types if h._units else None)
         for module, share in shares.items():
             h._store(trainer, "dead_units", module, step, share)
+            if h._problem_at is None:
+                h._healthy_dead[module] = share  # what "units that died" is measured against
         h._light(lights)
         for draft in drafts:
             if draft.level == "problem":
@@ -122,7 +124,10 @@ class Readings:
             )
             data = {"batch": batch, "loss": spike.loss, "mean": spike.mean}
             draft = Draft("loss_spike", spike.step, message, advice, data, lr_advice=bool(raised), epoch=epoch)
-            draft.clip_advice = not raised
+            draft.clip_advice = not raised and trainer.max_grad_norm is None
+            if not raised and trainer.max_grad_norm is not None:  # its step was clipped: a bad batch, capped
+                draft.level = "warning"
+                draft.advice = f"{advice} Clipping at {format_number(trainer.max_grad_norm)} capped its step."
             draft.onset = min(h._since, spike.step) if raised else spike.step  # after an LR increase: from it
             h._file(trainer, draft)
         rise = h._loss.rise(last)

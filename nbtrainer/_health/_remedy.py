@@ -148,10 +148,18 @@ class Remedy:
         died = [m for m, (d, t) in dead.items() if t >= 2 and d == t and m not in h._dead_at_init]
         if died:
             why.append(f"every unit of {died[0]} ({types.get(died[0], 'ReLU')}) is dead")
+        else:  # units that died since the run was healthy: half or more of a module, up by 30 points or more
+            for m, (d, t) in dead.items():
+                share, before = d / max(t, 1), h._healthy_dead.get(m, 0.0)
+                if share >= 0.5 and share - before >= 0.3:
+                    why.append(
+                        f"{share:.0%} of the units of {m} ({types.get(m, 'ReLU')}) are dead, {before:.0%} before"
+                    )
+                    break
         chance = h._loss.chance
-        # a spike with no LR change before it: its last batch is the culprit, and its loss says nothing of the
-        # weights (their units still do)
-        if draft.kind == "loss_spike" and not draft.lr_advice:
+        # a spike with no LR change before it, seen right after its step: the last batch is the culprit, and its
+        # loss says nothing of the weights (their units still do)
+        if draft.kind == "loss_spike" and not draft.lr_advice and draft.step == trainer.global_step:
             pass
         elif not math.isfinite(loss):
             why.append(f"the loss of the last batch is {loss}")
