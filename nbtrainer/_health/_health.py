@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ __all__ = ["ON_PROBLEM", "Health"]
 
 ON_PROBLEM = ("warn", "pause", "stop")
 _LEVEL = {"ok": 0, "warning": 1, "problem": 2}
+SAMPLE_BUDGET = 0.005  # the samples' share of the training time, at most (a small model's steps are short)
 
 
 def _check(every_n_steps: Any, on_problem: Any, spike_zscore: Any, window: Any, snapshot_mb: Any) -> None:
@@ -104,7 +106,9 @@ class Health(Callback):
 
     Args:
         every_n_steps: measure the gradient norms, update ratios and dead units at the first step of a fit and then
-            every this many optimizer steps.
+            every this many optimizer steps. The default (None) is every 50 steps, or a multiple of 50 where a sample
+            would cost more than 0.5% of the training time (a small model's short steps: on a 0.2 ms step a sample
+            takes about as long as a step); a number given is kept exactly.
         on_problem: what a problem (not a warning) does: ``"warn"`` reports it, ``"pause"`` also pauses at the next
             step boundary, ``"stop"`` ends the run (writing ``last.ckpt`` when a ``ModelCheckpoint(save_last=True)``
             is there).
@@ -134,14 +138,15 @@ class Health(Callback):
     def __init__(
         self,
         *,
-        every_n_steps: int = 50,
+        every_n_steps: int | None = None,
         on_problem: str = "warn",
         spike_zscore: float = 6.0,
         window: int = 100,
         snapshot_mb: float = 256,
     ) -> None:
-        _check(every_n_steps, on_problem, spike_zscore, window, snapshot_mb)
-        self.every_n_steps = every_n_steps
+        _check(every_n_steps if every_n_steps is not None else 50, on_problem, spike_zscore, window, snapshot_mb)
+        self.every_n_steps = every_n_steps if every_n_steps is not None else 50
+        self._paced = every_n_steps is None  # the default: spaced further where a sample costs too much (_pace)
         self.on_problem = on_problem
         self.spike_zscore = float(spike_zscore)
         self.window = window
@@ -184,6 +189,10 @@ class Health(Callback):
         self._first_step = self._step = self._epoch = 0
         self._fresh_run = False
         self._armed_for: int | None = None
+        self._stride = self.every_n_steps  # steps between samples (_pace)
+        self._spent = 0.0  # seconds the current sample took so far
+        self._cost: float | None = None  # a sample's cost (seconds), averaged
+        self._last_sample: tuple[float, int] | None = None
         self._compiled = False
         self._lights: dict[str, SignalState] = {"ratio": SignalState(), "learning": SignalState()}
         self._fix_note = ""  # the last fix's verdict, said in the learning-rate light
@@ -285,12 +294,14 @@ class Health(Callback):
         probe = self._probe
         if step != self._armed_for or probe is None:
             return
+        start = time.perf_counter()
         loop = trainer.run_state.loop
         pre_clip = loop.step.grad_norm if loop is not None else None
         probe.before_step(pre_clip, trainer.max_grad_norm, ratio=True)
         self._sample_lrs[step] = float(optimizer.param_groups[0]["lr"])  # a host value: what the ratio is at
         if self._problem_at is None and self._snaps.due():  # a healthy state, before this step's update
             self._snaps.take(step, probe.params, probe.before, self._model, trainer.optimizer)
+        self._spent += time.perf_counter() - start
 
     def on_optimizer_step(self, trainer: HealthTrainer, step: int, skipped: bool) -> None:
         if not self._started:  # added mid-fit: this fit starts here for it
@@ -299,6 +310,7 @@ class Health(Callback):
         if skipped and self._kept is not None and self._kept.losses:
             self._after_skip(trainer, step)
         if self._armed_for is not None and step >= self._armed_for:
+            start = time.perf_counter()
             self._armed_for = None
             if self._probe is not None:
                 if skipped:
@@ -307,12 +319,30 @@ class Health(Callback):
                     self._probe.after_step(step)
             if self._units is not None:
                 self._units.disarm(step)
-        n = self.every_n_steps
-        sample = (step // n + 1) * n
+            self._spent += time.perf_counter() - start
+            self._pace(step)
+        stride = self._stride
+        sample = (step // stride + 1) * stride
         if sample == step + 1:
             self._arm(trainer, sample)
         else:
             self.next_optimizer_step = sample - 1
+
+    def _pace(self, step: int) -> None:
+        """Space the samples so that they cost at most SAMPLE_BUDGET of the training time: ``every_n_steps``, or
+        a multiple of it on a model whose steps are short next to what a sample costs (its own time on the
+        training thread, the refresh's reading of it included)."""
+        now = time.perf_counter()
+        last = self._last_sample
+        self._last_sample = (now, step)
+        if not self._paced or last is None or step <= last[1]:
+            self._spent = 0.0
+            return
+        cost, self._spent = self._spent, 0.0
+        self._cost = cost if self._cost is None else 0.5 * (self._cost + cost)
+        step_time = max((now - last[0] - cost) / (step - last[1]), 1e-9)
+        n = self.every_n_steps
+        self._stride = n * max(1, math.ceil(self._cost / (SAMPLE_BUDGET * step_time) / n))
 
     # -- the refresh: values already on the host ------------------------------------------------------------------
     def on_refresh(self, trainer: HealthTrainer, progress: Any) -> None:

@@ -5,11 +5,12 @@ The blocks are the model's top-level children, with a repeated stack split into 
 parameters that sit directly on a module that was split form a block named by that module.
 
 Cost, at a sampled step only (``Health(every_n_steps=...)``): one ``torch._foreach_norm`` over the gradients and the
-weights together, a copy of the trainable weights (kept by Health as its snapshot, else freed after the step), one
-more ``_foreach_norm`` over their change, and one matrix product for the total and every block of all three
-(about a dozen operations whatever the model's size); the results stay on the device, as one small vector per
-sample, until the refresh reads them with one ``tolist()``. The optimizer's step pre/post hooks are registered for
-the sampled step alone, so the other steps pay nothing.
+weights together, a copy of the trainable weights (kept by Health as its snapshot, else freed after the step), and
+one more ``_foreach_norm`` over their change: four operations whatever the model's size (on a small model each
+operation's dispatch is what costs, not its arithmetic). The per-parameter norms stay on the device until the
+refresh reads them, stacked with everything else Health measured, in one ``tolist()``; the sums of squares per
+block, the totals and the ratios are then host arithmetic on those few numbers. Health calls :meth:`before_step`
+and :meth:`after_step` from its scheduled step events (``nbtrainer._events._stream``): the other steps pay nothing.
 
 The gradient values are those of the step's gradients after unscaling (fp16) and the rescale of a ragged
 accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`` returns (kept by the loop's
@@ -18,12 +19,13 @@ accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NormProbe", "find_blocks"]
+__all__ = ["NormProbe", "Sample", "find_blocks", "stack_to_host"]
 
 
 def _repeated(module: torch.nn.Module) -> bool:
@@ -77,18 +79,32 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Paramet
     return [(name, params) for name, params in out if params]
 
 
-def _norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Each tensor's 2-norm, as one float32 vector on the first tensor's device."""
-    norms: Sequence[torch.Tensor]
+def _norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's 2-norm, as float32 0-d tensors (one ``_foreach_norm``: one dispatch for all of them)."""
     try:
-        norms = torch._foreach_norm(list(tensors))
-    except (RuntimeError, NotImplementedError):  # a kind foreach does not take (sparse, some subclasses)
-        norms = [torch.linalg.vector_norm(t) for t in tensors]
-    try:
-        return torch.stack(list(norms)).float()  # one device (the usual case): no per-tensor copy
-    except RuntimeError:  # parameters on several devices
-        device = tensors[0].device
-        return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
+        return list(torch._foreach_norm(list(tensors), 2, dtype=torch.float32))
+    except (RuntimeError, NotImplementedError, TypeError):  # a kind foreach does not take (sparse, some subclasses)
+        return [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
+
+
+@dataclass
+class Sample:
+    """One sampled step, as measured on the device: the per-parameter norms of the gradients (``None`` where a
+    parameter had none), of the weights and of the update (``None`` when not measured), and the clipping."""
+
+    step: int
+    grads: list[torch.Tensor | None]
+    weights: list[torch.Tensor]
+    change: list[torch.Tensor] | None
+    pre_clip: torch.Tensor | None = None
+    max_norm: float | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the refresh reads of it, in order (see :meth:`NormProbe.reduce`)."""
+        out = [g for g in self.grads if g is not None] + self.weights + (self.change or [])
+        if self.pre_clip is not None:
+            out.append(self.pre_clip.detach().float().reshape(()))
+        return out
 
 
 class NormProbe:
@@ -103,8 +119,7 @@ class NormProbe:
         params: the stepped parameters, in block order.
         before: the copy of the trainable weights taken before the sampled step (None between samples): the
             update is measured against it, and Health keeps it as its snapshot of the weights (``_snapshot``).
-        pending: ``(step, vector)`` measured and not yet read; the vector on the device is ``[total, block...]``
-            of the gradients, then of the weights, then (when the update was measured) of the update ratios.
+        pending: the :class:`Sample` s measured and not yet read.
     """
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]) -> None:
@@ -126,114 +141,99 @@ class NormProbe:
             index.extend([len(self.names)] * len(rest))
             self.names.append("(other)")
             self.params.extend(rest)
-        self._index = index
-        self._reduce_on: dict[torch.device, torch.Tensor] = {}
-        self.pending: list[tuple[int, torch.Tensor]] = []
+        self._index = index  # each parameter's block
+        self.pending: list[Sample] = []
         self.before: list[torch.Tensor] | None = None
-        self._norms: list[torch.Tensor] | None = None  # the gradients' then the weights' norms, per parameter
-        self._clip: tuple[torch.Tensor | None, float | None] = (None, None)
-
-    def _reduce(self, device: torch.device) -> torch.Tensor:
-        """``[n_params, 1 + blocks]``: a column of ones (the total) and each block's 0/1 membership, so the sums
-        of squares of the total and of every block are one matrix product (no index_add_ or scatter, which have
-        no deterministic CUDA kernel; Trainer(deterministic=True) would refuse them)."""
-        matrix = self._reduce_on.get(device)
-        if matrix is None:
-            n = len(self.params)
-            matrix = torch.zeros(n, len(self.names) + 1)
-            matrix[:, 0] = 1.0
-            matrix[torch.arange(n), torch.tensor(self._index) + 1] = 1.0
-            matrix = self._reduce_on[device] = matrix.to(device)
-        return matrix
+        self._current: Sample | None = None
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
     def before_step(self, pre_clip_total: torch.Tensor | None, max_norm: float | None, ratio: bool) -> None:
         """The gradients' norms (unclipped, see the module docstring) and the weights', before the update, in one
         ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights
-        (:attr:`before`), for the update after it. Nothing is reduced per block yet: :meth:`after_step` does it
-        once for all."""
+        (:attr:`before`), for the update after it."""
         with torch.no_grad():
             params = self.params
             grads = [p.grad for p in params]
             present = [g for g in grads if g is not None]
             if not present:
-                self._norms = None
+                self._current = None
                 return
             detached = [p.detach() for p in params]
-            norms = list(torch._foreach_norm(present + detached))
-            if len(present) != len(params):  # a block unused this step: its gradient counts as zero
-                found = iter(norms[: len(present)])
-                zero = norms[0].new_zeros(())
-                norms = [next(found) if g is not None else zero for g in grads] + norms[len(present) :]
-            self._norms = norms
-            self._clip = (pre_clip_total, max_norm)
+            norms = _norms(present + detached)
+            found = iter(norms[: len(present)])
+            per_param = [next(found) if g is not None else None for g in grads]
+            self._current = Sample(0, per_param, norms[len(present) :], None, pre_clip_total, max_norm)
             self.before = list(torch._foreach_mul(detached, 1.0)) if ratio else None
 
     def after_step(self, step: int) -> None:
-        """The update of the sampled step, and every per-block value of the sample in one reduction, queued for
-        the refresh (see :attr:`pending`)."""
-        norms, before = self._norms, self.before
-        self._norms = self.before = None
-        if norms is None:
+        """The update of the sampled step; the sample is queued for the refresh (:attr:`pending`)."""
+        sample, before = self._current, self.before
+        self._current = self.before = None
+        if sample is None:
             return
-        n = len(self.params)
         with torch.no_grad():
             if before is not None:
-                norms = norms + list(torch._foreach_norm(torch._foreach_sub([p.detach() for p in self.params], before)))
-            device = norms[0].device
-            try:
-                flat = torch.stack(norms)
-            except RuntimeError:  # parameters on several devices
-                flat = torch.stack([t.to(device) for t in norms])
-            rows = (flat.float().reshape(-1, n).square() @ self._reduce(device)).sqrt()  # [total, block...] each
-            grads, weights = rows[0], rows[1]
-            pre_clip, max_norm = self._clip
-            if pre_clip is not None and max_norm is not None:
-                total = pre_clip.detach().to(grads.device, torch.float32)
-                coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
-                grads = torch.cat([total.reshape(1), grads[1:] / coef])
-            parts = [grads, weights]
-            if before is not None:
-                parts.append(rows[2] / weights.clamp_min(1e-30))
-            self.pending.append((step, torch.cat(parts)))
+                sample.change = _norms(torch._foreach_sub([p.detach() for p in self.params], before))
+        sample.step = step
+        self.pending.append(sample)
 
-    def unpack(self, values: list[float]) -> tuple[list[float], list[float] | None, list[float]]:
-        """One pending vector read to the host: ``(grads, update ratios or None, weights)``."""
-        n = len(self.names) + 1
-        grads, weights = values[:n], values[n : 2 * n]
-        return grads, (values[2 * n : 3 * n] if len(values) > 2 * n else None), weights
+    def reduce(self, sample: Sample, values: list[float]) -> tuple[list[float], list[float] | None, list[float]]:
+        """``(grads, update ratios or None, weights)`` as ``[total, block...]`` from a sample's values read to the
+        host (in :meth:`Sample.tensors` order): sums of squares per block, on the host."""
+        blocks = len(self.names)
+        n = len(self.params)
+        at = sum(g is not None for g in sample.grads)
+        read = iter(values[:at])
+        grad_sq = [(next(read) if g is not None else 0.0) ** 2 for g in sample.grads]
+        weight_sq = [v * v for v in values[at : at + n]]
+        at += n
+        change_sq = None
+        if sample.change is not None:
+            change_sq = [v * v for v in values[at : at + n]]
+            at += n
+
+        def per_block(squares: list[float]) -> list[float]:
+            sums = [0.0] * blocks
+            for i, sq in zip(self._index, squares, strict=True):
+                sums[i] += sq
+            return [math.sqrt(sum(squares)), *(math.sqrt(v) for v in sums)]
+
+        grads, weights = per_block(grad_sq), per_block(weight_sq)
+        if sample.pre_clip is not None and sample.max_norm is not None:
+            total = values[at]
+            coef = min(sample.max_norm / (total + 1e-6), 1.0)  # torch's own clip coefficient
+            grads = [total, *(g / coef for g in grads[1:])]
+        ratios = None
+        if change_sq is not None:
+            change = per_block(change_sq)
+            ratios = [c / max(w, 1e-30) for c, w in zip(change, weights, strict=True)]
+        return grads, ratios, weights
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:
         """The pending samples on the host: one ``tolist()`` for all of them (the refresh's read)."""
         pending, self.pending = self.pending, []
         if not pending:
             return []
-        flat = torch.cat([v.reshape(-1).to(pending[0][1].device) for _, v in pending]).tolist()
-        out: list[tuple[int, list[float], list[float] | None, list[float]]] = []
+        tensors = [t for sample in pending for t in sample.tensors()]
+        flat = stack_to_host(tensors)
+        out = []
         at = 0
-        for step, vector in pending:
-            values = flat[at : at + vector.numel()]
-            at += vector.numel()
-            grads, ratios, weights = self.unpack(values)
-            out.append((step, grads, ratios, weights))
+        for sample in pending:
+            k = len(sample.tensors())
+            out.append((sample.step, *self.reduce(sample, flat[at : at + k])))
+            at += k
         return out
 
     def forget(self) -> None:
-        self.pending, self._norms, self.before = [], None, None
+        self.pending, self._current, self.before = [], None, None
 
 
-def hook_step(optimizer: Any, probe: NormProbe, before: Any, after: Any) -> list[Any]:
-    """Register ``before(optimizer)`` / ``after(optimizer)`` as the optimizer's step pre / post hooks (removed by
-    the caller after the one step they are for); several named optimizers: on the first of them that steps."""
-    children = getattr(optimizer, "optimizers", None)
-    target = optimizer if not children else next(iter(children.values()))
-    if children:  # each child steps in turn: measure before the first, after the last
-        last = list(children.values())[-1]
-        return [
-            target.register_step_pre_hook(lambda opt, args, kwargs: before(opt)),
-            last.register_step_post_hook(lambda opt, args, kwargs: after(opt)),
-        ]
-    return [
-        target.register_step_pre_hook(lambda opt, args, kwargs: before(opt)),
-        target.register_step_post_hook(lambda opt, args, kwargs: after(opt)),
-    ]
+def stack_to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """Float 0-d tensors (on one device or several) as host floats, in one read: the refresh's sync."""
+    if not tensors:
+        return []
+    try:
+        return torch.stack(tensors).tolist()  # SYNC: the refresh's one read of Health's measurements
+    except RuntimeError:  # several devices
+        device = tensors[0].device
+        return torch.stack([t.to(device) for t in tensors]).tolist()

@@ -7,14 +7,14 @@ A Readings is part of one :class:`~nbtrainer.Health` and works on its state; it 
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from nbtrainer._health._advice import data_advice
 from nbtrainer._health._fix import next_step
 from nbtrainer._health._health_report import SignalState
 from nbtrainer._health._judge import Draft, judge_dead, judge_norms
+from nbtrainer._health._norms import stack_to_host
 from nbtrainer._health._units import chance_level
 from nbtrainer._report._format import format_number
 
@@ -41,23 +41,24 @@ class Readings:
         dead = units.pending if units is not None else []
         if not norms and not dead:
             return
-        parts = [v for _, v in norms] + [c for _, _, c, _ in dead]
-        device = parts[0].device
-        flat = torch.cat([t.reshape(-1).float().to(device) for t in parts]).tolist()  # SYNC: at the refresh
+        start = time.perf_counter()
+        parts = [sample.tensors() for sample in norms]
+        flat = stack_to_host([t for part in parts for t in part] + [c for _, _, counts, _ in dead for c in counts])
         if probe is not None:
             probe.pending = []
         if units is not None:
             units.pending = []
             h._loss.chance = chance_level(trainer.criterion, units.classes)
         at = 0
-        for step, vector in norms:
-            grads, ratios, weights = probe.unpack(flat[at : at + vector.numel()])  # type: ignore[union-attr]
-            at += vector.numel()
-            self.norm_sample(trainer, step, grads, ratios, weights)
+        for sample, part in zip(norms, parts, strict=True):
+            grads, ratios, weights = probe.reduce(sample, flat[at : at + len(part)])  # type: ignore[union-attr]
+            at += len(part)
+            self.norm_sample(trainer, sample.step, grads, ratios, weights)
         for step, names, _, sizes in dead:
             counts = flat[at : at + len(names)]
             at += len(names)
             self.unit_sample(trainer, step, {n: (int(c), s) for n, c, s in zip(names, counts, sizes, strict=True)})
+        h._spent += time.perf_counter() - start  # the samples' cost includes their reading (Health._pace)
 
     def norm_sample(
         self, trainer: HealthTrainer, step: int, grads: list[float], ratios: list[float] | None, weights: list[float]
@@ -66,11 +67,14 @@ class Readings:
         probe = h._probe
         assert probe is not None
         names = ["total", *probe.names]
+        health = trainer.history.health
+        series = health.setdefault("grad_norm", {})
         for name, value in zip(names, grads, strict=True):
-            h._store(trainer, "grad_norm", name, step, value)
+            series.setdefault(name, []).append((step, value))
         if ratios is not None:
+            series = health.setdefault("update_ratio", {})
             for name, value in zip(names, ratios, strict=True):
-                h._store(trainer, "update_ratio", name, step, value)
+                series.setdefault(name, []).append((step, value))
             at = h._sample_lrs.pop(step, None)
             if math.isfinite(ratios[0]) and at:
                 h._ratios.append((step, ratios[0], at))

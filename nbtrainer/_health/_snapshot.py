@@ -33,8 +33,21 @@ __all__ = ["SPACING", "Snapshot", "Snapshots", "available_bytes"]
 SPACING = 200  # a snapshot at most every SPACING times its own cost
 
 
+_AVAILABLE: tuple[float, int | None] = (-1e9, None)  # (when it was read, bytes): read at most every 30 s
+
+
 def available_bytes() -> int | None:
-    """The memory the system has available now (``MemAvailable``), or None where it cannot be read."""
+    """The memory the system has available (``MemAvailable``, read at most every 30 s: a fit's start need not pay a
+    file read each time), or None where it cannot be read."""
+    global _AVAILABLE
+    now = time.monotonic()
+    if now - _AVAILABLE[0] < 30.0:
+        return _AVAILABLE[1]
+    _AVAILABLE = (now, _read_available())
+    return _AVAILABLE[1]
+
+
+def _read_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -4,8 +4,8 @@ A unit (a feature of the last dimension; a channel of a 4-D or 5-D output) of a 
 step when it is zero for every sample of the step's micro-batches: it passes no gradient, so the weights that feed
 it stop learning. :class:`UnitWatch` hooks the ReLU modules for the forwards of one sampled step only (armed at the
 step before, removed at its own ``on_optimizer_step``: the other steps pay nothing), keeps each unit's largest
-output on the device (one ``amax`` a module and forward) and counts the dead ones once, after the step, in a few
-operations for all modules together; the counts are read at the refresh with the norms (one ``tolist()``).
+output on the device (one ``amax`` a module and forward) and counts the dead ones after the step (one reduction a
+module); the counts are read at the refresh with the norms (one ``tolist()``).
 
 The first sampled forward also tells the width of the model's output (``classes``), which with a cross-entropy
 criterion gives the loss of a model that has learnt nothing: ``ln(classes)`` (``chance_level``).
@@ -90,7 +90,7 @@ class UnitWatch:
         self._alive: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
         self._attached: Callable[[], bool] = lambda: True
-        self.pending: list[tuple[int, list[str], torch.Tensor, list[int]]] = []
+        self.pending: list[tuple[int, list[str], list[torch.Tensor], list[int]]] = []
 
     def arm(self, attached: Callable[[], bool] = lambda: True) -> None:
         """Hook the next forward(s) (one sampled step's micro-batches). ``attached()`` says whether the owner still
@@ -145,13 +145,8 @@ class UnitWatch:
             return
         names = list(alive)
         sizes = [int(alive[n].numel()) for n in names]
-        with torch.no_grad():
-            device = alive[names[0]].device
-            dead = torch.cat([alive[n].reshape(-1).to(device) for n in names]) <= 0
-            # counts per module from one cumulative sum (no per-module reduction)
-            ends = torch.tensor([sum(sizes[: i + 1]) - 1 for i in range(len(sizes))], device=device)
-            cum = dead.cumsum(0).index_select(0, ends)
-            counts = torch.cat([cum[:1], cum[1:] - cum[:-1]]).float()
+        with torch.no_grad():  # one small reduction a module; read at the refresh with the norms
+            counts = [(alive[n] <= 0).sum(dtype=torch.float32) for n in names]
         self.pending.append((step, names, counts, sizes))
 
     def forget(self) -> None:

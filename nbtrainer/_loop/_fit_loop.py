@@ -266,8 +266,10 @@ class FitLoop:
             first = False
             pend_loss.append(detached)
             pend_bs.append(bs)
-            if self.kept is not None:
-                self.kept.add(batch, detached)
+            kept = self.kept
+            if kept is not None:  # list appends, no call: the loop's hot path (_kept)
+                kept.batches.append(batch)
+                kept.losses.append(detached)
             self._micro_total += 1
             st.batch += 1
             st.samples += bs
@@ -324,8 +326,11 @@ class FitLoop:
         # scheduled consumers (Health, Samples) only at their steps: one int compared here (_events/_stream)
         if skipped or st.global_step >= cb.next_due or cb.has("on_optimizer_step"):
             cb.call("on_optimizer_step", trainer=t.owner, step=st.global_step, skipped=skipped)
-        if self.kept is not None:
-            self.kept.stepped()
+        kept = self.kept
+        if kept is not None and kept.batches:  # the window's events are done: drop its batches, keep its last
+            kept.last = kept.batches[-1]
+            kept.batches.clear()
+            kept.losses.clear()
         if t.live.has_deferred():
             t.live.run_deferred()
         if self.profiler is not None:

@@ -3,7 +3,8 @@
 ``nbtrainer.Health`` re-runs the batch of a skipped (non-finite) step with hooks, and measures its samples on
 the batch a sampled step trained on. Per-batch hooks for that (``on_train_batch_start`` / ``_end``) cost a Python
 call per micro-batch for every run; the loop keeps the references instead, once a consumer asked
-(``FitLoop.keep_window_batches()``): two list appends per micro-batch inside the loop, no call, no copy. The
+(``FitLoop.keep_window_batches()``): two list appends per micro-batch and a clear per step, written inline in the
+loop (no call, no copy; :meth:`KeptBatches.add` / :meth:`~KeptBatches.stepped` say what it does). The
 batches of one window stay alive until its optimizer step's events were delivered (one step longer than
 without), and the last micro-batch until the next step's.
 """

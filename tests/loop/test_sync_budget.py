@@ -153,7 +153,7 @@ def test_health_at_its_defaults_adds_no_read_per_step(count_reads, precision, ac
             model,
             torch.nn.CrossEntropyLoss(),
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-            callbacks=[Health()],
+            callbacks=[Health(every_n_steps=50)],  # exactly every 50 steps (the default spaces them on a small model)
             precision=precision,
             grad_accum_steps=accum,
             max_grad_norm=1.0,
