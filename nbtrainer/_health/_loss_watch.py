@@ -82,41 +82,43 @@ class LossWatch:
         n = len(self._recent)
         return self._sum / n if n else None
 
-    def _push(self, value: float) -> None:
-        recent = self._recent
-        if len(recent) == recent.maxlen:
-            old = recent[0]
-            self._sum -= old
-            self._sumsq -= old * old
-        recent.append(value)
-        self._sum += value
-        self._sumsq += value * value
-
     def add(self, points: list[tuple[int, float]]) -> list[Spike]:
+        """Feed ``(step, loss)`` pairs in order; returns the spikes among them. One pass with local names and no
+        call per point: a refresh of a small model's run brings about a thousand (issue 54)."""
         spikes: list[Spike] = []
-        chance = self.chance
+        chance, warmup, zscore = self.chance, self.warmup, self.zscore
+        recent, full = self._recent, self._recent.maxlen
+        total, squares, seen, below = self._sum, self._sumsq, self.seen, self.below_chance_at
+        first = self._first if self.start is None else None
+        isfinite, sqrt = math.isfinite, math.sqrt
         for step, loss in points:
-            if not math.isfinite(loss):
+            if not isfinite(loss):
                 continue  # the non-finite signal's business
             if self.first_step is None:
                 self.first_step = step
-            self.seen += 1
-            if self.start is None:
-                self._first.append(loss)
-                if len(self._first) >= self.warmup:
-                    self.start = sum(self._first) / len(self._first)
+            seen += 1
+            if first is not None:
+                first.append(loss)
+                if len(first) >= warmup:
+                    self.start, first = sum(first) / len(first), None
             if chance is not None and loss < chance:
-                self.below_chance_at = step
-            n = len(self._recent)
-            if n >= self.warmup:
-                mean = self._sum / n
-                # sums drift a little over a long run: recomputed from the window when they go negative
-                var = max(self._sumsq / n - mean * mean, 0.0)
-                std = max(math.sqrt(var), 0.01 * abs(mean), 1e-12)
-                if loss > mean + self.zscore * std:
+                below = step
+            n = len(recent)
+            if n >= warmup:
+                mean = total / n
+                # sums drift a little over a long run: the variance is floored at 0
+                std = max(sqrt(max(squares / n - mean * mean, 0.0)), 0.01 * abs(mean), 1e-12)
+                if loss > mean + zscore * std:
                     spikes.append(Spike(step, loss, mean, std))
                     continue
-            self._push(loss)
+            if n == full:
+                old = recent[0]
+                total -= old
+                squares -= old * old
+            recent.append(loss)
+            total += loss
+            squares += loss * loss
+        self._sum, self._sumsq, self.seen, self.below_chance_at = total, squares, seen, below
         return spikes
 
     def _halves(self) -> tuple[float, float, float] | None:

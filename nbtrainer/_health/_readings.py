@@ -111,7 +111,7 @@ class Readings:
     def watch_loss(self, trainer: HealthTrainer, progress: Any) -> None:
         h = self.health
         points = progress.step_points
-        h._lrs.extend((step, lr) for step, _, lr in points)
+        h._lrs.extend([(step, lr) for step, _, lr in points[-h.window - 1 :]])  # the deque keeps those
         last = points[-1][0]
         # every point of one refresh is in progress.epoch (the epoch's end has a refresh of its own): a step's
         # batch counts back from where the loop is
