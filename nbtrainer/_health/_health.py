@@ -49,7 +49,7 @@ __all__ = ["ON_PROBLEM", "Health"]
 
 ON_PROBLEM = ("warn", "pause", "stop")
 _LEVEL = {"ok": 0, "warning": 1, "problem": 2}
-SAMPLE_BUDGET = 0.005  # the samples' share of the training time, at most (a small model's steps are short)
+SAMPLE_BUDGET = 0.01  # the samples' share of the training time, at most (a small model's steps are short)
 
 
 def _check(every_n_steps: Any, on_problem: Any, spike_zscore: Any, window: Any, snapshot_mb: Any) -> None:
@@ -107,8 +107,8 @@ class Health(Callback):
     Args:
         every_n_steps: measure the gradient norms, update ratios and dead units at the first step of a fit and then
             every this many optimizer steps. The default (None) is every 50 steps, or a multiple of 50 where a sample
-            would cost more than 0.5% of the training time (a small model's short steps: on a 0.2 ms step a sample
-            takes about as long as a step); a number given is kept exactly.
+            would bring the samples over 1% of the training time (a small model's short steps: on a 0.2 ms step a
+            sample takes about as long as a step or two); a number given is kept exactly.
         on_problem: what a problem (not a warning) does: ``"warn"`` reports it, ``"pause"`` also pauses at the next
             step boundary, ``"stop"`` ends the run (writing ``last.ckpt`` when a ``ModelCheckpoint(save_last=True)``
             is there).
@@ -146,7 +146,7 @@ class Health(Callback):
     ) -> None:
         _check(every_n_steps if every_n_steps is not None else 50, on_problem, spike_zscore, window, snapshot_mb)
         self.every_n_steps = every_n_steps if every_n_steps is not None else 50
-        self._paced = every_n_steps is None  # the default: spaced further where a sample costs too much (_pace)
+        self._paced = every_n_steps is None  # the default: spaced further where a sample costs too much (_too_soon)
         self.on_problem = on_problem
         self.spike_zscore = float(spike_zscore)
         self.window = window
@@ -189,10 +189,8 @@ class Health(Callback):
         self._first_step = self._step = self._epoch = 0
         self._fresh_run = False
         self._armed_for: int | None = None
-        self._stride = self.every_n_steps  # steps between samples (_pace)
-        self._spent = 0.0  # seconds the current sample took so far
-        self._cost: float | None = None  # a sample's cost (seconds), averaged
-        self._last_sample: tuple[float, int] | None = None
+        self._spent, self._samples = 0.0, 0  # seconds the samples took (the refresh's reading included), and how many
+        self._last_sample: tuple[float, int] | None = None  # (when, step) the last sample ended
         self._compiled = False
         self._lights: dict[str, SignalState] = {"ratio": SignalState(), "learning": SignalState()}
         self._fix_note = ""  # the last fix's verdict, said in the learning-rate light
@@ -320,29 +318,25 @@ class Health(Callback):
             if self._units is not None:
                 self._units.disarm(step)
             self._spent += time.perf_counter() - start
-            self._pace(step)
-        stride = self._stride
-        sample = (step // stride + 1) * stride
-        if sample == step + 1:
-            self._arm(trainer, sample)
-        else:
-            self.next_optimizer_step = sample - 1
-
-    def _pace(self, step: int) -> None:
-        """Space the samples so that they cost at most SAMPLE_BUDGET of the training time: ``every_n_steps``, or
-        a multiple of it on a model whose steps are short next to what a sample costs (its own time on the
-        training thread, the refresh's reading of it included)."""
-        now = time.perf_counter()
-        last = self._last_sample
-        self._last_sample = (now, step)
-        if not self._paced or last is None or step <= last[1]:
-            self._spent = 0.0
-            return
-        cost, self._spent = self._spent, 0.0
-        self._cost = cost if self._cost is None else 0.5 * (self._cost + cost)
-        step_time = max((now - last[0] - cost) / (step - last[1]), 1e-9)
+            self._samples += 1
+            self._last_sample = (time.perf_counter(), step)
         n = self.every_n_steps
-        self._stride = n * max(1, math.ceil(self._cost / (SAMPLE_BUDGET * step_time) / n))
+        sample = (step // n + 1) * n
+        if sample != step + 1:
+            self.next_optimizer_step = sample - 1
+        elif self._paced and self._too_soon():
+            self.next_optimizer_step = sample + n - 1  # the next multiple: its turn is looked at then
+        else:
+            self._arm(trainer, sample)
+
+    def _too_soon(self) -> bool:
+        """A sample now would bring the samples' share of the training time over SAMPLE_BUDGET: what one costs
+        (its own time on the training thread, the refresh's reading of it included) against the time trained
+        since the last one. On a 0.2 ms step a sample takes about as long as one step or two."""
+        if self._last_sample is None or not self._samples:
+            return False
+        cost = self._spent / self._samples
+        return cost > SAMPLE_BUDGET * (time.perf_counter() - self._last_sample[0])
 
     # -- the refresh: values already on the host ------------------------------------------------------------------
     def on_refresh(self, trainer: HealthTrainer, progress: Any) -> None:

@@ -68,6 +68,7 @@ class LossWatch:
         self.below_chance_at: int | None = None  # the last step whose loss was below the chance level
         self.seen = 0  # finite losses since the segment started
         self._first: list[float] = []
+        self._halved: tuple[int, tuple[float, float, float] | None] = (-1, None)
 
     def reset(self) -> None:
         """A new segment (a fit's start, a fix): the statistics start again."""
@@ -76,6 +77,7 @@ class LossWatch:
         self.start = self.first_step = self.below_chance_at = None
         self.seen = 0
         self._first = []
+        self._halved = (-1, None)
 
     @property
     def mean(self) -> float | None:
@@ -122,7 +124,15 @@ class LossWatch:
         return spikes
 
     def _halves(self) -> tuple[float, float, float] | None:
-        """Means of the full window's two halves and their standard error (None before a full window)."""
+        """Means of the full window's two halves and their standard error (None before a full window); once per
+        batch of points (the rise and the stuck check of one refresh share it)."""
+        if self._halved[0] == self.seen:
+            return self._halved[1]
+        result = self._halves_now()
+        self._halved = (self.seen, result)
+        return result
+
+    def _halves_now(self) -> tuple[float, float, float] | None:
         values = list(self._recent)
         n = len(values)
         if n < self.window or n < 8:

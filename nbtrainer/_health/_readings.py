@@ -58,7 +58,7 @@ class Readings:
             counts = flat[at : at + len(names)]
             at += len(names)
             self.unit_sample(trainer, step, {n: (int(c), s) for n, c, s in zip(names, counts, sizes, strict=True)})
-        h._spent += time.perf_counter() - start  # the samples' cost includes their reading (Health._pace)
+        h._spent += time.perf_counter() - start  # the samples' cost includes their reading (Health._too_soon)
 
     def norm_sample(
         self, trainer: HealthTrainer, step: int, grads: list[float], ratios: list[float] | None, weights: list[float]

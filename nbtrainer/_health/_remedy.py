@@ -10,7 +10,7 @@ For a problem, :meth:`Remedy.advise` writes the advice (saying how each number w
 * damage: one diagnostic forward of the last batch (``_locate.check_batch``) tells whether units died or the loss
   is above the chance level; then the newest healthy snapshot taken at or before the problem's onset, else the last
   checkpoint written before it, else the advice to restart; units dead from the first step come back by
-  re-initializing the layer that feeds them (``_units.UnitWatch.feeders``).
+  re-initializing the layer that feeds them (``_units.UnitWatch.feeder``).
 
 A Remedy is part of one :class:`~nbtrainer.Health` and works on its state (the measured ratios and norms, the
 snapshots, the units seen); it keeps none of its own.
@@ -119,7 +119,7 @@ class Remedy:
         modules = list(draft.data.get("modules", {}))
         if not modules or not set(modules) <= h._dead_at_init or h._units is None:
             return None
-        feeders = [h._units.feeders[m] for m in modules if m in h._units.feeders]
+        feeders = [f for f in (h._units.feeder(m) for m in modules) if f is not None]
         if not feeders:
             return None
         names = ", ".join(feeders)

@@ -82,10 +82,6 @@ class UnitWatch:
         self.modules = [(name, m) for name, m in model.named_modules() if isinstance(m, RELU_TYPES) and name]
         self.types = {name: type(m).__name__ for name, m in self.modules}
         self.classes: int | None = None
-        #: each ReLU module's feeder: the module with a weight matrix whose forward ran last before it (the first
-        #: sampled forward tells; what re-initializing would bring a dead unit back through)
-        self.feeders: dict[str, str] = {}
-        self._trace: list[str] = []
         self._want_width = True
         self._alive: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
@@ -102,25 +98,24 @@ class UnitWatch:
             self._handles.append(module.register_forward_hook(self._seen(name)))
         if self._want_width:
             self._handles.append(self.model.register_forward_hook(self._output))
-            if self.modules:  # once a fit: which weights feed each ReLU, in the order the forward runs them
-                for name, module in self.model.named_modules():
-                    weight = getattr(module, "weight", None)
-                    if name and isinstance(weight, torch.Tensor) and weight.ndim >= 2:
-                        self._handles.append(module.register_forward_hook(self._traced(name)))
 
-    def _traced(self, name: str) -> Any:
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            self._trace.append(name)
-
-        return hook
+    def feeder(self, relu: str) -> str | None:
+        """The module that feeds ReLU module ``relu``: the last module with a weight matrix registered before it
+        (for a model built in the order it runs: a Sequential, or layers assigned as they are used), or None."""
+        last = None
+        for name, module in self.model.named_modules():
+            if name == relu:
+                return last
+            weight = getattr(module, "weight", None)
+            if name and isinstance(weight, torch.Tensor) and weight.ndim >= 2:
+                last = name
+        return None
 
     def _seen(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if not self._attached():  # removed mid-fit: torch runs a copy of the hooks, so this is safe here
                 self.forget()
                 return
-            if self._want_width and self._trace and name not in self.feeders:
-                self.feeders[name] = self._trace[-1]
             if not isinstance(output, torch.Tensor) or output.ndim < 2:
                 return
             dim = 1 if output.ndim >= 4 else output.ndim - 1
@@ -139,7 +134,7 @@ class UnitWatch:
         """Remove the hooks; the dead counts of what they saw are queued for the next read (on the device)."""
         for handle in self._handles:
             handle.remove()
-        self._handles, self._trace = [], []
+        self._handles = []
         alive, self._alive = self._alive, {}
         if not alive:
             return
