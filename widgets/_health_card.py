@@ -115,6 +115,7 @@ class HealthCard:
         self.root = W.VBox([self.lights, self.advice, self.buttons, self.chart], layout=W.Layout(margin="2px 0 4px 0"))
         self.root.add_class("nbt-health")
         self._drawn = -1  # samples of the total norm on the chart
+        self._drawn_state: Any = None  # what the lights and buttons show (draw skips when it has not changed)
         self.draw()
         at = list(view.root.children).index(view.stats) + 1  # under the stat cards, over the charts
         view.root.children = (*view.root.children[:at], self.root, *view.root.children[at:])
@@ -132,6 +133,7 @@ class HealthCard:
         """A new run: no problem shown, the chart empty (the lights come from the new fit)."""
         self.problem = None
         self._drawn = -1
+        self._drawn_state = None
         self.chart.children = ()
         self._show_problem()
 
@@ -148,10 +150,15 @@ class HealthCard:
         self._show_problem()
 
     def draw(self) -> None:
-        """The lights, and the chart when new norm samples arrived."""
-        with self.lights.hold_sync():
-            self.lights.value = self._lights_html()
-        self._buttons()
+        """The lights, and the chart when new norm samples arrived; nothing is rebuilt or sent when the lights, the
+        problem and the run's state are as at the last push (the UI thread's time is the training thread's)."""
+        lights = tuple((s.level, s.summary) for s in self.health.signals.values())
+        state = (lights, self.problem, self.host.running, self.trainer.status)
+        if state != self._drawn_state:
+            self._drawn_state = state
+            with self.lights.hold_sync():
+                self.lights.value = self._lights_html()
+            self._buttons()
         norms = self.trainer.history.health.get("grad_norm", {})
         total = norms.get("total", [])
         if len(total) != self._drawn:
