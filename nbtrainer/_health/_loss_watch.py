@@ -11,7 +11,8 @@ more than three standard errors and by more than 5%.
 A run that does not learn (:meth:`LossWatch.stuck`), over a full window since the fit started or since the last fix
 (``reset``): both halves of the window above the chance level (``ln C`` for a cross-entropy over ``C`` classes) by
 more than 5% and not falling by 10%; or the loss flat (the halves within three standard errors or 1% of each
-other) where it started: at least 90% of the segment's first losses, and near chance when the chance level is known.
+other) where it started: at least 90% of the segment's first losses, and near chance when the chance level is known
+(without one, Health tells it as a warning: a fine-tuned regressor may start where it ends).
 """
 
 from __future__ import annotations

@@ -223,11 +223,14 @@ class Remedy:
             start = stuck.start if stuck.start is not None else stuck.mean
             message = f"the loss has not moved from {start:.3g} over the last {h.window} steps (now {stuck.mean:.3g})"
             light = f"not learning: loss flat at {stuck.mean:.3g}"
-        h._lights["learning"] = SignalState("problem", light)
+        # without a chance level a flat loss may also be a model that starts where it ends (a fine-tuned
+        # regressor): told, without acting on it
+        level = "warning" if chance is None else "problem"
+        h._lights["learning"] = SignalState(level, light)
         h._lr_light()
         data = {"why": stuck.why, "loss": stuck.mean, "chance": chance}
         draft = Draft("not_learning", stuck.step, message, "The network is not learning.", data, lr_advice=True)
-        draft.onset = stuck.onset
+        draft.onset, draft.level = stuck.onset, level
         return draft
 
     # -- a fix at the step boundary (the training thread) ----------------------------------------------------

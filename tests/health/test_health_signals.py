@@ -274,6 +274,22 @@ def test_a_vanishing_block_gradient_is_a_warning():
     assert report.level == "warning" and "of block body vanishes" in report.message
 
 
+def test_a_flat_loss_with_no_chance_level_is_a_warning():
+    """A regressor whose loss does not move: told (a warning), not acted on: without a chance level a flat loss may
+    be a model that starts where it ends."""
+    torch.manual_seed(0)
+    x = torch.randn(16 * 60, 10)
+    y = x.sum(1, keepdim=True)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    health = Health(window=40, on_problem="stop")
+    trainer = Trainer(model, torch.nn.MSELoss(), "sgd", lr=1e-7, callbacks=[health], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    (report,) = [r for r in _reports(history) if r.kind == "not_learning"]
+    assert report.level == "warning" and report.data["why"] == "flat" and report.data["chance"] is None
+    assert history.status == "finished"  # on_problem="stop" did not stop it
+    assert health.signals["learning rate"].level == "warning"
+
+
 # -- bad input ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs,match",
