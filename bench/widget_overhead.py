@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--panel-only", action="store_true", help="only headless and the panel (no plain or helper thread)"
+    )
     parser.add_argument("--kernel", action="store_true", help="w.fit() and Start in a real Jupyter kernel")
     parser.add_argument("--before", action="store_true", help="as before issue 49 (the idle pool is kept)")
     args = parser.parse_args(argv)
@@ -183,31 +186,44 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         "| workload | steps/round | headless ms/step | plain thread / headless | start_training_thread / headless | "
-        "widget / headless | end-to-end / headless | UI-thread CPU share | "
+        "widget / headless, median [IQR of rounds] | end-to-end / headless [IQR] | UI-thread CPU share | "
         "Start to first step, ms: headless / panel | last step to idle, ms: headless / panel | "
         "threads: headless / plain / helper / widget |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     all_w = overhead.workloads(args.scale)
+    names = ["headless", "widget"] if args.panel_only else ["headless", "headless-thread", "helper-thread", "widget"]
     for key in args.workloads:
         w = all_w[key]
         END_TO_END.pop(w.name, None)
         UI_CPU.pop(w.name, None)
         FIXED.clear()
-        names = ["headless", "headless-thread", "helper-thread", "widget"]
+        THREADS.clear()
         res = overhead.measure(w, names, args.rounds, device)
-        base, thr, helper, wid = (statistics.median(res[k]) for k in names)
-        e2e = statistics.median(END_TO_END[w.name][1:])  # [0] is the warm-up round
+        med = {k: statistics.median(v) for k, v in res.items()}
+        base = med["headless"]
+        # each round's ratio to that round's headless run (the rounds rotate the order: load hits both sides)
+        wid = _spread([x / h for x, h in zip(res["widget"], res["headless"], strict=True)])
+        e2e = _spread([x / h for x, h in zip(END_TO_END[w.name][1:], res["headless"], strict=True)])
         share = statistics.median(UI_CPU[w.name][1:])
         first = {k: statistics.median(f for f, _ in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
         last = {k: statistics.median(t for _, t in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
+        thr, helper = (f"{med[k] / base:.3f}x" if k in med else "-" for k in ("headless-thread", "helper-thread"))
+        threads = " / ".join(
+            str(THREADS.get(k, "-")) for k in ("headless", "headless-thread", "helper-thread", "widget")
+        )
         print(
-            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr / base:.3f}x | {helper / base:.3f}x | "
-            f"{wid / base:.3f}x | {e2e / base:.3f}x | {share:.2%} | {first['headless']:.1f} / {first['widget']:.1f} | "
-            f"{last['headless']:.1f} / {last['widget']:.1f} | {' / '.join(str(THREADS[k]) for k in names)} |",
+            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr} | {helper} | {wid} | {e2e} | {share:.2%} | "
+            f"{first['headless']:.1f} / {first['widget']:.1f} | {last['headless']:.1f} / {last['widget']:.1f} | "
+            f"{threads} |",
             flush=True,
         )
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def _spread(ratios: list[float]) -> str:
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"**{statistics.median(ratios):.3f}x** [{q[0]:.3f}-{q[2]:.3f}]"
 
 
 if __name__ == "__main__":
