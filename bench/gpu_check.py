@@ -148,7 +148,8 @@ TINY = Scale(
     sync_batch=8,
     sync_steps=(3, 9),
     planner_rows=4,  # each row is a fresh model and fit: the path is the same for 4 as for 10
-    planner_llama=DecoderSize(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=4),
+    # batch 2: micro-batches of 2 and 1, each simulated (a batch of 4 adds a third size to every simulated row)
+    planner_llama=DecoderSize(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=2),
     compile_decoder=DecoderSize(vocab=64, d_model=32, heads=2, layers=1, seq=16, batch=4),
     compile_steps=4,
     compile_rounds=1,
@@ -1060,7 +1061,7 @@ def strategy_names(ctx: Context) -> list[str]:
 
 
 def strategies_command(ctx: Context) -> list[str]:
-    size = "cpu" if ctx.dry_run else strategy_size()[0]
+    size = "tiny" if ctx.dry_run else strategy_size()[0]
     scale = TINY if ctx.dry_run else GPU
     return [
         ctx.python,
@@ -1102,7 +1103,7 @@ def strategies_summary(ctx: Context, log: str) -> str:
     # the table's footnote (printed under both of strategies.py's tables: once here) and its own checks
     after = list(dict.fromkeys(ln for ln in lines if ln.startswith(("(ratios to", "Against the published"))))
     size_note = (
-        "`--size cpu` (the dry run)." if ctx.dry_run else strategy_size()[1]
+        "`--size tiny` (the dry run)." if ctx.dry_run else strategy_size()[1]
     ) + " The seed's figures are a BERT-base fine-tuning run on a T4: compare the ratios, not the times."
     text = "\n".join([size_note, "", *context, "", *out, *(["", *after] if after else [])])
     if missing:

@@ -57,6 +57,8 @@ SIZES = {
     },
     # small enough for two shared CPU cores
     "cpu": {"vocab": 128, "d_model": 128, "heads": 4, "layers": 4, "seq": 64, "batch": 16, "samples": 16 * 40},
+    # the GPU command's dry run in the test suite (scripts/gpu-check.sh --dry-run): every strategy's code path, no more
+    "tiny": {"vocab": 64, "d_model": 32, "heads": 2, "layers": 2, "seq": 16, "batch": 16, "samples": 16 * 40},
 }
 
 STRATEGIES: dict[str, dict[str, Any]] = {

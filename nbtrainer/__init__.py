@@ -80,6 +80,11 @@ _LAZY: dict[str, str] = {
     "quiet_imports": "nbtrainer._quiet",
     "Samples": "nbtrainer._look._samples",
     "Interpretation": "nbtrainer._look._interpretation",
+    "DataMap": "nbtrainer._know._datamap",
+    "DataReport": "nbtrainer._know._data_report",
+    "DataProblem": "nbtrainer._know._data_report",
+    "show_batch": "nbtrainer._know._show_batch",
+    "CleanedDataset": "nbtrainer._data._cleaned",
     "start_training_thread": "nbtrainer._threads",
     "release_openmp_pool": "nbtrainer._threads",
 }
@@ -153,6 +158,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._atomic import CheckpointError as CheckpointError
     from nbtrainer._compare._run import compare_strategies as compare_strategies
     from nbtrainer._compare._strategy_table import StrategyComparison as StrategyComparison
+    from nbtrainer._data._cleaned import CleanedDataset as CleanedDataset
     from nbtrainer._dist._ddp import DDP as DDP
     from nbtrainer._dist._fsdp import FSDP as FSDP
     from nbtrainer._dist._launch import launch as launch
@@ -174,6 +180,10 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._inference._distill import DistillationLoss as DistillationLoss
     from nbtrainer._inference._inference_table import InferenceComparison as InferenceComparison
     from nbtrainer._inference._quantize_model import quantize_model as quantize_model
+    from nbtrainer._know._data_report import DataProblem as DataProblem
+    from nbtrainer._know._data_report import DataReport as DataReport
+    from nbtrainer._know._datamap import DataMap as DataMap
+    from nbtrainer._know._show_batch import show_batch as show_batch
     from nbtrainer._look._interpretation import Interpretation as Interpretation
     from nbtrainer._look._samples import Samples as Samples
     from nbtrainer._loop._lr_find import LRFinderResult as LRFinderResult

@@ -35,6 +35,7 @@ as they are: nothing here touches them.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
 import threading
@@ -42,6 +43,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["release_openmp_pool", "start_training_thread"]
+
+log = logging.getLogger(__name__)
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
 _HANDLES: dict[str, Any] = {}  # path of a loaded libgomp -> its ctypes handle (None: no omp_pause_resource_all)
@@ -134,6 +137,9 @@ def _hook_cells() -> None:
     try:
         events.register("post_run_cell", _release_after_cell)
     except Exception:  # an IPython without that event: the release at start still holds
+        log.debug(
+            "this IPython has no post_run_cell event: the release at the thread's start still holds", exc_info=True
+        )
         return
     _HOOKED.add(id(shell))
 

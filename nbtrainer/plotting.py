@@ -9,7 +9,8 @@ Public and cheap to import (NumPy only, no torch):
   keys are bounded metrics (accuracy-like, 0-1), which are other metrics, and which are bookkeeping;
 * :func:`svg_chart`, :func:`epoch_table_html`, :func:`summary_html`, ``PALETTE``: theme-aware static charts
   and tables (text in ``currentColor``), and :class:`HistoryPlot`;
-* :func:`change_label`: how an LR or accumulation change reads (report, panel chart, panel messages).
+* :func:`change_label`: how an LR or accumulation change reads (report, panel chart, panel messages);
+* :func:`png_img`, :func:`data_uri`, :func:`png_width`, :func:`encode_png`: a picture (a sample, an input) in HTML.
 
 Example:
     >>> import numpy as np
@@ -34,6 +35,7 @@ from nbtrainer._report._html import (
     summary_html,
     use_log_scale,
 )
+from nbtrainer._report._png import data_uri, encode_png, png_img, png_width
 from nbtrainer._report._svg import PALETTE, log_ticks, nice_ticks, svg_chart
 
 __all__ = [
@@ -44,7 +46,9 @@ __all__ = [
     "MinMaxStream",
     "change_label",
     "classify_metrics",
+    "data_uri",
     "decimate",
+    "encode_png",
     "epoch_columns",
     "epoch_table_html",
     "format_cell",
@@ -53,6 +57,8 @@ __all__ = [
     "log_ticks",
     "minmax_indices",
     "nice_ticks",
+    "png_img",
+    "png_width",
     "summary_html",
     "svg_chart",
     "use_log_scale",

@@ -100,9 +100,10 @@ def poisoned_loader(batch: int = 17, row: int = 5):
     return make_loader(x, y, batch_size=16)
 
 
-# Tests that share work (one Chromium and Jupyter server; one kernel run per notebook): each group runs on one
-# worker, and the groups go first, in this order (the longest first).
-_SHARED = ("tests/browser/", "tests/test_notebooks.py::")
+# Tests that share work (one Chromium and Jupyter server; one kernel run per notebook; one torchrun launch per
+# strategy): each group runs on one worker, and the groups go first, in this order (the longest first). A module
+# whose tests share a module-scoped fixture that is costly to build belongs here (its path and "::").
+_SHARED = ("tests/browser/", "tests/test_notebooks.py::", "tests/plan/test_plan_ranks.py::")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -121,8 +122,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (scripts/test.sh runs 3 workers) the browser tests share one worker: one Chromium and one
     Jupyter server at a time, started first (they are the longest), while the other worker takes the rest. Work
     that tests share stays on one worker, or each worker would do it again: the notebooks' tests share one kernel
-    run per notebook (tests/test_notebooks.py caches it per process), and the cases of a parametrized test share
-    its module-scoped fixture (tests/resume/test_resume.py's SIGKILL runs). Everything else goes test by test.
+    run per notebook (tests/test_notebooks.py caches it per process), the planner's rank tests share one torchrun
+    launch per strategy, and the cases of a parametrized test share its module-scoped fixture
+    (tests/resume/test_resume.py's SIGKILL runs). Everything else goes test by test.
     (xdist's own ``--dist loadgroup`` does not group under pytest 9.2, which dropped ``Item._nodeid``.)"""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -137,6 +139,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # tests first: a parametrized check of 136 cheap cases would otherwise go before the browser tests
     config.option.loadscopereorder = False
     return SharedWorkOnOneWorker(config, log)
+
+
+@pytest.fixture(scope="session")
+def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A folder every pytest-xdist worker of this test run shares (the parent of the workers' temp folders; the
+    run's own temp folder without xdist): work done once per run goes there, under a file lock
+    (``tests/_notebook_runs.py``)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
+@pytest.mark.slow  # starts an interpreter (docs/testing.md: such tests are slow; the inner loop leaves them out)
 def test_refuses_without_cuda_unless_dry_run() -> None:
     proc = _run(timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -32,7 +32,7 @@ def test_refuses_without_cuda_unless_dry_run() -> None:
     assert proc.stdout == ""
 
 
-@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
+@pytest.mark.slow  # starts an interpreter (docs/testing.md: such tests are slow; the inner loop leaves them out)
 def test_dry_run_never_writes_results_md() -> None:
     before = RESULTS.read_bytes()
     proc = _run("--dry-run", "--out", str(RESULTS), timeout=120)

@@ -12,12 +12,14 @@ import warnings
 
 import pytest
 import torch
+from conftest import LazyModule, needs
 from torch import nn
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the Hub
-transformers = pytest.importorskip("transformers")
+from nbtrainer import ModelCheckpoint, Trainer
 
-from nbtrainer import ModelCheckpoint, Trainer  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the Hub
+pytestmark = needs("transformers")
+transformers = LazyModule("transformers")  # imported by the first test that uses it, not at collection
 
 VOCAB, PAD = 100, 0
 

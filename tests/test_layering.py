@@ -97,7 +97,7 @@ PLAIN_RUN = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.slow  # starts an interpreter (README: such tests are slow; the inner loop leaves them out)
+@pytest.mark.slow  # starts an interpreter (docs/testing.md: such tests are slow; the inner loop leaves them out)
 def test_a_plain_run_imports_nothing_it_does_not_use_and_a_torchmetrics_run_finds_its_metrics(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", PLAIN_RUN, ",".join(HEAVY)], capture_output=True, text=True, timeout=240, cwd=tmp_path

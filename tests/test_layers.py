@@ -21,7 +21,7 @@ PACKAGE = REPO / "nbtrainer"
 LAYERS: list[set[str]] = [
     # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
     # ... and the OpenMP pools of threads that train (_threads: ctypes only, no torch import)
-    {"_optional", "_quiet", "_atomic", "_options", "_report", "plotting", "_threads"},
+    {"_optional", "_quiet", "_atomic", "_keywords", "_options", "_optimizer_kinds", "_report", "plotting", "_threads"},
     # model setup before the first step: precision, seeds, optimizers, memory switches
     {"_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers
@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"_health"},  # training health: a consumer of the event stream that reports and acts (pause, stop)
     {"_plan"},  # the memory planner: a step on fake tensors plus arithmetic (the Trainer will plan at fit start)
     {"_look"},  # samples during training, error analysis (interpret): event-stream consumers the Trainer delegates to
+    {"_know"},  # knowing the data: check_data, show_batch, the DataMap (it reuses _look's per-item passes)
     {"_trainer"},  # the facade users hold
     {"_profile", "_compare", "_inference"},  # tools built on the Trainer
     {"_shell"},  # magics, CLI, doctor

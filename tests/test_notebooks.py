@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _notebook_runs import executed
 from conftest import LazyModule, needs
 
 if TYPE_CHECKING:
@@ -37,28 +37,6 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # notebooks that display widgets (the panel, a ProfileCard, a bqplot chart)
 WIDGET_NOTEBOOKS = {"01_quickstart", "03_profiling", "04_multi_input_output", "06_qlora", "07_distill_quantize"}
-CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
-
-
-_CACHE: dict[str, tuple[Any, float]] = {}
-
-
-def execute(path: Path) -> tuple[Any, float]:
-    """Run ``path`` top to bottom in a fresh kernel (cwd = its folder); cached per test module run."""
-    key = str(path)
-    if key not in _CACHE:
-        nb = nbformat.read(path, as_version=4)
-        client = nbclient.NotebookClient(
-            nb,
-            timeout=CELL_TIMEOUT,
-            kernel_name="python3",
-            store_widget_state=True,
-            resources={"metadata": {"path": str(path.parent)}},
-        )
-        start = time.perf_counter()
-        client.execute()
-        _CACHE[key] = (nb, time.perf_counter() - start)
-    return _CACHE[key]
 
 
 def outputs(nb: Any) -> list[NotebookNode]:
@@ -97,9 +75,9 @@ def test_the_demo_notebooks_are_all_there() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DEMOS, ids=[p.stem for p in DEMOS])
-def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
-    nb, seconds = execute(path)
-    print(f"\n{path.name}: executed in {seconds:.1f} s")
+def test_notebook_executes(execute: Any, path: Path) -> None:
+    nb, seconds, cpu = execute(path)
+    print(f"\n{path.name}: executed in {seconds:.1f} s, {cpu:.1f} s of CPU")
     for out in outputs(nb):
         assert out.output_type != "error", f"{path.name}: {out.get('ename')}: {out.get('evalue')}"
         text = out.get("text", "") if out.output_type == "stream" else ""
@@ -114,8 +92,9 @@ def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
     assert not stderr, f"{path.name} wrote to stderr: " + "\n".join(f"cell {i}: {t[:600]}" for i, t in stderr)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code_cells)
-    # "well under a minute" on 2 cores; the bound leaves room for a loaded CI machine
-    assert seconds < 120, f"{path.name} took {seconds:.0f} s"
+    # "well under a minute" on 2 cores, as work done: the kernel's CPU seconds (its wall time under the parallel
+    # suite measures the other workers too: issue 57); the quiet run times are in bench/RESULTS.md
+    assert cpu < 120, f"{path.name} used {cpu:.0f} s of CPU ({seconds:.0f} s of wall time)"
     if path.stem in WIDGET_NOTEBOOKS:
         state = widget_state(nb)
         assert state, f"{path.name}: no {WIDGET_STATE} in the notebook metadata"
@@ -125,13 +104,16 @@ def test_notebook_executes(venv_kernelspec: Path, path: Path) -> None:
         assert not missing, f"{path.name}: widget views without state: {missing}"
 
 
-def _quickstart() -> Any:
-    return execute(NB_DIR / "01_quickstart.ipynb")[0]
+@pytest.fixture
+def execute(venv_kernelspec: Path, run_shared_dir: Path) -> Any:
+    """``execute(path)``: the notebook run once per test run, by whichever worker asks first (tests/_notebook_runs.py:
+    the quickstart's HTML export reads the same run); ``(notebook, wall seconds, CPU seconds)``."""
+    return lambda path: executed(path, run_shared_dir)
 
 
 @pytest.mark.slow
-def test_quickstart_panel_state_shows_a_finished_run(venv_kernelspec: Path) -> None:
-    state = widget_state(_quickstart())
+def test_quickstart_panel_state_shows_a_finished_run(execute: Any) -> None:
+    state = widget_state(execute(NB_DIR / "01_quickstart.ipynb")[0])
     panels = models_with_class(state, "nbt-panel")
     assert len(panels) == 1, "the quickstart shows one panel"
     assert panels[0]["model_name"] == "VBoxModel"
@@ -154,8 +136,8 @@ def test_quickstart_panel_state_shows_a_finished_run(venv_kernelspec: Path) -> N
 
 
 @pytest.mark.slow
-def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
-    nb = _quickstart()
+def test_quickstart_leaves_static_html_summary(execute: Any) -> None:
+    nb = execute(NB_DIR / "01_quickstart.ipynb")[0]
     htmls = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
     summaries = [h for h in htmls if "nbt-summary" in h and "nbt-summary-slot" not in h]
     assert summaries, "no static HTML summary (class nbt-summary) in the quickstart's outputs"
@@ -170,8 +152,8 @@ def test_quickstart_leaves_static_html_summary(venv_kernelspec: Path) -> None:
 
 
 @pytest.mark.slow
-def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "02_precision_and_accumulation.ipynb")
+def test_precision_notebook_compares_every_config(execute: Any) -> None:
+    nb = execute(NB_DIR / "02_precision_and_accumulation.ipynb")[0]
     tables = [o["data"]["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {})]
     results = [t for t in tables if "step memory (KiB)" in t and "val_acc" in t]
     assert results, "no results table"
@@ -180,8 +162,8 @@ def test_precision_notebook_compares_every_config(venv_kernelspec: Path) -> None
 
 
 @pytest.mark.slow
-def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "03_profiling.ipynb")
+def test_profiling_notebook_uses_the_magics(execute: Any) -> None:
+    nb = execute(NB_DIR / "03_profiling.ipynb")[0]
     sources = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "%load_ext nbtrainer" in sources and "%nbtrainer profile" in sources
     state = widget_state(nb)
@@ -191,8 +173,8 @@ def test_profiling_notebook_uses_the_magics(venv_kernelspec: Path) -> None:
 
 
 @pytest.mark.slow
-def test_scripts_notebook_trains_headless(venv_kernelspec: Path) -> None:
-    nb, _ = execute(NB_DIR / "05_scripts.ipynb")
+def test_scripts_notebook_trains_headless(execute: Any) -> None:
+    nb = execute(NB_DIR / "05_scripts.ipynb")[0]
     streams = "".join(o.get("text", "") for o in outputs(nb) if o.output_type == "stream")
     assert "no notebook front end" in streams, streams[-2000:]
     assert "finished: 3 epochs" in streams, streams[-2000:]  # examples/train_digits.py's last line

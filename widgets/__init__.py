@@ -53,6 +53,14 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-errors``               the errors section (``TrainerWidget(interpret=True)``): ``nbt-errors-summary``, the
                              bqplot heatmap ``nbt-errors-matrix`` (click a cell), ``nbt-errors-examples``,
                              ``nbt-errors-table``, the top-losses ``nbt-errors-gallery`` (items ``nbt-gallery-item``)
+``nbt-data``                 the data section (``_data_view``): before Start the data check's report
+                             ``nbt-data-report`` (lights ``nbt-data-light`` / ``nbt-data-ok|warning|problem``,
+                             findings ``nbt-data-problem``) and a batch ``nbt-data-batch``; during a run the data
+                             map ``nbt-data-map`` (bqplot scatter: click a point, or ``nbt-data-map-mode`` lasso),
+                             ``nbt-data-map-note``, and the picked items in the cleaner ``nbt-data-selection``
+``nbt-cleaner``              keep / drop / relabel per item (``_cleaner``; in the data and errors sections):
+                             ``nbt-cleaner-item`` (and ``nbt-cleaner-item-<index>``), ``nbt-cleaner-choice``,
+                             ``nbt-cleaner-label``, ``nbt-cleaner-summary``; errors: ``nbt-errors-cleaner``
 ``nbt-section``              a collapsible area: header with ``nbt-section-title``, ``nbt-collapse`` (and
                              ``nbt-close``), body: ``nbt-epochs-area`` (the newest rows of the live table
                              ``nbt-epoch-table`` in ``nbt-epoch-table-box``, ``nbt-epoch-note`` saying how

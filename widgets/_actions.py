@@ -7,6 +7,7 @@ protocol, so this module depends on no panel class.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -17,6 +18,8 @@ from ._controls import Controls
 from ._view import PanelView
 
 __all__ = ["ActionsHost", "PanelActions"]
+
+log = logging.getLogger(__name__)
 
 
 def _trained_warning(steps: int) -> str:
@@ -170,6 +173,7 @@ class PanelActions:
         try:
             fn()
         except Exception as exc:
+            log.debug("a panel action failed: said in the panel (a click never takes the kernel down)", exc_info=True)
             self.host.notify("error", f"{type(exc).__name__}: {exc}")
 
     def in_background(self, name: str, fn: Callable[[], Any]) -> None:
@@ -196,6 +200,7 @@ class PanelActions:
             try:
                 fn()
             except Exception as exc:
+                log.debug("a panel action's thread failed: said in the panel", exc_info=True)
                 self.host.notify("error", f"{name} failed: {type(exc).__name__}: {exc}")
             finally:
                 self.busy.discard(name)

@@ -14,6 +14,7 @@ Stable CSS classes: ``nbt-compare`` (root), ``nbt-compare-runs`` (the menu), ``n
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from nbtrainer import Trainer
 
 __all__ = ["CompareRuns"]
+
+log = logging.getLogger(__name__)
 
 _OPACITY = 0.35  # muted: the live run stays the line the eye follows
 _COLORS = [PALETTE[(i + 5) % len(PALETTE)] for i in range(len(PALETTE))]  # mid-tones read on light and dark
@@ -77,6 +80,7 @@ class CompareRuns:
         try:
             self.refresh()
         except Exception as exc:  # a store that cannot be read must not stop the panel from showing
+            log.debug("the run store could not be read: the menu says so", exc_info=True)
             self.select.options = [(f"(run store unreadable: {type(exc).__name__}: {exc})", "")]
 
     # -- the menu ----------------------------------------------------------------------------------
@@ -94,7 +98,7 @@ class CompareRuns:
 
     def refresh(self) -> None:
         """Re-read the stores (a run started or ended); the chosen runs that still exist stay chosen."""
-        current = getattr(self.trainer, "run_id", None) if self.running else None
+        current = self.trainer.run_id if self.running else None
         options: list[tuple[str, str]] = []
         runs: dict[str, tuple[Runs, str]] = {}
         for i, store in enumerate(self._stores()):

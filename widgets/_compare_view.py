@@ -199,6 +199,10 @@ class CompareWidget:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
         return html_view(self.root, "strategy comparison", self.status, self.table)._repr_mimebundle_(**kwargs)
 
+    def __repr__(self) -> str:
+        rows = len(self.comparison) if self.comparison is not None else 0
+        return f"CompareWidget({rows} rows, baseline {self.baseline!r})"
+
     # -- live ------------------------------------------------------------------------------------
     @classmethod
     def run(

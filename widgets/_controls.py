@@ -8,6 +8,7 @@ checkpointing are locked while a run is alive and take effect at the next Start.
 from __future__ import annotations
 
 import html
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from nbtrainer import Trainer
 
 __all__ = ["SCHEDULES", "Controls"]
+
+log = logging.getLogger(__name__)
 
 SCHEDULES = {"constant": "constant LR", "onecycle": "one-cycle (max LR)", "cosine": "cosine decay"}
 _OneCycle = torch.optim.lr_scheduler.OneCycleLR
@@ -148,6 +151,7 @@ class Controls:
             self.trainer.set_precision(name)
             self.notify("info", f"precision {name} from the next run")
         except Exception as exc:
+            log.debug("the precision was refused: the panel says why and shows the trainer's", exc_info=True)
             self.notify("warning", str(exc))
             self._set(self.view.precision, "value", self.trainer.precision)
 
@@ -200,6 +204,7 @@ class Controls:
                 else "activation checkpointing off",
             )
         except Exception as exc:
+            log.debug("activation checkpointing was refused: the panel says why and shows the trainer's", exc_info=True)
             self.notify("warning", f"activation checkpointing: {exc}")
             self._set(self.view.checkpointing, "value", bool(self.trainer.checkpointed_blocks))
 

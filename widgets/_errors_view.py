@@ -6,13 +6,15 @@ With ``TrainerWidget(..., interpret=True)`` (or a dict of ``interpret`` options:
 mode and the random generators as they were), and prepares the top-losses gallery there too (the dataset is read and
 the pictures encoded on the thread that already runs torch). The UI thread then draws it: the confusion matrix as a
 bqplot ``GridHeatMap`` (``nbt-errors-matrix``; a click on a cell shows that cell's items, largest loss first, in
-``nbt-errors-examples``), the per-class figures and the gallery (``nbt-errors-gallery``). A model whose loss cannot
+``nbt-errors-examples``, each with keep / drop / relabel in ``nbt-errors-cleaner``: ``interp.cleaned(dataset)``),
+the per-class figures and the gallery (``nbt-errors-gallery``). A model whose loss cannot
 be split per item is said once in the panel's messages and the section, and the run goes on.
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,9 +23,12 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
+from ._cleaner import Cleaner
 from ._section import Section
 
 __all__ = ["ErrorsView", "interpret_options"]
+
+log = logging.getLogger(__name__)
 
 _MAX_CLASSES = 30  # a larger matrix is a list of the most confused pairs instead
 _EXAMPLES = 9
@@ -62,6 +67,7 @@ class _Collector:
             interp = trainer.interpret(self.loader, **self.options)
             gallery = interp.show(k=_EXAMPLES).html
         except Exception as exc:  # the run goes on; said once
+            log.debug("the error analysis failed: said once in the panel, the run goes on", exc_info=True)
             self.failed = True
             self.done(exc)
             return
@@ -121,9 +127,13 @@ class ErrorsView:
         self.examples.add_class("nbt-errors-examples")
         self.table.add_class("nbt-errors-table")
         self.gallery.add_class("nbt-errors-gallery")
+        # a cell's items, each with keep / drop / relabel (default: as predicted), into the interpretation's edits
+        self.cleaner = Cleaner("w.looks.errors.interpretation.cleaned()")
+        self.cleaner.root.add_class("nbt-errors-cleaner")
         self.body = W.VBox(
             [self.summary, W.HBox([self.figure, self.table], layout=W.Layout(flex_flow="row wrap")), self.examples,
-             W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"), self.gallery]
+             self.cleaner.root, W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"),
+             self.gallery]
         )  # fmt: skip
         self.interpretation: Any = None  # the last one drawn
         self._pending: Any = None  # set by the training thread, taken by the UI thread
@@ -184,19 +194,10 @@ class ErrorsView:
                 )
             else:
                 self.figure.layout.display = "none"
-                if interp.task in ("classification", "binary", "multilabel"):
-                    rows = "".join(
-                        f"<tr><td>{html.escape(str(a))}</td><td>{html.escape(str(b))}</td><td>{n}</td></tr>"
-                        for a, b, n in interp.most_confused(10)
-                    )
-                    self.table.value = (
-                        "<div style='font-size:12px'>most confused</div><table><tr><th>target</th><th>predicted</th>"
-                        f"<th>count</th></tr>{rows}</table>"
-                    )
-                else:
-                    self.table.value = ""
+                self.table.value = interp.most_confused_html(10)  # empty for a task without classes
             self.gallery.value = gallery
             self.examples.value = ""
+            self.cleaner.clear()
             self.section.show(self.body, detail=f"epoch {epoch}")
 
     def _on_cell(self, change: Any) -> None:
@@ -216,6 +217,9 @@ class ErrorsView:
             items = interp.where(target=target, prediction=predicted)
             name = interp.classes or list(range(interp.n_classes or 0))
             head = f"target {name[target]}, predicted {name[predicted]}: {len(items)} item(s)"
-            shown = interp.show(items=items[:_EXAMPLES], k=_EXAMPLES).html if items else ""
-            self.examples.value = f"<div style='font-size:12px;margin-top:4px'><b>{html.escape(head)}</b></div>{shown}"
+            self.examples.value = f"<div style='font-size:12px;margin-top:4px'><b>{html.escape(head)}</b></div>"
+            shown = interp.show(items=items[:_EXAMPLES], k=_EXAMPLES)
+            labels = [str(n) for n in name]
+            suggested: dict[int, int | None] = dict.fromkeys(shown.indices, predicted)
+            self.cleaner.show(interp.edits, shown.indices, shown.cards, classes=labels, suggested=suggested)
             return items

@@ -14,6 +14,7 @@ both majors do.
 from __future__ import annotations
 
 import html
+import logging
 import re
 from typing import Any
 
@@ -22,6 +23,8 @@ from nbtrainer import format_number
 from ._frontends import prepare_display
 
 __all__ = ["WidgetView", "html_view", "panel_view"]
+
+log = logging.getLogger(__name__)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -61,7 +64,7 @@ def panel_view(w: Any, *, charts: bool = True) -> WidgetView:
     h = w.history
     epochs = list(getattr(h, "epochs", []) or [])
     steps = len((getattr(h, "steps", None) or {}).get("step", []))
-    model = type(getattr(w.trainer, "model", None)).__name__
+    model = type(w.trainer.model).__name__
     head = f"TrainerWidget '{w.name}' · {model} on {w.trainer.device}"
     state = f"{w.status} · epoch {len(epochs)}/{w.epochs}" + (f" · {format_number(steps)} steps" if steps else "")
     last = ", ".join(f"{k}={format_number(v)}" for k, v in (epochs[-1] if epochs else {}).items() if k != "epoch")
@@ -72,6 +75,7 @@ def panel_view(w: Any, *, charts: bool = True) -> WidgetView:
         try:
             svg = h.to_svg()
         except Exception:  # the fallback must never fail the display
+            log.debug("the History's chart could not be drawn: the fallback shows without it", exc_info=True)
             svg = ""
     body = (
         f"<div class='nbt-fallback'><div><b>{html.escape(head)}</b></div>"

@@ -8,12 +8,37 @@ from typing import Any
 
 from nbtrainer import Trainer
 
-__all__ = ["USAGE", "PanelArgs", "parse_panel_args"]
+__all__ = ["USAGE", "PanelArgs", "check_keywords", "parse_panel_args"]
 
 USAGE = (
     "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
     "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
 )
+
+
+def check_keywords(options: dict[str, Any], panel: Any) -> None:
+    """Refuse a keyword that is neither the panel's nor the Trainer's, naming the closest valid one: a misspelt
+    option must not reach ``Trainer(...)`` as a bare ``unexpected keyword argument``.
+
+    Example:
+        >>> check_keywords({"grad_accumulation_steps": 2}, lambda self, epochs=1: None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: ... argument 'grad_accumulation_steps'; did you mean 'grad_accum_steps'? ...
+    """
+    import difflib
+    import inspect
+
+    panel_keywords = inspect.signature(panel).parameters  # TrainerWidget.__init__: the panel's own options
+    trainer_keywords = inspect.signature(Trainer.__init__).parameters
+    valid = sorted({*panel_keywords, *trainer_keywords} - {"self", "model", "args", "trainer_options"})
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise TypeError(
+                f"TrainerWidget() got an unexpected keyword argument {key!r}{hint} It takes the panel's own options "
+                f"and any Trainer option; valid keywords: {', '.join(valid)}."
+            )
 
 
 @dataclass
@@ -41,14 +66,18 @@ def parse_panel_args(
     metrics: Any = None,
     epochs: int = 1,
     trainer_options: dict[str, Any] | None = None,
+    panel: Any = None,
 ) -> PanelArgs:
     """Check the arguments of ``TrainerWidget(...)`` and build the Trainer of the model form.
 
     Raises:
-        TypeError: arguments of neither form (with both forms spelled out).
+        TypeError: arguments of neither form (with both forms spelled out); a keyword neither the panel nor the
+            Trainer takes (with the closest valid one).
         ValueError: ``epochs`` is not a positive int, or the Trainer has no optimizer (with the fix).
     """
     options = dict(trainer_options or {})
+    if panel is not None:
+        check_keywords(options, panel)
     build: tuple[Any, ...] | None
     if isinstance(model, Trainer):
         if metrics is not None or options:
@@ -65,6 +94,7 @@ def parse_panel_args(
             raise TypeError(f"Expected criterion, optimizer and train_loader after the model. {USAGE}")
         criterion, optimizer, *loaders = args
         args = tuple(loaders)
+        options.setdefault("check_data", True)  # the panel checks the data (its lights show before Start)
         trainer = Trainer(model, criterion, optimizer, metrics=metrics, **options)
         user_model = model
         build = (criterion, optimizer, metrics, options)

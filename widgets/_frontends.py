@@ -21,12 +21,15 @@ cell, and that fails in VS Code (vscode-jupyter#17360); without it nothing does.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FrontEnd", "detect", "prepare_display", "unreachable_clicks"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def prepare_display() -> None:
     try:
         importlib.import_module("google.colab.output").enable_custom_widget_manager()
     except Exception as exc:  # the fallback text and HTML still show; say why the charts may not
+        log.debug("Colab's custom widget manager could not be enabled: printed", exc_info=True)
         print(f"nbtrainer: could not enable Colab's custom widget manager ({exc}): charts may not draw.")
 
 

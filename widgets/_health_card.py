@@ -16,6 +16,7 @@ only inside HTML), and the chart uses bqplot API that 0.12 and 0.13 share (check
 from __future__ import annotations
 
 import html
+import logging
 import math
 from typing import Any, Protocol
 
@@ -23,13 +24,15 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
-from nbtrainer import Health
+from nbtrainer import Health, ModelCheckpoint
 from nbtrainer.plotting import PALETTE
 
 from ._chart_parts import legend_html, lin_scale, log_scale
 from ._theme import FG, FG2
 
 __all__ = ["HealthCard", "HealthHost", "health_of"]
+
+log = logging.getLogger(__name__)
 
 LIGHTS = {"ok": "#1a7f37", "warning": "#9a6700", "problem": "#cf222e"}
 MAX_BLOCKS = 6  # block lines drawn besides the total: the largest by their latest norm
@@ -237,16 +240,16 @@ class HealthCard:
         self.skip.layout.display = "flex" if alive and paused and skipped else "none"
 
     def _last_checkpoint(self) -> str | None:
-        for cb in self.trainer.callbacks.callbacks:
-            path = getattr(cb, "last_model_path", None)
-            if isinstance(path, str) and getattr(cb, "save_last", False):
-                return path
-        return None
+        checkpoint = ModelCheckpoint.find(self.trainer.callbacks.callbacks)
+        return checkpoint.last_model_path if checkpoint is not None and checkpoint.save_last else None
 
     def _guard(self, fn: Any) -> None:
         try:
             fn()
         except Exception as exc:  # a click must never take the kernel down: said in the panel
+            log.debug(
+                "a health card action failed: said in the panel (a click never takes the kernel down)", exc_info=True
+            )
             self.host.notify("error", f"{type(exc).__name__}: {exc}")
 
     def click_apply_lr(self) -> None:

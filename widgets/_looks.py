@@ -1,6 +1,8 @@
-"""The panel's sections that look at what the model does (issue 46): samples beside the loss, and errors.
+"""The panel's sections that look at what the model does (issue 46) and at its data (issue 55): samples beside the
+loss, errors, and the data section.
 
-:class:`Looks` composes them for ``TrainerWidget``: the samples section (``_samples_view``, always there, shown once
+:class:`Looks` composes them for ``TrainerWidget``: the data section (``_data_view``: the data check before Start, a
+batch, the run's data map and its cleaner), the samples section (``_samples_view``, always there, shown once
 a ``nbtrainer.Samples`` callback has taken something) and the errors section (``_errors_view``, with
 ``TrainerWidget(..., interpret=True)`` or a dict of ``interpret`` options). The UI thread redraws both at each push
 (``parts``, the pump's :class:`~nbtrainer.widgets._pump.LivePart`); the errors section's callback rides on each
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._charts import LiveCharts
+from ._data_view import DataView
 from ._errors_view import ErrorsView, interpret_options
 from ._samples_view import SamplesView
 
@@ -20,7 +23,7 @@ __all__ = ["Looks"]
 
 
 class Looks:
-    """The samples (:attr:`samples`) and errors (:attr:`errors`) sections of one panel.
+    """The samples (:attr:`samples`), errors (:attr:`errors`) and data (:attr:`data`) sections of one panel.
 
     Args:
         charts: the panel's live charts (a click on the loss chart picks a sample).
@@ -48,12 +51,20 @@ class Looks:
             raise ValueError("TrainerWidget(interpret=...) analyses the validation set: pass a val_loader.")
         self.samples = SamplesView(charts, source, notify)
         self.errors = ErrorsView(notify, options)
-        self.roots = (self.samples.root, self.errors.root)
-        self.parts = (self.samples, self.errors)
+        self.data = DataView(notify)
+        self.roots = (self.data.root, self.samples.root, self.errors.root)
+        self.parts = (self.samples, self.errors, self.data)
+
+    def refused(self) -> str | None:
+        """Why Start must not train, said before any step (labels past the model's outputs), or None; waits for the
+        data check first."""
+        self.data.wait_check()
+        return self.data.refused()
 
     def attach(self, trainer: Any, val_loader: Any) -> None:
-        """A run starts: the errors section's callback rides on it."""
+        """A run starts: the errors section's callback and the data map ride on it."""
         self.errors.attach(trainer, val_loader)
+        self.data.attach(trainer)
 
     def detach(self, trainer: Any) -> None:
         """The run could not start: the trainer as it was."""

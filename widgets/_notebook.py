@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 # The detection (and its NBTRAINER_FRONTEND override) is the core's, so bars and panel always agree.
 from nbtrainer import in_notebook
 
 __all__ = ["cell_id", "in_notebook"]
+
+log = logging.getLogger(__name__)
 
 
 def cell_id() -> tuple[str, str] | None:
@@ -23,4 +26,5 @@ def cell_id() -> tuple[str, str] | None:
         cell = (parent.get("metadata") or {}).get("cellId")
         return (str(cell), str((parent.get("header") or {}).get("msg_id"))) if cell else None
     except Exception:
+        log.debug("the running cell could not be found: no cell id", exc_info=True)
         return None

@@ -12,6 +12,7 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -57,8 +58,7 @@ class TrainerWidget:
         ui_interval: seconds between two pushes of the UI thread (default 0.25, at least 0.05; 0.5 in VS Code, Colab).
         max_points: the points kept per chart series (min/max decimated; default 2000).
         smoothing: the EMA weight of the smoothed loss curve (default 0.9).
-        save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name made
-            file-safe).
+        save_path: the Save button's checkpoint path (default ``checkpoints/<name>.ckpt``, the name file-safe).
         name: the panel's name (``w.name``), shown in its title, messages and errors, and used in the
             default checkpoint path. Default ``"<model class> #<n>"``, ``n`` counting the panels made in
             this kernel, so two panels in one notebook are told apart and never save to one file.
@@ -98,6 +98,7 @@ class TrainerWidget:
             metrics=metrics,
             epochs=epochs,
             trainer_options=trainer_options,
+            panel=TrainerWidget.__init__,  # its own keywords: a misspelt one is named with the closest valid one
         )
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
@@ -118,6 +119,7 @@ class TrainerWidget:
             self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
         )
         self.looks = Looks(self.charts, lambda: self.trainer, self.notify, interpret=interpret, val_loader=a.val_loader)
+        self.data_map = self.looks.data.data_map  # the runs' DataMap: its edits are the data section's cleaner's
         self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self.notify)
@@ -142,7 +144,8 @@ class TrainerWidget:
         v.set_status("idle")
         v.set_stats(None, None)
         self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
-        self.panel.children = (*self.panel.children, self._hide_static)
+        self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
+        self.panel.children = (self._hide_static, *self.panel.children)
         self._cell = _notebook.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
@@ -152,6 +155,7 @@ class TrainerWidget:
         except RuntimeError as exc:
             self.notify("error", str(exc))
             warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
+        self.looks.data.start_check(trainer, self.train_loader, self.val_loader)  # its lights show before Start
 
     # -- public API ------------------------------------------------------------------------------------
     @property
@@ -181,6 +185,9 @@ class TrainerWidget:
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
         self._apply_savers()
+        if refused := self.looks.refused():  # waits for the data check (the fit reuses its report)
+            self.notify("error", f"not started: {refused}")
+            return
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
             self.notify("warning", msg)
@@ -191,21 +198,10 @@ class TrainerWidget:
         feed = Feed()
         feed.attach(self.trainer)  # the panel is the progress display
         self.looks.attach(self.trainer, self.val_loader)
-        kwargs = {
-            "train_loader": self.train_loader,
-            "val_loader": self.val_loader,
-            "epochs": self.epochs,
-            "max_steps": self.max_steps,
-        }
-        run = Run(
-            self.trainer,
-            id(self._model),
-            kwargs,
-            owner=self._label,
-            on_done=lambda r: feed.detach(r.trainer),
-            cell=self._cell,
-        )
-        self._run = run
+        kwargs = {"train_loader": self.train_loader, "val_loader": self.val_loader}
+        kwargs |= {"epochs": self.epochs, "max_steps": self.max_steps}
+        done = lambda r: feed.detach(r.trainer)  # noqa: E731
+        self._run = run = Run(self.trainer, id(self._model), kwargs, owner=self._label, on_done=done, cell=self._cell)
         self.set_running(True)
         self.view.set_status("running", "starting")
         try:
@@ -368,6 +364,7 @@ class TrainerWidget:
         try:  # a run starts or ends: the menu lists the runs before it (never the live one)
             self.compare.refresh()
         except Exception as exc:  # a store that cannot be read must not block training
+            logging.getLogger(__name__).debug("the run store could not be read: said in the panel", exc_info=True)
             self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
         self.savers.set_running(running)
 

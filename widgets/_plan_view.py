@@ -8,6 +8,7 @@ panel is :class:`PlanHost`; it reads only public names of the core.
 from __future__ import annotations
 
 import html
+import logging
 import threading
 from typing import Any, Protocol
 
@@ -22,6 +23,8 @@ from ._theme import FG2
 from ._view import PanelView
 
 __all__ = ["PlanHost", "PlanView"]
+
+log = logging.getLogger(__name__)
 
 
 class PlanHost(Protocol):
@@ -97,6 +100,7 @@ class PlanView:
                 self.model, batch, budget_gb=budget_gb, device=trainer.device, criterion=trainer.criterion
             )
         except Exception as exc:  # the planner's message says what is wrong and the fix
+            log.debug("the memory plan failed: its message is shown in the panel", exc_info=True)
             self.note.value = ""
             self.host.notify("error", f"memory plan: {exc}")
             return

@@ -42,6 +42,8 @@ from ._notebook import in_notebook
 
 __all__ = ["wait_until"]
 
+log = logging.getLogger(__name__)
+
 _warned = False
 _SUBSHELLS: dict[int, str] = {}  # id(kernel) -> the nbtrainer subshell (one per kernel, reused)
 _ACTIVE: dict[int, str] = {}  # id(kernel) -> subshell that answers the main shell's front-end requests now
@@ -86,12 +88,16 @@ def _subshell(kernel: Any) -> str | None:
         try:
             made.set_result(manager._create_subshell())
         except BaseException as exc:
+            log.debug("creating a subshell failed: its caller gets the exception from the Future", exc_info=True)
             made.set_exception(exc)
 
     manager._shell_channel_io_loop.add_callback(create)  # thread-safe hand-over to that thread's loop
     try:
         _SUBSHELLS[id(kernel)] = made.result(timeout=10)
     except Exception:  # an ipykernel whose internals moved: fall back to jupyter-ui-poll
+        log.debug(
+            "no kernel subshell (an ipykernel whose internals moved): jupyter-ui-poll is used instead", exc_info=True
+        )
         return None
     return _SUBSHELLS[id(kernel)]
 
@@ -147,12 +153,14 @@ def _install_router(kernel: Any) -> bool:
             stream.on_recv(on_shell, copy=False)
             made.set_result(True)
         except BaseException as exc:
+            log.debug("installing the routing failed: its caller gets the exception from the Future", exc_info=True)
             made.set_exception(exc)
 
     thread.io_loop.add_callback(install)
     try:
         made.result(timeout=10)
     except Exception:
+        log.debug("the subshell routing could not be installed: jupyter-ui-poll is used instead", exc_info=True)
         return False
     logging.getLogger("Comm").addFilter(_LOOKUP_FILTER)  # the comm package's logger (comm.base_comm)
     _ROUTERS.add(key)

@@ -119,5 +119,8 @@ class ProfileCard(W.VBox):
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
         return html_view(self, "model profile", self.html)._repr_mimebundle_(**kwargs)
 
+    def __repr__(self) -> str:  # a VBox's own repr is its children's HTML source
+        return f"ProfileCard({self.data.get('model_name', '?')}, batch size {self.data.get('batch_size', '?')})"
+
     def _ipython_display_(self) -> None:  # ipywidgets 7's own would publish the widget view alone
         html_view(self, "model profile", self.html)._ipython_display_()

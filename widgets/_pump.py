@@ -17,6 +17,7 @@ small :class:`PumpHost` protocol, so this module depends on no panel class.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -35,6 +36,8 @@ from ._runner import Feed, Run
 from ._view import PanelView
 
 __all__ = ["LivePart", "PumpHost", "UiPump"]
+
+log = logging.getLogger(__name__)
 
 _LIVE = ("running", "pausing", "paused", "stopping")
 # A browser redraws a bqplot mark from scratch for every message, and a loaded one falls behind a fast stream:
@@ -162,6 +165,9 @@ class UiPump:
                 try:
                     self._apply(items, final)
                 except Exception as exc:  # the UI thread must outlive a drawing bug
+                    log.debug(
+                        "a panel update failed (the UI thread outlives a drawing bug): said in the panel", exc_info=True
+                    )
                     self.host.notify("error", f"panel update failed: {type(exc).__name__}: {exc}")
                 last = time.monotonic()
             if final:
@@ -298,4 +304,5 @@ class UiPump:
         try:
             host.publish_summary(h)
         except Exception as exc:
+            log.debug("the summary could not be written: said in the panel", exc_info=True)
             host.notify("warning", f"could not write the summary: {type(exc).__name__}: {exc}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import logging
 import threading
 import traceback
 from collections.abc import Callable
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from nbtrainer import Trainer
 
 __all__ = ["Feed", "Run", "claim_model", "live_run"]
+
+log = logging.getLogger(__name__)
 
 _LIVE: dict[int, Run] = {}  # id(model) -> the widget run training it
 _LOCK = threading.Lock()
@@ -152,6 +155,7 @@ class Run:
         try:
             self.history = self.trainer.fit(**self.fit_kwargs)
         except BaseException as exc:
+            log.debug("the fit failed: shown in the panel, and re-raised by wait()", exc_info=True)
             self.error = exc
             self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.history = self.trainer.history

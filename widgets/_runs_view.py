@@ -13,6 +13,7 @@ Stable CSS classes: ``nbt-runs`` (root), ``nbt-runs-select``, ``nbt-runs-metric`
 from __future__ import annotations
 
 import html
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from nbtrainer import Trainer
 
 __all__ = ["RunsWidget", "TuneView"]
+
+log = logging.getLogger(__name__)
 
 MUTED = "#8b949e"
 _MARGIN = {"top": 30, "bottom": 40, "left": 60, "right": 10}
@@ -153,6 +156,9 @@ class RunsWidget:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:  # with text/plain and text/html where widgets cannot render
         return html_view(self.root, "runs", self.message, self.table)._repr_mimebundle_(**kwargs)
 
+    def __repr__(self) -> str:
+        return f"RunsWidget({self.runs!r})"
+
     @classmethod
     def tune(
         cls, build: Callable[[Any], Any], *, show: bool | Callable[[Any], Any] = True, **tune_kwargs: Any
@@ -229,6 +235,7 @@ class TuneView:
             try:
                 self.study = tune(build, callbacks=callbacks, study_callbacks=study_callbacks, **tune_kwargs)
             except BaseException as exc:  # shown in the view; wait() re-raises it
+                log.debug("the search failed: shown in the view, and re-raised by wait()", exc_info=True)
                 self.error = exc
             finally:
                 self.done = True

@@ -14,17 +14,17 @@ variables there).
 
 from __future__ import annotations
 
-import base64
 import bisect
 import difflib
 import html
 import re
-import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
+
+from nbtrainer.plotting import png_img
 
 from ._charts import LiveCharts
 from ._section import Section
@@ -69,11 +69,7 @@ def word_diff(old: str, new: str) -> tuple[str, str]:
 
 
 def _picture(value: Any, name: str) -> str:
-    png = base64.b64decode(value) if isinstance(value, str) else bytes(value)
-    width = struct.unpack(">I", png[16:20])[0] if len(png) >= 24 else 64  # IHDR: a small picture is enlarged
-    scale = max(1, min(8, 256 // max(width, 1)))
-    raw = base64.b64encode(png).decode("ascii")
-    return f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' width='{width * scale}'>"
+    return png_img(value, alt=name)  # a small picture enlarged, its pixels kept sharp
 
 
 class SamplesView:

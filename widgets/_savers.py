@@ -23,11 +23,13 @@ from ._theme import FG2
 if TYPE_CHECKING:
     from nbtrainer import Trainer
 
-__all__ = ["AS_GIVEN", "OPTIMIZERS", "QUANTIZE", "Savers"]
+__all__ = ["AS_GIVEN", "OPTIMIZERS", "Savers"]
 
 AS_GIVEN = "as given"
+#: the memory switches' names, from the core's one list of them
+S = MemoryOptions.SWITCH
+#: the menu's few among the optimizers the core builds by name
 OPTIMIZERS = ("adamw", "adamw8bit", "adafactor")
-QUANTIZE = ("none", "nf4", "nf4-dq", "fp4", "int8")
 LORA_R = 8
 
 
@@ -54,16 +56,16 @@ class Savers:
             if not ok:
                 self.reasons[f"optimizer:{name}"] = why
         q_rows = [("none", True)]
-        for name in QUANTIZE[1:]:
-            ok, why = s.get(f"quantize:{name}", (False, "unknown quantization"))
-            q_rows.append((name, ok))
-            if not ok:
-                self.reasons[f"quantize:{name}"] = why
+        for key, (ok, why) in s.items():  # the formats, in the core's order
+            if key.startswith(f"{S.quantize}:"):
+                q_rows.append((key.split(":", 1)[1], ok))
+                if not ok:
+                    self.reasons[key] = why
         self.optimizer = W.Dropdown(
             options=_menu(opt_rows), value=AS_GIVEN, description="optimizer", layout=W.Layout(width="210px")
         )
         self.quantize = W.Dropdown(
-            options=_menu(q_rows), value="none", description="quantize", layout=W.Layout(width="190px")
+            options=_menu(q_rows), value="none", description=S.quantize, layout=W.Layout(width="190px")
         )
         self.lora = W.Checkbox(
             value=False, description=f"LoRA (r={LORA_R})", indent=False, layout=W.Layout(width="110px")
@@ -84,7 +86,7 @@ class Savers:
                 self.reasons[key] = why
                 box.disabled = True
             box.tooltip = why or box.description
-        for menu, prefix in ((self.optimizer, "optimizer:"), (self.quantize, "quantize:")):
+        for menu, prefix in ((self.optimizer, "optimizer:"), (self.quantize, f"{S.quantize}:")):
             off = [f"{k[len(prefix) :]}: {r}" for k, r in self.reasons.items() if k.startswith(prefix)]
             menu.tooltip = "; ".join(off) or f"all run on {trainer.device}"
         self.note = W.HTML()
@@ -112,10 +114,10 @@ class Savers:
     def _boxes(self) -> tuple[tuple[str, Any], ...]:
         """The checkboxes by the Trainer option (and memory_saver_support key) each one sets."""
         return (
-            ("lora", self.lora),
-            ("offload_activations", self.offload_activations),
-            ("offload_optimizer", self.offload_optimizer),
-            ("optimizer_in_backward", self.in_backward),
+            (S.lora, self.lora),
+            (S.offload_activations, self.offload_activations),
+            (S.offload_optimizer, self.offload_optimizer),
+            (S.optimizer_in_backward, self.in_backward),
         )
 
     def _show_note(self, extra: str = "") -> None:
@@ -153,7 +155,7 @@ class Savers:
             offload_optimizer=bool(self.offload_optimizer.value),
             optimizer_in_backward=bool(self.in_backward.value),
         ).changed()
-        for key in ("optimizer", "quantize"):
+        for key in ("optimizer", S.quantize):
             why = self.reasons.get(f"{key}:{out.get(key)}")
             if why:
                 raise ValueError(f"{key} {out[key]!r} cannot run here: {why}")
@@ -181,7 +183,7 @@ class Savers:
             precision=old.precision,
             grad_accum_steps=old.grad_accum_steps,
             max_grad_norm=old.max_grad_norm,
-            activation_checkpointing=(options.get("activation_checkpointing") or True)
+            activation_checkpointing=(options.get(S.activation_checkpointing) or True)
             if old.checkpointed_blocks
             else False,
         )

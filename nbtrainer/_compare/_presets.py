@@ -8,7 +8,10 @@ from typing import Any
 
 from nbtrainer._options import MemoryOptions
 
-__all__ = ["PRESETS", "resolve_strategies"]
+__all__ = ["DEFAULT", "PRESETS", "inapplicable", "resolve_strategies"]
+
+#: ``compare_strategies``' list when none is given, less what cannot apply to the model (:func:`inapplicable`)
+DEFAULT: tuple[str, ...] = ("fp32", "bf16", "ckpt", "accum4", "adafactor")
 
 _LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"}
 
@@ -58,7 +61,7 @@ def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[st
         {'fp32': {}, 'accum8': {'grad_accum_steps': 8}}
     """
     if strategies is None:
-        strategies = ["fp32", "bf16", "ckpt", "accum4", "adafactor"]
+        strategies = list(DEFAULT)
     if isinstance(strategies, str):
         strategies = [s for s in re.split(r"[,\s]+", strategies) if s]
     if isinstance(strategies, Mapping):
@@ -82,4 +85,26 @@ def resolve_strategies(strategies: Mapping[str, Mapping[str, Any]] | Sequence[st
                 )
     if not out:
         raise ValueError("No strategies to compare.")
+    return out
+
+
+def inapplicable(model: Any, device: Any) -> dict[str, str]:
+    """The default strategies that cannot apply to ``model`` on ``device``, each with the reason: left out of the
+    default list (a row that can only fail tells nothing); named in a list, they still run and fail with it.
+
+    Example:
+        >>> import torch
+        >>> inapplicable(torch.nn.Linear(4, 2), torch.device("cpu"))
+        {'ckpt': 'the model has no repeated blocks to checkpoint'}
+    """
+    from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks
+    from nbtrainer._setup._precision import precision_support
+
+    out: dict[str, str] = {}
+    own = any(callable(getattr(model, f"{p}_checkpointing_enable", None)) for p in ("activation", "gradient"))
+    if not own and not find_checkpointable_blocks(model):
+        out["ckpt"] = "the model has no repeated blocks to checkpoint"
+    supported, reason = precision_support(device).get("bf16-mixed", (True, ""))
+    if not supported:
+        out["bf16"] = f"bf16-mixed does not run on {device}: {reason}"
     return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ import torch
 from torch import nn
 
 from nbtrainer._compare._data import DataOrder, SplitLoader, split_batch
-from nbtrainer._compare._presets import resolve_strategies
+from nbtrainer._compare._presets import inapplicable, resolve_strategies
 from nbtrainer._compare._run_measure import (
     StepTimer,
     accuracy,
@@ -47,10 +48,12 @@ from nbtrainer._compare._run_measure import (
     stored_batches,
 )
 from nbtrainer._compare._strategy_table import StrategyComparison
-from nbtrainer._data._batch import _first_tensor
+from nbtrainer._data._batch import first_tensor
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
+
+log = logging.getLogger(__name__)
 
 
 def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default: Any) -> tuple[Any, dict[str, Any]]:
@@ -93,13 +96,13 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
     """What gradient accumulation does to each batch in this comparison, in words."""
     if accum <= 1:
         return ""
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     size = int(first.shape[0]) if first is not None and first.dim() > 0 else None
     if not split or size is None:
         what = f"{size} samples" if size is not None else "a batch"
         return f"{accum} whole batches of {what} per optimizer step ({accum}x the baseline's samples per step)"
     parts = split_batch(batch, accum)
-    sizes = sorted({int(t.shape[0]) for t in map(_first_tensor, parts) if t is not None}, reverse=True)
+    sizes = sorted({int(t.shape[0]) for t in map(first_tensor, parts) if t is not None}, reverse=True)
     each = "/".join(str(n) for n in sizes)
     return f"each batch of {size} split into {len(parts)} micro-batches of {each}, one optimizer step per batch"
 
@@ -141,7 +144,9 @@ def compare_strategies(
         train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
         strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
             ``activation_checkpointing``, ``optimizer``, ``lr``, ``trainable``, ``freeze``, ``compile``,
-            ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``).
+            ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``). Default:
+            ``fp32, bf16, ckpt, accum4, adafactor`` less what cannot apply to this model on this device (``ckpt``
+            without repeated blocks, ``bf16`` where it does not run), named in one line under the table.
         epochs / steps: how long each strategy trains (``steps``: optimizer steps; default 1 epoch).
         metric: the validation key to report (``"val_acc"``: an argmax accuracy is added when ``metrics``
             has no ``acc``); ``None`` for none.
@@ -205,6 +210,8 @@ def compare_strategies(
     for name, options in plan.items():
         if callable(options.get("optimizer")) and not isinstance(options["optimizer"], torch.optim.Optimizer):
             check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
+    left_out = inapplicable(first_model, dev) if strategies is None else {}
+    plan = {name: options for name, options in plan.items() if name not in left_out}
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
     del first_model
     first_batch: Any = next(iter(train_loader), None)  # its size names accumulation's micro-batches
@@ -258,6 +265,7 @@ def compare_strategies(
                     peak, row["memory_detail"], row["memory_resident"] = measure_step_peak(make_measured, loader_m)
                     row["peak_memory_bytes"] = peak
                 except Exception as exc:
+                    log.debug("this strategy's memory could not be measured: its row says why", exc_info=True)
                     row["peak_memory_bytes"], row["note"] = None, f"memory not measured: {failure_reason(exc)}"
                 del copy_model, make_measured, batches
                 gc.collect()
@@ -304,6 +312,9 @@ def compare_strategies(
                 row["metric"] = value
             row["setup"] = trainer.model_setup.describe()
         except Exception as exc:
+            log.debug(
+                "a strategy that fails is a row of the table (its status and reason), not an error", exc_info=True
+            )
             row.update(status="failed", reason=failure_reason(exc))
         finally:
             del trainer, model
@@ -372,4 +383,5 @@ def compare_strategies(
             "split_batches": split_batches,
             "repeats": repeats,
         },
+        left_out=left_out,
     )

@@ -48,6 +48,8 @@ class StrategyComparison(ComparisonTable):
         metric: the validation metric's key (e.g. ``"val_acc"``).
         memory_kind: what ``peak_memory_bytes`` is (CUDA peak allocated, or measured bytes).
         environment: device, torch version, threads.
+        left_out: the default strategies left out because they cannot apply to the model (``{name: reason}``),
+            said in one line under the table.
     """
 
     row_kind: ClassVar[str] = "strategy"  # NamedRows: 'No strategy ...' for a missing name
@@ -63,6 +65,7 @@ class StrategyComparison(ComparisonTable):
     memory_kind: str
     environment: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def to_pandas(self) -> Any:
         """One row per strategy (index: name); numbers as numbers, ratios as fractions of the baseline.
@@ -154,13 +157,21 @@ class StrategyComparison(ComparisonTable):
             )
         return out
 
+    def left_out_note(self) -> list[str]:
+        """One line naming the default strategies left out, and why (none when nothing was left out)."""
+        if not self.left_out:
+            return []
+        why = "; ".join(f"{name} ({reason})" for name, reason in self.left_out.items())
+        return [f"left out of the default list, as they cannot apply here: {why}"]
+
     def to_markdown(self) -> str:
         """A Markdown table (for RESULTS files)."""
-        return "\n".join([*self._markdown_lines(), "", *(f"{w}  " for w in self.warnings()), self._legend()])
+        notes = [*self.left_out_note(), *self.warnings()]
+        return "\n".join([*self._markdown_lines(), "", *(f"{w}  " for w in notes), self._legend()])
 
     def __str__(self) -> str:
         # the last column (notes, failure reasons) is never cut and does not widen the others
-        return "\n".join([*self._text_lines(free_last=True), *self.warnings(), self._legend()])
+        return "\n".join([*self._text_lines(free_last=True), *self.left_out_note(), *self.warnings(), self._legend()])
 
     def __repr__(self) -> str:
         return f"StrategyComparison({len(self.rows)} strategies, baseline={self.baseline!r})\n{self}"
@@ -177,7 +188,8 @@ class StrategyComparison(ComparisonTable):
         return f"{env.get('device', '?')}, torch {env.get('torch', '?')}; *peak memory: {self.memory_kind}"
 
     def _repr_html_(self) -> str:
-        notes = "".join(f"<br><b style='color:#b35900'>{html.escape(w)}</b>" for w in self.warnings())
+        notes = "".join(f"<br>{html.escape(w)}" for w in self.left_out_note())
+        notes += "".join(f"<br><b style='color:#b35900'>{html.escape(w)}</b>" for w in self.warnings())
         return (
             f"<div class='nbt-compare'>{self._table_html()}<small>Ratios to {html.escape(self.baseline)!s} "
             f"(bars: 100% = 50 px); ±: the step time's spread. {html.escape(self._where())}.{notes}</small></div>"

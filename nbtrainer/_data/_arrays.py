@@ -223,11 +223,18 @@ def as_loader(
 
 
 def fit_loaders(
-    data: Any, val_loader: Any, *, val_data: Any, batch_size: int | None, shuffle: bool | None
+    data: Any,
+    val_loader: Any,
+    *,
+    val_data: Any,
+    batch_size: int | None,
+    shuffle: bool | None,
+    caller: str = "fit",
 ) -> tuple[Any, Any]:
-    """``fit``'s training and validation loaders from what was passed (arrays become DataLoaders)."""
+    """``fit``'s (and ``fit_more``'s) training and validation loaders from what was passed (arrays become
+    DataLoaders)."""
     if val_data is not None and val_loader is not None:
-        raise TypeError("fit() got both val_loader and val_data: pass one of them (val_data= for arrays).")
+        raise TypeError(f"{caller}() got both val_loader and val_data: pass one of them (val_data= for arrays).")
     val = val_data if val_data is not None else val_loader
     val_name = "val_data" if val_data is not None else "val_loader"
     check_not_lists(data, "the training data")
@@ -236,11 +243,11 @@ def fit_loaders(
     if batch_size is not None and not (train_arrays or val_arrays):
         raise TypeError(
             f"batch_size={batch_size!r} applies to array data (a tuple or dict of tensors / NumPy arrays), but "
-            f"fit() got {_what(data)}, which batches itself. Drop batch_size=, or pass arrays."
+            f"{caller}() got {_what(data)}, which batches itself. Drop batch_size=, or pass arrays."
         )
     if shuffle is not None and not train_arrays:
         raise TypeError(
-            f"shuffle={shuffle!r} applies to training arrays, but fit() got a {type(data).__name__}. "
+            f"shuffle={shuffle!r} applies to training arrays, but {caller}() got a {type(data).__name__}. "
             "Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass arrays."
         )
     train = as_loader(data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -43,16 +44,29 @@ __all__ = [
     "BatchSpec",
     "as_mapping",
     "batch_size_of",
+    "first_tensor",
     "is_record",
     "iter_tensors",
+    "loss_attribute",
     "loss_from_outputs",
     "move_to_device",
     "overridden",
     "rebuild_record",
     "rebuild_sequence",
+    "safe_len",
 ]
 
+log = logging.getLogger(__name__)
+
 _DEFAULT_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
+
+
+def safe_len(loader: Any) -> int | None:
+    """``len(loader)``, or None for a loader without one (a stream, a generator)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def is_record(obj: Any) -> bool:
@@ -107,11 +121,16 @@ def move_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
                     new[k] = v
                 return new
             except Exception:
-                pass
+                log.debug(
+                    "this Mapping cannot be copied and updated in place: rebuilt from a dict instead", exc_info=True
+                )
         cls: Any = type(obj)  # an immutable Mapping: rebuilt from a dict when its class allows it
         try:
             return cls(items)
         except Exception:
+            log.debug(
+                "this Mapping class cannot be built from a dict: the batch goes on as a plain dict", exc_info=True
+            )
             return items
     if is_record(obj):
         return rebuild_record(
@@ -133,14 +152,14 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(item)
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
+def first_tensor(obj: Any) -> torch.Tensor | None:
     return next(iter_tensors(obj), None)
 
 
 def batch_size_of(targets: Any, inputs: Any) -> int:
-    t = _first_tensor(targets)
+    t = first_tensor(targets)
     if t is None or t.ndim == 0:
-        t = _first_tensor(inputs)
+        t = first_tensor(inputs)
     if t is None or t.ndim == 0:
         return 1
     return int(t.shape[0])
@@ -240,7 +259,7 @@ class BatchSpec:
         return []
 
 
-def _get_loss_attr(outputs: Any) -> torch.Tensor | None:
+def loss_attribute(outputs: Any) -> torch.Tensor | None:
     if isinstance(outputs, Mapping):
         return outputs.get("loss")
     return getattr(outputs, "loss", None)
@@ -289,11 +308,19 @@ def loss_from_outputs(
     ``batch`` and ``spec`` only make the error clearer when no loss can be found.
     """
     if criterion is None:
-        loss = _get_loss_attr(outputs)
+        loss = loss_attribute(outputs)
         if loss is None:
             raise _missing_loss(outputs, batch, spec)
         return loss
     if targets is None:
+        mapping = as_mapping(batch) if batch is not None else None
+        if mapping is not None:
+            raise ValueError(
+                f"The dict batch (keys {list(mapping)}) has no targets for the criterion: nbtrainer takes the first "
+                f"entry named {', '.join(_DEFAULT_TARGET_KEYS)}, and it has none. Name the target entry with "
+                "target_keys= (e.g. Trainer(..., target_keys='label_ids')), or use compute_loss= for unsupervised "
+                "losses."
+            )
         raise ValueError(
             "The batch has no targets for the criterion. Yield (inputs, targets), set "
             "num_inputs=/target_keys=, or use compute_loss= for unsupervised losses."

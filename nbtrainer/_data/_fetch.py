@@ -34,6 +34,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 from torch.utils.data.distributed import DistributedSampler
 
 from nbtrainer._data._arrays import ArrayDataset
+from nbtrainer._data._cleaned import CleanedDataset, target_position
 
 __all__ = ["BatchedFetch", "TensorSource", "batched_fetch", "index_tensor"]
 
@@ -49,6 +50,8 @@ def index_tensor(indices: Any) -> Tensor:
         except (TypeError, ValueError, OverflowError):  # empty, or not plain ints
             pass
     if isinstance(indices, Tensor):
+        if type(indices) is Tensor and indices.dtype is torch.int64 and indices.ndim == 1:
+            return indices  # made here already (a DataMap's batch: _item_index.IndexTrack.reading)
         return indices.reshape(-1).to(torch.int64)
     return torch.tensor([operator.index(i) for i in indices], dtype=torch.int64)
 
@@ -122,7 +125,44 @@ def tensor_source(dataset: Any) -> TensorSource | None:
         if inner.index is not None:
             index = inner.index[index]
         return TensorSource(inner.tensors, inner.assemble, index)
+    if type(dataset) is CleanedDataset:
+        return _cleaned_source(dataset)
     return None
+
+
+def _target_slot(dataset: Any) -> int | None:
+    """Which of a tensor source's tensors holds the targets (the last of a tuple, a target key of a dict)."""
+    if type(dataset) is Subset:
+        return _target_slot(dataset.dataset)
+    if type(dataset) is ArrayDataset:
+        if dataset.single:
+            return None
+        if dataset.keys is not None:
+            found = target_position(dict.fromkeys(dataset.keys))
+            return dataset.keys.index(found) if isinstance(found, str) else None
+    tensors = getattr(dataset, "tensors", ())
+    return len(tensors) - 1 if len(tensors) >= 2 else None
+
+
+def _cleaned_source(dataset: CleanedDataset) -> TensorSource | None:
+    """A cleaned view of tensors: the base tensors and the kept rows; relabeled targets in one copy of the targets
+    (never of the inputs)."""
+    inner = tensor_source(dataset.dataset)
+    if inner is None:
+        return None
+    rows = dataset.indices if inner.index is None else inner.index[dataset.indices]
+    tensors = list(inner.tensors)
+    if dataset.relabel:
+        slot = _target_slot(dataset.dataset)
+        if slot is None or tensors[slot].ndim != 1:
+            return None  # read item by item (CleanedDataset.__getitem__ says what it cannot relabel)
+        changed = torch.tensor(list(dataset.relabel), dtype=torch.int64)
+        if inner.index is not None:
+            changed = inner.index[changed]
+        targets = tensors[slot].clone()
+        targets[changed] = torch.tensor(list(dataset.relabel.values()), dtype=targets.dtype)
+        tensors[slot] = targets
+    return TensorSource(tensors, inner.assemble, rows)
 
 
 def _plain(dataset: Any, base: type) -> bool:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -41,25 +42,23 @@ from nbtrainer._data._batch import (
     is_record,
     iter_tensors,
     move_to_device,
-    overridden,
     rebuild_record,
     rebuild_sequence,
 )
 
-if TYPE_CHECKING:
-    from nbtrainer._data._data_host import DataTrainer
-
 __all__ = [
     "DROPPED_BY_DEFAULT",
+    "add_note",
+    "collect",
     "concat_outputs",
     "dropped_names",
     "ignored_at_inference",
     "is_cache",
     "no_cache",
-    "predict_outputs",
     "prepare_outputs",
-    "run_predict",
 ]
+
+log = logging.getLogger(__name__)
 
 # transformers 5 renamed GPT-2's (and others') `past_key_values` output field to `cache`; XLNet's is `mems`.
 _CACHE_ENTRIES = ("past_key_values", "cache", "cache_params", "mems", "past_buckets_states")
@@ -164,6 +163,7 @@ def _rebuild_mapping(obj: Mapping[str, Any], items: dict[str, Any]) -> Any:
         try:
             return build()
         except Exception:
+            log.debug("this output class cannot be rebuilt this way: the next way is tried", exc_info=True)
             continue
     return items
 
@@ -296,42 +296,7 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
     return chunks
 
 
-def predict_outputs(trainer: DataTrainer, batch: Any) -> Any:
-    """One batch's outputs, by the rule in the module docstring."""
-    steps = trainer.batch_steps
-    fn = steps.predict_step_fn
-    if fn is not None:
-        return fn(trainer.model, batch)
-    if overridden(trainer, "predict_step"):
-        return trainer.predict_step(batch)
-    loss_fn = steps.compute_loss_fn
-    if loss_fn is not None or overridden(trainer, "compute_loss"):
-        try:
-            result = loss_fn(trainer.model, batch) if loss_fn is not None else trainer.compute_loss(batch)
-        except Exception as exc:  # the user's function, called for a use it may not have been written for
-            raise ValueError(
-                f"predict() has no predict_step, so it ran compute_loss on the batch for its outputs, and "
-                f"compute_loss raised {type(exc).__name__}: {exc} (a batch without targets?). Pass "
-                "Trainer(..., predict_step=fn(model, batch) -> outputs), or override Trainer.predict_step in a "
-                "subclass."
-            ) from exc
-        if isinstance(result, tuple) and len(result) == 3:
-            return result[1]
-        # Only a loss: the model is called on the batch as the protocol splits it (an autoencoder's x).
-        try:
-            return trainer.predict_step(batch)
-        except Exception as exc:
-            _add_note(
-                exc,
-                "compute_loss returned only a loss, so predict() called the model on the batch as the batch "
-                "protocol splits it, and that failed. Return (loss, outputs, targets) from compute_loss, or pass "
-                "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass).",
-            )
-            raise
-    return trainer.predict_step(batch)
-
-
-def _add_note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)``; Python 3.10 has no notes, so there the note ends the message instead."""
     if sys.version_info >= (3, 11):
         exc.add_note(note)
@@ -339,21 +304,25 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
 
 
-def run_predict(
-    trainer: DataTrainer,
+def collect(
     loader: Iterable,
     *,
+    model: torch.nn.Module,
+    outputs_of: Callable[[Any], Any],
+    device: torch.device,
+    non_blocking: bool,
+    autocast: contextlib.AbstractContextManager[Any],
     per_batch: bool,
     pad_index: float,
     keep_dtype: bool,
     keep: Iterable[str] | str,
     to_cpu: bool,
 ) -> Any:
-    """The body of ``Trainer.predict`` (see its docstring)."""
+    """``Trainer.predict`` (see its docstring): each batch of ``loader`` on ``device``, its outputs by ``outputs_of``
+    (the Trainer's rule, ``BatchSteps.predict_outputs``) under ``no_grad`` and ``autocast``, collected."""
     drop = dropped_names(keep)
     if isinstance(pad_index, bool) or not isinstance(pad_index, (int, float)):
         raise TypeError(f"pad_index must be a number (default -100), got {pad_index!r}.")
-    model = trainer.model
     caches = "cache" in drop
     if caches:
         drop |= ignored_at_inference(model)
@@ -364,11 +333,11 @@ def run_predict(
     sizes: list[int | None] = []
     try:
         # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
-        with torch.no_grad(), trainer.batch_steps.autocast(), no_cache(model, caches):
+        with torch.no_grad(), autocast, no_cache(model, caches):
             for batch in loader:
-                batch = move_to_device(batch, trainer.device, trainer.non_blocking)
+                batch = move_to_device(batch, device, non_blocking)
                 sizes.append(_rows(batch))
-                outputs = predict_outputs(trainer, batch)
+                outputs = outputs_of(batch)
                 del batch  # the device batch goes before the next one arrives
                 chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
                 del outputs

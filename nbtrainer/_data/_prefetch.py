@@ -29,6 +29,7 @@ import torch
 
 from nbtrainer._data._batch import iter_tensors, move_to_device
 from nbtrainer._data._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor
+from nbtrainer._data._item_index import IndexTrack
 
 __all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "lookahead", "prefetch"]
 
@@ -120,6 +121,7 @@ class DataPath:
         enabled: ``Trainer(fast_fetch=...)``; False: always the loader's own iterator.
         fraction: ``Trainer(data_on_device=...)``; 0 never copies the dataset to the device.
         free_bytes: the device's free memory, for tests (default: ``torch.cuda.mem_get_info``).
+        track: follow each batch's dataset indices (``track.current``, ``_item_index``) for a consumer of items.
     """
 
     def __init__(
@@ -130,8 +132,10 @@ class DataPath:
         enabled: bool,
         fraction: float,
         free_bytes: Callable[[], int] | None = None,
+        track: bool = False,
     ) -> None:
         self.loader = loader
+        self.track = IndexTrack(loader) if track else None
         self.device = device
         self.fetch = batched_fetch(loader) if enabled else None
         self.fraction = fraction
@@ -139,6 +143,11 @@ class DataPath:
         self._mode: str | None = None
         self._resident: TensorSource | None = None
         self._stream: Any = None
+
+    @property
+    def indices(self) -> Any:
+        """The dataset indices of the last batch handed out (``track``), or None."""
+        return self.track.current if self.track is not None else None
 
     @property
     def mode(self) -> str:
@@ -154,17 +163,29 @@ class DataPath:
         return self.batches()
 
     def batches(self, skip: int = 0) -> Iterator[Any]:
+        track = self.track if self.track is not None and self.track.kind is not None else None
+        if track is None:
+            return self._batches(skip)
+        if track.kind == "numbered":
+            return track.numbered(iter(self.loader), skip)
+        if self.mode == "loader" or self.fetch is None:
+            return track.loader_iter(skip)
+        batches = self._batches(skip, track)
+        return batches if self.mode == "batched" else track.handed_out(batches)
+
+    def _batches(self, skip: int, track: IndexTrack | None = None) -> Iterator[Any]:
         mode, fetch = self.mode, self.fetch
         if mode == "loader" or fetch is None:
             it = iter(self.loader)
             for _ in range(skip):  # reproduce the data order of a resumed epoch
                 next(it)
             return it
-        if mode == "batched":
-            return fetch.batches(skip)
+        if mode == "batched":  # read in order, none ahead: the indices read are the batch's
+            read = fetch.read if track is None else track.reading(fetch.read, as_tensor=fetch.source is not None)
+            return map(read, fetch.indices(skip))
+        indices = fetch.indices(skip) if track is None else track.tee(fetch.indices(skip))
         source = fetch.source
         assert source is not None
-        indices = fetch.indices(skip)
         if mode == "device":
             if self._resident is None:
                 self._resident = source if source.device == self.device else source.to(self.device)

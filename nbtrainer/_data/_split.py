@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from nbtrainer._data._batch import _first_tensor, is_record, rebuild_sequence
+from nbtrainer._data._batch import first_tensor, is_record, rebuild_sequence
 
 __all__ = ["split_batch"]
 
@@ -39,7 +39,7 @@ def split_batch(batch: Any, k: int) -> list[Any]:
         >>> [tuple(t.shape[0] for t in part) for part in split_batch((torch.zeros(10, 3), torch.zeros(10)), 4)]
         [(3, 3), (3, 3), (2, 2), (2, 2)]
     """
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     if k <= 1 or first is None or first.dim() == 0:
         return [batch]
     size = int(first.shape[0])

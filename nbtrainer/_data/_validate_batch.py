@@ -1,34 +1,46 @@
 """The first batch, checked in stages: batch -> model -> criterion -> loss -> metrics, each failure with the
 stage, the shapes and the fix; and the validation loader's first batch under restored RNG.
 
-Part of the checks described in :mod:`nbtrainer._trainer._validate` (which re-exports the public ones).
+Part of the checks described in :mod:`nbtrainer._trainer._validate`; a Trainer's batch steps
+(``nbtrainer._loop._batch_steps``) run them with its model, criterion and batch protocol.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._data._batch import as_mapping, loss_from_outputs, move_to_device
-from nbtrainer._data._step_result import check_step_result
+from nbtrainer._data._batch import as_mapping, loss_from_outputs
 
 if TYPE_CHECKING:
-    from nbtrainer._data._data_host import DataTrainer
+    from nbtrainer._data._batch import BatchSpec
 
 __all__ = [
     "check_batch",
     "check_criterion_shapes",
     "check_loss",
-    "check_val_loader",
     "dry_metrics",
     "first_compute",
+    "manual_step_errors",
+    "one_shot",
     "onecycle_overflow",
 ]
 
-_ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "SoftMarginLoss")
+log = logging.getLogger(__name__)
+
+_ELEMENTWISE = (
+    torch.nn.MSELoss,
+    torch.nn.L1Loss,
+    torch.nn.SmoothL1Loss,
+    torch.nn.HuberLoss,
+    torch.nn.BCELoss,
+    torch.nn.BCEWithLogitsLoss,
+    torch.nn.SoftMarginLoss,
+)
 
 
 def _desc(obj: Any, depth: int = 0) -> str:
@@ -92,6 +104,7 @@ def _rewrap(exc: BaseException, message: str) -> BaseException:
     try:
         new = type(exc)(message)
     except Exception:
+        log.debug("this exception class takes no message: the message goes in a RuntimeError", exc_info=True)
         new = RuntimeError(message)
     return new
 
@@ -100,9 +113,12 @@ def _passthrough(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) or isinstance(exc, (MemoryError, torch.OutOfMemoryError))
 
 
-def _model_hint(trainer: DataTrainer, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
+def _model_hint(device: torch.device, exc: BaseException, args: tuple, kwargs: dict, batch: Any) -> str:
     text = str(exc)
     if isinstance(exc, TypeError) and ("positional argument" in text or "keyword argument" in text):
+        unnamed = _unnamed_targets_hint(args, kwargs, batch)
+        if unnamed:
+            return unnamed
         how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
@@ -112,7 +128,7 @@ def _model_hint(trainer: DataTrainer, exc: BaseException, args: tuple, kwargs: d
         )
     if "same device" in text or ("device" in text and "expected" in text.lower()):
         return (
-            f"A tensor the model uses is not on the trainer's device {trainer.device}: register tensors the "
+            f"A tensor the model uses is not on the trainer's device {device}: register tensors the "
             "model creates as buffers (self.register_buffer), and don't pin data to a device in the Dataset."
         )
     if "shapes cannot be multiplied" in text or "size mismatch" in text or "channels" in text or "shape" in text:
@@ -173,7 +189,7 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
 
 def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
     if (
-        type(criterion).__name__ not in _ELEMENTWISE
+        not isinstance(criterion, _ELEMENTWISE)
         or not isinstance(outputs, torch.Tensor)
         or not isinstance(targets, torch.Tensor)
         or outputs.shape == targets.shape
@@ -192,77 +208,83 @@ def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
     )
 
 
-def _one_shot(loader: Any) -> bool:
+def one_shot(loader: Any) -> bool:
     # Never call iter() to find out: a DataLoader's iter() draws its base seed from the RNG.
     return isinstance(loader, Iterator)
 
 
-def first_compute(trainer: DataTrainer, batch: Any, training: bool = True) -> tuple[Any, Any, Any]:
+def first_compute(
+    batch: Any,
+    *,
+    model: torch.nn.Module,
+    criterion: Any,
+    spec: BatchSpec,
+    device: torch.device,
+    compute: Callable[[Any], tuple[Any, Any, Any]],
+    custom: bool,
+    training: bool = True,
+) -> tuple[Any, Any, Any]:
     """The first micro-batch's ``(loss, outputs, targets)``, computed in stages with clear errors.
 
     For the default batch handling this runs exactly what the loop runs (``model(*inputs)`` then
-    ``criterion(outputs, targets)``), so the run is the same as without the checks.
+    ``criterion(outputs, targets)``), so the run is the same as without the checks. ``compute``: the Trainer's
+    ``(loss, outputs, targets)`` of a batch, which ``custom`` (``compute_loss=``, a chunked loss) takes whole.
     """
     where = "train_loader" if training else "val_loader"
     check_batch(batch, where)
-    steps = trainer.batch_steps
-    default = not steps.custom_loss and not (training and steps.chunked_loss is not None)
-    if not default or (not training and trainer.criterion is not None and trainer.batch_spec.split(batch)[2] is None):
+    if custom or (not training and criterion is not None and spec.split(batch)[2] is None):
         try:
-            return trainer.batch_steps.compute(batch, training=training)
+            return compute(batch)
         except BaseException as exc:
             if _passthrough(exc):
                 raise
             hint = (
-                "Check compute_loss against the batch structure."
-                if not default
-                else _model_hint(trainer, exc, (), {}, batch)
+                "Check compute_loss against the batch structure." if custom else _model_hint(device, exc, (), {}, batch)
             )
             raise _rewrap(
                 exc,
                 f"Computing the loss of the first {where} batch {_desc(batch)} failed: "
                 f"{type(exc).__name__}: {exc}. {hint}",
             ) from exc
-    args, kwargs, targets = trainer.batch_spec.split(batch)
+    args, kwargs, targets = spec.split(batch)
     try:
-        outputs = trainer.model(*args, **kwargs)
+        outputs = model(*args, **kwargs)
     except BaseException as exc:
         if _passthrough(exc):
             raise
         raise _rewrap(
             exc,
             f"The model could not take the first {where} batch {_desc(batch)}: "
-            f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(trainer, exc, args, kwargs, batch)}",
+            f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(device, exc, args, kwargs, batch)}",
         ) from exc
-    check_criterion_shapes(trainer.criterion, outputs, targets)
+    check_criterion_shapes(criterion, outputs, targets)
     try:
-        loss = loss_from_outputs(trainer.criterion, outputs, targets, batch=batch, spec=trainer.batch_spec)
+        loss = loss_from_outputs(criterion, outputs, targets, batch=batch, spec=spec)
     except BaseException as exc:
-        if _passthrough(exc) or trainer.criterion is None or targets is None:
+        if _passthrough(exc) or criterion is None or targets is None:
             raise
         raise _rewrap(
             exc,
-            f"The criterion {type(trainer.criterion).__name__} failed on the first {where} batch "
+            f"The criterion {type(criterion).__name__} failed on the first {where} batch "
             f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
-            f"{str(exc)[:300]}. {_criterion_hint(trainer.criterion, exc, outputs, targets)}",
+            f"{str(exc)[:300]}. {_criterion_hint(criterion, exc, outputs, targets)}",
         ) from exc
     return loss, outputs, targets
 
 
-def onecycle_overflow(trainer: DataTrainer, total_steps: int) -> ValueError:
+def onecycle_overflow(total_steps: int, *, epoch: int, batch: int, global_step: int) -> ValueError:
     """The error raised in the loop, before the optimizer step a OneCycleLR schedule has no room for
-    (a train_loader without len() could not be counted before the run)."""
-    st = trainer.run_state.loop_state
+    (a train_loader without len() could not be counted before the run); ``epoch`` 1-based."""
     return ValueError(
         f"OneCycleLR was built for total_steps={total_steps} and this fit has used them all (epoch "
-        f"{st.epoch + 1}, batch {st.batch}, after optimizer step {st.global_step}); the next step would make "
+        f"{epoch}, batch {batch}, after optimizer step {global_step}); the next step would make "
         "the scheduler fail. The train_loader has no len(), so this could not be checked before the run. "
         "Build the scheduler with total_steps = (batches per epoch / grad_accum_steps) x epochs, or pass "
         f"max_steps={total_steps} to fit() to end the run with the schedule."
     )
 
 
-def check_loss(trainer: DataTrainer, loss: Any, where: str, *, needs_grad: bool = False) -> None:
+def check_loss(loss: Any, where: str, *, model: torch.nn.Module, needs_grad: bool = False) -> None:
     """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
     if loss is None:
         return
@@ -277,7 +299,7 @@ def check_loss(trainer: DataTrainer, loss: Any, where: str, *, needs_grad: bool 
             "reduction='mean' (or 'sum') in the criterion, or reduce it in compute_loss."
         )
     if needs_grad and not loss.requires_grad:
-        frozen = not any(p.requires_grad for p in trainer.model.parameters())
+        frozen = not any(p.requires_grad for p in model.parameters())
         why = (
             "every parameter of the model has requires_grad=False (unfreeze some)"
             if frozen
@@ -285,48 +307,6 @@ def check_loss(trainer: DataTrainer, loss: Any, where: str, *, needs_grad: bool 
             "(torch.no_grad / inference_mode / .detach() in the model or criterion)"
         )
         raise RuntimeError(f"The {where} loss has no grad_fn: {why}. Nothing can be trained from it.")
-
-
-def check_val_loader(trainer: DataTrainer, val_loader: Any) -> None:
-    """Run the first validation batch (eval mode, inference_mode) and put every RNG back."""
-    from nbtrainer._setup._seed import capture_rng, restore_rng
-
-    if val_loader is None or _one_shot(val_loader):
-        return
-    gens: list[tuple[torch.Generator, torch.Tensor]] = []
-    for holder in (getattr(val_loader, "sampler", None), val_loader):
-        gen = getattr(holder, "generator", None)
-        if isinstance(gen, torch.Generator) and all(gen is not g for g, _ in gens):
-            gens.append((gen, gen.get_state()))
-    rng = capture_rng()
-    model = trainer.model
-    was_training = model.training
-    model.eval()
-    try:
-        it = iter(val_loader)
-        try:
-            batch = next(it)
-        except StopIteration:
-            raise ValueError(
-                "val_loader yielded no batches: pass None to skip validation or fix the dataset."
-            ) from None
-        finally:
-            del it
-        batch = move_to_device(batch, trainer.device)
-        steps = trainer.batch_steps
-        if steps.validation_step_fn is not None:  # manual optimization: validation_step's values, checked
-            with steps.inference(), steps.autocast(), manual_step_errors("validation_step"):
-                check_step_result(steps.validation_step_fn(model, batch), None, name="validation_step")
-            return
-        with steps.inference(), steps.autocast():
-            loss, outputs, targets = first_compute(trainer, batch, training=False)
-            check_loss(trainer, loss, "validation")
-            dry_metrics(trainer, steps.val_metrics, outputs, targets, "validation")
-    finally:
-        model.train(was_training)
-        restore_rng(rng)
-        for gen, state in gens:
-            gen.set_state(state)
 
 
 @contextlib.contextmanager
@@ -340,7 +320,7 @@ def manual_step_errors(name: str) -> Iterator[None]:
         raise type(exc)(f"{name} failed on the first batch: {exc}") from exc
 
 
-def dry_metrics(trainer: DataTrainer, metrics: Any, outputs: Any, targets: Any, where: str) -> None:
+def dry_metrics(metrics: Any, outputs: Any, targets: Any, where: str) -> None:
     """Each metric on one batch, on copies (the real ones keep their state): must run and give a number.
 
     Structured outputs (a ``ModelOutput``, a tuple...) reach a metric whole, or their ``.logits`` / first
@@ -397,3 +377,28 @@ def _check_value(name: str, value: Any) -> None:
         raise TypeError(
             f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
         )
+
+
+def _unnamed_targets_hint(args: tuple, kwargs: dict[str, Any], batch: Any) -> str:
+    """A dict batch whose label entry has none of the names looked for: every entry went to the model (none was
+    taken as the target), and the fix is ``target_keys=`` ("" when that is not the case)."""
+    from nbtrainer._data._batch import _DEFAULT_TARGET_KEYS
+
+    mapping = as_mapping(batch)
+    if args or not kwargs or mapping is None or set(mapping) - set(kwargs):
+        return ""
+    looked = ", ".join(_DEFAULT_TARGET_KEYS)
+    return (
+        f"nbtrainer passed every entry {sorted(kwargs)} to the model as keyword inputs: it takes as the targets the "
+        f"first entry named {looked}, and the batch has none. Name the target entry with target_keys= (e.g. "
+        f"Trainer(..., target_keys={_guess_target(kwargs)!r}); several: a tuple), or pass compute_loss=fn(model, "
+        "batch) (and predict_step=fn(model, batch) for predict)."
+    )
+
+
+def _guess_target(kwargs: dict[str, Any]) -> str:
+    """The entry most likely to be the target: an integer tensor of one dimension, else the last entry."""
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_floating_point():
+            return str(key)
+    return str(list(kwargs)[-1])

@@ -178,7 +178,8 @@ class DDP:
             group is already initialised (yours is used as is).
         find_unused_parameters, broadcast_buffers, static_graph, bucket_cap_mb, gradient_as_bucket_view:
             passed to ``DistributedDataParallel`` (``None``: torch's default).
-        sync_batchnorm: convert BatchNorm layers to ``SyncBatchNorm`` (statistics over the global batch).
+        sync_batchnorm: convert BatchNorm layers to ``SyncBatchNorm`` (statistics over the global batch). CUDA
+            only (torch's ``SyncBatchNorm`` has no CPU kernels): refused on a CPU when the Trainer is built.
         timeout: seconds a collective may wait before failing (default: torch's).
         shard_data: rebuild plain loaders with a ``DistributedSampler`` (training) / an un-padded shard
             (validation). ``False``: loaders are used as given (shard them yourself).
@@ -189,6 +190,7 @@ class DDP:
     """
 
     distributed = True
+    shards_parameters = False
 
     def __init__(
         self,
@@ -217,6 +219,7 @@ class DDP:
         self.timeout = timeout
         self.shard_data = shard_data
         self.seed = 0
+        self.casts_params = False
         self.device = torch.device("cpu")
         self.world_size = 1
         self.rank = 0
@@ -244,6 +247,14 @@ class DDP:
         initialised = dist.is_initialized()
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if initialised else 0))
         self.device = self._pick_device(device, local_rank)
+        if self.sync_batchnorm and self.device.type != "cuda":
+            # torch's SyncBatchNorm has CUDA kernels only: refused here, at Trainer(), not at the first forward of
+            # fit() inside torch ("SyncBatchNorm layers only work with GPU modules")
+            raise ValueError(
+                f"DDP(sync_batchnorm=True) needs CUDA: torch's SyncBatchNorm runs on GPUs only, and this run is on "
+                f"{self.device.type}. Drop sync_batchnorm (each process then normalizes with its own batch's "
+                "statistics), or run on GPUs."
+            )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # before any CUDA work: no stray contexts on GPU 0
         if not initialised:
@@ -311,6 +322,9 @@ class DDP:
         wrapper = DistributedDataParallel(model, device_ids=ids, output_device=out, **self.ddp_kwargs)
         _track(wrapper)
         return wrapper
+
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str) -> None:
+        pass  # DDP wraps the model when a fit places it (setup_model); nothing to do when the Trainer is built
 
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:
         if skip_sync and isinstance(model, DistributedDataParallel):

@@ -21,7 +21,7 @@ what differs, and where:
   run the same number of batches: a validation shard is cut into the same number of batches on every rank.
 * **checkpoints**: ``nbtrainer._resume`` (``_full_state``: the full state gathered to rank 0 in the
   single-process format; ``_sharded``: a ``torch.distributed.checkpoint`` directory). It knows an FSDP
-  placement by ``can_shard_checkpoints``.
+  placement by ``Strategy.shards_parameters``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,10 +37,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from nbtrainer._atomic import CheckpointError
 from nbtrainer._dist._ddp import _LOADER_ARGS, DDP, ShardSampler, resolve_strategy
-from nbtrainer._dist._placement import SingleDevice, unwrap_model
-
-if TYPE_CHECKING:
-    from nbtrainer._dist._dist_host import DistTrainer
+from nbtrainer._dist._placement import SingleDevice, Strategy, unwrap_model
 
 __all__ = ["FSDP", "optimizer_param_names", "optimizer_state_by_name", "shard_units"]
 
@@ -154,8 +151,9 @@ class FSDP(DDP):
         >>> strategy = FSDP(reshard_after_forward=True)
     """
 
-    collective_state = True  # gathering the full state is a collective: every rank builds a checkpoint
-    distributed_params = True  # DTensor parameters: evaluation under no_grad, not inference_mode
+    # DTensor parameters: evaluation under no_grad (not inference_mode); gathering the full state is a collective
+    # every rank joins; checkpoints may be each rank's shards (nbtrainer._resume._sharded)
+    shards_parameters = True
 
     def __init__(
         self,
@@ -231,8 +229,8 @@ class FSDP(DDP):
             offload = self.offload or OffloadPolicy()
         return unit, root, offload
 
-    def attach(self, trainer: DistTrainer) -> None:
-        """Shard ``trainer.model`` and rebind ``trainer.optimizer`` to the sharded parameters (once)."""
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str) -> None:
+        """Shard ``model`` (the Trainer's, set up) and rebind ``optimizer`` to the sharded parameters (once)."""
         if self._attached:
             raise RuntimeError(
                 "This FSDP strategy object already shards another Trainer's model; create one FSDP(...) per Trainer."
@@ -240,7 +238,6 @@ class FSDP(DDP):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        model = trainer.model
         root = unwrap_model(model)
         _refuse_wrapped(model, root)
         if not any(True for _ in root.parameters()):
@@ -248,7 +245,7 @@ class FSDP(DDP):
                 f"strategy='fsdp': {type(root).__name__} has no parameters, so there is nothing to shard. "
                 "Use strategy='single' (or 'ddp') for it."
             )
-        quantized = sorted({type(p).__name__ for p in root.parameters() if type(p).__name__ in _PACKED})
+        quantized = sorted({type(p).__name__ for p in root.parameters() if _packed(p)})
         if quantized:
             raise ValueError(
                 f"strategy='fsdp' cannot shard bitsandbytes' quantized weights ({', '.join(quantized)}: packed "
@@ -256,18 +253,17 @@ class FSDP(DDP):
                 "strategy='ddp' (each rank holds the small quantized base), or LoRA on an unquantized base "
                 "with strategy='fsdp' (lora= without quantize=)."
             )
-        optimizer = trainer.optimizer
         if optimizer is not None and not any(p.requires_grad for p in root.parameters()):
             raise RuntimeError(
                 "FSDP needs at least one trainable parameter; every parameter has requires_grad=False (unfreeze some)."
             )
-        if isinstance(root, FSDPModule) and trainer.precision != "fp32":
+        if isinstance(root, FSDPModule) and precision != "fp32":
             raise ValueError(
-                f"The model is already sharded with fully_shard, so Trainer(precision={trainer.precision!r}) cannot "
+                f"The model is already sharded with fully_shard, so Trainer(precision={precision!r}) cannot "
                 "become its MixedPrecisionPolicy. Pass the plain model (the trainer shards it with the policy), or "
                 "give fully_shard your own mp_policy and use precision='fp32'."
             )
-        unit_policy, root_policy, offload = self._policies(trainer.precision)
+        unit_policy, root_policy, offload = self._policies(precision)
         names = {id(p): n for n, p in root.named_parameters()}
         saved_optim = optimizer.state_dict() if optimizer is not None and optimizer.state else None
         if not isinstance(root, FSDPModule):
@@ -355,10 +351,11 @@ class FSDP(DDP):
             kwargs.pop(key, None)
         return DataLoader(prepared.dataset, batch_sampler=_EvenBatches(indices, count), **kwargs)
 
-    # -- checkpoints: nbtrainer._resume._full_state gathers and loads them (it reads this flag) -------------
-    #: ``ModelCheckpoint(sharded=True)`` / ``trainer.save_checkpoint(path, sharded=True)`` write a DCP directory of
-    #: each rank's shards (``nbtrainer._resume._sharded``); resume reads it on the same number of processes.
-    can_shard_checkpoints = True
+
+def _packed(p: torch.Tensor) -> bool:
+    """A bitsandbytes quantized weight (told without importing bitsandbytes)."""
+    cls = type(p)
+    return cls.__module__.startswith("bitsandbytes") and cls.__name__ in _PACKED
 
 
 def optimizer_param_names(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -399,7 +396,7 @@ def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:
             )
 
 
-def make_strategy(strategy: Any, device: Any, seed: int | None) -> Any:
+def make_strategy(strategy: Any, device: Any, seed: int | None) -> Strategy:
     """The placement for ``Trainer(strategy=...)``: one device, DDP under torchrun, FSDP2 (see ``_dist``)."""
     if isinstance(strategy, str) and strategy == "single":
         from nbtrainer._setup._precision import resolve_device

@@ -2,8 +2,9 @@
 
 ``nbtrainer.launch(fn, nprocs=N, view=...)`` creates the channel before the processes start: a
 multiprocessing queue (rank 0 -> launcher) and two shared integers (launcher -> ranks: "stop requested" and
-the optimizer step every rank stops after). In each rank a :class:`RankMonitor` is added to every
-``Trainer`` built there (:func:`launched_callbacks`), so ``fn`` changes nothing:
+the optimizer step every rank stops after). In each rank a ``RankMonitor`` (``nbtrainer._events._launched``) is added to
+every ``Trainer`` built there on the rank's :class:`LaunchChannel` (:func:`launched_channels`), so ``fn`` changes
+nothing:
 
 * rank 0 sends each :class:`~nbtrainer.Progress` snapshot of ``on_refresh`` (already throttled, host values
   only), each epoch's logs and the end of the fit, as plain dicts;
@@ -20,21 +21,30 @@ panel and a Stop button; a headless one records the snapshots).
 
 from __future__ import annotations
 
+import dataclasses
 import queue
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nbtrainer._dist._dist_host import DistTrainer
-
-__all__ = ["LaunchMonitor", "RankMonitor", "launched_callbacks"]
-
-_ACTIVE: list[Any] = []  # this process's RankMonitor (set in a launched rank before fn runs)
+__all__ = ["LaunchChannel", "LaunchMonitor", "launched_channels"]
 
 
-def launched_callbacks() -> list[Any]:
-    """The callbacks ``nbtrainer.launch`` adds to every Trainer of a launched rank (none elsewhere)."""
+@dataclasses.dataclass(frozen=True)
+class LaunchChannel:
+    """A launched rank's end of the channel: its rank, the world's size, the queue to the launching process and the
+    shared integers back (``shared[0]``: a stop was requested; ``shared[1]``: the step every rank stops after)."""
+
+    rank: int
+    world_size: int
+    channel: Any
+    shared: Any
+
+
+_ACTIVE: list[LaunchChannel] = []  # this process's channel (set in a launched rank before fn runs)
+
+
+def launched_channels() -> list[LaunchChannel]:
+    """The channel of a launched rank, to which each Trainer built here reports (none elsewhere)."""
     return list(_ACTIVE)
 
 
@@ -135,41 +145,7 @@ class LaunchMonitor:
                 self._queue = None
 
 
-class RankMonitor:
-    """The callback inside each launched rank (see the module docstring). Duck-typed: ``on_refresh``,
-    ``on_epoch_end``, ``on_optimizer_step``, ``on_fit_end``."""
-
-    def __init__(self, rank: int, world_size: int, channel: Any, shared: Any) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.channel, self.shared = channel, shared
-        self._last_put = 0.0
-
-    def _send(self, kind: str, payload: dict[str, Any]) -> None:
-        if self.rank == 0:
-            self.channel.put((kind, payload))
-
-    def _snapshot(self, progress: Any) -> dict[str, Any]:
-        return {**progress.to_dict(), "rank": self.rank, "world_size": self.world_size, "time": time.time()}
-
-    def on_refresh(self, trainer: DistTrainer, progress: Any) -> None:
-        self._send("progress", self._snapshot(progress))
-
-    def on_epoch_end(self, trainer: DistTrainer, epoch: int, logs: dict[str, Any]) -> None:
-        self._send("epoch", {k: v for k, v in logs.items() if isinstance(v, (int, float, str, type(None)))})
-
-    def on_optimizer_step(self, trainer: DistTrainer, step: int, skipped: bool) -> None:
-        shared = self.shared
-        if self.rank == 0 and shared[0] and not shared[1]:
-            shared[1] = step + 1  # every other rank has finished at most step `step`: all will see this
-        if shared[1] and step >= shared[1]:
-            trainer.request_stop("stopped from the launching process")
-
-    def on_fit_end(self, trainer: DistTrainer, history: Any) -> None:
-        final = self._snapshot(trainer.progress)
-        final["status"] = getattr(history, "status", None) or trainer.status
-        self._send("end", final)
-
-
 def install(rank: int, world_size: int, channel: Any, shared: Any) -> None:
-    """In a launched rank, before ``fn`` runs: every Trainer built from now on gets a :class:`RankMonitor`."""
-    _ACTIVE[:] = [RankMonitor(rank, world_size, channel, shared)]
+    """In a launched rank, before ``fn`` runs: every Trainer built from now on gets a ``RankMonitor`` on this channel
+    (``nbtrainer._events._launched``)."""
+    _ACTIVE[:] = [LaunchChannel(rank, world_size, channel, shared)]

@@ -33,4 +33,5 @@ def in_notebook() -> bool:
         return False
     get_ipython = getattr(ipython_mod, "get_ipython", None)
     shell = get_ipython() if get_ipython else None
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    cls = type(shell)  # ipykernel's shell, told without importing ipykernel
+    return shell is not None and cls.__module__.startswith("ipykernel") and cls.__name__ == "ZMQInteractiveShell"

@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from nbtrainer._events._sample_list import SampleList
+
 __all__ = ["History"]
 
 
@@ -45,7 +47,7 @@ class History:
         self.epochs: list[dict[str, Any]] = []
         self.steps: dict[str, list] = {"step": [], "epoch": [], "loss": [], "lr": []}
         self.events: list[dict[str, Any]] = []
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = SampleList()
         self.health: dict[str, Any] = _no_health()
         self.status: str = "idle"
         self.stop_reason: str | None = None
@@ -80,7 +82,7 @@ class History:
         (they say what happened, the rollback included)."""
         keep = sum(1 for s in self.steps["step"] if s <= step)
         self.steps = {k: v[:keep] for k, v in self.steps.items()}
-        self.samples = [s for s in self.samples if s["step"] <= step]
+        self.samples = SampleList(s for s in self.samples if s["step"] <= step)
         for key, series in self.health.items():
             if key == "data_wait":
                 self.health[key] = [p for p in series if p[0] <= step]
@@ -122,10 +124,19 @@ class History:
         return pick(rows, key=lambda r: r[monitor])
 
     def __repr__(self) -> str:
-        # 4 significant digits, not 4 decimals: an LR of 1.52e-6 must not read as 0.0
-        last = {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in self.last.items()}
+        from nbtrainer._report._format import format_value
+
+        # each value in the one format the progress lines use, with its unit: an LR of 1.52e-6 must not read as 0.0,
+        # the epoch's time reads "12.3 ms"
+        def shown(key: str, value: Any) -> str:
+            text = format_value(key, value)
+            return f"{text} samples/s" if key == "samples_per_s" else text
+
+        last = ", ".join(f"{k}={shown(k, v)}" for k, v in self.last.items() if k not in ("epoch", "steps"))
         return (
-            f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}, last={last})"
+            f"History(epochs={len(self.epochs)}, steps={len(self.steps['step'])}, status={self.status!r}"
+            + (f", last epoch: {last}" if last else "")
+            + ")"
         )
 
     # -- charts and reports (plain SVG/HTML: no plotting library) --------------------------------
@@ -223,7 +234,7 @@ class History:
         steps = state.get("steps") or {}
         self.steps = {k: list(steps.get(k, [])) for k in ("step", "epoch", "loss", "lr")}
         self.events = [dict(e) for e in state.get("events", [])]
-        self.samples = [_decoded(s) for s in state.get("samples", [])]
+        self.samples = SampleList(_decoded(s) for s in state.get("samples", []))
         self.health = _no_health()
         self.health.update(_copy_health(state.get("health") or {}, pairs=tuple))
         self.status = state.get("status", "idle")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._atomic import remove_stale_temps
@@ -88,10 +89,33 @@ class ModelCheckpoint(Callback):
     def last_path(self) -> str:
         return os.path.join(self.dirpath, "last.ckpt")
 
+    @staticmethod
+    def find(callbacks: Iterable[Any]) -> ModelCheckpoint | None:
+        """The first ``ModelCheckpoint`` among ``callbacks`` (``trainer.callbacks.callbacks``), else None: where
+        ``resume_from="last"``, ``rollback("last")``, ``Health``'s save at a stop and the panel's rollback button
+        find ``last.ckpt``.
+
+        Example:
+            >>> ckpt = ModelCheckpoint("checkpoints", save_last=True)
+            >>> ModelCheckpoint.find([object(), ckpt]) is ckpt, ModelCheckpoint.find([]) is None
+            (True, True)
+        """
+        return next(iter(ModelCheckpoint.all_in(callbacks)), None)
+
+    @staticmethod
+    def all_in(callbacks: Iterable[Any]) -> list[ModelCheckpoint]:
+        """Every ``ModelCheckpoint`` among ``callbacks``, in order (:meth:`find` is the first)."""
+        return [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+
+    def files(self) -> list[str]:
+        """The checkpoint files this callback has written and keeps: the best, ``last.ckpt``, the kept top k."""
+        paths = [p for p in (self.best_model_path, self.last_model_path) if p is not None]
+        return [*paths, *(path for _, path in self.best_k if path not in paths)]
+
     def on_fit_start(self, trainer: TrainerView) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
-        if self.sharded and not getattr(trainer.strategy, "can_shard_checkpoints", False):
+        if self.sharded and not trainer.strategy.shards_parameters:
             raise ValueError(
                 "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "
                 "Drop sharded=True: the full checkpoint file holds the same state."

@@ -159,7 +159,7 @@ class ProgressBar:
     def on_fit_start(self, trainer: TrainerView) -> None:
         self.active_mode = None
         self._health_said = set()
-        if not getattr(trainer, "is_global_zero", True):
+        if not trainer.is_global_zero:
             return
         self.active_mode = self.resolve_mode()
         progress = trainer.progress
@@ -174,8 +174,8 @@ class ProgressBar:
                 parts.append(f"batches={format_number(progress.batches)}")
             if progress.total_steps:
                 parts.append(f"steps={format_number(progress.total_steps)}")
-            parts.append(f"device={getattr(trainer, 'device', '?')}")
-            parts.append(f"precision={getattr(trainer, 'precision', '?')}")
+            parts.append(f"device={trainer.device}")
+            parts.append(f"precision={trainer.precision}")
             parts.append(f"grad_accum_steps={progress.grad_accum_steps}")
             self._write("  ".join(parts))
             return
@@ -228,6 +228,9 @@ class ProgressBar:
         if event.get("kind") == "sample_error" and self.active_mode is not None:  # Samples' fn raised; the run goes on
             self._write(f"sample {event.get('old')!r} failed at step {event.get('step')}: {event.get('new')}")
             return
+        if event.get("kind") == "data_check" and self.active_mode is not None:  # Trainer(check_data=True): a line each
+            self._write(str(event.get("new")))
+            return
         if event.get("kind") in ("memory_plan", "memory_step_down", "memory_check") and self.active_mode is not None:
             self._write(f"{event['kind'].replace('_', ' ')}: {event.get('new')}")
             return
@@ -270,9 +273,7 @@ class ProgressBar:
 
 def _completed_epochs(trainer: TrainerView, planned: int) -> int:
     """Epochs already done when a fit starts (a resumed run's History holds one row per finished epoch)."""
-    history = getattr(trainer, "history", None)
-    done = len(getattr(history, "epochs", ()) or ())
-    return min(done, planned)
+    return min(len(trainer.history.epochs), planned)
 
 
 def _heartbeat_line(p: Progress) -> str:
@@ -297,7 +298,7 @@ def _final_line(trainer: TrainerView, history: Any) -> str:
     reason = f" ({history.stop_reason})" if history.stop_reason else ""
     parts = [f"training {history.status}{reason}"]
     parts.append(f"epochs={len(history.epochs)}/{p.epochs}")
-    parts.append(f"steps={format_number(getattr(trainer, 'global_step', p.global_step))}")
+    parts.append(f"steps={format_number(trainer.global_step)}")
     if p.elapsed:
         parts.append(f"time={format_duration(p.elapsed).replace(' ', '')}")
     return "  ".join(parts)

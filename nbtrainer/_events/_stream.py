@@ -11,6 +11,10 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
                                 training and validation batches are checked after it)
 ``on_epoch_start(trainer, epoch)``  not again for an epoch resumed mid-way (it started in the saved run)
 ``on_train_batch_start(trainer, batch, batch_idx)``   per micro-batch, already on the device
+``on_train_forward(trainer, outputs, targets, indices)``  per micro-batch, right after the forward the step makes:
+                                device tensors (never read them here); ``indices`` the batch's dataset indices (a
+                                list, ``range`` or int64 tensor; None where the loop cannot know them). Only with
+                                the default forward (not ``training_step=``, LBFGS or a memory plan's split)
 ``on_train_batch_end(trainer, batch_idx, loss)``      ``loss`` is a device tensor: never ``.item()`` it here
 ``on_before_optimizer_step(trainer, optimizer)``      grads are unscaled and clipped
 ``on_optimizer_step(trainer, step, skipped)``         after the step; ``skipped`` when fp16's scaler skipped
@@ -33,8 +37,8 @@ reads them where the loop already keeps them, once per refresh window, instead o
   device read for all), ``step_times``, ``global_step``, ``batch`` (all points of one refresh belong to
   ``progress.epoch``: the epoch's end delivers a refresh of its own);
 * the running loop (``trainer.run_state.loop``, a ``FitLoop``): ``keep_window_batches()`` has it keep
-  references to the micro-batches of the open accumulation window (``window_batches``, dropped at each
-  optimizer step after the step's events) and to the last one trained (``last_batch``): no copy, no call;
+  references to the micro-batches of the open accumulation window (``KeptBatches.batches``, dropped at each
+  optimizer step after the step's events) and to the last one trained (``.last``): no copy, no call;
 * **scheduled steps**: a callback with an attribute ``next_optimizer_step`` (an int, or None for "only skipped
   steps") gets ``on_before_optimizer_step`` and ``on_optimizer_step`` only at steps ``>= next_optimizer_step``
   (the step about to be taken, then the one just taken) and at skipped steps, which are rare; the loop compares
@@ -48,8 +52,9 @@ reads them where the loop already keeps them, once per refresh window, instead o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["EVENTS", "CallbackList", "Progress"]
@@ -58,6 +63,7 @@ EVENTS: tuple[str, ...] = (
     "on_fit_start",
     "on_epoch_start",
     "on_train_batch_start",
+    "on_train_forward",
     "on_train_batch_end",
     "on_before_optimizer_step",
     "on_optimizer_step",
@@ -211,11 +217,21 @@ class CallbackList:
         if hook == "on_optimizer_step":
             self.reschedule()
 
+    def caller(self, hook: str) -> Callable[..., None] | None:
+        """A function calling ``hook`` on the callbacks defining it now (the one bound method itself when one does,
+        for a per-step hook: no dispatch), or None when none does."""
+        bound = self._bound.get(hook)
+        if not bound:
+            return None
+        if len(bound) == 1:
+            return bound[0]
+        return functools.partial(self.call, hook)
+
 
 #: the two hooks a scheduled callback gets only at its steps
 _STEP_HOOKS = frozenset({"on_before_optimizer_step", "on_optimizer_step"})
 #: the hooks fired per micro-batch or per step: no rescheduling after them (the loop's hot path)
-_PER_BATCH = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step"})
+_PER_BATCH = frozenset({"on_train_batch_start", "on_train_forward", "on_train_batch_end", "on_before_optimizer_step"})
 
 
 def _scheduled(callback: Any) -> bool:

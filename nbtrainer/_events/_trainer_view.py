@@ -1,8 +1,9 @@
-"""What the callbacks, loggers and run trackers read of the Trainer: a typed, read-mostly view.
+"""What the event stream's consumers read of the Trainer: :class:`TrainerView`, a typed view it satisfies structurally.
 
-The event stream's consumers (``_events``, ``_runs``) are below the Trainer in the floor plan and never import it,
-not even for types: they are typed against :class:`TrainerView`, which :class:`~nbtrainer.Trainer` satisfies
-structurally. A user's callback may be given the whole Trainer; the built-in ones need only this.
+The callbacks, loggers and progress bars here (``_events``), the launched ranks' channel, and the batch steps are below
+the Trainer in the floor plan and never import it, not even for types. A user's callback may be given the whole
+Trainer; the built-in ones need only this. What the tools around a run need besides (its state, its batch steps, the
+verbs that change it) is the view's extension, ``nbtrainer._loop._host.LoopHost``.
 """
 
 from __future__ import annotations
@@ -13,27 +14,39 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from nbtrainer._data._batch import BatchSpec
+    from nbtrainer._dist._placement import Strategy
+    from nbtrainer._events._history import History
+    from nbtrainer._events._stream import CallbackList, Progress
+    from nbtrainer._options import TrainerOptions
+    from nbtrainer._setup._model_setup import ModelSetup, ParamCounts
+
 __all__ = ["TrainerView"]
 
 
 class TrainerView(Protocol):
-    """The Trainer as the built-in callbacks, loggers and run trackers see it."""
+    """The Trainer as the built-in callbacks, loggers, run trackers and its batch steps see it.
 
-    status: str  # a tracker may mark a planned end (Optuna's pruning: "stopped")
-    callbacks: Any  # CallbackList
-    options: Any  # TrainerOptions
-    run_id: str | None  # set by the run store's recorder
+    Attributes:
+        options: the option groups (``nbtrainer._options``): the only copy of the settings.
+        callbacks: the event stream's consumers (a tracker adds or removes itself).
+        status: ``"idle"``, ``"running"``, ``"paused"``, ``"finished"``...; a tracker may mark a planned end.
+        run_id: the id of the current run in the run store (set by its recorder).
+    """
 
-    @property
-    def model(self) -> torch.nn.Module: ...
-    @property
-    def optimizer(self) -> torch.optim.Optimizer | None: ...
-    @property
-    def scheduler(self) -> Any: ...
-    @property
-    def scheduler_interval(self) -> str: ...
-    @property
-    def strategy(self) -> Any: ...
+    model: torch.nn.Module
+    criterion: Callable[..., Any] | None
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any  # any LR scheduler (torch has no common base for ReduceLROnPlateau and the others)
+    scaler: torch.amp.GradScaler | None
+    strategy: Strategy
+    options: TrainerOptions
+    callbacks: CallbackList
+    progress: Progress
+    batch_spec: BatchSpec
+    status: str
+    run_id: str | None
+
     @property
     def device(self) -> torch.device: ...
     @property
@@ -43,32 +56,27 @@ class TrainerView(Protocol):
     @property
     def max_grad_norm(self) -> float | None: ...
     @property
-    def seed(self) -> int | None: ...
+    def history(self) -> History: ...
     @property
-    def deterministic(self) -> bool: ...
+    def model_setup(self) -> ModelSetup: ...
     @property
-    def progress(self) -> Any: ...  # Progress
-    @property
-    def history(self) -> Any: ...  # History
-    @property
-    def run_state(self) -> Any: ...  # RunState
-    @property
-    def model_setup(self) -> Any: ...  # ModelSetup
-    @property
-    def memory_plan(self) -> Any: ...
-    @property
-    def param_counts(self) -> Any: ...
+    def param_counts(self) -> ParamCounts: ...
     @property
     def global_step(self) -> int: ...
+    @property
+    def current_epoch(self) -> int: ...
     @property
     def has_validation(self) -> bool: ...
     @property
     def is_global_zero(self) -> bool: ...
 
     def request_stop(self, reason: str = ...) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
     def defer(self, fn: Callable[[], Any]) -> None: ...
     def save_checkpoint(self, path: str, *, sharded: bool = ...) -> str: ...
     def model_state_dict(self) -> dict[str, torch.Tensor]: ...
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
     def expected_log_keys(self) -> set[str]: ...
-    def fit(self, *args: Any, **kwargs: Any) -> Any: ...
+    def compute_loss(self, batch: Any) -> tuple[torch.Tensor | None, Any, Any]: ...
+    def predict_step(self, batch: Any) -> Any: ...

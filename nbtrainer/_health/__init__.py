@@ -13,7 +13,6 @@
 ``_remedy``         the advice of a problem (LR, clipping, recovery) and a fix's work at the step boundary
 ``_snapshot``       healthy states in host memory (weights, buffers, optimizer state), bounded
 ``_fix``            Health.apply_advice's action (the panel's button) and the check that it worked
-``_health_host``    HealthTrainer: the Trainer as Health sees it
 ==================  ==============================================================================
 """
 

@@ -33,7 +33,7 @@ from nbtrainer._health._snapshot import Snapshot, Snapshots
 from nbtrainer._loop._control import reference_lr
 
 if TYPE_CHECKING:
-    from nbtrainer._health._health_host import HealthTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["Check", "Fixer"]
 
@@ -65,7 +65,7 @@ class Fixer:
             self.pending, self.check = None, None
 
     # -- the click (any thread) ----------------------------------------------------------------------------
-    def apply(self, trainer: HealthTrainer, report: HealthReport, snaps: Snapshots, before: float | None) -> str:
+    def apply(self, trainer: LoopHost, report: HealthReport, snaps: Snapshots, before: float | None) -> str:
         """Apply ``report``'s advised action (module docstring); ``before``: the mean loss of the last window.
         Returns what was done, in words."""
         data = report.data

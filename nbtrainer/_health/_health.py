@@ -22,30 +22,33 @@ for it (``FitLoop.keep_window_batches``).
 from __future__ import annotations
 
 import collections
-import math
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._events._callbacks import Callback
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._health._fix import Fixer
 from nbtrainer._health._health_report import KINDS, SIGNALS, HealthReport, SignalState
 from nbtrainer._health._judge import Draft
-from nbtrainer._health._locate import dead_units, locate_nonfinite
+from nbtrainer._health._locate import dead_units
 from nbtrainer._health._loss_watch import LossWatch
 from nbtrainer._health._norms import NormProbe
 from nbtrainer._health._readings import Readings
 from nbtrainer._health._remedy import Remedy
 from nbtrainer._health._snapshot import Snapshots, available_bytes
 from nbtrainer._health._units import UnitWatch, is_compiled
+from nbtrainer._loop._closure import needs_closure
+from nbtrainer._loop._nonfinite import NonFiniteLossError
 
 if TYPE_CHECKING:
-    from nbtrainer._health._health_host import HealthTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["ON_PROBLEM", "Health"]
+
+log = logging.getLogger(__name__)
 
 ON_PROBLEM = ("warn", "pause", "stop")
 _LEVEL = {"ok": 0, "warning": 1, "problem": 2}
@@ -204,7 +207,7 @@ class Health(Callback):
     def fixes(self) -> list[dict[str, Any]]:
         return self._fixer.fixes
 
-    def apply_advice(self, trainer: HealthTrainer, report: HealthReport | None = None) -> str:
+    def apply_advice(self, trainer: LoopHost, report: HealthReport | None = None) -> str:
         """Apply the advised action of ``report`` (default: :attr:`last_problem`): restore the healthy snapshot or
         roll back to the last checkpoint, re-initialize, clip, and set the LR, as ``report.data`` says
         (``report.action`` in words). From any thread: a running fit applies it at its next step boundary (resume
@@ -223,12 +226,12 @@ class Health(Callback):
         return self._fixer.apply(trainer, report, self._snaps, self._loss.mean)
 
     # -- a fit starts and ends ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: HealthTrainer) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         self.reports = []
         self.signals = {s: SignalState() for s in SIGNALS}
         self._start(trainer)
 
-    def _start(self, trainer: HealthTrainer) -> None:
+    def _start(self, trainer: LoopHost) -> None:
         """This fit's state (``on_fit_start``, or the first event after being added mid-fit)."""
         self._reset()
         self._fixer.reset()
@@ -252,11 +255,11 @@ class Health(Callback):
         self._first_step = self._step = self._since = trainer.global_step + 1
         self._fresh_run = trainer.global_step == 0
         self.signals["non-finite"] = SignalState("ok", "every loss finite so far")
-        if not trainer.timing_every:
+        if not trainer.options.run.timing_every:
             self.signals["data"] = SignalState("ok", "not measured (Trainer(timing_every=0))")
         self._arm(trainer, self._first_step)
 
-    def on_fit_end(self, trainer: HealthTrainer, history: Any) -> None:
+    def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         if self._units is not None:
             self._units.forget()
         if self._probe is not None:
@@ -265,48 +268,47 @@ class Health(Callback):
         self.next_optimizer_step = 0
 
     @staticmethod
-    def _why_no_norms(trainer: HealthTrainer) -> str | None:
-        memory = getattr(trainer.options, "memory", None)
-        if getattr(memory, "optimizer_in_backward", False):
+    def _why_no_norms(trainer: LoopHost) -> str | None:
+        if trainer.options.memory.optimizer_in_backward:
             return "with optimizer_in_backward the gradients never exist together"
         if trainer.batch_steps.training_step_fn is not None:
             return "training_step steps the optimizers itself"
-        if type(trainer.optimizer).__name__ == "LBFGS":
+        if needs_closure(trainer.optimizer):
             return "LBFGS computes its gradients inside its step"
-        if getattr(trainer.strategy, "shards_parameters", False) or type(trainer.strategy).__name__ == "FSDP":
+        if trainer.strategy.shards_parameters:
             return "FSDP shards the gradients"
         return None
 
     # -- the sampled steps (scheduled deliveries) ----------------------------------------------------------------
-    def on_epoch_start(self, trainer: HealthTrainer, epoch: int) -> None:
+    def on_epoch_start(self, trainer: LoopHost, epoch: int) -> None:
         self._epoch = epoch
 
-    def _arm(self, trainer: HealthTrainer, step: int) -> None:
+    def _arm(self, trainer: LoopHost, step: int) -> None:
         """Measure step ``step``: its forward (dead units, the output width) and its update (norms)."""
         self._armed_for = self.next_optimizer_step = step
         if self._units is not None:
             self._units.arm(lambda: self in trainer.callbacks.callbacks)
 
-    def on_before_optimizer_step(self, trainer: HealthTrainer, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: LoopHost, optimizer: Any) -> None:
         step = trainer.global_step + 1
         probe = self._probe
         if step != self._armed_for or probe is None:
             return
         start = time.perf_counter()
         loop = trainer.run_state.loop
-        pre_clip = loop.step.grad_norm if loop is not None else None
+        pre_clip = loop.grad_norm if loop is not None else None
         probe.before_step(pre_clip, trainer.max_grad_norm, ratio=True)
         self._sample_lrs[step] = float(optimizer.param_groups[0]["lr"])  # a host value: what the ratio is at
         if self._problem_at is None and self._snaps.due():  # a healthy state, before this step's update
             self._snaps.take(step, probe.params, probe.before, self._model, trainer.optimizer)
         self._spent += time.perf_counter() - start
 
-    def on_optimizer_step(self, trainer: HealthTrainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: LoopHost, step: int, skipped: bool) -> None:
         if not self._started:  # added mid-fit: this fit starts here for it
             self._start(trainer)
             return
         if skipped and self._kept is not None and self._kept.losses:
-            self._after_skip(trainer, step)
+            self._readings.after_skip(trainer, step)
         if self._armed_for is not None and step >= self._armed_for:
             start = time.perf_counter()
             self._armed_for = None
@@ -339,7 +341,7 @@ class Health(Callback):
         return cost > SAMPLE_BUDGET * (time.perf_counter() - self._last_sample[0])
 
     # -- the refresh: values already on the host ------------------------------------------------------------------
-    def on_refresh(self, trainer: HealthTrainer, progress: Any) -> None:
+    def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         if not self._started:
             self._start(trainer)
         self._step = progress.global_step
@@ -353,7 +355,7 @@ class Health(Callback):
             warm = progress.global_step * max(progress.grad_accum_steps, 1) > 11
             self._readings.data_sample(trainer, progress.global_step, times, warm)
 
-    def _store(self, trainer: HealthTrainer, key: str, name: str, step: int, value: float) -> None:
+    def _store(self, trainer: LoopHost, key: str, name: str, step: int, value: float) -> None:
         trainer.history.health.setdefault(key, {}).setdefault(name, []).append((step, value))
 
     def _light(self, lights: dict[str, SignalState]) -> None:
@@ -379,50 +381,21 @@ class Health(Callback):
         return not steps or self._step - max(steps) >= self.window
 
     # -- the epoch's end: dead units of a compiled model ------------------------------------------------------
-    def on_epoch_end(self, trainer: HealthTrainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         batch = self._kept.last if self._kept is not None else None
         if not self._compiled or batch is None or trainer.batch_steps.training_step_fn is not None:
             return  # otherwise measured on the sampled steps' own forwards (_units)
         try:
             found = dead_units(self._model, trainer.batch_steps.compute, batch, trainer.batch_steps.autocast())
         except Exception as exc:  # a diagnostic never ends the run: the light says why it could not look
+            log.debug("the dead-units diagnostic failed (it never ends the run): its light says why", exc_info=True)
             self._light({"dead units": SignalState("ok", f"not checked: {type(exc).__name__}: {exc}"[:120])})
             return
         self._readings.unit_sample(trainer, trainer.global_step, found)
 
     # -- non-finite losses ------------------------------------------------------------------------------------
-    def _after_skip(self, trainer: HealthTrainer, step: int) -> None:
-        kept = self._kept
-        values = torch.stack([loss.detach().float().reshape(()) for loss in kept.losses]).tolist()  # skipped only
-        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-        if not bad:
-            return  # fp16 overflow with a finite loss: the scaler's own business
-        self._skipped_nonfinite += 1
-        state = SignalState("problem", f"{self._skipped_nonfinite} step(s) skipped, the last at step {step}")
-        self._light({"non-finite": state})
-        if self._throttled("nonfinite", step):
-            return
-        i = bad[0]
-        batch_idx = trainer.run_state.loop_state.batch - (len(values) - i)
-        where = f"at step {step}, batch {batch_idx} of epoch {self._epoch}"
-        data: dict[str, Any] = {"batch": batch_idx, "skipped": True, "where": "loss"}
-        if trainer.batch_steps.training_step_fn is None and not trainer.strategy.distributed:
-            steps = trainer.batch_steps
-            finding = locate_nonfinite(self._model, steps.compute, kept.batches[i], steps.autocast())
-            message = f"{finding.describe()} {where}"
-            data.update(where=finding.where, module=finding.module, module_type=finding.type, value=finding.value)
-        else:
-            message = f"the loss is {'NaN' if math.isnan(values[i]) else 'inf'} {where}"
-        advice = "That step was skipped: the weights are as they were before it."
-        draft = Draft("nonfinite", step, message, advice, data, lr_advice=bool(self._readings.lr_raised(step)))
-        told = [r for r in self.reports if r.kind == "nonfinite" and r.data.get("skipped")]
-        if any(r.data.get("module") == data.get("module") for r in told):
-            # the same source again (a batch that comes back each epoch): counted and told, without another pause
-            draft.level, draft.advice = "warning", f"{advice} It is the same source as at step {told[0].step}."
-        self._file(trainer, draft)
-
-    def on_exception(self, trainer: HealthTrainer, exception: BaseException) -> None:
-        if type(exception).__name__ != "NonFiniteLossError" or any(r.kind == "nonfinite" for r in self.reports):
+    def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
+        if not isinstance(exception, NonFiniteLossError) or any(r.kind == "nonfinite" for r in self.reports):
             return
         first = str(exception).split(". ")[0]
         advice = (
@@ -435,7 +408,7 @@ class Health(Callback):
         self._file(trainer, draft, act=False)
 
     # -- control: a changed LR (a fix arriving), a rollback --------------------------------------------------
-    def on_control(self, trainer: HealthTrainer, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         kind = event.get("kind", "")
         if kind.startswith("lr"):
             old, new = event.get("old"), event.get("new")
@@ -471,7 +444,7 @@ class Health(Callback):
         last = self._reported.get(kind)
         return last is not None and 0 <= step - last < self.window
 
-    def _file(self, trainer: HealthTrainer, draft: Draft, *, act: bool = True) -> None:
+    def _file(self, trainer: LoopHost, draft: Draft, *, act: bool = True) -> None:
         """File a report (one of a kind per ``window`` steps) with the advice computed from what was measured
         (``_remedy``); act on a problem as ``on_problem`` says."""
         if self._throttled(draft.kind, draft.step):
@@ -485,7 +458,7 @@ class Health(Callback):
         if act and report.level == "problem":
             self._act(trainer, report)
 
-    def _emit(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _emit(self, trainer: LoopHost, report: HealthReport) -> None:
         self._reported[report.kind] = report.step
         self.reports.append(report)
         signal = report.signal
@@ -496,13 +469,13 @@ class Health(Callback):
             self.signals[signal] = SignalState(report.level, report.message)
         trainer.callbacks.call("on_health", trainer=trainer, report=report)
 
-    def _act(self, trainer: HealthTrainer, report: HealthReport) -> None:
+    def _act(self, trainer: LoopHost, report: HealthReport) -> None:
         if self.on_problem == "pause":
             trainer.pause()
         elif self.on_problem == "stop":
-            for cb in trainer.callbacks.callbacks:  # last.ckpt at the step boundary where the run stops
-                if getattr(cb, "save_last", False) and callable(getattr(cb, "save_now", None)):
-                    trainer.defer(_saver(cb, trainer))
+            for checkpoint in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+                if checkpoint.save_last:  # last.ckpt at the step boundary where the run stops
+                    trainer.defer(_saver(checkpoint, trainer))
             trainer.request_stop(f"Health: {report.message}")
 
 
@@ -511,5 +484,5 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
-def _saver(checkpoint: Any, trainer: HealthTrainer) -> Callable[[], Any]:
+def _saver(checkpoint: ModelCheckpoint, trainer: LoopHost) -> Callable[[], Any]:
     return lambda: checkpoint.save_now(trainer)

@@ -97,6 +97,16 @@ class HealthReport:
         tail = f" {self.advice}" if self.advice else ""
         return f"health {self.level}: {self.message}{tail}"
 
+    def _repr_html_(self) -> str:
+        from nbtrainer._report._format import text_html
+
+        where = f"step {self.step}, epoch {self.epoch}"
+        advice = f"<div><b>What to do:</b> {text_html(self.advice)}</div>" if self.advice else ""
+        return (
+            f"<div class='nbtrainer-health-report'><b>health {text_html(self.level)}</b> · {text_html(self.kind)} · "
+            f"{where}<div>{text_html(self.message)}</div>{advice}</div>"
+        )
+
 
 def readable(value: float) -> str:
     """A rounded advised value as a person writes it: ``0.1``, ``20``, ``5e-4``.

@@ -10,6 +10,7 @@ when a problem was seen (the non-finite finder) or once an epoch on one batch (d
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ import torch
 __all__ = ["Finding", "check_batch", "dead_units", "locate_nonfinite"]
 
 from nbtrainer._health._units import RELU_TYPES
+
+log = logging.getLogger(__name__)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -138,6 +141,7 @@ def locate_nonfinite(
                 if value is not None:
                     found.append(Finding("loss", value=value))
     except Exception as exc:  # a diagnostic must never end the run
+        log.debug("locating the non-finite value failed (a diagnostic never ends the run): reported", exc_info=True)
         return Finding("error", detail=f"{type(exc).__name__}: {exc}"[:200])
     finally:
         for h in handles:

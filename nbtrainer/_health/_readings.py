@@ -1,7 +1,8 @@
 """What Health makes of what the refresh delivers: the sampled norms and dead units (one host read), the per-step
 losses (spikes, a rising loss, a run that does not learn, a fix's verdict), the step-time samples (data wait).
 
-A Readings is part of one :class:`~nbtrainer.Health` and works on its state; it keeps none of its own.
+A skipped step's non-finite loss is located here too. A Readings is part of one :class:`~nbtrainer.Health` and
+works on its state; it keeps none of its own.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nbtrainer._health._advice import data_advice
 from nbtrainer._health._fix import next_step
 from nbtrainer._health._health_report import SignalState
 from nbtrainer._health._judge import Draft, judge_dead, judge_norms
+from nbtrainer._health._locate import locate_nonfinite
 from nbtrainer._health._norms import stack_to_host
 from nbtrainer._health._units import chance_level
 from nbtrainer._report._format import format_number
 
 if TYPE_CHECKING:
     from nbtrainer._health._health import Health
-    from nbtrainer._health._health_host import HealthTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["DATA_SHARE", "Readings"]
 
@@ -33,7 +37,7 @@ class Readings:
     def __init__(self, health: Health) -> None:
         self.health = health
 
-    def read_samples(self, trainer: HealthTrainer) -> None:
+    def read_samples(self, trainer: LoopHost) -> None:
         """The sampled steps' norms and dead units, with one host read for all of them."""
         h = self.health
         probe, units = h._probe, h._units
@@ -61,7 +65,7 @@ class Readings:
         h._spent += time.perf_counter() - start  # the samples' cost includes their reading (Health._too_soon)
 
     def norm_sample(
-        self, trainer: HealthTrainer, step: int, grads: list[float], ratios: list[float] | None, weights: list[float]
+        self, trainer: LoopHost, step: int, grads: list[float], ratios: list[float] | None, weights: list[float]
     ) -> None:
         h = self.health
         probe = h._probe
@@ -89,7 +93,7 @@ class Readings:
             h._file(trainer, draft)
         h._lr_light()
 
-    def unit_sample(self, trainer: HealthTrainer, step: int, found: dict[str, tuple[int, int]]) -> None:
+    def unit_sample(self, trainer: LoopHost, step: int, found: dict[str, tuple[int, int]]) -> None:
         h = self.health
         for name, (dead, total) in found.items():
             if dead < total:
@@ -108,7 +112,7 @@ class Readings:
                 draft.onset = min((h._alive_at.get(m, h._first_step) for m in modules), default=step)
             h._file(trainer, draft)
 
-    def watch_loss(self, trainer: HealthTrainer, progress: Any) -> None:
+    def watch_loss(self, trainer: LoopHost, progress: Any) -> None:
         h = self.health
         points = progress.step_points
         h._lrs.extend([(step, lr) for step, _, lr in points[-h.window - 1 :]])  # the deque keeps those
@@ -146,7 +150,7 @@ class Readings:
             h._file(trainer, draft)
         self.learning(trainer, last)
 
-    def learning(self, trainer: HealthTrainer, step: int) -> None:
+    def learning(self, trainer: LoopHost, step: int) -> None:
         """Whether the run learns (the learning-rate light), and the verdict of the last fix."""
         h = self.health
         loss, chance = h._loss, h._loss.chance
@@ -181,7 +185,7 @@ class Readings:
             return "the LR is warming up or was raised"
         return None
 
-    def data_sample(self, trainer: HealthTrainer, step: int, times: dict[str, float], warm: bool) -> None:
+    def data_sample(self, trainer: LoopHost, step: int, times: dict[str, float], warm: bool) -> None:
         h = self.health
         total = sum(times.values())
         if total <= 0:
@@ -197,9 +201,41 @@ class Readings:
             loop = trainer.run_state.loop
             advice = data_advice(
                 loop.train_loader if loop is not None else None,
-                mode=loop.train_data.mode if loop is not None else None,
+                mode=loop.data_mode if loop is not None else None,
                 device_type=trainer.device.type,
-                fast_fetch=bool(trainer.fast_fetch),
+                fast_fetch=trainer.options.data.fast_fetch,
             )
             message = f"the step waits for the loader {sum(recent) / len(recent):.0%} of its time (step-time samples)"
             h._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
+
+    def after_skip(self, trainer: LoopHost, step: int) -> None:
+        """A skipped step: its non-finite loss found among the window's kept losses, its source located."""
+        h = self.health
+        kept = h._kept
+        values = torch.stack([loss.detach().float().reshape(()) for loss in kept.losses]).tolist()  # skipped only
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if not bad:
+            return  # fp16 overflow with a finite loss: the scaler's own business
+        h._skipped_nonfinite += 1
+        state = SignalState("problem", f"{h._skipped_nonfinite} step(s) skipped, the last at step {step}")
+        h._light({"non-finite": state})
+        if h._throttled("nonfinite", step):
+            return
+        i = bad[0]
+        batch_idx = trainer.run_state.loop_state.batch - (len(values) - i)
+        where = f"at step {step}, batch {batch_idx} of epoch {h._epoch}"
+        data: dict[str, Any] = {"batch": batch_idx, "skipped": True, "where": "loss"}
+        if trainer.batch_steps.training_step_fn is None and not trainer.strategy.distributed:
+            steps = trainer.batch_steps
+            finding = locate_nonfinite(h._model, steps.compute, kept.batches[i], steps.autocast())
+            message = f"{finding.describe()} {where}"
+            data.update(where=finding.where, module=finding.module, module_type=finding.type, value=finding.value)
+        else:
+            message = f"the loss is {'NaN' if math.isnan(values[i]) else 'inf'} {where}"
+        advice = "That step was skipped: the weights are as they were before it."
+        draft = Draft("nonfinite", step, message, advice, data, lr_advice=bool(self.lr_raised(step)))
+        told = [r for r in h.reports if r.kind == "nonfinite" and r.data.get("skipped")]
+        if any(r.data.get("module") == data.get("module") for r in told):
+            # the same source again (a batch that comes back each epoch): counted and told, without another pause
+            draft.level, draft.advice = "warning", f"{advice} It is the same source as at step {told[0].step}."
+        h._file(trainer, draft)

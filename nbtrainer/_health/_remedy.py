@@ -18,12 +18,14 @@ snapshots, the units seen); it keeps none of its own.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._health._advice import HEALTHY_RATIO, advise_clip, advise_lr, reference
 from nbtrainer._health._health_report import SignalState, readable
 from nbtrainer._health._judge import Draft
@@ -33,10 +35,12 @@ from nbtrainer._health._snapshot import Snapshots
 if TYPE_CHECKING:
     from nbtrainer._health._fix import Fixer
     from nbtrainer._health._health import Health
-    from nbtrainer._health._health_host import HealthTrainer
     from nbtrainer._health._loss_watch import Stuck
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["Remedy"]
+
+log = logging.getLogger(__name__)
 
 
 class Remedy:
@@ -46,7 +50,7 @@ class Remedy:
         self.health = health
 
     # -- advice ----------------------------------------------------------------------------------------------
-    def advise(self, trainer: HealthTrainer, draft: Draft) -> tuple[str, dict[str, Any]]:
+    def advise(self, trainer: LoopHost, draft: Draft) -> tuple[str, dict[str, Any]]:
         """``(advice, data)`` of a report: the draft's own, with the computed LR, clipping and recovery."""
         advice, data = draft.advice, dict(draft.data)
         problem = draft.level == "problem"
@@ -71,14 +75,15 @@ class Remedy:
             parts.append(self._recovery(trainer, draft, damage, data))
         return " ".join(p for p in parts if p), data
 
-    def _lr(self, trainer: HealthTrainer, draft: Draft) -> tuple[float, str] | None:
+    def _lr(self, trainer: LoopHost, draft: Draft) -> tuple[float, str] | None:
         """The advised LR: from the measured update ratio, at the current LR (a ratio measured at another LR
         scales in proportion)."""
         ref = reference(trainer.optimizer)
         if ref is None:
             return None
         h = self.health
-        valley = (getattr(trainer.run_state.lr_finder, "suggestions", None) or {}).get("valley")
+        finder = trainer.run_state.lr_finder
+        valley = finder.suggestions.get("valley") if finder is not None else None
         valley = valley if isinstance(valley, float) else None
         ratios = h._ratios  # (step, ratio, the LR it was measured at), since the run (re)started
         if draft.kind == "update_ratio":
@@ -129,7 +134,7 @@ class Remedy:
             "optimizer state; LeakyReLU or GELU would never die this way."
         )
 
-    def _damage(self, trainer: HealthTrainer, draft: Draft) -> str | None:
+    def _damage(self, trainer: LoopHost, draft: Draft) -> str | None:
         """Why the weights are damaged now (one diagnostic forward of the last batch), or None."""
         h = self.health
         kept = h._kept
@@ -142,6 +147,7 @@ class Remedy:
         try:
             dead, loss = check_batch(h._model, steps.compute, batch, steps.autocast())
         except Exception:  # a diagnostic never ends the run: no recovery advised
+            log.debug("the batch check for a recovery failed (a diagnostic never ends the run)", exc_info=True)
             return None
         types = h._units.types if h._units is not None else {}
         why = []
@@ -167,7 +173,7 @@ class Remedy:
             why.append(f"the loss of the last batch is {loss:.3g}, above the chance level {chance:.3g}")
         return ", ".join(why) or None
 
-    def _recovery(self, trainer: HealthTrainer, draft: Draft, damage: str, data: dict[str, Any]) -> str:
+    def _recovery(self, trainer: LoopHost, draft: Draft, damage: str, data: dict[str, Any]) -> str:
         h = self.health
         onset = draft.onset if draft.onset is not None else draft.step
         raised = h._lr_raised_at
@@ -195,18 +201,19 @@ class Remedy:
             f"{why}: these weights cannot be repaired; restart the run from a new model{lr}."
         )
 
-    def _checkpoint(self, trainer: HealthTrainer, onset: int) -> str | None:
+    def _checkpoint(self, trainer: LoopHost, onset: int) -> str | None:
         """The ModelCheckpoint's last.ckpt when it holds the state before step ``onset`` (its saved step, read
         with ``mmap``: no tensor is loaded)."""
-        for cb in trainer.callbacks.callbacks:
-            path = getattr(cb, "last_model_path", None)
-            if isinstance(path, str) and getattr(cb, "save_last", False) and os.path.exists(path):
-                try:
-                    saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["loop"]["global_step"]
-                except Exception:  # not readable now (being written, another format): not a way back
-                    return None
-                return path if isinstance(saved, int) and saved < onset else None
-        return None
+        checkpoint = ModelCheckpoint.find(trainer.callbacks.callbacks)
+        path = checkpoint.last_model_path if checkpoint is not None and checkpoint.save_last else None
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["loop"]["global_step"]
+        except Exception:  # not readable now (being written, another format): not a way back
+            log.debug("last.ckpt not readable now: not a way back", exc_info=True)
+            return None
+        return path if isinstance(saved, int) and saved < onset else None
 
     def stuck_draft(self, stuck: Stuck) -> Draft:
         """The report of a run that does not learn; the learning-rate light turns red."""
@@ -234,7 +241,7 @@ class Remedy:
         return draft
 
     # -- a fix at the step boundary (the training thread) ----------------------------------------------------
-    def at_boundary(self, trainer: HealthTrainer, fixer: Fixer) -> None:
+    def at_boundary(self, trainer: LoopHost, fixer: Fixer) -> None:
         """The LR change of a fix arrived: restore or re-initialize as planned, and start the fix's check."""
         h = self.health
         pending = fixer.take_pending()

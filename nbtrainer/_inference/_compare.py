@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,8 @@ from nbtrainer._inference._quantize_model import QUANT_METHODS, quantize_model
 from nbtrainer._inference._size_latency import disk_bytes, memory_bytes, param_count, spread_of, time_rounds
 
 __all__ = ["DEFAULT_METHODS", "METHODS", "compare_inference"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_METHODS = ("fp32", "bf16", "int8-dynamic", "int8-weight", "int4-weight", "codebook4")
 METHODS = ("fp32", "bf16", *QUANT_METHODS)
@@ -199,6 +202,7 @@ def _compare(
         try:
             variant = _build(model, name) if name in method_list else extra[name].eval()
         except Exception as exc:  # a method that cannot run here is a row, not an error
+            log.debug("a method that cannot run here is a row of the table, not an error", exc_info=True)
             row.update(status="failed", reason=_reason(exc))
             continue
         variants[name] = variant

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from nbtrainer._look._images import as_pixels, data_uri, encode_png, is_pil, png_width, to_png
+from nbtrainer._look._images import as_pixels, is_pil, to_png
 from nbtrainer._report._format import format_number
+from nbtrainer._report._png import encode_png, png_img
 
-__all__ = ["heatmap_html", "input_html", "model_input", "rows_html"]
+__all__ = ["heatmap_html", "input_html", "model_input", "picture_html", "rows_html"]
 
 _MAX_FEATURES = 12
 _MAX_IDS = 48
@@ -51,7 +52,7 @@ def _decode(ids: list[int], decode: Any) -> str | None:
     return str(decode(ids))
 
 
-def _picture(value: Any) -> str | None:
+def picture_html(value: Any) -> str | None:
     if is_pil(value):
         png = to_png(value)
     else:
@@ -65,9 +66,7 @@ def _picture(value: Any) -> str | None:
         png = None if pixels is None else encode_png(pixels)
     if png is None:
         return None
-    width = png_width(png)
-    shown = width * max(1, min(8, 128 // max(width, 1)))  # a small picture enlarged, pixels kept sharp
-    return f"<img src='{data_uri(png)}' width='{shown}' style='image-rendering:pixelated;display:block' alt='input'>"
+    return png_img(png, alt="input", fit=128, style="display:block")
 
 
 def input_html(sample: Any, *, decode: Any = None, feature_names: Sequence[str] | None = None) -> str:
@@ -94,7 +93,7 @@ def input_html(sample: Any, *, decode: Any = None, feature_names: Sequence[str] 
         )
         more = f"<tr><td colspan='2'>... {len(values) - len(shown)} more</td></tr>" if len(values) > len(shown) else ""
         return f"<table class='nbt-item-row'>{cells}{more}</table>"
-    picture = _picture(value)
+    picture = picture_html(value)
     if picture is not None:
         return picture
     if isinstance(value, torch.Tensor) and value.ndim == 0:

@@ -10,50 +10,20 @@ What counts as an image (``as_pixels``): a torch tensor ``(C, H, W)`` (C = 1, 3 
 
 from __future__ import annotations
 
-import base64
-import struct
-import zlib
 from typing import Any
 
 import numpy as np
 
-__all__ = ["IMAGE_TYPES", "as_pixels", "data_uri", "encode_png", "is_pil", "png_width", "to_png"]
+from nbtrainer._report._png import encode_png
+
+__all__ = ["IMAGE_TYPES", "as_pixels", "is_pil", "to_png"]
 
 #: how the accepted kinds are named in errors
 IMAGE_TYPES = (
     "an image: a torch tensor (C, H, W) with C = 1, 3 or 4 or (H, W), float in [0, 1] or uint8; a NumPy array "
     "(H, W), (H, W, C) or (C, H, W); or a PIL image"
 )
-_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> PNG colour type: grey, grey+alpha, RGB, RGBA
 _CHANNELS = (1, 3, 4)
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-
-def encode_png(pixels: np.ndarray) -> bytes:
-    """An 8-bit PNG of ``pixels``: uint8 ``(H, W)`` or ``(H, W, C)``, C in 1-4.
-
-    Example:
-        >>> png = encode_png(np.zeros((2, 3), dtype=np.uint8))
-        >>> png[:8] == b"\\x89PNG\\r\\n\\x1a\\n", len(png) > 40
-        (True, True)
-    """
-    if pixels.dtype != np.uint8:
-        raise TypeError(f"encode_png takes uint8 pixels, got {pixels.dtype}.")
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    h, w, c = pixels.shape
-    # each row is prefixed with filter type 0 (none)
-    rows = np.concatenate([np.zeros((h, 1), dtype=np.uint8), np.ascontiguousarray(pixels).reshape(h, w * c)], axis=1)
-    header = struct.pack(">IIBBBBB", w, h, 8, _COLOR_TYPE[c], 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + _chunk(b"IHDR", header)
-        + _chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
-        + _chunk(b"IEND", b"")
-    )
 
 
 def is_pil(value: Any) -> bool:
@@ -111,13 +81,3 @@ def to_png(value: Any) -> bytes | None:
         return buf.getvalue()
     pixels = as_pixels(value)
     return None if pixels is None else encode_png(pixels)
-
-
-def png_width(png: bytes) -> int:
-    """The width in pixels written in a PNG's header (``IHDR``)."""
-    return struct.unpack(">I", png[16:20])[0] if len(png) >= 24 else 0
-
-
-def data_uri(png: bytes) -> str:
-    """``data:image/png;base64,...`` for an ``<img src=...>``."""
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")

@@ -15,7 +15,7 @@ grows by some bytes per item, whatever the inputs' size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,28 +29,20 @@ from nbtrainer._look._per_item import NoPerItemLoss, is_causal_lm, per_item_loss
 from nbtrainer._look._side import kept_rng, side_pass
 from nbtrainer._loop._metrics import metric_input
 
-__all__ = ["interpret"]
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
+__all__ = ["indexed_batches", "interpret", "task_of"]
 
 Tensor = torch.Tensor
 _SMALL = 16  # a regression keeps its predictions and targets when each item has at most this many values
 
 
-class InterpretingTrainer(Protocol):
-    """What :func:`interpret` reads of the Trainer (which satisfies it)."""
-
-    criterion: Any
-    device: torch.device
-    non_blocking: bool
-    fast_fetch: bool
-
-    @property
-    def model(self) -> torch.nn.Module: ...
-    @property
-    def batch_steps(self) -> Any: ...  # BatchSteps: compute, autocast, inference context
-
-
-def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
-    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring)."""
+def indexed_batches(
+    loader: Any, *, fast: bool, lists: list[list[int]] | None = None
+) -> tuple[Iterator[tuple[Tensor | None, Any]], Any]:
+    """``((dataset indices or None, batch) ..., dataset or None)`` (see the module docstring); ``lists``: read these
+    index lists of the loader's dataset instead of its sampler's."""
     sampler, dataset = getattr(loader, "batch_sampler", None), getattr(loader, "dataset", None)
     indexable = (
         isinstance(loader, torch.utils.data.DataLoader)
@@ -60,8 +52,9 @@ def indexed_batches(loader: Any, *, fast: bool) -> tuple[Iterator[tuple[Tensor |
     )
     if not indexable or sampler is None or dataset is None:
         return _numbered(loader, None), None
-    with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
-        lists = [list(ix) for ix in sampler]
+    if lists is None:
+        with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
+            lists = [list(ix) for ix in sampler]
     fetch = batched_fetch(loader) if fast else None
     if fetch is not None:
         read: Callable[[list[int]], Any] = fetch.read
@@ -91,7 +84,7 @@ def _numbered(batches: Any, lists: list[list[int]] | None) -> Iterator[tuple[Ten
         yield torch.tensor(ix, dtype=torch.int64), batch
 
 
-def _task(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
+def task_of(criterion: Any, model: Any, logits: Any, targets: Any) -> str:
     """``classification``, ``binary``, ``multilabel``, ``regression``, ``lm`` (a causal LM's tokens), ``tokens``
     (per-token labels) or ``other`` (losses only), from the first batch."""
     if not isinstance(logits, Tensor) or not isinstance(targets, Tensor) or targets.ndim == 0:
@@ -144,7 +137,7 @@ def _columns(task: str, logits: Tensor, targets: Tensor, probabilities: bool) ->
 
 
 def interpret(
-    trainer: InterpretingTrainer,
+    trainer: LoopHost,
     loader: Any,
     *,
     max_items: int | None = None,
@@ -160,7 +153,7 @@ def interpret(
     loader = _arrays.eval_loader(loader, batch_size, name="interpret() loader")
     steps, model = trainer.batch_steps, trainer.model
     fn = per_item_loss(trainer.criterion, unwrap_model(model), loss_per_item, custom=steps.custom_loss)
-    batches, dataset = indexed_batches(loader, fast=trainer.fast_fetch)
+    batches, dataset = indexed_batches(loader, fast=trainer.options.data.fast_fetch)
     device, seen = trainer.device, 0
     task: str | None = None
     probabilities = isinstance(trainer.criterion, torch.nn.BCELoss)
@@ -169,7 +162,7 @@ def interpret(
     plain = steps.default_compute()  # (x, y) batches: model(x) alone (the batch's mean loss is not needed)
     with side_pass(model, steps.autocast(), grad=steps.inference), no_cache(model):
         for indices, batch in batches:
-            batch = move_to_device(batch, device, trainer.non_blocking)
+            batch = move_to_device(batch, device, trainer.options.data.non_blocking)
             if plain and type(batch) in (tuple, list) and len(batch) == 2 and isinstance(batch[0], Tensor):
                 outputs, targets = model(batch[0]), batch[1]
             else:
@@ -189,7 +182,7 @@ def interpret(
                 )
             logits = metric_input(outputs)
             if task is None:
-                task = _task(trainer.criterion, model, logits, targets)
+                task = task_of(trainer.criterion, model, logits, targets)
                 if task == "classification" and isinstance(logits, Tensor):
                     n_classes = int(logits.shape[1])
                 elif task == "binary":

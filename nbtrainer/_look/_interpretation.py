@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from nbtrainer._data._cleaned import CleanedDataset, DataEdits
 from nbtrainer._look._gallery import heatmap_html, input_html, rows_html
 from nbtrainer._report._format import format_number
 
@@ -55,9 +56,10 @@ class Gallery:
     """Items of an :class:`Interpretation` with their inputs fetched back from the dataset (``html``, displayed
     in a notebook)."""
 
-    def __init__(self, html_text: str, indices: list[int]) -> None:
+    def __init__(self, html_text: str, indices: list[int], cards: list[str] | None = None) -> None:
         self.html = html_text
         self.indices = indices
+        self.cards = cards if cards is not None else []  # each item's own HTML (a cleaner puts controls beside it)
 
     def _repr_html_(self) -> str:
         return self.html
@@ -112,6 +114,7 @@ class Interpretation:
         if classes is not None and n_classes is not None and len(classes) != n_classes:
             raise ValueError(f"classes= names {len(classes)} classes, the model predicts {n_classes}.")
         self.classes: list[str] | None = [str(c) for c in classes] if classes is not None else None
+        self.edits = DataEdits()  # keep / relabel / drop per item: the panel's cleaner in the errors view
 
     # -- the columns -------------------------------------------------------------------------------
     @property
@@ -203,6 +206,15 @@ class Interpretation:
         found.sort(key=lambda f: -f[2])
         return found[: int(k)]
 
+    def most_confused_html(self, k: int = 10) -> str:
+        """:meth:`most_confused` as a small table with its title (what a notebook, the report and the panel show;
+        empty for a task without classes)."""
+        if self.task not in _CLASSIFIERS or self.targets is None:
+            return ""
+        columns = ("label", "mistake") if self.task == "multilabel" else ("target", "predicted")
+        rows = [{columns[0]: a, columns[1]: b, "count": n} for a, b, n in self.most_confused(k)]
+        return "<div class='nbt-most-confused'><div>most confused</div>" + rows_html(rows) + "</div>"
+
     def per_class(self) -> Rows:
         """Per class (per label for multi-label): ``precision``, ``recall``, ``f1`` and ``support`` (its items)."""
         matrix = self.confusion_matrix()
@@ -235,6 +247,24 @@ class Interpretation:
         order = torch.argsort(self.losses[picked], descending=True)
         return [int(self.indices[i]) for i in picked[order].tolist()]
 
+    def cleaned(
+        self, dataset: Any = None, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+    ) -> CleanedDataset:
+        """``dataset`` (default: the one interpreted) without the items dropped and with the ones relabeled, in the
+        panel's cleaner (:attr:`edits`) and here (``drop``: indices, ``relabel``: ``{index: label}``), as a view for
+        the next fit: nothing is copied (``nbtrainer.CleanedDataset``).
+
+        Example:
+            >>> # clean_val = interp.cleaned(drop=[r["index"] for r in interp.top_losses(5)])
+        """
+        dataset = dataset if dataset is not None else self.dataset
+        if dataset is None:
+            raise ValueError(
+                "cleaned(): this interpretation has no dataset to index (a list of batches or an IterableDataset was "
+                "interpreted); pass the dataset: interp.cleaned(dataset, drop=[...])."
+            )
+        return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
+
     # -- pictures ----------------------------------------------------------------------------------
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
         """A gallery of items (dataset indices, at most ``k`` of them; default: the ``k`` largest losses), each
@@ -263,7 +293,7 @@ class Interpretation:
                 f"<div>#{ix} · {html.escape(caption)}</div></div>"
             )
         style = "display:flex;flex-flow:row wrap;align-items:flex-end"
-        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items)
+        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
 
     def _caption(self, i: int) -> str:
         row = self._row(i)
@@ -290,13 +320,10 @@ class Interpretation:
         blocks = [f"<div><b>Interpretation</b> · {html.escape(self.summary())}</div>"]
         if self.task in _CLASSIFIERS and self.targets is not None:
             matrix = self.confusion_matrix()
-            if self.task == "multilabel":
-                blocks.append(rows_html([{"label": a, "mistake": b, "count": n} for a, b, n in self.most_confused(10)]))
-            elif len(matrix) <= 30:
+            if self.task != "multilabel" and len(matrix) <= 30:
                 blocks.append(heatmap_html(matrix, self._labels(), title="confusion matrix"))
             else:
-                rows = [{"target": a, "predicted": b, "count": n} for a, b, n in self.most_confused(10)]
-                blocks.append("<div>most confused</div>" + rows_html(rows))
+                blocks.append(self.most_confused_html(10))
             blocks.append("<div style='margin-top:6px'>per class</div>" + rows_html(self.per_class()))
         blocks.append("<div style='margin-top:6px'>top losses</div>" + rows_html(self.top_losses(9)))
         return f"<div class='nbt-interpretation' style='font-size:12px'>{''.join(blocks)}</div>"

@@ -15,9 +15,10 @@ schedule, and a value of a type that cannot be shown (``fn`` is called once at t
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,27 +26,12 @@ from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._look._images import IMAGE_TYPES, is_pil, to_png
 from nbtrainer._look._side import side_pass
 
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
 __all__ = ["SampleTypeError", "Samples", "sample_entries"]
 
-
-class SamplingTrainer(Protocol):
-    """What :class:`Samples` reads of the Trainer (which satisfies it)."""
-
-    callbacks: Any  # CallbackList: a failed sample is an on_control event
-    strategy: Any
-
-    @property
-    def model(self) -> torch.nn.Module: ...
-    @property
-    def batch_steps(self) -> Any: ...  # BatchSteps: the run's autocast
-    @property
-    def history(self) -> Any: ...
-    @property
-    def global_step(self) -> int: ...
-    @property
-    def current_epoch(self) -> int: ...
-    @property
-    def is_global_zero(self) -> bool: ...
+log = logging.getLogger(__name__)
 
 
 class SampleTypeError(TypeError):
@@ -163,13 +149,13 @@ class Samples:
         self.next_optimizer_step: int | None = self.every_n_steps
 
     # -- the event stream -------------------------------------------------------------------------
-    def on_fit_start(self, trainer: SamplingTrainer) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         self.seconds, self._last_step = 0.0, None
         self._schedule(trainer.global_step)
         if trainer.global_step == 0:  # a fresh run (a resumed one has its baseline in the History)
             self._take(trainer, epoch=0, keep=self.at_start, strict=True)
 
-    def on_optimizer_step(self, trainer: SamplingTrainer, step: int, skipped: bool) -> None:
+    def on_optimizer_step(self, trainer: LoopHost, step: int, skipped: bool) -> None:
         n = self.every_n_steps
         if n is not None and step % n == 0:
             self._take(trainer, epoch=trainer.current_epoch)
@@ -179,7 +165,7 @@ class Samples:
         n = self.every_n_steps
         self.next_optimizer_step = (step // n + 1) * n if n is not None else None
 
-    def on_epoch_end(self, trainer: SamplingTrainer, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         n = self.every_n_epochs
         if n is not None and epoch % n == 0 and self._last_step != trainer.global_step:
             self._take(trainer, epoch=epoch)
@@ -187,9 +173,9 @@ class Samples:
         self.seconds = 0.0
 
     # -- taking one --------------------------------------------------------------------------------
-    def _take(self, trainer: SamplingTrainer, *, epoch: int, keep: bool = True, strict: bool = False) -> None:
+    def _take(self, trainer: LoopHost, *, epoch: int, keep: bool = True, strict: bool = False) -> None:
         # Under FSDP every rank must run the forward (it gathers the shards); elsewhere rank 0 alone does.
-        sharded = bool(getattr(trainer.strategy, "distributed_params", False))
+        sharded = trainer.strategy.shards_parameters
         if not trainer.is_global_zero and not sharded:
             return
         step = trainer.global_step
@@ -205,6 +191,7 @@ class Samples:
             self._report(trainer, step, epoch, exc)
             return
         except Exception as exc:
+            log.debug("a sample failed: reported as an on_control event, the run goes on", exc_info=True)
             self._report(trainer, step, epoch, exc)
             return
         finally:
@@ -214,7 +201,7 @@ class Samples:
             for name, kind, value in entries:
                 add(step=step, epoch=epoch, name=name, kind=kind, value=value)
 
-    def _report(self, trainer: SamplingTrainer, step: int, epoch: int, exc: Exception) -> None:
+    def _report(self, trainer: LoopHost, step: int, epoch: int, exc: Exception) -> None:
         what = self.name or getattr(self.fn, "__name__", "sample")
         error = f"{type(exc).__name__}: {exc}"
         event = {"step": step, "epoch": epoch, "kind": "sample_error", "old": what, "new": error}

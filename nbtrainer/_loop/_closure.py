@@ -66,13 +66,14 @@ def check_closure(
 class ClosureStep:
     """The closure of one batch (see the module docstring); :meth:`prepare` returns the batch's loss holder."""
 
-    def __init__(self, host: LoopHost) -> None:
-        self.host = host
+    def __init__(self, host: LoopHost, params: list[torch.Tensor]) -> None:
+        self.host, self.params = host, params
 
     def prepare(self, batch: Any, first: bool, amp: Any, metrics: Any) -> tuple[torch.Tensor, int, Callable[[], Any]]:
         """``(loss of the first evaluation, filled when the step runs; batch size; the closure)``."""
         t = self.host
-        opt = t.optimizer
+        opt, steps, params = t.optimizer, t.batch_steps, self.params
+        assert opt is not None  # a fit runs only with an optimizer
         holder = torch.zeros((), device=t.device)
         state = {"calls": 0}
 
@@ -82,14 +83,15 @@ class ClosureStep:
             state["calls"] += 1
             with torch.enable_grad(), amp:
                 if first and initial:
-                    loss, outputs, targets = t.steps.first_compute(batch)
+                    loss, outputs, targets = steps.first_compute(batch)
                 else:
-                    loss, outputs, targets = t.steps.compute(batch)
+                    loss, outputs, targets = steps.compute(batch)
             if first and initial:
-                t.steps.check_first_loss(loss, outputs, targets)
+                steps.check_first_loss(loss, outputs, targets)
             loss.backward()
-            if t.settings.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(t.params, t.settings.max_grad_norm)
+            max_norm = t.options.step.max_grad_norm
+            if max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
             if initial:
                 holder.copy_(loss.detach())
                 if metrics is not None:

@@ -5,20 +5,25 @@ training thread; and the LR arithmetic a change of the reference LR makes (:func
   handler); the hot loop only reads ``dirty`` (a plain attribute) per step, the lock is taken when something was
   requested.
 * :class:`LiveControl`: a Trainer's control, which applies the requests at the next optimizer-step boundary and
-  tells the callbacks (``on_control``). It sees the Trainer as :class:`ControlTrainer` (``_loop`` is below the
+  tells the callbacks (``on_control``). It sees the Trainer as its ``LoopHost`` (``_loop`` is below the
   Trainer and never imports it). The public verbs (``request_stop``, ``pause``, ``set_lr``...) are the Trainer's.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._host import LoopHost
+
+T = TypeVar("T")
 
 __all__ = [
     "Control",
-    "ControlTrainer",
     "LiveControl",
     "is_plateau",
     "lr_parts",
@@ -26,6 +31,8 @@ __all__ = [
     "rescale_lr",
     "step_epoch_scheduler",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class Control:
@@ -107,37 +114,38 @@ class Control:
         self._resume.set()
 
 
-class ControlTrainer(Protocol):
-    """The Trainer as its live control sees it: what a change touches (the LR, the accumulation, the status) and
-    whom it tells (the callbacks, which get the trainer itself)."""
-
-    optimizer: Any
-    scheduler: Any
-    grad_accum_steps: int
-    status: str
-
-    @property
-    def run_state(self) -> Any: ...
-    @property
-    def progress(self) -> Any: ...
-    @property
-    def callbacks(self) -> Any: ...
-
-
 class LiveControl:
     """A Trainer's live control, owned by one :class:`~nbtrainer.Trainer`: requests from any thread (:class:`Control`)
     applied by the training thread at the next optimizer-step boundary (the loop calls :meth:`apply` through
-    ``LoopHost.apply_control``; between fits at once), each change told to the callbacks as an ``on_control`` event
+    ``FitLoop``'s step boundary; between fits at once), each change told to the callbacks as an ``on_control`` event
     so the History shows it where it took effect; and the calls deferred until an event has reached every callback.
 
     Attributes:
         requests: the thread-safe requests (stop, pause, values, calls to run on the training thread).
     """
 
-    def __init__(self, trainer: ControlTrainer) -> None:
+    def __init__(self, trainer: LoopHost) -> None:
         self._trainer = trainer
         self.requests = Control()
         self._deferred: list[Callable[[], Any]] = []
+
+    def request_lr(self, lr: float, name: str | None, source: str | None) -> None:
+        """``set_lr``: the reference LR of the optimizer ``name`` (None: each), applied at the next step boundary;
+        an unknown name is refused now, not at the step."""
+        trainer = self._trainer
+        lr_parts(trainer.optimizer, trainer.scheduler, name)
+        pending = dict(self.requests.peek("lr") or {})
+        pending[name] = (lr, source)
+        self.apply_or_queue("lr", pending)
+
+    def on_fit_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` now, or from another thread while a fit runs, on the training thread at the next step boundary
+        (the call waits for it)."""
+        fit_thread = self._trainer.run_state.fit_thread
+        if fit_thread is not None and threading.get_ident() != fit_thread:
+            result: T = self.requests.submit(fn).result()
+            return result
+        return fn()
 
     def apply_or_queue(self, key: str, value: Any) -> None:
         """Request ``key = value``; applied now between fits, else at the next step boundary."""
@@ -160,7 +168,8 @@ class LiveControl:
                             rescale_lr(opt, sched, lr / reference_lr(opt))
                         self.event("lr" if name is None else f"lr:{name}", old, lr, source=source)
                 elif key == "grad_accum_steps":
-                    old, trainer.grad_accum_steps = trainer.grad_accum_steps, value
+                    old = trainer.grad_accum_steps
+                    trainer.options = trainer.options.replace("step", grad_accum_steps=value)
                     trainer.progress.grad_accum_steps = value
                     self.event("grad_accum_steps", old, value)
                 elif key == "pause" and run.fitting:
@@ -170,6 +179,10 @@ class LiveControl:
                     try:
                         fut.set_result(fn())
                     except BaseException as exc:
+                        log.debug(
+                            "a call run on the training thread failed: its caller gets the exception from the Future",
+                            exc_info=True,
+                        )
                         fut.set_exception(exc)
             if not run.fitting or not control.paused or control.stop_requested:
                 return

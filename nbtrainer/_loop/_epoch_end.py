@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._loop._control import step_epoch_scheduler
+from nbtrainer._loop._host import scheduler_per_step
+
 if TYPE_CHECKING:
     from nbtrainer._loop._fit_loop import FitLoop
 
@@ -15,7 +18,7 @@ def end_epoch(loop: FitLoop) -> None:
     """A last refresh, the epoch's row (sums reduced over the ranks) with validation, ``on_epoch_end``, the
     epoch scheduler and the deferred saves; a stop one rank asked for is every rank's."""
     t, st, cb = loop.host, loop.state, loop.host.callbacks
-    owner, metrics = t.owner, t.run.train_metrics
+    metrics = t.run_state.train_metrics
     loop.refresh()
     epoch_no = st.epoch + 1
     epoch_time = loop.epoch_elapsed()
@@ -28,11 +31,11 @@ def end_epoch(loop: FitLoop) -> None:
     for name, total in zip(metrics.sums, reduced[3:], strict=True):
         logs[name] = total / count
     logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})
-    if loop.val_data is not None and epoch_no % t.settings.val_every_n_epochs == 0:
-        cb.call("on_validation_start", trainer=owner)
+    if loop.val_data is not None and epoch_no % t.options.run.val_every_n_epochs == 0:
+        cb.call("on_validation_start", trainer=t)
         loop.progress.stage = "val"
-        val_logs = t.steps.evaluate(loop.val_data, prefix="val_")
-        cb.call("on_validation_end", trainer=owner, logs=val_logs)
+        val_logs = t.batch_steps.evaluate(loop.val_data, prefix="val_")
+        cb.call("on_validation_end", trainer=t, logs=val_logs)
         logs.update(val_logs)
     logs["time"] = epoch_time
     logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
@@ -44,12 +47,13 @@ def end_epoch(loop: FitLoop) -> None:
     loop.order.give_back()
     st.epoch_complete = True
     st.epoch_time = epoch_time
-    cb.call("on_epoch_end", trainer=owner, epoch=epoch_no, logs=logs)
+    cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
     # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
     # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
-    if t.scheduler is not None and not t.scheduler_per_step:
-        t.step_epoch_scheduler(logs)
-    t.live.run_deferred()
+    if t.scheduler is not None and not scheduler_per_step(t):
+        step_epoch_scheduler(t.scheduler, t.options.step.scheduler_monitor, logs)
+    loop.live.run_deferred()
     # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
-    if t.strategy.any_rank(t.live.requests.stop_requested) and not t.live.requests.stop_requested:
-        t.live.requests.request_stop("another rank stopped")
+    requests = loop.live.requests
+    if t.strategy.any_rank(requests.stop_requested) and not requests.stop_requested:
+        requests.request_stop("another rank stopped")

@@ -10,9 +10,8 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
-The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch
-are asynchronous (``_prefetch``'s docstring says how).
-
+The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch are
+asynchronous (``_prefetch``'s docstring says how); a DataMap keeps each step's logits and index list on the device.
 Everything else (loss sums, metric values, the scheduler-skip flag) stays on the device or is
 learned without reading it (the optimizer's step post-hook tells whether fp16's scaler skipped).
 """
@@ -20,28 +19,31 @@ learned without reading it (the optimizer's step post-hook tells whether fp16's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
-import math
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from nbtrainer._data._batch import batch_size_of, move_to_device
+from nbtrainer._data._batch import batch_size_of, move_to_device, safe_len
 from nbtrainer._data._order import ShuffleOrder
 from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
 from nbtrainer._loop._epoch_end import end_epoch
+from nbtrainer._loop._host import scheduler_per_step
 from nbtrainer._loop._kept import KeptBatches
-from nbtrainer._loop._loop_state import LoopState, close_windows
+from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._manual import ManualStep
-from nbtrainer._loop._metrics import exact_add
+from nbtrainer._loop._pending import PendingReads
 from nbtrainer._loop._step import TrainStep, split_steps
 from nbtrainer._memory._window import MemoryProbe
 
 if TYPE_CHECKING:
+    from nbtrainer._loop._control import LiveControl
     from nbtrainer._loop._host import LoopHost
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
 
 Tensor = torch.Tensor
 _PAIR = (tuple, list)
@@ -52,36 +54,39 @@ _NULL = contextlib.nullcontext()
 
 
 class FitLoop:
-    """One fit: its epochs, windows and steps, over a :class:`~nbtrainer._loop._host.LoopHost` (the Trainer's
-    side is ``TrainerHost``); callbacks get ``host.owner`` as ``trainer=``."""
+    """One fit: its epochs, windows and steps, over a :class:`~nbtrainer._loop._host.LoopHost` (the Trainer, which
+    callbacks get as ``trainer=``) and the parts of it only the loop uses: the live control (requests applied at a
+    step boundary) and the NaN/inf gate."""
 
     def __init__(
-        self, host: LoopHost, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None, profiler: Any
+        self,
+        host: LoopHost,
+        train_loader: Any,
+        val_loader: Any,
+        epochs: int,
+        max_steps: int | None,
+        profiler: Any,
+        *,
+        live: LiveControl,
+        nonfinite: NonFiniteGuard,
     ) -> None:
-        self.host = host
+        self.host, self.live, self.nonfinite = host, live, nonfinite
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.epochs = epochs
         self.max_steps = max_steps
         self.profiler = profiler
-        self.state = host.run.loop_state
-        self.n_batches = _safe_len(train_loader)
+        self.state = host.run_state.loop_state
+        self.n_batches = safe_len(train_loader)
         # OneCycleLR cannot step past total_steps; a loader without len() is only caught here (see _optimizer_step)
         sched = host.scheduler
         self._sched_end: int | None = (
             sched.total_steps
-            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and host.scheduler_per_step
+            if isinstance(sched, torch.optim.lr_scheduler.OneCycleLR) and scheduler_per_step(host)
             else None
         )
-        # pending, not yet read from the device (see the sync budget above)
-        self._pend_loss: list[torch.Tensor] = []
-        self._pend_bs: list[int] = []
-        self._pend_base = 0  # cumulative micro-batch index of _pend_loss[0]
-        self._micro_total = 0
-        self._step_marks: list[tuple[int, int, float]] = []  # (global_step, cum micro end, lr)
-        self._new_points: list[tuple[int, float, float]] = []  # read by a flush, not yet in a refresh
-        self._open_window: list[tuple[float, int]] = []
-        self.step = TrainStep(host, profiler=profiler)  # backward and the optimizer step, as lr_find's
+        self.pending = PendingReads()  # not yet read from the device (see the sync budget above)
+        self.step = TrainStep(host, nonfinite, profiler=profiler)  # backward and the optimizer step, as lr_find's
         self.kept: KeptBatches | None = None  # for a consumer that asked (keep_window_batches; _kept)
         self._mid_window = False  # micro-batches taken since the last optimizer step (see at_step_boundary)
         self._rewound = False  # rewind() was called: the epoch in progress is left, the run state restored
@@ -92,16 +97,14 @@ class FitLoop:
         self._step_times: dict[str, float] | None = None
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
-        # Where batches come from (_prefetch.DataPath): the loader's iterator, or one indexing call per
-        # batch, on CUDA device-resident or prefetched. Decided at the first batch, kept for the fit.
-        device, fast, fraction = host.device, host.settings.fast_fetch, host.settings.data_on_device
-        self.order = ShuffleOrder(train_loader, deterministic=host.settings.deterministic)
-        self.train_data = DataPath(train_loader, device=device, enabled=fast, fraction=fraction)
-        self.val_data = (
-            DataPath(val_loader, device=device, enabled=fast, fraction=fraction) if val_loader is not None else None
-        )
+        # Where batches come from (_prefetch.DataPath, decided at the first batch): the loader's iterator, or one
+        # indexing call per batch, on CUDA device-resident or prefetched; for a consumer of items their indices.
+        data = host.options.data
+        path = functools.partial(DataPath, device=host.device, enabled=data.fast_fetch, fraction=data.data_on_device)
+        self.order = ShuffleOrder(train_loader, deterministic=host.options.run.deterministic)
+        self.train_data = path(train_loader, track=host.callbacks.has("on_train_forward"))
+        self.val_data = path(val_loader) if val_loader is not None else None
 
-    # -- helpers -------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.host.device.type == "cuda":
             torch.cuda.synchronize(self.host.device)
@@ -111,7 +114,7 @@ class FitLoop:
         t, st = self.host, self.state
         hook = self.step.attach()
         try:
-            while st.epoch < self.epochs and not t.live.requests.stop_requested:
+            while st.epoch < self.epochs and not self.live.requests.stop_requested:
                 if st.epoch_complete:
                     st.epoch += 1
                     st.epoch_complete = False
@@ -120,9 +123,9 @@ class FitLoop:
                 self._train_epoch()
                 if self._rewound:  # rolled back (Trainer.rollback): on from the restored position
                     self._rewound = False
-                    st = self.state = t.run.loop_state
+                    st = self.state = t.run_state.loop_state
                     continue
-                if t.live.requests.stop_requested and not st.epoch_complete:
+                if self.live.requests.stop_requested and not st.epoch_complete:
                     break
             self._restore_rng()  # resumed a run that had nothing left to do
         finally:
@@ -131,7 +134,7 @@ class FitLoop:
 
     def _restore_rng(self) -> None:
         """The RNG of a resumed run, once (after the epoch's data order has been replayed)."""
-        rng = self.host.run.take_pending_rng()
+        rng = self.host.run_state.take_pending_rng()
         if rng is not None:
             from nbtrainer._setup._seed import restore_rng
 
@@ -139,27 +142,25 @@ class FitLoop:
 
     def _train_epoch(self) -> None:
         t, st, cb = self.host, self.state, self.host.callbacks
-        owner = t.owner
         resumed_mid_epoch = st.batch > 0
         epoch_no = st.epoch + 1
         loader = self.train_loader
         t.strategy.set_epoch(loader, st.epoch)
-        # the loader shuffles with it this epoch (given back at the epoch's end), from this epoch's start state
-        # when there is one (saved, or left by the last epoch)
+        # lent to the loader for this epoch (given back at its end), from its start state if any (saved, or left)
         gen = self.order.lend(state=st.sampler_state)
         if gen is not None and st.sampler_state is None:
             st.sampler_state = gen.get_state()
         if not resumed_mid_epoch:
             st.samples, st.loss_sum, st.epoch_time = 0, 0.0, 0.0
             st.loss_parts, st.nonfinite_samples = [], 0
-            t.run.train_metrics.reset()
+            t.run_state.train_metrics.reset()
             self._restore_rng()  # resumed at an epoch boundary: RNG as it was when saved
         t.model.train()
         p = self.progress
         p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
         self._epoch_start = time.perf_counter() - st.epoch_time
         if not resumed_mid_epoch:  # the epoch already started in the run that wrote the checkpoint
-            cb.call("on_epoch_start", trainer=owner, epoch=epoch_no)
+            cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
         # a resumed epoch skips the batches it already trained on (same data order); RNG restored afterwards
         it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
@@ -169,28 +170,34 @@ class FitLoop:
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
         pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
         window = in_window = 0
-        timing_every = t.settings.timing_every or 0
-        metrics = t.run.train_metrics if t.run.train_metrics else None
+        timing_every = t.options.run.timing_every or 0
+        train_metrics = t.run_state.train_metrics
+        metrics = train_metrics if train_metrics else None
         first = st.global_step == 0 and st.batch == 0
-        guard = t.nonfinite
+        guard = self.nonfinite
         gating = guard.gating
-        device, non_blocking, model, control = t.device, t.settings.non_blocking, t.model, t.live.requests
-        criterion = t.criterion
+        device, non_blocking, model, control = t.device, t.options.data.non_blocking, t.model, self.live.requests
+        criterion = cast(Callable[..., Any], t.criterion)  # the inlined (x, y) path runs only with one
         step = self.step
-        fast = t.steps.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
+        steps = t.batch_steps
+        fast = steps.default_compute()  # (x, y) batches go straight to model(x) and criterion(out, y)
         prof = self.profiler is not None
         r_data = torch.profiler.record_function("nbt.data") if prof else _NULL
         r_fwd = torch.profiler.record_function("nbt.forward") if prof else _NULL
         r_bwd = torch.profiler.record_function("nbt.backward") if prof else _NULL
-        amp = t.steps.autocast()
-        closure = ClosureStep(t) if needs_closure(t.optimizer) else None
-        manual = step.manual = ManualStep(t, t.steps.training_step_fn) if t.steps.training_step_fn is not None else None
-        pend_loss, pend_bs = self._pend_loss, self._pend_bs
+        amp = steps.autocast()
+        closure = ClosureStep(t, step.params) if needs_closure(t.optimizer) else None
+        manual_fn = steps.training_step_fn
+        manual = step.manual = ManualStep(t, manual_fn, guard) if manual_fn is not None else None
+        pending = self.pending
+        pend_loss, pend_bs = pending.losses, pending.sizes
+        data = self.train_data
+        emit = cb.caller("on_train_forward")
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
             # checks); on CUDA the last step's kernels are waited for before the clock starts (not data time).
-            m = self._micro_total
+            m = pending.taken
             sample = timing_every and (not (m - 1) % timing_every or m == 11)
             if sample:
                 self._sync()
@@ -202,7 +209,7 @@ class FitLoop:
                     break
             if in_window == 0:
                 self._mid_window = True
-                k = t.settings.grad_accum_steps
+                k = t.options.step.grad_accum_steps
                 remaining = n - st.batch if n is not None else 0
                 window = min(k, remaining) if remaining > 0 else k
             in_window += 1
@@ -221,13 +228,13 @@ class FitLoop:
                 self._sync()
                 t1 = time.perf_counter()
             if cb.has("on_train_batch_start"):
-                cb.call("on_train_batch_start", trainer=owner, batch=batch, batch_idx=st.batch)
+                cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
             if manual is not None:  # training_step: the user's forward, backward and steps, by name
                 with step.no_sync(closes):
                     detached, bs = manual.run(batch, window, closes, amp)
                 t2 = t1
                 loss = outputs = targets = None
-            elif closure is not None or t.settings.micro_split > 1:
+            elif closure is not None or t.micro_split > 1:
                 # LBFGS: forward and backward run inside the step, at the window's close; memory_budget_gb's
                 # plan: this batch as several forward / backward passes. Their time counts as backward.
                 if closure is not None:
@@ -241,14 +248,14 @@ class FitLoop:
                 with step.no_sync(closes):
                     with r_fwd, amp:
                         if first:  # staged, with clear errors (same computation)
-                            loss, outputs, targets = t.steps.first_compute(batch)
+                            loss, outputs, targets = steps.first_compute(batch)
                         elif pair:
                             outputs = model(x)
                             loss = criterion(outputs, targets)
                         else:
-                            loss, outputs, targets = t.steps.compute(batch)
+                            loss, outputs, targets = steps.compute(batch)
                     if first:
-                        t.steps.check_first_loss(loss, outputs, targets)
+                        steps.check_first_loss(loss, outputs, targets)
                     if gating:  # on_nonfinite="skip"/"stop": a device flag per window, never read here
                         guard.observe(loss)
                     if metrics is not None:
@@ -256,6 +263,8 @@ class FitLoop:
                             metrics.update(outputs, targets)
                         if first:
                             metrics.check_first()
+                    if emit is not None:  # device tensors, the batch's dataset indices (host lists): nothing read
+                        emit(trainer=t, outputs=outputs, targets=targets, indices=data.indices)
                     if sample:
                         self._sync()
                         t2 = time.perf_counter()
@@ -270,11 +279,11 @@ class FitLoop:
             if kept is not None:  # list appends, no call: the loop's hot path (_kept)
                 kept.batches.append(batch)
                 kept.losses.append(detached)
-            self._micro_total += 1
+            pending.taken += 1
             st.batch += 1
             st.samples += bs
             if cb.has("on_train_batch_end"):
-                cb.call("on_train_batch_end", trainer=owner, batch_idx=st.batch - 1, loss=detached)
+                cb.call("on_train_batch_end", trainer=t, batch_idx=st.batch - 1, loss=detached)
             del loss, outputs, targets, batch, detached
             x = None
             if sample:
@@ -293,8 +302,8 @@ class FitLoop:
                         "optimizer": (t4 - t3) * 1e3,
                     }
                 if control.dirty:
-                    t.live.apply()
-                    amp = t.steps.autocast()  # a change at this boundary may have switched the precision
+                    self.live.apply()
+                    amp = steps.autocast()  # a change at this boundary may have switched the precision
                     if self._rewound:
                         return
                 if self.max_steps is not None and st.global_step >= self.max_steps:
@@ -315,24 +324,24 @@ class FitLoop:
         if self._sched_end is not None and t.scheduler.last_epoch >= self._sched_end:
             from nbtrainer._data._validate_batch import onecycle_overflow
 
-            raise onecycle_overflow(t.owner, self._sched_end)
+            raise onecycle_overflow(self._sched_end, epoch=st.epoch + 1, batch=st.batch, global_step=st.global_step)
         skipped, lr = self.step.step(rescale)  # unscale, clip, NaN gate, step, per-step scheduler (_step)
         st.global_step += 1
         if skipped:
             st.skipped_steps += 1
-        self._step_marks.append((st.global_step, self._micro_total, lr))
+        self.pending.mark_step(st.global_step, lr)
         self._mid_window = False
         cb = t.callbacks
         # scheduled consumers (Health, Samples) only at their steps: one int compared here (_events/_stream)
         if skipped or st.global_step >= cb.next_due or cb.has("on_optimizer_step"):
-            cb.call("on_optimizer_step", trainer=t.owner, step=st.global_step, skipped=skipped)
+            cb.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
         kept = self.kept
         if kept is not None and kept.batches:  # the window's events are done: drop its batches, keep its last
             kept.last = kept.batches[-1]
             kept.batches.clear()
             kept.losses.clear()
-        if t.live.has_deferred():
-            t.live.run_deferred()
+        if self.live.has_deferred():
+            self.live.run_deferred()
         if self.profiler is not None:
             self.profiler.step()
 
@@ -340,15 +349,12 @@ class FitLoop:
         """The run state was just restored from a checkpoint at a step boundary (``Trainer.rollback``): drop the
         values of the steps since then, leave the epoch in progress, and go on from the restored position (the
         resume path: that epoch's data order replayed up to the saved batch, then the saved RNG)."""
-        self._pend_loss.clear()
-        self._pend_bs.clear()
-        self._pend_base = self._micro_total
-        self._step_marks, self._new_points, self._open_window = [], [], []
+        self.pending.drop()
         if self.kept is not None:
             self.kept.clear()
         self.order.give_back()
         self._rewound = True
-        self.host.live.requests.dirty = True  # the loop looks at the next step boundary (also from a callback)
+        self.live.requests.dirty = True  # the loop looks at the next step boundary (also from a callback)
 
     def keep_window_batches(self) -> KeptBatches:
         """Keep the open window's micro-batches for a consumer (``_kept``), for the rest of the fit."""
@@ -362,9 +368,20 @@ class FitLoop:
         return not self._mid_window
 
     # -- what others read of a running fit (checkpoints, OOM advice, the control surface) ----------
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The total gradient norm before clipping of the step being taken (a device tensor, never read here), or
+        None without ``max_grad_norm``: what ``nbtrainer.Health`` reports as the step's norm."""
+        return self.step.grad_norm
+
+    @property
+    def data_mode(self) -> str:
+        """How the training batches reach the device (``"loader"``, ``"batched"``, ``"device"``, ``"pinned"``)."""
+        return self.train_data.mode
+
     def pending_points(self) -> list[tuple[int, float, float]]:
         """Per-step ``(step, loss, lr)`` points read from the device but not yet delivered by a refresh."""
-        return list(self._new_points)
+        return list(self.pending.points)
 
     def epoch_elapsed(self) -> float:
         """Seconds spent in the current epoch (a resumed epoch counts its time before the resume)."""
@@ -376,16 +393,16 @@ class FitLoop:
 
     def last_batch_size(self) -> int | None:
         """The size of the last micro-batch taken and not yet read (OOM advice for loaders without one)."""
-        return int(self._pend_bs[-1]) if self._pend_bs else None
+        sizes = self.pending.sizes
+        return int(sizes[-1]) if sizes else None
 
     def release_pending(self) -> None:
         """Drop the device values not yet read (an out-of-memory error frees them with the step's tensors)."""
-        self._pend_loss.clear()
-        self._pend_bs.clear()
+        self.pending.release()
 
     def open_window(self) -> list[tuple[float, int]]:
         """``(loss, batch size)`` read so far of the accumulation window still open (the NaN gate's report)."""
-        return list(self._open_window)
+        return list(self.pending.open)
 
     def refresh(self) -> None:
         """Read the pending values now and deliver a progress snapshot (``on_refresh``)."""
@@ -400,41 +417,19 @@ class FitLoop:
     def flush(self) -> None:
         """Read pending losses/metric values (one transfer) into host sums and per-step points."""
         t, st = self.host, self.state
-        if not self._pend_loss:
+        read = self.pending.read(st, t.run_state.train_metrics, gating=self.nonfinite.gating)  # SYNC (throttled)
+        if read is None:
             return
-        n = len(self._pend_loss)
-        parts = [torch.stack(self._pend_loss).float()]  # 0-d losses (checked on the first batch)
-        metrics = t.run.train_metrics
-        parts += metrics.drain()
-        host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).tolist()  # SYNC (throttled)
-        losses = host[:n]
-        metric_vals = {name: host[n * (i + 1) : n * (i + 2)] for i, name in enumerate(metrics.pending)}
-        bss = self._pend_bs
-        if t.nonfinite.gating:  # skipped windows stay out of the running loss
-            st.nonfinite_samples += sum(b for v, b in zip(losses, bss, strict=True) if not math.isfinite(v))
-            st.loss_sum = exact_add(
-                st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True) if math.isfinite(v)]
-            )
-        else:  # exact whatever the refresh chunking (a resumed run reproduces the epoch loss bit for bit)
-            st.loss_sum = exact_add(st.loss_parts, [v * b for v, b in zip(losses, bss, strict=True)])
-        metrics.absorb(metric_vals, bss)
-        points, self._open_window, self._step_marks = close_windows(
-            self._open_window, zip(losses, bss, strict=True), self._step_marks, end=self._pend_base + n
-        )
-        self._pend_base += n
-        # cleared in place: the epoch loop holds local aliases of these lists
-        self._pend_loss.clear()
-        self._pend_bs.clear()
-        self._new_points += points
+        losses, points = read
         # the NaN/inf gate: loop -> guard, with what it reports from (no way back through the trainer)
-        t.nonfinite.check(
+        self.nonfinite.check(
             losses,
             points,
-            open_window=self._open_window,
+            open_window=self.pending.open,
             epoch=st.epoch + 1,
             global_step=st.global_step,
-            history=t.run.history,
-            request_stop=t.live.requests.request_stop,
+            history=t.run_state.history,
+            request_stop=self.live.requests.request_stop,
         )
 
     def _refresh(self, now: float, final: bool = False) -> None:
@@ -442,22 +437,23 @@ class FitLoop:
         self.flush()
         elapsed_epoch = now - self._epoch_start
         # "paused" only once the loop really holds (the trainer sets its status there); until then "pausing".
-        if t.live.requests.stop_requested:
+        requests = self.live.requests
+        if requests.stop_requested:
             p.status = "stopping"
-        elif t.settings.status == "paused":
+        elif t.status == "paused":
             p.status = "paused"
         else:
-            p.status = "pausing" if t.live.requests.paused else "running"
+            p.status = "pausing" if requests.paused else "running"
         p.batch, p.global_step, p.samples = st.batch, st.global_step, st.samples
-        p.elapsed = now - self._fit_start + t.run.elapsed_before
+        p.elapsed = now - self._fit_start + t.run_state.elapsed_before
         p.epoch_elapsed = elapsed_epoch
         p.samples_per_s = st.samples / elapsed_epoch if elapsed_epoch > 0 else 0.0
         counted = st.samples - st.nonfinite_samples
         p.loss = st.loss_sum / counted if counted else None
-        p.lr = float(t.optimizer.param_groups[0]["lr"])
-        p.metrics = t.run.train_metrics.running(st.samples)
-        p.step_points, self._new_points = self._new_points, []
-        p.grad_accum_steps = t.settings.grad_accum_steps
+        p.lr = float(self.step.optimizer.param_groups[0]["lr"])
+        p.metrics = t.run_state.train_metrics.running(st.samples)
+        p.step_points = self.pending.take_points()
+        p.grad_accum_steps = t.options.step.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times
         self.read_memory()
@@ -465,16 +461,9 @@ class FitLoop:
             rate = elapsed_epoch / st.batch
             p.eta_epoch = rate * (self.n_batches - st.batch)
             p.eta_fit = p.eta_epoch + rate * self.n_batches * max(p.epochs - st.epoch - 1, 0)  # p.epochs: max_steps
-        t.callbacks.call("on_refresh", trainer=t.owner, progress=p)
+        t.callbacks.call("on_refresh", trainer=t, progress=p)
         self._last_refresh = now
-        self._next_refresh = time.perf_counter() + t.settings.refresh_interval
+        self._next_refresh = time.perf_counter() + t.options.run.refresh_interval
 
     def _end_epoch(self) -> None:
         end_epoch(self)  # the epoch's row, validation, the epoch scheduler, deferred saves (_epoch_end)
-
-
-def _safe_len(loader: Any) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None

@@ -35,7 +35,8 @@ from nbtrainer._report._format import format_lr, format_number
 from nbtrainer._setup._optim import move_optimizer_state
 
 if TYPE_CHECKING:
-    from nbtrainer._loop._host import LoopHost, ToolTrainer
+    from nbtrainer._loop._host import LoopHost
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
 
 __all__ = ["LRFinderResult", "lr_find", "suggest"]
 
@@ -262,7 +263,7 @@ class LRFinderResult:
 class _Snapshot:
     """Everything the sweep changes, copied, and put back by :meth:`restore`."""
 
-    def __init__(self, trainer: ToolTrainer, loader: Any) -> None:
+    def __init__(self, trainer: LoopHost, loader: Any) -> None:
         self.model = unwrap_model(trainer.model)
         self.model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.training = self.model.training
@@ -305,7 +306,7 @@ def _batches(loader: Iterable) -> Iterable[Any]:
 
 
 def lr_find(
-    trainer: ToolTrainer,
+    trainer: LoopHost,
     train_loader: Iterable,
     min_lr: float = 1e-7,
     max_lr: float = 10.0,
@@ -314,7 +315,7 @@ def lr_find(
     smoothing: float = 0.98,
     diverge: float = 4.0,
     rule: str = "valley",
-    host: LoopHost | None = None,
+    nonfinite: NonFiniteGuard | None = None,
 ) -> LRFinderResult:
     """Run the LR range test with ``trainer``'s model, optimizer, precision and accumulation.
 
@@ -332,15 +333,15 @@ def lr_find(
         smoothing: EMA factor of the smoothed loss (bias-corrected).
         diverge: stop when ``smoothed > best + (diverge - 1) * |best|``.
         rule: the default suggestion: ``"valley"``, ``"steepest"`` or ``"minimum/10"``.
-        host: the trainer as the loop sees it (``Trainer.lr_find`` passes it): each step is fit's own
-            :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after
-            unscaling), without the scheduler and the events (the sweep sets the LR itself).
+        nonfinite: the trainer's NaN/inf gate (``Trainer.lr_find`` passes it): each step is fit's own
+            :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after unscaling),
+            without the scheduler and the events (the sweep sets the LR itself).
 
     Returns:
         :class:`LRFinderResult`; set the LR with ``trainer.set_lr(result.suggestion)``.
     """
-    if host is None:
-        raise TypeError("lr_find needs the trainer's LoopHost: call trainer.lr_find(...)")
+    if nonfinite is None:
+        raise TypeError("lr_find needs the trainer's NaN/inf gate: call trainer.lr_find(...)")
     if trainer.run_state.fitting:
         raise RuntimeError("lr_find cannot run while fit() is running; stop the run first.")
     if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr):
@@ -355,7 +356,7 @@ def lr_find(
     opt, model = trainer.optimizer, trainer.model
     assert opt is not None  # Trainer.lr_find refuses a trainer without one
     move_optimizer_state(opt, trainer.device)
-    step = TrainStep(host, events=False, schedule=False)  # the sweep sets the LR: no scheduler, no events
+    step = TrainStep(trainer, nonfinite, events=False, schedule=False)  # the sweep sets the LR: no scheduler, events
     groups = opt.param_groups
     ref = float(groups[0]["lr"])
     factors = [float(g["lr"]) / ref if ref > 0 else 1.0 for g in groups]
@@ -380,14 +381,14 @@ def lr_find(
                 for g, f in zip(groups, factors, strict=True):
                     g["lr"] = lr * f
                 total = None
-                guard = host.nonfinite
+                guard, batch_steps = nonfinite, trainer.batch_steps
                 for j in range(k):
-                    batch = move_to_device(next(batches), trainer.device, trainer.non_blocking)
+                    batch = move_to_device(next(batches), trainer.device, trainer.options.data.non_blocking)
                     with step.no_sync(j == k - 1):
-                        with host.steps.autocast():
-                            loss, outputs, targets = host.steps.compute(batch)
+                        with batch_steps.autocast():
+                            loss, outputs, targets = batch_steps.compute(batch)
                         if i == 0 and j == 0:
-                            host.steps.check_first_loss(loss, outputs, targets)
+                            batch_steps.check_first_loss(loss, outputs, targets)
                         if guard.gating:
                             guard.observe(loss)
                         step.backward(loss, k)

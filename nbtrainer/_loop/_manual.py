@@ -26,11 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nbtrainer._data._batch import batch_size_of
 from nbtrainer._data._step_result import check_step_result
+from nbtrainer._loop._host import scheduler_per_step
+from nbtrainer._setup._optimizers import Optimizers
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
 
-__all__ = ["ManualStep", "StepHandle"]
+__all__ = ["ManualStep", "StepHandle", "check_manual"]
 
 
 class StepHandle:
@@ -45,8 +48,9 @@ class StepHandle:
         ...     return {"loss": loss}
     """
 
-    def __init__(self, host: LoopHost) -> None:
-        self._host = host
+    def __init__(self, host: LoopHost, nonfinite: NonFiniteGuard) -> None:
+        self._host, self._nonfinite = host, nonfinite
+        self._per_step = scheduler_per_step(host)
         self._window = 1
         self._closes = True
         self._allowed: bool | None = None  # the non-finite gate's answer for this window (asked once)
@@ -80,7 +84,7 @@ class StepHandle:
         if optimizer is not None:
             opt = self._optimizer(optimizer, "backward")
             inputs = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-        guard = host.nonfinite
+        guard = self._nonfinite
         if guard.gating:
             guard.observe(loss)
         scaled = loss / self._window if self._window != 1 else loss
@@ -102,9 +106,10 @@ class StepHandle:
         scaler = host.scaler
         if scaler is not None:
             scaler.unscale_(opt)
-        if host.settings.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, host.settings.max_grad_norm)  # the norm is never read: no sync
-        guard = host.nonfinite
+        max_norm = host.options.step.max_grad_norm
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm is never read: no sync
+        guard = self._nonfinite
         if self._allowed is None:
             self._allowed = guard.allow_step(opt, scaler) if guard.gating else True
         before = len(self.stepped)
@@ -117,7 +122,7 @@ class StepHandle:
         finally:
             hook.remove()
         schedulers = getattr(host.scheduler, "schedulers", None)
-        if len(self.stepped) > before and schedulers and name in schedulers and host.scheduler_per_step:
+        if len(self.stepped) > before and schedulers and name in schedulers and self._per_step:
             schedulers[name].step()
         opt.zero_grad(set_to_none=True)
 
@@ -145,10 +150,10 @@ def average_gradients(params: list[torch.Tensor], group: Any) -> None:
 class ManualStep:
     """One micro-batch through the user's ``training_step`` (see the module docstring)."""
 
-    def __init__(self, host: LoopHost, fn: Callable[[StepHandle, Any], Any]) -> None:
+    def __init__(self, host: LoopHost, fn: Callable[[StepHandle, Any], Any], nonfinite: NonFiniteGuard) -> None:
         self.host = host
         self.fn = fn
-        self.handle = StepHandle(host)
+        self.handle = StepHandle(host, nonfinite)
         self.keys: list[str] | None = None
 
     def run(self, batch: Any, window: int, closes: bool, amp: Any) -> tuple[torch.Tensor, int]:
@@ -165,7 +170,7 @@ class ManualStep:
         if main is None:  # the first value is also the loss, and keeps its own name in the History
             main = next(iter(values.values()))
         if values:
-            self.host.run.train_metrics.add_values(values)
+            self.host.run_state.train_metrics.add_values(values)
         return main.detach().reshape(()), batch_size_of(None, batch)
 
     def window_closed(self, first_window: bool) -> bool:
@@ -179,3 +184,48 @@ class ManualStep:
                 "after its step.backward(...)."
             )
         return bool(handle.stepped)
+
+
+def check_manual(
+    training_step: Any,
+    validation_step: Any,
+    *,
+    criterion: Any,
+    compute_loss: Any,
+    optimizer: Any,
+    metrics: Any,
+    strategy: Any,
+    options: dict[str, Any],
+) -> None:
+    """``training_step=`` / ``validation_step=`` and what they cannot be combined with, refused with the fix."""
+    if validation_step is not None and training_step is None:
+        raise ValueError("validation_step= goes with training_step= (manual optimization); use compute_loss= else.")
+    if training_step is None:
+        return
+    for name, fn in (("training_step", training_step), ("validation_step", validation_step)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function, got {type(fn).__name__}.")
+    if criterion is not None or compute_loss is not None:
+        raise ValueError(
+            "training_step= computes its own losses: pass criterion=None and no compute_loss= "
+            "(Trainer(model, None, optimizer={...}, training_step=fn))."
+        )
+    if not isinstance(optimizer, Optimizers):
+        raise ValueError(
+            "training_step= steps its optimizers by name: pass optimizer={'name': torch.optim.AdamW(...), ...} "
+            "(one entry for a single optimizer)."
+        )
+    if metrics:
+        raise ValueError(
+            "metrics= are computed from the model's outputs, which a training_step keeps to itself: return the "
+            "values from training_step instead ({'loss': ..., 'acc': ...}): each is logged like a metric."
+        )
+    for name, value in options.items():
+        if value:
+            raise ValueError(f"training_step= cannot be combined with {name}={value!r}. Remove that option.")
+    if strategy.shards_parameters:  # FSDP: its reduce-scatter runs inside every backward
+        raise ValueError(
+            "training_step= with strategy='fsdp' is not supported: FSDP2 reduce-scatters gradients inside each "
+            "backward, while a manual step averages each optimizer's gradients across ranks once per window, at "
+            "its step.step. Use strategy='ddp' (or one device)."
+        )

@@ -17,8 +17,10 @@ them the batch, the outputs and the autograd graph with its activations. So, on 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import logging
 import traceback
 import weakref
 from collections.abc import Callable
@@ -28,13 +30,16 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._memory._window import host_capacity
-from nbtrainer._options import OPTIMIZERS, optimizer_kind
+from nbtrainer._optimizer_kinds import OPTIMIZERS, optimizer_kind
+from nbtrainer._options import MemoryOptions
 from nbtrainer._report._format import format_bytes, format_number
 
 if TYPE_CHECKING:
-    from nbtrainer._loop._host import ToolTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["advice", "handle", "on_oom", "remember_profile"]
+
+log = logging.getLogger(__name__)
 
 MARK = "nbtrainer: out of memory"
 
@@ -54,7 +59,7 @@ def remember_profile(model: torch.nn.Module, profile: Any) -> None:
         pass
 
 
-def _batch_size(trainer: ToolTrainer, loader: Any) -> int | None:
+def _batch_size(trainer: LoopHost, loader: Any) -> int | None:
     loop = trainer.run_state.loop
     if loader is None and loop is not None:
         loader = loop.train_loader
@@ -64,7 +69,7 @@ def _batch_size(trainer: ToolTrainer, loader: Any) -> int | None:
     return loop.last_batch_size() if loop is not None else None  # a loader without batch_size: the last batch
 
 
-def _mixed_precision_hint(trainer: ToolTrainer) -> str | None:
+def _mixed_precision_hint(trainer: LoopHost) -> str | None:
     if trainer.precision != "fp32":
         return None
     try:
@@ -72,6 +77,9 @@ def _mixed_precision_hint(trainer: ToolTrainer) -> str | None:
 
         support = precision_support(trainer.device)
     except Exception:  # the check itself may need memory we do not have
+        log.debug(
+            "precision support could not be checked (it may need memory there is none of): no hint", exc_info=True
+        )
         return None
     for name in ("bf16-mixed", "fp16-mixed"):
         if support.get(name, (False, ""))[0]:
@@ -92,6 +100,7 @@ def _device_memory(device: torch.device, fit_peak: int | None) -> tuple[int, int
         peak = max(int(torch.cuda.max_memory_allocated(device)), int(fit_peak or 0))
         return peak, int(torch.cuda.get_device_properties(device).total_memory)
     except Exception:
+        log.debug("no CUDA memory figures: the out-of-memory advice goes without them", exc_info=True)
         return None
 
 
@@ -112,7 +121,7 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def advice(trainer: ToolTrainer, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
+def advice(trainer: LoopHost, where: str, *, loader: Any = None) -> tuple[str, list[str]]:
     """``(where it happened, what to try)`` from the run's own settings."""
     model = trainer.model
     accum = int(trainer.grad_accum_steps)
@@ -142,7 +151,7 @@ def advice(trainer: ToolTrainer, where: str, *, loader: Any = None) -> tuple[str
     if mixed:
         tips.append(mixed)
     if where == "fit":
-        blocks = list(getattr(trainer, "checkpointed_blocks", []) or [])
+        blocks = trainer.checkpointed_blocks
         if not blocks:
             tips.append(
                 "activation_checkpointing=True: the repeated blocks recompute their activations in backward "
@@ -178,40 +187,52 @@ def _known_profile(model: torch.nn.Module) -> tuple[Any, bool] | None:
     return found
 
 
-def _memory_switches(trainer: ToolTrainer, *, transformed: bool, profiled_optimizer: str | None) -> dict[str, Any]:
-    """The memory switches ``trainer`` trains with, as ``ModelProfile.fits`` takes them. ``transformed``: the profile
-    measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are in its numbers already.
-    The optimizer is named only when it is not the class the profile stepped (else its measured state counts)."""
+def _memory_switches(trainer: LoopHost, *, transformed: bool, profiled_optimizer: str | None) -> MemoryOptions:
+    """The memory switches ``trainer`` trains with (its one group), as ``ModelProfile.fits`` can take them: the
+    precision is the profile's measured one, not a switch of its; checkpointing as the model has it now;
+    ``transformed``: the profile measured the model already quantized / with adapters, so ``quantize`` / ``lora`` are
+    in its numbers already; the optimizer is named only when it is not the class the profile stepped (else its
+    measured state counts); the chunked loss and the attention kernel are not ``fits()``'s to model."""
     memory = trainer.options.memory
     kind = optimizer_kind(trainer.optimizer)
-    same = kind == optimizer_kind(profiled_optimizer) or {kind, optimizer_kind(profiled_optimizer)} == {"adam", "adamw"}
-    switches: dict[str, Any] = {
-        "checkpointing": bool(trainer.checkpointed_blocks),
-        "optimizer": kind if kind in OPTIMIZERS and not same else None,
-        "offload_activations": memory.offload_activations,
-        "offload_optimizer": memory.offload_optimizer,
-        "optimizer_in_backward": memory.optimizer_in_backward,
-    }
-    if not transformed:
-        switches["quantize"] = memory.quantize
-        switches["lora"] = memory.lora
-    return switches
+    profiled = optimizer_kind(profiled_optimizer)
+    same = kind == profiled or _state(kind) == _state(profiled) == "moments"  # Adam and AdamW keep the same state
+    known = _state(kind) is not None
+    fits = dataclasses.replace(
+        memory,
+        precision="fp32",
+        activation_checkpointing=bool(trainer.checkpointed_blocks),
+        optimizer=kind if known and not same else None,
+        chunked_loss=False,
+        attention="auto",
+    )
+    return dataclasses.replace(fits, quantize=None, lora=None) if transformed else fits
 
 
-def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: ToolTrainer) -> str | None:
+def _state(kind: str | None) -> str | None:
+    found = OPTIMIZERS.get(kind or "")
+    return found.state if found is not None else None
+
+
+def _profile_fit(known: tuple[Any, bool] | None, total: int | None, bs: int | None, trainer: LoopHost) -> str | None:
     if known is None or total is None or bs is None or not getattr(known[0], "memory", None):
         return None
     profile, transformed = known
     measured = profile.memory.get(str(trainer.device), {}).get(trainer.precision, {})
     try:
         switches = _memory_switches(trainer, transformed=transformed, profiled_optimizer=measured.get("optimizer"))
-        result = profile.fits(total / 2**30, bs, device=str(trainer.device), precision=trainer.precision, **switches)
+        device, precision = str(trainer.device), trainer.precision
+        result = profile.fits(total / 2**30, bs, device=device, precision=precision, **switches.changed())
     except Exception:  # measured on another device / precision, or without checkpointing: no numbers to quote
+        log.debug(
+            "the remembered profile cannot answer for this device, precision or switches: no numbers quoted",
+            exc_info=True,
+        )
         return None
     return f"profile_model(...).fits(budget_gb={total / 2**30:.0f}, batch_size={bs}): {result.suggestion}"
 
 
-def release(trainer: ToolTrainer, exc: BaseException) -> None:
+def release(trainer: LoopHost, exc: BaseException) -> None:
     """Drop what the failed step holds: the traceback's finished frames (batch, outputs, activations), the
     loop's pending device values and the gradients; the optimizer state stays. Then free the cache."""
     traceback.clear_frames(exc.__traceback__)
@@ -226,7 +247,7 @@ def release(trainer: ToolTrainer, exc: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
-def handle(trainer: ToolTrainer, exc: BaseException, where: str, *, loader: Any = None) -> None:
+def handle(trainer: LoopHost, exc: BaseException, where: str, *, loader: Any = None) -> None:
     """Release the memory, then append the advice to ``exc``'s message (once; the caller re-raises it)."""
     if not isinstance(exc, torch.OutOfMemoryError):
         return

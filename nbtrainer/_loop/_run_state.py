@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtrainer._events._callbacks import HistoryRecorder
 from nbtrainer._events._history import History
@@ -21,10 +21,42 @@ from nbtrainer._loop._loop_state import LoopState
 if TYPE_CHECKING:
     import torch
 
-    from nbtrainer._loop._fit_loop import FitLoop
+    from nbtrainer._loop._kept import KeptBatches
     from nbtrainer._loop._metrics import MetricSet
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "RunningLoop"]
+
+
+class RunningLoop(Protocol):
+    """What the others read of and ask of a running fit's loop (``nbtrainer._loop._fit_loop.FitLoop``): the
+    checkpoints, rollback, the live control, the OOM advice, the run store and ``nbtrainer.Health``. Typed here, not
+    as the loop's class, so that the run's state (which the loop itself reads) does not depend on the loop.
+
+    Attributes:
+        train_loader: the fit's training loader, as the placement prepared it.
+        epochs / max_steps: what the fit was asked for.
+    """
+
+    train_loader: Any
+    epochs: int
+    max_steps: int | None
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None: ...  # the step's total norm before clipping (on the device)
+    @property
+    def data_mode(self) -> str: ...  # how batches reach the device (nbtrainer._data._prefetch.DataPath)
+    def flush(self) -> None: ...
+    def refresh(self) -> None: ...
+    def read_memory(self) -> None: ...
+    def fit_elapsed(self) -> float: ...
+    def epoch_elapsed(self) -> float: ...
+    def pending_points(self) -> list[tuple[int, float, float]]: ...
+    def open_window(self) -> list[tuple[float, int]]: ...
+    def last_batch_size(self) -> int | None: ...
+    def release_pending(self) -> None: ...
+    def at_step_boundary(self) -> bool: ...
+    def rewind(self) -> None: ...
+    def keep_window_batches(self) -> KeptBatches: ...  # the open window's batches, for Health (_kept)
 
 
 class RunState:
@@ -51,7 +83,7 @@ class RunState:
         self.elapsed_before = 0.0
         self.pending_rng: dict[str, Any] | None = None
         self.has_validation = False
-        self.loop: FitLoop | None = None
+        self.loop: RunningLoop | None = None
         self.fit_thread: int | None = None
         self.recorder = HistoryRecorder(History() if history is None else history)
         self.lr_finder: Any = None
@@ -73,6 +105,16 @@ class RunState:
     def elapsed(self) -> float:
         """Seconds trained in the whole run, the running fit included."""
         return self.elapsed_before + (0.0 if self.loop is None else self.loop.fit_elapsed())
+
+    def expected_log_keys(self, metric_spec: Any) -> set[str]:
+        """The keys a fit's epoch rows will have (``Trainer.expected_log_keys``), given the metrics as specified."""
+        from nbtrainer._loop._metrics import collection_names
+
+        names = set(self.train_metrics.names) | collection_names(metric_spec)
+        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
+        if self.has_validation:
+            keys |= {"val_loss"} | {f"val_{n}" for n in names}
+        return keys
 
     def start_fresh(self) -> None:
         """A new run: position, seconds and pending RNG back to the start, a new History."""

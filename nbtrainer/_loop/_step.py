@@ -22,10 +22,12 @@ import torch
 
 from nbtrainer._data._batch import batch_size_of
 from nbtrainer._data._split import split_batch
+from nbtrainer._loop._host import scheduler_per_step
 from nbtrainer._loop._in_backward import StepInBackward
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
+    from nbtrainer._loop._nonfinite import NonFiniteGuard
 
 __all__ = ["TrainStep", "split_steps"]
 
@@ -36,14 +38,30 @@ class TrainStep:
     """The backward and optimizer-step half of training over ``host`` (see the module docstring).
 
     Args:
-        host: the model, optimizer, scaler, callbacks, NaN gate and scheduler to use.
+        host: the Trainer: its model, optimizer (one object for the whole fit), scaler, callbacks and scheduler.
+        nonfinite: the Trainer's NaN/inf gate.
         profiler: a ``torch.profiler.profile`` or ``None`` (then no ranges are recorded).
         events: fire ``on_before_optimizer_step``.
         schedule: step a per-step scheduler after each optimizer step that was not skipped.
     """
 
-    def __init__(self, host: LoopHost, *, profiler: Any = None, events: bool = True, schedule: bool = True) -> None:
-        self.host = host
+    def __init__(
+        self,
+        host: LoopHost,
+        nonfinite: NonFiniteGuard,
+        *,
+        profiler: Any = None,
+        events: bool = True,
+        schedule: bool = True,
+    ) -> None:
+        optimizer = host.optimizer
+        if optimizer is None:
+            raise ValueError("A training step needs an optimizer (the Trainer was built with optimizer=None).")
+        self.host, self.optimizer, self.nonfinite = host, optimizer, nonfinite
+        #: what the optimizer steps, in its order (clipping and a ragged window's rescale go over these)
+        self.params: list[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
+        # ReduceLROnPlateau or scheduler_interval="epoch": stepped by the loop at the epoch's end, not here
+        self.scheduler_per_step = schedule and scheduler_per_step(host)
         self.profiler = profiler
         self.events = events
         self.schedule = schedule
@@ -60,12 +78,12 @@ class TrainStep:
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
         ``optimizer_in_backward``, the per-parameter update hooks; returns a handle that removes them."""
-        pull = getattr(self.host.optimizer, "pull_parameters", None)
+        pull = getattr(self.optimizer, "pull_parameters", None)
         if pull is not None:  # offload_optimizer: its host master copies take weights loaded since it was built
             pull()
-        hooks: list[Any] = [self.host.optimizer.register_step_post_hook(self._on_step)]
-        if self.host.settings.optimizer_in_backward:
-            self._in_backward = StepInBackward(self.host.optimizer)
+        hooks: list[Any] = [self.optimizer.register_step_post_hook(self._on_step)]
+        if self.host.options.memory.optimizer_in_backward:
+            self._in_backward = StepInBackward(self.optimizer)
             hooks.append(self._in_backward)
         return _Handles(hooks, self)
 
@@ -83,9 +101,9 @@ class TrainStep:
         scaled = loss / window if window != 1 else loss
         in_bwd = self._in_backward
         if in_bwd is not None:  # accumulation is refused with it: every micro-batch closes its window
-            guard = self.host.nonfinite
+            guard = self.nonfinite
             # "skip"/"stop": the window's flag, read now (the update happens during this backward), same cost
-            in_bwd.arm(allowed=guard.allow_step(self.host.optimizer, None) if guard.gating else True)
+            in_bwd.arm(allowed=guard.allow_step(self.optimizer, None) if guard.gating else True)
             self._stepped = False
             try:
                 scaled.backward()
@@ -99,10 +117,10 @@ class TrainStep:
         """The optimizer step of a closed window; ``rescale`` corrects a window that ended early (its
         micro-batches were divided by the planned size). Returns ``(skipped, lr the step used)``."""
         host = self.host
-        opt, scaler = host.optimizer, host.scaler
+        opt, scaler = self.optimizer, host.scaler
         if self.manual is not None:  # training_step stepped each optimizer (and its scheduler) itself
             lr = opt.param_groups[0]["lr"]
-            stepped = self.manual.window_closed(first_window=host.run.loop_state.global_step == 0)
+            stepped = self.manual.window_closed(first_window=host.run_state.loop_state.global_step == 0)
             if scaler is not None:
                 scaler.update()  # one scale for every optimizer of the window
             return not stepped, lr
@@ -110,7 +128,7 @@ class TrainStep:
             lr = opt.param_groups[0]["lr"]
             opt.zero_grad(set_to_none=True)
             skipped = not self._stepped
-            if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
+            if not skipped and self.scheduler_per_step and host.scheduler is not None:
                 host.scheduler.step()
             return skipped, lr
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
@@ -129,19 +147,20 @@ class TrainStep:
             if scaler is not None:
                 scaler.unscale_(opt)
             if rescale != 1.0:
-                grads = [p.grad for p in host.params if p.grad is not None]
+                grads = [p.grad for p in self.params if p.grad is not None]
                 if grads:
                     torch._foreach_mul_(grads, rescale)
-            if host.settings.max_grad_norm is not None:
+            max_norm = host.options.step.max_grad_norm
+            if max_norm is not None:
                 # Never read the returned norm here: that would be a sync per step (Health reads it at the refresh).
-                self.grad_norm = torch.nn.utils.clip_grad_norm_(host.params, host.settings.max_grad_norm)
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             else:
                 self.grad_norm = None
             self._before_step(opt)
             lr = opt.param_groups[0]["lr"]
             self._stepped = False
             # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
-            guard = host.nonfinite
+            guard = self.nonfinite
             allowed = guard.allow_step(opt, scaler) if guard.gating else True
             if scaler is not None:
                 scaler.step(opt)  # fp16: the scaler's inf check syncs here (documented sync point 3)
@@ -155,14 +174,14 @@ class TrainStep:
         """``on_before_optimizer_step``: to every-step callbacks, and to scheduled ones at their step (_events)."""
         cb = self.host.callbacks
         if self.events:
-            step = self.host.run.loop_state.global_step + 1
+            step = self.host.run_state.loop_state.global_step + 1
             if cb.has("on_before_optimizer_step") or step >= cb.next_due:
-                cb.call_before_step(step, trainer=self.host.owner, optimizer=opt)
+                cb.call_before_step(step, trainer=self.host, optimizer=opt)
 
     def _after_step(self, lr: float) -> tuple[bool, float]:
         host = self.host
         skipped = not self._stepped
-        if not skipped and self.schedule and host.scheduler is not None and host.scheduler_per_step:
+        if not skipped and self.scheduler_per_step and host.scheduler is not None:
             host.scheduler.step()
         return skipped, lr
 
@@ -182,12 +201,13 @@ class _Handles:
 def split_steps(
     host: LoopHost, step: TrainStep, batch: Any, window: int, closes: bool, first: bool, amp: Any, metrics: Any
 ) -> tuple[torch.Tensor, int]:
-    """One loader batch as ``host.settings.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
+    """One loader batch as ``host.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
     part's loss is divided by the parts' count too, so the window's gradient is the whole batch's (equal
     parts of a mean loss). Returns the batch's mean loss (detached, on the device) and its size."""
     t = host
-    parts = split_batch(batch, t.settings.micro_split)
-    guard = t.nonfinite
+    parts = split_batch(batch, t.micro_split)
+    guard = step.nonfinite
+    steps = t.batch_steps
     losses: list[torch.Tensor] = []
     size = 0
     for i, part in enumerate(parts):
@@ -195,10 +215,10 @@ def split_steps(
         with step.no_sync(closes and last):  # DDP: one all-reduce, on the window's last backward
             with amp:
                 if first and i == 0:
-                    loss, outputs, targets = t.steps.first_compute(part)
-                    t.steps.check_first_loss(loss, outputs, targets)
+                    loss, outputs, targets = steps.first_compute(part)
+                    steps.check_first_loss(loss, outputs, targets)
                 else:
-                    loss, outputs, targets = t.steps.compute(part)
+                    loss, outputs, targets = steps.compute(part)
             if guard.gating:
                 guard.observe(loss)
             if metrics is not None:

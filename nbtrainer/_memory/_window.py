@@ -15,10 +15,13 @@ Capacity: the card's total memory on CUDA; on CPU the machine's RAM, or the cgro
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 __all__ = ["MemoryProbe", "host_capacity"]
+
+log = logging.getLogger(__name__)
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -36,6 +39,7 @@ def _rss_bytes() -> int | None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
     except Exception:
+        log.debug("no peak resident size on this platform", exc_info=True)
         return None
 
 
@@ -74,6 +78,7 @@ class MemoryProbe:
             else:
                 self.capacity = host_capacity()
         except Exception:
+            log.debug("the device's capacity is unknown here", exc_info=True)
             self.capacity = None
 
     def window(self) -> int | None:
@@ -88,6 +93,7 @@ class MemoryProbe:
             else:
                 value = _rss_bytes()
         except Exception:
+            log.debug("the memory could not be read now: this window has no value", exc_info=True)
             return None
         if value is not None:
             self.peak = max(self.peak, value)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from nbtrainer._optimizer_kinds import OPTIMIZERS
+
 if TYPE_CHECKING:
     from nbtrainer._options import MemoryOptions
 
@@ -42,7 +44,8 @@ __all__ = [
     "targeted",
 ]
 
-KBIT = {"adamw8bit": (2, 256), "paged_adamw8bit": (2, 256), "adamw4bit": (1, 128)}  # bytes/value, block
+#: k-bit optimizers: bytes per value and block (the registry's, nbtrainer._options.OPTIMIZERS)
+KBIT = {name: kind.kbit for name, kind in OPTIMIZERS.items() if kind.state == "kbit"}
 MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it
 
 
@@ -76,6 +79,11 @@ def targeted(name: str, targets: Any, quantizable: bool, head: str | None) -> bo
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def _state(name: str) -> str | None:
+    kind = OPTIMIZERS.get(name)
+    return kind.state if kind is not None else None
+
+
 def adam_state_bytes(numel: int, elem: int) -> int:
     return 2 * numel * elem + 4  # exp_avg, exp_avg_sq and a scalar fp32 step
 
@@ -87,13 +95,14 @@ def optimizer_state_bytes(name: str, trained: list[tuple[int, int, list[int]]]) 
     total = 0
     if name in KBIT:
         per_value, block = KBIT[name]
-        small = [(n, e) for n, e, _ in trained if n < MIN_KBIT or (name == "adamw4bit" and n % block)]
-        big = [n for n, _, _ in trained if n >= MIN_KBIT and not (name == "adamw4bit" and n % block)]
+        torchao = OPTIMIZERS[name].library == "torchao"  # torchao keeps a tensor not made of whole blocks in 32 bits
+        small = [(n, e) for n, e, _ in trained if n < MIN_KBIT or (torchao and n % block)]
+        big = [n for n, _, _ in trained if n >= MIN_KBIT and not (torchao and n % block)]
         total += sum(2 * n * e for n, e in small)
         total += sum(n * per_value + 2 * 4 * math.ceil(n / block) for n in big)
-        maps = 2 * 256 * 4 if name != "adamw4bit" else 2 * 16 * 4 * len(big)  # bnb's maps are shared
+        maps = 2 * 256 * 4 if not torchao else 2 * 16 * 4 * len(big)  # bnb's maps are shared
         return total + (maps if big else 0)
-    if name == "adafactor":
+    if _state(name) == "adafactor":
         for n, e, shape in trained:
             total += 4 + (4 * (shape[-2] + shape[-1]) * (n // (shape[-2] * shape[-1])) if len(shape) >= 2 else n * e)
         return total
@@ -124,19 +133,20 @@ def state_tensors(name: str, trained: list[tuple[int, int, list[int]]]) -> tuple
     shared: list[int] = []
     if name in KBIT:
         per_value, block = KBIT[name]
+        torchao = OPTIMIZERS[name].library == "torchao"
         for n, e, _ in trained:
-            if n < MIN_KBIT or (name == "adamw4bit" and n % block):
+            if n < MIN_KBIT or (torchao and n % block):
                 per.append([n * e, n * e])
                 continue
             packed, scales = n * per_value, 4 * math.ceil(n / block)
             per.append([packed // 2, packed - packed // 2, scales, scales])
-            if name == "adamw4bit":
+            if torchao:
                 per[-1] += [2 * 16 * 4 // 2, 2 * 16 * 4 // 2]
             elif not shared:
                 shared = [256 * 4, 256 * 4]
         return per, shared
     for n, e, shape in trained:
-        if name == "adafactor":
+        if _state(name) == "adafactor":
             if len(shape) >= 2:
                 stacked = n // (shape[-2] * shape[-1])
                 per.append([4, 4 * shape[-2] * stacked, 4 * shape[-1] * stacked])
@@ -158,10 +168,11 @@ def step_temporaries(
     backward), so the largest parameter's worth. The 8-bit / 4-bit kernels update block by block in place; Adafactor
     builds one parameter-sized update at a time.
     """
-    if not trained or name in KBIT or (fused and name in ("adamw", "adam")):
+    moments = _state(name) == "moments"
+    if not trained or name in KBIT or (fused and moments):
         return 0
     largest = max(n * e for n, e, _ in trained)
-    if name in ("adamw", "adam") and device_type == "cuda" and not in_backward:
+    if moments and device_type == "cuda" and not in_backward:
         return sum(n * e for n, e, _ in trained)
     return largest
 

@@ -20,66 +20,82 @@ memory switches on an H200 and on 2 CPU cores) and the usual published figures; 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import torch
 
+from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._options import MemoryOptions
 
-__all__ = ["checkpointed_share", "time_factor"]
+__all__ = ["CPU", "CUDA", "Factors", "checkpointed_share", "cpu_factors", "time_factor"]
 
-_FACTORS: dict[str, dict[str, float]] = {
-    "cuda": {
-        "bf16-mixed": 0.45,
-        "fp16-mixed": 0.45,
-        "checkpointing": 1.3,
-        "chunked_loss": 1.05,
-        "adamw8bit": 1.1,
-        "paged_adamw8bit": 1.15,
-        "adamw4bit": 1.15,
-        "adafactor": 1.05,
-        "offload_activations": 2.5,
-        "offload_optimizer": 1.6,
-        "quantize": 2.0,
-        "lora": 0.8,
-        "halving": 1.08,
-    },
-    # corrected from bench/plan_vs_measured.py's step times on the 2-core VM (bench/RESULTS.md, issue 48): a CPU
-    # pays per micro-batch far more than a GPU (each halving 1.35x, not 1.03x), recomputes a block at its full cost
-    # (1.45x), and runs bitsandbytes' 8-bit and torch's Adafactor steps slowly; bf16 autocast is about as fast as
-    # fp32 where the CPU computes bf16 natively (AMX / AVX512-BF16), slower where it converts (see cpu_factors)
-    "cpu": {
-        "bf16-mixed": 1.2,
-        "fp16-mixed": 3.0,
-        "checkpointing": 1.45,
-        "chunked_loss": 1.3,
-        "adamw8bit": 1.6,
-        "paged_adamw8bit": 1.6,
-        "adamw4bit": 1.6,
-        "adafactor": 1.3,
-        "offload_activations": 1.0,
-        "offload_optimizer": 1.6,
-        "quantize": 1.5,
-        "lora": 0.8,
-        "halving": 1.35,
-    },
-}
+
+@dataclasses.dataclass(frozen=True)
+class Factors:
+    """The step-time factors of one kind of device, per switch (the optimizer kinds' are in the registry,
+    ``nbtrainer._options.OPTIMIZERS``: ``OptimizerKind.time``)."""
+
+    bf16_mixed: float
+    fp16_mixed: float
+    activation_checkpointing: float
+    chunked_loss: float
+    offload_activations: float
+    offload_optimizer: float
+    quantize: float
+    lora: float
+    halving: float  # each halving of the micro-batch
+    column: int  # which of OptimizerKind.time: 0 CUDA, 1 CPU
+
+    def precision(self, name: str) -> float:
+        return {"bf16-mixed": self.bf16_mixed, "fp16-mixed": self.fp16_mixed}.get(name, 1.0)
+
+    def optimizer(self, kind: str | None) -> float:
+        found = OPTIMIZERS.get(kind or "adamw")
+        return found.time[self.column] if found is not None else 1.0
+
+
+CUDA = Factors(
+    bf16_mixed=0.45,
+    fp16_mixed=0.45,
+    activation_checkpointing=1.3,
+    chunked_loss=1.05,
+    offload_activations=2.5,
+    offload_optimizer=1.6,
+    quantize=2.0,
+    lora=0.8,
+    halving=1.08,
+    column=0,
+)
+# corrected from bench/plan_vs_measured.py's step times on the 2-core VM (bench/RESULTS.md, issue 48): a CPU
+# pays per micro-batch far more than a GPU (each halving 1.35x, not 1.03x), recomputes a block at its full cost
+# (1.45x), and runs bitsandbytes' 8-bit and torch's Adafactor steps slowly; bf16 autocast is about as fast as
+# fp32 where the CPU computes bf16 natively (AMX / AVX512-BF16), slower where it converts (see cpu_factors)
+CPU = Factors(
+    bf16_mixed=1.2,
+    fp16_mixed=3.0,
+    activation_checkpointing=1.45,
+    chunked_loss=1.3,
+    offload_activations=1.0,
+    offload_optimizer=1.6,
+    quantize=1.5,
+    lora=0.8,
+    halving=1.35,
+    column=1,
+)
 
 
 @functools.cache
-def cpu_factors() -> dict[str, float]:
+def cpu_factors() -> Factors:
     """The CPU column, with bf16 autocast at 1.0x where this CPU computes bf16 natively (oneDNN says so: AMX or
     AVX512-BF16; measured 0.78-1.22x of fp32 on the VM's AMX CPU, 0.97x their geometric mean: no faster, so a plan
     keeps fp32 when it fits) and 1.2x where it converts around fp32 kernels."""
-    factors = dict(_FACTORS["cpu"])
     try:
         native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         native = False
-    if native:
-        factors["bf16-mixed"] = 1.0
-    return factors
+    return dataclasses.replace(CPU, bf16_mixed=1.0) if native else CPU
 
 
 def checkpointed_share(value: object, blocks: int | None) -> float:
@@ -103,21 +119,22 @@ def time_factor(device_type: str, memory: MemoryOptions, grad_accum_steps: int, 
         >>> round(time_factor("cuda", MemoryOptions(precision="bf16-mixed", activation_checkpointing=True), 1), 3)
         0.585
     """
-    f = _FACTORS["cuda"] if device_type == "cuda" else cpu_factors()
-    factor = f.get(memory.precision, 1.0)
+    f = CUDA if device_type == "cuda" else cpu_factors()
+    factor = f.precision(memory.precision)
     if memory.activation_checkpointing:
-        factor *= 1 + (f["checkpointing"] - 1) * checkpointed_share(memory.activation_checkpointing, blocks)
+        share = checkpointed_share(memory.activation_checkpointing, blocks)
+        factor *= 1 + (f.activation_checkpointing - 1) * share
     if memory.chunked_loss:
-        factor *= f["chunked_loss"]
-    factor *= f.get(memory.optimizer or "adamw", 1.0)
+        factor *= f.chunked_loss
+    factor *= f.optimizer(memory.optimizer)
     if memory.offload_activations:
-        factor *= f["offload_activations"]
+        factor *= f.offload_activations
     if memory.offload_optimizer:
-        factor *= f["offload_optimizer"]
+        factor *= f.offload_optimizer
     if memory.quantize:
-        factor *= f["quantize"]
+        factor *= f.quantize
     if memory.lora is not None:
-        factor *= f["lora"]
+        factor *= f.lora
     if grad_accum_steps > 1:
-        factor *= f["halving"] ** math.log2(grad_accum_steps)
+        factor *= f.halving ** math.log2(grad_accum_steps)
     return factor

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,21 +26,23 @@ import torch
 from torch import nn
 
 from nbtrainer._data._batch import iter_tensors
-from nbtrainer._options import MemoryOptions
+from nbtrainer._optimizer_kinds import OPTIMIZERS
+from nbtrainer._options import SWITCH, MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
 from nbtrainer._plan._result import MemoryPlan, PlanRow
+from nbtrainer._plan._search import RowSearch
 from nbtrainer._plan._steps import plan_row
 
 __all__ = ["MemoryPlan", "PlanRow", "plan_memory"]
 
 GiB = 2**30
-_KINDS = ("adamw", "adamw8bit", "paged_adamw8bit", "adamw4bit", "adafactor")
-_LIBRARY = {"adamw8bit": "bitsandbytes", "paged_adamw8bit": "bitsandbytes", "adamw4bit": "torchao"}
 _DEFAULT_LORA = {"r": 16, "target_modules": "all-linear"}
 
 
 # -- the search -------------------------------------------------------------------------------------------------------
+def _paged(kind: str) -> bool:
+    return kind in OPTIMIZERS and OPTIMIZERS[kind].paged
 
 
 def _resolve_target(device: Any) -> torch.device:
@@ -67,18 +68,6 @@ def _batch_size_of(batch: Any) -> int:
         if t.dim() > 0:
             return int(t.shape[0])
     raise ValueError("plan_memory: the example batch has no tensor with a batch dimension.")
-
-
-def _pareto(rows: list[PlanRow]) -> list[PlanRow]:
-    """The rows no other row beats on both time and peak (ties: the fewer switches), fastest first."""
-    ordered = sorted(rows, key=lambda r: (r.time_factor, r.peak_bytes, len(r.switches)))
-    front: list[PlanRow] = []
-    smallest = math.inf
-    for row in ordered:
-        if row.peak_bytes < smallest:
-            front.append(row)
-            smallest = row.peak_bytes
-    return front
 
 
 #: The shares of the repeated blocks a plan checkpoints besides all of them (selective checkpointing: the fastest
@@ -168,15 +157,16 @@ def plan_memory(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"plan_memory(batch_size={batch_size!r}): the effective batch, an int >= 1.")
     allowed = set(allow or ())
-    unknown = allowed - {"lora"}
+    unknown = allowed - {SWITCH.lora}
     if unknown:
-        raise ValueError(f"plan_memory(allow={sorted(unknown)}): the switches to allow are ('lora',).")
+        raise ValueError(f"plan_memory(allow={sorted(unknown)}): the switches to allow are {(SWITCH.lora,)}.")
     if lora is not None:
-        allowed.add("lora")
+        allowed.add(SWITCH.lora)
     keep = dict(keep or {})
     unknown_keep = sorted(set(keep) - set(MemoryOptions.names()))
     if unknown_keep:
         raise TypeError(f"plan_memory(keep=...): {unknown_keep} are not switches; use {list(MemoryOptions.names())}.")
+    held = MemoryOptions(**{**MemoryOptions(activation_checkpointing=None).__dict__, **keep})  # None: not held
     budget_bytes = int(budget_gb * GiB)
     usable = int(budget_bytes * (1 - margin))  # as MemoryPlan.usable_bytes: one rounding for fits and best
     from nbtrainer._plan._allocator import CUDA_CONTEXT_BYTES
@@ -210,15 +200,15 @@ def plan_memory(
         precisions.append("fp16-mixed")
     else:
         unavailable["fp16-mixed"] = "emulated on most CPUs: slower than fp32"
-    kinds = [k for k in _KINDS if optimizer is None or k == optimizer]
+    kinds = [k for k, kind in OPTIMIZERS.items() if kind.planned and (optimizer is None or k == optimizer)]
     if optimizer is not None and not kinds:
         kinds = [optimizer]
     for k in list(kinds):
-        lib = _LIBRARY.get(k)
-        if lib is not None and importlib.util.find_spec(lib) is None:
+        lib = OPTIMIZERS[k].library if k in OPTIMIZERS else "torch"
+        if lib != "torch" and importlib.util.find_spec(lib) is None:
             kinds.remove(k)
             unavailable[k] = f"needs {lib}: pip install 'nbtrainer[quant]'"
-        elif k == "paged_adamw8bit" and target.type != "cuda":
+        elif k in OPTIMIZERS and OPTIMIZERS[k].paged and target.type != "cuda":
             kinds.remove(k)
             unavailable[k] = "paging needs CUDA"
     offloads = [False, True] if target.type == "cuda" else [False]
@@ -226,28 +216,29 @@ def plan_memory(
         unavailable["offload_activations / offload_optimizer"] = "need a CUDA device (host RAM is the device here)"
     chunked_opts = [False, True] if causal else [False]
     if not causal:
-        unavailable["chunked_loss"] = "for Hugging Face causal LMs only"
+        unavailable[SWITCH.chunked_loss] = "for Hugging Face causal LMs only"
     structures: list[tuple[str | None, Any]] = [(None, None)]
     lora_settings = dict(lora) if lora is not None else dict(_DEFAULT_LORA)
     quantizable = any(row[4] for row in ctx.structure["linears"])
-    if keep.get("quantize") is not None or keep.get("lora") is not None:  # QLoRA / LoRA as the user set them
-        structures = [(keep.get("quantize"), keep.get("lora"))]
-        allowed.add("lora")
+    if held.quantize is not None or held.lora is not None:  # QLoRA / LoRA as the user set them
+        structures = [(held.quantize, held.lora)]
+        allowed.add(SWITCH.lora)
     elif quantizable:
         structures.append((None, lora_settings))
         if importlib.util.find_spec("bitsandbytes") is not None:
             structures.append(("nf4", lora_settings))
         else:
-            unavailable["quantize"] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
+            unavailable[SWITCH.quantize] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
     from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks, has_own_checkpointing
 
     checkpointing: list[Any] = [False]
     blocks = len(find_checkpointable_blocks(model))
     if has_own_checkpointing(model) or blocks:
-        checkpointing += [*_shares(blocks, keep.get("activation_checkpointing")), True]
+        checkpointing += [*_shares(blocks, held.activation_checkpointing), True]
     else:
-        unavailable["activation_checkpointing"] = "the model has no repeated blocks to checkpoint"
-    rows: list[PlanRow] = []
+        unavailable[SWITCH.activation_checkpointing] = "the model has no repeated blocks to checkpoint"
+    # the combinations; each row's step is simulated when the plan first needs it (nbtrainer._plan._search)
+    specs: list[tuple[MemoryOptions, int]] = []
     micros = micro_batches(batch_size) if example >= 1 else [batch_size]
     combos = itertools.product(precisions, structures, checkpointing, chunked_opts, offloads, kinds, (False, True))
     for precision, (quantize, lora_cfg), ckpt, chunked, off_act, kind, in_bwd in combos:
@@ -255,9 +246,7 @@ def plan_memory(
             continue  # a 4-bit base computes in half precision on CUDA
         for off_opt, micro in itertools.product(offloads, micros):
             # the combinations the Trainer refuses up front are not rows
-            if in_bwd and (
-                precision == "fp16-mixed" or batch_size // micro > 1 or off_opt or kind == "paged_adamw8bit"
-            ):
+            if in_bwd and (precision == "fp16-mixed" or batch_size // micro > 1 or off_opt or _paged(kind)):
                 continue
             if off_opt and kind in arith.KBIT:
                 continue
@@ -280,28 +269,26 @@ def plan_memory(
             )
             if any(getattr(memory, k) != v for k, v in keep.items()):
                 continue
-            rows.append(plan_row(ctx, memory, micro, batch_size, usable, context))
-    if not rows:
+            specs.append((memory, micro))
+    if not specs:
         raise ValueError(
             f"plan_memory(keep={keep}): no combination has these switches on this model and target "
             f"({'; '.join(f'{k}: {v}' for k, v in unavailable.items()) or 'check their values'})."
         )
     plain = MemoryOptions(**{**MemoryOptions(optimizer=kinds[0] if optimizer else "adamw").__dict__, **keep})
-    baseline = next((r for r in rows if r.memory == plain and r.grad_accum_steps == 1), None)
-    # the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is not
-    # needed). Rows are searched in that order and the first that fits is best: on a CUDA target a row's reserved
-    # bytes are replayed when first asked, so only the rows the search reaches (and those shown) are replayed.
-    order = sorted(
-        (r for r in rows if not r.changes_training or "lora" in allowed),
-        key=lambda r: (r.time_factor, len(r.switches), r.peak_bytes),
+    # best: the fastest that fits; among equally fast rows the one with fewest switches (nothing switched on that is
+    # not needed). Rows that change what trains are listed, and picked only when asked. On a CUDA target a row's
+    # reserved bytes are replayed when first asked, so only the rows the search reaches (and those shown) are.
+    search = RowSearch(
+        ctx,
+        specs,
+        batch_size=batch_size,
+        usable=usable,
+        context_bytes=context,
+        pickable=lambda m: (m.quantize is None and m.lora is None) or SWITCH.lora in allowed,
+        plain=plain,
     )
-    best = next((r for r in order if r.fits), None)
-    # the plain rows' front, then the front of the rows that train something else (listed, picked only when asked)
-    shown = _pareto([r for r in rows if not r.changes_training]) + _pareto([r for r in rows if r.changes_training])
-    for extra in (baseline, best):
-        if extra is not None and extra not in shown:
-            shown.append(extra)
-    shown.sort(key=lambda r: (r.time_factor, r.peak_bytes))
+    search.row(0)  # one step now: a batch that does not fit the model is refused here, not at the first question
 
     def predict(switches: Mapping[str, Any]) -> PlanRow:
         switches = dict(switches)
@@ -316,20 +303,18 @@ def plan_memory(
         from nbtrainer._setup._precision import normalize_precision
 
         switches["precision"] = normalize_precision(switches.get("precision", "fp32"))
-        if switches.get("lora") is True:
-            switches["lora"] = dict(lora_settings)
+        if switches.get(SWITCH.lora) is True:
+            switches[SWITCH.lora] = dict(lora_settings)
         return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable, context)
 
     return MemoryPlan(
-        rows=shown,
-        best=best,
         budget_bytes=budget_bytes,
         margin=float(margin),
         device=str(target),
         batch_size=batch_size,
         unavailable=unavailable,
-        seconds=time.perf_counter() - start,
         _predict=predict,
-        _candidates=[r for r in order if r.peak_bytes + r.context_bytes <= usable],
+        _search=search,
+        _started=time.perf_counter() - start,
         context_bytes=context,
     )

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbtrainer._options import MemoryOptions
+from nbtrainer._options import LABELS, SWITCH, MemoryOptions
 from nbtrainer._report._format import format_bytes
 
 __all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow"]
@@ -79,18 +79,35 @@ class PlanRow:
         """The row's memory switches."""
         return MemoryOptions.from_kwargs(self.switches)
 
+    def __str__(self) -> str:
+        from nbtrainer._report._format import format_bytes
+
+        reserved = f", {format_bytes(self.reserved_bytes)} reserved" if self.reserved_bytes != self.peak_bytes else ""
+        context = f" + {format_bytes(self.context_bytes)} CUDA context" if self.context_bytes else ""
+        parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in self.parts.items())
+        host = f"; {format_bytes(self.host_bytes)} in host RAM" if self.host_bytes else ""
+        return (
+            f"{self.describe()}: peak {format_bytes(self.peak_bytes)}{reserved}{context}, "
+            f"{'fits' if self.fits else 'does not fit'}; step time {self.time_factor:.2f}x fp32's\n  {parts}{host}"
+        )
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre class='nbtrainer-plan-row'>{html.escape(str(self))}</pre>"
+
     def describe(self) -> str:
         """The switches in a few words, e.g. ``bf16-mixed + checkpointing + adamw8bit, micro-batch 4 x 2``."""
         m = self.memory
         words = [m.precision]
         words += [_checkpointing_words(m.activation_checkpointing)] if m.activation_checkpointing else []
         words += [m.optimizer] if m.optimizer and m.optimizer != "adamw" else []
-        words += ["in-backward"] if m.optimizer_in_backward else []
-        words += ["chunked loss"] if m.chunked_loss else []
-        words += ["offload activations"] if m.offload_activations else []
-        words += ["offload optimizer"] if m.offload_optimizer else []
-        words += [f"quantize {m.quantize}"] if m.quantize else []
-        words += [f"LoRA r={m.lora.get('r', 8)}"] if m.lora is not None else []
+        words += [LABELS[SWITCH.optimizer_in_backward]] if m.optimizer_in_backward else []
+        words += [LABELS[SWITCH.chunked_loss]] if m.chunked_loss else []
+        words += [LABELS[SWITCH.offload_activations]] if m.offload_activations else []
+        words += [LABELS[SWITCH.offload_optimizer]] if m.offload_optimizer else []
+        words += [f"{LABELS[SWITCH.quantize]} {m.quantize}"] if m.quantize else []
+        words += [f"{LABELS[SWITCH.lora]} r={m.lora.get('r', 8)}"] if m.lora is not None else []
         text = " + ".join(words)
         if self.grad_accum_steps > 1:
             text += f", micro-batch {self.micro_batch} x {self.grad_accum_steps}"
@@ -101,12 +118,16 @@ class PlanRow:
 class MemoryPlan:
     """The result of :func:`plan_memory`: rows (fastest first), the best that fits, and what was left out and why.
 
+    A row's peak comes from a simulated step, and each is simulated when first needed: ``predict`` simulates the
+    row it is asked for, ``best`` the fastest rows until one fits, ``rows`` (and the text, the picture, the
+    DataFrame) every row. The answers do not depend on what is asked first.
+
     Attributes:
         rows: the combinations worth a look: none is both slower and larger than another (plus plain fp32).
         best: the fastest row within ``budget * (1 - margin)`` (rows that change what trains only when asked).
         budget_bytes, margin, device, batch_size: the question asked.
         unavailable: ``{switch: reason}`` for switches not proposed on this target.
-        seconds: how long planning took.
+        seconds: how long planning took so far (the rows simulated when first read included).
 
     Example:
         >>> import torch
@@ -117,19 +138,35 @@ class MemoryPlan:
         ({'optimizer': 'adamw'}, True)
     """
 
-    rows: list[PlanRow]
-    best: PlanRow | None
     budget_bytes: int
     margin: float
     device: str
     batch_size: int
     unavailable: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
     _predict: Any = field(default=None, repr=False, compare=False)
-    #: the pickable rows whose peak fits, fastest first (a step-down's choices; it checks ``fits`` as it goes)
-    _candidates: list[PlanRow] = field(default_factory=list, repr=False, compare=False)
+    #: the rows, simulated on first use (nbtrainer._plan._search.RowSearch: ``best()``, ``table()``, ``seconds``)
+    _search: Any = field(default=None, repr=False, compare=False)
+    #: the seconds plan_memory took before any row was simulated
+    _started: float = field(default=0.0, repr=False)
     #: what the device holds outside the caching allocator, counted in each row's ``fits`` (the CUDA context)
     context_bytes: int = 0
+
+    @property
+    def rows(self) -> list[PlanRow]:
+        return list(self._search.table().shown)
+
+    @property
+    def best(self) -> PlanRow | None:
+        return self._search.best()
+
+    @property
+    def _candidates(self) -> list[PlanRow]:
+        """The pickable rows whose peak fits, fastest first (a step-down's choices; it checks ``fits`` as it goes)."""
+        return list(self._search.table().candidates)
+
+    @property
+    def seconds(self) -> float:
+        return self._started + float(self._search.seconds)
 
     def predict(self, **switches: Any) -> PlanRow:
         """The row for any one combination: ``Trainer`` keyword arguments (``precision=``, ``optimizer=``,
@@ -257,11 +294,12 @@ def _stacked(parts: Mapping[str, int]) -> Iterable[tuple[str, int, int]]:
 
 
 def _checkpointing_words(value: Any) -> str:
+    label = LABELS[SWITCH.activation_checkpointing]
     if isinstance(value, float):
-        return f"checkpointing {value:g} of the blocks"
+        return f"{label} {value:g} of the blocks"
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"checkpointing {value} blocks"
-    return "checkpointing"
+        return f"{label} {value} blocks"
+    return label
 
 
 def _need(row: PlanRow) -> str:

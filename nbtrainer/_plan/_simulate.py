@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrainer._data._batch import BatchSpec, _get_loss_attr, iter_tensors, loss_from_outputs
+from nbtrainer._data._batch import BatchSpec, iter_tensors, loss_attribute, loss_from_outputs
 from nbtrainer._memory._peak import PeakTracker
 from nbtrainer._plan._timeline import BACKWARD_STARTS, FORWARD_STARTS, GRAD, MARK, PACK, UNPACK, Trace
 
@@ -209,7 +209,7 @@ def simulate_step(
             else:
                 args, kwargs, targets = spec.split(fake)
                 outputs = clone(*args, **kwargs)
-                if criterion is None and isinstance(_get_loss_attr(outputs), torch.Tensor):
+                if criterion is None and isinstance(loss_attribute(outputs), torch.Tensor):
                     loss = loss_from_outputs(None, outputs, targets)
                 elif criterion is not None:
                     loss = criterion(outputs, targets)

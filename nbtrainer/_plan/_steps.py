@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nbtrainer._options import MemoryOptions
+from nbtrainer._options import SWITCH, MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._arithmetic import RowTensors, row_tensors
 from nbtrainer._plan._context import Context
@@ -43,14 +43,14 @@ def plan_row(
         state, temps = 0, 0
     fsdp = ctx.strategy == "fsdp"
     half = memory.precision in ("bf16-mixed", "fp16-mixed")
-    switches = {
+    switches = {  # the simulator's parameters (nbtrainer._plan._context.Context.terms)
         # FSDP casts the parameters to the compute dtype (no autocast): simulated so
         "precision": "bf16-params" if fsdp and half else memory.precision,
         "checkpointing": memory.activation_checkpointing,
         "chunked": bool(memory.chunked_loss),
         "offload": memory.offload_activations,
         "micro": micro,
-        "lora": memory.lora,
+        SWITCH.lora: memory.lora,
     }
     sim = ctx.simulate(accumulating=micro < batch_size, **switches)
     grads = trained_bytes

@@ -8,10 +8,12 @@ Works from one :func:`nbtrainer._memory._breakdown.measure_training_memory` brea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nbtrainer._profile._switches import Switched, apply_switches, normalize_switches
+from nbtrainer._options import MemoryOptions
+from nbtrainer._profile._switches import Switched, apply_switches
 from nbtrainer._report._format import format_bytes
 
 __all__ = ["FitResult", "plan_fit", "planned_fit"]
@@ -56,6 +58,35 @@ class FitResult:
         """Plain-data copy (JSON-serialisable)."""
         return asdict(self)
 
+    def _parts(self) -> list[tuple[str, str]]:
+        parts = [(k.replace("_", " "), format_bytes(v)) for k, v in self.breakdown.items()]
+        return parts + ([("in host RAM (offloaded)", format_bytes(self.host_bytes))] if self.host_bytes else [])
+
+    def __str__(self) -> str:
+        head = (
+            f"{'fits' if self.fits else 'does not fit'}: {format_bytes(self.needed_bytes)} needed of "
+            f"{format_bytes(self.budget_bytes)} on {self.device} ({self.precision}, batch size {self.batch_size})"
+        )
+        parts = ", ".join(f"{name} {value}" for name, value in self._parts())
+        return f"{head}\n  {parts}\n  {self.suggestion}" if parts else f"{head}\n  {self.suggestion}"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        verdict = "fits" if self.fits else "does not fit"
+        rows = "".join(
+            f"<tr><td style='padding:1px 8px'>{html.escape(k)}</td><td style='padding:1px 8px;text-align:right'>"
+            f"{html.escape(v)}</td></tr>"
+            for k, v in [*self._parts(), ("needed", format_bytes(self.needed_bytes))]
+        )
+        return (
+            f"<div class='nbtrainer-fit'><b>{verdict}</b>: {html.escape(format_bytes(self.needed_bytes))} of "
+            f"{html.escape(format_bytes(self.budget_bytes))} on {html.escape(self.device)} "
+            f"({html.escape(self.precision)}, batch size {self.batch_size})"
+            f"<table style='border-collapse:collapse;margin:4px 0'>{rows}</table>"
+            f"<div>{html.escape(self.suggestion)}</div></div>"
+        )
+
 
 def _needed(memory: dict[str, Any], batch_size: int, checkpointing: bool, switched: Switched) -> dict[str, int]:
     line = memory["scaling"]["activations_checkpointed" if checkpointing else "activations"]
@@ -87,10 +118,9 @@ def plan_fit(
     *,
     budget_gb: float,
     batch_size: int,
-    checkpointing: bool = False,
+    switches: MemoryOptions,
     headroom: float = 0.0,
     structure: dict[str, Any] | None = None,
-    **switches: Any,
 ) -> FitResult:
     """Check one measured memory breakdown against ``budget_gb`` GiB (2**30 bytes) and suggest a split.
 
@@ -98,22 +128,22 @@ def plan_fit(
         memory: One ``measure_training_memory`` result.
         budget_gb: Memory budget in GiB.
         batch_size: The batch size to train with.
-        checkpointing: Evaluate with activation checkpointing (the model must have repeated blocks).
+        switches: the memory switches, checked (:func:`nbtrainer._profile._switches.normalize_switches`): with
+            ``activation_checkpointing`` the model must have repeated blocks.
         headroom: Fraction of the budget kept free (e.g. 0.1 for the CUDA context and fragmentation).
         structure: The profiled model's layer table (:func:`nbtrainer._profile._switches.model_structure`),
             needed by ``quantize`` / ``lora`` / ``optimizer``.
-        **switches: ``quantize``, ``lora``, ``optimizer``, ``offload_activations``, ``offload_optimizer``
-            (see :meth:`~nbtrainer._profile._report.ModelProfile.fits`).
     """
+    checkpointing = bool(switches.activation_checkpointing)
     if checkpointing and memory["scaling"]["activations_checkpointed"] is None:
         raise ValueError("checkpointing=True, but the model has no repeated blocks to checkpoint")
-    chosen = normalize_switches(**switches)
-    switched = apply_switches(memory, structure, chosen, checkpointing=checkpointing)
+    chosen = switches
+    switched = apply_switches(memory, structure, chosen)
     budget = int(budget_gb * _GIB * (1.0 - headroom))
     parts = _needed(memory, batch_size, checkpointing, switched)
     needed = sum(parts.values())
     moved = 0  # activations offloading sends to host RAM
-    if chosen["offload_activations"]:
+    if chosen.offload_activations:
         moved = _needed(memory, batch_size, checkpointing, Switched(parts={}))["activations"] - parts["activations"]
     host = moved + switched.host.get("optimizer_state", 0)
     said = _savings_text(switched, moved)
@@ -123,14 +153,14 @@ def plan_fit(
         "batch_size": batch_size,
         "device": memory["device"],
         "precision": memory["precision"],
-        "checkpointing": checkpointing,
         "breakdown": parts,
-        "switches": chosen,
+        "switches": _assumed(chosen),
         "savings": switched.savings,
         "host_bytes": host,
     }
     if needed <= budget:
         return FitResult(
+            checkpointing=checkpointing,
             fits=True,
             micro_batch_size=batch_size,
             accumulation_steps=1,
@@ -139,7 +169,7 @@ def plan_fit(
         )
     alternative = ""
     if not checkpointing and memory["scaling"]["activations_checkpointed"] is not None:
-        ckpt_switched = apply_switches(memory, structure, chosen, checkpointing=True)
+        ckpt_switched = apply_switches(memory, structure, dataclasses.replace(chosen, activation_checkpointing=True))
         with_ckpt = sum(_needed(memory, batch_size, True, ckpt_switched).values())
         if with_ckpt <= budget:
             alternative = f" Or enable activation checkpointing: {format_bytes(with_ckpt)} at batch size {batch_size}."
@@ -150,6 +180,7 @@ def plan_fit(
     if total(1) > budget:
         fixed = sum(parts[k] for k in ("parameters", "buffers", "gradients", "optimizer_state"))
         return FitResult(
+            checkpointing=checkpointing,
             fits=False,
             micro_batch_size=None,
             accumulation_steps=None,
@@ -168,6 +199,7 @@ def plan_fit(
         n = -(-batch_size // largest)
         uneven = f" (Micro-batches of {largest} also fit: {n} steps give an effective batch of {largest * n}.)"
     return FitResult(
+        checkpointing=checkpointing,
         fits=False,
         micro_batch_size=micro,
         accumulation_steps=steps,
@@ -180,16 +212,13 @@ def plan_fit(
     )
 
 
+def _assumed(switches: MemoryOptions) -> dict[str, Any]:
+    """``FitResult.switches``: the switches assumed besides the precision and checkpointing (its own fields)."""
+    return dataclasses.replace(switches, precision="fp32", activation_checkpointing=False).changed()
+
+
 def planned_fit(
-    plan: Any,
-    budget_gb: float,
-    *,
-    batch_size: int,
-    example_size: int,
-    precision: str,
-    checkpointing: Any,
-    headroom: float,
-    switches: dict[str, Any],
+    plan: Any, budget_gb: float, *, batch_size: int, example_size: int, switches: MemoryOptions, headroom: float
 ) -> FitResult:
     """``fits()`` of a planned profile: the plan's row for these switches against ``budget_gb`` (less ``headroom``);
     not fitting, the largest micro-batch of the plan's that does (same switches, accumulation)."""
@@ -199,8 +228,8 @@ def planned_fit(
             "model has no weights to measure). Profile an example of that size, or plan_memory(model, batch, "
             f"batch_size={batch_size}, ...) for an effective batch reached with accumulation."
         )
-    chosen = {k: v for k, v in switches.items() if v not in (None, False)}
-    row = plan.predict(precision=precision, activation_checkpointing=checkpointing, **chosen)
+    chosen = switches.changed()  # the plan's row for these switches, as Trainer keywords
+    row = plan.predict(**chosen)
     budget = int(budget_gb * 2**30 * (1.0 - headroom))
     needed = row.needed_bytes
     common = {
@@ -208,8 +237,7 @@ def planned_fit(
         "budget_bytes": budget,
         "batch_size": batch_size,
         "device": plan.device,
-        "precision": precision,
-        "checkpointing": bool(checkpointing),
+        "precision": switches.precision,
         "breakdown": dict(row.parts),
         "switches": dict(row.switches),
         "host_bytes": row.host_bytes,
@@ -217,6 +245,7 @@ def planned_fit(
     what = f"{format_bytes(needed)} (planned: {row.describe()})"
     if needed <= budget:
         return FitResult(
+            checkpointing=bool(switches.activation_checkpointing),
             fits=True, micro_batch_size=batch_size, accumulation_steps=1,
             suggestion=f"Fits: {what} of {format_bytes(budget)}.", **common,
         )  # fmt: skip
@@ -224,11 +253,12 @@ def planned_fit(
     while micro >= 1:
         if batch_size % micro == 0:
             smaller = plan.predict(
-                precision=precision, activation_checkpointing=checkpointing, grad_accum_steps=batch_size // micro,
+                grad_accum_steps=batch_size // micro,
                 **chosen,
             )  # fmt: skip
             if smaller.needed_bytes <= budget:
                 return FitResult(
+                    checkpointing=bool(switches.activation_checkpointing),
                     fits=False, micro_batch_size=micro, accumulation_steps=batch_size // micro,
                     suggestion=(
                         f"Needs {what} > {format_bytes(budget)}. Use micro-batches of {micro} with "
@@ -238,6 +268,7 @@ def planned_fit(
                 )  # fmt: skip
         micro //= 2
     return FitResult(
+        checkpointing=bool(switches.activation_checkpointing),
         fits=False, micro_batch_size=None, accumulation_steps=None,
         suggestion=f"Does not fit at micro-batch 1 either: {what} > {format_bytes(budget)}; see plan_memory.",
         **common,

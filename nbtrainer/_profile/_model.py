@@ -96,7 +96,9 @@ def profile_model(
     Returns:
         A :class:`ModelProfile`. For a model on the meta device (no weights) nothing runs: sizes come from the
         shapes, latency is reported unsupported, and memory is planned by :func:`nbtrainer.plan_memory` for the
-        first of ``devices`` (which need not be present): ``fits()`` is then the plan's ``predict()``.
+        first of ``devices`` that is not ``"meta"`` (it need not be present): ``fits()`` is then the plan's
+        ``predict()``. ``devices=("meta",)`` alone plans for a CUDA target, filed under ``"cuda"`` in ``memory``
+        and ``latency_ms``; ``profile.notes`` (first in its text and HTML) says so.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))

@@ -47,7 +47,9 @@ def planned_profile(
     from nbtrainer._plan._plan import plan_memory
     from nbtrainer._setup._precision import normalize_precision
 
-    device = next((d for d in devices if torch.device(d).type != "meta"), "cuda")
+    asked = [str(d) for d in devices]
+    # the meta device runs nothing: asked alone, it means "plan for the usual training device", a CUDA GPU
+    device = next((d for d in asked if torch.device(d).type != "meta"), "cuda")
     batch = _example(example_inputs, targets)
     size = next((int(t.shape[0]) for t in iter_tensors(batch) if t.dim() > 0), 1)
     plan = plan_memory(model, batch, budget_gb=1, device=device, criterion=criterion)
@@ -72,6 +74,13 @@ def planned_profile(
         structure=model_structure(model),
         environment={"torch": torch.__version__, "devices": {plan.device: "planned (meta model)"}},
     )
+    target = f"planned for {plan.device}, not measured: the model is on the meta device (no weights), so nothing runs"
+    if device != asked[0]:
+        target += (
+            f"; devices={tuple(asked)!r} asked, and the meta device runs nothing, so the plan is for a CUDA "
+            f"target: read it as profile.memory[{plan.device!r}], or pass devices=('cpu',) to plan for the CPU"
+        )
+    prof.notes.append(target)
     prof.latency_ms[plan.device] = {
         normalize_precision(p): {"supported": False, "reason": _NOTHING_RUNS} for p in precisions
     }
@@ -83,7 +92,13 @@ def planned_profile(
         except (ValueError, TypeError) as exc:
             per[precision] = {"supported": False, "reason": str(exc)}
             continue
-        per[precision] = {"source": "planned", **row.parts, "total": row.peak_bytes, "reserved": row.reserved_bytes}
+        per[precision] = {
+            "source": "planned",
+            "optimizer": str(row.switches.get("optimizer", "adamw")),
+            **row.parts,
+            "total": row.peak_bytes,
+            "reserved": row.reserved_bytes,
+        }
     prof.memory[plan.device] = per
     prof.seconds["plan"] = plan.seconds
     prof._plan = plan  # type: ignore[attr-defined]  # not a field: to_dict() stays plain data

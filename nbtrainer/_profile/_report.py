@@ -9,7 +9,9 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from nbtrainer._options import MemoryOptions
 from nbtrainer._profile._fit import FitResult, plan_fit, planned_fit
+from nbtrainer._profile._switches import normalize_switches
 from nbtrainer._report._format import format_bytes, format_count, format_duration
 from nbtrainer._setup._precision import normalize_precision, resolve_device
 
@@ -58,6 +60,8 @@ class ModelProfile:
         seconds: Wall time per profiling step.
         structure: The layer table :meth:`fits` needs for the memory switches: ``{"head", "params": [[name,
             numel, element_size, trainable, shape]], "linears": [[name, in, out, has_bias, quantizable]]}``.
+        notes: What the reader must know to read the numbers (a meta model's profile is planned, not measured,
+            and for which device); shown first in the text and the HTML.
     """
 
     MEMORY_ROWS: ClassVar[tuple[str, ...]] = _MEMORY_ROWS
@@ -76,6 +80,7 @@ class ModelProfile:
     environment: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     structure: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def fits(
         self,
@@ -92,6 +97,7 @@ class ModelProfile:
         offload_activations: bool = False,
         offload_optimizer: bool = False,
         optimizer_in_backward: bool = False,
+        activation_checkpointing: bool | None = None,
     ) -> FitResult:
         """Does one training step fit in ``budget_gb`` GiB? If not, suggest micro-batch x accumulation.
 
@@ -110,7 +116,8 @@ class ModelProfile:
             batch_size: Batch size to check (default: the profiled one).
             device: Which measured device (default: the first measured).
             precision: Which measured precision (default: the first measured on that device).
-            checkpointing: Assume activation checkpointing of the model's repeated blocks.
+            activation_checkpointing: Assume activation checkpointing of the model's repeated blocks (the Trainer's
+                name; ``checkpointing=`` is its former one here and still works).
             headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
             quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: every ``nn.Linear`` but the output head
                 frozen in 4 bits (0.5 byte per weight plus a scale per block of 64) or 8 bits.
@@ -136,16 +143,26 @@ class ModelProfile:
             10880
         """
         plan = getattr(self, "_plan", None)
-        if (
-            plan is not None
-        ):  # a meta model's profile: the planner's row, not a measured step (nbtrainer._profile._planned)
+        ckpt = checkpointing if activation_checkpointing is None else activation_checkpointing
+
+        def switches(precision: str) -> MemoryOptions:  # the Trainer's keywords, checked into one MemoryOptions
+            return normalize_switches(
+                precision=precision,
+                activation_checkpointing=ckpt,
+                quantize=quantize,
+                lora=lora,
+                optimizer=optimizer,
+                offload_activations=offload_activations,
+                offload_optimizer=offload_optimizer,
+                optimizer_in_backward=optimizer_in_backward,
+            )
+
+        if plan is not None:  # a meta model's profile: the planner's row, not a measured step (_profile/_planned)
+            memory = switches(normalize_precision(precision or "fp32"))
+            size = batch_size or self.batch_size
             return planned_fit(
-                plan, budget_gb, batch_size=batch_size or self.batch_size, example_size=self.batch_size,
-                precision=normalize_precision(precision or "fp32"), checkpointing=checkpointing, headroom=headroom,
-                switches={"quantize": quantize, "lora": lora, "optimizer": optimizer,
-                          "offload_activations": offload_activations, "offload_optimizer": offload_optimizer,
-                          "optimizer_in_backward": optimizer_in_backward},
-            )  # fmt: skip
+                plan, budget_gb, batch_size=size, example_size=self.batch_size, switches=memory, headroom=headroom
+            )
         measured = {d: {p: m for p, m in per.items() if m.get("supported", True)} for d, per in self.memory.items()}
         measured = {d: per for d, per in measured.items() if per}
         if not measured:
@@ -161,15 +178,9 @@ class ModelProfile:
             measured[dev][prec],
             budget_gb=budget_gb,
             batch_size=batch_size or self.batch_size,
-            checkpointing=checkpointing,
+            switches=switches(prec),
             headroom=headroom,
             structure=self.structure,
-            quantize=quantize,
-            lora=lora,
-            optimizer=optimizer,
-            offload_activations=offload_activations,
-            offload_optimizer=offload_optimizer,
-            optimizer_in_backward=optimizer_in_backward,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,9 +283,25 @@ def _combos(data: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, 
     return [(d, p, e) for d, per in data.items() for p, e in per.items()]
 
 
+def _optimizer(entry: dict[str, Any]) -> str:
+    """The optimizer a memory entry stepped (measured) or assumed (planned: no optimizer object exists)."""
+    name = str(entry.get("optimizer") or "AdamW")
+    return f"{name}, planned" if entry.get("source") == "planned" else name
+
+
+def _memory_keys(combos: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """The rows of the memory table: the measured breakdown's, then the parts only a plan has (logits and loss,
+    temporaries, the batch, the allocator's reserve), in their order."""
+    planned = [e for _, _, e in combos if e.get("source") == "planned"]
+    extra = [k for e in planned for k, v in e.items() if k not in _MEMORY_ROWS and type(v) in (int, float)]
+    keys = [k for k in _MEMORY_ROWS if k != "total"] + [k for k in dict.fromkeys(extra) if k != "reserved"]
+    return [*keys, "total", *(["reserved"] if "reserved" in extra else [])]
+
+
 def to_html(prof: ModelProfile) -> str:
     """The notebook view: model summary, compute, latency and memory tables."""
     parts = [f"<div class='nbtrainer-profile'><b>{html.escape(prof.model_name)}</b> (batch size {prof.batch_size})"]
+    parts += [f"<div><i>{html.escape(note)}</i></div>" for note in prof.notes]
     summary = [
         ["parameters", f"{format_count(prof.params)} ({format_count(prof.trainable_params)} trainable)"],
         ["size in memory", format_bytes(prof.size_mb * 2**20)],
@@ -313,12 +340,17 @@ def to_html(prof: ModelProfile) -> str:
         combos = _combos(prof.memory)
         header = ["training step (one optimizer step)"] + [f"{d} {p}" for d, p, _ in combos]
         body = []
-        for key in _MEMORY_ROWS:
+        for key in _memory_keys(combos):
             values = [e.get(key) if e.get("supported", True) else None for _, _, e in combos]
             if any(v is not None for v in values):
                 body.append([key.replace("_", " ")] + [format_bytes(v) for v in values])
-        optimizers = sorted({e["optimizer"] for _, _, e in combos if e.get("supported", True)})
-        parts.append(f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers))})" + _table(header, body))
+        reasons = [f"{d} {p}: not run: {e['reason']}" for d, p, e in combos if not e.get("supported", True)]
+        optimizers = sorted({_optimizer(e) for _, _, e in combos if e.get("supported", True)})
+        parts.append(
+            f"<b>Training memory</b> (optimizer: {html.escape(', '.join(optimizers) or 'none')})"
+            + _table(header, body)
+            + "".join(f"<div>{html.escape(r)}</div>" for r in reasons)
+        )
     return "".join(parts) + "</div>"
 
 
@@ -329,10 +361,15 @@ def to_text(prof: ModelProfile) -> str:
         f"trainable={format_count(prof.trainable_params)}, size={format_bytes(prof.size_mb * 2**20)}, "
         f"macs/sample={format_count(prof.macs)}, flops/sample={format_count(prof.flops)})"
     ]
+    lines += [f"  note: {note}" for note in prof.notes]
     for device, precision, e in _combos(prof.latency_ms):
         if e.get("supported", True):
             lines.append(f"  latency {device} {precision}: median {_ms(e['median'])}, p90 {_ms(e['p90'])}")
+        else:
+            lines.append(f"  latency {device} {precision}: not run: {e['reason']}")
     for device, precision, e in _combos(prof.memory):
         if e.get("supported", True):
-            lines.append(f"  memory {device} {precision}: total {format_bytes(e['total'])} ({e['optimizer']})")
+            lines.append(f"  memory {device} {precision}: total {format_bytes(e['total'])} ({_optimizer(e)})")
+        else:
+            lines.append(f"  memory {device} {precision}: not run: {e['reason']}")
     return "\n".join(lines)

@@ -32,13 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbtrainer._options import OPTIMIZERS, QUANTIZE
+from nbtrainer._optimizer_kinds import OPTIMIZERS
+from nbtrainer._options import QUANTIZE, SWITCH, MemoryOptions
 from nbtrainer._plan._arithmetic import KBIT as _KBIT
 from nbtrainer._plan._arithmetic import model_structure
 from nbtrainer._plan._arithmetic import optimizer_state_bytes as _optimizer_state
 from nbtrainer._plan._arithmetic import targeted as _targeted
 
-__all__ = ["OPTIMIZERS", "QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
+__all__ = ["QUANTIZE", "Switched", "apply_switches", "model_structure", "normalize_switches"]
 
 _LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
 
@@ -47,14 +48,17 @@ _LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_sav
 # its measured state, scaled to what trains)
 def normalize_switches(
     *,
+    precision: str = "fp32",
+    activation_checkpointing: bool = False,
     quantize: Any = None,
     lora: Any = None,
     optimizer: Any = None,
     offload_activations: bool = False,
     offload_optimizer: bool = False,
     optimizer_in_backward: bool = False,
-) -> dict[str, Any]:
-    """The switches checked and in plain data (``lora`` as ``{"r", "target_modules"}``); bad values refused."""
+) -> MemoryOptions:
+    """``fits()``'s switches as one checked :class:`~nbtrainer.MemoryOptions` (``lora`` as ``{"r", "target_modules"}``);
+    bad values refused."""
     if quantize is not None and quantize is not False:
         key = quantize.strip().lower() if isinstance(quantize, str) else None
         if key not in QUANTIZE:
@@ -64,32 +68,30 @@ def normalize_switches(
         quantize = None
     if optimizer is not None:
         key = optimizer.strip().lower() if isinstance(optimizer, str) else None
-        if key not in OPTIMIZERS:
+        known = [name for name, kind in OPTIMIZERS.items() if kind.state is not None]
+        if key not in known:
             raise ValueError(
-                f"fits(optimizer={optimizer!r}): use one of {list(OPTIMIZERS)} (by name, as Trainer(optimizer=...)), "
+                f"fits(optimizer={optimizer!r}): use one of {known} (by name, as Trainer(optimizer=...)), "
                 "or None for the optimizer the profile measured."
             )
         optimizer = key
-    for option, value in (
-        ("offload_activations", offload_activations),
-        ("offload_optimizer", offload_optimizer),
-        ("optimizer_in_backward", optimizer_in_backward),
-    ):
-        if not isinstance(value, bool):
-            raise TypeError(f"fits({option}=) takes True or False, got {value!r}.")
+    memory = MemoryOptions(
+        precision=precision,
+        activation_checkpointing=bool(activation_checkpointing),
+        quantize=quantize,
+        lora=_normalize_lora(lora),
+        optimizer=optimizer,
+        offload_activations=offload_activations,
+        offload_optimizer=offload_optimizer,
+        optimizer_in_backward=optimizer_in_backward,
+    )
+    memory.check_flags(call="fits")
     if offload_optimizer and optimizer in _KBIT:
         raise ValueError(
             f"fits(offload_optimizer=True, optimizer={optimizer!r}): the Trainer offloads torch's optimizers only; an "
             "8-bit / 4-bit optimizer's state is small already: use one or the other."
         )
-    return {
-        "quantize": quantize,
-        "lora": _normalize_lora(lora),
-        "optimizer": optimizer,
-        "offload_activations": offload_activations,
-        "offload_optimizer": offload_optimizer,
-        "optimizer_in_backward": optimizer_in_backward,
-    }
+    return memory
 
 
 def _normalize_lora(lora: Any) -> dict[str, Any] | None:
@@ -122,34 +124,34 @@ class Switched:
     notes: list[str] = field(default_factory=list)
 
 
-def apply_switches(
-    memory: dict[str, Any], structure: dict[str, Any] | None, switches: dict[str, Any], *, checkpointing: bool
-) -> Switched:
-    """The fixed parts (parameters, buffers, gradients, optimizer state) of ``memory`` under ``switches``."""
+def apply_switches(memory: dict[str, Any], structure: dict[str, Any] | None, switches: MemoryOptions) -> Switched:
+    """The fixed parts (parameters, buffers, gradients, optimizer state) of the measured ``memory`` under
+    ``switches``."""
     parts = {key: int(memory[key]) for key in ("parameters", "buffers", "gradients", "optimizer_state")}
     out = Switched(parts=dict(parts), host={"trained": int(memory.get("trainable_parameters", 0))})
-    changes_params = switches["quantize"] is not None or switches["lora"] is not None
-    if (changes_params or switches["optimizer"] is not None) and structure is None:
+    changes_params = switches.quantize is not None or switches.lora is not None
+    if (changes_params or switches.optimizer is not None) and structure is None:
         raise ValueError(
             "This profile has no layer table (it was made by an older nbtrainer): run profile_model(...) again to "
             "use fits() with quantize= / lora= / optimizer=."
         )
     if structure is not None:
         _params_and_state(memory, structure, switches, out)
-    if switches["offload_optimizer"] and out.parts["optimizer_state"]:
+    if switches.offload_optimizer and out.parts["optimizer_state"]:
         state = out.parts["optimizer_state"]
         master = out.host.get("trained", 0)
         out.host["optimizer_state"] = state + master
-        out.savings["offload_optimizer"] = {"optimizer_state": state}
+        out.savings[SWITCH.offload_optimizer] = {"optimizer_state": state}
         out.parts["optimizer_state"] = 0
     out.host.pop("trained", None)
-    if switches.get("optimizer_in_backward") and out.parts["gradients"]:
+    if switches.optimizer_in_backward and out.parts["gradients"]:
         # each gradient is freed once its parameter is updated: about the largest one exists at a time
         largest = max((n * size for _, n, size, trains, _ in (structure or {}).get("params", []) if trains), default=0)
         kept = min(out.parts["gradients"], largest) if largest else 0
-        out.savings["optimizer_in_backward"] = {"gradients": out.parts["gradients"] - kept}
+        out.savings[SWITCH.optimizer_in_backward] = {"gradients": out.parts["gradients"] - kept}
         out.parts["gradients"] = kept
-    if switches["offload_activations"]:
+    if switches.offload_activations:
+        checkpointing = bool(switches.activation_checkpointing)
         recompute = memory.get("recompute_peak") or 0
         kept = memory.get("activations_checkpointed") or 0
         out.activation_scale = recompute / (kept + recompute) if checkpointing and kept + recompute else 0.0
@@ -161,14 +163,13 @@ def apply_switches(
 
 
 def _params_and_state(
-    memory: dict[str, Any], structure: dict[str, Any], switches: dict[str, Any], out: Switched
+    memory: dict[str, Any], structure: dict[str, Any], switches: MemoryOptions, out: Switched
 ) -> None:
     # the parameters and what trains after quantize / lora: the planner's own code (nbtrainer._plan._arithmetic), so a
     # profile's fits() and a plan's rows count them alike
-    from nbtrainer._options import MemoryOptions
     from nbtrainer._plan._arithmetic import row_tensors
 
-    method, lora = switches["quantize"], switches["lora"]
+    method, lora = switches.quantize, switches.lora
     head = structure["head"]
     if method is not None and not any(row[4] for row in structure["linears"]):
         raise ValueError(f"fits(quantize={method!r}): the model has no nn.Linear to quantize besides its output head.")
@@ -185,7 +186,7 @@ def _params_and_state(
     if method is not None:
         param_saving = sum(n * e for _, n, e, _, _ in structure["params"]) + adapter_bytes - sum(tensors.params)
         out.parts["parameters"] -= param_saving
-        out.savings[f"quantize={method!r}"] = {"parameters": param_saving}
+        out.savings[f"{SWITCH.quantize}={method!r}"] = {"parameters": param_saving}
     out.parts["parameters"] += adapter_bytes
     after = tensors.trained
     before = [(row[1], row[2], row[4]) for row in structure["params"] if row[3]]
@@ -193,14 +194,14 @@ def _params_and_state(
     bytes_after = sum(n * e for n, e, _ in after)
     out.host["trained"] = bytes_after
     grads = max(out.parts["gradients"] - bytes_before + bytes_after, 0)
-    name = switches["optimizer"]
+    name = switches.optimizer
     if name is not None:
         state = _optimizer_state(name, after)
     elif bytes_before:  # the profiled optimizer: its measured state per trained byte
         state = round(memory["optimizer_state"] * bytes_after / bytes_before)
     else:
         state = 0
-    what = f"lora(r={lora['r']})" if lora is not None else f"quantize={method!r}" if method is not None else ""
+    what = f"{SWITCH.lora}(r={lora['r']})" if lora is not None else f"{SWITCH.quantize}={method!r}" if method else ""
     if what:
         saved = {"gradients": out.parts["gradients"] - grads}
         if lora is not None:

@@ -111,13 +111,9 @@ def _snapshot(trainer: Trainer) -> dict[str, Any]:
     parts = {
         "model": trainer.model,
         "optimizer": trainer.optimizer,
-        "scaler": getattr(trainer, "scaler", None),
+        "scaler": trainer.scaler,
     }
     return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
-
-
-# what a fit replaces on the trainer besides its run (RunState.preserved puts that back): profiling puts each back
-_FIT_STATE = ("status", "progress", "callbacks")
 
 
 @contextmanager
@@ -127,9 +123,10 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
     RNG states as they were."""
     from nbtrainer._events._stream import CallbackList
 
-    saved = {name: getattr(trainer, name) for name in _FIT_STATE if hasattr(trainer, name)}
-    scheduler = getattr(trainer, "scheduler", None)
-    callbacks = getattr(getattr(trainer, "callbacks", None), "callbacks", [])
+    # what a fit replaces on the trainer besides its run (RunState.preserved puts that back): profiling puts each back
+    status, progress, callback_list = trainer.status, trainer.progress, trainer.callbacks
+    scheduler = trainer.scheduler
+    callbacks = callback_list.callbacks
     states = [
         (cb, _cpu_copy(cb.state_dict()))
         for cb in callbacks
@@ -152,8 +149,7 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
             yield
     finally:
         trainer.scheduler = scheduler
-        for name, value in saved.items():
-            setattr(trainer, name, value)
+        trainer.status, trainer.progress, trainer.callbacks = status, progress, callback_list
         for cb, state in states:
             cb.load_state_dict(state)
         random.setstate(py_state)
@@ -208,7 +204,7 @@ def profile_training(
         raise ValueError("wait and warmup must be >= 0 and active >= 1")
     needed = wait + warmup + active
     try:
-        per_epoch = math.ceil(len(train_loader) / max(getattr(trainer, "grad_accum_steps", 1), 1))
+        per_epoch = math.ceil(len(train_loader) / max(trainer.grad_accum_steps, 1))
     except TypeError:
         per_epoch = 0
     epochs = max(1, math.ceil(needed / per_epoch)) if per_epoch else needed
@@ -217,7 +213,7 @@ def profile_training(
     path = os.path.abspath(os.fspath(trace_path))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU]
-    device = torch.device(getattr(trainer, "device", "cpu"))
+    device = trainer.device
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"

@@ -27,7 +27,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["format_bytes", "format_count", "format_duration", "format_lr", "format_number", "format_value"]
+__all__ = [
+    "format_bytes",
+    "format_count",
+    "format_duration",
+    "format_lr",
+    "format_number",
+    "format_value",
+    "text_html",
+]
 
 MISSING = "-"
 
@@ -201,3 +209,18 @@ def format_value(key: str, value: Any) -> str:
     if key in ("time", "sample_time"):
         return format_duration(value)
     return format_number(value)
+
+
+def text_html(text: str) -> str:
+    """A message written for a terminal, as HTML: escaped, its ```name``` spans as ``<code>`` (never a backtick
+    left on the page).
+
+    Example:
+        >>> text_html("at most 23% dead (`inner`) & <rising>")
+        'at most 23% dead (<code>inner</code>) &amp; &lt;rising&gt;'
+    """
+    import html
+    import re
+
+    parts = re.split(r"`([^`]+)`", str(text))
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))

@@ -15,7 +15,6 @@ Charts:
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 import os
@@ -26,6 +25,7 @@ import numpy as np
 
 from nbtrainer._report._decimate import Ema, decimate
 from nbtrainer._report._format import format_duration, format_lr, format_number, format_value
+from nbtrainer._report._png import png_img
 from nbtrainer._report._svg import PALETTE, svg_chart
 
 __all__ = [
@@ -301,14 +301,7 @@ def latest_samples_html(samples: list[dict[str, Any]]) -> str:
     for name, s in latest.items():
         value = s["value"]
         if s["kind"] == "image" and isinstance(value, (bytes, str)):
-            png = base64.b64decode(value) if isinstance(value, str) else value
-            width = int.from_bytes(png[16:20], "big") if len(png) >= 24 else 64  # the PNG header's width
-            shown = width * max(1, min(8, 256 // max(width, 1)))  # a small picture enlarged, pixels kept sharp
-            raw = base64.b64encode(png).decode("ascii")
-            body = (
-                f"<img src='data:image/png;base64,{raw}' alt='{html.escape(name)}' width='{shown}' "
-                "style='image-rendering:pixelated;max-width:100%'>"
-            )
+            body = png_img(value, alt=name, style="max-width:100%")
         else:
             body = f"<pre style='white-space:pre-wrap;margin:0;max-width:480px'>{html.escape(str(value))}</pre>"
         cells.append(

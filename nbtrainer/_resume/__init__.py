@@ -7,6 +7,6 @@ state.
 ``_checkpoint_io``     checkpoint files: saved through nbtrainer._atomic, loaded with weights_only=True
 ``_full_state``        FSDP2's full state: gathered to rank 0 in the single-process format, loaded back as shards
 ``_sharded``           sharded checkpoint directories under FSDP2 (each rank's shards, no gather)
-``_resume_host``       ResumableTrainer: the Protocol of what checkpoints and fit_more need
+``_rollback``          rollback mid-fit: the state restored at a step boundary, the loop rewound
 =====================  ================================================================================
 """

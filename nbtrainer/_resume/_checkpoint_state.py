@@ -9,19 +9,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from nbtrainer._resume._full_state import gather_full, load_weights, shards_parameters
 from nbtrainer._setup._seed import capture_rng
 
 if TYPE_CHECKING:
-    from nbtrainer._resume._resume_host import ResumableTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["load_trainer_state", "rank_state", "restore", "save_trainer_checkpoint", "trainer_state_dict"]
 
 VERSION = 1
 
 
-def _optimizer(trainer: ResumableTrainer) -> torch.optim.Optimizer:
+def _optimizer(trainer: LoopHost) -> torch.optim.Optimizer:
     """The trainer's optimizer (saving and resuming refuse a trainer without one before they get here)."""
     if trainer.optimizer is None:
         raise ValueError("A checkpoint holds the optimizer's state, and this Trainer has none (optimizer=None).")
@@ -32,7 +33,7 @@ def _callback_key(index: int, cb: Any) -> str:
     return f"{type(cb).__name__}:{index}"
 
 
-def _stateful(trainer: ResumableTrainer) -> list[tuple[str, Any]]:
+def _stateful(trainer: LoopHost) -> list[tuple[str, Any]]:
     return [
         (_callback_key(i, cb), cb)
         for i, cb in enumerate(trainer.callbacks.callbacks)
@@ -40,17 +41,17 @@ def _stateful(trainer: ResumableTrainer) -> list[tuple[str, Any]]:
     ]
 
 
-def _savers(trainer: ResumableTrainer) -> Any:
+def _savers(trainer: LoopHost) -> Any:
     """The trainer's quantize / LoRA setup (``_setup._memory_savers``), which decides what of the model is saved."""
     return trainer.model_setup.savers
 
 
-def _model_state(trainer: ResumableTrainer) -> dict[str, Any]:
+def _model_state(trainer: LoopHost) -> dict[str, Any]:
     model, savers = unwrap_model(trainer.model), _savers(trainer)
     return savers.model_state(model) if savers is not None else model.state_dict()
 
 
-def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> dict[str, Any]:
+def trainer_state_dict(trainer: LoopHost, *, weights: bool = True) -> dict[str, Any]:
     """``weights=False``: without the model and optimizer state (empty dicts), e.g. a rank's own part."""
     run = trainer.run_state
     loop = run.loop
@@ -95,6 +96,8 @@ def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> di
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
             "elapsed": run.elapsed(),
+            # the fit's planned epochs: `nbtrainer checkpoint` tells a finished run from one to finish
+            "epochs": loop.epochs if loop is not None else None,
             **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
         "metrics": run.train_metrics.state_dict(),
@@ -104,7 +107,7 @@ def trainer_state_dict(trainer: ResumableTrainer, *, weights: bool = True) -> di
     }
 
 
-def save_trainer_checkpoint(trainer: ResumableTrainer, path: str, *, sharded: bool = False) -> str:
+def save_trainer_checkpoint(trainer: LoopHost, path: str, *, sharded: bool = False) -> str:
     """``Trainer.save_checkpoint`` on the training thread: the full state in one file (under DDP with every rank's
     own part; under FSDP gathered with a collective), or with ``sharded=True`` (FSDP2) each rank's shards."""
     strategy = trainer.strategy
@@ -122,7 +125,7 @@ def save_trainer_checkpoint(trainer: ResumableTrainer, path: str, *, sharded: bo
     # DDP: each rank's own RNG, loop sums and metric states go into rank 0's file (exact resume).
     ranks = strategy.all_gather_object(rank_state(trainer)) if strategy.distributed else None
     # FSDP gathers the full weights with a collective: every rank builds the state, rank 0 writes it.
-    if strategy.is_global_zero or getattr(strategy, "collective_state", False):
+    if strategy.is_global_zero or strategy.shards_parameters:
         from nbtrainer._resume._checkpoint_io import save_checkpoint_file
 
         state = trainer.state_dict()  # a subclass may add to it
@@ -134,7 +137,7 @@ def save_trainer_checkpoint(trainer: ResumableTrainer, path: str, *, sharded: bo
     return path
 
 
-def _check_model(trainer: ResumableTrainer, state: dict[str, torch.Tensor]) -> None:
+def _check_model(trainer: LoopHost, state: dict[str, torch.Tensor]) -> None:
     own = _model_state(trainer)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -158,7 +161,7 @@ def _check_model(trainer: ResumableTrainer, state: dict[str, torch.Tensor]) -> N
         )
 
 
-def _check_optimizer(trainer: ResumableTrainer, state: dict[str, Any], saved_class: str | None) -> None:
+def _check_optimizer(trainer: LoopHost, state: dict[str, Any], saved_class: str | None) -> None:
     opt: Any = _optimizer(trainer)
     children = getattr(opt, "optimizers", None)
     if children is not None:  # several named optimizers: each checked against its own saved state
@@ -226,7 +229,7 @@ _KBIT_BOOKKEEPING = frozenset(
 )
 
 
-def _check_compatible(trainer: ResumableTrainer, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
+def _check_compatible(trainer: LoopHost, ckpt: dict[str, Any], load_scheduler: bool = True) -> None:
     """Everything that can refuse a checkpoint, checked before anything is loaded (no half-loaded trainer)."""
     for key in ("model", "optimizer", "loop", "history", "rng"):
         if key not in ckpt:
@@ -272,7 +275,7 @@ def _check_compatible(trainer: ResumableTrainer, ckpt: dict[str, Any], load_sche
         )
 
 
-def _check_metrics(trainer: ResumableTrainer, saved: dict[str, Any]) -> None:
+def _check_metrics(trainer: LoopHost, saved: dict[str, Any]) -> None:
     """The running sums and torchmetrics states of a checkpoint only fit the same metrics."""
     metrics = trainer.run_state.train_metrics
     own_sums = sorted(n for n, _ in metrics.callables)
@@ -292,16 +295,15 @@ def _check_metrics(trainer: ResumableTrainer, saved: dict[str, Any]) -> None:
 _PER_RANK = ("loop", "metrics", "rng")
 
 
-def rank_state(trainer: ResumableTrainer) -> dict[str, Any]:
+def rank_state(trainer: LoopHost) -> dict[str, Any]:
     """This rank's own part of a checkpoint: RNG, loop sums (samples, loss) and metric states."""
     full = trainer_state_dict(trainer, weights=False)
     return {key: full[key] for key in _PER_RANK}
 
 
-def _this_rank(trainer: ResumableTrainer, ckpt: dict[str, Any]) -> dict[str, Any]:
+def _this_rank(trainer: LoopHost, ckpt: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint as this rank should load it: its own RNG/sums when the world size matches."""
-    strategy = getattr(trainer, "strategy", None)
-    world, rank = getattr(strategy, "world_size", 1), getattr(strategy, "rank", 0)
+    world, rank = trainer.strategy.world_size, trainer.strategy.rank
     ranks = ckpt.get("ranks") or []
     if len(ranks) == world and world > 1:
         return {**ckpt, **{k: v for k, v in ranks[rank].items() if k in _PER_RANK}}
@@ -320,7 +322,7 @@ def _this_rank(trainer: ResumableTrainer, ckpt: dict[str, Any]) -> dict[str, Any
 
 
 def load_trainer_state(
-    trainer: ResumableTrainer,
+    trainer: LoopHost,
     ckpt: dict[str, Any],
     *,
     load_scheduler: bool = True,
@@ -348,7 +350,8 @@ def load_trainer_state(
     if trainer.scaler is not None and ckpt.get("scaler"):
         trainer.scaler.load_state_dict(ckpt["scaler"])
     config = ckpt.get("config", {})
-    trainer.grad_accum_steps = int(config.get("grad_accum_steps", trainer.grad_accum_steps))
+    accum = int(config.get("grad_accum_steps", trainer.grad_accum_steps))
+    trainer.options = trainer.options.replace("step", grad_accum_steps=accum)
     # the run's position, metric sums, seconds and History; RNG is restored by the loop after it has replayed
     # the epoch's data order up to the saved batch
     trainer.run_state.restore(
@@ -366,7 +369,7 @@ def load_trainer_state(
 
 
 def restore(
-    trainer: ResumableTrainer,
+    trainer: LoopHost,
     resume_from: str,
     *,
     load_scheduler: bool = True,
@@ -376,7 +379,8 @@ def restore(
     checkpoint before anything of it is loaded (``_continue.resume_fit`` checks the saved schedule there)."""
     path = os.fspath(resume_from)
     if path == "last":
-        dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+        found = ModelCheckpoint.find(trainer.callbacks.callbacks)
+        dirs = [found.dirpath] if found is not None else []
         if not dirs:
             raise CheckpointError(
                 "resume_from='last' needs a ModelCheckpoint callback (its dirpath holds last.ckpt); "

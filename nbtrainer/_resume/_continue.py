@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data import _arrays
+from nbtrainer._data._batch import safe_len
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
+
 if TYPE_CHECKING:
-    from nbtrainer._resume._resume_host import ResumableTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = [
     "CONTINUE",
@@ -59,10 +63,8 @@ class Plan:
     epochs: int
     max_steps: int | None
 
-    def batches(self, trainer: ResumableTrainer) -> int | None:
-        from nbtrainer._loop._fit_loop import _safe_len
-
-        return _safe_len(trainer.strategy.prepare_loader(self.train_loader, train=True))  # this rank's share
+    def batches(self, trainer: LoopHost) -> int | None:
+        return safe_len(trainer.strategy.prepare_loader(self.train_loader, train=True))  # this rank's share
 
 
 def steps_left(loop: dict[str, Any], batches: int | None, accum: int, epochs: int, max_steps: int | None) -> int | None:
@@ -103,7 +105,7 @@ def schedule_capacity(cls_name: str, state: dict[str, Any]) -> tuple[int, int] |
 
 
 def check_schedule(
-    trainer: ResumableTrainer,
+    trainer: LoopHost,
     plan: Plan,
     *,
     scheduler_state: dict[str, Any] | None = None,
@@ -130,7 +132,7 @@ def check_schedule(
     fresh = loop is None and taken == 0  # a schedule built for this very fit
     loop = loop if loop is not None else {}
     accum = accum or trainer.grad_accum_steps
-    per_step = trainer.scheduler_interval == "step"
+    per_step = trainer.options.step.scheduler_interval == "step"
     batches: int | None = None
     if per_step:
         batches = plan.batches(trainer)  # this rank's share under DDP, as trainer.total_steps() counts
@@ -189,7 +191,7 @@ def _check_factory(scheduler: Any) -> None:
 
 
 def fit_more(
-    trainer: ResumableTrainer,
+    trainer: LoopHost,
     train_loader: Any,
     val_loader: Any = None,
     *,
@@ -198,9 +200,18 @@ def fit_more(
     scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = "keep",
     max_steps: int | None = None,
     profiler: Any = None,
+    val_data: Any = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
 ) -> Any:
-    """:meth:`Trainer.fit_more` (documented there)."""
+    """:meth:`Trainer.fit_more` (documented there). Arrays with ``batch_size=`` (``val_data=``, ``shuffle=``) become
+    loaders as in ``fit``."""
+    from nbtrainer._data._arrays import fit_loaders
     from nbtrainer._resume import _checkpoint_state as _state
+
+    train_loader, val_loader = fit_loaders(
+        train_loader, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle, caller="fit_more"
+    )
 
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"fit_more: epochs (how many more) must be an int >= 1, got {epochs!r}.")
@@ -252,16 +263,26 @@ def fit_more(
     )
 
 
+def total_steps(trainer: LoopHost, train_loader: Any, epochs: int, *, batch_size: int | None = None) -> int:
+    """``Trainer.total_steps``: ``ceil(batches / accum) * epochs``, counting this rank's share under DDP."""
+    train_loader = _arrays.as_loader(train_loader, batch_size=batch_size)
+    n = safe_len(trainer.strategy.prepare_loader(train_loader, train=True))
+    if n is None:
+        raise TypeError("The loader has no len(); pass total_steps to your scheduler yourself.")
+    return math.ceil(n / trainer.grad_accum_steps) * epochs
+
+
 #: ``resume_from`` values that start fresh when there is no ``last.ckpt`` yet (preemptible jobs).
 IF_EXISTS = ("last-if-exists", "auto")
 
 
-def resolve_if_exists(trainer: ResumableTrainer, resume_from: str) -> tuple[str | None, str]:
+def resolve_if_exists(trainer: LoopHost, resume_from: str) -> tuple[str | None, str]:
     """``resume_from="last-if-exists"`` (or ``"auto"``): ``("last", note)`` when the ModelCheckpoint's
     ``last.ckpt`` exists, ``(None, note)`` (a fresh start) when it does not; ``note`` says which, for the log."""
     import os
 
-    dirs = [cb.dirpath for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
+    found = ModelCheckpoint.find(trainer.callbacks.callbacks)
+    dirs = [found.dirpath] if found is not None else []
     if not dirs:
         raise ValueError(
             f"resume_from={resume_from!r} looks for the last.ckpt of a ModelCheckpoint callback, and this trainer "
@@ -273,7 +294,7 @@ def resolve_if_exists(trainer: ResumableTrainer, resume_from: str) -> tuple[str 
     return None, f"no {path} yet, starting fresh"
 
 
-def resume_fit(trainer: ResumableTrainer, resume_from: Any, plan: Plan) -> None:
+def resume_fit(trainer: LoopHost, resume_from: Any, plan: Plan) -> None:
     """``fit(resume_from=...)``: load the checkpoint, refusing first a saved schedule too short for ``plan``;
     nothing to load for :data:`CONTINUE` (``fit_more`` already put the run's state in place)."""
     from nbtrainer._resume import _checkpoint_state as _state
@@ -284,7 +305,7 @@ def resume_fit(trainer: ResumableTrainer, resume_from: Any, plan: Plan) -> None:
 
 
 def check_resume(
-    trainer: ResumableTrainer, plan: Plan, ckpt: dict[str, Any], *, resume_hint: str = ", resume_from=..."
+    trainer: LoopHost, plan: Plan, ckpt: dict[str, Any], *, resume_hint: str = ", resume_from=..."
 ) -> None:
     """Refuse a checkpoint already past ``plan.epochs``; then :func:`check_schedule` for it (its scheduler,
     position and accumulation), before anything of it is loaded."""
@@ -314,14 +335,14 @@ def check_resume(
     )
 
 
-def _install_fresh_schedule(trainer: ResumableTrainer, factory: Any, plan: Plan) -> None:
+def _install_fresh_schedule(trainer: LoopHost, factory: Any, plan: Plan) -> None:
     assert trainer.optimizer is not None  # fit_more goes through fit, which refuses a trainer without one
     _reset_for_fresh_schedule(trainer.optimizer)
     if factory is None:
         trainer.scheduler = None
         return
     loop = trainer.run_state.loop_state.state_dict()
-    if trainer.scheduler_interval == "step":
+    if trainer.options.step.scheduler_interval == "step":
         units = steps_left(loop, plan.batches(trainer), trainer.grad_accum_steps, plan.epochs, plan.max_steps)
         if units is None:
             raise TypeError(

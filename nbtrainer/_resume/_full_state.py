@@ -28,15 +28,24 @@ from nbtrainer._dist._fsdp import optimizer_param_names, optimizer_state_by_name
 from nbtrainer._dist._placement import unwrap_model
 
 if TYPE_CHECKING:
-    from nbtrainer._dist._dist_host import DistTrainer
+    from nbtrainer._loop._host import LoopHost
 
-__all__ = ["full_model_state", "gather_full", "load_weights", "saved_part", "shards_parameters", "to_indexed"]
+__all__ = [
+    "full_model_state",
+    "gather_full",
+    "load_model_state",
+    "load_weights",
+    "model_state",
+    "saved_part",
+    "shards_parameters",
+    "to_indexed",
+]
 
 
 def shards_parameters(strategy: Any) -> bool:
     """Whether ``strategy`` keeps each parameter in shards across ranks (FSDP2): its checkpoints are gathered
     (a collective every rank joins) and loaded shard by shard, never through ``module.state_dict()``."""
-    return bool(getattr(strategy, "can_shard_checkpoints", False))
+    return bool(strategy.shards_parameters)
 
 
 def _options(**kwargs: Any) -> Any:
@@ -45,17 +54,17 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def _optimizer(trainer: DistTrainer) -> torch.optim.Optimizer:
+def _optimizer(trainer: LoopHost) -> torch.optim.Optimizer:
     if trainer.optimizer is None:
         raise ValueError("A checkpoint holds the optimizer's state, and this Trainer has none (optimizer=None).")
     return trainer.optimizer
 
 
-def _names(trainer: DistTrainer) -> list[str]:
+def _names(trainer: LoopHost) -> list[str]:
     return optimizer_param_names(unwrap_model(trainer.model), _optimizer(trainer))
 
 
-def to_indexed(named: dict[str, Any], trainer: DistTrainer) -> dict[str, Any]:
+def to_indexed(named: dict[str, Any], trainer: LoopHost) -> dict[str, Any]:
     names = _names(trainer)
     index = {n: i for i, n in enumerate(names)}
     state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
@@ -73,7 +82,7 @@ def _is_sharded(values: Any) -> bool:
     return False
 
 
-def gather_full(trainer: DistTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
+def gather_full(trainer: LoopHost) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model state, optimizer state) in the single-process format on rank 0, empty dicts elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -85,7 +94,7 @@ def gather_full(trainer: DistTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
     return saved_part(trainer, model_sd), to_indexed(named, trainer)
 
 
-def saved_part(trainer: DistTrainer, model_sd: dict[str, Any]) -> dict[str, Any]:
+def saved_part(trainer: LoopHost, model_sd: dict[str, Any]) -> dict[str, Any]:
     """LoRA: the single-process format holds what trains (the adapters), not the frozen base."""
     savers = trainer.model_setup.savers
     if savers is None:
@@ -104,7 +113,22 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_weights(trainer: DistTrainer, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None) -> None:
+def model_state(trainer: LoopHost) -> dict[str, torch.Tensor]:
+    """``Trainer.model_state_dict``: the model's weights (under FSDP gathered in full, on the CPU, by every rank)."""
+    if trainer.strategy.shards_parameters:
+        return full_model_state(trainer.model)
+    return unwrap_model(trainer.model).state_dict()
+
+
+def load_model_state(trainer: LoopHost, state: dict[str, torch.Tensor]) -> None:
+    """``Trainer.load_model_state_dict``: under FSDP each rank keeps its shard of ``state``."""
+    if trainer.strategy.shards_parameters:
+        load_weights(trainer, state, None)
+    else:
+        unwrap_model(trainer.model).load_state_dict(state)
+
+
+def load_weights(trainer: LoopHost, model_state: dict[str, Any] | None, optim_state: dict[str, Any] | None) -> None:
     """Full tensors (a single-process / DDP / FSDP full checkpoint, the same on every rank) or this rank's
     shards (a sharded checkpoint): each rank keeps its shard. A collective."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict

@@ -19,15 +19,16 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._atomic import CheckpointError
+from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._resume._checkpoint_state import restore
 
 if TYPE_CHECKING:
-    from nbtrainer._resume._resume_host import ResumableTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["checkpoint_path", "rollback"]
 
 
-def checkpoint_path(trainer: ResumableTrainer, path: str | os.PathLike[str] = "last") -> str:
+def checkpoint_path(trainer: LoopHost, path: str | os.PathLike[str] = "last") -> str:
     """The file ``rollback(path)`` would load, or a :class:`CheckpointError` that says how to get one."""
     path = os.fspath(path)
     if path != "last":
@@ -37,14 +38,14 @@ def checkpoint_path(trainer: ResumableTrainer, path: str | os.PathLike[str] = "l
                 "ModelCheckpoint, or path='last' for a ModelCheckpoint's last.ckpt."
             )
         return path
-    dirs = [cb for cb in trainer.callbacks.callbacks if hasattr(cb, "last_path")]
-    if not dirs:
+    checkpoint = ModelCheckpoint.find(trainer.callbacks.callbacks)
+    if checkpoint is None:
         raise CheckpointError(
             "rollback(path='last') has no checkpoint to roll back to: this trainer has no ModelCheckpoint. Add "
             "ModelCheckpoint(dirpath, save_last=True, every_n_steps=200) (last.ckpt every 200 steps), or pass the "
             "path of a checkpoint written by trainer.save_checkpoint()."
         )
-    last = dirs[0].last_path
+    last = checkpoint.last_path
     if not os.path.exists(last):
         raise CheckpointError(
             f"rollback(path='last') has no checkpoint to roll back to yet: no {last!r}. ModelCheckpoint writes it "
@@ -53,12 +54,12 @@ def checkpoint_path(trainer: ResumableTrainer, path: str | os.PathLike[str] = "l
     return last
 
 
-def rollback(trainer: ResumableTrainer, path: str | os.PathLike[str], live: Any) -> str:
+def rollback(trainer: LoopHost, path: str | os.PathLike[str], live: Any) -> str:
     """Load ``path`` (``"last"``: the ModelCheckpoint's ``last.ckpt``) at a step boundary and go on from there.
     ``live`` is the trainer's :class:`~nbtrainer._loop._control.LiveControl`. Returns the checkpoint's path."""
     file = checkpoint_path(trainer, path)
     run = trainer.run_state
-    if getattr(trainer.strategy, "distributed", False):
+    if trainer.strategy.distributed:
         raise RuntimeError(
             "rollback() is not supported under DDP / FSDP (every rank would have to roll back together): stop the "
             "run and resume it with fit(..., resume_from=path)."
@@ -88,7 +89,7 @@ def rollback(trainer: ResumableTrainer, path: str | os.PathLike[str], live: Any)
                 return file
 
 
-def _in_fit(trainer: ResumableTrainer, file: str, live: Any) -> None:
+def _in_fit(trainer: LoopHost, file: str, live: Any) -> None:
     """On the training thread, at a step boundary."""
     run = trainer.run_state
     history, elapsed = trainer.history, run.elapsed_before
@@ -100,7 +101,8 @@ def _in_fit(trainer: ResumableTrainer, file: str, live: Any) -> None:
     history.truncate(step)
     run.history = history
     run.elapsed_before = elapsed  # wall time trained keeps counting
-    run.loop.rewind()
+    if run.loop is not None:
+        run.loop.rewind()
     st = run.loop_state
     event = {"step": step, "epoch": st.epoch + 1, "kind": "rollback", "old": before, "new": step, "path": file}
     trainer.callbacks.call("on_control", trainer=trainer, event=event)

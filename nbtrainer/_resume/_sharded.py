@@ -21,14 +21,14 @@ from nbtrainer._resume._checkpoint_io import load_checkpoint, save_checkpoint_fi
 from nbtrainer._resume._full_state import saved_part, to_indexed
 
 if TYPE_CHECKING:
-    from nbtrainer._resume._resume_host import ResumableTrainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["TRAINER_FILE", "load_sharded", "save_sharded"]
 
 TRAINER_FILE = "trainer.ckpt"  # the non-weight part of a sharded checkpoint
 
 
-def save_sharded(trainer: ResumableTrainer, path: str, state: dict[str, Any]) -> str:
+def save_sharded(trainer: LoopHost, path: str, state: dict[str, Any]) -> str:
     """Write ``path`` as a sharded checkpoint directory; every rank calls it. ``state`` is the trainer's state
     without weights (loop, every rank's RNG in ``ranks``, history, callbacks): rank 0 writes it beside the shards."""
     import torch.distributed.checkpoint as dcp
@@ -72,7 +72,7 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def load_sharded(trainer: ResumableTrainer, path: str) -> dict[str, Any]:
+def load_sharded(trainer: LoopHost, path: str) -> dict[str, Any]:
     """A sharded checkpoint directory as a checkpoint dict whose model and optimizer hold this rank's shards."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import queue
@@ -30,9 +31,11 @@ from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
 
 if TYPE_CHECKING:
-    from nbtrainer._events._trainer_view import TrainerView
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["MLflowLogger"]
+
+log = logging.getLogger(__name__)
 
 _INSTALL = 'pip install "nbtrainer[mlflow]"  (or: pip install mlflow)'
 # MLflow's limits (mlflow.utils.validation): key length, param value length, entities per log_batch
@@ -184,6 +187,7 @@ class MLflowLogger(Callback):
                 if op is not None and self.error is None:
                     op()
             except Exception as exc:
+                log.debug("an MLflow call failed: the logger stops and warns once (the run goes on)", exc_info=True)
                 self._fail(f"{type(exc).__name__}: {exc}")
             finally:
                 self._queue.task_done()
@@ -216,7 +220,7 @@ class MLflowLogger(Callback):
             self._client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS])
 
     # -- the event stream ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer: TrainerView) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
@@ -258,7 +262,7 @@ class MLflowLogger(Callback):
 
         self._submit(start)
 
-    def on_refresh(self, trainer: TrainerView, progress: Any) -> None:
+    def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         if not self._on or not progress.step_points:
             return
         points = progress.step_points
@@ -285,12 +289,12 @@ class MLflowLogger(Callback):
         if values:
             self._submit(lambda: self._metrics(values))
 
-    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
 
-    def on_health(self, trainer: TrainerView, report: Any) -> None:
+    def on_health(self, trainer: LoopHost, report: Any) -> None:
         """A health report: metric ``health/<kind>`` (1 at its step) and tag ``nbtrainer.health.<kind>`` (its
         message and advice, the newest of its kind)."""
         if not self._on:
@@ -299,7 +303,7 @@ class MLflowLogger(Callback):
         key, text = f"nbtrainer.health.{report.kind}", f"{report.message} {report.advice}".strip()[:MAX_TAG]
         self._submit(lambda: self._client.set_tag(self.run_id, key, text))
 
-    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         if not self._on:
             return
 
@@ -314,14 +318,14 @@ class MLflowLogger(Callback):
 
         trainer.defer(queue_epoch)
 
-    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
+    def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         if not self._on:
             return
         self._on = False
         values, self._pending = self._pending, []
         status, reason = history.status, history.stop_reason
         events, has_events = json.dumps(history.events, default=str), bool(history.events)
-        run_id = getattr(trainer, "run_id", None)
+        run_id = trainer.run_id
         files = [p for p in _checkpoints(trainer) if os.path.isfile(p)] if self.log_checkpoints else []
 
         def end() -> None:

@@ -11,13 +11,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback, check_monitor
+from nbtrainer._events._stream import CallbackList
 from nbtrainer._optional import import_optional
 from nbtrainer._report._format import format_number
 from nbtrainer._runs._recorder import RunRecorder
 from nbtrainer._runs._store import dumps
 
 if TYPE_CHECKING:
-    from nbtrainer._events._trainer_view import TrainerView
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["OptunaPruning", "tune"]
 
@@ -54,11 +55,11 @@ class OptunaPruning(Callback):
         self.monitor = monitor
         self.pruned_epoch: int | None = None
 
-    def on_fit_start(self, trainer: TrainerView) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         check_monitor("OptunaPruning", self.monitor, trainer)
         self.pruned_epoch = None
 
-    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         prune = False
         if trainer.is_global_zero and self.monitor in logs:
             self.trial.report(float(logs[self.monitor]), step=epoch)
@@ -68,7 +69,7 @@ class OptunaPruning(Callback):
             value = format_number(logs.get(self.monitor))
             raise _optuna().TrialPruned(f"trial {self.trial.number} pruned at epoch {epoch} ({self.monitor}={value})")
 
-    def on_exception(self, trainer: TrainerView, exception: BaseException) -> None:
+    def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
         if self.pruned_epoch is not None and isinstance(exception, _optuna().TrialPruned):
             trainer.status = "stopped"  # a planned end of the fit, not a failure of the model
             trainer.history.stop_reason = f"Optuna: {exception}"
@@ -80,7 +81,11 @@ def _check_built(built: Any, trial_number: int) -> tuple[Any, Any, Any]:
         what = f"a {type(built).__name__}" + (f" of {len(built)}" if isinstance(built, (tuple, list)) else "")
         raise TypeError(f"{hint}; trial {trial_number} got {what}.")
     trainer = built[0]
-    if not (callable(getattr(trainer, "fit", None)) and hasattr(trainer, "callbacks")):
+    try:
+        trains = callable(trainer.fit) and isinstance(trainer.callbacks, CallbackList)
+    except AttributeError:
+        trains = False
+    if not trains:
         raise TypeError(f"{hint}; the first item of trial {trial_number} is a {type(trainer).__name__}, not a Trainer.")
     if built[1] is None:
         raise TypeError(f"{hint}; the train_loader of trial {trial_number} is None.")
@@ -173,7 +178,7 @@ def tune(
         finally:
             for cb in [*extra, pruning]:
                 trainer.callbacks.remove(cb)
-            run_id = getattr(trainer, "run_id", None)
+            run_id = trainer.run_id
             if run_id is not None:
                 trial.set_user_attr("nbtrainer_run_id", run_id)
             if recorder is not None and recorder.store is not None and run_id is not None:

@@ -20,11 +20,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._data._cleaned import data_changes
+from nbtrainer._options import SWITCH
 from nbtrainer._report._html import higher_is_better
 from nbtrainer._runs._store import RunStore, dumps, open_store, session_store
 
 if TYPE_CHECKING:
-    from nbtrainer._events._trainer_view import TrainerView
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["RunRecorder", "resolve_store"]
 
@@ -58,7 +60,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _config(trainer: TrainerView) -> dict[str, Any]:
+def _config(trainer: LoopHost) -> dict[str, Any]:
     loop, opt, sched = trainer.run_state.loop, trainer.optimizer, trainer.scheduler
     group = {k: _plain(v) for k, v in (opt.param_groups[0] if opt is not None else {}).items() if k != "params"}
     setup = trainer.model_setup
@@ -67,25 +69,26 @@ def _config(trainer: TrainerView) -> dict[str, Any]:
         "optimizer": type(opt).__name__ if opt is not None else None,
         "optimizer_params": group,
         "scheduler": type(sched).__name__ if sched is not None else None,
-        "scheduler_interval": trainer.scheduler_interval,
+        "scheduler_interval": trainer.options.step.scheduler_interval,
         "precision": trainer.precision,
         "grad_accum_steps": trainer.grad_accum_steps,
         "max_grad_norm": trainer.max_grad_norm,
-        "seed": trainer.seed,
-        "deterministic": trainer.deterministic,
+        "seed": trainer.options.run.seed,
+        "deterministic": trainer.options.run.deterministic,
         "batch_size": getattr(loader, "batch_size", None),
         "epochs": getattr(loop, "epochs", None),
         "max_steps": getattr(loop, "max_steps", None),
-        "activation_checkpointing": list(setup.checkpointed_blocks),
+        SWITCH.activation_checkpointing: list(setup.checkpointed_blocks),
         "compile": setup.compile_options is not None,
         "channels_last": setup.channels_last,
         "strategy": type(trainer.strategy).__name__,
         "memory": dict(trainer.options.memory.changed()),  # the memory switches in effect (a plan's, if any)
-        "memory_budget_gb": getattr(trainer.memory_plan, "budget_bytes", 0) / 2**30 or None,
+        "memory_budget_gb": trainer.options.budget.budget_gb if trainer.options.budget is not None else None,
+        "data": data_changes(loader),  # a cleaned dataset's dropped and relabeled items (DataMap.cleaned)
     }
 
 
-def _model(trainer: TrainerView) -> dict[str, Any]:
+def _model(trainer: LoopHost) -> dict[str, Any]:
     from nbtrainer._dist._placement import unwrap_model
 
     counts = trainer.param_counts
@@ -97,7 +100,7 @@ def _model(trainer: TrainerView) -> dict[str, Any]:
     }
 
 
-def _environment(trainer: TrainerView) -> dict[str, Any]:
+def _environment(trainer: LoopHost) -> dict[str, Any]:
     import torch
 
     device = trainer.device
@@ -127,17 +130,12 @@ def best_values(epochs: list[dict[str, Any]]) -> dict[str, float]:
     return best
 
 
-def _checkpoints(trainer: TrainerView) -> list[str]:
+def _checkpoints(trainer: LoopHost) -> list[str]:
+    from nbtrainer._events._model_checkpoint import ModelCheckpoint
+
     paths: list[str] = []
-    for cb in trainer.callbacks.callbacks:
-        for attr in ("best_model_path", "last_model_path"):
-            path = getattr(cb, attr, None)
-            if isinstance(path, str) and path not in paths:
-                paths.append(path)
-        for item in getattr(cb, "best_k", None) or ():
-            path = item[1] if isinstance(item, (tuple, list)) and len(item) > 1 else None
-            if isinstance(path, str) and path not in paths:
-                paths.append(path)
+    for checkpoint in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+        paths += [path for path in checkpoint.files() if path not in paths]
     return paths
 
 
@@ -158,7 +156,7 @@ class RunRecorder:
         self._last_step: int | None = None
 
     # -- the event stream ------------------------------------------------------------------------
-    def on_fit_start(self, trainer: TrainerView) -> None:
+    def on_fit_start(self, trainer: LoopHost) -> None:
         store = self.store
         self._on = store is not None and trainer.is_global_zero
         if store is None or not self._on:
@@ -212,23 +210,23 @@ class RunRecorder:
         trainer.run_id = run_id
         self._push(trainer)  # a resumed History's steps and epochs, a fit_more's new event
 
-    def on_refresh(self, trainer: TrainerView, progress: Any) -> None:
+    def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         if self._on:
             self._push(trainer)
 
-    def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
+    def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         if self._on:
             self._push(trainer)
 
-    def on_health(self, trainer: TrainerView, report: Any) -> None:
+    def on_health(self, trainer: LoopHost, report: Any) -> None:
         if self._on:  # the History holds it as a "health" event already (its recorder is the first callback)
             self._push(trainer)
 
-    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         if self._on:
             trainer.defer(lambda: self._push(trainer, epochs=True))  # after LRMonitor & co. add their keys
 
-    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
+    def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         store, run_id = self.store, self.run_id
         if not self._on or store is None or run_id is None:
             return
@@ -245,7 +243,7 @@ class RunRecorder:
         store.flush()  # the loop is over: a reader right after fit() sees the whole run
 
     # -- writing ---------------------------------------------------------------------------------
-    def _push(self, trainer: TrainerView, *, epochs: bool = False) -> None:
+    def _push(self, trainer: LoopHost, *, epochs: bool = False) -> None:
         """Queue what the History gained since the last push (no disk I/O on this thread)."""
         store, run_id, history = self.store, self.run_id, trainer.history
         if store is None or run_id is None:

@@ -186,8 +186,17 @@ class RunTable:
     def _repr_html_(self) -> str:
         return self.to_html()
 
-    def __repr__(self) -> str:
-        return f"RunTable({len(self.rows)} runs)"
+    def __str__(self) -> str:
+        """The table as text, for a terminal (``print(runs.table())``): the columns of the notebook's table."""
+        cols = [c for c in self.columns if c not in ("started_ts",)]
+        cells = [[html.unescape(_cell(c, r.get(c))) for c in cols] for r in self.rows]
+        heads = [c.removesuffix("_s") if c == "duration_s" else c for c in cols]
+        widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip()]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        return f"RunTable({len(self.rows)} runs)" + ("\n" + "\n".join(lines) if self.rows else "")
+
+    __repr__ = __str__
 
 
 def _cell(key: str, value: Any) -> str:
@@ -456,3 +465,7 @@ class Runs:
 
     def __repr__(self) -> str:
         return f"Runs({self.path or 'this session'}: {len(self)} runs)"
+
+    def _repr_html_(self) -> str:
+        where = html.escape(str(self.path or "this session"))
+        return f"<div class='nbtrainer-runs'><b>Runs</b> ({where}: {len(self)} runs){self.table().to_html()}</div>"

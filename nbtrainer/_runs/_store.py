@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "RunStore", "open_store", "process_start", "session_store"]
+
+log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6E627472  # "nbtr"
 SCHEMA_VERSION = 3
@@ -181,6 +184,7 @@ class RunStore:
             try:
                 self.write([op])
             except Exception as exc:
+                log.debug("a run store write failed: the store warns (the run goes on)", exc_info=True)
                 self._warn(exc)
             return
         with self._cond:
@@ -210,6 +214,7 @@ class RunStore:
             try:
                 self.write(ops)
             except Exception as exc:
+                log.debug("a run store write failed: the store warns (the run goes on)", exc_info=True)
                 self._warn(exc)
             finally:
                 with self._cond:

@@ -14,5 +14,6 @@ and the switches for training what does not fit (quantized base, LoRA, k-bit opt
 ``_offload``                   offload_activations (save_on_cpu), offload_optimizer (CPUOffloadOptimizer)
 ``_offload_optimizer``         the adapter that makes CPUOffloadOptimizer behave like a torch optimizer
 ``_attention``                 attention=: the SDPA backend around the forward, checked on the device
+``_coverage``                  trainable parameters that no optimizer holds: refused (or warned) up front
 =============================  ================================================================================
 """

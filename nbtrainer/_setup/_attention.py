@@ -14,6 +14,7 @@ precision for it while training in fp32, memory-efficient on a CPU...) is refuse
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from torch import nn
 from nbtrainer._setup._seed import rng_untouched
 
 __all__ = ["ATTENTION", "AttentionKernel", "attention_support", "check_attention"]
+
+log = logging.getLogger(__name__)
 
 #: ``attention=`` names -> ``torch.nn.attention.SDPBackend`` member names.
 ATTENTION: dict[str, str | None] = {
@@ -54,6 +57,7 @@ def _probe(device_key: str, name: str, dtype: torch.dtype) -> str:
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             out.float().sum().backward()
     except Exception as exc:
+        log.debug("this attention backend cannot run here: the reason is returned", exc_info=True)
         text = str(exc).strip().splitlines()
         return f"{type(exc).__name__}: {text[0] if text else ''}"
     return ""

@@ -27,33 +27,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._optimizer_kinds import OPTIMIZERS, OptimizerKind
 from nbtrainer._setup._quantize import require_module
 
 __all__ = ["KBIT_OPTIMIZERS", "build_kbit_optimizer", "kbit_backend"]
 
-#: name -> (library, class, why that library)
-KBIT_OPTIMIZERS: dict[str, tuple[str, str, str]] = {
-    "adamw8bit": (
-        "bitsandbytes",
-        "AdamW8bit",
-        "bitsandbytes: block-wise 8-bit state, no compile step, plain-tensor state",
-    ),
-    "paged_adamw8bit": (
-        "bitsandbytes",
-        "PagedAdamW8bit",
-        "bitsandbytes: 8-bit state in CUDA unified memory, paged to CPU RAM under pressure",
-    ),
-    "adamw4bit": (
-        "torchao",
-        "AdamW4bit",
-        "torchao: bitsandbytes has no 4-bit optimizer; compiled on its first step",
-    ),
-}
+#: name -> the registry's row, for the k-bit kinds (those not in torch.optim)
+KBIT_OPTIMIZERS: dict[str, OptimizerKind] = {name: k for name, k in OPTIMIZERS.items() if k.library != "torch"}
 
 
 def kbit_backend(name: str) -> str:
     """Which library implements optimizer ``name`` and why (for ``describe()`` and reports)."""
-    return KBIT_OPTIMIZERS[name][2]
+    return KBIT_OPTIMIZERS[name].why
 
 
 def build_kbit_optimizer(
@@ -67,7 +52,8 @@ def build_kbit_optimizer(
         'AdamW8bit'
     """
     key = name.strip().lower()
-    library, cls_name, _ = KBIT_OPTIMIZERS[key]
+    kind = KBIT_OPTIMIZERS[key]
+    library, cls_name = kind.library, kind.cls
     if isinstance(params, nn.Module):
         params = [p for p in params.parameters() if p.requires_grad]
     params = list(params)

@@ -16,12 +16,14 @@ trained on an nf4 base is not resumed over a full-precision one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from nbtrainer._options import SWITCH, MemoryOptions, lora_settings
 from nbtrainer._setup import _attention, _kbit_optim, _lora, _offload, _quantize
 from nbtrainer._setup._precision import autocast_dtype, require_precision, resolve_device
 from nbtrainer._setup._seed import rng_untouched
@@ -35,49 +37,40 @@ class MemorySavers:
     Args:
         model: the user's model (not changed here).
         optimizer: the Trainer's ``optimizer=`` (a name, an instance or None).
-        device, precision: the Trainer's.
+        memory: the Trainer's memory switches as given (checked here; :attr:`memory` is the checked copy).
+        device, save_base: the Trainer's.
         plan: ``{parameter name: trainable}`` after ``trainable=`` / ``freeze=``.
         keep: the parameters ``trainable=`` names: their layers stay in full precision and train beside adapters.
-        quantize, lora, save_base, offload_activations, offload_optimizer, attention: the options.
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: Any,
+        memory: MemoryOptions,
         *,
         device: Any,
-        precision: str,
+        save_base: bool = False,
         plan: dict[str, bool],
         keep: set[str],
-        quantize: Any = None,
-        lora: Any = None,
-        save_base: bool = False,
-        offload_activations: bool = False,
-        offload_optimizer: bool = False,
-        attention: Any = "auto",
     ) -> None:
         self.device = resolve_device(device)
-        self.precision = require_precision(precision, self.device)
-        for option, value in (
-            ("save_base", save_base),
-            ("offload_activations", offload_activations),
-            ("offload_optimizer", offload_optimizer),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(f"{option}= takes True or False, got {value!r}.")
+        precision = require_precision(memory.precision, self.device)
+        memory.check_flags()
+        if not isinstance(save_base, bool):
+            raise TypeError(f"save_base= takes True or False, got {save_base!r}.")
         self.keep = set(keep)
-        self.quantize, self.quant_targets = _quantize.check_quantize(
-            model, quantize, device=self.device, precision=self.precision, keep=self.keep
+        quantize, self.quant_targets = _quantize.check_quantize(
+            model, memory.quantize, device=self.device, precision=precision, keep=self.keep
         )
-        self.lora_config = _lora.check_lora(model, lora)
+        self.lora_config = _lora.check_lora(model, memory.lora)
         self.save_base = save_base
-        if save_base and self.lora_config is None and self.quantize is None:
+        if save_base and self.lora_config is None and quantize is None:
             raise ValueError(
                 "save_base=True is for lora= / quantize=: it keeps the frozen base in checkpoints, which without "
                 "them hold the whole model anyway. Remove save_base, or add lora=dict(r=8)."
             )
-        changes_params = self.quantize is not None or self.lora_config is not None
+        changes_params = quantize is not None or self.lora_config is not None
         if changes_params and optimizer is not None and not isinstance(optimizer, str):
             raise ValueError(
                 "quantize= / lora= replace the model's layers, so an optimizer built beforehand would update "
@@ -86,23 +79,30 @@ class MemorySavers:
             )
         name = optimizer.strip().lower() if isinstance(optimizer, str) else None
         if name is not None and name in _kbit_optim.KBIT_OPTIMIZERS:
-            library = _kbit_optim.KBIT_OPTIMIZERS[name][0]
+            library = _kbit_optim.KBIT_OPTIMIZERS[name].library
             _quantize.require_module("torchao.optim" if library == "torchao" else library, f"optimizer={name!r}")
-        if name is not None and self.lora_config is None and self.quantize is not None:
+        if name is not None and self.lora_config is None and quantize is not None:
             quantized = {f"{m}.{p}" for m in self.quant_targets for p in ("weight", "bias")}
             if not {n for n, trains in plan.items() if trains} - quantized:
                 raise ValueError(
-                    f"quantize={self.quantize!r} freezes the quantized layers and nothing else trains: add adapters "
+                    f"quantize={quantize!r} freezes the quantized layers and nothing else trains: add adapters "
                     "(lora=dict(r=8), i.e. QLoRA), or keep some layers trainable (trainable=['head.*'])."
                 )
-        self.offload_activations = offload_activations
-        self.offload_optimizer = offload_optimizer
-        if offload_optimizer:
+        if memory.offload_optimizer:
             _offload.check_offload_optimizer(self.device, optimizer)
-        dtype = autocast_dtype(self.precision) or torch.float32
-        self.attention = _attention.check_attention(attention, self.device, dtype)
+        dtype = autocast_dtype(precision) or torch.float32
+        attention = _attention.check_attention(memory.attention, self.device, dtype)
+        #: The switches as checked: the precision resolved, ``quantize`` / ``attention`` normalized, ``lora`` as plain
+        #: settings. Those that set up the model (all but precision and checkpointing) hold for its whole life.
+        self.memory = dataclasses.replace(
+            memory,
+            precision=precision,
+            quantize=quantize,
+            lora=lora_settings(memory.lora, self.lora_config),
+            attention=attention,
+        )
         #: The optimizer waits for transform(): quantize / lora / offload_optimizer decide its parameters.
-        self.deferred = changes_params or offload_optimizer
+        self.deferred = changes_params or memory.offload_optimizer
         self.peft_model: nn.Module | None = None
         self._hooks: list[Any] = []
 
@@ -114,9 +114,9 @@ class MemorySavers:
         where it was: two Trainers built with one seed start from the same adapters, whatever ran before them.
         Without it, the init draws from torch's global RNG, as PEFT does.
         """
-        if self.quantize is not None:
-            dtype = _quantize.compute_dtype(self.precision)
-            _quantize.quantize_model(model, self.quant_targets, self.quantize, dtype=dtype, device=self.device)
+        if self.memory.quantize is not None:
+            dtype = _quantize.compute_dtype(self.memory.precision)
+            _quantize.quantize_model(model, self.quant_targets, self.memory.quantize, dtype=dtype, device=self.device)
         if self.lora_config is not None:
             with contextlib.ExitStack() as stack:
                 if seed is not None:
@@ -131,31 +131,31 @@ class MemorySavers:
     ) -> torch.optim.Optimizer:
         """The named optimizer over what trains after :meth:`transform` (``build``: ``build_optimizer``)."""
         params = [p for p in model.parameters() if p.requires_grad]
-        if self.offload_optimizer:
+        if self.memory.offload_optimizer:
             return _offload.build_offload_optimizer(name, params, lr)
         return build(name, params, lr, device=self.device)
 
     def attach_hooks(self, model: nn.Module) -> None:
         """The forward hooks of ``attention=`` and ``offload_activations=`` on the module that trains."""
-        if self.attention != "auto":
-            self._hooks.append(_attention.AttentionKernel(model, self.attention))
-        if self.offload_activations:
+        if self.memory.attention != "auto":
+            self._hooks.append(_attention.AttentionKernel(model, self.memory.attention))
+        if self.memory.offload_activations:
             self._hooks.append(_offload.ActivationOffload(model, pin_memory=self.device.type == "cuda"))
 
     def merge_lora(self, model: nn.Module) -> nn.Module:
         """A plain model with the adapters merged (see :func:`nbtrainer._setup._lora.merge_lora`)."""
         peft_model = self.peft_model if self.peft_model is not None else model
-        return _lora.merge_lora(peft_model, _quantize.compute_dtype(self.precision))
+        return _lora.merge_lora(peft_model, _quantize.compute_dtype(self.memory.precision))
 
     def describe(self) -> dict[str, Any]:
         lora = self.lora_config
         out: dict[str, Any] = {
-            "quantize": self.quantize,
+            SWITCH.quantize: self.memory.quantize,
             "quantized_layers": len(self.quant_targets),
-            "lora": lora and {"r": lora.r, "alpha": lora.lora_alpha},
-            "offload_activations": self.offload_activations,
-            "offload_optimizer": self.offload_optimizer,
-            "attention": self.attention,
+            SWITCH.lora: lora and {"r": lora.r, "alpha": lora.lora_alpha},
+            SWITCH.offload_activations: self.memory.offload_activations,
+            SWITCH.offload_optimizer: self.memory.offload_optimizer,
+            "attention": self.memory.attention,
         }
         return out
 
@@ -163,10 +163,12 @@ class MemorySavers:
     @property
     def partial_checkpoints(self) -> bool:
         """Checkpoints hold only what trains (the frozen base comes from the model given on resume)."""
-        return (self.lora_config is not None or self.quantize is not None) and not self.save_base
+        return (self.lora_config is not None or self.memory.quantize is not None) and not self.save_base
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {"quantize": self.quantize, "lora": self.lora_config is not None, "save_base": self.save_base}
+        # the keys a checkpoint has always carried: the switches' names
+        lora = self.lora_config is not None
+        return {SWITCH.quantize: self.memory.quantize, SWITCH.lora: lora, "save_base": self.save_base}
 
     def model_state(self, model: nn.Module) -> dict[str, Any]:
         return _lora.trainable_state(model) if self.partial_checkpoints else model.state_dict()
@@ -178,12 +180,14 @@ class MemorySavers:
             return
         rest = dict(state)
         for name, module in model.named_modules():
-            if type(module).__name__ != "Linear4bit" or not _quantize.is_quantized_linear(module):
+            if not _quantize.is_quantized_linear(module):  # told without importing bitsandbytes
+                continue
+            lib = _quantize.bnb("loading a quantized checkpoint")
+            if not isinstance(module, lib.nn.Linear4bit):
                 continue
             prefix = f"{name}.weight" if name else "weight"
             stats = {k[len(prefix) + 1 :]: rest.pop(k) for k in list(rest) if k.startswith(prefix + ".")}
             data = rest.pop(prefix)
-            lib = _quantize.bnb("loading a quantized checkpoint")
             module.weight = lib.nn.Params4bit.from_prequantized(
                 data, stats, requires_grad=False, device=module.weight.device, module=module
             )
@@ -191,10 +195,11 @@ class MemorySavers:
 
     def check_checkpoint(self, config: dict[str, Any]) -> str | None:
         """Why a checkpoint written with ``config`` cannot be resumed here (None when it can)."""
-        saved_q, saved_lora = config.get("quantize"), bool(config.get("lora", False))
-        if saved_q != self.quantize:
+        saved_q, saved_lora = config.get(SWITCH.quantize), bool(config.get(SWITCH.lora, False))
+        if saved_q != self.memory.quantize:
             return (
-                f"The checkpoint was trained with quantize={saved_q!r}, this trainer has quantize={self.quantize!r}: "
+                f"The checkpoint was trained with quantize={saved_q!r}, this trainer has "
+                f"quantize={self.memory.quantize!r}: "
                 f"its adapters were fitted to that base. Create the Trainer with quantize={saved_q!r}."
             )
         if saved_lora != (self.lora_config is not None):
@@ -233,26 +238,26 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
     rows: dict[str, tuple[bool, str]] = {}
     for method in _quantize.QUANTIZE:
         why = missing("bitsandbytes") or _quantize._probe(str(dev), method, _quantize.compute_dtype(precision))
-        rows[f"quantize:{method}"] = (not why, why)
+        rows[f"{SWITCH.quantize}:{method}"] = (not why, why)
     why = missing("peft")
-    rows["lora"] = (not why, why)
-    for name, (library, _, _) in _kbit_optim.KBIT_OPTIMIZERS.items():
-        why = missing(library)
-        rows[f"optimizer:{name}"] = (not why, why)
-    rows["offload_activations"] = (True, "")
+    rows[SWITCH.lora] = (not why, why)
+    for name, kind in _kbit_optim.KBIT_OPTIMIZERS.items():
+        why = missing(kind.library)
+        rows[f"{SWITCH.optimizer}:{name}"] = (not why, why)
+    rows[SWITCH.offload_activations] = (True, "")
     why = (
         f"nothing to offload to on {dev}: the optimizer state is in CPU RAM already (needs CUDA)"
         if dev.type != "cuda"
         else missing("torchao")
     )
-    rows["offload_optimizer"] = (not why, why)
+    rows[SWITCH.offload_optimizer] = (not why, why)
     why = (
         "fp16-mixed's GradScaler checks every gradient before a step: use bf16-mixed or fp32"
         if precision == "fp16-mixed"
         else ""
     )
-    rows["optimizer_in_backward"] = (not why, why)
+    rows[SWITCH.optimizer_in_backward] = (not why, why)
     dtype = autocast_dtype(precision) or torch.float32
     for name, (ok, reason) in _attention.attention_support(dev, dtype).items():
-        rows[f"attention:{name}"] = (ok, reason)
+        rows[f"{SWITCH.attention}:{name}"] = (ok, reason)
     return rows

@@ -25,17 +25,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._optimizer_kinds import OPTIMIZERS
+from nbtrainer._options import SWITCH, MemoryOptions, SetupOptions
 from nbtrainer._setup._activation_checkpointing import (
     _check_blocks_exist,
     _check_checkpointing_value,
     enable_activation_checkpointing,
 )
+from nbtrainer._setup._coverage import check_optimizer_covers
 from nbtrainer._setup._kbit_optim import KBIT_OPTIMIZERS, build_kbit_optimizer
 from nbtrainer._setup._memory_savers import MemorySavers
+from nbtrainer._setup._optimizers import Optimizers
 from nbtrainer._setup._precision import resolve_device
 
 __all__ = [
-    "OPTIMIZERS",
+    "TORCH_OPTIMIZERS",
     "ModelSetup",
     "ParamCounts",
     "build_optimizer",
@@ -44,13 +48,8 @@ __all__ = [
     "param_counts",
 ]
 
-# name -> (class path, whether a fused kernel exists)
-OPTIMIZERS: dict[str, tuple[str, bool]] = {
-    "adamw": ("AdamW", True),
-    "adam": ("Adam", True),
-    "sgd": ("SGD", True),
-    "adafactor": ("Adafactor", False),
-}
+# name -> the registry's row, for torch's own optimizers (the others: _kbit_optim)
+TORCH_OPTIMIZERS = {name: kind for name, kind in OPTIMIZERS.items() if kind.library == "torch"}
 
 
 # =============================================================================================
@@ -97,12 +96,12 @@ def build_optimizer(
     key = str(name).strip().lower()
     if key in KBIT_OPTIMIZERS:
         return build_kbit_optimizer(key, params, lr, **kwargs)
-    if key not in OPTIMIZERS:
+    if key not in TORCH_OPTIMIZERS:
         raise ValueError(
-            f"Unknown optimizer name {name!r}: use one of {sorted([*OPTIMIZERS, *KBIT_OPTIMIZERS])}, or pass an "
+            f"Unknown optimizer name {name!r}: use one of {sorted(OPTIMIZERS)}, or pass an "
             "optimizer instance, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
         )
-    cls_name, has_fused = OPTIMIZERS[key]
+    cls_name, has_fused = TORCH_OPTIMIZERS[key].cls, TORCH_OPTIMIZERS[key].fused
     cls = getattr(torch.optim, cls_name, None)
     if cls is None:  # pragma: no cover - torch < 2.5 has no Adafactor
         raise ValueError(f"torch {torch.__version__} has no torch.optim.{cls_name}; upgrade torch or pick another.")
@@ -277,37 +276,22 @@ def _compile_options(value: Any) -> dict[str, Any] | None:
 
 
 class ModelSetup:
-    """The strategy options of one Trainer, checked up front and applied in one place.
+    """What is done to one Trainer's model before the first step, checked up front and applied in one place.
 
     Args:
         model: the user's model.
         optimizer: an optimizer instance, or a name for :func:`build_optimizer`.
-        lr: learning rate for an optimizer given by name.
-        device: the trainer's device (picks fused kernels).
-        trainable, freeze: glob patterns (see :func:`plan_trainable`).
-        activation_checkpointing: ``False``, ``True`` or a list of module types / names.
-        compile: ``True``, a mode string or ``torch.compile`` keyword options.
-        channels_last: convert a conv net's weights to ``torch.channels_last``.
-        precision, quantize, lora, save_base, offload_activations, offload_optimizer, attention: the memory
-            savers (:class:`~nbtrainer._setup._memory_savers.MemorySavers`).
+        setup: the Trainer's :class:`~nbtrainer._options.SetupOptions` (its ``device`` resolved): ``lr`` for an
+            optimizer given by name, ``trainable`` / ``freeze`` (see :func:`plan_trainable`), ``compile``,
+            ``channels_last``, ``save_base``.
+        memory: the Trainer's :class:`~nbtrainer._options.MemoryOptions` as given: activation checkpointing is
+            checked here, the others by the memory savers (:class:`~nbtrainer._setup._memory_savers.MemorySavers`),
+            whose ``memory`` is the checked copy.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: Any,
-        *,
-        lr: float | None = None,
-        device: str | torch.device = "auto",
-        trainable: Any = None,
-        freeze: Any = None,
-        activation_checkpointing: Any = False,
-        compile: Any = False,
-        channels_last: bool = False,
-        precision: str = "fp32",
-        **savers: Any,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, *, setup: SetupOptions, memory: MemoryOptions) -> None:
         self.model = model
+        lr, device = setup.lr, setup.device
         if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}.")
         if lr is not None and not isinstance(optimizer, str):
@@ -315,28 +299,30 @@ class ModelSetup:
                 "lr= is for an optimizer given by name (optimizer='adamw'); an optimizer instance "
                 "already has its learning rate, and optimizer=None trains nothing."
             )
-        _check_checkpointing_value(activation_checkpointing)
-        _check_blocks_exist(model, activation_checkpointing)
-        self.compile_options = _compile_options(compile)
-        self.channels_last = bool(channels_last)
+        _check_checkpointing_value(memory.activation_checkpointing)
+        _check_blocks_exist(model, memory.activation_checkpointing)
+        self.compile_options = _compile_options(setup.compile)
+        self.channels_last = bool(setup.channels_last)
         if self.channels_last and not has_conv2d(model):
-            warnings.warn("channels_last=True has no effect: the model has no 2-D convolutions.", stacklevel=3)
+            warnings.warn("channels_last=True has no effect: the model has no 2-D convolutions.", stacklevel=4)
             self.channels_last = False
+        trainable, freeze = setup.trainable, setup.freeze
         self.trainable, self.freeze = trainable, freeze
         self._plan = plan_trainable(model, trainable, freeze) if (trainable is not None or freeze is not None) else None
-        self.activation_checkpointing: Any = activation_checkpointing or False
         self._handle: Any = None
         self.optimizer_name: str | None = None
         plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
         keep = {n for n, t in plan.items() if t} if trainable is not None else set()
-        self.savers = MemorySavers(model, optimizer, device=device, precision=precision, plan=plan, keep=keep, **savers)
+        self.savers = MemorySavers(
+            model, optimizer, memory, device=device, save_base=setup.save_base, plan=plan, keep=keep
+        )
         self._lr = lr
         if isinstance(optimizer, str):
             params = [p for n, p in model.named_parameters() if plan[n]]
             self.optimizer_name = optimizer.strip().lower()
             if self.savers.deferred:  # built in apply(), over what trains once quantize / lora changed the model
                 optimizer = None
-            elif not params and self.optimizer_name in {*OPTIMIZERS, *KBIT_OPTIMIZERS}:
+            elif not params and self.optimizer_name in OPTIMIZERS:
                 raise ValueError(
                     f"optimizer={optimizer!r} has nothing to train: every parameter of the model is frozen "
                     "(requires_grad=False). To evaluate or predict only, pass optimizer=None: "
@@ -351,7 +337,7 @@ class ModelSetup:
     def checkpointed_blocks(self) -> list[str]:
         return list(self._handle.names) if self._handle is not None else []
 
-    def apply(self, *, seed: int | None = None) -> nn.Module:
+    def apply(self, *, seed: int | None = None, activation_checkpointing: Any = False) -> nn.Module:
         """Change the model (freeze, quantize, LoRA, channels_last, checkpointing, attention, offload, compile);
         returns the module to train. ``seed``: the LoRA adapters' init (see ``MemorySavers.transform``)."""
         model = self.model
@@ -361,10 +347,13 @@ class ModelSetup:
         trained = self.savers.transform(model, seed=seed)
         if self.savers.deferred and self.optimizer_name is not None:
             self.optimizer = self.savers.build_optimizer(trained, self.optimizer_name, self._lr, build_optimizer)
+        named = isinstance(self.optimizer, Optimizers)  # several named optimizers: check_optimizers warns already
+        if isinstance(self.optimizer, torch.optim.Optimizer) and not named:
+            check_optimizer_covers(trained, [self.optimizer], trainable=self._plan)
         if self.channels_last:
             # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
             model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self._handle = enable_activation_checkpointing(model, self.activation_checkpointing)
+        self._handle = enable_activation_checkpointing(model, activation_checkpointing)
         self.savers.attach_hooks(trained)
         self.applied = True
         if self.compile_options is not None:
@@ -380,8 +369,7 @@ class ModelSetup:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        new = enable_activation_checkpointing(self.model, value)
-        self._handle, self.activation_checkpointing = new, value or False
+        self._handle = enable_activation_checkpointing(self.model, value)
         return self.checkpointed_blocks
 
     def param_counts(self) -> ParamCounts:
@@ -392,7 +380,7 @@ class ModelSetup:
         return {
             "optimizer": self.optimizer_name or (type(self.optimizer).__name__ if self.optimizer is not None else None),
             "optimizer_impl": optimizer_impl(self.optimizer) if self.optimizer is not None else None,
-            "activation_checkpointing": self.checkpointed_blocks,
+            SWITCH.activation_checkpointing: self.checkpointed_blocks,
             "compile": self.compile_options is not None,
             "channels_last": self.channels_last,
             "params": str(self.param_counts()),

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._setup._quantize import require_module
 
 __all__ = ["ActivationOffload", "build_offload_optimizer", "check_offload_optimizer"]
 
 # Named optimizers CPUOffloadOptimizer can run on the CPU (torch's own; the k-bit ones keep their state on the
 # GPU and are small already).
-_OFFLOADABLE = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "adafactor": "Adafactor"}
+_OFFLOADABLE = {name: kind.cls for name, kind in OPTIMIZERS.items() if kind.offloadable}
 
 
 class ActivationOffload:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 
 import torch
@@ -26,6 +27,8 @@ __all__ = [
     "require_precision",
     "resolve_device",
 ]
+
+log = logging.getLogger(__name__)
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed")
 
@@ -134,6 +137,7 @@ def _support(device_key: str) -> tuple[tuple[str, bool, str], ...]:
             try:
                 _trial(device, dtype)
             except Exception as exc:
+                log.debug("autocast cannot run this precision here: the reason is returned", exc_info=True)
                 reason = f"autocast({device.type}, {dtype}) failed here: {type(exc).__name__}: {exc}"
         rows.append((name, not reason, reason))
     return tuple(rows)

@@ -42,6 +42,8 @@ __all__ = [
     "quantized_weight_bytes",
 ]
 
+log = logging.getLogger(__name__)
+
 # The quantize= names (nbtrainer._options.QUANTIZE): bitsandbytes 4-bit NormalFloat (-dq: double quantization of
 # the block scales, about 0.4 bit less per weight), 4-bit float, and LLM.int8.
 INSTALL_QUANT = 'pip install "nbtrainer[quant]"'
@@ -175,6 +177,7 @@ def _probe(device_key: str, method: str, dtype: torch.dtype) -> str:
             x = torch.randn(4, 64, device=device, dtype=dtype, requires_grad=True)
             layer(x).float().sum().backward()
     except Exception as exc:
+        log.debug("this quantized layer cannot run here: the reason is returned", exc_info=True)
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return ""
 
@@ -292,7 +295,7 @@ def dequantize_linear(module: Any, dtype: torch.dtype = torch.float32) -> nn.Lin
     """A plain ``nn.Linear`` with a bitsandbytes layer's weights dequantized (for merging and inference)."""
     lib = bnb("dequantizing")
     weight = module.weight
-    if type(module).__name__ == "Linear8bitLt":
+    if isinstance(module, lib.nn.Linear8bitLt):
         scb = getattr(weight, "SCB", None)
         if scb is None:
             scb = module.state.SCB

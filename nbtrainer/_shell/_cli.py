@@ -102,11 +102,25 @@ def describe_checkpoint(ckpt: dict[str, Any], path: str) -> str:
         lines.append(f"  schedule   {config.get('scheduler')}: {total - taken} of total_steps={total} left")
     if epochs:
         lines.append(f"  last epoch {epochs[-1].get('epoch')}: {format_logs(epochs[-1])}")
-    lines.append(
-        "  continue   trainer.fit(..., epochs=TOTAL, resume_from=PATH) to finish the planned run, or "
-        "trainer.fit_more(..., epochs=N, resume_from=PATH, scheduler=fn | None) for N more epochs "
-        "with a fresh schedule"
-    )
+    planned = config.get("epochs")
+    finished = (planned is not None and done >= int(planned) and bool(loop.get("epoch_complete"))) or history.get(
+        "status"
+    ) == "finished"
+    used_up = capacity is not None and capacity[0] - capacity[1] <= 0
+    more = f"trainer.fit_more(train_loader, val_loader, epochs=N, resume_from={path!r}"
+    more += ", scheduler=fn | None)" if used_up else ")"
+    if finished:
+        lines[2] = f"  status     finished: all {planned if planned is not None else done} planned epoch(s) done"
+        lines.append(f"  continue   nothing left of this run; N more epochs: {more}")
+        if used_up:
+            lines.append(f"             (its {config.get('scheduler')} is used up: give a fresh schedule, or None)")
+    else:
+        planned_text = str(planned) if planned is not None else "TOTAL"
+        left = f" ({int(planned) - done} epoch(s) left)" if planned is not None else ""
+        lines.append(
+            f"  continue   trainer.fit(train_loader, val_loader, epochs={planned_text}, resume_from={path!r}) "
+            f"to finish the planned run{left}, or {more} for N more epochs"
+        )
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import importlib.metadata as metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -18,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbtrainer._report._format import format_bytes
+from nbtrainer._report._format import format_bytes, text_html
 
 __all__ = ["Check", "DoctorReport", "Problem", "bad_device", "doctor_report"]
+
+log = logging.getLogger(__name__)
 
 # ipykernel 7.0.x drops widget/comm messages sent from background threads, so a training thread cannot update the
 # panel live (fixed in 7.1). 6.17 to 6.x deliver them (Google Colab's 6.17.1 is tested: issue 45).
@@ -147,7 +150,9 @@ class DoctorReport:
             parts.append("<div style='margin-top:10px;color:#1a7f37;font-weight:600'>No problems found.</div>")
         if self.notes:
             parts.append(
-                "<ul style='margin:6px 0;color:#57606a'>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>"
+                "<ul style='margin:6px 0;color:#57606a'>"
+                + "".join(f"<li>{text_html(n)}</li>" for n in self.notes)
+                + "</ul>"
             )
         parts.append("</div>")
         return "".join(parts)
@@ -245,7 +250,7 @@ def _unavailable(dev: Any) -> str | None:
             if available():
                 return None
         except Exception:
-            pass
+            log.debug("the device backend's is_available() failed: the device is reported unusable", exc_info=True)
     return f"torch has no usable {dev.type!r} device here"
 
 
@@ -320,6 +325,7 @@ def doctor_report(devices: list[str] | None = None) -> DoctorReport:
         try:
             support = precision_support(dev)
         except Exception as exc:
+            log.debug("precision support could not be checked: a problem row says why", exc_info=True)
             rows.append(Check("  precisions", f"could not be checked: {type(exc).__name__}: {exc}", False))
             rep.problems.append(
                 Problem(

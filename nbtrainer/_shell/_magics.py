@@ -6,7 +6,8 @@ Subcommands (``%nbtrainer help`` prints every usage):
     torch version and build, devices, which precisions each device really runs (checked with a tiny
     autocast forward+backward, never guessed), the notebook packages, whether the front-end extensions
     are installed, the ipykernel background-thread bug range, and a concrete fix for each problem.
-    Returns a :class:`DoctorReport` (text in a terminal, HTML in a notebook).
+    Shows a :class:`DoctorReport` wherever the line stands in a cell (text in a terminal, HTML in a notebook) and
+    keeps it as ``_nbt_doctor``.
 ``profile MODEL (--input-shape 1,3,32,32 | --inputs VAR) [--device D] [--precision P]``
     ``nbtrainer.profile_model`` on a model of the namespace, shown as a ``ProfileCard`` (in terminal
     IPython, which has no front end for widgets, as text); the profile is stored as ``_nbt_profile``.
@@ -106,12 +107,20 @@ class NbtrainerMagics(Magics):
         return handler(args)
 
     # -- subcommands ---------------------------------------------------------------------------
-    def _cmd_doctor(self, args: Any) -> DoctorReport:
+    def _cmd_doctor(self, args: Any) -> None:
         devices = split_list(args.device) or None
         problem = bad_device(devices or [])
         if problem:
             raise UsageError(f"%nbtrainer doctor: {problem}")
-        return doctor_report(devices)
+        report = doctor_report(devices)
+        # shown wherever the magic stands in the cell, as the profile and compare magics show theirs (a returned
+        # report showed only as a cell's last line); the object stays at hand for code
+        self._user_ns["_nbt_doctor"] = report
+        if in_notebook():
+            self._display(report)
+        else:
+            print(report)
+        return None
 
     def _cmd_profile(self, args: Any) -> None:
         import torch
@@ -363,18 +372,14 @@ class NbtrainerMagics(Magics):
 
     @staticmethod
     def _describe(i: int, trainer: Trainer) -> str:
-        p = getattr(trainer, "progress", None)
-        model = type(getattr(trainer, "model", None)).__name__
-        parts = [f"[{i}] {model}"]
-        status = getattr(p, "status", None) or getattr(trainer, "status", "?")
-        parts.append(str(status))
-        if p is not None:
-            parts.append(f"epoch {p.epoch}/{p.epochs}")
-            total = f"/{format_number(p.total_steps)}" if p.total_steps else ""
-            parts.append(f"step {format_number(p.global_step)}{total}")
-            if p.loss is not None:
-                parts.append(f"loss {format_number(p.loss)}")
-        parts.append(f"{getattr(trainer, 'device', '?')} {getattr(trainer, 'precision', '')}".strip())
+        p = trainer.progress
+        parts = [f"[{i}] {type(trainer.model).__name__}", str(p.status or trainer.status)]
+        parts.append(f"epoch {p.epoch}/{p.epochs}")
+        total = f"/{format_number(p.total_steps)}" if p.total_steps else ""
+        parts.append(f"step {format_number(p.global_step)}{total}")
+        if p.loss is not None:
+            parts.append(f"loss {format_number(p.loss)}")
+        parts.append(f"{trainer.device} {trainer.precision}")
         return " · ".join(parts)
 
     def _cmd_status(self, args: Any) -> None:

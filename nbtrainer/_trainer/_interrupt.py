@@ -14,6 +14,7 @@ different steps and wait for each other forever).
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import traceback
@@ -25,9 +26,11 @@ from nbtrainer._events._frontend import in_notebook
 
 if TYPE_CHECKING:
     from nbtrainer._loop._control import Control
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._loop._host import LoopHost
 
 __all__ = ["INTERRUPT_REASON", "StopOnInterrupt", "reraise_in_script", "save_on_interrupt"]
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_REASON = "KeyboardInterrupt"
 
@@ -65,7 +68,7 @@ class StopOnInterrupt:
             self._previous = None
 
 
-def save_on_interrupt(trainer: Trainer) -> list[str]:
+def save_on_interrupt(trainer: LoopHost) -> list[str]:
     """Write ``last.ckpt`` of every ``ModelCheckpoint(save_on_interrupt=True)`` now (the loop is at a step
     boundary), each a ``save_on_interrupt`` event in the History; returns the paths written. Nothing before the
     run's first step (a checkpoint would only repeat the start). A failed save leaves the previous file as it was
@@ -76,12 +79,15 @@ def save_on_interrupt(trainer: Trainer) -> list[str]:
     written: list[str] = []
     if st.global_step == 0:
         return written
-    for cb in trainer.callbacks.callbacks:
-        if not (isinstance(cb, ModelCheckpoint) and cb.save_on_interrupt):
+    for cb in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+        if not cb.save_on_interrupt:
             continue
         try:
             path = cb.save_now(trainer)
         except BaseException as exc:  # a second Ctrl-C during the write included: the run is ending anyway
+            log.debug(
+                "last.ckpt could not be written at the interrupt: warned, the run is ending anyway", exc_info=True
+            )
             warnings.warn(
                 f"ModelCheckpoint could not write {cb.last_path!r} at the interrupt ({type(exc).__name__}: {exc}); "
                 "the previous file, if any, is unchanged.",

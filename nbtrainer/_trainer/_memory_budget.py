@@ -15,77 +15,70 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._options import SWITCH
 from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
 from nbtrainer._report._format import format_bytes
 
 if TYPE_CHECKING:
-    from nbtrainer._options import MemoryOptions
+    from nbtrainer._loop._control import LiveControl
+    from nbtrainer._loop._host import LoopHost
+    from nbtrainer._options import BudgetOptions, MemoryOptions, SetupOptions
     from nbtrainer._plan._result import MemoryPlan, PlanRow
-    from nbtrainer._trainer._trainer import Trainer
 
-__all__ = ["BudgetOptions", "MemoryBudget", "check_budget"]
+__all__ = ["BudgetPlan", "MemoryBudget", "check_budget"]
 
 GiB = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
-class BudgetOptions:
-    """``memory_budget_gb`` and what its plan needs from the Trainer's constructor: the model as given (a copy on the
-    meta device, taken before ``quantize=`` / ``lora=`` change it or FSDP shards it; None: the trainer's own model
-    is planned), whether the optimizer is ``"auto"``, its learning rate, and whether a precision was given."""
+class BudgetPlan:
+    """What ``memory_budget_gb``'s plan needs from the Trainer's constructor: the budget's options, the model as given
+    (a copy on the meta device, taken before ``quantize=`` / ``lora=`` change it or FSDP shards it; None: the
+    trainer's own model is planned) and the learning rate of an optimizer built by name."""
 
-    budget_gb: float
+    options: BudgetOptions
     source: Any
-    auto_optimizer: bool
     lr: float | None
-    keep_precision: bool
 
 
 def check_budget(
-    budget_gb: Any,
-    *,
-    model: Any,
-    quantize: Any,
-    lora: Any,
-    compile: Any,
-    strategy: Any,
-    auto_optimizer: bool,
-    lr: float | None,
-    keep_precision: bool,
-) -> BudgetOptions | None:
+    budget: BudgetOptions | None, *, model: Any, memory: MemoryOptions, setup: SetupOptions, strategy: Any
+) -> BudgetPlan | None:
     """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built (None: no budget).
 
     ``quantize=`` / ``lora=`` (QLoRA) and DDP / FSDP are planned: the rows keep the quantized base and the adapters,
     and plan one rank. ``compile=`` is refused (not planned yet).
     """
-    if budget_gb is None:
+    if budget is None:
         return None
+    budget_gb = budget.budget_gb
     if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
         raise ValueError(f"memory_budget_gb must be a positive number of GiB (e.g. 16), got {budget_gb!r}.")
-    if compile:
+    if setup.compile:
         raise ValueError(
             "memory_budget_gb with compile=: compile is not planned yet (the plan simulates the eager step, and "
             "compiled code allocates otherwise). Use one of the two: the budget without compile=, or compile= "
             "without memory_budget_gb."
         )
     source = None
-    if quantize is not None or lora is not None or getattr(strategy, "distributed", False):
+    if memory.quantize is not None or memory.lora is not None or strategy.distributed:
         from nbtrainer._plan._simulate import meta_copy
 
         source = meta_copy(model)
-    return BudgetOptions(float(budget_gb), source, auto_optimizer, lr, keep_precision)
+    return BudgetPlan(dataclasses.replace(budget, budget_gb=float(budget_gb)), source, setup.lr)
 
 
 class MemoryBudget:
     """A Trainer's memory budget (see the module docstring). ``plan``: the :class:`MemoryPlan` once made."""
 
-    def __init__(self, trainer: Trainer, options: BudgetOptions) -> None:
-        self._trainer = trainer
-        self.budget_gb = options.budget_gb
-        self.auto_optimizer = options.auto_optimizer
-        self.keep_precision = options.keep_precision
-        self._lr = options.lr
-        self._source = options.source  # the model as given, on meta (quantize= / lora= / DDP / FSDP), else None
+    def __init__(self, trainer: LoopHost, given: BudgetPlan, live: LiveControl) -> None:
+        self._trainer, self._live = trainer, live
+        self.budget_gb = given.options.budget_gb
+        self.auto_optimizer = given.options.choose_optimizer
+        self.keep_precision = not given.options.choose_precision
+        self._lr = given.lr
+        self._source = given.source  # the model as given, on meta (quantize= / lora= / DDP / FSDP), else None
+        self.micro_split = 1  # each loader batch as this many forward / backward passes (the applied row's split)
         self.plan: MemoryPlan | None = None
         self.row: PlanRow | None = None
         self.kept: dict[str, Any] = {}
@@ -96,7 +89,7 @@ class MemoryBudget:
             int(self.budget_gb * GiB), trainer.device, self._over, CUDA_CONTEXT_BYTES, timed=self._measured
         )
 
-    def kept_switches(self, memory: MemoryOptions, *, activation_checkpointing: Any) -> dict[str, Any]:
+    def kept_switches(self, memory: MemoryOptions) -> dict[str, Any]:
         """The switches the user set, held by the plan: a precision, checkpointing, an optimizer given (an
         instance, or a name other than ``"auto"``), the step in backward, chunked loss, offloading, the quantized
         base and the adapters. Under FSDP the precision too (its mixed-precision policy is set when it shards)."""
@@ -104,15 +97,16 @@ class MemoryBudget:
         if self.keep_precision or self._strategy()[0] == "fsdp":
             kept["precision"] = memory.precision
         if memory.quantize is not None or memory.lora is not None:
-            kept["quantize"], kept["lora"] = memory.quantize, memory.lora
-        if activation_checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
-            simple = isinstance(activation_checkpointing, (bool, int, float))
-            kept["activation_checkpointing"] = activation_checkpointing if simple else True
+            kept[SWITCH.quantize], kept[SWITCH.lora] = memory.quantize, memory.lora
+        checkpointing = memory.activation_checkpointing
+        if checkpointing:  # True, k blocks or a share; a list of blocks plans as all of them
+            simple = isinstance(checkpointing, (bool, int, float))
+            kept[SWITCH.activation_checkpointing] = checkpointing if simple else True
         # set up when the trainer was built (hooks, the loss path, the savers): kept as they are
-        for name in ("chunked_loss", "offload_activations", "offload_optimizer"):
+        for name in (SWITCH.chunked_loss, SWITCH.offload_activations, SWITCH.offload_optimizer):
             kept[name] = getattr(memory, name)
         if memory.optimizer_in_backward or not self._in_backward_possible():
-            kept["optimizer_in_backward"] = memory.optimizer_in_backward
+            kept[SWITCH.optimizer_in_backward] = memory.optimizer_in_backward
         return kept
 
     def _in_backward_possible(self) -> bool:
@@ -150,13 +144,13 @@ class MemoryBudget:
         self.check.arm(trainer.model, trainer.optimizer)
 
     def _plan(self, train_loader: Any) -> None:
-        from nbtrainer._options import optimizer_kind
+        from nbtrainer._optimizer_kinds import optimizer_kind
         from nbtrainer._plan._plan import plan_memory
 
         trainer = self._trainer
         setup = trainer.model_setup
         memory = trainer.options.memory
-        self.kept = self.kept_switches(memory, activation_checkpointing=setup.activation_checkpointing)
+        self.kept = self.kept_switches(memory)
         strategy, world_size = self._strategy()
         # "auto" rebuilds the optimizer over the parameters: not over FSDP's shards (k-bit kinds are not DTensor-aware)
         kind = None if self.auto_optimizer and strategy != "fsdp" else optimizer_kind(trainer.optimizer)
@@ -166,7 +160,7 @@ class MemoryBudget:
                 "the optimizer by name ('adamw', 'adafactor', 'adamw8bit', ...) or optimizer='auto' (it chooses)."
             )
         batch = example_batch(train_loader)  # one rank's, under DDP / FSDP
-        ckpt = setup.activation_checkpointing if self._source is None else False
+        ckpt = memory.activation_checkpointing if self._source is None else False
         if ckpt:  # the planner applies checkpointing to its own copy of the model
             setup.set_activation_checkpointing(False)
         try:
@@ -191,31 +185,33 @@ class MemoryBudget:
     def _strategy(self) -> tuple[str | None, int]:
         """``(strategy, world_size)`` to plan one rank with: None on one device (or a world of one)."""
         strategy = self._trainer.strategy
-        world_size = int(getattr(strategy, "world_size", 1) or 1)
-        if not getattr(strategy, "distributed", False) or world_size < 2:
+        if not strategy.distributed or strategy.world_size < 2:
             return None, 1
-        return ("fsdp" if getattr(strategy, "distributed_params", False) else "ddp"), world_size
+        return ("fsdp" if strategy.shards_parameters else "ddp"), strategy.world_size
 
     def _apply(self, row: PlanRow, *, first: bool) -> None:
-        from nbtrainer._options import optimizer_kind
+        from nbtrainer._optimizer_kinds import optimizer_kind
         from nbtrainer._setup._precision import make_scaler
 
         trainer = self._trainer
-        memory = row.memory
-        setup = trainer.model_setup
-        if memory.precision != trainer.precision:
-            trainer.precision = memory.precision
+        memory, current = row.memory, trainer.options.memory
+        if memory.precision != current.precision:
             trainer.scaler = make_scaler(memory.precision, trainer.device)
-        want = memory.activation_checkpointing
-        if want != setup.activation_checkpointing and not (want is True and setup.activation_checkpointing):
-            setup.set_activation_checkpointing(want)
+        want, have = memory.activation_checkpointing, current.activation_checkpointing
+        if want != have and not (want is True and have):
+            trainer.model_setup.set_activation_checkpointing(want)
+        else:
+            want = have
         if first and self.auto_optimizer and memory.optimizer not in (None, optimizer_kind(trainer.optimizer)):
             self._rebuild_optimizer(memory.optimizer)
-        trainer.micro_split = row.grad_accum_steps
-        trainer.optimizer_in_backward = memory.optimizer_in_backward  # hooks attach when the loop starts
-        trainer.options = dataclasses.replace(
-            trainer.options, memory=trainer.options.memory.replace(**_applied(memory))
+        self.micro_split = row.grad_accum_steps
+        applied = current.replace(  # the step in backward: its hooks attach when the loop starts
+            precision=memory.precision,
+            activation_checkpointing=want,
+            optimizer=memory.optimizer,
+            optimizer_in_backward=memory.optimizer_in_backward,
         )
+        trainer.options = dataclasses.replace(trainer.options, memory=applied)
         self.row = row
 
     def _rebuild_optimizer(self, kind: str) -> None:
@@ -223,10 +219,10 @@ class MemoryBudget:
         from nbtrainer._setup._model_setup import build_optimizer
 
         trainer = self._trainer
-        params = list(trainer._params)
+        assert trainer.optimizer is not None  # a budget plans a trainer that trains
+        params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
         optimizer = build_optimizer(kind, params, self._lr, device=trainer.device)
         trainer.optimizer = trainer.model_setup.optimizer = optimizer
-        trainer._params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def describe(self, row: PlanRow) -> str:
         assert self.plan is not None
@@ -241,7 +237,7 @@ class MemoryBudget:
     def announce(self) -> None:
         """The plan's choice as one ``on_control`` event (a progress line, the History, the run store)."""
         if self.row is not None:
-            self._trainer._live.event("memory_plan", None, self.describe(self.row))
+            self._live.event("memory_plan", None, self.describe(self.row))
 
     def _measured(self, peak: int, seconds: float) -> None:
         """The measured peak and step time of the applied row, beside what the plan predicted (an ``on_control``
@@ -252,7 +248,7 @@ class MemoryBudget:
             return
         on_cuda = self._trainer.device.type == "cuda"
         predicted = row.reserved_bytes if on_cuda else row.peak_bytes
-        self._trainer._live.event(
+        self._live.event(
             "memory_check",
             None,
             f"{row.describe()}: measured peak {format_bytes(peak)} ({'reserved' if on_cuda else 'tensors'}; "
@@ -268,7 +264,7 @@ class MemoryBudget:
         kind = trainer.options.memory.optimizer
         nxt = step_down(plan, current, measured, optimizer=kind)
         if nxt is None:
-            trainer._live.event(
+            self._live.event(
                 "memory_step_down",
                 current.describe(),
                 f"measured peak {format_bytes(measured)} is over the {self.budget_gb:g} GiB budget and no smaller "
@@ -279,20 +275,11 @@ class MemoryBudget:
 
         def apply() -> None:
             self._apply(nxt, first=False)
-            trainer._live.event(
+            self._live.event(
                 "memory_step_down",
                 current.describe(),
                 f"{nxt.describe()} (measured peak {format_bytes(measured)} was over the {self.budget_gb:g} GiB budget)",
             )
             self.check.arm(trainer.model, trainer.optimizer)
 
-        trainer._live.requests.submit(apply)  # run by the loop at this step boundary, then the precision is re-read
-
-
-def _applied(memory: MemoryOptions) -> dict[str, Any]:
-    return {
-        "precision": memory.precision,
-        "activation_checkpointing": memory.activation_checkpointing,
-        "optimizer": memory.optimizer,
-        "optimizer_in_backward": memory.optimizer_in_backward,
-    }
+        self._live.requests.submit(apply)  # run by the loop at this step boundary, then the precision is re-read

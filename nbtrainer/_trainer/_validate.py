@@ -6,11 +6,12 @@ Three layers, each raising an error that names the problem and the fix:
   expected, a list where a dict is expected, a device this machine does not have...).
 * :func:`check_fit` (``Trainer.fit``, before anything runs): loaders, monitors and filenames that
   will only be looked at later, schedules that would run out, parameters the precision can't train.
-* the first batch (:mod:`nbtrainer._data._validate_batch`): :func:`first_compute` runs the first micro-batch's
-  forward and loss in stages (batch -> model -> criterion) so a failure says which stage and with what
-  shapes; the loop checks the loss (scalar, has grad_fn) and the metrics right after, all before the first
-  backward. The validation loader's first batch is tried too (:func:`check_val_loader`) under restored
-  RNG, so a broken validation set fails now rather than after an epoch of training.
+* the first batch (:mod:`nbtrainer._data._validate_batch`, run by the batch steps, ``nbtrainer._loop._batch_steps``):
+  ``first_compute`` runs the first micro-batch's forward and loss in stages (batch -> model -> criterion) so a
+  failure says which stage and with what shapes; the loop checks the loss (scalar, has grad_fn) and the metrics
+  right after, all before the first backward. The validation loader's first batch is tried too
+  (``BatchSteps.check_val_loader``) under restored RNG, so a broken validation set fails now rather than after an
+  epoch of training.
 
 The first batch is the real first micro-batch of the run, not an extra step: nothing is repeated,
 so nothing needs undoing. The validation peek runs in eval mode under ``inference_mode`` and puts
@@ -20,39 +21,33 @@ back every RNG it could have touched (python, numpy, torch, CUDA, the loader's g
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import string
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 
-# The first-batch layer lives in _validate_batch; re-exported so the Trainer calls every check as _validate.X.
-from nbtrainer._data._validate_batch import (
-    _one_shot,
-    check_loss,
-    check_val_loader,
-    dry_metrics,
-    first_compute,
-    onecycle_overflow,
-)
-from nbtrainer._resume._full_state import shards_parameters
+from nbtrainer._data._validate_batch import one_shot
 
 if TYPE_CHECKING:
-    from nbtrainer._trainer._trainer import Trainer
+    from nbtrainer._loop._host import LoopHost
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = [
+    "between_fits",
     "check_accum",
     "check_args",
     "check_callback",
     "check_fit",
-    "check_loss",
+    "check_lr",
     "check_optimizer_params",
-    "check_val_loader",
-    "dry_metrics",
-    "first_compute",
+    "check_scheduler",
     "no_optimizer",
-    "onecycle_overflow",
+    "requires_optimizer",
 ]
 
 # Hook names other trainers use, mapped to ours (a callback using them would silently never run).
@@ -203,11 +198,11 @@ def check_accum(steps: Any) -> None:
         raise ValueError(f"grad_accum_steps must be an int >= 1, got {steps!r}.")
 
 
-def check_in_backward_now(trainer: Trainer, **changes: Any) -> None:
+def check_in_backward_now(trainer: LoopHost, **changes: Any) -> None:
     """``optimizer_in_backward=True`` against the trainer's settings as they would be after ``changes``
     (``grad_accum_steps=``, ``max_grad_norm=``, ``precision=``, ``callbacks=``); the callbacks too, as some
     are added after construction."""
-    if not trainer.optimizer_in_backward:
+    if not trainer.options.memory.optimizer_in_backward:
         return
     from nbtrainer._loop._in_backward import check_in_backward
 
@@ -236,7 +231,6 @@ def check_optimization(
     grad_accum_steps: Any,
     max_grad_norm: Any,
     predict_step: Any,
-    optimizer_in_backward: Any,
 ) -> torch.optim.Optimizer | None:
     """The Trainer's optimizer (given, or built from its name; returned), its scheduler and the step options,
     checked before anything is set."""
@@ -265,12 +259,17 @@ def check_optimization(
     check_max_grad_norm(max_grad_norm)
     if not isinstance(val_every_n_epochs, int) or val_every_n_epochs < 1:
         raise ValueError(f"val_every_n_epochs must be an int >= 1, got {val_every_n_epochs!r}.")
-    if not isinstance(optimizer_in_backward, bool):
-        raise TypeError(f"optimizer_in_backward= takes True or False, got {optimizer_in_backward!r}.")
     return optimizer
 
 
-def check_closure_now(trainer: Trainer, **changes: Any) -> None:
+def check_change(trainer: LoopHost, **changes: Any) -> None:
+    """A change of settings (``set_precision``, ``set_grad_accum_steps``) against the step in backward and a closure
+    optimizer, as the settings would be after it."""
+    check_in_backward_now(trainer, **changes)
+    check_closure_now(trainer, **changes)
+
+
+def check_closure_now(trainer: LoopHost, **changes: Any) -> None:
     """A closure optimizer (LBFGS) against the trainer's settings as they would be after ``changes``
     (``grad_accum_steps=``, ``precision=``)."""
     from nbtrainer._loop._closure import check_closure
@@ -278,11 +277,60 @@ def check_closure_now(trainer: Trainer, **changes: Any) -> None:
     settings: dict[str, Any] = {
         "grad_accum_steps": trainer.grad_accum_steps,
         "precision": trainer.precision,
-        "optimizer_in_backward": trainer.optimizer_in_backward,
-        "on_nonfinite": trainer._nonfinite.mode,
-        "memory_budget": trainer._budget is not None,
+        "on_nonfinite": trainer.options.step.on_nonfinite,
+        "memory_budget": trainer.options.budget is not None,
     }
-    check_closure(trainer.optimizer, **{**settings, **changes})
+    in_backward = trainer.options.memory.optimizer_in_backward
+    check_closure(trainer.optimizer, optimizer_in_backward=in_backward, **{**settings, **changes})
+
+
+def requires_optimizer(what: str, extra: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A Trainer method that needs an optimizer: on a Trainer built with ``optimizer=None`` it raises
+    :func:`no_optimizer` (``what`` needs one) before doing anything."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            if getattr(args[0], "optimizer", None) is None:
+                raise no_optimizer(what, extra)
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return wrap
+
+
+def between_fits(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A Trainer method that changes ``what`` between fits only: refused while ``fit`` runs."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            if getattr(args[0], "run_state").fitting:  # noqa: B009 (args[0] is the Trainer: a method's self)
+                raise RuntimeError(f"{what} cannot change while fit() is running; stop the run first.")
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return wrap
+
+
+def check_scheduler(scheduler: Any, interval: Any, optimizer: Any) -> None:
+    """``set_scheduler``'s scheduler (bound to the trainer's optimizer) and interval."""
+    if scheduler is not None and optimizer is None:
+        raise no_optimizer("A scheduler")
+    if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+        raise ValueError("The scheduler is bound to a different optimizer; build it from trainer.optimizer.")
+    if interval not in ("step", "epoch"):
+        raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}.")
+
+
+def check_lr(lr: Any, source: Any) -> None:
+    """``set_lr``'s value and who set it."""
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"source must be a short string (e.g. 'typed') or None, got {source!r}.")
 
 
 def no_optimizer(what: str, extra: str = "") -> ValueError:
@@ -317,7 +365,7 @@ def _format_keys(fmt: str) -> set[str]:
     return keys
 
 
-def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
+def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
     from nbtrainer._events._callbacks import check_monitor
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
 
@@ -326,13 +374,13 @@ def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int,
     if val_loader is not None:
         _check_loader("val_loader", val_loader)
         trainer.batch_steps.check_can_evaluate()  # training_step= validates through validation_step= only
-    if epochs > 1 and max_steps is None and _one_shot(train_loader):  # a stream with max_steps is fine
+    if epochs > 1 and max_steps is None and one_shot(train_loader):  # a stream with max_steps is fine
         raise TypeError(
             f"train_loader is a one-shot iterator ({type(train_loader).__name__}): epoch 2 would get "
             f"no batches. Pass something iterable again each epoch (a DataLoader or a list), not "
             "iter(...) or a generator."
         )
-    if val_loader is not None and _one_shot(val_loader) and epochs > 1:
+    if val_loader is not None and one_shot(val_loader) and epochs > 1:
         raise TypeError(
             f"val_loader is a one-shot iterator ({type(val_loader).__name__}): only the first "
             "validation would see batches. Pass a DataLoader or a list."
@@ -340,7 +388,7 @@ def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int,
     keys = trainer.expected_log_keys()
     sched = trainer.scheduler
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        key = trainer.scheduler_monitor or ("val_loss" if trainer.has_validation else "loss")
+        key = trainer.options.step.scheduler_monitor or ("val_loss" if trainer.has_validation else "loss")
         if key not in keys:
             hint = (
                 " (no val_loader was given to fit())" if key.startswith("val_") and not trainer.has_validation else ""
@@ -363,7 +411,7 @@ def check_fit(trainer: Trainer, train_loader: Any, val_loader: Any, epochs: int,
     _check_model(trainer)
 
 
-def _check_model(trainer: Trainer) -> None:
+def _check_model(trainer: LoopHost) -> None:
     model, device = trainer.model, trainer.device
     params = list(model.parameters())
     if any(p.is_meta for p in params):
@@ -417,51 +465,4 @@ def check_optimizer_params(model: torch.nn.Module, optimizer: torch.optim.Optimi
             "The optimizer holds none of the model's parameters (was it built for another model "
             "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
             "optimizer=None to only evaluate and predict)."
-        )
-
-
-def check_manual(
-    training_step: Any,
-    validation_step: Any,
-    *,
-    criterion: Any,
-    compute_loss: Any,
-    optimizer: Any,
-    metrics: Any,
-    strategy: Any,
-    options: dict[str, Any],
-) -> None:
-    """``training_step=`` / ``validation_step=`` and what they cannot be combined with, refused with the fix."""
-    if validation_step is not None and training_step is None:
-        raise ValueError("validation_step= goes with training_step= (manual optimization); use compute_loss= else.")
-    if training_step is None:
-        return
-    for name, fn in (("training_step", training_step), ("validation_step", validation_step)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be a function, got {type(fn).__name__}.")
-    if criterion is not None or compute_loss is not None:
-        raise ValueError(
-            "training_step= computes its own losses: pass criterion=None and no compute_loss= "
-            "(Trainer(model, None, optimizer={...}, training_step=fn))."
-        )
-    from nbtrainer._setup._optimizers import Optimizers
-
-    if not isinstance(optimizer, Optimizers):
-        raise ValueError(
-            "training_step= steps its optimizers by name: pass optimizer={'name': torch.optim.AdamW(...), ...} "
-            "(one entry for a single optimizer)."
-        )
-    if metrics:
-        raise ValueError(
-            "metrics= are computed from the model's outputs, which a training_step keeps to itself: return the "
-            "values from training_step instead ({'loss': ..., 'acc': ...}): each is logged like a metric."
-        )
-    for name, value in options.items():
-        if value:
-            raise ValueError(f"training_step= cannot be combined with {name}={value!r}. Remove that option.")
-    if shards_parameters(strategy):  # FSDP: its reduce-scatter runs inside every backward
-        raise ValueError(
-            "training_step= with strategy='fsdp' is not supported: FSDP2 reduce-scatters gradients inside each "
-            "backward, while a manual step averages each optimizer's gradients across ranks once per window, at "
-            "its step.step. Use strategy='ddp' (or one device)."
         )

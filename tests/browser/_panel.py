@@ -109,9 +109,20 @@ def step_bar_fraction(page: Any) -> float:
     }""")
 
 
+# What the widget managers log when a model or a view fails (ipywidgets 7 writes "Could not create a view for model
+# id ...", "Could not add child view to box" and carries on: the rest of the panel draws, the failed part is missing).
+STATE_ERRORS = (
+    "Error setting state",
+    "Could not process update msg",
+    "Could not create a view",
+    "Could not create view",
+    "Could not add child view",
+)
+
+
 def state_errors(console_log: list[str]) -> list[str]:
-    """Console lines saying a widget model failed to apply an update from the kernel."""
-    return [m for m in console_log if "Error setting state" in m or "Could not process update msg" in m]
+    """Console lines saying a widget model failed to apply an update from the kernel, or a view failed to draw."""
+    return [m for m in console_log if any(e in m for e in STATE_ERRORS)]
 
 
 # Every text node in the panel: its colour against the first opaque background behind it (WCAG 2 ratio).
@@ -154,6 +165,38 @@ _CONTRAST_JS = """(root) => {
 }"""
 
 
+# Every panel on the page carries its stylesheet (widgets/_view.py HIDE_STATIC, with _style.THEME_CSS: the theme's
+# secondary text colour where the front end's is too light, Start/Stop's white text) and the computed colours use it.
+_STYLED_JS = """(root) => {
+    const panels = [...document.querySelectorAll('.nbt-panel')];
+    return document.querySelector(root) !== null && panels.every(p => [...p.querySelectorAll('style')].some(
+        s => s.textContent.includes('.nbt-summary-static{display:none}') && s.sheet && s.sheet.cssRules.length > 0));
+}"""
+_STYLE_STATE_JS = """() => [...document.querySelectorAll('.nbt-panel')].map(p => ({
+    styles: [...p.querySelectorAll('style')].map(s => s.textContent.slice(0, 40)),
+    children: p.children.length,
+    color2: getComputedStyle(p).getPropertyValue('--jp-ui-font-color2').trim(),
+}))"""
+
+
+def wait_styled(page: Any, root: str = ".nbt-panel", timeout_s: float = 30.0) -> None:
+    """Wait until ``root`` is in the page and every panel has its stylesheet in the page and applied (then two
+    more frames).
+
+    The panel's colours are only what a person sees once its ``<style>`` is in the page: a page read before that
+    view is drawn measures the front end's defaults (ipywidgets 7's secondary grey, 3.95:1 on white; issue 57).
+    """
+    try:
+        page.wait_for_function(_STYLED_JS, arg=root, timeout=int(timeout_s * 1000))
+    except Exception as exc:
+        raise AssertionError(
+            f"the panel's stylesheet never reached the page in {timeout_s:.0f} s: {page.evaluate(_STYLE_STATE_JS)}"
+        ) from exc
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
 def low_contrast(page: Any, root: str = ".nbt-panel", minimum: float = 4.5) -> list[dict[str, Any]]:
-    """Text under ``root`` whose contrast with its background is below ``minimum`` (WCAG AA: 4.5)."""
+    """Text under ``root`` whose contrast with its background is below ``minimum`` (WCAG AA: 4.5), read once every
+    panel's stylesheet is applied (:func:`wait_styled`): the same page reads the same every time."""
+    wait_styled(page, root)
     return [t for t in page.evaluate(_CONTRAST_JS, root) if t["ratio"] < minimum]

@@ -152,6 +152,25 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return r.status, r.read()
 
+    def relative(self, path: Path) -> str:
+        """``path`` (a notebook inside ``root_dir``) as the server names it: ``sub/dir/name.ipynb``."""
+        return Path(path).resolve().relative_to(Path(self.root_dir).resolve()).as_posix()
+
+    def shutdown_kernels(self, timeout: float = 10.0) -> None:
+        """Shut down every session and kernel of a Jupyter server (its REST API), recording their processes first
+        so that ``stop`` can still find a survivor. A shared server calls this after each test: a kernel left
+        training in a thread would take the CPU from the tests after it."""
+        self.remember_children()
+        for listing, prefix in (("/api/sessions", "/api/sessions/"), ("/api/kernels", "/api/kernels/")):
+            try:
+                _, body = self.get(listing, timeout=timeout)
+            except (urllib.error.URLError, OSError):
+                return  # the server is gone: stop() handles what is left
+            for item in json.loads(body or b"[]"):
+                request = urllib.request.Request(self.url + prefix + item["id"], method="DELETE")
+                with contextlib.suppress(urllib.error.URLError, OSError):
+                    urllib.request.urlopen(request, timeout=timeout).close()
+
     def wait_ready(self, path: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last: Any = None

@@ -20,6 +20,12 @@ Fixtures
 ``lab_server``   (function) factory ``lab_server(root_dir: Path, *, timeout=90, extra_args=()) -> Server``:
                         JupyterLab 4, no token, ``window.jupyterapp`` exposed, news/update pop-up off.
                         Open ``f"{server.url}/lab/tree/{name}.ipynb"`` then ``lab_run_all(page)``.
+``shared_lab``    (function) the worker's one JupyterLab, started at the first test that asks and shared by
+                        every test that does (a server start is seconds of waiting); ``page.goto(shared_lab.url(nb))``
+                        opens ``nb`` (under ``tmp_path``, e.g. ``make_notebook``'s, or copied there) in a fresh
+                        workspace. Every kernel the test started is shut down when it ends. Prefer it to
+                        ``lab_server`` unless the test needs its own server (a theme, extra options, a reload of
+                        the server itself).
 ``make_notebook`` (function) ``make_notebook(name: str, cells: list[str | ("markdown", str)]) -> Path``
                         writes ``<tmp>/nb/<name>.ipynb`` (python3 kernelspec, no outputs).
 ``screenshot``   (function) ``screenshot(page, name, *, selector=None) -> Path`` saves
@@ -171,7 +177,9 @@ def console_log() -> list[str]:
 
 @pytest.fixture
 def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # NBT_VIEWPORT_HEIGHT: scripts/readme-picture.sh takes the whole panel (bqplot paints only what is in view)
+    height = int(os.environ.get("NBT_VIEWPORT_HEIGHT") or 900)
+    context = browser.new_context(viewport={"width": 1280, "height": height})
     pg = context.new_page()
     pg.set_default_timeout(30_000)
     pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
@@ -256,3 +264,57 @@ def lab_server(
     _jupyter_servers_available: None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Server]]:
     yield from _server_factory(_servers.start_lab, request, tmp_path_factory)
+
+
+class SharedLab:
+    """This worker's JupyterLab (light theme, no extra options), shared by the tests that ask for ``shared_lab``.
+
+    ``url(notebook)``: the page that opens ``notebook`` (a path under the test's ``tmp_path``, e.g. from
+    ``make_notebook``; any other path is copied there first) in a fresh workspace (``?reset``). ``server``: the
+    :class:`Server` (its log is printed when the test fails).
+    """
+
+    def __init__(self, server: Server, tmp_path: Path) -> None:
+        self.server, self._tmp = server, tmp_path
+
+    def url(self, notebook: Path) -> str:
+        notebook = Path(notebook).resolve()
+        root = Path(self.server.root_dir).resolve()
+        if root not in notebook.parents:
+            dest = self._tmp / "nb" / notebook.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(notebook, dest)
+            notebook = dest.resolve()
+        return f"{self.server.url}/lab/tree/{self.server.relative(notebook)}?reset"
+
+
+@pytest.fixture(scope="session")
+def _lab_for_the_session(
+    _jupyter_servers_available: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], Server]]:
+    started: list[Server] = []
+
+    def get() -> Server:
+        if not started:  # at the first test that asks: a worker that runs none starts none
+            base = tmp_path_factory.getbasetemp()  # every tmp_path of this worker is under it
+            started.append(_servers.start_lab(base, tmp_path_factory.mktemp("lab-shared")))
+        return started[0]
+
+    try:
+        yield get
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def shared_lab(
+    _lab_for_the_session: Callable[[], Server], request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[SharedLab]:
+    server = _lab_for_the_session()
+    try:
+        yield SharedLab(server, tmp_path)
+    finally:
+        if _failed(request):
+            print(f"\n[shared {server.kind} log, pid {server.pid}]\n{server.log_tail()}")
+        server.shutdown_kernels()  # nothing this test started runs on into the next

@@ -8,6 +8,7 @@ the main venv, which has Notebook 7 and ipywidgets 8. One server for the module.
   Resume, Stop holds), no widget error in the page or the console, the panel's text legible (WCAG AA).
 * A second panel whose cell blocks in ``w.fit()``: on ipykernel 6 the clicks reach the kernel through
   jupyter-ui-poll; Stop clicked in the page ends the run and the cell returns the History ("stopped").
+* The data section's map on bqplot 0.12: a mouse click on a point and a lasso (test_panel_data.py's scenario).
 """
 
 from __future__ import annotations
@@ -137,3 +138,16 @@ def test_panel_in_classic_notebook_on_ipywidgets_7(classic, page, screenshot, co
     assert not state_errors(console_log), state_errors(console_log)[:5]
     errors = [m for m in console_log if m.startswith(("pageerror", "error")) and "widget" in m.lower()]
     assert not errors, errors
+
+
+@pytest.mark.timeout(240)
+def test_the_data_map_takes_a_click_and_a_lasso_on_bqplot_0_12(classic, page, screenshot) -> None:
+    """The data section's map (issue 55) on Colab's stack (bqplot 0.12, ipywidgets 7): the mouse scenario of
+    test_panel_data.py (bqplot 0.13 in Voila): lights before Start, a click on a point, drop, a lasso."""
+    from .test_panel_data import CELLS, data_map_scenario
+
+    server = classic("classic_data", CELLS)
+    _run_all(page, f"{server.url}/notebooks/classic_data.ipynb")
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], timeout=60)
+    data_map_scenario(page)
+    screenshot(page, "panel-data-classic", selector=".nbt-data")

@@ -21,13 +21,16 @@ HERE = Path(__file__).resolve().parent
 PANEL_NB = HERE / "notebooks" / "panel_live.ipynb"
 
 
-def _open(page, lab_server, tmp_path: Path, notebook: Path, **server_kw):
+def _open(page, lab_server, shared_lab, tmp_path: Path, notebook: Path, theme: str) -> None:
+    """The light theme (Lab's default) in the worker's shared JupyterLab; another in a server of its own."""
+    if theme == "JupyterLab Light":
+        page.goto(shared_lab.url(notebook), wait_until="domcontentloaded", timeout=60_000)
+        return
     dest = tmp_path / "nb" / notebook.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(notebook, dest)
-    server = lab_server(dest.parent, **server_kw)
+    server = lab_server(dest.parent, theme=theme)
     page.goto(f"{server.url}/lab/tree/{dest.name}?reset", wait_until="domcontentloaded", timeout=60_000)
-    return server
 
 
 def _expand_side_areas(page) -> None:
@@ -47,8 +50,8 @@ def _expand_side_areas(page) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_panel_in_jupyterlab(theme, lab_server, page, screenshot, console_log, tmp_path) -> None:
-    _open(page, lab_server, tmp_path, PANEL_NB, theme=theme)
+def test_panel_in_jupyterlab(theme, lab_server, shared_lab, page, screenshot, console_log, tmp_path) -> None:
+    _open(page, lab_server, shared_lab, tmp_path, PANEL_NB, theme)
     page.wait_for_function(f"() => document.body.dataset.jpThemeName === {theme!r}", timeout=60_000)
     lab_run_all(page, timeout=120)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
@@ -86,10 +89,9 @@ BLOCKING_CELLS = [
 
 
 @pytest.mark.timeout(240)
-def test_blocking_fit_cell_still_obeys_pause_resume_stop(lab_server, make_notebook, page, screenshot, console_log):
+def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebook, page, screenshot, console_log):
     nb = make_notebook("blocking_fit", BLOCKING_CELLS)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     page.wait_for_function(
         "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
@@ -103,16 +105,16 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(lab_server, make_notebo
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[5], timeout=30_000)
 
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "paused", timeout_s=10)  # the click reached the kernel while the cell is busy
+    wait_badge(page, "paused", timeout_s=30)  # the click reached the kernel while the cell is busy
     held, points = global_step(page), loss_points(page)
     page.wait_for_timeout(1500)
     assert (global_step(page), loss_points(page)) == (held, points), "the run moved while paused"
     screenshot(page, "blocking-fit-lab-paused", selector=".nbt-panel")
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "running", timeout_s=10)
+    wait_badge(page, "running", timeout_s=30)
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[points + 5], timeout=30_000)
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=10)
+    wait_badge(page, "stopped", timeout_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
     out = page.locator(".jp-OutputArea-output", has_text="RESULT").first
     out.wait_for(timeout=30_000)

@@ -122,11 +122,10 @@ def _epochs_so_far(page) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page, screenshot, console_log):
+def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page, screenshot, console_log):
     page.set_viewport_size({"width": 800, "height": 900})
     nb = make_notebook("panel_narrow", CELLS)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     lab_run_all(page, timeout=120)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     panel = page.locator(".nbt-panel").first
@@ -174,7 +173,7 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     page.locator("button.nbt-start").click()
     wait_badge(page, "running", timeout_s=30)
     page.wait_for_function(
-        "() => document.querySelector('.nbt-summary-area').innerText.includes('previous run')", timeout=15_000
+        "() => document.querySelector('.nbt-summary-area').innerText.includes('previous run')", timeout=30_000
     )
 
     # it follows the newest epoch while the run goes on
@@ -199,7 +198,7 @@ def test_narrow_panel_long_run_and_a_second_run(lab_server, make_notebook, page,
     assert page.evaluate(f"() => {BOX}.scrollTop") < -40
     screenshot(page, "panel-narrow-800-show-all", selector=".nbt-epochs-area")
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=15)
+    wait_badge(page, "stopped", timeout_s=30)
 
     # full width: the LR finder button on the first row of buttons
     page.set_viewport_size({"width": 1280, "height": 900})

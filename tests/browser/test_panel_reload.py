@@ -2,11 +2,12 @@
 
 JupyterLab, after a reload, asks the kernel for ``kernel_info`` (it drops every kernel message until the
 answer), then restores the widgets through the widget manager's control comm. The blocking cell holds the
-main shell, so nbtrainer answers those requests from its subshell while the cell waits: within 5 s of the
-notebook's outputs being back on the page the panel must be back (its models restored from the kernel, no
-"Loading widget..."); then, drawn, it must be live (the progress moves) and Stop must end the run. How long
-Chromium takes to draw five charts on this shared 2-core machine is not the kernel's doing: that part waits on
-readiness, and the test prints the whole time.
+main shell, so nbtrainer answers those requests from its subshell while the cell waits. The cell trains 3,000
+epochs and ends only when Stop is clicked: the panel's models coming back (no "Loading widget...") while the run is
+still going, its progress moving on and Stop ending it prove the requests were answered during the cell, whatever
+the machine's load. Without the subshell they would wait for the cell, which never ends, and the wait for the panel
+fails at its deadline. How long it took is printed, not asserted (issue 57: a 5-second bound inside the parallel
+suite measured the suite's own other workers as much as the kernel).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ._panel import PANEL_SELECTORS, global_step, wait_badge
 from ._servers import wait_widgets_rendered, widget_problems
 from .test_panel_lab import BLOCKING_CELLS
 
-LIVE_WITHIN_S = 5.0
+BACK_DEADLINE_S = 60.0  # a deadline for readiness, not a measure: the cell never ends by itself
 KERNEL_READY = (
     "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
     " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
@@ -44,13 +45,12 @@ def bqplot_noise(console_log: list[str]) -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_works(
-    lab_server, make_notebook, page, screenshot, console_log
+    shared_lab, make_notebook, page, screenshot, console_log
 ):
     cells = [BLOCKING_CELLS[0].replace("epochs=60", "epochs=3000"), BLOCKING_CELLS[1]]
     assert "epochs=3000" in cells[0]
     nb = make_notebook("reload_mid_fit", cells)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     page.wait_for_function(KERNEL_READY, timeout=60_000)
     # Not awaited: the command settles only when every cell has run, and the 2nd cell blocks for the run.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
@@ -67,7 +67,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
 
     page.wait_for_function(OUTPUTS_BACK, timeout=60_000)
     t0 = time.monotonic()
-    page.wait_for_function(PANEL_BACK, timeout=LIVE_WITHIN_S * 1000)  # what the kernel answers: the models
+    page.wait_for_function(PANEL_BACK, timeout=BACK_DEADLINE_S * 1000)  # what the kernel answers: the models
     back_after = time.monotonic() - t0
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     wait_badge(page, "running", timeout_s=30)
@@ -82,7 +82,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     screenshot(page, "reload-mid-fit-live", selector=".nbt-panel")
 
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=15)
+    wait_badge(page, "stopped", timeout_s=30)
     final = global_step(page)
     page.wait_for_timeout(1000)
     assert global_step(page) == final, "training went on after Stop"

@@ -54,7 +54,7 @@ def _shown(page: Any) -> list[int] | None:
     return page.evaluate(SHOWN)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_loss(
     voila_server, make_notebook, page, screenshot
 ) -> None:
@@ -77,7 +77,7 @@ def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_lo
     assert len(points) > 20, points
     x, y = points[len(points) // 4]
     page.mouse.click(x, y)
-    page.wait_for_function(f"() => {{ const s = ({SHOWN})(); return s && s[1] < s[2]; }}", timeout=15_000)
+    page.wait_for_function(f"() => {{ const s = ({SHOWN})(); return s && s[1] < s[2]; }}", timeout=30_000)
     step, k, _ = _shown(page) or [0, 0, 0]
     assert (0 < step < last and step % 5 == 0) or step == 22, step
     assert f"step {step}" in page.locator(".nbt-samples-right").first.inner_text()

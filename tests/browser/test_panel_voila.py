@@ -99,7 +99,7 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     # the badge says "stopped" one UI push before the summary is built and shown (folded): wait for it, then open it
     page.locator(".nbt-summary-area .nbt-section-title").wait_for(state="visible", timeout=30_000)
     page.locator(".nbt-summary-area .nbt-collapse").click()
-    page.locator(".nbt-summary-live .nbt-summary-table").wait_for(timeout=10_000)
+    page.locator(".nbt-summary-live .nbt-summary-table").wait_for(timeout=30_000)
     assert page.locator(".nbt-summary-live svg.nbt-summary-chart").count() >= 3
     # the fit cell returned and the cells after it ran: the History report and its table
     page.locator("text=best val_acc").first.wait_for(timeout=30_000)

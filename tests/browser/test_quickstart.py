@@ -32,10 +32,9 @@ def _copy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.timeout(240)
-def test_quickstart_in_jupyterlab_run_all(lab_server, page, screenshot, console_log, tmp_path) -> None:
+def test_quickstart_in_jupyterlab_run_all(shared_lab, page, screenshot, console_log, tmp_path) -> None:
     nb = _copy(tmp_path)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}?reset", wait_until="domcontentloaded", timeout=60_000)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     t0 = time.monotonic()
     lab_run_all(page, timeout=200)
     print(f"\nquickstart Run All in JupyterLab: {time.monotonic() - t0:.1f} s")
@@ -72,16 +71,14 @@ def test_quickstart_in_jupyterlab_run_all(lab_server, page, screenshot, console_
 
 @pytest.mark.timeout(240)
 def test_quickstart_exported_to_html_shows_the_summary_without_javascript(
-    browser, screenshot, tmp_path, venv_kernelspec
+    browser, screenshot, tmp_path, venv_kernelspec, run_shared_dir
 ) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
     nbconvert = pytest.importorskip("nbconvert")
-    nb_path = _copy(tmp_path)
-    nb = nbformat.read(nb_path, as_version=4)
-    nbclient.NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
-    ).execute()
+    from _notebook_runs import executed
+
+    nb = executed(QUICKSTART, run_shared_dir)[0]  # the run tests/test_notebooks.py checks (once per test run)
     body, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
     html = tmp_path / "quickstart.html"
     html.write_text(body, encoding="utf-8")
@@ -90,7 +87,7 @@ def test_quickstart_exported_to_html_shows_the_summary_without_javascript(
         page = context.new_page()
         page.goto(html.as_uri())
         static = page.locator(".nbt-summary-static .nbt-summary").first
-        static.wait_for(timeout=10_000)
+        static.wait_for(timeout=30_000)
         assert static.is_visible()
         assert static.locator(".nbt-summary-table tbody tr").count() == EPOCHS
         charts = static.locator("svg.nbt-summary-chart")

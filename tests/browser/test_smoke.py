@@ -39,29 +39,28 @@ LINE_DRAWN = """() => {
 
 def _click_round_trip(page) -> None:
     page.locator(".nbt-smoke-button").click()
-    page.locator(".nbt-smoke-label", has_text="clicks: 1").wait_for(timeout=15_000)
+    page.locator(".nbt-smoke-label", has_text="clicks: 1").wait_for(timeout=30_000)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)  # a hang guard: a loaded machine takes minutes to start a server and a kernel
 def test_voila_renders_button_and_bqplot(voila_server, make_notebook, page, screenshot, console_log):
     server = voila_server(make_notebook("smoke", SMOKE_CELLS))
-    page.goto(server.url + "/", wait_until="domcontentloaded")
-    wait_widgets_rendered(page, SELECTORS, timeout=40)
-    page.wait_for_function(LINE_DRAWN, timeout=10_000)
+    page.goto(server.url + "/", wait_until="domcontentloaded", timeout=120_000)  # Voila runs the notebook first
+    wait_widgets_rendered(page, SELECTORS, timeout=60)
+    page.wait_for_function(LINE_DRAWN, timeout=30_000)
     _click_round_trip(page)
     assert widget_problems(page) == []
     assert not [m for m in console_log if m.startswith("pageerror")], console_log
     assert screenshot(page, "smoke-voila").stat().st_size > 0
 
 
-@pytest.mark.timeout(60)
-def test_lab_runs_notebook_and_renders_widgets(lab_server, make_notebook, page, screenshot):
+@pytest.mark.timeout(240)  # a hang guard: a loaded machine takes minutes to start a server and a kernel
+def test_lab_runs_notebook_and_renders_widgets(shared_lab, make_notebook, page, screenshot):
     nb = make_notebook("smoke_lab", SMOKE_CELLS)
-    server = lab_server(nb.parent)
-    page.goto(f"{server.url}/lab/tree/{nb.name}", wait_until="domcontentloaded")
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded")
     lab_run_all(page, timeout=40)
     wait_widgets_rendered(page, SELECTORS, timeout=20)
-    page.wait_for_function(LINE_DRAWN, timeout=10_000)
+    page.wait_for_function(LINE_DRAWN, timeout=30_000)
     _click_round_trip(page)
     assert widget_problems(page) == []
     assert screenshot(page, "smoke-lab", selector=".nbt-smoke-figure").stat().st_size > 0

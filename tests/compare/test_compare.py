@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -359,3 +360,30 @@ def test_spread_of_step_times_and_the_warning():
     assert "±2%" in text and "±90%" in text
     assert table.warnings() and "bf16" in table.warnings()[0] and "fp32" not in table.warnings()[0]
     assert "repeats=3" in text and "bf16" in table._repr_html_().split("<small>")[1]
+
+
+def test_the_default_list_leaves_out_what_cannot_apply_and_says_so() -> None:
+    """A plain CNN has no repeated blocks: the default list skips ``ckpt`` (a row that could only fail) and says
+    so in one line; a model with repeated blocks keeps it; named explicitly, ``ckpt`` still runs (issue 58)."""
+    data = [(torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,)))] * 2
+
+    def cnn() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
+
+    table = compare_strategies(cnn, None, nn.CrossEntropyLoss(), data, steps=1, measure_memory=False, metric=None)
+    assert "ckpt" not in table.names and {"fp32", "accum4", "adafactor"} <= set(table.names)
+    assert table.left_out == {"ckpt": "the model has no repeated blocks to checkpoint"}
+    lines = [line for line in str(table).splitlines() if line.startswith("left out")]
+    assert lines == ["left out of the default list, as they cannot apply here: ckpt (the model has no repeated "
+                     "blocks to checkpoint)"]  # fmt: skip
+    assert "left out of the default list" in table._repr_html_()
+    assert all(r["status"] == "ok" for r in table.rows)
+
+    def stack() -> nn.Module:
+        return nn.Sequential(nn.Flatten(), *[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(2)])
+
+    two: dict[str, Any] = {"strategies": ["fp32", "ckpt"], "steps": 1, "metric": None, "measure_memory": False}
+    kept = compare_strategies(stack, None, nn.CrossEntropyLoss(), data, **two)
+    assert kept.names == ["fp32", "ckpt"] and not kept.left_out
+    named = compare_strategies(cnn, None, nn.CrossEntropyLoss(), data, **two)
+    assert named.rows[1]["status"] == "failed" and "left out" not in str(named)

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp, needs
-from sklearn.metrics import confusion_matrix, multilabel_confusion_matrix, precision_recall_fscore_support
+from conftest import LazyModule, make_classification, make_loader, mlp, needs
 
 from nbtrainer import Interpretation, Trainer
 from nbtrainer._look._per_item import NoPerItemLoss
+
+skm = LazyModule("sklearn.metrics")  # imported at first use: collection stays cheap in every worker
 
 F = torch.nn.functional
 
@@ -86,8 +87,8 @@ def test_a_classifier_matches_scikit_learn() -> None:
     pred = logits.argmax(1)
     assert interp.task == "classification" and interp.predictions is not None
     assert torch.equal(interp.predictions, pred)
-    assert np.array_equal(interp.confusion_matrix().numpy(), confusion_matrix(y, pred, labels=range(4)))
-    p, r, f, s = precision_recall_fscore_support(y, pred, labels=range(4), zero_division=0)
+    assert np.array_equal(interp.confusion_matrix().numpy(), skm.confusion_matrix(y, pred, labels=range(4)))
+    p, r, f, s = skm.precision_recall_fscore_support(y, pred, labels=range(4), zero_division=0)
     rows = interp.per_class()
     for c in range(4):
         assert rows[c]["class"] == c and rows[c]["support"] == s[c]
@@ -116,7 +117,7 @@ def test_multi_label_gets_a_two_by_two_matrix_per_label() -> None:
     with torch.no_grad():
         pred = (torch.sigmoid(model(x)) > 0.5).int()
     assert interp.task == "multilabel"
-    assert np.array_equal(interp.confusion_matrix().numpy(), multilabel_confusion_matrix(y.int(), pred))
+    assert np.array_equal(interp.confusion_matrix().numpy(), skm.multilabel_confusion_matrix(y.int(), pred))
     assert {kind for _, kind, _ in interp.most_confused(6)} <= {"missed", "false alarm"}
     assert [r["support"] for r in interp.per_class()] == y.sum(0).int().tolist()
 

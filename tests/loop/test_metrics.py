@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchmetrics
-from conftest import accuracy, make_classification, make_loader, mlp
+from conftest import LazyModule, accuracy, make_classification, make_loader, mlp
 
 from nbtrainer import Trainer
+
+torchmetrics = LazyModule("torchmetrics")  # imported at first use: collection stays cheap in every worker
 
 
 def test_metrics_match_direct_computation():
@@ -98,7 +99,7 @@ def test_a_metric_collection_is_accepted_its_keys_name_the_values():
         Trainer(
             model,
             torch.nn.CrossEntropyLoss(),
-            metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4),  # type: ignore[arg-type]
+            metrics=torchmetrics.Accuracy(task="multiclass", num_classes=4),
         )
 
 

@@ -213,3 +213,74 @@ def test_cuda_resume_adds_no_sync_per_step(tmp_path):
         assert steps and all(s.device.type == "cpu" for s in steps), [s.device for s in steps]
         counts.append(sum("synchroniz" in str(w.message) for w in caught))
     assert counts[1] <= counts[0], f"syncs grew with the number of steps after a resume: {counts}"
+
+
+@pytest.mark.parametrize("data", ["loader", "per-sample", "list"])
+def test_a_data_map_adds_no_read_per_step(count_reads, data):
+    """``DataMap()`` keeps each step's logits and index list and adds them up on the device when ``flush_rows`` wait
+    (here every 4 batches, so the reduction runs mid-epoch many times): fits of 10 and 80 batches read equally often,
+    through the batched fetch, the loader's own iterator and a list of batches."""
+    from nbtrainer import DataMap
+
+    totals = []
+    for n_batches in (10, 80):
+        x, y = make_classification(n=16 * n_batches)
+        dm = DataMap(flush_rows=64)
+        trainer = Trainer(
+            mlp(),
+            torch.nn.CrossEntropyLoss(),
+            "sgd",
+            lr=0.05,
+            callbacks=[dm],
+            progress=False,
+            refresh_interval=3600.0,
+            fast_fetch=data != "per-sample",
+        )
+        loader: Any = make_loader(x, y, batch_size=16, shuffle=True)
+        if data == "list":
+            loader = [(x[i : i + 16], y[i : i + 16]) for i in range(0, len(x), 16)]
+        count_reads["n"] = 0
+        trainer.fit(loader, epochs=2)
+        totals.append(count_reads["n"])
+        assert int(dm.visits.sum()) == 2 * len(x)  # it did record every item, after the counted fit
+    assert totals[0] == totals[1], f"host reads grew with the number of steps: {totals}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("data_on_device", [0.5, 0.0])
+def test_cuda_data_map_adds_no_sync_per_step(data_on_device):
+    """CUDA's own sync detector with a ``DataMap`` (reduced every 4 batches): a fit of 80 batches syncs no more often
+    than one of 10, with the data on the device (indices copied asynchronously) or prefetched."""
+    import warnings
+
+    from nbtrainer import DataMap
+
+    counts = []
+    for n_batches in (10, 80):
+        x, y = make_classification(n=16 * n_batches)
+        dm = DataMap(flush_rows=64)
+        trainer = Trainer(
+            mlp(),
+            torch.nn.CrossEntropyLoss(),
+            "sgd",
+            lr=0.05,
+            callbacks=[dm],
+            progress=False,
+            refresh_interval=3600.0,
+            timing_every=0,
+            device="cuda",
+            data_on_device=data_on_device,
+        )
+        loader = make_loader(x, y, batch_size=16, shuffle=True)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.fit(loader, epochs=2)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+        assert int(dm.visits.sum()) == 2 * len(x) and bool((dm.given == y).all())
+    assert counts[1] <= counts[0], f"syncs grew with the number of steps: {counts}"

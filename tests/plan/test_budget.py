@@ -143,7 +143,7 @@ def test_optimizer_auto_takes_the_kind_of_the_plan() -> None:
     best = trainer.memory_plan.best  # type: ignore[union-attr]
     assert best is not None and best.memory.optimizer not in (None, "adamw")
     assert trainer.options.memory.optimizer == best.memory.optimizer
-    from nbtrainer._options import optimizer_kind
+    from nbtrainer._optimizer_kinds import optimizer_kind
 
     assert optimizer_kind(trainer.optimizer) == best.memory.optimizer
     assert trainer.optimizer is not None and trainer.optimizer.param_groups[0]["lr"] == 3e-3

@@ -124,7 +124,7 @@ def test_a_meta_model_plans_like_the_same_model_with_weights():
 
 @pytest.mark.slow
 def test_the_best_row_is_the_fastest_that_fits_and_never_changes_what_trains_unasked():
-    model = _llama(layers=2)  # the choice among rows does not depend on the depth; each row is a simulated step
+    model = _llama(layers=1)  # the choice among rows does not depend on the depth; each row is a simulated step
     ids = torch.zeros(8, 128, dtype=torch.long)
     batch = {"input_ids": ids, "labels": ids}
     roomy = plan_memory(model, batch, budget_gb=8, device="cpu")
@@ -157,9 +157,9 @@ def test_nothing_fits_says_what_the_smallest_row_needs():
 
 @pytest.mark.slow
 def test_a_cuda_target_plans_without_a_gpu():
-    # two blocks: the CUDA target's rows (offloading, every optimizer kind) each take a simulated step, and what is
+    # one block: the CUDA target's rows (offloading, every optimizer kind) each take a simulated step, and what is
     # checked here (the rows a CUDA target has, offloading's host bytes) does not depend on the depth
-    model = _llama("meta", layers=2)
+    model = _llama("meta", layers=1)
     ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
     plan = plan_memory(model, {"input_ids": ids, "labels": ids}, budget_gb=1, device="cuda")
     assert plan.device.startswith("cuda")
@@ -236,3 +236,21 @@ def test_profile_model_refuses_the_meta_device_for_a_model_with_weights() -> Non
     ids = torch.zeros(1, 16, dtype=torch.long)
     with pytest.raises(ValueError, match=r"meta device runs no kernel.*profile_model plans instead"):
         profile_model(_llama(), {"input_ids": ids, "labels": ids}, devices=("meta",))
+
+
+def test_a_plan_simulates_only_the_rows_a_question_needs_and_answers_as_a_full_search() -> None:
+    model, batch = _mlp(), (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    plan = plan_memory(model, batch, budget_gb=1, device="cpu")
+    search = plan._search
+    simulated = lambda: sum(r is not None for r in search._rows)  # noqa: E731
+    assert simulated() == 1  # the first row only (a batch that does not fit the model is refused at once)
+    plan.predict(precision="bf16-mixed")
+    assert simulated() == 1  # predict builds the row it is asked for, not the table
+    best = plan.best
+    assert best is not None and 0 < simulated() < len(search.specs)  # the fastest rows, until one fits
+    rows = plan.rows
+    assert simulated() == len(search.specs)
+    assert plan.best is best and any(r is best for r in rows)  # the same row object, listed
+    # the same answers as a plan whose table was read first
+    again = plan_memory(model, batch, budget_gb=1, device="cpu")
+    assert str(again) == str(plan) and again.best == best and again._candidates == plan._candidates

@@ -1,6 +1,11 @@
 """plan_memory(..., world_size=2, strategy="ddp" | "fsdp"): each row's per-rank prediction against the peak each of
 2 gloo CPU ranks measures (tests/dist/ddp_scripts/plan_scenario.py under torchrun), within 15%; and the bad input
-refused before anything runs."""
+refused before anything runs.
+
+One torchrun launch serves every test (``launched``, module-scoped; the module runs on one pytest-xdist worker,
+``tests/conftest.py``): its two ranks run FSDP's scenarios, then DDP's, in one process group. Each launch starts two
+ranks that import torch, transformers and nbtrainer, about 15 s of CPU.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
@@ -18,28 +24,49 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, SCRIPTS)
 import plan_common as pc  # noqa: E402
 
-LAUNCH_TIMEOUT = 300
+LAUNCH_TIMEOUT = 600  # both scenarios under both strategies in one launch
+STRATEGIES = ("fsdp", "ddp")
 
 
-def _launch(tmp_path, strategy: str, *extra: str) -> list:
+def _launch(out) -> dict[str, dict[str, list]]:
+    """One torchrun launch of both scenarios (the rows' peaks, the budget's run) under each strategy in turn:
+    ``{strategy: {"rows": [rank 0's, rank 1's], "budget": [...]}}``."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([SCRIPTS, env.get("PYTHONPATH", "")]))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(SCRIPTS, "plan_scenario.py"), strategy, str(tmp_path), *extra]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=env)
+           os.path.join(SCRIPTS, "plan_scenario.py"), ",".join(STRATEGIES), str(out), "both"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=out, env=env)
     assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    name = f"{strategy}-{extra[0]}" if extra else strategy
-    return [json.load(open(tmp_path / f"{name}.rank{r}.json")) for r in (0, 1)]
+    return {
+        strategy: {
+            what: [json.load(open(out / f"{name}.rank{r}.json")) for r in (0, 1)]
+            for what, name in (("rows", strategy), ("budget", f"{strategy}-budget"))
+        }
+        for strategy in STRATEGIES
+    }
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, list]]:
+    """``launched(strategy)``: that strategy's results from the module's one launch (run at the first test)."""
+    done: dict[str, dict[str, list]] = {}
+
+    def get(strategy: str) -> dict[str, list]:
+        if not done:
+            done.update(_launch(tmp_path_factory.mktemp("ranks")))
+        return done[strategy]
+
+    return get
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo")
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_each_ranks_predicted_peak_is_within_15_percent_of_its_measured_peak(tmp_path, strategy: str) -> None:
-    measured = _launch(tmp_path, strategy)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_ranks_predicted_peak_is_within_15_percent_of_its_measured_peak(launched, strategy: str) -> None:
+    measured = launched(strategy)["rows"]
     plan = plan_memory(pc.llama(), pc.example(), budget_gb=16, device="cpu", world_size=2, strategy=strategy)
     single = plan_memory(pc.llama(), pc.example(), budget_gb=16, device="cpu")
     for i, switches in enumerate(pc.ROWS):
@@ -54,9 +81,9 @@ def test_each_ranks_predicted_peak_is_within_15_percent_of_its_measured_peak(tmp
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo")
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_a_budget_under_ddp_and_fsdp_plans_one_rank_and_every_rank_applies_the_same_row(tmp_path, strategy) -> None:
-    ranks = _launch(tmp_path, strategy, "budget")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_budget_under_ddp_and_fsdp_plans_one_rank_and_every_rank_applies_the_same_row(launched, strategy) -> None:
+    ranks = launched(strategy)["budget"]
     assert ranks[0]["row"] == ranks[1]["row"] and ranks[0]["split"] == ranks[1]["split"], ranks
     assert ranks[0]["row"] != ranks[0]["plain"], ranks  # the budget excludes the plain whole-batch row
     for r in ranks:

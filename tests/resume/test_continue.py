@@ -142,6 +142,19 @@ def test_fit_more_max_steps_counts_steps_of_the_extension():
     assert more.stop_reason == f"max_steps={BATCHES + 4} reached"
 
 
+def test_fit_more_takes_arrays_as_fit_does():
+    """``fit((x, y), batch_size=...)`` then ``fit_more`` on the same arrays: the extension batches them the same way
+    (8 steps an epoch at 12 items a batch) and validates on ``val_data``."""
+    trainer, _ = _setup(scheduler=False)
+    x, y = make_classification(n=BATCHES * BATCH)
+    trainer.fit((x, y), val_data=(x[:24], y[:24]), batch_size=12, epochs=1)
+    more = trainer.fit_more((x, y), val_data=(x[:24], y[:24]), batch_size=12, shuffle=False, epochs=2)
+    assert trainer.global_step == 3 * 8 and [r["epoch"] for r in more.epochs] == [1, 2, 3]
+    assert all("val_loss" in r for r in more.epochs)
+    with pytest.raises((TypeError, ValueError), match="batch_size"):
+        trainer.fit_more((x, y), epochs=1)  # arrays without a batch size are refused as in fit
+
+
 def test_fit_more_refusals():
     trainer, loader = _setup(scheduler=False)
     with pytest.raises(RuntimeError, match=r"has not trained yet: call trainer\.fit"):

@@ -31,7 +31,7 @@ def test_an_eager_hugging_face_model_is_switched_to_sdpa_with_the_same_logits() 
     model = tiny_llama(attn="eager")
     trainer = Trainer(model, None, "adamw", attention="flash", progress=False)
     assert model.config._attn_implementation == "sdpa"
-    assert trainer._setup.describe()["attention"] == "flash"
+    assert trainer.model_setup.describe()["attention"] == "flash"
     assert (model(**batch).logits - expected).abs().max() < 1e-5
 
 

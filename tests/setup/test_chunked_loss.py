@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import needs
 from setup_models import lm_batches, mlp, tiny_llama
 from torch import nn
 
@@ -16,7 +17,7 @@ from nbtrainer import Trainer
 from nbtrainer._memory._peak import track_peak
 from nbtrainer._setup._chunked_loss import ChunkedCausalLMLoss
 
-pytest.importorskip("transformers")
+pytestmark = needs("transformers")  # found, not imported: collection stays cheap in every worker
 
 
 def _masked(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

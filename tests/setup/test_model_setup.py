@@ -62,7 +62,7 @@ def test_activation_checkpointing_gradients_equal_and_model_restored():
         activation_checkpointing=True,
         progress=False,
     )
-    assert trainer._setup.checkpointed_blocks == ["blocks.0", "blocks.1", "blocks.2"]
+    assert trainer.model_setup.checkpointed_blocks == ["blocks.0", "blocks.1", "blocks.2"]
     inner = _count_calls(_block(model, 1)[1])
     got, want = _grads(trainer.model, x, y), _grads(reference, x, y)
     assert len(inner) == 2  # forward + recomputation in backward: checkpointing really ran

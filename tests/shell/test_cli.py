@@ -113,5 +113,37 @@ def test_checkpoint_command_says_where_a_run_stands(tmp_path):
     assert "position   2 epoch(s) complete, step 8" in out
     assert "OneCycleLR: 0 of total_steps=8 left" in out and "fit_more" in out
     assert "last epoch 2: loss=" in out and "lr=" in out
+    # a finished run says so, and the command for more epochs is filled in (issue 58)
+    assert "status     finished: all 2 planned epoch(s) done" in out and "to finish the planned run" not in out
+    path = str(tmp_path / "last.ckpt")
+    assert f"trainer.fit_more(train_loader, val_loader, epochs=N, resume_from={path!r}, scheduler=fn | None)" in out
+    assert "OneCycleLR is used up" in out
     proc = _run("checkpoint", str(tmp_path / "missing.ckpt"))
     assert proc.returncode == 1 and "missing.ckpt" in proc.stderr
+
+
+def test_checkpoint_of_a_run_stopped_early_says_what_is_left(tmp_path):
+    """A run stopped after 1 of its 3 planned epochs: the command to finish it, with its epochs and path."""
+    from nbtrainer._resume._checkpoint_io import load_checkpoint
+    from nbtrainer._shell._cli import describe_checkpoint
+
+    class StopAfterOne:
+        def on_epoch_end(self, trainer, epoch, logs):
+            trainer.request_stop("enough for now")
+
+    x, y = make_classification(n=64)
+    trainer = Trainer(
+        mlp(),
+        torch.nn.CrossEntropyLoss(),
+        "sgd",
+        lr=0.1,
+        callbacks=[ModelCheckpoint(tmp_path, save_last=True), StopAfterOne()],
+        progress=False,
+        run_store=False,
+    )
+    trainer.fit(make_loader(x, y, batch_size=16), epochs=3)
+    path = str(tmp_path / "last.ckpt")
+    out = describe_checkpoint(load_checkpoint(path), path)
+    assert "1 epoch(s) complete" in out and "finished" not in out
+    assert f"trainer.fit(train_loader, val_loader, epochs=3, resume_from={path!r}) to finish the planned run" in out
+    assert "(2 epoch(s) left)" in out

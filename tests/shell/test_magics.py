@@ -65,7 +65,8 @@ def _precision_lines(text: str) -> dict[str, bool]:
 
 
 def test_doctor_reports_torch_devices_and_checked_precisions(shell: Any) -> None:
-    report = nbt(shell, "doctor")
+    assert nbt(shell, "doctor") is None  # shown, not returned (test_doctor_in_a_cell_shows_report)
+    report = shell.user_ns["_nbt_doctor"]
     text = str(report)
     assert torch.__version__ in text
     assert ("CPU build" in text) == (torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
@@ -79,7 +80,8 @@ def test_doctor_reports_torch_devices_and_checked_precisions(shell: Any) -> None
     html = report._repr_html_()
     assert 'class="nbt-doctor"' in html and torch.__version__ in html
     # the alias gives the same report
-    assert re.sub(r"\d+\.\d+s", "", str(nbt(shell, "env"))) == re.sub(r"\d+\.\d+s", "", text)
+    nbt(shell, "env")
+    assert re.sub(r"\d+\.\d+s", "", str(shell.user_ns["_nbt_doctor"])) == re.sub(r"\d+\.\d+s", "", text)
 
 
 def test_doctor_refuses_a_device_torch_cannot_parse(shell: Any) -> None:
@@ -98,11 +100,12 @@ def test_doctor_refuses_a_device_this_machine_lacks(shell: Any, device: str) -> 
 
 
 def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
+    """The report shows wherever the magic stands in a cell, not only as its last line (issue 58)."""
     with capture_output() as cap:
-        result = shell.run_cell("%nbtrainer doctor --device cpu")
+        result = shell.run_cell("%nbtrainer doctor --device cpu\nx = 1")
     assert result.success, result.error_in_exec
-    assert isinstance(result.result, _magics.DoctorReport)
-    assert "nbtrainer doctor" in cap.stdout  # the displayhook printed the text form
+    assert isinstance(shell.user_ns["_nbt_doctor"], _magics.DoctorReport)
+    assert "nbtrainer doctor" in cap.stdout and "devices and precisions" in cap.stdout
 
 
 def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(
@@ -112,7 +115,8 @@ def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(
     fake = {"ipykernel": "7.0.1", "ipywidgets": "8.1.5", "jupyterlab_widgets": "1.1.11"}
     monkeypatch.setattr(_doctor, "_version", lambda name: fake.get(name, real(name)))
     monkeypatch.setattr(_doctor, "_labextension_dirs", lambda: [str(tmp_path)])
-    report = nbt(shell, "doctor --device cpu")
+    nbt(shell, "doctor --device cpu")
+    report = shell.user_ns["_nbt_doctor"]
     assert not report.ok
     problems = {p.what: p.fix for p in report.problems}
     thread = [f for w, f in problems.items() if "thread-update bug" in w and "7.0.1" in w]
@@ -444,7 +448,7 @@ def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
         for src in ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")
     ]
     nbclient.NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    [result] = [o for o in nb.cells[1].outputs if o.output_type == "execute_result"]
+    [result] = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
     assert 'class="nbt-doctor"' in result.data["text/html"]
     assert "ZMQInteractiveShell" in result.data["text/plain"]
     assert "No training runs in progress" in "".join(o.get("text", "") for o in nb.cells[2].outputs)

@@ -87,11 +87,12 @@ from typing import Any
 
 import pytest
 import torch
-import torchmetrics
-from conftest import accuracy, make_classification, make_loader
+from conftest import LazyModule, accuracy, make_classification, make_loader
 from torch import nn
 
 from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
+
+torchmetrics = LazyModule("torchmetrics")  # imported at first use: collection stays cheap in every worker
 
 X, Y = make_classification(n=64)
 
@@ -630,7 +631,7 @@ def test_a_failed_first_batch_leaves_no_trace(tmp_path):
 
 def test_validation_peek_changes_nothing(tmp_path):
     """Trying the first validation batch up front restores every RNG: same run with or without it."""
-    import nbtrainer._trainer._validate as validate
+    from nbtrainer._loop._batch_steps import BatchSteps
 
     def run():
         torch.manual_seed(0)
@@ -644,12 +645,12 @@ def test_validation_peek_changes_nothing(tmp_path):
         return [p.detach().clone() for p in model.parameters()], trainer.history.steps["loss"]
 
     with_peek = run()
-    real = validate.check_val_loader
-    validate.check_val_loader = lambda *a: None
+    real = BatchSteps.check_val_loader
+    BatchSteps.check_val_loader = lambda *a: None  # type: ignore[method-assign]
     try:
         without = run()
     finally:
-        validate.check_val_loader = real
+        BatchSteps.check_val_loader = real  # type: ignore[method-assign]
     assert with_peek[1] == without[1]
     assert all(torch.equal(a, b) for a, b in zip(with_peek[0], without[0], strict=True))
 

@@ -1,4 +1,4 @@
-"""The Trainer's batch steps (``nbtrainer._trainer._batch_steps.BatchSteps``): overrides, a batch's loss, evaluation."""
+"""The Trainer's batch steps (``nbtrainer._loop._batch_steps.BatchSteps``): overrides, a batch's loss, evaluation."""
 
 from __future__ import annotations
 

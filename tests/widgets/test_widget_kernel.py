@@ -194,7 +194,7 @@ def test_pause_resume_stop_clicks_work_while_a_cell_blocks_in_fit(kernel: Kernel
     result = kernel.stdout(fit_id).split()
     assert result[:2] == ["RESULT", "stopped"], result
     assert int(result[3]) < 50
-    stopped_at = _wait_status(kernel, status_id, "stopped", timeout=5)
+    stopped_at = _wait_status(kernel, status_id, "stopped", timeout=30)  # a deadline: the message is on its way
     final = [_step(v) for t, v in kernel.values(info_id) if t <= stopped_at][-1]
     assert final == int(result[2]), "the last step drawn before 'stopped' is the step the run ended on"
     # the kernel is free for the next cell at once
@@ -253,13 +253,14 @@ def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: 
     request_states) is answered while ``w.fit()`` blocks; a Stop sent from the new page ends the run."""
     ids = kernel.run(SETUP).split("IDS", 1)[1].split()
     stop_id, info_id = ids[1], ids[3]
-    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status)")
+    # 5,000 epochs: the run ends only by the Stop below, so "stopped" proves every answer came during the cell
+    fit_id = kernel.kc.execute("w.view.epochs.value = 5000\nh = w.fit()\nprint('RESULT', h.status)")
     _wait_step(kernel, info_id, 5)
     kc = _second_client(kernel)
     try:
-        info = _shell_reply(kc, kc.kernel_info(), timeout=10)
+        info = _shell_reply(kc, kc.kernel_info(), timeout=30)
         assert info["msg_type"] == "kernel_info_reply" and info["content"]["status"] == "ok"
-        comms = _shell_reply(kc, kc.comm_info(target_name="jupyter.widget"), timeout=10)
+        comms = _shell_reply(kc, kc.comm_info(target_name="jupyter.widget"), timeout=30)
         assert stop_id in comms["content"]["comms"], "the panel's widgets are listed"
         # the widget manager's state restore: open its control comm, ask for every state
         control = "nbt-test-control"
@@ -271,7 +272,7 @@ def test_a_page_reloaded_while_a_cell_blocks_in_fit_gets_the_panel_back(kernel: 
             )
         )
         kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
-        states = _update_states(kc, timeout=10)
+        states = _update_states(kc, timeout=30)
         assert states is not None and stop_id in states, "the widget states came back while the cell blocks"
         # the new page's Stop ends the run; the cell (still the first page's) returns the History
         click = {"comm_id": stop_id, "data": {"method": "custom", "content": {"event": "click"}}}
@@ -299,7 +300,8 @@ def test_a_control_comm_opened_while_the_subshell_is_busy_logs_no_missing_comm(k
     slow_id = ids.split("SLOW", 1)[1].split()[0]
     info_id = ids.split("IDS", 1)[1].split()[3]
     stop_id = ids.split("IDS", 1)[1].split()[1]
-    fit_id = kernel.kc.execute("h = w.fit()\nprint('RESULT', h.status)")
+    # 5,000 epochs: the run ends only by the Stop below, whatever the machine's load
+    fit_id = kernel.kc.execute("w.view.epochs.value = 5000\nh = w.fit()\nprint('RESULT', h.status)")
     _wait_step(kernel, info_id, 5)
     kc = _second_client(kernel)
     try:
@@ -318,7 +320,7 @@ def test_a_control_comm_opened_while_the_subshell_is_busy_logs_no_missing_comm(k
             )
         )
         send(kc.session.msg("comm_msg", {"comm_id": control, "data": {"method": "request_states"}}))
-        states = _update_states(kc, timeout=20)
+        states = _update_states(kc, timeout=30)
         assert states is not None and stop_id in states, "the request behind the comm_open was answered"
         kernel.click(stop_id)
         kernel.reply(fit_id, timeout=30)

@@ -112,7 +112,8 @@ def test_the_errors_section_matches_interpret_and_a_cell_click_lists_its_items()
     target, predicted = max(off, key=lambda c: int(matrix[c]))
     view.heatmap.selected = np.array([[target, predicted]])
     assert f"target {target}, predicted {predicted}: {int(matrix[target, predicted])} item(s)" in view.examples.value
-    assert view.examples.value.count("nbt-gallery-item") == min(9, int(matrix[target, predicted]))
+    cards = [row.children[0].value for row in view.cleaner.items.children]  # each with keep / drop / relabel
+    assert sum("nbt-gallery-item" in card for card in cards) == min(9, int(matrix[target, predicted]))
     assert {"nbt-errors", "nbt-errors-matrix", "nbt-errors-gallery", "nbt-errors-examples"} <= classes(w.panel)
 
 

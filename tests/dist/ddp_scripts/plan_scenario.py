@@ -1,9 +1,11 @@
 """The memory planner's per-rank rows against the measured per-rank peaks, for tests/plan/test_plan_ranks.py, run as
-``torchrun --standalone --nproc_per_node=2 plan_scenario.py STRATEGY OUTDIR``.
+``torchrun --standalone --nproc_per_node=2 plan_scenario.py STRATEGY[,STRATEGY] OUTDIR [budget | both]``.
 
 Each rank trains two optimizer steps of a small Llama under each row's switches with ``strategy=STRATEGY`` and
 measures its own peak of the second step (``measure_step_peak``: the live tensors of this process, DTensor shards by
-their local storage); it writes ``OUTDIR/STRATEGY.rank{r}.json``.
+their local storage); it writes ``OUTDIR/STRATEGY.rank{r}.json``. ``budget``: the memory budget's run instead
+(``OUTDIR/STRATEGY-budget.rank{r}.json``); ``both``: both in one launch. ``ddp,fsdp``: each strategy in turn, in the
+same ranks (the test module shares one launch: each starts two ranks that import torch, transformers and nbtrainer).
 """
 
 from __future__ import annotations
@@ -70,4 +72,9 @@ def budget(strategy: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    (budget if sys.argv[3:] == ["budget"] else main)(sys.argv[1], sys.argv[2])
+    what = sys.argv[3] if len(sys.argv) > 3 else "rows"
+    for strategy in sys.argv[1].split(","):  # "ddp,fsdp": one after the other in the same ranks (one process group)
+        if what in ("rows", "both"):
+            main(strategy, sys.argv[2])
+        if what in ("budget", "both"):
+            budget(strategy, sys.argv[2])

@@ -1,0 +1,19 @@
+"""Knowing the data: checked before the first step, seen as the model sees it, and mapped by how training treats
+each item.
+
+Above ``_look`` (it reuses its per-item loss, indexed passes and item pictures), below the Trainer, which delegates
+its ``check_data`` and ``show_batch`` verbs here; the panel's data section reads what these produce.
+
+=====================  ================================================================================
+``_check``             check_data: one streamed pass per split (dataset order or a seeded sample), the model run
+                       once for its outputs; ``check_at_fit`` for ``Trainer(check_data=True)``
+``_stats``             the pass's statistics: moments per feature, NaN / Inf, item hashes, class counts
+``_findings``          statistics -> DataProblem records (duplicates, leaks, values, scale, targets)
+``_data_report``       DataProblem, DataReport (lights, text, HTML)
+``_option``            ``Trainer(check_data=...)`` checked (imports nothing else)
+``_show_batch``        show_batch: a batch as the model receives it (pictures, text, a table)
+``_datamap``           DataMap: a callback adding up, per training item on the device, the probability of its
+                       label, right or wrong and the margin, from the forward pass the step makes
+``_issues``            LabelIssue / LabelIssues, the map's picture (confidence against variability)
+=====================  ================================================================================
+"""

@@ -1,0 +1,463 @@
+"""``DataMap``: every training item mapped by how training treats it, from the forward pass the step already makes.
+
+Per item and per visit (once an epoch, for a sampler without replacement) it adds up, on the device, the probability
+the model gave the item's label, whether the label was the model's top class, and the margin: the label's logit less
+the largest other logit (the area under the margin, Pleiss et al. 2020). Dataset cartography's coordinates
+(Swayamdipta et al. 2020) follow: ``confidence`` is the mean probability, ``variability`` its spread across visits,
+``correctness`` the share of visits predicted right. Running sums, so memory is eight numbers per item whatever the
+number of epochs; the class the model predicted the last time it got the item wrong (else the one it ranked after the
+given one at the last visit) is kept as a suggestion.
+
+Cost per step: references to the step's logits, targets and index list are kept (no device op, nothing read); at the
+refresh (and when more than ``flush_rows`` rows wait) the waiting rows are reduced in one batched pass on the device,
+still without a read. The host reads happen when someone reads the map (``confidence``, ``label_issues()``...).
+
+Targets that are not class labels (a regression, multi-label, a language model's tokens) are followed by their loss:
+``mode`` is then ``"loss"``, ``confidence`` is ``exp(-loss)`` (the likelihood the loss gives the target) and ``note``
+says so; ``correctness`` and ``aum`` are not defined there (NaN).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nbtrainer._data._cleaned import CleanedDataset, DataEdits
+from nbtrainer._data._fetch import index_tensor
+from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._know._issues import LabelIssue, LabelIssues, map_html
+from nbtrainer._look._gallery import input_html
+from nbtrainer._look._interpret import task_of
+from nbtrainer._look._interpretation import Gallery
+from nbtrainer._look._per_item import NoPerItemLoss, per_item_loss
+from nbtrainer._loop._metrics import metric_input
+from nbtrainer._report._format import format_count, format_number
+
+if TYPE_CHECKING:
+    from nbtrainer._events._trainer_view import TrainerView
+    from nbtrainer._loop._host import LoopHost
+
+__all__ = ["DataMap"]
+
+Tensor = torch.Tensor
+# rows of the running sums: visits, probability, its square, right, margin (loss mode: the loss)
+_VISITS, _P, _P2, _RIGHT, _MARGIN = range(5)
+
+
+class DataMap:
+    """A data map of the training set, recorded during ``fit`` (a callback; the panel adds one).
+
+    Attributes (tensors indexed by dataset index, on the CPU, read when asked; NaN for items not seen yet):
+        confidence: mean probability given to the item's label over its visits.
+        variability: the spread (standard deviation) of that probability.
+        correctness: the share of visits where the label was the model's top class.
+        aum: the area under the margin: mean of (the label's logit - the largest other logit).
+        visits: how many times each item was trained on.
+        mode: ``"classification"``, ``"binary"``, ``"loss"`` (targets that are not class labels), or None before
+            the first batch.
+        note: a plain sentence when the map is partial or empty (indices unknown, loss mode), else None.
+        edits: the decisions made in the panel's cleaner (:class:`~nbtrainer._data._cleaned.DataEdits`).
+
+    Args:
+        classes: class names, for display.
+        flush_rows: reduce the waiting rows on the device once this many are kept (bounds the logits held).
+
+    Example:
+        >>> import torch
+        >>> from nbtrainer import DataMap, Trainer
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <...>
+        >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+        >>> dm = DataMap()
+        >>> model = torch.nn.Linear(4, 3)
+        >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[dm], progress=False)
+        >>> _ = trainer.fit((x, y), batch_size=16, epochs=3)
+        >>> dm.confidence.shape, int(dm.visits.min()), len(dm.label_issues(5))
+        (torch.Size([64]), 3, 5)
+    """
+
+    def __init__(self, *, classes: Sequence[Any] | None = None, flush_rows: int = 1 << 16) -> None:
+        self.classes = [str(c) for c in classes] if classes is not None else None
+        self.flush_rows = int(flush_rows)
+        self.mode: str | None = None
+        self.note: str | None = None
+        self.edits = DataEdits()
+        self.epochs = 0
+        self._lock = threading.Lock()
+        self._stats: Tensor | None = None  # (5, N) float32 on the run's device
+        self._given: Tensor | None = None  # (N,) the label last seen (-1: never)
+        # (2, N): the strongest other class at the last visit; the class predicted at the last visit predicted wrong
+        self._suggest: Tensor | None = None
+        self._pending: list[tuple[Any, Any, Any]] = []
+        self._rows = 0
+        self._loss_fn: Any = None
+        self._probabilities = False
+        self._size: int | None = None
+        self._extent = 0  # a list of batches: the items numbered so far
+        self._device = torch.device("cpu")
+        self._dataset: Any = None
+
+    # -- the event stream --------------------------------------------------------------------------
+    def on_fit_start(self, trainer: LoopHost) -> None:
+        loop = trainer.run_state.loop
+        data = getattr(loop, "train_data", None)
+        track = getattr(data, "track", None)
+        fresh = trainer.global_step == 0
+        if track is None:  # added after the loop was built (add_callback mid-fit): the next fit records
+            self.note = "added during a fit: the data map records from the next fit on"
+            return
+        size = track.size
+        if fresh or size != self._size or trainer.device != self._device:
+            self._reset(size, trainer.device)
+        self._dataset = getattr(track.loader, "dataset", None)
+        self.note = f"no data map: {track.note}" if track.note is not None else self.note
+        if self.mode is None or fresh:
+            self.mode, self._loss_fn = None, None
+        if trainer.strategy.distributed:
+            self.note = "under DDP each rank maps its own share of the items; this is this rank's"
+
+    def on_train_forward(self, trainer: LoopHost, outputs: Any, targets: Any, indices: Any) -> None:
+        if indices is None:
+            return
+        if self.mode is None:
+            self._choose_mode(trainer, outputs, targets)
+        if self.mode == "off":
+            return
+        if self.mode == "loss":
+            with torch.no_grad():
+                values = self._loss_fn(outputs, targets).detach().float()
+            self._pending.append((values, None, indices))
+        else:  # kept as they are (detached when reduced, under no_grad): a detach per step costs a dispatch
+            self._pending.append((metric_input(outputs), targets, indices))
+        self._rows += len(indices)
+        if self._rows >= self.flush_rows:
+            self._reduce()
+
+    def on_refresh(self, trainer: TrainerView, progress: Any) -> None:
+        if self._pending:
+            self._reduce()
+
+    def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+        self._reduce()
+        self.epochs += 1
+
+    def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
+        self._reduce()
+        if self._stats is None and self.note is None:
+            self.note = (
+                "nothing recorded: this fit's steps make their own forward pass (training_step=, LBFGS or a "
+                "memory plan's split), which the loop does not see"
+            )
+
+    # -- recording ---------------------------------------------------------------------------------
+    def _reset(self, size: int | None, device: torch.device) -> None:
+        with self._lock:
+            self._size, self._device = size, device
+            self._stats = self._given = self._suggest = None
+            self._pending, self._rows, self.epochs, self.note, self._extent = [], 0, 0, None, 0
+            if size is not None:
+                self._allocate(size)
+
+    def _allocate(self, n: int) -> None:
+        """Room for ``n`` items and one more column where rows that do not count (an ignored label, a NaN) land."""
+        device = self._device
+        stats = torch.zeros(5, n + 1, device=device)
+        given = torch.full((n + 1,), -1, dtype=torch.int64, device=device)
+        suggest = torch.full((2, n + 1), -1, dtype=torch.int64, device=device)
+        if self._stats is not None and self._given is not None and self._suggest is not None:
+            old = self._stats.shape[1] - 1  # a list of batches grows as it is numbered
+            stats[:, :old], given[:old], suggest[:, :old] = (
+                self._stats[:, :old],
+                self._given[:old],
+                self._suggest[:, :old],
+            )
+        self._stats, self._given, self._suggest = stats, given, suggest
+
+    def _choose_mode(self, trainer: LoopHost, outputs: Any, targets: Any) -> None:
+        logits = metric_input(outputs)
+        criterion = trainer.criterion
+        task = task_of(criterion, trainer.model, logits, targets)
+        self._probabilities = isinstance(criterion, torch.nn.BCELoss)
+        if task in ("classification", "binary"):
+            self.mode = task
+            return
+        what = {
+            "multilabel": "multi-label targets",
+            "regression": "regression targets",
+            "lm": "a language model's tokens",
+            "tokens": "per-token labels",
+        }.get(task, "targets that are not class labels")
+        try:
+            custom = trainer.batch_steps.custom_loss
+            self._loss_fn = per_item_loss(criterion, unwrap_model(trainer.model), None, custom=custom)
+        except NoPerItemLoss as exc:
+            self.mode, self.note = "off", f"no data map: {what}, and the loss cannot be split per item ({exc})"
+            return
+        self.mode = "loss"
+        self.note = (
+            f"{what}: the map follows each item's loss (confidence = exp(-loss)); correctness and the margin are "
+            "for class labels"
+        )
+
+    def _index(self, parts: list[Any]) -> Tensor:
+        if all(isinstance(p, Tensor) and p.ndim == 1 for p in parts):  # the batched fetch's
+            return torch.cat(parts).to(self._device, torch.int64, non_blocking=True)
+        if all(isinstance(p, range) for p in parts):
+            stop = max(p.stop for p in parts)
+            self._extent = max(self._extent, stop)
+            if self._stats is None or stop > self._stats.shape[1]:
+                self._allocate(max(stop, 2 * (self._stats.shape[1] if self._stats is not None else 0)))
+            return torch.cat([torch.arange(p.start, p.stop, device=self._device) for p in parts])
+        flat = list(itertools.chain.from_iterable(p.tolist() if isinstance(p, Tensor) else p for p in parts))
+        return index_tensor(flat).to(self._device, non_blocking=True)
+
+    def _reduce(self) -> None:
+        """The waiting rows into the running sums, on the device: a few batched ops over all of them, nothing read.
+        (Per row, not per step: a CPU runs each op over a refresh's rows for about the price of one small op.)"""
+        pending, self._pending, self._rows = self._pending, [], 0
+        if not pending:
+            return
+        with self._lock, torch.no_grad():
+            idx = self._index([p[2] for p in pending])
+            if self._stats is None:
+                self._allocate(int(self._size or 0))
+            assert self._stats is not None and self._given is not None and self._suggest is not None
+            trash = self._stats.shape[1] - 1
+            if self.mode == "loss":
+                loss = torch.cat([p[0].reshape(-1) for p in pending])
+                like = torch.exp(-loss.clamp(min=0))
+                idx = torch.where(torch.isfinite(loss), idx, trash)
+                rows = torch.stack([torch.ones_like(loss), like, like * like, torch.zeros_like(loss), loss])
+                self._stats.index_add_(1, idx, rows)
+                return
+            logits = torch.cat([p[0] for p in pending]).detach().float()
+            if pending[0][1].ndim > 1:  # class probabilities (or (B, 1) labels)
+                targets = torch.cat([p[1].reshape(len(p[0]), -1) for p in pending])
+            else:
+                targets = torch.cat([p[1] for p in pending])
+            label, valid, p, margin, other = self._classify(logits, targets)
+            idx = torch.where(valid, idx, trash)  # an ignored label (-100), one past the outputs, a NaN: not counted
+            rows = torch.stack([torch.ones_like(p), p, p * p, (margin > 0).float(), margin])
+            self._stats.index_add_(1, idx, rows)
+            # scatter_, not index_put_: a CPU index_put_ of int64 values is ~50x slower
+            self._suggest[0].scatter_(0, idx, other)  # the strongest other class at the last visit
+            # ... and at the last visit the model got wrong: a memorized mislabeled item's true class is there
+            self._suggest[1].scatter_(0, torch.where(margin < 0, idx, trash), other)
+            self._given.scatter_(0, idx, label)
+
+    def _classify(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
+        """label, valid, probability of the label, margin, strongest other class (per row)."""
+        if self.mode == "binary":
+            z = logits.reshape(-1)
+            if self._probabilities:  # BCELoss: the outputs are probabilities already
+                z = torch.logit(z.clamp(1e-6, 1 - 1e-6))
+            label = (targets.reshape(-1) > 0.5).long()
+            margin = torch.where(label.bool(), z, -z)
+            return label, torch.isfinite(margin), torch.sigmoid(margin), margin, 1 - label
+        c = logits.shape[1]
+        label = targets.argmax(1) if targets.is_floating_point() and targets.ndim == 2 else targets.reshape(-1).long()
+        safe = label.clamp(0, c - 1)
+        chosen = logits.gather(1, safe[:, None])[:, 0]
+        # the label's softmax probability: a CPU's softmax over short rows is ~6x slower than one logsumexp
+        p = torch.exp(chosen - torch.logsumexp(logits, 1))
+        # then the logits themselves (joined for this reduction: no one else holds them) lose the label's column
+        best_other, other = logits.scatter_(1, safe[:, None], -math.inf).max(1)
+        margin = chosen - best_other
+        return label, (safe == label) & torch.isfinite(margin), p, margin, other
+
+    # -- reading (host copies, consistent across the columns) ----------------------------------------
+    def _columns(self) -> dict[str, Tensor]:
+        with self._lock:
+            if self._stats is None:
+                empty = torch.empty(0)
+                return {"stats": torch.empty(5, 0), "given": empty.long(), "suggest": empty.long()}
+            assert self._given is not None and self._suggest is not None
+            n = self._size if self._size is not None else self._extent  # a list's numbering grows in doublings
+            return {
+                "stats": self._stats[:, :n].cpu().clone(),
+                "given": self._given[:n].cpu().clone(),
+                "suggest": torch.where(self._suggest[1, :n] >= 0, self._suggest[1, :n], self._suggest[0, :n]).cpu(),
+            }
+
+    @staticmethod
+    def _mean(stats: Tensor, row: int) -> Tensor:
+        visits = stats[_VISITS]
+        return torch.where(visits > 0, stats[row] / visits.clamp(min=1), math.nan)
+
+    @property
+    def visits(self) -> Tensor:
+        return self._columns()["stats"][_VISITS].long()
+
+    @property
+    def confidence(self) -> Tensor:
+        return self._mean(self._columns()["stats"], _P)
+
+    @property
+    def variability(self) -> Tensor:
+        stats = self._columns()["stats"]
+        mean = self._mean(stats, _P)
+        return (self._mean(stats, _P2) - mean * mean).clamp(min=0).sqrt()
+
+    @property
+    def correctness(self) -> Tensor:
+        stats = self._columns()["stats"]
+        if self.mode == "loss":
+            return torch.full_like(stats[_P], math.nan)
+        return self._mean(stats, _RIGHT)
+
+    @property
+    def aum(self) -> Tensor:
+        stats = self._columns()["stats"]
+        if self.mode == "loss":
+            return torch.full_like(stats[_P], math.nan)
+        return self._mean(stats, _MARGIN)
+
+    @property
+    def losses(self) -> Tensor | None:
+        """Loss mode: each item's mean loss over its visits; else None."""
+        return self._mean(self._columns()["stats"], _MARGIN) if self.mode == "loss" else None
+
+    @property
+    def given(self) -> Tensor:
+        """The label each item was last trained with (-1: not seen, or not a class label)."""
+        return self._columns()["given"]
+
+    def table(self) -> dict[str, Tensor]:
+        """Every column at once, from one consistent read: ``index``, ``visits``, ``confidence``, ``variability``,
+        ``correctness``, ``aum``, ``given``, ``suggested``, ``score``."""
+        cols = self._columns()
+        stats = cols["stats"]
+        confidence, loss_mode = self._mean(stats, _P), self.mode == "loss"
+        nan = torch.full_like(confidence, math.nan)
+        table = {
+            "index": torch.arange(stats.shape[1]),
+            "visits": stats[_VISITS].long(),
+            "confidence": confidence,
+            "variability": (self._mean(stats, _P2) - confidence**2).clamp(min=0).sqrt(),
+            "correctness": nan if loss_mode else self._mean(stats, _RIGHT),
+            "aum": nan if loss_mode else self._mean(stats, _MARGIN),
+            "given": cols["given"],
+            "suggested": cols["suggest"],
+        }
+        table["score"] = self._mean(stats, _MARGIN) if loss_mode else 1 - confidence
+        return table
+
+    def label_issues(self, k: int | None = None) -> LabelIssues:
+        """The items whose labels training disagreed with most, most suspicious first.
+
+        ``score`` is ``1 - confidence`` (the mean probability the model gave the label while it trained; in loss mode
+        the mean loss). ``k=None``: the items the model predicted right in fewer than half of their visits (loss mode:
+        the top 1%); ``k``: the ``k`` highest scores. Each :class:`LabelIssue` has ``index``, ``given``, ``suggested``
+        (the class the model predicted the last time it got the item wrong, else the one it ranked after the given one;
+        None in loss mode) and ``score``.
+        """
+        t = self.table()
+        seen = t["visits"] > 0
+        score = torch.where(seen, t["score"].nan_to_num(math.inf), -math.inf)
+        if k is None:
+            if self.mode == "loss":
+                k = max(1, int(0.01 * int(seen.sum())))
+            else:
+                k = int((seen & (t["correctness"] < 0.5)).sum())
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"k must be an int >= 0 or None, got {k!r}.")
+        k = min(k, int(seen.sum()))
+        order = torch.argsort(score, descending=True, stable=True)[:k].tolist()
+        loss_mode = self.mode == "loss"
+        return LabelIssues(
+            [
+                LabelIssue(
+                    index=i,
+                    given=None if loss_mode or int(t["given"][i]) < 0 else int(t["given"][i]),
+                    suggested=None if loss_mode or int(t["suggested"][i]) < 0 else int(t["suggested"][i]),
+                    score=float(t["score"][i]),
+                    confidence=float(t["confidence"][i]),
+                    variability=float(t["variability"][i]),
+                    correctness=float(t["correctness"][i]),
+                )
+                for i in order
+            ],
+            classes=self.classes,
+        )
+
+    def cleaned(
+        self, dataset: Any = None, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+    ) -> CleanedDataset:
+        """``dataset`` (default: the training set of the last fit) without the items dropped and with the ones
+        relabeled, in the panel's cleaner (:attr:`edits`) and here (``drop``: indices, ``relabel``: ``{index:
+        label}``), as a view for the next fit: nothing is copied.
+
+        Example:
+            >>> # clean = dm.cleaned(train_ds, relabel={i.index: i.suggested for i in dm.label_issues(20)})
+        """
+        dataset = dataset if dataset is not None else self._dataset
+        if dataset is None:
+            raise ValueError("cleaned(dataset): pass the training dataset (this map has not seen a DataLoader's).")
+        return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
+
+    def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
+        """A gallery of training items (dataset indices, at most ``k``; default: the ``k`` most suspicious labels),
+        each fetched again from the training set, captioned with its label, the suggestion and its confidence."""
+        t = self.table()
+        if items is None:
+            items = self.label_issues(k).indices
+        items = [int(i) for i in items][: max(int(k), 0)]
+        dataset = self._dataset
+        if dataset is None:
+            note = f"<div class='nbt-gallery-note'>The items cannot be shown: {self.note or 'no dataset seen'}.</div>"
+            return Gallery(note, items)
+        cards = []
+        for i in items:
+            caption = _caption(t, i, self.classes) if 0 <= i < len(t["index"]) else "not in this map"
+            body = input_html(dataset[i], decode=decode)
+            cards.append(
+                f"<div class='nbt-gallery-item' data-index='{i}' style='margin:0 8px 8px 0;max-width:260px;"
+                f"font-size:11px'>{body}<div>#{i} · {html.escape(caption)}</div></div>"
+            )
+        style = "display:flex;flex-flow:row wrap;align-items:flex-end"
+        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
+
+    # -- display -----------------------------------------------------------------------------------
+    def summary(self) -> str:
+        t = self.table()
+        seen = int((t["visits"] > 0).sum())
+        if not seen:
+            return self.note or "empty: nothing recorded yet"
+        parts = [f"{format_count(seen)} items", f"{self.epochs} epochs", self.mode or "?"]
+        if self.mode != "loss":
+            parts.append(f"{int(((t['visits'] > 0) & (t['correctness'] < 0.5)).sum())} likely label issues")
+        return " · ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"DataMap({self.summary()})"
+
+    def __str__(self) -> str:
+        lines = [repr(self)]
+        if self.note:
+            lines.append(f"note: {self.note}")
+        lines += [str(issue) for issue in self.label_issues(10)] if self._stats is not None else []
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        return map_html(self.table(), self.summary(), self.note, self.label_issues(10), classes=self.classes)
+
+
+def _caption(t: dict[str, Tensor], i: int, classes: Sequence[str] | None) -> str:
+    def name(c: int) -> str:
+        return str(classes[c]) if classes is not None and 0 <= c < len(classes) else str(c)
+
+    if int(t["visits"][i]) == 0:
+        return "not seen yet"
+    given, suggested = int(t["given"][i]), int(t["suggested"][i])
+    if given < 0:
+        return f"mean loss {format_number(float(t['score'][i]))}"
+    return (
+        f"given {name(given)} · suggested {name(suggested)} · confidence {float(t['confidence'][i]):.2f} · "
+        f"right {float(t['correctness'][i]):.0%}"
+    )

@@ -1,0 +1,350 @@
+"""From the statistics of a data check's splits to its findings: each :class:`DataProblem` with its message, advice
+and the items it concerns (dataset indices), plus plain notes on what could not be checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from nbtrainer._know._data_report import DataProblem
+from nbtrainer._know._stats import FieldStats, HashLog, TargetStats
+from nbtrainer._report._format import format_number
+
+__all__ = ["Split", "findings"]
+
+#: A split's largest class over its smallest, from which the imbalance is reported.
+IMBALANCE = 5.0
+_SHOW = 8  # indices quoted in a message
+
+
+@dataclasses.dataclass
+class Split:
+    """What one pass over a split kept (``_check``)."""
+
+    name: str
+    items: int
+    of: int | None
+    sampled: bool
+    fields: dict[str, FieldStats]
+    hashes: HashLog
+    targets: TargetStats
+    unreadable: dict[str, str]
+    unhashed: bool
+
+
+def _few(values: list[Any]) -> str:
+    shown = ", ".join(str(v) for v in values[:_SHOW])
+    return shown + (f" and {len(values) - _SHOW:,} more" if len(values) > _SHOW else "")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _groups(hashes: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
+    """Indices of the items sharing a hash, one array per group of two or more, in dataset order."""
+    if len(hashes) < 2:
+        return []
+    order = np.lexsort((indices, hashes))
+    h, ix = hashes[order], indices[order]
+    cuts = np.flatnonzero(h[1:] != h[:-1]) + 1
+    return [g for g in np.split(ix, cuts) if len(g) > 1]
+
+
+def _duplicates(split: Split) -> list[DataProblem]:
+    hashes, indices, labels = split.hashes.arrays()
+    groups = _groups(hashes, indices)
+    if not groups:
+        return []
+    copies = sorted(int(i) for g in groups for i in g[1:])
+    where = "training" if split.name == "train" else "validation"
+    problems = [
+        DataProblem(
+            "duplicates_within",
+            f"{len(copies):,} {where} items are exact copies of others ({len(groups):,} groups; e.g. items "
+            f"{_few([int(i) for i in groups[0]])}).",
+            "Copies weigh those items more and inflate scores on them: drop them, e.g. "
+            "nbtrainer.CleanedDataset via DataMap().cleaned(dataset, drop=report.by_kind('duplicates_within')[0]"
+            ".data['indices']).",
+            {
+                "split": split.name,
+                "count": len(copies),
+                "indices": copies,
+                "groups": [[int(i) for i in g] for g in groups[:100]],
+            },
+            level="warning",
+        )
+    ]
+    if split.targets.kind == "labels":
+        label_of = dict(zip(indices.tolist(), labels.tolist(), strict=True))
+        clashes = [g for g in groups if len({label_of[int(i)] for i in g}) > 1]
+        if clashes:
+            items = sorted(int(i) for g in clashes for i in g)
+            example = ", ".join(f"#{int(i)}: {label_of[int(i)]}" for i in clashes[0][:4])
+            problems.append(
+                DataProblem(
+                    "conflicting_labels",
+                    f"{len(items):,} {where} items are copies with different labels ({len(clashes):,} groups; e.g. "
+                    f"{example}).",
+                    "At most one label of each group can be right: relabel or drop the others.",
+                    {"split": split.name, "indices": items, "groups": [[int(i) for i in g] for g in clashes[:100]]},
+                    level="warning",
+                )
+            )
+    return problems
+
+
+def _across(train: Split, val: Split) -> list[DataProblem]:
+    th, ti, _ = train.hashes.arrays()
+    vh, vi, _ = val.hashes.arrays()
+    if not len(th) or not len(vh):
+        return []
+    order = np.argsort(th, kind="stable")
+    sorted_h = th[order]
+    pos = np.searchsorted(sorted_h, vh)
+    pos = np.minimum(pos, len(sorted_h) - 1)
+    hit = sorted_h[pos] == vh
+    if not hit.any():
+        return []
+    val_ix = vi[hit].tolist()
+    train_ix = ti[order][pos[hit]].tolist()
+    pairs = sorted(zip(val_ix, train_ix, strict=True))
+    n, share = len(pairs), len(pairs) / max(val.items, 1)
+    return [
+        DataProblem(
+            "duplicates_across",
+            f"{n:,} of {val.items:,} validation items ({share:.0%}) are exact copies of training items (e.g. "
+            f"validation {pairs[0][0]} = training {pairs[0][1]}): validation scores will read too high.",
+            "Remove them from the validation set (or from training) before trusting its scores: "
+            "CleanedDataset via nbtrainer's cleaned(val_dataset, drop=problem.data['val_indices']).",
+            {"count": n, "val_indices": [p[0] for p in pairs], "train_indices": [p[1] for p in pairs]},
+        )
+    ]
+
+
+def _field_name(split: Split, field: str) -> str:
+    return f"{'training' if split.name == 'train' else 'validation'} {field}"
+
+
+def _values(split: Split) -> list[DataProblem]:
+    problems = []
+    fields = dict(split.fields)
+    if split.targets.kind == "values":
+        fields["targets"] = split.targets.values
+    for name, stats in fields.items():
+        if stats.nonfinite_items:
+            bad = stats.nonfinite.nonzero().flatten().tolist()
+            axis = "channels" if stats.layout == "channels" else "features"
+            where = f" ({axis} {_few(bad)})" if stats.features > 1 else ""
+            problems.append(
+                DataProblem(
+                    "nonfinite",
+                    f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. items "
+                    f"{_few(stats.nonfinite_first)}.",
+                    "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
+                    {
+                        "split": split.name,
+                        "field": name,
+                        "items": stats.nonfinite_items,
+                        axis: bad,
+                        "indices": stats.nonfinite_first,
+                    },
+                )
+            )
+    return problems
+
+
+def _scale(split: Split, done: set[str]) -> list[DataProblem]:
+    """Scale and constant features; for validation only a field whose training twin was fine (inputs scaled in
+    training but not in validation), never constants (a small split has many by chance)."""
+    problems = []
+    train = split.name == "train"
+    for name, stats in split.fields.items():
+        if not stats.floating or not stats.count.sum() or name in done:
+            continue
+        o = stats.overall()
+        mean, std = stats.moments()
+        axis = "channel" if stats.layout == "channels" else "feature"
+        far = abs(o["mean"]) > 10 or o["std"] > 10 or 0 < o["std"] < 1e-3
+        live = std[(std > 0) & std.isfinite()]
+        spread = float(live.max() / live.min()) if len(live) > 1 else 1.0
+        data = {
+            "split": split.name,
+            "field": name,
+            **o,
+            f"{axis}_mean": mean.tolist()[:256],
+            f"{axis}_std": std.tolist()[:256],
+        }
+        said = (
+            f"{_field_name(split, name)}: mean {format_number(o['mean'])}, std {format_number(o['std'])}, min "
+            f"{format_number(o['min'])}, max {format_number(o['max'])}"
+        )
+        if stats.layout == "table" and spread > 1e3:
+            lo, hi = int(std.masked_fill(~(std > 0), math.inf).argmin()), int(std.nan_to_num(-1.0).argmax())
+            problems.append(
+                DataProblem(
+                    "scale",
+                    f"{_field_name(split, name)}: features on very different scales (std "
+                    f"{format_number(float(std[lo]))} for feature {lo}, {format_number(float(std[hi]))} for feature "
+                    f"{hi}).",
+                    "Standardize each feature ((x - mean) / std per column, e.g. sklearn's StandardScaler fitted on "
+                    "the training set): the large ones dominate the first layer.",
+                    data,
+                    level="warning",
+                )
+            )
+        elif far:
+            problems.append(
+                DataProblem(
+                    "scale",
+                    f"{said}: far from normalized (mean about 0, std about 1).",
+                    "Normalize the inputs, e.g. x = (x - mean) / std with the training set's mean and std per "
+                    f"{axis} (report.problems[...].data['{axis}_mean'] / ['{axis}_std']), or divide 0-255 pixels by "
+                    "255: large inputs slow training down or make it diverge.",
+                    data,
+                    level="warning",
+                )
+            )
+        if train and problems and problems[-1].data.get("field") == name:
+            done.add(name)
+        constant = stats.constant() if split.items > 1 and train else []
+        if constant:
+            values = [float(stats.min[i]) for i in constant]
+            problems.append(
+                DataProblem(
+                    "constant",
+                    f"{_field_name(split, name)}: {len(constant)} of {stats.features} {axis}s are constant over all "
+                    f"{split.items:,} items ({axis}s {_few(constant)}).",
+                    "They carry no information: drop them, or check the pipeline that made them.",
+                    {"split": split.name, "field": name, f"{axis}s": constant, "values": values},
+                    level="warning",
+                )
+            )
+    return problems
+
+
+def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProblem]:
+    counts = {k: v for k, v in train.targets.counts.items() if k != ignore and (outputs is None or 0 <= k < outputs)}
+    if train.targets.kind != "labels" or len(counts) < 2:
+        return []
+    present = {k: v for k, v in counts.items() if v > 0}
+    big, small = max(present, key=lambda k: present[k]), min(present, key=lambda k: present[k])
+    ratio = present[big] / present[small]
+    if ratio < IMBALANCE:
+        return []
+    total = sum(present.values())
+    n_classes = outputs or (max(present) + 1)
+    weights = [round(total / (len(present) * present[c]), 3) if present.get(c) else 0.0 for c in range(n_classes)]
+    return [
+        DataProblem(
+            "imbalance",
+            f"class {small} has {_n(present[small], 'training item')}, class {big} {present[big]:,} ({ratio:.1f} to "
+            "1): a model can score well by ignoring the rare classes.",
+            f"Weight the loss: CrossEntropyLoss(weight=torch.tensor({weights})), or sample evenly: "
+            "WeightedRandomSampler(weights=1 / count[label] per item); watch per-class scores "
+            "(interpret().per_class()).",
+            {"counts": dict(sorted(present.items())), "ratio": ratio, "weights": weights},
+            level="warning",
+        )
+    ]
+
+
+def _label_range(splits: list[Split], outputs: int, ignore: int) -> list[DataProblem]:
+    problems = []
+    for split in splits:
+        bad = sorted(k for k in split.targets.counts if k != ignore and not 0 <= k < outputs)
+        if not bad:
+            continue
+        _, indices, labels = split.hashes.arrays()
+        wrong = indices[np.isin(labels, bad)].tolist() if split.targets.kind == "labels" else []
+        n = sum(split.targets.counts[k] for k in bad)
+        where = "training" if split.name == "train" else "validation"
+        problems.append(
+            DataProblem(
+                "label_range",
+                f"{where} labels {_few(bad)} are outside the model's {outputs} outputs (0..{outputs - 1}): "
+                f"{_n(n, 'item' if split.targets.kind == 'labels' else 'value')}"
+                + (f", e.g. items {_few(sorted(wrong))}." if wrong else "."),
+                f"Give the model {max(bad) + 1} outputs (its last layer as wide as the number of classes) or map the "
+                f"labels to 0..{outputs - 1} (0-based class numbers).",
+                {"split": split.name, "labels": bad, "outputs": outputs, "indices": sorted(wrong)},
+            )
+        )
+    return problems
+
+
+def _unseen(train: Split, val: Split, ignore: int) -> list[DataProblem]:
+    if train.targets.kind != "labels" or val.targets.kind != "labels":
+        return []
+    missing = sorted(k for k in val.targets.counts if k not in train.targets.counts and k != ignore)
+    if not missing:
+        return []
+    _, indices, labels = val.hashes.arrays()
+    items = sorted(indices[np.isin(labels, missing)].tolist())
+    n = sum(val.targets.counts[k] for k in missing)
+    return [
+        DataProblem(
+            "unseen_class",
+            f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot "
+            "learn them.",
+            "Move some of their items into training, or drop them from validation (check the split is stratified).",
+            {"classes": missing, "indices": items},
+        )
+    ]
+
+
+def _summary(split: Split) -> dict[str, Any]:
+    fields = {}
+    for name, stats in split.fields.items():
+        fields[name] = {
+            "dtype": stats.dtype,
+            "shape": stats.shape,
+            **stats.overall(),
+            "nonfinite_items": stats.nonfinite_items,
+        }
+    t = split.targets
+    out: dict[str, Any] = {
+        "items": split.items,
+        "of": split.of,
+        "sampled": split.sampled,
+        "fields": fields,
+        "targets": t.kind,
+    }
+    if t.kind == "labels":
+        out["classes"] = dict(sorted(t.counts.items()))
+    return out
+
+
+def findings(
+    splits: list[Split], *, outputs: int | None, ignore_index: int
+) -> tuple[list[DataProblem], list[str], dict[str, dict[str, Any]]]:
+    """``(problems, notes, per-split summaries)`` of a data check (see the module docstring)."""
+    train, val = splits[0], splits[1] if len(splits) > 1 else None
+    problems: list[DataProblem] = []
+    notes: list[str] = []
+    if outputs is not None:
+        problems += _label_range(splits, outputs, ignore_index)
+    if val is not None:
+        problems += _across(train, val)
+    scaled: set[str] = set()  # fields whose scale was said for training
+    for split in splits:
+        problems += _values(split)
+        problems += _duplicates(split)
+        problems += _scale(split, scaled)
+        for field, what in split.unreadable.items():
+            notes.append(f"{split.name} {field}: {what}, not a tensor: checked for duplicates only, no statistics")
+        if split.unhashed:
+            notes.append(f"{split.name}: some inputs cannot be split per item: duplicates not checked")
+        if split.sampled and split.of:
+            notes.append(f"{split.name}: a seeded sample of {split.items:,} of {split.of:,} items was read (max_items)")
+        if split.targets.kind == "multilabel":
+            notes.append(f"{split.name}: multi-label targets (0/1 per label): per-label counts only")
+        elif split.targets.kind in ("none", "other") and split is train:
+            notes.append(f"{split.name}: targets are not one class label per item: class checks skipped")
+    problems += _imbalance(train, outputs, ignore_index)
+    if val is not None:
+        problems += _unseen(train, val, ignore_index)
+    return problems, notes, {s.name: _summary(s) for s in splits}

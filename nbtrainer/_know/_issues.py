@@ -1,0 +1,181 @@
+"""What a data map shows: its label issues (:class:`LabelIssue`, :class:`LabelIssues`) and its picture (an SVG
+scatter of confidence against variability, each point coloured by correctness, with the top issues beside it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from nbtrainer._look._gallery import rows_html
+from nbtrainer._report._format import format_number
+
+__all__ = ["LabelIssue", "LabelIssues", "correctness_colour", "map_html"]
+
+_SHOWN = 4000  # points drawn at most in the static picture (a seeded sample beyond)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelIssue:
+    """One item whose label training disagreed with (``DataMap.label_issues``); read as attributes or keys.
+
+    Attributes:
+        index: the item's dataset index.
+        given: the label it was trained with (None where targets are not class labels).
+        suggested: the class the model predicted the last time it got the item wrong, else the one it ranked after
+            the given one (None in loss mode).
+        score: how suspicious: ``1 - confidence`` (loss mode: the mean loss); higher is more.
+        confidence: the mean probability given to the label; variability: its spread; correctness: the share
+            of visits predicted right.
+    """
+
+    index: int
+    given: int | None
+    suggested: int | None
+    score: float
+    confidence: float = math.nan
+    variability: float = math.nan
+    correctness: float = math.nan
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def _repr_html_(self) -> str:
+        return f"<div class='nbt-label-issue' style='font-size:12px'>{html.escape(str(self))}</div>"
+
+    def __str__(self) -> str:
+        if self.given is None:
+            return f"#{self.index}: score {format_number(self.score)}"
+        return (
+            f"#{self.index}: given {self.given}, suggested {self.suggested}, score {self.score:.3f} "
+            f"(confidence {self.confidence:.3f}, correct {self.correctness:.0%})"
+        )
+
+
+class LabelIssues(list):  # list[LabelIssue], displayed as a table
+    """Label issues, most suspicious first (a list of :class:`LabelIssue`; ``indices`` for ``cleaned(drop=...)``,
+    ``suggestions`` for ``cleaned(relabel=...)``)."""
+
+    def __init__(self, items: Iterable[LabelIssue] = (), *, classes: Sequence[str] | None = None) -> None:
+        super().__init__(items)
+        self.classes = list(classes) if classes is not None else None
+
+    @property
+    def indices(self) -> list[int]:
+        return [issue.index for issue in self]
+
+    @property
+    def suggestions(self) -> dict[int, int]:
+        """``{index: suggested}``: relabel them all as the model suggests (``cleaned(relabel=...)``)."""
+        return {issue.index: issue.suggested for issue in self if issue.suggested is not None}
+
+    def _name(self, c: int | None) -> Any:
+        if c is None or self.classes is None or not 0 <= c < len(self.classes):
+            return c
+        return self.classes[c]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "index": i.index,
+                "given": self._name(i.given),
+                "suggested": self._name(i.suggested),
+                "score": i.score,
+                "confidence": i.confidence,
+                "correct": i.correctness,
+            }
+            for i in self
+        ]
+
+    def _repr_html_(self) -> str:
+        return f"<div class='nbt-label-issues'>{rows_html(self.rows())}</div>"
+
+    def __str__(self) -> str:
+        return "\n".join(str(i) for i in self) if self else "no label issues"
+
+    def __repr__(self) -> str:
+        return f"LabelIssues({len(self)} items: {self.indices[:8]}{'...' if len(self) > 8 else ''})"
+
+
+def correctness_colour(value: float) -> str:
+    """Red (never right) through amber to blue (always right): the data map's colour scale."""
+    if not math.isfinite(value):
+        return "#8c959f"
+    stops = [(0.0, (207, 34, 46)), (0.5, (191, 135, 0)), (1.0, (9, 105, 218))]
+    for (x0, c0), (x1, c1) in itertools.pairwise(stops):
+        if value <= x1:
+            f = (value - x0) / (x1 - x0)
+            r, g, b = (round(a + (b_ - a) * f) for a, b_ in zip(c0, c1, strict=True))
+            return f"#{r:02x}{g:02x}{b:02x}"
+    return "#0969da"
+
+
+def scatter_svg(table: dict[str, torch.Tensor], *, width: int = 300, height: int = 240) -> str:
+    """Confidence (y) against variability (x), coloured by correctness; a seeded sample of at most 4,000 points."""
+    seen = (table["visits"] > 0).nonzero().flatten()
+    if len(seen) > _SHOWN:
+        pick = torch.randperm(len(seen), generator=torch.Generator().manual_seed(0))[:_SHOWN]
+        seen = seen[pick]
+    x, y = table["variability"][seen].tolist(), table["confidence"][seen].tolist()
+    c = table["correctness"][seen].tolist()
+    pad, x_max = 30, max(0.5, max(x, default=0.0))
+    w, h = width - pad - 8, height - pad - 8
+
+    def sx(v: float) -> float:
+        return pad + w * v / x_max
+
+    def sy(v: float) -> float:
+        return 8 + h * (1 - v)
+
+    dots = "".join(
+        f"<circle cx='{sx(a):.1f}' cy='{sy(b):.1f}' r='2' fill='{correctness_colour(k)}' fill-opacity='0.7'/>"
+        for a, b, k in zip(x, y, c, strict=True)
+        if math.isfinite(a) and math.isfinite(b)
+    )
+    axes = (
+        f"<line x1='{pad}' y1='{8 + h}' x2='{pad + w}' y2='{8 + h}' stroke='currentColor' stroke-opacity='0.4'/>"
+        f"<line x1='{pad}' y1='8' x2='{pad}' y2='{8 + h}' stroke='currentColor' stroke-opacity='0.4'/>"
+        f"<text x='{pad + w / 2}' y='{height - 4}' font-size='10' text-anchor='middle'>variability</text>"
+        f"<text x='10' y='{8 + h / 2}' font-size='10' text-anchor='middle' transform='rotate(-90 10 {8 + h / 2})'>"
+        "confidence</text>"
+        f"<text x='{pad - 3}' y='12' font-size='9' text-anchor='end'>1</text>"
+        f"<text x='{pad - 3}' y='{8 + h}' font-size='9' text-anchor='end'>0</text>"
+        f"<text x='{pad + w}' y='{8 + h + 10}' font-size='9' text-anchor='end'>{format_number(x_max)}</text>"
+    )
+    return (
+        f"<svg class='nbt-datamap-scatter' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"xmlns='http://www.w3.org/2000/svg'>{axes}{dots}</svg>"
+    )
+
+
+def map_html(
+    table: dict[str, torch.Tensor],
+    summary: str,
+    note: str | None,
+    issues: LabelIssues,
+    *,
+    classes: Sequence[str] | None = None,
+) -> str:
+    """A data map in a notebook: the summary, its note, the scatter and the top label issues."""
+    blocks = [f"<div><b>DataMap</b> · {html.escape(summary)}</div>"]
+    if note:
+        blocks.append(f"<div class='nbt-datamap-note' style='font-style:italic'>{html.escape(note)}</div>")
+    if int((table["visits"] > 0).sum()):
+        legend = "colour: correctness (red: never right, blue: always right)"
+        picture = f"<div>{scatter_svg(table)}<div style='font-size:10px'>{legend}</div></div>"
+        top = f"<div style='margin-left:12px'><div>most suspicious labels</div>{issues._repr_html_()}</div>"
+        blocks.append(f"<div style='display:flex;flex-flow:row wrap'>{picture}{top}</div>")
+    return f"<div class='nbt-datamap' style='font-size:12px'>{''.join(blocks)}</div>"

@@ -1,0 +1,200 @@
+"""Streamed statistics of a dataset's items, one batch at a time, in memory that does not grow with the inputs.
+
+Per input field (a tensor the model receives): running moments per feature (a table's column, an image's channel),
+the smallest and largest value, the items holding a NaN or an infinity and where; per item a 64-bit hash of its
+inputs (BLAKE2b over the bytes of every field's row) and of its target, so duplicates are found by sorting hashes,
+never by keeping items. Targets: class counts (integer labels), or moments (float targets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["FieldStats", "HashLog", "TargetStats", "row_hashes"]
+
+Tensor = torch.Tensor
+
+
+def _rows_bytes(value: Any, n: int) -> list[bytes] | None:
+    """Each item's bytes of one field (a tensor, an array, or a list of strings / numbers); None: cannot tell."""
+    if isinstance(value, Tensor):
+        t = value.detach()
+        if t.ndim == 0 or t.shape[0] != n:
+            return None
+        arr = t.cpu().contiguous().reshape(n, -1).numpy() if t.dtype != torch.bfloat16 else None
+        if arr is None:
+            arr = t.cpu().contiguous().reshape(n, -1).view(torch.int16).numpy()
+        return [row.tobytes() for row in arr]
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
+        return [row.tobytes() for row in np.ascontiguousarray(value).reshape(n, -1)]
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return [repr(v).encode() for v in value]
+    return None
+
+
+def row_hashes(fields: Sequence[Any], n: int) -> np.ndarray | None:
+    """One 64-bit hash per item over all ``fields`` (None when a field cannot be split per item)."""
+    per_field = [_rows_bytes(f, n) for f in fields]
+    if not per_field or any(p is None for p in per_field):
+        return None
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        h = hashlib.blake2b(digest_size=8)
+        for rows in per_field:
+            row = rows[i]  # type: ignore[index]
+            h.update(len(row).to_bytes(8, "little"))  # field boundaries: (ab, c) is not (a, bc)
+            h.update(row)
+        out[i] = int.from_bytes(h.digest(), "little", signed=True)
+    return out
+
+
+class HashLog:
+    """Hashes of one split's items with their dataset indices (16 bytes an item), joined at the end."""
+
+    def __init__(self) -> None:
+        self._hashes: list[np.ndarray] = []
+        self._indices: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+
+    def add(self, hashes: np.ndarray, indices: np.ndarray, labels: np.ndarray | None) -> None:
+        self._hashes.append(hashes)
+        self._indices.append(indices)
+        self._labels.append(labels if labels is not None else np.full(len(hashes), np.iinfo(np.int64).min))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self._hashes:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty, empty
+        return np.concatenate(self._hashes), np.concatenate(self._indices), np.concatenate(self._labels)
+
+
+def _feature_view(t: Tensor) -> Tensor:
+    """``(items, features)``: a table's columns, an image's (or a sequence's) channels at dimension 1."""
+    if t.ndim == 1:
+        return t.reshape(-1, 1)
+    if t.ndim == 2:
+        return t
+    return t.transpose(0, 1).reshape(t.shape[1], -1).T  # every position of a channel is a value of that channel
+
+
+class FieldStats:
+    """Running moments of one input field, per feature (float fields), and where values are not finite."""
+
+    def __init__(self, name: str, sample: Tensor) -> None:
+        self.name = name
+        self.dtype = str(sample.dtype).replace("torch.", "")
+        self.shape = tuple(sample.shape[1:])
+        self.floating = sample.is_floating_point() or sample.is_complex()
+        self.features = 1 if sample.ndim <= 1 else int(sample.shape[1])
+        self.layout = "table" if sample.ndim == 2 else "channels" if sample.ndim >= 3 else "values"
+        self.items = 0
+        f = self.features
+        self.count = torch.zeros(f, dtype=torch.float64)
+        self.sum = torch.zeros(f, dtype=torch.float64)
+        self.sumsq = torch.zeros(f, dtype=torch.float64)
+        self.min = torch.full((f,), math.inf, dtype=torch.float64)
+        self.max = torch.full((f,), -math.inf, dtype=torch.float64)
+        self.nonfinite = torch.zeros(f, dtype=torch.int64)  # values per feature
+        self.nonfinite_items = 0
+        self.nonfinite_first: list[int] = []  # the first dataset indices holding one
+        self.mismatch = False
+
+    def add(self, value: Tensor, indices: np.ndarray) -> None:
+        n = value.shape[0]
+        self.items += n
+        if tuple(value.shape[1:]) != self.shape:
+            self.mismatch = True  # variable-length items (padded per batch): moments still per feature
+        if not self.floating or value.is_complex():
+            return
+        if value.ndim >= 2 and int(value.shape[1]) != self.features:
+            return
+        x = _feature_view(value.detach().to("cpu", torch.float64))
+        finite = torch.isfinite(x)
+        bad = ~finite
+        if bool(bad.any()):
+            self.nonfinite += bad.sum(0)
+            per_item = bad.reshape(n, -1).any(1) if value.ndim <= 2 else ~torch.isfinite(value.reshape(n, -1)).all(1)
+            self.nonfinite_items += int(per_item.sum())
+            if len(self.nonfinite_first) < 20:
+                self.nonfinite_first += indices[per_item.numpy()].tolist()[: 20 - len(self.nonfinite_first)]
+            x = torch.where(finite, x, 0.0)
+        self.count += finite.sum(0)
+        self.sum += x.sum(0)
+        self.sumsq += (x * x).sum(0)
+        self.min = torch.minimum(self.min, torch.where(finite, x, math.inf).min(0).values)
+        self.max = torch.maximum(self.max, torch.where(finite, x, -math.inf).max(0).values)
+
+    # -- summaries -------------------------------------------------------------------------------
+    def moments(self) -> tuple[Tensor, Tensor]:
+        """Mean and standard deviation per feature (NaN where nothing finite was seen)."""
+        n = self.count.clamp(min=1)
+        mean = torch.where(self.count > 0, self.sum / n, math.nan)
+        var = (self.sumsq / n - mean * mean).clamp(min=0)
+        return mean, var.sqrt()
+
+    def overall(self) -> dict[str, float]:
+        """Mean, std, min and max over every finite value of the field."""
+        n = float(self.count.sum())
+        if not n:
+            return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+        mean = float(self.sum.sum()) / n
+        var = max(float(self.sumsq.sum()) / n - mean * mean, 0.0)
+        return {"mean": mean, "std": math.sqrt(var), "min": float(self.min.min()), "max": float(self.max.max())}
+
+    def constant(self) -> list[int]:
+        """Features with one value over every item (and at least one finite value)."""
+        if not self.floating:
+            return []
+        same = (self.count > 0) & (self.min == self.max)
+        return same.nonzero().flatten().tolist()
+
+
+class TargetStats:
+    """What the targets are: class labels (counted), float values (moments) or several labels per item."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None  # "labels", "multilabel", "values", "none" or "other"
+        self.counts: dict[int, int] = {}
+        self.items = 0
+        self.values = FieldStats("targets", torch.zeros(1, 1))
+        self.positives: Tensor | None = None
+
+    def add(self, targets: Any) -> np.ndarray | None:
+        """Count one batch's targets; returns the item labels (int64) where targets are class labels."""
+        if targets is None:
+            self.kind = self.kind or "none"
+            return None
+        if not isinstance(targets, Tensor):
+            self.kind = "other"
+            return None
+        t = targets.detach().cpu()
+        n = t.shape[0] if t.ndim else 1
+        self.items += n
+        if not t.is_floating_point() and t.ndim == 1:
+            self.kind = "labels"
+            values, counts = torch.unique(t, return_counts=True)
+            for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+                self.counts[v] = self.counts.get(v, 0) + c
+            return t.numpy().astype(np.int64)
+        if t.is_floating_point() and t.ndim == 2 and t.shape[1] > 1 and bool(((t == 0) | (t == 1)).all()):
+            self.kind = "multilabel"
+            sums = t.sum(0).double()
+            self.positives = sums if self.positives is None else self.positives + sums
+            return None
+        if t.is_floating_point():
+            if self.kind not in ("values",):
+                self.kind = "values"
+                self.values = FieldStats("targets", t.reshape(n, -1))
+            self.values.add(t.reshape(n, -1), np.arange(n))
+            return None
+        self.kind = "other"  # integer targets of several values per item (tokens, masks)
+        values, counts = torch.unique(t, return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            self.counts[v] = self.counts.get(v, 0) + c
+        return None

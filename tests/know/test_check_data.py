@@ -1,0 +1,214 @@
+"""check_data: each kind of finding names the items it concerns (dataset indices, through a shuffled loader too) and
+comes with advice; a new user's three silent cases (a leaked validation set, inputs x1000, a 95/5 split) get a line
+each in the progress output; labels past the model's outputs refuse the fit before its first step; the pass leaves
+the run's random generators and the model as they were and keeps no copy of the items; bad input gets a clear error
+or a plain statement."""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_classification, mlp
+from torch.utils.data import DataLoader, TensorDataset
+
+from nbtrainer import DataReport, ProgressBar, Trainer
+
+
+def _trainer(model: torch.nn.Module | None = None, **kw: Any) -> Trainer:
+    model = model if model is not None else mlp()
+    return Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False, run_store=False, **kw)
+
+
+def _kinds(report: DataReport) -> list[str]:
+    return sorted(p.kind for p in report.problems)
+
+
+def test_clean_data_has_no_finding():
+    x, y = make_classification(n=120)
+    report = _trainer().check_data((x[:100], y[:100]), (x[100:], y[100:]))
+    assert report.problems == [] and report.ok and set(report.lights().values()) == {"ok"}
+    assert report.splits["train"]["items"] == 100 and report.splits["val"]["items"] == 20
+    assert report.outputs == 3 and sum(report.splits["train"]["classes"].values()) == 100
+
+
+def test_duplicates_within_and_across_are_found_by_dataset_index_through_a_shuffled_loader():
+    x, y = make_classification(n=60)
+    x[17], y[17] = x[4], y[4]  # a copy inside training
+    x[30], y[30] = x[8], (y[8] + 1) % 3  # a copy with another label
+    # five new items, from their own seed: the global generator may stand at seed 0, where make_classification's
+    # own rows come from (a draw from it then repeats training's first rows)
+    new = torch.randn(5, 10, generator=torch.Generator().manual_seed(1234))
+    val_x, val_y = torch.cat([x[40:45], new]), torch.cat([y[40:45], torch.zeros(5, dtype=torch.long)])
+    train = DataLoader(TensorDataset(x, y), batch_size=7, shuffle=True)  # the check reads in dataset order
+    report = _trainer().check_data(train, DataLoader(TensorDataset(val_x, val_y), batch_size=4))
+    assert _kinds(report) == ["conflicting_labels", "duplicates_across", "duplicates_within"]
+    within = report.by_kind("duplicates_within")[0]
+    assert within.data["indices"] == [17, 30] and [4, 17] in within.data["groups"] and within.level == "warning"
+    assert report.by_kind("conflicting_labels")[0].data["indices"] == [8, 30]
+    across = report.by_kind("duplicates_across")[0]
+    assert across.data["val_indices"] == [0, 1, 2, 3, 4] and across.data["train_indices"] == [40, 41, 42, 43, 44]
+    assert "5 of 10 validation items (50%)" in across.message and across.advice and across.level == "problem"
+    assert report.lights()["duplicates"] == "problem" and not report.ok
+
+
+def test_values_scale_constant_and_targets():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 6, generator=g)
+    x[:, 2] = 3.0  # constant
+    x[:, 4] *= 1e4  # a feature on another scale
+    x[11, 1] = float("nan")
+    x[23, 5] = float("inf")
+    y = torch.zeros(200, dtype=torch.long)
+    y[190:] = 1  # 95/5
+    val_y = torch.full((8,), 2)  # a class training lacks
+    report = _trainer(mlp(d=6)).check_data((x, y), (torch.randn(8, 6, generator=g), val_y))
+    assert _kinds(report) == ["constant", "imbalance", "nonfinite", "scale", "unseen_class"]  # validation: fine
+    bad = report.by_kind("nonfinite")[0]
+    assert bad.data["indices"] == [11, 23] and bad.data["features"] == [1, 5] and bad.data["items"] == 2
+    assert report.by_kind("constant")[0].data["features"] == [2]
+    scale = report.by_kind("scale")[0]
+    assert "feature 4" in scale.message and "Standardize" in scale.advice
+    imbalance = report.by_kind("imbalance")[0]
+    assert imbalance.data["counts"] == {0: 190, 1: 10} and imbalance.data["ratio"] == 19
+    assert "CrossEntropyLoss(weight=" in imbalance.advice and "WeightedRandomSampler" in imbalance.advice
+    unseen = report.by_kind("unseen_class")[0]
+    assert unseen.data["classes"] == [2] and unseen.data["indices"] == list(range(8))
+
+
+def test_labels_past_the_outputs_refuse_the_fit_before_its_first_step():
+    x, y = make_classification(n=64, classes=3)
+    y[37] = 7
+    model = mlp()  # 3 outputs
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = _trainer(model, check_data=True)
+    problem = trainer.check_data((x, y)).by_kind("label_range")[0]
+    assert problem.data == {"split": "train", "labels": [7], "outputs": 3, "indices": [37]}
+    with pytest.raises(ValueError, match=r"labels 7 are outside the model's 3 outputs \(0..2\).*items 37"):
+        trainer.fit((x, y), batch_size=8, epochs=1)
+    assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # -100 (CrossEntropyLoss's ignore_index) is not a label
+    y[37] = -100
+    assert trainer.check_data((x, y)).by_kind("label_range") == []
+
+
+def test_a_new_users_silent_cases_get_one_line_each():
+    """Measured on main before: a plain Trainer said nothing of a validation set of copies, inputs x1000 or a 95/5
+    split. With check_data=True each is one line of the progress output, and in the History's events."""
+    x, _ = make_classification(n=200)
+    y = (torch.arange(200) >= 190).long()
+    out = io.StringIO()
+    trainer = Trainer(mlp(out=2), torch.nn.CrossEntropyLoss(), "sgd", lr=0.01, run_store=False, check_data=True,
+                      progress=ProgressBar(mode="lines", file=out))  # fmt: skip
+    history = trainer.fit((x * 1000, y), val_data=(x[:100] * 1000, y[:100]), batch_size=32, epochs=1)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("data ")]
+    assert len(lines) == 3, lines  # the leak, the inputs' scale (said once, for training), the imbalance
+    assert any("validation items (100%) are exact copies" in line for line in lines)
+    assert sum("far from normalized" in line for line in lines) == 1 and any("19.0 to 1" in ln for ln in lines)
+    kinds = [e["old"] for e in history.events if e["kind"] == "data_check"]
+    assert sorted(kinds) == ["duplicates_across", "imbalance", "scale"]
+    assert history.status == "finished"
+
+
+def test_the_pass_leaves_the_rng_and_model_as_they_were_and_the_report_is_reused():
+    x, y = make_classification(n=100)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)
+
+    class Augment(torch.utils.data.Dataset):  # draws from the global generators, as random augmentation does
+        def __len__(self) -> int:
+            return 100
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return x[i] + 0.01 * torch.randn(10) + random.random() + np.random.rand(), y[i]
+
+    trainer = _trainer()
+    model = trainer.model
+    model.train()
+    numpy_state: Any = np.random.get_state()
+    states = (torch.get_rng_state(), random.getstate(), numpy_state[1].copy())
+    trainer.check_data(loader, DataLoader(Augment(), batch_size=16))
+    assert torch.equal(states[0], torch.get_rng_state()) and states[1] == random.getstate()
+    numpy_after: Any = np.random.get_state()
+    assert np.array_equal(states[2], numpy_after[1]) and model.training
+    # a fit with check_data=True on the same loaders reuses that report (the panel checks before Start)
+    report = trainer.data_report
+    assert report is not None
+    trainer2 = _trainer(check_data=True)
+    trainer2.data_report = report
+    report.sources = (loader, None)
+    trainer2.fit(loader, epochs=1)
+    assert trainer2.data_report is report
+
+
+def test_max_items_takes_a_seeded_sample_and_says_so():
+    x, y = make_classification(n=500)
+    report = _trainer().check_data((x, y), max_items=120)
+    assert report.splits["train"]["items"] == 120 and report.splits["train"]["sampled"]
+    assert any("seeded sample of 120 of 500" in n for n in report.notes)
+    again = _trainer().check_data((x, y), max_items=120)
+    assert again.splits["train"]["fields"] == report.splits["train"]["fields"]
+    with pytest.raises(ValueError, match="max_items must be an int >= 1"):
+        _trainer().check_data((x, y), max_items=0)
+
+
+def test_bad_input_gets_a_clear_error_or_a_plain_statement():
+    x, y = make_classification(n=40)
+
+    class Stream(torch.utils.data.IterableDataset):  # no len()
+        def __iter__(self):
+            for i in range(40):
+                yield x[i], y[i]
+
+    report = _trainer().check_data(DataLoader(Stream(), batch_size=8))
+    assert report.splits["train"]["items"] == 40 and report.splits["train"]["of"] is None
+
+    class Dicts(torch.utils.data.Dataset):  # items as dicts: the batch protocol's target keys
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"x": x[i], "labels": y[i], "text": f"item {i % 20}"}
+
+    class DictModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x: torch.Tensor, text: Any = None) -> torch.Tensor:
+            return self.net(x)
+
+    report = _trainer(DictModel()).check_data(DataLoader(Dicts(), batch_size=8))
+    assert "x" in report.splits["train"]["fields"] and report.outputs == 3
+    assert any("text: list, not a tensor" in n for n in report.notes)
+    with pytest.raises(TypeError, match="one-shot iterator"):
+        _trainer().check_data(iter([(x, y)]))
+    with pytest.raises(TypeError, match="check_data must be True, False or an int"):
+        _trainer(check_data="yes")
+
+    class Broken(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> Any:
+            return object(), 1
+
+    with pytest.raises(TypeError, match="check_data could not read train"):
+        _trainer().check_data(DataLoader(Broken(), batch_size=2))
+    regression = Trainer(mlp(out=1), torch.nn.MSELoss(), "sgd", lr=0.1, progress=False, run_store=False)
+    report = regression.check_data((x, y[:, None].float()))
+    assert report.splits["train"]["targets"] == "values" and report.by_kind("imbalance") == []
+
+
+def test_display():
+    x, y = make_classification(n=40)
+    report = _trainer().check_data((x, y), (x[:5], y[:5]))
+    assert repr(report) == "DataReport(train 40 items · val 5 items · 1 finding)"
+    assert str(report).splitlines()[1].startswith("  data problem: 5 of 5 validation items")
+    page = report._repr_html_()
+    assert "nbt-data-report" in page and "data-kind='duplicates_across'" in page and "nbt-data-problem" in page
+    problem = report.problems[0]
+    assert str(problem).startswith("data problem: ") and problem.to_dict()["kind"] == "duplicates_across"

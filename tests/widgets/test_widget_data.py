@@ -1,0 +1,93 @@
+"""The panel's data section (issue 55), headless: real trainers, real widgets, no kernel. The clicks themselves are
+tested with the mouse in tests/browser/test_panel_data.py; here, what a selection leads to.
+
+Before Start the data check's lights and a batch show, and the fit reuses that report; labels past the model's outputs
+keep Start from training; after a run the map is drawn (one point per item), a selection shows those items, most
+suspicious first, in the cleaner, whose choices are the map's edits and the next fit's dataset; the errors section's
+cleaner writes the interpretation's edits.
+"""
+
+from __future__ import annotations
+
+import torch
+from conftest import make_classification, make_loader, mlp
+from widget_helpers import classes, wait_for
+
+from nbtrainer import TrainerWidget
+
+
+def _panel(x: torch.Tensor, y: torch.Tensor, **kw) -> TrainerWidget:
+    model = mlp()
+    loader = make_loader(x, y, batch_size=32, shuffle=True)
+    return TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.2), loader,
+                         make_loader(x[:64], y[:64], batch_size=64), run_store=False, **kw)  # fmt: skip
+
+
+def test_the_check_shows_before_start_the_run_maps_the_items_and_the_cleaner_writes_the_edits() -> None:
+    x, y = make_classification(n=320)
+    w = _panel(x, y, epochs=3)
+    data = w.looks.data
+    assert "nbt-data" in classes(w.panel) and "nbt-data-map" not in classes(w.panel)  # no map before a run
+    data.wait_check(30)
+    report = data.report
+    assert report is not None and report.by_kind("duplicates_across")  # validation is the first 64 training items
+    assert "nbt-data-problem" in data.report_html.value and "duplicates_across" in data.report_html.value
+    assert "nbt-batch" in data.batch_html.value and data.section.visible
+    assert data.map_box.layout.display != "flex"  # no map before a run
+    w.start()
+    history = w.wait(timeout=60)
+    assert history.status == "finished"
+    assert w.trainer.data_report is report  # the fit reused the panel's check
+    wait_for(lambda: len(data.scatter.x) == 320, 10, "the map drawn at the run's end")
+    dm = w.data_map
+    assert int(dm.visits.sum()) == 3 * 320 and data.map_box.layout.display == "flex"
+    assert {"nbt-data-map", "nbt-data-map-mode", "nbt-data-map-note", "nbt-cleaner"} <= classes(w.panel)
+    assert "likely label issues" in data.section.title.value
+
+    # a selection (a click or a lasso sets the scatter's `selected`): those items, most suspicious first
+    worst = dm.label_issues(3).indices
+    points = [int((data._points == i).nonzero()[0][0]) for i in worst[::-1]]
+    data.scatter.selected = points
+    assert data.selection == worst and list(data.cleaner.choices) == worst
+    assert all(f"#{i} · given" in card for i, card in zip(worst, [c.children[0].value for c in
+               data.cleaner.items.children], strict=True))  # fmt: skip
+    first, second = worst[0], worst[1]
+    data.cleaner.choices[first].value = "drop"
+    data.cleaner.choices[second].value = "relabel"
+    data.cleaner.labels[second].value = 2
+    assert dm.edits.dropped == [first] and dm.edits.relabeled == {second: 2}
+    assert "1 dropped" in data.cleaner.summary.value and "w.data_map.cleaned()" in data.cleaner.summary.value
+    view = dm.cleaned()
+    assert view.dataset is w.train_loader.dataset and len(view) == 319 and view.changes["relabeled"] == {second: 2}
+    data.cleaner.choices[first].value = "keep"
+    assert dm.edits.dropped == []
+
+
+def test_labels_past_the_outputs_keep_start_from_training() -> None:
+    x, y = make_classification(n=96)
+    y[40] = 9  # the model has 3 outputs
+    w = _panel(x, y)
+    data = w.looks.data
+    data.wait_check(30)
+    assert "label_range" in data.report_html.value and "nbt-data-problem" in data.report_html.value
+    w.start()
+    assert w.status == "idle" and w.trainer.global_step == 0
+    assert any(level == "error" and "not started" in m and "labels 9" in m for level, m in w.view.messages_log.log)
+
+
+def test_the_errors_sections_cleaner_writes_the_interpretations_edits() -> None:
+    x, y = make_classification(n=256)
+    w = _panel(x, y, interpret=True, epochs=1)
+    w.start()
+    w.wait(timeout=60)
+    errors = w.looks.errors
+    wait_for(lambda: errors.interpretation is not None, 10, "an interpretation drawn")
+    interp = errors.interpretation
+    cells = [(t, p) for t in range(3) for p in range(3) if t != p and interp.where(target=t, prediction=p)]
+    target, predicted = cells[0]
+    items = errors.show_cell(target, predicted)
+    shown = list(errors.cleaner.choices)
+    assert shown == items[: len(shown)] and errors.cleaner.labels[shown[0]].value == predicted
+    errors.cleaner.choices[shown[0]].value = "relabel"
+    assert interp.edits.relabeled == {shown[0]: predicted}
+    assert interp.cleaned().changes["relabeled"] == {shown[0]: predicted}

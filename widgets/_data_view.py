@@ -1,0 +1,235 @@
+"""The panel's data section (``nbt-data``, issue 55): the data checked before Start, a batch as the model receives it,
+and the data map of the run with a cleaner.
+
+* **Before Start** a helper thread (``nbtrainer.start_training_thread``) runs ``trainer.check_data(train, val)`` and
+  ``nbtrainer.show_batch(train)``: the report's lights and findings (``nbt-data-report``: ``nbt-data-light``,
+  ``nbt-data-ok|warning|problem``, each finding ``nbt-data-problem``) and the batch (``nbt-data-batch``). The fit
+  reuses the report (``Trainer(check_data=True)`` on the same loaders); labels past the model's outputs refuse the
+  run before its first step.
+* **During the run** a ``nbtrainer.DataMap`` rides on it; at each epoch's end the UI thread draws the map as a bqplot
+  scatter (``nbt-data-map``: confidence against variability, coloured by correctness, at most 3,000 points: a seeded
+  sample plus the most suspicious labels). A click on a point (``interactions={"click": "select"}``), or a lasso
+  (``nbt-data-map-mode`` set to ``lasso``: bqplot's ``LassoSelector``), shows those items with their labels in the
+  cleaner (``_cleaner``): keep, drop or relabel each, written to ``w.data_map.edits``;
+  ``w.data_map.cleaned()`` is the next fit's dataset.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import bqplot as bq
+import ipywidgets as W
+import numpy as np
+
+from nbtrainer import DataMap, show_batch, start_training_thread
+
+from ._cleaner import Cleaner
+from ._section import Section
+
+__all__ = ["DataView"]
+
+log = logging.getLogger(__name__)
+
+_POINTS = 3000  # drawn at most (a seeded sample, plus the most suspicious labels)
+_SUSPECTS = 200
+_SHOWN = 12  # items a selection shows in the cleaner
+_COLOURS = ["#cf222e", "#bf8700", "#0969da"]  # correctness 0 -> 1 (the core's static picture uses the same)
+
+
+class DataView:
+    """The data section of one panel (see the module docstring). ``root`` is its :class:`Section`.
+
+    Args:
+        notify: the panel's messages (``level, text``).
+        classes: class names for the map's captions (optional).
+
+    Attributes:
+        data_map: the :class:`nbtrainer.DataMap` the panel's runs record into.
+        report: the last data check (``nbtrainer.DataReport``), or None while it runs.
+        scatter: the map's bqplot ``Scatter``; ``selection``: the dataset indices shown in the cleaner.
+    """
+
+    def __init__(self, notify: Callable[[str, str], None], *, classes: Any = None) -> None:
+        self.notify = notify
+        self.data_map = DataMap(classes=classes)
+        self.report: Any = None
+        self.section = Section("data", "nbt-data", closable=False)
+        self.root = self.section.root
+        self.report_html, self.batch_html, self.map_note = W.HTML(), W.HTML(), W.HTML()
+        self.report_html.add_class("nbt-data-report-box")
+        self.batch_html.add_class("nbt-data-batch")
+        self.map_note.add_class("nbt-data-map-note")
+        xs, ys = bq.LinearScale(min=0.0, max=0.5), bq.LinearScale(min=0.0, max=1.0)
+        cs = bq.ColorScale(colors=_COLOURS, min=0.0, max=1.0)
+        self.scatter = bq.Scatter(
+            x=np.zeros(0), y=np.zeros(0), color=np.zeros(0), scales={"x": xs, "y": ys, "color": cs},
+            default_size=28, stroke="white", interactions={"click": "select"},
+            selected_style={"opacity": 1.0, "stroke": "black", "stroke-width": 2},
+            unselected_style={"opacity": 0.35},
+        )  # fmt: skip
+        axes = [
+            bq.Axis(scale=xs, label="variability", tick_format=".2f"),
+            bq.Axis(scale=ys, side="left", label="confidence", tick_format=".1f", label_offset="36px"),
+        ]
+        self.lasso = bq.interacts.LassoSelector(marks=[self.scatter])
+        self.figure = bq.Figure(
+            marks=[self.scatter], axes=axes, animation_duration=0, title="data map (click a point, or a lasso)",
+            fig_margin={"top": 30, "bottom": 40, "left": 50, "right": 10},
+            layout=W.Layout(width="380px", height="320px"),
+        )  # fmt: skip
+        self.figure.add_class("nbt-data-map")
+        self.mode = W.ToggleButtons(options=["click", "lasso"], value="click", style={"button_width": "60px"})
+        self.mode.add_class("nbt-data-map-mode")
+        self.mode.observe(self._on_mode, "value")
+        self.cleaner = Cleaner("w.data_map.cleaned()")
+        self.cleaner.root.add_class("nbt-data-selection")
+        self.selection: list[int] = []
+        # empty until the first drawing: a bqplot figure made inside a hidden box measures 0 x 0 and stays so
+        self.map_box = W.VBox(layout=W.Layout(display="none"))
+        self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
+        self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
+        self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
+        self._drawn_epochs = -1
+        self._lock = threading.RLock()
+        self._check: threading.Thread | None = None
+        self.scatter.observe(self._on_selected, "selected")
+
+    # -- before Start: the data check and the batch preview (a helper thread) ----------------------------
+    def start_check(self, trainer: Any, train_loader: Any, val_loader: Any) -> None:
+        """Check the data in a helper thread; the lights and the batch show when it is done."""
+        self.report_html.value = "<div class='nbt-data-checking' style='font-size:12px'>checking the data…</div>"
+        self.section.show(self.body, detail="checking…")
+
+        def check() -> None:
+            try:
+                report = trainer.check_data(train_loader, val_loader)
+            except Exception as exc:  # said; Start still works (the fit's own checks run)
+                log.debug("the panel's data check failed: said in its data section", exc_info=True)
+                self.report_html.value = (
+                    f"<div class='nbt-data-report-error' style='font-size:12px'>data check failed: "
+                    f"{html.escape(type(exc).__name__)}: {html.escape(str(exc)[:400])}</div>"
+                )
+                self.section.show(self.body, detail="check failed")
+                return
+            self.report = report
+            self.report_html.value = report._repr_html_()
+            lights = report.lights()
+            worst = "problem" if "problem" in lights.values() else "warning" if "warning" in lights.values() else "ok"
+            self.section.show(self.body, detail=f"{worst}: {report.summary()}")
+            try:
+                self.batch_html.value = show_batch(train_loader, 8, classes=self.data_map.classes)._repr_html_()
+            except Exception as exc:
+                log.debug("the panel's batch preview failed: said in its data section", exc_info=True)
+                self.batch_html.value = f"<div style='font-size:12px'>no batch preview: {html.escape(str(exc))}</div>"
+
+        self._check = start_training_thread(check, name="nbtrainer-data-check")
+
+    def wait_check(self, timeout: float | None = None) -> None:
+        """Wait for the data check (Start does: the fit reuses its report)."""
+        if self._check is not None:
+            self._check.join(timeout)
+
+    def refused(self) -> str | None:
+        """Why Start must not train (labels the model has no output for), or None."""
+        report = self.report
+        problems = report.by_kind("label_range") if report is not None else []
+        return f"{problems[0].message} {problems[0].advice}" if problems else None
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def attach(self, trainer: Any) -> None:
+        """A run starts: the data map rides on it (a fresh map for a fresh run)."""
+        if self.data_map not in trainer.callbacks.callbacks:
+            trainer.add_callback(self.data_map)
+        self._drawn_epochs = -1
+
+    def refresh(self, final: bool = False) -> bool:
+        """The UI thread: redraw the map when an epoch has ended since the last drawing (or at the run's end)."""
+        dm = self.data_map
+        if dm.epochs == self._drawn_epochs and not final:
+            return False
+        self._drawn_epochs = dm.epochs
+        self.draw()
+        return True
+
+    def draw(self) -> None:
+        """Draw the map from one consistent read of it."""
+        dm = self.data_map
+        table = dm.table()
+        seen = np.flatnonzero(table["visits"].numpy() > 0)
+        with self._lock:
+            if not len(seen):
+                if dm.note:
+                    self.map_note.value = f"<div style='font-size:12px'>{html.escape(dm.note)}</div>"
+                    self._show_map()
+                return
+            if len(seen) > _POINTS:
+                score = table["score"].numpy()[seen]
+                top = seen[np.argsort(-np.nan_to_num(score, nan=-np.inf), kind="stable")[:_SUSPECTS]]
+                rest = np.setdiff1d(seen, top)
+                pick = np.random.default_rng(0).choice(rest, _POINTS - len(top), replace=False)
+                seen = np.sort(np.concatenate([top, pick]))
+            self._points = seen
+            x = np.nan_to_num(table["variability"].numpy()[seen])
+            y = np.nan_to_num(table["confidence"].numpy()[seen])
+            c = np.nan_to_num(table["correctness"].numpy()[seen], nan=0.5)
+            with self.scatter.hold_sync():
+                self.scatter.selected = None
+                self.scatter.x, self.scatter.y, self.scatter.color = x, y, c
+            self.scatter.scales["x"].max = float(max(0.5, x.max() * 1.05))
+            total = int((table["visits"] > 0).sum())
+            shown = f"{len(seen):,} of {total:,} items drawn" if len(seen) < total else f"{total:,} items"
+            note = f" · {dm.note}" if dm.note else ""
+            self.map_note.value = (
+                f"<div style='font-size:12px'>{html.escape(dm.summary())} · {shown} drawn; colour: right in how many "
+                f"epochs (red never, blue always){html.escape(note)}</div>"
+            )
+            self._show_map()
+            self.section.show(self.body, detail=self.section_detail())
+
+    def _show_map(self) -> None:
+        if self.map_box.layout.display != "flex":  # shown first, then filled (see __init__)
+            self.map_box.layout.display = "flex"
+            self.map_box.children = self._map_parts
+
+    def section_detail(self) -> str:
+        issues = len(self.data_map.label_issues())
+        return f"map after epoch {self.data_map.epochs}: {issues} likely label issues"
+
+    # -- clicks (the kernel's thread) -----------------------------------------------------------------
+    def _on_mode(self, change: Any) -> None:
+        self.figure.interaction = self.lasso if change.get("new") == "lasso" else None
+        if change.get("new") != "lasso":
+            self.lasso.reset()
+
+    def _on_selected(self, change: Any) -> None:
+        selected = change.get("new")
+        if selected is None:
+            return
+        points = np.asarray(selected, dtype=np.int64).reshape(-1)
+        with self._lock:
+            points = points[(points >= 0) & (points < len(self._points))]
+            items = self._points[points].tolist()
+        self.show_items(items)
+
+    def show_items(self, items: list[int]) -> list[int]:
+        """Show these dataset items (the most suspicious first, at most 12) in the cleaner; returns them."""
+        dm = self.data_map
+        if not items:
+            self.selection = []
+            self.cleaner.clear()
+            return []
+        table = dm.table()
+        score = table["score"].numpy()
+        items = sorted(set(items), key=lambda i: -np.nan_to_num(score[i], nan=-np.inf))[:_SHOWN]
+        gallery = dm.show(items, k=_SHOWN)
+        suggested = {i: int(table["suggested"][i]) if int(table["suggested"][i]) >= 0 else None for i in items}
+        n = int(max(int(table["given"].max()), int(table["suggested"].max()))) + 1
+        names = dm.classes or [str(c) for c in range(max(n, 1))]
+        self.selection = items
+        self.cleaner.show(dm.edits, gallery.indices, gallery.cards, classes=names, suggested=suggested)
+        return items
