@@ -109,9 +109,9 @@ class Health(Callback):
 
     Args:
         every_n_steps: measure the gradient norms, update ratios and dead units at the first step of a fit and then
-            every this many optimizer steps. The default (None) is every 50 steps, or a multiple of 50 where a sample
-            would bring the samples over 1% of the training time (a small model's short steps: on a 0.2 ms step a
-            sample takes about as long as a step or two); a number given is kept exactly.
+            every this many optimizer steps. The default (None) is every 50 steps, or from the third sample on a
+            multiple of 50 where a sample would bring the samples over 1% of the training time (a small model's short
+            steps: on a 0.2 ms step a sample takes about as long as a step or two); a number given is kept exactly.
         on_problem: what a problem (not a warning) does: ``"warn"`` reports it, ``"pause"`` also pauses at the next
             step boundary, ``"stop"`` ends the run (writing ``last.ckpt`` when a ``ModelCheckpoint(save_last=True)``
             is there).
@@ -334,8 +334,10 @@ class Health(Callback):
     def _too_soon(self) -> bool:
         """A sample now would bring the samples' share of the training time over SAMPLE_BUDGET: what one costs
         (its own time on the training thread, the refresh's reading of it included) against the time trained
-        since the last one. On a 0.2 ms step a sample takes about as long as one step or two."""
-        if self._last_sample is None or not self._samples:
+        since the last one. On a 0.2 ms step a sample takes about as long as one step or two. The second sample of a
+        fit is always taken (one sample's cost, once): the card's chart and the norm judges need two points, and on a
+        small model 1% sits within the step time's own spread, so pacing it made a short run's second point chance."""
+        if self._last_sample is None or self._samples < 2:
             return False
         cost = self._spent / self._samples
         return cost > SAMPLE_BUDGET * (time.perf_counter() - self._last_sample[0])

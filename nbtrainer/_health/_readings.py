@@ -23,7 +23,6 @@ from nbtrainer._health._units import chance_level
 from nbtrainer._report._format import format_number
 
 if TYPE_CHECKING:
-    from nbtrainer._health._health import Health
     from nbtrainer._loop._host import LoopHost
 
 __all__ = ["DATA_SHARE", "Readings"]
@@ -34,7 +33,9 @@ DATA_SHARE = 0.3  # the loader taking this share of the step time gets a warning
 class Readings:
     """The refresh's half of ``health`` (see the module docstring)."""
 
-    def __init__(self, health: Health) -> None:
+    def __init__(self, health: Any) -> None:
+        # the Health whose state this works on, typed Any: _health imports this module (a type-only import back
+        # would be a cycle, tests/test_architecture.py)
         self.health = health
 
     def read_samples(self, trainer: LoopHost) -> None:
@@ -55,7 +56,7 @@ class Readings:
             h._loss.chance = chance_level(trainer.criterion, units.classes)
         at = 0
         for sample, part in zip(norms, parts, strict=True):
-            grads, ratios, weights = probe.reduce(sample, flat[at : at + len(part)])  # type: ignore[union-attr]
+            grads, ratios, weights = probe.reduce(sample, flat[at : at + len(part)])
             at += len(part)
             self.norm_sample(trainer, sample.step, grads, ratios, weights)
         for step, names, _, sizes in dead:

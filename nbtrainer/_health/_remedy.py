@@ -34,7 +34,6 @@ from nbtrainer._health._snapshot import Snapshots
 
 if TYPE_CHECKING:
     from nbtrainer._health._fix import Fixer
-    from nbtrainer._health._health import Health
     from nbtrainer._health._loss_watch import Stuck
     from nbtrainer._loop._host import LoopHost
 
@@ -46,7 +45,9 @@ log = logging.getLogger(__name__)
 class Remedy:
     """The advice and the step-boundary half of the fixes of ``health`` (see the module docstring)."""
 
-    def __init__(self, health: Health) -> None:
+    def __init__(self, health: Any) -> None:
+        # the Health whose state this works on, typed Any: _health imports this module (a type-only import back
+        # would be a cycle, tests/test_architecture.py)
         self.health = health
 
     # -- advice ----------------------------------------------------------------------------------------------

@@ -466,4 +466,5 @@ class FitLoop:
         self._next_refresh = time.perf_counter() + t.options.run.refresh_interval
 
     def _end_epoch(self) -> None:
-        end_epoch(self)  # the epoch's row, validation, the epoch scheduler, deferred saves (_epoch_end)
+        self.refresh()  # then the epoch's row, validation, the epoch scheduler, deferred saves (_epoch_end)
+        end_epoch(self.host, self.state, self.live, self.order, self.progress, self.val_data, self.epoch_elapsed())
