@@ -43,6 +43,22 @@ import overhead
 THREADS: dict[str, int] = {}  # variant -> threads of the process at the end of its last fit
 END_TO_END: dict[str, list[float]] = {}
 UI_CPU: dict[str, list[float]] = {}  # the panel's UI-thread CPU time during the run / the run's wall time
+FIXED: dict[str, list[tuple[float, float]]] = {}  # variant -> (start to first step, last step to idle), seconds
+
+
+class Marks:
+    """The times of the first and the last optimizer step, through scheduled deliveries (no call per step)."""
+
+    def __init__(self, last: int) -> None:
+        self.last, self.t = last, {}
+        self.next_optimizer_step: int | None = 1
+
+    def on_optimizer_step(self, trainer, step, skipped) -> None:
+        self.t[step] = time.perf_counter()
+        self.next_optimizer_step = self.last if step < self.last else None
+
+    def fixed(self, start: float, idle: float) -> tuple[float, float]:
+        return self.t[1] - start, idle - self.t[self.last]
 
 
 class CountThreads:
@@ -59,10 +75,13 @@ def run_headless(w, device) -> float:
     from nbtrainer import Trainer
 
     model, opt, crit = w.fresh()
-    trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[CountThreads("headless")])
+    marks = Marks(w.steps)
+    trainer = Trainer(model, crit, opt, device=device, progress=False, callbacks=[CountThreads("headless"), marks])
     start = time.perf_counter()
     trainer.fit(w.data, epochs=1)
-    return time.perf_counter() - start
+    end = time.perf_counter()
+    FIXED.setdefault("headless", []).append(marks.fixed(start, end))
+    return end - start
 
 
 def run_headless_thread(w, device) -> float:
@@ -95,15 +114,18 @@ def run_widget(w, device) -> float:
     from nbtrainer import TrainerWidget
 
     model, opt, crit = w.fresh()
+    marks = Marks(w.steps)
     widget = TrainerWidget(
-        model, crit, opt, w.data, epochs=1, device=device, progress=False, callbacks=[CountThreads("widget")]
+        model, crit, opt, w.data, epochs=1, device=device, progress=False, callbacks=[CountThreads("widget"), marks]
     )
     start = time.perf_counter()
     widget.start()
     widget._run.done.wait()  # the training thread has returned from fit
     trained = time.perf_counter() - start
     widget.wait()
-    END_TO_END.setdefault(w.name, []).append((time.perf_counter() - start) / w.steps)
+    idle = time.perf_counter()
+    FIXED.setdefault("widget", []).append(marks.fixed(start, idle))
+    END_TO_END.setdefault(w.name, []).append((idle - start) / w.steps)
     UI_CPU.setdefault(w.name, []).append(widget._pump.cpu_live_s / trained)
     assert widget.status == "finished" and widget.ui_updates >= 1
     return trained
@@ -134,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--panel-only", action="store_true", help="only headless and the panel (no plain or helper thread)"
+    )
     parser.add_argument("--kernel", action="store_true", help="w.fit() and Start in a real Jupyter kernel")
     parser.add_argument("--before", action="store_true", help="as before issue 49 (the idle pool is kept)")
     args = parser.parse_args(argv)
@@ -161,26 +186,44 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         "| workload | steps/round | headless ms/step | plain thread / headless | start_training_thread / headless | "
-        "widget / headless | end-to-end / headless | UI-thread CPU share | "
+        "widget / headless, median [IQR of rounds] | end-to-end / headless [IQR] | UI-thread CPU share | "
+        "Start to first step, ms: headless / panel | last step to idle, ms: headless / panel | "
         "threads: headless / plain / helper / widget |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     all_w = overhead.workloads(args.scale)
+    names = ["headless", "widget"] if args.panel_only else ["headless", "headless-thread", "helper-thread", "widget"]
     for key in args.workloads:
         w = all_w[key]
         END_TO_END.pop(w.name, None)
         UI_CPU.pop(w.name, None)
-        names = ["headless", "headless-thread", "helper-thread", "widget"]
+        FIXED.clear()
+        THREADS.clear()
         res = overhead.measure(w, names, args.rounds, device)
-        base, thr, helper, wid = (statistics.median(res[k]) for k in names)
-        e2e = statistics.median(END_TO_END[w.name][1:])  # [0] is the warm-up round
+        med = {k: statistics.median(v) for k, v in res.items()}
+        base = med["headless"]
+        # each round's ratio to that round's headless run (the rounds rotate the order: load hits both sides)
+        wid = _spread([x / h for x, h in zip(res["widget"], res["headless"], strict=True)])
+        e2e = _spread([x / h for x, h in zip(END_TO_END[w.name][1:], res["headless"], strict=True)])
         share = statistics.median(UI_CPU[w.name][1:])
+        first = {k: statistics.median(f for f, _ in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
+        last = {k: statistics.median(t for _, t in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
+        thr, helper = (f"{med[k] / base:.3f}x" if k in med else "-" for k in ("headless-thread", "helper-thread"))
+        threads = " / ".join(
+            str(THREADS.get(k, "-")) for k in ("headless", "headless-thread", "helper-thread", "widget")
+        )
         print(
-            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr / base:.3f}x | {helper / base:.3f}x | "
-            f"{wid / base:.3f}x | {e2e / base:.3f}x | {share:.2%} | {' / '.join(str(THREADS[k]) for k in names)} |",
+            f"| {w.name} | {w.steps} | {base * 1e3:.4f} | {thr} | {helper} | {wid} | {e2e} | {share:.2%} | "
+            f"{first['headless']:.1f} / {first['widget']:.1f} | {last['headless']:.1f} / {last['widget']:.1f} | "
+            f"{threads} |",
             flush=True,
         )
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def _spread(ratios: list[float]) -> str:
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"**{statistics.median(ratios):.3f}x** [{q[0]:.3f}-{q[2]:.3f}]"
 
 
 if __name__ == "__main__":

@@ -53,8 +53,24 @@ _LOCK = threading.Lock()
 _HOOKED: set[int] = set()  # id() of the IPython shells whose post_run_cell gives the main thread's pool back
 
 
+_SCANNED: tuple[int, list[str]] = (-1, [])  # (len(sys.modules) at the scan, the libgomps found)
+
+
 def _loaded_libgomps() -> list[str]:
-    """Paths of the GNU OpenMP runtimes loaded in this process (torch's, and any other copy); [] off Linux."""
+    """Paths of the GNU OpenMP runtimes loaded in this process (torch's, and any other copy); [] off Linux.
+
+    The process's maps are read again only when modules were imported since the last read (a runtime comes with
+    an extension module: torch's, scikit-learn's bundled copy): with torch loaded they are thousands of lines,
+    a few milliseconds at every Start of a panel and after every notebook cell while a run trains."""
+    global _SCANNED
+    if _SCANNED[0] == len(sys.modules):
+        return _SCANNED[1]
+    found = _scan_libgomps()
+    _SCANNED = (len(sys.modules), found)
+    return found
+
+
+def _scan_libgomps() -> list[str]:
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {line.split(None, 5)[-1].strip() for line in maps if "libgomp" in line}

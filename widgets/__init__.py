@@ -34,7 +34,8 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              ``nbt-stat-steptime`` (with the data share), ``nbt-stat-memory``
 ``nbt-health``               the health card (``nbtrainer.Health``, added unless the trainer has one):
                              ``nbt-health-lights`` (each ``nbt-health-light`` and ``nbt-health-ok|warning|problem``),
-                             ``nbt-health-advice``, buttons ``nbt-health-apply-lr``, ``nbt-health-rollback``,
+                             ``nbt-health-advice``, buttons ``nbt-health-apply`` (also ``nbt-health-apply-lr``: the
+                             advised action, e.g. restore and apply LR), ``nbt-health-rollback``,
                              ``nbt-health-skip``, and the chart ``nbt-health-chart`` (block gradient norms)
 ``nbt-compare``              over the charts: ``nbt-compare-runs`` (earlier runs of the session's and the
                              trainer's store, drawn as muted lines on the loss and metric charts) and

@@ -2,8 +2,9 @@
 steps, and on a problem its advice with the buttons that act on it.
 
 It reads only public names: the ``Health`` callback's ``signals`` and ``last_problem``, ``trainer.history.health``
-(the norms), and acts through ``trainer.set_lr`` / ``trainer.rollback`` and the panel's own pause / resume (the
-small :class:`HealthHost` protocol), so the panel's Pause button and badge stay true. It runs on the UI thread (the
+(the norms), and acts through ``Health.apply_advice`` (the advised action: restore the healthy weights, clip, set
+the LR, as the report says), ``trainer.rollback`` and the panel's own pause / resume (the small :class:`HealthHost`
+protocol), so the panel's Pause button and badge stay true. It runs on the UI thread (the
 pump calls :meth:`HealthCard.draw`) and on the kernel's (the clicks); the training thread only appends reports to
 the panel's feed.
 
@@ -23,7 +24,7 @@ import bqplot as bq
 import ipywidgets as W
 import numpy as np
 
-from nbtrainer import Health, ModelCheckpoint, format_lr
+from nbtrainer import Health, ModelCheckpoint
 from nbtrainer.plotting import PALETTE
 
 from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
@@ -72,8 +73,9 @@ def _button(description: str, css: str) -> W.Button:
 
 class HealthCard:
     """``root`` (class ``nbt-health``): ``nbt-health-lights``, the chart ``nbt-health-chart`` (block gradient norms,
-    log scale), ``nbt-health-advice`` and the buttons ``nbt-health-apply-lr``, ``nbt-health-rollback``,
-    ``nbt-health-skip`` (shown for the problem they fit)."""
+    log scale), ``nbt-health-advice`` and the buttons ``nbt-health-apply`` (also ``nbt-health-apply-lr``: the
+    report's advised action, its words on the button: "restore the weights before step 1, apply LR 0.1 and
+    resume"), ``nbt-health-rollback``, ``nbt-health-skip`` (shown for the problem they fit)."""
 
     def __init__(self, host: HealthHost, *, view: Any) -> None:
         self.host = host
@@ -104,6 +106,7 @@ class HealthCard:
         self.advice = W.HTML()
         self.advice.add_class("nbt-health-advice")
         self.apply_lr = _button("apply LR", "nbt-health-apply-lr")
+        self.apply_lr.add_class("nbt-health-apply")
         self.rollback = _button("roll back to last checkpoint and resume", "nbt-health-rollback")
         self.skip = _button("skip this batch and resume", "nbt-health-skip")
         self.apply_lr.on_click(lambda _: self._guard(self.click_apply_lr))
@@ -116,6 +119,7 @@ class HealthCard:
         self.root = W.VBox([self.lights, self.advice, self.buttons, self.chart], layout=W.Layout(margin="2px 0 4px 0"))
         self.root.add_class("nbt-health")
         self._drawn = -1  # samples of the total norm on the chart
+        self._drawn_state: Any = None  # what the lights and buttons show (draw skips when it has not changed)
         self.draw()
         at = list(view.root.children).index(view.stats) + 1  # under the stat cards, over the charts
         view.root.children = (*view.root.children[:at], self.root, *view.root.children[at:])
@@ -133,6 +137,7 @@ class HealthCard:
         """A new run: no problem shown, the chart empty (the lights come from the new fit)."""
         self.problem = None
         self._drawn = -1
+        self._drawn_state = None
         self.chart.children = ()
         self._show_problem()
 
@@ -149,10 +154,15 @@ class HealthCard:
         self._show_problem()
 
     def draw(self) -> None:
-        """The lights, and the chart when new norm samples arrived."""
-        with self.lights.hold_sync():
-            self.lights.value = self._lights_html()
-        self._buttons()
+        """The lights, and the chart when new norm samples arrived; nothing is rebuilt or sent when the lights, the
+        problem and the run's state are as at the last push (the UI thread's time is the training thread's)."""
+        lights = tuple((s.level, s.summary) for s in self.health.signals.values())
+        state = (lights, self.problem, self.host.running, self.trainer.status)
+        if state != self._drawn_state:
+            self._drawn_state = state
+            with self.lights.hold_sync():
+                self.lights.value = self._lights_html()
+            self._buttons()
         norms = self.trainer.history.health.get("grad_norm", {})
         total = norms.get("total", [])
         if len(total) != self._drawn:
@@ -221,11 +231,12 @@ class HealthCard:
     def _buttons(self) -> None:
         report, alive = self.problem, self.host.running
         paused = self.trainer.status == "paused"
-        lr = report.data.get("lr") if report is not None else None
-        show_lr = alive and isinstance(lr, float) and lr > 0
-        if show_lr:
-            self.apply_lr.description = f"apply LR {format_lr(lr)}" + (" and resume" if paused else "")
-        self.apply_lr.layout.display = "flex" if show_lr else "none"
+        steps = report.action_steps if report is not None else []
+        show = alive and bool(steps)
+        if show:
+            words = [*steps, "resume"] if paused else steps
+            self.apply_lr.description = ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
+        self.apply_lr.layout.display = "flex" if show else "none"
         self.rollback.layout.display = "flex" if alive and report is not None and self._last_checkpoint() else "none"
         skipped = report is not None and report.kind == "nonfinite" and report.data.get("skipped")
         self.skip.layout.display = "flex" if alive and paused and skipped else "none"
@@ -244,13 +255,15 @@ class HealthCard:
             self.host.notify("error", f"{type(exc).__name__}: {exc}")
 
     def click_apply_lr(self) -> None:
-        """Set the advised LR (at the next step boundary) and resume a paused run."""
+        """Apply the problem's advised action (``Health.apply_advice``: a restore takes effect at the next step
+        boundary, before the step) and resume a paused run."""
         report = self.problem
-        if report is None or not isinstance(report.data.get("lr"), float):
+        if report is None or not report.action:
             return
-        lr = float(report.data["lr"])
-        self.trainer.set_lr(lr, source="health")
-        self.host.notify("info", f"health: LR set to {format_lr(lr)}")
+        done = self.health.apply_advice(self.trainer, report)
+        self.host.notify("info", f"health: {done}")
+        self.problem = None
+        self._show_problem()
         self._resume()
 
     def click_rollback(self) -> None:

@@ -27,12 +27,33 @@ Events, in the order they fire (``epoch`` is 1-based everywhere):
 ``on_exception(trainer, exception)``   then the exception propagates (KeyboardInterrupt excepted)
 ``on_fit_end(trainer, history)``       always, also after stop / interrupt / error
 ==============================  ==========================================================================
+
+**What a watching consumer costs per step** (issue 54). A hook defined on a callback is a Python call at every
+event of its kind, and the per-step and per-micro-batch ones are the only events whose count grows with the run:
+on a small model a few microseconds a step are a few percent. A consumer that needs the run's per-step values
+reads them where the loop already keeps them, once per refresh window, instead of hooking every step:
+
+* ``on_refresh``'s :class:`Progress`: ``step_points`` (every step's loss and LR since the last refresh, one
+  device read for all), ``step_times``, ``global_step``, ``batch`` (all points of one refresh belong to
+  ``progress.epoch``: the epoch's end delivers a refresh of its own);
+* the running loop (``trainer.run_state.loop``, a ``FitLoop``): ``keep_window_batches()`` has it keep
+  references to the micro-batches of the open accumulation window (``KeptBatches.batches``, dropped at each
+  optimizer step after the step's events) and to the last one trained (``.last``): no copy, no call;
+* **scheduled steps**: a callback with an attribute ``next_optimizer_step`` (an int, or None for "only skipped
+  steps") gets ``on_before_optimizer_step`` and ``on_optimizer_step`` only at steps ``>= next_optimizer_step``
+  (the step about to be taken, then the one just taken) and at skipped steps, which are rare; the loop compares
+  one int per step (``CallbackList.next_due``). The callback moves the attribute on as it goes (at a delivery,
+  or in any other event but the per-batch ones, after which the list looks at it again). ``nbtrainer.Health``
+  is delivered at its sampled steps and the one before each; ``Samples`` at its ``every_n_steps``.
+
+``tests/events/test_step_cost.py`` counts the calls per step the watching consumers make.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -105,18 +126,57 @@ class CallbackList:
     """Dispatch hooks to the callbacks that define them.
 
     The bound methods for each hook are resolved once, so a hook nobody defines costs one dict
-    lookup and an empty loop per call.
+    lookup and an empty loop per call. Callbacks with a ``next_optimizer_step`` attribute get the two
+    step hooks only when their step has come, or at a skipped step (the module docstring: scheduled steps):
+    ``has(...)`` counts the others only, and the loop calls the hook when one of them takes every step or
+    the step is ``>= next_due`` (or skipped, for ``on_optimizer_step``).
+
+    Attributes:
+        next_due: the smallest ``next_optimizer_step`` of the scheduled callbacks (``math.inf`` when none
+            wants a step).
+
+    Example:
+        >>> class EveryTenth:
+        ...     next_optimizer_step = 10
+        ...     def on_optimizer_step(self, trainer, step, skipped):
+        ...         print("step", step)
+        ...         self.next_optimizer_step = step + 10
+        >>> callbacks = CallbackList([EveryTenth()])
+        >>> for step in range(1, 25):  # what the loop does: a call only when one is due
+        ...     if callbacks.has("on_optimizer_step") or step >= callbacks.next_due:
+        ...         callbacks.call("on_optimizer_step", trainer=None, step=step, skipped=False)
+        step 10
+        step 20
     """
 
     def __init__(self, callbacks: Iterable[Any] = ()) -> None:
         self.callbacks: list[Any] = list(callbacks)
         self._bound: dict[str, list[Any]] = {}
+        self._scheduled: list[Any] = []
+        self.next_due: float = math.inf
         self.rebuild()
 
     def rebuild(self) -> None:
+        scheduled = [cb for cb in self.callbacks if _scheduled(cb)]
         self._bound = {
-            name: [getattr(cb, name) for cb in self.callbacks if callable(getattr(cb, name, None))] for name in EVENTS
+            name: [
+                getattr(cb, name)
+                for cb in self.callbacks
+                if callable(getattr(cb, name, None)) and not (name in _STEP_HOOKS and _scheduled(cb))
+            ]
+            for name in EVENTS
         }
+        self._scheduled = scheduled
+        self.reschedule()
+
+    def reschedule(self) -> None:
+        """Look at the scheduled callbacks' ``next_optimizer_step`` again (after they moved it)."""
+        due = math.inf
+        for cb in self._scheduled:
+            step = cb.next_optimizer_step
+            if step is not None and step < due:
+                due = step
+        self.next_due = due
 
     def append(self, callback: Any) -> None:
         self.callbacks.append(callback)
@@ -127,11 +187,35 @@ class CallbackList:
         self.rebuild()
 
     def has(self, hook: str) -> bool:
+        """Whether a callback takes ``hook`` at every event (the scheduled ones are not counted)."""
         return bool(self._bound.get(hook))
 
     def call(self, hook: str, **kwargs: Any) -> None:
         for fn in self._bound[hook]:
             fn(**kwargs)
+        if self._scheduled and hook not in _PER_BATCH:
+            if hook == "on_optimizer_step":
+                self.call_due(hook, kwargs["step"], kwargs["skipped"], kwargs)
+            else:
+                self.reschedule()
+
+    def call_before_step(self, step: int, **kwargs: Any) -> None:
+        """``on_before_optimizer_step`` before optimizer step ``step`` (the loop's call: it knows the step)."""
+        for fn in self._bound["on_before_optimizer_step"]:
+            fn(**kwargs)
+        if step >= self.next_due:
+            self.call_due("on_before_optimizer_step", step, False, kwargs)
+
+    def call_due(self, hook: str, step: int, skipped: bool, kwargs: dict[str, Any]) -> None:
+        """``hook`` (a step hook) to the scheduled callbacks whose step has come (all of them at a skipped
+        step); then :meth:`reschedule` after ``on_optimizer_step``."""
+        for cb in self._scheduled:
+            want = cb.next_optimizer_step
+            fn = getattr(cb, hook, None)
+            if fn is not None and (skipped or (want is not None and step >= want)):
+                fn(**kwargs)
+        if hook == "on_optimizer_step":
+            self.reschedule()
 
     def caller(self, hook: str) -> Callable[..., None] | None:
         """A function calling ``hook`` on the callbacks defining it now (the one bound method itself when one does,
@@ -142,3 +226,14 @@ class CallbackList:
         if len(bound) == 1:
             return bound[0]
         return functools.partial(self.call, hook)
+
+
+#: the two hooks a scheduled callback gets only at its steps
+_STEP_HOOKS = frozenset({"on_before_optimizer_step", "on_optimizer_step"})
+#: the hooks fired per micro-batch or per step: no rescheduling after them (the loop's hot path)
+_PER_BATCH = frozenset({"on_train_batch_start", "on_train_forward", "on_train_batch_end", "on_before_optimizer_step"})
+
+
+def _scheduled(callback: Any) -> bool:
+    """A callback that asks for scheduled step deliveries (module docstring)."""
+    return hasattr(callback, "next_optimizer_step") and any(callable(getattr(callback, h, None)) for h in _STEP_HOOKS)

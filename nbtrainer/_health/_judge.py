@@ -34,14 +34,25 @@ class Draft:
     level: str = "problem"
     lr_advice: bool = False
     epoch: int | None = None
+    clip_advice: bool = False  # asks for a clipping norm from the measured norms
+    onset: int | None = None  # the step the damage began (None: the report's step)
 
 
 def names(blocks: list[str], most: int = 3) -> str:
-    """```a`, `b`, `c` and 2 more``."""
+    """``block a``, ``blocks a, b, c and 2 more``: plain text (it reaches the progress line and the panel as is).
+
+    Example:
+        >>> names(["0"]), names(["encoder.layer.0", "head"])
+        ('block 0', 'blocks encoder.layer.0, head')
+    """
     if not blocks:
         return "no block"
-    shown = ", ".join(f"`{n}`" for n in blocks[:most])
-    return shown + (f" and {len(blocks) - most} more" if len(blocks) > most else "")
+    shown = ", ".join(blocks[:most])
+    return (
+        ("block " if len(blocks) == 1 else "blocks ")
+        + shown
+        + (f" and {len(blocks) - most} more" if len(blocks) > most else "")
+    )
 
 
 def judge_norms(
@@ -82,17 +93,18 @@ def judge_norms(
         exploded = weights[0] > 0 and total > 10 * weights[0]
         than = f"{total / max(weights[0], 1e-12):.0f}x the weights' norm"
     totals.append(total)
-    summary = f"norm {format_number(total)} at step {step} · largest {largest[0]} {format_number(largest[1])}"
+    summary = f"norm {format_number(total)} at step {step} · largest block {largest[0]} {format_number(largest[1])}"
     if exploded:
         drafts.append(
             Draft(
                 "grad_norm",
                 step,
                 f"the gradient norm exploded at step {step}: {format_number(total)} ({than}), largest in "
-                f"`{largest[0]}` ({format_number(largest[1])})",
-                "Clip it: Trainer(max_grad_norm=1.0) (or trainer.set_max_grad_norm(1.0)).",
+                f"block {largest[0]} ({format_number(largest[1])})",
+                "",
                 {"grad_norm": total, "block": largest[0]},
                 lr_advice=True,
+                clip_advice=True,
             )
         )
         lights["gradients"] = SignalState("problem", "exploded: " + summary)
@@ -134,23 +146,46 @@ def judge_norms(
 
 
 def judge_dead(
-    found: dict[str, tuple[int, int]], step: int, epoch: int
+    found: dict[str, tuple[int, int]], step: int, epoch: int, types: dict[str, str] | None = None
 ) -> tuple[list[Draft], dict[str, SignalState], dict[str, float]]:
-    """``found``: ``{block: (dead, units)}`` of one batch. Returns the drafts, the light and each block's share."""
-    shares = {block: dead / total for block, (dead, total) in found.items() if total}
+    """``found``: ``{module: (dead, units)}`` of one step's batch (``types``: each module's class name). Returns the
+    drafts, the light and each module's share. Every unit of a module dead is a problem: nothing before it learns."""
+    types = types or {}
+    shares = {name: dead / total for name, (dead, total) in found.items() if total}
     if not shares:
-        return [], {"dead units": SignalState("ok", "no ReLU-family modules")}, {}
+        return [], {"dead units": SignalState("ok", "no ReLU modules")}, {}
+
+    def label(name: str) -> str:
+        return f"{name} ({types[name]})" if name in types else name
+
     worst = max(shares, key=lambda b: shares[b])
+    all_dead = [b for b, share in shares.items() if share >= 1.0 and found[b][1] >= 2]
+    if all_dead:
+        first = all_dead[0]
+        draft = Draft(
+            "dead_units",
+            step,
+            f"all {found[first][1]} units of {label(first)} are dead at step {step}: zero for every sample of the "
+            "batch, so they pass no gradient and the layers before them stop learning",
+            "",
+            {"modules": {b: shares[b] for b in all_dead}, "module": first},
+            level="problem",
+            epoch=epoch,
+        )
+        light = SignalState("problem", ", ".join(f"{label(b)}: 100% dead" for b in all_dead))
+        return [draft], {"dead units": light}, shares
     if shares[worst] >= DEAD_SHARE and found[worst][1] >= 8:
         bad = [b for b, s in shares.items() if s >= DEAD_SHARE]
         draft = Draft(
             "dead_units",
             step,
-            f"{shares[worst]:.0%} of the ReLU units of `{worst}` stay zero over a whole batch (epoch {epoch})",
+            f"{shares[worst]:.0%} of the units of {label(worst)} stay zero over a whole batch (step {step})",
             "Dead ReLUs no longer learn: a lower LR, LeakyReLU / GELU, or a normalization before the activation "
             "keep them alive.",
-            {"blocks": {b: shares[b] for b in bad}},
+            {"modules": {b: shares[b] for b in bad}, "module": worst},
             level="warning",
+            epoch=epoch,
         )
-        return [draft], {"dead units": SignalState("warning", f"{names(bad)}: {shares[worst]:.0%} dead")}, shares
-    return [], {"dead units": SignalState("ok", f"at most {shares[worst]:.0%} dead (`{worst}`)")}, shares
+        light = SignalState("warning", ", ".join(f"{label(b)}: {shares[b]:.0%} dead" for b in bad))
+        return [draft], {"dead units": light}, shares
+    return [], {"dead units": SignalState("ok", f"at most {shares[worst]:.0%} dead ({label(worst)})")}, shares

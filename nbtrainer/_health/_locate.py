@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Finding", "dead_units", "locate_nonfinite"]
+__all__ = ["Finding", "check_batch", "dead_units", "locate_nonfinite"]
+
+from nbtrainer._health._units import RELU_TYPES
 
 log = logging.getLogger(__name__)
-
-#: the ReLU family: their output is exactly zero where a unit is off
-RELU_TYPES: tuple[type[torch.nn.Module], ...] = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Threshold)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -66,13 +66,13 @@ class Finding:
     detail: str = ""
 
     def describe(self) -> str:
-        m = f"`{self.module}` ({self.type})" if self.module is not None else ""
+        m = f"{self.module} ({self.type})" if self.module is not None else ""
         if self.where == "output":
             return f"{self.value} first appears in the output of {m}"
         if self.where == "weights":
             return f"the weights of {m} are already {self.value}: an earlier update put it there"
         if self.where == "input":
-            src = f"the forward of `{self.parent}` (outside its submodules)" if self.parent else "the batch itself"
+            src = f"the forward of {self.parent} (outside its submodules)" if self.parent else "the batch itself"
             return f"{self.value} first appears in the input of {m}: it comes from {src}"
         if self.where == "loss":
             return f"the model's outputs are finite; the loss turns {self.value} (the criterion, or the targets)"
@@ -150,45 +150,48 @@ def locate_nonfinite(
 
 
 def dead_units(
-    model: torch.nn.Module,
-    compute: Callable[[Any], tuple[Any, Any, Any]],
-    batch: Any,
-    autocast: Any,
-    block_of: Callable[[str], str | None],
+    model: torch.nn.Module, compute: Callable[[Any], tuple[Any, Any, Any]], batch: Any, autocast: Any
 ) -> dict[str, tuple[int, int]]:
-    """``{block: (dead units, units)}`` over one batch, for the ReLU-family modules of ``model`` (eval mode): a unit
-    (a feature of the last dimension; a channel for 4-D and 5-D outputs) is dead when it is zero for every
-    sample. One host read for all of them."""
+    """``{module: (dead units, units)}`` over one batch, for the ReLU-family modules of ``model`` (eval mode): a
+    unit (a feature of the last dimension; a channel for 4-D and 5-D outputs) is dead when it is zero for every
+    sample. One host read for all of them. Health's fallback for a compiled model (``_units`` hooks the training
+    forward otherwise)."""
+    return check_batch(model, compute, batch, autocast)[0]
+
+
+def check_batch(
+    model: torch.nn.Module, compute: Callable[[Any], tuple[Any, Any, Any]], batch: Any, autocast: Any
+) -> tuple[dict[str, tuple[int, int]], float]:
+    """One diagnostic forward of ``batch`` with the weights as they are now: ``({module: (dead, units)}, loss)``,
+    one host read for both. What Health looks at when it reports a problem, to tell whether the weights are
+    damaged (units that died, a loss above the chance level)."""
     alive: dict[str, torch.Tensor] = {}
 
     def post(module: torch.nn.Module, args: Any, output: Any) -> None:
         if not isinstance(output, torch.Tensor) or output.ndim < 2:
             return
         dim = 1 if output.ndim >= 4 else output.ndim - 1
-        on = (output.detach() > 0).movedim(dim, -1).reshape(-1, output.shape[dim]).any(dim=0)
+        on = output.detach().amax(dim=[d for d in range(output.ndim) if d != dim]) > 0
         name = names[module]
         alive[name] = on if name not in alive or alive[name].shape != on.shape else alive[name] | on
 
-    names = {m: n for n, m in model.named_modules() if isinstance(m, RELU_TYPES)}
-    if not names:
-        return {}
+    names = {m: n for n, m in model.named_modules() if isinstance(m, RELU_TYPES) and n}
     handles = [m.register_forward_hook(post) for m in names]
     try:
         with _diagnostic(model, train=False), autocast:
-            compute(batch)
+            loss = compute(batch)[0]
     finally:
         for h in handles:
             h.remove()
-    if not alive:
-        return {}
     order = list(alive)
-    counts = torch.stack(
-        [torch.stack([(~alive[n]).sum(), torch.tensor(alive[n].numel(), device=alive[n].device)]) for n in order]
+    parts = [torch.stack([(~alive[n]).sum(), torch.tensor(alive[n].numel(), device=alive[n].device)]) for n in order]
+    fallback = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+    device = parts[0].device if parts else fallback
+    loss_part = (
+        loss.detach().float().reshape(1).to(device)
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1
+        else torch.tensor([math.nan], device=device)
     )
-    values = counts.tolist()  # the one host read (once an epoch)
-    out: dict[str, tuple[int, int]] = {}
-    for name, (dead, total) in zip(order, values, strict=True):
-        block = block_of(name) or name
-        d, t = out.get(block, (0, 0))
-        out[block] = (d + int(dead), t + int(total))
-    return out
+    values = torch.cat([*(p.float() for p in parts), loss_part]).tolist()  # the one host read
+    dead = {name: (int(values[2 * i]), int(values[2 * i + 1])) for i, name in enumerate(order)}
+    return dead, values[-1]

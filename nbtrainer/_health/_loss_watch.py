@@ -7,6 +7,12 @@ magnitude, so a flat loss does not turn every wobble into a spike.
 
 A rising loss: over the last ``window`` steps, the mean of the second half is above the mean of the first half by
 more than three standard errors and by more than 5%.
+
+A run that does not learn (:meth:`LossWatch.stuck`), over a full window since the fit started or since the last fix
+(``reset``): both halves of the window above the chance level (``ln C`` for a cross-entropy over ``C`` classes) by
+more than 5% and not falling by 10%; or the loss flat (the halves within three standard errors or 1% of each
+other) where it started: at least 90% of the segment's first losses, and near chance when the chance level is known
+(without one, Health tells it as a warning: a fine-tuned regressor may start where it ends).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import collections
 import math
 from dataclasses import dataclass
 
-__all__ = ["LossWatch", "Rise", "Spike"]
+__all__ = ["LossWatch", "Rise", "Spike", "Stuck"]
 
 
 @dataclass
@@ -28,6 +34,18 @@ class Spike:
     @property
     def zscore(self) -> float:
         return (self.loss - self.mean) / self.std
+
+
+@dataclass
+class Stuck:
+    """A window in which the run did not learn: ``why`` is ``"above_chance"`` or ``"flat"``; ``onset`` the step
+    after the last loss below the chance level (``above_chance``)."""
+
+    why: str
+    step: int
+    mean: float  # of the window's second half
+    start: float | None  # the segment's first losses' mean
+    onset: int
 
 
 @dataclass
@@ -45,45 +63,77 @@ class LossWatch:
         self.warmup = warmup if warmup is not None else max(10, window // 4)
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._sum = self._sumsq = 0.0
+        self.chance: float | None = None  # the loss of a uniform guess, when known
+        self.start: float | None = None  # the mean of the segment's first ``warmup`` losses
+        self.first_step: int | None = None  # the segment's first step
+        self.below_chance_at: int | None = None  # the last step whose loss was below the chance level
+        self.seen = 0  # finite losses since the segment started
+        self._first: list[float] = []
+        self._halved: tuple[int, tuple[float, float, float] | None] = (-1, None)
 
     def reset(self) -> None:
+        """A new segment (a fit's start, a fix): the statistics start again."""
         self._recent.clear()
         self._sum = self._sumsq = 0.0
+        self.start = self.first_step = self.below_chance_at = None
+        self.seen = 0
+        self._first = []
+        self._halved = (-1, None)
 
     @property
     def mean(self) -> float | None:
         n = len(self._recent)
         return self._sum / n if n else None
 
-    def _push(self, value: float) -> None:
-        recent = self._recent
-        if len(recent) == recent.maxlen:
-            old = recent[0]
-            self._sum -= old
-            self._sumsq -= old * old
-        recent.append(value)
-        self._sum += value
-        self._sumsq += value * value
-
     def add(self, points: list[tuple[int, float]]) -> list[Spike]:
+        """Feed ``(step, loss)`` pairs in order; returns the spikes among them. One pass with local names and no
+        call per point: a refresh of a small model's run brings about a thousand (issue 54)."""
         spikes: list[Spike] = []
+        chance, warmup, zscore = self.chance, self.warmup, self.zscore
+        recent, full = self._recent, self._recent.maxlen
+        total, squares, seen, below = self._sum, self._sumsq, self.seen, self.below_chance_at
+        first = self._first if self.start is None else None
+        isfinite, sqrt = math.isfinite, math.sqrt
         for step, loss in points:
-            if not math.isfinite(loss):
+            if not isfinite(loss):
                 continue  # the non-finite signal's business
-            n = len(self._recent)
-            if n >= self.warmup:
-                mean = self._sum / n
-                # sums drift a little over a long run: recomputed from the window when they go negative
-                var = max(self._sumsq / n - mean * mean, 0.0)
-                std = max(math.sqrt(var), 0.01 * abs(mean), 1e-12)
-                if loss > mean + self.zscore * std:
+            if self.first_step is None:
+                self.first_step = step
+            seen += 1
+            if first is not None:
+                first.append(loss)
+                if len(first) >= warmup:
+                    self.start, first = sum(first) / len(first), None
+            if chance is not None and loss < chance:
+                below = step
+            n = len(recent)
+            if n >= warmup:
+                mean = total / n
+                # sums drift a little over a long run: the variance is floored at 0
+                std = max(sqrt(max(squares / n - mean * mean, 0.0)), 0.01 * abs(mean), 1e-12)
+                if loss > mean + zscore * std:
                     spikes.append(Spike(step, loss, mean, std))
                     continue
-            self._push(loss)
+            if n == full:
+                old = recent[0]
+                total -= old
+                squares -= old * old
+            recent.append(loss)
+            total += loss
+            squares += loss * loss
+        self._sum, self._sumsq, self.seen, self.below_chance_at = total, squares, seen, below
         return spikes
 
-    def rise(self, step: int) -> Rise | None:
-        """A rising loss over the window now, or None (needs a full window)."""
+    def _halves(self) -> tuple[float, float, float] | None:
+        """Means of the full window's two halves and their standard error (None before a full window); once per
+        batch of points (the rise and the stuck check of one refresh share it)."""
+        if self._halved[0] == self.seen:
+            return self._halved[1]
+        result = self._halves_now()
+        self._halved = (self.seen, result)
+        return result
+
+    def _halves_now(self) -> tuple[float, float, float] | None:
         values = list(self._recent)
         n = len(values)
         if n < self.window or n < 8:
@@ -93,7 +143,33 @@ class LossWatch:
         ma, mb = sum(a) / half, sum(b) / half
         va = sum((v - ma) ** 2 for v in a) / max(half - 1, 1)
         vb = sum((v - mb) ** 2 for v in b) / max(half - 1, 1)
-        sem = math.sqrt((va + vb) / half)
+        return ma, mb, math.sqrt((va + vb) / half)
+
+    def stuck(self, step: int) -> Stuck | None:
+        """The run did not learn over the last full window (see the module docstring), or None."""
+        if self.seen < self.window:
+            return None
+        halves = self._halves()
+        if halves is None:
+            return None
+        ma, mb, sem = halves
+        chance = self.chance
+        first = self.first_step if self.first_step is not None else step
+        if chance is not None and min(ma, mb) > 1.05 * chance and mb > 0.9 * ma:
+            onset = self.below_chance_at + 1 if self.below_chance_at is not None else first
+            return Stuck("above_chance", step, mb, self.start, onset)
+        flat = abs(mb - ma) <= max(3 * sem, 0.01 * abs(ma))
+        near = chance is None or mb > 0.8 * chance
+        if flat and near and self.start is not None and mb >= 0.9 * self.start:
+            return Stuck("flat", step, mb, self.start, first)
+        return None
+
+    def rise(self, step: int) -> Rise | None:
+        """A rising loss over the window now, or None (needs a full window)."""
+        halves = self._halves()
+        if halves is None:
+            return None
+        ma, mb, sem = halves
         if mb > ma + 3 * sem and mb - ma > 0.05 * abs(ma):
             return Rise(step, ma, mb)
         return None

@@ -5,10 +5,12 @@ The blocks are the model's top-level children, with a repeated stack split into 
 parameters that sit directly on a module that was split form a block named by that module.
 
 Cost, at a sampled step only (``Health(every_n_steps=...)``): one ``torch._foreach_norm`` over the gradients and the
-weights together and a matrix product for the blocks, a copy of the trainable weights (freed after the step), and
-one more ``_foreach_norm`` over their change; the results stay on the device, as one small vector per sample, until
-the refresh reads them with one ``tolist()``. The optimizer's step pre/post hooks are registered for the sampled step
-alone, so the other steps pay nothing.
+weights together, a copy of the trainable weights (kept by Health as its snapshot, else freed after the step), and
+one more ``_foreach_norm`` over their change: four operations whatever the model's size (on a small model each
+operation's dispatch is what costs, not its arithmetic). The per-parameter norms stay on the device until the
+refresh reads them, stacked with everything else Health measured, in one ``tolist()``; the sums of squares per
+block, the totals and the ratios are then host arithmetic on those few numbers. Health calls :meth:`before_step`
+and :meth:`after_step` from its scheduled step events (``nbtrainer._events._stream``): the other steps pay nothing.
 
 The gradient values are those of the step's gradients after unscaling (fp16) and the rescale of a ragged
 accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`` returns (kept by the loop's
@@ -17,12 +19,13 @@ accumulation window, *before* clipping: the total is the norm ``clip_grad_norm_`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NormProbe", "find_blocks"]
+__all__ = ["NormProbe", "Sample", "find_blocks", "stack_to_host"]
 
 
 def _repeated(module: torch.nn.Module) -> bool:
@@ -76,18 +79,32 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Paramet
     return [(name, params) for name, params in out if params]
 
 
-def _norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Each tensor's 2-norm, as one float32 vector on the first tensor's device."""
-    norms: Sequence[torch.Tensor]
+def _norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's 2-norm, as float32 0-d tensors (one ``_foreach_norm``: one dispatch for all of them)."""
     try:
-        norms = torch._foreach_norm(list(tensors))
-    except (RuntimeError, NotImplementedError):  # a kind foreach does not take (sparse, some subclasses)
-        norms = [torch.linalg.vector_norm(t) for t in tensors]
-    try:
-        return torch.stack(list(norms)).float()  # one device (the usual case): no per-tensor copy
-    except RuntimeError:  # parameters on several devices
-        device = tensors[0].device
-        return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
+        return list(torch._foreach_norm(list(tensors), 2, dtype=torch.float32))
+    except (RuntimeError, NotImplementedError, TypeError):  # a kind foreach does not take (sparse, some subclasses)
+        return [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
+
+
+@dataclass
+class Sample:
+    """One sampled step, as measured on the device: the per-parameter norms of the gradients (``None`` where a
+    parameter had none), of the weights and of the update (``None`` when not measured), and the clipping."""
+
+    step: int
+    grads: list[torch.Tensor | None]
+    weights: list[torch.Tensor]
+    change: list[torch.Tensor] | None
+    pre_clip: torch.Tensor | None = None
+    max_norm: float | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the refresh reads of it, in order (see :meth:`NormProbe.reduce`)."""
+        out = [g for g in self.grads if g is not None] + self.weights + (self.change or [])
+        if self.pre_clip is not None:
+            out.append(self.pre_clip.detach().float().reshape(()))
+        return out
 
 
 class NormProbe:
@@ -99,8 +116,10 @@ class NormProbe:
 
     Attributes:
         names: the block names, in order (``"total"`` is not one of them: it is each vector's first value).
-        pending: ``(step, grad vector, update-ratio vector or None, weight vector)`` measured and not yet read;
-            each vector is ``[total, block 0, block 1, ...]`` on the device.
+        params: the stepped parameters, in block order.
+        before: the copy of the trainable weights taken before the sampled step (None between samples): the
+            update is measured against it, and Health keeps it as its snapshot of the weights (``_snapshot``).
+        pending: the :class:`Sample` s measured and not yet read.
     """
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]) -> None:
@@ -122,110 +141,99 @@ class NormProbe:
             index.extend([len(self.names)] * len(rest))
             self.names.append("(other)")
             self.params.extend(rest)
-        # block membership as a 0/1 matrix: per-block sums of squares are one matrix product (no index_add_ or
-        # scatter, which have no deterministic CUDA kernel; Trainer(deterministic=True) would refuse them)
-        self._member = torch.zeros(len(self.names), len(self.params))
-        self._member[torch.tensor(index), torch.arange(len(self.params))] = 1.0
-        self._member_on: dict[torch.device, torch.Tensor] = {}
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
-        self._before: Sequence[torch.Tensor] | None = None
-        self._norm_vec: torch.Tensor | None = None  # the gradients' then the weights' norms, per parameter
-        self._clip: tuple[torch.Tensor | None, float | None] = (None, None)
-
-    def _per_block(self, norms: torch.Tensor) -> torch.Tensor:
-        """``[..., total, block 0, block 1, ...]`` from each parameter's norm (``[..., n_params]``, in :attr:`params`
-        order): square roots of the sums of squares."""
-        member = self._member_on.get(norms.device)
-        if member is None:
-            member = self._member_on[norms.device] = self._member.to(norms.device)
-        sq = norms.square()
-        return torch.cat([sq.sum(-1, keepdim=True), sq @ member.T], dim=-1).sqrt()
+        self._index = index  # each parameter's block
+        self.pending: list[Sample] = []
+        self.before: list[torch.Tensor] | None = None
+        self._current: Sample | None = None
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
     def before_step(self, pre_clip_total: torch.Tensor | None, max_norm: float | None, ratio: bool) -> None:
         """The gradients' norms (unclipped, see the module docstring) and the weights', before the update, in one
-        ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights,
-        for the update after it. Nothing is reduced per block yet: :meth:`after_step` does it once for all."""
+        ``_foreach_norm`` (the optimizer may change a gradient in place); with ``ratio`` also a copy of the weights
+        (:attr:`before`), for the update after it."""
         with torch.no_grad():
             params = self.params
             grads = [p.grad for p in params]
             present = [g for g in grads if g is not None]
             if not present:
-                self._norm_vec = None
+                self._current = None
                 return
             detached = [p.detach() for p in params]
             norms = _norms(present + detached)
-            if len(present) != len(params):  # a block unused this step: its gradient counts as zero
-                found = iter(norms[: len(present)].unbind())
-                zero = norms.new_zeros(())
-                norms = torch.cat(
-                    [torch.stack([next(found) if g is not None else zero for g in grads]), norms[-len(params) :]]
-                )
-            self._norm_vec = norms
-            self._clip = (pre_clip_total, max_norm)
-            self._before = torch._foreach_mul(detached, 1.0) if ratio else None
+            found = iter(norms[: len(present)])
+            per_param = [next(found) if g is not None else None for g in grads]
+            self._current = Sample(0, per_param, norms[len(present) :], None, pre_clip_total, max_norm)
+            self.before = list(torch._foreach_mul(detached, 1.0)) if ratio else None
 
     def after_step(self, step: int) -> None:
-        """The update of the sampled step; every per-block value of the sample in one reduction, queued for the
-        refresh: ``[total, block...]`` of the gradients, of the update ratios, of the weights."""
-        norms, before = self._norm_vec, self._before
-        self._norm_vec = self._before = None
-        if norms is None:
+        """The update of the sampled step; the sample is queued for the refresh (:attr:`pending`)."""
+        sample, before = self._current, self.before
+        self._current = self.before = None
+        if sample is None:
             return
-        n = len(self.params)
         with torch.no_grad():
             if before is not None:
-                change = torch._foreach_sub([p.detach() for p in self.params], list(before))
-                norms = torch.cat([norms, _norms(change).to(norms.device)])
-            rows = self._per_block(norms.reshape(-1, n))
-            grads, weights = rows[0], rows[1]
-            ratios = rows[2] / weights.clamp_min(1e-30) if before is not None else None
-            pre_clip, max_norm = self._clip
-            if pre_clip is not None and max_norm is not None:
-                total = pre_clip.detach().to(grads.device, torch.float32)
-                coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's own clip coefficient
-                grads = torch.cat([total.reshape(1), grads[1:] / coef])
-        self.pending.append((step, grads, ratios, weights))
+                sample.change = _norms(torch._foreach_sub([p.detach() for p in self.params], before))
+        sample.step = step
+        self.pending.append(sample)
+
+    def reduce(self, sample: Sample, values: list[float]) -> tuple[list[float], list[float] | None, list[float]]:
+        """``(grads, update ratios or None, weights)`` as ``[total, block...]`` from a sample's values read to the
+        host (in :meth:`Sample.tensors` order): sums of squares per block, on the host."""
+        blocks = len(self.names)
+        n = len(self.params)
+        at = sum(g is not None for g in sample.grads)
+        read = iter(values[:at])
+        grad_sq = [(next(read) if g is not None else 0.0) ** 2 for g in sample.grads]
+        weight_sq = [v * v for v in values[at : at + n]]
+        at += n
+        change_sq = None
+        if sample.change is not None:
+            change_sq = [v * v for v in values[at : at + n]]
+            at += n
+
+        def per_block(squares: list[float]) -> list[float]:
+            sums = [0.0] * blocks
+            for i, sq in zip(self._index, squares, strict=True):
+                sums[i] += sq
+            return [math.sqrt(sum(squares)), *(math.sqrt(v) for v in sums)]
+
+        grads, weights = per_block(grad_sq), per_block(weight_sq)
+        if sample.pre_clip is not None and sample.max_norm is not None:
+            total = values[at]
+            coef = min(sample.max_norm / (total + 1e-6), 1.0)  # torch's own clip coefficient
+            grads = [total, *(g / coef for g in grads[1:])]
+        ratios = None
+        if change_sq is not None:
+            change = per_block(change_sq)
+            ratios = [c / max(w, 1e-30) for c, w in zip(change, weights, strict=True)]
+        return grads, ratios, weights
 
     def read(self) -> list[tuple[int, list[float], list[float] | None, list[float]]]:
         """The pending samples on the host: one ``tolist()`` for all of them (the refresh's read)."""
         pending, self.pending = self.pending, []
         if not pending:
             return []
-        n = len(self.names) + 1
-        parts: list[torch.Tensor] = []
-        for _, grads, ratios, weights in pending:
-            parts += [grads, weights.to(grads.device)]
-            if ratios is not None:
-                parts.append(ratios.to(grads.device))
-        flat = torch.cat(parts).tolist()  # the one host read of the samples (at the refresh)
-        out: list[tuple[int, list[float], list[float] | None, list[float]]] = []
+        tensors = [t for sample in pending for t in sample.tensors()]
+        flat = stack_to_host(tensors)
+        out = []
         at = 0
-        for step, _, ratios, _ in pending:
-            g, w = flat[at : at + n], flat[at + n : at + 2 * n]
-            at += 2 * n
-            r = None
-            if ratios is not None:
-                r, at = flat[at : at + n], at + n
-            out.append((step, g, r, w))
+        for sample in pending:
+            k = len(sample.tensors())
+            out.append((sample.step, *self.reduce(sample, flat[at : at + k])))
+            at += k
         return out
 
     def forget(self) -> None:
-        self.pending, self._norm_vec, self._before = [], None, None
+        self.pending, self._current, self.before = [], None, None
 
 
-def hook_step(optimizer: Any, probe: NormProbe, before: Any, after: Any) -> list[Any]:
-    """Register ``before(optimizer)`` / ``after(optimizer)`` as the optimizer's step pre / post hooks (removed by
-    the caller after the one step they are for); several named optimizers: on the first of them that steps."""
-    children = getattr(optimizer, "optimizers", None)
-    target = optimizer if not children else next(iter(children.values()))
-    if children:  # each child steps in turn: measure before the first, after the last
-        last = list(children.values())[-1]
-        return [
-            target.register_step_pre_hook(lambda opt, args, kwargs: before(opt)),
-            last.register_step_post_hook(lambda opt, args, kwargs: after(opt)),
-        ]
-    return [
-        target.register_step_pre_hook(lambda opt, args, kwargs: before(opt)),
-        target.register_step_post_hook(lambda opt, args, kwargs: after(opt)),
-    ]
+def stack_to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """Float 0-d tensors (on one device or several) as host floats, in one read: the refresh's sync."""
+    if not tensors:
+        return []
+    try:
+        return torch.stack(tensors).tolist()  # SYNC: the refresh's one read of Health's measurements
+    except RuntimeError:  # several devices
+        device = tensors[0].device
+        return torch.stack([t.to(device) for t in tensors]).tolist()

@@ -145,10 +145,13 @@ class Samples:
         self.fn, self.at_start, self.name = fn, at_start, name
         self.seconds = 0.0  # spent sampling since the last epoch row (its sample_time)
         self._last_step: int | None = None
+        # scheduled: on_optimizer_step only at the sampled steps, not a call per step (nbtrainer._events._stream)
+        self.next_optimizer_step: int | None = self.every_n_steps
 
     # -- the event stream -------------------------------------------------------------------------
     def on_fit_start(self, trainer: LoopHost) -> None:
         self.seconds, self._last_step = 0.0, None
+        self._schedule(trainer.global_step)
         if trainer.global_step == 0:  # a fresh run (a resumed one has its baseline in the History)
             self._take(trainer, epoch=0, keep=self.at_start, strict=True)
 
@@ -156,6 +159,11 @@ class Samples:
         n = self.every_n_steps
         if n is not None and step % n == 0:
             self._take(trainer, epoch=trainer.current_epoch)
+        self._schedule(step)
+
+    def _schedule(self, step: int) -> None:
+        n = self.every_n_steps
+        self.next_optimizer_step = (step // n + 1) * n if n is not None else None
 
     def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
         n = self.every_n_epochs

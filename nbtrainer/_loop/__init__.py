@@ -3,6 +3,8 @@
 ==================  ================================================================================
 ``_host``           LoopHost: the Trainer as the loop and the tools around a run see it (the seam)
 ``_fit_loop``       FitLoop: epochs, accumulation windows, validation, refresh (the sync budget is at its top)
+``_epoch_end``      an epoch's end in a fit: its History row, validation, the epoch scheduler, deferred saves
+``_kept``           KeptBatches: the open window's batches kept for a consumer that looks at them again (Health)
 ``_step``           TrainStep: one window's backward and optimizer step (fit and the LR finder)
 ``_in_backward``    optimizer_in_backward: each parameter updated inside backward, its gradient freed
 ``_run_state``      RunState: a run's progress across fits (position, metric sums, History), owned by the Trainer;

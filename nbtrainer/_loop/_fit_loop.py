@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -32,8 +31,9 @@ from nbtrainer._data._batch import batch_size_of, move_to_device, safe_len
 from nbtrainer._data._order import ShuffleOrder
 from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
-from nbtrainer._loop._control import step_epoch_scheduler
+from nbtrainer._loop._epoch_end import end_epoch
 from nbtrainer._loop._host import scheduler_per_step
+from nbtrainer._loop._kept import KeptBatches
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._manual import ManualStep
 from nbtrainer._loop._pending import PendingReads
@@ -87,6 +87,7 @@ class FitLoop:
         )
         self.pending = PendingReads()  # not yet read from the device (see the sync budget above)
         self.step = TrainStep(host, nonfinite, profiler=profiler)  # backward and the optimizer step, as lr_find's
+        self.kept: KeptBatches | None = None  # for a consumer that asked (keep_window_batches; _kept)
         self._mid_window = False  # micro-batches taken since the last optimizer step (see at_step_boundary)
         self._rewound = False  # rewind() was called: the epoch in progress is left, the run state restored
         self._fit_start = time.perf_counter()
@@ -274,6 +275,10 @@ class FitLoop:
             first = False
             pend_loss.append(detached)
             pend_bs.append(bs)
+            kept = self.kept
+            if kept is not None:  # list appends, no call: the loop's hot path (_kept)
+                kept.batches.append(batch)
+                kept.losses.append(detached)
             pending.taken += 1
             st.batch += 1
             st.samples += bs
@@ -327,8 +332,14 @@ class FitLoop:
         self.pending.mark_step(st.global_step, lr)
         self._mid_window = False
         cb = t.callbacks
-        if cb.has("on_optimizer_step"):
+        # scheduled consumers (Health, Samples) only at their steps: one int compared here (_events/_stream)
+        if skipped or st.global_step >= cb.next_due or cb.has("on_optimizer_step"):
             cb.call("on_optimizer_step", trainer=t, step=st.global_step, skipped=skipped)
+        kept = self.kept
+        if kept is not None and kept.batches:  # the window's events are done: drop its batches, keep its last
+            kept.last = kept.batches[-1]
+            kept.batches.clear()
+            kept.losses.clear()
         if self.live.has_deferred():
             self.live.run_deferred()
         if self.profiler is not None:
@@ -339,9 +350,17 @@ class FitLoop:
         values of the steps since then, leave the epoch in progress, and go on from the restored position (the
         resume path: that epoch's data order replayed up to the saved batch, then the saved RNG)."""
         self.pending.drop()
+        if self.kept is not None:
+            self.kept.clear()
         self.order.give_back()
         self._rewound = True
         self.live.requests.dirty = True  # the loop looks at the next step boundary (also from a callback)
+
+    def keep_window_batches(self) -> KeptBatches:
+        """Keep the open window's micro-batches for a consumer (``_kept``), for the rest of the fit."""
+        if self.kept is None:
+            self.kept = KeptBatches()
+        return self.kept
 
     def at_step_boundary(self) -> bool:
         """True between optimizer steps: no micro-batch of an unfinished window has been taken, so the
@@ -447,46 +466,5 @@ class FitLoop:
         self._next_refresh = time.perf_counter() + t.options.run.refresh_interval
 
     def _end_epoch(self) -> None:
-        t, st, cb = self.host, self.state, self.host.callbacks
-        metrics = t.run_state.train_metrics
-        now = time.perf_counter()
-        self._refresh(now)
-        epoch_no = st.epoch + 1
-        epoch_time = now - self._epoch_start
-        samples, loss_sum = st.samples, st.loss_sum
-        metric_sums = [metrics.sums[n] for n in metrics.sums]
-        reduced = t.strategy.reduce_sums(
-            [float(samples), loss_sum, float(samples - st.nonfinite_samples), *metric_sums]
-        )
-        count = reduced[0] or 1.0
-        loss = reduced[1] / reduced[2] if reduced[2] else math.nan
-        logs: dict[str, Any] = {"epoch": epoch_no, "lr": self.progress.lr, "loss": loss}
-        for name, total in zip(metrics.sums, reduced[3:], strict=True):
-            logs[name] = total / count
-        logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})
-        if self.val_data is not None and epoch_no % t.options.run.val_every_n_epochs == 0:
-            cb.call("on_validation_start", trainer=t)
-            self.progress.stage = "val"
-            val_logs = t.batch_steps.evaluate(self.val_data, prefix="val_")
-            cb.call("on_validation_end", trainer=t, logs=val_logs)
-            logs.update(val_logs)
-        logs["time"] = epoch_time
-        logs["samples_per_s"] = samples * t.strategy.world_size / epoch_time if epoch_time > 0 else 0.0
-        logs["steps"] = st.global_step
-        logs["skipped_steps"] = st.skipped_steps
-        gen = self.order.generator
-        if gen is not None:
-            st.sampler_state = gen.get_state()  # the next epoch starts from here (also after a resume)
-        self.order.give_back()
-        st.epoch_complete = True
-        st.epoch_time = epoch_time
-        cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
-        # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
-        # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
-        if t.scheduler is not None and not scheduler_per_step(t):
-            step_epoch_scheduler(t.scheduler, t.options.step.scheduler_monitor, logs)
-        self.live.run_deferred()
-        # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
-        requests = self.live.requests
-        if t.strategy.any_rank(requests.stop_requested) and not requests.stop_requested:
-            requests.request_stop("another rank stopped")
+        self.refresh()  # then the epoch's row, validation, the epoch scheduler, deferred saves (_epoch_end)
+        end_epoch(self.host, self.state, self.live, self.order, self.progress, self.val_data, self.epoch_elapsed())

@@ -90,7 +90,9 @@ def check_in_backward(
             "use optimizer='adamw8bit'",
         )
     for cb in callbacks:
-        if callable(getattr(cb, "on_before_optimizer_step", None)):
+        # a callback that does without the event where it never fires says so (Health: it measures nothing then)
+        needs = getattr(cb, "needs_before_optimizer_step", True)
+        if callable(getattr(cb, "on_before_optimizer_step", None)) and needs:
             refuse(
                 f"the callback {type(cb).__name__} has on_before_optimizer_step, which reads the gradients "
                 "together; here they never exist together and the event does not fire",

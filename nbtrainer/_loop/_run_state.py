@@ -21,6 +21,7 @@ from nbtrainer._loop._loop_state import LoopState
 if TYPE_CHECKING:
     import torch
 
+    from nbtrainer._loop._kept import KeptBatches
     from nbtrainer._loop._metrics import MetricSet
 
 __all__ = ["RunState", "RunningLoop"]
@@ -55,6 +56,7 @@ class RunningLoop(Protocol):
     def release_pending(self) -> None: ...
     def at_step_boundary(self) -> bool: ...
     def rewind(self) -> None: ...
+    def keep_window_batches(self) -> KeptBatches: ...  # the open window's batches, for Health (_kept)
 
 
 class RunState:

@@ -138,8 +138,7 @@ class TrainStep:
                 wait()  # first (its step waits for them anyway: no extra sync)
             closure, self.closure = self.closure, None
             if closure is not None:  # LBFGS: the gradients (clipped) come from the closure, inside the step
-                if self.events and host.callbacks.has("on_before_optimizer_step"):
-                    host.callbacks.call("on_before_optimizer_step", trainer=host, optimizer=opt)
+                self._before_step(opt)
                 lr = opt.param_groups[0]["lr"]
                 self._stepped = False
                 opt.step(closure)
@@ -157,8 +156,7 @@ class TrainStep:
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             else:
                 self.grad_norm = None
-            if self.events and host.callbacks.has("on_before_optimizer_step"):
-                host.callbacks.call("on_before_optimizer_step", trainer=host, optimizer=opt)
+            self._before_step(opt)
             lr = opt.param_groups[0]["lr"]
             self._stepped = False
             # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
@@ -171,6 +169,14 @@ class TrainStep:
                 opt.step()
             opt.zero_grad(set_to_none=True)
         return self._after_step(lr)
+
+    def _before_step(self, opt: Any) -> None:
+        """``on_before_optimizer_step``: to every-step callbacks, and to scheduled ones at their step (_events)."""
+        cb = self.host.callbacks
+        if self.events:
+            step = self.host.run_state.loop_state.global_step + 1
+            if cb.has("on_before_optimizer_step") or step >= cb.next_due:
+                cb.call_before_step(step, trainer=self.host, optimizer=opt)
 
     def _after_step(self, lr: float) -> tuple[bool, float]:
         host = self.host

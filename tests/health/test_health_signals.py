@@ -3,6 +3,7 @@ and the healthy runs beside them, which must stay quiet."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -10,6 +11,9 @@ import torch
 from conftest import PoisonNet, make_classification, make_loader, mlp, poisoned_loader
 
 from nbtrainer import Health, HealthReport, Trainer
+from nbtrainer._health import SignalState
+from nbtrainer._health._advice import round_readable
+from nbtrainer._health._health_report import readable
 
 
 def _reports(history) -> list[HealthReport]:
@@ -34,9 +38,13 @@ def test_lr_100x_too_high_is_reported_within_50_steps_with_a_lower_lr(name, lr):
     assert found[1] == []  # the sane LR: no problem at all
     first = found[100][0]
     assert first.step <= 50, first
-    assert first.kind in ("update_ratio", "grad_norm", "loss_spike", "loss_rise", "nonfinite")
-    assert first.data["lr"] == pytest.approx(lr * 100 / 3)  # a third of the current reference LR
-    assert "Lower the LR to" in first.advice
+    assert first.kind == "update_ratio"
+    # computed from the measurement: scaled to move the weights by 1% a step, rounded to 1, 2 or 5 x 10^k
+    ratio = first.data["update_ratio"]
+    assert first.data["lr"] == pytest.approx(round_readable(lr * 100 * 0.01 / ratio))
+    assert lr / 10 <= first.data["lr"] <= lr * 10  # back near the sane LR
+    assert f"{ratio:.0%} of their norm at LR {readable(lr * 100)}" in first.advice and "rounded to" in first.advice
+    assert first.action == f"apply LR {readable(first.data['lr'])}"
 
 
 def test_lr_advice_takes_the_lr_finders_valley():
@@ -48,8 +56,8 @@ def test_lr_advice_takes_the_lr_finders_valley():
     valley = result.suggestions["valley"]
     assert valley is not None and valley < 5.0
     first = _problems(trainer.fit(loader, epochs=1))[0]
-    assert first.data["lr"] == pytest.approx(valley)
-    assert "valley" in first.advice
+    assert first.data["lr"] == pytest.approx(valley)  # the ratio's LR is higher: the valley bounds it
+    assert f"kept at the LR finder's valley {readable(valley)}" in first.advice
 
 
 # -- a module that produces NaN for one batch -------------------------------------------------------------------
@@ -75,9 +83,7 @@ def test_a_nan_from_one_module_is_located_on_the_batch_that_made_it():
     nonfinite = [r for r in _reports(history) if r.kind == "nonfinite"]
     first = nonfinite[0]
     assert first.step == 18 and first.epoch == 1 and first.data["batch"] == 17
-    assert first.message == (
-        "NaN first appears in the output of `layers.0.1` (Fragile) at step 18, batch 17 of epoch 1."
-    )
+    assert first.message == "NaN first appears in the output of layers.0.1 (Fragile) at step 18, batch 17 of epoch 1."
     assert first.data["module"] == "layers.0.1" and first.data["module_type"] == "Fragile"
     assert torch.equal(weights[18], weights[17])  # the step was skipped: the weights did not move
     assert torch.isfinite(model.head.weight).all()
@@ -101,7 +107,11 @@ def test_a_nan_under_raise_is_reported_with_what_to_do():
         trainer.fit(poisoned_loader(batch=3), epochs=1)
     (report,) = _reports(trainer.history)
     assert report.kind == "nonfinite" and report.step == 4
-    assert "on_nonfinite='skip'" in report.advice and report.data["lr"] == pytest.approx(0.05 / 3)
+    assert "on_nonfinite='skip'" in report.advice
+    # the step that raised updated the weights with NaN: the action goes back to the weights Health kept before
+    # step 1 (the LR did not change, so it is not what the advice changes)
+    assert "lr" not in report.data and report.action == "restore the weights before step 1"
+    assert "the loss of the last batch is nan" in report.advice
 
 
 def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
@@ -124,7 +134,7 @@ def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
 
     finding = locate_nonfinite(model, compute, -torch.ones(3, 4).abs() - 10, torch.autocast("cpu", enabled=False))
     assert finding.where == "input" and finding.module == "1.inner" and finding.parent == "1"
-    assert "the forward of `1`" in finding.describe()
+    assert "the forward of 1 (outside" in finding.describe()
     with torch.no_grad():
         model[0].weight.fill_(float("nan"))  # type: ignore[operator]
     finding = locate_nonfinite(model, compute, torch.ones(3, 4), torch.autocast("cpu", enabled=False))
@@ -177,7 +187,12 @@ def test_a_loss_spike_is_reported_with_its_step_and_batch():
     spikes = [r for r in _reports(history) if r.kind == "loss_spike"]
     assert [(r.step, r.epoch, r.data["batch"]) for r in spikes][:2] == [(71, 1, 70), (171, 2, 70)]
     assert "lr" not in spikes[0].data  # no LR increase before it: the advice is clipping and the batch
-    assert "batch 70 of epoch 1" in spikes[0].message and "max_grad_norm" in spikes[0].advice
+    assert "batch 70 of epoch 1" in spikes[0].message
+    # the clipping norm comes from the measured norms: about twice their median before the spike
+    totals = [v for s, v in history.health["grad_norm"]["total"] if s < 71]
+    clip = spikes[0].data["max_grad_norm"]
+    assert clip == pytest.approx(round_readable(2 * statistics.median(totals)))
+    assert f"Trainer(max_grad_norm={readable(clip)})" in spikes[0].advice and "median of" in spikes[0].advice
 
 
 def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
@@ -189,26 +204,56 @@ def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
             if step == 60:
                 trainer.set_lr(0.3)
 
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, callbacks=[Health(), Raise()], progress=False, seed=0)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        opt,
+        callbacks=[Health(), Raise()],
+        progress=False,
+        seed=0,
+        refresh_interval=0.0,  # each step read at once: the advice knows the samples of steps 1 and 50
+    )
     history = trainer.fit(_spiky(bad_batch=1000, n=150), epochs=1)
     later = [r for r in _problems(history) if r.step > 60]
-    assert later and later[0].step <= 110
-    assert later[0].data["lr"] == pytest.approx(0.1)
-    assert "Lower the LR to 1.00e-1" in later[0].advice
+    assert later and later[0].step <= 110 and "LR increase (set at step 60)" in later[0].advice
+    # the last ratio (step 50, at LR 0.01) scales in proportion to the LR now, 0.3; the advice moves the weights
+    # by 1% a step: back near the LR before the raise
+    (ratio,) = [v for s, v in history.health["update_ratio"]["total"] if s == 50]
+    assert later[0].data["lr"] == pytest.approx(round_readable(0.3 * 0.01 / (ratio * 30)))
+    assert f"so about {ratio * 3000:.2g}% at LR 0.3" in later[0].advice
+    assert later[0].data["lr"] <= 0.02
 
 
 # -- dead units and vanishing gradients -------------------------------------------------------------------------
-def test_dead_relu_units_are_reported_per_block_once_an_epoch():
-    model = mlp(hidden=32)
-    with torch.no_grad():
-        model[0].bias[:24] = -100.0  # type: ignore[operator]  # 24 of 32 hidden units never turn on
-    health = Health()
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-3, callbacks=[health], progress=False)
+def test_dead_relu_units_are_measured_on_the_sampled_steps_and_a_dead_module_is_red():
+    """24 of 32 units dead: a warning; all of them: a problem naming the module, in plain text."""
     x, y = make_classification(n=160, d=10)
-    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=2)
-    assert [share for _, share in history.health["dead_units"]["1"]] == [0.75, 0.75]  # one check per epoch
+    found = {}
+    for dead in (24, 32):
+        model = mlp(hidden=32)
+        with torch.no_grad():
+            model[0].bias[:dead] = -100.0  # type: ignore[operator]  # these hidden units never turn on
+        health = Health(every_n_steps=5)
+        trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-3, callbacks=[health], progress=False)
+        history = trainer.fit(make_loader(x, y, batch_size=16), epochs=2)
+        found[dead] = (history, health)
+    history, health = found[24]
+    steps = [s for s, _ in history.health["dead_units"]["1"]]
+    assert steps == [1, 5, 10, 15, 20]  # the sampled steps, on their own forwards
+    assert {share for _, share in history.health["dead_units"]["1"]} == {0.75}
     (report,) = [r for r in _reports(history) if r.kind == "dead_units"]
-    assert report.level == "warning" and "`1`" in report.message and health.signals["dead units"].level == "warning"
+    assert (
+        report.level == "warning"
+        and "of 1 (ReLU)" in report.message
+        and health.signals["dead units"].level == "warning"
+    )
+    history, health = found[32]
+    report = next(r for r in _reports(history) if r.kind == "dead_units")
+    assert report.level == "problem" and report.step == 1  # dead before the first update: the initialization
+    assert report.message.startswith("All 32 units of 1 (ReLU) are dead at step 1")
+    assert health.signals["dead units"] == SignalState("problem", "1 (ReLU): 100% dead")
+    assert "`" not in report.message + report.advice + health.signals["dead units"].summary
+    assert report.data["reinit"] == ["0"] and report.action == "re-initialize 0"  # the layer feeding them
 
 
 def test_a_vanishing_block_gradient_is_a_warning():
@@ -226,7 +271,23 @@ def test_a_vanishing_block_gradient_is_a_warning():
     trainer = Trainer(Dimmed(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[Health()], progress=False)
     history = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
     (report,) = [r for r in _reports(history) if r.kind == "grad_norm"]
-    assert report.level == "warning" and "`body`" in report.message and "vanishes" in report.message
+    assert report.level == "warning" and "of block body vanishes" in report.message
+
+
+def test_a_flat_loss_with_no_chance_level_is_a_warning():
+    """A regressor whose loss does not move: told (a warning), not acted on: without a chance level a flat loss may
+    be a model that starts where it ends."""
+    torch.manual_seed(0)
+    x = torch.randn(16 * 60, 10)
+    y = x.sum(1, keepdim=True)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    health = Health(window=40, on_problem="stop")
+    trainer = Trainer(model, torch.nn.MSELoss(), "sgd", lr=1e-7, callbacks=[health], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    (report,) = [r for r in _reports(history) if r.kind == "not_learning"]
+    assert report.level == "warning" and report.data["why"] == "flat" and report.data["chance"] is None
+    assert history.status == "finished"  # on_problem="stop" did not stop it
+    assert health.signals["learning rate"].level == "warning"
 
 
 # -- bad input ----------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from conftest import PoisonNet, make_classification, make_loader, mlp, poisoned_
 from widget_helpers import classes, make_widget, wait_for
 
 from nbtrainer import Health, ModelCheckpoint, TrainerWidget
+from nbtrainer._health._health_report import readable
 
 
 def test_the_panel_adds_health_and_shows_its_lights_and_norms():
@@ -24,10 +25,9 @@ def test_the_panel_adds_health_and_shows_its_lights_and_norms():
     assert w.health_card.chart.children == (w.health_card.legend, w.health_card.fig)  # steps 1 and 50: a line
     assert w.health_card.lines.labels[0] == "total" and len(w.health_card.lines.x) == 2
     assert w.health_card.apply_lr.layout.display == "none"  # no problem, no buttons
-    # the core writes code spans as Markdown ("at most 0% dead (`0`)"): the panel shows them as <code>, and no
-    # backtick is left in any HTML of the panel (messages, lights, status, sections)
-    assert "`" in w.health_card.health.signals["dead units"].summary
-    assert "<code class='nbt-code'" in lights
+    # Health's lights name a layer in plain text ("at most 0% dead (1 (ReLU))"); a message that carries a Markdown
+    # code span shows it as <code>, and no backtick is left in any HTML of the panel (messages, lights, status)
+    assert "(ReLU)" in w.health_card.health.signals["dead units"].summary
     w.notify("warning", "Health: `3` stays zero")
     texts = {h.value for h in _html_widgets(w.panel)}
     assert not [t for t in texts if "`" in t], [t for t in texts if "`" in t]
@@ -84,27 +84,29 @@ def test_apply_lr_button_sets_the_advised_lr_and_resumes():
     try:
         wait_for(lambda: w.trainer.status == "paused", what="Health's pause")
         card = w.health_card
-        # the push after the loop holds: the button says it resumes
+        # the push after the loop holds: the button says what it does and that it resumes
         wait_for(
-            lambda: (
-                card.apply_lr.description == "apply LR 1.67e0 and resume" and "nbt-health-problem" in card.lights.value
-            ),
+            lambda: card.apply_lr.description.endswith(" and resume") and "nbt-health-problem" in card.lights.value,
             what="the advice and the red light",
         )
-        assert card.problem.kind == "update_ratio" and card.apply_lr.layout.display == "flex"
-        assert "Lower the LR to 1.67e0" in card.advice.value
+        report = card.problem
+        assert report.kind == "update_ratio" and card.apply_lr.layout.display == "flex"
+        lr = report.data["lr"]
+        assert 0.01 <= lr <= 0.5 and f"Lower the LR to {readable(lr)}" in card.advice.value  # from the ratio
+        assert card.apply_lr.description == ", ".join(report.action_steps) + " and resume"
         # Health's pause is the panel's own: its button resumes, the badge says paused
         wait_for(lambda: "nbt-status-paused" in w.view.status.value, what="the paused badge")
         assert w.view.pause.description == "Resume" and w.pause_requested
         assert card.rollback.layout.display == "none"  # no ModelCheckpoint: nothing to roll back to
         card.apply_lr.click()
         wait_for(lambda: w.trainer.status == "running" or not w.running, what="the run resumed")
-        assert abs(w.trainer.lr - 5.0 / 3) < 1e-12
+        wait_for(lambda: abs(w.trainer.lr - lr) < 1e-12, what="the advised LR")
     finally:
         w.stop()
         w.wait(timeout=30)
     events = [e for e in w.history.events if e["kind"] == "lr"]
-    assert events and events[0]["source"] == "health" and events[0]["new"] == 5.0 / 3
+    assert events and events[0]["source"] == "health" and events[0]["new"] == lr
+    assert [e["new"] for e in w.history.events if e["kind"] == "health_fix"] == [report.action]
 
 
 def test_rollback_button_goes_back_to_the_last_checkpoint_and_resumes(tmp_path):
@@ -130,7 +132,8 @@ def test_rollback_button_goes_back_to_the_last_checkpoint_and_resumes(tmp_path):
         card = w.health_card
         wait_for(lambda: card.rollback.layout.display == "flex", what="the rollback button")
         assert card.problem.kind == "loss_spike" and card.problem.step == 41 and w.trainer.global_step == 42
-        assert card.apply_lr.layout.display == "none"  # no LR increase before the spike: no LR advice
+        # no LR increase before the spike: the advice is clipping, at about twice the measured norms' median
+        assert card.apply_lr.description.startswith("clip gradients at ") and "lr" not in card.problem.data
         card.rollback.click()
         assert w.trainer.global_step == 40 and card.problem is None
         wait_for(lambda: not w.running, timeout=30, what="the run's end")
@@ -162,7 +165,7 @@ def test_skip_button_resumes_past_a_nonfinite_batch():
         wait_for(lambda: w.trainer.status == "paused", what="Health's pause")
         card = w.health_card
         wait_for(lambda: card.skip.layout.display == "flex", what="the skip button")
-        assert ">layers.0.1</code> (Fragile) at step 6, batch 5 of epoch 1" in card.advice.value
+        assert "layers.0.1 (Fragile) at step 6, batch 5 of epoch 1" in card.advice.value
         card.skip.click()
         wait_for(lambda: not w.running, timeout=30, what="the run's end")
     finally:

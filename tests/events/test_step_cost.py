@@ -1,0 +1,96 @@
+"""What the watching consumers cost per optimizer step, counted (issue 54): Python calls into their code, whatever the
+length of the run. Timings are the benchmarks' business (bench/health_overhead.py, bench/widget_overhead.py); these
+tests hold the cause: no consumer is called per step, except at the steps it asked for (scheduled deliveries,
+``nbtrainer._events._stream``)."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_classification, make_loader, mlp
+
+import nbtrainer
+from nbtrainer import Health, Samples, Trainer
+
+ROOT = Path(nbtrainer.__file__).resolve().parent
+WATCHERS = {  # a consumer's code: the files its calls land in
+    "health": (str(ROOT / "_health"),),
+    "samples": (str(ROOT / "_look" / "_samples.py"),),
+    "feed": (str(ROOT / "widgets" / "_runner.py"), str(ROOT.parent / "widgets" / "_runner.py")),
+    "kept": (str(ROOT / "_loop" / "_kept.py"),),
+}
+
+
+def _calls(callbacks: list, n_batches: int, **trainer_kw) -> Counter:
+    """Python calls into each watcher's files during one fit of ``n_batches`` steps."""
+    counts: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            filename = frame.f_code.co_filename
+            for name, prefixes in WATCHERS.items():
+                if filename.startswith(prefixes):
+                    counts[name] += 1
+
+    x, y = make_classification(n=16 * n_batches)
+    trainer = Trainer(
+        mlp(),
+        torch.nn.CrossEntropyLoss(),
+        "sgd",
+        lr=0.05,
+        callbacks=callbacks,
+        progress=False,
+        refresh_interval=3600.0,  # refreshes: after the first batch and at the epoch's end, in both fits
+        **trainer_kw,
+    )
+    loader = make_loader(x, y, batch_size=16)
+    sys.setprofile(profile)
+    try:
+        trainer.fit(loader, epochs=1)
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_health_makes_no_call_per_step_between_its_samples():
+    """Samples at the first step only (every_n_steps beyond the run): 100 and 400 steps cost Health the same calls."""
+    _calls([Health(every_n_steps=10**6)], 10)  # once-a-process work (the available memory, read every 30 s)
+    short = _calls([Health(every_n_steps=10**6)], 100)
+    long = _calls([Health(every_n_steps=10**6)], 400)
+    assert short["health"] > 0 and long["health"] == short["health"], (short, long)
+    assert long["kept"] == short["kept"] <= 1  # built once: the loop keeps its batches with inline appends
+
+
+def test_health_at_its_sampled_steps_only():
+    """Every 50 steps: the extra calls of 300 more steps are those of its 6 more samples (the scheduled deliveries
+    at each sample and the step before it), not one per step."""
+    _calls([Health(every_n_steps=50)], 10)
+    few = _calls([Health(every_n_steps=50)], 100)  # samples at steps 1, 50, 100
+    many = _calls([Health(every_n_steps=50)], 400)  # 1, 50, ..., 400: 6 more
+    per_sample = (many["health"] - few["health"]) / 6
+    assert 0 < per_sample < 120, (few, many)  # measure, read and judge one sample: about 80 calls
+    assert (many["health"] - few["health"]) / 300 < 2.5  # per step, the samples amortized
+
+
+@pytest.mark.parametrize("every_n_steps", [None, 25])
+def test_samples_is_called_at_its_steps_only(every_n_steps):
+    short = _calls([Samples(lambda m: "x", every_n_steps=every_n_steps, every_n_epochs=1)], 100)
+    long = _calls([Samples(lambda m: "x", every_n_steps=every_n_steps, every_n_epochs=1)], 400)
+    taken = 0 if every_n_steps is None else (400 - 100) // every_n_steps
+    per_take = (long["samples"] - short["samples"]) / max(taken, 1)
+    assert (long["samples"] == short["samples"]) if taken == 0 else per_take < 20, (short, long)
+
+
+def test_the_panels_feed_is_called_per_refresh_not_per_step():
+    pytest.importorskip("ipywidgets")
+    from nbtrainer.widgets._runner import Feed
+
+    counts = []
+    for n in (100, 400):
+        feed = Feed()
+        counts.append(_calls([feed], n)["feed"])
+    assert counts[0] == counts[1] > 0

@@ -1,0 +1,211 @@
+"""Health's one click, headless: what a learner whose run just broke gets from ``Health(on_problem="pause")`` and
+``Health.apply_advice`` (the call the panel's button makes), on scikit-learn's digits with the MLP of issue 56."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from nbtrainer import Health, HealthReport, ModelCheckpoint, Samples, Trainer, start_training_thread
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0
+    y = torch.tensor(y, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    train, val = perm[:1400], perm[1400:]
+    return (x[train], y[train]), (x[val], y[val])
+
+
+def _loader(data):
+    return DataLoader(TensorDataset(*data), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _accuracy(model, val) -> float:
+    with torch.no_grad():
+        return (model(val[0]).argmax(1) == val[1]).float().mean().item()
+
+
+def _wait_paused(trainer, thread, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while trainer.status != "paused":
+        assert thread.is_alive(), "the run ended without pausing"
+        assert time.monotonic() < end, "Health did not pause the run"
+        time.sleep(0.01)
+
+
+def _run_to_pause(trainer, digits, epochs: int):
+    train, _ = digits
+    thread = start_training_thread(trainer.fit, args=(_loader(train),), kwargs={"epochs": epochs})
+    _wait_paused(trainer, thread)
+    return thread
+
+
+def test_an_lr_100x_too_high_is_restored_and_lowered_by_one_click_and_the_run_trains(digits):
+    """The issue's run: SGD at lr=50 wrecks the weights in one step (its ReLUs die). Health pauses, advises the LR
+    the measured update ratio points to and, the weights being damaged, restores those it kept before step 1; one
+    click and the run trains to a healthy accuracy; the next window confirms it."""
+    model = _model()
+    health = Health(every_n_steps=10, on_problem="pause")
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=50.0), callbacks=[health])
+    thread = _run_to_pause(trainer, digits, epochs=10)
+    report = health.last_problem
+    assert report is not None and (report.kind, report.step) == ("update_ratio", 1)
+    ratio = report.data["update_ratio"]
+    assert report.data["lr"] == 0.1 and 0.05 < 50 * 0.01 / ratio < 0.2  # 50 x 1% / ratio, rounded
+    assert f"LR 50 x 1% / {ratio:.0%}" in report.advice and "rounded to 0.1" in report.advice
+    assert (report.data["restore"], report.data["restore_step"]) == ("snapshot", 1)
+    assert "The weights are damaged" in report.advice and "restores the weights and optimizer state" in report.advice
+    assert report.action == "restore the weights before step 1 and apply LR 0.1"
+
+    done = health.apply_advice(trainer)  # what the card's button calls
+    trainer.resume()
+    thread.join(timeout=120)
+    assert done == report.action and not thread.is_alive() and trainer.history.status == "finished"
+    assert _accuracy(model, digits[1]) >= 0.85
+    assert trainer.lr == 0.1
+    (fix,) = health.fixes
+    assert fix["worked"] and fix["after"] < math.log(10)
+    kinds = [e["kind"] for e in trainer.history.events]
+    assert kinds.index("health_fix") < kinds.index("health_restore")
+    assert health.signals["learning rate"].level == "ok"
+
+
+def test_an_lr_1000x_too_low_is_a_problem_and_one_click_raises_it(digits):
+    """SGD at 5e-4: the loss sits at ln 10 while each step moves the weights by about 0.005%. The learning-rate
+    light turns red (the run does not learn, whatever the size of its steps), and the click raises the LR."""
+    model = _model()
+    health = Health(every_n_steps=10, window=50, on_problem="pause")
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=5e-4), callbacks=[health])
+    thread = _run_to_pause(trainer, digits, epochs=10)
+    report = health.last_problem
+    assert report is not None and report.kind == "not_learning" and report.data["why"] == "flat"
+    assert report.step <= 120 and report.message.startswith("The loss has not moved from 2.3")
+    assert health.signals["learning rate"].level == "problem"
+    assert "not learning" in health.signals["learning rate"].summary
+    assert report.data["lr"] == 0.1 and "Raise the LR to 0.1" in report.advice and "restore" not in report.data
+    health.apply_advice(trainer)
+    trainer.resume()
+    thread.join(timeout=120)
+    assert _accuracy(model, digits[1]) >= 0.85
+    assert health.fixes[0]["worked"]
+
+
+def test_units_dead_from_the_first_step_come_back_by_reinitializing_the_layer_that_feeds_them(digits):
+    model = _model()
+    with torch.no_grad():
+        model[0].weight.copy_(-model[0].weight.abs())  # digits' pixels are >= 0: every hidden unit is off
+        model[0].bias.fill_(-1.0)
+    health = Health(every_n_steps=10, on_problem="pause")
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.5), callbacks=[health])
+    thread = _run_to_pause(trainer, digits, epochs=8)
+    report = health.last_problem
+    assert report is not None and (report.kind, report.step, report.level) == ("dead_units", 1, "problem")
+    assert health.signals["dead units"].summary == "1 (ReLU): 100% dead"
+    assert report.action == "re-initialize 0" and "dead from the first step" in report.advice
+    health.apply_advice(trainer)
+    trainer.resume()
+    thread.join(timeout=120)
+    assert _accuracy(model, digits[1]) >= 0.85
+
+
+def test_damaged_weights_with_no_snapshot_and_no_checkpoint_are_told_to_restart(digits):
+    model = _model()
+    health = Health(every_n_steps=10, snapshot_mb=0)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=50.0), callbacks=[health])
+    trainer.fit(_loader(digits[0]), epochs=1)
+    report = next(r for r in health.reports if r.kind == "update_ratio")
+    assert report.data["restart"] is True and report.action == ""
+    assert "restart the run from a new model with LR 0.1" in report.advice and "Health(snapshot_mb=0)" in report.advice
+    with pytest.raises(ValueError, match="nothing to apply"):
+        health.apply_advice(trainer, report)
+
+
+def test_the_last_checkpoint_from_before_the_damage_is_the_way_back(digits, tmp_path):
+    """No snapshot kept (snapshot_mb=0): an LR raised to 50 at step 60 is undone by rolling back to the last.ckpt
+    of step 60 (written before the first step at that LR), then lowering the LR."""
+    model = _model()
+
+    class Raise:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 60:
+                trainer.set_lr(50.0)
+
+    health = Health(every_n_steps=10, snapshot_mb=0, on_problem="pause")
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        callbacks=[health, Raise(), ModelCheckpoint(tmp_path, save_last=True, every_n_steps=20)],
+        refresh_interval=0.0,  # every step read at once: the pause comes at the first problem's next step
+    )
+    thread = _run_to_pause(trainer, digits, epochs=6)
+    report = health.last_problem
+    assert report is not None and 61 <= report.step <= 70 and report.data["restore"] == "checkpoint"
+    assert report.action.startswith("roll back to the last checkpoint and apply LR")
+    assert "It follows an LR increase (set at step 60)" in report.advice
+    health.apply_advice(trainer)
+    assert trainer.global_step == 60  # rolled back while paused
+    trainer.resume()
+    thread.join(timeout=120)
+    assert trainer.history.status == "finished" and _accuracy(model, digits[1]) >= 0.85
+
+
+def test_a_fix_that_does_not_work_is_reported_with_the_next_step(digits):
+    """The check compares the window after a fix with the one before: an LR made even lower leaves the loss where
+    it was, and Health says so, proposing the LR finder and an LR ten times further."""
+    model = _model()
+    health = Health(every_n_steps=10, window=40)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=5e-4), callbacks=[health])
+
+    class Fix:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 20:  # a wrong fix, applied through the public call: lower, not higher
+                wrong = HealthReport("not_learning", step, 1, "...", data={"lr": 1e-4, "lr_factor": 0.2})
+                health.apply_advice(trainer, wrong)
+
+    trainer.add_callback(Fix())
+    trainer.fit(_loader(digits[0]), epochs=3)
+    failed = [r for r in health.reports if r.kind == "fix_failed"]
+    assert failed and failed[0].level == "problem" and failed[0].step <= 20 + 40 + 10
+    assert failed[0].message.startswith("The fix at step 20 (apply LR 1e-4) did not work")
+    assert "LR finder" in failed[0].advice and failed[0].data["lr"] == pytest.approx(1e-5)
+    assert health.fixes[0]["worked"] is False
+
+
+def test_health_and_samples_can_be_added_and_removed_mid_fit(digits):
+    """Issue 53: a callback added mid-fit starts from its first event; removed mid-fit, it leaves nothing hooked."""
+    model = _model()
+    health = Health(every_n_steps=10)
+    samples = Samples(lambda m: "ok", every_n_steps=10, every_n_epochs=None)
+
+    class Toggle:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 25:
+                trainer.add_callback(health)
+                trainer.add_callback(samples)
+            elif step == 75:
+                trainer.remove_callback(health)
+                trainer.remove_callback(samples)
+
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=0.2, callbacks=[Toggle()], progress=False)
+    history = trainer.fit(_loader(digits[0]), epochs=3)
+    measured = [s for s, _ in history.health["grad_norm"]["total"]]
+    assert measured and measured[0] == 26 and max(measured) <= 75  # started at the step after being added
+    assert [s for s, _ in history.health["dead_units"]["1"]] == measured
+    assert [s["step"] for s in history.samples] == [30, 40, 50, 60, 70]
+    assert all(not m._forward_hooks for m in model.modules())  # nothing left hooked after the removal
+    assert history.status == "finished" and health.signals["learning rate"].level == "ok"

@@ -1,0 +1,87 @@
+"""What one push of the panel's UI thread costs, counted (issue 54): the UI thread's time is the training thread's
+(it holds the GIL), so a push must send what changed and nothing else, and its work must not grow with the number
+of steps it covers. Timings live in bench/widget_overhead.py."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import ipywidgets
+import pytest
+from widget_helpers import make_widget
+
+from nbtrainer.widgets._pump import UiPump
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Widget messages (non-empty state updates) sent, and each push's (messages, steps it covered)."""
+    count = {"n": 0, "any_thread": False}
+    pushes: list[tuple[int, int]] = []
+    send_state, apply = ipywidgets.Widget.send_state, UiPump._apply
+
+    def counted_send_state(self, key=None):
+        on_ui = threading.current_thread().name.startswith("nbtrainer-ui")
+        if (on_ui or count["any_thread"]) and self.get_state(key=key):
+            count["n"] += 1
+        return send_state(self, key)
+
+    def counted_apply(self, items, final):
+        before = self.progress.global_step if self.progress is not None else 0
+        count["n"] = 0
+        apply(self, items, final)
+        after = self.progress.global_step if self.progress is not None else 0
+        pushes.append((count["n"], after - before))
+
+    monkeypatch.setattr(ipywidgets.Widget, "send_state", counted_send_state)
+    monkeypatch.setattr(UiPump, "_apply", counted_apply)
+    return count, pushes
+
+
+def _last_push(sent, steps_per_epoch: int) -> tuple[int, int]:
+    """A 2-epoch run whose pushes come only at the first wake and at the end (ui_interval far longer than the run;
+    an epoch end wakes the UI thread once, never more often than the interval): the last push covers at least the
+    whole second epoch."""
+    _, pushes = sent
+    pushes.clear()
+    w = make_widget(n=16 * steps_per_epoch, bs=16, epochs=2, ui_interval=60.0)
+    w.start()
+    w.wait(timeout=120)
+    assert w.trainer.status == "finished"
+    assert len(pushes) <= 2, pushes
+    return pushes[-1]
+
+
+def test_a_push_sends_no_more_messages_when_it_covers_16x_the_steps(sent):
+    """The run's last push carries its steps, its epoch rows and the final state: one message per widget that
+    changed (the progress, the stat cards, each chart's marks and axes, the table), never one per step or point."""
+    short_msgs, short_steps = _last_push(sent, steps_per_epoch=16)
+    long_msgs, long_steps = _last_push(sent, steps_per_epoch=256)
+    assert long_steps >= 240 and short_steps <= 32, (short_steps, long_steps)
+    # a message per step would add 200+; a few may differ (a health light or the norm chart with more samples)
+    assert long_msgs <= short_msgs + 12, (short_msgs, long_msgs)
+    assert long_msgs <= 60, long_msgs
+
+
+def test_a_push_with_nothing_new_sends_nothing_and_rebuilds_no_health_card(sent):
+    count, pushes = sent
+    w = make_widget(n=512, epochs=2)
+    card = w.health_card
+    built: Counter[str] = Counter()
+    lights_html = card._lights_html
+
+    def counted():
+        built["n"] += 1
+        return lights_html()
+
+    card._lights_html = counted
+    w.start()
+    w.wait(timeout=120)  # the UI thread has ended: the pushes below are the only ones
+    assert w.trainer.status == "finished" and built["n"] >= 1  # the card was drawn during the run
+    count["any_thread"] = True
+    w._pump._apply([], True)  # what a push with nothing new does (the run's end was drawn already)
+    built["n"] = 0
+    for _ in range(5):
+        w._pump._apply([], True)
+    assert [m for m, _ in pushes[-5:]] == [0] * 5 and built["n"] == 0, (pushes[-5:], built["n"])
