@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
+zmq = pytest.importorskip("zmq")
 
 SETUP = """
 import time, torch
@@ -42,7 +43,16 @@ class Kernel:
     """A started kernel and its client, with the iopub stream collected into ``messages``."""
 
     def __init__(self) -> None:
-        self.km, self.kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120)
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        self.km.start_kernel()
+        # iopub is a PUB socket: when the reader falls behind by its high-water marks (1,000 messages each side) the
+        # kernel drops what follows, the cell's idle status among them. A cell that opens thousands of comms, read
+        # by a test process that a loaded machine slows, lost it that way. With no limit on the client's side, its
+        # I/O thread (native, never waiting for the GIL) takes every message as it comes.
+        self.kc = self.km.client()
+        self.kc.context.setsockopt(zmq.RCVHWM, 0)  # the client's own context: the sockets it makes from now on
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
         self.messages: list[dict[str, Any]] = []
 
     def pump(self, seconds: float) -> None:
