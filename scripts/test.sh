@@ -52,7 +52,8 @@ colab_pass() {  # the colab profile's venv, then its tests (their report is prin
 colab_pass >"$logs/colab" 2>&1 &
 colab_pid=$!
 rc=0
-"$py" -m pytest -q -rs -n "${NBT_WORKERS:-3}" || rc=$?
+# the 15 slowest tests in every report: where the time goes, run after run (docs/testing.md, Time)
+"$py" -m pytest -q -rs -n "${NBT_WORKERS:-3}" --durations=15 || rc=$?
 colab_rc=0
 wait "$colab_pid" || colab_rc=$?
 cat "$logs/colab"

@@ -4,6 +4,7 @@
   still, Resume, Stop) and, in both themes, every text of the panel legible (WCAG AA contrast, 4.5:1).
 * The blocking case: a cell that runs ``h = w.fit()``; Pause / Resume / Stop clicked while that cell is busy take
   effect, and the cell returns the History with status "stopped".
+* A confusion-matrix cell clicked with the mouse shows its items (issue 59).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, badge, global_step, low_contrast, wait_badge
+from ._panel import PANEL_SELECTORS, badge, click_matrix_cell, global_step, low_contrast, wait_badge
 from ._scenario import LOSS_POINTS_ABOVE, loss_points, run_controls_scenario
 from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
@@ -125,3 +126,27 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     assert status == "stopped" and int(epochs) < 60, out.inner_text()
     assert widget_problems(page) == []
     assert not [m for m in console_log if m.startswith("pageerror")], console_log
+
+
+@pytest.mark.timeout(240)
+def test_a_confusion_matrix_cell_clicked_in_jupyterlab_shows_its_items(shared_lab, make_notebook, page, screenshot):
+    """Issue 59 in JupyterLab itself (ipywidgets 8, bqplot 0.13, Lab's widget manager): the samples notebook with
+    ``interpret=True``, trained from Start; a matrix cell clicked with the mouse at its centre, another near a
+    corner, each shows its items under the heading the drawn cell says (target, predicted, count)."""
+    from .test_panel_samples import CELLS
+
+    nb = make_notebook("matrix_click", CELLS)
+    page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
+    lab_run_all(page, timeout=120)
+    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    page.locator("button.nbt-start").click()
+    wait_badge(page, "finished", timeout_s=60)
+    matrix = page.locator(".nbt-errors-matrix svg.svg-figure")
+    matrix.wait_for(timeout=30_000)
+    matrix.scroll_into_view_if_needed()
+    for at, skip in (((0.5, 0.5), 0), ((0.1, 0.9), 1)):
+        target, predicted, count = click_matrix_cell(page, at=at, skip=skip)
+        head = f"target {target}, predicted {predicted}: {count} item(s)"
+        page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+    screenshot(page, "panel-lab-matrix-click", selector=".nbt-errors")
+    assert widget_problems(page) == []
