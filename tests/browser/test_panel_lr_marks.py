@@ -71,6 +71,9 @@ def test_lr_changes_from_the_panel_are_labelled_on_a_titled_lr_chart(voila_serve
 
     # dragged: the slider's handle, pulled to the right with the mouse
     handle = page.locator(".nbt-lr .noUi-handle, .nbt-lr .ui-slider-handle").first
+    # in view first: the screenshot above scrolled to the LR chart, and a taller panel (a health warning shown
+    # during the run) leaves the slider above the viewport, where a mouse at its box's coordinates hits nothing
+    handle.scroll_into_view_if_needed()
     hb = handle.bounding_box()
     assert hb is not None
     x, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
