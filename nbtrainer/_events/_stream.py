@@ -34,8 +34,8 @@ on a small model a few microseconds a step are a few percent. A consumer that ne
 reads them where the loop already keeps them, once per refresh window, instead of hooking every step:
 
 * ``on_refresh``'s :class:`Progress`: ``step_points`` (every step's loss and LR since the last refresh, one
-  device read for all), ``step_times``, ``global_step``, ``batch`` (all points of one refresh belong to
-  ``progress.epoch``: the epoch's end delivers a refresh of its own);
+  device read for all), ``step_times`` and ``step_samples``, ``global_step``, ``batch`` (all points of one refresh
+  belong to ``progress.epoch``: the epoch's end delivers a refresh of its own);
 * the running loop (``trainer.run_state.loop``, a ``FitLoop``): ``keep_window_batches()`` has it keep
   references to the micro-batches of the open accumulation window (``KeptBatches.batches``, dropped at each
   optimizer step after the step's events) and to the last one trained (``.last``): no copy, no call;
@@ -85,6 +85,11 @@ class Progress:
     ``step_points`` holds the optimizer steps completed since the previous refresh as
     ``(global_step, loss, lr)`` tuples, so a chart can draw every step without a per-step sync.
 
+    ``step_times`` is the latest sampled step-time breakdown in ms (``data``, ``forward``, ``backward``,
+    ``optimizer``; the loop samples micro-batches 1, 11, 21, then every ``timing_every``), and ``step_samples`` every
+    sample taken since the previous refresh as ``(global_step, times)``: a reader that needs each sample, not only
+    the last, gets them all however slow the refresh.
+
     ``status`` is ``running``, ``pausing`` (a pause was requested; the loop has not reached the step
     boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
     peak of the last refresh window in bytes (CUDA allocator peak, reset each window; process RSS on CPU),
@@ -111,6 +116,7 @@ class Progress:
     eta_epoch: float | None = None
     eta_fit: float | None = None
     step_times: dict[str, float] | None = None
+    step_samples: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
     grad_accum_steps: int = 1
     skipped_steps: int = 0
     memory: int | None = None

@@ -10,7 +10,7 @@ Signals and what each costs (none adds a host read per step; ``tests/loop/test_s
 * non-finite values (``_locate``): a window whose step was skipped (``on_nonfinite="skip"/"stop"``, or fp16's
   scaler) has its losses read (a skipped step is rare) and, when one is non-finite, its batch is run once more with
   forward hooks that name the first module whose output is non-finite;
-* data wait: the step-time samples the loop already takes (``Progress.step_times``);
+* data wait: the step-time samples the loop already takes (``Progress.step_samples``);
 * advice (``_advice``) and the one-click fix (``_fix``): from what was measured; a problem gets one diagnostic
   forward of the last batch, to tell damaged weights; healthy states are kept at sampled steps (``_snapshot``).
 
@@ -184,8 +184,7 @@ class Health(Callback):
         self._alive_at: dict[str, int] = {}  # ReLU module -> the last sampled step it had a live unit
         self._healthy_dead: dict[str, float] = {}  # ReLU module -> its dead share while the run was healthy
         self._dead_at_init: set[str] = set()
-        self._data: list[float] = []
-        self._times: Any = None
+        self._data: list[float] = []  # the data share of each step-time sample of this fit
         self._reported: dict[str, int] = {}  # kind -> step of its last report (one per window steps)
         self._problem_at: int | None = None  # the first problem of this segment (no snapshot after it)
         self._skipped_nonfinite = 0
@@ -350,12 +349,8 @@ class Health(Callback):
         self._readings.read_samples(trainer)
         if progress.step_points:
             self._readings.watch_loss(trainer, progress)
-        times = progress.step_times
-        if times and times is not self._times:
-            self._times = times
-            # the loop samples micro-batches 1, 11, 51...: past the 11th, a sample is not the loader's start
-            warm = progress.global_step * max(progress.grad_accum_steps, 1) > 11
-            self._readings.data_sample(trainer, progress.global_step, times, warm)
+        for step, times in progress.step_samples:  # every sample since the last refresh (1, 11, 21, 51...)
+            self._readings.data_sample(trainer, step, times)
 
     def _store(self, trainer: LoopHost, key: str, name: str, step: int, value: float) -> None:
         trainer.history.health.setdefault(key, {}).setdefault(name, []).append((step, value))

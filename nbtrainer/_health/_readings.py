@@ -186,7 +186,7 @@ class Readings:
             return "the LR is warming up or was raised"
         return None
 
-    def data_sample(self, trainer: LoopHost, step: int, times: dict[str, float], warm: bool) -> None:
+    def data_sample(self, trainer: LoopHost, step: int, times: dict[str, float]) -> None:
         h = self.health
         total = sum(times.values())
         if total <= 0:
@@ -194,9 +194,11 @@ class Readings:
         share = times.get("data", 0.0) / total
         h._data.append(share)
         trainer.history.health.setdefault("data_wait", []).append((step, share))
-        # two samples in a row, or one taken past the start (a worker starting up must not read as a slow loader)
-        recent = h._data[-2:] if len(h._data) >= 2 or not warm else h._data[-1:]
-        level = "warning" if (len(recent) == 2 or warm) and min(recent) > DATA_SHARE else "ok"
+        # Two warm samples in a row over the share (the loop's 11th and 21st micro-batches first): the fit's first
+        # sample is the loader's start (workers spawning), and one sample alone may be a fetch the OS descheduled
+        # on a busy machine (measured: one read 98% under 4x load, with an in-memory loader).
+        recent = h._data[1:][-2:]
+        level = "warning" if len(recent) == 2 and min(recent) > DATA_SHARE else "ok"
         h._light({"data": SignalState(level, f"waiting for data {share:.0%} of the step time")})
         if level == "warning":
             loop = trainer.run_state.loop

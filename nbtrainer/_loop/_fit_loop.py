@@ -6,7 +6,7 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    per-micro-batch losses and callable-metric values, stacked on the device first (``nbtrainer.Health``: one more);
 2. the end of each epoch: the same flush, torchmetrics' ``compute``, validation's read (Health: one dead-units read);
 3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step; Health reads a skipped one's);
-4. the sampled step-time breakdown (micro-batches 1, 11, then every ``timing_every``; CUDA only: ``synchronize``
+4. the sampled step-time breakdown (micro-batches 1, 11, 21, then every ``timing_every``; CUDA only: ``synchronize``
    before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
@@ -95,6 +95,7 @@ class FitLoop:
         self._last_refresh = self._fit_start
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
+        self._samples: list[tuple[int, dict[str, float]]] = []  # taken since the last refresh (step_samples)
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
         # Where batches come from (_prefetch.DataPath, decided at the first batch): the loader's iterator, or one
@@ -195,10 +196,11 @@ class FitLoop:
         emit = cb.caller("on_train_forward")
         t1 = t2 = t3 = 0.0
         while True:
-            # Timing samples at micro-batches 1, 11, 51, 101... (never the first: the loader's start, the staged
-            # checks); on CUDA the last step's kernels are waited for before the clock starts (not data time).
+            # Timing samples at micro-batches 1, 11, 21, 51, 101... (never the first: the loader's start, the staged
+            # checks; 11 and 21: two early warm samples, so that a slow loader is told within 50 steps by two readings,
+            # not one that the OS descheduled); on CUDA the last step's kernels are waited for before the clock starts.
             m = pending.taken
-            sample = timing_every and (not (m - 1) % timing_every or m == 11)
+            sample = timing_every and (not (m - 1) % timing_every or m == 11 or m == 21)
             if sample:
                 self._sync()
             t0 = time.perf_counter() if sample else 0.0
@@ -301,6 +303,7 @@ class FitLoop:
                         "backward": (t3 - t2) * 1e3,
                         "optimizer": (t4 - t3) * 1e3,
                     }
+                    self._samples.append((st.global_step, self._step_times))
                 if control.dirty:
                     self.live.apply()
                     amp = steps.autocast()  # a change at this boundary may have switched the precision
@@ -456,6 +459,7 @@ class FitLoop:
         p.grad_accum_steps = t.options.step.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times
+        p.step_samples, self._samples = self._samples, []
         self.read_memory()
         if self.n_batches and st.batch:
             rate = elapsed_epoch / st.batch

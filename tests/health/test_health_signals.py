@@ -157,8 +157,10 @@ class Sleepy(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("pause", [0.0, 0.0005])
 def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause):
-    x, y = make_classification(n=16 * 60, d=10)
-    model = mlp(hidden=32)
+    # a model whose step takes a few ms: an in-memory fetch is about a tenth of it, far from the 30% a warning needs
+    # (a 10-32-3 MLP's step is so short that the fetch of 16 items is already 25-30% of it)
+    x, y = make_classification(n=16 * 60, d=256)
+    model = mlp(d=256, hidden=2048)
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[Health()], progress=False)
     history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, pause), batch_size=16), epochs=1)
     waits = [r for r in _reports(history) if r.kind == "data_wait"]
@@ -169,6 +171,34 @@ def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause)
     assert report.step <= 50 and report.level == "warning"
     assert "num_workers=" in report.advice  # this loader has none
     assert history.health["data_wait"][-1][1] > 0.3
+
+
+class Hiccup(torch.utils.data.Dataset):
+    """An in-memory dataset whose fetch of one item stalls once: a busy machine descheduling one fetch."""
+
+    def __init__(self, x, y, stall_at: int) -> None:
+        self.x, self.y, self.stall_at = x, y, stall_at
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.stall_at:
+            time.sleep(0.05)
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("batch", [11, 21, 51])  # micro-batches the loop samples (1, 11, 21, 51...)
+def test_one_stalled_fetch_is_not_reported_as_a_slow_loader(batch):
+    x, y = make_classification(n=16 * 60, d=256)  # the model of the test above: its fetch is a tenth of the step
+    health = Health()
+    model = mlp(d=256, hidden=2048)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[health], progress=False)
+    history = trainer.fit(torch.utils.data.DataLoader(Hiccup(x, y, stall_at=16 * batch), batch_size=16), epochs=1)
+    stalled = [share for step, share in history.health["data_wait"] if step == batch + 1]
+    assert stalled and stalled[0] > 0.9  # the stall was sampled: most of that step waited for data
+    assert [r for r in _reports(history) if r.kind == "data_wait"] == []
+    assert health.signals["data"].level == "ok"
 
 
 # -- spikes ---------------------------------------------------------------------------------------------------
