@@ -194,7 +194,10 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
                 print(f"\n[screenshot] {shot}")
             except Exception as exc:
                 print(f"\n[screenshot failed] {exc}")
-            print("[browser console]\n" + "\n".join(console_log[-80:]))
+            whole = artifacts_dir / f"{_safe(request.node.name)}-console.log"
+            whole.write_text("\n".join(console_log) + "\n")
+            print(f"[browser console] the last 80 of {len(console_log)} lines (all in {whole})")
+            print("\n".join(console_log[-80:]))
         context.close()
 
 

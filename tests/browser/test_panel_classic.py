@@ -178,6 +178,20 @@ RUNS = 5
 STEPS, EPOCHS = 16, 2  # 8 batches of 64 a epoch
 
 
+# What the page knows when a panel is missing (a flake seen once in ~14 suite runs: the output read "the widget state
+# could not be found"): each output's widget model id, whether the page's widget manager has that model, how many
+# models it has, and the outputs' text.
+WHY = """() => {
+    const nb = window.Jupyter && window.Jupyter.notebook, manager = nb && nb.kernel && nb.kernel.widget_manager;
+    const outputs = nb ? nb.get_cells().map(c => (c.output_area ? c.output_area.outputs : [])) : [];
+    const ids = outputs.flat().map(o => o.data && o.data['application/vnd.jupyter.widget-view+json'])
+        .filter(Boolean).map(v => v.model_id);
+    return {manager: !!manager, models: manager ? Object.keys(manager._models).length : null,
+            displayed: ids.map(id => [id, !!(manager && manager._models[id])]),
+            text: [...document.querySelectorAll('.output_subarea')].map(e => e.innerText.slice(0, 160))};
+}"""
+
+
 def _open_and_run_all(page: Any, url: str) -> None:
     """Open the notebook and Run All at once: the cells are sent as soon as the kernel connects, ahead of the widget
     manager's own requests (as a person clicking Run All the moment the page shows)."""
@@ -217,7 +231,7 @@ def test_a_finished_panel_shows_all_of_itself_every_time(classic, page, screensh
             seen[how].append(incomplete(state, steps=STEPS, epochs=EPOCHS) + ([] if ended else ["the end"]))
             if seen[how][-1]:
                 screenshot(page, f"panel-classic-incomplete-{how}-{i}")
-                print(f"{how} run {i}: missing {seen[how][-1]}: {state}")
+                print(f"{how} run {i}: missing {seen[how][-1]}: {state}; the page: {page.evaluate(WHY)}")
                 break
             if i == 0 and how == "fit":  # a confusion-matrix cell clicked with the mouse: its items
                 page.locator(".nbt-errors-matrix").scroll_into_view_if_needed()
