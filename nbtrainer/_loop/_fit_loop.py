@@ -37,6 +37,7 @@ from nbtrainer._loop._kept import KeptBatches
 from nbtrainer._loop._loop_state import LoopState
 from nbtrainer._loop._manual import ManualStep
 from nbtrainer._loop._pending import PendingReads
+from nbtrainer._loop._ready_clock import ReadyClock
 from nbtrainer._loop._step import TrainStep, split_steps
 from nbtrainer._memory._window import MemoryProbe
 
@@ -96,6 +97,7 @@ class FitLoop:
         self._next_refresh = 0.0
         self._step_times: dict[str, float] | None = None
         self._samples: list[tuple[int, dict[str, float]]] = []  # taken since the last refresh (step_samples)
+        self._clock = ReadyClock()
         self.progress = host.progress
         self._memory = MemoryProbe(host.device)
         # Where batches come from (_prefetch.DataPath, decided at the first batch): the loader's iterator, or one
@@ -194,6 +196,7 @@ class FitLoop:
         pend_loss, pend_bs = pending.losses, pending.sizes
         data = self.train_data
         emit = cb.caller("on_train_forward")
+        clock = self._clock  # wall time less the thread's waits for a CPU (_ready_clock)
         t1 = t2 = t3 = 0.0
         while True:
             # Timing samples at micro-batches 1, 11, 21, 51, 101... (never the first: the loader's start, the staged
@@ -203,7 +206,7 @@ class FitLoop:
             sample = timing_every and (not (m - 1) % timing_every or m == 11 or m == 21)
             if sample:
                 self._sync()
-            t0 = time.perf_counter() if sample else 0.0
+            t0 = clock() if sample else 0.0
             with r_data:
                 try:
                     batch, is_last = next(pairs)
@@ -228,7 +231,7 @@ class FitLoop:
                 batch = move_to_device(batch, device, non_blocking)
             if sample:
                 self._sync()
-                t1 = time.perf_counter()
+                t1 = clock()
             if cb.has("on_train_batch_start"):
                 cb.call("on_train_batch_start", trainer=t, batch=batch, batch_idx=st.batch)
             if manual is not None:  # training_step: the user's forward, backward and steps, by name
@@ -269,7 +272,7 @@ class FitLoop:
                         emit(trainer=t, outputs=outputs, targets=targets, indices=data.indices)
                     if sample:
                         self._sync()
-                        t2 = time.perf_counter()
+                        t2 = clock()
                     with r_bwd:
                         step.backward(loss, window)
                 bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
@@ -290,13 +293,13 @@ class FitLoop:
             x = None
             if sample:
                 self._sync()
-                t3 = time.perf_counter()
+                t3 = clock()
             if closes:
                 self._optimizer_step(window / in_window if in_window != window else 1.0)
                 in_window = 0
                 if sample:
                     self._sync()
-                    t4 = time.perf_counter()
+                    t4 = clock()
                     self._step_times = {
                         "data": (t1 - t0) * 1e3,
                         "forward": (t2 - t1) * 1e3,

@@ -1,0 +1,52 @@
+"""The step-time samples' clock leaves out the time the OS gave the training thread's CPU to someone else (issue 57):
+a phase descheduled on a busy machine reads as the work it did, not as the wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nbtrainer._loop._ready_clock import ReadyClock
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/thread-self/schedstat"), reason="Linux's per-thread run-queue time (schedstats)"
+)
+
+BURN = "import os, sys; os.sched_setaffinity(0, {%d}); print('ready', flush=True); exec('while True: pass')"
+
+
+def test_a_phase_sharing_its_cpu_with_a_busy_process_reads_as_its_own_work():
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    burner = subprocess.Popen([sys.executable, "-c", BURN % cpu], stdout=subprocess.PIPE, text=True)
+    try:
+        assert burner.stdout is not None and burner.stdout.readline().strip() == "ready"  # it spins on that CPU now
+        os.sched_setaffinity(0, {cpu})  # this thread on the same CPU: the scheduler shares it between the two
+        clock = ReadyClock()
+        wall0, ready0, cpu0 = time.perf_counter(), clock(), time.thread_time()
+        n = 0
+        while time.thread_time() - cpu0 < 0.2:  # 0.2 s of this thread's own work
+            n += 1
+        wall, ready, work = time.perf_counter() - wall0, clock() - ready0, time.thread_time() - cpu0
+    finally:
+        os.sched_setaffinity(0, mine)
+        burner.kill()
+        burner.wait()
+    waited = wall - work
+    assert waited > 0.5 * work, (wall, work)  # the burner had the CPU a good part of the time
+    # the ready clock counts the work and not the wait (a few ms of reading and accounting aside)
+    assert abs(ready - work) < 0.1 * waited + 0.005, (wall, ready, work)
+
+
+def test_without_the_file_the_clock_is_the_wall_clock(monkeypatch):
+    import nbtrainer._loop._ready_clock as rc
+
+    monkeypatch.setattr(rc, "_STAT", "/nonexistent/schedstat")
+    clock = ReadyClock()
+    before = time.perf_counter()
+    now = clock()
+    assert before <= now <= time.perf_counter()
