@@ -103,7 +103,12 @@ def poisoned_loader(batch: int = 17, row: int = 5):
 # Tests that share work (one Chromium and Jupyter server; one kernel run per notebook; one torchrun launch per
 # strategy): each group runs on one worker, and the groups go first, in this order (the longest first). A module
 # whose tests share a module-scoped fixture that is costly to build belongs here (its path and "::").
-_SHARED = ("tests/browser/", "tests/test_notebooks.py::", "tests/plan/test_plan_ranks.py::")
+_SHARED = (
+    "tests/browser/",
+    "tests/test_notebooks.py::",
+    "tests/plan/test_plan_ranks.py::",
+    "tests/test_packaging.py::",  # one sdist and wheel build (about 40 s), not one per worker
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
