@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -121,6 +122,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.get_closest_marker("slow") is None,
         )
     )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """``NBT_TIMELINE=FILE``: each test's worker, start and end (wall clock), appended as a line to FILE: when each
+    worker fell idle at a suite's end, and which test it waited for (docs/testing.md, Time)."""
+    path = os.environ.get("NBT_TIMELINE")
+    start = time.time()
+    yield
+    if path:
+        worker = f"{os.path.basename(sys.prefix)}:{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"  # pass:worker
+        with open(path, "a") as f:
+            f.write(f"{worker}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
