@@ -143,14 +143,17 @@ def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
 
 # -- a loader that sleeps -------------------------------------------------------------------------------------
 class Sleepy(torch.utils.data.Dataset):
-    def __init__(self, x, y, pause: float) -> None:
-        self.x, self.y, self.pause = x, y, pause
+    """An in-memory dataset whose fetch sleeps ``pause`` s an item, or only at item ``only`` (one stalled fetch, as
+    a busy machine descheduling it)."""
+
+    def __init__(self, x, y, pause: float, only: int | None = None) -> None:
+        self.x, self.y, self.pause, self.only = x, y, pause, only
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i):
-        if self.pause:
+        if self.pause and self.only in (None, i):
             time.sleep(self.pause)
         return self.x[i], self.y[i]
 
@@ -173,28 +176,13 @@ def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause)
     assert history.health["data_wait"][-1][1] > 0.3
 
 
-class Hiccup(torch.utils.data.Dataset):
-    """An in-memory dataset whose fetch of one item stalls once: a busy machine descheduling one fetch."""
-
-    def __init__(self, x, y, stall_at: int) -> None:
-        self.x, self.y, self.stall_at = x, y, stall_at
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i):
-        if i == self.stall_at:
-            time.sleep(0.05)
-        return self.x[i], self.y[i]
-
-
 @pytest.mark.parametrize("batch", [11, 21, 51])  # micro-batches the loop samples (1, 11, 21, 51...)
 def test_one_stalled_fetch_is_not_reported_as_a_slow_loader(batch):
     x, y = make_classification(n=16 * 60, d=256)  # the model of the test above: its fetch is a tenth of the step
     health = Health()
     model = mlp(d=256, hidden=2048)
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[health], progress=False)
-    history = trainer.fit(torch.utils.data.DataLoader(Hiccup(x, y, stall_at=16 * batch), batch_size=16), epochs=1)
+    history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, 0.05, only=16 * batch), batch_size=16), epochs=1)
     stalled = [share for step, share in history.health["data_wait"] if step == batch + 1]
     assert stalled and stalled[0] > 0.9  # the stall was sampled: most of that step waited for data
     assert [r for r in _reports(history) if r.kind == "data_wait"] == []
