@@ -25,7 +25,7 @@ import ipywidgets as W
 import numpy as np
 
 from nbtrainer import Health, ModelCheckpoint
-from nbtrainer.plotting import PALETTE
+from nbtrainer.plotting import PALETTE, log_ticks
 
 from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
 from ._markup import plain_text, text_html
@@ -89,7 +89,15 @@ class HealthCard:
         # its own small figure: axes without a label colour (a trait that takes no CSS variable under ipywidgets 7)
         axes = [
             bq.Axis(scale=self.x, label="optimizer step", tick_format=",~g", tick_values=step_ticks(np.empty(0))),
-            bq.Axis(scale=self.y, side="left", label="gradient norm", tick_format=".1~e", label_offset="48px"),
+            # explicit ticks (powers of ten, or 1-2-5): bqplot labels every 2..9 of each decade on a log scale
+            bq.Axis(
+                scale=self.y,
+                side="left",
+                label="gradient norm",
+                tick_format=".1~e",
+                label_offset="48px",
+                tick_values=np.asarray(log_ticks(1e-3, 1.0)),
+            ),
         ]
         self.fig = bq.Figure(
             marks=[self.lines],
@@ -212,6 +220,8 @@ class HealthCard:
             self.lines.colors = colors
             self.lines.labels = names
             self.lines.stroke_width = 1.5
+        # after the scale's range has gone (ticks sent before it are drawn on the old range)
+        self.fig.axes[1].tick_values = np.asarray(log_ticks(lo, hi))
         self.legend.value = legend_html([(name, color, False) for name, color in zip(names, colors, strict=True)])
         if not self.chart.children:
             self.chart.children = (self.legend, self.fig)

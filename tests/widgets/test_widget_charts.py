@@ -204,3 +204,20 @@ def test_every_step_and_epoch_axis_shows_whole_numbers_before_and_after_a_run():
     health_steps = [s for s, _ in w.history.health["grad_norm"]["total"]]
     assert after["loss"][-1] <= steps[-1] and len(after["loss"]) >= 3
     assert health_steps[0] <= after["health"][0] and after["health"][-1] <= health_steps[-1], after["health"]
+
+
+def test_the_gradient_norm_axis_labels_a_few_round_values_inside_its_range():
+    """The health card's log axis: bqplot's own ticks label every 2..9 of each decade, crowding the labels over
+    each other; the card gives at most 6 round values (powers of ten, or 1-2-5) inside the drawn range."""
+    from widget_helpers import make_widget
+
+    from nbtrainer import Health
+
+    w = make_widget(epochs=3, callbacks=[Health(every_n_steps=7)])
+    w.start()
+    w.wait()
+    axis, scale = w.health_card.fig.axes[1], w.health_card.y
+    ticks = [float(t) for t in axis.tick_values]
+    assert 1 <= len(ticks) <= 6 and all(scale.min <= t <= scale.max for t in ticks), (ticks, scale.min, scale.max)
+    mantissas = {round(t / 10 ** math.floor(math.log10(t)), 6) for t in ticks}
+    assert mantissas <= {1.0, 2.0, 5.0}, ticks
