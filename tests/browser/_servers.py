@@ -12,18 +12,18 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil  # ipykernel depends on it
+from _ports import free_port
 
 __all__ = [
     "BAD_WIDGET_TEXTS",
@@ -43,13 +43,6 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (the server is told to fail rather than move)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def isolated_env(base: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -176,9 +169,9 @@ class Server:
         last: Any = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.kind} exited with {self.proc.returncode} before it was ready\n{self.log_tail()}"
-                )
+                tail = self.log_tail()
+                why = PortTaken if "is not available" in tail or "already in use" in tail else RuntimeError
+                raise why(f"{self.kind} exited with {self.proc.returncode} before it was ready\n{tail}")
             try:
                 status, _ = self.get(path, timeout=2.0)
                 if status == 200:
@@ -193,6 +186,31 @@ class Server:
 
 
 def _spawn(
+    kind: str,
+    cmd_for: Callable[[int], Sequence[str]],
+    workdir: Path,
+    root_dir: Path,
+    env: dict[str, str],
+    ready_path: str,
+    timeout: float,
+) -> Server:
+    """Start ``cmd_for(port)`` on a free port and wait until ``ready_path`` answers. A server that found its port
+    taken after all (another process bound it since ``free_port`` checked) is started again on another port."""
+    for attempt in range(3):
+        port = free_port()
+        try:
+            return _spawn_on(kind, cmd_for(port), port, workdir, root_dir, env, ready_path, timeout)
+        except PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    """The server exited because its port was in use."""
+
+
+def _spawn_on(
     kind: str,
     cmd: Sequence[str],
     port: int,
@@ -238,8 +256,7 @@ def start_voila(
     Readiness is polled on ``/voila/static/voila.js``, which does not start a kernel.
     """
     notebook = Path(notebook).resolve()
-    port = free_port()
-    cmd = [
+    cmd = lambda port: [  # noqa: E731
         sys.executable,
         "-m",
         "voila",
@@ -252,7 +269,7 @@ def start_voila(
         *extra_args,
     ]
     return _spawn(
-        "voila", cmd, port, workdir, notebook.parent, env or isolated_env(workdir), "/voila/static/voila.js", timeout
+        "voila", cmd, workdir, notebook.parent, env or isolated_env(workdir), "/voila/static/voila.js", timeout
     )
 
 
@@ -311,8 +328,7 @@ def start_lab(
     """
     env = env or isolated_env(workdir)
     _user_settings(env, theme)
-    port = free_port()
-    cmd = [
+    cmd = lambda port: [  # noqa: E731
         *_jupyter_server_cmd("jupyterlab", port, root_dir),
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -321,7 +337,7 @@ def start_lab(
         f"--LabApp.workspaces_dir={workdir / 'lab-workspaces'}",
         *extra_args,
     ]
-    return _spawn("jupyterlab", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+    return _spawn("jupyterlab", cmd, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
 def start_notebook7(
@@ -335,13 +351,12 @@ def start_notebook7(
     """Jupyter Notebook 7 serving ``root_dir`` (open ``/notebooks/NAME.ipynb``); ``window.jupyterapp`` exposed."""
     env = env or isolated_env(workdir)
     _user_settings(env, None)
-    port = free_port()
-    cmd = [
+    cmd = lambda port: [  # noqa: E731
         *_jupyter_server_cmd("notebook", port, root_dir),
         "--JupyterNotebookApp.expose_app_in_browser=True",
         *extra_args,
     ]
-    return _spawn("notebook", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+    return _spawn("notebook", cmd, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
 def start_classic(
@@ -356,8 +371,7 @@ def start_classic(
     widgetsnbextension) serving ``root_dir``: open ``/notebooks/NAME.ipynb``; ``window.Jupyter`` is the page's API.
     Needs the colab profile's venv (notebook 6.5 there; the main venv has Notebook 7)."""
     env = env or isolated_env(workdir)
-    port = free_port()
-    cmd = [
+    cmd = lambda port: [  # noqa: E731
         sys.executable,
         "-m",
         "notebook",
@@ -371,7 +385,7 @@ def start_classic(
         f"--NotebookApp.notebook_dir={Path(root_dir).resolve()}",
         *extra_args,
     ]
-    return _spawn("notebook6", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", timeout)
+    return _spawn("notebook6", cmd, workdir, Path(root_dir).resolve(), env, "/api", timeout)
 
 
 def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ._servers import HOST, Server, _jupyter_server_cmd, _spawn, free_port
+from ._servers import HOST, Server, _jupyter_server_cmd, _spawn
 
 __all__ = [
     "BUNDLED_MODULES",
@@ -202,13 +202,12 @@ class StaticServer:
 def start_kernel_server(root_dir: Path, workdir: Path, env: dict[str, str], *, allow_origin: str) -> Server:
     """A plain Jupyter server (no front end) for the harness's kernel: no auth, on loopback, and ``allow_origin``
     (the harness page's origin) may open its REST API and kernel websockets."""
-    port = free_port()
-    cmd = [
+    cmd = lambda port: [  # noqa: E731
         *_jupyter_server_cmd("jupyter_server", port, root_dir),
         f"--ServerApp.allow_origin={allow_origin}",
         "--ServerApp.disable_check_xsrf=True",
     ]
-    return _spawn("jupyter_server", cmd, port, workdir, Path(root_dir).resolve(), env, "/api", 90.0)
+    return _spawn("jupyter_server", cmd, workdir, Path(root_dir).resolve(), env, "/api", 90.0)
 
 
 def start_kernel(server: Server, name: str = "python3") -> str:

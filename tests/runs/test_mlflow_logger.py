@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from _ports import free_port
 from conftest import LazyModule, accuracy, make_classification, make_loader, mlp, needs
 
 from nbtrainer import MLflowLogger, ModelCheckpoint, Trainer
@@ -141,15 +142,9 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
         MLflowLogger(tracking_uri="sqlite:///x.db")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = _free_port()
+    port = free_port()  # below the ephemeral range (tests/_ports.py)
     cmd = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
