@@ -292,6 +292,7 @@ class TrainerWidget:
                 flush=True,
             )
             claim_model(self._model, owner=self._label)
+            self.looks.data.wait_check()  # its forward must not run beside the fit's (DistillationLoss sees both)
             self._before_run()
             return self.trainer.fit(self.train_loader, self.val_loader, epochs=self.epochs, max_steps=self.max_steps)
         if not self._summary.display_ids:
