@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil  # ipykernel depends on it
-from _ports import free_port
+from _ports import HOST, free_port
 
 __all__ = [
     "BAD_WIDGET_TEXTS",
@@ -41,8 +41,6 @@ __all__ = [
     "widget_problems",
     "write_notebook",
 ]
-
-HOST = "127.0.0.1"
 
 
 def isolated_env(base: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -185,6 +183,10 @@ class Server:
         )
 
 
+class PortTaken(RuntimeError):
+    """The server exited because its port was in use."""
+
+
 def _spawn(
     kind: str,
     cmd_for: Callable[[int], Sequence[str]],
@@ -195,52 +197,37 @@ def _spawn(
     timeout: float,
 ) -> Server:
     """Start ``cmd_for(port)`` on a free port and wait until ``ready_path`` answers. A server that found its port
-    taken after all (another process bound it since ``free_port`` checked) is started again on another port."""
-    for attempt in range(3):
+    taken after all (another process bound it since ``free_port`` checked) is started again on another port, twice
+    at most."""
+    attempts = 0
+    while True:
+        attempts += 1
         port = free_port()
+        log_path = workdir / f"{kind}-{port}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child, closed with the Popen below
         try:
-            return _spawn_on(kind, cmd_for(port), port, workdir, root_dir, env, ready_path, timeout)
+            proc = subprocess.Popen(
+                list(cmd_for(port)),
+                cwd=root_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()  # the child has its own descriptor
+        server = Server(kind, proc, port, log_path, env, root_dir)
+        try:
+            server.wait_ready(ready_path, timeout)
+            return server
         except PortTaken:
-            if attempt == 2:
+            server.stop()
+            if attempts == 3:
                 raise
-    raise AssertionError("unreachable")
-
-
-class PortTaken(RuntimeError):
-    """The server exited because its port was in use."""
-
-
-def _spawn_on(
-    kind: str,
-    cmd: Sequence[str],
-    port: int,
-    workdir: Path,
-    root_dir: Path,
-    env: dict[str, str],
-    ready_path: str,
-    timeout: float,
-) -> Server:
-    log_path = workdir / f"{kind}-{port}.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child, closed with the Popen below
-    try:
-        proc = subprocess.Popen(
-            list(cmd),
-            cwd=root_dir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    finally:
-        log.close()  # the child has its own descriptor
-    server = Server(kind, proc, port, log_path, env, root_dir)
-    try:
-        server.wait_ready(ready_path, timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+        except BaseException:
+            server.stop()
+            raise
 
 
 def start_voila(
