@@ -20,6 +20,9 @@ colab_tests=(tests/widgets tests/runs/test_runs_widget.py tests/browser/test_pan
   --deselect tests/widgets/test_widget_fallback.py::test_fit_without_a_frontend_trains_in_the_foreground_with_console_bars
   --deselect tests/widgets/test_widget_compare.py::test_run_adds_each_row_as_it_is_measured
   --deselect tests/widgets/test_widget_threads.py::test_the_panels_thread_trains_as_fast_as_a_fit_on_the_main_thread)
+# Python writes each module's bytecode when it first imports it (the venvs are installed without it: scripts/venv.sh);
+# under PYTHONDONTWRITEBYTECODE every one of the suite's interpreters would compile torch and Jupyter again
+unset PYTHONDONTWRITEBYTECODE
 if [ "${1:-}" = "--quick" ]; then
   shift
   set -- -m "not slow and not browser" "$@"

@@ -87,11 +87,11 @@ wheel="$(ls /opt/wheels/torch-"${torch_spec#torch==}"+cpu-*.whl 2>/dev/null | he
 if [ "$installer" = uv ]; then
   inst=("$uv_bin" pip install --python "$venv/bin/python")
   [ -z "${NBT_UPGRADE:-}" ] || inst+=(--upgrade)
-  # The suite starts ~100 interpreters (workers, kernels, servers, torchrun ranks). uv writes no bytecode by default,
-  # and where PYTHONDONTWRITEBYTECODE is set (this machine, CI) none is ever written: each of them compiled torch,
-  # transformers and Jupyter from source again (7.4 s of CPU for `import torch, nbtrainer, torchmetrics` against
-  # 3.6 s). pip compiles at install by default. The demo's one interpreter is quicker without the compile step.
-  [ "$profile" = demo ] || inst+=(--compile-bytecode)
+  # No bytecode compiled at install (uv's --compile-bytecode): it compiled all 19,500 modules of the test venv, 19 s
+  # of a fresh clone's set-up on two cores, most of them never imported. scripts/test.sh lets Python write each
+  # module's bytecode the first time an interpreter imports it instead (where PYTHONDONTWRITEBYTECODE is set, as on
+  # this machine and in CI, none would ever be written and each of the suite's ~100 interpreters would compile torch
+  # again: 7.4 s of CPU for `import torch, nbtrainer, torchmetrics` against 3.6 s).
   phase "torch ${torch_spec#torch==}" "${inst[@]}" -c "$cons" "${wheel:-$torch_spec}"
   phase "nbtrainer${extras:+[$extras]} from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$spec" ${tools[@]+"${tools[@]}"}
 else
@@ -102,7 +102,7 @@ else
   phase "nbtrainer${extras:+[$extras]} from $(basename "$cons")" "${inst[@]}" -c "$cons" -e "$spec" ${tools[@]+"${tools[@]}"}
 fi
 if [ "$profile" != demo ]; then
-  # the repository's own modules too (read, never written, under PYTHONDONTWRITEBYTECODE; stale ones are ignored)
+  # the repository's own modules (quick: read by every worker and kernel from the start; stale ones are ignored)
   phase "bytecode of nbtrainer, widgets, tests" "$venv/bin/python" -m compileall -q -j 0 "$root/nbtrainer" "$root/widgets" "$root/tests" "$root/bench"
 fi
 echo "$want $profile" >"$stamp"
