@@ -71,14 +71,24 @@ class PanelActions:
         model: the user's model (Profile copies it).
         view: the panel's view (buttons, save path, the profile and LR finder sections).
         controls: the panel's controls (the LR finder sets the LR through them).
+        settle: called before Profile or the LR finder uses the model: waits for what the panel started with it at
+            construction (the data check's forward must not run beside the sweep's training steps).
 
     Example:
         >>> actions = PanelActions(w, model=model, view=w.view, controls=w.controls)  # doctest: +SKIP
         >>> w.view.stop.on_click(lambda _: actions.guarded(w.stop))  # errors: panel messages  # doctest: +SKIP
     """
 
-    def __init__(self, host: ActionsHost, *, model: Any, view: PanelView, controls: Controls) -> None:
-        self.host, self.model, self.view, self.controls = host, model, view, controls
+    def __init__(
+        self,
+        host: ActionsHost,
+        *,
+        model: Any,
+        view: PanelView,
+        controls: Controls,
+        settle: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.host, self.model, self.view, self.controls, self.settle = host, model, view, controls, settle
         self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
         self.busy: set[str] = set()  # the actions running in helper threads now
         self._lr_find_lock = threading.Lock()
@@ -108,6 +118,7 @@ class PanelActions:
 
         if self.host.running:
             raise RuntimeError("Profile between runs: it would compete with training for the device.")
+        self.settle()
         t = self.host.trainer
         args, kw, targets = t.batch_spec.split(next(iter(self.host.train_loader)))
         inputs = kw if (kw and not args) else (args[0] if len(args) == 1 else tuple(args))
@@ -142,6 +153,11 @@ class PanelActions:
             )
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
+        try:
+            self.settle()
+        except BaseException:
+            self._lr_find_lock.release()
+            raise
         t = self.host.trainer
         # Optimizer steps already taken on these weights: a range test on a trained model describes that
         # model, not a fresh start, so its suggestion must not be read as a starting LR.

@@ -116,8 +116,7 @@ class TrainerWidget:
         self.ui_update_times: list[float] = []  # when the UI thread pushed (time.monotonic()), every run
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
-        # The compare menu over the charts; its store is the run_store given here (a Trainer passed in records
-        # where it was told to, which no public name reports: NBTRAINER_RUNS or this session's runs).
+        # The compare menu; its store is run_store= (a Trainer passed in records where no public name reports)
         self.compare = CompareRuns(
             self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
         )
@@ -126,7 +125,9 @@ class TrainerWidget:
         self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
         self.panel: W.VBox = v.root
         self.controls = Controls(v, trainer, epochs, self.notify)
-        self._actions = PanelActions(self, model=user_model, view=v, controls=self.controls)
+        self._actions = PanelActions(
+            self, model=user_model, view=v, controls=self.controls, settle=self.looks.data.wait_check
+        )
         self._summary = SummaryDisplay(v, label=self._label)
         built = "the panel was given a built Trainer: pass these options to Trainer(...) instead"
         self.savers = Savers(trainer, locked_reason=None if self._build is not None else built)

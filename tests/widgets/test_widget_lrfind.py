@@ -146,3 +146,46 @@ def test_lr_find_button_runs_in_a_helper_thread_and_is_refused_mid_run():
         w.stop()
         w.wait()
     assert not v.lrfind.disabled
+
+
+# each forward's thread and span, of the model and of its copies (Profile runs copies: an attribute would be copied)
+CALLS: list[tuple[str, float, float]] = []
+
+
+class ForwardLog(torch.nn.Module):
+    """The model, telling each forward in ``CALLS``; the data check's forward takes 0.3 s longer."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = time.monotonic()
+        if threading.current_thread().name == "nbtrainer-data-check":
+            time.sleep(0.3)  # a bigger model or batch: the check is still running when a person clicks
+        out = self.inner(x)
+        CALLS.append((threading.current_thread().name, start, time.monotonic()))
+        return out
+
+
+@pytest.mark.parametrize("action", ["lr_find", "profile"])
+def test_lr_finder_and_profile_wait_for_the_data_check_before_using_the_model(action: str) -> None:
+    """The panel checks the data in a helper thread at construction (a forward on the model). The LR finder trains
+    that model and Profile runs it: clicked before the check ends, they wait for it, as Start does (a forward beside
+    the sweep's steps would see half-updated weights, and a criterion watching the model's calls sees both)."""
+    from widget_helpers import parts
+
+    from nbtrainer import TrainerWidget
+
+    inner, criterion, _, loader = parts(n=256, bs=16)
+    CALLS.clear()
+    model = ForwardLog(inner)
+    w = TrainerWidget(model, criterion, torch.optim.SGD(model.parameters(), 0.1), loader, epochs=1, progress=False)
+    if action == "lr_find":
+        w.lr_find(steps=5)
+    else:
+        w.profile()
+    check = [c for c in CALLS if c[0] == "nbtrainer-data-check"]
+    other = [c for c in CALLS if c[0] != "nbtrainer-data-check"]
+    assert check and other, CALLS
+    assert min(c[1] for c in other) >= max(c[2] for c in check), CALLS
