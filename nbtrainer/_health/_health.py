@@ -349,7 +349,7 @@ class Health(Callback):
         self._readings.read_samples(trainer)
         if progress.step_points:
             self._readings.watch_loss(trainer, progress)
-        for step, times in progress.step_samples:  # every sample since the last refresh (1, 11, 21, 51...)
+        for step, times in progress.step_samples:  # every sample since the last refresh (1, 11, 21, 31, 51...)
             self._readings.data_sample(trainer, step, times)
 
     def _store(self, trainer: LoopHost, key: str, name: str, step: int, value: float) -> None:

@@ -194,11 +194,12 @@ class Readings:
         share = times.get("data", 0.0) / total
         h._data.append(share)
         trainer.history.health.setdefault("data_wait", []).append((step, share))
-        # Two warm samples in a row over the share (the loop's 11th and 21st micro-batches first): the fit's first
-        # sample is the loader's start (workers spawning), and one sample alone may be a fetch the OS descheduled
-        # on a busy machine (measured: one read 98% under 4x load, with an in-memory loader).
-        recent = h._data[1:][-2:]
-        level = "warning" if len(recent) == 2 and min(recent) > DATA_SHARE else "ok"
+        # Three warm samples in a row over the share (the loop's 11th, 21st and 31st micro-batches first): the fit's
+        # first sample is the loader's start (workers spawning); one sample may be a fetch the OS descheduled or a
+        # garbage collection stalled (measured: one read 98% under 4x load with an in-memory loader), and on a busy
+        # machine the next may read over the share too (a fetch stalled 50 ms at micro-batch 21, then 37% at 51).
+        recent = h._data[1:][-3:]
+        level = "warning" if len(recent) == 3 and min(recent) > DATA_SHARE else "ok"
         h._light({"data": SignalState(level, f"waiting for data {share:.0%} of the step time")})
         if level == "warning":
             loop = trainer.run_state.loop

@@ -6,7 +6,7 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    per-micro-batch losses and callable-metric values, stacked on the device first (``nbtrainer.Health``: one more);
 2. the end of each epoch: the same flush, torchmetrics' ``compute``, validation's read (Health: one dead-units read);
 3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step; Health reads a skipped one's);
-4. the sampled step-time breakdown (micro-batches 1, 11, 21, then every ``timing_every``; CUDA only: ``synchronize``
+4. the sampled step-time breakdown (micro-batches 1, 11, 21, 31, then every ``timing_every``; CUDA only: ``synchronize``
    before and around the phases of that one step);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
@@ -199,11 +199,12 @@ class FitLoop:
         clock = self._clock  # wall time less the thread's waits for a CPU (_ready_clock)
         t1 = t2 = t3 = 0.0
         while True:
-            # Timing samples at micro-batches 1, 11, 21, 51, 101... (never the first: the loader's start, the staged
-            # checks; 11 and 21: two early warm samples, so that a slow loader is told within 50 steps by two readings,
-            # not one that the OS descheduled); on CUDA the last step's kernels are waited for before the clock starts.
+            # Timing samples at micro-batches 1, 11, 21, 31, 51, 101... (never the first: the loader's start, the staged
+            # checks; 11, 21 and 31: three early warm samples, so that a slow loader is told within 50 steps by three
+            # readings, not by one fetch the OS descheduled or a garbage collection stalled beside one more that read
+            # high on a busy machine); on CUDA the last step's kernels are waited for before the clock starts.
             m = pending.taken
-            sample = timing_every and (not (m - 1) % timing_every or m == 11 or m == 21)
+            sample = timing_every and (not (m - 1) % timing_every or m in (11, 21, 31))
             if sample:
                 self._sync()
             t0 = clock() if sample else 0.0

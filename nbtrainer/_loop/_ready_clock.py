@@ -7,7 +7,7 @@ counts, per thread, the time it spent runnable but waiting on a run queue (``/pr
 field, in ns); subtracting it leaves the time the phase itself took, whether it computed, slept or waited on a loader's
 workers. Elsewhere (no such file) the clock is the wall clock.
 
-Read only at the sampled micro-batches (1, 11, 21, then every ``timing_every``): a ``pread`` of an open file, under
+Read only at the sampled micro-batches (1, 11, 21, 31, then every ``timing_every``): a ``pread`` of an open file, under
 a microsecond.
 """
 

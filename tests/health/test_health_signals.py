@@ -176,7 +176,7 @@ def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause)
     assert history.health["data_wait"][-1][1] > 0.3
 
 
-@pytest.mark.parametrize("batch", [11, 21, 51])  # micro-batches the loop samples (1, 11, 21, 51...)
+@pytest.mark.parametrize("batch", [11, 21, 31, 51])  # micro-batches the loop samples (1, 11, 21, 31, 51...)
 def test_one_stalled_fetch_is_not_reported_as_a_slow_loader(batch):
     x, y = make_classification(n=16 * 60, d=256)  # the model of the test above: its fetch is a tenth of the step
     health = Health()
