@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import resource
 import sys
 import time
 from typing import Any
@@ -126,15 +127,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """``NBT_TIMELINE=FILE``: each test's worker, start and end (wall clock), appended as a line to FILE: when each
-    worker fell idle at a suite's end, and which test it waited for (docs/testing.md, Time)."""
+    """``NBT_TIMELINE=FILE``: each test's worker, start and end (wall clock), node id, and the CPU seconds it took in
+    the worker (all its threads) and in the child processes it waited for (interpreters, kernels nbclient started),
+    appended as a line to FILE: when each worker fell idle at a suite's end, which test it waited for, and what each
+    test costs the two cores whatever the load beside it (docs/testing.md, Time)."""
     path = os.environ.get("NBT_TIMELINE")
-    start = time.time()
+    start, cpu, children = time.time(), time.process_time(), _children_cpu()
     yield
     if path:
         worker = f"{os.path.basename(sys.prefix)}:{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"  # pass:worker
+        used, waited = time.process_time() - cpu, _children_cpu() - children
         with open(path, "a") as f:
-            f.write(f"{worker}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
+            f.write(f"{worker}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\t{used:.2f}\t{waited:.2f}\n")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
