@@ -133,6 +133,7 @@ class UiPump:
         self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
         self.cpu_total_s = 0.0  # ... including the final push and the summary
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
+        run.followers.append(self.thread)  # joined after the run if the interpreter exits while it trains
 
     def start(self) -> None:
         self.thread.start()

@@ -121,6 +121,7 @@ class Run:
         self.status = "running"  # the trainer's final status once the fit has returned
         self.done = threading.Event()
         self.thread: threading.Thread | None = None  # made by start()
+        self.followers: list[threading.Thread] = []  # threads that finish this run's work (the panel's UI thread)
 
     @property
     def alive(self) -> bool:
@@ -133,7 +134,7 @@ class Run:
                 raise RuntimeError(f"{other.owner} is already training this model; stop it first.")
             _LIVE[self.model_key] = self
         try:
-            self.thread = start_training_thread(self._main, name=f"nbtrainer-fit ({self.owner})")
+            self.thread = start_training_thread(self._main, name=f"nbtrainer-fit ({self.owner})", stop=self._at_exit)
         except BaseException:
             with _LOCK:
                 if _LIVE.get(self.model_key) is self:
@@ -144,6 +145,15 @@ class Run:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.trainer.request_stop(reason)
+
+    def _at_exit(self) -> None:
+        """The interpreter is exiting while this run trains: stop at the next step, then let the threads that finish
+        the run's work (the UI thread's last push and summary run torch ops too) end before the interpreter's state
+        goes."""
+        self.stop("the interpreter is exiting")
+        self.join(60)
+        for thread in self.followers:
+            thread.join(10)
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is None:  # never started
