@@ -167,9 +167,10 @@ def start_training_thread(
         name: the thread's name.
         args, kwargs: the arguments of ``target``.
         daemon: a daemon thread (default), so a notebook kernel can exit while it runs.
-        stop: how to end the thread's work early (e.g. ``trainer.request_stop``). When the interpreter exits (a
-            script returns, a kernel shuts down) while the thread lives, ``stop`` is called and the thread joined;
-            without ``stop``, the thread is waited for. A daemon thread still inside a torch op while the
+        stop: how to end the thread's work early; default: the ``request_stop`` of the object ``target`` is a
+            method of (``trainer.fit``: the trainer's). When the interpreter exits (a script returns, a kernel shuts
+            down) while the thread lives, ``stop`` is called and the thread joined (up to a minute; without any
+            ``stop``, the thread is waited for as long). A daemon thread still inside a torch op while the
             interpreter's C++ state is torn down aborts the process ("terminate called without an active
             exception").
 
@@ -195,6 +196,9 @@ def start_training_thread(
         _LIVE.append(thread)
         for gone in [t for t in _STOPS if not t.is_alive()]:
             del _STOPS[gone]
+        owner = getattr(target, "__self__", None)  # trainer.fit -> the trainer (a paused run wakes up to stop)
+        if stop is None and callable(getattr(owner, "request_stop", None)):
+            stop = lambda: owner.request_stop("the interpreter is exiting")  # noqa: E731
         if stop is not None:
             _STOPS[thread] = stop
     thread.start()
@@ -216,8 +220,10 @@ def _finish_at_exit() -> None:
             stop()
         except Exception:
             log.debug("stopping %s at exit failed; waiting for it instead", thread.name, exc_info=True)
-    for thread in live:
+    for thread in live:  # bounded: a thread that never ends must not hang the exit (a test's paused run, say)
         thread.join(2.0)
         if thread.is_alive():
-            print(f"nbtrainer: waiting for {thread.name!r} to finish before the interpreter exits", file=sys.stderr)
-            thread.join()
+            print(
+                f"nbtrainer: waiting up to a minute for {thread.name!r} before the interpreter exits", file=sys.stderr
+            )
+            thread.join(60.0)

@@ -106,3 +106,37 @@ def test_after_each_notebook_cell_the_main_thread_gives_back_a_pool_while_a_trai
     """)
     assert res["during"] == res["base"] + 1
     assert res["after"] == res["base"] + 1
+
+
+EXIT = textwrap.dedent(
+    """
+    import sys, time, torch
+    from torch import nn
+    from nbtrainer import Trainer, start_training_thread
+    torch.manual_seed(0)
+    x, y = torch.randn(4096, 512), torch.randint(0, 10, (4096,))
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", progress=False, run_store=False)
+    start_training_thread(trainer.fit, args=((x, y),), kwargs={"batch_size": 256, "epochs": 100})
+    while trainer.global_step < 3:
+        time.sleep(0.01)
+    if sys.argv[1] == "paused":
+        trainer.pause()
+        while trainer.status != "paused":
+            time.sleep(0.01)
+    print("returning", trainer.status, flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # an interpreter
+@pytest.mark.parametrize("state", ["running", "paused"])
+def test_a_script_that_returns_while_its_training_thread_trains_stops_it_and_exits_cleanly(state: str) -> None:
+    """``start_training_thread(trainer.fit, ...)`` and the script returns: the fit is asked to stop (a paused one
+    wakes up to stop) and joined before the interpreter's C++ state goes. Before, the thread (a daemon) was still
+    inside a torch op then: "terminate called without an active exception", exit status 134."""
+    proc = subprocess.run([sys.executable, "-c", EXIT, state], capture_output=True, text=True, timeout=300)
+    assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"returning {state}", proc.stdout
+    assert "the interpreter is exiting: stopping" in proc.stderr, proc.stderr[-2000:]
