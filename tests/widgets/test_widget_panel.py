@@ -50,11 +50,22 @@ def test_lazy_reexports_and_all():
     assert all(name in w.__doc__ for name in ("nbt-panel", "nbt-chart-loss", "nbt-profile-card", "nbt-messages"))
 
 
+class Held:
+    """Holds the run at its first batch until ``gate`` is set (a state read mid-run is then not a race with its end)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def on_train_batch_start(self, trainer, batch, batch_idx) -> None:
+        self.gate.wait(60)
+
+
 def test_panel_builds_and_trains_without_a_kernel():
     from nbtrainer.widgets._notebook import in_notebook
 
     assert not in_notebook() and "ipykernel.kernelapp" not in sys.modules  # ipywidgets present, no kernel
-    w = make_widget(epochs=2)
+    held = Held()  # the run holds at its first batch until its running state is read: 64 steps end in ~0.1 s
+    w = make_widget(epochs=2, callbacks=[held])
     assert classes(w.panel) >= CSS, CSS - classes(w.panel)
     assert w.status == "idle" and w.view.start.disabled is False and w.view.stop.disabled is True
     bundle = w._repr_mimebundle_()
@@ -64,6 +75,7 @@ def test_panel_builds_and_trains_without_a_kernel():
 
     w.view.start.click()  # what the browser click does
     assert w.view.start.disabled and not w.view.stop.disabled
+    held.gate.set()
     h = w.wait()
     assert isinstance(h, History) and h is w.history and h.status == "finished" and w.status == "finished"
     assert len(h) == 2 and len(h.steps["step"]) == 2 * 32
