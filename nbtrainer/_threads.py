@@ -196,9 +196,10 @@ def start_training_thread(
         _LIVE.append(thread)
         for gone in [t for t in _STOPS if not t.is_alive()]:
             del _STOPS[gone]
-        owner = getattr(target, "__self__", None)  # trainer.fit -> the trainer (a paused run wakes up to stop)
-        if stop is None and callable(getattr(owner, "request_stop", None)):
-            stop = lambda: owner.request_stop("the interpreter is exiting")  # noqa: E731
+        # trainer.fit -> the trainer's request_stop (a paused run wakes up to stop)
+        request_stop = getattr(getattr(target, "__self__", None), "request_stop", None)
+        if stop is None and callable(request_stop):
+            stop = lambda: request_stop("the interpreter is exiting")  # noqa: E731
         if stop is not None:
             _STOPS[thread] = stop
     thread.start()
