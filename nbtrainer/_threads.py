@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
 _HANDLES: dict[str, Any] = {}  # path of a loaded libgomp -> its ctypes handle (None: no omp_pause_resource_all)
-_LIVE: list[threading.Thread] = []  # the training threads started here (alive ones keep the post-cell release)
-_STOPS: dict[threading.Thread, Callable[[], None]] = {}  # how to stop a thread early, called at interpreter exit
+# the training threads started here (alive ones keep the post-cell release), each with how to stop it early at
+# interpreter exit (None: it is waited for)
+_LIVE: dict[threading.Thread, Callable[[], None] | None] = {}
 _LOCK = threading.Lock()
 _HOOKED: set[int] = set()  # id() of the IPython shells whose post_run_cell gives the main thread's pool back
 
@@ -123,8 +124,7 @@ def _release_after_cell(*_: Any) -> None:
     """IPython ``post_run_cell``: a cell ran on the main thread while a training thread trains; give back the pool
     that cell may have made, so the training thread keeps the only one."""
     with _LOCK:
-        _LIVE[:] = [t for t in _LIVE if t.is_alive()]
-        training = bool(_LIVE)
+        training = bool(_alive())
     if training and threading.current_thread() is threading.main_thread():
         release_openmp_pool()
 
@@ -191,19 +191,22 @@ def start_training_thread(
     release_openmp_pool()
     if threading.current_thread() is threading.main_thread():
         _hook_cells()
+    # trainer.fit -> the trainer's request_stop (a paused run wakes up to stop)
+    request_stop = getattr(getattr(target, "__self__", None), "request_stop", None)
+    if stop is None and callable(request_stop):
+        stop = lambda: request_stop("the interpreter is exiting")  # noqa: E731
     with _LOCK:
-        _LIVE[:] = [t for t in _LIVE if t.is_alive()]
-        _LIVE.append(thread)
-        for gone in [t for t in _STOPS if not t.is_alive()]:
-            del _STOPS[gone]
-        # trainer.fit -> the trainer's request_stop (a paused run wakes up to stop)
-        request_stop = getattr(getattr(target, "__self__", None), "request_stop", None)
-        if stop is None and callable(request_stop):
-            stop = lambda: request_stop("the interpreter is exiting")  # noqa: E731
-        if stop is not None:
-            _STOPS[thread] = stop
+        _alive()
+        _LIVE[thread] = stop
     thread.start()
     return thread
+
+
+def _alive() -> dict[threading.Thread, Callable[[], None] | None]:
+    """``_LIVE`` without the threads that have ended (under ``_LOCK``)."""
+    for gone in [t for t in _LIVE if not t.is_alive()]:
+        del _LIVE[gone]
+    return _LIVE
 
 
 @atexit.register
@@ -213,9 +216,10 @@ def _finish_at_exit() -> None:
     without an active exception") 4 times in 4, and one that built a panel and returned while its data check ran,
     once in 3."""
     with _LOCK:
-        live = [t for t in _LIVE if t.is_alive() and t is not threading.current_thread()]
-        stops = [(t, _STOPS[t]) for t in live if t in _STOPS]
-    for thread, stop in stops:
+        live = {t: stop for t, stop in _alive().items() if t is not threading.current_thread()}
+    for thread, stop in live.items():
+        if stop is None:
+            continue
         print(f"nbtrainer: the interpreter is exiting: stopping {thread.name!r} at its next step", file=sys.stderr)
         try:
             stop()

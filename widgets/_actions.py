@@ -155,17 +155,13 @@ class PanelActions:
             raise RuntimeError("The LR finder is already running.")
         try:
             self.settle()
-        except BaseException:
-            self._lr_find_lock.release()
-            raise
-        t = self.host.trainer
-        # Optimizer steps already taken on these weights: a range test on a trained model describes that
-        # model, not a fresh start, so its suggestion must not be read as a starting LR.
-        trained = t.global_step or (1 if t.optimizer is not None and len(t.optimizer.state) else 0)
-        warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
-        if warning:
-            self.host.notify("warning", warning)
-        try:
+            t = self.host.trainer
+            # Optimizer steps already taken on these weights: a range test on a trained model describes that
+            # model, not a fresh start, so its suggestion must not be read as a starting LR.
+            trained = t.global_step or (1 if t.optimizer is not None and len(t.optimizer.state) else 0)
+            warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
+            if warning:
+                self.host.notify("warning", warning)
             result = t.lr_find(self.host.train_loader, **kwargs)
         finally:
             self._lr_find_lock.release()
