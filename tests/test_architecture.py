@@ -39,6 +39,17 @@ SEAMS = {
 }
 
 
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per worker: every check here walks the same ~200 files (read-only). Keyed
+    on the text, not the path: the checks' own tests rewrite files in a temp package."""
+    return _parse(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _parse(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
 def find_modules(roots: Mapping[str, Path]) -> dict[str, tuple[Path, bool]]:
     """``{dotted name: (file, is_package)}`` for every ``.py`` file under each root."""
     found: dict[str, tuple[Path, bool]] = {}
@@ -54,7 +65,7 @@ def find_modules(roots: Mapping[str, Path]) -> dict[str, tuple[Path, bool]]:
 
 def lazy_names(facade: Path) -> dict[str, str]:
     """The facade's ``_LAZY`` literal: public name -> defining module."""
-    for node in ast.walk(ast.parse(facade.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(facade)):
         if isinstance(node, ast.AnnAssign | ast.Assign):
             targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
             if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets) and node.value is not None:
@@ -110,9 +121,7 @@ def import_graph(
             continue
         package = name if is_package else name.rpartition(".")[0]
         targets: set[str] = set()
-        for module, imported in _imports(
-            ast.parse(path.read_text(encoding="utf-8")), package, runtime_only=runtime_only
-        ):
+        for module, imported in _imports(parsed(path), package, runtime_only=runtime_only):
             submodule = f"{module}.{imported}" if imported else ""
             if submodule in modules:
                 targets.add(submodule)
@@ -218,7 +227,7 @@ def protocols(modules: Mapping[str, tuple[Path, bool]]) -> dict[str, set[str]]:
     """``{module: {names of the classes it defines that are typing Protocols}}``."""
     found: dict[str, set[str]] = {}
     for name, (path, _) in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ClassDef) and any(
                 (b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "") == "Protocol"
                 for b in node.bases
@@ -287,7 +296,7 @@ def trainer_private_reads(source: str) -> list[tuple[int, str]]:
     """``(line, "trainer._x")`` for every use of a private attribute of something named ``trainer`` in ``source``:
     ``trainer._x``, ``self.trainer._x`` and ``getattr(trainer, "_x")`` (and has/set/delattr)."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.Attribute) and _private(node.attr) and _holds_trainer(node.value):
             found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
         elif (
@@ -356,7 +365,7 @@ def test_widgets_use_only_the_cores_public_names() -> None:
         if not name.startswith("nbtrainer.widgets"):
             continue
         package = name if is_package else name.rpartition(".")[0]
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         for module, imported in _imports(tree, package, runtime_only=False):  # type-only imports too
             if module.startswith("nbtrainer._") or (module == "nbtrainer" and (imported or "").startswith("_")):
                 private.append(f"{path.relative_to(REPO)}: {module}" + (f" import {imported}" if imported else ""))
@@ -408,7 +417,7 @@ def broad_excepts(source: str) -> list[int]:
     debug level (a failure handled there must be narrowed to what is expected, or leave its reason in the log)."""
     return [
         n.lineno
-        for n in ast.walk(ast.parse(source))
+        for n in ast.walk(_parse(source))
         if isinstance(n, ast.ExceptHandler) and _broad(n) and not _raises_or_logs(n)
     ]
 
@@ -437,7 +446,7 @@ def trainer_probes(source: str) -> list[int]:
     """Lines that ask the Trainer whether it has an attribute (``getattr(trainer, "x", default)``, ``hasattr``,
     ``getattr(trainer.strategy, ...)``): the seams say what it has, with a real type."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -475,7 +484,7 @@ def test_no_private_name_crosses_a_package() -> None:
     crossing = []
     for name, path in PRODUCT.items():
         folder = name.split(".")[1] if name.count(".") >= 2 else None
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{FACADE}._"):
                 target = node.module.split(".")[1]
                 private = [
@@ -503,7 +512,7 @@ def test_no_type_check_by_class_name() -> None:
     name compared with one a checkpoint saved is a comparison of records, not a type check.)"""
     found = []
     for path in PRODUCT.values():
-        for func in ast.walk(ast.parse(path.read_text())):
+        for func in ast.walk(parsed(path)):
             if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                 continue
             names = [
