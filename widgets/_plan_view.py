@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import ipywidgets as W
 
-from nbtrainer import Trainer
+from nbtrainer import Trainer, start_training_thread
 from nbtrainer.profile import PART_COLORS, MemoryPlan, PlanRow, example_batch, plan_memory
 
 from ._savers import AS_GIVEN, Savers
@@ -89,8 +89,9 @@ class PlanView:
             return
         self.plan_button.disabled = True
         self.note.value = f"<span style='color:{FG2}'>planning...</span>"
-        self.thread = threading.Thread(target=self._plan, args=(float(self.budget.value),), daemon=True)
-        self.thread.start()
+        # start_training_thread: planning runs torch ops (on the meta device), so an interpreter that exits while it
+        # plans waits for it (bounded) instead of aborting mid-op ("terminate called"), and it plans at full speed
+        self.thread = start_training_thread(self._plan, args=(float(self.budget.value),), name="nbtrainer-plan")
 
     def _plan(self, budget_gb: float) -> None:
         trainer = self.host.trainer

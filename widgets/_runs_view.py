@@ -188,7 +188,7 @@ class _TrialFeed:
         self.view = view
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        self.view._trial_started()
+        self.view._trial_started(trainer)
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         value = logs.get(self.view.monitor)
@@ -207,6 +207,7 @@ class TuneView:
         self.stop_requested = False
         self.done = False
         self._thread: threading.Thread | None = None
+        self._trainer: Trainer | None = None  # the trial training now
         self._lock = threading.Lock()
         self.status = W.HTML()
         self.status.add_class("nbt-tune-status")
@@ -242,7 +243,16 @@ class TuneView:
                 self.stop_button.disabled = True
                 self._render()
 
-        self._thread = start_training_thread(run, name="nbtrainer-tune")  # trials at the main thread's speed
+        # trials at the main thread's speed; an interpreter that exits mid-search ends the trial at its next step
+        self._thread = start_training_thread(run, name="nbtrainer-tune", stop=self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        """No trial after this one, and this one stops at its next step (nothing drawn: the front end is going)."""
+        self.stop_requested = True
+        with self._lock:
+            trainer = self._trainer
+        if trainer is not None:
+            trainer.request_stop("the interpreter is exiting")
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the search ends; returns the study (re-raises what ended the search, if it failed)."""
@@ -253,8 +263,9 @@ class TuneView:
         return self.study
 
     # -- fed by the search's thread ----------------------------------------------------------------
-    def _trial_started(self) -> None:
+    def _trial_started(self, trainer: Trainer) -> None:
         with self._lock:
+            self._trainer = trainer
             self.trials.append(
                 {"number": len(self.trials), "state": "running", "value": None, "params": {}, "x": [], "y": []}
             )

@@ -108,8 +108,9 @@ def tune(
 ) -> Any:
     """Search hyperparameters: ``build(trial)`` makes a trainer and its data, each trial fits it with pruning.
 
-    Each trial's value is the best ``monitor`` of its epochs (by ``direction``). Every trial is a run in the
-    trainer's run store, tagged with the study, trial number, state and parameters.
+    Each trial's value is the best ``monitor`` of its epochs (by ``direction``); a trial stopped before it logged one
+    (``request_stop``, the interpreter exiting) is pruned. Every trial is a run in the trainer's run store, tagged
+    with the study, trial number, state and parameters.
 
     Args:
         build: ``build(trial) -> (trainer, train_loader, val_loader)``; suggest values with ``trial.suggest_*``.
@@ -165,6 +166,10 @@ def tune(
         try:
             history = trainer.fit(train_loader, val_loader, epochs=epochs)
             best = history.best(monitor, "min" if direction == "minimize" else "max")
+            if best is None and history.status == "stopped":
+                # stopped on request before its first value (the interpreter exiting, a Stop): no result, and
+                # nothing the user built wrong either
+                raise optuna.TrialPruned(f"trial {trial.number} was stopped before it logged {monitor!r}")
             if best is None:
                 raise ValueError(
                     f"Trial {trial.number} never logged a finite {monitor!r} (status {history.status}); "

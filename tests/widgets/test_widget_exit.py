@@ -1,5 +1,5 @@
-"""A script (or a kernel) that exits while the panel trains: the run is stopped at a step boundary and the
-interpreter ends cleanly.
+"""A script (or a kernel) that exits while the panel trains, plans or searches: the work is stopped at a step boundary
+(or, for the memory plan, waited for) and the interpreter ends cleanly.
 
 Before, the training thread (a daemon) was still inside a torch op while the interpreter's C++ state was torn down:
 every script that called ``start()`` and returned aborted ("terminate called without an active exception", exit
@@ -40,3 +40,67 @@ def test_a_script_that_returns_while_the_panel_trains_stops_the_run_and_exits_cl
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "returning running", proc.stdout
     assert 'the interpreter is exiting: stopping "nbtrainer-fit' in proc.stderr, proc.stderr[-2000:]
+
+
+# registered before nbtrainer is imported, so it runs after nbtrainer's own exit handler: what the work left behind
+PLAN_SCRIPT = textwrap.dedent(
+    """
+    import atexit, time
+    atexit.register(lambda: print("at exit: plan shown", w.plan_view.plan is not None, flush=True))
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from nbtrainer import TrainerWidget
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+    model = nn.Sequential(*[m for _ in range(12) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 10))
+    w = TrainerWidget(model, nn.CrossEntropyLoss(), "adamw", DataLoader(TensorDataset(x, y), batch_size=64))
+    w.plan_view.start()  # the Plan button
+    print("returning while planning:", w.plan_view.thread.is_alive(), flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # an interpreter
+def test_a_script_that_returns_while_the_panel_plans_waits_for_the_plan_and_exits_cleanly() -> None:
+    """Before: the plan's thread was a plain daemon inside a torch op at exit, and 4 runs of 4 aborted (status 134)."""
+    proc = subprocess.run([sys.executable, "-c", PLAN_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["returning while planning: True", "at exit: plan shown True"], proc.stdout
+
+
+TUNE_SCRIPT = textwrap.dedent(
+    """
+    import atexit, time
+    atexit.register(lambda: print("at exit:", [t["state"] for t in view.trials], view.done, flush=True))
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from nbtrainer import Trainer
+    from nbtrainer.widgets import RunsWidget
+    x, y = torch.randn(4096, 256), torch.randint(0, 10, (4096,))
+
+    def build(trial):
+        model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=trial.suggest_float("lr", 1e-3, 1e-1, log=True),
+                          progress=False, run_store=False)
+        return trainer, DataLoader(TensorDataset(x, y), batch_size=64), DataLoader(TensorDataset(x, y), batch_size=64)
+
+    view = RunsWidget.tune(build, show=False, n_trials=50, epochs=200)
+    while not view.trials:
+        time.sleep(0.01)
+    print("returning", view.trials[0]["state"], flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # an interpreter
+def test_a_script_that_returns_mid_search_stops_the_trial_and_the_search_and_exits_cleanly() -> None:
+    """Before: nothing stopped the search's thread, so the exit waited a minute for it, then aborted mid-trial."""
+    proc = subprocess.run([sys.executable, "-c", TUNE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the interpreter is exiting: stopping 'nbtrainer-tune'" in proc.stderr, proc.stderr[-2000:]
+    # the trial ended at its next step (pruned: no value yet, and no traceback), and no trial followed it
+    assert proc.stdout.split("\n")[:2] == ["returning running", "at exit: ['pruned'] True"], proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
