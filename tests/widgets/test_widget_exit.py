@@ -82,12 +82,13 @@ TUNE_SCRIPT = textwrap.dedent(
 
     def build(trial):
         model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        # validated every 5th epoch of 512 steps: the exit's stop comes long before the trial's first value
         trainer = Trainer(model, nn.CrossEntropyLoss(), "sgd", lr=trial.suggest_float("lr", 1e-3, 1e-1, log=True),
-                          progress=False, run_store=False)
-        return trainer, DataLoader(TensorDataset(x, y), batch_size=64), DataLoader(TensorDataset(x, y), batch_size=64)
+                          progress=False, run_store=False, val_every_n_epochs=5)
+        return trainer, DataLoader(TensorDataset(x, y), batch_size=8), DataLoader(TensorDataset(x, y), batch_size=64)
 
     view = RunsWidget.tune(build, show=False, n_trials=50, epochs=200)
-    while not view.trials:
+    while not view.trials and not view.done:
         time.sleep(0.01)
     print("returning", view.trials[0]["state"], flush=True)
     """
