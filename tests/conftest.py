@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import os
@@ -123,6 +124,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.get_closest_marker("slow") is None,
         )
     )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The garbage collector sees only what the test now running made. After collection, and again after each test
+    (its own garbage collected first), what is alive is moved out of its sight (``gc.freeze``): the imports (torch,
+    transformers, mlflow, the test modules: millions of objects), the caches and the module fixtures. Before, every
+    full collection walked all of it, 0.4-0.9 s each in a worker, and they came from the checks that collect on
+    purpose (the OOM path's release, the reference checks, the strategy comparison) and from the heap's own growth:
+    24 s of the inner loop's 110 CPU seconds (56.6 s to 36 s). Refcounting frees frozen objects as before; only a
+    reference cycle that outlives its test is left to the end (the workers' peak memory stayed at ~1.05 GB)."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(hookwrapper=True)
