@@ -241,18 +241,13 @@ class MLflowLogger(Callback):
             if self._client is None:
                 self._client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
             client = self._client
-            exp = None if self._experiment_id is not None else client.get_experiment_by_name(self.experiment)
-            if self._experiment_id is not None:
-                exp_id = self._experiment_id
-            elif exp is None:
+            if self._experiment_id is None:
                 location = None
                 if self.tracking_uri.startswith("sqlite:///"):  # artifacts beside the database, not in the cwd
                     db = os.path.abspath(self.tracking_uri[len("sqlite:///") :])
                     location = "file://" + os.path.join(os.path.dirname(db), "mlartifacts")
-                exp_id = client.create_experiment(self.experiment, artifact_location=location)
-            else:
-                exp_id = exp.experiment_id
-            self._experiment_id = exp_id
+                self._experiment_id = _experiment(client, self.experiment, location)
+            exp_id = self._experiment_id
             tags = {"nbtrainer.status": "running", "nbtrainer.model": str(params.get("model.class")), **self.tags}
             self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
             items = [Param(k, v) for k, v in params.items()]
@@ -360,3 +355,21 @@ class MLflowLogger(Callback):
 def _flush_at_exit() -> None:  # a script that ends right after fit: MLflow still gets the end of the run
     for logger in list(_LIVE):
         logger.flush(timeout=30)
+
+
+def _experiment(client: Any, name: str, location: str | None) -> str:
+    """The id of experiment ``name``, created when missing. Another process may create it between the lookup and the
+    create (two notebooks, a sweep's trials), or the server may have done so for a request of ours that the client
+    sent again after a slow answer: then the create fails with RESOURCE_ALREADY_EXISTS and the lookup is made again."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    try:
+        return str(client.create_experiment(name, artifact_location=location))
+    except Exception as exc:
+        if getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+            raise
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)

@@ -41,6 +41,30 @@ def _fit(logger, tmp_path, *, epochs=2, callbacks=(), **kw):
     return trainer, history
 
 
+@pytest.mark.slow
+def test_an_experiment_created_by_another_process_between_lookup_and_create_is_joined(tmp_path, monkeypatch):
+    """Seen once under load, against a real server: the create failed with RESOURCE_ALREADY_EXISTS (the client had
+    sent it again after a slow answer) and the run was not logged. The same race happens when two notebooks or a
+    sweep's trials start the same new experiment. Here the other process creates it in the real store just after
+    this logger looked it up and found nothing."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = mlflow.MlflowClient.get_experiment_by_name
+    raced: list[str] = []
+
+    def lookup(self, name):
+        found = real(self, name)
+        if not raced:  # the first lookup finds nothing; the other process creates it right after
+            raced.append(mlflow.MlflowClient(uri).create_experiment(name))
+        return found
+
+    monkeypatch.setattr(mlflow.MlflowClient, "get_experiment_by_name", lookup)
+    logger = MLflowLogger(tracking_uri=uri, experiment="shared")
+    _fit(logger, tmp_path, epochs=1)
+    assert logger.error is None
+    run = mlflow.MlflowClient(uri).get_run(logger.run_id)
+    assert raced and run.info.experiment_id == raced[0] and run.info.status == "FINISHED"
+
+
 class Windows:
     """The step points each refresh delivered (what MLflowLogger reduces to one point per window)."""
 
