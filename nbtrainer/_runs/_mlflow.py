@@ -361,13 +361,15 @@ def _experiment(client: Any, name: str, location: str | None) -> str:
     """The id of experiment ``name``, created when missing. Another process may create it between the lookup and the
     create (two notebooks, a sweep's trials), or the server may have done so for a request of ours that the client
     sent again after a slow answer: then the create fails with RESOURCE_ALREADY_EXISTS and the lookup is made again."""
+    from mlflow.exceptions import MlflowException  # imported by the caller already: mlflow is installed
+
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
     try:
         return str(client.create_experiment(name, artifact_location=location))
-    except Exception as exc:
-        if getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+    except MlflowException as exc:  # a server's RestException and a local store's alike
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         exp = client.get_experiment_by_name(name)
         if exp is None:
