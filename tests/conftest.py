@@ -126,7 +126,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+def _freeze_survivors() -> None:
     """The garbage collector sees only what the test now running made. After collection, and again after each test
     (its own garbage collected first), what is alive is moved out of its sight (``gc.freeze``): the imports (torch,
     transformers, mlflow, the test modules: millions of objects), the caches and the module fixtures. Before, every
@@ -138,9 +138,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _freeze_survivors()
+
+
 def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
-    gc.collect()
-    gc.freeze()
+    _freeze_survivors()
 
 
 @pytest.hookimpl(hookwrapper=True)
