@@ -18,6 +18,10 @@ import torch
 # threads only add contention (spinning OpenMP workers made tiny ops orders of magnitude slower).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# every interpreter the tests start defers full garbage collections to the code that asks (tests/_site/sitecustomize.py)
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(autouse=True)
