@@ -213,7 +213,9 @@ class MemorySavers:
         return None
 
 
-def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[str, tuple[bool, str]]:
+def memory_saver_support(
+    device: Any = "auto", precision: str = "fp32", *, probe: bool = True
+) -> dict[str, tuple[bool, str]]:
     """Which memory switches run on ``device`` in ``precision``: ``{switch: (ok, reason)}``.
 
     Keys: ``"quantize:nf4"`` (and ``nf4-dq``, ``fp4``, ``int8``), ``"lora"``, ``"optimizer:adamw8bit"`` (and
@@ -222,6 +224,10 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
     (and ``auto``, ``efficient``, ``cudnn``, ``math``). The reason is empty when it runs and says why not (and
     what to install or use instead) when not: what a panel shows on a disabled option. Quantized layers and
     attention backends are checked by running a tiny one here (cached), like :func:`precision_support`.
+
+    ``probe=False`` skips the quantized layers' check, and with it bitsandbytes' import (about 0.6 s of CPU in a
+    fresh process): a quantized format then counts as running wherever bitsandbytes is installed. The panel's
+    memory savers group asks for this when it is built and probes when it is first opened.
 
     Example:
         >>> memory_saver_support("cpu")["offload_optimizer"]
@@ -237,7 +243,9 @@ def memory_saver_support(device: Any = "auto", precision: str = "fp32") -> dict[
 
     rows: dict[str, tuple[bool, str]] = {}
     for method in _quantize.QUANTIZE:
-        why = missing("bitsandbytes") or _quantize._probe(str(dev), method, _quantize.compute_dtype(precision))
+        why = missing("bitsandbytes")
+        if probe and not why:
+            why = _quantize._probe(str(dev), method, _quantize.compute_dtype(precision))
         rows[f"{SWITCH.quantize}:{method}"] = (not why, why)
     why = missing("peft")
     rows[SWITCH.lora] = (not why, why)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
 import torch
 from conftest import needs
 from widget_helpers import classes, make_classification, make_loader
@@ -133,3 +137,26 @@ def test_step_in_backward_is_unavailable_under_fp16():
     assert support["optimizer_in_backward"][0] is False and "GradScaler" in support["optimizer_in_backward"][1]
     w = _widget(precision="fp16-mixed")
     assert w.savers.in_backward.disabled and "GradScaler" in w.savers.in_backward.tooltip
+
+
+@pytest.mark.slow  # starts an interpreter (docs/testing.md)
+def test_the_group_checks_the_quantized_formats_when_opened_or_when_one_is_chosen_not_before():
+    # bitsandbytes' import is 0.6 s of CPU in a fresh kernel: a panel whose group stays shut never pays it
+    script = (
+        "import sys, torch\n"
+        "from nbtrainer import TrainerWidget\n"
+        "m = torch.nn.Linear(4, 2)\n"
+        "w = TrainerWidget(m, torch.nn.CrossEntropyLoss(), 'adamw', [(torch.randn(8, 4), torch.randint(0, 2, (8,)))],"
+        " epochs=1, progress=False)\n"
+        "print('built', 'bitsandbytes' in sys.modules, w.savers.probed)\n"
+        "w.savers.section.toggle.click()\n"  # what a click on the group's chevron sends
+        "print('opened', 'bitsandbytes' in sys.modules, w.savers.probed, w.savers.section.is_open)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "built False False" in out.stdout and "opened True True True" in out.stdout, out.stdout
+    # the plan view sets the menus without opening the group: Start checks the format before building it
+    w = _widget()
+    assert not w.savers.probed
+    w.savers.quantize.value = "nf4"
+    assert w.savers.options() == {"quantize": "nf4"} and w.savers.probed
