@@ -8,8 +8,8 @@ hand-written loop (a). Data is a pre-built in-memory iterable, so what is measur
     python bench/overhead.py                      # all workloads, variants: hand, nbtrainer, lightning
     python bench/overhead.py --variants hand nbtrainer --rounds 9 --workloads tiny
 
-Variants register in ``VARIANTS`` (name -> fn(workload, steps) -> seconds); other modules (the
-widget benchmark) add theirs the same way.
+Variants register in ``VARIANTS`` (name -> fn(workload, steps) -> seconds). The benchmarks built on this one
+(``widget_overhead.py``, ``health_overhead.py``) import it and add theirs; it imports none of them.
 """
 
 from __future__ import annotations
@@ -168,21 +168,12 @@ VARIANTS: dict[str, Callable[[Workload, torch.device], float]] = {
 }
 
 
-def _load_extra_variants() -> None:
-    """Variants defined elsewhere (e.g. the widget's) register themselves on import."""
-    try:
-        import widget_overhead  # noqa: F401  (bench/widget_overhead.py, if present)
-    except ImportError:
-        pass
-
-
 def measure(w: Workload, names: list[str], rounds: int, device: torch.device) -> dict[str, list[float]]:
     """Seconds per step of each variant, interleaved rounds."""
     return interleaved(lambda n: VARIANTS[n](w, device) / w.steps, names, rounds)
 
 
 def main(argv: list[str] | None = None) -> None:
-    _load_extra_variants()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["hand", "nbtrainer", "lightning"])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "medium", "cnn"])

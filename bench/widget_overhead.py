@@ -2,7 +2,7 @@
 
 Same method and workloads as ``bench/overhead.py`` (interleaved rounds in one process, median time per
 step), at torch's default intra-op threads (``--threads`` to change them). Variants, registered into
-``overhead.VARIANTS`` on import:
+``overhead.VARIANTS`` when this module is imported (``overhead.py`` does not import it):
 
 * ``headless``: ``Trainer(..., progress=False).fit(...)`` on the main thread, no callbacks at all;
 * ``headless-thread``: the same fit in a plain ``threading.Thread``: the main thread keeps its idle OpenMP pool, so
@@ -137,16 +137,14 @@ def run_widget(w, device) -> float:
     return trained
 
 
-for _mod in {sys.modules.get("__main__"), overhead}:  # also when overhead.py is the script
-    if _mod is not None and hasattr(_mod, "VARIANTS"):
-        _mod.VARIANTS.update(
-            {
-                "headless": run_headless,
-                "headless-thread": run_headless_thread,
-                "helper-thread": run_helper_thread,
-                "widget": run_widget,
-            }
-        )
+overhead.VARIANTS.update(
+    {
+        "headless": run_headless,
+        "headless-thread": run_headless_thread,
+        "helper-thread": run_helper_thread,
+        "widget": run_widget,
+    }
+)
 
 
 def before_issue_49() -> None:
