@@ -76,7 +76,6 @@ class Savers:
         self.note = W.HTML()
         self.note.add_class("nbt-savers-note")
         self.locked_reason: str | None = None
-        self._apply_support()
         self.section = Section("memory savers", "nbt-savers", closable=False)
         self.section.show(
             W.HBox(
@@ -87,8 +86,11 @@ class Savers:
             detail="applied at Start",
             is_open=False,
         )
-        self.section.toggle.on_click(lambda _: self.probe() if self.section.is_open else None)
+        # opened during a run: checked when the run ends. The check runs a quantized layer with the device's RNG
+        # saved and restored around it, which must not interleave with a training thread's draws
+        self.section.toggle.on_click(lambda _: self.probe() if self.section.is_open and not self._running else None)
         self.root = self.section.root
+        self._apply_support()
         if locked_reason:
             self.lock(locked_reason)
 
@@ -162,6 +164,8 @@ class Savers:
 
     def set_running(self, running: bool) -> None:
         self._running = running
+        if not running and self.section.is_open:
+            self.probe()  # opened while the run trained
         if self.locked_reason:
             return
         for w in (self.optimizer, self.quantize):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 from conftest import needs
-from widget_helpers import classes, make_classification, make_loader
+from widget_helpers import classes, make_classification, make_loader, wait_for
 
 from nbtrainer import Trainer, TrainerWidget, memory_saver_support
 
@@ -160,3 +161,28 @@ def test_the_group_checks_the_quantized_formats_when_opened_or_when_one_is_chose
     assert not w.savers.probed
     w.savers.quantize.value = "nf4"
     assert w.savers.options() == {"quantize": "nf4"} and w.savers.probed
+
+
+def test_the_group_opened_during_a_run_is_checked_when_the_run_ends():
+    # the check runs a quantized layer with the device's RNG saved and restored around it: never beside the
+    # training thread's draws
+    class Hold:  # the run stays alive at its first step until the test has clicked
+        def __init__(self):
+            self.reached, self.release = threading.Event(), threading.Event()
+
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 1:
+                self.reached.set()
+                self.release.wait(60)
+
+    hold = Hold()
+    w = _widget(callbacks=[hold])
+    w.view.start.click()
+    try:
+        assert hold.reached.wait(60), "the run never reached its first step"
+        w.savers.section.toggle.click()
+        assert w.savers.section.is_open and not w.savers.probed
+    finally:
+        hold.release.set()
+    assert w.wait(timeout=120).status == "finished"
+    wait_for(lambda: w.savers.probed, timeout=30, what="the check once the run ended")
