@@ -86,9 +86,7 @@ class Savers:
             detail="applied at Start",
             is_open=False,
         )
-        # opened during a run: checked when the run ends. The check runs a quantized layer with the device's RNG
-        # saved and restored around it, which must not interleave with a training thread's draws
-        self.section.toggle.on_click(lambda _: self.probe() if self.section.is_open and not self._running else None)
+        self.section.toggle.on_click(lambda _: self._probe_if_seen())
         self.root = self.section.root
         self._apply_support()
         if locked_reason:
@@ -100,6 +98,13 @@ class Savers:
             self.probed = True
             self.support = memory_saver_support(self._device, self._precision)
             self._apply_support()
+
+    def _probe_if_seen(self) -> None:
+        """Probe once the group is open and no run trains: opened during a run, the check waits for its end. It runs
+        a quantized layer with the device's RNG saved and restored around it, which must not interleave with a
+        training thread's draws."""
+        if self.section.is_open and not self._running:
+            self.probe()
 
     def _apply_support(self) -> None:
         """Menus, boxes, tooltips and the note from ``self.support``; a menu's choice is kept."""
@@ -134,7 +139,7 @@ class Savers:
         if self.locked_reason:
             self.lock(self.locked_reason)
         else:
-            self.set_running(self._running)
+            self._enable()
             self._show_note()
 
     @property
@@ -164,14 +169,16 @@ class Savers:
 
     def set_running(self, running: bool) -> None:
         self._running = running
-        if not running and self.section.is_open:
-            self.probe()  # opened while the run trained
-        if self.locked_reason:
-            return
+        self._probe_if_seen()  # a run ended with the group open
+        if not self.locked_reason:
+            self._enable()
+
+    def _enable(self) -> None:
+        """What can be chosen now: nothing while a run trains, and never what cannot run here."""
         for w in (self.optimizer, self.quantize):
-            w.disabled = running
+            w.disabled = self._running
         for key, box in self._boxes():
-            box.disabled = running or key in self.reasons
+            box.disabled = self._running or key in self.reasons
 
     def options(self) -> dict[str, Any]:
         """The chosen Trainer options that differ from the defaults (``{}``: build nothing new).

@@ -6,7 +6,7 @@ the objects that survived the young generations grow by a quarter; while an inte
 and the widget stack that happens four to six times, and each one walks every object imported so far. Measured: 0.25 s
 of the 1.8 CPU seconds such an interpreter spends importing, and more in a kernel that trains and draws afterwards. The
 suite starts about 140 of them: a kernel-heavy subset (the demo notebooks, the kernel and exit checks, the CLI) went
-from 108 to 88.5 CPU seconds. The young generations are collected as before, so a cycle that dies young is freed;
+from 108 to 89.6 CPU seconds. The young generations are collected as before, so a cycle that dies young is freed;
 ``gc.collect()`` (the OOM path's release, the reference checks) collects everything as before. The pytest workers
 themselves freeze what survives each test instead (``tests/conftest.py``)."""
 
