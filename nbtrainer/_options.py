@@ -304,7 +304,8 @@ class RunOptions:
             terminal, plain epoch lines when the output is a file or pipe); ``"bars"`` or ``"lines"`` to force one;
             a ``ProgressBar(...)`` of your own; ``False``: none.
         refresh_interval: seconds between reads of running values (progress, history, widget).
-        timing_every: sample the step-time breakdown every n micro-batches (0: off).
+        timing_every: sample the step-time breakdown every n micro-batches (0: off); under accumulation the
+            micro-batch that closes the window at or after each.
         val_every_n_epochs: validate every n epochs.
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``), ``None``
             (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).

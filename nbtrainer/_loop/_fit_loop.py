@@ -6,8 +6,8 @@ Sync budget (host <-> device) of one fit, on purpose and nowhere else:
    per-micro-batch losses and callable-metric values, stacked on the device first (``nbtrainer.Health``: one more);
 2. the end of each epoch: the same flush, torchmetrics' ``compute``, validation's read (Health: one dead-units read);
 3. fp16 only: GradScaler's own inf check inside ``scaler.step`` (one per optimizer step; Health reads a skipped one's);
-4. the sampled step-time breakdown (micro-batches 1, 11, 21, 31, then every ``timing_every``; CUDA only: ``synchronize``
-   before and around the phases of that one step);
+4. the sampled step-time breakdown (micro-batches 1, 11, 21, 31, then every ``timing_every``; under accumulation the
+   micro-batch closing the window at or after each; CUDA only: ``synchronize`` before and around that step's phases);
 5. once per fit, CUDA only: ``mem_get_info`` and the copy of a device-resident dataset (``_prefetch``).
 
 The data path adds nothing per step: batched fetch, device-resident slicing and side-stream prefetch are
@@ -52,6 +52,14 @@ _PAIR = (tuple, list)
 __all__ = ["FitLoop", "LoopState"]  # LoopState lives in _loop_state (re-exported for its importers)
 
 _NULL = contextlib.nullcontext()
+
+
+def _window(t: LoopHost, n: int | None, done: int) -> int:
+    """Micro-batches in the accumulation window that starts after ``done`` of the epoch's ``n`` (the last one of
+    an epoch may be short)."""
+    k = t.options.step.grad_accum_steps
+    remaining = n - done if n is not None else 0
+    return min(k, remaining) if remaining > 0 else k
 
 
 class FitLoop:
@@ -173,6 +181,7 @@ class FitLoop:
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
         pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
         window = in_window = 0
+        due = False  # a step-time sample is scheduled and waits for the micro-batch that closes its window
         timing_every = t.options.run.timing_every or 0
         train_metrics = t.run_state.train_metrics
         metrics = train_metrics if train_metrics else None
@@ -204,7 +213,11 @@ class FitLoop:
             # readings, not by one fetch the OS descheduled or a garbage collection stalled beside one more that read
             # high on a busy machine); on CUDA the last step's kernels are waited for before the clock starts.
             m = pending.taken
-            sample = timing_every and (not (m - 1) % timing_every or m in (11, 21, 31))
+            if timing_every and (not (m - 1) % timing_every or m in (11, 21, 31)):
+                due = True
+            # A sample times the micro-batch that closes its window, with its optimizer step: under accumulation the
+            # first one at or after the scheduled micro-batch (a window of 5 or 10 never closes on 1, 11, 21, 31, 51...)
+            sample = due and in_window + 1 >= (window if in_window else _window(t, n, st.batch))
             if sample:
                 self._sync()
             t0 = clock() if sample else 0.0
@@ -215,9 +228,7 @@ class FitLoop:
                     break
             if in_window == 0:
                 self._mid_window = True
-                k = t.options.step.grad_accum_steps
-                remaining = n - st.batch if n is not None else 0
-                window = min(k, remaining) if remaining > 0 else k
+                window = _window(t, n, st.batch)
             in_window += 1
             closes = in_window == window or is_last or (n is not None and st.batch + 1 >= n)
             pair = fast and type(batch) in _PAIR and len(batch) == 2 and isinstance(batch[0], Tensor)
@@ -308,6 +319,7 @@ class FitLoop:
                         "optimizer": (t4 - t3) * 1e3,
                     }
                     self._samples.append((st.global_step, self._step_times))
+                    due = False
                 if control.dirty:
                     self.live.apply()
                     amp = steps.autocast()  # a change at this boundary may have switched the precision

@@ -7,8 +7,8 @@ counts, per thread, the time it spent runnable but waiting on a run queue (``/pr
 field, in ns); subtracting it leaves the time the phase itself took, whether it computed, slept or waited on a loader's
 workers. Elsewhere (no such file) the clock is the wall clock.
 
-Read only at the sampled micro-batches (1, 11, 21, 31, then every ``timing_every``): a ``pread`` of an open file, under
-a microsecond.
+Read only at the sampled micro-batches (1, 11, 21, 31, then every ``timing_every``; under accumulation the one closing
+the window at or after each): a ``pread`` of an open file, under a microsecond.
 """
 
 from __future__ import annotations

@@ -158,13 +158,17 @@ class Sleepy(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-@pytest.mark.parametrize("pause", [0.0, 0.0005])
-def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause):
+@pytest.mark.parametrize("pause,accum", [(0.0, 1), (0.0005, 1), (0.0005, 5)])
+def test_a_loader_that_sleeps_is_reported_within_50_steps_with_what_helps(pause, accum):
     # a model whose step takes a few ms: an in-memory fetch is about a tenth of it, far from the 30% a warning needs
-    # (a 10-32-3 MLP's step is so short that the fetch of 16 items is already 25-30% of it)
+    # (a 10-32-3 MLP's step is so short that the fetch of 16 items is already 25-30% of it); accumulating 5
+    # micro-batches a step, the loop's samples once never fell on a window's last micro-batch, so nothing was told
     x, y = make_classification(n=16 * 60, d=256)
     model = mlp(d=256, hidden=2048)
-    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[Health()], progress=False)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, grad_accum_steps=accum, callbacks=[Health()],
+        progress=False,
+    )  # fmt: skip
     history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, pause), batch_size=16), epochs=1)
     waits = [r for r in _reports(history) if r.kind == "data_wait"]
     if not pause:

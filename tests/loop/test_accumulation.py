@@ -118,3 +118,26 @@ def test_clipping_once_per_step_after_unscale_fp16():
         h = trainer.fit(make_loader(x.float(), y.float(), batch_size=4), epochs=3)
         losses[precision] = h["loss"]
     assert losses["fp16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 10])
+def test_every_scheduled_step_time_sample_is_taken_whatever_the_window(k):
+    # The loop samples micro-batches 1, 11, 21, 31, then every timing_every; a sample times the micro-batch that closes
+    # its window with its optimizer step. It waited for a scheduled micro-batch that also closed a window: with
+    # grad_accum_steps=5 or 10 none ever did, and Health's data signal and the profile card got no sample at all.
+    x, y = _data(320, bs=2)
+    seen: list[int] = []
+
+    class Samples:
+        def on_refresh(self, trainer, progress):
+            seen.extend(step for step, _ in progress.step_samples)
+
+    model = _model()
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3), grad_accum_steps=k,
+        timing_every=50, callbacks=[Samples()], progress=False,
+    )  # fmt: skip
+    trainer.fit(make_loader(x, y, batch_size=2), epochs=1)
+    scheduled = [m for m in range(320) if m in (11, 21, 31) or (m - 1) % 50 == 0]
+    # micro-batch m (0-based) closes window ceil((m + 1) / k): the optimizer step it is recorded under
+    assert seen == sorted({-(-(m + 1) // k) for m in scheduled})
