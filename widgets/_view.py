@@ -54,6 +54,17 @@ def _card(label: str, value: str, sub: str = "", css: str = "") -> str:
     )
 
 
+def _step_time_card(times: dict[str, float], accum: int) -> str:
+    """The sampled step in ms (``Progress.step_times``: under accumulation the loop counts every micro-batch of the
+    window as long as the one it timed)."""
+    total = sum(times.values()) or 1.0
+    short = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+    sub = " · ".join(f"{short.get(k, k)} {v / total:.0%}" for k, v in times.items())
+    if accum > 1:
+        sub += f" · {accum} micro-batches"
+    return _card("step time", format_duration(total / 1e3), sub, "nbt-stat-steptime")
+
+
 class PanelView:
     """Every widget of the panel. ``root`` is what is displayed; classes are listed in the package docstring."""
 
@@ -376,13 +387,7 @@ class PanelView:
                 )
             )
             if p.step_times:
-                total = sum(p.step_times.values()) or 1.0
-                data = p.step_times.get("data", 0.0) / total
-                short = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
-                split = " · ".join(f"{short.get(k, k)} {v / total:.0%}" for k, v in p.step_times.items() if k != "data")
-                cards.append(
-                    _card("step time", format_duration(total / 1e3), f"data {data:.0%} · {split}", "nbt-stat-steptime")
-                )
+                cards.append(_step_time_card(p.step_times, max(int(p.grad_accum_steps or 1), 1)))
             if p.memory is not None:
                 cap = p.memory_capacity
                 sub = f"of {format_bytes(cap)} ({p.memory / cap:.0%})" if cap else ""

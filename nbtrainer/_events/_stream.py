@@ -87,8 +87,9 @@ class Progress:
 
     ``step_times`` is the latest sampled step-time breakdown in ms (``data``, ``forward``, ``backward``,
     ``optimizer``; the loop samples micro-batches 1, 11, 21, 31, then every ``timing_every``, each under accumulation
-    the micro-batch that closes its window, with that optimizer step; on Linux the time the training thread waited
-    for a CPU on a busy machine is left out: ``nbtrainer._loop._ready_clock``), and
+    the micro-batch that closes its window, with that optimizer step, and counts each micro-batch of the window as
+    long as that one; on Linux the time the training thread waited for a CPU on a busy machine is left out:
+    ``nbtrainer._loop._ready_clock``), and
     ``step_samples`` every sample taken since the previous refresh as ``(global_step, times)``: a reader that needs
     each sample, not only the last, gets them all however slow the refresh.
 

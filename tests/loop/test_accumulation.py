@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -141,3 +142,33 @@ def test_every_scheduled_step_time_sample_is_taken_whatever_the_window(k):
     scheduled = [m for m in range(320) if m in (11, 21, 31) or (m - 1) % 50 == 0]
     # micro-batch m (0-based) closes window ceil((m + 1) / k): the optimizer step it is recorded under
     assert seen == sorted({-(-(m + 1) // k) for m in scheduled})
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_step_time_sample_counts_every_micro_batch_of_its_window(k):
+    # The sample times the window's last micro-batch; the step it reports is k such micro-batches and the optimizer
+    # step (Health's data share and the panel's step-time card read it as the step's). A forward that sleeps 3 ms:
+    # a step's forward time is at least k x 3 ms (a sleep never ends early; only waits for a CPU are left out).
+    x, y = _data(64, bs=2)
+    times: list[dict[str, float]] = []
+
+    class Sleepy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _model()
+
+        def forward(self, inputs):
+            time.sleep(0.003)
+            return self.inner(inputs)
+
+    class Samples:
+        def on_refresh(self, trainer, progress):
+            times.extend(t for _, t in progress.step_samples)
+
+    model = Sleepy()
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3), grad_accum_steps=k,
+        callbacks=[Samples()], progress=False,
+    )  # fmt: skip
+    trainer.fit(make_loader(x, y, batch_size=2), epochs=1)
+    assert times and min(t["forward"] for t in times) >= k * 3.0, times

@@ -3,6 +3,7 @@ an LR control of useful resolution with exact entry, an LR finder that says when
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import time
@@ -60,6 +61,20 @@ def test_the_epoch_table_fills_as_epochs_end_with_one_number_format():
     assert format_number(h.epochs[1]["val_loss"]) in table and format_lr(h.epochs[0]["lr"]) in table
     assert "5.00e-2" in w.view.progress_info.value  # the LR in the progress line: the same LR format
     assert "memory" in w.view.stats.value and "step time" in w.view.stats.value and "data " in w.view.stats.value
+
+
+@pytest.mark.parametrize("accum", [1, 4])
+def test_the_step_time_card_says_how_many_micro_batches_make_the_step(accum):
+    # the loop's sample counts every micro-batch of the window (tests/loop/test_accumulation.py); the card says so
+    w = make_widget(epochs=1, grad_accum_steps=accum)
+    w.start()
+    w.wait(timeout=60)
+    card = re.search(r"nbt-stat-steptime.*?line-height:14px'>([^<]+)</div></div>", w.view.stats.value)
+    assert card, w.view.stats.value
+    sub = html.unescape(card.group(1))
+    shares = dict(re.findall(r"(data|fwd|bwd|opt) (\d+)%", sub))
+    assert set(shares) == {"data", "fwd", "bwd", "opt"} and 97 <= sum(map(int, shares.values())) <= 103
+    assert (f"{accum} micro-batches" in sub) == (accum > 1), sub
 
 
 def test_the_message_area_shows_three_lines_and_keeps_the_rest_one_click_away():
