@@ -84,6 +84,7 @@ _LAZY: dict[str, str] = {
     "DataReport": "nbtrainer._know._data_report",
     "DataProblem": "nbtrainer._know._data_report",
     "show_batch": "nbtrainer._know._show_batch",
+    "as_loaders": "nbtrainer._data._arrays",
     "CleanedDataset": "nbtrainer._data._cleaned",
     "start_training_thread": "nbtrainer._threads",
     "release_openmp_pool": "nbtrainer._threads",
@@ -158,6 +159,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from nbtrainer._atomic import CheckpointError as CheckpointError
     from nbtrainer._compare._run import compare_strategies as compare_strategies
     from nbtrainer._compare._strategy_table import StrategyComparison as StrategyComparison
+    from nbtrainer._data._arrays import as_loaders as as_loaders
     from nbtrainer._data._cleaned import CleanedDataset as CleanedDataset
     from nbtrainer._dist._ddp import DDP as DDP
     from nbtrainer._dist._fsdp import FSDP as FSDP

@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nbtrainer import Trainer
+from nbtrainer import Trainer, as_loaders
 
 __all__ = ["USAGE", "PanelArgs", "check_keywords", "parse_panel_args"]
 
 USAGE = (
     "TrainerWidget(model, criterion, optimizer, train_loader, val_loader=None, *, metrics=None, epochs=1, "
-    "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1)"
+    "**trainer_options) or TrainerWidget(trainer, train_loader, val_loader=None, epochs=1); arrays as for "
+    "Trainer.fit: TrainerWidget(model, criterion, optimizer, (x, y), (x_val, y_val), batch_size=32)"
 )
 
 
@@ -63,12 +64,16 @@ def parse_panel_args(
     *,
     train_loader: Any = None,
     val_loader: Any = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
     metrics: Any = None,
     epochs: int = 1,
     trainer_options: dict[str, Any] | None = None,
     panel: Any = None,
 ) -> PanelArgs:
-    """Check the arguments of ``TrainerWidget(...)`` and build the Trainer of the model form.
+    """Check the arguments of ``TrainerWidget(...)`` and build the Trainer of the model form. Arrays become the
+    loaders ``Trainer.fit`` would make of them (``batch_size``, ``shuffle``), once: every part of the panel (the
+    data check, the batch preview, the LR finder, each run) then reads the same loaders.
 
     Raises:
         TypeError: arguments of neither form (with both forms spelled out); a keyword neither the panel nor the
@@ -102,6 +107,9 @@ def parse_panel_args(
     val_loader = args[1] if len(args) > 1 else val_loader
     if train_loader is None:
         raise TypeError(f"train_loader is required. {USAGE}")
+    train_loader, val_loader = as_loaders(
+        train_loader, val_loader, batch_size=batch_size, shuffle=shuffle, caller="TrainerWidget"
+    )
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
     if trainer.optimizer is None:

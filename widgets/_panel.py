@@ -52,7 +52,8 @@ class TrainerWidget:
             (trainer form: steered as configured).
         *args: ``criterion, optimizer, train_loader[, val_loader]`` (model form) or
             ``train_loader[, val_loader]`` (trainer form).
-        train_loader, val_loader: the loaders, when not given positionally.
+        train_loader, val_loader: the loaders, when not given positionally; or arrays (``(x, y)``, a dict of
+            arrays) with ``batch_size`` and ``shuffle`` as for ``Trainer.fit``.
         metrics: the Trainer's ``metrics=`` (model form only).
         epochs: the epochs of a run (the panel's epochs control starts there).
         max_steps: stop a run after this many optimizer steps (default: no limit).
@@ -80,6 +81,8 @@ class TrainerWidget:
         *args: Any,
         train_loader: Any = None,
         val_loader: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
         metrics: Any = None,
         epochs: int = 1,
         max_steps: int | None = None,
@@ -92,16 +95,11 @@ class TrainerWidget:
         **trainer_options: Any,
     ) -> None:
         guard_restore()  # before the first widget: a page's restore must not take their comms over (_restore)
-        a = parse_panel_args(
-            model,
-            args,
-            train_loader=train_loader,
-            val_loader=val_loader,
-            metrics=metrics,
-            epochs=epochs,
-            trainer_options=trainer_options,
-            panel=TrainerWidget.__init__,  # its own keywords: a misspelt one is named with the closest valid one
-        )
+        loaders = {"train_loader": train_loader, "val_loader": val_loader, "batch_size": batch_size, "shuffle": shuffle}
+        a = parse_panel_args(  # its own keywords (panel=): a misspelt one is named with the closest valid one
+            model, args, **loaders, metrics=metrics, epochs=epochs, trainer_options=trainer_options,
+            panel=TrainerWidget.__init__,
+        )  # fmt: skip
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
         self.max_steps = max_steps

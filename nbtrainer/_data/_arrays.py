@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArrayDataset", "as_loader", "describe", "eval_loader", "fit_loaders", "is_array_data"]
+__all__ = ["ArrayDataset", "as_loader", "as_loaders", "describe", "eval_loader", "fit_loaders", "is_array_data"]
 
 Tensor = torch.Tensor
 EVAL_BATCH_SIZE = 256  # evaluate / predict on arrays without batch_size= (no gradients: larger is fine)
@@ -188,10 +188,11 @@ def as_loader(
     shuffle: bool | None = None,
     default_shuffle: bool = False,
     name: str = "train_loader",
+    caller: str = "fit",
 ) -> Any:
     """``data`` itself when it is not array data; else a ``DataLoader`` over it (checked first).
 
-    ``name`` names the argument in errors (``"train_loader"``, ``"val_data"``...).
+    ``name`` names the argument in errors (``"train_loader"``, ``"val_data"``...), ``caller`` the call.
 
     Example:
         >>> import torch
@@ -201,17 +202,18 @@ def as_loader(
     """
     if not is_array_data(data):
         return data
+    example = f"{caller}({'..., ' if caller == 'TrainerWidget' else ''}(x, y), batch_size=32)"
     if batch_size is None:
         if _is_array(data):  # most likely a loader was meant
             kind = "tensor" if isinstance(data, Tensor) else type(data).__name__
             raise TypeError(
                 f"{name} is a {kind}, not a loader (iterating it would yield single rows). Pass batch_size= to "
-                "train on arrays, e.g. fit((x, y), batch_size=32), or wrap the data: "
+                f"train on arrays, e.g. {example}, or wrap the data: "
                 "DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)."
             )
         raise TypeError(
-            f"{name} is {describe(data)} but no batch_size was given: pass batch_size= (e.g. "
-            "fit((x, y), batch_size=32)), or a DataLoader. (For a sequence of ready batches, pass a list.)"
+            f"{name} is {describe(data)} but no batch_size was given: pass batch_size= (e.g. {example}), or a "
+            "DataLoader. (For a sequence of ready batches, pass a list.)"
         )
     check_batch_size(batch_size)
     if shuffle is not None and not isinstance(shuffle, bool):
@@ -250,10 +252,37 @@ def fit_loaders(
             f"shuffle={shuffle!r} applies to training arrays, but {caller}() got a {type(data).__name__}. "
             "Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass arrays."
         )
-    train = as_loader(data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader")
+    train = as_loader(
+        data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader", caller=caller
+    )
     if val is not None:
-        val = as_loader(val, batch_size=batch_size, default_shuffle=False, name=val_name)
+        val = as_loader(val, batch_size=batch_size, default_shuffle=False, name=val_name, caller=caller)
     return train, val
+
+
+def as_loaders(
+    train_data: Any,
+    val_data: Any = None,
+    *,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    caller: str = "fit",
+) -> tuple[Any, Any]:
+    """The training and validation loaders ``Trainer.fit`` would train on: arrays (``(x, y)``, a dict of arrays)
+    become DataLoaders of ``batch_size`` (the training one shuffled unless ``shuffle=False``; the Trainer seeds
+    it), loaders and lists of batches are returned as they are. ``caller`` names the call in errors.
+
+    Raises:
+        TypeError: arrays without ``batch_size``, ``batch_size`` or ``shuffle`` where no arrays take them.
+
+    Example:
+        >>> import torch
+        >>> from nbtrainer import as_loaders
+        >>> train, val = as_loaders((torch.randn(10, 3), torch.zeros(10)), batch_size=4)
+        >>> [len(xb) for xb, yb in train], val
+        ([4, 4, 2], None)
+    """
+    return fit_loaders(train_data, None, val_data=val_data, batch_size=batch_size, shuffle=shuffle, caller=caller)
 
 
 def eval_loader(data: Any, batch_size: int | None, *, name: str) -> Any:

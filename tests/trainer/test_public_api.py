@@ -242,6 +242,7 @@ ADDED_ROOT_LAZY: tuple[str, ...] = (
     "DataProblem",
     "DataReport",
     "show_batch",
+    "as_loaders",  # the loaders fit makes of arrays, for the panel (TrainerWidget(..., (x, y), batch_size=32))
 )
 
 

@@ -9,6 +9,7 @@ cleaner writes the interpretation's edits.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
 from widget_helpers import classes, wait_for
@@ -91,3 +92,25 @@ def test_the_errors_sections_cleaner_writes_the_interpretations_edits() -> None:
     errors.cleaner.choices[shown[0]].value = "relabel"
     assert interp.edits.relabeled == {shown[0]: predicted}
     assert interp.cleaned().changes["relabeled"] == {shown[0]: predicted}
+
+
+def test_arrays_train_as_in_fit_with_the_check_and_the_batch_shown() -> None:
+    # `Trainer.fit((x, y), batch_size=32)` trains on arrays; the panel refused the batch_size its own error asked for
+    # ("pass batch_size= (e.g. fit((x, y), batch_size=32))": unexpected keyword), so arrays could not be used at all
+    x, y = make_classification(n=320)
+    model = mlp()
+    args = (model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.2), (x, y), (x[:64], y[:64]))
+    with pytest.raises(TypeError, match=r"no batch_size was given.*TrainerWidget\(\.\.\., \(x, y\), batch_size=32\)"):
+        TrainerWidget(*args, run_store=False)
+    with pytest.raises(TypeError, match=r"batch_size=32 applies to array data.*TrainerWidget\(\) got a DataLoader"):
+        TrainerWidget(*args[:3], make_loader(x, y), batch_size=32, run_store=False)
+    w = TrainerWidget(*args, batch_size=32, epochs=2, run_store=False)
+    data = w.looks.data
+    data.wait_check(30)
+    assert data.report is not None and data.report.by_kind("duplicates_across")  # the check read the arrays
+    assert "nbt-batch" in data.batch_html.value
+    w.start()
+    history = w.wait(timeout=60)
+    assert history.status == "finished" and w.trainer.global_step == 2 * 10  # 320 rows in batches of 32
+    assert int(w.data_map.visits.sum()) == 2 * 320  # the fast path knew every item's index
+    assert not torch.equal(next(iter(w.train_loader))[0], x[:32])  # shuffled, as fit shuffles training arrays
