@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._arrays import as_loaders
 from nbtrainer._data._batch import move_to_device
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._loop._step import TrainStep
@@ -312,6 +313,8 @@ def lr_find(
     max_lr: float = 10.0,
     steps: int = 100,
     *,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
     smoothing: float = 0.98,
     diverge: float = 4.0,
     rule: str = "valley",
@@ -327,7 +330,8 @@ def lr_find(
 
     Args:
         trainer: a :class:`~nbtrainer.Trainer` (not fitting).
-        train_loader: the training batches.
+        train_loader: the training batches, or arrays (``(x, y)``, a dict of arrays) with ``batch_size`` and
+            ``shuffle`` as for ``fit``.
         min_lr, max_lr: the sweep's range (``0 < min_lr < max_lr``).
         steps: optimizer steps of the whole sweep (>= 5).
         smoothing: EMA factor of the smoothed loss (bias-corrected).
@@ -348,6 +352,7 @@ def lr_find(
         raise ValueError(f"Need 0 < min_lr < max_lr, got min_lr={min_lr!r}, max_lr={max_lr!r}.")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 5:
         raise ValueError(f"steps must be an int >= 5, got {steps!r}.")
+    train_loader, _ = as_loaders(train_loader, batch_size=batch_size, shuffle=shuffle, caller="lr_find")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
     if not 0 <= smoothing < 1:

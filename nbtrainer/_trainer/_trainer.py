@@ -579,8 +579,8 @@ class Trainer:
     def lr_find(
         self, train_loader: Iterable, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, **kwargs: Any
     ) -> Any:
-        """LR range test (exponential sweep); model and optimizer are restored afterwards. See
-        :func:`nbtrainer._loop._lr_find.lr_find` for the options and the :class:`LRFinderResult`."""
+        """LR range test (exponential sweep) on a loader, or arrays with ``batch_size=`` as in :meth:`fit`; the model
+        and optimizer are restored. Options: :func:`nbtrainer._loop._lr_find.lr_find`; :class:`LRFinderResult`."""
         from nbtrainer._loop._lr_find import lr_find
 
         return lr_find(self, train_loader, min_lr, max_lr, steps, nonfinite=self._nonfinite, **kwargs)

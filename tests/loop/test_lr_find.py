@@ -55,6 +55,21 @@ def _snapshot(trainer):
     return model, state, groups
 
 
+def test_arrays_sweep_as_fit_trains_on_them():
+    # fit((x, y), batch_size=64) trains on arrays; lr_find refused batch_size= and, given (x, y) alone, iterated the
+    # tuple: "The batch has no targets" about x, a (256, 10) tensor taken for one batch
+    x, y, _ = _regression()
+    results = []
+    for data, kw in (((x, y), {"batch_size": 64, "shuffle": False}), (make_loader(x, y, batch_size=64), {})):
+        torch.manual_seed(0)
+        model = nn.Linear(x.shape[1], 1)
+        trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), progress=False)
+        results.append(trainer.lr_find(data, min_lr=1e-5, max_lr=1, steps=20, **kw))
+    assert results[0].losses == results[1].losses and results[0].suggestion == results[1].suggestion
+    with pytest.raises(TypeError, match=r"no batch_size was given.*lr_find\(\(x, y\), batch_size=32\)"):
+        trainer.lr_find((x, y))
+
+
 def test_model_optimizer_and_data_order_are_restored():
     x, y = make_classification(n=128)
 
