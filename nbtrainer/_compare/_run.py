@@ -115,6 +115,8 @@ def compare_strategies(
     val_loader: Iterable | None = None,
     strategies: Mapping[str, Mapping[str, Any]] | Sequence[str] | None = None,
     *,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
     epochs: int | None = None,
     steps: int | None = None,
     metric: str | None = "val_acc",
@@ -141,7 +143,8 @@ def compare_strategies(
             with the strategy's ``lr`` or else the learning rate ``optimizer`` would use; a strategy's
             ``optimizer`` may also be its own callable of the parameters.
         criterion: the loss, as for :class:`~nbtrainer.Trainer`.
-        train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy).
+        train_loader, val_loader: the data (the loader's shuffling generator is reset before each strategy), or
+            arrays (``(x, y)``, a dict of arrays) with ``batch_size`` and ``shuffle`` as for ``Trainer.fit``.
         strategies: ``{name: {trainer options}}`` (``precision``, ``grad_accum_steps``,
             ``activation_checkpointing``, ``optimizer``, ``lr``, ``trainable``, ``freeze``, ``compile``,
             ``channels_last``, ``max_grad_norm``...), or preset names (:data:`PRESETS`, ``"accumN"``). Default:
@@ -173,11 +176,15 @@ def compare_strategies(
         >>> #                            nn.CrossEntropyLoss(), train_loader, val_loader,
         >>> #                            ["fp32", "bf16", "ckpt", "accum4"], steps=50)
     """
+    from nbtrainer._data._arrays import as_loaders
     from nbtrainer._setup._precision import resolve_device
     from nbtrainer._setup._seed import seed_everything
     from nbtrainer._trainer._trainer import Trainer
 
     plan = resolve_strategies(strategies)
+    train_loader, val_loader = as_loaders(
+        train_loader, val_loader, batch_size=batch_size, shuffle=shuffle, caller="compare_strategies"
+    )
     if epochs is not None and steps is not None:
         raise ValueError("Pass epochs= or steps=, not both.")
     if steps is not None and (not isinstance(steps, int) or steps < 1):

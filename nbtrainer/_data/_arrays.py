@@ -202,7 +202,10 @@ def as_loader(
     """
     if not is_array_data(data):
         return data
-    example = f"{caller}({'..., ' if caller == 'TrainerWidget' else ''}(x, y), batch_size=32)"
+    before = (
+        "..., " if caller in ("TrainerWidget", "compare_strategies") else ""
+    )  # the data is not their first argument
+    example = f"{caller}({before}(x, y), batch_size=32)"
     if batch_size is None:
         if _is_array(data):  # most likely a loader was meant
             kind = "tensor" if isinstance(data, Tensor) else type(data).__name__

@@ -121,7 +121,7 @@ def test_same_initial_weights_and_data_order(data):
     # a shuffling loader without its own generator, too: the Trainer installs one; it must not leak
     x, y = make_classification(n=128)
     plain = make_loader(x, y, batch_size=32, shuffle=True)
-    for loader in (train, plain):
+    for loader in (train, plain, (x, y)):  # arrays too, batched and shuffled as fit would (batch_size=)
         starts.clear()
         models.clear()
         table = compare_strategies(
@@ -137,6 +137,7 @@ def test_same_initial_weights_and_data_order(data):
                 "d": {"optimizer": lambda params: torch.optim.SGD(params, lr=0.05)},
                 "e": {"device": "cpu"},
             },
+            batch_size=32 if isinstance(loader, tuple) else None,
             steps=3,
             measure_memory=False,
         )
@@ -150,6 +151,12 @@ def test_same_initial_weights_and_data_order(data):
         a, b = models[1], models[2]  # models[0] is the first model
         assert len(a.seen) == 3 and a.seen == b.seen  # same batches, same order
     assert table["a"]["metric"] is None  # no val_loader: no metric
+
+
+def test_arrays_without_a_batch_size_are_refused_with_the_fix():
+    x, y = make_classification(n=64)
+    with pytest.raises(TypeError, match=r"no batch_size was given.*compare_strategies\(\.\.\., \(x, y\), batch_size="):
+        compare_strategies(Net, torch.optim.SGD, nn.CrossEntropyLoss(), (x, y), steps=2)
 
 
 def test_steps_mode_presets_and_split():
