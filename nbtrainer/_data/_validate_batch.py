@@ -26,6 +26,7 @@ __all__ = [
     "dry_metrics",
     "first_compute",
     "manual_step_errors",
+    "no_loss",
     "one_shot",
     "onecycle_overflow",
 ]
@@ -284,10 +285,20 @@ def onecycle_overflow(total_steps: int, *, epoch: int, batch: int, global_step: 
     )
 
 
+def no_loss(where: str) -> ValueError:
+    """A batch that gave no loss: without targets, evaluation has neither a loss nor metrics to compute."""
+    return ValueError(
+        f"The {where} batch gave no loss: it has no targets for the criterion (inputs alone), or compute_loss "
+        "returned None. Pass inputs with their targets: fit(..., val_data=(x_val, y_val)), evaluate((x, y)), a "
+        "loader yielding (inputs, targets); num_inputs= / target_keys= say where the targets are in a batch. For "
+        "the outputs alone, use predict(x)."
+    )
+
+
 def check_loss(loss: Any, where: str, *, model: torch.nn.Module, needs_grad: bool = False) -> None:
     """A scalar tensor (and, for training, one autograd can differentiate), else an error naming the fix."""
     if loss is None:
-        return
+        raise no_loss(where)
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
             f"The {where} loss is a {type(loss).__name__}, not a tensor: the criterion / compute_loss "

@@ -234,8 +234,9 @@ class BatchSteps:
                 for batch in loader:
                     batch = move_to_device(batch, device, owner.options.data.non_blocking)
                     loss, outputs, targets = self.compute(batch, training=False)
-                    if loss is not None:
-                        losses.append(loss.detach().reshape(()).float())
+                    if loss is None:  # no targets: neither a loss nor metrics (fit checked its first batch)
+                        raise _first.no_loss("evaluation")
+                    losses.append(loss.detach().reshape(()).float())
                     sizes.append(batch_size_of(targets, batch))
                     if metrics:
                         metrics.update(outputs, targets)

@@ -131,6 +131,15 @@ def test_evaluate_and_predict_accept_arrays():
     assert torch.equal(trainer.predict((x, y)), trainer.predict(DataLoader(TensorDataset(x, y), batch_size=50)))
 
 
+def test_evaluating_inputs_alone_says_the_targets_are_missing():
+    # evaluate(x) once died in its reduction: "zip() argument 2 is longer than argument 1"
+    x, y = make_classification(n=64)
+    trainer = trainer_for(model_fn())
+    with pytest.raises(ValueError, match=r"evaluation batch gave no loss.*evaluate\(\(x, y\)\).*predict\(x\)"):
+        trainer.evaluate(x)
+    assert set(trainer.evaluate((x, y))) >= {"val_loss"}  # with its targets it evaluates
+
+
 def test_validation_arrays_are_never_shuffled():
     x, y = make_classification(n=64)
     xv, yv = make_classification(n=40, seed=1)

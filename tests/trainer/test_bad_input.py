@@ -69,6 +69,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  60   OneCycleLR shorter than ``max_steps``, loader without len     ValueError            ``total_steps=max_steps``
  61   ``optimizer="adamw"`` with every parameter frozen             ValueError            ``optimizer=None`` (eval only)
  62   a loss function given the model's whole output object         TypeError (same)      ``out.logits``
+ 63   validation data of inputs alone (``val_data=x_val``)          ValueError            ``val_data=(x_val, y_val)``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -596,6 +597,12 @@ case(
     "The model returns a _Out, and the criterion gets it whole",
     r"CrossEntropyLoss\(\)\(out.logits, y\)",
 )(lambda e: Env(e.ck, _HFStyle()).trainer().fit([({"x": X[:16]}, Y[:16])], epochs=1))
+
+
+# once the end of the first epoch's crash: "zip() argument 2 is longer than argument 1"
+case("63-val-inputs-only", ValueError, "validation batch gave no loss", r"val_data=\(x_val, y_val\)")(
+    lambda e: e.trainer().fit((X, Y), val_data=X[:32], batch_size=16, epochs=1)
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
