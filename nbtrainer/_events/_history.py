@@ -117,6 +117,8 @@ class History:
 
     def best(self, monitor: str = "val_loss", mode: str = "min") -> dict[str, Any] | None:
         """The epoch row with the best finite ``monitor`` value (None if there is none)."""
+        if mode not in ("min", "max"):  # anything else once picked the maximum: mode="minimum" too
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}.")
         rows = [r for r in self.epochs if isinstance(r.get(monitor), (int, float)) and math.isfinite(r[monitor])]
         if not rows:
             return None

@@ -205,6 +205,15 @@ def test_on_a_tie_the_table_bolds_the_first_best_epoch_as_history_best_does():
     assert body[1].count("<b>") == 2 and body[3].count("<b>") == 0, body  # epoch 2 for both columns
 
 
+def test_best_refuses_a_mode_it_does_not_know():
+    h = History()
+    for epoch, loss in ((1, 0.9), (2, 0.2), (3, 0.5)):
+        h.add_epoch({"epoch": epoch, "val_loss": loss})
+    assert h.best("val_loss")["epoch"] == 2 and h.best("val_loss", mode="max")["epoch"] == 1  # type: ignore[index]
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max', got 'minimum'"):
+        h.best("val_loss", mode="minimum")  # once the maximum: anything but "min" was taken for "max"
+
+
 def test_history_repr_keeps_small_values():
     h = History()
     h.add_epoch({"epoch": 1, "lr": 1.52e-6, "loss": 0.123456})
