@@ -66,9 +66,8 @@ def _duplicates(split: Split) -> list[DataProblem]:
             "duplicates_within",
             f"{len(copies):,} {where} items are exact copies of others ({len(groups):,} groups; e.g. items "
             f"{_few([int(i) for i in groups[0]])}).",
-            "Copies weigh those items more and inflate scores on them: drop them, e.g. "
-            "nbtrainer.CleanedDataset via DataMap().cleaned(dataset, drop=report.by_kind('duplicates_within')[0]"
-            ".data['indices']).",
+            "Copies weigh those items more and inflate scores on them: drop them, e.g. train_set = "
+            "nbtrainer.CleanedDataset.of(train_set, drop=report.by_kind('duplicates_within')[0].data['indices']).",
             {
                 "split": split.name,
                 "count": len(copies),
@@ -118,8 +117,9 @@ def _across(train: Split, val: Split) -> list[DataProblem]:
             "duplicates_across",
             f"{n:,} of {val.items:,} validation items ({share:.0%}) are exact copies of training items (e.g. "
             f"validation {pairs[0][0]} = training {pairs[0][1]}): validation scores will read too high.",
-            "Remove them from the validation set (or from training) before trusting its scores: "
-            "CleanedDataset via nbtrainer's cleaned(val_dataset, drop=problem.data['val_indices']).",
+            "Remove them from the validation set (or from training) before trusting its scores: val_set = "
+            "nbtrainer.CleanedDataset.of(val_set, drop=report.by_kind('duplicates_across')[0].data['val_indices']) "
+            "(arrays: keep the other rows).",
             {"count": n, "val_indices": [p[0] for p in pairs], "train_indices": [p[1] for p in pairs]},
         )
     ]

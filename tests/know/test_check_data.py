@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,18 @@ def test_duplicates_within_and_across_are_found_by_dataset_index_through_a_shuff
     assert across.data["val_indices"] == [0, 1, 2, 3, 4] and across.data["train_indices"] == [40, 41, 42, 43, 44]
     assert "5 of 10 validation items (50%)" in across.message and across.advice and across.level == "problem"
     assert report.lights()["duplicates"] == "problem" and not report.ok
+    # the advice is a call that works: run as written, the copies are gone (it once named no callable API)
+    import nbtrainer
+
+    names: dict[str, Any] = {"nbtrainer": nbtrainer, "report": report, "train_set": TensorDataset(x, y)}
+    names["val_set"] = TensorDataset(val_x, val_y)
+    for problem, target in ((across, "val_set"), (within, "train_set")):
+        code = re.search(rf"{target} = (nbtrainer\.CleanedDataset\.of\(.*?\]\))", problem.advice)
+        assert code, problem.advice
+        names[target] = eval(code.group(1), names)  # the advice's own code, run as a user would
+    again = _trainer().check_data(DataLoader(names["train_set"], batch_size=7), DataLoader(names["val_set"]))
+    assert len(names["val_set"]) == 5 and len(names["train_set"]) == 58
+    assert "duplicates_across" not in _kinds(again) and "duplicates_within" not in _kinds(again)
 
 
 def test_values_scale_constant_and_targets():
