@@ -49,6 +49,7 @@ from nbtrainer._compare._run_measure import (
 )
 from nbtrainer._compare._strategy_table import StrategyComparison
 from nbtrainer._data._batch import first_tensor
+from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
 __all__ = ["compare_strategies"]
@@ -60,8 +61,10 @@ def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default:
     """The optimizer argument for a strategy's Trainer over ``model``, and its other options (no callbacks)."""
     opts = {k: v for k, v in kwargs.items() if k not in ("callbacks", "optimizer")}
     opt = kwargs.get("optimizer")
+    if opt is None and isinstance(default, str):  # a name, as Trainer takes it: each strategy's Trainer builds it
+        opt = default
     if isinstance(opt, str) or (opt is None and default is None):
-        if "lr" not in opts and default is not None:
+        if "lr" not in opts and default is not None and not isinstance(default, str):
             opts["lr"] = float(build_from_params(default, model).param_groups[0]["lr"])
         return opt or "adamw", opts
     if opt is None or (callable(opt) and not isinstance(opt, torch.optim.Optimizer)):
@@ -109,7 +112,7 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
 
 def compare_strategies(
     make_model: Callable[[], nn.Module],
-    optimizer: OptimizerFn | None,
+    optimizer: OptimizerFn | str | None,
     criterion: Callable | None,
     train_loader: Iterable,
     val_loader: Iterable | None = None,
@@ -138,7 +141,8 @@ def compare_strategies(
             model's, so every strategy starts identical).
         optimizer: a callable of the parameters, as torch's own classes are: ``torch.optim.AdamW``,
             ``functools.partial(torch.optim.AdamW, lr=1e-3)`` or ``lambda params: ...``; called once per
-            strategy with that strategy's model parameters (``None``: AdamW, fused where possible). A
+            strategy with that strategy's model parameters (``None``: AdamW, fused where possible), or a name
+            as :class:`~nbtrainer.Trainer` takes it (``"adamw"``, ``"sgd"``...; ``trainer_kwargs={"lr": ...}``). A
             strategy's ``optimizer="adafactor"`` (any name of :func:`nbtrainer.build_optimizer`) replaces it,
             with the strategy's ``lr`` or else the learning rate ``optimizer`` would use; a strategy's
             ``optimizer`` may also be its own callable of the parameters.
@@ -212,7 +216,10 @@ def compare_strategies(
     order = DataOrder([train_loader, val_loader])
     seed_everything(seed)
     first_model = make_model()
-    if optimizer is not None:  # a model -> optimizer function (the old convention) fails here, not in every row
+    if isinstance(optimizer, str):  # a misspelt name fails here, not in every row
+        if optimizer.strip().lower() not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer name {optimizer!r}: use one of {sorted(OPTIMIZERS)}.")
+    elif optimizer is not None:  # a model -> optimizer function (the old convention) fails here, not in every row
         build_from_params(optimizer, first_model)
     for name, options in plan.items():
         if callable(options.get("optimizer")) and not isinstance(options["optimizer"], torch.optim.Optimizer):

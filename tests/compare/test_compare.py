@@ -246,6 +246,26 @@ def test_optimizer_is_a_callable_of_the_parameters(data, optimizer):
     assert table["adafactor"]["setup"]["optimizer"] == "adafactor"
 
 
+def test_an_optimizer_name_is_taken_as_trainer_takes_it(data):
+    # Trainer(model, loss, "sgd") trains; compare_strategies refused the same name ("a callable of the parameters")
+    train, _ = data
+    lrs: list[float] = []
+
+    class SeesLR:
+        def on_fit_start(self, trainer):
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+
+    table = compare_strategies(
+        Net, "sgd", nn.CrossEntropyLoss(), train, None, ["fp32", "adafactor"], steps=2, measure_memory=False,
+        trainer_kwargs={"lr": 0.05, "callbacks": [SeesLR()]},
+    )  # fmt: skip
+    assert [r["status"] for r in table.rows] == ["ok", "ok"], [r["reason"] for r in table.rows]
+    assert table["fp32"]["setup"]["optimizer"] == "sgd" and table["adafactor"]["setup"]["optimizer"] == "adafactor"
+    assert lrs == [0.05, 0.05]
+    with pytest.raises(ValueError, match=r"Unknown optimizer name 'sgdd': use one of \[.*'sgd'"):
+        compare_strategies(Net, "sgdd", nn.CrossEntropyLoss(), train, None, ["fp32"], steps=2)
+
+
 def _model_fn(model):
     return torch.optim.SGD(model.parameters(), lr=0.1)
 
