@@ -202,8 +202,8 @@ def as_loader(
     """
     if not is_array_data(data):
         return data
-    # the example puts the arrays where the call takes its data (the panel and the comparison take a model first)
-    before = "..., " if caller in ("TrainerWidget", "compare_strategies") else ""
+    # the example puts the arrays where the call takes its data (these take a model or a trainer first)
+    before = "..., " if caller in ("TrainerWidget", "compare_strategies", "profile_training") else ""
     example = f"{caller}({before}(x, y), batch_size=32)"
     if batch_size is None:
         if _is_array(data):  # most likely a loader was meant

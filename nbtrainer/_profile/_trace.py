@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._arrays import as_loaders
 from nbtrainer._report._format import format_duration
 
 if TYPE_CHECKING:
@@ -161,6 +162,8 @@ def profile_training(
     trainer: Trainer,
     train_loader: Any,
     *,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
     wait: int = 1,
     warmup: int = 1,
     active: int = 3,
@@ -174,7 +177,8 @@ def profile_training(
 
     Args:
         trainer: An :class:`nbtrainer.Trainer`.
-        train_loader: Batches to train on (re-iterated for more epochs if it is short).
+        train_loader: Batches to train on (re-iterated for more epochs if it is short), or arrays (``(x, y)``, a
+            dict of arrays) with ``batch_size`` and ``shuffle`` as for ``Trainer.fit``.
         wait: Steps run before the profiler starts.
         warmup: Steps profiled but discarded (the profiler's own start-up cost).
         active: Steps recorded.
@@ -203,6 +207,7 @@ def profile_training(
     if min(wait, warmup) < 0 or active < 1:
         raise ValueError("wait and warmup must be >= 0 and active >= 1")
     needed = wait + warmup + active
+    train_loader, _ = as_loaders(train_loader, batch_size=batch_size, shuffle=shuffle, caller="profile_training")
     try:
         per_epoch = math.ceil(len(train_loader) / max(trainer.grad_accum_steps, 1))
     except TypeError:

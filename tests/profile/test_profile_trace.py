@@ -37,6 +37,16 @@ def test_trace_is_valid_json_with_the_named_ranges(tmp_path) -> None:
     assert "Training profile" in prof._repr_html_()
 
 
+def test_arrays_are_profiled_as_fit_trains_on_them(tmp_path) -> None:
+    # len((x, y)) is 2: the schedule read two batches an epoch, and fit then asked for the batch_size= this refused
+    x, y = make_classification(192)
+    trainer = _trainer(mlp())
+    with pytest.raises(TypeError, match=r"no batch_size was given.*profile_training\(\.\.\., \(x, y\), batch_size="):
+        profile_training(trainer, (x, y), trace_path=tmp_path / "t0.json")
+    prof = profile_training(trainer, (x, y), batch_size=32, active=3, trace_path=tmp_path / "t.json")
+    assert prof.steps == 3 and trainer.global_step == 0  # the steps were profiled, and the trainer put back
+
+
 def test_schedule_counts_optimizer_steps_with_accumulation(tmp_path) -> None:
     x, y = make_classification(64)  # 8 batches of 8 = 4 optimizer steps per epoch: needs 2 epochs
     trainer = _trainer(mlp(), grad_accum_steps=2)
