@@ -121,24 +121,29 @@ def test_clipping_once_per_step_after_unscale_fp16():
     assert losses["fp16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5, 10])
-def test_every_scheduled_step_time_sample_is_taken_whatever_the_window(k):
-    # The loop samples micro-batches 1, 11, 21, 31, then every timing_every; a sample times the micro-batch that closes
-    # its window with its optimizer step. It waited for a scheduled micro-batch that also closed a window: with
-    # grad_accum_steps=5 or 10 none ever did, and Health's data signal and the profile card got no sample at all.
-    x, y = _data(320, bs=2)
-    seen: list[int] = []
+def _step_samples(model, k: int, n_batches: int) -> list[tuple[int, dict[str, float]]]:
+    """Every step-time sample of one epoch of ``n_batches`` batches of 2, accumulating ``k``: (step, times)."""
+    x, y = _data(n_batches, bs=2)
+    seen: list[tuple[int, dict[str, float]]] = []
 
     class Samples:
         def on_refresh(self, trainer, progress):
-            seen.extend(step for step, _ in progress.step_samples)
+            seen.extend(progress.step_samples)
 
-    model = _model()
     trainer = Trainer(
         model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3), grad_accum_steps=k,
         timing_every=50, callbacks=[Samples()], progress=False,
     )  # fmt: skip
     trainer.fit(make_loader(x, y, batch_size=2), epochs=1)
+    return seen
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 10])
+def test_every_scheduled_step_time_sample_is_taken_whatever_the_window(k):
+    # The loop samples micro-batches 1, 11, 21, 31, then every timing_every; a sample times the micro-batch that closes
+    # its window with its optimizer step. It waited for a scheduled micro-batch that also closed a window: with
+    # grad_accum_steps=5 or 10 none ever did, and Health's data signal and the profile card got no sample at all.
+    seen = [step for step, _ in _step_samples(_model(), k, 320)]
     scheduled = [m for m in range(320) if m in (11, 21, 31) or (m - 1) % 50 == 0]
     # micro-batch m (0-based) closes window ceil((m + 1) / k): the optimizer step it is recorded under
     assert seen == sorted({-(-(m + 1) // k) for m in scheduled})
@@ -149,8 +154,6 @@ def test_a_step_time_sample_counts_every_micro_batch_of_its_window(k):
     # The sample times the window's last micro-batch; the step it reports is k such micro-batches and the optimizer
     # step (Health's data share and the panel's step-time card read it as the step's). A forward that sleeps 3 ms:
     # a step's forward time is at least k x 3 ms (a sleep never ends early; only waits for a CPU are left out).
-    x, y = _data(64, bs=2)
-    times: list[dict[str, float]] = []
 
     class Sleepy(torch.nn.Module):
         def __init__(self):
@@ -161,14 +164,5 @@ def test_a_step_time_sample_counts_every_micro_batch_of_its_window(k):
             time.sleep(0.003)
             return self.inner(inputs)
 
-    class Samples:
-        def on_refresh(self, trainer, progress):
-            times.extend(t for _, t in progress.step_samples)
-
-    model = Sleepy()
-    trainer = Trainer(
-        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3), grad_accum_steps=k,
-        callbacks=[Samples()], progress=False,
-    )  # fmt: skip
-    trainer.fit(make_loader(x, y, batch_size=2), epochs=1)
+    times = [t for _, t in _step_samples(Sleepy(), k, 64)]
     assert times and min(t["forward"] for t in times) >= k * 3.0, times
