@@ -9,7 +9,8 @@ libgomp compares the pools' workers with):
 
 * while the panel's run trains, the process holds as many OpenMP workers as during a fit on the main thread:
   one pool, the training thread's. That is the cause the speed depends on, and it is exact whatever the machine's
-  load, after the main thread ran parallel regions of its own (a headless fit) before each panel run;
+  load, after the main thread ran parallel regions of its own (a headless fit) before each panel run, and each
+  headless fit starts once the workers that came with the panel before it have exited (they leave on their own);
 * the panel's results equal the headless fit's bit for bit (a small CNN, whose reductions would differ with
   another intra-op thread count).
 
@@ -29,7 +30,7 @@ import sys
 import pytest
 
 SCRIPT = r"""
-import json, os, threading, torch
+import json, os, threading, time, torch
 from torch import nn
 from nbtrainer import Trainer, TrainerWidget
 
@@ -42,10 +43,13 @@ def tiny():
     m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     return m, nn.CrossEntropyLoss(), torch.optim.AdamW(m.parameters(), 1e-3)
 
-def other_threads():
+def other_tids():
     # threads that are not Python threads: here, the OpenMP pools' workers
     python = {t.native_id for t in threading.enumerate()}
-    return len([t for t in os.listdir("/proc/self/task") if int(t) not in python])
+    return {int(t) for t in os.listdir("/proc/self/task") if int(t) not in python}
+
+def other_threads():
+    return len(other_tids())
 
 class Workers:
     # the fewest OpenMP workers alive at any step of the run: a pool that a finished thread leaves behind exits on
@@ -69,11 +73,22 @@ def panel(make, batches):
     assert w.wait().status == "finished"
     return seen, m
 
-headless(tiny, data), panel(tiny, data)  # warm-up
+def panel_settled(make, batches):
+    # a panel's threads end with its run, and their pools' workers exit on their own a moment later (1 ms here,
+    # quiet): a headless fit of 30 steps started at once on a loaded machine counted two of them beside its own
+    # pool (6 workers against 4). The next fit starts once every worker that came with the panel is gone.
+    before = other_tids()
+    result = panel(make, batches)
+    deadline = time.monotonic() + 30
+    while other_tids() - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return result
+
+headless(tiny, data), panel_settled(tiny, data)  # warm-up
 workers = []
 for r in range(3):
     # the headless fit first: the main thread has run parallel regions (its pool exists) when the panel starts
-    on_main, in_panel = headless(tiny, data)[0], panel(tiny, data)[0]
+    on_main, in_panel = headless(tiny, data)[0], panel_settled(tiny, data)[0]
     workers.append((on_main.workers, in_panel.workers))
 
 torch.manual_seed(0)
