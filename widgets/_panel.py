@@ -95,10 +95,9 @@ class TrainerWidget:
         **trainer_options: Any,
     ) -> None:
         guard_restore()  # before the first widget: a page's restore must not take their comms over (_restore)
-        loaders = {"train_loader": train_loader, "val_loader": val_loader, "batch_size": batch_size, "shuffle": shuffle}
         a = parse_panel_args(  # its own keywords (panel=): a misspelt one is named with the closest valid one
-            model, args, **loaders, metrics=metrics, epochs=epochs, trainer_options=trainer_options,
-            panel=TrainerWidget.__init__,
+            model, args, train_loader=train_loader, val_loader=val_loader, batch_size=batch_size, shuffle=shuffle,
+            metrics=metrics, epochs=epochs, trainer_options=trainer_options, panel=TrainerWidget.__init__,
         )  # fmt: skip
         trainer, user_model, self._build = a.trainer, a.model, a.build
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
