@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _revisions import worktree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -68,12 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": packages(ROOT, Path(tmp) / "new")}
         if args.old:
-            work = Path(tmp) / "worktree"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(work), args.old], check=True)
-            try:
+            with worktree(args.old, Path(tmp) / "worktree") as work:
                 trees = {args.old: packages(work, Path(tmp) / "old"), **trees}
-            finally:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work)], check=False)
         results: dict[str, list[dict]] = {name: [] for name in trees}
         for r in range(args.rounds + 1):  # round 0 warms the page cache and writes the bytecode
             for name in list(trees) if r % 2 == 0 else list(reversed(trees)):

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _revisions import worktree
+
 ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^\| (?P<workload>[^|]+?) \| nbtrainer \| (?P<ms>[\d.]+) \| (?P<ratio>[\d.]+)x \|$", re.M)
 
@@ -41,18 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inner-rounds", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=["tiny", "medium"])
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "old"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.old], check=True)
-        try:
-            ratios: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
-            for r in range(args.rounds):
-                order = [("old", old), ("new", ROOT)] if r % 2 == 0 else [("new", ROOT), ("old", old)]
-                for name, tree in order:
-                    for workload, ratio in run(tree, args.workloads, args.inner_rounds).items():
-                        ratios[name].setdefault(workload, []).append(ratio)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
+    with tempfile.TemporaryDirectory() as tmp, worktree(args.old, Path(tmp) / "old") as old:
+        ratios: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+        for r in range(args.rounds):
+            order = [("old", old), ("new", ROOT)] if r % 2 == 0 else [("new", ROOT), ("old", old)]
+            for name, tree in order:
+                for workload, ratio in run(tree, args.workloads, args.inner_rounds).items():
+                    ratios[name].setdefault(workload, []).append(ratio)
     new_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     print(f"old = {args.old}, new = {new_rev.stdout.strip()} (+ working tree); {args.rounds} alternating rounds")
     print("| workload | old: nbtrainer / hand | new: nbtrainer / hand | new / old | each round (old; new) |")
