@@ -50,3 +50,17 @@ def test_without_the_file_the_clock_is_the_wall_clock(monkeypatch):
     before = time.perf_counter()
     now = clock()
     assert before <= now <= time.perf_counter()
+
+
+def test_the_clock_never_runs_backwards_when_the_wait_grows_faster_than_the_wall_clock(monkeypatch):
+    # The wait is counted on the run queue's clock, not perf_counter's: across a migration it can grow by a few
+    # microseconds more than the wall clock did. Unclamped, a 30 us forward then read -0% in the panel's step-time
+    # card (a fresh-clone run of the suite). Here the OS's counter jumps by a second between two reads.
+    import nbtrainer._loop._ready_clock as module
+
+    delays = iter([0, 10**9, 10**9, 2 * 10**9])
+    monkeypatch.setattr(module.os, "pread", lambda fd, n, off: f"1 {next(delays)} 1\n".encode())
+    clock = ReadyClock()
+    readings = [clock() for _ in range(4)]
+    assert readings == sorted(readings)  # never backwards, so no phase it times is negative
+    assert readings[1] == readings[0]  # the second the counter jumped: no time passed, as far as the phase goes

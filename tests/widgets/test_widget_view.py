@@ -73,7 +73,7 @@ def test_the_step_time_card_says_how_many_micro_batches_make_the_step(accum):
     assert card, w.view.stats.value
     sub = html.unescape(card.group(1))
     shares = dict(re.findall(r"(data|fwd|bwd|opt) (\d+)%", sub))
-    assert set(shares) == {"data", "fwd", "bwd", "opt"} and 97 <= sum(map(int, shares.values())) <= 103
+    assert set(shares) == {"data", "fwd", "bwd", "opt"} and 97 <= sum(map(int, shares.values())) <= 103, sub
     assert (f"{accum} micro-batches" in sub) == (accum > 1), sub
 
 
