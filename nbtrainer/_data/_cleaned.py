@@ -13,11 +13,14 @@ run store records them with the run that trains on it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["CleanedDataset", "DataEdits", "cleaned", "data_changes", "target_position"]
+if TYPE_CHECKING:
+    from nbtrainer._data._batch import BatchSpec
+
+__all__ = ["CleanedDataset", "DataEdits", "cleaned", "data_changes", "label_field", "target_position"]
 
 _TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
@@ -29,6 +32,23 @@ def _index(value: Any, what: str) -> int:
         return int(value.__index__() if not isinstance(value, torch.Tensor) else value.item())
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{what} must be an int dataset index, got {value!r}.") from None
+
+
+def _indices(values: Any, what: str) -> list[int]:
+    """Dataset indices from a list, a range, a tensor or a NumPy array of them, or a boolean mask (``dm.confidence <
+    0.2``): ``for i in tensor`` would give 0-d tensors, and ``tensor or ()`` raises (or, with one element, is False)."""
+    if values is None:
+        return []
+    if isinstance(values, (int, str)) or (hasattr(values, "__index__") and not hasattr(values, "__len__")):
+        raise TypeError(f"{what} must be a list of dataset indices (or a boolean mask), got {values!r}.")
+    if hasattr(values, "tolist") and hasattr(values, "dtype"):  # a tensor or an array: flat, a mask as its positions
+        flat = torch.as_tensor(values).reshape(-1)
+        if flat.dtype == torch.bool:
+            flat = flat.nonzero().reshape(-1)
+        elif flat.is_floating_point():
+            raise TypeError(f"{what} must hold int dataset indices (or be a boolean mask), got {flat.dtype} values.")
+        return [int(i) for i in flat.tolist()]
+    return [_index(i, what) for i in values]
 
 
 def _label(value: Any, index: int) -> int:
@@ -95,41 +115,99 @@ class DataEdits:
         return f"DataEdits(dropped={len(self.dropped)}, relabeled={len(self.relabeled)})"
 
     def cleaned(
-        self, dataset: Any, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+        self,
+        dataset: Any,
+        *,
+        drop: Iterable[Any] | None = None,
+        relabel: Mapping[Any, Any] | None = None,
+        target: int | str | None = None,
+        spec: BatchSpec | None = None,
+        custom: bool = False,
     ) -> CleanedDataset:
         """``dataset`` without the dropped items and with the relabeled ones' new labels: these decisions plus
-        ``drop`` (indices) and ``relabel`` (``{index: label}``) given here (which win where both speak)."""
+        ``drop`` (indices, or a boolean mask) and ``relabel`` (``{index: label}``) given here (which win over the
+        decisions where both speak; an item both dropped and relabeled here is refused). ``target``, ``spec`` and
+        ``custom``: where each item's label is (:func:`cleaned`)."""
+        given_drop = _indices(drop, "drop")
+        given_labels = {_index(i, "relabel"): _label(v, _index(i, "relabel")) for i, v in (relabel or {}).items()}
+        both = sorted(set(given_drop) & set(given_labels))
+        if both:
+            raise ValueError(f"cleaned(): items {both[:10]} are both dropped and relabeled: choose one for each.")
         decisions = dict(self._decisions)
-        for i in drop or ():
-            decisions[_index(i, "drop")] = None
-        for i, label in (relabel or {}).items():
-            j = _index(i, "relabel")
-            decisions[j] = _label(label, j)
+        decisions.update(dict.fromkeys(given_drop))
+        decisions.update(given_labels)
         return cleaned(
             dataset,
             drop=[i for i, v in decisions.items() if v is None],
             relabel={i: v for i, v in decisions.items() if v is not None},
+            target=target,
+            spec=spec,
+            custom=custom,
         )
 
 
 def target_position(sample: Any) -> int | str | None:
-    """Where an item's target is: the last element of a tuple / list, a target key of a dict, else None."""
-    if isinstance(sample, (tuple, list)) and len(sample) >= 2:
-        return len(sample) - 1
+    """Where an item's target is by default: the last element of a tuple / list, a target key of a dict, else None."""
+    return label_field(sample)
+
+
+def label_field(sample: Any, spec: BatchSpec | None = None, *, custom: bool = False) -> int | str | None:
+    """Where an item's label is, read as the Trainer that trained on it splits a batch (``spec``: its ``num_inputs``
+    and ``target_keys``), or None where that cannot be told: several targets, or ``custom`` (a ``compute_loss=``
+    reads the batch its own way) with items other than ``(inputs, target)`` pairs or dicts with a target key.
+
+    Example:
+        >>> from nbtrainer._data._batch import BatchSpec
+        >>> label_field((1, 2, 3)), label_field((1, 2, 3), BatchSpec(num_inputs=1)), label_field((1, 2, 3), custom=True)
+        (2, None, None)
+        >>> label_field({"x": 1, "y": 0.5, "class_id": 2}, BatchSpec(target_keys="class_id"))
+        'class_id'
+    """
+    if isinstance(sample, (tuple, list)):
+        n = len(sample)
+        if n < 2:
+            return None
+        if custom:
+            return 1 if n == 2 else None
+        k = spec.num_inputs if spec is not None and spec.num_inputs is not None else n - 1
+        return k if n - k == 1 else None  # the targets are what follows the inputs: one field, or a tuple of them
     if isinstance(sample, Mapping):
+        keys = spec.target_keys if spec is not None else None
+        if keys is not None:
+            named = [keys] if isinstance(keys, str) else list(keys)
+            return named[0] if len(named) == 1 and named[0] in sample else None
         return next((k for k in _TARGET_KEYS if k in sample), None)
     return None
 
 
-def _with_target(sample: Any, label: int) -> Any:
-    where = target_position(sample)
+def _describe(sample: Any) -> str:
+    if isinstance(sample, Mapping):
+        return f"dicts with the keys {list(sample)}"
+    if isinstance(sample, (tuple, list)):
+        return f"{type(sample).__name__}s of {len(sample)}"
+    return type(sample).__name__
+
+
+def _with_target(sample: Any, label: int, where: int | str | None) -> Any:
+    if where is None:  # a view made before relabels knew where (CleanedDataset built by hand)
+        where = label_field(sample)
     if where is None:
         raise TypeError(
             f"Cannot relabel an item of type {type(sample).__name__}: relabeling needs items (inputs..., target) or "
-            f"dicts with one of the keys {list(_TARGET_KEYS)}."
+            f"dicts with one of the keys {list(_TARGET_KEYS)}, or cleaned(..., target=) naming the label's place."
         )
     old = sample[where]
-    new: Any = torch.tensor(label, dtype=old.dtype) if isinstance(old, torch.Tensor) else type(old)(label)
+    new: Any
+    if isinstance(old, torch.Tensor) and old.ndim == 1 and old.is_floating_point() and old.numel() > 1:
+        # class probabilities (a one-hot row): the new label's row, not a scalar a collate cannot stack with the rest
+        if not 0 <= label < old.numel():
+            raise ValueError(f"relabel: class {label} is outside the item's {old.numel()} class probabilities.")
+        new = torch.zeros_like(old)
+        new[label] = 1
+    elif isinstance(old, torch.Tensor):
+        new = torch.tensor(label, dtype=old.dtype).reshape(old.shape)
+    else:
+        new = type(old)(label)
     if isinstance(sample, Mapping):
         return {**sample, where: new}
     items = list(sample)
@@ -144,6 +222,7 @@ class CleanedDataset(torch.utils.data.Dataset):
         dataset: the base dataset (never a view: views of views are flattened).
         indices: the base positions of the items kept, in order (``self[i]`` is ``dataset[indices[i]]``).
         relabel: ``{base index: new label}``.
+        target: where each item's label is (a tuple position or a dict key) for the relabeled items, or None.
 
     Example:
         >>> from torch.utils.data import TensorDataset
@@ -153,16 +232,27 @@ class CleanedDataset(torch.utils.data.Dataset):
         (4, (tensor(4.), tensor(1)))
     """
 
-    def __init__(self, dataset: Any, indices: torch.Tensor, relabel: dict[int, int]) -> None:
+    def __init__(
+        self, dataset: Any, indices: torch.Tensor, relabel: dict[int, int], target: int | str | None = None
+    ) -> None:
         self.dataset = dataset
         self.indices = indices
         self.relabel = relabel
+        self.target = target
         self.base_len = len(dataset)
 
     @classmethod
-    def of(cls, dataset: Any, *, drop: Iterable[Any] = (), relabel: Mapping[Any, Any] | None = None) -> CleanedDataset:
-        """``dataset`` without ``drop`` (indices) and with ``relabel`` (``{index: label}``) applied: a view."""
-        return cleaned(dataset, drop=drop, relabel=relabel)
+    def of(
+        cls,
+        dataset: Any,
+        *,
+        drop: Iterable[Any] = (),
+        relabel: Mapping[Any, Any] | None = None,
+        target: int | str | None = None,
+    ) -> CleanedDataset:
+        """``dataset`` without ``drop`` (indices, or a boolean mask) and with ``relabel`` (``{index: label}``)
+        applied: a view. ``target``: the label's position in each item (or its key), where it is not the last."""
+        return cleaned(dataset, drop=drop, relabel=relabel, target=target)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -171,7 +261,7 @@ class CleanedDataset(torch.utils.data.Dataset):
         j = int(self.indices[i])
         sample = self.dataset[j]
         label = self.relabel.get(j)
-        return sample if label is None else _with_target(sample, label)
+        return sample if label is None else _with_target(sample, label, self.target)
 
     @property
     def changes(self) -> dict[str, Any]:
@@ -201,8 +291,20 @@ class CleanedDataset(torch.utils.data.Dataset):
         )
 
 
-def cleaned(dataset: Any, *, drop: Iterable[Any] = (), relabel: Mapping[Any, Any] | None = None) -> CleanedDataset:
-    """The view of ``dataset`` without ``drop`` and with ``relabel`` applied (indices are ``dataset``'s own)."""
+def cleaned(
+    dataset: Any,
+    *,
+    drop: Iterable[Any] | None = (),
+    relabel: Mapping[Any, Any] | None = None,
+    target: int | str | None = None,
+    spec: BatchSpec | None = None,
+    custom: bool = False,
+) -> CleanedDataset:
+    """The view of ``dataset`` without ``drop`` and with ``relabel`` applied (indices are ``dataset``'s own).
+
+    Where each item's label is: ``target`` (a position in the item, or a key), else as the Trainer that trained on
+    the data reads it (``spec``, ``custom``: :func:`label_field`), read from one relabeled item now, so that a layout
+    it cannot tell is refused here, not in the next fit."""
     if isinstance(dataset, torch.utils.data.IterableDataset) or not callable(getattr(dataset, "__getitem__", None)):
         raise TypeError(
             f"cleaned() needs a dataset that can be indexed (dataset[i]), got {type(dataset).__name__}. Pass the "
@@ -212,8 +314,8 @@ def cleaned(dataset: Any, *, drop: Iterable[Any] = (), relabel: Mapping[Any, Any
         n = len(dataset)
     except TypeError:
         raise TypeError(f"cleaned() needs a dataset with len(), got {type(dataset).__name__}.") from None
-    drops = {_index(i, "drop") for i in drop}
-    labels = {_index(i, "relabel"): _label(v, int(i)) for i, v in (relabel or {}).items()}
+    drops = set(_indices(drop, "drop"))
+    labels = {_index(i, "relabel"): _label(v, _index(i, "relabel")) for i, v in (relabel or {}).items()}
     bad = sorted(i for i in drops | set(labels) if not 0 <= i < n)
     if bad:
         raise IndexError(f"cleaned(): indices {bad[:10]} are outside the dataset's {n:,} items (0..{n - 1}).")
@@ -224,12 +326,41 @@ def cleaned(dataset: Any, *, drop: Iterable[Any] = (), relabel: Mapping[Any, Any
     if drops:
         keep[torch.tensor(sorted(drops))] = False
     positions = keep.nonzero().flatten()
+    where = _where(dataset, labels, target, spec, custom) if labels else None
     if isinstance(dataset, CleanedDataset):  # a view of a view: one view of the base
         base = dataset.indices
         merged = dict(dataset.relabel)
         merged.update({int(base[i]): v for i, v in labels.items()})
-        return CleanedDataset(dataset.dataset, base[positions], merged)
-    return CleanedDataset(dataset, positions, labels)
+        return CleanedDataset(dataset.dataset, base[positions], merged, where if labels else dataset.target)
+    return CleanedDataset(dataset, positions, labels, where)
+
+
+def _where(
+    dataset: Any, labels: dict[int, int], target: int | str | None, spec: BatchSpec | None, custom: bool
+) -> int | str:
+    """The label's place in the items, checked on the first relabeled one."""
+    first = min(labels)
+    sample = dataset.dataset[int(dataset.indices[first])] if isinstance(dataset, CleanedDataset) else dataset[first]
+    if target is None and isinstance(dataset, CleanedDataset) and dataset.target is not None:
+        target = dataset.target
+    where = target if target is not None else label_field(sample, spec, custom=custom)
+    if where is None:
+        why = "the Trainer's compute_loss= decides what the label is" if custom else "the items hold several targets"
+        raise TypeError(
+            f"cleaned(relabel=...): cannot tell which field of the items ({_describe(sample)}) is the label to change: "
+            f"{why}. Pass target= (the label's position in each item, e.g. target=1, or its key)."
+        )
+    ok = (isinstance(where, str) and isinstance(sample, Mapping) and where in sample) or (
+        isinstance(where, int)
+        and not isinstance(where, bool)
+        and isinstance(sample, (tuple, list))
+        and 0 <= where < len(sample)
+    )
+    if not ok:
+        raise ValueError(
+            f"cleaned(target={where!r}): the items are {_describe(sample)}; name a position or key in them."
+        )
+    return where
 
 
 def data_changes(loader: Any) -> dict[str, Any] | None:

@@ -130,17 +130,20 @@ def tensor_source(dataset: Any) -> TensorSource | None:
     return None
 
 
-def _target_slot(dataset: Any) -> int | None:
-    """Which of a tensor source's tensors holds the targets (the last of a tuple, a target key of a dict)."""
+def _target_slot(dataset: Any, where: int | str | None = None) -> int | None:
+    """Which of a tensor source's tensors holds the targets: ``where`` (the label's place in an item, as
+    ``CleanedDataset.target`` says), else the last of a tuple or a target key of a dict."""
     if type(dataset) is Subset:
-        return _target_slot(dataset.dataset)
+        return _target_slot(dataset.dataset, where)
+    tensors = getattr(dataset, "tensors", ())
     if type(dataset) is ArrayDataset:
         if dataset.single:
             return None
         if dataset.keys is not None:
-            found = target_position(dict.fromkeys(dataset.keys))
-            return dataset.keys.index(found) if isinstance(found, str) else None
-    tensors = getattr(dataset, "tensors", ())
+            found = where if where is not None else target_position(dict.fromkeys(dataset.keys))
+            return dataset.keys.index(found) if isinstance(found, str) and found in dataset.keys else None
+    if where is not None:
+        return where if isinstance(where, int) and 0 <= where < len(tensors) else None
     return len(tensors) - 1 if len(tensors) >= 2 else None
 
 
@@ -153,7 +156,7 @@ def _cleaned_source(dataset: CleanedDataset) -> TensorSource | None:
     rows = dataset.indices if inner.index is None else inner.index[dataset.indices]
     tensors = list(inner.tensors)
     if dataset.relabel:
-        slot = _target_slot(dataset.dataset)
+        slot = _target_slot(dataset.dataset, dataset.target)
         if slot is None or tensors[slot].ndim != 1:
             return None  # read item by item (CleanedDataset.__getitem__ says what it cannot relabel)
         changed = torch.tensor(list(dataset.relabel), dtype=torch.int64)

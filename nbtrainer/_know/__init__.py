@@ -14,6 +14,8 @@ its ``check_data`` and ``show_batch`` verbs here; the panel's data section reads
 ``_show_batch``        show_batch: a batch as the model receives it (pictures, text, a table)
 ``_datamap``           DataMap: a callback adding up, per training item on the device, the probability of its
                        label, right or wrong and the margin, from the forward pass the step makes
+``_batch_rows``        which row of a batch is which item: the map's checks against a collate_fn that reorders or
+                       drops items, and whether a fit's data is the last fit's
 ``_issues``            LabelIssue / LabelIssues, the map's picture (confidence against variability)
 =====================  ================================================================================
 """

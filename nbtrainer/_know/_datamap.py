@@ -19,7 +19,6 @@ says so; ``correctness`` and ``aum`` are not defined there (NaN).
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
 import threading
@@ -31,13 +30,13 @@ import torch
 from nbtrainer._data._cleaned import CleanedDataset, DataEdits
 from nbtrainer._data._fetch import index_tensor
 from nbtrainer._dist._placement import unwrap_model
-from nbtrainer._know._issues import LabelIssue, LabelIssues, map_html
-from nbtrainer._look._gallery import input_html
+from nbtrainer._know._batch_rows import order_check, same_data
+from nbtrainer._know._issues import LabelIssue, LabelIssues, map_gallery, map_html
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
 from nbtrainer._look._per_item import NoPerItemLoss, per_item_loss
 from nbtrainer._loop._metrics import metric_input
-from nbtrainer._report._format import format_count, format_number
+from nbtrainer._report._format import format_count
 
 if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
@@ -102,6 +101,12 @@ class DataMap:
         self._extent = 0  # a list of batches: the items numbered so far
         self._device = torch.device("cpu")
         self._dataset: Any = None
+        self._layout: tuple[Any, bool] = (None, False)  # where an item's label is (cleaned(relabel=))
+        self._handed: Any = None  # the last view cleaned() returned: its fit has the edits built in
+        # a custom collate_fn may reorder or drop a batch's items: the first batch's labels are compared, on the
+        # device, with the dataset's at the batch's indices (read with the map: no sync in the fit)
+        self._verify = False
+        self._misordered: Tensor | None = None
 
     # -- the event stream --------------------------------------------------------------------------
     def on_fit_start(self, trainer: LoopHost) -> None:
@@ -115,7 +120,14 @@ class DataMap:
         size = track.size
         if fresh or size != self._size or trainer.device != self._device:
             self._reset(size, trainer.device)
-        self._dataset = getattr(track.loader, "dataset", None)
+        dataset = getattr(track.loader, "dataset", None)
+        if len(self.edits) and (dataset is self._handed or not same_data(dataset, self._dataset)):
+            # the decisions were indices of the data trained before: built into this view, or about other data
+            self.edits.clear()
+        self._dataset, self._handed = dataset, None
+        self._layout = (trainer.batch_spec, trainer.batch_steps.custom_loss)
+        collate = getattr(track.loader, "collate_fn", None)
+        self._verify = dataset is not None and collate not in (None, torch.utils.data.default_collate)
         self.note = f"no data map: {track.note}" if track.note is not None else self.note
         if self.mode is None or fresh:
             self.mode, self._loss_fn = None, None
@@ -132,10 +144,22 @@ class DataMap:
         if self.mode == "loss":
             with torch.no_grad():
                 values = self._loss_fn(outputs, targets).detach().float()
-            self._pending.append((values, None, indices))
+            kept = (values, None, indices)
         else:  # kept as they are (detached when reduced, under no_grad): a detach per step costs a dispatch
-            self._pending.append((metric_input(outputs), targets, indices))
-        self._rows += len(indices)
+            kept = (metric_input(outputs), targets, indices)
+        n = len(indices)
+        rows = kept[0].shape[0] if isinstance(kept[0], Tensor) and kept[0].ndim else n
+        if rows != n:  # a collate_fn that filters items: which row is which item cannot be told
+            self._off(
+                f"a training batch has {rows} rows for {n} dataset items (a collate_fn that drops or adds items), so "
+                "the map cannot tell which row is which item"
+            )
+            return
+        if self._verify:
+            self._verify = False
+            self._check_order(targets, indices)
+        self._pending.append(kept)
+        self._rows += n
         if self._rows >= self.flush_rows:
             self._reduce()
 
@@ -149,6 +173,7 @@ class DataMap:
 
     def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         self._reduce()
+        self._settle_order()
         if self._stats is None and self.note is None:
             self.note = (
                 "nothing recorded: this fit's steps make their own forward pass (training_step=, LBFGS or a "
@@ -159,10 +184,21 @@ class DataMap:
     def _reset(self, size: int | None, device: torch.device) -> None:
         with self._lock:
             self._size, self._device = size, device
-            self._stats = self._given = self._suggest = None
+            self._stats = self._given = self._suggest = self._misordered = None
             self._pending, self._rows, self.epochs, self.note, self._extent = [], 0, 0, None, 0
             if size is not None:
                 self._allocate(size)
+
+    def _off(self, why: str) -> None:
+        """Stop recording and forget what was recorded: rows that may belong to other items mislead."""
+        with self._lock:
+            self.mode, self.note = "off", f"no data map: {why}"
+            self._stats = self._given = self._suggest = None
+            self._pending, self._rows = [], 0
+
+    def _check_order(self, targets: Any, indices: Any) -> None:
+        if self.mode in ("classification", "binary") and not (targets.is_floating_point() and self.mode != "binary"):
+            self._misordered = order_check(self._dataset, self._layout, targets, indices)
 
     def _allocate(self, n: int) -> None:
         """Room for ``n`` items and one more column where rows that do not count (an ignored label, a NaN) land."""
@@ -272,11 +308,20 @@ class DataMap:
         return label, (safe == label) & torch.isfinite(margin), p, margin, other
 
     # -- reading (host copies, consistent across the columns) ----------------------------------------
+    def _settle_order(self) -> None:
+        flag, self._misordered = self._misordered, None
+        if flag is not None and bool(flag):  # SYNC: once a fit, when the map is read or the fit ends
+            self._off(
+                "the first batch's labels are not the dataset's at its indices: the collate_fn reorders (or changes) "
+                "a batch's items, so the map cannot tell which row is which item"
+            )
+
     def _columns(self) -> dict[str, Tensor]:
+        self._settle_order()
         with self._lock:
-            if self._stats is None:
-                empty = torch.empty(0)
-                return {"stats": torch.empty(5, 0), "given": empty.long(), "suggest": empty.long()}
+            if self._stats is None:  # nothing recorded (or forgotten): every item unseen
+                n = self._size or 0
+                return {"stats": torch.zeros(5, n), "given": torch.full((n,), -1), "suggest": torch.full((n,), -1)}
             assert self._given is not None and self._suggest is not None
             n = self._size if self._size is not None else self._extent  # a list's numbering grows in doublings
             return {
@@ -387,11 +432,19 @@ class DataMap:
         )
 
     def cleaned(
-        self, dataset: Any = None, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+        self,
+        dataset: Any = None,
+        *,
+        drop: Iterable[Any] | None = None,
+        relabel: Mapping[Any, Any] | None = None,
+        target: int | str | None = None,
     ) -> CleanedDataset:
         """``dataset`` (default: the training set of the last fit) without the items dropped and with the ones
-        relabeled, in the panel's cleaner (:attr:`edits`) and here (``drop``: indices, ``relabel``: ``{index:
-        label}``), as a view for the next fit: nothing is copied.
+        relabeled, in the panel's cleaner (:attr:`edits`) and here (``drop``: indices or a boolean mask such as
+        ``dm.confidence < 0.2``, ``relabel``: ``{index: label}``), as a view for the next fit: nothing is copied.
+        The new labels go where the Trainer read each item's label (its ``num_inputs=`` / ``target_keys=``), or at
+        ``target=`` (a position in each item, or a key) where it cannot tell (a ``compute_loss=``). A fit on the
+        view clears :attr:`edits` (they are in it; the map's indices are then the view's).
 
         Example:
             >>> # clean = dm.cleaned(train_ds, relabel={i.index: i.suggested for i in dm.label_issues(20)})
@@ -399,29 +452,18 @@ class DataMap:
         dataset = dataset if dataset is not None else self._dataset
         if dataset is None:
             raise ValueError("cleaned(dataset): pass the training dataset (this map has not seen a DataLoader's).")
-        return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
+        spec, custom = self._layout
+        view = self.edits.cleaned(dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom)
+        self._handed = view
+        return view
 
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
         """A gallery of training items (dataset indices, at most ``k``; default: the ``k`` most suspicious labels),
         each fetched again from the training set, captioned with its label, the suggestion and its confidence."""
-        t = self.table()
         if items is None:
             items = self.label_issues(k).indices
-        items = [int(i) for i in items][: max(int(k), 0)]
-        dataset = self._dataset
-        if dataset is None:
-            note = f"<div class='nbt-gallery-note'>The items cannot be shown: {self.note or 'no dataset seen'}.</div>"
-            return Gallery(note, items)
-        cards = []
-        for i in items:
-            caption = _caption(t, i, self.classes) if 0 <= i < len(t["index"]) else "not in this map"
-            body = input_html(dataset[i], decode=decode)
-            cards.append(
-                f"<div class='nbt-gallery-item' data-index='{i}' style='margin:0 8px 8px 0;max-width:260px;"
-                f"font-size:11px'>{body}<div>#{i} · {html.escape(caption)}</div></div>"
-            )
-        style = "display:flex;flex-flow:row wrap;align-items:flex-end"
-        return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
+        picked = [int(i) for i in items][: max(int(k), 0)]
+        return map_gallery(self.table(), picked, self._dataset, self.classes, self.note, decode=decode)
 
     # -- display -----------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -446,18 +488,3 @@ class DataMap:
 
     def _repr_html_(self) -> str:
         return map_html(self.table(), self.summary(), self.note, self.label_issues(10), classes=self.classes)
-
-
-def _caption(t: dict[str, Tensor], i: int, classes: Sequence[str] | None) -> str:
-    def name(c: int) -> str:
-        return str(classes[c]) if classes is not None and 0 <= c < len(classes) else str(c)
-
-    if int(t["visits"][i]) == 0:
-        return "not seen yet"
-    given, suggested = int(t["given"][i]), int(t["suggested"][i])
-    if given < 0:
-        return f"mean loss {format_number(float(t['score'][i]))}"
-    return (
-        f"given {name(given)} · suggested {name(suggested)} · confidence {float(t['confidence'][i]):.2f} · "
-        f"right {float(t['correctness'][i]):.0%}"
-    )

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from nbtrainer._look._gallery import rows_html
+from nbtrainer._look._gallery import input_html, rows_html
+from nbtrainer._look._interpretation import Gallery
 from nbtrainer._report._format import format_number
 
-__all__ = ["LabelIssue", "LabelIssues", "correctness_colour", "map_html"]
+__all__ = ["LabelIssue", "LabelIssues", "correctness_colour", "map_gallery", "map_html"]
 
 _SHOWN = 4000  # points drawn at most in the static picture (a seeded sample beyond)
 
@@ -179,3 +180,47 @@ def map_html(
         top = f"<div style='margin-left:12px'><div>most suspicious labels</div>{issues._repr_html_()}</div>"
         blocks.append(f"<div style='display:flex;flex-flow:row wrap'>{picture}{top}</div>")
     return f"<div class='nbt-datamap' style='font-size:12px'>{''.join(blocks)}</div>"
+
+
+def map_gallery(
+    table: dict[str, torch.Tensor],
+    items: list[int],
+    dataset: Any,
+    classes: Sequence[str] | None,
+    note: str | None,
+    *,
+    decode: Any = None,
+) -> Gallery:
+    """``DataMap.show``: the items fetched again from the training set, each captioned from the map's ``table``."""
+    if dataset is None:
+        shown = f"<div class='nbt-gallery-note'>The items cannot be shown: {note or 'no dataset seen'}.</div>"
+        return Gallery(shown, items)
+    cards = []
+    size = len(dataset)
+    for i in items:
+        if not 0 <= i < size:  # an index of another dataset (or a typo): said on its card, not raised
+            body, caption = "", f"not an item of this training set (0..{size - 1})"
+        else:
+            body = input_html(dataset[i], decode=decode)
+            caption = _caption(table, i, classes) if i < len(table["index"]) else "not in this map"
+        cards.append(
+            f"<div class='nbt-gallery-item' data-index='{i}' style='margin:0 8px 8px 0;max-width:260px;"
+            f"font-size:11px'>{body}<div>#{i} · {html.escape(caption)}</div></div>"
+        )
+    style = "display:flex;flex-flow:row wrap;align-items:flex-end"
+    return Gallery(f"<div class='nbt-gallery' style='{style}'>{''.join(cards)}</div>", items, cards)
+
+
+def _caption(t: dict[str, torch.Tensor], i: int, classes: Sequence[str] | None) -> str:
+    def name(c: int) -> str:
+        return str(classes[c]) if classes is not None and 0 <= c < len(classes) else str(c)
+
+    if int(t["visits"][i]) == 0:
+        return "not seen yet"
+    given, suggested = int(t["given"][i]), int(t["suggested"][i])
+    if given < 0:
+        return f"mean loss {format_number(float(t['score'][i]))}"
+    return (
+        f"given {name(given)} · suggested {name(suggested)} · confidence {float(t['confidence'][i]):.2f} · "
+        f"right {float(t['correctness'][i]):.0%}"
+    )

@@ -208,6 +208,7 @@ def interpret(
         dataset=dataset,
         decode=decode,
         feature_names=feature_names,
+        layout=(trainer.batch_spec, steps.custom_loss),
     )
 
 

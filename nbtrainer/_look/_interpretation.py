@@ -104,8 +104,10 @@ class Interpretation:
         dataset: Any = None,
         decode: Any = None,
         feature_names: Sequence[str] | None = None,
+        layout: tuple[Any, bool] = (None, False),
     ) -> None:
         self.items, self.task, self.dataset = items, task, dataset
+        self._layout = layout  # (BatchSpec, compute_loss given): where an item's label is, for cleaned(relabel=)
         self.decode, self.feature_names = decode, feature_names
         target = items.get("target")
         if task == "multilabel" and target is not None:
@@ -248,11 +250,18 @@ class Interpretation:
         return [int(self.indices[i]) for i in picked[order].tolist()]
 
     def cleaned(
-        self, dataset: Any = None, *, drop: Iterable[Any] | None = None, relabel: Mapping[Any, Any] | None = None
+        self,
+        dataset: Any = None,
+        *,
+        drop: Iterable[Any] | None = None,
+        relabel: Mapping[Any, Any] | None = None,
+        target: int | str | None = None,
     ) -> CleanedDataset:
         """``dataset`` (default: the one interpreted) without the items dropped and with the ones relabeled, in the
-        panel's cleaner (:attr:`edits`) and here (``drop``: indices, ``relabel``: ``{index: label}``), as a view for
-        the next fit: nothing is copied (``nbtrainer.CleanedDataset``).
+        panel's cleaner (:attr:`edits`) and here (``drop``: indices or a boolean mask, ``relabel``: ``{index:
+        label}``), as a view for the next fit: nothing is copied (``nbtrainer.CleanedDataset``). The new labels go
+        where the Trainer read each item's label (its ``num_inputs=`` / ``target_keys=``), or at ``target=`` (a
+        position in each item, or a key) where it cannot tell (a ``compute_loss=``).
 
         Example:
             >>> # clean_val = interp.cleaned(drop=[r["index"] for r in interp.top_losses(5)])
@@ -263,7 +272,8 @@ class Interpretation:
                 "cleaned(): this interpretation has no dataset to index (a list of batches or an IterableDataset was "
                 "interpreted); pass the dataset: interp.cleaned(dataset, drop=[...])."
             )
-        return self.edits.cleaned(dataset, drop=drop, relabel=relabel)
+        spec, custom = self._layout
+        return self.edits.cleaned(dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom)
 
     # -- pictures ----------------------------------------------------------------------------------
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:
