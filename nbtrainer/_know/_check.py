@@ -41,7 +41,8 @@ def check_max_items(max_items: Any) -> None:
 
 
 def _lists(loader: Any, max_items: int | None) -> tuple[list[list[int]] | None, int | None, bool]:
-    """The index lists of the pass (dataset order, or a seeded sample), the split's size, whether it was sampled."""
+    """The index lists of the pass (the items the loader's sampler can draw, each once, in dataset order; or a seeded
+    sample of them), the split's size, whether it was sampled."""
     dataset = getattr(loader, "dataset", None)
     if not isinstance(loader, torch.utils.data.DataLoader) or getattr(loader, "batch_sampler", None) is None:
         return None, _length(loader), False
@@ -51,13 +52,40 @@ def _lists(loader: Any, max_items: int | None) -> tuple[list[list[int]] | None, 
         n = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         return None, None, False
-    order = torch.arange(n)
-    sampled = max_items is not None and n > max_items
+    order = _drawn(loader, n)
+    total = len(order)
+    sampled = max_items is not None and total > max_items
     if sampled:
         g = torch.Generator().manual_seed(0)
-        order = torch.randperm(n, generator=g)[:max_items].sort().values
+        order = order[torch.randperm(len(order), generator=g)[:max_items]].sort().values
     size = loader.batch_size or _BATCH
-    return [chunk.tolist() for chunk in order.split(size)], n, sampled
+    return [chunk.tolist() for chunk in order.split(size)], total, sampled
+
+
+def _drawn(loader: Any, n: int) -> Tensor:
+    """The dataset indices the loader's sampler draws from: every item for the stock samplers over the whole
+    dataset (a weighted one can draw any of them), a subset sampler's own indices, else one epoch drawn under
+    ``kept_rng`` (the run's generators untouched), each index once. A split made by samplers over one dataset
+    (``SubsetRandomSampler``) is then checked as the split it is, not as the whole dataset twice."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, WeightedRandomSampler
+
+    batch_sampler = loader.batch_sampler
+    sampler = batch_sampler.sampler if type(batch_sampler) is BatchSampler else None
+    if type(sampler) is SequentialSampler or type(sampler) is WeightedRandomSampler:
+        return torch.arange(n)
+    if type(sampler) is RandomSampler and sampler.data_source is loader.dataset and not sampler.replacement:
+        return torch.arange(n)
+    indices = getattr(sampler, "indices", None)  # SubsetRandomSampler, and samplers written like it
+    try:
+        if indices is not None:
+            drawn = torch.as_tensor(list(indices), dtype=torch.int64)
+        else:
+            with kept_rng():
+                drawn = torch.as_tensor([i for batch in batch_sampler for i in batch], dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError):  # indices that are not ints (a custom sampler of keys)
+        log.debug("check_data: the sampler's indices could not be read; every item is checked", exc_info=True)
+        return torch.arange(n)
+    return torch.unique(drawn)  # sorted, each once
 
 
 def _length(loader: Any) -> int | None:
@@ -231,7 +259,10 @@ def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader
         return None
     report = trainer.data_report
     max_items = None if option is True else int(option)
-    if report is None or report.sources != (train_loader, val_loader) or report.max_items != max_items:
+    stale = report is None or report.sources != (train_loader, val_loader) or report.max_items != max_items
+    # a report made before (the panel's, at its construction) is reused, but never to refuse a fit: the data may
+    # have been fixed in place since, and a refusal is checked against the data as it is now
+    if stale or report.by_kind("label_range"):
         report = check_data(trainer, train_loader, val_loader, max_items=max_items)
     trainer.data_report = report
     for problem in report.problems:

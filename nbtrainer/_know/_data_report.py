@@ -166,9 +166,13 @@ class DataReport:
         lines += [f"  note: {n}" for n in self.notes]
         for name, split in self.splits.items():
             for field, s in split.get("fields", {}).items():
+                head = f"  {name} {field}: {s['dtype']} {list(s['shape'])}"
+                if s["mean"] != s["mean"]:  # NaN: an integer field (token ids, indices) has no moments
+                    lines.append(head)
+                    continue
                 lines.append(
-                    f"  {name} {field}: {s['dtype']} {list(s['shape'])} mean {format_number(s['mean'])} std "
-                    f"{format_number(s['std'])} min {format_number(s['min'])} max {format_number(s['max'])}"
+                    f"{head} mean {format_number(s['mean'])} std {format_number(s['std'])} min "
+                    f"{format_number(s['min'])} max {format_number(s['max'])}"
                 )
             if split.get("classes"):
                 counts = ", ".join(f"{k}: {v:,}" for k, v in sorted(split["classes"].items())[:20])

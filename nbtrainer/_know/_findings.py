@@ -44,6 +44,14 @@ def _n(count: int, word: str) -> str:
     return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
+def _are(count: int) -> str:
+    return "is" if count == 1 else "are"
+
+
+def _items(values: list[Any]) -> str:
+    return f"item{'' if len(values) == 1 else 's'} {_few(values)}"
+
+
 def _groups(hashes: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
     """Indices of the items sharing a hash, one array per group of two or more, in dataset order."""
     if len(hashes) < 2:
@@ -61,13 +69,16 @@ def _duplicates(split: Split) -> list[DataProblem]:
         return []
     copies = sorted(int(i) for g in groups for i in g[1:])
     where = "training" if split.name == "train" else "validation"
+    name = "train_set" if split.name == "train" else "val_set"
     problems = [
         DataProblem(
             "duplicates_within",
-            f"{len(copies):,} {where} items are exact copies of others ({len(groups):,} groups; e.g. items "
-            f"{_few([int(i) for i in groups[0]])}).",
-            "Copies weigh those items more and inflate scores on them: drop them, e.g. train_set = "
-            "nbtrainer.CleanedDataset.of(train_set, drop=report.by_kind('duplicates_within')[0].data['indices']).",
+            f"{_n(len(copies), where + ' item')} "
+            f"{'is an exact copy of another' if len(copies) == 1 else 'are exact copies of others'} "
+            f"({_n(len(groups), 'group')}; e.g. {_items([int(i) for i in groups[0]])}).",
+            "Copies weigh those items more and inflate scores on them: drop them, e.g. "
+            f"{name} = nbtrainer.CleanedDataset.of({name}, drop=report.by_kind('duplicates_within')[0].data['indices']"
+            ").",
             {
                 "split": split.name,
                 "count": len(copies),
@@ -86,8 +97,8 @@ def _duplicates(split: Split) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "conflicting_labels",
-                    f"{len(items):,} {where} items are copies with different labels ({len(clashes):,} groups; e.g. "
-                    f"{example}).",
+                    f"{_n(len(items), where + ' item')} {_are(len(items))} copies with different labels "
+                    f"({_n(len(clashes), 'group')}; e.g. {example}).",
                     "At most one label of each group can be right: relabel or drop the others.",
                     {"split": split.name, "indices": items, "groups": [[int(i) for i in g] for g in clashes[:100]]},
                     level="warning",
@@ -112,11 +123,20 @@ def _across(train: Split, val: Split) -> list[DataProblem]:
     train_ix = ti[order][pos[hit]].tolist()
     pairs = sorted(zip(val_ix, train_ix, strict=True))
     n, share = len(pairs), len(pairs) / max(val.items, 1)
+    verb = "is an exact copy" if n == 1 and not train.sampled else "are exact copies"
+    # a sampled training split finds only the copies of the items it read: a floor, not a count
+    floor = "at least " if train.sampled else ""
+    sample = (
+        f" (found among {train.items:,} training items sampled of {train.of:,}: check_data(max_items=None) counts "
+        "them all)"
+        if train.sampled and train.of
+        else ""
+    )
     return [
         DataProblem(
             "duplicates_across",
-            f"{n:,} of {val.items:,} validation items ({share:.0%}) are exact copies of training items (e.g. "
-            f"validation {pairs[0][0]} = training {pairs[0][1]}): validation scores will read too high.",
+            f"{floor}{n:,} of {val.items:,} validation items ({floor}{share:.0%}) {verb} of training items "
+            f"(e.g. validation {pairs[0][0]} = training {pairs[0][1]}){sample}: validation scores will read too high.",
             "Remove them from the validation set (or from training) before trusting its scores: val_set = "
             "nbtrainer.CleanedDataset.of(val_set, drop=report.by_kind('duplicates_across')[0].data['val_indices']) "
             "(arrays: keep the other rows).",
@@ -216,7 +236,8 @@ def _scale(split: Split, done: set[str]) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "constant",
-                    f"{_field_name(split, name)}: {len(constant)} of {stats.features} {axis}s are constant over all "
+                    f"{_field_name(split, name)}: {len(constant)} of {stats.features} {axis}s {_are(len(constant))} "
+                    "constant over all "
                     f"{split.items:,} items ({axis}s {_few(constant)}).",
                     "They carry no information: drop them, or check the pipeline that made them.",
                     {"split": split.name, "field": name, f"{axis}s": constant, "values": values},
@@ -227,6 +248,8 @@ def _scale(split: Split, done: set[str]) -> list[DataProblem]:
 
 
 def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProblem]:
+    if train.targets.kind == "binary":
+        return _binary_imbalance(train)
     counts = {k: v for k, v in train.targets.counts.items() if k != ignore and (outputs is None or 0 <= k < outputs)}
     if train.targets.kind != "labels" or len(counts) < 2:
         return []
@@ -252,9 +275,32 @@ def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProbl
     ]
 
 
+def _binary_imbalance(train: Split) -> list[DataProblem]:
+    pos, neg = train.targets.counts.get(1, 0), train.targets.counts.get(0, 0)
+    if not pos or not neg:
+        return []
+    ratio = max(pos, neg) / min(pos, neg)
+    if ratio < IMBALANCE:
+        return []
+    rare = "positive" if pos < neg else "negative"
+    return [
+        DataProblem(
+            "imbalance",
+            f"{_n(pos, 'positive training item')} against {neg:,} negative ({ratio:.1f} to 1): a model can score "
+            f"well by predicting the {'negative' if rare == 'positive' else 'positive'} class every time.",
+            f"Weight the positives: BCEWithLogitsLoss(pos_weight=torch.tensor([{neg / pos:.3g}])) (negatives / "
+            "positives), or sample evenly with a WeightedRandomSampler; watch precision and recall, not accuracy.",
+            {"counts": {0: neg, 1: pos}, "ratio": ratio, "pos_weight": neg / pos},
+            level="warning",
+        )
+    ]
+
+
 def _label_range(splits: list[Split], outputs: int, ignore: int) -> list[DataProblem]:
     problems = []
     for split in splits:
+        if split.targets.kind not in ("labels", "other"):  # 0/1 floats of a binary head: not class numbers
+            continue
         bad = sorted(k for k in split.targets.counts if k != ignore and not 0 <= k < outputs)
         if not bad:
             continue
@@ -267,9 +313,14 @@ def _label_range(splits: list[Split], outputs: int, ignore: int) -> list[DataPro
                 "label_range",
                 f"{where} labels {_few(bad)} are outside the model's {outputs} outputs (0..{outputs - 1}): "
                 f"{_n(n, 'item' if split.targets.kind == 'labels' else 'value')}"
-                + (f", e.g. items {_few(sorted(wrong))}." if wrong else "."),
-                f"Give the model {max(bad) + 1} outputs (its last layer as wide as the number of classes) or map the "
-                f"labels to 0..{outputs - 1} (0-based class numbers).",
+                + (f", e.g. {_items(sorted(wrong))}." if wrong else "."),
+                (
+                    f"Give the model {max(bad) + 1} outputs (its last layer as wide as the number of classes) or map "
+                    f"the labels to 0..{outputs - 1} (0-based class numbers)."
+                    if min(bad) >= 0
+                    else f"Map the labels to 0..{outputs - 1} (0-based class numbers); a label to leave out of the "
+                    f"loss is {ignore} (the criterion's ignore_index)."
+                ),
                 {"split": split.name, "labels": bad, "outputs": outputs, "indices": sorted(wrong)},
             )
         )
@@ -313,7 +364,7 @@ def _summary(split: Split) -> dict[str, Any]:
         "fields": fields,
         "targets": t.kind,
     }
-    if t.kind == "labels":
+    if t.kind in ("labels", "binary"):
         out["classes"] = dict(sorted(t.counts.items()))
     return out
 

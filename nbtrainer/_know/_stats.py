@@ -159,7 +159,7 @@ class TargetStats:
     """What the targets are: class labels (counted), float values (moments) or several labels per item."""
 
     def __init__(self) -> None:
-        self.kind: str | None = None  # "labels", "multilabel", "values", "none" or "other"
+        self.kind: str | None = None  # "labels", "binary", "multilabel", "values", "none" or "other"
         self.counts: dict[int, int] = {}
         self.items = 0
         self.values = FieldStats("targets", torch.zeros(1, 1))
@@ -182,6 +182,18 @@ class TargetStats:
             for v, c in zip(values.tolist(), counts.tolist(), strict=True):
                 self.counts[v] = self.counts.get(v, 0) + c
             return t.numpy().astype(np.int64)
+        single = t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)
+        if t.is_floating_point() and single and self.kind in (None, "binary") and bool(((t == 0) | (t == 1)).all()):
+            # 0/1 floats, one per item: a binary classifier's targets (BCEWithLogitsLoss), counted as classes 0 and 1
+            self.kind = "binary"
+            labels = t.reshape(-1).long()
+            ones = int(labels.sum())
+            self.counts[1] = self.counts.get(1, 0) + ones
+            self.counts[0] = self.counts.get(0, 0) + len(labels) - ones
+            return labels.numpy().astype(np.int64)
+        if self.kind == "binary" and t.is_floating_point():  # values other than 0 and 1 after all: not labels
+            self.counts.clear()
+            self.kind = None
         if t.is_floating_point() and t.ndim == 2 and t.shape[1] > 1 and bool(((t == 0) | (t == 1)).all()):
             self.kind = "multilabel"
             sums = t.sum(0).double()

@@ -101,7 +101,7 @@ def test_labels_past_the_outputs_refuse_the_fit_before_its_first_step():
     trainer = _trainer(model, check_data=True)
     problem = trainer.check_data((x, y)).by_kind("label_range")[0]
     assert problem.data == {"split": "train", "labels": [7], "outputs": 3, "indices": [37]}
-    with pytest.raises(ValueError, match=r"labels 7 are outside the model's 3 outputs \(0..2\).*items 37"):
+    with pytest.raises(ValueError, match=r"labels 7 are outside the model's 3 outputs \(0..2\).*item 37"):
         trainer.fit((x, y), batch_size=8, epochs=1)
     assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     # -100 (CrossEntropyLoss's ignore_index) is not a label
