@@ -6,7 +6,9 @@
   ``DataLoader(TensorDataset(x, y))`` yields them (the last element is the target, see ``_batch``);
 * a dict of arrays ``{"input_ids": ..., "labels": ...}``: dict batches (``model(**inputs)``, targets from
   ``labels`` / ``target_keys``);
-* one array ``x``: inputs-only batches (``predict(x)``, or ``compute_loss=``).
+* one array ``x``: inputs-only batches (``predict(x)``, or ``compute_loss=``);
+* a map-style ``Dataset`` (``dm.cleaned()``'s view, a ``TensorDataset``...) with ``batch_size=``: a
+  ``DataLoader`` over it, as for arrays.
 
 Arrays are ``torch.Tensor``, ``numpy.ndarray`` or anything with ``__array__`` (a pandas frame), all with
 one row per sample. NumPy ``float64`` becomes ``float32`` (torch's default dtype; a float64 array is
@@ -23,7 +25,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArrayDataset", "as_loader", "as_loaders", "describe", "eval_loader", "fit_loaders", "is_array_data"]
+__all__ = [
+    "ArrayDataset",
+    "as_loader",
+    "as_loaders",
+    "describe",
+    "eval_loader",
+    "fit_loaders",
+    "is_array_data",
+    "is_map_dataset",
+]
 
 Tensor = torch.Tensor
 EVAL_BATCH_SIZE = 256  # evaluate / predict on arrays without batch_size= (no gradients: larger is fine)
@@ -47,6 +58,15 @@ def is_array_data(obj: Any) -> bool:
     if isinstance(obj, Mapping):
         return len(obj) > 0 and all(isinstance(k, str) and _is_array(v) for k, v in obj.items())
     return False
+
+
+def is_map_dataset(obj: Any) -> bool:
+    """A map-style ``Dataset`` (``dataset[i]`` and ``len``): a DataLoader over it batches it, as arrays are batched."""
+    return (
+        isinstance(obj, torch.utils.data.Dataset)
+        and not isinstance(obj, torch.utils.data.IterableDataset)
+        and callable(getattr(obj, "__len__", None))
+    )
 
 
 def _numbers(obj: Any, depth: int = 0) -> bool:
@@ -200,11 +220,18 @@ def as_loader(
         >>> [len(xb) for xb, yb in loader]
         [4, 4, 2]
     """
-    if not is_array_data(data):
+    dataset_given = is_map_dataset(data)
+    if not dataset_given and not is_array_data(data):
         return data
     # the example puts the arrays where the call takes its data (these take a model or a trainer first)
     before = "..., " if caller in ("TrainerWidget", "compare_strategies", "profile_training") else ""
-    example = f"{caller}({before}(x, y), batch_size=32)"
+    example = f"{caller}({before}{'dataset' if dataset_given else '(x, y)'}, batch_size=32)"
+    if batch_size is None and dataset_given:
+        raise TypeError(
+            f"{name} is a Dataset ({type(data).__name__}), not a loader: iterating it yields single samples without "
+            f"a batch dimension. Pass batch_size= (e.g. {example}), or wrap it: DataLoader(dataset, batch_size=32, "
+            "shuffle=True)."
+        )
     if batch_size is None:
         if _is_array(data):  # most likely a loader was meant
             kind = "tensor" if isinstance(data, Tensor) else type(data).__name__
@@ -220,7 +247,7 @@ def as_loader(
     check_batch_size(batch_size)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
-    dataset = ArrayDataset(data)
+    dataset = data if dataset_given else ArrayDataset(data)
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=default_shuffle if shuffle is None else shuffle
     )
@@ -243,16 +270,18 @@ def fit_loaders(
     val_name = "val_data" if val_data is not None else "val_loader"
     check_not_lists(data, "the training data")
     check_not_lists(val, val_name)
-    train_arrays, val_arrays = is_array_data(data), val is not None and is_array_data(val)
+    train_arrays = is_array_data(data) or is_map_dataset(data)
+    val_arrays = val is not None and (is_array_data(val) or is_map_dataset(val))
     if batch_size is not None and not (train_arrays or val_arrays):
         raise TypeError(
-            f"batch_size={batch_size!r} applies to array data (a tuple or dict of tensors / NumPy arrays), but "
-            f"{caller}() got {_what(data)}, which batches itself. Drop batch_size=, or pass arrays."
+            f"batch_size={batch_size!r} applies to array data (a tuple or dict of tensors / NumPy arrays) and "
+            f"datasets, but {caller}() got {_what(data)}, which batches itself. Drop batch_size=, or pass arrays."
         )
     if shuffle is not None and not train_arrays:
         raise TypeError(
-            f"shuffle={shuffle!r} applies to training arrays, but {caller}() got a {type(data).__name__}. "
-            "Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass arrays."
+            f"shuffle={shuffle!r} applies to training arrays and datasets, but {caller}() got a "
+            f"{type(data).__name__}. Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass "
+            "arrays."
         )
     train = as_loader(
         data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader", caller=caller
@@ -290,7 +319,7 @@ def as_loaders(
 def eval_loader(data: Any, batch_size: int | None, *, name: str) -> Any:
     """``evaluate`` / ``predict``: arrays become a loader in order (``batch_size`` default 256)."""
     check_not_lists(data, f"the {name}")
-    if batch_size is not None and not is_array_data(data):
+    if batch_size is not None and not is_array_data(data) and not is_map_dataset(data):
         raise TypeError(
             f"batch_size={batch_size!r} applies to array data, but the {name} is a {type(data).__name__}, "
             "which batches itself. Drop batch_size=, or pass arrays."

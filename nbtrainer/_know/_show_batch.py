@@ -122,7 +122,9 @@ def show_batch(
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}.")
     loader = _arrays.eval_loader(
-        loader, max(n, 1) if _arrays.is_array_data(loader) else None, name="show_batch() loader"
+        loader,
+        max(n, 1) if _arrays.is_array_data(loader) or _arrays.is_map_dataset(loader) else None,
+        name="show_batch() loader",
     )
     batch = _first_batch(loader)
     args, kwargs, targets = (spec or BatchSpec()).split(batch)
