@@ -30,7 +30,10 @@ def order_check(dataset: Any, layout: tuple[Any, bool], targets: Any, indices: A
     if not isinstance(targets, Tensor) or targets.ndim != 1:
         return None
     spec, custom = layout
-    picked = (indices.tolist() if isinstance(indices, Tensor) else list(indices))[:_CHECKED]
+    listed = indices.tolist() if isinstance(indices, Tensor) else list(indices)
+    if targets.shape[0] != len(listed):  # items dropped or added: the reduction says so, from the row counts
+        return None
+    picked = listed[:_CHECKED]
     expected = []
     for i in picked:
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,6 +66,8 @@ class DataMap:
     Args:
         classes: class names, for display.
         flush_rows: reduce the waiting rows on the device once this many are kept (bounds the logits held).
+        loss_per_item: ``fn(outputs, targets) -> one loss per item``, for targets that are not class labels where the
+            criterion cannot give its loss per item (one with no ``reduction='none'``, a ``compute_loss=``).
 
     Example:
         >>> import torch
@@ -81,14 +83,23 @@ class DataMap:
         (torch.Size([64]), 3, 5)
     """
 
-    def __init__(self, *, classes: Sequence[Any] | None = None, flush_rows: int = 1 << 16) -> None:
+    def __init__(
+        self,
+        *,
+        classes: Sequence[Any] | None = None,
+        flush_rows: int = 1 << 16,
+        loss_per_item: Callable[[Any, Any], Tensor] | None = None,
+    ) -> None:
+        if loss_per_item is not None and not callable(loss_per_item):
+            raise TypeError(f"loss_per_item must be a function fn(outputs, targets) -> losses, got {loss_per_item!r}.")
+        self.loss_per_item = loss_per_item
         self.classes = [str(c) for c in classes] if classes is not None else None
         self.flush_rows = int(flush_rows)
         self.mode: str | None = None
         self.note: str | None = None
         self.edits = DataEdits()
         self.epochs = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _off from inside a reduction
         self._stats: Tensor | None = None  # (5, N) float32 on the run's device
         self._given: Tensor | None = None  # (N,) the label last seen (-1: never)
         # (2, N): the strongest other class at the last visit; the class predicted at the last visit predicted wrong
@@ -141,25 +152,16 @@ class DataMap:
             self._choose_mode(trainer, outputs, targets)
         if self.mode == "off":
             return
-        if self.mode == "loss":
-            with torch.no_grad():
-                values = self._loss_fn(outputs, targets).detach().float()
-            kept = (values, None, indices)
-        else:  # kept as they are (detached when reduced, under no_grad): a detach per step costs a dispatch
-            kept = (metric_input(outputs), targets, indices)
-        n = len(indices)
-        rows = kept[0].shape[0] if isinstance(kept[0], Tensor) and kept[0].ndim else n
-        if rows != n:  # a collate_fn that filters items: which row is which item cannot be told
-            self._off(
-                f"a training batch has {rows} rows for {n} dataset items (a collate_fn that drops or adds items), so "
-                "the map cannot tell which row is which item"
-            )
-            return
         if self._verify:
             self._verify = False
             self._check_order(targets, indices)
-        self._pending.append(kept)
-        self._rows += n
+        if self.mode == "loss":
+            with torch.no_grad():
+                values = self._loss_fn(outputs, targets).detach().float()
+            self._pending.append((values, None, indices))
+        else:  # kept as they are (detached when reduced, under no_grad): a detach per step costs a dispatch
+            self._pending.append((metric_input(outputs), targets, indices))
+        self._rows += len(indices)
         if self._rows >= self.flush_rows:
             self._reduce()
 
@@ -231,9 +233,10 @@ class DataMap:
         }.get(task, "targets that are not class labels")
         try:
             custom = trainer.batch_steps.custom_loss
-            self._loss_fn = per_item_loss(criterion, unwrap_model(trainer.model), None, custom=custom)
+            self._loss_fn = per_item_loss(criterion, unwrap_model(trainer.model), self.loss_per_item, custom=custom)
         except NoPerItemLoss as exc:
-            self.mode, self.note = "off", f"no data map: {what}, and the loss cannot be split per item ({exc})"
+            why = str(exc).removeprefix("interpret: ").replace("interpret(..., loss_", "DataMap(loss_")
+            self.mode, self.note = "off", f"no data map: {what}, and the loss cannot be split per item ({why})"
             return
         self.mode = "loss"
         self.note = (
@@ -265,6 +268,13 @@ class DataMap:
                 self._allocate(int(self._size or 0))
             assert self._stats is not None and self._given is not None and self._suggest is not None
             trash = self._stats.shape[1] - 1
+            rows = sum(int(p[0].shape[0]) for p in pending)  # host metadata, no read
+            if rows != len(idx):  # a collate_fn that drops or adds items: which row is which item cannot be told
+                self._off(
+                    f"the training batches had {rows:,} rows for {len(idx):,} dataset items (a collate_fn that "
+                    "drops or adds items), so the map cannot tell which row is which item"
+                )
+                return
             if self.mode == "loss":
                 loss = torch.cat([p[0].reshape(-1) for p in pending])
                 like = torch.exp(-loss.clamp(min=0))

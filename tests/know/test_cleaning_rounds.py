@@ -219,3 +219,23 @@ def test_show_says_which_items_are_not_in_the_training_set() -> None:
     _trainer(torch.nn.Linear(4, 3), dm).fit((x, y), batch_size=8, epochs=1)
     shown = dm.show([2, 99])
     assert "not an item of this training set (0..47)" in shown.html and "#2 · given" in shown.html
+
+
+class _TokenLoss(torch.nn.Module):  # one loss per batch, no reduction=: the map cannot split it without help
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_a_loss_the_map_cannot_split_is_followed_with_loss_per_item() -> None:
+    ids = torch.randint(0, 16, (32, 6), generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    plain = DataMap()
+    Trainer(model, _TokenLoss(), "adam", lr=1e-2, callbacks=[plain], progress=False).fit((ids, ids), batch_size=8)
+    assert plain.mode == "off" and "DataMap(loss_per_item=" in (plain.note or "")
+
+    def per_item(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out.transpose(1, 2), y, reduction="none").mean(1)
+
+    dm = DataMap(loss_per_item=per_item)
+    Trainer(model, _TokenLoss(), "adam", lr=1e-2, callbacks=[dm], progress=False).fit((ids, ids), batch_size=8)
+    assert dm.mode == "loss" and int(dm.visits.min()) == 1 and bool(torch.isfinite(dm.confidence).all())
