@@ -268,10 +268,10 @@ class DataMap:
                 self._allocate(int(self._size or 0))
             assert self._stats is not None and self._given is not None and self._suggest is not None
             trash = self._stats.shape[1] - 1
-            rows = sum(int(p[0].shape[0]) for p in pending)  # host metadata, no read
-            if rows != len(idx):  # a collate_fn that drops or adds items: which row is which item cannot be told
+            kept = sum(int(p[0].shape[0]) for p in pending)  # host metadata, no read
+            if kept != len(idx):  # a collate_fn that drops or adds items: which row is which item cannot be told
                 self._off(
-                    f"the training batches had {rows:,} rows for {len(idx):,} dataset items (a collate_fn that "
+                    f"the training batches had {kept:,} rows for {len(idx):,} dataset items (a collate_fn that "
                     "drops or adds items), so the map cannot tell which row is which item"
                 )
                 return
