@@ -162,8 +162,8 @@ def _values(split: Split) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "nonfinite",
-                    f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. items "
-                    f"{_few(stats.nonfinite_first)}.",
+                    f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. "
+                    f"{_items(stats.nonfinite_first)}.",
                     "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
                     {
                         "split": split.name,

@@ -83,52 +83,96 @@ def _feature_view(t: Tensor) -> Tensor:
     return t.transpose(0, 1).reshape(t.shape[1], -1).T  # every position of a channel is a value of that channel
 
 
-class FieldStats:
-    """Running moments of one input field, per feature (float fields), and where values are not finite."""
+def _fallback_view(t: Tensor) -> Tensor:
+    """``(values, features)`` when dimension 1 is a length that varies from batch to batch (sequences padded per
+    batch): the last dimension's features for ``(B, T, D)``, one feature for ``(B, T)``."""
+    return t.reshape(-1, t.shape[-1]) if t.ndim >= 3 else t.reshape(-1, 1)
 
-    def __init__(self, name: str, sample: Tensor) -> None:
-        self.name = name
-        self.dtype = str(sample.dtype).replace("torch.", "")
-        self.shape = tuple(sample.shape[1:])
-        self.floating = sample.is_floating_point() or sample.is_complex()
-        self.features = 1 if sample.ndim <= 1 else int(sample.shape[1])
-        self.layout = "table" if sample.ndim == 2 else "channels" if sample.ndim >= 3 else "values"
-        self.items = 0
-        f = self.features
+
+class _Moments:
+    """Running count, sum, sum of squares, min, max and non-finite count per feature, in float64."""
+
+    def __init__(self, features: int) -> None:
+        f = self.features = features
         self.count = torch.zeros(f, dtype=torch.float64)
         self.sum = torch.zeros(f, dtype=torch.float64)
         self.sumsq = torch.zeros(f, dtype=torch.float64)
         self.min = torch.full((f,), math.inf, dtype=torch.float64)
         self.max = torch.full((f,), -math.inf, dtype=torch.float64)
         self.nonfinite = torch.zeros(f, dtype=torch.int64)  # values per feature
-        self.nonfinite_items = 0
-        self.nonfinite_first: list[int] = []  # the first dataset indices holding one
-        self.mismatch = False
 
-    def add(self, value: Tensor, indices: np.ndarray) -> None:
-        n = value.shape[0]
-        self.items += n
-        if tuple(value.shape[1:]) != self.shape:
-            self.mismatch = True  # variable-length items (padded per batch): moments still per feature
-        if not self.floating or value.is_complex():
-            return
-        if value.ndim >= 2 and int(value.shape[1]) != self.features:
-            return
-        x = _feature_view(value.detach().to("cpu", torch.float64))
+    def add(self, x: Tensor) -> None:
         finite = torch.isfinite(x)
         bad = ~finite
         if bool(bad.any()):
             self.nonfinite += bad.sum(0)
-            per_item = bad.reshape(n, -1).any(1) if value.ndim <= 2 else ~torch.isfinite(value.reshape(n, -1)).all(1)
-            self.nonfinite_items += int(per_item.sum())
-            if len(self.nonfinite_first) < 20:
-                self.nonfinite_first += indices[per_item.numpy()].tolist()[: 20 - len(self.nonfinite_first)]
             x = torch.where(finite, x, 0.0)
         self.count += finite.sum(0)
         self.sum += x.sum(0)
         self.sumsq += (x * x).sum(0)
         self.min = torch.minimum(self.min, torch.where(finite, x, math.inf).min(0).values)
         self.max = torch.maximum(self.max, torch.where(finite, x, -math.inf).max(0).values)
+
+
+class FieldStats:
+    """Running moments of one input field, per feature (float fields), and where values are not finite.
+
+    Features are a table's columns or dimension 1 of larger items (an image's channels); when dimension 1 turns out
+    to vary from batch to batch (sequences padded per batch), a second set of moments, kept from the first batch
+    over the last dimension (or the whole row), takes over, so every batch still counts."""
+
+    def __init__(self, name: str, sample: Tensor) -> None:
+        self.name = name
+        self.dtype = str(sample.dtype).replace("torch.", "")
+        self.shape = tuple(sample.shape[1:])
+        self.floating = sample.is_floating_point() or sample.is_complex()
+        self.layout = "table" if sample.ndim == 2 else "channels" if sample.ndim >= 3 else "values"
+        self.items = 0
+        self._main = _Moments(1 if sample.ndim <= 1 else int(sample.shape[1]))
+        # a 4-d item's dimension 1 is an image's channels; a 3-d one's may be a sequence's steps, a table's width a
+        # padded length: those keep a second set of moments (each batch's values counted twice, in the check only)
+        self._fallback: _Moments | None = (
+            _Moments(int(sample.shape[-1])) if sample.ndim == 3 else _Moments(1) if sample.ndim == 2 else None
+        )
+        self._varies = False
+        self.nonfinite_items = 0
+        self.nonfinite_first: list[int] = []  # the first dataset indices holding one
+        self.mismatch = False
+
+    @property
+    def _active(self) -> _Moments:
+        return self._fallback if self._varies and self._fallback is not None else self._main
+
+    features = property(lambda self: self._active.features)
+    count = property(lambda self: self._active.count)
+    sum = property(lambda self: self._active.sum)
+    sumsq = property(lambda self: self._active.sumsq)
+    min = property(lambda self: self._active.min)
+    max = property(lambda self: self._active.max)
+    nonfinite = property(lambda self: self._active.nonfinite)
+
+    def add(self, value: Tensor, indices: np.ndarray) -> None:
+        n = value.shape[0]
+        self.items += n
+        if tuple(value.shape[1:]) != self.shape:
+            self.mismatch = True  # variable-length items (padded per batch)
+        if not self.floating or value.is_complex():
+            return
+        x = value.detach().to("cpu", torch.float64)
+        per_item = ~torch.isfinite(x.reshape(n, -1)).all(1)
+        if bool(per_item.any()):
+            self.nonfinite_items += int(per_item.sum())
+            if len(self.nonfinite_first) < 20:
+                self.nonfinite_first += indices[per_item.numpy()].tolist()[: 20 - len(self.nonfinite_first)]
+        if value.ndim >= 2 and int(value.shape[1]) != self._main.features and not self._varies:
+            if self._fallback is None or (value.ndim == 3 and int(value.shape[-1]) != self._fallback.features):
+                return  # neither dimension 1 nor the last one keeps its size: no moments from this batch
+            self._varies = True
+            self.layout = "sequence" if value.ndim == 3 else "values"
+        if not self._varies:
+            self._main.add(_feature_view(x))
+        if self._fallback is not None and (value.ndim < 3 or int(value.shape[-1]) == self._fallback.features):
+            self._fallback.add(_fallback_view(x))
 
     # -- summaries -------------------------------------------------------------------------------
     def moments(self) -> tuple[Tensor, Tensor]:

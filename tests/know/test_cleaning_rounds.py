@@ -239,3 +239,22 @@ def test_a_loss_the_map_cannot_split_is_followed_with_loss_per_item() -> None:
     dm = DataMap(loss_per_item=per_item)
     Trainer(model, _TokenLoss(), "adam", lr=1e-2, callbacks=[dm], progress=False).fit((ids, ids), batch_size=8)
     assert dm.mode == "loss" and int(dm.visits.min()) == 1 and bool(torch.isfinite(dm.confidence).all())
+
+
+def test_sequences_padded_per_batch_are_checked_in_every_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    items = [torch.randn(int(n), 5, generator=g) for n in torch.randint(3, 9, (64,), generator=g)]
+    items[3][1, 2] = float("nan")
+    items[40][0, 4] = float("inf")
+
+    def pad(batch: list[Any]) -> list[torch.Tensor]:
+        seqs = torch.nn.utils.rnn.pad_sequence([b[0] for b in batch], batch_first=True)
+        return [seqs, torch.stack([b[1] for b in batch])]
+
+    data = [(s, torch.tensor(i % 2)) for i, s in enumerate(items)]
+    report = _trainer(torch.nn.Linear(5, 2)).check_data(DataLoader(data, batch_size=16, collate_fn=pad))  # type: ignore[arg-type]
+    (bad,) = report.by_kind("nonfinite")
+    assert bad.data["indices"] == [3, 40] and bad.data["items"] == 2
+    every = torch.cat(items)
+    finite = every[torch.isfinite(every).all(1)]
+    assert report.splits["train"]["fields"]["inputs"]["max"] == pytest.approx(float(finite.max()))
