@@ -63,7 +63,8 @@ class EarlyStopping(Callback):
     """Stop when a monitored value stops improving.
 
     Args:
-        monitor: a key of the epoch logs (``"val_loss"``, ``"val_acc"``, ...).
+        monitor: a key of the epoch logs (``"val_loss"``, ``"val_acc"``, ...). An epoch that does not log it
+            (validation every n epochs: ``val_every_n_epochs``) is skipped: patience counts the epochs that do.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names).
         patience: epochs without improvement before stopping.
         min_delta: the smallest change that counts as an improvement.
@@ -113,6 +114,10 @@ class EarlyStopping(Callback):
         check_monitor("EarlyStopping", self.monitor, trainer)
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
+        if self.monitor not in logs:
+            # An epoch that does not log it (no validation under val_every_n_epochs > 1) is not judged, nor counted
+            # in the patience; a key the fit never logs was refused at on_fit_start.
+            return
         value = float(logs[self.monitor])
         reason = None
         if self.check_finite and not math.isfinite(value):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import string
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: directory for the files (created; must be writable: checked before training).
-        monitor: log key to rank checkpoints by (``None``: keep the most recent ``save_top_k``).
+        monitor: log key to rank checkpoints by (``None``: keep the most recent ``save_top_k``). An epoch that
+            does not log it, or a key ``filename`` uses (validation every n epochs: ``val_every_n_epochs``), writes
+            no ranked checkpoint (``last.ckpt`` still).
         mode: ``"min"``, ``"max"`` or ``"auto"``.
         save_top_k: how many ranked checkpoints to keep (``-1`` all, ``0`` none besides ``last``).
         save_last: also keep ``last.ckpt``, overwritten at every save (``resume_from="last"`` finds it).
@@ -154,7 +157,10 @@ class ModelCheckpoint(Callback):
         if epoch % self.every_n_epochs:
             return
         # The epoch is complete: the saved loop state points at the start of the next epoch.
-        if self.save_top_k != 0:
+        # An epoch that does not log the monitor or a key of the filename (no validation this epoch under
+        # val_every_n_epochs > 1) is not ranked; keys the fit never logs were refused before the first step.
+        needs = _format_fields(self.filename) | ({self.monitor} if self.monitor else set())
+        if self.save_top_k != 0 and needs <= logs.keys() | {"epoch", "step"}:
             score = float(logs[self.monitor]) if self.monitor else float(epoch)
             if math.isfinite(score) and self._qualifies(score):
                 name = self.filename.format(**{**logs, "epoch": epoch, "step": trainer.global_step})
@@ -226,3 +232,8 @@ def _can_create_file(directory: str) -> bool:
     os.close(fd)
     os.unlink(probe)
     return True
+
+
+def _format_fields(fmt: str) -> set[str]:
+    """The log keys a filename format string reads (``"{val_loss:.4f}"``: ``val_loss``)."""
+    return {field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(fmt) if field}

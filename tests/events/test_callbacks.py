@@ -118,6 +118,48 @@ def test_model_checkpoint_top_k_and_last(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
+class ScriptedWhenValidated:
+    """Overwrites val_loss with a scripted sequence on the epochs that validate, and only on those."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        if "val_loss" in logs:
+            logs["val_loss"] = self.values.pop(0)
+
+
+def test_early_stopping_skips_epochs_without_validation():
+    # val_every_n_epochs=2: epochs 1, 3, 5 log no val_loss. They are not judged (it used to be a KeyError at the
+    # end of epoch 1, after training) and do not count in the patience: 1.0 at epoch 2, then no improvement at 4.
+    x, y = make_classification(n=64)
+    es = EarlyStopping("val_loss", patience=1)
+    trainer = _trainer([ScriptedWhenValidated([1.0, 1.1, 0.5]), es], val_every_n_epochs=2)
+    h = trainer.fit(make_loader(x, y), make_loader(x, y), epochs=6)
+    assert [("val_loss" in row) for row in h.epochs] == [False, True, False, True]
+    assert es.stopped_epoch == 4 and es.best_epoch == 2 and es.wait == 1
+    assert h.status == "stopped" and "did not improve for 1 epochs" in h.stop_reason
+
+
+def test_model_checkpoint_ranks_only_the_epochs_that_log_its_keys(tmp_path):
+    # The monitor, and a filename naming a val_ key without a monitor: the epochs without validation write no
+    # ranked file (their name and score do not exist), last.ckpt is still written every epoch.
+    x, y = make_classification(n=64)
+    ranked = ModelCheckpoint(tmp_path / "ranked", monitor="val_loss", save_top_k=-1, save_last=True)
+    named = ModelCheckpoint(tmp_path / "named", filename="e{epoch}-{val_loss:.1f}", save_top_k=-1)
+    trainer = _trainer([ScriptedWhenValidated([0.5, 0.25]), ranked, named], val_every_n_epochs=2)
+    h = trainer.fit(make_loader(x, y), make_loader(x, y), epochs=4)
+    assert h.status == "finished" and len(h) == 4
+    assert sorted(p.name for p in (tmp_path / "ranked").iterdir()) == [
+        "epoch002-0.5000.ckpt",
+        "epoch004-0.2500.ckpt",
+        "last.ckpt",
+    ]
+    assert ranked.best_model_path is not None and ranked.best_model_path.endswith("epoch004-0.2500.ckpt")
+    assert load_checkpoint(tmp_path / "ranked" / "last.ckpt")["loop"]["global_step"] == trainer.global_step
+    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == ["e2-0.5.ckpt", "e4-0.2.ckpt"]
+
+
 def test_checkpoint_roundtrip_restores_weights(tmp_path):
     x, y = make_classification(n=64)
     trainer = _trainer([])
