@@ -212,7 +212,8 @@ class StepOptions:
         max_grad_norm: clip the global grad norm (after unscaling) once per optimizer step; None: no clipping.
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or ``"epoch"``.
             ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
-        scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss``, else ``loss``).
+        scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss`` when the fit validates,
+            else ``loss``: one key for the whole fit); an epoch that does not log it does not step the plateau.
         on_nonfinite: a NaN/inf training loss: ``"raise"`` (detected at the throttled read, no extra sync),
             ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit (see ``nbtrainer._loop._nonfinite``).
     """
@@ -306,7 +307,8 @@ class RunOptions:
         refresh_interval: seconds between reads of running values (progress, history, widget).
         timing_every: sample the step-time breakdown every n micro-batches (0: off); under accumulation the
             micro-batch that closes the window at or after each.
-        val_every_n_epochs: validate every n epochs.
+        val_every_n_epochs: validate every n epochs. The epochs in between log no ``val_`` keys: what monitors one
+            (``EarlyStopping``, ``ModelCheckpoint``, ``ReduceLROnPlateau``) skips them.
         run_store: where each fit is recorded as a run (``nbtrainer.Runs``): a SQLite file (``"runs.db"``), ``None``
             (``$NBTRAINER_RUNS`` if set, else this session's memory) or ``False`` (nothing).
         check_data: check the data at the start of each fresh fit (``Trainer.check_data``: duplicates, leaks between

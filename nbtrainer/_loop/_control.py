@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from nbtrainer._events._trainer_view import TrainerView
     from nbtrainer._loop._host import LoopHost
 
 T = TypeVar("T")
@@ -27,6 +28,7 @@ __all__ = [
     "LiveControl",
     "is_plateau",
     "lr_parts",
+    "plateau_monitor",
     "reference_lr",
     "rescale_lr",
     "step_epoch_scheduler",
@@ -269,12 +271,24 @@ def is_plateau(scheduler: Any) -> bool:
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-def step_epoch_scheduler(scheduler: Any, monitor: str | None, logs: dict[str, Any]) -> None:
-    """Step an epoch scheduler at the end of an epoch: ``ReduceLROnPlateau`` on ``monitor`` (default
-    ``val_loss`` when logged, else ``loss``), any other one plainly."""
+def plateau_monitor(host: TrainerView) -> str:
+    """The key a ``ReduceLROnPlateau`` of ``host`` watches, decided once for the fit: ``scheduler_monitor``, else
+    ``val_loss`` when the fit validates (at all: maybe not every epoch), else ``loss``. Never one epoch's train loss
+    and the next one's validation loss: the plateau would compare two different quantities."""
+    return host.options.step.scheduler_monitor or ("val_loss" if host.has_validation else "loss")
+
+
+def step_epoch_scheduler(host: TrainerView, logs: dict[str, Any]) -> None:
+    """Step ``host``'s epoch scheduler at the end of an epoch: ``ReduceLROnPlateau`` on :func:`plateau_monitor`,
+    not at all on an epoch that does not log it (no validation this epoch: ``val_every_n_epochs``); any other one
+    plainly."""
+    scheduler = host.scheduler
     if is_plateau(scheduler):
-        key = monitor or ("val_loss" if "val_loss" in logs else "loss")
+        key = plateau_monitor(host)
         if key not in logs:
+            if key in host.expected_log_keys():
+                return
+            # fit refused such a monitor before the first step; a scheduler set during the fit was not checked
             raise KeyError(
                 f"ReduceLROnPlateau monitors {key!r}, which is not logged; set scheduler_monitor= to one of "
                 f"{sorted(logs)}."

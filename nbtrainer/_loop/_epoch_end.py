@@ -62,7 +62,7 @@ def end_epoch(
     # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
     # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
     if t.scheduler is not None and not scheduler_per_step(t):
-        step_epoch_scheduler(t.scheduler, t.options.step.scheduler_monitor, logs)
+        step_epoch_scheduler(t, logs)
     live.run_deferred()
     # A stop requested by a callback at epoch end (EarlyStopping) is decided on every rank together.
     requests = live.requests

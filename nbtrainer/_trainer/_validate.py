@@ -368,6 +368,7 @@ def _format_keys(fmt: str) -> set[str]:
 def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
     from nbtrainer._events._callbacks import check_monitor
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
+    from nbtrainer._loop._control import plateau_monitor
 
     _check_loader("train_loader", train_loader)
     check_in_backward_now(trainer)  # callbacks added since construction, settings changed between fits
@@ -388,7 +389,7 @@ def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int
     keys = trainer.expected_log_keys()
     sched = trainer.scheduler
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        key = trainer.options.step.scheduler_monitor or ("val_loss" if trainer.has_validation else "loss")
+        key = plateau_monitor(trainer)
         if key not in keys:
             hint = (
                 " (no val_loader was given to fit())" if key.startswith("val_") and not trainer.has_validation else ""

@@ -48,6 +48,42 @@ def test_epoch_interval_and_plateau():
     assert h["lr"] == pytest.approx([0.1, 0.05, 0.025])  # reduced on val_loss, once per epoch
 
 
+class RecordedPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """torch's ReduceLROnPlateau, keeping the values it was stepped on."""
+
+    def __init__(self, *args, **kwargs):
+        self.fed: list[float] = []
+        super().__init__(*args, **kwargs)
+
+    def step(self, metrics, epoch=None):  # type: ignore[override]  # torch's own step overrides LRScheduler's so
+        self.fed.append(float(metrics))
+        super().step(metrics, epoch)
+
+
+@pytest.mark.parametrize("monitor", [None, "val_loss"])
+def test_plateau_watches_one_key_and_skips_epochs_without_validation(monitor):
+    # val_every_n_epochs=2: the default monitor is val_loss for the whole fit (it used to be the train loss on
+    # epochs 1 and 3 and val_loss on 2 and 4, one plateau tracker comparing both); scheduler_monitor="val_loss"
+    # used to raise KeyError at the end of epoch 1. Epochs without validation do not step the plateau.
+    x, y = make_classification(n=128)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = RecordedPlateau(opt, patience=0, factor=0.5, threshold=1.0)
+    trainer = Trainer(
+        model,
+        torch.nn.CrossEntropyLoss(),
+        opt,
+        scheduler=plateau,
+        scheduler_monitor=monitor,
+        val_every_n_epochs=2,
+        progress=False,
+    )
+    h = trainer.fit(make_loader(x, y), make_loader(x, y), epochs=4)
+    assert plateau.fed == [h.epochs[1]["val_loss"], h.epochs[3]["val_loss"]]
+    # threshold=1.0: every step is a plateau, so a cut after epochs 2 and 4 only (the rows: the LR each trained with)
+    assert h["lr"] == pytest.approx([0.1, 0.1, 0.05, 0.05]) and trainer.current_lr == pytest.approx(0.025)
+
+
 def test_scheduler_not_stepped_when_fp16_skips():
     x, y = make_classification(n=256)
     loader = make_loader(x, y)
