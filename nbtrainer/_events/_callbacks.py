@@ -182,15 +182,20 @@ class EarlyStopping(Callback):
 
 class LRMonitor(Callback):
     """Adds the learning rate of every param group to the epoch logs (``lr_group{i}``): the LRs the epoch's
-    last step used, as ``lr`` (an epoch scheduler steps after ``on_epoch_end``).
+    last step used, as ``lr`` (before a per-step scheduler moved them on; an epoch scheduler steps after
+    ``on_epoch_end``).
 
     Example:
         >>> monitor = LRMonitor()  # Trainer(..., callbacks=[monitor]); history["lr_group0"]
     """
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
-        for i, group in enumerate(trainer.optimizer.param_groups if trainer.optimizer is not None else ()):
-            logs[f"lr_group{i}"] = float(group["lr"])
+        # the loop's record of the last step, not the groups: a per-step scheduler has already moved those on
+        lrs = trainer.progress.step_lrs
+        if not lrs and trainer.optimizer is not None:
+            lrs = [float(group["lr"]) for group in trainer.optimizer.param_groups]
+        for i, lr in enumerate(lrs):
+            logs[f"lr_group{i}"] = lr
 
 
 class HistoryRecorder:

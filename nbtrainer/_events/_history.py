@@ -24,7 +24,8 @@ class History:
 
     Attributes:
         epochs: one dict per epoch: ``epoch, lr, loss, <metric>, val_loss, val_<metric>, time,
-            samples_per_s, steps, skipped_steps``.
+            samples_per_s, steps, skipped_steps``. ``lr`` is the LR (param group 0) the epoch's last optimizer step
+            used, before a per-step scheduler moved it on.
         steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
         events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``; a health
             report is one of kind ``"health"``).

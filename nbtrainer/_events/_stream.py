@@ -93,6 +93,10 @@ class Progress:
     ``step_samples`` every sample taken since the previous refresh as ``(global_step, times)``: a reader that needs
     each sample, not only the last, gets them all however slow the refresh.
 
+    ``lr`` is group 0's learning rate now (a per-step scheduler has already moved it on for the next step);
+    ``step_lrs`` each param group's LR as the last optimizer step used it: what the epoch's row and ``LRMonitor``
+    report.
+
     ``status`` is ``running``, ``pausing`` (a pause was requested; the loop has not reached the step
     boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
     peak of the last refresh window in bytes (CUDA allocator peak, reset each window; process RSS on CPU),
@@ -114,6 +118,7 @@ class Progress:
     samples_per_s: float = 0.0
     loss: float | None = None
     lr: float | None = None
+    step_lrs: list[float] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     step_points: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
     eta_epoch: float | None = None

@@ -38,7 +38,9 @@ def end_epoch(
     reduced = t.strategy.reduce_sums([float(samples), loss_sum, float(samples - st.nonfinite_samples), *metric_sums])
     count = reduced[0] or 1.0
     loss = reduced[1] / reduced[2] if reduced[2] else math.nan
-    logs: dict[str, Any] = {"epoch": epoch_no, "lr": progress.lr, "loss": loss}
+    # the LR the epoch's last step used: a per-step scheduler has already moved progress.lr on to the next epoch's
+    lr = progress.step_lrs[0] if progress.step_lrs else progress.lr
+    logs: dict[str, Any] = {"epoch": epoch_no, "lr": lr, "loss": loss}
     for name, total in zip(metrics.sums, reduced[3:], strict=True):
         logs[name] = total / count
     logs.update({k: v for k, v in metrics.compute(int(count)).items() if k not in metrics.sums})

@@ -347,6 +347,7 @@ class FitLoop:
 
             raise onecycle_overflow(self._sched_end, epoch=st.epoch + 1, batch=st.batch, global_step=st.global_step)
         skipped, lr = self.step.step(rescale)  # unscale, clip, NaN gate, step, per-step scheduler (_step)
+        st.step_lrs = self.step.scheduled_from
         st.global_step += 1
         if skipped:
             st.skipped_steps += 1
@@ -472,6 +473,8 @@ class FitLoop:
         counted = st.samples - st.nonfinite_samples
         p.loss = st.loss_sum / counted if counted else None
         p.lr = float(self.step.optimizer.param_groups[0]["lr"])
+        used = st.step_lrs if st.step_lrs is not None else [g["lr"] for g in self.step.optimizer.param_groups]
+        p.step_lrs = [float(v) for v in used]
         p.metrics = t.run_state.train_metrics.running(st.samples)
         p.step_points = self.pending.take_points()
         p.grad_accum_steps = t.options.step.grad_accum_steps

@@ -28,6 +28,9 @@ class LoopState:
         self.loss_parts: list[float] = []  # exact running sum of loss * batch size (see _metrics.exact_add)
         self.nonfinite_samples = 0  # samples whose loss was left out (on_nonfinite="skip"/"stop")
         self.epoch_time = 0.0  # seconds spent in this epoch before a resume
+        # Each param group's LR as the last optimizer step used it, when a per-step scheduler has moved it on since
+        # (None: the groups hold it): the epoch row's lr, also when a resume lands between that step and the row.
+        self.step_lrs: list[float] | None = None
         # The sampler generator's state at the start of the current epoch; advanced to the next
         # epoch's start state when an epoch completes (exact resume mid-epoch and at epoch boundaries).
         self.sampler_state: torch.Tensor | None = None

@@ -74,6 +74,9 @@ class TrainStep:
         #: the total gradient norm before clipping of the step being taken (a device tensor, never read here), or
         #: None without ``max_grad_norm``: what ``nbtrainer.Health`` reports as the step's norm
         self.grad_norm: torch.Tensor | None = None
+        #: each param group's LR as the last step used it, when a per-step scheduler has moved it on since (else
+        #: None: the groups still hold it); ``fit`` keeps it in its loop state for the epoch's row
+        self.scheduled_from: list[float] | None = None
 
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
@@ -128,8 +131,7 @@ class TrainStep:
             lr = opt.param_groups[0]["lr"]
             opt.zero_grad(set_to_none=True)
             skipped = not self._stepped
-            if not skipped and self.scheduler_per_step and host.scheduler is not None:
-                host.scheduler.step()
+            self._schedule(skipped)
             return skipped, lr
         r_opt = torch.profiler.record_function("nbt.optimizer_step") if self.profiler is not None else _NULL
         with r_opt:
@@ -179,11 +181,18 @@ class TrainStep:
                 cb.call_before_step(step, trainer=self.host, optimizer=opt)
 
     def _after_step(self, lr: float) -> tuple[bool, float]:
-        host = self.host
         skipped = not self._stepped
-        if not skipped and self.scheduler_per_step and host.scheduler is not None:
-            host.scheduler.step()
+        self._schedule(skipped)
         return skipped, lr
+
+    def _schedule(self, skipped: bool) -> None:
+        """Step a per-step scheduler after a step that was not skipped, keeping the LRs that step used."""
+        scheduler = self.host.scheduler
+        if not skipped and self.scheduler_per_step and scheduler is not None:
+            self.scheduled_from = [g["lr"] for g in self.optimizer.param_groups]
+            scheduler.step()
+        else:
+            self.scheduled_from = None
 
 
 class _Handles:

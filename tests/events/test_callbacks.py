@@ -233,6 +233,40 @@ def test_lr_monitor_agrees_with_the_lr_column_under_an_epoch_scheduler():
     assert trainer.current_lr == pytest.approx(1e-4)  # the schedule still stepped after every epoch
 
 
+class SaveAt:
+    """Writes a checkpoint after one optimizer step, as a run killed right after it would have left one."""
+
+    def __init__(self, step, path):
+        self.step, self.path = step, path
+
+    def on_optimizer_step(self, trainer, step, skipped):
+        if step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def _two_group_trainer(callbacks):
+    model = mlp()
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters(), "lr": 0.01}])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, scheduler=sched, callbacks=callbacks, progress=False)
+
+
+def test_epoch_lr_is_what_the_last_step_used_under_a_per_step_scheduler(tmp_path):
+    # 4 steps per epoch, LR = base / (1 + step): epoch 1's last step used base / 4, epoch 2's base / 8. The row and
+    # LRMonitor used to show the LR after the scheduler's last step (base / 5, base / 9): the next epoch's first.
+    x, y = make_classification(n=64)
+    loader = make_loader(x, y, batch_size=16)
+    trainer = _two_group_trainer([LRMonitor(), SaveAt(4, str(tmp_path / "step4.ckpt"))])
+    history = trainer.fit(loader, epochs=2)
+    assert history["lr"] == pytest.approx([0.1 / 4, 0.1 / 8])
+    assert history.steps["lr"][3] == history["lr"][0] and history.steps["lr"][7] == history["lr"][1]
+    assert history["lr_group0"] == history["lr"] and history["lr_group1"] == pytest.approx([0.01 / 4, 0.01 / 8])
+    assert trainer.current_lr == pytest.approx(0.1 / 9)  # the schedule itself did step after the last step
+    # resumed between epoch 1's last step and its row: the row still names the LR that step used
+    resumed = _two_group_trainer([LRMonitor()]).fit(loader, epochs=2, resume_from=str(tmp_path / "step4.ckpt"))
+    assert resumed["lr"] == history["lr"] and resumed["lr_group1"] == history["lr_group1"]
+
+
 def test_train_digits_example_says_why_it_fails(capsys):
     import importlib.util
     from pathlib import Path
