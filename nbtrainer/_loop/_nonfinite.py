@@ -29,7 +29,8 @@
 
 ``"stop"``
     Like ``"skip"`` (the bad window does not update the weights, same sync cost), then the fit stops
-    at the refresh that sees it, with ``history.stop_reason`` naming the step range.
+    at the refresh that sees it: status ``"stopped"`` with ``history.stop_reason`` naming the step range, also
+    when that refresh is the last epoch's end or ``max_steps`` was reached first.
 
 fp16 overflow handled by the scaler (inf gradients with a finite loss) is not a non-finite *loss*:
 it is counted in ``skipped_steps`` and never raises.
@@ -68,10 +69,12 @@ class NonFiniteGuard:
         self.gating = self.mode in ("skip", "stop")
         self._bad: torch.Tensor | None = None  # OR of ~isfinite(loss) over the open window (device)
         self.count = 0  # non-finite micro-batch losses seen in this fit
+        self.stop_reason: str | None = None  # "stop" saw one in this fit: why the fit ends (the first sighting)
 
     def reset(self) -> None:
         self._bad = None
         self.count = 0
+        self.stop_reason = None
 
     # -- the hot loop (gating modes only) ---------------------------------------------------------
     def observe(self, loss: torch.Tensor) -> None:
@@ -134,4 +137,6 @@ class NonFiniteGuard:
         for step in closed:  # an open window is reported when it closes (at a later read)
             history.add_event(step=step, epoch=epoch, kind="nonfinite", old=None, new=f"loss non-finite: step {action}")
         if self.mode == "stop":
-            request_stop(f"non-finite loss at optimizer {where}: {what}")
+            if self.stop_reason is None:
+                self.stop_reason = f"non-finite loss at optimizer {where}: {what}"
+            request_stop(self.stop_reason)

@@ -218,7 +218,12 @@ class FitRun:
         trainer = self.trainer
         control = self.parts.live.requests
         st, reason = trainer.run_state.loop_state, control.stop_reason
-        completed = st.epoch_complete and st.epoch + 1 >= self.epochs
+        # on_nonfinite="stop" saw a NaN/inf loss: the run did not end as planned, even when the loss was only read
+        # at the last epoch's end (after its steps ran), or when another stop had been asked for first
+        nonfinite = self.parts.nonfinite.stop_reason
+        if nonfinite is not None:
+            reason = nonfinite
+        completed = st.epoch_complete and st.epoch + 1 >= self.epochs and nonfinite is None
         at_max_steps = (reason or "").startswith("max_steps")
         # A stop that lands after the last epoch (EarlyStopping firing at epoch N of N) changed nothing:
         # a normal finish, with no reason that would read as if the run had been cut short.

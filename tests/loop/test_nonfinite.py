@@ -119,6 +119,18 @@ def test_stop_ends_the_fit_with_finite_weights():
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
+@pytest.mark.parametrize("max_steps", [None, BAD + 3])
+def test_stop_seen_in_the_last_epoch_is_still_a_stop(max_steps):
+    # The losses are read only at the epoch's end (refresh_interval=3600), so a NaN in a one-epoch fit is seen
+    # after the last epoch's steps: the fit used to report status "finished" with no stop_reason, as if nothing had
+    # happened. With max_steps reached first, the NaN is still the reason the run reports.
+    trainer = _trainer("stop")
+    h = trainer.fit(_batches(), epochs=1, max_steps=max_steps)
+    assert h.status == trainer.status == "stopped"
+    assert h.stop_reason == f"non-finite loss at optimizer step {BAD + 1} (epoch 1): 1 micro-batch loss nan"
+    assert [e["kind"] for e in h.events] == ["nonfinite"] and trainer.global_step == (max_steps or 12)
+
+
 def test_fp16_overflow_handled_by_the_scaler_is_not_an_error():
     trainer = _trainer(precision="fp16-mixed")
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)  # the first steps overflow
