@@ -99,6 +99,7 @@ class FitRun:
         self.train_loader, self.val_loader = train_loader, val_loader
         self.resume_from: Any = None
         self.resume_note: tuple[str, str] | None = None  # (what was asked, what was done): one line and an event
+        self.accum_note: tuple[int, int] | None = None  # (this trainer's, the checkpoint's) when they differ
         self.loop: FitLoop | None = None
 
     def begin(self, resume_from: Any, profiler: Any) -> None:
@@ -116,7 +117,11 @@ class FitRun:
             self.resume_note = (requested, note)
         self.resume_from = resume_from
         if resume_from is not None:
+            accum = trainer.grad_accum_steps
             _continue.resume_fit(trainer, resume_from, plan)  # refuses a saved schedule too short for this fit
+            if trainer.grad_accum_steps != accum:
+                self.accum_note = (accum, trainer.grad_accum_steps)
+                _warn_accumulation(accum, trainer.grad_accum_steps)
         else:
             _continue.check_schedule(trainer, plan)  # e.g. a OneCycleLR a previous fit used up
             seed = trainer.options.run.seed
@@ -208,6 +213,11 @@ class FitRun:
             event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "resume_from"}
             old, new = self.resume_note
             trainer.callbacks.call("on_control", trainer=trainer, event={**event, "old": old, "new": new})
+        if self.accum_note is not None:  # the checkpoint's accumulation replaced this trainer's: an event
+            st = run.loop_state
+            own, saved = self.accum_note
+            event = {"step": st.global_step, "epoch": st.epoch + 1, "kind": "grad_accum_steps", "old": own}
+            trainer.callbacks.call("on_control", trainer=trainer, event={**event, "new": saved, "source": "checkpoint"})
         if self.val_loader is not None and self.resume_from is None:
             # its first batch, now, under restored RNG; after on_fit_start, so a stateful compute_loss
             # (reset by its callbacks) never sees a batch before the fit has started
@@ -263,3 +273,17 @@ class FitRun:
             trainer.strategy.barrier()
         if flush_error is not None and trainer.status != "failed":
             raise flush_error
+
+
+def _warn_accumulation(own: int, saved: int) -> None:
+    """A resume keeps the checkpoint's accumulation over the trainer's own (exact resume needs it): said, once."""
+    import warnings
+
+    warnings.warn(
+        f"resume_from: the checkpoint was written with grad_accum_steps={saved}, this trainer has "
+        f"grad_accum_steps={own}; the run continues with {saved}, as it was saved (its position inside the "
+        f"accumulation window and its schedule count on it). Build the Trainer with grad_accum_steps={saved} to "
+        "resume as saved without this warning, or call trainer.set_grad_accum_steps(k) during the fit to change it "
+        "(applied at the next optimizer step, recorded in history.events).",
+        stacklevel=6,  # the user's fit() call
+    )

@@ -63,6 +63,23 @@ def test_resume_of_a_finished_onecycle_with_more_epochs_is_refused_before_anythi
     assert second.fit(loader, epochs=3, resume_from="last").status == "finished"
 
 
+def test_resume_keeps_the_checkpoints_accumulation_and_says_so(tmp_path):
+    # The run was saved with grad_accum_steps=3; a Trainer built with 2 resumes it. The checkpoint's accumulation
+    # is kept (the run continues exactly: same weights as the run left alone), and the change is no longer silent:
+    # a warning naming both values and the fix, and an event in the History.
+    alone, loader = _setup(scheduler=False, grad_accum_steps=3)
+    alone.fit(loader, epochs=2)
+    first, loader = _setup(tmp_path, scheduler=False, grad_accum_steps=3)
+    first.fit(loader, epochs=1)
+    second, loader = _setup(tmp_path, seed=7, scheduler=False, grad_accum_steps=2)
+    with pytest.warns(UserWarning, match=r"grad_accum_steps=3, this trainer has grad_accum_steps=2.*Build the Trainer"):
+        h = second.fit(loader, epochs=2, resume_from="last")
+    assert second.grad_accum_steps == 3 and second.global_step == alone.global_step == 4
+    assert all(torch.equal(a, b) for a, b in zip(_weights(alone), _weights(second), strict=True))
+    change = [e for e in h.events if e["kind"] == "grad_accum_steps"]
+    assert change == [{"step": 2, "epoch": 1, "kind": "grad_accum_steps", "old": 2, "new": 3, "source": "checkpoint"}]
+
+
 def test_fit_more_from_a_checkpoint_equals_fit_more_in_process(tmp_path):
     a, loader_a = _setup(tmp_path, epochs=3)
     a.fit(loader_a, epochs=3)
