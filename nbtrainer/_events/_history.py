@@ -25,7 +25,10 @@ class History:
     Attributes:
         epochs: one dict per epoch: ``epoch, lr, loss, <metric>, val_loss, val_<metric>, time,
             samples_per_s, steps, skipped_steps``. ``lr`` is the LR (param group 0) the epoch's last optimizer step
-            used, before a per-step scheduler moved it on.
+            used, before a per-step scheduler moved it on. ``steps`` and ``skipped_steps`` are run totals at the
+            epoch's end (optimizer steps taken since the run started, resumed and ``fit_more`` runs counted on;
+            skipped ones among them: fp16 overflow, ``on_nonfinite="skip"``), not per-epoch counts: an epoch's
+            own are the difference with the row before.
         steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
         events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``; a health
             report is one of kind ``"health"``).

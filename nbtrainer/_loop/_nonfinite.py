@@ -23,7 +23,7 @@
       skip would need a copy of the parameters and optimizer state per step (or a fused optimizer's
       ``found_inf``); we chose the read.
 
-    Skipped windows count in ``skipped_steps`` (history rows), are left out of the running and epoch
+    Skipped windows count in ``skipped_steps`` (history rows: a run total), are left out of the running and epoch
     loss, the scheduler does not step for them, and each is reported as a ``"nonfinite"`` history
     event with its step.
 

@@ -94,6 +94,16 @@ def test_skip_is_exactly_training_without_the_bad_window(accum):
     assert math.isnan(h.steps["loss"][bad_step - 1])  # the step series shows where it happened
 
 
+def test_steps_and_skipped_steps_of_the_epoch_rows_are_run_totals():
+    # The documented meaning (History's docstring): each epoch skips the NaN window, and a row counts the run's
+    # skips so far, a continued fit's rows too (its epoch has no NaN); an epoch's own is the difference.
+    trainer = _trainer("skip")
+    h = trainer.fit(_batches(), epochs=2)
+    assert [(r["steps"], r["skipped_steps"]) for r in h.epochs] == [(12, 1), (24, 2)]
+    h = trainer.fit_more(_batches(bad=()), epochs=1)
+    assert [(r["steps"], r["skipped_steps"]) for r in h.epochs] == [(12, 1), (24, 2), (36, 2)]
+
+
 def test_skip_does_not_step_the_scheduler():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
