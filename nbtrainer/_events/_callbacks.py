@@ -30,13 +30,21 @@ def resolve_mode(monitor: str, mode: str) -> str:
     return mode
 
 
+def no_validation_hint(key: str, trainer: TrainerView) -> str:
+    """Why a ``val_`` key is never logged, when the fit does not validate (else empty)."""
+    if not key.startswith("val_") or trainer.has_validation:
+        return ""
+    every = trainer.options.run.val_every_n_epochs
+    if every == 1:
+        return " (no val_loader was given to fit())"
+    return f" (no val_loader was given to fit(), or val_every_n_epochs={every} is more than the fit's epochs)"
+
+
 def check_monitor(owner: str, monitor: str, trainer: TrainerView) -> None:
     """Refuse, before the first step, to monitor a key the fit will never log."""
     keys = trainer.expected_log_keys()
     if monitor not in keys:
-        hint = (
-            " (no val_loader was given to fit())" if monitor.startswith("val_") and not trainer.has_validation else ""
-        )
+        hint = no_validation_hint(monitor, trainer)
         raise ValueError(
             f"{owner} monitors {monitor!r}, which this fit will never log{hint}. "
             f"Logged keys: {sorted(keys)}. Pick one of them."

@@ -84,7 +84,9 @@ def check_fit_args(
         raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
     if val is not None and safe_len(val) == 0:
         raise ValueError("val_loader is empty (len 0): pass None to skip validation or fix the dataset.")
-    trainer.run_state.has_validation = val is not None
+    # validates at all: an epoch that is a multiple of val_every_n_epochs (a fit shorter than that never validates,
+    # and what monitors a val_ key is refused below rather than never fed)
+    trainer.run_state.has_validation = val is not None and epochs >= trainer.options.run.val_every_n_epochs
     _validate.check_fit(trainer, train, val, epochs, max_steps)
     return train, val
 

@@ -366,7 +366,7 @@ def _format_keys(fmt: str) -> set[str]:
 
 
 def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int, max_steps: int | None) -> None:
-    from nbtrainer._events._callbacks import check_monitor
+    from nbtrainer._events._callbacks import check_monitor, no_validation_hint
     from nbtrainer._events._model_checkpoint import ModelCheckpoint
     from nbtrainer._loop._control import plateau_monitor
 
@@ -391,9 +391,7 @@ def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
         key = plateau_monitor(trainer)
         if key not in keys:
-            hint = (
-                " (no val_loader was given to fit())" if key.startswith("val_") and not trainer.has_validation else ""
-            )
+            hint = no_validation_hint(key, trainer)
             raise ValueError(
                 f"ReduceLROnPlateau would monitor {key!r}, which this fit never logs{hint}. Set "
                 f"scheduler_monitor= to one of {sorted(keys)}."

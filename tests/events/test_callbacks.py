@@ -141,6 +141,17 @@ def test_early_stopping_skips_epochs_without_validation():
     assert h.status == "stopped" and "did not improve for 1 epochs" in h.stop_reason
 
 
+def test_a_fit_shorter_than_val_every_n_epochs_refuses_a_val_monitor_up_front(tmp_path):
+    # epochs=2 with val_every_n_epochs=3 never validates: monitoring val_loss is refused before the first step
+    # (the monitors skip epochs without it, so it would otherwise never be fed), and a plateau watches loss.
+    x, y = make_classification(n=64)
+    trainer = _trainer([EarlyStopping("val_loss")], val_every_n_epochs=3)
+    with pytest.raises(ValueError, match=r"never log \(no val_loader was given to fit\(\), or val_every_n_epochs=3 is"):
+        trainer.fit(make_loader(x, y), make_loader(x, y), epochs=2)
+    assert trainer.global_step == 0
+    assert trainer.fit(make_loader(x, y), make_loader(x, y), epochs=3).epochs[-1]["val_loss"] > 0
+
+
 def test_model_checkpoint_ranks_only_the_epochs_that_log_its_keys(tmp_path):
     # The monitor, and a filename naming a val_ key without a monitor: the epochs without validation write no
     # ranked file (their name and score do not exist), last.ckpt is still written every epoch.
