@@ -270,11 +270,10 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
             return chunks
         return _pad_cat(chunks, pad_index)
     if isinstance(first, (list, tuple)):
+        if _per_item_list(chunks, sizes):  # one plain value per item (names, strings): one list of them all
+            return [v for c in chunks for v in c]
         if any(not isinstance(c, (list, tuple)) or len(c) != len(first) for c in chunks):
-            raise ValueError(
-                "predict() got outputs of different lengths from batch to batch; use "
-                "predict(loader, per_batch=True) to get the outputs of each batch."
-            )
+            return chunks  # a list per batch, as for tensors that are not batch-shaped
         return rebuild_sequence(
             first, [concat_outputs([c[i] for c in chunks], pad_index, sizes) for i in range(len(first))]
         )
@@ -294,6 +293,16 @@ def concat_outputs(chunks: list[Any], pad_index: float = -100, sizes: list[int |
     if all(c is None for c in chunks):
         return None
     return chunks
+
+
+def _per_item_list(chunks: list[Any], sizes: list[int | None] | None) -> bool:
+    """Each batch's output is a list (not a tuple: a model's structured output) of plain values, one per item."""
+    if sizes is None or None in sizes:
+        return False
+    return all(
+        type(c) is list and len(c) == n and not any(isinstance(v, (torch.Tensor, list, tuple, Mapping)) for v in c)
+        for c, n in zip(chunks, sizes, strict=True)
+    )
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -360,3 +360,27 @@ def test_rnn_state_comes_back_per_batch_and_the_outputs_concatenated(sizes):
             row += len(ids)
     per = trainer.predict(batches, per_batch=True)
     assert [tuple(p[1][0].shape) for p in per] == [(2, n, 32) for n in sizes]
+
+
+class _Named(nn.Module):
+    """Outputs a tensor and a plain Python list with one name per item (a tokenizer's words, file names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"logits": self.lin(x), "names": [f"item{int(v)}" for v in x[:, 0]]}
+
+
+@pytest.mark.parametrize("sizes", [(4, 2), (4, 4)])
+def test_a_list_of_one_value_per_item_comes_back_as_one_list(sizes: tuple[int, ...]) -> None:
+    batches, start = [], 0
+    for n in sizes:
+        x = torch.zeros(n, 4)
+        x[:, 0] = torch.arange(start, start + n)
+        batches.append(x)
+        start += n
+    out = Trainer(_Named(), None, progress=False).predict(batches)
+    assert out["names"] == [f"item{i}" for i in range(sum(sizes))]
+    assert out["logits"].shape == (sum(sizes), 3)
