@@ -356,4 +356,15 @@ class BatchSteps:
                     "predict_step=fn(model, batch) -> outputs (or override Trainer.predict_step in a subclass).",
                 )
                 raise
-        return owner.predict_step(batch)
+        try:
+            return owner.predict_step(batch)
+        except TypeError as exc:
+            n = len(batch) if isinstance(batch, (list, tuple)) else 0
+            if n >= 2 and owner.batch_spec.num_inputs is None and "required positional argument" in str(exc):
+                add_note(
+                    exc,
+                    f"predict() took the batch's last element as its targets (the batch protocol), so the model got "
+                    f"{n - 1} of the batch's {n} tensors. For batches of inputs alone, pass Trainer(..., "
+                    f"num_inputs={n}).",
+                )
+            raise

@@ -384,3 +384,21 @@ def test_a_list_of_one_value_per_item_comes_back_as_one_list(sizes: tuple[int, .
     out = Trainer(_Named(), None, progress=False).predict(batches)
     assert out["names"] == [f"item{i}" for i in range(sum(sizes))]
     assert out["logits"].shape == (sum(sizes), 3)
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.lin(a + b)
+
+
+def test_predict_on_batches_of_inputs_alone_names_num_inputs() -> None:
+    batches = [(torch.randn(8, 4), torch.randn(8, 4))]
+    with pytest.raises(TypeError, match="missing 1 required positional argument") as caught:
+        Trainer(_TwoInputs(), None, progress=False).predict(batches)
+    assert "num_inputs=2" in "".join(getattr(caught.value, "__notes__", [])) + str(caught.value)
+    out = Trainer(_TwoInputs(), None, progress=False, num_inputs=2).predict(batches)
+    assert out.shape == (8, 3)
