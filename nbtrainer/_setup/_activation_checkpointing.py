@@ -204,10 +204,24 @@ def _select(model: nn.Module, blocks: Any) -> list[tuple[str, nn.Module]]:
     names = [b for b in items if isinstance(b, str)]
     if len(types) + len(names) != len(items):
         raise TypeError("blocks must be True or a list of module types and/or qualified module names")
-    chosen: dict[str, nn.Module] = {name: model.get_submodule(name) for name in names}
-    if types:
+    chosen: dict[str, nn.Module] = {}
+    classes: set[str] = set()  # a module class's name ("Block", "LlamaDecoderLayer"), meant as the type
+    for name in names:
+        try:
+            chosen[name] = model.get_submodule(name)
+        except AttributeError:
+            if not any(type(m).__name__ == name for _, m in model.named_modules()):
+                kinds = sorted({type(m).__name__ for n, m in model.named_modules() if n})
+                paths = [n for n, _ in model.named_children()]
+                raise AttributeError(
+                    f"{type(model).__name__} has no submodule `{name}` and no module of a class of that name: give "
+                    f"qualified names (its children: {paths[:6]}), module classes, or their class names "
+                    f"({kinds[:6]})."
+                ) from None
+            classes.add(name)
+    if types or classes:
         for name, module in model.named_modules():
-            if name and isinstance(module, types):
+            if name and (isinstance(module, types) or type(module).__name__ in classes):
                 chosen.setdefault(name, module)
     # Keep outermost only: checkpointing inside a checkpointed block recomputes twice for nothing.
     ordered = [(n, m) for n, m in model.named_modules() if n in chosen]

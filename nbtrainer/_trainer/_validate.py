@@ -133,7 +133,9 @@ def check_args(
         if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))):
             raise TypeError(
                 f"scheduler must be a torch LR scheduler (with step() and state_dict()), got "
-                f"{type(scheduler).__name__}. Build one from torch.optim.lr_scheduler."
+                f"{type(scheduler).__name__}. Build one from torch.optim.lr_scheduler on the Trainer's optimizer; "
+                "with the optimizer given by name, build the Trainer first, then attach it: "
+                "trainer.set_scheduler(torch.optim.lr_scheduler.StepLR(trainer.optimizer, step_size=10))."
             )
     if metrics is not None and not isinstance(metrics, Mapping) and not is_collection(metrics):
         raise TypeError(

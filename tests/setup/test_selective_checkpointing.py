@@ -161,3 +161,14 @@ def test_a_model_without_repeated_blocks_names_what_to_pass() -> None:
 
     with pytest.raises(ValueError, match=r"has none.*nn.ModuleList.*activation_checkpointing=\[BlockType\].*Block"):
         Trainer(Odd(), nn.MSELoss(), "adamw", activation_checkpointing=0.5, progress=False, run_store=False)
+
+
+def test_a_class_name_checkpoints_the_blocks_of_that_class() -> None:
+    model = _stack()
+    calls = _counting([layer.up for layer in model.layers])  # inside a block: its recomputation calls them again
+    trainer = Trainer(model, nn.MSELoss(), "adamw", activation_checkpointing=["Block"], progress=False)
+    assert trainer.model_setup.checkpointed_blocks == [f"layers.{i}" for i in range(N)]
+    trainer.fit([(torch.randn(4, 64), torch.randn(4, 10))], epochs=1)
+    assert calls == [2] * N  # each block's forward ran again in the backward
+    with pytest.raises(ValueError, match=r"no submodule `Blok` and no module of a class of that name.*'Block'"):
+        Trainer(_stack(), nn.MSELoss(), "adamw", activation_checkpointing=["Blok"], progress=False)
