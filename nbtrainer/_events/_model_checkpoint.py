@@ -32,7 +32,8 @@ class ModelCheckpoint(Callback):
         every_n_epochs: save at the end of every n-th epoch.
         every_n_steps: also save ``last.ckpt`` every n optimizer steps (mid-epoch; needs ``save_last``
             or is implied by it).
-        filename: format string with ``{epoch}``, ``{step}`` and any log key.
+        filename: format string with ``{epoch}``, ``{step}`` (ints) and any log key (floats); checked here by
+            formatting sample values, so a spec they cannot take (``{val_loss:d}``) fails before training.
         save_on_interrupt: on Ctrl-C, write ``last.ckpt`` where the run stopped (the next optimizer step after
             the interrupt); default: on with ``save_last``.
         sharded: under ``strategy="fsdp"``, write each checkpoint as a directory of per-rank shards
@@ -82,6 +83,7 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs = every_n_epochs
         self.every_n_steps = every_n_steps
         self.filename = filename or ("epoch{epoch:03d}-{" + monitor + ":.4f}" if monitor else "epoch{epoch:03d}")
+        _check_filename(self.filename)
         self.best_k: list[tuple[float, str]] = []  # (score, path), best first
         self.best_model_path: str | None = None
         self.last_model_path: str | None = None
@@ -219,6 +221,28 @@ class ModelCheckpoint(Callback):
         self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", [])]
         self.best_model_path = state.get("best_model_path")
         self.last_model_path = state.get("last_model_path")
+
+
+#: the epoch row's keys that hold ints; every other logged value is a float
+_INT_KEYS = frozenset({"epoch", "step", "steps", "skipped_steps"})
+
+
+class _Sample(dict[str, Any]):
+    def __missing__(self, key: str) -> Any:
+        return 1 if key in _INT_KEYS else 0.5
+
+
+def _check_filename(filename: str) -> None:
+    """Format ``filename`` with values of the types the epoch end passes, so that a format spec the values cannot
+    take fails now, not after the first epoch trained (which keys the fit logs is checked at fit: ``check_fit``)."""
+    try:
+        filename.format_map(_Sample())
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise ValueError(
+            f"ModelCheckpoint filename {filename!r} cannot be formatted: {type(exc).__name__}: {exc}. {{epoch}} and "
+            "{step} are ints, every other logged value a float: use specs these take, e.g. "
+            "filename='epoch{epoch:03d}-{val_loss:.4f}', and name each field (no bare {})."
+        ) from exc
 
 
 def _can_create_file(directory: str) -> bool:

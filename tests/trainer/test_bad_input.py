@@ -70,6 +70,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  61   ``optimizer="adamw"`` with every parameter frozen             ValueError            ``optimizer=None`` (eval only)
  62   a loss function given the model's whole output object         TypeError (same)      ``out.logits``
  63   validation data of inputs alone (``val_data=x_val``)          ValueError            ``val_data=(x_val, y_val)``
+ 64   ModelCheckpoint filename spec a value can't take (``{x:d}``)  ValueError            a spec for ints / floats
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -602,6 +603,19 @@ case(
 # once the end of the first epoch's crash: "zip() argument 2 is longer than argument 1"
 case("63-val-inputs-only", ValueError, "validation batch gave no loss", r"val_data=\(x_val, y_val\)")(
     lambda e: e.trainer().fit((X, Y), val_data=X[:32], batch_size=16, epochs=1)
+)
+# once the end of the first epoch's "Unknown format code 'd' for object of type 'float'", naming no callback
+case(
+    "64-checkpoint-filename-format-spec",
+    ValueError,
+    r"ModelCheckpoint filename 'ep\{epoch\}-\{val_loss:d\}' cannot be formatted",
+    "Unknown format code 'd'",
+    r"every other logged value a float",
+    r"\{val_loss:.4f\}",
+)(
+    lambda e: e.trainer(callbacks=[ModelCheckpoint(e.ck, monitor="val_loss", filename="ep{epoch}-{val_loss:d}")]).fit(
+        _loader(), _loader(), epochs=1
+    )
 )
 
 
