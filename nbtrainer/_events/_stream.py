@@ -1,8 +1,9 @@
 """The public event stream: hook names, the progress snapshot and the duck-typed dispatcher.
 
 Callbacks are plain objects; the trainer calls a hook only if the object defines it (like Fabric's
-``call(hook_name, **kwargs)``). The progress bar, the history recorder and the notebook widget are all
-consumers of the same events.
+``call(hook_name, **kwargs)``), with the keywords below (``HOOK_KEYWORDS``): the Trainer and ``add_callback`` check
+that each hook takes them by those names (or ``**kwargs``) before anything runs. The progress bar, the history
+recorder and the notebook widget are all consumers of the same events.
 
 Events, in the order they fire (``epoch`` is 1-based everywhere):
 
@@ -53,11 +54,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["EVENTS", "CallbackList", "Progress"]
+__all__ = ["EVENTS", "HOOK_KEYWORDS", "CallbackList", "Progress", "check_hook_signatures"]
 
 EVENTS: tuple[str, ...] = (
     "on_fit_start",
@@ -76,6 +78,25 @@ EVENTS: tuple[str, ...] = (
     "on_exception",
     "on_fit_end",
 )
+
+#: the keywords each hook is called with (the table above); a hook must accept them all by name
+HOOK_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "on_fit_start": ("trainer",),
+    "on_epoch_start": ("trainer", "epoch"),
+    "on_train_batch_start": ("trainer", "batch", "batch_idx"),
+    "on_train_forward": ("trainer", "outputs", "targets", "indices"),
+    "on_train_batch_end": ("trainer", "batch_idx", "loss"),
+    "on_before_optimizer_step": ("trainer", "optimizer"),
+    "on_optimizer_step": ("trainer", "step", "skipped"),
+    "on_refresh": ("trainer", "progress"),
+    "on_control": ("trainer", "event"),
+    "on_health": ("trainer", "report"),
+    "on_validation_start": ("trainer",),
+    "on_validation_end": ("trainer", "logs"),
+    "on_epoch_end": ("trainer", "epoch", "logs"),
+    "on_exception": ("trainer", "exception"),
+    "on_fit_end": ("trainer", "history"),
+}
 
 
 @dataclasses.dataclass
@@ -251,3 +272,42 @@ _PER_BATCH = frozenset({"on_train_batch_start", "on_train_forward", "on_train_ba
 def _scheduled(callback: Any) -> bool:
     """A callback that asks for scheduled step deliveries (module docstring)."""
     return hasattr(callback, "next_optimizer_step") and any(callable(getattr(callback, h, None)) for h in _STEP_HOOKS)
+
+
+def check_hook_signatures(callback: Any) -> None:
+    """Refuse a hook that cannot take the keywords it will be called with: the call would fail only when the event
+    first fires (``on_epoch_end`` after a whole epoch trained). Extra parameters with defaults and ``**kwargs`` are
+    fine."""
+    for name, keywords in HOOK_KEYWORDS.items():
+        hook = getattr(callback, name, None)
+        if not callable(hook):
+            continue
+        try:
+            sig = inspect.signature(hook)
+        except (TypeError, ValueError):  # a builtin or C callable without a signature: nothing to check
+            continue
+        try:
+            sig.bind(**dict.fromkeys(keywords))
+        except TypeError:
+            raise TypeError(
+                f"Callback {type(callback).__name__} defines {name}{sig}, but nbtrainer calls it with the keywords "
+                f"{', '.join(k + '=' for k in keywords)}: {_mismatch(sig, keywords)}, so it would fail when the event "
+                f"first fires. Name its parameters {name}(self, {', '.join(keywords)}), or accept **kwargs."
+            ) from None
+
+
+def _mismatch(sig: inspect.Signature, keywords: tuple[str, ...]) -> str:
+    params = sig.parameters.values()
+    by_name = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    parts = []
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        parts += [f"it has no parameter {k!r}" for k in keywords if k not in by_name]
+    unfilled = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and (p.name not in keywords or p.kind is p.POSITIONAL_ONLY)
+    ]
+    parts += [f"{n!r} would get no value" for n in unfilled]
+    return "; ".join(parts) or "the keywords do not bind"

@@ -72,8 +72,9 @@ _FOREIGN_HOOKS = {
 
 # -- Trainer.__init__ ------------------------------------------------------------------------------
 def check_callback(cb: Any) -> None:
-    """A callback must be an instance, and must not rely on hook names nbtrainer never calls."""
-    from nbtrainer._events._stream import EVENTS
+    """A callback must be an instance, must not rely on hook names nbtrainer never calls, and its hooks must take the
+    keywords they are called with."""
+    from nbtrainer._events._stream import EVENTS, check_hook_signatures
 
     if isinstance(cb, type):
         raise TypeError(
@@ -96,6 +97,7 @@ def check_callback(cb: Any) -> None:
                 f"(it would be silently ignored). Rename it to {right}(); the hooks are: "
                 f"{', '.join(EVENTS)}."
             )
+    check_hook_signatures(cb)
 
 
 def check_args(

@@ -9,6 +9,7 @@ import torch
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import EVENTS, EarlyStopping, LRMonitor, ModelCheckpoint, Trainer, load_checkpoint
+from nbtrainer._events._stream import HOOK_KEYWORDS
 
 
 class Scripted:
@@ -223,6 +224,73 @@ def test_event_order_and_duck_typing():
         "on_before_optimizer_step",
         "on_optimizer_step",
     ] * 2 + ["on_validation_start", "on_validation_end", "on_epoch_end"]
+
+
+class _MetricsNotLogs:
+    def on_epoch_end(self, trainer, epoch, metrics):  # nbtrainer passes logs=
+        pass
+
+
+def test_a_hook_that_cannot_take_its_keywords_is_refused_before_training():
+    """Once accepted, then a TypeError "unexpected keyword argument 'logs'" after a whole epoch trained."""
+    with pytest.raises(TypeError) as err:
+        _trainer([_MetricsNotLogs()])
+    message = str(err.value)
+    for part in (
+        "Callback _MetricsNotLogs",
+        "on_epoch_end(trainer, epoch, metrics)",
+        "trainer=, epoch=, logs=",
+        "no parameter 'logs'",
+        "'metrics' would get no value",
+        "(self, trainer, epoch, logs)",
+        "**kwargs",
+    ):
+        assert part in message, f"{part!r} not in: {message}"
+    trainer = _trainer([])
+    with pytest.raises(TypeError, match="Callback _MetricsNotLogs defines on_epoch_end"):
+        trainer.add_callback(_MetricsNotLogs())
+    assert not any(isinstance(cb, _MetricsNotLogs) for cb in trainer.callbacks.callbacks)
+
+
+class _Flexible:
+    def on_fit_start(self, trainer, verbose=False):  # an extra parameter with a default
+        pass
+
+    def on_epoch_end(self, trainer, **kwargs):
+        pass
+
+    def on_optimizer_step(self, **_):
+        pass
+
+
+class _Strict:
+    """Every hook takes exactly its HOOK_KEYWORDS, keyword-only: a keyword the loop passes and the table does not
+    list (or the other way round) fails the fit."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+        for name, keywords in HOOK_KEYWORDS.items():
+            namespace: dict[str, Any] = {}
+            exec(f"def hook(*, {', '.join(keywords)}): seen.append({name!r})", {"seen": self.seen}, namespace)
+            setattr(self, name, namespace["hook"])
+
+
+def test_hooks_taking_the_documented_keywords_are_accepted_and_called():
+    assert set(HOOK_KEYWORDS) == set(EVENTS)
+    strict = _Strict()
+    x, y = make_classification(n=64)
+
+    class Control:
+        def on_epoch_start(self, trainer, epoch):
+            trainer.set_lr(0.01)  # an on_control event
+            if epoch == 2:
+                raise RuntimeError("stop here")  # on_exception
+
+    trainer = _trainer([_Flexible(), strict, Control()])
+    with pytest.raises(RuntimeError, match="stop here"):
+        trainer.fit(make_loader(x, y, batch_size=32), make_loader(x, y), epochs=2)
+    never = {"on_health"}  # fires only on a Health finding, which this healthy fit never has
+    assert set(strict.seen) == set(EVENTS) - never
 
 
 def test_lr_monitor_agrees_with_the_lr_column_under_an_epoch_scheduler():

@@ -71,6 +71,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  62   a loss function given the model's whole output object         TypeError (same)      ``out.logits``
  63   validation data of inputs alone (``val_data=x_val``)          ValueError            ``val_data=(x_val, y_val)``
  64   ModelCheckpoint filename spec a value can't take (``{x:d}``)  ValueError            a spec for ints / floats
+ 65   a hook's parameters named unlike its keywords                 TypeError             the names / ``**kwargs``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -617,6 +618,21 @@ case(
         _loader(), _loader(), epochs=1
     )
 )
+
+
+class _HookMetricsNotLogs:
+    def on_epoch_end(self, trainer, epoch, metrics):
+        pass
+
+
+# once "on_epoch_end() got an unexpected keyword argument 'logs'" after the first epoch trained
+case(
+    "65-hook-parameter-names",
+    TypeError,
+    r"Callback _HookMetricsNotLogs defines on_epoch_end\(trainer, epoch, metrics\)",
+    "no parameter 'logs'",
+    r"on_epoch_end\(self, trainer, epoch, logs\), or accept \*\*kwargs",
+)(lambda e: e.trainer(callbacks=[_HookMetricsNotLogs()]).fit(_loader(), epochs=1))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
