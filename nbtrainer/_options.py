@@ -213,7 +213,8 @@ class StepOptions:
         scheduler_interval: ``"step"`` (once per optimizer step, never when fp16 skipped the step) or ``"epoch"``.
             ``ReduceLROnPlateau`` always steps per epoch on ``scheduler_monitor``.
         scheduler_monitor: the log key ReduceLROnPlateau watches (default ``val_loss`` when the fit validates,
-            else ``loss``: one key for the whole fit); an epoch that does not log it does not step the plateau.
+            else ``loss``: one key for the whole fit); an epoch that does not log it does not step the plateau. Set
+            with another scheduler or none, ``fit`` refuses it (nothing would read it).
         on_nonfinite: a NaN/inf training loss: ``"raise"`` (detected at the throttled read, no extra sync),
             ``"skip"`` the optimizer step of that window, or ``"stop"`` the fit (see ``nbtrainer._loop._nonfinite``).
     """
@@ -250,9 +251,9 @@ class BatchOptions:
 
     Attributes:
         num_inputs: how many leading elements of a tuple batch are model inputs (default all but the last; also turns
-            off the unpacking of ``((x1, x2), y)``).
+            off the unpacking of ``((x1, x2), y)``). Refused at the first batch when it is a dict.
         target_keys: keys of a dict / Mapping / dataclass batch that hold targets; several: the criterion and metrics
-            get a tuple of them in this order.
+            get a tuple of them in this order. Refused at the first batch when it is not a dict.
         compute_loss: ``fn(model, batch) -> loss | (loss, outputs, targets)`` overrides how a batch becomes a loss in
             fit and evaluate (subclasses can override ``Trainer.compute_loss`` instead).
         predict_step: ``fn(model, batch) -> outputs`` overrides how ``predict`` gets a batch's outputs (or override

@@ -210,6 +210,26 @@ class BatchSpec:
             "predict_step=fn(model, batch) to handle it yourself."
         )
 
+    def check_applies(self, batch: Any, where: str) -> None:
+        """Refuse ``num_inputs=`` / ``target_keys=`` on the first batch when the batch is of the kind the option never
+        reads (``split`` would go on without it, and the user would think it took effect)."""
+        mapping = as_mapping(batch)
+        if self.target_keys is not None and mapping is None:
+            kind = "a tensor" if isinstance(batch, torch.Tensor) else f"a {type(batch).__name__} (not a dict)"
+            raise ValueError(
+                f"target_keys={self.target_keys!r} names entries of dict (Mapping / dataclass) batches, but the first "
+                f"{where} batch is {kind}, whose targets are its last element: target_keys= would be silently "
+                "ignored. Drop target_keys= (num_inputs= says how many leading elements of a tuple are inputs), or "
+                "have the loader yield dicts."
+            )
+        if self.num_inputs is not None and mapping is not None:
+            raise ValueError(
+                f"num_inputs={self.num_inputs} counts the leading elements of tuple batches, but the first {where} "
+                f"batch is a {type(batch).__name__} (keys {list(mapping)}), whose entries reach the model by name: "
+                "num_inputs= would be silently ignored. Drop num_inputs=; target_keys= names a dict batch's target "
+                "entries."
+            )
+
     def _split_sequence(self, batch: Sequence[Any]) -> tuple[tuple, dict, Any]:
         n = len(batch)
         if n == 0:

@@ -233,6 +233,7 @@ def first_compute(
     """
     where = "train_loader" if training else "val_loader"
     check_batch(batch, where)
+    spec.check_applies(batch, where)
     if custom or (not training and criterion is not None and spec.split(batch)[2] is None):
         try:
             return compute(batch)

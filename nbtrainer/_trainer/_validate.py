@@ -392,6 +392,14 @@ def check_fit(trainer: LoopHost, train_loader: Any, val_loader: Any, epochs: int
         )
     keys = trainer.expected_log_keys()
     sched = trainer.scheduler
+    monitor = trainer.options.step.scheduler_monitor
+    if monitor is not None and not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        what = "no scheduler" if sched is None else f"a {type(sched).__name__}, which steps without a metric"
+        raise ValueError(
+            f"scheduler_monitor={monitor!r} is read only by a ReduceLROnPlateau scheduler, and this fit has {what}: "
+            "it would be silently ignored. Pass scheduler=ReduceLROnPlateau(optimizer) to step on it, or drop "
+            "scheduler_monitor= (on a built Trainer: trainer.scheduler_monitor = None)."
+        )
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
         key = plateau_monitor(trainer)
         if key not in keys:

@@ -72,6 +72,10 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  63   validation data of inputs alone (``val_data=x_val``)          ValueError            ``val_data=(x_val, y_val)``
  64   ModelCheckpoint filename spec a value can't take (``{x:d}``)  ValueError            a spec for ints / floats
  65   a hook's parameters named unlike its keywords                 TypeError             the names / ``**kwargs``
+ 66   ``scheduler_monitor=`` with a scheduler other than Plateau    ValueError            Plateau / drop it
+ 67   ``scheduler_monitor=`` and no scheduler                       ValueError            Plateau / drop it
+ 68   ``target_keys=`` with tuple batches                           ValueError            drop it / yield dicts
+ 69   ``num_inputs=`` with dict batches                             ValueError            drop it / ``target_keys=``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -633,6 +637,43 @@ case(
     "no parameter 'logs'",
     r"on_epoch_end\(self, trainer, epoch, logs\), or accept \*\*kwargs",
 )(lambda e: e.trainer(callbacks=[_HookMetricsNotLogs()]).fit(_loader(), epochs=1))
+
+# 66-69: once accepted and silently ignored, the fit finishing as if they had been applied
+case(
+    "66-scheduler-monitor-not-plateau",
+    ValueError,
+    "scheduler_monitor='val_loss' is read only by a ReduceLROnPlateau",
+    "this fit has a StepLR",
+    "silently ignored",
+    r"scheduler=ReduceLROnPlateau\(optimizer\)",
+    "trainer.scheduler_monitor = None",
+)(
+    lambda e: e.trainer(scheduler=torch.optim.lr_scheduler.StepLR(e.opt, 1), scheduler_monitor="val_loss").fit(
+        _loader(), _loader(), epochs=1
+    )
+)
+case(
+    "67-scheduler-monitor-no-scheduler",
+    ValueError,
+    "scheduler_monitor='loss' is read only by a ReduceLROnPlateau",
+    "this fit has no scheduler",
+    "drop scheduler_monitor=",
+)(lambda e: e.trainer(scheduler_monitor="loss").fit(_loader(), epochs=1))
+case(
+    "68-target-keys-tuple-batches",
+    ValueError,
+    "target_keys='y' names entries of dict",
+    r"first train_loader batch is a (tuple|list) \(not a dict\)",
+    "silently ignored",
+    "Drop target_keys=",
+)(lambda e: e.trainer(target_keys="y").fit(_loader(), epochs=1))
+case(
+    "69-num-inputs-dict-batches",
+    ValueError,
+    "num_inputs=1 counts the leading elements of tuple batches",
+    r"first train_loader batch is a dict \(keys \['x', 'labels'\]\)",
+    "Drop num_inputs=",
+)(lambda e: e.trainer(num_inputs=1).fit([{"x": X[:16], "labels": Y[:16]}], epochs=1))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
