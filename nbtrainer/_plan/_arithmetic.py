@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "MIN_KBIT",
     "RowTensors",
     "adam_state_bytes",
+    "lora_saved",
     "model_structure",
     "optimizer_state_bytes",
     "quantized_bytes",
@@ -52,12 +53,14 @@ MIN_KBIT = 4096  # bitsandbytes' min_8bit_size; torchao follows it
 def model_structure(model: nn.Module) -> dict[str, Any]:
     """The layer table fits() needs: every parameter ``[name, numel, element_size, trainable, shape]`` and every
     linear layer ``[name, in, out, has_bias, quantizable]`` (quantizable: what ``Trainer(quantize=)`` replaces)."""
+    from nbtrainer._setup._lora import task_heads
     from nbtrainer._setup._quantize import output_head_name, quantizable_linears
 
     head = output_head_name(model)
     quantizable = set(quantizable_linears(model))
     return {
         "head": head,
+        "lora_heads": task_heads(model),  # trained in full beside LoRA adapters (modules_to_save)
         "params": [
             [name, p.numel(), p.element_size(), bool(p.requires_grad), list(p.shape)]
             for name, p in model.named_parameters()
@@ -193,6 +196,12 @@ class RowTensors:
     dequant: int
 
 
+def lora_saved(structure: dict[str, Any], lora: Mapping[str, Any]) -> list[str]:
+    """The modules ``lora=`` trains in full: a Hugging Face task head (``nbtrainer._setup._lora.task_heads``) and
+    ``modules_to_save``."""
+    return [*structure.get("lora_heads", ()), *(lora.get("modules_to_save") or ())]
+
+
 def row_tensors(
     structure: dict[str, Any], memory: MemoryOptions, keep: Callable[[str], bool] | None = None
 ) -> RowTensors:
@@ -215,14 +224,20 @@ def row_tensors(
         trained = [(n, e, shape) for name, n, e, trains, shape in rows if trains and name not in names]
     adapters: list[int] = []
     if memory.lora is not None:
+        from nbtrainer._setup._lora import inside_modules
+
         r = int(memory.lora.get("r", 8))
+        saved = lora_saved(structure, memory.lora)
         targets = [
             row
             for row in linears
             if targeted(row[0], memory.lora.get("target_modules", "all-linear"), row[4], structure["head"])
+            and not inside_modules(row[0], saved)
         ]
         trained = [(r * n_in, 4, [r, n_in]) for _, n_in, _, _, _ in targets]
         trained += [(r * n_out, 4, [n_out, r]) for _, _, n_out, _, _ in targets]
+        # a saved module trains as a full copy beside its frozen original (PEFT's ModulesToSaveWrapper)
+        trained += [(n, e, shape) for name, n, e, _, shape in rows if inside_modules(name, saved)]
         adapters = [n * e for n, e, _ in trained]
     params = [size for tensors in sizes.values() for size in tensors] + adapters
     return RowTensors(params, trained, dequant)

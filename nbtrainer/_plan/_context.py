@@ -417,8 +417,16 @@ class _SimLoRA(nn.Module):
 
 
 def _sim_lora(model: nn.Module, *, lora: Mapping[str, Any], structure: dict[str, Any]) -> None:
+    from nbtrainer._setup._lora import inside_modules
+
     model.requires_grad_(False)
+    saved = arith.lora_saved(structure, lora)
+    for name, p in model.named_parameters():
+        if inside_modules(name, saved):  # a task head / modules_to_save trains in full
+            p.requires_grad_(True)
     for name, _n_in, _n_out, _bias, quantizable in structure["linears"]:
+        if inside_modules(name, saved):
+            continue
         if not arith.targeted(name, lora.get("target_modules", "all-linear"), quantizable, structure["head"]):
             continue
         try:

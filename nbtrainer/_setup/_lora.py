@@ -6,6 +6,12 @@ The base is frozen and low-rank adapters train beside the targeted linear layers
 matches nothing is refused before anything changes (PEFT would raise from inside ``get_peft_model``, after
 the base was quantized).
 
+The task head of a Hugging Face classification or question-answering model (``AutoModelForSequenceClassification``
+...) is built fresh over the pretrained body: frozen, it would stay random while the adapters train on top of it. It
+trains in full, as PEFT's ``task_type="SEQ_CLS"`` / ``"TOKEN_CLS"`` / ``"QUESTION_ANS"`` have it: its names
+(``classifier``, ``score``; ``qa_outputs``) join ``modules_to_save`` (:func:`task_heads`), unless ``trainable=`` says
+what trains beside the adapters. On any other model, a frozen output head is warned about.
+
 Checkpoints hold only what trains (:func:`trainable_state`); :func:`merge_lora` gives a plain model:
 adapters added into full-precision weights (a quantized base is dequantized first, rather than merging into
 4-bit weights and rounding the adapters away). A model that already is a ``PeftModel`` is left as it is.
@@ -14,6 +20,8 @@ adapters added into full-precision weights (a quantized base is dequantized firs
 from __future__ import annotations
 
 import copy
+import os
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,7 +38,16 @@ from nbtrainer._setup._quantize import (
     require_module,
 )
 
-__all__ = ["LORA_KEYS", "apply_lora", "check_lora", "is_peft_model", "merge_lora", "trainable_state"]
+__all__ = [
+    "LORA_KEYS",
+    "apply_lora",
+    "check_lora",
+    "inside_modules",
+    "is_peft_model",
+    "merge_lora",
+    "task_heads",
+    "trainable_state",
+]
 
 #: Keys of ``lora=dict(...)`` (short names; the rest of ``peft.LoraConfig`` through a LoraConfig instance).
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "bias", "modules_to_save")
@@ -41,14 +58,75 @@ def is_peft_model(model: nn.Module) -> bool:
     return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(model).__mro__)
 
 
-def _linear_names(model: nn.Module) -> list[str]:
+#: peft.peft_model's modules_to_save for its SEQ_CLS / TOKEN_CLS (``...Classification``) and QUESTION_ANS task types
+_TASK_HEADS = {"Classification": ("classifier", "score"), "QuestionAnswering": ("qa_outputs",)}
+
+
+def _is_transformers(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
+
+
+def task_heads(model: nn.Module) -> list[str]:
+    """The task head modules (children) of a Hugging Face ``...ForSequenceClassification`` /
+    ``...ForTokenClassification`` / ``...ForQuestionAnswering`` (any ``...Classification``) model, which ``lora=``
+    trains in full; ``[]`` for any other model."""
+    if not _is_transformers(model):
+        return []
+    cls = type(model).__name__
+    names = next((heads for suffix, heads in _TASK_HEADS.items() if cls.endswith(suffix)), ())
+    children = dict(model.named_children())
+    return [name for name in names if name in children]
+
+
+def inside_modules(name: str, modules: Iterable[str]) -> bool:
+    """``name`` is one of ``modules`` or lies inside one (PEFT adapts nothing inside a module it saves)."""
+    return any(f".{name}.".find(f".{m}.") >= 0 for m in modules)
+
+
+def _linear_names(model: nn.Module, saved: Iterable[str] = ()) -> list[str]:
+    head, saved = output_head_name(model), list(saved)
+    return [
+        name
+        for name, module in model.named_modules()
+        if is_linear(module) and name != head and name and not inside_modules(name, saved)
+    ]
+
+
+def _save_heads(model: nn.Module, config: Any, keep: set[str]) -> None:
+    """The task heads join ``modules_to_save`` (PEFT does it itself for a LoraConfig with a ``task_type``); a plain
+    model's output head left frozen with nothing said about it is warned about."""
+    if keep or config.task_type is not None:  # trainable= decides what trains beside the adapters
+        return
+    heads = task_heads(model)
+    given = config.modules_to_save is not None
+    saved = list(config.modules_to_save or [])
+    if heads:
+        config.modules_to_save = saved + [h for h in heads if h not in saved]
+        return
     head = output_head_name(model)
-    return [name for name, module in model.named_modules() if is_linear(module) and name != head and name]
+    if head is None or given or inside_modules(head, saved) or _is_transformers(model):
+        return
+    warnings.warn(
+        f"lora=: the output head {head!r} of {type(model).__name__} stays frozen (adapters go into the other linear "
+        f"layers, the base is frozen). If it is newly initialised, train it: trainable=['{head}.*'] or "
+        f"lora=dict(..., modules_to_save=[{head!r}]); modules_to_save=[] keeps it frozen without this warning.",
+        stacklevel=_outside_stacklevel(),
+    )
 
 
-def check_lora(model: nn.Module, lora: Any) -> Any:
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside nbtrainer (the user's ``Trainer(...)``, however it got here)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def check_lora(model: nn.Module, lora: Any, keep: Iterable[str] = ()) -> Any:
     """The ``peft.LoraConfig`` for ``lora=`` (a dict of :data:`LORA_KEYS` or a LoraConfig), with
-    ``"all-linear"`` resolved to layer names; refused with the fix when a target matches nothing."""
+    ``"all-linear"`` resolved to layer names and a Hugging Face task head in ``modules_to_save`` (unless ``keep``,
+    the parameters ``trainable=`` names, says what trains); refused with the fix when a target matches nothing."""
     if lora is None or lora is False:
         return None
     peft = require_module("peft", "lora=")
@@ -82,7 +160,8 @@ def check_lora(model: nn.Module, lora: Any) -> Any:
             f"lora= takes a dict such as dict(r=8, alpha=16, dropout=0.05, target_modules='all-linear') or a "
             f"peft.LoraConfig, got {type(lora).__name__}."
         )
-    linears = _linear_names(model)
+    _save_heads(model, config, set(keep))
+    linears = _linear_names(model, config.modules_to_save or ())
     targets = config.target_modules
     shown = lora.get("target_modules") if isinstance(lora, Mapping) else targets  # peft turns a list into a set
     if isinstance(targets, str) and targets.lower() == "all-linear":
@@ -155,10 +234,14 @@ def merge_lora(model: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
     (``W + scaling * B @ A``), quantized layers dequantized to ``dtype``, no PEFT wrapper. The trained
     model is left as it is (training can go on)."""
     from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
 
     if not is_peft_model(model):
         raise ValueError("merge_lora() needs a model with LoRA adapters: create the Trainer with lora=dict(r=8).")
     base = copy.deepcopy(model.get_base_model())
+    for name, module in list(base.named_modules()):
+        if isinstance(module, ModulesToSaveWrapper):  # a head trained in full (modules_to_save): its trained copy
+            _replace(base, name, module.unload_and_optionally_merge_module(False, False, None))
     for name, module in list(base.named_modules()):
         if not isinstance(module, LoraLayer):
             continue

@@ -60,10 +60,13 @@ class MemorySavers:
         if not isinstance(save_base, bool):
             raise TypeError(f"save_base= takes True or False, got {save_base!r}.")
         self.keep = set(keep)
+        self.lora_config = _lora.check_lora(model, memory.lora, self.keep)
+        # a task head lora= trains in full (_lora.task_heads) stays in full precision, as trainable= layers do
+        heads = _lora.task_heads(model) if self.lora_config is not None and not self.keep else []
+        full = self.keep | {f"{h}.{n}" for h in heads for n, _ in model.get_submodule(h).named_parameters()}
         quantize, self.quant_targets = _quantize.check_quantize(
-            model, memory.quantize, device=self.device, precision=precision, keep=self.keep
+            model, memory.quantize, device=self.device, precision=precision, keep=full
         )
-        self.lora_config = _lora.check_lora(model, memory.lora)
         self.save_base = save_base
         if save_base and self.lora_config is None and quantize is None:
             raise ValueError(

@@ -138,7 +138,8 @@ def test_merge_lora_gives_a_plain_model_with_the_same_outputs() -> None:
 def test_lora_on_a_plain_module() -> None:
     model = mlp()
     x, y = mlp_data()
-    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, lora={"r": 4}, progress=False, seed=0)
+    with pytest.warns(UserWarning, match="the output head 'head' of MLP stays frozen"):
+        trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-2, lora={"r": 4}, progress=False, seed=0)
     assert hasattr(model.fc1, "lora_A") and hasattr(model.fc2, "lora_A") and not hasattr(model.head, "lora_A")
     assert type(model.fc1.base_layer) is nn.Linear  # no quantize=: a full-precision base
     history = trainer.fit((x, y), batch_size=32, epochs=3)
@@ -272,3 +273,80 @@ def test_gpt2_conv1d_layers_are_quantized_for_qlora() -> None:
         torch.testing.assert_close(
             merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits.float(), rtol=2e-2, atol=2e-2
         )
+
+
+def _task_model(kind: str) -> Any:
+    import transformers
+
+    torch.manual_seed(0)
+    small: dict[str, Any] = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    small["intermediate_size"] = 32
+    if kind == "roberta-seq":  # a nested head: classifier.dense and classifier.out_proj
+        config: Any = transformers.RobertaConfig(**small, num_labels=3, max_position_embeddings=40)
+        return transformers.AutoModelForSequenceClassification.from_config(config)
+    config = transformers.BertConfig(**small, num_labels=3, max_position_embeddings=32)
+    auto = {"bert-seq": "AutoModelForSequenceClassification", "bert-token": "AutoModelForTokenClassification"}[kind]
+    return getattr(transformers, auto).from_config(config)
+
+
+def _task_data(kind: str) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    shape = (8, 8) if kind == "bert-token" else (8,)
+    return [{"input_ids": torch.randint(3, 50, (8, 8), generator=g), "labels": torch.randint(0, 3, shape, generator=g)}
+            for _ in range(3)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["bert-seq", "bert-token", "roberta-seq"])
+def test_a_hugging_face_task_head_trains_beside_the_adapters(kind: str) -> None:
+    """Once frozen: the randomly initialised classifier stayed random while the adapters trained on top of it. Now
+    it trains in full, as with PEFT's task_type="SEQ_CLS" / "TOKEN_CLS"; the planner counts what the Trainer trains."""
+    from nbtrainer._options import MemoryOptions
+    from nbtrainer._plan._arithmetic import model_structure, row_tensors
+
+    structure = model_structure(_task_model(kind))
+    options: dict[str, Any] = {"lr": 1e-2, "lora": {"r": 4}, "seed": 0, "progress": False, "run_store": False}
+    if kind == "roberta-seq":
+        options["quantize"] = "nf4"  # QLoRA: the nested head stays in full precision, no adapter inside it
+    trainer = Trainer(_task_model(kind), None, "adamw", **options)
+    head = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad and "lora" not in n}
+    assert head and all(".classifier.modules_to_save." in n for n in head), list(head)
+    assert not [n for n, _ in trainer.model.named_modules() if ".classifier." in n and n.endswith("lora_A")]
+    stepped = {id(p) for p in _stepped(trainer)}
+    assert all(id(p) in stepped for n, p in trainer.model.named_parameters() if n in head)
+    planned = row_tensors(structure, MemoryOptions(lora={"r": 4}))
+    assert sum(n for n, _, _ in planned.trained) == trainer.param_counts.trainable
+    trainer.fit(_task_data(kind), epochs=1)
+    trained = dict(trainer.model.named_parameters())
+    assert all(not torch.equal(trained[n], before) for n, before in head.items())
+    if kind == "roberta-seq":
+        merged = trainer.merge_lora()
+        assert type(merged.classifier).__name__ == "RobertaClassificationHead"  # the trained copy, unwrapped
+        ids = _task_data(kind)[0]["input_ids"]
+        merged.eval(), trainer.model.eval()
+        expected, got = trainer.model(input_ids=ids).logits, merged(input_ids=ids).logits
+        assert (expected - got).abs().max() < 1e-4
+
+
+def test_trainable_still_says_what_trains_beside_the_adapters_of_a_task_model() -> None:
+    trainer = Trainer(_task_model("bert-seq"), None, "adamw", lr=1e-2, lora={"r": 4}, trainable=["classifier.*"],
+                      progress=False, run_store=False)  # fmt: skip
+    assert not [n for n, _ in trainer.model.named_modules() if "modules_to_save" in n]
+    assert [n for n, p in trainer.model.named_parameters() if p.requires_grad and "lora" not in n] == [
+        "base_model.model.classifier.weight",
+        "base_model.model.classifier.bias",
+    ]
+
+
+def test_a_plain_models_head_is_kept_frozen_or_trained_on_request_without_a_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        frozen = Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", lora={"r": 4, "modules_to_save": []}, progress=False)
+        saved = Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", lora={"r": 4, "modules_to_save": ["head"]},
+                        progress=False)  # fmt: skip
+    assert not [n for n, p in frozen.model.named_parameters() if p.requires_grad and "lora" not in n]
+    assert [n for n, p in saved.model.named_parameters() if p.requires_grad and "lora" not in n] == [
+        "base_model.model.head.modules_to_save.default.weight",
+        "base_model.model.head.modules_to_save.default.bias",
+    ]
