@@ -20,9 +20,11 @@ KINDS: dict[str, str] = {
     "nonfinite": "values",  # NaN / Inf in inputs or targets
     "scale": "scale",  # inputs far from normalized
     "constant": "scale",  # features with one value over every item
+    "shift": "scale",  # validation inputs on another scale than training's (prepared differently)
     "imbalance": "targets",  # a class much rarer than another
     "label_range": "targets",  # labels the model has no output for (refused before the first step)
     "unseen_class": "targets",  # validation classes that training lacks
+    "missing_class": "targets",  # outputs of the model no training item has as its label
     "unreadable": "values",  # a field that is not a tensor, or a batch that could not be split
 }
 #: The data section's lights, in the order the panel shows them.
@@ -39,8 +41,8 @@ class DataProblem:
 
     Attributes:
         kind: one of :data:`KINDS`: ``"duplicates_across"``, ``"duplicates_within"``, ``"conflicting_labels"``,
-            ``"nonfinite"``, ``"scale"``, ``"constant"``, ``"imbalance"``, ``"label_range"``, ``"unseen_class"``,
-            ``"unreadable"``.
+            ``"nonfinite"``, ``"scale"``, ``"constant"``, ``"shift"``, ``"imbalance"``, ``"label_range"``,
+            ``"unseen_class"``, ``"missing_class"``, ``"unreadable"``.
         message: what was found, where and how many items, in one sentence.
         advice: what to do about it (empty when there is nothing to do).
         data: the numbers behind it, plain values: the dataset ``indices`` concerned (``train_indices`` /

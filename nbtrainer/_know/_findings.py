@@ -247,6 +247,88 @@ def _scale(split: Split, done: set[str]) -> list[DataProblem]:
     return problems
 
 
+def _shift(train: Split, val: Split, scaled: set[str]) -> list[DataProblem]:
+    """Validation inputs on another scale than training's: the field as a whole (its mean moved by more than half
+    the training std, and by more than chance, or its std off by 2x), or single features that vary in training
+    (with 30 validation items or more: a mean moved by a training std). The classic is a pipeline that
+    normalizes one split and not the other; a model then meets inputs it never saw. Features that barely vary in
+    training (a border pixel: a few rare values decide its spread) are not judged alone."""
+    problems = []
+    for name, t in train.fields.items():
+        v = val.fields.get(name)
+        if v is None or name in scaled or not t.floating or t.features != v.features or not v.count.sum():
+            continue
+        to, vo = t.overall(), v.overall()
+        if not (to["std"] > 0 and math.isfinite(to["std"]) and math.isfinite(vo["std"])):
+            continue
+        chance = 4 / math.sqrt(max(val.items, 1))
+        whole = abs(vo["mean"] - to["mean"]) > to["std"] * max(0.5, chance) or not 0.5 <= vo["std"] / to["std"] <= 2
+        (tm, ts), (vm, vs) = t.moments(), v.moments()
+        bad: list[int] = []
+        if t.features > 1 and val.items >= 30:
+            live = ts[(ts > 0) & ts.isfinite()]
+            # a feature's own std ratio is left out: a sparse feature's spread is a few rare values, which a
+            # subset may lack (digits' border pixels in 200 of 1,797 items: 0.07 against 1.04)
+            floor = 0.1 * float(live.median()) if len(live) else math.inf
+            moved = (ts >= floor) & vm.isfinite() & ((vm - tm).abs() > ts * max(1.0, chance))
+            bad = moved.nonzero().flatten().tolist()
+        if not whole and not bad:
+            continue
+        axis = "channel" if t.layout == "channels" else "feature"
+        if whole:
+            said = (
+                f"mean {format_number(vo['mean'])} and std {format_number(vo['std'])}, against "
+                f"{format_number(to['mean'])} and {format_number(to['std'])} in training"
+            )
+        else:
+            i = bad[0]
+            said = (
+                f"{_n(len(bad), axis)} of {t.features}, e.g. {axis} {i}: mean {format_number(float(vm[i]))} and std "
+                f"{format_number(float(vs[i]))}, against {format_number(float(tm[i]))} and "
+                f"{format_number(float(ts[i]))} in training"
+            )
+        problems.append(
+            DataProblem(
+                "shift",
+                f"validation {name} are on another scale than training's ({said}).",
+                "Prepare both splits the same way (normalize the validation set with the training set's mean and "
+                "std); a model scored on inputs it never saw reads worse than it is.",
+                {
+                    "field": name,
+                    f"{axis}s": bad,
+                    "train_mean": tm.tolist()[:256],
+                    "val_mean": vm.tolist()[:256],
+                    "train_std": ts.tolist()[:256],
+                    "val_std": vs.tolist()[:256],
+                },
+                level="warning",
+            )
+        )
+    return problems
+
+
+def _missing(train: Split, val: Split | None, outputs: int | None) -> list[DataProblem]:
+    """Classes the model has an output for and the training data no item of (class numbers from 0); those the
+    validation data has are ``unseen_class``'s."""
+    if train.targets.kind != "labels" or outputs is None or outputs < 2 or train.sampled:
+        return []
+    in_val = val.targets.counts if val is not None and val.targets.kind == "labels" else {}
+    missing = [c for c in range(outputs) if not train.targets.counts.get(c) and not in_val.get(c)]
+    if not missing or len(missing) == outputs:
+        return []
+    return [
+        DataProblem(
+            "missing_class",
+            f"{_n(len(missing), 'class')} of the model's {outputs} outputs {_are(len(missing))} never a training "
+            f"label (class{'' if len(missing) == 1 else 'es'} {_few(missing)}): the model will never predict "
+            f"{'it' if len(missing) == 1 else 'them'}.",
+            "Check the labels are 0-based and complete, or give the model as many outputs as there are classes.",
+            {"classes": missing, "outputs": outputs},
+            level="warning",
+        )
+    ]
+
+
 def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProblem]:
     if train.targets.kind == "binary":
         return _binary_imbalance(train)
@@ -396,6 +478,9 @@ def findings(
         elif split.targets.kind in ("none", "other") and split is train:
             notes.append(f"{split.name}: targets are not one class label per item: class checks skipped")
     problems += _imbalance(train, outputs, ignore_index)
+    problems += _missing(train, val, outputs)
     if val is not None:
         problems += _unseen(train, val, ignore_index)
+        said = {p.data.get("field") for p in problems if p.kind == "scale" and p.data.get("split") == "val"}
+        problems += _shift(train, val, scaled | said)
     return problems, notes, {s.name: _summary(s) for s in splits}

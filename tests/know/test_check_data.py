@@ -225,3 +225,30 @@ def test_display():
     assert "nbt-data-report" in page and "data-kind='duplicates_across'" in page and "nbt-data-problem" in page
     problem = report.problems[0]
     assert str(problem).startswith("data problem: ") and problem.to_dict()["kind"] == "duplicates_across"
+
+
+def test_validation_prepared_differently_from_training_is_said():
+    g = torch.Generator().manual_seed(0)
+    raw = torch.rand(300, 1, 8, 8, generator=g) * 255
+    x = (raw[:200] - raw[:200].mean()) / raw[:200].std()
+    y, val_y = torch.randint(0, 3, (200,), generator=g), torch.randint(0, 3, (100,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    shifted = _trainer(model).check_data((x, y), (raw[200:] / 255, val_y))  # a pipeline bug: [0, 1] for val
+    (problem,) = shifted.by_kind("shift")
+    assert "validation inputs are on another scale than training's (mean 0.5" in problem.message
+    same = (raw[200:] - raw[:200].mean()) / raw[:200].std()
+    assert _trainer(model).check_data((x, y), (same, val_y)).by_kind("shift") == []
+    # a subset of digits, whose border pixels are nearly always 0: no feature judged on a few rare values
+    from sklearn.datasets import load_digits
+
+    dx, dy = (torch.tensor(a) for a in load_digits(return_X_y=True))
+    digits = _trainer(mlp(d=64, out=10)).check_data((dx.float(), dy), (dx[:200].float(), dy[:200]))
+    assert digits.by_kind("shift") == []
+
+
+def test_outputs_no_training_item_has_as_its_label_are_said():
+    x, y = make_classification(n=60)
+    y = y % 2  # classes 0 and 1 of the model's 3
+    (problem,) = _trainer(mlp(out=3)).check_data((x, y)).by_kind("missing_class")
+    assert problem.data == {"classes": [2], "outputs": 3} and "never predict it" in problem.message
+    assert _trainer(mlp(out=2)).check_data((x, y)).by_kind("missing_class") == []
