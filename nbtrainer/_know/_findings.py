@@ -481,6 +481,6 @@ def findings(
     problems += _missing(train, val, outputs)
     if val is not None:
         problems += _unseen(train, val, ignore_index)
-        said = {p.data.get("field") for p in problems if p.kind == "scale" and p.data.get("split") == "val"}
+        said = {str(p.data["field"]) for p in problems if p.kind == "scale" and p.data.get("split") == "val"}
         problems += _shift(train, val, scaled | said)
     return problems, notes, {s.name: _summary(s) for s in splits}
