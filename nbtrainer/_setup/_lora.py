@@ -12,6 +12,11 @@ trains in full, as PEFT's ``task_type="SEQ_CLS"`` / ``"TOKEN_CLS"`` / ``"QUESTIO
 (``classifier``, ``score``; ``qa_outputs``) join ``modules_to_save`` (:func:`task_heads`), unless ``trainable=`` says
 what trains beside the adapters. On any other model, a frozen output head is warned about.
 
+``trainable=`` beside ``lora=`` means what it says: a layer whose weight it names trains in full and gets no adapter
+(it leaves the targets, as a head in ``modules_to_save`` does), so PEFT never wraps it and renames its weight to
+``...base_layer.weight`` out from under the pattern; any other parameter it names (a bias of an adapted layer, a
+norm) trains beside the adapters. A parameter inside ``modules_to_save`` is refused: PEFT trains a copy of that module.
+
 Checkpoints hold only what trains (:func:`trainable_state`); :func:`merge_lora` gives a plain model:
 adapters added into full-precision weights (a quantized base is dequantized first, rather than merging into
 4-bit weights and rounding the adapters away). A model that already is a ``PeftModel`` is left as it is.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
@@ -92,6 +98,31 @@ def _linear_names(model: nn.Module, saved: Iterable[str] = ()) -> list[str]:
     ]
 
 
+def _full_layers(keep: Iterable[str]) -> list[str]:
+    """The modules whose weight ``trainable=`` names (``keep``: parameter names): trained in full, not adapted."""
+    return sorted({name.rpartition(".")[0] for name in keep if name.endswith(".weight")})
+
+
+def _check_keep_unsaved(keep: Iterable[str], saved: Iterable[str]) -> None:
+    saved = list(saved)
+    inside = sorted(name for name in keep if inside_modules(name, saved))
+    if inside:
+        raise ValueError(
+            f"trainable= names {inside[:6]}, inside lora modules_to_save={saved}: PEFT trains a copy of a saved "
+            "module and leaves these originals out of the forward pass, so they would never change. Give the module "
+            "to one of the two: drop it from modules_to_save, or leave it out of trainable= (a saved module trains "
+            "in full anyway)."
+        )
+
+
+def _excluding(config: Any, layers: list[str]) -> Any:
+    """``config.exclude_modules`` with ``layers`` (full names) added to what the user excluded."""
+    given = config.exclude_modules
+    if isinstance(given, str):  # a regex PEFT matches in full: either one excludes
+        return "|".join([f"(?:{given})", *(re.escape(name) for name in layers)])
+    return set(given or ()) | set(layers)
+
+
 def _save_heads(model: nn.Module, config: Any, keep: set[str]) -> None:
     """The task heads join ``modules_to_save`` (PEFT does it itself for a LoraConfig with a ``task_type``); a plain
     model's output head left frozen with nothing said about it is warned about."""
@@ -126,7 +157,9 @@ def _outside_stacklevel() -> int:
 def check_lora(model: nn.Module, lora: Any, keep: Iterable[str] = ()) -> Any:
     """The ``peft.LoraConfig`` for ``lora=`` (a dict of :data:`LORA_KEYS` or a LoraConfig), with
     ``"all-linear"`` resolved to layer names and a Hugging Face task head in ``modules_to_save`` (unless ``keep``,
-    the parameters ``trainable=`` names, says what trains); refused with the fix when a target matches nothing."""
+    the parameters ``trainable=`` names, says what trains); the layers whose weight ``keep`` names are left out of
+    the targets (they train in full). Refused with the fix when a target matches nothing, or ``keep`` names a
+    parameter inside ``modules_to_save``."""
     if lora is None or lora is False:
         return None
     peft = require_module("peft", "lora=")
@@ -160,26 +193,35 @@ def check_lora(model: nn.Module, lora: Any, keep: Iterable[str] = ()) -> Any:
             f"lora= takes a dict such as dict(r=8, alpha=16, dropout=0.05, target_modules='all-linear') or a "
             f"peft.LoraConfig, got {type(lora).__name__}."
         )
-    _save_heads(model, config, set(keep))
+    keep = set(keep)
+    _save_heads(model, config, keep)
+    _check_keep_unsaved(keep, config.modules_to_save or ())
+    full = _full_layers(keep)
+    # PEFT would wrap a layer trainable= trains and rename its weight, which then no longer matches and stays frozen
+    trained = f" (trainable= trains {full[:6]} in full, without adapters)" if full else ""
     linears = _linear_names(model, config.modules_to_save or ())
     targets = config.target_modules
     shown = lora.get("target_modules") if isinstance(lora, Mapping) else targets  # peft turns a list into a set
     if isinstance(targets, str) and targets.lower() == "all-linear":
-        if not linears:
+        adapted = [name for name in linears if name not in full]
+        if not adapted:
             raise ValueError(
                 f"lora target_modules='all-linear' matches nothing: {type(model).__name__} has no linear layer "
-                "besides its output head. Name the modules to adapt, e.g. target_modules=['proj']."
+                f"besides its output head{trained}. Name the modules to adapt, e.g. target_modules=['proj'], or "
+                "narrow trainable= so that some layer is left to adapt."
             )
-        config.target_modules = set(linears)
+        config.target_modules = set(adapted)
         return config
     from peft.tuners.tuners_utils import check_target_module_exists
 
+    if full:
+        config.exclude_modules = _excluding(config, full)
     names = [name for name, _ in model.named_modules() if name]
     if not targets or not any(check_target_module_exists(config, name) for name in names):
-        suffixes = sorted({n.rpartition(".")[2] for n in linears})
+        suffixes = sorted({n.rpartition(".")[2] for n in linears if n not in full})
         raise ValueError(
-            f"lora target_modules={shown!r} matches no module of {type(model).__name__}. Its linear layers "
-            f"end in {suffixes[:12]}; use those names, or target_modules='all-linear'."
+            f"lora target_modules={shown!r} matches no module of {type(model).__name__}{trained}. Its linear "
+            f"layers end in {suffixes[:12]}; use those names, or target_modules='all-linear'."
         )
     return config
 
@@ -199,20 +241,33 @@ def _fan_in_fan_out(model: nn.Module, config: Any) -> None:
 
 def apply_lora(model: nn.Module, config: Any, keep_trainable: Iterable[str] = ()) -> nn.Module:
     """``peft.get_peft_model``: adapters injected into ``model`` (in place), base frozen; the parameters
-    named in ``keep_trainable`` (the user's ``trainable=`` choice) train too. Returns the PeftModel."""
+    named in ``keep_trainable`` (the user's ``trainable=`` choice) train too. Returns the PeftModel.
+
+    Raises:
+        ValueError: a parameter ``keep_trainable`` names is no longer in the wrapped model (PEFT replaced it).
+    """
     from peft import get_peft_model
 
     _fan_in_fan_out(model, config)
+    named = dict(model.named_parameters())
     with warnings.catch_warnings():
         # PEFT reads transformers' deprecated `is_gradient_checkpointing` while it wraps the model: a FutureWarning a
         # user saw as red text in every LoRA cell, about a call they never made. Only that message is silenced.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
         peft_model = get_peft_model(model, config)
     keep = set(keep_trainable)
-    if keep:
-        for name, p in model.named_parameters():
-            if name in keep:
-                p.requires_grad_(True)
+    # held by identity: PEFT renames the parameters of a layer it wraps (a bias to ...base_layer.bias)
+    kept = {name: p for name, p in named.items() if name in keep}
+    present = {id(p) for p in peft_model.parameters()}
+    lost = sorted(name for name, p in kept.items() if id(p) not in present)
+    if lost:
+        raise ValueError(
+            f"trainable= names {lost[:6]}, which the LoRA model no longer holds (PEFT replaced them while adding "
+            "the adapters), so they would not train. Leave them out of trainable=, or out of the lora targets "
+            "(target_modules=[...])."
+        )
+    for p in kept.values():
+        p.requires_grad_(True)
     return peft_model
 
 

@@ -350,3 +350,62 @@ def test_a_plain_models_head_is_kept_frozen_or_trained_on_request_without_a_warn
         "base_model.model.head.modules_to_save.default.weight",
         "base_model.model.head.modules_to_save.default.bias",
     ]
+
+
+def _full_and_adapted(trainer: Trainer) -> tuple[list[str], set[str]]:
+    """The parameters trained in full (no adapter's) and the layers holding adapters."""
+    full = [n for n, p in trainer.model.named_parameters() if p.requires_grad and "lora_" not in n]
+    adapted = {n.removeprefix("base_model.model.") for n, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
+    return full, adapted
+
+
+def test_a_layer_trainable_names_trains_in_full_instead_of_being_adapted() -> None:
+    """trainable=['bert.pooler.*'] once trained nothing there: "all-linear" wrapped the pooler's Linear, PEFT renamed
+    its weight to ...base_layer.weight, and the layer stayed frozen without a word. A layer whose weight trainable=
+    names now trains in full and gets no adapter; the other linear layers keep theirs."""
+    trainer = Trainer(_task_model("bert-seq"), None, "adamw", lr=1e-2, lora={"r": 4}, trainable=["bert.pooler.*"],
+                      seed=0, progress=False, run_store=False)  # fmt: skip
+    full, adapted = _full_and_adapted(trainer)
+    assert full == ["base_model.model.bert.pooler.dense.weight", "base_model.model.bert.pooler.dense.bias"]
+    assert "bert.pooler.dense" not in adapted and "bert.encoder.layer.0.attention.self.query" in adapted
+    stepped = {id(p) for p in _stepped(trainer)}
+    params = dict(trainer.model.named_parameters())
+    assert all(id(params[n]) in stepped for n in full)
+    before = {n: params[n].detach().clone() for n in full}
+    trainer.fit(_task_data("bert-seq"), epochs=1)
+    assert all(not torch.equal(params[n], before[n]) for n in full)
+
+
+def test_a_bias_trainable_names_trains_beside_its_layers_adapter() -> None:
+    """Only the weight takes a layer out of the adapters: a bias trainable= names trains beside the adapter of its
+    layer, under the name PEFT gives it (...base_layer.bias)."""
+    trainer = Trainer(_task_model("bert-seq"), None, "adamw", lr=1e-2, lora={"r": 4},
+                      trainable=["bert.pooler.dense.bias"], seed=0, progress=False, run_store=False)  # fmt: skip
+    full, adapted = _full_and_adapted(trainer)
+    assert full == ["base_model.model.bert.pooler.dense.base_layer.bias"] and "bert.pooler.dense" in adapted
+    bias = dict(trainer.model.named_parameters())[full[0]]
+    before = bias.detach().clone()
+    trainer.fit(_task_data("bert-seq"), epochs=1)
+    assert not torch.equal(bias, before)
+
+
+def test_named_targets_leave_out_the_layers_trainable_names() -> None:
+    config = peft.LoraConfig(r=4, target_modules=["dense"], exclude_modules=".*attention.output.dense")
+    trainer = Trainer(_task_model("bert-seq"), None, "adamw", lr=1e-2, lora=config, trainable=["bert.pooler.*"],
+                      progress=False, run_store=False)  # fmt: skip
+    full, adapted = _full_and_adapted(trainer)
+    # every "dense" but the pooler (trainable=) and the attention output (the user's own exclusion)
+    assert adapted == {"bert.encoder.layer.0.intermediate.dense", "bert.encoder.layer.0.output.dense"}
+    assert full == ["base_model.model.bert.pooler.dense.weight", "base_model.model.bert.pooler.dense.bias"]
+
+
+def test_trainable_and_lora_that_leave_nothing_to_adapt_or_overlap_modules_to_save_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"'all-linear' matches nothing.*trainable= trains \['fc1', 'fc2'\] in full"):
+        Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", lora={"r": 4}, trainable=["fc*"])
+    with pytest.raises(ValueError, match=r"target_modules=\['fc1'\] matches no module of MLP \(trainable= trains"):
+        Trainer(mlp(), nn.CrossEntropyLoss(), "adamw", lora={"r": 4, "target_modules": ["fc1"]}, trainable=["fc1"])
+    model = mlp()
+    saved = r"trainable= names \['head.bias', 'head.weight'\], inside lora modules_to_save=\['head'\]"
+    with pytest.raises(ValueError, match=saved):
+        Trainer(model, nn.CrossEntropyLoss(), "adamw", lora={"r": 4, "modules_to_save": ["head"]}, trainable=["head"])
+    assert type(model.fc1) is nn.Linear and all(p.requires_grad for p in model.parameters())
