@@ -183,7 +183,7 @@ class Context:
         *,
         precision: str,
         checkpointing: Any,
-        chunked: bool,
+        chunked: int,
         offload: bool,
         accumulating: bool,
         micro: int,
@@ -320,7 +320,7 @@ class Context:
         if chunked:
             from nbtrainer._setup._chunked_loss import ChunkedCausalLMLoss
 
-            loss_fn = ChunkedCausalLMLoss(1024 if chunked is True else int(chunked))
+            loss_fn = ChunkedCausalLMLoss(int(chunked))  # tokens per chunk (nbtrainer._plan._steps.chunk_tokens)
         batch = empty_batch(self.batch, torch.device("meta"), (self.example_size, micro))
         prepare = functools.partial(_sim_lora, lora=lora, structure=self.structure) if lora is not None else None
         if precision == "bf16-params":  # FSDP's mixed precision: the parameters in bf16, autocast off

@@ -13,8 +13,16 @@ from nbtrainer._plan._arithmetic import RowTensors, row_tensors
 from nbtrainer._plan._context import Context
 from nbtrainer._plan._cost import time_factor
 from nbtrainer._plan._result import PlanRow
+from nbtrainer._setup._chunked_loss import DEFAULT_CHUNK
 
 __all__ = ["RowTensors", "plan_row", "row_tensors"]  # the tensors: nbtrainer._plan._arithmetic
+
+
+def chunk_tokens(chunked_loss: bool | int) -> int:
+    """``chunked_loss=``'s tokens per chunk as the Trainer reads it (``True``: the default), 0 when off."""
+    if chunked_loss is True:
+        return DEFAULT_CHUNK
+    return int(chunked_loss) if chunked_loss else 0
 
 
 def plan_row(
@@ -47,7 +55,8 @@ def plan_row(
         # FSDP casts the parameters to the compute dtype (no autocast): simulated so
         "precision": "bf16-params" if fsdp and half else memory.precision,
         "checkpointing": memory.activation_checkpointing,
-        "chunked": bool(memory.chunked_loss),
+        # the tokens per chunk (0: off): the chunk's logits and their gradient are what the chunked loss keeps
+        "chunked": chunk_tokens(memory.chunked_loss),
         "offload": memory.offload_activations,
         "micro": micro,
         SWITCH.lora: memory.lora,

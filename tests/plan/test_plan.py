@@ -104,6 +104,18 @@ def test_predicted_peaks_are_within_15_percent_of_the_measured(family):
         assert abs(predicted / measured - 1) <= 0.15, (family, switches, predicted, measured)
 
 
+def test_the_chunk_size_reaches_the_simulation():
+    ids = torch.zeros(8, 128, dtype=torch.long)
+    plan = plan_memory(_llama("meta", layers=1), {"input_ids": ids, "labels": ids}, budget_gb=16, device="cpu")
+    logits = {n: plan.predict(optimizer="adamw", activation_checkpointing=True, chunked_loss=n).peak_bytes
+              for n in (32, 1024)}  # fmt: skip
+    # checkpointed, the head's chunk is the peak: 1024 tokens of a 2000-word vocabulary hold more than 32 do
+    assert logits[1024] > logits[32]
+    assert plan.predict(optimizer="adamw", chunked_loss=True).peak_bytes == plan.predict(
+        optimizer="adamw", chunked_loss=1024
+    ).peak_bytes
+
+
 @pytest.mark.slow
 def test_a_meta_model_plans_like_the_same_model_with_weights():
     ids = torch.zeros(1, 64, dtype=torch.long)
