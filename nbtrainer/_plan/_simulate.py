@@ -197,7 +197,7 @@ def simulate_step(
         ]
         if blocks is not None:
             hooks += _mark_blocks(clone.get_submodule(blocks), events)
-        with tracker, contextlib.ExitStack() as stack:
+        with tracker, _one_sequence_per_row(batch), contextlib.ExitStack() as stack:
             if autocast_dtype is not None:
                 stack.enter_context(torch.autocast(device.type, dtype=autocast_dtype))
             if offload_activations:  # as save_on_cpu: what backward keeps waits off the device, and comes back
@@ -238,6 +238,31 @@ def simulate_step(
         trace=Trace.of(events),
         trained=tuple((p.numel(), p.element_size(), tuple(p.shape)) for p in trained),
     )
+
+
+@contextlib.contextmanager
+def _one_sequence_per_row(batch: Any) -> Any:
+    """Hugging Face decoders called without a cache and without an attention mask (the chunked loss calls the
+    decoder with ``use_cache=False``) look in the position ids for several sequences packed into one row, a check
+    on values that ``transformers`` skips for fake tensors, assuming packed rows: it then builds a 4-D mask and runs
+    attention through the masked path (grouped keys and values repeated, a float mask saved per layer) where the
+    real step runs the causal kernel without a mask. Without ``position_ids`` in the batch the model makes them
+    itself (``arange``: one sequence per row), so the real check finds no packing: the simulation answers the
+    same. A batch that brings its own position ids keeps transformers' assumption (their values are not
+    simulated)."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    given = isinstance(batch, Mapping) and "position_ids" in batch
+    if masking is None or given or not hasattr(masking, "find_packed_sequence_indices"):
+        yield
+        return
+    original = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
 
 
 class _Offloaded:
