@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OPTIMIZERS", "OptimizerKind", "optimizer_kind"]
+__all__ = ["OPTIMIZERS", "OptimizerKind", "counted_kind", "optimizer_kind"]
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,9 @@ class OptimizerKind:
         library: ``"torch"``, ``"bitsandbytes"`` or ``"torchao"``.
         fused: torch has a fused kernel for it (chosen where the device has one).
         state: how the memory arithmetic counts its state (``nbtrainer._plan._arithmetic``): ``"moments"`` (two per
-            trained value), ``"adafactor"`` (a row and a column per matrix), ``"kbit"`` (blocks of ``kbit``), or None
-            (not known: neither ``fits`` nor the planner names it).
+            trained value), ``"adafactor"`` (a row and a column per matrix), ``"kbit"`` (blocks of ``kbit``),
+            ``"stateless"`` (none: SGD as built by name, momentum 0), or None (not known: neither ``fits`` nor the
+            planner names it).
         kbit: a k-bit state's bytes per value and block size.
         planned: a kind ``memory_budget_gb``'s plan may choose (in this order).
         offloadable: ``offload_optimizer`` runs its step on the CPU (torchao's ``CPUOffloadOptimizer`` wraps it).
@@ -54,7 +55,7 @@ OPTIMIZERS: dict[str, OptimizerKind] = {
     for kind in (
         OptimizerKind("adamw", "AdamW", fused=True, planned=True, offloadable=True),
         OptimizerKind("adam", "Adam", fused=True, offloadable=True),
-        OptimizerKind("sgd", "SGD", fused=True, state=None, offloadable=True),
+        OptimizerKind("sgd", "SGD", fused=True, state="stateless", offloadable=True),
         OptimizerKind(
             "adamw8bit",
             "AdamW8bit",
@@ -108,4 +109,16 @@ def optimizer_kind(optimizer: Any) -> str | None:
     kind = by_class.get(type(optimizer).__name__)
     if kind is None and inner is not None and inner is not optimizer:
         return optimizer_kind(inner)
+    return kind
+
+
+def counted_kind(optimizer: Any) -> str | None:
+    """:func:`optimizer_kind`, or None where the memory arithmetic's rule for that kind does not hold for this
+    instance: an SGD with momentum keeps a buffer per parameter, where the rule for ``"sgd"`` (as built by name,
+    momentum 0) counts none."""
+    kind = optimizer_kind(optimizer)
+    if kind == "sgd" and not isinstance(optimizer, str):
+        groups = getattr(optimizer, "param_groups", None) or [getattr(optimizer, "defaults", {})]
+        if any(g.get("momentum", 0) for g in groups):
+            return None
     return kind

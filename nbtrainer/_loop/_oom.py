@@ -30,7 +30,7 @@ import torch
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._memory._window import host_capacity
-from nbtrainer._optimizer_kinds import OPTIMIZERS, optimizer_kind
+from nbtrainer._optimizer_kinds import OPTIMIZERS, counted_kind, optimizer_kind
 from nbtrainer._options import MemoryOptions
 from nbtrainer._report._format import format_bytes, format_number
 
@@ -197,7 +197,7 @@ def _memory_switches(trainer: LoopHost, *, transformed: bool, profiled_optimizer
     kind = optimizer_kind(trainer.optimizer)
     profiled = optimizer_kind(profiled_optimizer)
     same = kind == profiled or _state(kind) == _state(profiled) == "moments"  # Adam and AdamW keep the same state
-    known = _state(kind) is not None
+    known = _state(kind) is not None and counted_kind(trainer.optimizer) == kind
     fits = dataclasses.replace(
         memory,
         precision="fp32",

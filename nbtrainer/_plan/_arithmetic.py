@@ -11,7 +11,8 @@ Rules (bytes):
 * optimizer state: AdamW keeps 2 moments in the parameter's dtype and a scalar step; ``adamw8bit`` /
   ``paged_adamw8bit`` (bitsandbytes) 2 bytes per value plus an fp32 scale per block of 256 and two shared 256-entry
   maps; ``adamw4bit`` (torchao) 1 byte per value plus an fp32 scale per block of 128; tensors under 4096 values
-  stay 32-bit. ``adafactor``: a row and a column statistic per matrix.
+  stay 32-bit. ``adafactor``: a row and a column statistic per matrix. ``sgd`` as built by name (momentum 0):
+  nothing (torch's SGD keeps a momentum buffer only when momentum is set).
 """
 
 from __future__ import annotations
@@ -94,8 +95,11 @@ def adam_state_bytes(numel: int, elem: int) -> int:
 def optimizer_state_bytes(name: str, trained: list[tuple[int, int, list[int]]]) -> int:
     """State bytes of optimizer ``name`` over ``(numel, element_size, shape)`` trained tensors (the libraries' rules:
     bitsandbytes' 8-bit blocks of 256 and shared maps, torchao's 4-bit blocks of 128, both keeping tensors under
-    :data:`MIN_KBIT` values in 32 bits; Adafactor's row and column statistics; two moments otherwise)."""
+    :data:`MIN_KBIT` values in 32 bits; Adafactor's row and column statistics; none for SGD without momentum; two
+    moments otherwise)."""
     total = 0
+    if _state(name) == "stateless":
+        return 0
     if name in KBIT:
         per_value, block = KBIT[name]
         torchao = OPTIMIZERS[name].library == "torchao"  # torchao keeps a tensor not made of whole blocks in 32 bits
@@ -149,7 +153,9 @@ def state_tensors(name: str, trained: list[tuple[int, int, list[int]]]) -> tuple
                 shared = [256 * 4, 256 * 4]
         return per, shared
     for n, e, shape in trained:
-        if _state(name) == "adafactor":
+        if _state(name) == "stateless":
+            per.append([])
+        elif _state(name) == "adafactor":
             if len(shape) >= 2:
                 stacked = n // (shape[-2] * shape[-1])
                 per.append([4, 4 * shape[-2] * stacked, 4 * shape[-1] * stacked])
@@ -169,10 +175,10 @@ def step_temporaries(
     no temporaries. An AdamW built with torch's defaults runs ``foreach`` on CUDA, where ``sqrt(exp_avg_sq)`` for the
     whole group is one temporary list as large as the trained parameters, and tensor by tensor on the CPU (and in
     backward), so the largest parameter's worth. The 8-bit / 4-bit kernels update block by block in place; Adafactor
-    builds one parameter-sized update at a time.
+    builds one parameter-sized update at a time; SGD built by name (fused, no momentum) updates in place.
     """
     moments = _state(name) == "moments"
-    if not trained or name in KBIT or (fused and moments):
+    if not trained or name in KBIT or (fused and (moments or _state(name) == "stateless")):
         return 0
     largest = max(n * e for n, e, _ in trained)
     if moments and device_type == "cuda" and not in_backward:

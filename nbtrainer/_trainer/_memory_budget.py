@@ -144,7 +144,7 @@ class MemoryBudget:
         self.check.arm(trainer.model, trainer.optimizer)
 
     def _plan(self, train_loader: Any) -> None:
-        from nbtrainer._optimizer_kinds import optimizer_kind
+        from nbtrainer._optimizer_kinds import counted_kind
         from nbtrainer._plan._plan import plan_memory
 
         trainer = self._trainer
@@ -153,11 +153,12 @@ class MemoryBudget:
         self.kept = self.kept_switches(memory)
         strategy, world_size = self._strategy()
         # "auto" rebuilds the optimizer over the parameters: not over FSDP's shards (k-bit kinds are not DTensor-aware)
-        kind = None if self.auto_optimizer and strategy != "fsdp" else optimizer_kind(trainer.optimizer)
+        kind = None if self.auto_optimizer and strategy != "fsdp" else counted_kind(trainer.optimizer)
         if kind is None and not self.auto_optimizer:
             raise ValueError(
-                f"memory_budget_gb: the planner does not know the state of {type(trainer.optimizer).__name__}. Give "
-                "the optimizer by name ('adamw', 'adafactor', 'adamw8bit', ...) or optimizer='auto' (it chooses)."
+                f"memory_budget_gb: the planner does not know the state of {type(trainer.optimizer).__name__} (SGD: "
+                "only without momentum, as optimizer='sgd' builds it). Give the optimizer by name ('adamw', "
+                "'adafactor', 'adamw8bit', 'sgd', ...) or optimizer='auto' (it chooses)."
             )
         batch = example_batch(train_loader)  # one rank's, under DDP / FSDP
         ckpt = memory.activation_checkpointing if self._source is None else False
