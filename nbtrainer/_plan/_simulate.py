@@ -257,12 +257,12 @@ def _one_sequence_per_row(batch: Any) -> Any:
     if masking is None or given or not hasattr(masking, "find_packed_sequence_indices"):
         yield
         return
-    original = masking.find_packed_sequence_indices
-    masking.find_packed_sequence_indices = lambda position_ids: None
+    original = getattr(masking, "find_packed_sequence_indices")  # noqa: B009 (a module typed as ModuleType)
+    setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)  # noqa: B010
     try:
         yield
     finally:
-        masking.find_packed_sequence_indices = original
+        setattr(masking, "find_packed_sequence_indices", original)  # noqa: B010
 
 
 class _Offloaded:

@@ -274,8 +274,9 @@ def test_a_row_that_splits_the_batch_is_measured_within_6_percent_of_its_predict
     # the least a whole batch needs in fp32 without the chunked loss (the Trainer keeps both as set): a budget whose
     # usable 90% is just under it leaves only rows that split the batch
     whole = min(
-        plan.predict(optimizer="sgd", precision="fp32", activation_checkpointing=ckpt, optimizer_in_backward=in_bwd)
-        .peak_bytes
+        plan.predict(
+            optimizer="sgd", precision="fp32", activation_checkpointing=ckpt, optimizer_in_backward=in_bwd
+        ).peak_bytes
         for ckpt in (False, 0.25, 0.5, 0.75, True)
         for in_bwd in (False, True)
     )

@@ -135,9 +135,10 @@ def test_the_chunk_size_reaches_the_simulation():
               for n in (32, 1024)}  # fmt: skip
     # checkpointed, the head's chunk is the peak: 1024 tokens of a 2000-word vocabulary hold more than 32 do
     assert logits[1024] > logits[32]
-    assert plan.predict(optimizer="adamw", chunked_loss=True).peak_bytes == plan.predict(
-        optimizer="adamw", chunked_loss=1024
-    ).peak_bytes
+    assert (
+        plan.predict(optimizer="adamw", chunked_loss=True).peak_bytes
+        == plan.predict(optimizer="adamw", chunked_loss=1024).peak_bytes
+    )
 
 
 @pytest.mark.slow
