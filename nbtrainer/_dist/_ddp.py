@@ -323,7 +323,9 @@ class DDP:
         _track(wrapper)
         return wrapper
 
-    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str) -> None:
+    def attach(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str, *, by_name: bool = False
+    ) -> None:
         pass  # DDP wraps the model when a fit places it (setup_model); nothing to do when the Trainer is built
 
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager:

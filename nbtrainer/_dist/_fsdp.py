@@ -229,8 +229,11 @@ class FSDP(DDP):
             offload = self.offload or OffloadPolicy()
         return unit, root, offload
 
-    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str) -> None:
-        """Shard ``model`` (the Trainer's, set up) and rebind ``optimizer`` to the sharded parameters (once)."""
+    def attach(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, precision: str, *, by_name: bool = False
+    ) -> None:
+        """Shard ``model`` (the Trainer's, set up) and rebind ``optimizer`` to the sharded parameters (once).
+        ``by_name``: the optimizer was built from its name (``build_optimizer`` chose its implementation)."""
         if self._attached:
             raise RuntimeError(
                 "This FSDP strategy object already shards another Trainer's model; create one FSDP(...) per Trainer."
@@ -263,6 +266,8 @@ class FSDP(DDP):
                 "become its MixedPrecisionPolicy. Pass the plain model (the trainer shards it with the policy), or "
                 "give fully_shard your own mp_policy and use precision='fp32'."
             )
+        if optimizer is not None:
+            _unfuse_for_shards(optimizer, by_name)
         unit_policy, root_policy, offload = self._policies(precision)
         names = {id(p): n for n, p in root.named_parameters()}
         saved_optim = optimizer.state_dict() if optimizer is not None and optimizer.state else None
@@ -376,6 +381,29 @@ def optimizer_state_by_name(indexed: dict[str, Any], names: list[str]) -> dict[s
     state = {names[int(i)]: s for i, s in indexed.get("state", {}).items()}
     groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+def _unfuse_for_shards(optimizer: torch.optim.Optimizer, by_name: bool) -> None:
+    """A fused step that DTensor has no rule for would stop at the first step: one nbtrainer chose (an optimizer by
+    name) steps unfused instead; one the user asked for is refused now, with the fix."""
+    from nbtrainer._setup._model_setup import FUSED_ON_SHARDS
+    from nbtrainer._setup._optimizers import Optimizers
+
+    parts = list(optimizer.optimizers.values()) if isinstance(optimizer, Optimizers) else [optimizer]
+    for part in parts:
+        cls = type(part).__name__
+        if cls in FUSED_ON_SHARDS or not any(g.get("fused") for g in part.param_groups):
+            continue
+        if not by_name:
+            raise ValueError(
+                f"strategy='fsdp' cannot run {cls}(fused=True): torch has no fused {cls} kernel for sharded "
+                f"(DTensor) parameters, so the first optimizer step would fail. Build it without fused=True "
+                f"(e.g. torch.optim.{cls}(model.parameters(), lr=..., fused=False)), or use "
+                f"{' / '.join(sorted(FUSED_ON_SHARDS))}, whose fused kernels run on shards."
+            )
+        for group in part.param_groups:
+            group["fused"] = False
+        part.defaults["fused"] = False
 
 
 def _refuse_wrapped(model: torch.nn.Module, root: torch.nn.Module) -> None:

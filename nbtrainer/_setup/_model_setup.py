@@ -39,6 +39,7 @@ from nbtrainer._setup._optimizers import Optimizers
 from nbtrainer._setup._precision import resolve_device
 
 __all__ = [
+    "FUSED_ON_SHARDS",
     "TORCH_OPTIMIZERS",
     "ModelSetup",
     "ParamCounts",
@@ -66,6 +67,19 @@ def _fused_devices() -> list[str]:
         return ["cuda"]
 
 
+#: The optimizers whose fused kernels run on sharded (DTensor) parameters: torch registers a DTensor rule for
+#: ``_fused_adam_`` / ``_fused_adamw_`` only, so any other fused step under FSDP stops at its first step.
+FUSED_ON_SHARDS = frozenset({"Adam", "AdamW"})
+
+
+def _sharded(tensors: list[torch.Tensor]) -> bool:
+    if not torch.distributed.is_available():  # pragma: no cover - a torch built without distributed
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in tensors)
+
+
 def build_optimizer(
     name: str,
     params: Iterable[torch.Tensor] | nn.Module,
@@ -85,7 +99,8 @@ def build_optimizer(
         lr: learning rate; ``None`` keeps torch's default for that optimizer.
         device: where the parameters will live (default: where they are now). Adam, AdamW and SGD get
             ``fused=True`` when the device has fused kernels (CUDA, CPU, MPS...) and every parameter is
-            floating point; otherwise torch picks (foreach on CUDA). Adafactor keeps torch's default.
+            floating point; otherwise torch picks (foreach on CUDA). SGD over sharded (FSDP, DTensor) parameters
+            is not fused: torch has no fused SGD kernel for them. Adafactor keeps torch's default.
         **kwargs: passed to the optimizer (they win over the choices above).
 
     Example:
@@ -117,7 +132,8 @@ def build_optimizer(
         dev = torch.device(device) if device is not None else None
         tensors = [p for p in params if isinstance(p, torch.Tensor)]
         dev_type = dev.type if dev is not None else (tensors[0].device.type if tensors else "cpu")
-        if dev_type in _fused_devices() and all(p.is_floating_point() for p in tensors):
+        fusable = cls_name in FUSED_ON_SHARDS or not _sharded(tensors)
+        if fusable and dev_type in _fused_devices() and all(p.is_floating_point() for p in tensors):
             options["fused"] = True
     options.update(kwargs)
     return cls(params, **options)

@@ -177,7 +177,7 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
     if setup.optimizer is not optimizer:  # named, built once quantize= / lora= changed the model
         optimizer = setup.optimizer
     if strategy.shards_parameters:  # FSDP: shard the model now, rebind the optimizer to the sharded parameters
-        strategy.attach(model, optimizer, memory.precision)
+        strategy.attach(model, optimizer, memory.precision, by_name=setup.optimizer_name is not None)
     return Assembled(
         options=options,
         strategy=strategy,

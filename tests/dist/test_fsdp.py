@@ -431,3 +431,38 @@ def test_a_model_sharded_by_the_user_is_used_as_is():
         t.fit(train, val, epochs=1)
     assert isinstance(trainer.strategy, FSDP) and trainer.strategy.units == []  # nothing sharded again
     assert_same_weights(trainer.model_state_dict(), single.model_state_dict(), atol=0)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_optimizers_by_name_step_on_shards_as_in_one_process(name):
+    def trainer(strategy: str) -> Trainer:
+        model = fc.make_model(0)
+        return Trainer(model, torch.nn.CrossEntropyLoss(), name, lr=0.01, progress=False, seed=1, strategy=strategy)
+
+    sharded, single = trainer("fsdp"), trainer("single")
+    # torch has fused kernels for sharded Adam / AdamW only: SGD steps unfused there (fused in one process)
+    assert sharded.optimizer.param_groups[0]["fused"] is (name != "sgd")
+    for t in (sharded, single):
+        train, val = common.ddp_loaders()
+        t.fit(train, val, epochs=1)
+    assert sharded.global_step == single.global_step > 0
+    assert_same_weights(sharded.model_state_dict(), single.model_state_dict())
+
+
+def test_sgd_by_name_over_parameters_sharded_by_the_user_is_not_fused():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    FSDP().connect("cpu")
+    model = fc.make_model(0)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.01, progress=False, seed=1, strategy="fsdp")
+    trainer.fit(common.ddp_loaders()[0], epochs=1)
+    assert trainer.global_step > 0 and not trainer.optimizer.param_groups[0]["fused"]
+
+
+def test_a_fused_sgd_instance_is_refused_with_the_fix():
+    model = fc.make_model(0)
+    fused = torch.optim.SGD(model.parameters(), lr=0.01, fused=True)
+    with pytest.raises(ValueError, match=r"cannot run SGD\(fused=True\).*fused=False"):
+        Trainer(model, torch.nn.CrossEntropyLoss(), fused, progress=False, strategy="fsdp")
