@@ -18,5 +18,6 @@
                     step boundary as on_control events, deferred calls, the LR arithmetic of a change
 ``_oom``            out-of-memory: free, re-raise with advice
 ``_lr_find``        the LR range test
+``_put_back``       ModelPutBack: what training steps write on a model, put back after a measuring tool trained
 ==================  ================================================================================
 """

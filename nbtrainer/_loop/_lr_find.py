@@ -31,6 +31,7 @@ import torch
 from nbtrainer._data._arrays import as_loaders
 from nbtrainer._data._batch import move_to_device
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._loop._put_back import ModelPutBack
 from nbtrainer._loop._step import TrainStep
 from nbtrainer._report._format import format_lr, format_number
 from nbtrainer._setup._optim import move_optimizer_state
@@ -265,11 +266,10 @@ class _Snapshot:
     """Everything the sweep changes, copied, and put back by :meth:`restore`."""
 
     def __init__(self, trainer: LoopHost, loader: Any) -> None:
-        self.model = unwrap_model(trainer.model)
-        self.model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.training = self.model.training
         assert trainer.optimizer is not None  # lr_find refuses a trainer without one first
         self.optimizer = trainer.optimizer
+        # what trains, the buffers and each module's training flag (a quantized base: its state dict does not load)
+        self.model = ModelPutBack(unwrap_model(trainer.model), self.optimizer)
         self.opt_state = copy.deepcopy(self.optimizer.state_dict())
         self.scaler = trainer.scaler
         self.scaler_state = copy.deepcopy(trainer.scaler.state_dict()) if trainer.scaler is not None else None
@@ -280,10 +280,7 @@ class _Snapshot:
                 self.generators.append((gen, gen.get_state()))
 
     def restore(self) -> list[str]:
-        with torch.no_grad():
-            self.model.load_state_dict(self.model_state)
-        self.model.train(self.training)
-        self.model.zero_grad(set_to_none=True)
+        self.model.restore()
         self.optimizer.load_state_dict(self.opt_state)
         what = ["model", "optimizer"]
         if self.scaler is not None and self.scaler_state is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._data._arrays import as_loaders
+from nbtrainer._loop._put_back import ModelPutBack
 from nbtrainer._report._format import format_duration
 
 if TYPE_CHECKING:
@@ -108,13 +109,11 @@ def _cpu_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _snapshot(trainer: Trainer) -> dict[str, Any]:
-    parts = {
-        "model": trainer.model,
-        "optimizer": trainer.optimizer,
-        "scaler": trainer.scaler,
-    }
-    return {name: (obj, _cpu_copy(obj.state_dict())) for name, obj in parts.items() if obj is not None}
+def _snapshot(trainer: Trainer) -> tuple[ModelPutBack, list[tuple[Any, Any]]]:
+    """What the profiled steps change, to put back: the model (:class:`ModelPutBack`: what trains and the buffers),
+    the optimizer's and the GradScaler's state."""
+    states = [(obj, _cpu_copy(obj.state_dict())) for obj in (trainer.optimizer, trainer.scaler) if obj is not None]
+    return ModelPutBack(trainer.model, trainer.optimizer), states
 
 
 @contextmanager
@@ -186,7 +185,8 @@ def profile_training(
             ``trace.json`` in a new temporary folder (nothing is written to the working directory unasked).
             The absolute path is ``result.trace_path`` and the first line of ``print(result)``.
         row_limit: Rows in the text table.
-        restore: Put the model, optimizer and GradScaler state back afterwards (these steps really train).
+        restore: Put the model (what trains and the buffers), optimizer and GradScaler state back afterwards
+            (these steps really train).
             Whatever ``restore`` says, profiling leaves the trainer's ``history``, loop position, LR
             schedule (its steps run without the scheduler, so a used-up OneCycleLR is no obstacle),
             callbacks' state and the random number generators as they were, and records no run.
@@ -232,7 +232,7 @@ def profile_training(
         # completed optimizer steps (a ProfilerStep range can be open when the loader runs dry)
         result["steps"] = sum(r["count"] for r in result["rows"] if r["name"] == "nbt.optimizer_step")
 
-    saved = _snapshot(trainer) if restore else {}
+    kept, states = _snapshot(trainer) if restore else (None, [])
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     try:
         with (
@@ -247,7 +247,9 @@ def profile_training(
         ):
             trainer.fit(train_loader, epochs=epochs, max_steps=needed, profiler=prof)
     finally:
-        for obj, state in saved.values():
+        if kept is not None:
+            kept.restore()
+        for obj, state in states:
             obj.load_state_dict(state)
     steps = int(result.get("steps", 0))
     if not steps:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_classification, make_loader
+from conftest import make_classification, make_loader, needs
 from torch import nn
 
 from nbtrainer import LRFinderResult, Trainer
@@ -106,6 +106,50 @@ def test_model_optimizer_and_data_order_are_restored():
     b.fit(loader_b, epochs=1)
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), name
+
+
+def test_each_module_keeps_its_training_flag():
+    x, y = make_classification(n=128)
+    model = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    model[1].eval()  # a frozen BatchNorm inside a training model stays frozen
+    trainer.lr_find(make_loader(x, y, batch_size=16), steps=6)
+    assert [m.training for m in model.modules()] == [True, True, False, True, True]
+    model.eval()
+    trainer.lr_find(make_loader(x, y, batch_size=16), steps=6)
+    assert not any(m.training for m in model.modules())
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.head = nn.Linear(10, 64), nn.Linear(64, 64), nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+@needs("bitsandbytes", "peft")
+def test_a_quantized_base_is_restored_and_the_next_fit_unchanged():
+    # a QLoRA model's state dict has keys (weight.absmax, quant_map...) that load_state_dict does not take back
+    x, y = make_classification(n=128)
+    loader = make_loader(x, y, batch_size=32)
+
+    def build() -> Trainer:
+        lora = {"r": 4, "target_modules": ["fc1", "fc2"]}
+        options = {"quantize": "nf4", "lora": lora, "trainable": ["head.*"], "progress": False, "seed": 0}
+        return Trainer(_Net(), nn.CrossEntropyLoss(), "adamw", lr=1e-2, **options)
+
+    swept, twin = build(), build()
+    for t in (swept, twin):
+        t.fit(loader, epochs=1)
+    result = swept.lr_find(loader, steps=8, max_lr=10.0)
+    assert len(result.lrs) >= 2 and "model" in result.restored
+    for t in (swept, twin):  # the next fit is the fit that would have happened without the sweep
+        t.fit(loader, epochs=1)
+    a, b = swept.model_state_dict(), twin.model_state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_restored_even_when_the_sweep_fails():

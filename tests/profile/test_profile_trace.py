@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import make_classification, make_loader, mlp, needs
 
 from nbtrainer import Trainer, profile_training
 from nbtrainer._profile import PHASES, TrainingProfile
@@ -133,3 +134,58 @@ def test_profiling_after_a_used_up_one_cycle_leaves_history_and_schedule(tmp_pat
     # the trainer goes on from where the fit left it: a used-up schedule is still refused, naming fit_more
     with pytest.raises(ValueError, match="fit_more"):
         trainer.fit(loader, epochs=3)
+
+
+def _same(a, b) -> bool:
+    """Nested state (dicts, lists, tensors) equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.head = torch.nn.Linear(10, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+@needs("bitsandbytes", "peft")
+def test_restore_on_a_quantized_base_puts_adapters_and_optimizer_back(tmp_path) -> None:
+    # a QLoRA model's state dict has keys (weight.absmax, quant_map...) that load_state_dict does not take back
+    x, y = make_classification(128)
+    loader = make_loader(x, y, batch_size=32)
+
+    def build() -> Trainer:
+        lora = {"r": 4, "target_modules": ["fc1", "fc2"]}
+        options = {
+            "quantize": "nf4",
+            "lora": lora,
+            "trainable": ["head.*"],
+            "progress": False,
+            "device": "cpu",
+            "seed": 0,
+        }
+        return Trainer(_Net(), torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, **options)
+
+    profiled, twin = build(), build()
+    for t in (profiled, twin):
+        t.fit(loader, epochs=1)
+    trained = {n: p.detach().clone() for n, p in profiled.model.named_parameters() if p.requires_grad}
+    assert profiled.optimizer is not None
+    state = copy.deepcopy(profiled.optimizer.state_dict())
+    prof = profile_training(profiled, loader, trace_path=tmp_path / "t.json")
+    assert prof.steps == 3
+    now = {n: p.detach() for n, p in profiled.model.named_parameters() if p.requires_grad}
+    assert trained.keys() == now.keys() and all(torch.equal(trained[n], now[n]) for n in trained)
+    assert _same(state, profiled.optimizer.state_dict())
+    for t in (profiled, twin):  # the next fit is the fit that would have happened without the profile
+        t.fit(loader, epochs=1)
+    assert _same(profiled.model_state_dict(), twin.model_state_dict())
