@@ -107,8 +107,10 @@ class StepInBackward:
     complete (or, with ``allowed=False``, its gradient is only dropped); outside, gradients accumulate as usual.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, profiled: bool = False) -> None:
         self.optimizer = optimizer
+        # profile_training: each update is an nbt.optimizer_step range inside nbt.backward, where it runs
+        self._range = functools.partial(torch.profiler.record_function, "nbt.optimizer_step") if profiled else None
         self._armed = False
         self._allowed = True
         self._done: set[int] = set()  # parameters handled in this backward
@@ -145,7 +147,11 @@ class StepInBackward:
             params = group["params"]
             group["params"] = [param]
             try:
-                self.optimizer.step()
+                if self._range is None:
+                    self.optimizer.step()
+                else:
+                    with self._range():
+                        self.optimizer.step()
             finally:
                 group["params"] = params
         param.grad = None

@@ -86,7 +86,7 @@ class TrainStep:
             pull()
         hooks: list[Any] = [self.optimizer.register_step_post_hook(self._on_step)]
         if self.host.options.memory.optimizer_in_backward:
-            self._in_backward = StepInBackward(self.optimizer)
+            self._in_backward = StepInBackward(self.optimizer, profiled=self.profiler is not None)
             hooks.append(self._in_backward)
         return _Handles(hooks, self)
 

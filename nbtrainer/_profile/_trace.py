@@ -4,7 +4,8 @@ and the ``key_averages()`` table.
 The Trainer's loop marks its phases with ``torch.profiler.record_function`` ranges named
 ``nbt.data``, ``nbt.forward``, ``nbt.backward`` and ``nbt.optimizer_step`` when ``fit(profiler=...)``
 is given one, and calls ``profiler.step()`` after each optimizer step; the schedule
-(``wait`` / ``warmup`` / ``active`` optimizer steps) therefore counts optimizer steps.
+(``wait`` / ``warmup`` / ``active`` optimizer steps) therefore counts optimizer steps, those taken inside backward
+(``optimizer_in_backward``, one ``nbt.optimizer_step`` range per parameter there) included.
 """
 
 from __future__ import annotations
@@ -186,10 +187,10 @@ def profile_training(
             The absolute path is ``result.trace_path`` and the first line of ``print(result)``.
         row_limit: Rows in the text table.
         restore: Put the model (what trains and the buffers), optimizer and GradScaler state back afterwards
-            (these steps really train).
-            Whatever ``restore`` says, profiling leaves the trainer's ``history``, loop position, LR
-            schedule (its steps run without the scheduler, so a used-up OneCycleLR is no obstacle),
-            callbacks' state and the random number generators as they were, and records no run.
+            (these steps really train). Whatever ``restore`` says, profiling leaves the trainer's ``history``, loop
+            position, LR schedule (its steps run without the scheduler, so a used-up OneCycleLR is no obstacle),
+            callbacks' state and the random number generators as they were, and records no run. With ``optimizer_in_backward=True`` each parameter's update is an
+            ``nbt.optimizer_step`` range inside ``nbt.backward`` (the backward time includes them).
         record_shapes: Record input shapes of ops (bigger trace).
         profile_memory: Record tensor allocations (bigger trace).
 
@@ -229,8 +230,6 @@ def profile_training(
         averages = prof.key_averages()
         result["table"] = averages.table(sort_by=sort_by, row_limit=row_limit)
         result["rows"] = sorted((_row(e) for e in averages), key=lambda r: -r[sort_by + "_us"])
-        # completed optimizer steps (a ProfilerStep range can be open when the loader runs dry)
-        result["steps"] = sum(r["count"] for r in result["rows"] if r["name"] == "nbt.optimizer_step")
 
     kept, states = _snapshot(trainer) if restore else (None, [])
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
@@ -246,16 +245,20 @@ def profile_training(
             ) as prof,
         ):
             trainer.fit(train_loader, epochs=epochs, max_steps=needed, profiler=prof)
+            # A fit without resume_from starts at step 0; the loop calls prof.step() after each optimizer step, also
+            # one taken inside backward (optimizer_in_backward, which has no nbt.optimizer_step range of its own
+            # after backward), so the steps taken say how many the schedule recorded.
+            taken = trainer.global_step
     finally:
         if kept is not None:
             kept.restore()
         for obj, state in states:
             obj.load_state_dict(state)
-    steps = int(result.get("steps", 0))
+    steps = max(0, min(active, taken - wait - warmup)) if "table" in result else 0
     if not steps:
         raise RuntimeError(
-            f"No training step was recorded: the loader gave fewer than wait + warmup + 1 = "
-            f"{wait + warmup + 1} optimizer steps. Lower wait/warmup or pass more batches."
+            f"No training step was recorded: the loader gave {taken} optimizer steps, fewer than wait + warmup + 1 = "
+            f"{wait + warmup + 1}. Lower wait/warmup or pass more batches."
         )
     phases = {r["name"]: r["cpu_time_total_us"] / 1000.0 / steps for r in result["rows"] if r["name"] in PHASES}
     return TrainingProfile(

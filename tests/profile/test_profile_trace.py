@@ -189,3 +189,22 @@ def test_restore_on_a_quantized_base_puts_adapters_and_optimizer_back(tmp_path) 
     for t in (profiled, twin):  # the next fit is the fit that would have happened without the profile
         t.fit(loader, epochs=1)
     assert _same(profiled.model_state_dict(), twin.model_state_dict())
+
+
+def test_steps_taken_inside_backward_are_profiled(tmp_path) -> None:
+    x, y = make_classification(192)
+    model = mlp()
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, optimizer_in_backward=True, progress=False, device="cpu"
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prof = profile_training(
+        trainer, make_loader(x, y, batch_size=32), wait=1, warmup=1, active=2, trace_path=tmp_path / "t.json"
+    )
+    assert prof.steps == 2
+    counts = {r["name"]: r["count"] for r in prof.rows}
+    assert counts["nbt.backward"] == 2
+    # each parameter's update is its own range, inside backward: 4 tensors (two weights, two biases) per step
+    assert counts["nbt.optimizer_step"] == 2 * len(before)
+    assert set(prof.phases) == set(PHASES) and prof.phases["nbt.backward"] > prof.phases["nbt.optimizer_step"] > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
