@@ -120,13 +120,14 @@ def _snapshot(trainer: Trainer) -> tuple[ModelPutBack, list[tuple[Any, Any]]]:
 @contextmanager
 def _untouched(trainer: Trainer) -> Iterator[None]:
     """Profiling steps run without the trainer's LR scheduler (a used-up OneCycleLR would refuse them, and the
-    schedule must not move) or its run recorder, and leave its history, loop state, callbacks' state and the
-    RNG states as they were."""
+    schedule must not move) or its run recorder, and leave its history, loop state, callbacks' state, each module's
+    training flag (fit puts the model in train mode) and the RNG states as they were."""
     from nbtrainer._events._stream import CallbackList
 
     # what a fit replaces on the trainer besides its run (RunState.preserved puts that back): profiling puts each back
     status, progress, callback_list = trainer.status, trainer.progress, trainer.callbacks
     scheduler = trainer.scheduler
+    modes = [(m, m.training) for m in trainer.model.modules()]
     callbacks = callback_list.callbacks
     states = [
         (cb, _cpu_copy(cb.state_dict()))
@@ -151,6 +152,8 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
     finally:
         trainer.scheduler = scheduler
         trainer.status, trainer.progress, trainer.callbacks = status, progress, callback_list
+        for module, training in modes:
+            module.training = training
         for cb, state in states:
             cb.load_state_dict(state)
         random.setstate(py_state)
@@ -189,7 +192,8 @@ def profile_training(
         restore: Put the model (what trains and the buffers), optimizer and GradScaler state back afterwards
             (these steps really train). Whatever ``restore`` says, profiling leaves the trainer's ``history``, loop
             position, LR schedule (its steps run without the scheduler, so a used-up OneCycleLR is no obstacle),
-            callbacks' state and the random number generators as they were, and records no run. With ``optimizer_in_backward=True`` each parameter's update is an
+            callbacks' state, each module's training flag and the random number generators as they were, and
+            records no run. With ``optimizer_in_backward=True`` each parameter's update is an
             ``nbt.optimizer_step`` range inside ``nbt.backward`` (the backward time includes them).
         record_shapes: Record input shapes of ops (bigger trace).
         profile_memory: Record tensor allocations (bigger trace).

@@ -208,3 +208,20 @@ def test_steps_taken_inside_backward_are_profiled(tmp_path) -> None:
     assert counts["nbt.optimizer_step"] == 2 * len(before)
     assert set(prof.phases) == set(PHASES) and prof.phases["nbt.backward"] > prof.phases["nbt.optimizer_step"] > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_each_module_keeps_its_training_flag(tmp_path, restore) -> None:
+    x, y = make_classification(128)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(10, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
+    trainer = _trainer(model)
+    loader = make_loader(x, y, batch_size=32)
+    model.eval()  # evaluated last: the profile must not leave it training
+    profile_training(trainer, loader, trace_path=tmp_path / "a.json", restore=restore)
+    assert not any(m.training for m in model.modules())
+    model.train()
+    model[1].eval()  # a frozen BatchNorm inside a training model stays frozen
+    profile_training(trainer, loader, trace_path=tmp_path / "b.json", restore=restore)
+    assert [m.training for m in model.modules()] == [True, True, False, True, True]
