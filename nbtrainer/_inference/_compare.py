@@ -211,6 +211,7 @@ def _compare(
     # Shapes first, on the first batch: a model with other outputs is a mistake to report before any timing.
     args, kwargs, targets = batches[0]
     shapes: dict[str, tuple[int, ...]] = {}
+    on_batch: Exception | None = None  # the first variant's error on the batch: raised when none runs
     with torch.inference_mode():
         for name, variant in list(variants.items()):
             try:
@@ -219,7 +220,10 @@ def _compare(
                 if rows[name]["kind"] == "model":
                     raise
                 rows[name].update(status="failed", reason=_reason(exc))
+                on_batch = on_batch or exc
                 del variants[name]
+    if not variants:
+        raise _none_ran(rows, on_batch) from on_batch
     reference = shapes.get(baseline) or next(iter(shapes.values()), None)
     wrong = {n: s for n, s in shapes.items() if s != reference}
     if wrong:
@@ -286,6 +290,19 @@ def _compare(
     )
     result.warnings.extend(_rank_warnings(result.rows))
     return result
+
+
+def _none_ran(rows: dict[str, dict[str, Any]], on_batch: Exception | None) -> RuntimeError:
+    """No variant ran: the table would be empty and the timings divide by zero variants, so the reasons are the
+    error (a model that cannot take the loader's batch fails every variant the same way)."""
+    reasons = "; ".join(f"{name!r}: {row['reason']}" for name, row in rows.items())
+    fix = (
+        "The model fails on the loader's first batch: check that the batches are what the model takes "
+        "(calling the model on one gives the same error)."
+        if on_batch is not None
+        else "Pick methods this model and device can run."
+    )
+    return RuntimeError(f"compare_inference: no variant could run, so there is nothing to compare ({reasons}). {fix}")
 
 
 def _note(variant: nn.Module) -> str:

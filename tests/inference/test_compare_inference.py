@@ -102,6 +102,17 @@ def test_failures_are_rows_with_the_reason() -> None:
     assert "failed" in str(table) and "in_features divisible by 32" in table._repr_html_()
 
 
+def test_when_no_variant_runs_their_errors_are_raised() -> None:
+    data = [(torch.randn(8, 64), torch.randint(0, 2, (8,)))]  # 64 features for a model that takes 3
+    batch = r"no variant could run.*'fp32': RuntimeError: mat1 and mat2 shapes cannot be multiplied.*first batch"
+    with pytest.raises(RuntimeError, match=batch):
+        compare_inference(nn.Linear(3, 2), data, methods=("fp32",), rounds=1)
+    data = [(torch.randn(8, 10), torch.randint(0, 3, (8,)))]
+    methods = r"no variant could run.*'int4-weight': .*in_features divisible by 32.*Pick methods"
+    with pytest.raises(RuntimeError, match=methods):
+        compare_inference(nn.Linear(10, 3), data, methods=("int4-weight",), baseline="int4-weight", rounds=1)
+
+
 def test_one_round_warns_that_it_cannot_rank() -> None:
     model = nn.Linear(32, 4)
     data = [(torch.randn(8, 32), torch.zeros(8, dtype=torch.long))] * 2
