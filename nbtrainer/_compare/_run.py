@@ -49,6 +49,7 @@ from nbtrainer._compare._run_measure import (
 )
 from nbtrainer._compare._strategy_table import StrategyComparison
 from nbtrainer._data._batch import first_tensor
+from nbtrainer._look._side import kept_rng
 from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimizer_fn
 
@@ -110,6 +111,8 @@ def accum_note(batch: Any, accum: int, split: bool) -> str:
     return f"each batch of {size} split into {len(parts)} micro-batches of {each}, one optimizer step per batch"
 
 
+# Every strategy's run is seeded (seed_everything): the caller's generators are put back afterwards, as they were.
+@kept_rng()
 def compare_strategies(
     make_model: Callable[[], nn.Module],
     optimizer: OptimizerFn | str | None,
@@ -160,7 +163,8 @@ def compare_strategies(
         metrics: trainer metrics (``{"acc": torchmetrics.Accuracy(...)}``).
         baseline: the row ratios refer to (default: the first strategy).
         warmup: optimizer steps left out of the step-time median and samples/s.
-        seed: seeds every strategy's fit (dropout, shuffling).
+        seed: seeds every strategy's fit (dropout, shuffling); the global generators (Python's, NumPy's, torch's)
+            are put back as they were when the comparison returns or raises.
         device: ``"auto"``, ``"cuda"``, ``"cpu"``...
         split_batches: a strategy with ``grad_accum_steps=k`` gets each loader batch as ``k`` micro-batches,
             so every strategy makes the same optimizer steps on the same samples (``False``: whole batches,

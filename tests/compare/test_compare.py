@@ -153,6 +153,26 @@ def test_same_initial_weights_and_data_order(data):
     assert table["a"]["metric"] is None  # no val_loader: no metric
 
 
+def test_the_callers_random_generators_are_left_as_they_were(data):
+    import random
+
+    import numpy as np
+
+    train, _ = data
+    random.seed(11)
+    np.random.seed(11)
+    torch.manual_seed(11)
+    before = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    table = compare_strategies(Net, torch.optim.SGD, nn.CrossEntropyLoss(), train, None, ["fp32"], steps=2, seed=5)
+    assert table["fp32"]["status"] == "ok"
+    assert random.getstate() == before[0]
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), before[1], strict=True))
+    assert torch.equal(torch.get_rng_state(), before[2])
+    with pytest.raises(ValueError, match="sgdd"):  # refused after the comparison seeded: put back all the same
+        compare_strategies(Net, "sgdd", nn.CrossEntropyLoss(), train, None, ["fp32"], steps=2)
+    assert torch.equal(torch.get_rng_state(), before[2])
+
+
 def test_arrays_without_a_batch_size_are_refused_with_the_fix():
     x, y = make_classification(n=64)
     with pytest.raises(TypeError, match=r"no batch_size was given.*compare_strategies\(\.\.\., \(x, y\), batch_size="):
