@@ -135,3 +135,29 @@ def test_public_attributes_are_documented(name, args, tmp_path, monkeypatch):
     doc = cls.__doc__ or ""
     missing = [attr for attr in vars(instance) if not attr.startswith("_") and attr not in doc]
     assert not missing, f"{name}: undocumented attributes {missing}"
+
+
+def test_resource_limits_names_what_a_cpu_refuses():
+    # The page said offload_activations, attention="flash" and optimizer_in_backward were each refused on a CPU:
+    # they train there; offload_optimizer (and a backend the CPU has no kernel for) is what a CPU refuses.
+    import torch
+
+    from nbtrainer import Trainer
+
+    text = (ROOT / "docs" / "resource-limits.md").read_text(encoding="utf-8")
+    assert "each is refused on a CPU" not in text
+    assert "None of them is refused on a CPU" in text
+
+    def trainer(**switches) -> Trainer:
+        layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        return Trainer(layer, torch.nn.MSELoss(), "adamw", lr=1e-3, device="cpu", progress=False, **switches)
+
+    x = torch.randn(4, 8, 16)
+    for switches in ({"offload_activations": True}, {"attention": "flash"}, {"optimizer_in_backward": True}):
+        runs = trainer(**switches)
+        runs.fit([(x, x)] * 2, epochs=1)
+        assert runs.global_step == 2, switches
+    with pytest.raises(ValueError, match="nothing to offload to"):
+        trainer(offload_optimizer=True)
+    with pytest.raises(ValueError, match=r"attention='cudnn' cannot run on cpu"):
+        trainer(attention="cudnn")
