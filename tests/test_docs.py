@@ -43,6 +43,7 @@ MODULES = [
     "nbtrainer._look._images",
     "nbtrainer._look._per_item",
     "nbtrainer._look._interpretation",
+    "nbtrainer._loop._put_back",
 ]
 
 
