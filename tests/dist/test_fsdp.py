@@ -440,6 +440,7 @@ def test_optimizers_by_name_step_on_shards_as_in_one_process(name):
         return Trainer(model, torch.nn.CrossEntropyLoss(), name, lr=0.01, progress=False, seed=1, strategy=strategy)
 
     sharded, single = trainer("fsdp"), trainer("single")
+    assert sharded.optimizer is not None
     # torch has fused kernels for sharded Adam / AdamW only: SGD steps unfused there (fused in one process)
     assert sharded.optimizer.param_groups[0]["fused"] is (name != "sgd")
     for t in (sharded, single):
@@ -458,6 +459,7 @@ def test_sgd_by_name_over_parameters_sharded_by_the_user_is_not_fused():
     fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.01, progress=False, seed=1, strategy="fsdp")
     trainer.fit(common.ddp_loaders()[0], epochs=1)
+    assert trainer.optimizer is not None
     assert trainer.global_step > 0 and not trainer.optimizer.param_groups[0]["fused"]
 
 

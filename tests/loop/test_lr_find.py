@@ -137,9 +137,10 @@ def test_a_quantized_base_is_restored_and_the_next_fit_unchanged():
     loader = make_loader(x, y, batch_size=32)
 
     def build() -> Trainer:
-        lora = {"r": 4, "target_modules": ["fc1", "fc2"]}
-        options = {"quantize": "nf4", "lora": lora, "trainable": ["head.*"], "progress": False, "seed": 0}
-        return Trainer(_Net(), nn.CrossEntropyLoss(), "adamw", lr=1e-2, **options)
+        return Trainer(
+            _Net(), nn.CrossEntropyLoss(), "adamw", lr=1e-2, quantize="nf4",
+            lora={"r": 4, "target_modules": ["fc1", "fc2"]}, trainable=["head.*"], progress=False, seed=0,
+        )  # fmt: skip
 
     swept, twin = build(), build()
     for t in (swept, twin):

@@ -164,16 +164,10 @@ def test_restore_on_a_quantized_base_puts_adapters_and_optimizer_back(tmp_path) 
     loader = make_loader(x, y, batch_size=32)
 
     def build() -> Trainer:
-        lora = {"r": 4, "target_modules": ["fc1", "fc2"]}
-        options = {
-            "quantize": "nf4",
-            "lora": lora,
-            "trainable": ["head.*"],
-            "progress": False,
-            "device": "cpu",
-            "seed": 0,
-        }
-        return Trainer(_Net(), torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, **options)
+        return Trainer(
+            _Net(), torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, quantize="nf4",
+            lora={"r": 4, "target_modules": ["fc1", "fc2"]}, trainable=["head.*"], progress=False, device="cpu", seed=0,
+        )  # fmt: skip
 
     profiled, twin = build(), build()
     for t in (profiled, twin):
