@@ -123,7 +123,9 @@ class CSVLogger(Callback):
       (validation every n epochs, keys added by callbacks), and a reader never sees half a file.
     * ``steps.csv``: ``step,epoch,loss,lr`` per optimizer step, **append-only**, flushed at each epoch end
       and when the fit ends: it grows with every step, so rewriting it would cost O(steps) each time;
-      its columns are fixed, so appending is safe. A resume first drops the rows after the checkpoint's step.
+      its columns are fixed, so appending is safe. A resume first drops the rows after the checkpoint's step,
+      then writes the checkpoint's steps the file lacks (the rows a killed run had not flushed yet), so the
+      file stays contiguous.
     * ``events.csv``: LR / accumulation changes, pauses, ``fit_more`` (``step,epoch,kind,old,new``),
       rewritten atomically when one happens.
 
@@ -167,17 +169,24 @@ class CSVLogger(Callback):
                 f"CSVLogger cannot create {self.dir!r}: {exc.strerror}. Pass a writable folder."
             ) from exc
         start = trainer.global_step
+        written = 0
         if start and os.path.exists(self.steps_path):
-            self._truncate_steps(start)  # a resume: the rows a killed run wrote after its checkpoint go
+            # A resume: the rows a killed run wrote after its checkpoint go.
+            written = self._truncate_steps(start)
             self._steps = open(self.steps_path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - closed in on_fit_end
         else:
             self._steps = open(self.steps_path, "w", newline="", encoding="utf-8")  # noqa: SIM115
             csv.writer(self._steps).writerow(self.STEP_FIELDS)
         self._writer = csv.writer(self._steps)
+        if start:
+            # Rows the killed run had not flushed yet (steps.csv is buffered until an epoch end) died with it,
+            # but the checkpoint's History has every step up to `start`: write those after the file's last row.
+            self._write_history_steps(trainer.history.steps, after=written, upto=start)
         trainer.history.to_csv(self.epochs_path)
         self._write_events(trainer.history.events)
 
-    def _truncate_steps(self, last: int) -> None:
+    def _truncate_steps(self, last: int) -> int:
+        """Drop the rows after step ``last``; returns the last step the file keeps (0: none)."""
         from nbtrainer._atomic import atomic_write_bytes
 
         with open(self.steps_path, newline="", encoding="utf-8") as fh:
@@ -186,6 +195,14 @@ class CSVLogger(Callback):
         buf = io.StringIO()
         csv.writer(buf).writerows(kept)
         atomic_write_bytes(self.steps_path, buf.getvalue().encode())
+        return max((int(r[0]) for r in kept[1:]), default=0)
+
+    def _write_history_steps(self, steps: dict[str, list], *, after: int, upto: int) -> None:
+        rows = zip(steps["step"], steps["epoch"], steps["loss"], steps["lr"], strict=False)
+        self._writer.writerows(
+            (step, epoch, repr(loss), repr(lr)) for step, epoch, loss, lr in rows if after < step <= upto
+        )
+        self._steps.flush()
 
     def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if self._writer is None or not progress.step_points:
