@@ -65,6 +65,7 @@ class TensorBoardLogger(Callback):
         )
         self.log_dir = os.fspath(log_dir)
         self._writer: Any = None
+        self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not written yet
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         if not trainer.is_global_zero:
@@ -98,17 +99,23 @@ class TensorBoardLogger(Callback):
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self._writer is None:
             return
-        # After every callback has seen the row (LRMonitor adds keys to it), like ModelCheckpoint's saves.
-        trainer.defer(lambda: self._write_epoch(trainer.global_step, logs))
+        # After every callback has seen the row (LRMonitor adds keys to it), like ModelCheckpoint's saves. A
+        # callback that ends the fit from this event (OptunaPruning raises) drops the deferred calls: the row
+        # stays due and on_fit_end writes it.
+        self._epoch_due = (trainer.global_step, logs)
+        trainer.defer(self._write_epoch)
 
-    def _write_epoch(self, step: int, logs: dict[str, Any]) -> None:
-        if self._writer is None:
+    def _write_epoch(self) -> None:
+        due, self._epoch_due = self._epoch_due, None
+        if self._writer is None or due is None:
             return
+        step, logs = due
         for key, value in _scalars(logs).items():
             self._writer.add_scalar(f"epoch/{key}", value, step)
         self._writer.flush()
 
     def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
+        self._write_epoch()  # the last epoch's row, when the fit ended before its deferred write
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.add_text("status", f"{history.status}" + (f": {history.stop_reason}" if history.stop_reason else ""))

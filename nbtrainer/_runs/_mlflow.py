@@ -171,6 +171,7 @@ class MLflowLogger(Callback):
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._on = False
+        self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not sent yet
 
     # -- the worker thread -------------------------------------------------------------------------
     def _submit(self, op: Callable[[], None]) -> None:
@@ -302,20 +303,27 @@ class MLflowLogger(Callback):
         if not self._on:
             return
 
-        def queue_epoch() -> None:  # after every callback has added its keys to the row
-            step = trainer.global_step
-            values = [
-                (k, float(v), step)
-                for k, v in logs.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
-            ]
-            self._send(values)
+        # Sent once every callback has added its keys to the row. A callback that ends the fit from this event
+        # (OptunaPruning raises) drops the deferred calls: the row stays due and on_fit_end sends it.
+        self._epoch_due = (trainer.global_step, logs)
+        trainer.defer(self._queue_epoch)
 
-        trainer.defer(queue_epoch)
+    def _queue_epoch(self) -> None:
+        due, self._epoch_due = self._epoch_due, None
+        if due is None:
+            return
+        step, logs = due
+        values = [
+            (k, float(v), step)
+            for k, v in logs.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        ]
+        self._send(values)
 
     def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         if not self._on:
             return
+        self._queue_epoch()  # the last epoch's row, when the fit ended before its deferred send
         self._on = False
         values, self._pending = self._pending, []
         status, reason = history.status, history.stop_reason

@@ -1,14 +1,16 @@
 """What loggers keep at the edges of a fit: the steps a killed run had not flushed to steps.csv (written again on
-resume, from the checkpoint's History)."""
+resume, from the checkpoint's History), and the epoch row of a fit that a callback ends from ``on_epoch_end``
+(OptunaPruning raises there) in TensorBoard and MLflow."""
 
 from __future__ import annotations
 
 import csv
 
+import pytest
 import torch
-from conftest import make_classification, make_loader, mlp
+from conftest import make_classification, make_loader, mlp, needs
 
-from nbtrainer import CSVLogger, ModelCheckpoint, Trainer
+from nbtrainer import CSVLogger, MLflowLogger, ModelCheckpoint, TensorBoardLogger, Trainer
 
 BATCHES = 5
 
@@ -56,3 +58,42 @@ def test_a_resume_into_an_empty_csv_folder_writes_the_checkpoint_steps_too(tmp_p
     logger = CSVLogger(tmp_path / "fresh")
     history = _trainer([logger], seed=3).fit(train, epochs=2, resume_from=ckpt.last_path)
     assert [s for s, _ in _steps(logger.steps_path)] == history.steps["step"] == list(range(1, 2 * BATCHES + 1))
+
+
+class EndAtFirstEpoch:
+    """Ends the fit from on_epoch_end, as OptunaPruning does when the pruner says so."""
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        raise RuntimeError("ended from on_epoch_end")
+
+
+def test_the_epoch_a_callback_ends_the_fit_at_reaches_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val = _loaders()
+    trainer = _trainer([TensorBoardLogger(tmp_path / "tb"), EndAtFirstEpoch()])
+    with pytest.raises(RuntimeError, match="ended from on_epoch_end"):
+        trainer.fit(train, val, epochs=3)
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    row = trainer.history.epochs[0]
+    assert [(e.step, e.value) for e in acc.Scalars("epoch/val_loss")] == [
+        (BATCHES, pytest.approx(row["val_loss"], rel=1e-6))
+    ]
+
+
+@needs("mlflow")
+def test_the_epoch_a_callback_ends_the_fit_at_reaches_mlflow(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train, val = _loaders()
+    logger = MLflowLogger(uri, experiment="ended")
+    trainer = _trainer([logger, EndAtFirstEpoch()])
+    with pytest.raises(RuntimeError, match="ended from on_epoch_end"):
+        trainer.fit(train, val, epochs=3)
+    assert logger.error is None
+    client = mlflow.MlflowClient(uri)
+    history = client.get_metric_history(logger.run_id, "val_loss")
+    assert [(m.step, m.value) for m in history] == [(BATCHES, pytest.approx(trainer.history.epochs[0]["val_loss"]))]
+    assert client.get_run(logger.run_id).info.status == "FAILED"
