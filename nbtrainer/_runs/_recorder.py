@@ -255,6 +255,7 @@ class RunRecorder:
 
         store.submit(finish)
         store.flush()  # the loop is over: a reader right after fit() sees the whole run
+        store.checkpoint()  # and a copy of the .db file alone holds it (not only <path>-wal)
 
     # -- writing ---------------------------------------------------------------------------------
     def _push(self, trainer: LoopHost, *, epochs: bool = False) -> None:

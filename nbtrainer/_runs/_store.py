@@ -7,7 +7,9 @@ refresh's values are one commit, whatever their number). The session's memory st
 
 A file store is opened in WAL mode with a busy timeout, and every write batch is a ``BEGIN IMMEDIATE``
 transaction: two processes writing one store wait for each other and lose nothing, and a process killed
-mid-write leaves the last committed batch (SQLite's journal), never a damaged file.
+mid-write leaves the last committed batch (SQLite's journal), never a damaged file. The end of each fit and the
+process's exit copy the WAL into the file (``wal_checkpoint(TRUNCATE)``), so the ``.db`` file alone holds every
+finished run.
 
 Schema: ``PRAGMA application_id`` marks an nbtrainer store and ``PRAGMA user_version`` is its version.
 Version 1 (nbtrainer 0.1) had no liveness columns, tags nor counters; version 2 no ``samples`` table (what
@@ -39,6 +41,7 @@ APPLICATION_ID = 0x6E627472  # "nbtr"
 SCHEMA_VERSION = 3
 _STALE_REMOTE_S = 3600.0  # a run of another host with no heartbeat for this long is taken as killed
 _BUSY_TIMEOUT_MS = 60_000
+_CHECKPOINT_BUSY_MS = 2_000
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -273,6 +276,29 @@ class RunStore:
             self.write([mark])
         return len(dead)
 
+    def checkpoint(self) -> bool:
+        """Copy the committed writes from ``<path>-wal`` into the file itself and empty the WAL (at the end of a fit
+        and at exit): until then a copy of the ``.db`` file alone (a backup, a mail, another machine) misses them.
+        Returns False when another process's reader kept it from completing (it is done again at the next end)."""
+        if self.path is None:
+            return True
+        self.flush(timeout=30)
+        with self._lock:
+            conn = self._conn
+            # TRUNCATE waits (busy handler) for the other connections' readers: bounded far below the writers'
+            # 60 s, since the next fit's end or the exit tries again.
+            conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_BUSY_MS}")
+            try:
+                busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            except sqlite3.Error:
+                log.debug(
+                    "the WAL checkpoint of %s failed (retried at the next fit end or exit)", self.path, exc_info=True
+                )
+                return False
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        return not busy
+
     def integrity(self) -> str:
         return str(self.query("PRAGMA integrity_check")[0][0])
 
@@ -325,6 +351,7 @@ def dumps(value: Any) -> str:
 
 
 @atexit.register
-def _flush_all() -> None:  # a script that ends right after fit: its last batch still lands
+def _flush_all() -> None:  # a script that ends right after fit: its last batch still lands, in the .db file itself
     for store in list(_STORES.values()):
-        store.flush(timeout=10)
+        if store.flush(timeout=10):
+            store.checkpoint()

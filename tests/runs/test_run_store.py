@@ -280,3 +280,44 @@ def test_bad_store_paths_are_refused_before_training(tmp_path):
         _trainer(tmp_path)
     with pytest.raises(TypeError, match="run_store must be a file path"):
         _trainer(123)
+
+
+def test_a_copy_of_the_db_file_alone_holds_the_finished_run(tmp_path):
+    """The WAL holds commits until a checkpoint: a user who copies runs.db (not runs.db-wal) after fit must get the
+    run, not an empty store."""
+    import shutil
+
+    path = tmp_path / "runs.db"
+    trainer = _trainer(path, refresh_interval=0.0)
+    history = trainer.fit(_data()[0], epochs=2)
+    assert os.path.getsize(f"{path}-wal") == 0  # everything is in the file itself
+    (tmp_path / "copy").mkdir()
+    shutil.copy(path, tmp_path / "copy" / "runs.db")
+    run = Runs(tmp_path / "copy" / "runs.db")[trainer.run_id]
+    assert run.status == "finished" and run.history.steps == history.steps
+
+
+_TAG_AND_EXIT = """
+import sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's nbtrainer
+from conftest import make_classification, make_loader, mlp
+from nbtrainer import Runs, Trainer
+
+x, y = make_classification(n=64)
+trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, progress=False, run_store={store!r})
+trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+Runs({store!r}).tag(trainer.run_id, "after-fit")  # written after the fit's checkpoint: the exit copies it in
+print(trainer.run_id)
+"""
+
+
+def test_writes_after_the_last_fit_reach_the_db_file_at_exit(tmp_path):
+    import shutil
+
+    store = tmp_path / "runs.db"
+    script = tmp_path / "child.py"
+    script.write_text(_TAG_AND_EXIT.format(root=str(ROOT), tests=str(ROOT / "tests"), store=str(store)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=300)
+    (tmp_path / "copy").mkdir()
+    shutil.copy(store, tmp_path / "copy" / "runs.db")
+    assert "after-fit" in Runs(tmp_path / "copy" / "runs.db")[out.stdout.split()[-1]].tags
