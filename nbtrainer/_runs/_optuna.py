@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["OptunaPruning", "tune"]
 
 _INSTALL = 'pip install "nbtrainer[optuna]"  (or: pip install optuna)'
+#: what fails one trial of ``tune`` and not the search: errors of training (a diverging LR, out of memory)
+TRIAL_ERRORS: tuple[type[Exception], ...] = (RuntimeError, ArithmeticError)
 
 
 def _optuna() -> Any:
@@ -105,6 +107,7 @@ def tune(
     study_name: str | None = None,
     callbacks: Iterable[Any] = (),
     study_callbacks: Iterable[Callable[[Any, Any], None]] = (),
+    catch: type[BaseException] | tuple[type[BaseException], ...] = TRIAL_ERRORS,
 ) -> Any:
     """Search hyperparameters: ``build(trial)`` makes a trainer and its data, each trial fits it with pruning.
 
@@ -122,6 +125,12 @@ def tune(
             a study of that name in ``storage`` is continued).
         callbacks: trainer callbacks attached to every trial's trainer (a live view's, a logger).
         study_callbacks: ``fn(study, frozen_trial)`` called after each trial (``study.stop()`` ends the search).
+        catch: the exceptions that fail one trial (Optuna records it as FAILED, the reason in its user attribute
+            ``nbtrainer_error`` and in its run's ``stop_reason``) while the search goes on, raised by ``build(trial)``
+            or by the fit. Default: the errors training meets (``RuntimeError``, out of memory included, and
+            ``ArithmeticError``, as ``NonFiniteLossError`` from a diverging learning rate). Anything else (a
+            ``TypeError`` or ``ValueError`` of the code, ``KeyboardInterrupt``) ends the search and is raised;
+            ``catch=()`` ends it at the first failure, ``catch=(Exception,)`` goes on through any.
 
     Returns:
         The ``optuna.Study``.
@@ -142,6 +151,7 @@ def tune(
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
     if direction not in ("minimize", "maximize"):
         raise ValueError(f"direction must be 'minimize' or 'maximize', got {direction!r}.")
+    caught = _check_catch(catch)
     extra = list(callbacks)
     study = optuna.create_study(
         direction=direction,
@@ -153,7 +163,12 @@ def tune(
     )
 
     def objective(trial: Any) -> float:
-        trainer, train_loader, val_loader = _check_built(build(trial), trial.number)
+        try:
+            built = build(trial)
+        except caught as exc:
+            trial.set_user_attr("nbtrainer_error", f"build(trial): {type(exc).__name__}: {exc}")
+            raise
+        trainer, train_loader, val_loader = _check_built(built, trial.number)
         pruning = OptunaPruning(trial, monitor)
         recorder = next((cb for cb in trainer.callbacks.callbacks if isinstance(cb, RunRecorder)), None)
         tags = {"optuna.study": study.study_name, "optuna.trial": trial.number, "optuna.state": "running"}
@@ -171,7 +186,10 @@ def tune(
                 # nothing the user built wrong either
                 raise optuna.TrialPruned(f"trial {trial.number} was stopped before it logged {monitor!r}")
             if best is None:
-                raise ValueError(
+                # every value NaN or inf (on_nonfinite="stop"/"skip"): a trial that failed, the search goes on;
+                # an interrupted one (Ctrl-C in a notebook) ends it
+                error = ValueError if history.status == "interrupted" else FloatingPointError
+                raise error(
                     f"Trial {trial.number} never logged a finite {monitor!r} (status {history.status}); "
                     f"logged keys: {history.keys()}."
                 )
@@ -179,6 +197,9 @@ def tune(
             return float(best[monitor])
         except optuna.TrialPruned:
             state = "pruned"
+            raise
+        except caught as exc:
+            trial.set_user_attr("nbtrainer_error", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             for cb in [*extra, pruning]:
@@ -189,8 +210,18 @@ def tune(
             if recorder is not None and recorder.store is not None and run_id is not None:
                 _set_tag(recorder, run_id, "optuna.state", state)
 
-    study.optimize(objective, n_trials=n_trials, callbacks=list(study_callbacks), catch=())
+    study.optimize(objective, n_trials=n_trials, callbacks=list(study_callbacks), catch=caught)
     return study
+
+
+def _check_catch(catch: Any) -> tuple[type[BaseException], ...]:
+    classes = catch if isinstance(catch, tuple) else (catch,)
+    if not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+        raise TypeError(
+            "catch must be an exception class or a tuple of them, e.g. catch=(RuntimeError, ValueError), "
+            f"got {catch!r}."
+        )
+    return classes
 
 
 def _set_tag(recorder: RunRecorder, run_id: str, key: str, value: Any) -> None:

@@ -163,3 +163,50 @@ def test_pruning_is_agreed_across_ddp_ranks(tmp_path):
     assert ranks == [{"pruned": True, "epochs": 2, "status": "stopped"}] * 2  # both leave at epoch 2
     (run,) = list(Runs(tmp_path / "runs.db"))  # rank 0 records; rank 1 does not
     assert run.status == "stopped" and run.epochs == 2 and "pruned at epoch 2" in (run.stop_reason or "")
+
+
+def test_a_trial_that_fails_is_recorded_and_the_search_goes_on(data, tmp_path):
+    """A diverging LR raises NonFiniteLossError in its fit, and a build raises for one trial: each of those trials is
+    FAILED with its reason, the others complete, and tune returns the study."""
+    train, val = data
+    store = tmp_path / "runs.db"
+
+    def build(trial):
+        lr = trial.suggest_categorical("lr", [0.2, 1e6, 0.1, -1.0])
+        if lr < 0:
+            raise RuntimeError("no model for a negative lr")
+        return Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=lr, progress=False, run_store=store), train, val
+
+    grid = optuna.samplers.GridSampler({"lr": [0.2, 1e6, 0.1, -1.0]}, seed=0)
+    study = nbtrainer.tune(build, n_trials=4, epochs=2, sampler=grid, pruner=optuna.pruners.NopPruner())
+    by_lr = {t.params["lr"]: t for t in study.trials}
+    assert {lr: t.state.name for lr, t in by_lr.items()} == {0.2: "COMPLETE", 1e6: "FAIL", 0.1: "COMPLETE", -1.0: "FAIL"}
+    diverged = by_lr[1e6]
+    assert diverged.user_attrs["nbtrainer_error"].startswith("NonFiniteLossError: The training loss was non-finite")
+    run = Runs(store)[diverged.user_attrs["nbtrainer_run_id"]]
+    assert run.status == "failed" and run.tags["optuna.state"] == "failed"
+    assert run.stop_reason.startswith("NonFiniteLossError")
+    assert by_lr[-1.0].user_attrs["nbtrainer_error"] == "build(trial): RuntimeError: no model for a negative lr"
+    assert study.best_trial.params["lr"] in (0.2, 0.1)
+
+
+def test_catch_chooses_which_failures_end_the_search(data):
+    train, val = data
+
+    def build(trial):
+        trial.suggest_float("lr", 0.1, 0.2)
+        raise RuntimeError("broken build")
+
+    with pytest.raises(RuntimeError, match="broken build"):
+        nbtrainer.tune(build, n_trials=3, epochs=1, catch=())
+    with pytest.raises(TypeError, match="catch must be an exception class or a tuple"):
+        nbtrainer.tune(build, n_trials=1, epochs=1, catch="RuntimeError")
+
+    def bad_value(trial):
+        trial.suggest_float("lr", 0.1, 0.2)
+        raise ValueError("a bug in build")
+
+    with pytest.raises(ValueError, match="a bug in build"):  # not a training error: said at once
+        nbtrainer.tune(bad_value, n_trials=3, epochs=1)
+    study = nbtrainer.tune(bad_value, n_trials=2, epochs=1, catch=(ValueError,))
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
