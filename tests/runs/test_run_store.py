@@ -321,3 +321,31 @@ def test_writes_after_the_last_fit_reach_the_db_file_at_exit(tmp_path):
     (tmp_path / "copy").mkdir()
     shutil.copy(store, tmp_path / "copy" / "runs.db")
     assert "after-fit" in Runs(tmp_path / "copy" / "runs.db")[out.stdout.split()[-1]].tags
+
+
+def _plans(store, statements):
+    """The query plans of the statements that read the steps table (inserts only write the new rows)."""
+    reads = [s for s in statements if "steps" in s and not s.lstrip().upper().startswith("INSERT")]
+    return {s: [r[3] for r in store.query("EXPLAIN QUERY PLAN " + s)] for s in reads}
+
+
+def test_a_refresh_write_reads_only_its_own_steps_not_the_whole_run(tmp_path):
+    """Counting the run's steps at every refresh scanned all its rows (45 ms a refresh at 1M steps): every read of the
+    steps table must be bounded to the refresh's step range, while the run's step count stays exact."""
+    store = open_store(tmp_path / "runs.db")
+    statements: list[str] = []
+    trainer = _trainer(tmp_path / "runs.db", refresh_interval=0.0)
+    store._conn.set_trace_callback(statements.append)  # the SQL the writer thread runs
+    try:
+        history = trainer.fit(_data()[0], epochs=2)
+        history = trainer.fit_more(_data()[0], epochs=1)  # the same run, extended
+    finally:
+        store._conn.set_trace_callback(None)
+    plans = _plans(store, statements)
+    assert plans, "no statement read the steps table"
+    for sql, plan in plans.items():
+        for line in plan:
+            assert "steps" not in line or "step>" in line, f"{sql!r} reads the whole run: {plan}"
+    run = Runs(tmp_path / "runs.db")[trainer.run_id]
+    assert run.steps == len(history.steps["step"]) == 24 and run.epochs == 3
+    assert store.query("SELECT COUNT(*) FROM steps WHERE run_id=?", (trainer.run_id,))[0][0] == 24
