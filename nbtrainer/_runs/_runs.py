@@ -261,7 +261,10 @@ class Runs:
                     f"There is no run store at {os.fspath(path)!r}. Pass the file given as run_store= to the "
                     "Trainer, or Runs() for this session's runs."
                 )
-            store = open_store(path)
+            try:
+                store = open_store(path)
+            except PermissionError:  # a store the user may read but not write: read it as it is
+                store = open_store(path, read_only=True)
         assert store is not None
         self.store = store
         self.path = store.path

@@ -106,8 +106,9 @@ def _alive(pid: int, start: str | None) -> bool:
 class RunStore:
     """One store (a file, or ``None``: memory), shared by every trainer and reader of this process."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only  # opened with mode=ro: for reading a store the user cannot write (Runs)
         self._lock = threading.RLock()  # the connection: the writer thread and readers take turns
         self._cond = threading.Condition()
         self._pending: list[Callable[[sqlite3.Connection], Any]] = []
@@ -135,7 +136,13 @@ class RunStore:
             )
         if os.path.isdir(path):
             raise IsADirectoryError(f"The run store {path!r} is a folder: pass a file path such as 'runs.db'.")
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
+        if self.read_only:
+            return self._connect_read_only(path)
+        existed = os.path.exists(path)
+        try:  # a new file in a read-only folder fails here already
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
+        except sqlite3.Error as exc:
+            raise _not_writable(path, existed, exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode=WAL")
@@ -143,6 +150,8 @@ class RunStore:
             self._init_schema(conn)
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if _access_denied(exc):  # a read-only file, or a folder where SQLite cannot create -wal / -shm
+                raise _not_writable(path, existed, exc) from exc
             raise ValueError(
                 f"{path!r} is not an nbtrainer run store ({exc}). Pass a new file name, or the path of a store "
                 "an earlier fit wrote."
@@ -152,12 +161,41 @@ class RunStore:
             raise
         return conn
 
+    def _connect_read_only(self, path: str) -> sqlite3.Connection:
+        """Open a store the user cannot write (``mode=ro``). A WAL store whose folder is read-only and has no -shm
+        file cannot be opened so; then as ``immutable`` (nobody can write it while the folder stays read-only)."""
+        from urllib.parse import quote
+
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"There is no run store at {path!r}.")
+        base = "file:" + quote(os.path.abspath(path))
+        for query in ("mode=ro", "mode=ro&immutable=1"):
+            conn = sqlite3.connect(f"{base}?{query}", uri=True, check_same_thread=False, isolation_level=None)
+            try:
+                app, version, tables = _schema(conn)
+            except sqlite3.DatabaseError as exc:
+                conn.close()
+                if _access_denied(exc) and query == "mode=ro":
+                    continue
+                raise ValueError(f"{path!r} is not an nbtrainer run store ({exc}).") from exc
+            if app != APPLICATION_ID or not tables:
+                conn.close()
+                raise ValueError(f"{path!r} is not an nbtrainer run store (tables {sorted(tables)}).")
+            if version != SCHEMA_VERSION:
+                conn.close()
+                raise PermissionError(
+                    f"The run store {path!r} has schema version {version} and this nbtrainer reads version "
+                    f"{SCHEMA_VERSION}; it is read-only, so it cannot be brought up to date. Make it and its folder "
+                    "writable once (chmod u+w) and open it again"
+                    + (", or upgrade nbtrainer." if version > SCHEMA_VERSION else ".")
+                )
+            return conn
+        raise AssertionError("unreachable: the immutable open either returns or raises")
+
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            app = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            app, version, tables = _schema(conn)
             if app != APPLICATION_ID and tables:
                 raise sqlite3.DatabaseError(f"an SQLite database of another application (tables {sorted(tables)})")
             if version > SCHEMA_VERSION:
@@ -231,6 +269,11 @@ class RunStore:
 
     def write(self, ops: list[Callable[[sqlite3.Connection], Any]]) -> None:
         """Apply ``ops`` in one transaction now (the writer thread's work; also for tests and tools)."""
+        if self.read_only:
+            raise PermissionError(
+                f"The run store {self.path!r} is open read-only (the file or its folder is not writable): tagging "
+                "and deleting runs need write access. Make it writable (chmod u+w) and open it again."
+            )
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
@@ -250,7 +293,7 @@ class RunStore:
 
     def mark_killed(self) -> int:
         """Mark the runs left ``running`` by processes that are gone as ``killed``; returns how many."""
-        if self.path is None:
+        if self.path is None or self.read_only:  # a read-only store shows them as they were left
             return 0
         now = time.time()
         rows = self.query("SELECT id, pid, host, proc_start, heartbeat, started FROM runs WHERE status='running'")
@@ -280,7 +323,7 @@ class RunStore:
         """Copy the committed writes from ``<path>-wal`` into the file itself and empty the WAL (at the end of a fit
         and at exit): until then a copy of the ``.db`` file alone (a backup, a mail, another machine) misses them.
         Returns False when another process's reader kept it from completing (it is done again at the next end)."""
-        if self.path is None:
+        if self.path is None or self.read_only:
             return True
         self.flush(timeout=30)
         with self._lock:
@@ -308,6 +351,41 @@ class RunStore:
             self._conn.close()
 
 
+def _schema(conn: sqlite3.Connection) -> tuple[int, int, set[str]]:
+    """The store's application id, schema version and tables."""
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    return int(app), int(version), tables
+
+
+#: SQLite's primary result codes for "no permission": SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN
+_ACCESS_CODES = frozenset({3, 8, 14})
+
+
+def _access_denied(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in _ACCESS_CODES
+    text = str(exc)
+    return "readonly" in text or "unable to open" in text or "access permission" in text
+
+
+def _not_writable(path: str, existed: bool, exc: sqlite3.Error) -> PermissionError:
+    folder = os.path.dirname(os.path.abspath(path))
+    if existed:
+        what = (
+            f"is read-only: the file, or its folder {folder} where SQLite keeps the store's -wal and -shm files, "
+            "cannot be written"
+        )
+    else:
+        what = f"cannot be created: the folder {folder} is not writable"
+    return PermissionError(
+        f"The run store {path!r} {what} ({exc}). Pass run_store= a path in a writable folder, make it writable "
+        "(chmod u+w), or run_store=False to record nothing; nbtrainer.Runs(path) reads a read-only store."
+    )
+
+
 def _create_tables(conn: sqlite3.Connection) -> None:
     for statement in _TABLES.split(";"):  # not executescript: it would commit the open transaction
         if statement.strip():
@@ -332,17 +410,19 @@ def session_store() -> RunStore:
     return _cached(None)
 
 
-def open_store(path: str | os.PathLike[str] | None) -> RunStore:
-    """The store at ``path`` (one per file in a process), or the session store for ``None``; checked now."""
-    return _cached(None if path is None else os.path.abspath(os.fspath(path)))
+def open_store(path: str | os.PathLike[str] | None, *, read_only: bool = False) -> RunStore:
+    """The store at ``path`` (one per file in a process), or the session store for ``None``; checked now.
+    ``read_only``: opened for reading only (``Runs`` of a store the user cannot write)."""
+    return _cached(None if path is None else os.path.abspath(os.fspath(path)), read_only=read_only)
 
 
-def _cached(key: str | None) -> RunStore:
+def _cached(key: str | None, *, read_only: bool = False) -> RunStore:
+    name = (key or "") + ("?mode=ro" if read_only else "")
     with _STORES_LOCK:
-        store = _STORES.get(key or "")
+        store = _STORES.get(name)
         if store is None:
-            store = RunStore(key)
-            _STORES[key or ""] = store
+            store = RunStore(key, read_only=read_only)
+            _STORES[name] = store
         return store
 
 
