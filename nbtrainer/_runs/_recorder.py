@@ -146,8 +146,9 @@ class RunRecorder:
     Attributes:
         store: the :class:`RunStore`, or ``None`` when recording is off (``run_store=False``).
         run_id: the id of the run being (or last) recorded.
-        name: the name of the runs recorded from now on (``None``: ``"<model class>-<n>"``, ``n`` counting the
-            store's runs); a name the store holds already gets ``" (2)"``, ``" (3)"``... The panel's
+        name: the name of the runs recorded from now on (``None``: ``"<model class>-<n>"``, ``n`` one past the
+            highest in the store, so a name is never given twice, deletes or not); a name the store holds already
+            gets ``" (2)"``, ``" (3)"``... The panel's
             ``TrainerWidget(name=...)`` sets it.
 
     Example:
@@ -207,13 +208,14 @@ class RunRecorder:
             model_class, given = str(model["class"]).lower(), self.name
 
             def create(conn: sqlite3.Connection) -> None:
-                if given:
-                    rows = conn.execute("SELECT name FROM runs WHERE substr(name, 1, ?) = ?", (len(given), given))
-                    again = re.compile(re.escape(given) + r" \(\d+\)")
-                    taken = sum(n == given or again.fullmatch(n) is not None for (n,) in rows)
-                    name = given if not taken else f"{given} ({taken + 1})"
-                else:
-                    name = f"{model_class}-{conn.execute('SELECT COUNT(*) FROM runs').fetchone()[0] + 1}"
+                # One past the highest number in use, not the number of runs: after a delete, a count would give
+                # a later run the name of one still in the store.
+                if given:  # "baseline", then "baseline (2)", "baseline (3)"...
+                    n = _highest(conn, given, re.escape(given) + r"(?: \((\d+)\))?")
+                    name = given if n == 0 else f"{given} ({n + 1})"
+                else:  # "sequential-1", "sequential-2"...
+                    n = _highest(conn, model_class + "-", re.escape(model_class) + r"-(\d+)")
+                    name = f"{model_class}-{n + 1}"
                 conn.execute(
                     "INSERT INTO runs (id, name, status, started, heartbeat, pid, host, proc_start, config, model, "
                     "env, tags) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -329,6 +331,14 @@ class RunRecorder:
             )
 
         store.submit(write)
+
+
+def _highest(conn: sqlite3.Connection, prefix: str, pattern: str) -> int:
+    """The highest number among the store's run names that start with ``prefix`` and match ``pattern`` (its group:
+    the number; a match without it counts as 1), else 0."""
+    rows = conn.execute("SELECT name FROM runs WHERE substr(name, 1, ?) = ?", (len(prefix), prefix))
+    numbers = [int(m.group(1) or 1) for (name,) in rows if (m := re.fullmatch(pattern, name, re.ASCII))]
+    return max(numbers, default=0)
 
 
 def _insert_counted(conn: sqlite3.Connection, table: str, key: str, sql: str, rows: list[tuple[Any, ...]]) -> int:

@@ -96,3 +96,27 @@ def test_session_runs_by_default():
 def test_runs_of_a_missing_file_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no run store at"):
         Runs(tmp_path / "nothing.db")
+
+
+def test_run_names_stay_unique_after_a_delete(tmp_path):
+    """Names were numbered by the count of runs: after deleting sequential-1, the third run was named sequential-2,
+    the name of a run still in the store, and runs["sequential-2"] matched two runs."""
+    path = tmp_path / "runs.db"
+    x, y = make_classification(n=32)
+
+    def fit(name=None):
+        trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False, run_store=path)
+        trainer.run_recorder.name = name
+        trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+        return trainer.run_id
+
+    first, second = fit(), fit()
+    runs = Runs(path)
+    runs.delete(first)
+    third = fit()
+    assert runs[second].name == "sequential-2" and runs[third].name == "sequential-3"
+    assert runs["sequential-2"].id == second
+    named = [fit("baseline") for _ in range(3)]
+    runs.delete(named[1])  # "baseline (2)"
+    again = fit("baseline")
+    assert [runs[r].name for r in (named[0], named[2], again)] == ["baseline", "baseline (3)", "baseline (4)"]
