@@ -180,7 +180,8 @@ def test_a_trial_that_fails_is_recorded_and_the_search_goes_on(data, tmp_path):
     grid = optuna.samplers.GridSampler({"lr": [0.2, 1e6, 0.1, -1.0]}, seed=0)
     study = nbtrainer.tune(build, n_trials=4, epochs=2, sampler=grid, pruner=optuna.pruners.NopPruner())
     by_lr = {t.params["lr"]: t for t in study.trials}
-    assert {lr: t.state.name for lr, t in by_lr.items()} == {0.2: "COMPLETE", 1e6: "FAIL", 0.1: "COMPLETE", -1.0: "FAIL"}
+    states = {lr: t.state.name for lr, t in by_lr.items()}
+    assert states == {0.2: "COMPLETE", 1e6: "FAIL", 0.1: "COMPLETE", -1.0: "FAIL"}
     diverged = by_lr[1e6]
     assert diverged.user_attrs["nbtrainer_error"].startswith("NonFiniteLossError: The training loss was non-finite")
     run = Runs(store)[diverged.user_attrs["nbtrainer_run_id"]]
@@ -190,9 +191,7 @@ def test_a_trial_that_fails_is_recorded_and_the_search_goes_on(data, tmp_path):
     assert study.best_trial.params["lr"] in (0.2, 0.1)
 
 
-def test_catch_chooses_which_failures_end_the_search(data):
-    train, val = data
-
+def test_catch_chooses_which_failures_end_the_search():
     def build(trial):
         trial.suggest_float("lr", 0.1, 0.2)
         raise RuntimeError("broken build")
