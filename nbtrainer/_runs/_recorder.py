@@ -25,6 +25,7 @@ from nbtrainer._data._cleaned import data_changes
 from nbtrainer._options import SWITCH
 from nbtrainer._report._html import higher_is_better
 from nbtrainer._runs._store import RunStore, dumps, open_store, session_store
+from nbtrainer._setup._optimizers import Optimizers
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -61,13 +62,27 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _group(opt: Any) -> dict[str, Any]:
+    return {k: _plain(v) for k, v in (opt.param_groups[0] if opt.param_groups else {}).items() if k != "params"}
+
+
+def _optimizer(opt: Any) -> tuple[Any, dict[str, Any]]:
+    """The optimizer's class and first group's hyperparameters; for named optimizers (``optimizer={"body": SGD,
+    "head": Adam}``) each one's under its name, not the wrapper's class and the first optimizer's group alone."""
+    if opt is None:
+        return None, {}
+    if isinstance(opt, Optimizers):
+        return {name: type(o).__name__ for name, o in opt.items()}, {name: _group(o) for name, o in opt.items()}
+    return type(opt).__name__, _group(opt)
+
+
 def _config(trainer: LoopHost) -> dict[str, Any]:
-    loop, opt, sched = trainer.run_state.loop, trainer.optimizer, trainer.scheduler
-    group = {k: _plain(v) for k, v in (opt.param_groups[0] if opt is not None else {}).items() if k != "params"}
+    loop, sched = trainer.run_state.loop, trainer.scheduler
+    optimizer, group = _optimizer(trainer.optimizer)
     setup = trainer.model_setup
     loader = getattr(loop, "train_loader", None)
     return {
-        "optimizer": type(opt).__name__ if opt is not None else None,
+        "optimizer": optimizer,
         "optimizer_params": group,
         "scheduler": type(sched).__name__ if sched is not None else None,
         "scheduler_interval": trainer.options.step.scheduler_interval,

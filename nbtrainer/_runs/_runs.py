@@ -77,6 +77,16 @@ class Run:
         return out
 
 
+def _named(params: dict[str, Any]) -> bool:
+    """Whether ``optimizer_params`` holds several named optimizers' groups (``{"body": {...}, "head": {...}}``)."""
+    return bool(params) and all(isinstance(v, dict) for v in params.values())
+
+
+def _per_optimizer(value: Any) -> Any:
+    """A table cell of named optimizers' values: ``"body: SGD, head: Adam"``."""
+    return ", ".join(f"{k}: {v}" for k, v in value.items()) if isinstance(value, dict) else value
+
+
 def _flatten(out: dict[str, Any], prefix: str, value: Any) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
@@ -330,8 +340,8 @@ class Runs:
                 "duration_s": run.duration,
                 "model": run.model.get("class"),
                 "params": run.model.get("params"),
-                "optimizer": c.get("optimizer"),
-                "lr": opt.get("lr"),
+                "optimizer": _per_optimizer(c.get("optimizer")),
+                "lr": _per_optimizer({k: g.get("lr") for k, g in opt.items()}) if _named(opt) else opt.get("lr"),
                 "batch_size": c.get("batch_size"),
                 "precision": c.get("precision"),
                 "grad_accum_steps": c.get("grad_accum_steps"),

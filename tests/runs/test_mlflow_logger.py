@@ -245,3 +245,17 @@ def test_the_mlflow_run_has_ended_with_every_metric_when_fit_returns(uri, tmp_pa
     with pytest.raises(RuntimeError, match="boom at step 3"):
         _fit(failing, tmp_path, callbacks=[FailAt(3)])
     assert client.get_run(failing.run_id).info.status == "FAILED"
+
+
+def test_each_named_optimizer_is_a_param(uri, tmp_path):
+    model = mlp()
+    optimizers = {"body": torch.optim.SGD(model[0].parameters(), lr=0.01),
+                  "head": torch.optim.Adam(model[2].parameters(), lr=0.003)}  # fmt: skip
+    logger = MLflowLogger(tracking_uri=uri, experiment="named-optimizers")
+    x, y = make_classification(n=32)
+    Trainer(model, torch.nn.CrossEntropyLoss(), optimizers, progress=False, callbacks=[logger], run_store=False).fit(
+        make_loader(x, y, batch_size=16), epochs=1
+    )
+    params = mlflow.MlflowClient(uri).get_run(logger.run_id).data.params
+    assert params["optimizer.body"] == "SGD" and params["optimizer.head"] == "Adam" and "optimizer" not in params
+    assert params["optimizer_params.body.lr"] == "0.01" and params["optimizer_params.head.lr"] == "0.003"

@@ -120,3 +120,30 @@ def test_run_names_stay_unique_after_a_delete(tmp_path):
     runs.delete(named[1])  # "baseline (2)"
     again = fit("baseline")
     assert [runs[r].name for r in (named[0], named[2], again)] == ["baseline", "baseline (3)", "baseline (4)"]
+
+
+def _two_optimizers(head_lr):
+    model = mlp()
+    return {"body": torch.optim.SGD(model[0].parameters(), lr=0.01), "head": torch.optim.Adam(model[2].parameters(),
+            lr=head_lr)}, model  # fmt: skip
+
+
+def test_each_named_optimizer_is_recorded_and_diffed(tmp_path):
+    """With optimizer={"body": SGD, "head": Adam} the run recorded the wrapper class "Optimizers" and the body's group
+    only: two runs differing in the head's LR had an empty diff."""
+    path = tmp_path / "runs.db"
+    x, y = make_classification(n=32)
+    ids = []
+    for head_lr in (0.003, 0.3):
+        optimizers, model = _two_optimizers(head_lr)
+        trainer = Trainer(model, torch.nn.CrossEntropyLoss(), optimizers, progress=False, run_store=path)
+        trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+        ids.append(trainer.run_id)
+    runs = Runs(path)
+    config = runs[ids[0]].config
+    assert config["optimizer"] == {"body": "SGD", "head": "Adam"}
+    assert config["optimizer_params"]["body"]["lr"] == 0.01 and config["optimizer_params"]["head"]["lr"] == 0.003
+    assert config["optimizer_params"]["head"]["betas"] == [0.9, 0.999]
+    assert runs.diff(*ids) == {"config.optimizer_params.head.lr": (0.003, 0.3)}
+    row = runs.table().rows[0]
+    assert row["optimizer"] == "body: SGD, head: Adam" and row["lr"] == "body: 0.01, head: 0.003"
