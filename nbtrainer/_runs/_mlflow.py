@@ -41,7 +41,9 @@ _INSTALL = 'pip install "nbtrainer[mlflow]"  (or: pip install mlflow)'
 # MLflow's limits (mlflow.utils.validation): key length, param value length, entities per log_batch
 MAX_KEY, MAX_PARAM, MAX_TAG, MAX_METRICS, MAX_PARAMS = 250, 6000, 8000, 1000, 100
 _STATUS = {"finished": "FINISHED", "stopped": "KILLED", "interrupted": "KILLED", "failed": "FAILED"}
-_BAD = re.compile(r"[^\w\-. /]")
+# What MLflow takes in a metric or param name (mlflow.utils.validation): word characters, - . space / and, but on
+# Windows, ':' ("top:5" stays as it is)
+_BAD = re.compile(r"[^\w\-. /]" if os.name == "nt" else r"[^\w\-. /:]")
 _LIVE: weakref.WeakSet[MLflowLogger] = weakref.WeakSet()  # loggers with calls that may still be queued
 
 
@@ -103,7 +105,9 @@ class MLflowLogger(Callback):
     :class:`~nbtrainer.Health` reported (its message in the tag ``nbtrainer.health.<kind>``); tags ``nbtrainer.status``,
     ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the events as
     ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The MLflow
-    run ends FINISHED, KILLED (stopped, interrupted) or FAILED.
+    run ends FINISHED, KILLED (stopped, interrupted) or FAILED. A character MLflow does not take in a name becomes
+    ``_``; two metrics that would then share a name (``acc@1``, ``acc#1``) stay apart (``acc_1``, ``acc_1_2``, said
+    once in a warning).
 
     Args:
         tracking_uri: ``None``: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working folder
@@ -171,6 +175,8 @@ class MLflowLogger(Callback):
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._on = False
+        self._names: dict[str, str] = {}  # metric name -> its MLflow key (the worker thread's)
+        self._owners: dict[str, str] = {}  # MLflow key -> the metric name it holds
         self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not sent yet
 
     # -- the worker thread -------------------------------------------------------------------------
@@ -216,9 +222,31 @@ class MLflowLogger(Callback):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        ms = [Metric(_key(k), float(v), now, int(s)) for k, v, s in values]
+        ms = [Metric(self._metric_key(k), float(v), now, int(s)) for k, v, s in values]
         for i in range(0, len(ms), MAX_METRICS):
             self._client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS])
+
+    def _metric_key(self, name: str) -> str:
+        """``name``'s MLflow key: cleaned to what MLflow takes, and distinct from every other metric's key of the run
+        (``acc@1`` and ``acc#1`` would both clean to ``acc_1`` and interleave as one series); said once per pair."""
+        key = self._names.get(name)
+        if key is not None:
+            return key
+        key = base = _key(name)
+        n = 1
+        while key in self._owners:
+            n += 1
+            key = f"{base[: MAX_KEY - len(str(n)) - 1]}_{n}"
+        if key != base:
+            warnings.warn(
+                f"MLflowLogger: the metrics {self._owners[base]!r} and {name!r} both become {base!r} in MLflow (it "
+                f"takes letters, digits, _ - . / : and spaces); {name!r} is logged as {key!r}. Rename one of the "
+                "metrics to choose the names.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._names[name], self._owners[key] = key, name
+        return key
 
     # -- the event stream ----------------------------------------------------------------------------
     def on_fit_start(self, trainer: LoopHost) -> None:
@@ -251,6 +279,7 @@ class MLflowLogger(Callback):
             exp_id = self._experiment_id
             tags = {"nbtrainer.status": "running", "nbtrainer.model": str(params.get("model.class")), **self.tags}
             self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
+            self._names, self._owners = {}, {}  # each run names its metrics afresh
             items = [Param(k, v) for k, v in params.items()]
             accum_metric = Metric("control/grad_accum_steps", float(accum), int(time.time() * 1000), step)
             for i in range(0, len(items), MAX_PARAMS):  # the first batch carries the accumulation too
