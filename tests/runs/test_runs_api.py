@@ -133,11 +133,12 @@ def test_each_named_optimizer_is_recorded_and_diffed(tmp_path):
     only: two runs differing in the head's LR had an empty diff."""
     path = tmp_path / "runs.db"
     x, y = make_classification(n=32)
-    ids = []
+    ids: list[str] = []
     for head_lr in (0.003, 0.3):
         optimizers, model = _two_optimizers(head_lr)
         trainer = Trainer(model, torch.nn.CrossEntropyLoss(), optimizers, progress=False, run_store=path)
         trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+        assert trainer.run_id is not None
         ids.append(trainer.run_id)
     runs = Runs(path)
     config = runs[ids[0]].config
