@@ -139,6 +139,9 @@ class FitLoop:
                 if self.live.requests.stop_requested and not st.epoch_complete:
                     break
             self._restore_rng()  # resumed a run that had nothing left to do
+        except BaseException:  # the steps taken before it reach the History, the charts and the progress first
+            self.pending.deliver_after_failure(self.flush, self.refresh)
+            raise
         finally:
             hook.remove()
             self.order.give_back()  # the user's loader as it was, however the fit ended

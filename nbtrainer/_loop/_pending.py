@@ -9,7 +9,10 @@ step (``close_windows``), kept until the next refresh delivers them.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._metrics import MetricSet
 
 __all__ = ["PendingReads"]
+
+log = logging.getLogger(__name__)
 
 
 class PendingReads:
@@ -62,6 +67,19 @@ class PendingReads:
         self.release()
         self.base = self.taken
         self.marks, self.points, self.open = [], [], []
+
+    def deliver_after_failure(self, flush: Callable[[], None], refresh: Callable[[], None]) -> None:
+        """A fit failed: read what is pending (one transfer) and deliver the steps read with one last refresh, so that
+        the History, the charts and the progress hold every step taken up to the failure before its error goes on.
+        A NaN/inf loss's refresh read its steps, then raised before delivering them: they come here, the non-finite
+        ones as NaN/inf (where it went wrong). Nothing raised here replaces the fit's own error."""
+        try:
+            with contextlib.suppress(Exception):  # a NaN/inf among them (the steps are read first), a broken device
+                flush()
+            if self.points:
+                refresh()
+        except Exception:  # a callback's on_refresh: the fit's own error is the one to see
+            log.debug("delivering the steps before a failure failed; the fit's error is raised", exc_info=True)
 
     def read(self, state: LoopState, metrics: MetricSet, *, gating: bool) -> tuple[list[float], list[tuple]] | None:
         """Read the pending losses and metric values (one transfer) into ``state``'s running sums and ``metrics``;

@@ -61,6 +61,23 @@ def test_raise_for_inf_names_first_and_last_step():
         trainer.fit(_batches(bad=(2,), value=float("inf")), epochs=1)
 
 
+def test_a_raised_nonfinite_loss_leaves_every_step_in_the_history():
+    """The refresh that sees the NaN raises; the steps it read (the finite ones and the NaN one after them) reach
+    the History before the error goes on: the user sees where the loss went wrong, not only step 1."""
+    seen = []
+
+    class AtFailure:
+        def on_exception(self, trainer, exception):
+            seen.append(list(trainer.history.steps["step"]))
+
+    trainer = _trainer(callbacks=[AtFailure()])  # one read at the epoch end: every step is pending there
+    with pytest.raises(NonFiniteLossError):
+        trainer.fit(_batches(), epochs=1)
+    steps, losses = trainer.history.steps["step"], trainer.history.steps["loss"]
+    assert steps == list(range(1, 13)) and seen == [steps]  # recorded before on_exception, nothing dropped
+    assert all(math.isfinite(v) for v in losses[:BAD]) and math.isnan(losses[BAD])  # step BAD + 1: the NaN
+
+
 def test_no_checkpoint_is_written_from_poisoned_weights(tmp_path):
     trainer = _trainer(callbacks=[ModelCheckpoint(tmp_path, every_n_steps=1, save_last=True)])
     with pytest.raises(NonFiniteLossError, match=f"step {BAD + 1}"):

@@ -85,6 +85,7 @@ with a message that adds the batch's shapes/dtypes, what nbtrainer did with the 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pathlib
 import re
@@ -774,6 +775,38 @@ def test_batches_are_collectable_after_a_failed_or_interrupted_fit(exc, accum):
     assert not [r for r in refs if r() is not None], "a batch is still referenced after the fit ended"
     assert not alive, "a reference cycle held a batch until gc ran"
     assert trainer.run_state.loop is None and all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_failed_fit_keeps_the_steps_it_took_in_the_history(accum):
+    """An error at the 30th micro-batch, with no refresh since the fit started: the steps before it are read once
+    on the way out and reach the History (and the last progress) before on_exception; the error is raised."""
+    model = _Boom(at=30, exc=ValueError)
+    seen = []
+
+    class AtFailure:
+        def on_exception(self, trainer, exception):
+            seen.append(list(trainer.history.steps["step"]))
+
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        progress=False,
+        device="cpu",
+        grad_accum_steps=accum,
+        refresh_interval=3600.0,
+        callbacks=[AtFailure()],
+    )
+    batches = [(X[i % 64 : i % 64 + 16], Y[i % 64 : i % 64 + 16]) for i in range(0, 16 * 40, 16)]
+    with pytest.raises(ValueError, match="boom"):
+        trainer.fit(batches, epochs=1)
+    done = 29 // accum  # the micro-batches before the failing one, in closed windows
+    assert trainer.global_step == done and trainer.status == "failed"
+    steps = trainer.history.steps
+    assert steps["step"] == list(range(1, done + 1)) and seen == [steps["step"]]
+    assert all(math.isfinite(v) for v in steps["loss"])
+    assert trainer.progress.global_step == done and trainer.progress.loss is not None
 
 
 def test_onecycle_overflow_on_a_loader_without_len_is_explained_before_the_extra_step():
