@@ -93,7 +93,7 @@ class LossWatch:
         recent, full = self._recent, self._recent.maxlen
         total, squares, seen, below = self._sum, self._sumsq, self.seen, self.below_chance_at
         first = self._first if self.start is None else None
-        isfinite, sqrt = math.isfinite, math.sqrt
+        isfinite, sqrt, inf = math.isfinite, math.sqrt, math.inf
         for step, loss in points:
             if not isfinite(loss):
                 continue  # the non-finite signal's business
@@ -116,8 +116,17 @@ class LossWatch:
                     continue
             if n == full:
                 old = recent[0]
+                square = old * old
+                # A value that holds most of the squares (a diverging start's 1e26 in a window of losses near 1)
+                # must not be subtracted: the sums kept only the rounding error of adding the small losses to it,
+                # and without it the mean came out 0.01 or negative, a false spike at every later step. The window
+                # is summed again instead (such a value leaves rarely: the common step stays a few float ops).
+                if square + square > squares or squares == inf:  # inf: a square overflowed (inf - inf is NaN)
+                    recent.append(loss)
+                    total, squares = sum(recent), sum([v * v for v in recent])
+                    continue
                 total -= old
-                squares -= old * old
+                squares -= square
             recent.append(loss)
             total += loss
             squares += loss * loss

@@ -3,6 +3,7 @@ and the healthy runs beside them, which must stay quiet."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -14,6 +15,7 @@ from nbtrainer import Health, HealthReport, Trainer
 from nbtrainer._health import SignalState
 from nbtrainer._health._advice import round_readable
 from nbtrainer._health._health_report import readable
+from nbtrainer._health._loss_watch import LossWatch
 
 
 def _reports(history) -> list[HealthReport]:
@@ -215,6 +217,24 @@ def test_a_loss_spike_is_reported_with_its_step_and_batch():
     clip = spikes[0].data["max_grad_norm"]
     assert clip == pytest.approx(round_readable(2 * statistics.median(totals)))
     assert f"Trainer(max_grad_norm={readable(clip)})" in spikes[0].advice and "median of" in spikes[0].advice
+
+
+@pytest.mark.parametrize("huge", [1e12, 2.39e26, 1e200], ids=["1e12", "1e26", "square-overflows"])
+def test_one_huge_loss_in_the_warmup_leaves_no_false_spike_after_it_left_the_window(huge):
+    """A diverging first step (or the last step before a fix restored the weights) feeds a loss like 1e26 into the
+    running sums during the warm-up, where nothing is tested. Once it has left the window the statistics are the
+    window's own again: no false spike at every later step, the mean exact, a real spike still seen."""
+    watch = LossWatch(window=100, zscore=6.0)
+    rng = random.Random(0)
+    points = [(s, 1.4 - 0.002 * s + rng.gauss(0, 0.05)) for s in range(1, 400)]
+    points[4] = (5, huge)
+    spikes = []
+    for i in range(0, len(points), 37):  # in refresh-sized chunks, as the loop delivers them
+        spikes += watch.add(points[i : i + 37])
+    assert spikes == []
+    last = [loss for _, loss in points[-100:]]
+    assert watch.mean == pytest.approx(sum(last) / 100, rel=1e-9)
+    assert [s.step for s in watch.add([(400, 3.0)])] == [400]
 
 
 def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
