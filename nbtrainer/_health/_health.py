@@ -429,7 +429,7 @@ class Health(Callback):
     def _segment(self, step: int) -> None:
         """The run starts again from other weights (a fix, a rollback) at ``step``: the statistics before go."""
         self._since = step
-        self._loss.reset()
+        self._loss.reset(step)
         self._grad_totals.clear()
         self._ratios.clear()
         self._problem_at = None

@@ -68,11 +68,13 @@ class LossWatch:
         self.first_step: int | None = None  # the segment's first step
         self.below_chance_at: int | None = None  # the last step whose loss was below the chance level
         self.seen = 0  # finite losses since the segment started
+        self.since = 0  # the segment's first step: the losses of earlier steps are not its own
         self._first: list[float] = []
         self._halved: tuple[int, tuple[float, float, float] | None] = (-1, None)
 
-    def reset(self) -> None:
-        """A new segment (a fit's start, a fix): the statistics start again."""
+    def reset(self, since: int = 0) -> None:
+        """A new segment from step ``since`` (a fit's start, a fix, a rollback): the statistics start again."""
+        self.since = since
         self._recent.clear()
         self._sum = self._sumsq = 0.0
         self.start = self.first_step = self.below_chance_at = None
@@ -88,6 +90,10 @@ class LossWatch:
     def add(self, points: list[tuple[int, float]]) -> list[Spike]:
         """Feed ``(step, loss)`` pairs in order; returns the spikes among them. One pass with local names and no
         call per point: a refresh of a small model's run brings about a thousand (issue 54)."""
+        if points and points[0][0] < self.since:
+            # A fix takes effect at a step boundary before the refresh that reads the steps up to it: the step it
+            # closed trained on the old weights (the diverged loss the fix is for), and must not count as after it.
+            points = [p for p in points if p[0] >= self.since]
         spikes: list[Spike] = []
         chance, warmup, zscore = self.chance, self.warmup, self.zscore
         recent, full = self._recent, self._recent.maxlen

@@ -84,6 +84,35 @@ def test_an_lr_100x_too_high_is_restored_and_lowered_by_one_click_and_the_run_tr
     assert health.signals["learning rate"].level == "ok"
 
 
+def test_a_fix_applied_while_the_run_trains_is_judged_on_the_steps_after_it(digits):
+    """The click lands mid-run (no pause): the fix takes effect at the next step boundary, before the refresh that
+    reads the step it closed, whose loss the wrecked weights made (689 here). That loss is not the fix's: the check
+    judges the window of steps after it, and the fix that restored the weights worked."""
+    model = _model()
+    health = Health(every_n_steps=10)
+    opt = torch.optim.SGD(model.parameters(), lr=50.0)
+
+    class Click:  # on the training thread, as the button's call lands between two steps
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 5:
+                health.apply_advice(trainer)
+
+    # a refresh after every micro-batch: the step the fix closes is read right after the fix took effect
+    trainer = Trainer(model, nn.CrossEntropyLoss(), opt, callbacks=[health, Click()], refresh_interval=0.0)
+    history = trainer.fit(_loader(digits[0]), epochs=3)
+    assert [(e["kind"], e["step"]) for e in history.events if e["kind"].startswith("health_")] == [
+        ("health_fix", 5),
+        ("health_restore", 5),
+    ]
+    losses = dict(zip(history.steps["step"], history.steps["loss"], strict=True))
+    assert losses[5] > 100 * math.log(10)  # the step that closed at the fix's boundary: before it
+    (fix,) = health.fixes
+    after = [losses[s] for s in range(6, 106)]  # the window after the fix
+    assert fix["after"] == pytest.approx(sum(after) / len(after), rel=1e-9)
+    assert fix["worked"] and fix["after"] < math.log(10)
+    assert [r.kind for r in health.reports if r.kind == "fix_failed"] == []
+
+
 def test_an_lr_1000x_too_low_is_a_problem_and_one_click_raises_it(digits):
     """SGD at 5e-4: the loss sits at ln 10 while each step moves the weights by about 0.005%. The learning-rate
     light turns red (the run does not learn, whatever the size of its steps), and the click raises the LR."""
@@ -169,7 +198,9 @@ def test_a_fix_that_does_not_work_is_reported_with_the_next_step(digits):
     it was, and Health says so, proposing the LR finder and an LR ten times further."""
     model = _model()
     health = Health(every_n_steps=10, window=40)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=5e-4), callbacks=[health])
+    # a refresh after every micro-batch: the verdict comes at the step that completes the window after the fix
+    opt = torch.optim.SGD(model.parameters(), lr=5e-4)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), opt, callbacks=[health], refresh_interval=0.0)
 
     class Fix:
         def on_optimizer_step(self, trainer, step, skipped):
@@ -180,7 +211,7 @@ def test_a_fix_that_does_not_work_is_reported_with_the_next_step(digits):
     trainer.add_callback(Fix())
     trainer.fit(_loader(digits[0]), epochs=3)
     failed = [r for r in health.reports if r.kind == "fix_failed"]
-    assert failed and failed[0].level == "problem" and failed[0].step <= 20 + 40 + 10
+    assert failed and failed[0].level == "problem" and failed[0].step == 20 + 40  # steps 21 to 60: after it
     assert failed[0].message.startswith("The fix at step 20 (apply LR 1e-4) did not work")
     assert "LR finder" in failed[0].advice and failed[0].data["lr"] == pytest.approx(1e-5)
     assert health.fixes[0]["worked"] is False
