@@ -29,7 +29,7 @@ from nbtrainer._report._format import format_duration, format_lr, format_number,
 if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
 
-__all__ = ["MODES", "ProgressBar", "format_logs", "progress_callback", "start_progress"]
+__all__ = ["MODES", "ProgressBar", "format_logs", "progress_callback", "replan", "start_progress"]
 
 #: ``NBTRAINER_PROGRESS=bars|lines`` overrides ``mode="auto"`` (a pseudo-TTY that is really a log file, or
 #: bars wanted in a pipe).
@@ -323,6 +323,25 @@ def start_progress(state: Any, n: int | None, accum: int, epochs: int, max_steps
         total_steps=total_steps,
         grad_accum_steps=accum,
     )
+
+
+def replan(progress: Progress, state: Any, accum: int, epochs: int, max_steps: int | None) -> None:
+    """The steps (and, under ``max_steps``, the epochs) the fit plans, counted again when its accumulation changes at
+    a step boundary: the steps taken, then the rest of this epoch's micro-batches and the later epochs in windows of
+    ``accum``. :func:`start_progress` counted every epoch in the windows the fit started with: the total, the epochs
+    and the ETA kept them (a finished run read "step 233/456")."""
+    n = progress.batches
+    if not n:
+        return  # a loader without len(): no total to count
+    per_epoch = math.ceil(n / accum)
+    left = 0 if state.epoch_complete else math.ceil(max(n - state.batch, 0) / accum)
+    epoch_end = state.global_step + left  # where the epoch in progress (or just finished) ends
+    total = epoch_end + max(epochs - state.epoch - 1, 0) * per_epoch
+    if max_steps is not None:
+        total = min(total, max_steps)
+        later = math.ceil(max(max_steps - epoch_end, 0) / per_epoch)  # the epochs it reaches after this one
+        progress.epochs = min(epochs, state.epoch + 1 + later)
+    progress.total_steps = total
 
 
 def progress_callback(progress: Any) -> ProgressBar:

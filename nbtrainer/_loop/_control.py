@@ -17,6 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nbtrainer._events._progress import replan
+
 if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
     from nbtrainer._loop._host import LoopHost
@@ -173,6 +175,8 @@ class LiveControl:
                     old = trainer.grad_accum_steps
                     trainer.options = trainer.options.replace("step", grad_accum_steps=value)
                     trainer.progress.grad_accum_steps = value
+                    if run.loop is not None:  # the total steps (and the ETA) count the new windows from here
+                        replan(trainer.progress, run.loop_state, value, run.loop.epochs, run.loop.max_steps)
                     self.event("grad_accum_steps", old, value)
                 elif key == "pause" and run.fitting:
                     self.event("pause" if value else "resume", None, None)

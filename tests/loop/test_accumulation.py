@@ -99,6 +99,32 @@ def test_windows_do_not_straddle_epochs():
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("max_steps,total,epochs", [(None, 25, 4), (20, 20, 3), (16, 16, 2)])
+def test_the_progress_total_counts_again_when_accumulation_changes_mid_run(max_steps, total, epochs):
+    """10 batches an epoch, accumulation 1 -> 3 after step 15 (epoch 2, batch 5): the rest of epoch 2 is 2 steps,
+    each later epoch 4. The total, and under max_steps the epochs it reaches, are recounted where the change takes
+    effect, so the finished run reads "25/25" (it read "25/40"), and a refresh right after already knows."""
+    x, y = _data(10)
+    model = _model()
+    seen = []
+
+    class Change:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 15:
+                trainer.set_grad_accum_steps(3)
+
+        def on_refresh(self, trainer, progress):
+            seen.append((progress.global_step, progress.total_steps, progress.epochs))
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainer = Trainer(model, torch.nn.MSELoss(), opt, callbacks=[Change()], progress=False, refresh_interval=0.0)
+    history = trainer.fit(make_loader(x, y, batch_size=4), epochs=4, max_steps=max_steps)
+    assert trainer.global_step == len(history.steps["step"]) == total
+    p = trainer.progress
+    assert (p.total_steps, p.epochs, history.steps["epoch"][-1]) == (total, epochs, epochs)  # the epoch it ended in
+    assert {(t, e) for step, t, e in seen if step > 15} == {(total, epochs)}
+
+
 def test_clipping_once_per_step_after_unscale_fp16():
     # fp16 + accumulation + clipping: clipping on every micro-step would raise "unscale_() has already
     # been called"; and the clipped update must match fp32 closely.
