@@ -33,7 +33,7 @@ from ._controls import Controls
 from ._frontends import detect
 from ._health_card import HealthCard
 from ._runner import Feed, Run
-from ._view import PanelView
+from ._view import PanelView, skipped_words
 
 __all__ = ["LivePart", "PumpHost", "UiPump"]
 
@@ -124,6 +124,8 @@ class UiPump:
         self._budget = detect().budget  # VS Code, Colab: half (_frontends)
         self.push_times = push_times
         self.progress: Any = None
+        # the cause of a skipped step is the run's (precision and on_nonfinite do not change mid-run)
+        self.skipped_as = skipped_words(run.trainer.precision, run.trainer.options.step.on_nonfinite)
         self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
@@ -212,7 +214,7 @@ class UiPump:
             if p is not None:
                 if final:
                     p.status = self.run.status
-                v.set_progress(p)
+                v.set_progress(p, self.skipped_as)
             v.set_stats(self.best, p)
             self._table_pending |= epochs_changed
             if self._table_pending and (whole or now >= self._table_next):

@@ -23,7 +23,7 @@ from ._section import Section
 from ._style import THEME_CSS, set_tooltip
 from ._theme import FG, FG2, STATUS_COLORS, card_style
 
-__all__ = ["STATUS_COLORS", "PanelView"]
+__all__ = ["STATUS_COLORS", "PanelView", "skipped_words"]
 
 _WIDE = {"description_width": "initial"}
 _AUTO = {"width": "auto"}  # a button as wide as its text (ipywidgets' default is 148 px)
@@ -345,7 +345,9 @@ class PanelView:
             f"padding:2px 8px;border-radius:10px;font-weight:bold'>{status}</span>{tail}</span>"
         ) + (f"<div class='nbt-status-note' style='color:{FG2};font-size:12px'>{text_html(note)}</div>" if note else "")
 
-    def set_progress(self, p: Any) -> None:
+    def set_progress(self, p: Any, skipped_as: str = "skipped steps") -> None:
+        """The bars and the progress line of snapshot ``p``; ``skipped_as`` names its skipped steps by their cause
+        (:func:`skipped_words`)."""
         epochs = max(int(p.epochs or 1), 1)
         # Epochs done: the current one counts once it has ended (a finished run, or a stop at its boundary).
         done = max(0, min(epochs, int(p.epoch) - (0 if p.batch >= (p.batches or 0) and p.batches else 1)))
@@ -367,7 +369,7 @@ class PanelView:
         if p.grad_accum_steps and p.grad_accum_steps > 1:
             parts.append(f"accum {p.grad_accum_steps}")
         if p.skipped_steps:
-            parts.append(f"{p.skipped_steps} fp16-skipped steps")
+            parts.append(f"{p.skipped_steps} {skipped_as}")
         self.progress_info.value = f"<span style='font-size:12px;color:{FG}'>{html.escape(' · '.join(parts))}</span>"
 
     def set_stats(self, best: tuple[str, float, Any] | None, p: Any | None) -> None:
@@ -397,3 +399,16 @@ class PanelView:
 
     def add_message(self, level: str, text: str, details: str | None = None) -> None:
         self.messages_log.add(level, text, details)
+
+
+def skipped_words(precision: str, on_nonfinite: str) -> str:
+    """What skipped a run's steps, as the progress line says it: fp16's GradScaler (an overflow) or
+    ``on_nonfinite="skip"``/``"stop"`` (a non-finite loss); an fp16 run that skips non-finite losses may have both,
+    and the run total (``skipped_steps``) does not tell them apart."""
+    fp16 = precision == "fp16-mixed"
+    nonfinite = on_nonfinite in ("skip", "stop")
+    if fp16 and nonfinite:
+        return "skipped steps (fp16 overflow or non-finite loss)"
+    if nonfinite:
+        return "skipped steps (non-finite loss)"
+    return "fp16-skipped steps (overflow)" if fp16 else "skipped steps"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from widget_helpers import make_widget, parts, wait_for
+from widget_helpers import make_classification, make_loader, make_widget, mlp, parts, wait_for
 
 from nbtrainer import Trainer, TrainerWidget
 
@@ -148,3 +148,19 @@ def test_a_trainer_without_an_optimizer_gets_a_clear_error():
     with pytest.raises(ValueError, match=r"optimizer=None.*Pass an optimizer"):
         TrainerWidget(Trainer(model, crit, None, progress=False), loader)
     assert isinstance(torch.optim.SGD(model.parameters(), 0.1), torch.optim.Optimizer)
+
+
+def test_a_step_skipped_for_a_non_finite_loss_in_fp32_is_not_called_fp16():
+    x, y = make_classification(n=256)
+    x[40, 3] = float("nan")  # one batch of the epoch has a NaN loss: on_nonfinite="skip" skips its step
+    model = mlp()
+    w = TrainerWidget(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05), make_loader(x, y, 32),
+        epochs=1, on_nonfinite="skip", progress=False, refresh_interval=0.05, ui_interval=0.05, run_store=False,
+    )  # fmt: skip
+    w.start()
+    history = w.wait(60)
+    assert history.epochs[-1]["skipped_steps"] == 1
+    line = html.unescape(re.sub(r"<[^>]+>", "", w.view.progress_info.value))
+    assert "1 skipped steps (non-finite loss)" in line, line
+    assert "fp16" not in line
