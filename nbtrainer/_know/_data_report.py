@@ -199,10 +199,8 @@ class DataReport:
                 "field": field,
                 "dtype": s["dtype"],
                 "shape": str(list(s["shape"])),
-                "mean": s["mean"],
-                "std": s["std"],
-                "min": s["min"],
-                "max": s["max"],
+                # an integer field (token ids, indices) has no moments (NaN): blank, as the text form leaves them out
+                **{k: s[k] if s["mean"] == s["mean"] else "" for k in ("mean", "std", "min", "max")},
             }
             for name, split in self.splits.items()
             for field, s in split.get("fields", {}).items()

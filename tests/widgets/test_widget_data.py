@@ -9,6 +9,8 @@ cleaner writes the interpretation's edits.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
@@ -114,3 +116,22 @@ def test_arrays_train_as_in_fit_with_the_check_and_the_batch_shown() -> None:
     assert history.status == "finished" and w.trainer.global_step == 2 * 10  # 320 rows in batches of 32
     assert int(w.data_map.visits.sum()) == 2 * 320  # the fast path knew every item's index
     assert not torch.equal(next(iter(w.train_loader))[0], x[:32])  # shuffled, as fit shuffles training arrays
+
+
+def test_integer_inputs_show_dtype_and_shape_without_moments() -> None:
+    # token ids have no mean or std: the table showed "nan" in every moment column of a clean integer field
+    ids = torch.randint(5, 100, (96, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids[:, 0] % 3
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Flatten(), torch.nn.Linear(96, 3))
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), "adamw", (ids, labels), batch_size=16, run_store=False)
+    data = w.looks.data
+    data.wait_check(30)
+    rows = re.findall(r"<tr>(.*?)</tr>", data.report_html.value, re.S)
+    cells = [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r, re.S)] for r in rows]
+    head = cells[0]
+    inputs = next(dict(zip(head, c, strict=True)) for c in cells[1:] if c[head.index("field")] == "inputs")
+    assert inputs["dtype"] == "int64" and inputs["shape"] == "[12]"
+    assert [inputs[k] for k in ("mean", "std", "min", "max")] == ["", "", "", ""]
+    assert "nan" not in data.report_html.value
+
