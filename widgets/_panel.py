@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
-import time
 import warnings
 from typing import Any
 
@@ -30,9 +28,9 @@ from ._controls import Controls
 from ._display import SummaryDisplay
 from ._forms import parse_panel_args
 from ._health_card import HealthCard
+from ._lifecycle import close_widgets, end_run, on_close, say_foreground, wait_run
 from ._looks import Looks
 from ._plan_view import PlanView
-from ._poll import wait_until
 from ._pump import UiPump
 from ._restore import guard_restore
 from ._runner import Feed, Run, claim_model
@@ -110,6 +108,8 @@ class TrainerWidget:
         self._run: Run | None = None
         self._pump: UiPump | None = None
         self._paused_requested = False
+        self._refused: str | None = None  # why the last start() did not train (wait() says so)
+        self._closed = False
         self.ui_update_times: list[float] = []  # when the UI thread pushed (time.monotonic()), every run
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
@@ -153,6 +153,7 @@ class TrainerWidget:
             self.notify("error", str(exc))
             warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
         self.looks.data.start_check(trainer, self.train_loader, self.val_loader)  # its lights show before Start
+        on_close(self.panel, self.close)  # a panel closed (w.panel.close(), Widget.close_all()) ends its run
 
     # -- public API ------------------------------------------------------------------------------------
     @property
@@ -175,15 +176,19 @@ class TrainerWidget:
 
     def start(self) -> None:
         """Start training in a background thread (the kernel stays free for clicks)."""
+        if self._closed:
+            raise RuntimeError(f"{self._label} was closed: make a new panel to train again.")
         if self._run is not None and self._run.alive:
             raise RuntimeError(f"{self._label} is already running; stop() or wait() first.")
         if self._actions.lr_find_running:  # the sweep is training the model (and restores it when it ends)
             raise RuntimeError("The LR finder is running; start when it has finished.")
         if self._pump is not None:
             self._pump.join()  # the previous run's final UI update
+        self._refused = None
         self._apply_savers()
         if refused := self.looks.refused():  # waits for the data check (the fit reuses its report)
-            self.notify("error", f"not started: {refused}")
+            self._refused = f"not started: {refused}"
+            self.notify("error", self._refused)
             return
         msg = claim_model(self._model, owner=self._label, cell=self._cell)
         if msg:
@@ -252,23 +257,11 @@ class TrainerWidget:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the run ends; return its History, or re-raise the error that ended it."""
         run = self._run
+        if self._refused:  # the last start() trained nothing: neither an error of "no run" nor an earlier run's History
+            raise RuntimeError(f"{self._label} {self._refused}")
         if run is None:
             raise RuntimeError(f"{self._label} has not been started: call start() or fit().")
-        deadline = None if timeout is None else time.monotonic() + timeout
-
-        def done(wait_s: float) -> bool:
-            if run.join(wait_s):
-                return True
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{self._label} still running after {timeout} s")
-            return False
-
-        try:
-            with self.view.noting(_frontends.unreachable_clicks()):  # where clicks cannot come, what works instead
-                wait_until(done)  # from a notebook cell, clicks on Pause / Stop / the LR keep working meanwhile
-        except KeyboardInterrupt:  # interrupting the cell stops the run; the kernel lives on
-            run.stop("interrupted (KeyboardInterrupt)")
-            run.join()
+        wait_run(run, label=self._label, view=self.view, timeout=timeout)  # clicks keep working meanwhile
         if self._pump is not None:
             self._pump.join()
         self.publish_summary()  # again from this cell's thread, so it lands in the notebook for sure
@@ -283,12 +276,7 @@ class TrainerWidget:
         gets the panel back live: the front end's requests are answered beside the waiting cell (``_poll``).
         """
         if not _notebook.in_notebook():
-            print(
-                f"nbtrainer: no notebook front end here, so {type(self._model).__name__} trains in the "
-                "foreground with console progress.",
-                file=sys.stderr,
-                flush=True,
-            )
+            say_foreground(self._model)
             claim_model(self._model, owner=self._label)
             self.looks.data.wait_check()  # its forward must not run beside the fit's (DistillationLoss sees both)
             self._before_run()
@@ -299,6 +287,15 @@ class TrainerWidget:
             display(self)
         self.start()
         return self.wait()
+
+    def close(self) -> None:
+        """Stop the run (waiting for its training thread to end) and close the panel's widgets; the panel cannot
+        start again. Closing ``w.panel`` itself (or ``Widget.close_all()``) does the same."""
+        if not self._closed:
+            self._closed = True
+            end_run(self._run, self._pump, "the panel was closed")
+            self.looks.data.wait_check()
+            close_widgets(self.panel)
 
     def __repr__(self) -> str:
         return f"<{self._label}: {self.status}, {self.trainer!r}>"

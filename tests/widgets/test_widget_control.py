@@ -310,3 +310,18 @@ def test_paused_badge_comes_with_every_point_up_to_the_held_step():
     assert (w.charts.sent_points(), w.charts.raw.x.tolist(), w.view.epoch_table.value) == seen["charts"]
     w.view.stop.click()
     assert w.wait(timeout=30).status == "stopped"
+
+
+@pytest.mark.parametrize("how", ["w.close()", "w.panel.close()"])
+def test_closing_the_panel_ends_its_run_and_its_threads(how):
+    # a closed panel has no Pause or Stop left: its run went on training (and its UI thread pushing) behind it
+    w = make_widget(n=4096, epochs=50, slow=0.002, val=False, name=f"closing {how}")
+    w.start()
+    wait_for(lambda: w.trainer.global_step >= 5, what="the run started")
+    w.close() if how == "w.close()" else w.panel.close()
+    assert not w.running and w.trainer.status == "stopped"  # it returned after the training thread had ended
+    assert not [t.name for t in threading.enumerate() if f"'closing {how}'" in t.name]
+    assert w.history.stop_reason == "the panel was closed"
+    assert w.panel.comm is None and w.view.stop.comm is None and w.charts.box.comm is None  # its widgets too
+    with pytest.raises(RuntimeError, match="was closed"):
+        w.start()

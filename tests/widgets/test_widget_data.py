@@ -135,3 +135,15 @@ def test_integer_inputs_show_dtype_and_shape_without_moments() -> None:
     assert [inputs[k] for k in ("mean", "std", "min", "max")] == ["", "", "", ""]
     assert "nan" not in data.report_html.value
 
+
+def test_wait_after_a_refused_start_says_it_was_refused_and_why() -> None:
+    x, y = make_classification(n=96)
+    w = _panel(x, y)
+    w.start()  # a first run: wait() must not hand its History back for the refused start below
+    assert w.wait(timeout=60).status == "finished"
+    y[40] = 9  # the model has 3 outputs: the next start is refused
+    for panel in (w, _panel(x, y)):  # after a run, and on a fresh panel
+        panel.looks.data.start_check(panel.trainer, panel.train_loader, panel.val_loader)
+        panel.start()
+        with pytest.raises(RuntimeError, match=r"not started: .*labels 9"):
+            panel.wait(timeout=60)
