@@ -268,12 +268,20 @@ class UiPump:
     def _live_status(self, p: Any) -> tuple[str, str]:
         run = self.run
         status = self.stream_status
+        # The loop tells the changes made while it held (LR, accumulation) at the boundary where it leaves the hold,
+        # one event each, and "resume" last; a push that drains the first of them alone still has "paused" from the
+        # stream, a stale badge flashed after Resume. The trainer's status leaves "paused" before those events go.
+        stale = status == "paused" and run.trainer.status != "paused"
+        if stale:
+            status = "running"
         if run.stop_reason and status != "paused":
             return "stopping", run.stop_reason
         if status == "running" and self.host.pause_requested:
             return "pausing", "at the next optimizer step"
         if status == "paused":
             return "paused", f"at step {format_number(p.global_step)}" if p is not None else ""
+        if stale:
+            return "running", "resuming"
         return status, (f"epoch {p.epoch}/{p.epochs}" if p is not None else "")
 
     def _update_best(self, logs: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import threading
 import time
 
 import pytest
@@ -164,3 +165,42 @@ def test_a_step_skipped_for_a_non_finite_loss_in_fp32_is_not_called_fp16():
     line = html.unescape(re.sub(r"<[^>]+>", "", w.view.progress_info.value))
     assert "1 skipped steps (non-finite loss)" in line, line
     assert "fp16" not in line
+
+
+class _DrawnBeforeResume:
+    """Holds the training thread at the LR event of the boundary that leaves a pause until the UI thread has
+    drawn a push after Resume: that push then holds the boundary's first event alone ("lr", before
+    "grad_accum_steps" and "resume"), the moment a stale "paused" was drawn, every time instead of by chance."""
+
+    def __init__(self, seen: list[tuple[str, str]]) -> None:
+        self.seen, self.mark = seen, None
+
+    def drawn(self) -> bool:
+        return self.mark is not None and any(t.startswith("nbtrainer-ui") for _, t in self.seen[self.mark :])
+
+    def on_control(self, trainer, event):
+        if event["kind"] == "lr" and self.mark is not None:
+            wait_for(self.drawn, 20, "a push of the UI thread after Resume")
+
+
+def test_resume_after_changes_made_while_paused_never_shows_paused_again():
+    w = make_widget(n=4096, epochs=1, slow=0.003, val=False)
+    seen: list[tuple[str, str]] = []  # every status the view is told, and by which thread
+    set_status = w.view.set_status
+    w.view.set_status = lambda status, text="": (seen.append((status, threading.current_thread().name)),
+                                                 set_status(status, text))  # fmt: skip
+    gate = _DrawnBeforeResume(seen)
+    w.start()
+    wait_for(lambda: w.trainer.global_step >= 5, what="the run started")
+    w.view.pause.click()
+    wait_for(lambda: _badge(w) == "paused", what="paused shown")
+    w.trainer.add_callback(gate)
+    w.view.lr_exact.value = "3e-3"  # typed while paused: applied where the loop leaves the hold
+    w.view.accum.value = 2
+    gate.mark = len(seen)
+    w.view.pause.click()  # Resume
+    assert w.wait(timeout=60).status == "finished"
+    assert gate.drawn()  # the UI thread did draw between the boundary's events
+    after = [status for status, _ in seen[gate.mark :]]
+    assert after[0] == "running" and "paused" not in after, after
+    assert after[-1] == "finished"
