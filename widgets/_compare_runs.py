@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import bqplot as bq
@@ -95,6 +96,16 @@ class CompareRuns:
                     return stores
             self.sources = stores
         return self.sources
+
+    def follow(self, trainer: Any, running: bool, notify: Callable[[str, str], None]) -> None:
+        """A run starts or ends (on ``trainer``: the savers may have rebuilt it): list the runs before it, never the
+        live one. A store that cannot be read is said with ``notify`` and must not block training."""
+        self.trainer, self.running = trainer, running
+        try:
+            self.refresh()
+        except Exception as exc:
+            log.debug("the run store could not be read: said in the panel", exc_info=True)
+            notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
 
     def refresh(self) -> None:
         """Re-read the stores (a run started or ended); the chosen runs that still exist stay chosen."""

@@ -3,6 +3,7 @@ built Trainer (steered as configured). Both are checked here, before a widget is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ class PanelArgs:
     build: tuple[Any, ...] | None  # model form: (criterion, optimizer, metrics, options) to rebuild from
     train_loader: Any
     val_loader: Any
+    #: arrays (or a Dataset) given: the panel's own train loader of them at another batch size (a memory plan row's
+    #: micro-batch); None: the train loader was given, and is not the panel's to change
+    rebatch: Callable[[int], Any] | None = None
 
 
 def parse_panel_args(
@@ -107,9 +111,14 @@ def parse_panel_args(
     val_loader = args[1] if len(args) > 1 else val_loader
     if train_loader is None:
         raise TypeError(f"train_loader is required. {USAGE}")
+    data = train_loader
     train_loader, val_loader = as_loaders(
         train_loader, val_loader, batch_size=batch_size, shuffle=shuffle, caller="TrainerWidget"
     )
+
+    def rebatch(size: int) -> Any:
+        return as_loaders(data, batch_size=size, shuffle=shuffle, caller="TrainerWidget")[0]
+
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
     if trainer.optimizer is None:
@@ -118,4 +127,4 @@ def parse_panel_args(
             "Pass an optimizer, e.g. Trainer(model, criterion, torch.optim.AdamW(model.parameters(), lr=1e-3)); "
             "for evaluation alone call trainer.evaluate(loader) without a panel."
         )
-    return PanelArgs(trainer, user_model, build, train_loader, val_loader)
+    return PanelArgs(trainer, user_model, build, train_loader, val_loader, None if train_loader is data else rebatch)

@@ -12,7 +12,6 @@ through small protocols of public members (``PumpHost``, ``ActionsHost``, ``Plan
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import warnings
@@ -97,7 +96,7 @@ class TrainerWidget:
             model, args, train_loader=train_loader, val_loader=val_loader, batch_size=batch_size, shuffle=shuffle,
             metrics=metrics, epochs=epochs, trainer_options=trainer_options, panel=TrainerWidget.__init__,
         )  # fmt: skip
-        trainer, user_model, self._build = a.trainer, a.model, a.build
+        trainer, user_model, self._build, self._rebatch = a.trainer, a.model, a.build, a.rebatch
         self.trainer, self.train_loader, self.val_loader = trainer, a.train_loader, a.val_loader
         self.max_steps = max_steps
         self.ui_interval = _frontends.detect().ui_interval(max(0.05, float(ui_interval)))  # VS Code, Colab: >= 0.5 s
@@ -342,6 +341,17 @@ class TrainerWidget:
         """Pause was pressed (or ``pause()`` called) and the run has not been resumed since."""
         return self._paused_requested
 
+    def use_batch_size(self, batch_size: int) -> bool:
+        """Train on batches of ``batch_size`` (a memory plan row's micro-batch): the panel's own loader of the arrays
+        given is rebuilt, and checked again; False where the train loader was given (not the panel's to change)."""
+        if self._rebatch is None:
+            return False
+        if getattr(self.train_loader, "batch_size", None) != batch_size:
+            self.looks.data.wait_check()  # one check at a time: an older one must not draw over the new one
+            self.train_loader = self._rebatch(batch_size)
+            self.looks.data.start_check(self.trainer, self.train_loader, self.val_loader)
+        return True
+
     def notify(self, level: str, text: str, details: str | None = None) -> None:
         """Add a line to the panel's messages (``level``: info, warning or error; ``details``: a traceback)."""
         self.view.add_message(level, text, details)
@@ -355,12 +365,7 @@ class TrainerWidget:
         v.pause.description, v.pause.icon = "Pause", "pause"
         self._paused_requested = False
         self.controls.set_running(running)
-        self.compare.trainer, self.compare.running = self.trainer, running  # the savers may rebuild it
-        try:  # a run starts or ends: the menu lists the runs before it (never the live one)
-            self.compare.refresh()
-        except Exception as exc:  # a store that cannot be read must not block training
-            logging.getLogger(__name__).debug("the run store could not be read: said in the panel", exc_info=True)
-            self.notify("warning", f"compare: could not read the run store: {type(exc).__name__}: {exc}")
+        self.compare.follow(self.trainer, running, self.notify)
         self.savers.set_running(running)
 
     def publish_summary(self, history: Any = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import ipywidgets as W
 
-from nbtrainer import Trainer, start_training_thread
+from nbtrainer import MemoryOptions, Trainer, start_training_thread
 from nbtrainer.profile import PART_COLORS, MemoryPlan, PlanRow, example_batch, plan_memory
 
 from ._savers import AS_GIVEN, Savers
@@ -25,6 +25,9 @@ from ._view import PanelView
 __all__ = ["PlanHost", "PlanView"]
 
 log = logging.getLogger(__name__)
+
+#: a row's switches the panel has no control for (a plan picks them for Hugging Face models)
+_NO_CONTROL = ("chunked_loss", "attention")
 
 
 class PlanHost(Protocol):
@@ -40,6 +43,10 @@ class PlanHost(Protocol):
     def running(self) -> bool: ...
 
     def notify(self, level: str, text: str, details: str | None = None) -> None: ...
+
+    def use_batch_size(self, batch_size: int) -> bool:
+        """Train on batches of ``batch_size`` from now on; False where the train loader is not the panel's."""
+        ...
 
 
 def _gib(n: int) -> str:
@@ -137,33 +144,66 @@ class PlanView:
         self.section.set_open(True)
 
     def choose(self, row: PlanRow) -> None:
-        """Set the panel's controls and memory savers to ``row`` (applied at Start)."""
+        """Set the panel's controls, memory savers and batch size to ``row`` (applied at Start); what the panel cannot
+        apply here is named in the message, which is a warning then."""
         if self.host.running:
             self.host.notify("warning", "a plan row is applied before Start: stop the run first")
             return
-        m, view, savers = row.memory, self.view, self.savers
-        said: list[str] = []
-        if view.precision.value != m.precision:
-            view.precision.value = m.precision
-        if bool(view.checkpointing.value) != bool(m.activation_checkpointing):
-            view.checkpointing.value = bool(m.activation_checkpointing)
-        kind = m.optimizer if m.optimizer not in (None, "adamw") else AS_GIVEN
-        options = [value for _, value in savers.optimizer.options]
-        savers.optimizer.value = kind if kind in options else AS_GIVEN
-        savers.in_backward.value = bool(m.optimizer_in_backward)
-        savers.offload_activations.value = bool(m.offload_activations)
-        savers.offload_optimizer.value = bool(m.offload_optimizer)
-        savers.quantize.value = m.quantize or "none"
-        savers.lora.value = m.lora is not None
-        if row.grad_accum_steps > 1:
-            view.accum.value = row.grad_accum_steps
-            said.append(
-                f"the plan splits each batch of {row.micro_batch * row.grad_accum_steps} into {row.grad_accum_steps}:"
-                f" accumulation is set to {row.grad_accum_steps}; give the loader batch_size={row.micro_batch} for the "
-                "same samples per step (or Trainer(memory_budget_gb=...) splits batches itself)"
+        m, view = row.memory, self.view
+        view.precision.value = m.precision
+        view.checkpointing.value = bool(m.activation_checkpointing)
+        view.accum.value = row.grad_accum_steps  # also back to 1 after a row that split the batch
+        missed = self._savers_to(m)
+        if not isinstance(m.activation_checkpointing, bool):  # some blocks (k, a share, types): the box has all or none
+            missed.append(f"activation_checkpointing={m.activation_checkpointing!r} (the box checkpoints every block)")
+        missed += [f"{k}={v!r} (no control in the panel)" for k, v in m.changed().items() if k in _NO_CONTROL]
+        batch = row.micro_batch * row.grad_accum_steps
+        if not self.host.use_batch_size(row.micro_batch) and row.grad_accum_steps > 1:
+            missed.append(
+                f"micro-batch {row.micro_batch}: the train loader was given, so its batches stay as they are; give it "
+                f"batch_size={row.micro_batch} for {batch} samples per step (or Trainer(memory_budget_gb=...) splits "
+                "batches itself)"
             )
-        self.host.notify("info", f"memory plan row set: {row.describe()}" + ("; " + "; ".join(said) if said else ""))
+        text = f"memory plan row set: {row.describe()}"
+        if missed:
+            text = f"memory plan row set in part: {row.describe()}; not applied: " + "; ".join(missed)
+        self.host.notify("warning" if missed else "info", text)
 
+    def _savers_to(self, m: MemoryOptions) -> list[str]:
+        """The memory savers set to ``m``'s; returns what could not be (locked, or not runnable here)."""
+        savers = self.savers
+        wanted = {
+            "optimizer": m.optimizer if m.optimizer not in (None, "adamw") else AS_GIVEN,
+            "quantize": m.quantize or "none",
+            "lora": m.lora or None,
+            "offload_activations": m.offload_activations,
+            "offload_optimizer": m.offload_optimizer,
+            "optimizer_in_backward": m.optimizer_in_backward,
+        }
+        if savers.locked_reason:  # a built Trainer, or savers applied already: the boxes keep what they show
+            asked = [f"{k}={v!r}" for k, v in wanted.items() if v not in (AS_GIVEN, "none", None, False)]
+            return [f"{', '.join(asked)} ({savers.locked_reason})"] if asked else []
+        missed = []
+        for menu, key in ((savers.optimizer, "optimizer"), (savers.quantize, "quantize")):
+            value, why = wanted[key], savers.reasons.get(f"{key}:{wanted[key]}")
+            if value not in [v for _, v in menu.options] or why:
+                missed.append(f"{key} {value} ({why or 'not in the menu'})")
+                value = menu.options[0][1]  # as given / none: a menu never shows a choice the run will not get
+            menu.value = value
+        savers.set_lora(wanted["lora"])
+        for key, box in (
+            ("offload_activations", savers.offload_activations),
+            ("offload_optimizer", savers.offload_optimizer),
+            ("optimizer_in_backward", savers.in_backward),
+        ):
+            why = savers.reasons.get(key) if wanted[key] else None
+            if why:
+                missed.append(f"{key} ({why})")
+            box.value = bool(wanted[key]) and not why
+        if wanted["lora"] and savers.reasons.get("lora"):
+            missed.append(f"lora ({savers.reasons['lora']})")
+            savers.lora.value = False
+        return missed
 
 def _bar(row: PlanRow, plan: MemoryPlan, top: float) -> str:
     width = 360

@@ -28,8 +28,9 @@ __all__ = ["AS_GIVEN", "OPTIMIZERS", "Savers"]
 AS_GIVEN = "as given"
 #: the memory switches' names, from the core's one list of them
 S = MemoryOptions.SWITCH
-#: the menu's few among the optimizers the core builds by name
-OPTIMIZERS = ("adamw", "adamw8bit", "adafactor")
+#: the menu's optimizers the core builds by name: every kind a memory plan row may choose (a row the menu could not
+#: show was applied with the optimizer as given), the k-bit ones marked where their library is missing
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "adamw4bit", "adafactor")
 LORA_R = 8
 
 
@@ -63,6 +64,7 @@ class Savers:
         self.lora = W.Checkbox(
             value=False, description=f"LoRA (r={LORA_R})", indent=False, layout=W.Layout(width="110px")
         )
+        self.lora_settings: dict[str, Any] = {"r": LORA_R}  # the box's adapters (a plan row's own, once chosen)
         self.offload_activations = W.Checkbox(
             value=False, description="offload activations", indent=False, layout=W.Layout(width="160px")
         )
@@ -160,6 +162,14 @@ class Savers:
         parts = ([f"unavailable here: {'; '.join(off)}"] if off else []) + ([extra] if extra else [])
         self.note.value = f"<span style='font-size:11px;color:{FG2}'>{' · '.join(parts)}</span>" if parts else ""
 
+    def set_lora(self, settings: Any) -> None:
+        """Tick the LoRA box with these adapter settings (a plan row's ``lora``: ``{"r": 16, ...}``), or untick it
+        (None); the box says the rank it will build."""
+        if settings:
+            self.lora_settings = dict(settings)
+        self.lora.description = f"LoRA (r={self.lora_settings.get('r', LORA_R)})"
+        self.lora.value = bool(settings)
+
     def lock(self, reason: str) -> None:
         """Keep the choices shown but refuse new ones (the model changed in place, or no model form)."""
         self.locked_reason = reason
@@ -192,7 +202,7 @@ class Savers:
         out: dict[str, Any] = MemoryOptions(
             optimizer=self.optimizer.value if self.optimizer.value != AS_GIVEN else None,
             quantize=self.quantize.value if self.quantize.value != "none" else None,
-            lora={"r": LORA_R} if self.lora.value else None,
+            lora=dict(self.lora_settings) if self.lora.value else None,
             offload_activations=bool(self.offload_activations.value),
             offload_optimizer=bool(self.offload_optimizer.value),
             optimizer_in_backward=bool(self.in_backward.value),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from conftest import needs
 from widget_helpers import classes, make_classification, make_loader
 
 from nbtrainer import TrainerWidget, plan_memory
@@ -70,3 +71,72 @@ def test_a_budget_nothing_fits_says_so_and_sets_nothing() -> None:
     assert pv.plan is not None and pv.plan.best is None
     assert "nothing fits" in pv.note.value
     assert not [c for c in pv.rows.children if "nbt-plan-best" in classes(c)]
+
+
+def _planned(w: Any, budget_gb: float = 0.004) -> Any:
+    pv = w.plan_view
+    pv.budget.value = budget_gb
+    pv.plan_button.click()
+    assert pv.thread is not None
+    pv.thread.join(60)
+    assert pv.plan is not None, _messages(w, "error")
+    return pv.plan
+
+
+def _wide_panel(data: Any, **kw: Any) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4)
+    )
+    return TrainerWidget(
+        model, torch.nn.CrossEntropyLoss(), "adamw", data, epochs=1, lr=1e-3, device="cpu", progress=False,
+        refresh_interval=0.05, ui_interval=0.05, run_store=False, **kw,
+    )  # fmt: skip
+
+
+def _click(w: Any, row: Any) -> None:
+    buttons = [c for c in w.plan_view.rows.children if "nbt-plan-row" in classes(c)]
+    buttons[w.plan_view.plan.rows.index(row)].click()
+
+
+@needs("peft")
+def test_a_row_clicked_is_the_row_trained_its_optimizer_lora_rank_and_micro_batch() -> None:
+    # the rows said adamw4bit, LoRA r=16 and micro-batch 32 x 2; the panel trained plain AdamW, r=8 adapters and
+    # batches of 64 (accumulation 2: half the optimizer steps), while its message said the row was set
+    x, y = make_classification(n=512, d=64, classes=4, seed=0)
+    w = _wide_panel((x, y), batch_size=64)
+    plan = _planned(w)
+    kbit = next(r for r in plan.rows if r.memory.optimizer == "adamw4bit")
+    _click(w, kbit)
+    why = w.savers.reasons.get("optimizer:adamw4bit")
+    if why:  # torchao missing: said, and the menu does not pretend
+        assert w.savers.optimizer.value == "as given" and any("adamw4bit" in t for t in _messages(w, "warning"))
+    else:
+        assert w.savers.optimizer.value == "adamw4bit" and w.savers.in_backward.value
+    split = next(r for r in plan.rows if r.memory.lora and r.grad_accum_steps == 2 and r.memory.optimizer == "adamw")
+    assert split.memory.lora["r"] == 16 and split.micro_batch == 32
+    _click(w, split)
+    assert w.savers.optimizer.value == "as given" and not w.savers.in_backward.value  # the earlier row's are gone
+    assert w.view.accum.value == 2 and next(iter(w.train_loader))[0].shape[0] == 32
+    assert _messages(w, "info")[-1].count("memory plan row set: " + split.describe()) == 1
+    w.start()
+    history = w.wait(timeout=120)
+    assert history.status == "finished" and w.trainer.grad_accum_steps == 2
+    assert w.trainer.global_step == 512 // 32 // 2  # micro-batches of 32, two per step
+    ranks = {p.shape[0] for n, p in w.trainer.model.named_parameters() if "lora_A" in n}
+    assert ranks == {16}
+
+
+def test_a_row_whose_micro_batch_cannot_be_applied_says_so() -> None:
+    x, y = make_classification(n=512, d=64, classes=4, seed=0)
+    w = _wide_panel(make_loader(x, y, 64))  # a loader given: its batches are not the panel's to change
+    plan = _planned(w)
+    split = next(r for r in plan.rows if r.grad_accum_steps > 1)
+    _click(w, split)
+    assert w.view.accum.value == split.grad_accum_steps
+    warning = _messages(w, "warning")[-1]
+    assert "memory plan row set in part" in warning and f"micro-batch {split.micro_batch}" in warning
+    assert not any("memory plan row set:" in t for t in _messages(w, "info"))
+    whole = next(r for r in plan.rows if r.grad_accum_steps == 1)
+    _click(w, whole)
+    assert w.view.accum.value == 1  # a row that does not split the batch sets accumulation back
