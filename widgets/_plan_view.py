@@ -205,6 +205,7 @@ class PlanView:
             savers.lora.value = False
         return missed
 
+
 def _bar(row: PlanRow, plan: MemoryPlan, top: float) -> str:
     width = 360
 

@@ -46,9 +46,8 @@ def test_the_group_is_in_the_panel_and_unavailable_options_carry_their_reason():
     w = _widget()
     s = w.savers
     assert "nbt-savers" in classes(w.panel)
-    assert [v for _, v in s.optimizer.options] == [
-        "as given", "adamw", "adamw8bit", "paged_adamw8bit", "adamw4bit", "adafactor"
-    ]  # every kind a memory plan row may choose
+    every_planned = ["as given", "adamw", "adamw8bit", "paged_adamw8bit", "adamw4bit", "adafactor"]
+    assert [v for _, v in s.optimizer.options] == every_planned  # every kind a memory plan row may choose
     assert [v for _, v in s.quantize.options] == ["none", "nf4", "nf4-dq", "fp4", "int8"]
     assert s.optimizer.value == "as given" and s.quantize.value == "none" and not s.lora.value
     # On a CPU the optimizer state is in host RAM already: offloading it is refused, and the box says why.

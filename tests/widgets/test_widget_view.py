@@ -173,7 +173,8 @@ class _DrawnBeforeResume:
     "grad_accum_steps" and "resume"), the moment a stale "paused" was drawn, every time instead of by chance."""
 
     def __init__(self, seen: list[tuple[str, str]]) -> None:
-        self.seen, self.mark = seen, None
+        self.seen: list[tuple[str, str]] = seen
+        self.mark: int | None = None
 
     def drawn(self) -> bool:
         return self.mark is not None and any(t.startswith("nbtrainer-ui") for _, t in self.seen[self.mark :])
@@ -187,8 +188,12 @@ def test_resume_after_changes_made_while_paused_never_shows_paused_again():
     w = make_widget(n=4096, epochs=1, slow=0.003, val=False)
     seen: list[tuple[str, str]] = []  # every status the view is told, and by which thread
     set_status = w.view.set_status
-    w.view.set_status = lambda status, text="": (seen.append((status, threading.current_thread().name)),
-                                                 set_status(status, text))  # fmt: skip
+
+    def record(status: str, text: str = "") -> None:
+        seen.append((status, threading.current_thread().name))
+        set_status(status, text)
+
+    w.view.set_status = record
     gate = _DrawnBeforeResume(seen)
     w.start()
     wait_for(lambda: w.trainer.global_step >= 5, what="the run started")
