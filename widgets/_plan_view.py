@@ -25,9 +25,10 @@ from ._view import PanelView
 __all__ = ["PlanHost", "PlanView"]
 
 log = logging.getLogger(__name__)
+S = MemoryOptions.SWITCH
 
 #: a row's switches the panel has no control for (a plan picks them for Hugging Face models)
-_NO_CONTROL = ("chunked_loss", "attention")
+_NO_CONTROL = (S.chunked_loss, S.attention)
 
 
 class PlanHost(Protocol):
@@ -174,34 +175,35 @@ class PlanView:
         savers = self.savers
         wanted = {
             "optimizer": m.optimizer if m.optimizer not in (None, "adamw") else AS_GIVEN,
-            "quantize": m.quantize or "none",
-            "lora": m.lora or None,
-            "offload_activations": m.offload_activations,
-            "offload_optimizer": m.offload_optimizer,
-            "optimizer_in_backward": m.optimizer_in_backward,
+            S.quantize: m.quantize or "none",
+            S.lora: m.lora or None,
+            S.offload_activations: m.offload_activations,
+            S.offload_optimizer: m.offload_optimizer,
+            S.optimizer_in_backward: m.optimizer_in_backward,
         }
         if savers.locked_reason:  # a built Trainer, or savers applied already: the boxes keep what they show
             asked = [f"{k}={v!r}" for k, v in wanted.items() if v not in (AS_GIVEN, "none", None, False)]
             return [f"{', '.join(asked)} ({savers.locked_reason})"] if asked else []
         missed = []
-        for menu, key in ((savers.optimizer, "optimizer"), (savers.quantize, "quantize")):
+        for menu, key in ((savers.optimizer, "optimizer"), (savers.quantize, S.quantize)):
             value, why = wanted[key], savers.reasons.get(f"{key}:{wanted[key]}")
             if value not in [v for _, v in menu.options] or why:
                 missed.append(f"{key} {value} ({why or 'not in the menu'})")
                 value = menu.options[0][1]  # as given / none: a menu never shows a choice the run will not get
             menu.value = value
-        savers.set_lora(wanted["lora"])
+        savers.set_lora(wanted[S.lora])
         for key, box in (
-            ("offload_activations", savers.offload_activations),
-            ("offload_optimizer", savers.offload_optimizer),
-            ("optimizer_in_backward", savers.in_backward),
+            (S.offload_activations, savers.offload_activations),
+            (S.offload_optimizer, savers.offload_optimizer),
+            (S.optimizer_in_backward, savers.in_backward),
         ):
             why = savers.reasons.get(key) if wanted[key] else None
             if why:
                 missed.append(f"{key} ({why})")
             box.value = bool(wanted[key]) and not why
-        if wanted["lora"] and savers.reasons.get("lora"):
-            missed.append(f"lora ({savers.reasons['lora']})")
+        lora_why = savers.reasons.get(S.lora)
+        if wanted[S.lora] and lora_why:
+            missed.append(f"{S.lora} ({lora_why})")
             savers.lora.value = False
         return missed
 

@@ -33,9 +33,9 @@ from ._controls import Controls
 from ._frontends import detect
 from ._health_card import HealthCard
 from ._runner import Feed, Run
-from ._view import PanelView, skipped_words
+from ._view import PanelView
 
-__all__ = ["LivePart", "PumpHost", "UiPump"]
+__all__ = ["LivePart", "PumpHost", "UiPump", "skipped_words"]
 
 log = logging.getLogger(__name__)
 
@@ -317,3 +317,16 @@ class UiPump:
         except Exception as exc:
             log.debug("the summary could not be written: said in the panel", exc_info=True)
             host.notify("warning", f"could not write the summary: {type(exc).__name__}: {exc}")
+
+
+def skipped_words(precision: str, on_nonfinite: str) -> str:
+    """What skipped a run's steps, as the progress line says it: fp16's GradScaler (an overflow) or
+    ``on_nonfinite="skip"``/``"stop"`` (a non-finite loss); an fp16 run that skips non-finite losses may have both,
+    and the run total (``skipped_steps``) does not tell them apart."""
+    fp16 = precision == "fp16-mixed"
+    nonfinite = on_nonfinite in ("skip", "stop")
+    if fp16 and nonfinite:
+        return "skipped steps (fp16 overflow or non-finite loss)"
+    if nonfinite:
+        return "skipped steps (non-finite loss)"
+    return "fp16-skipped steps (overflow)" if fp16 else "skipped steps"

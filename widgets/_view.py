@@ -23,7 +23,7 @@ from ._section import Section
 from ._style import THEME_CSS, set_tooltip
 from ._theme import FG, FG2, STATUS_COLORS, card_style
 
-__all__ = ["STATUS_COLORS", "PanelView", "skipped_words"]
+__all__ = ["STATUS_COLORS", "PanelView"]
 
 _WIDE = {"description_width": "initial"}
 _AUTO = {"width": "auto"}  # a button as wide as its text (ipywidgets' default is 148 px)
@@ -346,8 +346,6 @@ class PanelView:
         ) + (f"<div class='nbt-status-note' style='color:{FG2};font-size:12px'>{text_html(note)}</div>" if note else "")
 
     def set_progress(self, p: Any, skipped_as: str = "skipped steps") -> None:
-        """The bars and the progress line of snapshot ``p``; ``skipped_as`` names its skipped steps by their cause
-        (:func:`skipped_words`)."""
         epochs = max(int(p.epochs or 1), 1)
         # Epochs done: the current one counts once it has ended (a finished run, or a stop at its boundary).
         done = max(0, min(epochs, int(p.epoch) - (0 if p.batch >= (p.batches or 0) and p.batches else 1)))
@@ -399,16 +397,3 @@ class PanelView:
 
     def add_message(self, level: str, text: str, details: str | None = None) -> None:
         self.messages_log.add(level, text, details)
-
-
-def skipped_words(precision: str, on_nonfinite: str) -> str:
-    """What skipped a run's steps, as the progress line says it: fp16's GradScaler (an overflow) or
-    ``on_nonfinite="skip"``/``"stop"`` (a non-finite loss); an fp16 run that skips non-finite losses may have both,
-    and the run total (``skipped_steps``) does not tell them apart."""
-    fp16 = precision == "fp16-mixed"
-    nonfinite = on_nonfinite in ("skip", "stop")
-    if fp16 and nonfinite:
-        return "skipped steps (fp16 overflow or non-finite loss)"
-    if nonfinite:
-        return "skipped steps (non-finite loss)"
-    return "fp16-skipped steps (overflow)" if fp16 else "skipped steps"
