@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +34,7 @@ from nbtrainer._know._batch_rows import order_check, same_data
 from nbtrainer._know._issues import LabelIssue, LabelIssues, map_gallery, map_html
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
-from nbtrainer._look._per_item import NoPerItemLoss, per_item_loss
+from nbtrainer._look._per_item import NoPerItemLoss, PerItem, per_item_loss
 from nbtrainer._loop._metrics import metric_input
 from nbtrainer._report._format import format_count
 
@@ -84,11 +84,7 @@ class DataMap:
     """
 
     def __init__(
-        self,
-        *,
-        classes: Sequence[Any] | None = None,
-        flush_rows: int = 1 << 16,
-        loss_per_item: Callable[[Any, Any], Tensor] | None = None,
+        self, *, classes: Sequence[Any] | None = None, flush_rows: int = 1 << 16, loss_per_item: PerItem | None = None
     ) -> None:
         if loss_per_item is not None and not callable(loss_per_item):
             raise TypeError(f"loss_per_item must be a function fn(outputs, targets) -> losses, got {loss_per_item!r}.")
@@ -152,9 +148,10 @@ class DataMap:
             self._choose_mode(trainer, outputs, targets)
         if self.mode == "off":
             return
-        if self._verify:
+        if self._verify:  # once a fit, on the first batch (the labels compared on the device)
             self._verify = False
-            self._check_order(targets, indices)
+            if isinstance(targets, Tensor) and (self.mode == "binary" or not targets.is_floating_point()):
+                self._misordered = order_check(self._dataset, self._layout, targets, indices)
         if self.mode == "loss":
             with torch.no_grad():
                 values = self._loss_fn(outputs, targets).detach().float()
@@ -197,10 +194,6 @@ class DataMap:
             self.mode, self.note = "off", f"no data map: {why}"
             self._stats = self._given = self._suggest = None
             self._pending, self._rows = [], 0
-
-    def _check_order(self, targets: Any, indices: Any) -> None:
-        if self.mode in ("classification", "binary") and not (targets.is_floating_point() and self.mode != "binary"):
-            self._misordered = order_check(self._dataset, self._layout, targets, indices)
 
     def _allocate(self, n: int) -> None:
         """Room for ``n`` items and one more column where rows that do not count (an ignored label, a NaN) land."""
@@ -268,21 +261,18 @@ class DataMap:
                 self._allocate(int(self._size or 0))
             assert self._stats is not None and self._given is not None and self._suggest is not None
             trash = self._stats.shape[1] - 1
-            kept = sum(int(p[0].shape[0]) for p in pending)  # host metadata, no read
-            if kept != len(idx):  # a collate_fn that drops or adds items: which row is which item cannot be told
-                self._off(
-                    f"the training batches had {kept:,} rows for {len(idx):,} dataset items (a collate_fn that "
-                    "drops or adds items), so the map cannot tell which row is which item"
-                )
-                return
             if self.mode == "loss":
                 loss = torch.cat([p[0].reshape(-1) for p in pending])
+                if self._misaligned(len(loss), len(idx)):
+                    return
                 like = torch.exp(-loss.clamp(min=0))
                 idx = torch.where(torch.isfinite(loss), idx, trash)
                 rows = torch.stack([torch.ones_like(loss), like, like * like, torch.zeros_like(loss), loss])
                 self._stats.index_add_(1, idx, rows)
                 return
             logits = torch.cat([p[0] for p in pending]).detach().float()
+            if self._misaligned(len(logits), len(idx)):
+                return
             if pending[0][1].ndim > 1:  # class probabilities (or (B, 1) labels)
                 targets = torch.cat([p[1].reshape(len(p[0]), -1) for p in pending])
             else:
@@ -296,6 +286,15 @@ class DataMap:
             # ... and at the last visit the model got wrong: a memorized mislabeled item's true class is there
             self._suggest[1].scatter_(0, torch.where(margin < 0, idx, trash), other)
             self._given.scatter_(0, idx, label)
+
+    def _misaligned(self, rows: int, items: int) -> bool:
+        """A collate_fn that drops or adds items: which row is which item cannot be told (shapes: nothing read)."""
+        if rows != items:
+            self._off(
+                f"the training batches had {rows:,} rows for {items:,} dataset items (a collate_fn that drops or "
+                "adds items), so the map cannot tell which row is which item"
+            )
+        return rows != items
 
     def _classify(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
         """label, valid, probability of the label, margin, strongest other class (per row)."""
