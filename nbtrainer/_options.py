@@ -91,7 +91,8 @@ class MemoryOptions:
         offload_activations: saved activations wait in CPU memory (pinned on CUDA) for the backward.
         offload_optimizer: optimizer state and step in CPU RAM (CUDA only; torchao ``CPUOffloadOptimizer``).
         attention: the SDPA backend of the forward: ``"auto"``, ``"flash"``, ``"efficient"``, ``"cudnn"`` or
-            ``"math"``, checked on this device and dtype up front (Hugging Face models switch to ``"sdpa"``).
+            ``"math"``, checked on this device and dtype up front, with the model's attention dropout when it has one
+            (Hugging Face models switch to ``"sdpa"``).
 
     Example:
         >>> from nbtrainer import MemoryOptions

@@ -94,7 +94,7 @@ class MemorySavers:
         if memory.offload_optimizer:
             _offload.check_offload_optimizer(self.device, optimizer)
         dtype = autocast_dtype(precision) or torch.float32
-        attention = _attention.check_attention(memory.attention, self.device, dtype)
+        attention = _attention.check_attention(memory.attention, self.device, dtype, model)
         #: The switches as checked: the precision resolved, ``quantize`` / ``attention`` normalized, ``lora`` as plain
         #: settings. Those that set up the model (all but precision and checkpointing) hold for its whole life.
         self.memory = dataclasses.replace(

@@ -9,7 +9,7 @@ from setup_models import lm_batches, mlp, tiny_llama
 from torch import nn
 
 from nbtrainer import Trainer
-from nbtrainer._setup._attention import attention_support
+from nbtrainer._setup._attention import _probe, attention_support
 
 
 def test_the_backend_is_in_force_during_the_forward_only() -> None:
@@ -51,3 +51,78 @@ def test_a_training_run_under_a_named_backend() -> None:
     trainer = Trainer(tiny_llama(), None, "adamw", lr=1e-2, attention="flash", progress=False, seed=0)
     history = trainer.fit(lm_batches(), epochs=2)
     assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+
+
+class Encoder(nn.Module):
+    """A real ``nn.TransformerEncoderLayer`` (its ``dropout`` also sets the attention's) and a classifier head."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(d_model=32, nhead=4, batch_first=True, dropout=dropout)
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x).mean(1))
+
+
+def encoder_batches(n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 6, 32, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(n)]
+
+
+def tiny_bert(attention_dropout: float) -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        attention_probs_dropout_prob=attention_dropout,
+        attn_implementation="sdpa",
+    )
+    return BertForSequenceClassification(config)
+
+
+def bert_batches(n: int = 3) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        {"input_ids": torch.randint(0, 50, (4, 12), generator=g), "labels": torch.randint(0, 2, (4,), generator=g)}
+        for _ in range(n)
+    ]
+
+
+def flash_without_dropout_here() -> bool:
+    """This device's flash kernel cannot run attention dropout (torch's CPU one), which is what these tests refuse."""
+    return attention_support("cpu")["flash"][0] and bool(_probe("cpu", "flash", torch.float32, True))
+
+
+@pytest.mark.skipif(not flash_without_dropout_here(), reason="this torch's CPU flash kernel runs attention dropout")
+def test_flash_with_attention_dropout_it_cannot_run_is_refused_up_front_naming_the_module_and_the_fix() -> None:
+    """Before: the probe ran without dropout, so the Trainer was built, and the first batch failed with "No available
+    kernel" in an error that blamed the loader's batches."""
+    with pytest.raises(ValueError) as refused:
+        Trainer(Encoder(dropout=0.1), nn.CrossEntropyLoss(), "adamw", attention="flash", progress=False)
+    text = str(refused.value)
+    assert "attention='flash' cannot run attention dropout on cpu" in text
+    assert "enc.self_attn (nn.MultiheadAttention) dropout=0.1" in text
+    assert "model.enc.self_attn.dropout = 0.0" in text and "attention='math'" in text and "attention='auto'" in text
+
+    model = tiny_bert(attention_dropout=0.1)  # BERT runs its attention through SDPA
+    with pytest.raises(ValueError, match=r"attention_probs_dropout_prob=0\.1.*attention_probs_dropout_prob=0\.0"):
+        Trainer(model, None, "adamw", attention="flash", progress=False)
+
+
+@pytest.mark.parametrize("build", ["encoder", "bert"])
+def test_without_attention_dropout_flash_trains_and_with_it_math_does(build: str) -> None:
+    """The fixes the refusal names work: the attention dropout at 0 under flash, or the math backend with it."""
+    make, batches, criterion = (
+        (Encoder, encoder_batches(), nn.CrossEntropyLoss()) if build == "encoder" else (tiny_bert, bert_batches(), None)
+    )
+    for dropout, attention in ((0.0, "flash"), (0.1, "math")):
+        trainer = Trainer(make(dropout), criterion, "adamw", lr=1e-3, attention=attention, progress=False, seed=0)
+        history = trainer.fit(batches, epochs=1)
+        assert history.epochs[-1]["loss"] > 0 and trainer.global_step == len(batches)
