@@ -1,5 +1,8 @@
 """The panel's side actions: Save checkpoint, Profile and LR finder (in helper threads), and safe click handlers.
 
+:meth:`PanelActions.close` (the panel's ``close()``) ends them: the LR finder's sweep stops at its next step (the
+model and optimizer put back as always) and every helper thread is waited for.
+
 :class:`PanelActions` is a part of the panel; what it needs from the panel (the trainer, which the memory
 savers may rebuild at Start, the train loader, the run's status, the messages) is the :class:`ActionsHost`
 protocol, so this module depends on no panel class.
@@ -91,7 +94,10 @@ class PanelActions:
         self.host, self.model, self.view, self.controls, self.settle = host, model, view, controls, settle
         self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
         self.busy: set[str] = set()  # the actions running in helper threads now
+        self.threads: dict[str, threading.Thread] = {}  # each action's last helper thread
+        self.closed = False  # the panel was closed: nothing more is shown
         self._lr_find_lock = threading.Lock()
+        self._lr_find_stop = threading.Event()  # set: the sweep ends at its next step
         view.save.on_click(lambda _: self.in_background("save", self.save_checkpoint))
         view.profile.on_click(lambda _: self.in_background("profile", self.profile))
         view.lrfind.on_click(lambda _: self.guarded(self.click_lr_find))
@@ -142,7 +148,8 @@ class PanelActions:
                 ``Trainer.lr_find``.
 
         Returns:
-            The ``nbtrainer.LRFinderResult``; the chart is ``self.lr_finder`` (an ``LRFinderView``).
+            The ``nbtrainer.LRFinderResult``; the chart is ``self.lr_finder`` (an ``LRFinderView``). ``None`` when
+            the panel was closed meanwhile (``close()`` stops the sweep).
         """
         from ._lr_finder import LRFinderView
 
@@ -151,6 +158,8 @@ class PanelActions:
                 "The LR finder runs between runs (it trains the model, then restores it): "
                 "stop the run or wait for it to end."
             )
+        if self.closed:
+            raise RuntimeError("The panel was closed: make a new panel to run the LR finder.")
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
         try:
@@ -162,9 +171,13 @@ class PanelActions:
             warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
             if warning:
                 self.host.notify("warning", warning)
-            result = t.lr_find(self.host.train_loader, **kwargs)
+            if self.closed:  # closed while it waited for the data check: no sweep
+                return None
+            result = t.lr_find(self.host.train_loader, stop=self._lr_find_stop, **kwargs)
         finally:
             self._lr_find_lock.release()
+        if self.closed:  # stopped by close(): its widgets are going
+            return None
         self.lr_finder = LRFinderView(
             result,
             on_choose=self.controls.choose_lr,
@@ -226,7 +239,17 @@ class PanelActions:
 
         # Profile and the LR finder train (and Profile times steps): their thread must not be throttled by the
         # kernel thread's idle OpenMP pool (nbtrainer.start_training_thread gives it back first; issue 49).
-        start_training_thread(target, name=f"nbtrainer-{name}")
+        stop = self._lr_find_stop.set if name == "lrfind" else None  # at interpreter exit, ends the sweep first
+        self.threads[name] = start_training_thread(target, name=f"nbtrainer-{name}", stop=stop)
+
+    def close(self) -> None:
+        """Stop the LR finder's sweep (at its next step; the model and optimizer are put back) and wait for every
+        helper thread (the sweep, Profile, Save), so that nothing of this panel's runs after it is closed."""
+        self.closed = True
+        self._lr_find_stop.set()
+        for thread in list(self.threads.values()):
+            if thread is not threading.current_thread():
+                thread.join()
 
     def click_lr_find(self) -> None:
         """The LR finder button: refused at once (a panel message) while a run is alive, else a helper thread."""

@@ -288,10 +288,11 @@ class TrainerWidget:
         return self.wait()
 
     def close(self) -> None:
-        """Stop the run (waiting for its training thread to end) and close the panel's widgets; the panel cannot
-        start again. Closing ``w.panel`` itself (or ``Widget.close_all()``) does the same."""
+        """Stop the run or the LR finder's sweep (waiting for their threads to end) and close the panel's widgets; the
+        panel cannot start again. Closing ``w.panel`` itself (or ``Widget.close_all()``) does the same."""
         if not self._closed:
             self._closed = True
+            self._actions.close()  # the sweep stops at its next step, the model put back; Profile and Save end
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.wait_check()
             close_widgets(self.panel)

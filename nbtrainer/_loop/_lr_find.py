@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import html
 import math
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -129,7 +130,7 @@ class LRFinderResult:
         smoothed: the bias-corrected exponential moving average of ``losses``.
         suggestions: ``{"valley": lr, "steepest": lr, "minimum/10": lr}`` (``None`` if undecidable).
         rule: the rule behind :attr:`suggestion`.
-        stopped_early: the loss diverged (or became non-finite) before ``steps``.
+        stopped_early: the loss diverged (or became non-finite), or ``stop=`` was set, before ``steps``.
         stop_reason: why the sweep ended.
     """
 
@@ -315,6 +316,7 @@ def lr_find(
     smoothing: float = 0.98,
     diverge: float = 4.0,
     rule: str = "valley",
+    stop: threading.Event | None = None,
     nonfinite: NonFiniteGuard | None = None,
 ) -> LRFinderResult:
     """Run the LR range test with ``trainer``'s model, optimizer, precision and accumulation.
@@ -334,6 +336,8 @@ def lr_find(
         smoothing: EMA factor of the smoothed loss (bias-corrected).
         diverge: stop when ``smoothed > best + (diverge - 1) * |best|``.
         rule: the default suggestion: ``"valley"``, ``"steepest"`` or ``"minimum/10"``.
+        stop: a ``threading.Event`` another thread sets to end the sweep at the next optimizer step (the model and
+            optimizer are restored as always; ``stop_reason`` says it was stopped). The panel's ``close()`` sets it.
         nonfinite: the trainer's NaN/inf gate (``Trainer.lr_find`` passes it): each step is fit's own
             :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after unscaling),
             without the scheduler and the events (the sweep sets the LR itself).
@@ -354,6 +358,8 @@ def lr_find(
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise TypeError(f"stop= takes a threading.Event (set it to end the sweep), got {type(stop).__name__}.")
     trainer.model = trainer.strategy.setup_model(trainer.model)
     opt, model = trainer.optimizer, trainer.model
     assert opt is not None  # Trainer.lr_find refuses a trainer without one
@@ -379,6 +385,9 @@ def lr_find(
             opt.zero_grad(set_to_none=True)
             batches = iter(_batches(train_loader))
             for i in range(steps):
+                if stop is not None and stop.is_set():
+                    reason, stopped = f"stopped at step {i} of {steps}", True
+                    break
                 lr = min_lr * ratio**i
                 for g, f in zip(groups, factors, strict=True):
                     g["lr"] = lr * f

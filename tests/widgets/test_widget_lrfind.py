@@ -189,3 +189,36 @@ def test_lr_finder_and_profile_wait_for_the_data_check_before_using_the_model(ac
     other = [c for c in CALLS if c[0] != "nbtrainer-data-check"]
     assert check and other, CALLS
     assert min(c[1] for c in other) >= max(c[2] for c in check), CALLS
+
+
+def test_closing_the_panel_stops_a_running_lr_finder_and_waits_for_its_thread() -> None:
+    """Before: ``w.close()`` stopped a run but not the sweep the LR finder button started, whose thread went on
+    training the model behind a closed panel (and would then show its chart in closed widgets)."""
+    w = make_widget(epochs=1)
+    before = state(w)
+    threads_before = set(threading.enumerate())
+    w.train_loader = slow = SlowLoader(w.train_loader, delay=0.05)  # 100 steps: 5 s of sweep unless stopped
+    w.view.lrfind.click()
+    wait_for(lambda: "nbtrainer-lrfind" in slow.threads, 60, "the sweep's first batch")
+    sweep = next(t for t in threading.enumerate() if t.name == "nbtrainer-lrfind")
+    w.close()
+    assert not sweep.is_alive()
+    assert [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("nbtrainer")] == []
+    stopped = w.trainer.run_state.lr_finder  # the sweep's result, kept by the trainer
+    assert stopped.stopped_early and stopped.stop_reason.startswith("stopped at step") and len(stopped.lrs) < 100
+    after = state(w)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # put back as after any sweep
+    assert w.lr_finder is None and w.view.lrfinder_area.children == ()  # nothing shown in the closed panel
+    with pytest.raises(RuntimeError, match="closed"):
+        w.lr_find(steps=5)
+
+
+def test_lr_find_stop_event_ends_the_sweep_at_the_next_step() -> None:
+    """``Trainer.lr_find(stop=event)``: set from another thread, the sweep ends at its next step and restores."""
+    w = make_widget(epochs=1)
+    stop = threading.Event()
+    stop.set()
+    result = w.trainer.lr_find(w.train_loader, steps=20, stop=stop)
+    assert result.lrs == [] and result.stopped_early and result.stop_reason == "stopped at step 0 of 20"
+    with pytest.raises(TypeError, match=r"threading\.Event"):
+        w.trainer.lr_find(w.train_loader, steps=20, stop=True)
