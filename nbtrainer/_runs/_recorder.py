@@ -247,7 +247,34 @@ class RunRecorder:
 
     def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         if self._on:
+            if event.get("kind") == "rollback":
+                self._rewind(trainer, int(event["new"]))
             self._push(trainer)
+
+    def _rewind(self, trainer: LoopHost, step: int) -> None:
+        """A rollback to ``step``: the History forgot the steps, samples and epoch rows after it, so the store does
+        too, and the next push starts at the History's new length (else the steps trained again would be skipped up
+        to the old count, and rows rolled back would stay: a run that ends sooner would list them)."""
+        store, run_id, history = self.store, self.run_id, trainer.history
+        if store is None or run_id is None:
+            return
+        self._n_steps, self._n_samples = len(history.steps["step"]), len(history.samples)
+        self._n_epochs = len(history.epochs)
+        self._last_step = history.steps["step"][-1] if self._n_steps else None
+        last_epoch = max((int(r.get("epoch", i)) for i, r in enumerate(history.epochs, 1)), default=0)
+        best, n_samples = dumps(best_values(history.epochs)), self._n_samples
+
+        def rewind(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM steps WHERE run_id=? AND step>?", (run_id, step))
+            conn.execute("DELETE FROM samples WHERE run_id=? AND (step>? OR seq>=?)", (run_id, step, n_samples))
+            conn.execute("DELETE FROM epochs WHERE run_id=? AND epoch>?", (run_id, last_epoch))
+            conn.execute(  # once per rollback: a recount is fine here
+                "UPDATE runs SET n_steps=(SELECT COUNT(*) FROM steps WHERE run_id=?), "
+                "n_epochs=(SELECT COUNT(*) FROM epochs WHERE run_id=?), best=? WHERE id=?",
+                (run_id, run_id, best, run_id),
+            )
+
+        store.submit(rewind)
 
     def on_health(self, trainer: LoopHost, report: Any) -> None:
         if self._on:  # the History holds it as a "health" event already (its recorder is the first callback)
