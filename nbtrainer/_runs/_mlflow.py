@@ -7,12 +7,15 @@ never stalls the loop. ``fit`` returns once that thread has ended the run (bound
 ``wait=False`` returns at once); :meth:`MLflowLogger.flush` waits on demand, and a process waits for it at exit.
 
 A tracking URI that cannot be reached is said once (a warning) and the fit goes on: its values stay in the
-History and the run store. Only rank 0 logs under DDP.
+History and the run store. A tracking server that goes down mid-fit is found within seconds (the logger's own HTTP
+calls retry twice and wait 15 s at most: ``_mlflow_http``); the logger then skips its calls until the next fit.
+Only rank 0 logs under DDP.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
 from nbtrainer._optional import import_optional, require
+from nbtrainer._runs._mlflow_http import bounded_calls
 from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
 
 if TYPE_CHECKING:
@@ -84,7 +88,7 @@ def _reachable(uri: str) -> str | None:
         except urllib.error.HTTPError:
             return None  # it answers (an older server without /health, or a proxy): good enough
         except OSError as exc:
-            return f"no answer from {uri} ({getattr(exc, 'reason', exc)})"
+            return f"no answer: {getattr(exc, 'reason', exc)}"
         return None
     if uri.startswith("sqlite:///"):
         folder = os.path.dirname(os.path.abspath(uri[len("sqlite:///") :])) or "."
@@ -127,6 +131,12 @@ class MLflowLogger(Callback):
             ``fit`` returns at once and the calls finish in the background (:meth:`flush` waits for them, and so
             does the end of the process).
         flush_timeout: the longest :meth:`flush` (and ``wait=True``) waits, in seconds.
+
+    A tracking server that stops answering mid-fit: the logger's own HTTP calls retry twice and wait 15 s at most
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``_BACKOFF_FACTOR``, ``_TIMEOUT`` when you set them; other MLflow calls of
+    the process keep MLflow's defaults), so the first failed call sets :attr:`error` (the URI and the cause) within
+    seconds and warns once; the later calls of the fit are skipped, ``fit`` and the end of the process wait on none
+    of them, and the run ends FAILED (tag ``nbtrainer.mlflow_error``) if the server answers again at the fit's end.
 
     Raises:
         ImportError: ``mlflow`` is not installed (``pip install "nbtrainer[mlflow]"``).
@@ -188,23 +198,39 @@ class MLflowLogger(Callback):
         self._queue.put(op)
 
     def _work(self) -> None:
+        http = self.tracking_uri.startswith(("http://", "https://"))
         while True:
             op = self._queue.get()
             try:
-                if op is not None and self.error is None:
-                    op()
+                if op is not None and (self.error is None or getattr(op, "after_error", False)):
+                    with bounded_calls() if http else contextlib.nullcontext():
+                        op()
             except Exception as exc:
                 log.debug("an MLflow call failed: the logger stops and warns once (the run goes on)", exc_info=True)
-                self._fail(f"{type(exc).__name__}: {exc}")
+                # a server gone: said as at the start ("no answer: [Errno 111] Connection refused"), not as the
+                # client's exception (a page of urllib3 retry text)
+                gone = _reachable(self.tracking_uri) if http else None
+                self._fail(gone or f"{type(exc).__name__}: {exc}", during_run=self.run_id is not None)
             finally:
                 self._queue.task_done()
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, *, during_run: bool = False) -> None:
         if self.error is None:  # said once; the fit goes on
-            self.error = reason
+            self.error = f"{self.tracking_uri}: {reason}" if self.tracking_uri not in reason else reason
+            held = (
+                f" The MLflow run {self.run_id} holds what was sent before; the logger skips its calls until the "
+                "next fit."
+                if during_run
+                else ""
+            )
+            fix = (
+                f" Check that the tracking server at {self.tracking_uri} is running and reachable."
+                if self.tracking_uri.startswith(("http://", "https://"))
+                else ""
+            )
             warnings.warn(
-                f"MLflowLogger: cannot log to {self.tracking_uri} ({reason}). Training goes on; its values are "
-                "kept in the History and the run store (nbtrainer.Runs).",
+                f"MLflowLogger: cannot log to {self.tracking_uri} ({reason}).{held} Training goes on; its values "
+                f"are kept in the History and the run store (nbtrainer.Runs).{fix}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -253,7 +279,7 @@ class MLflowLogger(Callback):
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
-        self.error = None
+        self.error, self.run_id = None, None
         self._pending, self._last_send = [], time.monotonic()
         reason = _reachable(self.tracking_uri)
         if reason is not None:
@@ -288,7 +314,7 @@ class MLflowLogger(Callback):
         self._submit(start)
 
     def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
-        if not self._on or not progress.step_points:
+        if not self._on or self.error is not None or not progress.step_points:
             return
         points = progress.step_points
         values = []
@@ -315,21 +341,21 @@ class MLflowLogger(Callback):
             self._submit(lambda: self._metrics(values))
 
     def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
-        if not self._on or event.get("kind") not in ("lr", "grad_accum_steps"):
+        if not self._on or self.error is not None or event.get("kind") not in ("lr", "grad_accum_steps"):
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
 
     def on_health(self, trainer: LoopHost, report: Any) -> None:
         """A health report: metric ``health/<kind>`` (1 at its step) and tag ``nbtrainer.health.<kind>`` (its
         message and advice, the newest of its kind)."""
-        if not self._on:
+        if not self._on or self.error is not None:
             return
         self._pending.append((f"health/{report.kind}", 1.0, int(report.step)))
         key, text = f"nbtrainer.health.{report.kind}", f"{report.message} {report.advice}".strip()[:MAX_TAG]
         self._submit(lambda: self._client.set_tag(self.run_id, key, text))
 
     def on_epoch_end(self, trainer: LoopHost, epoch: int, logs: dict[str, Any]) -> None:
-        if not self._on:
+        if not self._on or self.error is not None:
             return
 
         # Sent once every callback has added its keys to the row. A callback that ends the fit from this event
@@ -352,17 +378,22 @@ class MLflowLogger(Callback):
     def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         if not self._on:
             return
-        self._queue_epoch()  # the last epoch's row, when the fit ended before its deferred send
         self._on = False
-        values, self._pending = self._pending, []
+        if self.error is None:
+            self._queue_epoch()  # the last epoch's row, when the fit ended before its deferred send
+        values, self._pending, self._epoch_due = self._pending, [], None
         status, reason = history.status, history.stop_reason
         events, has_events = json.dumps(history.events, default=str), bool(history.events)
         run_id = trainer.run_id
         files = [p for p in _checkpoints(trainer) if os.path.isfile(p)] if self.log_checkpoints else []
 
+        @_after_error
         def end() -> None:
             from mlflow.entities import RunTag
 
+            if self.error is not None:  # failed mid-fit (now or before): ended FAILED if MLflow answers again
+                self._end_failed(status)
+                return
             client = self._client
             if values:
                 self._metrics(values)
@@ -379,7 +410,7 @@ class MLflowLogger(Callback):
             client.set_terminated(self.run_id, status=_STATUS.get(status, "FINISHED"))
 
         self._submit(end)
-        if self.wait and not self.flush():
+        if self.wait and not self.flush() and self.error is None:
             warnings.warn(
                 f"MLflowLogger: MLflow calls still running after {self.flush_timeout:.0f} s; they go on in the "
                 "background.",
@@ -387,11 +418,30 @@ class MLflowLogger(Callback):
                 stacklevel=2,
             )
 
+    def _end_failed(self, status: str) -> None:
+        """On the logger's thread, after a failure mid-fit: the MLflow run ends FAILED (the reason in the tag
+        ``nbtrainer.mlflow_error``) when the tracking URI answers again; a server still gone costs one quick check,
+        no retries, and its run stays as MLflow last heard of it."""
+        from mlflow.entities import RunTag
+
+        if self.run_id is None or self._client is None or _reachable(self.tracking_uri) is not None:
+            return
+        tags = [RunTag("nbtrainer.status", status), RunTag("nbtrainer.mlflow_error", str(self.error)[:MAX_TAG])]
+        self._client.log_batch(self.run_id, tags=tags)
+        self._client.set_terminated(self.run_id, status="FAILED")
+
+
+def _after_error(op: Callable[[], None]) -> Callable[[], None]:
+    """Marks ``op`` to run on the logger's thread even after a failure (the worker skips every other call)."""
+    op.after_error = True  # type: ignore[attr-defined]
+    return op
+
 
 @atexit.register
 def _flush_at_exit() -> None:  # a script that ends right after fit: MLflow still gets the end of the run
     for logger in list(_LIVE):
-        logger.flush(timeout=30)
+        if logger.error is None:  # a failed logger's calls are skipped: nothing of it to wait for
+            logger.flush(timeout=30)
 
 
 def _experiment(client: Any, name: str, location: str | None) -> str:

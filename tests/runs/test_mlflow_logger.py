@@ -3,6 +3,7 @@ everything is read back with ``MlflowClient``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -168,7 +169,13 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
 
 
 @pytest.fixture
-def mlflow_server(tmp_path):
+def mlflow_server(mlflow_server_process):
+    return mlflow_server_process[0]
+
+
+@pytest.fixture
+def mlflow_server_process(tmp_path):
+    """A real ``mlflow server`` on localhost: (its URL, its process, the leader of its own process group)."""
     port = free_port()  # below the ephemeral range (tests/_ports.py)
     cmd = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
@@ -192,9 +199,10 @@ def mlflow_server(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, "mlflow server did not answer in 180 s"
                 time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers, by its PID
+        with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
+            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers, by its PID
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -222,6 +230,36 @@ def test_logging_to_a_real_mlflow_server_over_http(mlflow_server, tmp_path):
     assert [r.info.run_id for r in found] == [logger.run_id]
     files = {os.path.basename(a.path) for a in client.list_artifacts(logger.run_id, "checkpoints")}
     assert "last.ckpt" in files
+
+
+@pytest.mark.slow
+def test_a_server_that_goes_down_mid_fit_fails_the_logger_at_once_and_fit_returns(mlflow_server_process, tmp_path):
+    """Seen with a real server killed after epoch 1: fit() blocked in MLflow's HTTP retries (7, 2 s backoff doubling:
+    minutes) up to flush_timeout, logger.error stayed None and the only warning said calls were still running. The
+    logger's own calls are bounded: the first failure names the server and why, the later calls are skipped, and
+    nothing is left queued for the end of the process to wait on."""
+    url, proc = mlflow_server_process
+
+    class KillServer:
+        def on_epoch_end(self, trainer, epoch, logs):
+            if epoch == 1:
+                assert logger.flush(60) and logger.run_id  # the MLflow run exists and has epoch 1's values
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    logger = MLflowLogger(tracking_uri=url, experiment="down", send_interval=0.0, flush_timeout=90)
+    before = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_HTTP")}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, history = _fit(logger, tmp_path, epochs=3, callbacks=[KillServer()])
+    assert history.status == "finished" and len(history.epochs) == 3  # training went on
+    assert logger.error is not None and url in logger.error and "refused" in logger.error.lower()
+    said = [str(w.message) for w in caught if "MLflowLogger" in str(w.message)]
+    assert len(said) == 1, said  # said once, not "still running after 90 s"
+    assert f"cannot log to {url}" in said[0] and "Check that the tracking server" in said[0]
+    assert logger.run_id is not None and logger.run_id in said[0]  # the MLflow run that holds what came before
+    assert logger.flush(timeout=0)  # nothing queued or in flight: the process's exit waits on nothing
+    assert {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_HTTP")} == before  # bounded per call
 
 
 class FailAt:
