@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _kernels import notebook_client
+
 CELL_TIMEOUT = 180  # seconds per cell: generous for a loaded 2-core CI machine
 
 _MEMO: dict[str, tuple[Any, float, float]] = {}
@@ -30,7 +32,6 @@ def executed(path: Path, shared: Path) -> tuple[Any, float, float]:
     outputs and widget state, the wall seconds, and the CPU seconds of the kernel and what it started (reaped when
     the kernel is shut down: nothing else ends in the executing process meanwhile, a worker runs one test at a time).
     """
-    import nbclient
     import nbformat
     from filelock import FileLock
 
@@ -41,7 +42,7 @@ def executed(path: Path, shared: Path) -> tuple[Any, float, float]:
         with FileLock(str(done) + ".lock"):
             if not facts.exists():
                 nb = nbformat.read(path, as_version=4)
-                client = nbclient.NotebookClient(
+                client = notebook_client(
                     nb,
                     timeout=CELL_TIMEOUT,
                     kernel_name="python3",

@@ -413,7 +413,8 @@ NOTEBOOK_CELLS = (
 def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
     """From a Jupyter kernel: a cell-defined function on 2 forked ranks; their prints reach the cell."""
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
+    from _kernels import notebook_client
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     for key, value in _env().items():
         monkeypatch.setenv(key, value)
@@ -422,7 +423,7 @@ def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
-    nbclient.NotebookClient(nb, timeout=LAUNCH_TIMEOUT, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    notebook_client(nb, timeout=LAUNCH_TIMEOUT, resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.output_type == "stream")
     assert "rank 0 of 2 done" in text and "rank 1 of 2 done" in text, nb.cells[1].outputs
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULTS"))

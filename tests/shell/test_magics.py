@@ -439,7 +439,9 @@ def test_status_and_stop_a_background_run(shell: Any, capsys: pytest.CaptureFixt
 def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a Jupyter kernel the doctor report is displayed as HTML and knows it runs in a kernel."""
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
+    from _kernels import notebook_client
+
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -447,7 +449,7 @@ def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
         nbformat.v4.new_code_cell(src)
         for src in ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")
     ]
-    nbclient.NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    notebook_client(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
     [result] = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
     assert 'class="nbt-doctor"' in result.data["text/html"]
     assert "ZMQInteractiveShell" in result.data["text/plain"]

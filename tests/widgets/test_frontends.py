@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
+from _kernels import kernel_manager  # noqa: E402 (after the skip: it needs jupyter_client)
 
 VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -71,7 +72,11 @@ class Client:
     """A kernel started with ``env`` and a client that keeps every iopub message."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.km, self.kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120, env=env)
+        self.km = kernel_manager("python3")
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
         self.messages: list[dict[str, Any]] = []
 
     def run(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:

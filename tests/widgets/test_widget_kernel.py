@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
+from _kernels import kernel_manager  # noqa: E402 (after the skip: it needs jupyter_client)
+
 zmq = pytest.importorskip("zmq")
 
 SETUP = """
@@ -43,7 +45,7 @@ class Kernel:
     """A started kernel and its client, with the iopub stream collected into ``messages``."""
 
     def __init__(self) -> None:
-        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        self.km = kernel_manager("python3")
         self.km.start_kernel()
         # iopub is a PUB socket: when the reader falls behind by its high-water marks (1,000 messages each side) the
         # kernel drops what follows, the cell's idle status among them. A cell that opens thousands of comms, read
