@@ -118,8 +118,12 @@ def _columns(task: str, logits: Tensor, targets: Tensor, probabilities: bool) ->
         probs = logits.float().softmax(-1)
         target = targets.argmax(-1) if targets.is_floating_point() else targets
         p_pred, pred = probs.max(-1)
-        return {"target": target.int(), "prediction": pred.int(), "p_target": probs.gather(1, target[:, None])[:, 0],
-                "p_prediction": p_pred}  # fmt: skip
+        # A label outside the classes (CrossEntropyLoss's ignore_index, -100 by default) marks an unlabeled item:
+        # it keeps its label, gets no probability, and the class figures leave it out.
+        labeled = (target >= 0) & (target < probs.shape[1])
+        p_target = probs.gather(1, torch.where(labeled, target, 0)[:, None])[:, 0]
+        return {"target": target.int(), "prediction": pred.int(),
+                "p_target": torch.where(labeled, p_target, torch.nan), "p_prediction": p_pred}  # fmt: skip
     if task in ("binary", "multilabel"):
         p = logits.float() if probabilities else torch.sigmoid(logits.float())
         p, t = p.reshape(b, -1), targets.reshape(b, -1) > 0.5

@@ -136,7 +136,15 @@ class Interpretation:
         return self.items.get("prediction")
 
     def _name(self, c: int) -> str | int:
-        return self.classes[c] if self.classes is not None else c
+        return self.classes[c] if self.classes is not None and 0 <= c < len(self.classes) else c
+
+    def _labeled(self) -> torch.Tensor:
+        """Per item: its target is a class (not an ignored label such as CrossEntropyLoss's -100)."""
+        target = self.targets
+        assert target is not None
+        if self.task != "classification" or self.n_classes is None:
+            return torch.ones(len(target), dtype=torch.bool)
+        return (target >= 0) & (target < self.n_classes)
 
     def _labels(self) -> list[str]:
         return [str(self._name(c)) for c in range(self.n_classes or 0)]
@@ -188,7 +196,9 @@ class Interpretation:
             t, y = target.long(), pred.long()
             cells = torch.stack([(1 - t) * (1 - y), (1 - t) * y, t * (1 - y), t * y], dim=-1).sum(0)
             return cells.reshape(-1, 2, 2)
-        n = self.n_classes or int(max(int(target.max()), int(pred.max())) + 1)
+        keep = self._labeled()
+        target, pred = target[keep], pred[keep]
+        n = self.n_classes or (int(max(int(target.max()), int(pred.max())) + 1) if len(target) else 0)
         return torch.bincount(target.long() * n + pred.long(), minlength=n * n).reshape(n, n)
 
     def most_confused(self, k: int = 10, min_count: int = 1) -> list[tuple[Any, Any, int]]:
@@ -326,7 +336,10 @@ class Interpretation:
         mean = float(finite.mean()) if len(finite) else math.nan
         parts = [self.task, f"{len(self.losses):,} items", f"mean loss {format_number(mean)}"]
         if self.task in ("classification", "binary") and self.targets is not None and self.predictions is not None:
-            parts.append(f"accuracy {float((self.targets == self.predictions).float().mean()):.3f}")
+            keep = self._labeled()
+            right = (self.targets == self.predictions)[keep]
+            if len(right):
+                parts.append(f"accuracy {float(right.float().mean()):.3f}")
         return " · ".join(parts)
 
     def _repr_html_(self) -> str:

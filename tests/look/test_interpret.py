@@ -111,6 +111,27 @@ def test_a_classifier_matches_scikit_learn() -> None:
     assert "nbt-confusion" in html and "per class" in html and "top losses" in html
 
 
+def test_ignored_labels_get_no_loss_and_stay_out_of_the_class_figures() -> None:
+    """-100 is CrossEntropyLoss's ignore_index: a fit accepts it, so interpret() must too."""
+    x, y = make_classification(n=120, classes=3)
+    y[::10] = -100
+    model = mlp(out=3)
+    trainer = _trainer(model, torch.nn.CrossEntropyLoss(), optimizer="adamw")
+    trainer.fit((x, y), batch_size=30, epochs=1)
+    interp = trainer.interpret((x, y), batch_size=30)
+    ignored = y == -100
+    assert interp.losses[ignored].isnan().all() and interp.losses[~ignored].isfinite().all()
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    kept = skm.confusion_matrix(y[~ignored], pred[~ignored], labels=range(3))
+    assert np.array_equal(interp.confusion_matrix().numpy(), kept)
+    assert sum(row["support"] for row in interp.per_class()) == int((~ignored).sum())
+    accuracy = float((pred[~ignored] == y[~ignored]).float().mean())
+    assert f"accuracy {accuracy:.3f}" in interp.summary()
+    assert all(row["index"] % 10 for row in interp.top_losses(5))
+    assert "per class" in interp._repr_html_()
+
+
 def test_multi_label_gets_a_two_by_two_matrix_per_label() -> None:
     _, model, criterion, x, y = _cases()[5]
     interp = _trainer(model, criterion).interpret((x, y), batch_size=16)
