@@ -80,7 +80,7 @@ def _drawn(loader: Any, n: int) -> Tensor:
         if indices is not None:
             drawn = torch.as_tensor(list(indices), dtype=torch.int64)
         else:
-            with kept_rng():
+            with kept_rng(loader):
                 drawn = torch.as_tensor([i for batch in batch_sampler for i in batch], dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError):  # indices that are not ints (a custom sampler of keys)
         log.debug("check_data: the sampler's indices could not be read; every item is checked", exc_info=True)

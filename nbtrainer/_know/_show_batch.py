@@ -94,7 +94,7 @@ def _first_batch(loader: Any) -> Any:
             f"show_batch() got a one-shot iterator ({type(loader).__name__}): reading it would use up a batch of the "
             "fit's. Pass the DataLoader, a list of batches or arrays."
         )
-    with kept_rng():
+    with kept_rng(loader):
         try:
             return next(iter(loader))
         except StopIteration:

@@ -53,7 +53,7 @@ def indexed_batches(
     if not indexable or sampler is None or dataset is None:
         return _numbered(loader, None), None
     if lists is None:
-        with kept_rng():  # a shuffled loader draws its order from the global generator: the run's must not move
+        with kept_rng(loader):  # a shuffled loader draws its order from a generator of the run's: it must not move
             lists = [list(ix) for ix in sampler]
     fetch = batched_fetch(loader) if fast else None
     if fetch is not None:
@@ -164,7 +164,8 @@ def interpret(
     parts: dict[str, list[Tensor]] = {"loss": [], "index": []}
     n_classes: int | None = None
     plain = steps.default_compute()  # (x, y) batches: model(x) alone (the batch's mean loss is not needed)
-    with side_pass(model, steps.autocast(), grad=steps.inference), no_cache(model):
+    # The loader's own generator (not only the global ones side_pass puts back) gives its workers' seed.
+    with kept_rng(loader), side_pass(model, steps.autocast(), grad=steps.inference), no_cache(model):
         for indices, batch in batches:
             batch = move_to_device(batch, device, trainer.options.data.non_blocking)
             if plain and type(batch) in (tuple, list) and len(batch) == 2 and isinstance(batch[0], Tensor):

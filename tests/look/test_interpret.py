@@ -206,6 +206,26 @@ def test_a_fit_that_interprets_after_each_validation_equals_one_that_does_not() 
     assert len(runs[1][2]) == 2 and isinstance(runs[1][2][-1], Interpretation)
 
 
+def test_interpreting_a_loader_with_its_own_generator_leaves_the_next_epochs_order_alone() -> None:
+    """A DataLoader given generator= shuffles from that generator, not the global one."""
+    runs = []
+    for with_interpret in (False, True):
+        x, y = make_classification(n=160)
+        g = torch.Generator().manual_seed(5)
+        train = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True, generator=g
+        )
+        model = mlp()
+        trainer = _trainer(model, torch.nn.CrossEntropyLoss(), optimizer="sgd", lr=0.1, seed=0)
+        trainer.fit(train, epochs=1)
+        if with_interpret:
+            trainer.interpret(train)
+        history = trainer.fit(train, epochs=1)
+        runs.append((history.steps["loss"], [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+
+
 def test_a_list_of_batches_gives_losses_and_a_matrix_but_no_gallery() -> None:
     x, y = make_classification(n=48)
     batches = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 48, 16)]
