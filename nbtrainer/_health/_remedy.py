@@ -58,7 +58,14 @@ class Remedy:
         if not (problem or draft.lr_advice or draft.clip_advice):
             return advice, data
         parts = [advice] if advice else []
-        reinit = self._reinit(draft) if draft.kind == "dead_units" and problem else None
+        reinit = self._reinit(list(draft.data.get("modules", {}))) if draft.kind == "dead_units" and problem else None
+        if reinit is None and draft.kind == "not_learning" and problem:
+            # Units dead since the first step and never alive since stop every layer before them from learning: a
+            # loss that does not move is their doing, and no LR brings them back (the LR action did not help).
+            dead = sorted(m for m in self.health._dead_at_init if m not in self.health._alive_at)
+            reinit = self._reinit(dead) if dead else None
+            if reinit is not None:
+                parts.append(f"The cause: every unit of {', '.join(dead)} has been dead since the first step.")
         if reinit is not None:
             parts.append(reinit[1])
             data["reinit"] = reinit[0]
@@ -119,10 +126,10 @@ class Remedy:
         v = readable(value)
         return f"Clip the gradients at {v}: Trainer(max_grad_norm={v}) or trainer.set_max_grad_norm({v}); {how}."
 
-    def _reinit(self, draft: Draft) -> tuple[list[str], str] | None:
-        """Units dead since the first step (the initialization): re-initialize the layers that feed them."""
+    def _reinit(self, modules: list[str]) -> tuple[list[str], str] | None:
+        """Units of ``modules`` dead since the first step (the initialization): re-initialize the layers that feed
+        them."""
         h = self.health
-        modules = list(draft.data.get("modules", {}))
         if not modules or not set(modules) <= h._dead_at_init or h._units is None:
             return None
         feeders = [f for f in (h._units.feeder(m) for m in modules) if f is not None]

@@ -151,6 +151,26 @@ def test_units_dead_from_the_first_step_come_back_by_reinitializing_the_layer_th
     assert _accuracy(model, digits[1]) >= 0.85
 
 
+def test_a_run_not_learning_because_its_units_were_dead_from_the_start_is_advised_to_reinitialize(digits):
+    """The dead units are filed first; the run then does not learn, and that later report (the default of the
+    click) must name the same cure, not an LR that cannot wake them."""
+    model = _model()
+    with torch.no_grad():
+        model[0].bias.fill_(-20.0)
+    health = Health()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-3, callbacks=[health], progress=False,
+                      run_store=False)  # fmt: skip
+    train = _loader(digits[0])
+    trainer.fit(train, epochs=3)
+    assert [r.kind for r in health.reports if r.level == "problem"][-1] == "not_learning"
+    report = health.last_problem
+    assert report is not None and report.action == "re-initialize 0" and "lr" not in report.data
+    assert "dead since the first step" in report.advice
+    health.apply_advice(trainer)
+    trainer.fit(train, epochs=3)
+    assert _accuracy(model, digits[1]) >= 0.6
+
+
 def test_damaged_weights_with_no_snapshot_and_no_checkpoint_are_told_to_restart(digits):
     model = _model()
     health = Health(every_n_steps=10, snapshot_mb=0)
