@@ -4,7 +4,9 @@ For a problem, :meth:`Remedy.advise` writes the advice (saying how each number w
 (``HealthReport.data``, applied by ``Health.apply_advice``, ``_fix``):
 
 * the LR (``_advice.advise_lr``): an update ratio too large lowers it to move the weights by about 1% a step; a
-  flat loss raises it the same way; otherwise the largest ratio measured since the run (re)started decides, and
+  flat loss raises it the same way, unless the steps are of a healthy size while the loss stays at the chance level
+  (then the labels, or the few parameters that train, are named and no LR is advised; nor is the LR it has);
+  otherwise the largest ratio measured since the run (re)started decides, and
   without a measurement it is a tenth;
 * clipping (``_advice.advise_clip``): for an exploding gradient norm and a loss spike with no LR change before it;
 * damage: one diagnostic forward of the last batch (``_locate.check_batch``) tells whether units died or the loss
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._events._model_checkpoint import ModelCheckpoint
-from nbtrainer._health._advice import HEALTHY_RATIO, advise_clip, advise_lr, reference
+from nbtrainer._health._advice import HEALTHY_RATIO, advise_clip, advise_lr, reference, round_readable
 from nbtrainer._health._health_report import SignalState, readable
 from nbtrainer._health._judge import Draft
 from nbtrainer._health._locate import check_batch
@@ -72,6 +74,13 @@ class Remedy:
             return " ".join(parts), data
         lr = self._lr(trainer, draft)
         ref = reference(trainer.optimizer)
+        if draft.kind == "not_learning" and problem and ref:
+            steady = self._steady_steps(ref)
+            if steady is not None:
+                parts.append(self._not_the_lr(steady, ref))
+                lr = None
+        if lr is not None and ref and lr[0] == round_readable(ref):
+            lr = None  # the LR it has: no change to advise (and none to apply)
         if lr is not None and ref:
             value, how = lr
             parts.append(f"{'Raise' if value > ref else 'Lower'} the LR to {readable(value)}: {how}.")
@@ -114,6 +123,39 @@ class Remedy:
             return None  # the steps were not too large: the LR is not what killed them
         said = "no measured step moved the weights by more than 1%" if ratios else "no update was measured"
         return advise_lr(ref, None, valley=valley, unmeasured=said)
+
+    def _steady_steps(self, ref: float) -> float | None:
+        """The median of the last measured update ratios (at the LR now) when it is of a healthy size while the
+        loss stays at the chance level: an LR change would not make such a run learn; else None."""
+        h = self.health
+        ratios = h._ratios[-3:]
+        if h._loss.chance is None or not ratios:
+            return None
+        scaled = sorted(r * ref / at for _, r, at in ratios)
+        median = scaled[len(scaled) // 2]
+        # the band's top doubled: 1.1% is the size the LR advice aims at, not a reason to change it
+        return median if HEALTHY_RATIO[0] <= median <= 2 * HEALTHY_RATIO[1] else None
+
+    def _not_the_lr(self, ratio: float, ref: float) -> str:
+        """Why a run whose steps are of a healthy size does not learn: almost nothing trains, or the data."""
+        h = self.health
+        params = list(h._model.parameters()) if h._model is not None else []
+        total = sum(p.numel() for p in params)
+        trained = sum(p.numel() for p in params if p.requires_grad)
+        steps = (
+            f"Each step moves the trained weights by {ratio * 100:.2g}% of their norm at LR {readable(ref)}, a "
+            "healthy size, yet the loss stays at the chance level: a different LR would not help."
+        )
+        if total and trained / total < 0.05:
+            return (
+                f"{steps} Only {trained:,} of the model's {total:,} parameters ({trained / total:.2%}) have "
+                "requires_grad=True: unfreeze the layers meant to learn (p.requires_grad_(True)) and rebuild the "
+                "optimizer with them."
+            )
+        return (
+            f"{steps} Check the labels and the inputs: that each label belongs to its input (not shuffled apart or "
+            "misaligned), that the inputs vary and are scaled, and that the model sees the features it needs."
+        )
 
     def _clip(self, draft: Draft, data: dict[str, Any]) -> str:
         totals = self.health._grad_totals

@@ -171,6 +171,30 @@ def test_a_run_not_learning_because_its_units_were_dead_from_the_start_is_advise
     assert _accuracy(model, digits[1]) >= 0.6
 
 
+@pytest.mark.parametrize("broken", ["shuffled_labels", "frozen"])
+def test_a_run_at_chance_with_healthy_steps_is_not_advised_an_lr_change(digits, broken):
+    """Labels shuffled apart from their inputs, or a model frozen but for its head's bias: the steps are of a healthy
+    size and no LR makes such a run learn. The advice names the labels or the frozen share, and has no LR action."""
+    (x, y), _ = digits
+    model = _model()
+    if broken == "shuffled_labels":
+        y = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(1))]
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model[2].bias.requires_grad_(True)
+    health = Health()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", lr=1e-3, callbacks=[health], progress=False,
+                      run_store=False)  # fmt: skip
+    trainer.fit(_loader((x, y)), epochs=3)
+    report = health.last_problem
+    assert report is not None and report.kind == "not_learning"
+    assert "lr" not in report.data and "the LR to" not in report.advice and report.action == ""
+    assert ("requires_grad=True" if broken == "frozen" else "Check the labels") in report.advice
+    with pytest.raises(ValueError):
+        health.apply_advice(trainer)
+
+
 def test_damaged_weights_with_no_snapshot_and_no_checkpoint_are_told_to_restart(digits):
     model = _model()
     health = Health(every_n_steps=10, snapshot_mb=0)
