@@ -157,6 +157,9 @@ class Health(Callback):
         self.signals: dict[str, SignalState] = {s: SignalState() for s in SIGNALS}
         self.reports: list[HealthReport] = []
         self._fixer = Fixer()
+        # (the model, its first losses' mean, where its last fit ended learning): a converged run continued in a
+        # new fit is flat where it ended, not stuck (LossWatch._converged)
+        self._earlier: tuple[int, float | None, float | None] = (0, None, None)
         #: scheduled step deliveries (nbtrainer._events._stream): 0 = the next step, which starts a Health added
         #: mid-fit; then the sampled steps and the one before each
         self.next_optimizer_step: int | None = 0
@@ -253,12 +256,16 @@ class Health(Callback):
         self._kept = loop.keep_window_batches() if loop is not None else None
         self._first_step = self._step = self._since = trainer.global_step + 1
         self._fresh_run = trainer.global_step == 0
+        if self._earlier[0] == id(self._model):
+            self._loss.first_seen, self._loss.ended = self._earlier[1:]
         self.signals["non-finite"] = SignalState("ok", "every loss finite so far")
         if not trainer.options.run.timing_every:
             self.signals["data"] = SignalState("ok", "not measured (Trainer(timing_every=0))")
         self._arm(trainer, self._first_step)
 
     def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
+        stuck = any(r.kind == "not_learning" for r in self.reports)
+        self._earlier = (id(self._model), self._loss.first_seen, None if stuck else self._loss.mean)
         if self._units is not None:
             self._units.forget()
         if self._probe is not None:

@@ -12,7 +12,9 @@ A run that does not learn (:meth:`LossWatch.stuck`), over a full window since th
 (``reset``): both halves of the window above the chance level (``ln C`` for a cross-entropy over ``C`` classes) by
 more than 5% and not falling by 10%; or the loss flat (the halves within three standard errors or 1% of each
 other) where it started: at least 90% of the segment's first losses, and near chance when the chance level is known
-(without one, Health tells it as a warning: a fine-tuned regressor may start where it ends).
+(without one, Health tells it as a warning: a fine-tuned regressor may start where it ends). Without a chance level
+a flat loss is convergence, not failure, when it is far below the first losses this model was seen with
+(``first_seen``, under half) or near where its previous fit ended while learning (``ended``, within 10%).
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class LossWatch:
         self.since = 0  # the segment's first step: the losses of earlier steps are not its own
         self._first: list[float] = []
         self._halved: tuple[int, tuple[float, float, float] | None] = (-1, None)
+        # Kept across segments (and given from earlier fits by Health): what tells a converged run from a stuck one
+        self.first_seen: float | None = None  # the first losses' mean the model was seen with
+        self.ended: float | None = None  # the mean loss where the model's previous fit ended, learning
 
     def reset(self, since: int = 0) -> None:
         """A new segment from step ``since`` (a fit's start, a fix, a rollback): the statistics start again."""
@@ -110,6 +115,8 @@ class LossWatch:
                 first.append(loss)
                 if len(first) >= warmup:
                     self.start, first = sum(first) / len(first), None
+                    if self.first_seen is None:
+                        self.first_seen = self.start
             if chance is not None and loss < chance:
                 below = step
             n = len(recent)
@@ -175,9 +182,17 @@ class LossWatch:
             return Stuck("above_chance", step, mb, self.start, onset)
         flat = abs(mb - ma) <= max(3 * sem, 0.01 * abs(ma))
         near = chance is None or mb > 0.8 * chance
-        if flat and near and self.start is not None and mb >= 0.9 * self.start:
+        if flat and near and self.start is not None and mb >= 0.9 * self.start and not self._converged(mb):
             return Stuck("flat", step, mb, self.start, first)
         return None
+
+    def _converged(self, level: float) -> bool:
+        """A flat loss at ``level`` is where an earlier fit of the model brought it (see the module docstring).
+        With a chance level, "near chance" already tells a stuck run from a converged one."""
+        if self.chance is not None:
+            return False
+        below_first = self.first_seen is not None and level < 0.5 * self.first_seen
+        return below_first or (self.ended is not None and level <= 1.1 * self.ended)
 
     def rise(self, step: int) -> Rise | None:
         """A rising loss over the window now, or None (needs a full window)."""

@@ -332,6 +332,26 @@ def test_a_flat_loss_with_no_chance_level_is_a_warning():
     assert health.signals["learning rate"].level == "warning"
 
 
+def test_a_converged_regressor_continued_in_a_new_fit_is_not_called_stuck_but_a_stuck_one_still_is():
+    """Continuing a fit that brought the loss to its noise floor: the loss is flat where the last fit ended and far
+    below where it started, which is convergence. A run stuck from the start stays told in the next fit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 10, generator=g)
+    noisy = x @ torch.randn(10, 1, generator=g) + 0.3 * torch.randn(3000, 1, generator=g)  # noise floor 0.09
+    runs = [("adamw", 3e-3, noisy, 32, False), ("sgd", 1e-7, x.sum(1, keepdim=True), 16, True)]
+    for optimizer, lr, y, batch_size, stuck in runs:
+        model = mlp(10, hidden=32, out=1)
+        health = Health(window=40)
+        trainer = Trainer(model, torch.nn.MSELoss(), optimizer, lr=lr, callbacks=[health], progress=False)
+        trainer.fit(make_loader(x, y, batch_size=batch_size), epochs=2)
+        for _ in range(2):
+            history = trainer.fit(make_loader(x, y, batch_size=batch_size), epochs=1)
+            told = [r for r in _reports(history) if r.kind == "not_learning"]
+            assert bool(told) == stuck, [r.message for r in told]
+        if not stuck:
+            assert history.epochs[-1]["loss"] < 0.15
+
+
 # -- bad input ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs,match",
