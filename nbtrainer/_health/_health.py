@@ -401,15 +401,7 @@ class Health(Callback):
     def on_exception(self, trainer: LoopHost, exception: BaseException) -> None:
         if not isinstance(exception, NonFiniteLossError) or any(r.kind == "nonfinite" for r in self.reports):
             return
-        first = str(exception).split(". ")[0]
-        advice = (
-            "That step updated the weights, so where it started cannot be found now: Trainer(on_nonfinite='skip') "
-            "keeps the weights of such a step, and Health then names the module where the value first appears."
-        )
-        step = trainer.global_step
-        draft = Draft("nonfinite", step, f"{first} (on_nonfinite='raise' ended the fit)", advice)
-        draft.data, draft.lr_advice = {"where": "loss", "skipped": False}, bool(self._readings.lr_raised(step))
-        self._file(trainer, draft, act=False)
+        self._file(trainer, self._readings.raised_draft(trainer, str(exception)), act=False)
 
     # -- control: a changed LR (a fix arriving), a rollback --------------------------------------------------
     def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:

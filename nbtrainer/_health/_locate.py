@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Finding", "check_batch", "dead_units", "locate_nonfinite"]
+__all__ = ["Finding", "check_batch", "dead_units", "locate_nonfinite", "nonfinite_kind"]
 
 from nbtrainer._health._units import RELU_TYPES
 
@@ -45,6 +45,9 @@ def _bad(value: Any) -> str | None:
         if not bool(torch.isfinite(t).all()):
             return "NaN" if bool(torch.isnan(t).any()) else "inf"
     return None
+
+
+nonfinite_kind = _bad  # for the data check of a fit that on_nonfinite="raise" ended (_readings)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from nbtrainer._health._advice import data_advice
 from nbtrainer._health._fix import next_step
 from nbtrainer._health._health_report import SignalState
 from nbtrainer._health._judge import Draft, judge_dead, judge_norms
-from nbtrainer._health._locate import locate_nonfinite
+from nbtrainer._health._locate import locate_nonfinite, nonfinite_kind
 from nbtrainer._health._norms import stack_to_host
 from nbtrainer._health._units import chance_level
 from nbtrainer._report._format import format_number
@@ -212,6 +212,26 @@ class Readings:
             message = f"the step waits for the loader {sum(recent) / len(recent):.0%} of its time (step-time samples)"
             h._file(trainer, Draft("data_wait", step, message, advice, {"share": share}, level="warning"))
 
+    def raised_draft(self, trainer: LoopHost, error: str) -> Draft:
+        """The report of a fit that ``on_nonfinite="raise"`` ended: the weights took the bad steps, so the model
+        cannot say where the value started; the data still can (non-finite values in the inputs)."""
+        step = trainer.global_step
+        advice = (
+            "That step updated the weights, so where it started cannot be found now: Trainer(on_nonfinite='skip') "
+            "keeps the weights of such a step, and Health then names the module where the value first appears."
+        )
+        data: dict[str, Any] = {"where": "loss", "skipped": False}
+        found = _nonfinite_data(self.health._kept, trainer.run_state.loop)
+        if found is not None:
+            advice = (
+                f"The likely cause is the data: {found}. Remove or impute those values (torch.nan_to_num, or drop the "
+                "items) before training again; no LR or clipping helps with them."
+            )
+            data["where"] = "input"
+        draft = Draft("nonfinite", step, f"{error.split('. ')[0]} (on_nonfinite='raise' ended the fit)", advice)
+        draft.data, draft.lr_advice = data, found is None and bool(self.lr_raised(step))
+        return draft
+
     def after_skip(self, trainer: LoopHost, step: int) -> None:
         """A skipped step: its non-finite loss found among the window's kept losses, its source located."""
         h = self.health
@@ -243,3 +263,29 @@ class Readings:
             # the same source again (a batch that comes back each epoch): counted and told, without another pause
             draft.level, draft.advice = "warning", f"{advice} It is the same source as at step {told[0].step}."
         h._file(trainer, draft)
+
+
+def _nonfinite_data(kept: Any, loop: Any) -> str | None:
+    """Where the training data holds NaN / inf: a batch of the last window, else (in memory: one pass over
+    tensors already there) the training loader's TensorDataset. None when neither shows any."""
+    batches = [*kept.batches, kept.last] if kept is not None else []
+    for batch in batches:
+        value = nonfinite_kind(batch) if batch is not None else None
+        if value is not None:
+            return f"a batch of the last step holds {value} values"
+    dataset = getattr(getattr(loop, "train_loader", None), "dataset", None)
+    indices = None
+    if isinstance(dataset, torch.utils.data.Subset):
+        dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices))
+    if not isinstance(dataset, torch.utils.data.TensorDataset):
+        return None
+    for k, t in enumerate(dataset.tensors):
+        if not t.is_floating_point() or not len(t):
+            continue
+        rows = t if indices is None else t[indices]
+        bad = ~torch.isfinite(rows.reshape(len(rows), -1)).all(1)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0])
+            what = "inputs" if k < len(dataset.tensors) - 1 else "targets"
+            return f"{int(bad.sum())} training items have NaN / inf {what} (the first: item {first})"
+    return None

@@ -230,18 +230,19 @@ class Remedy:
         if raised is not None and onset <= raised + 1 <= draft.step and draft.step - raised <= h.window:
             onset = raised + 1  # the evidence allows it: the LR increase did it, not the steps before
         snap = h._snaps.choose(onset)
+        then = ", then applies the LR" if "lr" in data else ""  # the action sets an LR only when one is advised
         if snap is not None:
             data.update(restore="snapshot", restore_step=snap.step)
             return (
                 f"The weights are damaged ({damage}): the action restores the weights and optimizer state Health "
-                f"kept before step {snap.step}, then applies the LR."
+                f"kept before step {snap.step}{then}."
             )
         path = self._checkpoint(trainer, onset)
         if path is not None:
             data["restore"] = "checkpoint"
             return (
                 f"The weights are damaged ({damage}): the action rolls back to the last checkpoint ({path}, written "
-                f"before step {onset}), then applies the LR."
+                f"before step {onset}){then}."
             )
         data["restart"] = True
         why = f" ({h._snaps.off})" if h._snaps.off else ""

@@ -114,6 +114,22 @@ def test_a_nan_under_raise_is_reported_with_what_to_do():
     # step 1 (the LR did not change, so it is not what the advice changes)
     assert "lr" not in report.data and report.action == "restore the weights before step 1"
     assert "the loss of the last batch is nan" in report.advice
+    assert "applies the LR" not in report.advice  # the action sets no LR: the advice must not say it does
+
+
+def test_nan_inputs_under_raise_are_named_as_the_cause():
+    """Some training items hold NaN: the fit raises a few steps later, when every batch's loss is NaN (the
+    weights took the bad step). The report names the data, not the LR."""
+    x, y = make_classification(n=320)
+    x[100:110, 3] = float("nan")
+    model = mlp()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "adamw", lr=1e-3, callbacks=[Health()], progress=False)
+    with pytest.raises(Exception, match="non-finite"):
+        trainer.fit(make_loader(x, y, batch_size=32, shuffle=True), epochs=2)
+    (report,) = _reports(trainer.history)
+    assert report.kind == "nonfinite" and report.data["where"] == "input"
+    assert "The likely cause is the data" in report.advice and "NaN" in report.advice
+    assert "lr" not in report.data and "the LR" not in report.advice
 
 
 def test_the_first_module_whose_inputs_turn_nonfinite_is_told_apart():
