@@ -276,7 +276,8 @@ def _nonfinite_data(kept: Any, loop: Any) -> str | None:
     dataset = getattr(getattr(loop, "train_loader", None), "dataset", None)
     indices = None
     if isinstance(dataset, torch.utils.data.Subset):
-        dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices))
+        indices = torch.as_tensor(list(dataset.indices))
+        dataset = dataset.dataset
     if not isinstance(dataset, torch.utils.data.TensorDataset):
         return None
     for k, t in enumerate(dataset.tensors):
@@ -286,6 +287,7 @@ def _nonfinite_data(kept: Any, loop: Any) -> str | None:
         bad = ~torch.isfinite(rows.reshape(len(rows), -1)).all(1)
         if bool(bad.any()):
             first = int(bad.nonzero()[0])
+            first = int(indices[first]) if indices is not None else first  # the dataset's index, as the user has it
             what = "inputs" if k < len(dataset.tensors) - 1 else "targets"
             return f"{int(bad.sum())} training items have NaN / inf {what} (the first: item {first})"
     return None
