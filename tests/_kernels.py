@@ -31,7 +31,7 @@ def kernel_manager(kernel_name: str = "python3", **kw: Any) -> Any:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    km.shutdown_kernel = shutdown_and_clean
+    km.shutdown_kernel = shutdown_and_clean  # type: ignore[method-assign]  # the folder goes with the kernel
     return km
 
 
