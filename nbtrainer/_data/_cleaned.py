@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._batch import _DEFAULT_TARGET_KEYS
+
 if TYPE_CHECKING:
     from nbtrainer._data._batch import BatchSpec
 
 __all__ = ["CleanedDataset", "DataEdits", "cleaned", "data_changes", "label_field", "target_position"]
-
-_TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
 
 def _index(value: Any, what: str) -> int:
@@ -172,11 +172,14 @@ def label_field(sample: Any, spec: BatchSpec | None = None, *, custom: bool = Fa
         k = spec.num_inputs if spec is not None and spec.num_inputs is not None else n - 1
         return k if n - k == 1 else None  # the targets are what follows the inputs: one field, or a tuple of them
     if isinstance(sample, Mapping):
-        keys = spec.target_keys if spec is not None else None
-        if keys is not None:
-            named = [keys] if isinstance(keys, str) else list(keys)
-            return named[0] if len(named) == 1 and named[0] in sample else None
-        return next((k for k in _TARGET_KEYS if k in sample), None)
+        if spec is not None and spec.target_keys is not None:
+            try:  # the keys the fit reads as its targets: one names the label, several cannot be told apart
+                named = spec.target_keys_of(sample)
+            except KeyError:
+                return None
+            return named[0] if len(named) == 1 else None
+        # by key alone (an ArrayDataset's key names, without values): the first default target key present
+        return next((k for k in _DEFAULT_TARGET_KEYS if k in sample), None)
     return None
 
 
@@ -194,7 +197,8 @@ def _with_target(sample: Any, label: int, where: int | str | None) -> Any:
     if where is None:
         raise TypeError(
             f"Cannot relabel an item of type {type(sample).__name__}: relabeling needs items (inputs..., target) or "
-            f"dicts with one of the keys {list(_TARGET_KEYS)}, or cleaned(..., target=) naming the label's place."
+            f"dicts with one of the keys {list(_DEFAULT_TARGET_KEYS)}, or cleaned(..., target=) naming the label's "
+            "place."
         )
     old = sample[where]
     new: Any
