@@ -163,6 +163,7 @@ class PanelActions:
         if not self._lr_find_lock.acquire(blocking=False):
             raise RuntimeError("The LR finder is already running.")
         try:
+            self._lr_find_stop.clear()  # a Stop of an earlier sweep; one pressed from here on (settle too) counts
             self.settle()
             t = self.host.trainer
             # Optimizer steps already taken on these weights: a range test on a trained model describes that
@@ -171,7 +172,7 @@ class PanelActions:
             warning = _trained_warning(t.global_step) if trained else None  # the sweep restores global_step
             if warning:
                 self.host.notify("warning", warning)
-            if self.closed:  # closed while it waited for the data check: no sweep
+            if self.closed:  # closed while it waited for the data check (close() sets the event after this flag)
                 return None
             result = t.lr_find(self.host.train_loader, stop=self._lr_find_stop, **kwargs)
         finally:
@@ -218,6 +219,8 @@ class PanelActions:
         )
         for widget in locked:
             widget.disabled = True
+        if name == "lrfind":
+            v.stop.disabled = False  # Stop ends the sweep (stop_lr_find)
         if name in _EXCLUSIVE:
             self.host.notify("info", _EXCLUSIVE[name])
 
@@ -236,11 +239,21 @@ class PanelActions:
                 if name == "lrfind":
                     v.save.disabled = "save" in self.busy
                     v.lr.disabled = v.lr_exact.disabled = False
+                    v.stop.disabled = not self.host.running
 
         # Profile and the LR finder train (and Profile times steps): their thread must not be throttled by the
         # kernel thread's idle OpenMP pool (nbtrainer.start_training_thread gives it back first; issue 49).
         stop = self._lr_find_stop.set if name == "lrfind" else None  # at interpreter exit, ends the sweep first
         self.threads[name] = start_training_thread(target, name=f"nbtrainer-{name}", stop=stop)
+
+    def stop_lr_find(self) -> bool:
+        """Stop pressed while the LR finder sweeps: it ends at its next step, the model and optimizer put back, and
+        its curve so far is shown. False when no sweep is running."""
+        if not self.lr_find_running:
+            return False
+        self._lr_find_stop.set()
+        self.host.notify("info", "LR finder: stopping at its next step (the model and optimizer are put back)")
+        return True
 
     def close(self) -> None:
         """Stop the LR finder's sweep (at its next step; the model and optimizer are put back) and wait for every

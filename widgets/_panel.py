@@ -247,11 +247,13 @@ class TrainerWidget:
             self.view.set_status("running", "resuming")
 
     def stop(self, reason: str = "Stop pressed in the panel") -> None:
-        """Stop at the next optimizer step (also when paused); ``wait()`` then returns the History."""
+        """Stop the run at its next optimizer step (also when paused), or the LR finder's sweep at its next step."""
         run = self._run
         if run is not None and run.alive:
             run.stop(reason)
             self.view.set_status("stopping", reason)
+        else:
+            self._actions.stop_lr_find()  # the button is the sweep's while it runs (nothing when none runs)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the run ends; return its History, or re-raise the error that ended it."""
@@ -309,11 +311,9 @@ class TrainerWidget:
         return self._actions.profile(**kwargs)
 
     def lr_find(self, **kwargs: Any) -> Any:
-        """The LR range test (``Trainer.lr_find``, its ``kwargs``) on the train loader; returns its result.
-
-        The curve is shown below the charts (``self.lr_finder``): click a point, or a "use ..." button, to set the
-        LR control there. Between runs only; the model and optimizer are restored after the sweep.
-        """
+        """The LR range test (``Trainer.lr_find``, its ``kwargs``) on the train loader, between runs; returns its
+        result. The curve is shown below the charts (``self.lr_finder``): click a point or a "use ..." button to set
+        the LR control there. The model and optimizer are put back after the sweep; Stop ends it early."""
         return self._actions.lr_find(**kwargs)
 
     @property

@@ -213,6 +213,33 @@ def test_closing_the_panel_stops_a_running_lr_finder_and_waits_for_its_thread() 
         w.lr_find(steps=5)
 
 
+def test_the_stop_button_ends_the_lr_finders_sweep_and_shows_its_curve_so_far() -> None:
+    """Before: Stop was off during the sweep (it stopped runs only), so a sweep started by mistake, or one on a
+    model whose steps take seconds, could only be waited out. Now Stop is on while the sweep runs and ends it at its
+    next step: the model put back, the curve so far shown, and the next sweep runs in full."""
+    w = make_widget(epochs=1)
+    before = state(w)
+    fast_loader = w.train_loader
+    w.train_loader = slow = SlowLoader(fast_loader, delay=0.05)  # 100 steps: 5 s of sweep unless stopped
+    v = w.view
+    assert v.stop.disabled  # nothing to stop yet
+    v.lrfind.click()
+    wait_for(lambda: "nbtrainer-lrfind" in slow.threads, 60, "the sweep's first batch")
+    assert not v.stop.disabled
+    v.stop.click()
+    wait_for(lambda: v.lrfinder_area.children and not v.lr.disabled, 60, "LR finder view")
+    result = w.lr_finder.result
+    assert result.stopped_early and result.stop_reason.startswith("stopped at step") and len(result.lrs) < 100
+    assert v.stop.disabled and not v.start.disabled and not v.lrfind.disabled
+    after = state(w)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # put back as after any sweep
+    assert [m for m in v.message_log if m[0] == "error"] == []
+    assert any("LR finder: stopping" in text for _, text in v.message_log)
+    w.train_loader = fast_loader
+    again = w.lr_find(steps=5)  # the Stop of the last sweep does not stop this one
+    assert len(again.lrs) == 5 and not again.stop_reason.startswith("stopped")
+
+
 def test_lr_find_stop_event_ends_the_sweep_at_the_next_step() -> None:
     """``Trainer.lr_find(stop=event)``: set from another thread, the sweep ends at its next step and restores."""
     w = make_widget(epochs=1)
