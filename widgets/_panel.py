@@ -106,9 +106,8 @@ class TrainerWidget:
         self._label = f"TrainerWidget '{self.name}'"
         self._run: Run | None = None
         self._pump: UiPump | None = None
-        self._paused_requested = False
+        self._paused_requested = self._closed = False
         self._refused: str | None = None  # why the last start() did not train (wait() says so)
-        self._closed = False
         self.ui_update_times: list[float] = []  # when the UI thread pushed (time.monotonic()), every run
 
         self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
@@ -290,11 +289,12 @@ class TrainerWidget:
         return self.wait()
 
     def close(self) -> None:
-        """Stop the run or the LR finder's sweep (waiting for their threads to end) and close the panel's widgets; the
-        panel cannot start again. Closing ``w.panel`` itself (or ``Widget.close_all()``) does the same."""
+        """Stop the run or the LR finder's sweep (waiting for their threads, and a plan's) and close the panel's
+        widgets; the panel cannot start again. Closing ``w.panel`` itself (or ``Widget.close_all()``) does the same."""
         if not self._closed:
             self._closed = True
             self._actions.close()  # the sweep stops at its next step, the model put back; Profile and Save end
+            self.plan_view.close()  # a plan being made is waited for, and not drawn
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.wait_check()
             close_widgets(self.panel)

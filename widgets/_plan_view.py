@@ -86,6 +86,7 @@ class PlanView:
         self.root = self.section.root
         self.plan: MemoryPlan | None = None
         self.thread: threading.Thread | None = None
+        self.closed = False  # the panel was closed: a plan that ends now is not drawn
         self.plan_button.on_click(lambda _: self.start())
 
     def start(self) -> None:
@@ -115,7 +116,14 @@ class PlanView:
             return
         finally:
             self.plan_button.disabled = False
-        self.show(plan)
+        if not self.closed:  # drawn after close(), its buttons would be widgets of a panel that is gone
+            self.show(plan)
+
+    def close(self) -> None:
+        """The panel is closing: wait for a plan being made (seconds: it runs on the meta device), draw nothing."""
+        self.closed = True
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
 
     def show(self, plan: MemoryPlan) -> None:
         """The plan's rows as buttons over stacked bars, against the budget line."""

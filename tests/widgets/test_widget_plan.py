@@ -3,6 +3,8 @@ memory savers, and Start trains with them."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import torch
@@ -140,3 +142,41 @@ def test_a_row_whose_micro_batch_cannot_be_applied_says_so() -> None:
     whole = next(r for r in plan.rows if r.grad_accum_steps == 1)
     _click(w, whole)
     assert w.view.accum.value == 1  # a row that does not split the batch sets accumulation back
+
+
+PLANNING = threading.Event()  # not an attribute: the planner copies the model
+
+
+class _Planned(torch.nn.Module):
+    """The test's MLP, its forward telling when the planner runs it (the plan simulates steps on fake tensors)
+    and taking 0.2 s more there, as a bigger model's planning takes seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name == "nbtrainer-plan":
+            PLANNING.set()
+            time.sleep(0.2)
+        return self.inner(x)
+
+
+def test_closing_the_panel_while_it_plans_waits_for_the_plan_and_draws_nothing() -> None:
+    """Before: ``w.close()`` returned while the plan's thread still ran; the plan then drew its rows (new widgets)
+    into the closed panel."""
+    model = _Planned()
+    PLANNING.clear()
+    x, y = make_classification(n=256, d=32, seed=0)
+    w = TrainerWidget(
+        model, torch.nn.CrossEntropyLoss(), "adamw", make_loader(x, y, 128), epochs=1, device="cpu", progress=False,
+        run_store=False,
+    )  # fmt: skip
+    pv = w.plan_view
+    pv.budget.value = 1.0
+    pv.plan_button.click()
+    assert PLANNING.wait(60), f"the plan never ran the model: {_messages(w, 'error')}"
+    w.close()
+    assert pv.thread is not None and not pv.thread.is_alive()  # waited for
+    assert pv.plan is None and pv.rows.children == ()
+    assert _messages(w, "error") == []
