@@ -119,10 +119,28 @@ class History:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.epochs)
 
-    def best(self, monitor: str = "val_loss", mode: str = "min") -> dict[str, Any] | None:
-        """The epoch row with the best finite ``monitor`` value (None if there is none)."""
+    def best(self, monitor: str = "val_loss", mode: str = "auto") -> dict[str, Any] | None:
+        """The epoch row with the best finite ``monitor`` value (None if no epoch has one yet).
+
+        ``mode="auto"`` maximizes accuracies, F1, AUROC and the like and minimizes losses and errors, the rule
+        ``EarlyStopping``, ``ModelCheckpoint`` and the report's bold use; ``"min"`` or ``"max"`` to say it. A
+        ``monitor`` no epoch logged is a ``KeyError`` naming the keys that were.
+
+        Example:
+            >>> h = History()
+            >>> for e, acc in ((1, 0.6), (2, 0.9), (3, 0.8)):
+            ...     h.add_epoch({"epoch": e, "val_acc": acc})
+            >>> h.best("val_acc")["epoch"]
+            2
+        """
+        from nbtrainer._report._html import higher_is_better
+
+        if mode == "auto":
+            mode = "max" if higher_is_better(monitor) else "min"
         if mode not in ("min", "max"):  # anything else once picked the maximum: mode="minimum" too
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}.")
+            raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
+        if self.epochs and monitor not in self.keys():  # a typo once returned None, and best[...] failed far away
+            raise KeyError(f"{monitor!r} was not logged in this history's {len(self.epochs)} epochs: {self.keys()}")
         rows = [r for r in self.epochs if isinstance(r.get(monitor), (int, float)) and math.isfinite(r[monitor])]
         if not rows:
             return None

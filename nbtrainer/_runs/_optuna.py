@@ -180,7 +180,8 @@ def tune(
         state = "failed"
         try:
             history = trainer.fit(train_loader, val_loader, epochs=epochs)
-            best = history.best(monitor, "min" if direction == "minimize" else "max")
+            logged = monitor in history.keys()  # not when stopped before its first validation
+            best = history.best(monitor, "min" if direction == "minimize" else "max") if logged else None
             if best is None and history.status == "stopped":
                 # stopped on request before its first value (the interpreter exiting, a Stop): no result, and
                 # nothing the user built wrong either

@@ -12,8 +12,9 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
-from nbtrainer import History, format_number
+from nbtrainer import EarlyStopping, History, Trainer, format_number
 from nbtrainer.plotting import classify_metrics, svg_chart, use_log_scale
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -210,7 +211,7 @@ def test_best_refuses_a_mode_it_does_not_know():
     for epoch, loss in ((1, 0.9), (2, 0.2), (3, 0.5)):
         h.add_epoch({"epoch": epoch, "val_loss": loss})
     assert h.best("val_loss")["epoch"] == 2 and h.best("val_loss", mode="max")["epoch"] == 1  # type: ignore[index]
-    with pytest.raises(ValueError, match="mode must be 'min' or 'max', got 'minimum'"):
+    with pytest.raises(ValueError, match="mode must be 'min', 'max' or 'auto', got 'minimum'"):
         h.best("val_loss", mode="minimum")  # once the maximum: anything but "min" was taken for "max"
 
 
@@ -241,3 +242,23 @@ def test_both_comparisons_are_one_table_type_and_draw_a_failed_row_alike():
         assert "colspan=" in page and "out of memory: use checkpointing" in page
         assert "out of memory: use checkpointing" in str(table) and "| broken | failed |" in table.to_markdown()
         assert table["broken"]["status"] == "failed"
+
+
+def test_best_without_a_mode_maximizes_an_accuracy_and_names_a_key_never_logged():
+    """Before: ``best("val_acc")`` minimized every key (the worst epoch, where EarlyStopping("val_acc") maximizes), and
+    a misspelt key returned None, so ``best(...)["val_acc"]`` failed far from the typo."""
+    torch.manual_seed(0)
+    x, y = torch.randn(96, 10), torch.randint(0, 3, (96,))
+    trainer = Trainer(
+        torch.nn.Linear(10, 3), torch.nn.CrossEntropyLoss(), "adamw", lr=1e-2, progress=False, seed=0,
+        metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
+    )  # fmt: skip
+    h = trainer.fit((x, y), val_data=(x, y), batch_size=16, epochs=4)
+    accs, losses = h["val_acc"], h["val_loss"]
+    assert len(set(accs)) > 1  # a best and a worst epoch to tell apart
+    assert h.best("val_acc")["val_acc"] == max(accs)  # type: ignore[index]
+    assert h.best("val_loss")["val_loss"] == min(losses)  # type: ignore[index]
+    assert h.best("val_acc") == h.best("val_acc", mode=EarlyStopping("val_acc").mode)
+    with pytest.raises(KeyError, match=r"'val_accuracy' was not logged in this history's 4 epochs.*'val_acc'"):
+        h.best("val_accuracy")
+    assert History().best("val_acc") is None  # nothing logged yet: no best, and no key to doubt
