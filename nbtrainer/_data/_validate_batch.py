@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -151,9 +152,16 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
     out_t = outputs if isinstance(outputs, torch.Tensor) else None
     tgt_t = targets if isinstance(targets, torch.Tensor) else None
     if "out of bounds" in text and out_t is not None:
+        width = out_t.shape[-1] if out_t.ndim else 1
+        if tgt_t is not None and not tgt_t.is_floating_point() and tgt_t.numel() and int(tgt_t.min()) < 0:
+            return (
+                f"A label is negative ({int(tgt_t.min())}): class labels run from 0 to {width - 1}. If it marks "
+                f"items to leave out of the loss, give the criterion that value: {name}(ignore_index="
+                f"{int(tgt_t.min())}) (nbtrainer pads with -100, the default)."
+            )
         return (
-            f"A label is >= the number of model outputs ({out_t.shape[-1] if out_t.ndim else 1}). Make the "
-            "last layer as wide as the number of classes, or make the labels 0-based."
+            f"A label is >= the number of model outputs ({width}). Make the last layer as wide as the number of "
+            "classes, or make the labels 0-based."
         )
     if isinstance(targets, tuple) and "tuple" in text:
         return (
@@ -257,7 +265,7 @@ def first_compute(
         raise _rewrap(
             exc,
             f"The model could not take the first {where} batch {_desc(batch)}: "
-            f"{type(exc).__name__}: {str(exc)[:400]}. {_model_hint(device, exc, args, kwargs, batch)}",
+            f"{type(exc).__name__}: {str(exc)[:400].rstrip('.')}. {_model_hint(device, exc, args, kwargs, batch)}",
         ) from exc
     check_criterion_shapes(criterion, outputs, targets)
     try:
@@ -269,9 +277,32 @@ def first_compute(
             exc,
             f"The criterion {type(criterion).__name__} failed on the first {where} batch "
             f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
-            f"{str(exc)[:300]}. {_criterion_hint(criterion, exc, outputs, targets)}",
+            f"{str(exc)[:300].rstrip('.')}. {_criterion_hint(criterion, exc, outputs, targets)}",
         ) from exc
     return loss, outputs, targets
+
+
+def explain_late_label(exc: BaseException, *, epoch: int, step: int) -> None:
+    """A label out of range in a batch after the first (the first batch's are explained before any step): append
+    what is wrong and how to find every such item before training to ``exc``'s message (the caller re-raises it).
+    Only the error path pays: the labels of each batch are not read (no host sync per step)."""
+    text = str(exc.args[0]) if exc.args and isinstance(exc.args[0], str) else ""
+    found = re.search(r"Target (-?\d+) is out of bounds", text)
+    if found is None or "on the first" in text:
+        return
+    label = int(found.group(1))
+    what = "negative (class labels start at 0; an item left out of the loss needs the criterion's ignore_index=)"
+    if label >= 0:
+        what = (
+            "not below the number of model outputs (make the last layer as wide as the number of classes, or the "
+            "labels 0-based)"
+        )
+    exc.args = (
+        f"{text.rstrip('.')}: a batch of epoch {epoch} (after optimizer step {step}) holds the label {label}, "
+        f"{what}. The first batch's labels were in range, so the check before the first step did not see it: "
+        "Trainer(check_data=True), or trainer.check_data(loader), finds every such item before training.",
+        *exc.args[1:],
+    )
 
 
 def onecycle_overflow(total_steps: int, *, epoch: int, batch: int, global_step: int) -> ValueError:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import safe_len
 from nbtrainer._data._predict_collect import no_cache
+from nbtrainer._data._validate_batch import explain_late_label
 from nbtrainer._events._progress import start_progress
 from nbtrainer._loop import _oom
 from nbtrainer._loop._fit_loop import FitLoop
@@ -183,6 +184,7 @@ class FitRun:
             trainer.history.stop_reason = f"{type(exc).__name__}: {exc}"
             self._optimizer().zero_grad(set_to_none=True)
             _oom.handle(trainer, exc, "fit")  # out of memory: free the step's tensors, advice in the message
+            explain_late_label(exc, epoch=loop.state.epoch + 1, step=trainer.global_step)
             try:
                 trainer.callbacks.call("on_exception", trainer=trainer, exception=exc)
             finally:
