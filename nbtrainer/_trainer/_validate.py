@@ -145,6 +145,12 @@ def check_args(
             f"{type(metrics).__name__}. Name each one, e.g. metrics={{'acc': torchmetrics.Accuracy("
             "task='multiclass', num_classes=10)}."
         )
+    for name, metric in metrics.items() if isinstance(metrics, Mapping) else ():
+        if isinstance(metric, type):  # called with (outputs, targets), a class builds a metric from them, or fails
+            raise TypeError(
+                f"metrics[{name!r}] is the class {metric.__name__}, not a metric. Pass an instance: "
+                f"{metric.__name__}(...) (torchmetrics: {metric.__name__}(task='multiclass', num_classes=...))."
+            )
     if callbacks is not None:
         if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes, Mapping)):
             raise TypeError(

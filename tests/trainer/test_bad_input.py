@@ -76,6 +76,8 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  67   ``scheduler_monitor=`` and no scheduler                       ValueError            Plateau / drop it
  68   ``target_keys=`` with tuple batches                           ValueError            drop it / yield dicts
  69   ``num_inputs=`` with dict batches                             ValueError            drop it / ``target_keys=``
+ 70   a negative class label (``-1`` for "unknown")                 IndexError (same)     0-based / ``ignore_index=-1``
+ 71   a metric given as a class (``torchmetrics.Accuracy``)         TypeError             ``Accuracy(...)``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -677,6 +679,24 @@ case(
 )(lambda e: e.trainer(num_inputs=1).fit([{"x": X[:16], "labels": Y[:16]}], epochs=1))
 
 
+def _negative_label(e):
+    y = Y[:16].clone()
+    y[3] = -1
+    return e.trainer().fit([(X[:16], y)], epochs=1)
+
+
+case(
+    "70-negative-label",
+    IndexError,
+    r"Target -1 is out of bounds\. A label is negative \(-1\)",  # one period: torch's, not a second
+    r"class labels run from 0 to 2",
+    r"CrossEntropyLoss\(ignore_index=-1\)",
+)(_negative_label)
+case("71-metric-class", TypeError, r"metrics\['acc'\] is the class Accuracy, not a metric", r"Accuracy\(\.\.\.\)")(
+    lambda e: e.trainer(metrics={"acc": pytest.importorskip("torchmetrics").Accuracy}).fit(_loader(), epochs=1)
+)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_is_caught_before_anything_happens(tmp_path, name):
     fn, exc, patterns = CASES[name]
@@ -826,3 +846,23 @@ def test_onecycle_overflow_on_a_loader_without_len_is_explained_before_the_extra
     assert "OneCycleLR was built for total_steps=3 and this fit has used them all" in message
     assert "has no len()" in message and "max_steps=3" in message and "Tried to step" not in message
     assert trainer.global_step == 3 and sched.last_epoch == 3 and trainer.status == "failed"
+
+
+def test_a_label_out_of_range_in_a_later_batch_is_explained_and_check_data_finds_it_first():
+    """Before: labels 1..C with many classes often leave C out of the first batch, which the first-batch check passes;
+    a later batch then died with torch's bare "Target 100 is out of bounds." after optimizer steps had run."""
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 20), torch.randint(0, 100, (256,)) + 1  # 1..100 for 100 classes
+    order = torch.cat([torch.nonzero(y < 100).flatten(), torch.nonzero(y == 100).flatten()])
+    x, y = x[order], y[order]  # the 100s at the end: the first batch is in range
+    trainer = Trainer(nn.Linear(20, 100), nn.CrossEntropyLoss(), "adamw", progress=False)
+    with pytest.raises(IndexError) as err:
+        trainer.fit((x, y), batch_size=32, shuffle=False, epochs=1)
+    assert trainer.global_step > 0  # steps ran: the message says so, and where
+    message = str(err.value)
+    assert re.search(rf"epoch 1 \(after optimizer step {trainer.global_step}\) holds the label 100", message), message
+    assert "number of model outputs" in message and "Trainer(check_data=True)" in message, message
+    checked = Trainer(nn.Linear(20, 100), nn.CrossEntropyLoss(), "adamw", progress=False, check_data=True)
+    with pytest.raises(ValueError, match="label") as refused:
+        checked.fit((x, y), batch_size=32, shuffle=False, epochs=1)
+    assert checked.global_step == 0, refused.value  # what the message advises finds it before the first step
