@@ -217,6 +217,22 @@ def check_criterion_shapes(criterion: Any, outputs: Any, targets: Any) -> None:
     )
 
 
+def check_log_probabilities(criterion: Any, outputs: Any) -> None:
+    """NLLLoss takes log-probabilities; on raw scores (the log_softmax forgotten) its loss falls below zero without
+    bound while the run looks healthy. Read once, on the first batch (one host sync, as the first batch's checks)."""
+    if not isinstance(criterion, torch.nn.NLLLoss) or not isinstance(outputs, torch.Tensor):
+        return
+    if not outputs.is_floating_point() or not outputs.numel():
+        return
+    top = float(outputs.detach().max())  # SYNC: first batch only
+    if top > 1e-3:  # a log-probability is <= 0 (log_softmax's rounding stays far below this)
+        raise ValueError(
+            f"NLLLoss takes log-probabilities (every value <= 0), but the model's outputs reach {top:.3g}: they look "
+            "like raw scores (logits), on which NLLLoss falls below zero without bound. Use nn.CrossEntropyLoss() on "
+            "the raw outputs (it applies log_softmax itself), or end the model with nn.LogSoftmax(dim=1)."
+        )
+
+
 def one_shot(loader: Any) -> bool:
     # Never call iter() to find out: a DataLoader's iter() draws its base seed from the RNG.
     return isinstance(loader, Iterator)
@@ -268,6 +284,7 @@ def first_compute(
             f"{type(exc).__name__}: {str(exc)[:400].rstrip('.')}. {_model_hint(device, exc, args, kwargs, batch)}",
         ) from exc
     check_criterion_shapes(criterion, outputs, targets)
+    check_log_probabilities(criterion, outputs)
     try:
         loss = loss_from_outputs(criterion, outputs, targets, batch=batch, spec=spec)
     except BaseException as exc:

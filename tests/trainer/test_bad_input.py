@@ -78,6 +78,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  69   ``num_inputs=`` with dict batches                             ValueError            drop it / ``target_keys=``
  70   a negative class label (``-1`` for "unknown")                 IndexError (same)     0-based / ``ignore_index=-1``
  71   a metric given as a class (``torchmetrics.Accuracy``)         TypeError             ``Accuracy(...)``
+ 72   ``NLLLoss`` on raw scores (``LogSoftmax`` forgotten)           ValueError            ``CrossEntropyLoss()``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -696,6 +697,15 @@ case("71-metric-class", TypeError, r"metrics\['acc'\] is the class Accuracy, not
     lambda e: e.trainer(metrics={"acc": pytest.importorskip("torchmetrics").Accuracy}).fit(_loader(), epochs=1)
 )
 
+case(
+    "72-nll-on-logits",
+    ValueError,
+    "NLLLoss takes log-probabilities",
+    "raw scores",
+    r"nn.CrossEntropyLoss\(\)",
+    r"nn.LogSoftmax\(dim=1\)",
+)(lambda e: e.trainer(criterion=nn.NLLLoss()).fit(_loader(), epochs=1))
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_is_caught_before_anything_happens(tmp_path, name):
@@ -866,3 +876,13 @@ def test_a_label_out_of_range_in_a_later_batch_is_explained_and_check_data_finds
     with pytest.raises(ValueError, match="label") as refused:
         checked.fit((x, y), batch_size=32, shuffle=False, epochs=1)
     assert checked.global_step == 0, refused.value  # what the message advises finds it before the first step
+
+
+def test_nll_loss_on_log_softmax_outputs_trains():
+    """The check on NLLLoss's inputs passes log-probabilities (every value <= 0) and the run trains."""
+    torch.manual_seed(0)
+    x = torch.randn(128, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 2), nn.LogSoftmax(dim=1))
+    h = Trainer(model, nn.NLLLoss(), "adamw", lr=1e-2, progress=False).fit((x, y), batch_size=32, epochs=3)
+    assert h.status == "finished" and 0 < h.epochs[-1]["loss"] < h.epochs[0]["loss"]
