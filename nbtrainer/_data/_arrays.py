@@ -60,6 +60,11 @@ def is_array_data(obj: Any) -> bool:
     return False
 
 
+def _rows(array: Any) -> int | None:
+    shape = getattr(array, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) > 0 else None
+
+
 def is_map_dataset(obj: Any) -> bool:
     """A map-style ``Dataset`` (``dataset[i]`` and ``len``): a DataLoader over it batches it, as arrays are batched."""
     return (
@@ -222,6 +227,7 @@ def as_loader(
     """
     dataset_given = is_map_dataset(data)
     if not dataset_given and not is_array_data(data):
+        _check_unbatched(data, name)
         return data
     # the example puts the arrays where the call takes its data (these take a model or a trainer first)
     before = "..., " if caller in ("TrainerWidget", "compare_strategies", "profile_training") else ""
@@ -253,6 +259,26 @@ def as_loader(
     )
 
 
+def _check_unbatched(loader: Any, name: str) -> None:
+    """``DataLoader(dataset, batch_size=None)`` turns batching off: it yields the items one by one, the mistake a
+    bare Dataset is refused for. Told apart from a dataset whose items are batches already by item 0's target
+    (read by index: iterating the loader would draw its seed from the RNG)."""
+    if not isinstance(loader, torch.utils.data.DataLoader) or loader.batch_size is not None:
+        return
+    dataset = loader.dataset
+    if loader.batch_sampler is not None or not is_map_dataset(dataset) or len(dataset) == 0:
+        return
+    item = dataset[0]
+    target = item[-1] if isinstance(item, (tuple, list)) and len(item) > 1 else None
+    if isinstance(target, (int, float)) or (isinstance(target, Tensor) and target.ndim == 0):
+        raise TypeError(
+            f"{name} is a DataLoader with batch_size=None, which yields the items one by one without a batch "
+            "dimension (item 0's target is a single number): each optimizer step would train on one item. Give it "
+            "a batch size: DataLoader(dataset, batch_size=32, shuffle=True). (batch_size=None is for datasets whose "
+            "items are batches already.)"
+        )
+
+
 def fit_loaders(
     data: Any,
     val_loader: Any,
@@ -282,6 +308,14 @@ def fit_loaders(
             f"shuffle={shuffle!r} applies to training arrays and datasets, but {caller}() got a "
             f"{type(data).__name__}. Set shuffle on the DataLoader itself (DataLoader(..., shuffle=True)), or pass "
             "arrays."
+        )
+    if val_data is None and _is_array(data) and _is_array(val_loader) and _rows(data) == _rows(val_loader):
+        # Keras' fit(x, y, batch_size=...): here the second argument is the validation data
+        raise TypeError(
+            f"{caller}(x, y) took y as the validation data ({caller}'s second argument is val_loader), leaving the "
+            f"training data without targets. Pass the training arrays together: {caller}((x, y), batch_size=32), "
+            "and validation arrays as val_data=(x_val, y_val). (If the second array really holds validation "
+            "inputs, pass it as val_data=.)"
         )
     train = as_loader(
         data, batch_size=batch_size, shuffle=shuffle, default_shuffle=True, name="train_loader", caller=caller

@@ -79,6 +79,8 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  70   a negative class label (``-1`` for "unknown")                 IndexError (same)     0-based / ``ignore_index=-1``
  71   a metric given as a class (``torchmetrics.Accuracy``)         TypeError             ``Accuracy(...)``
  72   ``NLLLoss`` on raw scores (``LogSoftmax`` forgotten)           ValueError            ``CrossEntropyLoss()``
+ 73   Keras' ``fit(x, y, batch_size=16)`` (y taken as validation)   TypeError             ``fit((x, y), batch_size=...)``
+ 74   ``DataLoader(dataset, batch_size=None)`` (items one by one)   TypeError             ``batch_size=32``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -100,6 +102,7 @@ import pytest
 import torch
 from conftest import LazyModule, accuracy, make_classification, make_loader
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer import CheckpointError, EarlyStopping, ModelCheckpoint, PrecisionError, Trainer
 
@@ -705,6 +708,13 @@ case(
     r"nn.CrossEntropyLoss\(\)",
     r"nn.LogSoftmax\(dim=1\)",
 )(lambda e: e.trainer(criterion=nn.NLLLoss()).fit(_loader(), epochs=1))
+
+case("73-keras-fit-x-y", TypeError, r"fit\(x, y\) took y as the validation data", r"fit\(\(x, y\), batch_size=32\)")(
+    lambda e: e.trainer().fit(X[:32], Y[:32], batch_size=16, epochs=1)
+)
+case("74-loader-batch-size-none", TypeError, "DataLoader with batch_size=None", r"DataLoader\(dataset, batch_size=32")(
+    lambda e: e.trainer().fit(DataLoader(TensorDataset(X[:32], Y[:32]), batch_size=None), epochs=1)
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
