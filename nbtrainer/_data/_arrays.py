@@ -265,7 +265,7 @@ def _check_unbatched(loader: Any, name: str) -> None:
     (read by index: iterating the loader would draw its seed from the RNG)."""
     if not isinstance(loader, torch.utils.data.DataLoader) or loader.batch_size is not None:
         return
-    dataset = loader.dataset
+    dataset: Any = loader.dataset  # map-style checked below: it has __len__
     if loader.batch_sampler is not None or not is_map_dataset(dataset) or len(dataset) == 0:
         return
     item = dataset[0]
