@@ -52,6 +52,7 @@ __all__ = [
     "collect",
     "concat_outputs",
     "dropped_names",
+    "eval_mode",
     "ignored_at_inference",
     "is_cache",
     "no_cache",
@@ -129,6 +130,20 @@ def ignored_at_inference(model: torch.nn.Module) -> frozenset[str]:
         if isinstance(keys, (list, tuple)):
             names.update(k for k in keys if isinstance(k, str))
     return frozenset(names)
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside; on exit each module's own training flag as it was on entry. Not
+    ``model.train(was_training)``: that sets every submodule to the top's flag, so a BatchNorm the user froze in
+    eval mode would come back training and move its running statistics in the next fit."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags:
+            module.training = training
 
 
 @contextlib.contextmanager
@@ -335,23 +350,18 @@ def collect(
     caches = "cache" in drop
     if caches:
         drop |= ignored_at_inference(model)
-    was_training = model.training
-    model.eval()
     target = torch.device("cpu") if to_cpu else None
     chunks: list[Any] = []
     sizes: list[int | None] = []
-    try:
-        # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
-        with torch.no_grad(), autocast, no_cache(model, caches):
-            for batch in loader:
-                batch = move_to_device(batch, device, non_blocking)
-                sizes.append(_rows(batch))
-                outputs = outputs_of(batch)
-                del batch  # the device batch goes before the next one arrives
-                chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
-                del outputs
-    finally:
-        model.train(was_training)
+    # no_grad, not inference_mode: the returned tensors stay usable in autograd and in-place ops.
+    with eval_mode(model), torch.no_grad(), autocast, no_cache(model, caches):
+        for batch in loader:
+            batch = move_to_device(batch, device, non_blocking)
+            sizes.append(_rows(batch))
+            outputs = outputs_of(batch)
+            del batch  # the device batch goes before the next one arrives
+            chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
+            del outputs
     if per_batch:
         return chunks
     return concat_outputs(chunks, pad_index, sizes)

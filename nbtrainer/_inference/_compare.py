@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, move_to_device
+from nbtrainer._data._predict_collect import eval_mode
 from nbtrainer._inference._inference_table import InferenceComparison
 from nbtrainer._inference._logits import logits_of
 from nbtrainer._inference._quantize_model import QUANT_METHODS, quantize_model
@@ -167,12 +168,8 @@ def compare_inference(
         raise ValueError("The loader yielded no batches: compare_inference needs at least one batch of data.")
     sizes = [_batch_size(b) for b in batches]
 
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return _compare(model, method_list, extra, batches, sizes, metric, baseline, rounds, device)
-    finally:
-        model.train(was_training)
 
 
 def _batch_size(batch: tuple[tuple, dict, Any]) -> int:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nbtrainer._data._predict_collect import eval_mode
+
 __all__ = ["kept_rng", "side_pass"]
 
 
@@ -60,12 +62,5 @@ def side_pass(
 ) -> Iterator[None]:
     """``model`` in eval mode under ``grad()`` (``torch.no_grad`` by default) and ``autocast``; the modules'
     training flags and the random generators restored on exit (see the module docstring)."""
-    flags = [(m, m.training) for m in model.modules()]
-    with kept_rng():
-        model.eval()
-        try:
-            with grad(), autocast:
-                yield
-        finally:
-            for module, training in flags:
-                module.training = training
+    with kept_rng(), eval_mode(model), grad(), autocast:
+        yield

@@ -21,7 +21,7 @@ import torch
 from nbtrainer._data import _validate_batch as _first
 from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
 from nbtrainer._data._loss import batch_loss, plain_pairs
-from nbtrainer._data._predict_collect import add_note, collect, no_cache
+from nbtrainer._data._predict_collect import add_note, collect, eval_mode, no_cache
 from nbtrainer._data._prefetch import DataPath
 from nbtrainer._data._step_result import check_step_result
 from nbtrainer._setup._precision import autocast
@@ -151,30 +151,28 @@ class BatchSteps:
                 gens.append((gen, gen.get_state()))
         rng = capture_rng()
         model = self._owner.model
-        was_training = model.training
-        model.eval()
         try:
-            it = iter(val_loader)
-            try:
-                batch = next(it)
-            except StopIteration:
-                raise ValueError(
-                    "val_loader yielded no batches: pass None to skip validation or fix the dataset."
-                ) from None
-            finally:
-                del it
-            batch = move_to_device(batch, self._owner.device)
-            fn = self.validation_step_fn
-            if fn is not None:  # manual optimization: validation_step's values, checked
-                with self.inference(), self.autocast(), _first.manual_step_errors("validation_step"):
-                    check_step_result(fn(model, batch), None, name="validation_step")
-                return
-            with self.inference(), self.autocast():
-                loss, outputs, targets = self._staged(batch, training=False)
-                _first.check_loss(loss, "validation", model=model)
-                _first.dry_metrics(self.val_metrics, outputs, targets, "validation")
+            with eval_mode(model):
+                it = iter(val_loader)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    raise ValueError(
+                        "val_loader yielded no batches: pass None to skip validation or fix the dataset."
+                    ) from None
+                finally:
+                    del it
+                batch = move_to_device(batch, self._owner.device)
+                fn = self.validation_step_fn
+                if fn is not None:  # manual optimization: validation_step's values, checked
+                    with self.inference(), self.autocast(), _first.manual_step_errors("validation_step"):
+                        check_step_result(fn(model, batch), None, name="validation_step")
+                    return
+                with self.inference(), self.autocast():
+                    loss, outputs, targets = self._staged(batch, training=False)
+                    _first.check_loss(loss, "validation", model=model)
+                    _first.dry_metrics(self.val_metrics, outputs, targets, "validation")
         finally:
-            model.train(was_training)
             restore_rng(rng)
             for gen, state in gens:
                 gen.set_state(state)
@@ -224,26 +222,21 @@ class BatchSteps:
         self.check_can_evaluate()
         owner = self._owner
         model, metrics, device = owner.model, self.val_metrics, owner.device
-        was_training = model.training
-        model.eval()
         metrics.reset()
         losses: list[torch.Tensor] = []
         sizes: list[int] = []
-        try:
-            with self.inference(), self.autocast(), no_cache(model):  # HF models build no cache
-                for batch in loader:
-                    batch = move_to_device(batch, device, owner.options.data.non_blocking)
-                    loss, outputs, targets = self.compute(batch, training=False)
-                    if loss is None:  # no targets: neither a loss nor metrics (fit checked its first batch)
-                        raise _first.no_loss("evaluation")
-                    losses.append(loss.detach().reshape(()).float())
-                    sizes.append(batch_size_of(targets, batch))
-                    if metrics:
-                        metrics.update(outputs, targets)
-            parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
-            host = torch.cat([p.reshape(-1).to(device) for p in parts]).tolist() if parts else []  # SYNC: once per eval
-        finally:
-            model.train(was_training)
+        with eval_mode(model), self.inference(), self.autocast(), no_cache(model):  # HF models build no cache
+            for batch in loader:
+                batch = move_to_device(batch, device, owner.options.data.non_blocking)
+                loss, outputs, targets = self.compute(batch, training=False)
+                if loss is None:  # no targets: neither a loss nor metrics (fit checked its first batch)
+                    raise _first.no_loss("evaluation")
+                losses.append(loss.detach().reshape(()).float())
+                sizes.append(batch_size_of(targets, batch))
+                if metrics:
+                    metrics.update(outputs, targets)
+        parts = ([torch.stack(losses)] if losses else []) + metrics.drain()
+        host = torch.cat([p.reshape(-1).to(device) for p in parts]).tolist() if parts else []  # SYNC: once per eval
         n = len(losses)
         values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
         metrics.absorb(values, sizes)
@@ -270,22 +263,17 @@ class BatchSteps:
         owner = self._owner
         model, device, fn = owner.model, owner.device, self.validation_step_fn
         assert fn is not None
-        was_training = model.training
-        model.eval()
         keys: list[str] | None = None
         rows: list[torch.Tensor] = []
         sizes: list[int] = []
-        try:
-            with self.inference(), self.autocast(), no_cache(model):
-                for batch in loader:
-                    batch = move_to_device(batch, device, owner.options.data.non_blocking)
-                    values = check_step_result(fn(model, batch), keys, name="validation_step")
-                    keys = list(values)
-                    rows.append(torch.stack([v.detach().reshape(()).float() for v in values.values()]))
-                    sizes.append(batch_size_of(None, batch))
-            host = torch.stack(rows).tolist() if rows else []  # SYNC: once per evaluation
-        finally:
-            model.train(was_training)
+        with eval_mode(model), self.inference(), self.autocast(), no_cache(model):
+            for batch in loader:
+                batch = move_to_device(batch, device, owner.options.data.non_blocking)
+                values = check_step_result(fn(model, batch), keys, name="validation_step")
+                keys = list(values)
+                rows.append(torch.stack([v.detach().reshape(()).float() for v in values.values()]))
+                sizes.append(batch_size_of(None, batch))
+        host = torch.stack(rows).tolist() if rows else []  # SYNC: once per evaluation
         if keys is None:
             return {}
         totals = [math.fsum(row[i] * n for row, n in zip(host, sizes, strict=True)) for i in range(len(keys))]

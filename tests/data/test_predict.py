@@ -402,3 +402,11 @@ def test_predict_on_batches_of_inputs_alone_names_num_inputs() -> None:
     assert "num_inputs=2" in "".join(getattr(caught.value, "__notes__", [])) + str(caught.value)
     out = Trainer(_TwoInputs(), None, progress=False, num_inputs=2).predict(batches)
     assert out.shape == (8, 3)
+
+
+def test_predict_leaves_a_submodule_frozen_in_eval_mode_in_eval_mode() -> None:
+    model = nn.Sequential(nn.Linear(10, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    model.train()
+    model[1].eval()  # a frozen BatchNorm: its running statistics must not move in the next fit
+    Trainer(model, None, progress=False).predict([X[:16]])
+    assert [m.training for m in model.modules()] == [True, True, False, True]

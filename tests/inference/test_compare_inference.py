@@ -140,6 +140,14 @@ def test_model_left_as_it_was(setup) -> None:
         teacher.eval()
 
 
+def test_a_submodule_frozen_in_eval_mode_stays_in_eval_mode() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3))
+    model.train()
+    model[1].eval()  # a frozen BatchNorm: its running statistics must not move in the next fit
+    compare_inference(model, [(torch.randn(8, 8), torch.randint(0, 3, (8,)))], methods=("fp32",), rounds=1)
+    assert [m.training for m in model.modules()] == [True, True, False, True]
+
+
 def test_custom_metric(setup) -> None:
     teacher, _, val = setup
 

@@ -52,3 +52,12 @@ def test_evaluate_is_the_batch_steps_evaluation_with_its_own_metrics():
     assert trainer.evaluate(loader, prefix="v_") == pytest.approx(direct)
     with steps.inference():
         assert torch.is_inference_mode_enabled()
+
+
+def test_evaluate_leaves_a_submodule_frozen_in_eval_mode_in_eval_mode():
+    x, y = make_classification(n=32)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    model.train()
+    model[1].eval()  # a frozen BatchNorm: its running statistics must not move in the next fit
+    Trainer(model, torch.nn.CrossEntropyLoss(), progress=False).evaluate([(x, y)])
+    assert [m.training for m in model.modules()] == [True, True, False, True]
