@@ -15,6 +15,7 @@ How it measures:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import logging
@@ -135,8 +136,8 @@ def compare_inference(
         loader: batches in the Trainer's batch protocol (``(x, y)``, dicts, Hugging Face batches...).
         methods: ``"fp32"`` (the model as it is), ``"bf16"`` (a bfloat16 copy, float32 in and out) and the
             :func:`quantize_model` methods.
-        models: more variants, name -> model, run as they are (a distilled student, its quantized copy...).
-            Their outputs must have the baseline's shape.
+        models: more variants, name -> model, run as they are (a distilled student, its quantized copy...) in eval
+            mode, each module's mode put back after. Their outputs must have the baseline's shape.
         metric: ``fn(logits, targets) -> scalar tensor`` (or ``{"name": fn}``), a batch mean weighted by batch
             size; ``None``: accuracy when the targets are class indices, else no metric.
         baseline: the variant the ratios and differences refer to.
@@ -168,7 +169,9 @@ def compare_inference(
         raise ValueError("The loader yielded no batches: compare_inference needs at least one batch of data.")
     sizes = [_batch_size(b) for b in batches]
 
-    with eval_mode(model):
+    with contextlib.ExitStack() as modes:  # the extra models too: they are the user's, used again after this
+        for module in (model, *extra.values()):
+            modes.enter_context(eval_mode(module))
         return _compare(model, method_list, extra, batches, sizes, metric, baseline, rounds, device)
 
 
@@ -197,7 +200,7 @@ def _compare(
         row: dict[str, Any] = {"name": name, "kind": "method" if name in method_list else "model", "status": "ok"}
         rows[name] = row
         try:
-            variant = _build(model, name) if name in method_list else extra[name].eval()
+            variant = _build(model, name) if name in method_list else extra[name]
         except Exception as exc:  # a method that cannot run here is a row, not an error
             log.debug("a method that cannot run here is a row of the table, not an error", exc_info=True)
             row.update(status="failed", reason=_reason(exc))

@@ -148,6 +148,18 @@ def test_a_submodule_frozen_in_eval_mode_stays_in_eval_mode() -> None:
     assert [m.training for m in model.modules()] == [True, True, False, True]
 
 
+def test_the_extra_models_are_left_in_their_modes() -> None:
+    teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).train()
+    student = nn.Sequential(nn.Linear(8, 3), nn.BatchNorm1d(3)).train()
+    frozen = nn.Sequential(nn.Linear(8, 3), nn.Dropout(0.2)).eval()
+    student[1].eval()
+    data = [(torch.randn(8, 8), torch.randint(0, 3, (8,)))]
+    compare_inference(teacher, data, methods=("fp32",), models={"student": student, "frozen": frozen}, rounds=1)
+    assert [m.training for m in student.modules()] == [True, True, False]
+    assert [m.training for m in frozen.modules()] == [False, False, False]
+    assert teacher.training
+
+
 def test_custom_metric(setup) -> None:
     teacher, _, val = setup
 
