@@ -24,6 +24,7 @@ __all__ = [
     "check_batch",
     "check_criterion_shapes",
     "check_loss",
+    "describe_batch",
     "dry_metrics",
     "first_compute",
     "manual_step_errors",
@@ -45,8 +46,8 @@ _ELEMENTWISE = (
 )
 
 
-def _desc(obj: Any, depth: int = 0) -> str:
-    """A short description of a (nested) batch: dtypes and shapes."""
+def describe_batch(obj: Any, depth: int = 0) -> str:
+    """A short description of a (nested) batch: dtypes and shapes, e.g. ``(float32[8, 64], int64[8])``."""
     if isinstance(obj, torch.Tensor):
         return f"{str(obj.dtype).replace('torch.', '')}{list(obj.shape)}" + (
             "" if obj.device.type == "cpu" else f"@{obj.device}"
@@ -55,10 +56,10 @@ def _desc(obj: Any, depth: int = 0) -> str:
         return type(obj).__name__
     mapping = as_mapping(obj)
     if mapping is not None:
-        inner = ", ".join(f"{k!r}: {_desc(v, depth + 1)}" for k, v in list(mapping.items())[:6])
+        inner = ", ".join(f"{k!r}: {describe_batch(v, depth + 1)}" for k, v in list(mapping.items())[:6])
         return ("{" if type(obj) is dict else f"{type(obj).__name__}{{") + inner + "}"
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        inner = ", ".join(_desc(v, depth + 1) for v in list(obj)[:6])
+        inner = ", ".join(describe_batch(v, depth + 1) for v in list(obj)[:6])
         return f"({inner})" if isinstance(obj, tuple) else f"[{inner}]"
     return type(obj).__name__
 
@@ -121,7 +122,7 @@ def _model_hint(device: torch.device, exc: BaseException, args: tuple, kwargs: d
         unnamed = _unnamed_targets_hint(args, kwargs, batch)
         if unnamed:
             return unnamed
-        how = f"{len(args)} positional input(s) {_desc(args)}" if args else f"keyword inputs {sorted(kwargs)}"
+        how = f"{len(args)} positional input(s) {describe_batch(args)}" if args else f"keyword inputs {sorted(kwargs)}"
         return (
             f"nbtrainer passed {how}. If the batch holds a different number of inputs, set num_inputs= "
             "(tuple batches: how many leading elements go to the model), yield ((x1, x2), y) to keep the "
@@ -165,7 +166,7 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
         )
     if isinstance(targets, tuple) and "tuple" in text:
         return (
-            f"The targets are a tuple {_desc(targets)}: several targets (target_keys= with several keys, in "
+            f"The targets are a tuple {describe_batch(targets)}: several targets (target_keys= with several keys, in "
             "that order; or the elements after num_inputs=) reach the criterion as one tuple. Unpack them in "
             "the criterion, e.g. def criterion(outputs, targets): y1, y2 = targets; ..."
         )
@@ -269,7 +270,7 @@ def first_compute(
             )
             raise _rewrap(
                 exc,
-                f"Computing the loss of the first {where} batch {_desc(batch)} failed: "
+                f"Computing the loss of the first {where} batch {describe_batch(batch)} failed: "
                 f"{type(exc).__name__}: {exc}. {hint}",
             ) from exc
     args, kwargs, targets = spec.split(batch)
@@ -280,7 +281,7 @@ def first_compute(
             raise
         raise _rewrap(
             exc,
-            f"The model could not take the first {where} batch {_desc(batch)}: "
+            f"The model could not take the first {where} batch {describe_batch(batch)}: "
             f"{type(exc).__name__}: {str(exc)[:400].rstrip('.')}. {_model_hint(device, exc, args, kwargs, batch)}",
         ) from exc
     check_criterion_shapes(criterion, outputs, targets)
@@ -293,7 +294,7 @@ def first_compute(
         raise _rewrap(
             exc,
             f"The criterion {type(criterion).__name__} failed on the first {where} batch "
-            f"with outputs {_desc(outputs)} and targets {_desc(targets)}: {type(exc).__name__}: "
+            f"with outputs {describe_batch(outputs)} and targets {describe_batch(targets)}: {type(exc).__name__}: "
             f"{str(exc)[:300].rstrip('.')}. {_criterion_hint(criterion, exc, outputs, targets)}",
         ) from exc
     return loss, outputs, targets
@@ -391,9 +392,9 @@ def dry_metrics(metrics: Any, outputs: Any, targets: Any, where: str) -> None:
         notes = " ".join(str(n) for n in getattr(exc, "__notes__", ()))
         return _rewrap(
             exc,
-            f"Metric {name!r}{what} on the first {where} batch (outputs {_desc(outputs)}, targets "
-            f"{_desc(targets)}): {type(exc).__name__}: {str(exc)[:300].rstrip('.')}.{' ' + notes if notes else ''} "
-            f"{fix}",
+            f"Metric {name!r}{what} on the first {where} batch (outputs {describe_batch(outputs)}, targets "
+            f"{describe_batch(targets)}): {type(exc).__name__}: {str(exc)[:300].rstrip('.')}."
+            f"{' ' + notes if notes else ''} {fix}",
         )
 
     for name, fn in metrics.callables:

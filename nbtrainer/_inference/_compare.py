@@ -29,6 +29,7 @@ from torch import nn
 
 from nbtrainer._data._batch import BatchSpec, move_to_device
 from nbtrainer._data._predict_collect import eval_mode
+from nbtrainer._data._validate_batch import describe_batch
 from nbtrainer._inference._inference_table import InferenceComparison
 from nbtrainer._inference._logits import logits_of
 from nbtrainer._inference._quantize_model import QUANT_METHODS, quantize_model
@@ -218,7 +219,9 @@ def _compare(
                 shapes[name] = tuple(logits_of(variant(*args, **kwargs), who=f"Variant {name!r}").shape)
             except Exception as exc:
                 if rows[name]["kind"] == "model":
-                    raise
+                    if isinstance(exc, torch.OutOfMemoryError):  # not a mistake in the model: its own advice applies
+                        raise
+                    raise _model_failed(name, exc, args, kwargs) from exc
                 rows[name].update(status="failed", reason=_reason(exc))
                 on_batch = on_batch or exc
                 del variants[name]
@@ -290,6 +293,18 @@ def _compare(
     )
     result.warnings.extend(_rank_warnings(result.rows))
     return result
+
+
+def _model_failed(name: str, exc: Exception, args: tuple, kwargs: dict) -> RuntimeError:
+    """An extra model that cannot take the batch the main model takes: a mistake in what was passed as
+    ``models=``, so an error (a method failing is a row instead) that says which model and on what inputs."""
+    inputs = " and ".join(describe_batch(part) for part in (args, kwargs) if part)
+    return RuntimeError(
+        f"compare_inference: models[{name!r}] could not take the loader's first batch (inputs {inputs}): "
+        f"{type(exc).__name__}: {str(exc)[:300]}. Each extra model is called on the same inputs as the model, split "
+        f"from the batch as the Trainer does: check that models[{name!r}] takes the same inputs as the model (its "
+        "input size and layout, its forward's arguments) and is on the same device."
+    )
 
 
 def _none_ran(rows: dict[str, dict[str, Any]], on_batch: Exception | None) -> RuntimeError:

@@ -180,6 +180,17 @@ def test_models_with_other_output_shapes_are_refused(setup) -> None:
         compare_inference(teacher, val[:1], methods=("fp32",), models={"five": other})
 
 
+def test_an_extra_model_that_cannot_take_the_batch_is_named_with_the_inputs() -> None:
+    teacher = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    data = [(torch.randn(8, 64), torch.randint(0, 10, (8,)))]
+    with pytest.raises(RuntimeError) as info:
+        compare_inference(teacher, data, methods=("fp32",), models={"student": nn.Linear(32, 10)}, rounds=1)
+    message = str(info.value)
+    assert "models['student'] could not take the loader's first batch" in message
+    assert "float32[8, 64]" in message and "mat1 and mat2 shapes cannot be multiplied" in message
+    assert "the same inputs as the model" in message
+
+
 def test_unknown_method_and_baseline() -> None:
     model, data = nn.Linear(32, 4), [(torch.randn(8, 32), torch.zeros(8, dtype=torch.long))]
     with pytest.raises(ValueError, match=r"Unknown method\(s\) \['int2'\]"):
