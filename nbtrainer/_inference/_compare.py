@@ -58,15 +58,46 @@ class _Bf16(nn.Module):
         return self.model(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
 
 
-def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return (logits.argmax(-1) == targets).float().mean()
+# A label that is not counted: CrossEntropyLoss's ignore_index and Hugging Face's padded labels (predict's pad_index).
+_IGNORED = -100
 
 
-def _resolve_metric(metric: Any, shape: tuple[int, ...], targets: Any) -> tuple[str | None, Callable | None]:
-    if metric is None:  # accuracy when the targets are class indices for these logits
-        if isinstance(targets, torch.Tensor) and not targets.is_floating_point() and tuple(targets.shape) == shape[:-1]:
-            return "acc", _accuracy
+class _Accuracy:
+    """The default metric: the share of the counted labels predicted right, over all the batches (a batch of
+    mostly padding weighs what its labels weigh). Labels of -100 are not counted; a single output is a logit."""
+
+    def __init__(self, single_logit: bool) -> None:
+        self.single_logit = single_logit
+
+    def counts(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+        if self.single_logit:
+            predicted = (logits[..., 0] > 0).long()
+            targets = targets.reshape(predicted.shape)  # [N] or [N, 1] labels for [N, 1] logits
+        else:
+            predicted = logits.argmax(-1)
+        counted = targets != _IGNORED
+        return float(((predicted == targets) & counted).sum()), float(counted.sum())
+
+
+def _default_metric(shape: tuple[int, ...], targets: Any) -> tuple[str | None, _Accuracy | None]:
+    """Accuracy when the first batch's targets are class indices for these outputs, or 0/1 labels for a single
+    output; else no metric (a single output with other targets is a regression: accuracy would mean nothing)."""
+    if not isinstance(targets, torch.Tensor) or not shape:
         return None, None
+    if shape[-1] == 1 and tuple(targets.shape) in (shape[:-1], shape):
+        labels = targets[targets != _IGNORED]
+        binary = labels.numel() > 0 and bool(((labels == 0) | (labels == 1)).all())
+        return ("acc", _Accuracy(single_logit=True)) if binary else (None, None)
+    if not targets.is_floating_point() and tuple(targets.shape) == shape[:-1]:
+        return "acc", _Accuracy(single_logit=False)
+    return None, None
+
+
+def _resolve_metric(
+    metric: Any, shape: tuple[int, ...], targets: Any
+) -> tuple[str | None, Callable | _Accuracy | None]:
+    if metric is None:
+        return _default_metric(shape, targets)
     if isinstance(metric, Mapping):
         if len(metric) != 1:
             raise ValueError(f"metric= takes one metric ({{'name': fn}}), got {len(metric)}: {list(metric)}.")
@@ -140,7 +171,11 @@ def compare_inference(
         models: more variants, name -> model, run as they are (a distilled student, its quantized copy...) in eval
             mode, each module's mode put back after. Their outputs must have the baseline's shape.
         metric: ``fn(logits, targets) -> scalar tensor`` (or ``{"name": fn}``), a batch mean weighted by batch
-            size; ``None``: accuracy when the targets are class indices, else no metric.
+            size; ``None``: accuracy (``"acc"``, the share of all the counted labels predicted right) when the
+            targets are class indices (the argmax of the last dimension; labels of -100, Hugging Face's padding
+            and ``CrossEntropyLoss``'s ignore_index, are not counted) or 0/1 labels for a single output, read as a
+            logit (class 1 when > 0, as ``BCEWithLogitsLoss`` trains it: a model that outputs probabilities needs
+            ``metric=``); else no metric (a single output with other targets, a regression).
         baseline: the variant the ratios and differences refer to.
         rounds: timed rounds over the batches (the variants take turns in each).
         max_batches: use only the first batches of ``loader`` (they are all kept in memory).
@@ -242,14 +277,18 @@ def _compare(
     for name in order:
         variant, row = variants[name], rows[name]
         logits_all = []
-        total, weighted = 0, 0.0
+        total, weighted = 0.0, 0.0
         with torch.inference_mode():
             for args, kwargs, targets in batches:
                 logits = logits_of(variant(*args, **kwargs)).float()
                 logits_all.append(logits)
                 if metric_fn is not None and targets is not None:
-                    weighted += float(metric_fn(logits, targets)) * _batch_size((args, kwargs, targets))
-                    total += _batch_size((args, kwargs, targets))
+                    if isinstance(metric_fn, _Accuracy):
+                        right, counted = metric_fn.counts(logits, targets)
+                    else:
+                        counted = _batch_size((args, kwargs, targets))
+                        right = float(metric_fn(logits, targets)) * counted
+                    weighted, total = weighted + right, total + counted
         row["metric"] = weighted / total if total else None
         if name == baseline:
             base_logits = logits_all

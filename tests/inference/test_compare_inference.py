@@ -170,6 +170,38 @@ def test_custom_metric(setup) -> None:
     assert table.metric == "top2" and table["fp32"]["metric"] > 0.9
 
 
+def test_default_accuracy_counts_only_labelled_tokens() -> None:
+    torch.manual_seed(0)
+    tagger = nn.Linear(6, 5)
+    xs, ys = torch.randn(2, 4, 7, 6), torch.randint(0, 5, (2, 4, 7))
+    ys[0, :, 2:] = -100  # padding, labelled -100 as Hugging Face and CrossEntropyLoss's ignore_index do
+    ys[1, :, 6:] = -100
+    table = compare_inference(tagger, list(zip(xs, ys, strict=True)), methods=("fp32",), rounds=1)
+    with torch.no_grad():
+        predicted = tagger(xs).argmax(-1)
+    labelled = ys != -100
+    assert table.metric == "acc"
+    assert table["fp32"]["metric"] == pytest.approx((predicted[labelled] == ys[labelled]).float().mean().item())
+
+
+def test_default_accuracy_of_a_single_logit_reads_it_as_class_1_when_positive() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(40, 4)
+    y = (x[:, 0] > 0).long()
+    head = nn.Linear(4, 1)
+    with torch.no_grad():
+        expected = ((head(x)[:, 0] > 0).long() == y).float().mean().item()
+    table = compare_inference(head, [(x, y)], methods=("fp32",), rounds=1)
+    assert table.metric == "acc" and table["fp32"]["metric"] == pytest.approx(expected)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[10.0, 0, 0, 0]]))
+        head.bias.zero_()
+    floats = compare_inference(head, [(x, y.float())], methods=("fp32",), rounds=1)  # BCEWithLogitsLoss's targets
+    assert floats.metric == "acc" and floats["fp32"]["metric"] == 1.0
+    counts = compare_inference(head, [(x, y * 3)], methods=("fp32",), rounds=1)  # not 0/1 labels: no accuracy
+    assert counts.metric is None and counts["fp32"]["metric"] is None
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
