@@ -332,6 +332,7 @@ def collect(
     loader: Iterable,
     *,
     model: torch.nn.Module,
+    check_first: Callable[[Any], None],
     outputs_of: Callable[[Any], Any],
     device: torch.device,
     non_blocking: bool,
@@ -343,7 +344,8 @@ def collect(
     to_cpu: bool,
 ) -> Any:
     """``Trainer.predict`` (see its docstring): each batch of ``loader`` on ``device``, its outputs by ``outputs_of``
-    (the Trainer's rule, ``BatchSteps.predict_outputs``) under ``no_grad`` and ``autocast``, collected."""
+    (the Trainer's rule, ``BatchSteps.predict_outputs``) under ``no_grad`` and ``autocast``, collected; the first
+    batch is handed to ``check_first`` before its outputs are made."""
     drop = dropped_names(keep)
     if isinstance(pad_index, bool) or not isinstance(pad_index, (int, float)):
         raise TypeError(f"pad_index must be a number (default -100), got {pad_index!r}.")
@@ -357,6 +359,8 @@ def collect(
     with eval_mode(model), torch.no_grad(), autocast, no_cache(model, caches):
         for batch in loader:
             batch = move_to_device(batch, device, non_blocking)
+            if not sizes:
+                check_first(batch)
             sizes.append(_rows(batch))
             outputs = outputs_of(batch)
             del batch  # the device batch goes before the next one arrives

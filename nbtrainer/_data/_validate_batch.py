@@ -249,14 +249,16 @@ def first_compute(
     compute: Callable[[Any], tuple[Any, Any, Any]],
     custom: bool,
     training: bool = True,
+    where: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """The first micro-batch's ``(loss, outputs, targets)``, computed in stages with clear errors.
 
     For the default batch handling this runs exactly what the loop runs (``model(*inputs)`` then
     ``criterion(outputs, targets)``), so the run is the same as without the checks. ``compute``: the Trainer's
     ``(loss, outputs, targets)`` of a batch, which ``custom`` (``compute_loss=``, a chunked loss) takes whole.
+    ``where``: the loader the messages name (default: ``train_loader``, or ``val_loader`` when not ``training``).
     """
-    where = "train_loader" if training else "val_loader"
+    where = where or ("train_loader" if training else "val_loader")
     check_batch(batch, where)
     spec.check_applies(batch, where)
     if custom or (not training and criterion is not None and spec.split(batch)[2] is None):

@@ -113,7 +113,7 @@ class BatchSteps:
             need_outputs=bool(self._run.train_metrics),
         )
 
-    def _staged(self, batch: Any, training: bool) -> tuple[Any, Any, Any]:
+    def _staged(self, batch: Any, training: bool, where: str | None = None) -> tuple[Any, Any, Any]:
         owner = self._owner
         custom = self.custom_loss or (training and self.chunked_loss is not None)
         return _first.first_compute(
@@ -125,6 +125,7 @@ class BatchSteps:
             compute=lambda b: self.compute(b, training=training),
             custom=custom,
             training=training,
+            where=where,
         )
 
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
@@ -134,6 +135,14 @@ class BatchSteps:
         if metrics:
             with torch.no_grad():
                 _first.dry_metrics(metrics, outputs, targets, "training")
+        return loss, outputs, targets
+
+    def _first_evaluation(self, batch: Any, stage: str, where: str) -> tuple[Any, Any, Any]:
+        """The first batch of an evaluation: computed in stages with clear errors, its loss checked and the
+        validation metrics tried on copies (``stage``: "validation" or "evaluation"; ``where``: the loader named)."""
+        loss, outputs, targets = self._staged(batch, training=False, where=where)
+        _first.check_loss(loss, stage, model=self._owner.model)
+        _first.dry_metrics(self.val_metrics, outputs, targets, stage)
         return loss, outputs, targets
 
     def check_first_loss(self, loss: Any, outputs: Any, targets: Any) -> None:
@@ -169,9 +178,7 @@ class BatchSteps:
                         check_step_result(fn(model, batch), None, name="validation_step")
                     return
                 with self.inference(), self.autocast():
-                    loss, outputs, targets = self._staged(batch, training=False)
-                    _first.check_loss(loss, "validation", model=model)
-                    _first.dry_metrics(self.val_metrics, outputs, targets, "validation")
+                    self._first_evaluation(batch, "validation", "val_loader")
         finally:
             restore_rng(rng)
             for gen, state in gens:
@@ -203,7 +210,7 @@ class BatchSteps:
         state on them)."""
         callbacks = self._owner.callbacks
         callbacks.call("on_validation_start", trainer=self._owner)
-        logs = self.evaluate(self.batches(loader), prefix=prefix)
+        logs = self.evaluate(self.batches(loader), prefix=prefix, standalone=True)
         callbacks.call("on_validation_end", trainer=self._owner, logs=logs)
         return logs
 
@@ -215,8 +222,10 @@ class BatchSteps:
                 "-> {'loss': ..., ...}: give it to the Trainer (its values are logged with the prefix val_)."
             )
 
-    def evaluate(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
-        """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed."""
+    def evaluate(self, loader: Iterable, *, prefix: str, standalone: bool = False) -> dict[str, float]:
+        """Loss and metrics over ``loader``'s batches (sample-weighted, reduced across ranks), keys prefixed.
+        ``standalone``: ``Trainer.evaluate``'s pass, whose first batch is computed through the staged checks that a
+        fit runs on its val_loader before training (a fit's validation passes were checked so, and skip them)."""
         if self.validation_step_fn is not None:
             return self._evaluate_steps(loader, prefix=prefix)
         self.check_can_evaluate()
@@ -226,9 +235,14 @@ class BatchSteps:
         losses: list[torch.Tensor] = []
         sizes: list[int] = []
         with eval_mode(model), self.inference(), self.autocast(), no_cache(model):  # HF models build no cache
+            check = standalone
             for batch in loader:
                 batch = move_to_device(batch, device, owner.options.data.non_blocking)
-                loss, outputs, targets = self.compute(batch, training=False)
+                if check:  # the checked computation is the batch's own: no second forward pass
+                    loss, outputs, targets = self._first_evaluation(batch, "evaluation", "evaluate() loader")
+                    check = False
+                else:
+                    loss, outputs, targets = self.compute(batch, training=False)
                 if loss is None:  # no targets: neither a loss nor metrics (fit checked its first batch)
                     raise _first.no_loss("evaluation")
                 losses.append(loss.detach().reshape(()).float())
@@ -301,6 +315,7 @@ class BatchSteps:
         return collect(
             loader,
             model=owner.model,
+            check_first=self._check_predict_batch,
             outputs_of=self.predict_outputs,
             device=owner.device,
             non_blocking=owner.options.data.non_blocking,
@@ -311,6 +326,13 @@ class BatchSteps:
             keep=keep,
             to_cpu=to_cpu,
         )
+
+    def _check_predict_batch(self, batch: Any) -> None:
+        """predict's first batch: ``num_inputs=`` / ``target_keys=`` refused where its batches never read them, as a
+        fit refuses them (a ``predict_step`` of the user's own splits the batch itself, and is left to it)."""
+        owner = self._owner
+        if self.predict_step_fn is None and not overridden(owner, "predict_step"):
+            owner.batch_spec.check_applies(batch, "predict() loader")
 
     def predict_outputs(self, batch: Any) -> Any:
         """One batch's outputs for ``predict``, by the rule of ``nbtrainer._data._predict_collect``'s docstring."""

@@ -410,3 +410,20 @@ def test_predict_leaves_a_submodule_frozen_in_eval_mode_in_eval_mode() -> None:
     model[1].eval()  # a frozen BatchNorm: its running statistics must not move in the next fit
     Trainer(model, None, progress=False).predict([X[:16]])
     assert [m.training for m in model.modules()] == [True, True, False, True]
+
+
+def test_predict_refuses_batch_options_that_do_not_apply_to_its_batches() -> None:
+    tuples = Trainer(mlp(), None, progress=False, target_keys="label")
+    with pytest.raises(ValueError, match=r"target_keys='label' names entries of dict .*first predict\(\) loader batch"):
+        tuples.predict([(X[:16], Y[:16])])
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(10, 3)
+
+        def forward(self, feats: torch.Tensor) -> torch.Tensor:
+            return self.layer(feats)
+
+    with pytest.raises(ValueError, match=r"num_inputs=1 counts the leading elements .* Drop num_inputs="):
+        Trainer(Named(), None, progress=False, num_inputs=1).predict(_feature_batches())

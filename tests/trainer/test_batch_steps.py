@@ -61,3 +61,64 @@ def test_evaluate_leaves_a_submodule_frozen_in_eval_mode_in_eval_mode():
     model[1].eval()  # a frozen BatchNorm: its running statistics must not move in the next fit
     Trainer(model, torch.nn.CrossEntropyLoss(), progress=False).evaluate([(x, y)])
     assert [m.training for m in model.modules()] == [True, True, False, True]
+
+
+# -- a standalone evaluate() checks its first batch as fit checks its val_loader -----------------------------------
+def _refused(trainer: Trainer, loader: Any, error: type[Exception], *patterns: str) -> None:
+    with pytest.raises(error) as info:
+        trainer.evaluate(loader)
+    for pattern in patterns:
+        assert pattern in str(info.value), str(info.value)
+
+
+def test_evaluate_refuses_outputs_and_targets_that_would_broadcast():
+    x, y = torch.randn(8, 5), torch.randn(8)
+    trainer = Trainer(torch.nn.Linear(5, 1), torch.nn.MSELoss(), progress=False)
+    _refused(trainer, [(x, y)], ValueError, "MSELoss got outputs of shape [8, 1] and targets of shape [8]", "y.view")
+
+
+def test_evaluate_refuses_batch_options_that_do_not_apply_to_its_batches():
+    x, y = make_classification(n=8, d=5)
+    tuples = Trainer(torch.nn.Linear(5, 3), torch.nn.CrossEntropyLoss(), progress=False, target_keys="label")
+    _refused(tuples, [(x, y)], ValueError, "target_keys='label' names entries of dict", "Drop target_keys=")
+
+    class Named(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(5, 3)
+
+        def forward(self, a: torch.Tensor) -> torch.Tensor:
+            return self.layer(a)
+
+    dicts = Trainer(Named(), torch.nn.CrossEntropyLoss(), progress=False, num_inputs=1)
+    _refused(dicts, [{"a": x, "labels": y}], ValueError, "num_inputs=1 counts the leading elements", "Drop num_inputs=")
+
+
+def test_evaluate_names_the_fix_when_the_criterion_or_a_metric_fails_on_the_first_batch():
+    x, y = make_classification(n=8)
+
+    class Logits(torch.nn.Module):  # a structured output, as Hugging Face models return
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(10, 3)
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"logits": self.layer(x)}
+
+    whole = Trainer(Logits(), torch.nn.CrossEntropyLoss(), progress=False)
+    _refused(whole, [(x, y)], TypeError, "criterion=lambda out, y: CrossEntropyLoss()(out.logits, y)")
+    int32 = Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False)
+    _refused(int32, [(x, y.int())], RuntimeError, "wants int64 class indices", "y.long()")
+    wrong = Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False, metrics={"acc": lambda out, t: out.argmax(-1)})
+    _refused(wrong, [(x, y)], ValueError, "Metric 'acc' returned a tensor of shape (8,)", ".mean()")
+
+
+def test_evaluate_checks_its_first_batch_without_running_the_model_twice():
+    x, y = make_classification(n=48)
+    model = mlp()
+    calls: list[int] = []
+    model.register_forward_hook(lambda module, args, out: calls.append(len(args[0])))
+    logs = Trainer(model, torch.nn.CrossEntropyLoss(), progress=False).evaluate(make_loader(x, y, batch_size=16))
+    assert calls == [16, 16, 16]
+    with torch.no_grad():
+        assert logs["val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(model(x), y).item(), rel=1e-5)
