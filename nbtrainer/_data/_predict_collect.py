@@ -366,6 +366,12 @@ def collect(
             del batch  # the device batch goes before the next one arrives
             chunks.append(prepare_outputs(outputs, drop=drop, keep_dtype=keep_dtype, device=target))
             del outputs
+    if not chunks:
+        raise ValueError(
+            "The predict() loader yielded no batches, so there is nothing to predict: pass at least one batch of "
+            "inputs. An iterator or generator already consumed yields none, as does a DataLoader with drop_last=True "
+            "over fewer samples than batch_size."
+        )
     if per_batch:
         return chunks
     return concat_outputs(chunks, pad_index, sizes)

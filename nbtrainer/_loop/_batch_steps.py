@@ -227,7 +227,7 @@ class BatchSteps:
         ``standalone``: ``Trainer.evaluate``'s pass, whose first batch is computed through the staged checks that a
         fit runs on its val_loader before training (a fit's validation passes were checked so, and skip them)."""
         if self.validation_step_fn is not None:
-            return self._evaluate_steps(loader, prefix=prefix)
+            return self._evaluate_steps(loader, prefix=prefix, standalone=standalone)
         self.check_can_evaluate()
         owner = self._owner
         model, metrics, device = owner.model, self.val_metrics, owner.device
@@ -255,14 +255,16 @@ class BatchSteps:
         values = {name: host[n + i * len(sizes) : n + (i + 1) * len(sizes)] for i, name in enumerate(metrics.pending)}
         metrics.absorb(values, sizes)
         reduced = owner.strategy.reduce_sums(
-            [float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
+            [float(n), float(sum(sizes)), math.fsum(v * b for v, b in zip(host[:n], sizes, strict=True))]
             + [metrics.sums[k] for k in metrics.sums]
         )
-        count = reduced[0] or 1.0
+        if standalone and not reduced[0]:  # counted on every rank: one rank refusing alone would leave the rest waiting
+            raise _no_batches()
+        count = reduced[1] or 1.0
         out: dict[str, float] = {}
         if n:
-            out[f"{prefix}loss"] = reduced[1] / count
-        for name, total in zip(metrics.sums, reduced[2:], strict=True):
+            out[f"{prefix}loss"] = reduced[2] / count
+        for name, total in zip(metrics.sums, reduced[3:], strict=True):
             out[f"{prefix}{name}"] = total / count
         for k, v in metrics.compute(int(count)).items():
             if k not in metrics.sums:
@@ -270,7 +272,7 @@ class BatchSteps:
         metrics.reset()
         return out
 
-    def _evaluate_steps(self, loader: Iterable, *, prefix: str) -> dict[str, float]:
+    def _evaluate_steps(self, loader: Iterable, *, prefix: str, standalone: bool) -> dict[str, float]:
         """``validation_step``'s values over ``loader`` (sample-weighted means, one read, reduced across ranks)."""
         from nbtrainer._data._step_result import check_step_result
 
@@ -289,6 +291,8 @@ class BatchSteps:
                 sizes.append(batch_size_of(None, batch))
         host = torch.stack(rows).tolist() if rows else []  # SYNC: once per evaluation
         if keys is None:
+            if standalone:
+                raise _no_batches()
             return {}
         totals = [math.fsum(row[i] * n for row, n in zip(host, sizes, strict=True)) for i in range(len(keys))]
         reduced = owner.strategy.reduce_sums([float(sum(sizes)), *totals])
@@ -378,3 +382,12 @@ class BatchSteps:
                     f"num_inputs={n}).",
                 )
             raise
+
+
+def _no_batches() -> ValueError:
+    """``evaluate()`` on a loader without ``len()`` that yields nothing (one with ``len() == 0`` is refused before)."""
+    return ValueError(
+        "The evaluate() loader yielded no batches, so there is no loss or metric to report: pass at least one batch "
+        "of inputs with their targets. An iterator or generator already consumed yields none, as does a DataLoader "
+        "with drop_last=True over fewer samples than batch_size."
+    )

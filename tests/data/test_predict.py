@@ -427,3 +427,15 @@ def test_predict_refuses_batch_options_that_do_not_apply_to_its_batches() -> Non
 
     with pytest.raises(ValueError, match=r"num_inputs=1 counts the leading elements .* Drop num_inputs="):
         Trainer(Named(), None, progress=False, num_inputs=1).predict(_feature_batches())
+
+
+@pytest.mark.parametrize("empty", ["list", "DataLoader", "generator"])
+def test_predict_refuses_a_loader_that_yields_no_batches(empty: str) -> None:
+    nothing: list[torch.Tensor] = []
+    loaders = {
+        "list": nothing,
+        "DataLoader": make_loader(X[:3], Y[:3], batch_size=4, drop_last=True),
+        "generator": (b for b in nothing),
+    }
+    with pytest.raises(ValueError, match=r"predict\(\) loader yielded no batches.*drop_last=True"):
+        Trainer(mlp(), None, progress=False).predict(loaders[empty])

@@ -122,3 +122,23 @@ def test_evaluate_checks_its_first_batch_without_running_the_model_twice():
     assert calls == [16, 16, 16]
     with torch.no_grad():
         assert logs["val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(model(x), y).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("empty", ["iterator", "generator", "validation_step"])
+def test_evaluate_refuses_a_loader_without_len_that_yields_no_batches(empty: str) -> None:
+    acc = {"acc": lambda out, t: (out.argmax(-1) == t).float().mean()}
+    model = mlp()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), progress=False, metrics=acc)
+    if empty == "validation_step":  # manual optimization: evaluate() logs validation_step's values
+        trainer = Trainer(
+            model,
+            None,
+            {"main": torch.optim.SGD(model.parameters(), lr=0.1)},
+            training_step=lambda step, batch: {"loss": model(batch[0]).sum()},
+            validation_step=lambda model, batch: {"loss": model(batch[0]).sum()},
+            progress=False,
+        )
+    nothing: list[Any] = []
+    loader = iter(nothing) if empty == "iterator" else (b for b in nothing)
+    with pytest.raises(ValueError, match=r"evaluate\(\) loader yielded no batches.*already consumed"):
+        trainer.evaluate(loader)
