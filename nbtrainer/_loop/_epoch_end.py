@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrainer._loop._control import step_epoch_scheduler
 from nbtrainer._loop._host import scheduler_per_step
+from nbtrainer._loop._metrics import VAL_PREFIX
 
 if TYPE_CHECKING:
     from nbtrainer._data._order import ShuffleOrder
@@ -40,6 +41,7 @@ def end_epoch(
     loss = reduced[1] / reduced[2] if reduced[2] else math.nan
     # the LR the epoch's last step used: a per-step scheduler has already moved progress.lr on to the next epoch's
     lr = progress.step_lrs[0] if progress.step_lrs else progress.lr
+    # the keys written here besides the metrics' are _metrics.LOOP_KEYS, which no metric may take
     logs: dict[str, Any] = {"epoch": epoch_no, "lr": lr, "loss": loss}
     for name, total in zip(metrics.sums, reduced[3:], strict=True):
         logs[name] = total / count
@@ -47,7 +49,7 @@ def end_epoch(
     if val_data is not None and epoch_no % t.options.run.val_every_n_epochs == 0:
         cb.call("on_validation_start", trainer=t)
         progress.stage = "val"
-        val_logs = t.batch_steps.evaluate(val_data, prefix="val_")
+        val_logs = t.batch_steps.evaluate(val_data, prefix=VAL_PREFIX)
         cb.call("on_validation_end", trainer=t, logs=val_logs)
         logs.update(val_logs)
     logs["time"] = epoch_time

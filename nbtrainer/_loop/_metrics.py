@@ -25,7 +25,22 @@ import torch
 
 from nbtrainer._data._batch import as_mapping, iter_tensors
 
-__all__ = ["MetricSet", "collection_names", "exact_add", "is_collection", "is_torchmetric", "metric_input"]
+__all__ = [
+    "LOOP_KEYS",
+    "VAL_PREFIX",
+    "MetricSet",
+    "check_log_names",
+    "collection_names",
+    "exact_add",
+    "is_collection",
+    "is_torchmetric",
+    "metric_input",
+]
+
+#: The keys the loop writes in every epoch row besides the metrics' (``nbtrainer._loop._epoch_end.end_epoch``), and the
+#: prefix of validation's keys (its loss and each metric's value): a metric may not take one (:func:`check_log_names`).
+LOOP_KEYS = ("epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps")
+VAL_PREFIX = "val_"
 
 
 def exact_add(parts: list[float], values: Any) -> float:
@@ -138,6 +153,7 @@ class MetricSet:
         self._parts: dict[str, list[float]] = {n: [] for n, _ in self.callables}  # exact sums (see exact_add)
         self._unwrap: dict[str, bool] = {}  # name -> gets metric_input(outputs), decided on its first outputs
         self.values: list[str] = []  # names of values given by add_values (a manual training_step's)
+        check_log_names(self.names)
 
     def clone(self, device: torch.device) -> MetricSet:
         """An independent copy for another stage (validation keeps its own torchmetrics state)."""
@@ -297,6 +313,26 @@ class MetricSet:
         for name, metric in self.torchmetrics:
             if name in tm_states:
                 _load_tm_state(metric, tm_states[name], device)
+
+
+def check_log_names(names: list[str]) -> None:
+    """Refuse metric names whose values would land on a key already written in the epoch row: a key the loop writes
+    itself (``loss``, ``lr``, ``epoch``...: :data:`LOOP_KEYS`), the validation loss, another metric's name or its
+    validation key (``val_acc`` beside ``acc``), or the same name twice (two collections with a key in common).
+    The row is one dict: the later value would silently replace the earlier one, and what ``EarlyStopping`` or
+    ``ModelCheckpoint`` watches with it."""
+    written = {key: f"the trainer's own {key!r}" for key in LOOP_KEYS}
+    written[f"{VAL_PREFIX}loss"] = "the validation loss"
+    for name in names:
+        val_key = f"{VAL_PREFIX}{name}"
+        for key, what in ((name, f"metric {name!r}"), (val_key, f"the validation value of metric {name!r}")):
+            if key in written:
+                raise ValueError(
+                    f"{what[0].upper()}{what[1:]} would be logged as {key!r}, which is already {written[key]}: one "
+                    "would overwrite the other in the epoch logs. Rename the metric, e.g. "
+                    f"metrics={{'my_{name}': ...}} (a MetricCollection: its prefix= or postfix=)."
+                )
+            written[key] = what
 
 
 def _has_logits(outputs: Any) -> bool:

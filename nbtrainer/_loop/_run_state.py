@@ -108,12 +108,12 @@ class RunState:
 
     def expected_log_keys(self, metric_spec: Any) -> set[str]:
         """The keys a fit's epoch rows will have (``Trainer.expected_log_keys``), given the metrics as specified."""
-        from nbtrainer._loop._metrics import collection_names
+        from nbtrainer._loop._metrics import LOOP_KEYS, VAL_PREFIX, collection_names
 
         names = set(self.train_metrics.names) | collection_names(metric_spec)
-        keys = {"epoch", "lr", "loss", "time", "samples_per_s", "steps", "skipped_steps"} | names
+        keys = set(LOOP_KEYS) | names
         if self.has_validation:
-            keys |= {"val_loss"} | {f"val_{n}" for n in names}
+            keys |= {f"{VAL_PREFIX}{n}" for n in ("loss", *names)}
         return keys
 
     def start_fresh(self) -> None:

@@ -161,3 +161,42 @@ def test_a_metric_failing_on_the_outputs_and_on_their_tensor_names_both_errors()
     ):
         trainer.fit(make_loader(x, y), epochs=1)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def _metric_trainer(metrics):
+    model = mlp()
+    return Trainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), metrics=metrics, progress=False
+    )
+
+
+def test_a_metric_named_like_a_key_the_trainer_logs_is_refused_at_construction():
+    # The keys a real fit with validation and no metrics writes in its epoch rows: a metric under any of them
+    # would overwrite the trainer's own value (a metric "loss" replaced the training loss and val_loss).
+    x, y = make_classification(n=64)
+    row = _metric_trainer(None).fit(make_loader(x, y), make_loader(x, y), epochs=1).last
+    assert {"loss", "val_loss", "lr", "epoch", "time", "steps", "samples_per_s", "skipped_steps"} <= set(row)
+    for key in row:
+        with pytest.raises(ValueError, match=rf"Metric '{key}'.*'{key}'.*Rename the metric, e\.g\. metrics="):
+            _metric_trainer({key: accuracy})
+
+
+def test_a_metric_whose_name_is_another_metrics_validation_key_is_refused():
+    with pytest.raises(ValueError, match=r"'val_acc'.*metric 'acc'.*Rename"):
+        _metric_trainer({"acc": accuracy, "val_acc": accuracy})
+    with pytest.raises(ValueError, match=r"'val_acc'.*metric 'val_acc'.*Rename"):
+        _metric_trainer({"val_acc": accuracy, "acc": accuracy})
+    # no clash: each name and each validation key is logged once
+    x, y = make_classification(n=64)
+    row = _metric_trainer({"acc": accuracy, "val_top": accuracy}).fit(make_loader(x, y), make_loader(x, y)).last
+    assert {"acc", "val_acc", "val_top", "val_val_top"} <= set(row)
+
+
+def test_two_metric_collections_logging_the_same_name_are_refused():
+    accuracy_metric = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+    first = torchmetrics.MetricCollection({"acc": accuracy_metric})
+    second = torchmetrics.MetricCollection({"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3)})
+    with pytest.raises(ValueError, match=r"'acc'.*Rename"):
+        _metric_trainer({"a": first, "b": second})
+    with pytest.raises(ValueError, match=r"'acc'.*Rename"):
+        _metric_trainer({"acc": accuracy, "b": first})
