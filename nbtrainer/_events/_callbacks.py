@@ -107,6 +107,9 @@ class EarlyStopping(Callback):
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
         self.restore_best_weights = restore_best_weights
+        self._start_over()
+
+    def _start_over(self) -> None:
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.wait = 0
@@ -120,6 +123,8 @@ class EarlyStopping(Callback):
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         check_monitor("EarlyStopping", self.monitor, trainer)
+        if trainer.fresh_fit:  # a new run is judged on its own epochs; fit_more and a resume carry the state on
+            self._start_over()
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         if self.monitor not in logs:

@@ -120,6 +120,10 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: TrainerView) -> None:
         if self.monitor:
             check_monitor("ModelCheckpoint", self.monitor, trainer)
+        if trainer.fresh_fit:
+            # A new run ranks its own epochs (fit_more and a resume carry the ranking on). An earlier fit's files stay
+            # on disk: they are no longer this run's to replace.
+            self.best_k, self.best_model_path, self.last_model_path, self._pending_drops = [], None, None, []
         if self.sharded and not trainer.strategy.shards_parameters:
             raise ValueError(
                 "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "

@@ -32,6 +32,9 @@ class TrainerView(Protocol):
         callbacks: the event stream's consumers (a tracker adds or removes itself).
         status: ``"idle"``, ``"running"``, ``"paused"``, ``"finished"``...; a tracker may mark a planned end.
         run_id: the id of the current run in the run store (set by its recorder).
+        fresh_fit: whether the current (or last) fit started a new run (a new History, epochs from 1), not a
+            continuation (``fit_more``, ``resume_from=``): a callback with state of its own across epochs (the best
+            value so far) starts it over in ``on_fit_start`` when this is True, and keeps it for a continuation.
     """
 
     model: torch.nn.Module
@@ -46,6 +49,7 @@ class TrainerView(Protocol):
     batch_spec: BatchSpec
     status: str
     run_id: str | None
+    fresh_fit: bool
 
     @property
     def device(self) -> torch.device: ...

@@ -131,6 +131,7 @@ class FitRun:
             if seed is not None:
                 seed_everything(seed)
             run.start_fresh()  # each fit gets its own History (the returned object)
+        trainer.fresh_fit = resume_from is None  # the callbacks' on_fit_start reads it: start over, or carry on
         if trainer.options.run.deterministic:
             set_deterministic(True)
         trainer.model = trainer.strategy.setup_model(trainer.model)

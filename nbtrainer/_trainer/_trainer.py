@@ -131,7 +131,8 @@ class Trainer:
     progress: Progress
     status: str
     run_id: str | None  # the id of this trainer's run in the store (nbtrainer.Runs), set by fit
-    data_report: DataReport | None  # the last check of the data (check_data, or a fit with check_data=True reuses it)
+    data_report: DataReport | None = None  # the last check of the data (check_data; a fit with check_data reuses it)
+    fresh_fit: bool = True  # the current (or last) fit started a new run: not a resume_from= one, not fit_more
     # Its parts, each with its own state: _setup (ModelSetup), _run (RunState: the run across fits), _steps
     # (BatchSteps: a batch's loss / outputs), _live (LiveControl: requests from any thread, applied at a step
     # boundary), _nonfinite (the NaN/inf gate), _budget (MemoryBudget or None), _run_recorder (the run store's writer).
@@ -148,7 +149,6 @@ class Trainer:
         self.options, self.strategy, self.model, self.criterion = a.options, a.strategy, a.model, a.criterion
         self.optimizer, self.scheduler, self.scaler, self.batch_spec = a.optimizer, a.scheduler, a.scaler, a.batch_spec
         self.callbacks, self.progress, self.status, self.run_id = a.callbacks, Progress(), "idle", None
-        self.data_report = None
         self._setup, self._run, self._nonfinite = a.setup, a.run, a.nonfinite
         self._metric_spec, self._run_recorder = a.metric_spec, a.recorder
         self._steps = BatchSteps(self, a.run, a.options.batch, val_metrics=a.val_metrics, chunked_loss=a.chunked_loss)

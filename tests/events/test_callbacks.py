@@ -358,3 +358,65 @@ def test_train_digits_example_says_why_it_fails(capsys):
     assert module.main(["--epochs", "1", "--lr", "1e-6"]) == 1  # too little training to reach the target
     err = capsys.readouterr().err
     assert "below the target 0.95" in err, err
+
+
+class Snapshots:
+    """The model's weights at the end of each epoch."""
+
+    def __init__(self):
+        self.weights: list[dict[str, torch.Tensor]] = []
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        self.weights.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+
+
+def _weights_are(trainer, weights):
+    return all(torch.equal(v, weights[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_a_fresh_fit_starts_early_stopping_over_and_fit_more_continues_it():
+    x, y = make_classification(n=64)
+    loader = make_loader(x, y)
+    es = EarlyStopping("val_loss", patience=3, restore_best_weights=True)
+    scripted, snaps = Scripted([0.1, 0.2, 0.3, 0.4]), Snapshots()
+    trainer = _trainer([scripted, es, snaps])
+    first = trainer.fit(loader, loader, epochs=6)
+    assert len(first) == 4 and es.best_epoch == 1 and _weights_are(trainer, snaps.weights[0])
+    # A second fit (not a resume): its own best, its own patience, its own weights restored. It used to stop at
+    # once against the first fit's best (0.1) and load the first fit's weights over the new model.
+    scripted.values, snaps.weights = [0.5, 0.4, 0.45, 0.42], []
+    second = trainer.fit(loader, loader, epochs=4)
+    assert len(second) == 4 and second.status == "finished" and es.stopped_epoch is None
+    assert es.best == 0.4 and es.best_epoch == 2 and _weights_are(trainer, snaps.weights[1])
+    # fit_more continues the run: the best and the patience count carry on (epoch 5 is the third without a gain)
+    scripted.values += [0.41, 0.43]
+    more = trainer.fit_more(loader, loader, epochs=2)
+    assert len(more) == 5 and more.status == "stopped" and es.stopped_epoch == 5 and es.best_epoch == 2
+    assert _weights_are(trainer, snaps.weights[1])
+
+
+def test_a_fresh_fit_starts_model_checkpoint_over_a_resume_and_fit_more_continue_it(tmp_path):
+    x, y = make_classification(n=64)
+    loader = make_loader(x, y)
+    ck = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=1, save_last=True)
+    scripted = Scripted([0.1, 0.2])
+    trainer = _trainer([scripted, ck])
+    trainer.fit(loader, loader, epochs=2)
+    first_best = ck.best_model_path
+    assert first_best is not None and first_best.endswith("epoch001-0.1000.ckpt")
+    # a second fit ranks its own epochs: its best is 0.4, not the first fit's 0.1 (kept as best_model_path before)
+    scripted.values = [0.5, 0.4]
+    second = trainer.fit(loader, loader, epochs=2)
+    assert ck.best_model_path is not None and ck.best_model_path.endswith("epoch002-0.4000.ckpt")
+    assert [score for score, _ in ck.best_k] == [0.4]
+    assert load_checkpoint(ck.best_model_path)["history"]["epochs"][-1]["val_loss"] == second["val_loss"][-1] == 0.4
+    # the first fit's file is left where it was (only this fit's own top-k files are replaced)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch001-0.1000.ckpt", "epoch002-0.4000.ckpt", "last.ckpt"]
+    # a resume (from the second fit's last.ckpt) and fit_more continue the ranking: a worse epoch keeps the best
+    resumed_ck = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=1, save_last=True)
+    resumed = _trainer([Scripted([0.5, 0.4, 0.45]), resumed_ck])
+    resumed.fit(loader, loader, epochs=3, resume_from="last")
+    assert resumed_ck.best_model_path == ck.best_model_path and [s for s, _ in resumed_ck.best_k] == [0.4]
+    scripted.values += [0.45]
+    trainer.fit_more(loader, loader, epochs=1)
+    assert ck.best_model_path.endswith("epoch002-0.4000.ckpt") and [s for s, _ in ck.best_k] == [0.4]

@@ -144,6 +144,7 @@ ADDED_TRAINER_NAMES = (
     "check_data",  # issue 55: the data checked before training, its last report, a batch as the model gets it
     "data_report",
     "show_batch",
+    "fresh_fit",  # whether a fit started a new run, for callbacks that keep state across fits
 )
 
 ROOT_ALL = [
