@@ -238,20 +238,44 @@ def reference_lr(optimizer: Any) -> float:
     return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
 
 
+#: The absolute LRs a param group holds for its schedule: ``initial_lr`` (every scheduler's start), OneCycleLR's
+#: ``max_lr`` / ``min_lr``, SWALR's ``swa_lr``.
+_GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr", "swa_lr")
+#: The absolute LRs torch's schedulers hold themselves (torch/optim/lr_scheduler.py): every scheduler's ``base_lrs``,
+#: ReduceLROnPlateau's ``min_lrs``, CyclicLR's ``max_lrs``.
+_SCHEDULER_LR_LISTS = ("base_lrs", "min_lrs", "max_lrs")
+#: The single absolute LRs they hold: the floor of CosineAnnealingLR / CosineAnnealingWarmRestarts (``eta_min``), and
+#: ReduceLROnPlateau's floor for param groups added later (``default_min_lr``).
+_SCHEDULER_LRS = ("eta_min", "default_min_lr")
+
+
 def rescale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
-    """Multiply the LR schedule by ``factor``: current LRs and every scheduler reference value
-    (``initial_lr``, OneCycle's ``max_lr``/``min_lr``, ``base_lrs``), so the schedule continues scaled."""
+    """Multiply the LR schedule by ``factor``: the current LRs and every absolute LR the schedule is computed from (the
+    groups' :data:`_GROUP_LRS`, the scheduler's own, those of a SequentialLR's or ChainedScheduler's children), so the
+    schedule continues scaled: their formulas are linear in these."""
     for group in optimizer.param_groups:
-        for key in ("lr", "initial_lr", "max_lr", "min_lr"):
+        for key in _GROUP_LRS:
             if key in group and isinstance(group[key], (int, float)):
                 group[key] = group[key] * factor
     if scheduler is not None:
-        if hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-        if hasattr(scheduler, "min_lrs"):
-            scheduler.min_lrs = [lr * factor for lr in scheduler.min_lrs]
+        _rescale_scheduler(scheduler, factor)
         if getattr(scheduler, "_last_lr", None) is not None:  # torch's own field: get_last_lr() reads it
             scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def _rescale_scheduler(scheduler: Any, factor: float) -> None:
+    for name in _SCHEDULER_LR_LISTS:
+        if isinstance(getattr(scheduler, name, None), list):
+            setattr(scheduler, name, [lr * factor for lr in getattr(scheduler, name)])
+    for name in _SCHEDULER_LRS:
+        if isinstance(getattr(scheduler, name, None), (int, float)):
+            setattr(scheduler, name, getattr(scheduler, name) * factor)
+    # SequentialLR / ChainedScheduler hold none of their own: each child computes the LRs from its own fields when
+    # its turn comes (after the milestone, too), and its get_last_lr() is what the parent reports after stepping it
+    for child in getattr(scheduler, "_schedulers", None) or ():
+        _rescale_scheduler(child, factor)
+        if getattr(child, "_last_lr", None) is not None:
+            child._last_lr = [lr * factor for lr in child._last_lr]
 
 
 def lr_parts(optimizer: Any, scheduler: Any, name: str | None = None) -> list[tuple[Any, Any]]:

@@ -97,3 +97,57 @@ def test_scheduler_not_stepped_when_fp16_skips():
     skipped = history.last["skipped_steps"]
     assert skipped > 0
     assert sched.last_epoch == trainer.global_step - skipped
+
+
+def _sequential(opt):
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, end_factor=1.0, total_iters=3)
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=0.01)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[3])
+
+
+def _chained(opt):
+    return torch.optim.lr_scheduler.ChainedScheduler(
+        [
+            torch.optim.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2),
+            torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3, eta_min=0.02),
+        ]
+    )
+
+
+def _cyclic(opt):
+    return torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=4, cycle_momentum=False)
+
+
+class SetLRAfter:
+    """``trainer.set_lr(reference * factor)`` after the first optimizer step (applied from the second on)."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def on_optimizer_step(self, trainer, step, skipped):
+        if step == 1:
+            trainer.set_lr(trainer.lr * self.factor)
+
+
+@pytest.mark.parametrize("make", [_sequential, _chained, _cyclic], ids=["sequential", "chained", "cyclic"])
+def test_set_lr_rescales_the_whole_schedule(make):
+    # torch's own schedule, unchanged, then the same fit with set_lr(reference / 10) after step 1: from step 2 on
+    # every LR is torch's times 0.1. The children of SequentialLR / ChainedScheduler kept their base LRs (the LR
+    # jumped back to the old scale at the milestone), and CyclicLR its max_lrs.
+    steps = 16
+    reference = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    sched = make(reference)
+    expected = []
+    for _ in range(steps):
+        expected.append(reference.param_groups[0]["lr"])
+        reference.step()
+        sched.step()
+    expected = expected[:1] + [lr * 0.1 for lr in expected[1:]]
+    x, y = make_classification(n=16 * steps)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, torch.nn.CrossEntropyLoss(), opt, scheduler=make(opt), callbacks=[SetLRAfter(0.1)], progress=False
+    )
+    h = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    assert h.steps["lr"] == pytest.approx(expected, rel=1e-9)
