@@ -75,7 +75,7 @@ class EarlyStopping(Callback):
             (validation every n epochs: ``val_every_n_epochs``) is skipped: patience counts the epochs that do.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names).
         patience: epochs without improvement before stopping.
-        min_delta: the smallest change that counts as an improvement.
+        min_delta: the smallest change that counts as an improvement (the thresholds below compare the value itself).
         check_finite: stop when the value is NaN or inf.
         stopping_threshold: stop as soon as the value is at least this good.
         divergence_threshold: stop as soon as the value is worse than this.
@@ -121,6 +121,9 @@ class EarlyStopping(Callback):
             return True
         return value < ref - self.min_delta if self.mode == "min" else value > ref + self.min_delta
 
+    def _at_least_as_good(self, value: float, threshold: float) -> bool:
+        return value <= threshold if self.mode == "min" else value >= threshold
+
     def on_fit_start(self, trainer: TrainerView) -> None:
         check_monitor("EarlyStopping", self.monitor, trainer)
         if trainer.fresh_fit:  # a new run is judged on its own epochs; fit_more and a resume carry the state on
@@ -135,34 +138,35 @@ class EarlyStopping(Callback):
         reason = None
         if self.check_finite and not math.isfinite(value):
             reason = f"{self.monitor} is {value}"
-        elif self._better(value, self.best):
-            self.best, self.best_epoch, self.wait = value, epoch, 0
-            if self.restore_best_weights:
-                self._best_weights = {k: v.detach().to("cpu", copy=True) for k, v in trainer.model_state_dict().items()}
-            if self.stopping_threshold is not None and not self._better(self.stopping_threshold, value):
+        else:
+            improved = self._better(value, self.best)
+            if improved:
+                self.best, self.best_epoch, self.wait = value, epoch, 0
+                if self.restore_best_weights:
+                    weights = trainer.model_state_dict().items()
+                    self._best_weights = {k: v.detach().to("cpu", copy=True) for k, v in weights}
+            else:
+                self.wait += 1
+            # The thresholds judge the value itself: min_delta says only what counts as an improvement.
+            if self.stopping_threshold is not None and self._at_least_as_good(value, self.stopping_threshold):
                 reason = (
                     f"{self.monitor}={format_number(value)} reached "
                     f"stopping_threshold={format_number(self.stopping_threshold)}"
                 )
-        else:
-            self.wait += 1
-            if self.wait >= self.patience:
+            elif (
+                self.divergence_threshold is not None
+                and math.isfinite(value)
+                and not self._at_least_as_good(value, self.divergence_threshold)
+            ):
+                reason = (
+                    f"{self.monitor}={format_number(value)} is worse than "
+                    f"divergence_threshold={format_number(self.divergence_threshold)}"
+                )
+            elif not improved and self.wait >= self.patience:
                 reason = (
                     f"{self.monitor} did not improve for {self.wait} epochs "
                     f"(best {format_number(self.best)} at epoch {self.best_epoch})"
                 )
-        diverged = (
-            reason is None
-            and self.divergence_threshold is not None
-            and math.isfinite(value)
-            and self._better(self.divergence_threshold, value)
-            and value != self.divergence_threshold
-        )
-        if diverged:
-            reason = (
-                f"{self.monitor}={format_number(value)} is worse than "
-                f"divergence_threshold={format_number(self.divergence_threshold)}"
-            )
         if reason is not None:
             self.stopped_epoch = epoch
             trainer.request_stop(f"EarlyStopping: {reason}")

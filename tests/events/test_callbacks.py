@@ -420,3 +420,23 @@ def test_a_fresh_fit_starts_model_checkpoint_over_a_resume_and_fit_more_continue
     scripted.values += [0.45]
     trainer.fit_more(loader, loader, epochs=1)
     assert ck.best_model_path.endswith("epoch002-0.4000.ckpt") and [s for s, _ in ck.best_k] == [0.4]
+
+
+@pytest.mark.parametrize(
+    "values,threshold,stop_epoch",
+    [
+        ([0.8, 0.58, 0.56, 0.55, 0.54, 0.53], {"stopping_threshold": 0.5}, None),  # never reaches 0.5
+        ([0.8, 0.55, 0.5, 0.4], {"stopping_threshold": 0.5}, 3),  # reaches it, though no gain of min_delta
+        ([0.4, 0.45, 0.55, 0.58], {"divergence_threshold": 0.5}, 3),  # worse than 0.5, by less than min_delta
+        ([0.4, 0.45, 0.5, 0.45], {"divergence_threshold": 0.5}, None),  # 0.5 itself is not worse
+    ],
+)
+def test_early_stopping_thresholds_compare_the_raw_value_not_shifted_by_min_delta(values, threshold, stop_epoch):
+    # min_delta says what counts as an improvement, not where the thresholds lie: with min_delta=0.1 the thresholds
+    # acted at 0.4 and 0.6 instead of 0.5 (a run stopped at 0.58 as if it had "reached" 0.5)
+    x, y = make_classification(n=64)
+    es = EarlyStopping("val_loss", patience=10, min_delta=0.1, **threshold)
+    h = _trainer([Scripted(values), es]).fit(make_loader(x, y), make_loader(x, y), epochs=len(values))
+    assert es.stopped_epoch == stop_epoch and len(h) == (stop_epoch or len(values))
+    if stop_epoch is not None:
+        assert "threshold=0.5" in h.stop_reason
