@@ -73,7 +73,9 @@ class EarlyStopping(Callback):
     Args:
         monitor: a key of the epoch logs (``"val_loss"``, ``"val_acc"``, ...). An epoch that does not log it
             (validation every n epochs: ``val_every_n_epochs``) is skipped: patience counts the epochs that do.
-        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names).
+        mode: ``"min"``, ``"max"`` or ``"auto"``: max for accuracy-like names (``val_acc``, ``val_f1``), min for
+            the rest and for any name of a loss or an error (``val_dice_loss``, ``val_mape``; see
+            ``nbtrainer.plotting.higher_is_better``).
         patience: epochs without improvement before stopping.
         min_delta: the smallest change that counts as an improvement (the thresholds below compare the value itself).
         check_finite: stop when the value is NaN or inf.

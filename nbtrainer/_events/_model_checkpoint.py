@@ -26,7 +26,7 @@ class ModelCheckpoint(Callback):
         monitor: log key to rank checkpoints by (``None``: keep the most recent ``save_top_k``). An epoch that
             does not log it, or a key ``filename`` uses (validation every n epochs: ``val_every_n_epochs``), writes
             no ranked checkpoint (``last.ckpt`` still).
-        mode: ``"min"``, ``"max"`` or ``"auto"``.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (as ``EarlyStopping``'s: max for accuracy-like names, min for a loss).
         save_top_k: how many ranked checkpoints to keep (``-1`` all, ``0`` none besides ``last``).
         save_last: also keep ``last.ckpt``, overwritten at every save (``resume_from="last"`` finds it).
         every_n_epochs: save at the end of every n-th epoch.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -45,18 +46,53 @@ __all__ = [
 
 #: epoch-log keys that are bookkeeping, not metrics
 METRIC_SKIP = ("epoch", "lr", "time", "sample_time", "samples_per_s", "steps", "skipped_steps")
-_MAX_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "r2", "score", "map", "jaccard", "agreement")
+#: words of a log key that say a larger value is better, matched as whole words (``acc5``: a word and its number)
+_MAX_HINTS = (
+    "acc",
+    "accuracy",
+    "f1",
+    "auc",
+    "precision",
+    "recall",
+    "iou",
+    "dice",
+    "r2",
+    "score",
+    "map",
+    "jaccard",
+    "agreement",
+)
+#: parts of a log key that say it is a loss or an error, lower is better whatever else it says (``val_dice_loss``,
+#: ``val_brier_score``, ``smape``): found anywhere in the key, as ``rmse`` holds ``mse``
+_MIN_PARTS = ("loss", "error", "mae", "mse", "mape", "msle", "nll", "brier", "perplexity")
+#: ... and as whole words only, too short to be looked for inside others (word / character error rate)
+_MIN_WORDS = ("err", "wer", "cer", "ppl")
 _BOUNDED_HINTS = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "jaccard", "specificity", "agreement")
 
 
 def higher_is_better(key: str) -> bool:
-    """Whether a larger value of this log key is better (accuracy-like names).
+    """Whether a larger value of this log key is better: an accuracy-like word in it (:data:`_MAX_HINTS`), unless it
+    names a loss or an error (:data:`_MIN_PARTS`). Words are split at ``_`` (and other non-alphanumerics) and at
+    camel case (``MulticlassAccuracy``: a torchmetrics collection's keys).
 
     Example:
-        >>> higher_is_better("val_acc"), higher_is_better("val_loss")
-        (True, False)
+        >>> higher_is_better("val_acc"), higher_is_better("val_loss"), higher_is_better("val_dice_loss")
+        (True, False, False)
+        >>> higher_is_better("val_map"), higher_is_better("val_mape"), higher_is_better("val_brier_score")
+        (True, False, False)
     """
-    return any(h in key.lower() for h in _MAX_HINTS)
+    lowered = key.lower()
+    words = _words(key)
+    if any(part in lowered for part in _MIN_PARTS) or any(word in _MIN_WORDS for word in words):
+        return False
+    return any(word in _MAX_HINTS or word.rstrip("0123456789") in _MAX_HINTS for word in words)
+
+
+def _words(key: str) -> list[str]:
+    """``key``'s words, lower case: split at non-alphanumerics and where a capitalized word starts (``F1Score``:
+    ``f1``, ``score``; ``mAP`` stays one word)."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", key)
+    return [word for word in re.split(r"[^0-9a-zA-Z]+", spaced.lower()) if word]
 
 
 def _numbers(rows: Iterable[dict[str, Any]], key: str) -> list[float]:

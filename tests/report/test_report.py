@@ -262,3 +262,61 @@ def test_best_without_a_mode_maximizes_an_accuracy_and_names_a_key_never_logged(
     with pytest.raises(KeyError, match=r"'val_accuracy' was not logged in this history's 4 epochs.*'val_acc'"):
         h.best("val_accuracy")
     assert History().best("val_acc") is None  # nothing logged yet: no best, and no key to doubt
+
+
+# Lower is better for a name that says loss or error, whatever accuracy-like word it also holds (mape holds "map",
+# brier_score "score"); the accuracy-like words count as whole words of the name, not inside another word.
+LOWER_IS_BETTER = [
+    "loss",
+    "val_loss",
+    "val_mape",
+    "val_smape",
+    "val_dice_loss",
+    "val_iou_loss",
+    "val_focal_loss",
+    "val_brier_score",
+    "val_mae",
+    "val_mse",
+    "val_rmse",
+    "val_error_rate",
+    "MeanSquaredError",
+    "MeanAbsolutePercentageError",
+    "val_perplexity",
+    "val_wer",
+]
+HIGHER_IS_BETTER = [
+    "acc",
+    "val_acc",
+    "val_accuracy",
+    "val_top5_acc",
+    "val_acc5",
+    "val_f1",
+    "val_f1_macro",
+    "val_auc",
+    "val_roc_auc",
+    "val_precision",
+    "val_recall",
+    "val_iou",
+    "val_dice",
+    "val_r2",
+    "val_score",
+    "val_map",
+    "val_mAP",
+    "val_jaccard",
+    "val_agreement",
+    "val_m_MulticlassAccuracy",
+    "val_MulticlassF1Score",
+    "R2Score",
+    "JaccardIndex",
+]
+
+
+@pytest.mark.parametrize("key", LOWER_IS_BETTER + HIGHER_IS_BETTER)
+def test_which_way_is_better_and_what_mode_auto_watches(key, tmp_path):
+    from nbtrainer import EarlyStopping, ModelCheckpoint
+    from nbtrainer.plotting import higher_is_better
+
+    higher = key in HIGHER_IS_BETTER
+    assert higher_is_better(key) is higher
+    mode = "max" if higher else "min"
+    assert EarlyStopping(key).mode == mode and ModelCheckpoint(tmp_path, monitor=key).mode == mode
