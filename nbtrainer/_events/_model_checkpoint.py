@@ -72,6 +72,11 @@ class ModelCheckpoint(Callback):
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
+        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(
+                f"save_top_k must be an int: -1 (keep all), 0 (none besides last.ckpt) or k >= 1 (the best k), got "
+                f"{save_top_k!r}."
+            )
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1 or None, got {every_n_steps}.")
         self.dirpath = os.fspath(dirpath)

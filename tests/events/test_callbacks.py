@@ -440,3 +440,10 @@ def test_early_stopping_thresholds_compare_the_raw_value_not_shifted_by_min_delt
     assert es.stopped_epoch == stop_epoch and len(h) == (stop_epoch or len(values))
     if stop_epoch is not None:
         assert "threshold=0.5" in h.stop_reason
+
+
+@pytest.mark.parametrize("save_top_k", [-2, -10, 1.5, True])
+def test_model_checkpoint_refuses_a_save_top_k_below_minus_one(save_top_k, tmp_path):
+    # -2 (a typo for -1 or 2) used to keep every checkpoint, as -1 does
+    with pytest.raises(ValueError, match=r"save_top_k must be an int: -1 \(keep all\), 0 .* or k >= 1"):
+        ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=save_top_k)
