@@ -166,6 +166,8 @@ class BatchSteps:
                 try:
                     batch = next(it)
                 except StopIteration:
+                    if self._owner.strategy.distributed:  # this rank's share of a set smaller than the world:
+                        return  # the set was checked non-empty before sharding, and no rank may refuse alone
                     raise ValueError(
                         "val_loader yielded no batches: pass None to skip validation or fix the dataset."
                     ) from None
@@ -262,7 +264,7 @@ class BatchSteps:
             raise _no_batches()
         count = reduced[1] or 1.0
         out: dict[str, float] = {}
-        if n:
+        if reduced[0]:  # batches on any rank: a rank whose share was empty reports the same loss as the others
             out[f"{prefix}loss"] = reduced[2] / count
         for name, total in zip(metrics.sums, reduced[3:], strict=True):
             out[f"{prefix}{name}"] = total / count

@@ -344,7 +344,16 @@ def _probe(metric: Any) -> Any:
     """A copy of a torchmetrics metric to try inputs on (the real one keeps its state)."""
     probe = copy.deepcopy(metric)
     probe.reset()
+    # computed on one rank's first batch only (a rank whose share is empty has none): its compute() must not
+    # gather across ranks, or that rank's peers never join and the job hangs (torchmetrics' own constructor option)
+    for part in probe.modules() if isinstance(probe, torch.nn.Module) else ():
+        if hasattr(part, "distributed_available_fn"):
+            part.distributed_available_fn = _nowhere
     return probe
+
+
+def _nowhere() -> bool:
+    return False
 
 
 def _cpu_state(state: Any) -> Any:

@@ -123,6 +123,24 @@ def test_two_processes_match_one_with_twice_the_batch(parity_run):
     assert r1["evaluate"] == r0["evaluate"]
 
 
+def test_a_validation_set_smaller_than_the_world_is_evaluated_alike_on_every_rank(parity_run):
+    """One validation item on two ranks: rank 1's share is empty. Every rank reports the item's loss and accuracy
+    (rank 1 once returned no val_loss), and the fit validates on both (rank 1 once refused it alone and hung)."""
+    ranks = results(parity_run, "tiny_val")
+    model = common.make_model(0)
+    single = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False,
+                     strategy="single")  # fmt: skip
+    expected = single.evaluate(common.tiny_val())
+    for rank in ranks:
+        assert rank["evaluate"].keys() == expected.keys(), rank
+        assert_same_logs(rank["evaluate"], expected, keys=list(expected))
+        assert rank["status"] == "finished" and "val_loss" in rank["epochs"][-1], rank
+    timed = ("time", "samples_per_s")  # each rank's own clock
+    assert [{k: v for k, v in row.items() if k not in timed} for row in ranks[0]["epochs"]] == [
+        {k: v for k, v in row.items() if k not in timed} for row in ranks[1]["epochs"]
+    ]
+
+
 def test_only_rank_zero_writes_and_prints(parity_run):
     r0, r1 = results(parity_run, "parity")
     assert r1["writes"] == []
@@ -415,6 +433,7 @@ def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     from _kernels import notebook_client
+
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     for key, value in _env().items():
         monkeypatch.setenv(key, value)

@@ -69,6 +69,12 @@ def reference_loaders(shuffle: bool = True):
     return train, val
 
 
+def tiny_val() -> torch.utils.data.DataLoader:
+    """A validation set of one item: fewer than the ranks, so rank 1's share of it is empty."""
+    x, y = val_set()[:1]
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=5)
+
+
 def sgd(model: torch.nn.Module, lr: float = 0.1) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=lr)  # no momentum: DDP == bigger batch, up to rounding
 

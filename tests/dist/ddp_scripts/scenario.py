@@ -154,6 +154,18 @@ def scenario_parity(out: str, ckpt_dir: str) -> None:
         cpu_state(trainer),
     )
     scenario_manual(out)  # in this launch: one torchrun start fewer
+    scenario_tiny_val(out)
+
+
+def scenario_tiny_val(out: str) -> None:
+    """evaluate() and a fit's validation where one rank's share of the set is empty: every rank reports the set's
+    loss (rank 1 once left val_loss out of its evaluate, and refused the fit alone, leaving rank 0 waiting)."""
+    model = common.make_model(0)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), common.sgd(model), metrics=common.metrics(), progress=False)
+    evaluated = trainer.evaluate(common.tiny_val())
+    train, _ = common.ddp_loaders()
+    history = trainer.fit(train, common.tiny_val(), epochs=1)
+    dump(out, "tiny_val", {"evaluate": evaluated, "status": history.status, "epochs": history.epochs})
 
 
 def scenario_manual(out: str) -> None:
