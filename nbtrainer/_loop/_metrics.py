@@ -348,7 +348,7 @@ def _probe(metric: Any) -> Any:
     # gather across ranks, or that rank's peers never join and the job hangs (torchmetrics' own constructor option)
     for part in probe.modules() if isinstance(probe, torch.nn.Module) else ():
         if hasattr(part, "distributed_available_fn"):
-            part.distributed_available_fn = _nowhere
+            setattr(part, "distributed_available_fn", _nowhere)  # noqa: B010 (nn.Module's typed __setattr__)
     return probe
 
 
