@@ -174,6 +174,8 @@ class EarlyStopping(Callback):
             trainer.request_stop(f"EarlyStopping: {reason}")
 
     def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
+        if history.status == "failed" and trainer.strategy.shards_parameters:
+            return  # loading sharded weights is a collective that peers stuck elsewhere would never join
         if self.restore_best_weights and self._best_weights is not None:
             trainer.load_model_state_dict(self._best_weights)
             history.add_event(

@@ -275,7 +275,11 @@ class FitRun:
         finally:
             run.loop = run.fit_thread = None  # drop references to batches/outputs held by the loop
             self.parts.active.discard(trainer)
-            trainer.strategy.barrier()
+            # A failed rank skips the barrier: its peers may be waiting in another collective (a gradient
+            # all-reduce) and would never reach it, so both would hang and the error would never show; the
+            # exception propagates instead and the launcher ends the other ranks.
+            if trainer.status != "failed":
+                trainer.strategy.barrier()
         if flush_error is not None and trainer.status != "failed":
             raise flush_error
 
