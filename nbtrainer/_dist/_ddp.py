@@ -441,6 +441,15 @@ class DDP:
         dist.all_reduce(buf, op=dist.ReduceOp.MAX)
         return bool(buf.item())
 
+    def any_rank_flag(self, flag: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """A device flag set on every rank when it is set on any (one all-reduce MAX, no host read): the NaN/inf
+        gate's per-window decision. ``None`` is a clear flag; the result is a bool tensor on ``device``."""
+        buf = torch.zeros(1, dtype=torch.int32, device=self._comm_device)
+        if flag is not None:
+            buf.copy_(flag.reshape(-1)[:1])  # the window's flag is a 0-dim bool
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+        return buf.to(device).bool().reshape(())
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order (checkpoints: per-rank RNG and sums)."""
         out: list[Any] = [None] * self.world_size

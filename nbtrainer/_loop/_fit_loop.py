@@ -354,6 +354,7 @@ class FitLoop:
         st.global_step += 1
         if skipped:
             st.skipped_steps += 1
+            self.nonfinite.stop_if_shared(st.global_step, st.epoch + 1, self.live.requests.request_stop)
         self.pending.mark_step(st.global_step, lr)
         self._mid_window = False
         cb = t.callbacks

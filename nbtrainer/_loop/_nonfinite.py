@@ -23,14 +23,19 @@
       skip would need a copy of the parameters and optimizer state per step (or a fused optimizer's
       ``found_inf``); we chose the read.
 
+    Under DDP / FSDP the flag is OR-ed over the ranks (one all-reduce MAX per optimizer step, these modes only)
+    before the decision: a rank whose own losses were finite holds the NaN gradients the all-reduce gave it, so
+    every rank skips, or none.
+
     Skipped windows count in ``skipped_steps`` (history rows: a run total), are left out of the running and epoch
     loss, the scheduler does not step for them, and each is reported as a ``"nonfinite"`` history
     event with its step.
 
 ``"stop"``
     Like ``"skip"`` (the bad window does not update the weights, same sync cost), then the fit stops
-    at the refresh that sees it: status ``"stopped"`` with ``history.stop_reason`` naming the step range, also
-    when that refresh is the last epoch's end or ``max_steps`` was reached first.
+    at the refresh that sees it (under DDP / FSDP: after the skipped step, on every rank alike, as the shared flag
+    says; a refresh is wall-clock throttled per rank): status ``"stopped"`` with ``history.stop_reason`` naming
+    the step range, also when that refresh is the last epoch's end or ``max_steps`` was reached first.
 
 fp16 overflow handled by the scaler (inf gradients with a finite loss) is not a non-finite *loss*:
 it is counted in ``skipped_steps`` and never raises.
@@ -70,11 +75,20 @@ class NonFiniteGuard:
         self._bad: torch.Tensor | None = None  # OR of ~isfinite(loss) over the open window (device)
         self.count = 0  # non-finite micro-batch losses seen in this fit
         self.stop_reason: str | None = None  # "stop" saw one in this fit: why the fit ends (the first sighting)
+        self._strategy: Any = None  # DDP / FSDP (gating modes): each window's flag is OR-ed over the ranks
+        self._device = torch.device("cpu")
+        self.stop_now = False  # "stop" under DDP / FSDP: the window just closed was bad on some rank
 
     def reset(self) -> None:
         self._bad = None
         self.count = 0
         self.stop_reason = None
+        self.stop_now = False
+
+    def bind(self, strategy: Any, device: torch.device) -> None:
+        """The placement the steps run under: distributed, a gating mode decides on every rank's flag."""
+        self._strategy = strategy if strategy.distributed and self.gating else None
+        self._device = device
 
     # -- the hot loop (gating modes only) ---------------------------------------------------------
     def observe(self, loss: torch.Tensor) -> None:
@@ -87,6 +101,13 @@ class NonFiniteGuard:
         ``scaler.unscale_``). With a scaler the flag joins its ``found_inf`` and this returns True:
         ``scaler.step`` then skips on its own inf check."""
         bad, self._bad = self._bad, None
+        strategy = self._strategy
+        if strategy is not None:
+            # every rank closes this window at the same step: the skip is decided on the flag of all of them, or a
+            # rank whose own losses were finite would step with the NaN gradients the all-reduce gave it
+            bad = strategy.any_rank_flag(bad, self._device)
+            if self.mode == "stop" and bool(bad):  # SYNC on CUDA, as below (the fp16 scaler's path too)
+                self.stop_now = True
         if bad is None:
             return True
         if scaler is not None:
@@ -98,6 +119,16 @@ class NonFiniteGuard:
         return not bool(bad)  # SYNC on CUDA: one per optimizer step, "skip"/"stop" only (see module doc)
 
     # -- at the throttled read ---------------------------------------------------------------------
+    def stop_if_shared(self, step: int, epoch: int, request_stop: Callable[[str], None]) -> None:
+        """``"stop"`` under DDP / FSDP, after a skipped optimizer step: when the window was bad on some rank, every
+        rank requests the stop here, at this same step and with the same reason (a refresh is not aligned)."""
+        if not self.stop_now:
+            return
+        self.stop_now = False
+        if self.stop_reason is None:
+            self.stop_reason = f"non-finite loss at optimizer step {step} (epoch {epoch}) on at least one rank"
+        request_stop(self.stop_reason)
+
     def check(
         self,
         losses: list[float],
@@ -136,7 +167,7 @@ class NonFiniteGuard:
         action = "skipped" if self.mode == "skip" else "skipped; stopping"
         for step in closed:  # an open window is reported when it closes (at a later read)
             history.add_event(step=step, epoch=epoch, kind="nonfinite", old=None, new=f"loss non-finite: step {action}")
-        if self.mode == "stop":
+        if self.mode == "stop" and self._strategy is None:  # distributed: the shared flag stops (allow_step)
             if self.stop_reason is None:
                 self.stop_reason = f"non-finite loss at optimizer {where}: {what}"
             request_stop(self.stop_reason)

@@ -58,6 +58,7 @@ class TrainStep:
         if optimizer is None:
             raise ValueError("A training step needs an optimizer (the Trainer was built with optimizer=None).")
         self.host, self.optimizer, self.nonfinite = host, optimizer, nonfinite
+        nonfinite.bind(host.strategy, host.device)
         #: what the optimizer steps, in its order (clipping and a ragged window's rescale go over these)
         self.params: list[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
         # ReduceLROnPlateau or scheduler_interval="epoch": stepped by the loop at the epoch's end, not here
