@@ -140,6 +140,10 @@ class FitRun:
         if self.val_loader is not None:
             self.val_loader = trainer.strategy.prepare_loader(self.val_loader, train=False)
         n = safe_len(train)  # this rank's share under DDP
+        if n == 0 and trainer.strategy.distributed:
+            # every rank's training share has the same length (a padded DistributedSampler, an equal share of a
+            # list), so every rank refuses here alike, before any collective
+            raise ValueError(_empty_shard(train, trainer.strategy.world_size))
         trainer.progress = start_progress(run.loop_state, n, trainer.grad_accum_steps, self.epochs, self.max_steps)
         loop = FitLoop(
             trainer,
@@ -282,6 +286,21 @@ class FitRun:
                 trainer.strategy.barrier()
         if flush_error is not None and trainer.status != "failed":
             raise flush_error
+
+
+def _empty_shard(loader: Any, world_size: int) -> str:
+    """Why a training loader that is not empty yields no batch on each of ``world_size`` ranks, and what to change."""
+    sampler, size = getattr(loader, "sampler", None), getattr(loader, "batch_size", None)
+    share = safe_len(sampler) if sampler is not None else None
+    if share is None or size is None:
+        return (
+            f"train_loader: each of the {world_size} ranks gets no batch to train on (the data is shared out "
+            "between the ranks). Pass more data, or fewer / smaller batches."
+        )
+    return (
+        f"train_loader: each of the {world_size} ranks gets {share} sample(s), fewer than batch_size={size} with "
+        f"drop_last=True, so no rank has a batch to train on. Pass batch_size <= {share} (or drop_last=False)."
+    )
 
 
 def _warn_accumulation(own: int, saved: int) -> None:

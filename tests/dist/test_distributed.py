@@ -448,3 +448,70 @@ def test_launch_in_a_real_kernel(tmp_path, monkeypatch):
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULTS"))
     r0, r1 = eval(line[len("RESULTS ") :])
     assert r0 == r1 and len(r0) == 2  # epoch losses are global: the same on both ranks
+
+
+# -- one rank goes wrong: every rank decides alike, or the launch ends with the error ----------------------------
+FAILURE_TIMEOUT = 90  # a launch of these small fits takes ~10 s; a hang fails the test here
+
+
+@pytest.fixture(scope="module")
+def failures_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_failures")
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), "failures", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out, env=_env())
+    try:
+        stdout, stderr = proc.communicate(timeout=FAILURE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun ends its ranks on SIGTERM (a SIGKILL would leave them running, hung)
+        try:
+            stderr = proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stderr = proc.communicate()[1]
+        pytest.fail(f"torchrun did not finish in {FAILURE_TIMEOUT}s (a rank hung)\n{stderr[-3000:]}")
+    return out, subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _nan_reference() -> tuple[Trainer, str]:
+    trainer = common.nan_trainer("skip")
+    trainer.fit(torch.utils.data.DataLoader(common.nan_data(), batch_size=8), epochs=2)
+    return trainer, trainer.run_state.history.status
+
+
+def _check_one_rank_exception(out, proc) -> None:
+    # the failing rank skips the end-of-fit barrier: its error ends the launch instead of a hang
+    assert proc.returncode != 0 and "failure raised on rank 1 only" in proc.stderr, proc.stderr[-4000:]
+
+
+def _check_nonfinite_skip(out, proc) -> None:
+    ref, status = _nan_reference()
+    for r in results(out, "failures"):
+        skip = r["skip"]
+        # rank 1's NaN window is skipped on rank 0 too: one process at twice the batch, every epoch's step skipped
+        assert skip["status"] == status == "finished" and skip["finite"], skip
+        assert skip["skipped"] == ref.run_state.loop_state.skipped_steps == 2
+        got = {k: torch.tensor(v) for k, v in skip["weights"].items()}
+        assert_same_weights(got, ref.model_state_dict())
+
+
+def _check_nonfinite_stop(out, proc) -> None:
+    r0, r1 = results(out, "failures")
+    for r in (r0, r1):
+        assert r["stop"]["status"] == "stopped" and r["stop"]["steps"] == 1 and r["stop"]["finite"], r["stop"]
+        assert "non-finite loss at optimizer step 1 (epoch 1)" in r["stop"]["reason"]
+    assert r0["stop"]["reason"] == r1["stop"]["reason"] and r0["stop"]["weights"] == r1["stop"]["weights"]
+
+
+def _check_empty_shard(out, proc) -> None:
+    for r in results(out, "failures"):
+        assert "each of the 2 ranks gets 6 sample(s), fewer than batch_size=8" in r["empty"], r["empty"]
+        assert "batch_size <= 6 (or drop_last=False)" in r["empty"]
+
+
+@pytest.mark.parametrize(
+    "check", [_check_one_rank_exception, _check_nonfinite_skip, _check_nonfinite_stop, _check_empty_shard]
+)
+def test_a_failure_on_one_rank_is_every_ranks(failures_run, check):
+    """One launch (its cases stay on one worker): a NaN loss on rank 1 alone is skipped / stops on both ranks,
+    a training share without a batch is refused on both, an exception on rank 1 alone ends the launch with it."""
+    check(*failures_run)

@@ -3,6 +3,8 @@ tests/dist/test_distributed.py. Tiny on purpose: 2 CPU cores, gloo."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 D, CLASSES = 8, 3
@@ -122,3 +124,20 @@ def manual_trainer(**kwargs):
         grad_accum_steps=2,
         **kwargs,
     )
+
+
+def nan_data() -> torch.utils.data.TensorDataset:
+    """32 samples, one NaN input: index 5, in rank 1's first batch of 4 (unshuffled shards: rank r takes r, r+2...)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)
+    x[5] = float("nan")
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def nan_trainer(mode: str, callbacks=()) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    from nbtrainer import Trainer
+
+    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, progress=False, on_nonfinite=mode, callbacks=list(callbacks))

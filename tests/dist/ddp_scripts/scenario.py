@@ -292,6 +292,44 @@ def scenario_fetch(out: str) -> None:
     dump(out, "fetch", logs, weights)
 
 
+class FailOnRank1:
+    """Raises on rank 1 alone, mid-epoch, while rank 0 goes on into the next gradient all-reduce."""
+
+    def on_train_batch_end(self, trainer: Trainer, batch_idx: int, loss: torch.Tensor) -> None:
+        if RANK == 1 and trainer.global_step == 3:
+            raise RuntimeError("failure raised on rank 1 only")
+
+
+def scenario_failures(out: str) -> None:
+    """What goes wrong on one rank: a NaN loss (skip / stop decided on every rank alike), a training share with no
+    batch (refused on every rank), then an exception on rank 1 only, which must end the launch with its error."""
+    data: dict = {}
+    for mode in ("skip", "stop"):
+        trainer = common.nan_trainer(mode)
+        history = trainer.fit(torch.utils.data.DataLoader(common.nan_data(), batch_size=4), epochs=2)
+        w = cpu_state(trainer)
+        data[mode] = {
+            "status": history.status,
+            "reason": history.stop_reason,
+            "steps": trainer.global_step,
+            "skipped": trainer.run_state.loop_state.skipped_steps,
+            "finite": all(bool(torch.isfinite(v).all()) for v in w.values()),
+            "weights": {k: v.tolist() for k, v in w.items()},
+        }
+    trainer = common.nan_trainer("raise")
+    try:  # 12 samples: 6 per rank, fewer than one batch of 8
+        twelve = torch.utils.data.Subset(common.nan_data(), range(12))
+        trainer.fit(torch.utils.data.DataLoader(twelve, batch_size=8, drop_last=True), epochs=1)
+        data["empty"] = ""
+    except ValueError as exc:
+        data["empty"] = str(exc)
+    dump(out, "failures", data)
+    dist.barrier()  # both ranks' results are written before rank 1 fails
+    trainer = common.nan_trainer("raise", callbacks=[FailOnRank1()])
+    finite = torch.utils.data.Subset(common.nan_data(), range(6, 32))
+    trainer.fit(torch.utils.data.DataLoader(finite, batch_size=2), epochs=3)
+
+
 def main() -> None:
     name, out, *args = sys.argv[1:]
     scenarios: dict[str, Callable[..., None]] = {
@@ -299,6 +337,7 @@ def main() -> None:
         "stop": scenario_stop,
         "resume": scenario_resume,
         "fetch": scenario_fetch,
+        "failures": scenario_failures,
     }
     scenarios[name](out, *args)
     dist.barrier()
