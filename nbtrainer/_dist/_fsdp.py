@@ -343,14 +343,20 @@ class FSDP(DDP):
             return prepared
         size = prepared.batch_size or 1
         count = math.ceil(math.ceil(sampler.n / self.world_size) / size)  # the largest shard's batches
+        # decided on the smallest shard, which every rank computes alike: a rank refusing on its own shard alone
+        # would leave the others waiting in the first collective forward
+        smallest = sampler.n // self.world_size
+        if smallest < count:
+            largest = math.ceil(sampler.n / self.world_size)
+            fix = f"pass batch_size >= {largest} for it (one batch per rank), or" if smallest else "use"
+            raise ValueError(
+                f"FSDP: the evaluation set ({sampler.n} samples) is too small to give each of {self.world_size} "
+                f"ranks {count} batch(es) of batch_size={size} (the smallest share has {smallest} sample(s)); "
+                f"{fix} fewer ranks."
+            )
         indices = list(sampler)
         if math.ceil(len(indices) / size) == count:
             return prepared
-        if len(indices) < count:
-            raise ValueError(
-                f"FSDP: the evaluation set ({sampler.n} samples) is too small to give each of {self.world_size} "
-                f"ranks {count} batch(es); use a smaller batch_size for it, or fewer ranks."
-            )
         kwargs = {k: getattr(prepared, k) for k in _LOADER_ARGS if hasattr(prepared, k)}
         for key in ("batch_size", "drop_last", "generator"):
             kwargs.pop(key, None)

@@ -188,6 +188,12 @@ def test_uneven_list_of_evaluation_batches_is_refused_with_the_fix(main_run):
         assert "Pass a DataLoader" in r["sgd"]["list_refused"]
 
 
+def test_too_small_evaluation_set_is_refused_on_every_rank(main_run):
+    for r in results(main_run, "main"):
+        assert "evaluation set (3 samples) is too small" in r["sgd"]["small_refused"]
+        assert "pass batch_size >= 2" in r["sgd"]["small_refused"]
+
+
 def test_full_checkpoint_is_the_single_process_format(main_run):
     ckpt = load_checkpoint(str(main_run / "adamw.ckpt"))
     ref, _ = reference("adamw", fc.EPOCHS["adamw"])

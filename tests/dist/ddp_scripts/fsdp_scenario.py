@@ -105,6 +105,14 @@ def scenario_main(out: str, ckpt_dir: str) -> None:
         refused = ""
     except ValueError as exc:
         refused = str(exc)
+    # 3 samples, batch_size=1: shares of 2 and 1, and 2 batches each would be needed: refused on both ranks (only
+    # the rank with the smaller share refused, and the other waited in its first forward)
+    small = torch.utils.data.Subset(common.val_set(), range(3))
+    try:
+        trainer.evaluate(torch.utils.data.DataLoader(small, batch_size=1))
+        small_refused = ""
+    except ValueError as exc:
+        small_refused = str(exc)
     results["sgd"] = {
         "strategy": repr(trainer.strategy),
         "units": trainer.strategy.units,
@@ -114,6 +122,7 @@ def scenario_main(out: str, ckpt_dir: str) -> None:
         "uneven": trainer.evaluate(fc.uneven_val()),
         "predict": trainer.predict(val).tolist(),  # every rank runs every batch (forwards are collectives)
         "list_refused": refused,
+        "small_refused": small_refused,
         "writes": writes,
         "output": captured.getvalue(),
         "memory": memory(trainer),
