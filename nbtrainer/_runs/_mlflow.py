@@ -279,7 +279,9 @@ class MLflowLogger(Callback):
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
-        self.error, self.run_id = None, None
+        # fit_more (and a fit that continues the History) extends this logger's MLflow run, as it does the run store's
+        continued = None if trainer.fresh_fit else self.run_id
+        self.error, self.run_id = None, continued
         self._pending, self._last_send = [], time.monotonic()
         reason = _reachable(self.tracking_uri)
         if reason is not None:
@@ -303,11 +305,16 @@ class MLflowLogger(Callback):
                     location = "file://" + os.path.join(os.path.dirname(db), "mlartifacts")
                 self._experiment_id = _experiment(client, self.experiment, location)
             exp_id = self._experiment_id
+            accum_metric = Metric("control/grad_accum_steps", float(accum), int(time.time() * 1000), step)
+            if continued is not None:  # params stay as logged (MLflow refuses a changed value); metrics go on
+                client.update_run(continued, status="RUNNING")
+                client.set_tag(continued, "nbtrainer.status", "running")
+                client.log_batch(continued, metrics=[accum_metric])
+                return
             tags = {"nbtrainer.status": "running", "nbtrainer.model": str(params.get("model.class")), **self.tags}
             self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
             self._names, self._owners = {}, {}  # each run names its metrics afresh
             items = [Param(k, v) for k, v in params.items()]
-            accum_metric = Metric("control/grad_accum_steps", float(accum), int(time.time() * 1000), step)
             for i in range(0, len(items), MAX_PARAMS):  # the first batch carries the accumulation too
                 client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS], metrics=[] if i else [accum_metric])
 

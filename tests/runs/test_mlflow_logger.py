@@ -315,3 +315,24 @@ def test_metric_names_mlflow_cleans_alike_stay_apart(uri, tmp_path):
     assert series("acc_1") == pytest.approx(history["acc@1"]) and series("acc_1_2") == [0.125, 0.125]
     assert series("val_acc_1") == pytest.approx(history["val_acc@1"]) and series("val_acc_1_2") == [0.125, 0.125]
     assert series("top:5") == [0.75, 0.75] and "top_5" not in client.get_run(logger.run_id).data.metrics
+
+
+def test_fit_more_extends_the_mlflow_run_and_a_fresh_fit_starts_another(uri, tmp_path):
+    """Before: each fit_more started a second MLflow run for what the History and the run store keep as one run
+    (its epochs split over two runs, the second without params)."""
+    logger = MLflowLogger(tracking_uri=uri, experiment="more")
+    trainer, history = _fit(logger, tmp_path, epochs=2)
+    first = logger.run_id
+    x, y = make_classification(n=128)
+    history = trainer.fit_more(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=2)
+    assert logger.flush() and logger.error is None
+    assert logger.run_id == first
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(first)
+    assert run.info.status == "FINISHED" and run.data.tags["nbtrainer.status"] == "finished"
+    val = client.get_metric_history(first, "val_acc")
+    assert [m.value for m in val] == pytest.approx(history["val_acc"]) and len(val) == 4
+    assert run.data.params["optimizer"] == "AdamW"
+    trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    assert logger.flush() and logger.run_id != first  # a fresh fit is a new run, in MLflow as in the run store
+    assert len(client.search_runs([run.info.experiment_id])) == 2
