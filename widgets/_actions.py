@@ -119,6 +119,7 @@ class PanelActions:
     def profile(self, **kwargs: Any) -> Any:
         """``nbtrainer.profile_model`` on one batch of the train loader; shown as a ProfileCard in the panel."""
         from nbtrainer import precision_support, profile_model
+        from nbtrainer.profile import example_batch
 
         from ._profile_card import ProfileCard
 
@@ -126,7 +127,9 @@ class PanelActions:
             raise RuntimeError("Profile between runs: it would compete with training for the device.")
         self.settle()
         t = self.host.trainer
-        args, kw, targets = t.batch_spec.split(next(iter(self.host.train_loader)))
+        # not next(iter(loader)): a DataLoader's iterator draws its seed from the global RNG, and the next run's data
+        # order and dropout would differ from a run without Profile
+        args, kw, targets = t.batch_spec.split(example_batch(self.host.train_loader))
         inputs = kw if (kw and not args) else (args[0] if len(args) == 1 else tuple(args))
         kwargs.setdefault("precisions", tuple(p for p, (ok, _) in precision_support(t.device).items() if ok))
         kwargs.setdefault("time_budget_s", 0.5)

@@ -212,6 +212,8 @@ class Controls:
     def apply_schedule(self, train_loader: Any, epochs: int) -> None:
         """Install the chosen LR schedule for a run of ``epochs`` (raises ValueError with the reason)."""
         t, choice = self.trainer, self.view.scheduler.value
+        # the control shows what the run trains at: a set_lr() from code since the last run is the trainer's LR
+        self.lr.show(t.lrs.get(self.view.lr_target.value, t.lr))
         if choice == "keep":
             if t.scheduler is not self._user_scheduler:
                 t.set_scheduler(self._user_scheduler, self._user_interval)
@@ -228,7 +230,7 @@ class Controls:
                 total = t.total_steps(train_loader, epochs)
             except TypeError as exc:
                 raise ValueError(f"The {SCHEDULES[choice]} schedule needs the number of steps: {exc}") from None
-        self._reset_groups(float(self.view.lr.value))
+        self._reset_groups()
         opt = t.optimizer
         assert opt is not None  # the panel's Trainer always has one (TrainerWidget builds or checks it)
         if choice == "constant":
@@ -239,12 +241,13 @@ class Controls:
             assert total is not None  # counted above for every schedule but "constant"
             t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total), "step")
 
-    def _reset_groups(self, lr: float) -> None:
-        """Every group back to a plain LR (scaled so group 0 gets ``lr``), scheduler bookkeeping removed."""
-        ref = self.trainer.lr  # raises, naming the fix, when the Trainer has no optimizer
-        factor = lr / ref if ref > 0 else 1.0
+    def _reset_groups(self) -> None:
+        """Every group back to its plain reference LR, scheduler bookkeeping removed. Not scaled to the control's
+        value: the control's changes were applied when made (set_lr), and with several named optimizers it shows
+        one of them, whose LR scaled onto every group once moved all of them."""
+        self.trainer.lr  # noqa: B018 (raises, naming the fix, when the Trainer has no optimizer)
         assert self.trainer.optimizer is not None
         for g in self.trainer.optimizer.param_groups:
-            g["lr"] = float(g.get("max_lr", g.get("initial_lr", g["lr"]))) * factor
+            g["lr"] = float(g.get("max_lr", g.get("initial_lr", g["lr"])))
             for key in ("initial_lr", "max_lr", "min_lr"):
                 g.pop(key, None)

@@ -83,3 +83,31 @@ def test_a_training_step_runs_in_the_panel_and_its_values_reach_history_table_an
     assert w.charts.sent_points()["loss"] >= 6
     assert "body_loss" in list(w.charts.other_choice.options)
     assert "body" in w.view.lr_readout.value and "head" in w.view.lr_readout.value
+
+
+def test_choosing_an_optimizer_in_the_target_menu_does_not_move_any_lr_at_start() -> None:
+    """Before: with the menu on "head", Start scaled every group of every optimizer by head's LR over body's, so the
+    run trained at body 1e-2 -> 1e-3 and head 1e-3 -> 1e-4, unlike the headless fit."""
+    w = _widget()
+    t = w.trainer
+    lrs = dict(t.lrs)
+    w.view.lr_target.value = "head"  # only shows head's LR
+    w.start()
+    history = w.wait()
+    assert t.lrs == lrs
+    assert {round(lr, 12) for lr in history.steps["lr"]} == {lrs["body"]}  # the logged LR is the first optimizer's
+
+
+def test_a_set_lr_from_code_between_runs_is_what_the_next_run_trains_at() -> None:
+    """Before: Start reset the optimizer to the LR control's value, which a trainer.set_lr() from code had not moved,
+    so the run trained at the old LR while the headless fit trained at the new one."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 3)
+    x, y = make_classification(n=64, d=16, seed=0)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      make_loader(x, y, 16), epochs=1, device="cpu", progress=False, run_store=False)  # fmt: skip
+    w.trainer.set_lr(0.02)
+    w.start()
+    history = w.wait()
+    assert set(history.steps["lr"]) == {0.02}
+    assert float(w.view.lr_exact.value) == 0.02  # and the control says so

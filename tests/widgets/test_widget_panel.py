@@ -289,3 +289,28 @@ def test_profile_card_is_defensive_about_missing_keys():
     )
     assert "Net" in card.html.value and "1.23K" in card.html.value and "no fp16 here" in card.html.value
     assert ProfileCard({}).html.value  # nothing measured: still a card
+
+
+@pytest.mark.slow
+def test_profile_before_start_leaves_the_next_run_as_it_would_have_been():
+    """Before: Profile read its batch with next(iter(loader)), and a DataLoader's iterator draws its seed from the
+    global RNG: the next run's shuffle order and dropout masks differed from a run without Profile."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def run(profile: bool) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 3)
+        )
+        x, y = torch.randn(128, 8), torch.randint(0, 3, (128,))
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)  # its order: the global RNG
+        w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                          epochs=1, device="cpu", progress=False, run_store=False)  # fmt: skip
+        w.looks.data.wait_check()  # its forward is done (it puts the RNG back) before the seed below
+        torch.manual_seed(1)
+        if profile:
+            w.profile(time_budget_s=0.05)
+        w.start()
+        return list(w.wait().steps["loss"])
+
+    assert run(profile=True) == run(profile=False)
