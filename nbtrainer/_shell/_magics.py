@@ -198,17 +198,20 @@ class NbtrainerMagics(Magics):
             return self._train_here(args, model, criterion, optimizer, train_loader, val_loader, precision, metrics)
         from nbtrainer import TrainerWidget
 
-        widget = TrainerWidget(
-            model,
-            criterion,
-            optimizer,
-            train_loader,
-            val_loader,
-            epochs=args.epochs,
-            precision=precision,
-            grad_accum_steps=args.accum,
-            metrics=metrics,
-        )
+        try:  # what the names hold is checked there: a wrong one is the user's argument, not a bug to trace
+            widget = TrainerWidget(
+                model,
+                criterion,
+                optimizer,
+                train_loader,
+                val_loader,
+                epochs=args.epochs,
+                precision=precision,
+                grad_accum_steps=args.accum,
+                metrics=metrics,
+            )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"%nbtrainer train: {exc}") from None
         self._user_ns["_nbt_widget"] = widget
         self._display(widget)
         return None
@@ -230,9 +233,12 @@ class NbtrainerMagics(Magics):
 
         from nbtrainer import Trainer
 
-        trainer = Trainer(
-            model, criterion, optimizer, precision=precision, grad_accum_steps=args.accum, metrics=metrics
-        )
+        try:
+            trainer = Trainer(
+                model, criterion, optimizer, precision=precision, grad_accum_steps=args.accum, metrics=metrics
+            )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"%nbtrainer train: {exc}") from None
         ns: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
         ns["_nbt_trainer"] = trainer
         print(
@@ -273,6 +279,13 @@ class NbtrainerMagics(Magics):
         except (TypeError, ValueError) as exc:
             raise UsageError(f"%nbtrainer compare: {exc}") from None
         metric = None if str(args.metric).lower() == "none" else args.metric
+        if args.device != "auto":  # before anything is shown: a widget left at "0 done" behind a traceback helps no one
+            from nbtrainer._setup._precision import resolve_device
+
+            try:
+                resolve_device(args.device)
+            except (RuntimeError, ValueError) as exc:
+                raise UsageError(f"%nbtrainer compare: bad --device {args.device!r}: {exc}") from None
 
         def progress(row: dict) -> None:
             done = "failed: " + str(row["reason"]) if row["status"] != "ok" else "done"

@@ -454,3 +454,28 @@ def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
     assert 'class="nbt-doctor"' in result.data["text/html"]
     assert "ZMQInteractiveShell" in result.data["text/plain"]
     assert "No training runs in progress" in "".join(o.get("text", "") for o in nb.cells[2].outputs)
+
+
+@pytest.mark.parametrize(
+    ("frontend", "line", "message"),
+    [
+        ("notebook", "train model crit opt train_dl --metrics crit", "%nbtrainer train: metrics must be a dict"),
+        ("notebook", "train model crit groups train_dl", "%nbtrainer train: "),
+        ("terminal", "train model crit groups train_dl", "%nbtrainer train: "),
+        ("notebook", "compare make_model None crit train_dl --steps 2 --device tpu", "bad --device 'tpu'"),
+    ],
+)
+def test_names_holding_the_wrong_thing_give_a_usage_error_not_a_traceback(
+    shell: Any, monkeypatch: pytest.MonkeyPatch, frontend: str, line: str, message: str
+) -> None:
+    """Before: a --metrics that is not a dict, an optimizer name holding a list, or compare's --device tpu raised a
+    full traceback (compare's after showing its widget at "0 done"); the messages were clear, the way was not."""
+    monkeypatch.setenv("NBTRAINER_FRONTEND", frontend)
+    shell.user_ns.update(_data())
+    shell.user_ns["groups"] = shell.user_ns["opt"].param_groups
+    shell.user_ns["make_model"] = lambda: torch.nn.Linear(8, 2)
+    shown: list[Any] = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
+    with pytest.raises(UsageError, match=re.escape(message)), capture_output():
+        nbt(shell, line)
+    assert shown == []  # refused before anything was drawn
