@@ -13,11 +13,16 @@ keeps what the Trainer promises for an automatic step:
   gate, the step, that optimizer's scheduler and ``zero_grad``; under accumulation only at the window's last
   micro-batch (earlier calls are no-ops, so every optimizer steps once per window).
 
+``fn`` runs under the precision's autocast; backward and the steps run outside it, as in torch's AMP recipe, and each
+step drops autocast's low-precision copies of the weights, so a forward after ``step.step("d")`` (the generator's
+loss) sees D as just updated.
+
 A window in which ``fn`` never called ``step.step`` is refused at the first one (nothing would train).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from nbtrainer._loop._nonfinite import NonFiniteGuard
 
 __all__ = ["ManualStep", "StepHandle", "check_manual"]
+
+_NULL = contextlib.nullcontext()
 
 
 class StepHandle:
@@ -91,7 +98,13 @@ class StepHandle:
         scaler = host.scaler
         if scaler is not None:
             scaled = scaler.scale(scaled)
-        torch.autograd.backward(scaled, inputs=inputs)
+        with self._outside_autocast():
+            torch.autograd.backward(scaled, inputs=inputs)
+
+    def _outside_autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """torch's AMP recipe: backward and the optimizer step run outside autocast, which ``fn`` runs inside."""
+        kind = self._host.device.type
+        return torch.autocast(kind, enabled=False) if torch.is_autocast_enabled(kind) else _NULL
 
     def step(self, name: str, closure: Callable[[], Any] | None = None) -> None:
         """Step the optimizer ``name`` (see the module docstring); a no-op before the window's last micro-batch."""
@@ -99,6 +112,19 @@ class StepHandle:
         self.called.add(name)
         if not self._closes:
             return
+        kind = self._host.device.type
+        if not torch.is_autocast_enabled(kind):
+            self._update(name, opt, closure)
+            return
+        if closure is not None:
+            closure = _under_autocast(closure, kind, torch.get_autocast_dtype(kind))
+        with torch.autocast(kind, enabled=False):
+            self._update(name, opt, closure)
+        # autocast keeps its low-precision copies of the weights until the outermost region exits, and an in-place
+        # update does not invalidate them: a later forward in fn would use the weights from before this step
+        torch.clear_autocast_cache()
+
+    def _update(self, name: str, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> None:
         host = self._host
         params = [p for g in opt.param_groups for p in g["params"]]
         if isinstance(host.model, DistributedDataParallel):
@@ -125,6 +151,18 @@ class StepHandle:
         if len(self.stepped) > before and schedulers and name in schedulers and self._per_step:
             schedulers[name].step()
         opt.zero_grad(set_to_none=True)
+
+
+def _under_autocast(closure: Callable[[], Any], kind: str, dtype: torch.dtype) -> Callable[[], Any]:
+    """A closure's forward in ``fn``'s autocast, with casts of the weights as they are at each call (a line search
+    evaluates it again after changing them)."""
+
+    def run() -> Any:
+        torch.clear_autocast_cache()
+        with torch.autocast(kind, dtype=dtype):
+            return closure()
+
+    return run
 
 
 def average_gradients(params: list[torch.Tensor], group: Any) -> None:

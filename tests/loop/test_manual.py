@@ -173,3 +173,63 @@ def test_the_dcgan_example_draws_a_fixed_noise_grid_every_epoch_without_changing
     from PIL import Image
 
     assert Image.open(io.BytesIO(history.samples[-1]["value"])).size == (32, 32)  # 4 x 4 tiles of 8 x 8
+
+
+def _tiny_gan() -> tuple[Any, dict[str, Any]]:
+    torch.manual_seed(0)
+    gan = nn.Module()
+    gan.g = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    gan.d = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opts = {"d": torch.optim.SGD(gan.d.parameters(), lr=0.5), "g": torch.optim.SGD(gan.g.parameters(), lr=0.5)}
+    return gan, opts
+
+
+def _tiny_batches(n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 8, generator=g) + 2, torch.randn(16, 4, generator=g)) for _ in range(n)]
+
+
+def _tiny_d_loss(gan: Any, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    bce = nn.functional.binary_cross_entropy_with_logits
+    fake = gan.g(z)
+    real, faked = gan.d(x), gan.d(fake.detach())
+    return fake, bce(real, torch.ones_like(real)) + bce(faked, torch.zeros_like(faked))
+
+
+def _tiny_g_loss(gan: Any, fake: torch.Tensor) -> torch.Tensor:
+    out = gan.d(fake)
+    return nn.functional.binary_cross_entropy_with_logits(out, torch.ones_like(out))
+
+
+def _tiny_step(step: Any, batch: Any) -> Any:
+    x, z = batch
+    fake, d_loss = _tiny_d_loss(step.model, x, z)
+    step.backward(d_loss, optimizer="d")
+    step.step("d")
+    g_loss = _tiny_g_loss(step.model, fake)
+    step.backward(g_loss, optimizer="g")
+    step.step("g")
+    return {"loss": g_loss, "d_loss": d_loss}
+
+
+def test_bf16_generator_loss_sees_the_discriminator_just_updated_as_torch_amp_does() -> None:
+    # torch's AMP recipe: autocast around each forward and loss only. G's loss must use D's weights after D's step,
+    # not autocast's cached bf16 copy of them from before it (one autocast region around the whole training_step)
+    gan, opts = _tiny_gan()
+    Trainer(gan, None, opts, training_step=_tiny_step, precision="bf16-mixed", progress=False, run_store=False).fit(
+        _tiny_batches(), epochs=1
+    )
+    ref, ref_opts = _tiny_gan()
+    for x, z in _tiny_batches():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fake, d_loss = _tiny_d_loss(ref, x, z)
+        torch.autograd.backward(d_loss, inputs=list(ref.d.parameters()))
+        ref_opts["d"].step()
+        ref_opts["d"].zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            g_loss = _tiny_g_loss(ref, fake)
+        torch.autograd.backward(g_loss, inputs=list(ref.g.parameters()))
+        ref_opts["g"].step()
+        ref_opts["g"].zero_grad()
+    for a, b in zip(gan.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)
