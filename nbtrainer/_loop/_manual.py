@@ -63,6 +63,8 @@ class StepHandle:
         self._allowed: bool | None = None  # the non-finite gate's answer for this window (asked once)
         self.called: set[str] = set()  # names given to step() in the current window
         self.stepped: set[str] = set()  # names whose optimizer really stepped in the current window
+        #: every param group's LR before the window's first scheduler step (the LRs its steps used), else None
+        self.used_lrs: list[float] | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -149,6 +151,9 @@ class StepHandle:
             hook.remove()
         schedulers = getattr(host.scheduler, "schedulers", None)
         if len(self.stepped) > before and schedulers and name in schedulers and self._per_step:
+            if self.used_lrs is None:
+                groups: list[dict[str, Any]] = getattr(host.optimizer, "param_groups", [])
+                self.used_lrs = [g["lr"] for g in groups]
             schedulers[name].step()
         opt.zero_grad(set_to_none=True)
 
@@ -198,7 +203,7 @@ class ManualStep:
         """``fn(step, batch)`` under autocast; returns the main loss (on the device) and the batch size."""
         handle = self.handle
         if handle._closes:  # a new window starts
-            handle.called, handle.stepped, handle._allowed = set(), set(), None
+            handle.called, handle.stepped, handle._allowed, handle.used_lrs = set(), set(), None, None
         handle._window, handle._closes = window, closes
         with amp:
             result = self.fn(handle, batch)

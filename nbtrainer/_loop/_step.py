@@ -123,7 +123,8 @@ class TrainStep:
         host = self.host
         opt, scaler = self.optimizer, host.scaler
         if self.manual is not None:  # training_step stepped each optimizer (and its scheduler) itself
-            lr = opt.param_groups[0]["lr"]
+            self.scheduled_from = used = self.manual.handle.used_lrs
+            lr = used[0] if used is not None else opt.param_groups[0]["lr"]
             stepped = self.manual.window_closed(first_window=host.run_state.loop_state.global_step == 0)
             if scaler is not None:
                 scaler.update()  # one scale for every optimizer of the window

@@ -233,3 +233,33 @@ def test_bf16_generator_loss_sees_the_discriminator_just_updated_as_torch_amp_do
         ref_opts["g"].zero_grad()
     for a, b in zip(gan.parameters(), ref.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_logged_lr_is_the_one_each_step_used_as_in_the_automatic_path() -> None:
+    # a per-step scheduler moves the LR on inside step.step: the History keeps the LR the step used, not the next one
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(4)]
+
+    def training_step(step: Any, batch: Any) -> Any:
+        x, y = batch
+        loss = nn.functional.cross_entropy(step.model(x), y)
+        step.backward(loss, optimizer="main")
+        step.step("main")
+        return {"loss": loss}
+
+    rows = {}
+    for manual in (False, True):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        used: list[float] = []
+        opt.register_step_pre_hook(lambda o, *_, used=used: used.append(o.param_groups[0]["lr"]))
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        kw: dict[str, Any] = {"scheduler": {"main": sched}, "progress": False, "run_store": False}
+        if manual:
+            trainer = Trainer(model, None, {"main": opt}, training_step=training_step, **kw)
+        else:
+            trainer = Trainer(model, nn.CrossEntropyLoss(), {"main": opt}, **kw)
+        history = trainer.fit(data, epochs=1)
+        assert history.steps["lr"] == used == [0.1, 0.05, 0.025, 0.0125]
+        rows[manual] = history.epochs[-1]["lr"]
+    assert rows[True] == rows[False] == 0.0125
