@@ -60,7 +60,8 @@ class StepHandle:
         self._per_step = scheduler_per_step(host)
         self._window = 1
         self._closes = True
-        self._allowed: bool | None = None  # the non-finite gate's answer for this window (asked once)
+        self._batch_bad: torch.Tensor | None = None  # on_nonfinite gating: a loss of this micro-batch was non-finite
+        self.held: set[str] = set()  # names whose step the window's close held back (non-finite loss, fp16 overflow)
         self.called: set[str] = set()  # names given to step() in the current window
         self.stepped: set[str] = set()  # names whose optimizer really stepped in the current window
         #: every param group's LR before the window's first scheduler step (the LRs its steps used), else None
@@ -96,6 +97,8 @@ class StepHandle:
         guard = self._nonfinite
         if guard.gating:
             guard.observe(loss)
+            bad = ~torch.isfinite(loss.detach())
+            self._batch_bad = bad if self._batch_bad is None else self._batch_bad | bad
         scaled = loss / self._window if self._window != 1 else loss
         scaler = host.scaler
         if scaler is not None:
@@ -138,19 +141,20 @@ class StepHandle:
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm is never read: no sync
         guard = self._nonfinite
-        if self._allowed is None:
-            self._allowed = guard.allow_step(opt, scaler) if guard.gating else True
-        before = len(self.stepped)
-        hook = opt.register_step_post_hook(lambda *_: self.stepped.add(name))
+        # every loss of the window so far: one back-propagated after an earlier step.step is not in that step
+        allowed = guard.allow_step(opt, scaler, keep=True) if guard.gating else True
+        did: list[bool] = []
+        hook = opt.register_step_post_hook(lambda *_: did.append(True))
         try:
             if scaler is not None:
                 scaler.step(opt, closure) if closure is not None else scaler.step(opt)
-            elif self._allowed:
+            elif allowed:
                 opt.step(closure) if closure is not None else opt.step()
         finally:
             hook.remove()
+        (self.stepped if did else self.held).add(name)
         schedulers = getattr(host.scheduler, "schedulers", None)
-        if len(self.stepped) > before and schedulers and name in schedulers and self._per_step:
+        if did and schedulers and name in schedulers and self._per_step:
             if self.used_lrs is None:
                 groups: list[dict[str, Any]] = getattr(host.optimizer, "param_groups", [])
                 self.used_lrs = [g["lr"] for g in groups]
@@ -203,8 +207,9 @@ class ManualStep:
         """``fn(step, batch)`` under autocast; returns the main loss (on the device) and the batch size."""
         handle = self.handle
         if handle._closes:  # a new window starts
-            handle.called, handle.stepped, handle._allowed, handle.used_lrs = set(), set(), None, None
-        handle._window, handle._closes = window, closes
+            handle.called, handle.stepped, handle.held, handle.used_lrs = set(), set(), set(), None
+            handle._nonfinite.new_window()
+        handle._window, handle._closes, handle._batch_bad = window, closes, None
         with amp:
             result = self.fn(handle, batch)
         values = check_step_result(result, self.keys)
@@ -214,11 +219,15 @@ class ManualStep:
             main = next(iter(values.values()))
         if values:
             self.host.run_state.train_metrics.add_values(values)
-        return main.detach().reshape(()), batch_size_of(None, batch)
+        main = main.detach().reshape(())
+        bad = handle._batch_bad
+        if bad is not None:  # a skipped window's logged loss is non-finite: left out, and reported (_nonfinite)
+            main = torch.where(bad, torch.full_like(main, float("nan")), main)
+        return main, batch_size_of(None, batch)
 
     def window_closed(self, first_window: bool) -> bool:
-        """After the window's last micro-batch: whether any optimizer stepped. The first window without any
-        ``step.step`` call is refused."""
+        """After the window's last micro-batch: whether it counts as stepped (some optimizer stepped and none was held
+        back). The first window without any ``step.step`` call is refused."""
         handle = self.handle
         if first_window and not handle.called:
             raise ValueError(
@@ -226,7 +235,7 @@ class ManualStep:
                 f"train. Call step.step(...) for each optimizer ({list(getattr(self.host.optimizer, 'names', []))}) "
                 "after its step.backward(...)."
             )
-        return bool(handle.stepped)
+        return bool(handle.stepped) and not handle.held
 
 
 def check_manual(

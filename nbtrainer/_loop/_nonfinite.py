@@ -31,6 +31,12 @@
     loss, the scheduler does not step for them, and each is reported as a ``"nonfinite"`` history
     event with its step.
 
+    With ``training_step=`` each ``step.step(name)`` decides on every loss ``step.backward`` got in the window so
+    far: a non-finite one holds back that step and every later one of the window, while an optimizer that stepped
+    before it keeps its update (and its scheduler steps). A window in which any step was held back is one skipped
+    step, its logged loss is non-finite (so that it is left out and reported as above) and under DDP / FSDP each
+    ``step.step`` ORs the flag over the ranks.
+
 ``"stop"``
     Like ``"skip"`` (the bad window does not update the weights, same sync cost), then the fit stops
     at the refresh that sees it (under DDP / FSDP: after the skipped step, on every rank alike, as the shared flag
@@ -96,11 +102,18 @@ class NonFiniteGuard:
         bad = ~torch.isfinite(loss.detach())
         self._bad = bad if self._bad is None else self._bad | bad
 
-    def allow_step(self, optimizer: torch.optim.Optimizer, scaler: Any) -> bool:
+    def new_window(self) -> None:
+        """``training_step=``: forget the flag of the window before (it is kept across the window's steps)."""
+        self._bad = None
+
+    def allow_step(self, optimizer: torch.optim.Optimizer, scaler: Any, *, keep: bool = False) -> bool:
         """Whether ``optimizer.step()`` may run for the window that just closed (called after
         ``scaler.unscale_``). With a scaler the flag joins its ``found_inf`` and this returns True:
-        ``scaler.step`` then skips on its own inf check."""
-        bad, self._bad = self._bad, None
+        ``scaler.step`` then skips on its own inf check. ``keep``: the flag stays for the window's later steps
+        (``training_step=`` steps several optimizers, each after its own losses)."""
+        bad = self._bad
+        if not keep:
+            self._bad = None
         strategy = self._strategy
         if strategy is not None:
             # every rank closes this window at the same step: the skip is decided on the flag of all of them, or a

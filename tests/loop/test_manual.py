@@ -263,3 +263,44 @@ def test_the_logged_lr_is_the_one_each_step_used_as_in_the_automatic_path() -> N
         assert history.steps["lr"] == used == [0.1, 0.05, 0.025, 0.0125]
         rows[manual] = history.epochs[-1]["lr"]
     assert rows[True] == rows[False] == 0.0125
+
+
+def test_skip_holds_back_every_step_after_a_non_finite_loss_and_counts_it_as_events_say() -> None:
+    # on_nonfinite="skip": each step.step decides on every loss back-propagated in the window so far. A NaN generator
+    # loss (batch 1) holds G back while D, stepped before it, keeps its update; a NaN discriminator loss (batch 2)
+    # holds both back. Each such window is one skipped step and one "nonfinite" event; a hand loop agrees exactly.
+    poison = [(1.0, 1.0), (1.0, float("nan")), (float("nan"), 1.0), (1.0, 1.0)]
+    pairs = zip(_tiny_batches(4), poison, strict=True)
+    batches = [(x, z, torch.tensor(pd), torch.tensor(pg)) for (x, z), (pd, pg) in pairs]
+
+    def training_step(step: Any, batch: Any) -> Any:
+        x, z, pd, pg = batch
+        fake, d_loss = _tiny_d_loss(step.model, x, z)
+        d_loss = d_loss * pd
+        step.backward(d_loss, optimizer="d")
+        step.step("d")
+        g_loss = _tiny_g_loss(step.model, fake) * pg
+        step.backward(g_loss, optimizer="g")
+        step.step("g")
+        return {"loss": g_loss, "d_loss": d_loss}
+
+    gan, opts = _tiny_gan()
+    kw: dict[str, Any] = {"on_nonfinite": "skip", "progress": False, "run_store": False}
+    history = Trainer(gan, None, opts, training_step=training_step, **kw).fit(batches, epochs=1)
+    ref, ref_opts = _tiny_gan()
+    for x, z, pd, pg in batches:
+        fake, d_loss = _tiny_d_loss(ref, x, z)
+        d_loss = d_loss * pd
+        torch.autograd.backward(d_loss, inputs=list(ref.d.parameters()))
+        if torch.isfinite(d_loss):
+            ref_opts["d"].step()
+        ref_opts["d"].zero_grad()
+        g_loss = _tiny_g_loss(ref, fake) * pg
+        torch.autograd.backward(g_loss, inputs=list(ref.g.parameters()))
+        if torch.isfinite(d_loss) and torch.isfinite(g_loss):
+            ref_opts["g"].step()
+        ref_opts["g"].zero_grad()
+    for a, b in zip(gan.parameters(), ref.parameters(), strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    assert history.epochs[-1]["skipped_steps"] == 2
+    assert [e["step"] for e in history.events if e["kind"] == "nonfinite"] == [2, 3]
