@@ -223,28 +223,36 @@ def plan_trainable(model: nn.Module, trainable: Any = None, freeze: Any = None) 
     ``trainable`` patterns: exactly the matching parameters train, all others are frozen. ``freeze``
     patterns: the matching parameters are frozen, the others keep their flag (so a peft/LoRA model keeps
     its own choice). Both: ``trainable`` first, then ``freeze``. A pattern matching nothing is an error
-    (a typo would otherwise silently train everything or nothing).
+    (a typo would otherwise silently train everything or nothing). A tied tensor answers to each of its names (an
+    LM head tied to the embedding: ``"head"`` freezes the embedding too); the plan is keyed by the first name.
     """
-    named = list(model.named_parameters())
-    plan = {name: p.requires_grad for name, p in named}
+    plan = {name: p.requires_grad for name, p in model.named_parameters()}
+    every = parameter_aliases(model)
     for option, value in (("trainable", trainable), ("freeze", freeze)):
         if value is None:
             continue
         patterns = _as_patterns(value, option)
         for pattern in patterns:
-            if not any(_matches(name, pattern) for name, _ in named):
-                sample = ", ".join(name for name, _ in named[:6]) + (" ..." if len(named) > 6 else "")
+            if not any(_matches(name, pattern) for name, _ in every):
+                sample = ", ".join(name for name, _ in every[:6]) + (" ..." if len(every) > 6 else "")
                 raise ValueError(
                     f"{option}= pattern {pattern!r} matches no parameter. Patterns are globs over "
                     f"parameter names such as: {sample}"
                 )
-        for name, _ in named:
-            hit = any(_matches(name, pattern) for pattern in patterns)
+        hits = {first for name, first in every if any(_matches(name, pattern) for pattern in patterns)}
+        for first in plan:
             if option == "trainable":
-                plan[name] = hit
-            elif hit:
-                plan[name] = False
+                plan[first] = first in hits
+            elif first in hits:
+                plan[first] = False
     return plan
+
+
+def parameter_aliases(model: nn.Module) -> list[tuple[str, str]]:
+    """Every name of every parameter with the name ``named_parameters()`` gives its tensor (the first one): a tied
+    tensor appears once per owner."""
+    first = {id(p): name for name, p in model.named_parameters()}
+    return [(name, first[id(p)]) for name, p in model.named_parameters(remove_duplicate=False)]
 
 
 def freeze_parameters(model: nn.Module, trainable: Any = None, freeze: Any = None) -> ParamCounts:
@@ -328,7 +336,8 @@ class ModelSetup:
         self._handle: Any = None
         self.optimizer_name: str | None = None
         plan = self._plan or {n: p.requires_grad for n, p in model.named_parameters()}
-        keep = {n for n, t in plan.items() if t} if trainable is not None else set()
+        # every name of a tensor that trains: quantize / lora spare a tied head named by trainable= as well
+        keep = {n for n, first in parameter_aliases(model) if plan[first]} if trainable is not None else set()
         self.savers = MemorySavers(
             model, optimizer, memory, device=device, save_base=setup.save_base, plan=plan, keep=keep
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -320,3 +321,34 @@ def test_compile_and_channels_last():
         plain = Blocks()
         Trainer(plain, nn.CrossEntropyLoss(), "sgd", lr=0.1, channels_last=True, progress=False)
     assert any("no 2-D convolutions" in str(w.message) for w in caught)
+
+
+class TiedLM(nn.Module):
+    """An LM head tied to the embedding (GPT-2's lm_head): the tensor has two names, the head's and the embedding's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 20, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(self.emb(x))))
+
+
+def test_patterns_may_name_the_second_owner_of_a_tied_weight_and_counts_stay_deduplicated():
+    tied = 20 * 8
+    mid = 8 * 8 + 8
+    frozen = Trainer(TiedLM(), nn.CrossEntropyLoss(), "adamw", freeze=["head"], progress=False, run_store=False)
+    model: Any = frozen.model
+    assert not model.emb.weight.requires_grad and model.mid.weight.requires_grad
+    counts = frozen.param_counts
+    assert (counts.total, counts.trainable, counts.frozen, counts.frozen_tensors) == (tied + mid, mid, tied, 1)
+    only = Trainer(TiedLM(), nn.CrossEntropyLoss(), "adamw", trainable=["head.weight"], progress=False, run_store=False)
+    model = only.model
+    assert model.head.weight.requires_grad and not model.mid.weight.requires_grad
+    assert (only.param_counts.trainable, only.param_counts.trainable_tensors) == (tied, 1)
+    model = TiedLM()
+    freeze_parameters(model, freeze=["head.weight"])
+    assert not model.emb.weight.requires_grad
