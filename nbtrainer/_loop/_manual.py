@@ -94,6 +94,8 @@ class StepHandle:
         if optimizer is not None:
             opt = self._optimizer(optimizer, "backward")
             inputs = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+            if not inputs:  # frozen since the fit started (a callback): torch's own error would not say which
+                raise frozen_optimizer(optimizer, opt)
         guard = self._nonfinite
         if guard.gating:
             guard.observe(loss)
@@ -202,6 +204,10 @@ class ManualStep:
         self.fn = fn
         self.handle = StepHandle(host, nonfinite)
         self.keys: list[str] | None = None
+        children: dict[str, torch.optim.Optimizer] = getattr(host.optimizer, "optimizers", {})
+        for name, opt in children.items():  # before the first step: another optimizer may not have stepped yet
+            if not any(p.requires_grad for g in opt.param_groups for p in g["params"]):
+                raise frozen_optimizer(name, opt)
 
     def run(self, batch: Any, window: int, closes: bool, amp: Any) -> tuple[torch.Tensor, int]:
         """``fn(step, batch)`` under autocast; returns the main loss (on the device) and the batch size."""
@@ -236,6 +242,16 @@ class ManualStep:
                 "after its step.backward(...)."
             )
         return bool(handle.stepped) and not handle.held
+
+
+def frozen_optimizer(name: str, opt: torch.optim.Optimizer) -> ValueError:
+    n = sum(len(g["params"]) for g in opt.param_groups)
+    return ValueError(
+        f"training_step=: the optimizer {name!r} holds no parameter that trains (its {n} tensors are all frozen, "
+        f"requires_grad=False, e.g. by freeze= / trainable=), so step.backward(loss, optimizer={name!r}) has nothing "
+        f"to give gradients to. Unfreeze some of them, or drop it from optimizer={{...}} and its step.backward / "
+        "step.step calls from training_step."
+    )
 
 
 def check_manual(

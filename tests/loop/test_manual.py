@@ -304,3 +304,12 @@ def test_skip_holds_back_every_step_after_a_non_finite_loss_and_counts_it_as_eve
         assert torch.isfinite(a).all() and torch.equal(a, b)
     assert history.epochs[-1]["skipped_steps"] == 2
     assert [e["step"] for e in history.events if e["kind"] == "nonfinite"] == [2, 3]
+
+
+def test_a_named_optimizer_with_only_frozen_parameters_is_refused_before_the_first_step() -> None:
+    gan, opts = _tiny_gan()
+    trainer = Trainer(gan, None, opts, training_step=_tiny_step, freeze=["g"], progress=False, run_store=False)
+    before = [p.detach().clone() for p in gan.parameters()]
+    with pytest.raises(ValueError, match=r"optimizer 'g' holds no parameter that trains.*drop it from optimizer="):
+        trainer.fit(_tiny_batches(), epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, gan.parameters(), strict=True))
