@@ -260,7 +260,7 @@ class FitLoop:
                 if closure is not None:
                     detached, bs, step.closure = closure.prepare(batch, first, amp, metrics)
                 else:
-                    detached, bs = split_steps(t, step, batch, window, closes, first, amp, metrics)
+                    detached, bs = split_steps(t, step, batch, window, closes, first, amp, metrics, in_window)
                 t2 = t1
                 loss = outputs = targets = None
             else:
@@ -285,12 +285,12 @@ class FitLoop:
                             metrics.check_first()
                     if emit is not None:  # device tensors, the batch's dataset indices (host lists): nothing read
                         emit(trainer=t, outputs=outputs, targets=targets, indices=data.indices)
+                    bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
                     if sample:
                         self._sync()
                         t2 = clock()
                     with r_bwd:
-                        step.backward(loss, window)
-                bs = targets.shape[0] if type(targets) is Tensor and targets.ndim else batch_size_of(targets, batch)
+                        step.backward(loss, window, bs, in_window)  # weighted by its size in its window
                 detached = loss.detach()
             first = False
             pend_loss.append(detached)
@@ -310,7 +310,7 @@ class FitLoop:
                 self._sync()
                 t3 = clock()
             if closes:
-                self._optimizer_step(window / in_window if in_window != window else 1.0)
+                self._optimizer_step(step.window_rescale(window, in_window))
                 in_window = 0
                 if sample:
                     self._sync()
@@ -337,7 +337,7 @@ class FitLoop:
             if time.perf_counter() >= self._next_refresh:
                 self._refresh(time.perf_counter())
         if in_window:  # the loader ended inside a window (len() was wrong): step with the exact scale
-            self._optimizer_step(window / in_window)
+            self._optimizer_step(self.step.window_rescale(window, in_window))
         if control.stop_requested and (n is None or st.batch < n):
             self._refresh(time.perf_counter())
             return

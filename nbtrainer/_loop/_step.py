@@ -1,8 +1,12 @@
 """One training step's mechanics, shared by ``fit`` (``FitLoop``) and ``lr_find``.
 
 A micro-batch's loss is divided by the size of its window and back-propagated (through the GradScaler under
-fp16), under DDP's ``no_sync`` unless it closes the window. The window's optimizer step then runs, in this
-order: unscale (fp16), the exact rescale of a ragged window, clipping, ``on_before_optimizer_step``, the
+fp16), under DDP's ``no_sync`` unless it closes the window. A micro-batch whose item count (the host-side size
+the loop reads from shapes) differs from the window's first one is also weighted by its size over the first's,
+and a window whose items total other than planned x the first's size is rescaled once at its step, so that a
+mean-reduced loss's window gradient is its items' mean: one big batch of them (the last micro-batch of an epoch
+is often smaller). Windows of equal micro-batches take no extra operation. The window's optimizer step then runs,
+in this order: unscale (fp16), the exact rescale of a ragged window, clipping, ``on_before_optimizer_step``, the
 NaN/inf gate (``on_nonfinite="skip"/"stop"``), the step (the scaler's, which may skip), ``zero_grad``, and the
 per-step scheduler, never after a skipped step (the optimizer's step post-hook tells, without a device read).
 The profiler's ``nbt.optimizer_step`` range wraps it. ``fit`` adds its bookkeeping around it (global step,
@@ -78,6 +82,9 @@ class TrainStep:
         #: each param group's LR as the last step used it, when a per-step scheduler has moved it on since (else
         #: None: the groups still hold it); ``fit`` keeps it in its loop state for the epoch's row
         self.scheduled_from: list[float] | None = None
+        # the open window's first micro-batch size, and how many items its others had beyond that size each
+        self._nominal = 0
+        self._extra = 0
 
     def attach(self) -> Any:
         """Register the optimizer's step post-hook (a skipped fp16 step never calls it) and, with
@@ -100,9 +107,43 @@ class TrainStep:
         strategy = self.host.strategy
         return strategy.no_sync(self.host.model, not closes) if strategy.distributed else _NULL
 
-    def backward(self, loss: torch.Tensor, window: int) -> None:
-        """Back-propagate ``loss`` as one of ``window`` micro-batches (scaled by the GradScaler under fp16)."""
-        scaled = loss / window if window != 1 else loss
+    def backward(self, loss: torch.Tensor, window: int, size: int = 0, nth: int = 1) -> None:
+        """Back-propagate ``loss`` as one of ``window`` micro-batches (scaled by the GradScaler under fp16):
+        ``size`` items, the ``nth`` of its window (see the module docstring; ``size=0``: no weighting)."""
+        if nth == 1:
+            self._nominal, self._extra = size, 0
+        nominal = self._nominal
+        if size == nominal or not nominal:
+            scaled = loss / window if window != 1 else loss
+        else:
+            self._extra += size - nominal
+            scaled = loss * (size / (nominal * window))
+        self.propagate(scaled)
+
+    def weigh(self, size: int, nth: int) -> float:
+        """What :meth:`backward` multiplies a loss by for its size (1.0 for the window's usual size), for a caller
+        that back-propagates a batch in parts (:func:`split_steps`); counts the items as backward does."""
+        if nth == 1:
+            self._nominal, self._extra = size, 0
+            return 1.0
+        nominal = self._nominal
+        if size == nominal or not nominal:
+            return 1.0
+        self._extra += size - nominal
+        return size / nominal
+
+    def window_rescale(self, window: int, taken: int) -> float:
+        """The factor for the gradients of a window planned as ``window`` micro-batches that closed after ``taken``:
+        its losses were divided by ``window`` and weighted against its first one's size, so that the step sees its
+        items' mean. 1.0 (no operation) for a full window of equal micro-batches."""
+        extra = self._extra
+        if not extra:  # the count's ratio alone: the same float as planned x size / (taken x size)
+            return window / taken if taken != window else 1.0
+        nominal = self._nominal
+        return window * nominal / (taken * nominal + extra)
+
+    def propagate(self, scaled: torch.Tensor) -> None:
+        """Back-propagate a loss already divided for its window (scaled by the GradScaler under fp16)."""
         in_bwd = self._in_backward
         if in_bwd is not None:  # accumulation is refused with it: every micro-batch closes its window
             guard = self.nonfinite
@@ -210,13 +251,27 @@ class _Handles:
 
 
 def split_steps(
-    host: LoopHost, step: TrainStep, batch: Any, window: int, closes: bool, first: bool, amp: Any, metrics: Any
+    host: LoopHost,
+    step: TrainStep,
+    batch: Any,
+    window: int,
+    closes: bool,
+    first: bool,
+    amp: Any,
+    metrics: Any,
+    nth: int = 1,
 ) -> tuple[torch.Tensor, int]:
-    """One loader batch as ``host.micro_split`` forward / backward passes (``memory_budget_gb``'s plan): each
-    part's loss is divided by the parts' count too, so the window's gradient is the whole batch's (equal
-    parts of a mean loss). Returns the batch's mean loss (detached, on the device) and its size."""
+    """One loader batch, the ``nth`` of its window, as ``host.micro_split`` forward / backward passes
+    (``memory_budget_gb``'s plan): each part's loss is divided by the parts' count too and, when the rows do not
+    split evenly, weighted by its rows over the parts' mean, so the window's gradient is the whole batch's for a
+    mean loss. Returns the batch's mean loss (detached, on the device) and its size."""
     t = host
     parts = split_batch(batch, t.micro_split)
+    rows = [batch_size_of(None, part) for part in parts]
+    total = sum(rows)
+    weight = step.weigh(batch_size_of(None, batch), nth)
+    divisor = window * len(parts)
+    even = weight == 1.0 and total == rows[0] * len(parts)
     guard = step.nonfinite
     steps = t.batch_steps
     losses: list[torch.Tensor] = []
@@ -237,7 +292,10 @@ def split_steps(
                     metrics.update(outputs, targets)
                 if first and i == 0:
                     metrics.check_first()
-            step.backward(loss, window * len(parts))
+            if even:
+                step.propagate(loss / divisor if divisor != 1 else loss)
+            else:
+                step.propagate(loss * (weight * rows[i] * len(parts) / (total * divisor)))
         losses.append(loss.detach())
         size += targets.shape[0] if type(targets) is torch.Tensor and targets.ndim else batch_size_of(targets, part)
         del loss, outputs, targets

@@ -192,3 +192,109 @@ def test_a_step_time_sample_counts_every_micro_batch_of_its_window(k):
 
     times = [t for _, t in _step_samples(Sleepy(), k, 64)]
     assert times and min(t["forward"] for t in times) >= k * 3.0, times
+
+
+def _ragged_reference(model, x, y, bs, k, lr):
+    """Hand-written: one SGD step per window on the concatenated window, whatever its micro-batches' sizes."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    n = -(-x.shape[0] // bs)
+    for start in range(0, n, k):
+        xb, yb = x[start * bs : min(start + k, n) * bs], y[start * bs : min(start + k, n) * bs]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    return model
+
+
+def _fit_ragged(x, y, bs, k, loader=None, **options):
+    model = _model()
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=k, progress=False,
+        device="cpu", **options,
+    )  # fmt: skip
+    trainer.fit(loader if loader is not None else make_loader(x, y, batch_size=bs), epochs=2)
+    return model
+
+
+# 90 samples in batches of 16: micro-batches 16, 16, 16, 16, 16, 10. With k=3 the last window is 16, 16, 10; k=4
+# makes it 16, 10 (short and ragged); k=6 one window of all of them.
+@pytest.mark.parametrize("k", [3, 4, 6])
+@pytest.mark.parametrize("no_len", [False, True])
+def test_a_ragged_last_micro_batch_accumulates_to_one_big_batch(k, no_len):
+    # Each micro-batch's mean loss was divided by the window's micro-batch count, so a 10-sample micro-batch weighed
+    # as much as a 16-sample one (maxdiff 8e-3 after one epoch). Compared in float64 within 1e-10 (not torch.equal):
+    # one big batch's mean sums its samples in another order than per micro-batch means weighted by their sizes.
+    x, y = _data(90 // 5, bs=5)
+    ref = _model()
+    for _ in range(2):
+        _ragged_reference(ref, x, y, 16, k, lr=0.1)
+    model = _fit_ragged(x, y, 16, k, loader=_NoLen(x, y, 16) if no_len else None)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+def test_a_ragged_window_is_exact_under_the_nonfinite_gate():
+    x, y = _data(90 // 5, bs=5)
+    ref = _model()
+    for _ in range(2):
+        _ragged_reference(ref, x, y, 16, 3, lr=0.1)
+    model = _fit_ragged(x, y, 16, 3, on_nonfinite="skip")
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,k", [(96, 3), (112, 3), (96, 1), (64, 8)])
+@pytest.mark.parametrize("no_len", [False, True])
+def test_equal_micro_batches_keep_the_arithmetic_they_had(n, k, no_len):
+    # Windows of equal micro-batches (a short last one included) take exactly the operations they took before sizes
+    # were weighted: each loss divided by its planned window (a loader with len() plans the short last window; one
+    # without plans k), a window that ended early multiplied by planned / taken. Bit-identical.
+    x, y = _data(n // 4, bs=4)
+    ref = _model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    batches = list(make_loader(x, y, batch_size=16))
+    for _ in range(2):
+        for start in range(0, len(batches), k):
+            window = batches[start : start + k]
+            planned = k if no_len else len(window)
+            for xb, yb in window:
+                loss = torch.nn.functional.mse_loss(ref(xb), yb)
+                (loss / planned if planned != 1 else loss).backward()
+            if len(window) != planned:
+                torch._foreach_mul_([p.grad for p in ref.parameters()], planned / len(window))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    model = _fit_ragged(x, y, 16, k, loader=_NoLen(x, y, 16) if no_len else None)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_ragged_window_under_fp16_unscales_then_weighs():
+    # The GradScaler's scale is taken off before the window's size correction: fp16 tracks the fp32 result.
+    x, y = _data(90 // 5, bs=5)
+    ref = _model()
+    for _ in range(2):
+        _ragged_reference(ref, x, y, 16, 3, lr=0.1)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    trainer = Trainer(
+        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=3, progress=False,
+        device="cpu", precision="fp16-mixed",
+    )  # fmt: skip
+    trainer.fit(make_loader(x.float(), y.float(), batch_size=16), epochs=2)
+    assert trainer.scaler is not None
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q.float(), rtol=0, atol=5e-4)  # 7e-3 when sizes were not weighed
+
+
+def test_a_batch_split_in_uneven_parts_weighs_each_by_its_rows(monkeypatch):
+    # memory_budget_gb's plan trains a loader batch as several forward / backward passes: 16 rows in 3 parts are
+    # 6, 5, 5 and the last batch's 10 are 4, 3, 3. Each part weighs by its rows, so the window is still one big batch.
+    monkeypatch.setattr(Trainer, "micro_split", property(lambda self: 3))
+    x, y = _data(90 // 5, bs=5)
+    ref = _model()
+    for _ in range(2):
+        _ragged_reference(ref, x, y, 16, 3, lr=0.1)
+    model = _fit_ragged(x, y, 16, 3)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
