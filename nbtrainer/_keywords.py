@@ -119,7 +119,9 @@ T = TypeVar("T")
 class Option(Generic[T]):
     """A Trainer attribute that is one field of one option group (``trainer.grad_accum_steps`` is
     ``trainer.options.step.grad_accum_steps``): read from the group; assigned, the group is replaced, so the group
-    stays the only copy.
+    stays the only copy. An option with a setter (``via``: the owner's method name, or a function of the owner and
+    the value) is assigned through it, so that ``trainer.precision = "fp16-mixed"`` takes ``set_precision``'s checks
+    and makes its GradScaler instead of only replacing the group.
 
     Example:
         >>> from nbtrainer._options import TrainerOptions
@@ -132,10 +134,11 @@ class Option(Generic[T]):
         2
     """
 
-    __slots__ = ("_get", "group", "name")
+    __slots__ = ("_get", "group", "name", "via")
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, via: str | Callable[[Any, Any], Any] | None = None) -> None:
         self.group = group
+        self.via = via
         self.name = ""
         self._get: Callable[[Any], Any] = operator.attrgetter("options")
 
@@ -154,4 +157,10 @@ class Option(Generic[T]):
         return value
 
     def __set__(self, obj: Any, value: T) -> None:
-        obj.options = obj.options.replace(self.group, **{self.name: value})
+        via = self.via
+        if via is None:
+            obj.options = obj.options.replace(self.group, **{self.name: value})
+        elif isinstance(via, str):
+            getattr(obj, via)(value)
+        else:
+            via(obj, value)

@@ -101,14 +101,14 @@ class Trainer:
     # Trainers inside fit() in this process (weak: a trainer that is dropped leaves it).
     _active: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
 
-    # -- the options, by group: the only copy; the attributes below read (and, assigned, replace) their group --
+    # -- the options, by group: the only copy; the attributes below read them; assigned: their setter, if any --
     options: TrainerOptions
-    precision: Option[str] = Option("memory")
+    precision: Option[str] = Option("memory", via="set_precision")
     optimizer_in_backward: Option[bool] = Option("memory")  # each parameter updated inside backward (_in_backward)
     device: Option[torch.device] = Option("setup")
-    grad_accum_steps: Option[int] = Option("step")
-    max_grad_norm: Option[float | None] = Option("step")
-    scheduler_interval: Option[str] = Option("step")
+    grad_accum_steps: Option[int] = Option("step", via="set_grad_accum_steps")
+    max_grad_norm: Option[float | None] = Option("step", via="set_max_grad_norm")
+    scheduler_interval: Option[str] = Option("step", via=lambda t, interval: t.set_scheduler(t.scheduler, interval))
     scheduler_monitor: Option[str | None] = Option("step")
     seed: Option[int | None] = Option("run")
     deterministic: Option[bool] = Option("run")

@@ -43,3 +43,70 @@ def test_switches_round_trip_through_trainer_keywords():
     assert "activation_checkpointing" in MemoryOptions.names()
     with pytest.raises(TypeError):
         options.replace(not_a_switch=True)
+
+
+class _Dtypes(nn.Module):
+    """A linear layer that records the dtype of each forward's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+        self.dtypes: set[torch.dtype] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        self.dtypes.add(out.dtype)
+        return out
+
+
+def _classify(model: nn.Module, **options) -> tuple[Trainer, torch.utils.data.DataLoader]:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Trainer(model, nn.CrossEntropyLoss(), opt, progress=False, run_store=False, device="cpu", **options), loader
+
+
+def test_assigning_the_precision_between_fits_is_set_precision():
+    # The attribute replaced the option group only: fp16 autocast ran with no GradScaler (underflowing gradients
+    # unscaled), and any string was taken. It now goes through set_precision: checked, aliases resolved, scaler made.
+    model = _Dtypes()
+    t, loader = _classify(model)
+    t.fit(loader, epochs=1)
+    t.precision = "16"
+    assert t.precision == "fp16-mixed"
+    model.dtypes.clear()
+    t.fit_more(loader, epochs=1)
+    assert isinstance(t.scaler, torch.amp.GradScaler)
+    assert model.dtypes == {torch.float16}
+    t.precision = "fp32"
+    assert t.scaler is None
+    with pytest.raises(ValueError, match="fp8"):
+        t.precision = "fp8"
+    assert t.precision == "fp32"
+
+
+def test_assigned_step_settings_are_checked_as_their_setters_check_them():
+    t, loader = _classify(_Dtypes())
+    with pytest.raises(ValueError):
+        t.grad_accum_steps = 0
+    with pytest.raises(ValueError):
+        t.max_grad_norm = -1.0
+    with pytest.raises(ValueError, match="interval"):
+        t.scheduler_interval = "batch"
+    t.grad_accum_steps, t.max_grad_norm, t.scheduler_interval = 2, 1.0, "epoch"
+    assert (t.grad_accum_steps, t.max_grad_norm, t.scheduler_interval) == (2, 1.0, "epoch")
+    t.fit(loader, epochs=1)
+    assert t.global_step == 2  # 4 batches, 2 a step
+
+
+def test_accumulation_assigned_mid_fit_waits_for_the_step_boundary_and_is_recorded():
+    class Assign:
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 1:
+                trainer.grad_accum_steps = 3
+
+    t, loader = _classify(_Dtypes(), callbacks=[Assign()])
+    t.fit(loader, epochs=1)
+    assert t.global_step == 2  # batch 1 alone, then 2-4 in one window
+    assert [e["kind"] for e in t.history.events] == ["grad_accum_steps"]
