@@ -7,15 +7,25 @@ which the loop records at each epoch start (``LoopState.sampler_state``) and a r
 resume mid-epoch and at epoch boundaries. At the end of each epoch (and of the fit, however it ends) the loader gets
 back what it had, so the user's ``DataLoader`` is left exactly as it was: a second ``Trainer(seed=0)`` on the same
 loader (a re-run notebook cell) shuffles as the first did.
+
+What no generator covers (a custom sampler or an ``IterableDataset`` shuffling with torch's global RNG, the
+workers' base seed of a loader without a generator, a dataset's draws while the iterator is built) comes from the
+global RNG as the epoch's iterator is built: :meth:`ShuffleOrder.replay` records those RNG states at each epoch
+start (``LoopState.epoch_rng``) and builds a resumed epoch's iterator under them again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nbtrainer._setup._seed import seed_worker
+from nbtrainer._setup._seed import capture_rng, restore_rng, seed_worker
+
+if TYPE_CHECKING:
+    from nbtrainer._loop._loop_state import LoopState
 
 __all__ = ["ShuffleOrder"]
 
@@ -60,24 +70,45 @@ class ShuffleOrder:
         sampler = self._sampler
         if sampler is None:
             return None
-        if sampler.generator is not None and not self._saved:
-            if state is not None:
-                sampler.generator.set_state(state)
-            return sampler.generator  # the user's own generator
-        if self._own is None:
-            self._own = torch.Generator()
-            if state is None:
-                self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG
+        gen = sampler.generator if sampler.generator is not self._own else None  # the user's own, if any
+        if gen is None:
+            if self._own is None:
+                self._own = torch.Generator()
+                if state is None:
+                    self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG
+            gen = self._own
         if state is not None:
-            self._own.set_state(state)
+            gen.set_state(state)
         if not self._saved:
             loader = self.loader
-            self._lend(sampler, "generator", self._own)
+            if sampler.generator is None:
+                self._lend(sampler, "generator", gen)
             if getattr(loader, "generator", "absent") is None:
-                self._lend(loader, "generator", self._own)  # worker base seeds follow the same state
+                self._lend(loader, "generator", gen)  # worker base seeds follow the same state
             if self.deterministic and int(getattr(loader, "num_workers", 0)) > 0 and loader.worker_init_fn is None:
                 self._lend(loader, "worker_init_fn", seed_worker)
-        return self._own
+        return gen
+
+    @contextlib.contextmanager
+    def replay(self, st: LoopState, *, resumed: bool) -> Iterator[None]:
+        """Around building an epoch's iterator: at an epoch's start, record the RNG states it is built under in
+        ``st.epoch_rng`` (once an epoch: nothing per step); resuming mid-epoch, build it (and skip the batches
+        already trained on) under those states again, then put back the RNG it found. A checkpoint written before
+        ``epoch_rng`` existed replays under the RNG as it is, as it always did (exact only where the order comes
+        from a generator)."""
+        if not resumed:
+            st.epoch_rng = capture_rng()
+            yield
+            return
+        if st.epoch_rng is None:
+            yield
+            return
+        found = capture_rng()
+        restore_rng(st.epoch_rng)
+        try:
+            yield
+        finally:
+            restore_rng(found)
 
     def _lend(self, obj: Any, name: str, value: Any) -> None:
         self._saved.append((obj, name, getattr(obj, name)))

@@ -176,8 +176,9 @@ class FitLoop:
         if not resumed_mid_epoch:  # the epoch already started in the run that wrote the checkpoint
             cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
-        # a resumed epoch skips the batches it already trained on (same data order); RNG restored afterwards
-        it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
+        # a resumed epoch skips the batches it already trained on, built under the RNG of its start (same data
+        with self.order.replay(st, resumed=resumed_mid_epoch):  # order, same worker seeds); the saved RNG after
+            it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
         self._restore_rng()
 
         n = self.n_batches

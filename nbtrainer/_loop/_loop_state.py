@@ -34,6 +34,9 @@ class LoopState:
         # The sampler generator's state at the start of the current epoch; advanced to the next
         # epoch's start state when an epoch completes (exact resume mid-epoch and at epoch boundaries).
         self.sampler_state: torch.Tensor | None = None
+        # The RNG states (_setup._seed.capture_rng) the current epoch's iterator was built under: what no sampler
+        # generator covers (a sampler or dataset on the global RNG, workers' base seeds) replays from them.
+        self.epoch_rng: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -1,0 +1,118 @@
+"""Resume mid-epoch when the data order or the workers' seeds come from torch's global RNG.
+
+Each run: 100 samples in batches of 16 (7 batches an epoch), 2 epochs, stopped after optimizer step 9 (2 batches
+into epoch 2), saved, and resumed by a new Trainer with another seed; compared with the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import torch
+from conftest import make_classification
+
+from nbtrainer import Trainer
+
+N, BS, STOP = 100, 16, 9
+X, Y = make_classification(n=N)
+
+
+def _trainer(seed: int = 0) -> Trainer:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, seed=seed, progress=False, device="cpu", run_store=False)
+
+
+def _same_as_uninterrupted(make_loader, tmp_path, *, stop_at: int = STOP) -> tuple[Trainer, Trainer]:
+    full = _trainer()
+    full.fit(make_loader(), epochs=2)
+    stopped = _trainer()
+    stopped.fit(make_loader(), epochs=2, max_steps=stop_at)
+    path = stopped.save_checkpoint(str(tmp_path / "mid.ckpt"))
+    resumed = _trainer(seed=7)
+    resumed.fit(make_loader(), epochs=2, resume_from=path)
+    assert full.global_step == resumed.global_step == 14
+    return full, resumed
+
+
+def _equal(a: Trainer, b: Trainer) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))
+
+
+class _GlobalShuffle(torch.utils.data.Sampler):
+    """Shuffles with torch's global RNG (no ``generator`` attribute)."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __iter__(self):
+        return iter(torch.randperm(N).tolist())
+
+
+def test_custom_sampler_on_the_global_rng_resumes_exactly(tmp_path):
+    ds = torch.utils.data.TensorDataset(X, Y)
+    full, resumed = _same_as_uninterrupted(
+        lambda: torch.utils.data.DataLoader(ds, batch_size=BS, sampler=_GlobalShuffle()), tmp_path
+    )
+    assert _equal(full, resumed)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A stream shuffled each epoch with torch's global RNG (a shuffle buffer's way), recording what it yields."""
+
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+
+    def __iter__(self):
+        for i in torch.randperm(N).tolist():
+            self.seen.append(i)
+            yield X[i], Y[i]
+
+
+def test_iterable_dataset_on_the_global_rng_resumes_with_the_rest_of_the_epoch(tmp_path):
+    seen_full: list[int] = []
+    full = _trainer()
+    full.fit(torch.utils.data.DataLoader(_Stream(seen_full), batch_size=BS), epochs=2)
+    stopped = _trainer()
+    stopped.fit(torch.utils.data.DataLoader(_Stream([]), batch_size=BS), epochs=2, max_steps=STOP)
+    path = stopped.save_checkpoint(str(tmp_path / "mid.ckpt"))
+    seen: list[int] = []
+    resumed = _trainer(seed=7)
+    resumed.fit(torch.utils.data.DataLoader(_Stream(seen), batch_size=BS), epochs=2, resume_from=path)
+    # epoch 2 replayed in the uninterrupted run's order: its first 2 batches skipped, the rest trained
+    assert seen == seen_full[N:]
+    assert _equal(full, resumed)
+
+
+class _Augmented(torch.utils.data.Dataset):
+    """Noise drawn in ``__getitem__`` (in a worker: seeded from the loader's base seed)."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i):
+        return X[i] + 0.1 * torch.randn(10), Y[i]
+
+
+def test_workers_augmenting_with_a_sampler_of_its_own_generator_resume_exactly(tmp_path):
+    """The sampler has a generator, the DataLoader none: the workers' seeds follow the run, not the fresh trainer."""
+
+    def loader():
+        sampler = torch.utils.data.WeightedRandomSampler([1.0] * N, N, generator=torch.Generator().manual_seed(3))
+        return torch.utils.data.DataLoader(_Augmented(), batch_size=BS, sampler=sampler, num_workers=1)
+
+    full, resumed = _same_as_uninterrupted(loader, tmp_path)
+    assert _equal(full, resumed)
+
+
+def test_a_sampler_of_its_own_generator_seeds_the_workers_too():
+    """The workers' base seed is drawn from the generator the order is saved with, not from the global RNG; the
+    loader gets its own value back at the epoch's end."""
+    from nbtrainer._data._order import ShuffleOrder
+
+    gen = torch.Generator().manual_seed(3)
+    sampler = torch.utils.data.WeightedRandomSampler([1.0] * N, N, generator=gen)
+    loader = torch.utils.data.DataLoader(_Augmented(), batch_size=BS, sampler=sampler)
+    order = ShuffleOrder(loader)
+    assert order.lend() is gen and loader.generator is gen and sampler.generator is gen
+    order.give_back()
+    assert loader.generator is None and sampler.generator is gen
