@@ -33,10 +33,11 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from nbtrainer._atomic import CheckpointError
 from nbtrainer._data._arrays import ArrayDataset
 from nbtrainer._data._cleaned import CleanedDataset, target_position
 
-__all__ = ["BatchedFetch", "TensorSource", "batched_fetch", "index_tensor"]
+__all__ = ["BatchedFetch", "TensorSource", "batched_fetch", "index_tensor", "ran_out", "skip_batches"]
 
 Tensor = torch.Tensor
 _select = torch.index_select
@@ -233,10 +234,9 @@ class BatchedFetch:
         # _BaseDataLoaderIter.__init__ draws its workers' base seed right after iter(batch_sampler): the
         # same draw (value unused) keeps the generator, or the global RNG, exactly in step.
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        for _ in range(skip):  # a resume mid-epoch: the batches already trained on
-            indices = next(it)
-            if self.source is None:  # a dataset's own fetch may have state: fetch as the loader would
-                self.read(indices)
+        # a resume mid-epoch: the batches already trained on (a dataset's own fetch may have state: fetched as the
+        # loader would)
+        skip_batches(it, skip, self.read if self.source is None else None)
         return it
 
     def batches(self, skip: int = 0) -> Iterator[Any]:
@@ -257,3 +257,24 @@ def batched_fetch(loader: Any) -> BatchedFetch | None:
     if callable(getitems):
         return BatchedFetch(loader, None)
     return None
+
+
+def ran_out(skip: int, found: int) -> CheckpointError:
+    """The error of a resumed epoch whose loader ends before the saved position."""
+    return CheckpointError(
+        f"The run resumes {skip} batch(es) into an epoch, and this training loader has only {found}: it is not the "
+        "loader the checkpoint was saved with (fewer samples, a larger batch_size, drop_last?), so the rest of that "
+        "epoch cannot be found. Resume with the original DataLoader settings, or from a checkpoint saved at an "
+        "epoch's end."
+    )
+
+
+def skip_batches(it: Iterator[Any], skip: int, each: Callable[[Any], Any] | None = None) -> None:
+    """Draw from ``it`` the ``skip`` batches a resumed epoch already trained on (``each`` called on each)."""
+    for found in range(skip):
+        try:
+            item = next(it)
+        except StopIteration:
+            raise ran_out(skip, found) from None
+        if each is not None:
+            each(item)

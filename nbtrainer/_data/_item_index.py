@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from nbtrainer._data._batch import first_tensor
-from nbtrainer._data._fetch import index_tensor
+from nbtrainer._data._fetch import index_tensor, ran_out, skip_batches
 
 __all__ = ["IndexTrack", "index_note"]
 
@@ -128,14 +128,16 @@ class IndexTrack:
 
     def numbered(self, batches: Iterator[Any], skip: int = 0) -> Iterator[Any]:
         """A list of ready batches: items numbered in order, from 0 each epoch (``skip``: batches already seen)."""
-        position = 0
-        for i, batch in enumerate(batches):
+        position = found = 0
+        for found, batch in enumerate(batches, 1):
             first = first_tensor(batch)
             size = int(first.shape[0]) if first is not None and first.ndim else 1
             self.current = range(position, position + size)
             position += size
-            if i >= skip:
+            if found > skip:
                 yield batch
+        if found < skip:
+            raise ran_out(skip, found)
 
     def loader_iter(self, skip: int) -> Iterator[Any]:
         """The loader's own iterator for one epoch (``skip`` batches already trained on), its indices followed."""
@@ -154,9 +156,7 @@ class IndexTrack:
         finally:
             object.__setattr__(loader, "batch_sampler", real)
             _hold(loader, recorder, real)
-        for _ in range(skip):
-            next(it)
-            queue.popleft()
+        skip_batches(it, skip, lambda _: queue.popleft())
         return self.handed_out(it)
 
 

@@ -11,7 +11,9 @@ loader (a re-run notebook cell) shuffles as the first did.
 What no generator covers (a custom sampler or an ``IterableDataset`` shuffling with torch's global RNG, the
 workers' base seed of a loader without a generator, a dataset's draws while the iterator is built) comes from the
 global RNG as the epoch's iterator is built: :meth:`ShuffleOrder.replay` records those RNG states at each epoch
-start (``LoopState.epoch_rng``) and builds a resumed epoch's iterator under them again.
+start (``LoopState.epoch_rng``) and builds a resumed epoch's iterator under them again. It records the loader's
+sizes too (:func:`loader_size`): a position counted in batches means the same samples only on a loader of the same
+sizes, which a resume checks (``_resume._continue.check_position``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,31 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._data._batch import safe_len
 from nbtrainer._setup._seed import capture_rng, restore_rng, seed_worker
 
 if TYPE_CHECKING:
     from nbtrainer._loop._loop_state import LoopState
 
-__all__ = ["ShuffleOrder"]
+__all__ = ["ShuffleOrder", "loader_size"]
+
+
+def loader_size(loader: Any) -> dict[str, int | None]:
+    """What a position counted in batches means for ``loader``, known without iterating it: its ``batches`` per
+    epoch (``len``), ``batch_size`` and ``samples`` per epoch (``len(loader.sampler)``); None where it cannot say."""
+    size = getattr(loader, "batch_size", None)
+    return {
+        "batches": safe_len(loader),
+        "batch_size": size if isinstance(size, int) else None,
+        "samples": _sampler_len(getattr(loader, "sampler", None)),
+    }
+
+
+def _sampler_len(sampler: Any) -> int | None:
+    try:
+        return len(sampler)
+    except (TypeError, NotImplementedError):  # no sampler, a stream's, or a custom one without a length
+        return None
 
 
 class ShuffleOrder:
@@ -92,12 +113,13 @@ class ShuffleOrder:
     @contextlib.contextmanager
     def replay(self, st: LoopState, *, resumed: bool) -> Iterator[None]:
         """Around building an epoch's iterator: at an epoch's start, record the RNG states it is built under in
-        ``st.epoch_rng`` (once an epoch: nothing per step); resuming mid-epoch, build it (and skip the batches
-        already trained on) under those states again, then put back the RNG it found. A checkpoint written before
-        ``epoch_rng`` existed replays under the RNG as it is, as it always did (exact only where the order comes
-        from a generator)."""
+        ``st.epoch_rng`` and the loader's :func:`loader_size` (once an epoch: nothing per step); resuming mid-epoch,
+        build it (and skip the batches already trained on) under those states again, then put back the RNG it
+        found. A checkpoint written before ``epoch_rng`` existed replays under the RNG as it is, as it always did
+        (exact only where the order comes from a generator)."""
         if not resumed:
             st.epoch_rng = capture_rng()
+            st.loader_size = loader_size(self.loader)
             yield
             return
         if st.epoch_rng is None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from nbtrainer._data._batch import iter_tensors, move_to_device
-from nbtrainer._data._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor
+from nbtrainer._data._fetch import BatchedFetch, TensorSource, batched_fetch, index_tensor, skip_batches
 from nbtrainer._data._item_index import IndexTrack
 
 __all__ = ["DataPath", "check_data_options", "choose_mode", "fits_on_device", "lookahead", "prefetch"]
@@ -177,8 +177,7 @@ class DataPath:
         mode, fetch = self.mode, self.fetch
         if mode == "loader" or fetch is None:
             it = iter(self.loader)
-            for _ in range(skip):  # reproduce the data order of a resumed epoch
-                next(it)
+            skip_batches(it, skip)  # reproduce the data order of a resumed epoch
             return it
         if mode == "batched":  # read in order, none ahead: the indices read are the batch's
             read = fetch.read if track is None else track.reading(fetch.read, as_tensor=fetch.source is not None)

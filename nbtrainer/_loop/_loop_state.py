@@ -37,6 +37,9 @@ class LoopState:
         # The RNG states (_setup._seed.capture_rng) the current epoch's iterator was built under: what no sampler
         # generator covers (a sampler or dataset on the global RNG, workers' base seeds) replays from them.
         self.epoch_rng: dict[str, Any] | None = None
+        # The loader's batches, batch size and samples per epoch (_data._order.loader_size) when the current epoch
+        # started: a resume refuses a loader on which ``batch`` would not mean the same samples.
+        self.loader_size: dict[str, int | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))

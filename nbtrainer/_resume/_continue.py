@@ -28,6 +28,7 @@ __all__ = [
     "CONTINUE",
     "IF_EXISTS",
     "Plan",
+    "check_position",
     "check_resume",
     "check_schedule",
     "completed_epochs",
@@ -233,6 +234,8 @@ def fit_more(
             plans.append(plan)
             if not fresh:
                 check_resume(trainer, plan, ckpt, resume_hint=", resume_from=...")
+            else:
+                check_position(trainer, plan, loop, ckpt=ckpt)
 
         _state.restore(trainer, resume_from, load_scheduler=not fresh, before_load=before_load)
         plan = plans[0]
@@ -248,6 +251,7 @@ def fit_more(
             completed_epochs(st.state_dict()) + epochs,
             None if max_steps is None else st.global_step + max_steps,
         )
+        check_position(trainer, plan, st.state_dict())
         if not fresh:
             check_schedule(trainer, plan, loop=st.state_dict())
         # This fit's own History: a copy of the run so far (the History returned earlier stays as it was).
@@ -310,6 +314,7 @@ def check_resume(
     """Refuse a checkpoint already past ``plan.epochs``; then :func:`check_schedule` for it (its scheduler,
     position and accumulation), before anything of it is loaded."""
     loop = ckpt.get("loop", {})
+    check_position(trainer, plan, loop, ckpt=ckpt)
     at = int(loop.get("epoch", 0)) + 1  # the epoch the run is in, or the last one it completed
     if at > plan.epochs:
         done = completed_epochs(loop)
@@ -333,6 +338,39 @@ def check_resume(
         source="the checkpoint's",
         resume_hint=resume_hint,
     )
+
+
+def _sizes(size: dict[str, Any]) -> str:
+    batches, batch_size, samples = size.get("batches"), size.get("batch_size"), size.get("samples")
+    text = f"{batches if batches is not None else '?'} batches"
+    text += f" of {batch_size}" if batch_size is not None else ""
+    return text + (f" ({samples} samples)" if samples is not None else "") + " an epoch"
+
+
+def check_position(trainer: LoopHost, plan: Plan, loop: dict[str, Any], *, ckpt: dict[str, Any] | None = None) -> None:
+    """Refuse to continue mid-epoch with a loader on which the saved position (a count of batches) would not mean
+    the samples already trained on: another number of batches, batch size or samples per epoch. An epoch-boundary
+    position fits any loader; a checkpoint without the loader's sizes is let through, as before they were saved, and
+    so is one written by another number of processes (each rank's share differs: ``_this_rank`` warns of it)."""
+    saved = loop.get("loader_size")
+    batch = int(loop.get("batch", 0))
+    if not saved or not batch or loop.get("epoch_complete", False):
+        return
+    if ckpt is not None and (len(ckpt.get("ranks") or []) or 1) != trainer.strategy.world_size:
+        return
+    from nbtrainer._data._order import loader_size
+    from nbtrainer._resume._checkpoint_io import CheckpointError
+
+    now = loader_size(trainer.strategy.prepare_loader(plan.train_loader, train=True))
+    if any(saved.get(k) is not None and now[k] is not None and saved[k] != now[k] for k in now):
+        setting = f"batch_size={saved['batch_size']}, " if saved.get("batch_size") is not None else ""
+        raise CheckpointError(
+            f"The run to continue is {batch} batch(es) into epoch {int(loop.get('epoch', 0)) + 1} of a training "
+            f"loader of {_sizes(saved)}; this one has {_sizes(now)}: resumed on it, the rest of that epoch would not "
+            "be the samples not yet trained on (some skipped, never trained). Resume with the original DataLoader "
+            f"settings ({setting}the same dataset and sampler), or from a checkpoint saved at an epoch's end (any "
+            "batch size continues from there)."
+        )
 
 
 def _install_fresh_schedule(trainer: LoopHost, factory: Any, plan: Plan) -> None:

@@ -1,4 +1,5 @@
-"""Resume mid-epoch when the data order or the workers' seeds come from torch's global RNG.
+"""Resume mid-epoch when the data order or the workers' seeds come from torch's global RNG, and the refusal of a
+loader on which the saved position (a count of batches) would not mean the same samples.
 
 Each run: 100 samples in batches of 16 (7 batches an epoch), 2 epochs, stopped after optimizer step 9 (2 batches
 into epoch 2), saved, and resumed by a new Trainer with another seed; compared with the uninterrupted run.
@@ -6,10 +7,11 @@ into epoch 2), saved, and resumed by a new Trainer with another seed; compared w
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import make_classification
 
-from nbtrainer import Trainer
+from nbtrainer import CheckpointError, Trainer
 
 N, BS, STOP = 100, 16, 9
 X, Y = make_classification(n=N)
@@ -59,11 +61,11 @@ def test_custom_sampler_on_the_global_rng_resumes_exactly(tmp_path):
 class _Stream(torch.utils.data.IterableDataset):
     """A stream shuffled each epoch with torch's global RNG (a shuffle buffer's way), recording what it yields."""
 
-    def __init__(self, seen: list[int]) -> None:
-        self.seen = seen
+    def __init__(self, seen: list[int], n: int = N) -> None:
+        self.seen, self.n = seen, n
 
     def __iter__(self):
-        for i in torch.randperm(N).tolist():
+        for i in torch.randperm(self.n).tolist():
             self.seen.append(i)
             yield X[i], Y[i]
 
@@ -116,3 +118,87 @@ def test_a_sampler_of_its_own_generator_seeds_the_workers_too():
     assert order.lend() is gen and loader.generator is gen and sampler.generator is gen
     order.give_back()
     assert loader.generator is None and sampler.generator is gen
+
+
+# -- a mid-epoch position only fits the loader it was saved with -------------------------------------------------
+def _shuffled(n: int = N, batch_size: int = BS) -> torch.utils.data.DataLoader:
+    ds = torch.utils.data.TensorDataset(X[:n], Y[:n])
+    gen = torch.Generator().manual_seed(4)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, generator=gen)
+
+
+def _saved_at(tmp_path, stop_at: int, **loader) -> str:
+    stopped = _trainer()
+    stopped.fit(_shuffled(**loader), epochs=2, max_steps=stop_at)
+    return stopped.save_checkpoint(str(tmp_path / f"at{stop_at}.ckpt"))
+
+
+@pytest.mark.parametrize(
+    ("loader", "said"),
+    [
+        ({"batch_size": 32}, "7 batches of 16 (100 samples) an epoch; this one has 4 batches of 32 (100 samples)"),
+        ({"n": 40}, "7 batches of 16 (100 samples) an epoch; this one has 3 batches of 16 (40 samples)"),
+        ({"n": 97}, "7 batches of 16 (100 samples) an epoch; this one has 7 batches of 16 (97 samples)"),
+    ],
+)
+def test_a_mid_epoch_resume_on_another_loader_is_refused_before_anything_loads(tmp_path, loader, said):
+    path = _saved_at(tmp_path, STOP)
+    trainer = _trainer(seed=7)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(CheckpointError) as err:
+        trainer.fit(_shuffled(**loader), epochs=2, resume_from=path)
+    msg = str(err.value)
+    assert "is 2 batch(es) into epoch 2" in msg and said in msg, msg
+    assert "original DataLoader settings (batch_size=16" in msg and "epoch's end" in msg
+    assert _equal_to(before, trainer)
+    with pytest.raises(CheckpointError, match="this one has 4 batches of 32"):  # fit_more checks it too
+        _trainer(seed=7).fit_more(_shuffled(batch_size=32), epochs=1, resume_from=path, scheduler=None)
+    stopped = _trainer()
+    stopped.fit(_shuffled(), epochs=2, max_steps=STOP)
+    with pytest.raises(CheckpointError, match="this one has 4 batches of 32"):  # and in place
+        stopped.fit_more(_shuffled(batch_size=32), epochs=1)
+
+
+def _equal_to(weights: list[torch.Tensor], trainer: Trainer) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(weights, trainer.model.parameters(), strict=True))
+
+
+def test_an_epoch_boundary_resume_takes_another_batch_size(tmp_path):
+    path = _saved_at(tmp_path, 7)  # epoch 1 complete
+    history = _trainer(seed=7).fit(_shuffled(batch_size=32), epochs=2, resume_from=path)
+    assert history.status == "finished" and history.epochs[-1]["steps"] == 7 + 4
+
+
+def _without_new_fields(path: str) -> str:
+    """The checkpoint as a version before ``epoch_rng`` and ``loader_size`` were saved wrote it."""
+    ckpt = torch.load(path, weights_only=True)
+    for key in ("epoch_rng", "loader_size"):
+        ckpt["loop"].pop(key, None)
+    old = path.replace(".ckpt", "-old.ckpt")
+    torch.save(ckpt, old)
+    return old
+
+
+def test_a_checkpoint_without_the_new_fields_resumes_as_before(tmp_path):
+    full = _trainer()
+    full.fit(_shuffled(), epochs=2)
+    old = _without_new_fields(_saved_at(tmp_path, STOP))
+    resumed = _trainer(seed=7)
+    resumed.fit(_shuffled(), epochs=2, resume_from=old)
+    assert _equal(full, resumed)  # the order is the sampler generator's: exact as it always was
+    # on a loader that ends before the saved position: a clear error, not a bare StopIteration
+    old = _without_new_fields(_saved_at(tmp_path, 6))
+    with pytest.raises(
+        CheckpointError, match=r"resumes 6 batch\(es\) into an epoch, and this training loader has only 3"
+    ):
+        _trainer(seed=7).fit(_shuffled(n=40), epochs=2, resume_from=old)
+
+
+def test_a_stream_shorter_than_the_saved_position_is_a_clear_error(tmp_path):
+    """Without len() the sizes cannot be compared up front: the replay tells it."""
+    stopped = _trainer()
+    stopped.fit(torch.utils.data.DataLoader(_Stream([]), batch_size=BS), epochs=2, max_steps=6)
+    path = stopped.save_checkpoint(str(tmp_path / "stream.ckpt"))
+    short = torch.utils.data.DataLoader(_Stream([], n=60), batch_size=BS)  # 4 batches: the position is batch 6
+    with pytest.raises(CheckpointError, match=r"resumes 6 batch\(es\) into an epoch.*has only 4"):
+        _trainer(seed=7).fit(short, epochs=2, resume_from=path)
