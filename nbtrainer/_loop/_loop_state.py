@@ -40,6 +40,10 @@ class LoopState:
         # The loader's batches, batch size and samples per epoch (_data._order.loader_size) when the current epoch
         # started: a resume refuses a loader on which ``batch`` would not mean the same samples.
         self.loader_size: dict[str, int | None] | None = None
+        # What the last fit was asked for (set as it starts): a checkpoint saved after it ended still says how many
+        # epochs were planned, so that a run ended by max_steps is not taken for a finished one.
+        self.fit_epochs: int | None = None
+        self.fit_max_steps: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -96,8 +96,10 @@ def trainer_state_dict(trainer: LoopHost, *, weights: bool = True) -> dict[str, 
             "optimizer": type(trainer.optimizer).__name__,
             "scheduler": type(trainer.scheduler).__name__ if trainer.scheduler is not None else None,
             "elapsed": run.elapsed(),
-            # the fit's planned epochs: `nbtrainer checkpoint` tells a finished run from one to finish
-            "epochs": loop.epochs if loop is not None else None,
+            # the (last) fit's planned epochs, also once it has ended: `nbtrainer checkpoint` tells a finished run
+            # from one to finish (a fit ended by max_steps is "finished" in its History, its epochs not all done)
+            "epochs": loop.epochs if loop is not None else st.fit_epochs,
+            "max_steps": loop.max_steps if loop is not None else st.fit_max_steps,
             **(_savers(trainer).checkpoint_config() if _savers(trainer) is not None else {}),
         },
         "metrics": run.train_metrics.state_dict(),

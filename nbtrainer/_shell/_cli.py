@@ -103,9 +103,16 @@ def describe_checkpoint(ckpt: dict[str, Any], path: str) -> str:
     if epochs:
         lines.append(f"  last epoch {epochs[-1].get('epoch')}: {format_logs(epochs[-1])}")
     planned = config.get("epochs")
-    finished = (planned is not None and done >= int(planned) and bool(loop.get("epoch_complete"))) or history.get(
-        "status"
-    ) == "finished"
+    complete = bool(loop.get("epoch_complete"))
+    # max_steps is a planned end of one fit ("finished" in its History), not of the run's epochs
+    by_max_steps = str(history.get("stop_reason") or "").startswith("max_steps")
+    if planned is not None:
+        finished = complete and done >= int(planned)
+    else:  # saved between fits by an earlier version, without the planned epochs: the History's word
+        finished = complete and history.get("status") == "finished" and not by_max_steps
+    if by_max_steps and not finished:
+        of = f" of {planned} planned" if planned is not None else ""
+        lines[2] = f"  status     {history['stop_reason']}: the fit ended there, {done}{of} epoch(s) complete"
     used_up = capacity is not None and capacity[0] - capacity[1] <= 0
     more = f"trainer.fit_more(train_loader, val_loader, epochs=N, resume_from={path!r}"
     more += ", scheduler=fn | None)" if used_up else ")"

@@ -132,6 +132,7 @@ class FitRun:
                 seed_everything(seed)
             run.start_fresh()  # each fit gets its own History (the returned object)
         trainer.fresh_fit = resume_from is None  # the callbacks' on_fit_start reads it: start over, or carry on
+        run.loop_state.fit_epochs, run.loop_state.fit_max_steps = self.epochs, self.max_steps  # kept after the fit
         if trainer.options.run.deterministic:
             set_deterministic(True)
         trainer.model = trainer.strategy.setup_model(trainer.model)

@@ -147,3 +147,25 @@ def test_checkpoint_of_a_run_stopped_early_says_what_is_left(tmp_path):
     assert "1 epoch(s) complete" in out and "finished" not in out
     assert f"trainer.fit(train_loader, val_loader, epochs=3, resume_from={path!r}) to finish the planned run" in out
     assert "(2 epoch(s) left)" in out
+
+
+@pytest.mark.parametrize("max_steps", [6, 4])  # 2 batches into epoch 2; at epoch 1's end (4 batches an epoch)
+def test_checkpoint_of_a_run_ended_by_max_steps_is_not_called_finished(tmp_path, max_steps):
+    """fit(epochs=3, max_steps=...) then save_checkpoint: the History says finished (a planned end of that fit), but
+    the run's planned epochs are not all done, and the command to finish them is given."""
+    from nbtrainer._resume._checkpoint_io import load_checkpoint
+    from nbtrainer._shell._cli import describe_checkpoint
+
+    x, y = make_classification(n=64)
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False, run_store=False)
+    assert trainer.fit(make_loader(x, y, batch_size=16), epochs=3, max_steps=max_steps).status == "finished"
+    path = trainer.save_checkpoint(str(tmp_path / "after_fit.ckpt"))
+    ckpt = load_checkpoint(path)
+    out = describe_checkpoint(ckpt, path)
+    assert "finished: all" not in out and "nothing left" not in out, out
+    assert f"max_steps={max_steps} reached" in out and "1 of 3 planned epoch(s) complete" in out, out
+    assert f"trainer.fit(train_loader, val_loader, epochs=3, resume_from={path!r}) to finish the planned run" in out
+    # a checkpoint saved between fits by an earlier version, without the planned epochs: not finished either
+    ckpt["config"]["epochs"] = None
+    out = describe_checkpoint(ckpt, path)
+    assert "finished: all" not in out and "nothing left" not in out and "epochs=TOTAL" in out, out
