@@ -10,25 +10,22 @@ loader (a re-run notebook cell) shuffles as the first did.
 
 What no generator covers (a custom sampler or an ``IterableDataset`` shuffling with torch's global RNG, the
 workers' base seed of a loader without a generator, a dataset's draws while the iterator is built) comes from the
-global RNG as the epoch's iterator is built: :meth:`ShuffleOrder.replay` records those RNG states at each epoch
-start (``LoopState.epoch_rng``) and builds a resumed epoch's iterator under them again. It records the loader's
-sizes too (:func:`loader_size`): a position counted in batches means the same samples only on a loader of the same
-sizes, which a resume checks (``_resume._continue.check_position``).
+global RNG as the epoch's iterator is built: the loop records those RNG states at each epoch start
+(``LoopState.epoch_rng``) and :meth:`ShuffleOrder.replay` builds a resumed epoch's iterator under them again. The loop
+records the loader's sizes too (:func:`loader_size`): a position counted in batches means the same samples only on a
+loader of the same sizes, which a resume checks (``_resume._continue.check_position``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from nbtrainer._data._batch import safe_len
 from nbtrainer._setup._seed import capture_rng, restore_rng, seed_worker
-
-if TYPE_CHECKING:
-    from nbtrainer._loop._loop_state import LoopState
 
 __all__ = ["ShuffleOrder", "loader_size"]
 
@@ -111,22 +108,16 @@ class ShuffleOrder:
         return gen
 
     @contextlib.contextmanager
-    def replay(self, st: LoopState, *, resumed: bool) -> Iterator[None]:
-        """Around building an epoch's iterator: at an epoch's start, record the RNG states it is built under in
-        ``st.epoch_rng`` and the loader's :func:`loader_size` (once an epoch: nothing per step); resuming mid-epoch,
-        build it (and skip the batches already trained on) under those states again, then put back the RNG it
-        found. A checkpoint written before ``epoch_rng`` existed replays under the RNG as it is, as it always did
-        (exact only where the order comes from a generator)."""
-        if not resumed:
-            st.epoch_rng = capture_rng()
-            st.loader_size = loader_size(self.loader)
-            yield
-            return
-        if st.epoch_rng is None:
+    def replay(self, epoch_rng: dict[str, Any] | None) -> Iterator[None]:
+        """Resuming mid-epoch: build the epoch's iterator (and skip the batches already trained on) under the RNG
+        states ``epoch_rng`` it was first built under (``capture_rng()`` at that epoch's start), then put back the
+        RNG it found. None (a checkpoint written before these states were kept): under the RNG as it is, as it
+        always was (exact only where the order comes from a generator)."""
+        if epoch_rng is None:
             yield
             return
         found = capture_rng()
-        restore_rng(st.epoch_rng)
+        restore_rng(epoch_rng)
         try:
             yield
         finally:

@@ -177,7 +177,7 @@ class FitLoop:
             cb.call("on_epoch_start", trainer=t, epoch=epoch_no)
 
         # a resumed epoch skips the batches it already trained on, built under the RNG of its start (same data
-        with self.order.replay(st, resumed=resumed_mid_epoch):  # order, same worker seeds); the saved RNG after
+        with st.epoch_order(self.order, resumed=resumed_mid_epoch):  # order, same worker seeds); the saved RNG after
             it: Iterator = self.train_data.batches(st.batch if resumed_mid_epoch else 0)
         self._restore_rng()
 

@@ -6,10 +6,14 @@ a checkpoint saves its ``state_dict()`` and a resume loads it back before the lo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+
+from nbtrainer._data._order import ShuffleOrder, loader_size
+from nbtrainer._setup._seed import capture_rng
 
 __all__ = ["LoopState", "close_windows"]
 
@@ -44,6 +48,18 @@ class LoopState:
         # epochs were planned, so that a run ended by max_steps is not taken for a finished one.
         self.fit_epochs: int | None = None
         self.fit_max_steps: int | None = None
+
+    @contextlib.contextmanager
+    def epoch_order(self, order: ShuffleOrder, *, resumed: bool) -> Iterator[None]:
+        """Around building an epoch's iterator: at an epoch's start, keep the RNG states it is built under and the
+        loader's size (once an epoch: nothing per step); resuming mid-epoch, build it under those states again
+        (:meth:`ShuffleOrder.replay`)."""
+        if resumed:
+            with order.replay(self.epoch_rng):
+                yield
+            return
+        self.epoch_rng, self.loader_size = capture_rng(), loader_size(order.loader)
+        yield
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
