@@ -170,6 +170,7 @@ class LiveControl:
                         old = reference_lr(parts[0][0])
                         for opt, sched in parts:
                             rescale_lr(opt, sched, lr / reference_lr(opt))
+                            _snap_reference(opt, lr)
                         self.event("lr" if name is None else f"lr:{name}", old, lr, source=source)
                 elif key == "grad_accum_steps":
                     old = trainer.grad_accum_steps
@@ -261,6 +262,14 @@ def rescale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
         _rescale_scheduler(scheduler, factor)
         if getattr(scheduler, "_last_lr", None) is not None:  # torch's own field: get_last_lr() reads it
             scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def _snap_reference(optimizer: Any, lr: float) -> None:
+    """The reference LR set is the one asked for: ``old * (lr / old)`` can land one ulp off (3e-3 read back as
+    0.0029999999999999996 in the History and the run store)."""
+    group = optimizer.param_groups[0]
+    key = "max_lr" if "max_lr" in group else "initial_lr" if "initial_lr" in group else "lr"
+    group[key] = lr
 
 
 def _rescale_scheduler(scheduler: Any, factor: float) -> None:

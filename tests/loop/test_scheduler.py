@@ -151,3 +151,21 @@ def test_set_lr_rescales_the_whole_schedule(make):
     )
     h = trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
     assert h.steps["lr"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["none", "onecycle", "step"])
+def test_the_lr_set_is_the_lr_asked_for_to_the_last_bit(schedule: str) -> None:
+    """Before: each set_lr multiplied by new / old, so 3e-3 typed after 0.02595... and 1.7475e-07 was kept (and logged)
+    as 0.0029999999999999996."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=3e-3)
+    trainer = Trainer(model, torch.nn.MSELoss(), opt, progress=False)
+    if schedule == "onecycle":
+        trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=10), "step")
+    elif schedule == "step":
+        trainer.set_scheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=1), "epoch")
+    for lr in (0.025950242113997487, 1.7475284000076842e-07, 3e-3):
+        trainer.set_lr(lr)
+        assert trainer.lr == lr
+    if schedule == "none":
+        assert opt.param_groups[0]["lr"] == 3e-3
