@@ -18,6 +18,7 @@ import ipywidgets as W
 from nbtrainer import MemoryOptions, Trainer, memory_saver_support
 
 from ._section import Section
+from ._style import set_tooltip
 from ._theme import FG2
 
 if TYPE_CHECKING:
@@ -134,10 +135,10 @@ class Savers:
             ok, why = s.get(key, (False, "unknown switch"))
             if not ok:
                 self.reasons[key] = why
-            box.tooltip = why or box.description
+            set_tooltip(box, why or box.description)  # a plain attribute on ipywidgets 7 (Colab) reaches no one
         for menu, prefix in ((self.optimizer, "optimizer:"), (self.quantize, f"{S.quantize}:")):
             off = [f"{k[len(prefix) :]}: {r}" for k, r in self.reasons.items() if k.startswith(prefix)]
-            menu.tooltip = "; ".join(off) or f"all run on {self._device}"
+            set_tooltip(menu, "; ".join(off) or f"all run on {self._device}")
         if self.locked_reason:
             self.lock(self.locked_reason)
         else:

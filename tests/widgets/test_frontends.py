@@ -251,3 +251,20 @@ def test_the_status_names_what_works_where_a_busy_kernel_cannot_take_clicks(monk
     assert "VS Code" in note and "interrupt the kernel" in note and "Start (trains in the background)" in note
     shell.kernel = kernel7  # ipykernel 7: nbtrainer's subshell takes them, whatever the front end
     assert _frontends.unreachable_clicks() == ""
+
+
+def test_a_memory_saver_that_cannot_run_says_why_on_hover_on_both_widget_stacks() -> None:
+    """Before: the savers set ``box.tooltip``, a trait Checkbox and Dropdown lack on ipywidgets 7 (Colab's): a plain
+    attribute no front end received, so the hover text was empty there (this test runs in the colab pass too)."""
+    import torch
+    from widget_helpers import make_classification, make_loader, tooltip
+
+    from nbtrainer import TrainerWidget
+
+    model = torch.nn.Linear(8, 3)
+    x, y = make_classification(n=32, d=8, seed=0)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      make_loader(x, y, 16), epochs=1, device="cpu", progress=False, run_store=False)  # fmt: skip
+    box = w.savers.offload_optimizer
+    assert box.disabled and "nothing to offload to" in tooltip(box)  # on a CPU the state is in host RAM already
+    assert tooltip(w.savers.optimizer)  # the optimizer menu's hover text: what cannot run here, or that all can

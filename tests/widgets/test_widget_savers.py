@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 from conftest import needs
-from widget_helpers import classes, make_classification, make_loader, wait_for
+from widget_helpers import classes, make_classification, make_loader, tooltip, wait_for
 
 from nbtrainer import Trainer, TrainerWidget, memory_saver_support
 
@@ -52,14 +52,14 @@ def test_the_group_is_in_the_panel_and_unavailable_options_carry_their_reason():
     assert s.optimizer.value == "as given" and s.quantize.value == "none" and not s.lora.value
     # On a CPU the optimizer state is in host RAM already: offloading it is refused, and the box says why.
     assert s.offload_optimizer.disabled
-    assert "nothing to offload to" in s.offload_optimizer.tooltip
+    assert "nothing to offload to" in tooltip(s.offload_optimizer)
     assert "nothing to offload to" in s.note.value
     assert not s.offload_activations.disabled and not s.lora.disabled
     support = memory_saver_support("cpu", "fp32")
     for label, value in s.quantize.options[1:]:
         ok, why = support[f"quantize:{value}"]
         assert label.endswith("(unavailable)") != ok
-        assert ok or why in s.quantize.tooltip
+        assert ok or why in tooltip(s.quantize)
     assert w.savers.options() == {}  # nothing chosen: Start keeps the Trainer as built
 
 
@@ -138,7 +138,7 @@ def test_step_in_backward_is_unavailable_under_fp16():
     support = memory_saver_support("cpu", "fp16-mixed")
     assert support["optimizer_in_backward"][0] is False and "GradScaler" in support["optimizer_in_backward"][1]
     w = _widget(precision="fp16-mixed")
-    assert w.savers.in_backward.disabled and "GradScaler" in w.savers.in_backward.tooltip
+    assert w.savers.in_backward.disabled and "GradScaler" in tooltip(w.savers.in_backward)
 
 
 @pytest.mark.slow  # starts an interpreter (docs/testing.md)

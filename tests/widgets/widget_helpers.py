@@ -70,6 +70,13 @@ def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
         time.sleep(0.005)
 
 
+def tooltip(widget) -> str:
+    """The hover text the front end gets: the ``tooltip`` trait (ipywidgets 8, a Button on 7), else the
+    ``description_tooltip`` trait (ipywidgets 7, Colab). Not a plain attribute: that would reach no front end."""
+    name = "tooltip" if widget.has_trait("tooltip") else "description_tooltip"
+    return widget.trait_values()[name] or ""
+
+
 def classes(widget) -> set[str]:
     """Every CSS class in a widget tree."""
     out = set(getattr(widget, "_dom_classes", ()))
