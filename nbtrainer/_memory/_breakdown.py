@@ -1,6 +1,7 @@
 """Training-memory breakdown of one optimizer step, measured on a private copy of the model.
 
-* parameters, buffers, inputs: bytes of unique storages;
+* parameters, buffers: bytes of unique storages; inputs: each input's own bytes (a batch sliced from a
+  larger tensor is its slice, not the storage behind it);
 * gradients: the ``.grad`` tensors after one backward;
 * optimizer state: every tensor in ``optimizer.state`` after one real ``step()``, by state key, so
   Adam/AdamW (``exp_avg`` + ``exp_avg_sq`` = 2x the trainable parameters, plus a scalar ``step``
@@ -45,6 +46,21 @@ def _unique_bytes(tensors: Any) -> int:
     for t in tensors:
         key, nbytes = _storage_key(t)
         seen[key] = nbytes
+    return sum(seen.values())
+
+
+def _own_bytes(tensors: Any) -> int:
+    """Bytes of the tensors themselves, each distinct view once.
+
+    A batch sliced from a dataset held as one tensor shares the dataset's storage: counting storages
+    would charge the whole dataset to one step (and to every sample, once scaled to a batch size).
+    """
+    seen: dict[Any, int] = {}
+    for t in tensors:
+        key: Any = _storage_key(t)[0]
+        if key[0] != "id":  # a subclass without a plain storage is keyed by its identity already
+            key = (key, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        seen[key] = t.numel() * t.element_size()
     return sum(seen.values())
 
 
@@ -167,7 +183,7 @@ def _one_step(
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                state_by_key[str(key)] = state_by_key.get(str(key), 0) + _unique_bytes([value])
+                state_by_key[str(key)] = state_by_key.get(str(key), 0) + _own_bytes([value])
     result = {
         "activations": activations,
         "recompute_peak": recompute_peak,
@@ -271,7 +287,7 @@ def measure_training_memory(
         "gradients": plain["gradients"],
         "optimizer_state": plain["optimizer_state"],
     }
-    inputs_bytes = _unique_bytes(input_tensors)
+    inputs_bytes = _own_bytes(input_tensors)
     resident = fixed["parameters"] + fixed["buffers"] + inputs_bytes  # already allocated before the step
     total = sum(v for k, v in fixed.items() if k != "trainable_parameters") + inputs_bytes + plain["activations"]
     act_ckpt = ckpt.get("activations")

@@ -326,6 +326,20 @@ def test_dict_input_model() -> None:
     assert prof.memory["cpu"]["fp32"]["inputs"] == 3 * 7 * (8 + 4)
 
 
+def test_a_sliced_example_batch_counts_its_own_bytes_not_the_dataset_behind_it() -> None:
+    data = torch.randn(2000, 16)  # a dataset held as one tensor; the example batch is a view of its first rows
+    batch = data[:8]
+    mem = profile_model(TwoInputs(), (batch[:, :6], batch[:, 6:9]), include=("memory",)).memory["cpu"]["fp32"]
+    assert mem["inputs"] == 8 * 6 * 4 + 8 * 3 * 4  # two views of one storage, each its own bytes
+    assert mem["scaling"]["inputs"]["per_sample"] == 6 * 4 + 3 * 4
+    pair = nn.Bilinear(6, 6, 2)
+    view = batch[:, :6]
+    once = profile_model(pair, (view, view), include=("memory",)).memory["cpu"]["fp32"]["inputs"]
+    assert once == 8 * 6 * 4  # the same tensor passed twice is one allocation
+    apart = profile_model(pair, (view, batch[:, 6:12]), include=("memory",)).memory["cpu"]["fp32"]["inputs"]
+    assert apart == 2 * 8 * 6 * 4
+
+
 # ---------------------------------------------------------------- side effects
 
 
