@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._setup._model_setup import param_numel
+
 __all__ = ["disk_bytes", "flat_state", "memory_bytes", "param_count", "spread_of", "time_rounds"]
 
 
@@ -62,7 +64,7 @@ def memory_bytes(model: nn.Module) -> int:
 
 def param_count(model: nn.Module) -> int:
     """Parameters as the model's shapes count them (a quantized 64x32 weight is 2,048 parameters)."""
-    return sum(p.numel() for p in model.parameters())
+    return sum(param_numel(p) for p in model.parameters())
 
 
 def time_rounds(

@@ -26,6 +26,7 @@ from nbtrainer._profile._latency import measure_latency
 from nbtrainer._profile._report import ModelProfile
 from nbtrainer._profile._switches import model_structure
 from nbtrainer._setup._activation_checkpointing import strip_activation_checkpointing
+from nbtrainer._setup._model_setup import param_numel
 from nbtrainer._setup._precision import normalize_precision, precision_support, resolve_device
 
 __all__ = ["profile_model"]
@@ -134,8 +135,8 @@ def profile_model(
     prof = ModelProfile(
         model_name=type(model).__name__,
         batch_size=batch_size,
-        params=sum(p.numel() for p in params),
-        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        params=sum(param_numel(p) for p in params),
+        trainable_params=sum(param_numel(p) for p in params if p.requires_grad),
         size_mb=0.0,
         size=_size(model),
         seconds=seconds,

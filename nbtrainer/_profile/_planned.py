@@ -17,6 +17,7 @@ from torch import nn
 
 from nbtrainer._data._batch import iter_tensors
 from nbtrainer._profile._report import ModelProfile
+from nbtrainer._setup._model_setup import param_numel
 
 __all__ = ["planned_profile"]
 
@@ -67,8 +68,8 @@ def planned_profile(
     prof = ModelProfile(
         model_name=type(model).__name__,
         batch_size=batch_size or size,
-        params=sum(p.numel() for p in params),
-        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        params=sum(param_numel(p) for p in params),
+        trainable_params=sum(param_numel(p) for p in params if p.requires_grad),
         size_mb=(sizes["parameters_bytes"] + sizes["buffers_bytes"]) / 2**20,
         size=sizes,
         structure=model_structure(model),

@@ -47,6 +47,7 @@ __all__ = [
     "freeze_parameters",
     "optimizer_impl",
     "param_counts",
+    "param_numel",
 ]
 
 # name -> the registry's row, for torch's own optimizers (the others: _kbit_optim)
@@ -185,6 +186,24 @@ class ParamCounts:
         return f"<span>{self}</span>"
 
 
+def param_numel(p: torch.Tensor) -> int:
+    """How many weights ``p`` holds: a bitsandbytes 4-bit parameter packs two per byte of its storage, so its
+    ``numel()`` is half its weights (as peft's ``get_nb_trainable_parameters`` counts them).
+
+    Example:
+        >>> param_numel(nn.Linear(3, 2).weight)
+        6
+    """
+    cls = type(p)  # told by name and module: bitsandbytes is an optional import
+    packed = cls.__module__.startswith("bitsandbytes") and cls.__name__ == "Params4bit"
+    if not packed or not getattr(p, "bnb_quantized", False):  # not a 4-bit weight, or not quantized yet
+        return p.numel()
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if shape is not None:  # the weight's own shape (a layer repacked for CPU inference changes the storage's)
+        return int(torch.Size(shape).numel())
+    return p.numel() * 2 * p.element_size()  # pairs packed in a uint8, or in a wider quant_storage
+
+
 def param_counts(model: nn.Module) -> ParamCounts:
     """Trainable / frozen parameter counts of ``model``.
 
@@ -196,10 +215,10 @@ def param_counts(model: nn.Module) -> ParamCounts:
     n_frozen = 0
     for name, p in model.named_parameters():
         if p.requires_grad:
-            trainable += p.numel()
+            trainable += param_numel(p)
             names.append(name)
         else:
-            frozen += p.numel()
+            frozen += param_numel(p)
             n_frozen += 1
     return ParamCounts(trainable + frozen, trainable, frozen, len(names), n_frozen, names)
 

@@ -49,6 +49,19 @@ def test_qlora_trains_only_adapters_over_a_4bit_base() -> None:
     assert losses[-1] < losses[0]
 
 
+def test_parameter_counts_of_a_4bit_base_are_its_weights_not_its_packed_bytes() -> None:
+    from nbtrainer import profile_model
+
+    trainer = qlora()
+    peft_model: Any = trainer.model
+    trainable, total = peft_model.get_nb_trainable_parameters()  # two 4-bit weights share a byte: peft unpacks
+    counts = trainer.param_counts
+    assert (counts.trainable, counts.total, counts.frozen) == (trainable, total, total - trainable)
+    assert total - trainable == sum(p.numel() for p in tiny_llama().parameters())  # the base as it was built
+    prof = profile_model(trainer.model, lm_batches(1)[0], include=("flops",))
+    assert (prof.params, prof.trainable_params) == (total, trainable)
+
+
 def test_checkpoint_holds_adapters_and_resumes_bit_exactly(tmp_path) -> None:
     data = lm_batches()
     straight = qlora()
