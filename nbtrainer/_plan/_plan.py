@@ -195,6 +195,8 @@ def plan_memory(
     # simulated steps kept across plans, keyed by where they run (Context.sim_device), not the target
     ctx.cache = shared_cache(model, batch, ctx.sim_device, criterion)
     unavailable: dict[str, str] = {}
+    # what the Trainer refuses on this model and target: predict() does too, with the reason and the fix
+    refused: dict[str, tuple[str, str]] = {}
     precisions = ["fp32", "bf16-mixed"]
     if target.type == "cuda":
         precisions.append("fp16-mixed")
@@ -208,15 +210,25 @@ def plan_memory(
         if lib != "torch" and importlib.util.find_spec(lib) is None:
             kinds.remove(k)
             unavailable[k] = f"needs {lib}: pip install 'nbtrainer[quant]'"
+            refused[k] = (unavailable[k], "install it, or choose another optimizer")
         elif k in OPTIMIZERS and OPTIMIZERS[k].paged and target.type != "cuda":
             kinds.remove(k)
             unavailable[k] = "paging needs CUDA"
     offloads = [False, True] if target.type == "cuda" else [False]
     if target.type != "cuda":
-        unavailable["offload_activations / offload_optimizer"] = "need a CUDA device (host RAM is the device here)"
+        why = "need a CUDA device (host RAM is the device here)"
+        unavailable[f"{SWITCH.offload_activations} / {SWITCH.offload_optimizer}"] = why
+        refused[SWITCH.offload_optimizer] = (
+            why,
+            f"remove {SWITCH.offload_optimizer}, or plan for a GPU: plan_memory(..., device='cuda')",
+        )
     chunked_opts = [False, True] if causal else [False]
     if not causal:
         unavailable[SWITCH.chunked_loss] = "for Hugging Face causal LMs only"
+        refused[SWITCH.chunked_loss] = (
+            unavailable[SWITCH.chunked_loss],
+            f"remove {SWITCH.chunked_loss}, or plan a *ForCausalLM with a dict batch holding 'labels'",
+        )
     structures: list[tuple[str | None, Any]] = [(None, None)]
     lora_settings = dict(lora) if lora is not None else dict(_DEFAULT_LORA)
     quantizable = any(row[4] for row in ctx.structure["linears"])
@@ -229,6 +241,7 @@ def plan_memory(
             structures.append(("nf4", lora_settings))
         else:
             unavailable[SWITCH.quantize] = "needs bitsandbytes: pip install 'nbtrainer[quant]'"
+            refused[SWITCH.quantize] = (unavailable[SWITCH.quantize], f"install it, or remove {SWITCH.quantize}")
     from nbtrainer._setup._activation_checkpointing import find_checkpointable_blocks, has_own_checkpointing
 
     checkpointing: list[Any] = [False]
@@ -237,6 +250,10 @@ def plan_memory(
         checkpointing += [*_shares(blocks, held.activation_checkpointing), True]
     else:
         unavailable[SWITCH.activation_checkpointing] = "the model has no repeated blocks to checkpoint"
+        refused[SWITCH.activation_checkpointing] = (
+            unavailable[SWITCH.activation_checkpointing],
+            f"remove {SWITCH.activation_checkpointing}",
+        )
     # the combinations; each row's step is simulated when the plan first needs it (nbtrainer._plan._search)
     specs: list[tuple[MemoryOptions, int]] = []
     micros = micro_batches(batch_size) if example >= 1 else [batch_size]
@@ -303,6 +320,16 @@ def plan_memory(
         from nbtrainer._setup._precision import normalize_precision
 
         switches["precision"] = normalize_precision(switches.get("precision", "fp32"))
+        if target.type != "cuda":  # the Trainer allows it there and nothing moves: saved tensors are in RAM already
+            switches[SWITCH.offload_activations] = False
+        for name, value in switches.items():
+            key = value if name == SWITCH.optimizer and isinstance(value, str) else name
+            if key in refused and value not in (None, False, 0):
+                why, fix = refused[key]
+                raise ValueError(
+                    f"predict({name}={value!r}): not on this plan, {why} (plan.unavailable; the Trainer refuses it "
+                    f"too). {fix[0].upper()}{fix[1:]}."
+                )
         if switches.get(SWITCH.lora) is True:
             switches[SWITCH.lora] = dict(lora_settings)
         return plan_row(ctx, MemoryOptions(**switches), micro, batch_size, usable, context)

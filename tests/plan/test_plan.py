@@ -226,6 +226,31 @@ def test_bad_input_is_refused_before_anything_runs(kwargs, message):
         plan_memory(_mlp(), (torch.randn(4, 256), torch.randint(0, 10, (4,))), **kwargs)
 
 
+def test_predict_refuses_the_switches_the_plan_lists_as_unavailable_and_the_trainer_refuses():
+    from nbtrainer import profile_model
+
+    batch = (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    plan = plan_memory(_mlp(), batch, budget_gb=1, device="cpu")
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"chunked_loss": 32}, r"chunked_loss.*causal LMs only.*Remove chunked_loss"),
+        ({"offload_optimizer": True}, r"offload_optimizer.*need a CUDA device.*device='cuda'"),
+        ({"activation_checkpointing": True}, r"activation_checkpointing.*no repeated blocks"),
+    ]
+    for switches, message in refused:
+        with pytest.raises(ValueError, match=message):
+            plan.predict(**switches)
+        with pytest.raises(ValueError):  # the Trainer refuses the same switch
+            Trainer(_mlp(), nn.CrossEntropyLoss(), "adamw", progress=False, device="cpu", **switches)
+    # not proposed on a CPU, yet the Trainer runs them: fp16 emulated, activations "offloaded" where they are
+    assert plan.predict(precision="fp16-mixed").peak_bytes > 0
+    assert plan.predict(offload_activations=True).peak_bytes == plan.predict().peak_bytes
+    with torch.device("meta"):
+        meta = _mlp()
+    prof = profile_model(meta, batch[0].to("meta"), devices=("cpu",))
+    with pytest.raises(ValueError, match=r"offload_optimizer.*need a CUDA device"):
+        prof.fits(1, offload_optimizer=True)
+
+
 def test_a_batch_that_does_not_fit_the_model_names_its_shapes():
     with pytest.raises(ValueError, match=r"does not fit the model.*\(4, 99\)"):
         plan_memory(_mlp(), (torch.randn(4, 99), torch.randint(0, 10, (4,))), budget_gb=1, device="cpu")
