@@ -230,6 +230,11 @@ def compare_strategies(
             check_optimizer_fn(options["optimizer"], argument=f"strategy {name!r}: optimizer")
     left_out = inapplicable(first_model, dev) if strategies is None else {}
     plan = {name: options for name, options in plan.items() if name not in left_out}
+    if baseline in left_out:  # the ratios need its row: say so now, not after every other row has trained
+        raise ValueError(
+            f"baseline {baseline!r} is left out of the default list: {left_out[baseline]}. Pick one that runs "
+            f"here: baseline={next(iter(plan))!r} (or another of {list(plan)})."
+        )
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
     del first_model
     first_batch: Any = next(iter(train_loader), None)  # its size names accumulation's micro-batches

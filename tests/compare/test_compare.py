@@ -434,3 +434,16 @@ def test_the_default_list_leaves_out_what_cannot_apply_and_says_so() -> None:
     assert kept.names == ["fp32", "ckpt"] and not kept.left_out
     named = compare_strategies(cnn, None, nn.CrossEntropyLoss(), data, **two)
     assert named.rows[1]["status"] == "failed" and "left out" not in str(named)
+
+
+def _small() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))  # no repeated blocks
+
+
+def test_a_baseline_the_default_list_leaves_out_is_refused_before_anything_trains() -> None:
+    data = [(torch.randn(8, 8), torch.randint(0, 3, (8,)))] * 2
+    rows: list[str] = []
+    with pytest.raises(ValueError, match=r"baseline 'ckpt'.*left out.*no repeated blocks.*baseline='fp32'"):
+        compare_strategies(_small, None, nn.CrossEntropyLoss(), data, steps=1, metric=None, baseline="ckpt",
+                           on_row=lambda row: rows.append(row["name"]))  # fmt: skip
+    assert rows == []
