@@ -29,6 +29,7 @@ import gc
 import logging
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -56,6 +57,31 @@ from nbtrainer._setup._optim import OptimizerFn, build_from_params, check_optimi
 __all__ = ["compare_strategies"]
 
 log = logging.getLogger(__name__)
+
+
+class _SharedModel(ValueError):
+    """A row's model is (or shares parameters with) the first one make_model returned: the comparison is refused
+    as a whole, not reported as a failed row."""
+
+
+def _check_new_model(first: list[weakref.ref[Any]], model: Any) -> None:
+    # rows reload the initial weights but not requires_grad, hooks or wrappers: a shared model carries one row's
+    # changes into the next, and the caller's model comes back trained. ``first``: weak references to the first
+    # model and its parameters, alive only where something else holds them (never a false match on a reused id)
+    if not isinstance(model, nn.Module):
+        return
+    alive = {id(x) for x in (ref() for ref in first) if x is not None}
+    if id(model) in alive:
+        what = "the same model object"
+    elif not alive.isdisjoint(id(p) for p in model.parameters()):
+        what = "a model sharing parameters with the one before"
+    else:
+        return
+    raise _SharedModel(
+        f"compare_strategies: make_model returned {what}; each strategy would train on from the last one (its "
+        "weights, its frozen layers) and the caller's model would come back trained. make_model must return a "
+        "new model each call, e.g. lambda: copy.deepcopy(model)."
+    )
 
 
 def _optimizer_for(name: str, kwargs: dict[str, Any], model: nn.Module, default: Any) -> tuple[Any, dict[str, Any]]:
@@ -140,8 +166,9 @@ def compare_strategies(
     """Train once per strategy from the same weights and data order, and tabulate time, memory, quality.
 
     Args:
-        make_model: ``() -> model``; called once per strategy (weights are then set to the first
-            model's, so every strategy starts identical).
+        make_model: ``() -> model``, a new model each call (``lambda: copy.deepcopy(model)`` for one you
+            hold; the same object, or one sharing its parameters, is refused before anything trains); called once
+            per strategy (weights are then set to the first model's, so every strategy starts identical).
         optimizer: a callable of the parameters, as torch's own classes are: ``torch.optim.AdamW``,
             ``functools.partial(torch.optim.AdamW, lr=1e-3)`` or ``lambda params: ...``; called once per
             strategy with that strategy's model parameters (``None``: AdamW, fused where possible), or a name
@@ -236,6 +263,7 @@ def compare_strategies(
             f"here: baseline={next(iter(plan))!r} (or another of {list(plan)})."
         )
     initial = {k: v.detach().to("cpu", copy=True) for k, v in first_model.state_dict().items()}
+    first_refs = [weakref.ref(x) for x in (first_model, *first_model.parameters())]
     del first_model
     first_batch: Any = next(iter(train_loader), None)  # its size names accumulation's micro-batches
     order.reset()
@@ -270,6 +298,7 @@ def compare_strategies(
             order.reset()
             seed_everything(seed)
             model = make_model()
+            _check_new_model(first_refs, model)
             model.load_state_dict(initial)
             kwargs = {**dict(trainer_kwargs or {}), **options}
             accum = int(kwargs.get("grad_accum_steps", 1))
@@ -334,6 +363,8 @@ def compare_strategies(
                     row["note"] = (row["note"] + "; " if row["note"] else "") + f"{metric} not logged"
                 row["metric"] = value
             row["setup"] = trainer.model_setup.describe()
+        except _SharedModel:
+            raise
         except Exception as exc:
             log.debug(
                 "a strategy that fails is a row of the table (its status and reason), not an error", exc_info=True

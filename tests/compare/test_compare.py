@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -447,3 +448,23 @@ def test_a_baseline_the_default_list_leaves_out_is_refused_before_anything_train
         compare_strategies(_small, None, nn.CrossEntropyLoss(), data, steps=1, metric=None, baseline="ckpt",
                            on_row=lambda row: rows.append(row["name"]))  # fmt: skip
     assert rows == []
+
+
+def test_a_make_model_that_returns_the_same_model_is_refused_before_anything_trains() -> None:
+    data = [(torch.randn(8, 8), torch.randint(0, 3, (8,)))] * 2
+    model = _small()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows: list[str] = []
+    strategies = {"a": {}, "frozen": {"freeze": ["0.*"]}}
+    shared = nn.Linear(8, 16)
+    for make in (lambda: model, lambda: nn.Sequential(shared, nn.Tanh(), nn.Linear(16, 3))):
+        with pytest.raises(ValueError, match=r"make_model must return a new model each call.*copy\.deepcopy"):
+            compare_strategies(make, "sgd", nn.CrossEntropyLoss(), data, None, strategies, steps=2, metric=None,
+                               on_row=lambda row: rows.append(row["name"]))  # fmt: skip
+    assert rows == []
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.requires_grad for p in model.parameters())
+    fresh = compare_strategies(lambda: copy.deepcopy(model), "sgd", nn.CrossEntropyLoss(), data, None, strategies,
+                               steps=2, metric=None)  # fmt: skip
+    assert [r["status"] for r in fresh.rows] == ["ok", "ok"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
