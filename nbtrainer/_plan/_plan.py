@@ -30,7 +30,7 @@ from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._options import SWITCH, MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
-from nbtrainer._plan._result import MemoryPlan, PlanRow
+from nbtrainer._plan._result import MemoryPlan, PlanRow, check_batch_size, check_budget_gb, check_share
 from nbtrainer._plan._search import RowSearch
 from nbtrainer._plan._steps import plan_row
 
@@ -140,10 +140,8 @@ def plan_memory(
     from nbtrainer._plan._distributed import check_strategy, fsdp_units
 
     check_strategy(world_size, strategy)
-    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or not budget_gb > 0:
-        raise ValueError(f"plan_memory(budget_gb={budget_gb!r}): the budget must be a positive number of GiB.")
-    if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"plan_memory(margin={margin!r}): a share of the budget in [0, 1), e.g. 0.1.")
+    check_budget_gb(budget_gb, "plan_memory")
+    check_share(margin, "plan_memory", "margin")
     if not isinstance(model, nn.Module):
         raise TypeError(f"plan_memory: model must be a torch.nn.Module, got {type(model).__name__}.")
     target = _resolve_target(device)
@@ -154,8 +152,7 @@ def plan_memory(
         )
     example = _batch_size_of(batch)
     batch_size = example if batch_size is None else batch_size
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"plan_memory(batch_size={batch_size!r}): the effective batch, an int >= 1.")
+    check_batch_size(batch_size, "plan_memory", "the effective batch")
     allowed = set(allow or ())
     unknown = allowed - {SWITCH.lora}
     if unknown:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,31 @@ from typing import Any
 from nbtrainer._options import LABELS, SWITCH, MemoryOptions
 from nbtrainer._report._format import format_bytes
 
-__all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow"]
+__all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow", "check_batch_size", "check_budget_gb", "check_share"]
+
+
+# The arguments every "will it fit" question takes, checked alike by plan_memory and profile_model(...).fits()
+
+
+def check_budget_gb(budget_gb: Any, caller: str) -> None:
+    """Refuse a budget that is not a positive, finite number of GiB (``nan`` and ``inf`` are not budgets)."""
+    number = isinstance(budget_gb, (int, float)) and not isinstance(budget_gb, bool)
+    if not number or not math.isfinite(budget_gb) or not budget_gb > 0:
+        raise ValueError(f"{caller}(budget_gb={budget_gb!r}): the budget must be a positive number of GiB, e.g. 16.")
+
+
+def check_share(value: Any, caller: str, name: str) -> None:
+    """Refuse a share of the budget kept free outside [0, 1)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not 0 <= value < 1:
+        raise ValueError(f"{caller}({name}={value!r}): a share of the budget in [0, 1), e.g. 0.1.")
+
+
+def check_batch_size(value: Any, caller: str, what: str = "the batch size") -> None:
+    """Refuse a batch size that is not an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{caller}(batch_size={value!r}): {what}, an int >= 1.")
+
 
 #: The parts of a row's peak, in display order (they sum to ``peak_bytes``).
 PARTS = ("parameters", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "batch")

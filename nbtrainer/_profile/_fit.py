@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nbtrainer._options import MemoryOptions
+from nbtrainer._plan._result import check_batch_size, check_budget_gb, check_share
 from nbtrainer._profile._switches import Switched, apply_switches
 from nbtrainer._report._format import format_bytes
 
@@ -113,6 +114,12 @@ def _savings_text(switched: Switched, activations_moved: int) -> str:
     return (" " + "; ".join(said) + ".") if said else ""
 
 
+def _check_fit_args(budget_gb: Any, batch_size: Any, headroom: Any) -> None:
+    check_budget_gb(budget_gb, "fits")
+    check_batch_size(batch_size, "fits", "the batch size (None: the profiled one)")
+    check_share(headroom, "fits", "headroom")
+
+
 def plan_fit(
     memory: dict[str, Any],
     *,
@@ -134,6 +141,7 @@ def plan_fit(
         structure: The profiled model's layer table (:func:`nbtrainer._profile._switches.model_structure`),
             needed by ``quantize`` / ``lora`` / ``optimizer``.
     """
+    _check_fit_args(budget_gb, batch_size, headroom)
     checkpointing = bool(switches.activation_checkpointing)
     if checkpointing and memory["scaling"]["activations_checkpointed"] is None:
         raise ValueError("checkpointing=True, but the model has no repeated blocks to checkpoint")
@@ -222,6 +230,7 @@ def planned_fit(
 ) -> FitResult:
     """``fits()`` of a planned profile: the plan's row for these switches against ``budget_gb`` (less ``headroom``);
     not fitting, the largest micro-batch of the plan's that does (same switches, accumulation)."""
+    _check_fit_args(budget_gb, batch_size, headroom)
     if batch_size != example_size:
         raise ValueError(
             f"fits(batch_size={batch_size}): this profile was planned for its example's {example_size} samples (the "

@@ -112,13 +112,13 @@ class ModelProfile:
         ``offload_optimizer``).
 
         Args:
-            budget_gb: Memory budget in GiB (2**30 bytes, as GPU memory is reported).
-            batch_size: Batch size to check (default: the profiled one).
+            budget_gb: Memory budget in GiB (2**30 bytes, as GPU memory is reported): a positive, finite number.
+            batch_size: Batch size to check, an int >= 1 (default: the profiled one).
             device: Which measured device (default: the first measured).
             precision: Which measured precision (default: the first measured on that device).
             activation_checkpointing: Assume activation checkpointing of the model's repeated blocks (the Trainer's
                 name; ``checkpointing=`` is its former one here and still works).
-            headroom: Fraction of the budget to keep free (CUDA context, fragmentation).
+            headroom: Fraction of the budget to keep free (CUDA context, fragmentation), in [0, 1).
             quantize: ``"nf4"``, ``"nf4-dq"``, ``"fp4"`` or ``"int8"``: every ``nn.Linear`` but the output head
                 frozen in 4 bits (0.5 byte per weight plus a scale per block of 64) or 8 bits.
             lora: ``dict(r=8, target_modules="all-linear")`` or a ``peft.LoraConfig``: base frozen, adapters of
@@ -132,6 +132,9 @@ class ModelProfile:
 
         Returns:
             A :class:`~nbtrainer._profile._fit.FitResult` (truthy when it fits).
+
+        Raises:
+            ValueError: a budget, batch size or headroom out of range (checked as ``plan_memory`` checks them).
 
         Example:
             >>> import torch
@@ -159,7 +162,7 @@ class ModelProfile:
 
         if plan is not None:  # a meta model's profile: the planner's row, not a measured step (_profile/_planned)
             memory = switches(normalize_precision(precision or "fp32"))
-            size = batch_size or self.batch_size
+            size = self.batch_size if batch_size is None else batch_size
             return planned_fit(
                 plan, budget_gb, batch_size=size, example_size=self.batch_size, switches=memory, headroom=headroom
             )
@@ -177,7 +180,7 @@ class ModelProfile:
         return plan_fit(
             measured[dev][prec],
             budget_gb=budget_gb,
-            batch_size=batch_size or self.batch_size,
+            batch_size=self.batch_size if batch_size is None else batch_size,
             switches=switches(prec),
             headroom=headroom,
             structure=self.structure,

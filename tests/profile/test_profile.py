@@ -287,6 +287,32 @@ def test_fits_and_suggestion() -> None:
     json.dumps(answer.to_dict())
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget_gb": -1}, r"fits\(budget_gb=-1\).*positive number of GiB"),
+        ({"budget_gb": 0}, r"fits\(budget_gb=0\).*positive number of GiB"),
+        ({"budget_gb": float("nan")}, r"fits\(budget_gb=nan\).*positive number of GiB"),
+        ({"budget_gb": float("inf")}, r"fits\(budget_gb=inf\).*positive number of GiB"),
+        ({"budget_gb": "8"}, r"fits\(budget_gb='8'\).*positive number of GiB"),
+        ({"budget_gb": 1, "batch_size": -4}, r"fits\(batch_size=-4\).*int >= 1"),
+        ({"budget_gb": 1, "batch_size": 0}, r"fits\(batch_size=0\).*int >= 1"),
+        ({"budget_gb": 1, "batch_size": 2.5}, r"fits\(batch_size=2.5\).*int >= 1"),
+        ({"budget_gb": 1, "headroom": 1.5}, r"fits\(headroom=1.5\).*\[0, 1\)"),
+        ({"budget_gb": 1, "headroom": -0.1}, r"fits\(headroom=-0.1\).*\[0, 1\)"),
+    ],
+)
+def test_fits_refuses_impossible_budgets_and_batch_sizes(kwargs: dict[str, Any], message: str) -> None:
+    with torch.device("meta"):
+        planned_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    measured = profile_model(nn.Linear(8, 2), torch.randn(4, 8), include=("memory",))
+    planned = profile_model(planned_model, torch.randn(4, 8, device="meta"), devices=("cpu",))
+    for prof in (measured, planned):
+        with pytest.raises(ValueError, match=message):
+            prof.fits(**kwargs)
+    assert measured.fits(1, None).batch_size == 4  # None: the profiled batch
+
+
 # ---------------------------------------------------------------- inputs
 
 
