@@ -105,7 +105,7 @@ class Trainer:
     options: TrainerOptions
     precision: Option[str] = Option("memory", via="set_precision")
     optimizer_in_backward: Option[bool] = Option("memory")  # each parameter updated inside backward (_in_backward)
-    device: Option[torch.device] = Option("setup")
+    device: Option[torch.device] = Option("setup", via=_validate.device_is_fixed)
     grad_accum_steps: Option[int] = Option("step", via="set_grad_accum_steps")
     max_grad_norm: Option[float | None] = Option("step", via="set_max_grad_norm")
     scheduler_interval: Option[str] = Option("step", via=lambda t, interval: t.set_scheduler(t.scheduler, interval))

@@ -483,3 +483,12 @@ def check_optimizer_params(model: torch.nn.Module, optimizer: torch.optim.Optimi
             "instance, or before the model was re-created?). Build it from this model's parameters (or pass "
             "optimizer=None to only evaluate and predict)."
         )
+
+
+def device_is_fixed(trainer: Any, device: Any) -> None:
+    """``trainer.device = ...``: refused. The model, its optimizer's state and the strategy were placed when the
+    Trainer was built; replacing the option alone would leave them where they are and the batches going elsewhere."""
+    raise AttributeError(
+        f"trainer.device is fixed when the Trainer is built (the model and its optimizer state are on "
+        f"{trainer.device}); to train on {device!r}, build a new one: Trainer(model, ..., device={str(device)!r})."
+    )

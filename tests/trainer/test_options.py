@@ -110,3 +110,15 @@ def test_accumulation_assigned_mid_fit_waits_for_the_step_boundary_and_is_record
     t.fit(loader, epochs=1)
     assert t.global_step == 2  # batch 1 alone, then 2-4 in one window
     assert [e["kind"] for e in t.history.events] == ["grad_accum_steps"]
+
+
+def test_assigning_the_device_is_refused_naming_a_new_trainer() -> None:
+    """Before: ``trainer.device = "cuda"`` replaced the option alone; the model and its optimizer state stayed where
+    they were while the next fit sent the batches to the new device."""
+    model = torch.nn.Linear(4, 2)
+    trainer = Trainer(model, torch.nn.MSELoss(), "sgd", progress=False, device="cpu")
+    with pytest.raises(
+        AttributeError, match=r"fixed when the Trainer is built.*Trainer\(model, \.\.\., device='meta'\)"
+    ):
+        trainer.device = "meta"  # type: ignore[assignment]  # a string, as users write it
+    assert trainer.device == torch.device("cpu")
