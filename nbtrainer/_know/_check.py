@@ -173,7 +173,7 @@ class _Scan:
             elif name not in self.unreadable:
                 self.unreadable[name] = type(value).__name__
         labels = self.targets.add(targets)
-        hashes = row_hashes(list(named.values()), n)
+        hashes = row_hashes(list(named.values()), n, mask=named.get("attention_mask"))
         if hashes is None:
             self.unhashed = True
         else:

@@ -21,26 +21,37 @@ __all__ = ["FieldStats", "HashLog", "TargetStats", "row_hashes"]
 Tensor = torch.Tensor
 
 
-def _rows_bytes(value: Any, n: int) -> list[bytes] | None:
-    """Each item's bytes of one field (a tensor, an array, or a list of strings / numbers); None: cannot tell."""
+def _rows_bytes(value: Any, n: int, mask: np.ndarray | None = None) -> list[bytes] | None:
+    """Each item's bytes of one field (a tensor, an array, or a list of strings / numbers); None: cannot tell.
+    ``mask`` (items x positions, the batch's attention mask): a field with those two leading dimensions keeps only
+    each item's real positions, so an item hashes alike whatever length its batch was padded to."""
     if isinstance(value, Tensor):
         t = value.detach()
         if t.ndim == 0 or t.shape[0] != n:
             return None
-        arr = t.cpu().contiguous().reshape(n, -1).numpy() if t.dtype != torch.bfloat16 else None
-        if arr is None:
-            arr = t.cpu().contiguous().reshape(n, -1).view(torch.int16).numpy()
-        return [row.tobytes() for row in arr]
-    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
-        return [row.tobytes() for row in np.ascontiguousarray(value).reshape(n, -1)]
-    if isinstance(value, (list, tuple)) and len(value) == n:
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        arr = t.cpu().contiguous().numpy()
+    elif isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
+        arr = np.ascontiguousarray(value)
+    elif isinstance(value, (list, tuple)) and len(value) == n:
         return [repr(v).encode() for v in value]
-    return None
+    else:
+        return None
+    if mask is not None and arr.ndim >= 2 and arr.shape[1] == mask.shape[1]:
+        per_position = arr.reshape(n, mask.shape[1], -1)
+        return [np.ascontiguousarray(per_position[i][mask[i]]).tobytes() for i in range(n)]
+    return [row.tobytes() for row in arr.reshape(n, -1)]
 
 
-def row_hashes(fields: Sequence[Any], n: int) -> np.ndarray | None:
-    """One 64-bit hash per item over all ``fields`` (None when a field cannot be split per item)."""
-    per_field = [_rows_bytes(f, n) for f in fields]
+def row_hashes(fields: Sequence[Any], n: int, mask: Any = None) -> np.ndarray | None:
+    """One 64-bit hash per item over all ``fields`` (None when a field cannot be split per item). ``mask``: the
+    batch's ``attention_mask`` (items x positions), when it has one: padding is left out of each item's bytes
+    (per-batch padding would otherwise hide a duplicate in a batch padded to another length)."""
+    keep = None
+    if isinstance(mask, Tensor) and mask.ndim == 2 and mask.shape[0] == n:
+        keep = mask.detach().cpu().numpy().astype(bool)
+    per_field = [_rows_bytes(f, n, keep) for f in fields]
     if not per_field or any(p is None for p in per_field):
         return None
     out = np.empty(n, dtype=np.int64)

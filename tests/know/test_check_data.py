@@ -252,3 +252,41 @@ def test_outputs_no_training_item_has_as_its_label_are_said():
     (problem,) = _trainer(mlp(out=3)).check_data((x, y)).by_kind("missing_class")
     assert problem.data == {"classes": [2], "outputs": 3} and "never predict it" in problem.message
     assert _trainer(mlp(out=2)).check_data((x, y)).by_kind("missing_class") == []
+
+
+class _TokenClassifier(torch.nn.Module):
+    """Token ids and an attention mask in, two classes out: a mean of the real positions' embeddings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        m = attention_mask.unsqueeze(-1).float()
+        return self.head((self.embed(input_ids) * m).sum(1) / m.sum(1).clamp(min=1))
+
+
+def _pad_per_batch(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """What transformers' DataCollatorWithPadding does: each batch padded to its own longest item."""
+    longest = max(len(i["input_ids"]) for i in items)
+    pads = [longest - len(i["input_ids"]) for i in items]
+    return {
+        "input_ids": torch.tensor([i["input_ids"] + [0] * p for i, p in zip(items, pads, strict=True)]),
+        "attention_mask": torch.tensor([[1] * len(i["input_ids"]) + [0] * p for i, p in zip(items, pads, strict=True)]),
+        "labels": torch.tensor([i["labels"] for i in items]),
+    }
+
+
+def test_copies_in_batches_padded_to_different_lengths_are_found():
+    """Before: an item's hash covered its batch's padding, so a validation copy of a training item, or two training
+    copies, in batches padded to different lengths went unreported (the fixed-length case was found)."""
+    seqs = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [3, 4], [9, 9, 9, 9], [5, 6, 7], [1, 1]]
+    train = [{"input_ids": s, "labels": i % 2} for i, s in enumerate(seqs)]
+    train[4]["labels"] = train[0]["labels"]  # item 4 copies item 0, in a batch padded to 3, not to 6
+    val = [dict(train[0]), {"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "labels": 1}]  # val 0 copies train 0: padded to 8
+    trainer = Trainer(_TokenClassifier(), torch.nn.CrossEntropyLoss(), "adamw", progress=False, run_store=False)
+    loaders = [DataLoader(items, batch_size=2, collate_fn=_pad_per_batch) for items in (train, val)]
+    report = trainer.check_data(*loaders)
+    assert report.by_kind("duplicates_within")[0].data["indices"] == [4]
+    across = report.by_kind("duplicates_across")[0]
+    assert across.data["val_indices"] == [0] and across.data["train_indices"] == [0]
