@@ -285,7 +285,10 @@ def test_copies_in_batches_padded_to_different_lengths_are_found():
     train[4]["labels"] = train[0]["labels"]  # item 4 copies item 0, in a batch padded to 3, not to 6
     val = [dict(train[0]), {"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "labels": 1}]  # val 0 copies train 0: padded to 8
     trainer = Trainer(_TokenClassifier(), torch.nn.CrossEntropyLoss(), "adamw", progress=False, run_store=False)
-    loaders = [DataLoader(items, batch_size=2, collate_fn=_pad_per_batch) for items in (train, val)]
+    loaders: list[DataLoader[Any]] = [
+        DataLoader(items, batch_size=2, collate_fn=_pad_per_batch)  # type: ignore[arg-type]  # a list: torch allows
+        for items in (train, val)
+    ]
     report = trainer.check_data(*loaders)
     assert report.by_kind("duplicates_within")[0].data["indices"] == [4]
     across = report.by_kind("duplicates_across")[0]
