@@ -51,7 +51,7 @@ _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
 _HANDLES: dict[str, Any] = {}  # path of a loaded libgomp -> its ctypes handle (None: no omp_pause_resource_all)
 # the training threads started here (alive ones keep the post-cell release), each with how to stop it early at
 # interpreter exit (None: it is waited for)
-_LIVE: dict[threading.Thread, Callable[[], None] | None] = {}
+_LIVE: dict[threading.Thread, tuple[Callable[[], None] | None, threading.Event]] = {}  # each: its stop, its end
 _LOCK = threading.Lock()
 _HOOKED: set[int] = set()  # id() of the IPython shells whose post_run_cell gives the main thread's pool back
 
@@ -187,7 +187,15 @@ def start_training_thread(
         >>> thread.join(); trainer.status
         'finished'
     """
-    thread = threading.Thread(target=target, name=name, args=tuple(args), kwargs=dict(kwargs or {}), daemon=daemon)
+    done = threading.Event()
+
+    def run(*a: Any, **kw: Any) -> Any:
+        try:
+            return target(*a, **kw)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name=name, args=tuple(args), kwargs=dict(kwargs or {}), daemon=daemon)
     release_openmp_pool()
     if threading.current_thread() is threading.main_thread():
         _hook_cells()
@@ -197,14 +205,16 @@ def start_training_thread(
         stop = lambda: request_stop("the interpreter is exiting")  # noqa: E731
     with _LOCK:
         _alive()
-        _LIVE[thread] = stop
+        _LIVE[thread] = (stop, done)
     thread.start()
     return thread
 
 
-def _alive() -> dict[threading.Thread, Callable[[], None] | None]:
-    """``_LIVE`` without the threads that have ended (under ``_LOCK``)."""
-    for gone in [t for t in _LIVE if not t.is_alive()]:
+def _alive() -> dict[threading.Thread, tuple[Callable[[], None] | None, threading.Event]]:
+    """``_LIVE`` without the threads whose target has returned (under ``_LOCK``). Not ``Thread.is_alive()``: on
+    Python 3.11 a ``join()`` interrupted by Ctrl-C marks a thread that still runs as stopped (bpo-45274), and the
+    exit would then neither stop nor wait for it (measured: "terminate called without an active exception", 134)."""
+    for gone in [t for t, (_, done) in _LIVE.items() if done.is_set()]:
         del _LIVE[gone]
     return _LIVE
 
@@ -216,8 +226,8 @@ def _finish_at_exit() -> None:
     without an active exception") 4 times in 4, and one that built a panel and returned while its data check ran,
     once in 3."""
     with _LOCK:
-        live = {t: stop for t, stop in _alive().items() if t is not threading.current_thread()}
-    for thread, stop in live.items():
+        live = {t: entry for t, entry in _alive().items() if t is not threading.current_thread()}
+    for thread, (stop, _) in live.items():
         if stop is None:
             continue
         print(f"nbtrainer: the interpreter is exiting: stopping {thread.name!r} at its next step", file=sys.stderr)
@@ -225,10 +235,9 @@ def _finish_at_exit() -> None:
             stop()
         except Exception:
             log.debug("stopping %s at exit failed; waiting for it instead", thread.name, exc_info=True)
-    for thread in live:  # bounded: a thread that never ends must not hang the exit (a test's paused run, say)
-        thread.join(2.0)
-        if thread.is_alive():
+    for thread, (_, done) in live.items():  # bounded: a thread that never ends must not hang the exit (a paused run)
+        if not done.wait(2.0):
             print(
                 f"nbtrainer: waiting up to a minute for {thread.name!r} before the interpreter exits", file=sys.stderr
             )
-            thread.join(60.0)
+            done.wait(60.0)

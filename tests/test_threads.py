@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,39 @@ EXIT = textwrap.dedent(
     print("returning", trainer.status, flush=True)
     """
 )
+# The fit is still setting up when the script returns (its first len() of the data is slow), or the main thread
+# waits in join() when Ctrl-C comes.
+EXIT_EARLY = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time, torch
+    from torch import nn
+    from nbtrainer import Trainer, start_training_thread
+
+    class SlowLen(list):
+        slow = True
+
+        def __len__(self):
+            if SlowLen.slow:
+                SlowLen.slow = False
+                time.sleep(0.5)  # arrays of millions of rows take this long to batch
+            return super().__len__()
+
+    torch.manual_seed(0)
+    data = SlowLen([(torch.randn(64, 32), torch.randint(0, 4, (64,))) for _ in range(50)])
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", progress=False, run_store=False)
+    thread = start_training_thread(trainer.fit, args=(data,), kwargs={"epochs": 10_000})
+    if sys.argv[1] == "ctrl-c-in-join":
+        while trainer.global_step < 3:
+            time.sleep(0.01)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            thread.join()
+        finally:
+            print("interrupted", trainer.status, flush=True)
+    print("returning", flush=True)
+    """
+)
 
 
 @pytest.mark.slow  # an interpreter
@@ -140,3 +174,22 @@ def test_a_script_that_returns_while_its_training_thread_trains_stops_it_and_exi
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == f"returning {state}", proc.stdout
     assert "the interpreter is exiting: stopping" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow  # an interpreter
+@pytest.mark.parametrize("when", ["setting-up", "ctrl-c-in-join"])
+def test_a_script_ending_while_its_fit_sets_up_or_while_it_joins_the_thread_stops_the_fit(when: str) -> None:
+    """Before: a stop asked for while fit() was still setting up (batching arrays) was cleared when the loop began,
+    so the exit waited a minute and aborted (134); and Ctrl-C in ``thread.join()`` marked the still-running thread
+    as ended (Python 3.11, bpo-45274), so the exit neither stopped nor waited for it (134 again)."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_EARLY, when], capture_output=True, text=True, timeout=300)
+    assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert "waiting up to a minute" not in proc.stderr, proc.stderr[-2000:]  # stopped at its next step
+    assert "the interpreter is exiting: stopping" in proc.stderr, proc.stderr[-2000:]
+    if when == "setting-up":
+        assert proc.returncode == 0 and proc.stdout.strip() == "returning", (proc.returncode, proc.stdout)
+    else:  # KeyboardInterrupt ends the script as Ctrl-C does: killed by SIGINT (a shell's 130)
+        assert proc.returncode == -signal.SIGINT and "interrupted running" in proc.stdout, (
+            proc.returncode,
+            proc.stdout,
+        )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,6 +48,7 @@ class Control:
         self.dirty = False  # read without the lock in the hot loop: a stale read only delays by one step
         self.stop_requested = False
         self.stop_reason: str | None = None
+        self.stop_at = 0.0  # time.monotonic() of the stop request
         self._pending: dict[str, Any] = {}
         self._calls: list[tuple[Callable[[], Any], Future]] = []
 
@@ -56,6 +58,7 @@ class Control:
             if not self.stop_requested:
                 self.stop_requested = True
                 self.stop_reason = reason
+                self.stop_at = time.monotonic()
             self.dirty = True
         self._resume.set()  # a paused run must wake up to stop
 
@@ -106,15 +109,18 @@ class Control:
             if self.stop_requested or self._calls:
                 return
 
-    def reset(self) -> None:
+    def reset(self, keep_stop_since: float | None = None) -> None:
+        """Drop the requests left from before a fit; a stop requested at or after ``keep_stop_since`` (the fit's
+        call) is kept: it was meant for this fit (a script that returns while its fit is still batching arrays)."""
         with self._lock:
-            self.stop_requested = False
-            self.stop_reason = None
+            keep = self.stop_requested and keep_stop_since is not None and self.stop_at >= keep_stop_since
+            self.stop_requested = keep
+            self.stop_reason = self.stop_reason if keep else None
             self._pending.clear()
             for _, fut in self._calls:
                 fut.cancel()
             self._calls.clear()
-            self.dirty = False
+            self.dirty = keep
         self._resume.set()
 
 

@@ -75,6 +75,8 @@ class RunState:
         recorder: the callback that feeds :attr:`history` from the event stream.
         lr_finder: the :class:`~nbtrainer.LRFinderResult` of the last ``lr_find`` (None before one): its valley is
             the LR ``nbtrainer.Health`` advises when the run goes wrong.
+        called_at: ``time.monotonic()`` when the current (or last) ``fit`` was called: a stop requested since then
+            is this fit's, kept through its set-up (batching arrays, planning), an older one is dropped.
     """
 
     def __init__(self, train_metrics: MetricSet, history: History | None = None) -> None:
@@ -87,6 +89,7 @@ class RunState:
         self.fit_thread: int | None = None
         self.recorder = HistoryRecorder(History() if history is None else history)
         self.lr_finder: Any = None
+        self.called_at = 0.0
 
     @property
     def history(self) -> History:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -71,16 +72,17 @@ def check_fit_args(
     data = train_loader if data is None else data
     if data is None:
         raise TypeError("fit() needs training data: a DataLoader or list of batches, or arrays with batch_size=.")
-    train, val = _arrays.fit_loaders(data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle)
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
     if trainer.run_state.fitting:
         raise RuntimeError(
             "This trainer is already fitting (in another thread?). Call request_stop() "
             "and wait for it to end before starting another fit."
         )
+    trainer.run_state.called_at = time.monotonic()  # a stop from here on is this fit's (begin() keeps it)
+    train, val = _arrays.fit_loaders(data, val_loader, val_data=val_data, batch_size=batch_size, shuffle=shuffle)
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be an int >= 1 or None, got {max_steps!r}.")
     if safe_len(train) == 0:
         raise ValueError("train_loader is empty (len 0): check the dataset size, batch_size and drop_last.")
     if val is not None and safe_len(val) == 0:
@@ -111,7 +113,7 @@ class FitRun:
         run = trainer.run_state
         if parts.budget is not None:  # planned for the first batch; nothing fits: a ValueError before any step
             parts.budget.prepare(self.train_loader)
-        parts.live.requests.reset()
+        parts.live.requests.reset(keep_stop_since=run.called_at)
         parts.nonfinite.reset()
         plan = _continue.Plan(self.train_loader, self.epochs, self.max_steps)
         if isinstance(resume_from, str) and resume_from in _continue.IF_EXISTS:
