@@ -153,6 +153,17 @@ def launch(
     import torch
     import torch.multiprocessing as mp
 
+    if not callable(fn):
+        raise TypeError(
+            f"nbtrainer.launch runs a function on each process; got {type(fn).__name__} {fn!r}. Pass the function "
+            "itself: launch(train, nprocs=2), not its name or its result."
+        )
+    bad_threads = isinstance(threads_per_process, bool) or not isinstance(threads_per_process, int)
+    if threads_per_process is not None and (bad_threads or threads_per_process < 1):
+        raise ValueError(
+            f"threads_per_process must be an int >= 1 (torch's intra-op threads in each process) or None (torch's "
+            f"default), got {threads_per_process!r}."
+        )
     if nprocs is None:
         nprocs = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if nprocs < 1:

@@ -311,6 +311,27 @@ def test_launch_refuses_after_cuda_init(monkeypatch):
         nbtrainer.launch(print, nprocs=0)
 
 
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "error", "message"),
+    [
+        ("train", {}, TypeError, r"got str 'train'.*launch\(train, nprocs=2\)"),
+        (print, {"threads_per_process": 0}, ValueError, "threads_per_process must be an int >= 1"),
+        (print, {"threads_per_process": -1}, ValueError, "threads_per_process must be an int >= 1"),
+    ],
+)
+def test_launch_refuses_a_bad_function_or_thread_count_before_any_process_starts(fn, kwargs, error, message):
+    """Before: the processes started, then each failed ('str' object is not callable; set_num_threads expects a
+    positive integer), or threads_per_process=0 was silently ignored."""
+    import multiprocessing
+
+    import nbtrainer
+
+    before = multiprocessing.active_children()
+    with pytest.raises(error, match=message):
+        nbtrainer.launch(fn, nprocs=2, **kwargs)
+    assert multiprocessing.active_children() == before
+
+
 def test_launch_propagates_a_rank_failure(tmp_path):
     code = textwrap.dedent("""
         import nbtrainer, os

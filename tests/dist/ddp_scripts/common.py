@@ -140,4 +140,6 @@ def nan_trainer(mode: str, callbacks=()) -> Any:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     from nbtrainer import Trainer
 
-    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, progress=False, on_nonfinite=mode, callbacks=list(callbacks))
+    return Trainer(
+        model, torch.nn.CrossEntropyLoss(), opt, progress=False, on_nonfinite=mode, callbacks=list(callbacks)
+    )
