@@ -40,6 +40,12 @@ def batch_loss(
         result = custom(model, batch)
         if isinstance(result, tuple) and len(result) == 3:
             return result
+        if isinstance(result, tuple):  # (loss, outputs) is the usual slip: the targets are needed too
+            kinds = ", ".join(type(r).__name__ for r in result)
+            raise ValueError(
+                f"compute_loss returned a tuple of {len(result)} ({kinds}): return the loss alone, or "
+                "(loss, outputs, targets) for metrics and the panel's views."
+            )
         if need_outputs:
             raise ValueError(
                 "compute_loss returned only a loss, but metrics need outputs and targets: return "

@@ -81,6 +81,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  72   ``NLLLoss`` on raw scores (``LogSoftmax`` forgotten)           ValueError            ``CrossEntropyLoss()``
  73   Keras' ``fit(x, y, batch_size=16)`` (y taken as validation)   TypeError             ``fit((x, y), batch_size=...)``
  74   ``DataLoader(dataset, batch_size=None)`` (items one by one)   TypeError             ``batch_size=32``
+ 75   ``compute_loss`` returning ``(loss, outputs)``                ValueError            ``(loss, outputs, targets)``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -715,6 +716,16 @@ case("73-keras-fit-x-y", TypeError, r"fit\(x, y\) took y as the validation data"
 case("74-loader-batch-size-none", TypeError, "DataLoader with batch_size=None", r"DataLoader\(dataset, batch_size=32")(
     lambda e: e.trainer().fit(DataLoader(TensorDataset(X[:32], Y[:32]), batch_size=None), epochs=1)
 )
+
+
+def _two_tuple_loss(model, batch):
+    x, y = batch
+    out = model(x)
+    return nn.functional.cross_entropy(out, y), out
+
+
+case("75-compute-loss-two-tuple", ValueError, r"compute_loss returned a tuple of 2 \(Tensor, Tensor\)",
+     r"\(loss, outputs, targets\)")(lambda e: e.trainer(compute_loss=_two_tuple_loss).fit(_loader(), epochs=1))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
