@@ -155,7 +155,13 @@ class NbtrainerMagics(Magics):
             from nbtrainer import profile_model
         except ImportError as exc:
             raise UsageError(f"%nbtrainer profile: nbtrainer.profile_model is not available here ({exc})") from None
-        profile = profile_model(model, example, devices=devices, precisions=precisions)
+        try:
+            profile = profile_model(model, example, devices=devices, precisions=precisions)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            if not args.input_shape:  # the user's own tensors: the error is the model's, shown whole
+                raise
+            given = " ".join(args.input_shape)  # made up from --input-shape: a shape the model cannot take
+            raise UsageError(f"%nbtrainer profile: the model cannot take inputs of shape {given}: {exc}") from None
         self._user_ns["_nbt_profile"] = profile
         if not in_notebook():  # terminal IPython: no front end to draw a widget, so the text (not its repr)
             print(profile)

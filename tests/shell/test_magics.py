@@ -141,6 +141,7 @@ def test_doctor_flags_thread_bug_and_missing_extensions_with_fixes(
         "profile model",  # neither --input-shape nor --inputs
         "profile model --input-shape 1,a",
         "profile model --input-shape 2,8 --precision fp8",
+        "profile model --input-shape 2,3",  # the model takes 8 features: its error as a usage error
         "profile model --inputs x --input-shape 2,8",
         "profile missing_model --input-shape 2,8",
         "profile model --inputs 'unclosed",
