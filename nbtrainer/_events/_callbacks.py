@@ -13,21 +13,12 @@ import torch
 
 from nbtrainer._events._stream import Progress
 from nbtrainer._report._format import format_number
-from nbtrainer._report._html import higher_is_better
+from nbtrainer._report._html import resolve_mode
 
 if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["Callback", "EarlyStopping", "HistoryRecorder", "LRMonitor", "resolve_mode"]
-
-
-def resolve_mode(monitor: str, mode: str) -> str:
-    if mode == "auto":
-        # the names the report and the panel bold as best: one list, so they never disagree
-        return "max" if higher_is_better(monitor) else "min"
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
-    return mode
 
 
 def no_validation_hint(key: str, trainer: TrainerView) -> str:

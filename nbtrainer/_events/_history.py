@@ -133,12 +133,9 @@ class History:
             >>> h.best("val_acc")["epoch"]
             2
         """
-        from nbtrainer._report._html import higher_is_better
+        from nbtrainer._report._html import resolve_mode
 
-        if mode == "auto":
-            mode = "max" if higher_is_better(monitor) else "min"
-        if mode not in ("min", "max"):  # anything else once picked the maximum: mode="minimum" too
-            raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
+        mode = resolve_mode(monitor, mode)  # anything but min/max/auto refused: "minimum" once picked the maximum
         if self.epochs and monitor not in self.keys():  # a typo once returned None, and best[...] failed far away
             raise KeyError(f"{monitor!r} was not logged in this history's {len(self.epochs)} epochs: {self.keys()}")
         rows = [r for r in self.epochs if isinstance(r.get(monitor), (int, float)) and math.isfinite(r[monitor])]

@@ -40,6 +40,7 @@ __all__ = [
     "format_cell",
     "higher_is_better",
     "history_charts",
+    "resolve_mode",
     "summary_html",
     "use_log_scale",
 ]
@@ -86,6 +87,17 @@ def higher_is_better(key: str) -> bool:
     if any(part in lowered for part in _MIN_PARTS) or any(word in _MIN_WORDS for word in words):
         return False
     return any(word in _MAX_HINTS or word.rstrip("0123456789") in _MAX_HINTS for word in words)
+
+
+def resolve_mode(monitor: str, mode: str) -> str:
+    """``"min"`` or ``"max"`` for ``monitor``: ``mode`` itself, or for ``"auto"`` what :func:`higher_is_better` says
+    (the names the report and the panel bold as best, EarlyStopping, ModelCheckpoint and ``History.best``: one
+    rule, so they never disagree)."""
+    if mode == "auto":
+        return "max" if higher_is_better(monitor) else "min"
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}.")
+    return mode
 
 
 def _words(key: str) -> list[str]:
