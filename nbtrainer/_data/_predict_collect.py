@@ -55,6 +55,7 @@ __all__ = [
     "eval_mode",
     "ignored_at_inference",
     "is_cache",
+    "module_mode",
     "no_cache",
     "prepare_outputs",
 ]
@@ -133,17 +134,22 @@ def ignored_at_inference(model: torch.nn.Module) -> frozenset[str]:
 
 
 @contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model`` in eval mode inside; on exit each module's own training flag as it was on entry. Not
+def module_mode(model: torch.nn.Module, training: bool) -> Iterator[None]:
+    """``model.train(training)`` inside; on exit each module's own training flag as it was on entry. Not
     ``model.train(was_training)``: that sets every submodule to the top's flag, so a BatchNorm the user froze in
     eval mode would come back training and move its running statistics in the next fit."""
     flags = [(m, m.training) for m in model.modules()]
-    model.eval()
+    model.train(training)
     try:
         yield
     finally:
-        for module, training in flags:
-            module.training = training
+        for module, was in flags:
+            module.training = was
+
+
+def eval_mode(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """``model`` in eval mode inside, each module's own flag put back (:func:`module_mode`)."""
+    return module_mode(model, False)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import torch
 
 __all__ = ["Finding", "check_batch", "dead_units", "locate_nonfinite", "nonfinite_kind"]
 
+from nbtrainer._data._predict_collect import module_mode
 from nbtrainer._health._units import RELU_TYPES
 
 log = logging.getLogger(__name__)
@@ -88,15 +89,12 @@ class Finding:
 def _diagnostic(model: torch.nn.Module, train: bool) -> Iterator[None]:
     """No gradients, a forked RNG, the model's mode and buffers as they were afterwards."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    was = model.training
     tensors = [*model.parameters(), *model.buffers()]
     devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            model.train(train)
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), module_mode(model, train):
             yield
     finally:
-        model.train(was)
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)

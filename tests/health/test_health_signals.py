@@ -382,3 +382,20 @@ def test_a_converged_regressor_continued_in_a_new_fit_is_not_called_stuck_but_a_
 def test_bad_options_are_refused_with_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Health(**kwargs)
+
+
+def test_the_diagnostic_rerun_puts_back_each_modules_own_mode() -> None:
+    """Before: the re-run that locates a non-finite value put the model back with ``model.train(was)``, turning a
+    BatchNorm the user froze in eval mode back to training (the twin of what predict and evaluate once did)."""
+    from nbtrainer._health._locate import locate_nonfinite
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    model.train()
+    model[1].eval()  # frozen statistics
+
+    def compute(batch):
+        out = model(batch)
+        return out.sum(), out, None
+
+    locate_nonfinite(model, compute, torch.randn(3, 4), torch.autocast("cpu", enabled=False))
+    assert model.training and model[0].training and not model[1].training
