@@ -390,9 +390,11 @@ class ModelSetup:
                 p.requires_grad_(self._plan[name])
         trained = self.savers.transform(model, seed=seed)
         if self.savers.deferred and self.optimizer_name is not None:
+            # built here over what trains, so it covers it; and torchao's offloaded optimizer holds host copies of
+            # the large parameters, not the model's own tensors, which the check below would call untrained
             self.optimizer = self.savers.build_optimizer(trained, self.optimizer_name, self._lr, build_optimizer)
-        named = isinstance(self.optimizer, Optimizers)  # several named optimizers: check_optimizers warns already
-        if isinstance(self.optimizer, torch.optim.Optimizer) and not named:
+        elif isinstance(self.optimizer, torch.optim.Optimizer) and not isinstance(self.optimizer, Optimizers):
+            # several named optimizers (Optimizers): check_optimizers warns already
             check_optimizer_covers(trained, [self.optimizer], trainable=self._plan)
         if self.channels_last:
             # torch's overloads of Module.to leave out memory_format=, which it documents and accepts
