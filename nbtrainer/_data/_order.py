@@ -96,7 +96,8 @@ class ShuffleOrder:
                     self._own.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # from the (seeded) global RNG
             gen = self._own
         if state is not None:
-            gen.set_state(state)
+            # a checkpoint loaded with map_location=<the GPU> brings the state there; generators take CPU bytes
+            gen.set_state(state.cpu())
         if not self._saved:
             loader = self.loader
             if sampler.generator is None:

@@ -17,20 +17,22 @@ N, BS, STOP = 100, 16, 9
 X, Y = make_classification(n=N)
 
 
-def _trainer(seed: int = 0) -> Trainer:
+def _trainer(seed: int = 0, device: str = "cpu") -> Trainer:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, seed=seed, progress=False, device="cpu", run_store=False)
+    return Trainer(model, torch.nn.CrossEntropyLoss(), opt, seed=seed, progress=False, device=device, run_store=False)
 
 
-def _same_as_uninterrupted(make_loader, tmp_path, *, stop_at: int = STOP) -> tuple[Trainer, Trainer]:
-    full = _trainer()
+def _same_as_uninterrupted(
+    make_loader, tmp_path, *, stop_at: int = STOP, device: str = "cpu"
+) -> tuple[Trainer, Trainer]:
+    full = _trainer(device=device)
     full.fit(make_loader(), epochs=2)
-    stopped = _trainer()
+    stopped = _trainer(device=device)
     stopped.fit(make_loader(), epochs=2, max_steps=stop_at)
     path = stopped.save_checkpoint(str(tmp_path / "mid.ckpt"))
-    resumed = _trainer(seed=7)
+    resumed = _trainer(seed=7, device=device)
     resumed.fit(make_loader(), epochs=2, resume_from=path)
     assert full.global_step == resumed.global_step == 14
     return full, resumed
@@ -48,6 +50,19 @@ class _GlobalShuffle(torch.utils.data.Sampler):
 
     def __iter__(self):
         return iter(torch.randperm(N).tolist())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_shuffled_loader_resumes_mid_epoch_on_cuda(tmp_path):
+    """A checkpoint is loaded onto the training device, so the sampler generator's saved state arrived as a CUDA
+    tensor, which Generator.set_state refuses: the first H200 soak failed 2 of 4 resumes on "RNG state must be a
+    torch.ByteTensor"."""
+    ds = torch.utils.data.TensorDataset(X, Y)
+    full, resumed = _same_as_uninterrupted(
+        lambda: torch.utils.data.DataLoader(ds, batch_size=BS, shuffle=True), tmp_path, device="cuda"
+    )
+    assert _equal(full, resumed)
 
 
 def test_custom_sampler_on_the_global_rng_resumes_exactly(tmp_path):
