@@ -79,3 +79,36 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
     assert re.search(r"Target: the panel within 3% of the plain Trainer: (met|\*\*MISSED\*\*)\.", steps["9"])
 
     assert RESULTS.read_bytes() == before
+
+
+@pytest.mark.slow  # starts interpreters (docs/testing.md: such tests are slow; the inner loop leaves them out)
+def test_an_uninstalled_tree_gets_nbtrainer_widgets_for_the_run_only(tmp_path: Path) -> None:
+    """The GPU machine runs the tree on PYTHONPATH, not installed: its first H200 run's panel step died on "No module
+    named 'nbtrainer.widgets'". Here a python without site-packages (so without this venv's editable install) runs a
+    copy of the tree whose bench/gpu_check.py reports where nbtrainer.widgets resolves, and exits 3."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    for folder in ("nbtrainer", "widgets"):
+        shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "scripts").mkdir()
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu-check.sh")
+    (tree / "bench").mkdir()
+    (tree / "bench" / "gpu_check.py").write_text(
+        "import importlib.util, sys\n"
+        "spec = importlib.util.find_spec('nbtrainer.widgets')\n"
+        "print(spec.origin if spec else None)\n"
+        "sys.exit(3)\n"
+    )
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(NBT_PYTHON=str(python), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        ["bash", "scripts/gpu-check.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 3, proc.stderr
+    # the run saw widgets/ through the link, the installed layout (the link is gone now, so the path is compared)
+    assert Path(proc.stdout.strip()) == tree / "nbtrainer" / "widgets" / "__init__.py", proc.stdout
+    assert not (tree / "nbtrainer" / "widgets").exists() and not (tree / "nbtrainer" / "widgets").is_symlink()
