@@ -135,8 +135,9 @@ GPU = Scale(
     # 4, not 5: about 30 s a trial on the H200 (two interpreters, each with its CUDA start), and step 9 comes after
     soak_trials=4,
     # ~1 ms a step on the GPU: 400 steps make an epoch long enough that the panel's few UI pushes are in it
-    panel_steps=400,
-    panel_rounds=5,
+    # 400 steps and 5 rounds (9,600 steps with the warm-up round) ran past the step's 45 s on the first H200 run
+    panel_steps=200,
+    panel_rounds=3,
     strategy_args=("--steps", "30", "--warmup", "5"),
 )
 TINY = Scale(
@@ -546,12 +547,13 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
     cuda = device.type == "cuda"
     cells, ratios, reserved_ratios = [], [], []
     context: list[int] = []
-    for row, source in rows:
+    timed: list[tuple[float, float]] = []  # (the row's time_factor, its measured seconds per optimizer step)
+    for i, (row, source) in enumerate(rows):
         label = [f"{row_label(row)}{source}", f"{row.micro_batch} x {row.grad_accum_steps}", mib(row.peak_bytes)]
         try:
-            measured, reserved = measured_peak(size, row, device, context)
+            measured, reserved, step_s = measured_peak(size, row, device, context, trace=i)
         except Exception as exc:  # one row's failure is that row's result; the others still measure
-            cells.append([*label, f"failed: {first_line(exc)}", "-", "-", "-", "-"])
+            cells.append([*label, f"failed: {first_line(exc)}", "-", "-", "-", "-", "-", "-"])
             print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
             continue
         ratios.append(row.peak_bytes / measured)
@@ -561,7 +563,9 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
             tail = [mib(predicted_reserved), mib(reserved), f"**{reserved_ratios[-1]:.3f}**"]
         else:  # no caching allocator: the reserved bytes are the peak itself
             tail = [mib(predicted_reserved), "-", "-"]
-        cells.append([*label, mib(measured), f"**{ratios[-1]:.2f}**", *tail])
+        factor = float(getattr(row, "time_factor", float("nan")))
+        timed.append((factor, step_s))
+        cells.append([*label, mib(measured), f"**{ratios[-1]:.2f}**", *tail, f"{factor:.2f}", f"{step_s * 1e3:.1f}"])
         print(" | ".join(cells[-1]), file=sys.stderr, flush=True)
     how = (
         "torch.cuda.max_memory_allocated over the fit, and the allocator's reserved bytes after it (memory_reserved: "
@@ -588,10 +592,17 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
             f" CUDA context (device memory in use minus the allocator's reserved bytes): {mib(max(context))}; "
             f"the planner assumes {mib(getattr(plan, 'context_bytes', 0))}."
         )
+    if len(timed) >= 2:
+        fastest = min(t for _, t in timed)
+        spread += (
+            f" Step time: Kendall's tau-b between the predicted time_factor and the measured time per optimizer step "
+            f"(the fit's steps after the first, synchronized) is **{kendall_tau_b(timed):.2f}** over {len(timed)} "
+            f"rows (target >= 0.7); measured / fastest row: " + ", ".join(f"{t / fastest:.2f}" for _, t in timed) + "."
+        )
     params = n_params(llama(size, torch.device("meta")))
     return (
         f"plan_memory (budget {capacity / 2**30:.0f} GiB, planned in {planning:.1f} s) on the "
-        f"{size.describe(params, 'Llama')} built on the meta device; then each row's switches fitted for 3 optimizer "
+        f"{size.describe(params, 'Llama')} built on the meta device; then each row's switches fitted for 4 optimizer "
         f"steps on a fresh model (AdamW unless the row names an optimizer); measured: {how}. The rows that train the "
         f"model as given come first (the planner's order), then those that change it (LoRA, quantized bases).\n\n"
         + table(
@@ -604,6 +615,8 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
                 "predicted reserved",
                 "measured reserved",
                 "reserved: predicted / measured",
+                "time_factor",
+                "ms / optimizer step",
             ],
             cells,
         )
@@ -632,33 +645,99 @@ def plan_rows(plan: Any, n: int) -> list[tuple[Any, str]]:
     return picked
 
 
-def measured_peak(size: DecoderSize, row: Any, device: torch.device, context: list[int]) -> tuple[int, int]:
-    """The peak of 3 optimizer steps under the row's switches, and on CUDA the caching allocator's reserved bytes
-    after them (the CUDA context measured beside them goes to ``context``). A function of its own: what it builds is
-    gone (refcounts) when it returns, so one row's model and optimizer state never count in the next row's peak."""
+class _StepClock:
+    """Seconds from the end of the first optimizer step to the end of the last (duck-typed callback): the first
+    step pays the lazy kernel loads and autotuning, which ``time_factor`` does not predict. Synchronizes at those two
+    steps only."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.marks = device, []
+
+    def on_optimizer_step(self, **_: Any) -> None:
+        sync(self.device)
+        self.marks.append(time.perf_counter())
+
+    def per_step(self) -> float:
+        return (self.marks[-1] - self.marks[0]) / max(len(self.marks) - 1, 1)
+
+
+def measured_peak(
+    size: DecoderSize, row: Any, device: torch.device, context: list[int], *, trace: int | None = None
+) -> tuple[int, int, float]:
+    """The peak of 4 optimizer steps under the row's switches, on CUDA the caching allocator's reserved bytes after
+    them (the CUDA context measured beside them goes to ``context``), and the seconds per optimizer step after the
+    first. A function of its own: what it builds is gone (refcounts) when it returns, so one row's model and
+    optimizer state never count in the next row's peak. With ``NBT_GPU_TRACES`` set to a folder, the allocator's
+    history of the fit (sizes and actions, no stacks) is saved there as ``row<trace>.pickle``: the planner's
+    allocator replay (nbtrainer._plan._allocator) is checked against it offline."""
     from nbtrainer import Trainer
     from nbtrainer._memory._peak import track_peak
 
-    data = llama_batches(size, row.micro_batch, 3 * row.grad_accum_steps, device)
+    data = llama_batches(size, row.micro_batch, 4 * row.grad_accum_steps, device)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # reserved from zero: this row's segments only
         torch.cuda.reset_peak_memory_stats(device)
+    traces = os.environ.get("NBT_GPU_TRACES") if device.type == "cuda" and trace is not None else None
+    if traces:
+        try:  # a private API: its failure costs the trace, never the row
+            torch.cuda.memory._record_memory_history(max_entries=100_000, context=None, stacks="python")
+        except Exception as exc:
+            print(f"no allocator trace: {first_line(exc)}", file=sys.stderr, flush=True)
+            traces = None
     model = llama(size, device)
     options = {"optimizer": "adamw", "lr": 1e-4, **row.switches}  # switches hold grad_accum_steps when split
-    trainer = Trainer(model, None, device=device, progress=False, **options)
+    clock = _StepClock(device)
+    trainer = Trainer(model, None, device=device, progress=False, callbacks=[clock], **options)
     if device.type != "cuda":
         with track_peak(model, trainer.optimizer) as peak:
             trainer.fit(data, epochs=1)
-        return int(peak.peak_bytes), 0
+        return int(peak.peak_bytes), 0, clock.per_step()
     trainer.fit(data, epochs=1)
     torch.cuda.synchronize(device)
+    if traces:
+        import pickle
+
+        try:
+            Path(traces).mkdir(parents=True, exist_ok=True)
+            with open(Path(traces) / f"row{trace}.pickle", "wb") as f:
+                pickle.dump(torch.cuda.memory._snapshot(), f)
+        except Exception as exc:
+            print(f"no allocator trace: {first_line(exc)}", file=sys.stderr, flush=True)
+        torch.cuda.memory._record_memory_history(enabled=None)
     # segments are released only by empty_cache or an out-of-memory retry: what is reserved now is the most it was
     reserved = int(torch.cuda.memory_reserved(device))
     free, total = torch.cuda.mem_get_info(device)
     context.append(int(total - free) - reserved)
     # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._memory._window)
-    return int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0)), reserved
+    peak_allocated = int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0))
+    return peak_allocated, reserved, clock.per_step()
+
+
+def kendall_tau_b(pairs: list[tuple[float, float]]) -> float:
+    """Kendall's tau-b of (predicted, measured) pairs: the rank agreement, ties counted out (rows of equal
+    ``time_factor`` are not an ordering the model claims).
+
+    Example:
+        >>> kendall_tau_b([(1, 1.0), (2, 2.5), (3, 2.0)])
+        0.3333333333333333
+    """
+    concordant = discordant = ties_x = ties_y = 0
+    for i, (x1, y1) in enumerate(pairs):
+        for x2, y2 in pairs[i + 1 :]:
+            dx, dy = x1 - x2, y1 - y2
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else float("nan")
 
 
 def mib(n: float) -> str:
@@ -843,6 +922,7 @@ def measure_panel(scale: Scale, device: torch.device) -> str:
     ui_pushes: list[int] = []
 
     def second_epoch_per_step(name: str) -> float:
+        started = time.perf_counter()
         gc.collect()
         torch.manual_seed(0)
         model = small_cnn().to(device)
@@ -857,6 +937,9 @@ def measure_panel(scale: Scale, device: torch.device) -> str:
             if panel.status != "finished":
                 raise Failed(f"the panel's run ended {panel.status!r}, not 'finished'")
             ui_pushes.append(panel.ui_updates)
+        # progress on stderr: a step killed at its budget still shows how far it got (the second H200 run showed
+        # nothing in 45 s)
+        print(f"{name}: 2 epochs in {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
         # the epoch's time is read after its losses were: on CUDA it includes the device's work
         return float(history.epochs[1]["time"]) / len(data)
 
@@ -1122,7 +1205,8 @@ def soak_command(ctx: Context) -> list[str]:
 
 STEPS = [
     Step(1, "`pytest -m gpu`", 60, 45, pytest_command, pytest_summary),
-    Step(2, "Overhead against a hand-written AMP loop", 70, 45, lambda c: c.measure("overhead")),
+    # 70 s was 1 s short on the first H200 run: the report was written and the process was killed on its way out
+    Step(2, "Overhead against a hand-written AMP loop", 90, 45, lambda c: c.measure("overhead")),
     Step(3, "Host syncs per step (target 0)", 30, 30, lambda c: c.measure("syncs")),
     Step(4, "Strategy table (bench/strategies.py)", 75, 60, strategies_command, strategies_summary),
     # dry run: planning alone took 10-25 s of a tiny Llama on two busy cores; on the H200 the 106M Llama's
