@@ -5,6 +5,9 @@ replay of a step built on it (nbtrainer._plan._reserved.replay)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from nbtrainer._plan._allocator import (
@@ -159,3 +162,35 @@ def test_a_later_micro_batch_adds_into_the_gradients_of_the_first() -> None:
     window = replay(params=[12 * MiB], batch=[], first=first, rest=later, micro_batches=2, state=[[24 * MiB]])
     # second step, second micro-batch: parameters 12, state 24, the window's gradient 12, activation 30, incoming 12
     assert window.peak_allocated == (12 + 24 + 12 + 30 + 12) * MiB
+
+
+# Four fits on an H200 (torch 2.11, the GPU command's planner step, 2026-11-30), recorded by
+# torch.cuda.memory._record_memory_history with no stacks: each event (0 alloc, 1 free completed, 2 segment
+# reserved, with an id for the address and the bytes). The 106M-parameter Llama, batch 8 x 512, 4 optimizer steps:
+TRACES = Path(__file__).parent / "data" / "h200_allocator_traces.npz"
+ROWS = {
+    "row0": "bf16-mixed",
+    "row2": "bf16-mixed + adafactor + chunked loss",
+    "row5": "bf16-mixed + checkpointing 0.5 of the blocks + adafactor + chunked loss",
+    "row9": "bf16-mixed + checkpointing 0.75 of the blocks + adafactor + chunked loss",
+}
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_the_rules_replay_a_real_h200_fit_to_the_segments_it_reserved(row: str) -> None:
+    """The allocator's rules, fed the real allocations and frees of a fit on an H200, reserve what CUDA's caching
+    allocator reserved for them: to within 2 MiB on three of the rows, 14 MiB (0.7%) on the checkpointed one, whose
+    recording began with segments an earlier row left partly in use (empty_cache keeps those, and the trace does
+    not show them). So where a plan's reserved bytes miss the measured ones by 5-12% (bench/RESULTS.md), the
+    difference is in the predicted allocations, not in these rules."""
+    events = np.load(TRACES)[row]
+    a = CachingAllocator()
+    live: dict[int, object] = {}
+    for action, ident, size in events.tolist():
+        if action == 0:
+            live[ident] = a.malloc(size)
+        elif action == 1 and ident in live:
+            a.free(live.pop(ident))  # type: ignore[arg-type]
+    reserved = int(events[events[:, 0] == 2, 2].sum())
+    assert len(events) > 5_000 and reserved > 1_000 * 2**20  # a whole fit, not a fragment
+    assert abs(a.reserved - reserved) <= 0.01 * reserved, (ROWS[row], a.reserved / 2**20, reserved / 2**20)
