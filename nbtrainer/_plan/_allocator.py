@@ -57,9 +57,10 @@ K_ROUND_LARGE = 2 * MiB  # kRoundLarge: larger segments are rounded up to 2 MiB
 
 #: What a CUDA context takes on the device outside the allocator (the driver's context, the loaded kernels, cuBLAS
 #: and cuDNN handles), which ``fits`` adds on CUDA targets. It depends on the card, the driver and lazy module
-#: loading (CUDA >= 11.7 loads kernels as they are first used): about 0.5 GiB on the cards this project measured
-#: (bench/gpu_check.py records it as device memory in use minus the allocator's reserved bytes).
-CUDA_CONTEXT_BYTES = 512 * MiB
+#: loading (CUDA >= 11.7 loads kernels as they are first used). bench/gpu_check.py records it as device memory in use
+#: minus the allocator's reserved bytes: 769 MiB on an H200 (driver 580, CUDA 13.0, torch 2.11) after training a
+#: Llama, where 512 MiB had been assumed (bench/RESULTS.md, 2026-11-30).
+CUDA_CONTEXT_BYTES = 770 * MiB
 
 
 def round_size(nbytes: int) -> int:
