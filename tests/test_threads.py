@@ -136,6 +136,10 @@ EXIT_EARLY = textwrap.dedent(
     from torch import nn
     from nbtrainer import Trainer, start_training_thread
 
+    # Ctrl-C as a terminal sends it: a shell running the suite in the background (`cmd &`, a CI runner's job) passes
+    # SIGINT down as ignored, and Python leaves it so; the SIGINT below was then lost and the fit ran all its epochs
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     class SlowLen(list):
         slow = True
 
