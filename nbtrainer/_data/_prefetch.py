@@ -200,13 +200,20 @@ class DataPath:
         return prefetch(pinned, self.device, self._stream)
 
 
-def lookahead(it: Iterator) -> Iterator[tuple[Any, bool]]:
-    """Yield (item, is_last) with one item of lookahead (for loaders without len)."""
+def lookahead(it: Iterator, track: IndexTrack | None = None) -> Iterator[tuple[Any, bool]]:
+    """Yield (item, is_last) with one item of lookahead (for loaders without len). ``track``: the batches' dataset
+    indices, put back to the yielded batch's: drawing the next batch ahead set them to that one's, and a DataMap
+    would have credited each batch's rows to the next batch's items."""
     try:
         current = next(it)
     except StopIteration:
         return
+    held = track.current if track is not None else None
     for nxt in it:
+        if track is not None:
+            held, track.current = track.current, held
         yield current, False
         current = nxt
+    if track is not None:
+        track.current = held
     yield current, True

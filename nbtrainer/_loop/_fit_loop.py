@@ -183,7 +183,7 @@ class FitLoop:
 
         n = self.n_batches
         # zip/repeat keeps iteration in C; without len() one batch of lookahead finds the window end.
-        pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it)
+        pairs = zip(it, itertools.repeat(False)) if n is not None else lookahead(it, self.train_data.track)
         window = in_window = 0
         due = False  # a step-time sample is scheduled and waits for the micro-batch that closes its window
         timing_every = t.options.run.timing_every or 0

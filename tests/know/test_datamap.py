@@ -63,7 +63,18 @@ def _collate(items: list[Any]) -> list[torch.Tensor]:  # a custom collate: the b
     return [torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])]
 
 
-@pytest.mark.parametrize("path", ["fetch", "workers", "collate", "list", "subset", "cleaned"])
+class _UnsizedSampler(torch.utils.data.Sampler):
+    """A sampler without ``__len__`` (a bucketing or streaming one): the loop finds an epoch's end by reading one
+    batch ahead."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return iter(torch.randperm(self.n).tolist())
+
+
+@pytest.mark.parametrize("path", ["fetch", "workers", "collate", "list", "subset", "cleaned", "unsized"])
 def test_each_items_statistics_equal_those_of_the_fits_own_forward_passes(path):
     x, y = make_classification(n=96)
     labels = y
@@ -79,6 +90,8 @@ def test_each_items_statistics_equal_those_of_the_fits_own_forward_passes(path):
         order = torch.randperm(96, generator=torch.Generator().manual_seed(1))[:80]
         loader = DataLoader(Subset(TensorDataset(x, y), order.tolist()), batch_size=16, shuffle=True)
         labels = y[order]
+    elif path == "unsized":  # the batch read ahead must not lend its indices to the batch trained on
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, sampler=_UnsizedSampler(96))
     else:  # a cleaned view (items dropped and relabeled) keeps the batched fetch, indices in the view
         view = CleanedDataset.of(TensorDataset(x, y), drop=[0, 5, 9], relabel={1: 2, 7: 0})
         loader = DataLoader(view, batch_size=16, shuffle=True)
