@@ -172,7 +172,7 @@ class _Scan:
                 stats.add(value, idx)
             elif name not in self.unreadable:
                 self.unreadable[name] = type(value).__name__
-        labels = self.targets.add(targets)
+        labels = self.targets.add(targets, idx)
         hashes = row_hashes(list(named.values()), n, mask=named.get("attention_mask"))
         if hashes is None:
             self.unhashed = True

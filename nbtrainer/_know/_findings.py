@@ -164,7 +164,9 @@ def _values(split: Split) -> list[DataProblem]:
                     "nonfinite",
                     f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. "
                     f"{_items(stats.nonfinite_first)}.",
-                    "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
+                    "A NaN target makes the loss NaN: drop those items (or fix their targets)."
+                    if stats is split.targets.values
+                    else "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
                     {
                         "split": split.name,
                         "field": name,

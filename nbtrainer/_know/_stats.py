@@ -220,8 +220,9 @@ class TargetStats:
         self.values = FieldStats("targets", torch.zeros(1, 1))
         self.positives: Tensor | None = None
 
-    def add(self, targets: Any) -> np.ndarray | None:
-        """Count one batch's targets; returns the item labels (int64) where targets are class labels."""
+    def add(self, targets: Any, indices: np.ndarray | None = None) -> np.ndarray | None:
+        """Count one batch's targets (``indices``: their items' dataset indices, which a NaN target is reported by);
+        returns the item labels (int64) where targets are class labels."""
         if targets is None:
             self.kind = self.kind or "none"
             return None
@@ -258,7 +259,7 @@ class TargetStats:
             if self.kind not in ("values",):
                 self.kind = "values"
                 self.values = FieldStats("targets", t.reshape(n, -1))
-            self.values.add(t.reshape(n, -1), np.arange(n))
+            self.values.add(t.reshape(n, -1), indices if indices is not None else np.arange(self.items - n, self.items))
             return None
         self.kind = "other"  # integer targets of several values per item (tokens, masks)
         values, counts = torch.unique(t, return_counts=True)

@@ -93,6 +93,18 @@ def test_values_scale_constant_and_targets():
     assert unseen.data["classes"] == [2] and unseen.data["indices"] == list(range(8))
 
 
+def test_nan_regression_targets_are_named_by_their_dataset_index_through_a_shuffled_loader():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 4, generator=g), torch.randn(300, 1, generator=g)
+    y[[5, 130, 257]] = float("nan")  # in three different batches of 64
+    trainer = Trainer(torch.nn.Linear(4, 1), torch.nn.MSELoss(), "sgd", progress=False, run_store=False)
+    report = trainer.check_data(DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True))
+    (bad,) = report.by_kind("nonfinite")
+    # the items' dataset indices, not their positions in their batches
+    assert bad.data["field"] == "targets" and bad.data["indices"] == [5, 130, 257] and bad.data["items"] == 3
+    assert "items 5, 130, 257" in bad.message and "target" in bad.advice
+
+
 def test_labels_past_the_outputs_refuse_the_fit_before_its_first_step():
     x, y = make_classification(n=64, classes=3)
     y[37] = 7
