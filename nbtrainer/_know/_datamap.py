@@ -413,12 +413,11 @@ class DataMap:
         """
         t = self.table()
         seen = t["visits"] > 0
+        if k is None and self.mode != "loss":  # those items only: by score alone, one right in 2 of 3 visits but
+            seen &= t["correctness"] < 0.5  # with a low probability outranked one wrong in 2 of 3 and took its place
         score = torch.where(seen, t["score"].nan_to_num(math.inf), -math.inf)
         if k is None:
-            if self.mode == "loss":
-                k = max(1, int(0.01 * int(seen.sum())))
-            else:
-                k = int((seen & (t["correctness"] < 0.5)).sum())
+            k = max(1, int(0.01 * int(seen.sum()))) if self.mode == "loss" else int(seen.sum())
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an int >= 0 or None, got {k!r}.")
         k = min(k, int(seen.sum()))

@@ -176,6 +176,22 @@ def test_targets_that_are_not_class_labels_are_followed_by_their_loss_and_said_s
         assert math.isnan(float(dm.correctness[0])) and "loss" in repr(dm)
 
 
+def test_label_issues_by_default_are_the_items_predicted_right_in_fewer_than_half_their_visits():
+    x, y = make_classification(n=300, classes=5)
+    y[::10] = (y[::10] + 1) % 5  # some labels flipped
+    dm = DataMap()
+    Trainer(mlp(out=5), torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[dm], progress=False, run_store=False,
+            seed=0).fit((x, y), batch_size=32, epochs=3)  # fmt: skip
+    correctness, score = dm.correctness, 1 - dm.confidence
+    wrong = correctness < 0.5
+    # the case that matters: an item right in most visits but with a low probability outscores one mostly wrong
+    assert float(score[~wrong].max()) > float(score[wrong].min())
+    issues = dm.label_issues()
+    assert sorted(issues.indices) == wrong.nonzero().flatten().tolist()
+    assert [i.score for i in issues] == sorted((i.score for i in issues), reverse=True)
+    assert f"{int(wrong.sum())} likely label issues" in dm.summary()
+
+
 def test_items_that_cannot_be_told_apart_are_said_plainly():
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
