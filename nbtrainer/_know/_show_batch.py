@@ -163,7 +163,13 @@ def show_batch(
         cols = list(feature_names) if feature_names is not None else [f"x{j}" for j in range(main.shape[1])]
         rows = [{**dict(zip(cols, main[i].tolist(), strict=False)), "target": labels[i]} for i in range(shown)]
         body = rows_html(rows, css="nbt-batch-table")
-        text_items = [", ".join(f"{c}={format_number(v)}" for c, v in list(r.items())[:8]) for r in rows]
+        # the first 8 features, then the target: a wider row cut at 8 entries lost its target from the text
+        more = ", ..." if len(cols) > 8 else ""
+        text_items = [
+            ", ".join(f"{c}={format_number(v)}" for c, v in zip(cols[:8], main[i].tolist(), strict=False))
+            + f"{more} -> {labels[i]}"
+            for i in range(shown)
+        ]
     else:
         cards, text_items = [], []
         for i in range(shown):
