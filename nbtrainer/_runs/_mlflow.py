@@ -188,6 +188,11 @@ class MLflowLogger(Callback):
         self._names: dict[str, str] = {}  # metric name -> its MLflow key (the worker thread's)
         self._owners: dict[str, str] = {}  # MLflow key -> the metric name it holds
         self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not sent yet
+        # Each trainer's last MLflow run with its metric keys (the worker thread's): one logger may serve several
+        # trainers in a notebook, and a fit_more extends its own trainer's run, not the one this logger logged last.
+        self._runs: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, str], dict[str, str]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- the worker thread -------------------------------------------------------------------------
     def _submit(self, op: Callable[[], None]) -> None:
@@ -279,9 +284,9 @@ class MLflowLogger(Callback):
         self._on = bool(trainer.is_global_zero)
         if not self._on:
             return
-        # fit_more (and a fit that continues the History) extends this logger's MLflow run, as it does the run store's
-        continued = None if trainer.fresh_fit else self.run_id
-        self.error, self.run_id = None, continued
+        # fit_more (and a fit that continues the History) extends this trainer's MLflow run, as it does the run store's
+        fresh = trainer.fresh_fit
+        self.error = None
         self._pending, self._last_send = [], time.monotonic()
         reason = _reachable(self.tracking_uri)
         if reason is not None:
@@ -305,8 +310,12 @@ class MLflowLogger(Callback):
                     location = "file://" + os.path.join(os.path.dirname(db), "mlartifacts")
                 self._experiment_id = _experiment(client, self.experiment, location)
             exp_id = self._experiment_id
+            # read here, after the calls of the fits before (queued in order), which recorded their runs
+            earlier = None if fresh else self._runs.get(trainer)
             accum_metric = Metric("control/grad_accum_steps", float(accum), int(time.time() * 1000), step)
-            if continued is not None:  # params stay as logged (MLflow refuses a changed value); metrics go on
+            if earlier is not None:  # params stay as logged (MLflow refuses a changed value); metrics go on
+                continued, self._names, self._owners = earlier
+                self.run_id = continued
                 client.update_run(continued, status="RUNNING")
                 client.set_tag(continued, "nbtrainer.status", "running")
                 client.log_batch(continued, metrics=[accum_metric])
@@ -314,6 +323,7 @@ class MLflowLogger(Callback):
             tags = {"nbtrainer.status": "running", "nbtrainer.model": str(params.get("model.class")), **self.tags}
             self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
             self._names, self._owners = {}, {}  # each run names its metrics afresh
+            self._runs[trainer] = (self.run_id, self._names, self._owners)
             items = [Param(k, v) for k, v in params.items()]
             for i in range(0, len(items), MAX_PARAMS):  # the first batch carries the accumulation too
                 client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS], metrics=[] if i else [accum_metric])

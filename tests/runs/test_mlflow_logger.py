@@ -336,3 +336,26 @@ def test_fit_more_extends_the_mlflow_run_and_a_fresh_fit_starts_another(uri, tmp
     trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
     assert logger.flush() and logger.run_id != first  # a fresh fit is a new run, in MLflow as in the run store
     assert len(client.search_runs([run.info.experiment_id])) == 2
+
+
+def test_one_logger_for_two_trainers_extends_each_trainers_own_run(uri, tmp_path):
+    """Before: fit_more continued the MLflow run the logger had logged last, whichever trainer it belonged to: with
+    one logger for two trainers in a notebook, the first trainer's next epoch went into the second trainer's run."""
+    logger = MLflowLogger(tracking_uri=uri, experiment="two trainers", every_step=True)
+    first, _ = _fit(logger, tmp_path, epochs=1)
+    first_run = logger.run_id
+    second, _ = _fit(logger, tmp_path, epochs=1)
+    second_run = logger.run_id
+    x, y = make_classification(n=96)
+    history = first.fit_more(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=1)
+    assert logger.flush() and logger.error is None
+    assert logger.run_id == first_run != second_run
+    client = mlflow.MlflowClient(uri)
+    losses = client.get_metric_history(first_run, "step/loss")
+    assert [(m.step, m.value) for m in losses] == _approx_steps(history.steps)
+    losses = client.get_metric_history(second_run, "step/loss")
+    assert [(m.step, m.value) for m in losses] == _approx_steps(second.history.steps)
+
+
+def _approx_steps(steps):
+    return [(s, pytest.approx(v)) for s, v in zip(steps["step"], steps["loss"], strict=True)]
