@@ -270,6 +270,35 @@ class History:
         return history
 
 
+def plain_values(row: dict[str, Any]) -> None:
+    """Make ``row``'s tensor and numpy values plain Python numbers (lists for arrays), in place.
+
+    Callbacks add keys to an epoch's row in ``on_epoch_end`` (``logs["f1"] = f1_score(...)``, an ``np.float64``;
+    ``logs["grad_norm"] = clip_grad_norm_(...)``, a tensor). Kept as they were, a numpy value made every later
+    checkpoint unloadable (``weights_only=True`` refuses numpy's pickles), the loggers dropped them (TensorBoard,
+    MLflow) or wrote ``tensor(2.5000)`` (CSV), and the run store a string.
+    """
+    for key, value in row.items():
+        row[key] = _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if value is None or kind in (str, bool, int, float):
+        return value
+    module = kind.__module__.partition(".")[0]
+    if module == "torch" and hasattr(value, "numel"):
+        value = value.detach().cpu()
+        return value.item() if value.numel() == 1 else value.tolist()
+    if module == "numpy" and hasattr(value, "tolist"):
+        return value.item() if getattr(value, "size", 0) == 1 else value.tolist()
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
 def _encoded(sample: dict[str, Any]) -> dict[str, Any]:
     value = sample["value"]
     return {**sample, "value": base64.b64encode(value).decode("ascii")} if isinstance(value, bytes) else dict(sample)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._events._history import plain_values
 from nbtrainer._loop._control import step_epoch_scheduler
 from nbtrainer._loop._host import scheduler_per_step
 from nbtrainer._loop._metrics import VAL_PREFIX
@@ -63,6 +64,7 @@ def end_epoch(
     st.epoch_complete = True
     st.epoch_time = epoch_time
     cb.call("on_epoch_end", trainer=t, epoch=epoch_no, logs=logs)
+    plain_values(logs)  # before the deferred saves and log writes: what callbacks added, as plain numbers
     # After the callbacks, so they see the LR this epoch trained with (LRMonitor's lr_group0 is logs["lr"]);
     # before the deferred saves, so a checkpoint holds the stepped schedule the next epoch starts from.
     if t.scheduler is not None and not scheduler_per_step(t):

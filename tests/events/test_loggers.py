@@ -7,6 +7,7 @@ import csv
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import accuracy, make_classification, make_loader, mlp
@@ -159,3 +160,33 @@ def test_with_model_checkpoint_every_step(tmp_path):
     logger = CSVLogger(tmp_path / "csv")
     h = _trainer([ModelCheckpoint(tmp_path / "ck", every_n_steps=1), logger]).fit(train, val, epochs=2)
     assert len(_read(logger.steps_path)) == len(h.steps["step"]) == 2 * BATCHES
+
+
+class AddsLibraryValues:
+    """What callbacks add to an epoch's row in practice: scikit-learn's scores are numpy scalars, torch's norms are
+    tensors."""
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        logs["f1"] = np.float64(0.25 * epoch)
+        logs["f1_32"] = np.float32(0.5)
+        logs["grad_norm"] = torch.tensor(1.5 * epoch)
+        logs["per_class"] = np.array([0.5, 0.75])
+
+
+def test_numpy_and_tensor_values_a_callback_adds_are_logged_and_the_checkpoint_loads(tmp_path):
+    """Before: an np.float64 in the row made every later checkpoint unloadable (weights_only=True refuses numpy's
+    pickles), TensorBoard dropped the np.float32 and the tensor, and epochs.csv held 'tensor(1.5000)'."""
+    train, _ = _loaders()
+    csv_logger, ckpt = CSVLogger(tmp_path / "csv"), ModelCheckpoint(tmp_path / "ck", save_last=True)
+    h = _trainer([AddsLibraryValues(), ckpt, csv_logger, TensorBoardLogger(tmp_path / "tb")]).fit(train, epochs=2)
+    resumed = _trainer([]).fit(train, epochs=3, resume_from=ckpt.last_model_path)
+    assert resumed.epochs[1]["f1"] == 0.5 and len(resumed.epochs) == 3
+    assert [(r["f1"], r["f1_32"], r["grad_norm"], r["per_class"]) for r in h.epochs] == [
+        (0.25, 0.5, 1.5, [0.5, 0.75]),
+        (0.5, 0.5, 3.0, [0.5, 0.75]),
+    ]
+    acc = _accumulator(tmp_path / "tb")
+    for key in ("f1", "f1_32", "grad_norm"):
+        assert _series(acc, f"epoch/{key}") == [(row["steps"], row[key]) for row in h.epochs], key
+    rows = _read(csv_logger.epochs_path)
+    assert [(r["f1"], r["f1_32"], r["grad_norm"]) for r in rows] == [("0.25", "0.5", "1.5"), ("0.5", "0.5", "3.0")]
