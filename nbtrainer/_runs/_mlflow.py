@@ -18,7 +18,6 @@ import atexit
 import contextlib
 import json
 import logging
-import math
 import os
 import queue
 import re
@@ -32,6 +31,13 @@ from typing import TYPE_CHECKING, Any
 from nbtrainer._events._callbacks import Callback
 from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._mlflow_http import bounded_calls
+from nbtrainer._runs._mlflow_values import (
+    CONTROL_KINDS,
+    epoch_values,
+    history_sizes,
+    history_values,
+    step_values,
+)
 from nbtrainer._runs._recorder import _checkpoints, _config, _environment, _model
 
 if TYPE_CHECKING:
@@ -295,6 +301,7 @@ class MLflowLogger(Callback):
             return
         params = flatten_params({**_config(trainer), "model": _model(trainer), "env": _environment(trainer)})
         accum, step = trainer.grad_accum_steps, trainer.global_step
+        history, sizes = trainer.history, history_sizes(trainer.history)
 
         def start() -> None:
             mlflow = import_optional("mlflow", "MLflowLogger", _INSTALL)
@@ -327,26 +334,18 @@ class MLflowLogger(Callback):
             items = [Param(k, v) for k, v in params.items()]
             for i in range(0, len(items), MAX_PARAMS):  # the first batch carries the accumulation too
                 client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS], metrics=[] if i else [accum_metric])
+            if not fresh:
+                # a resume that starts a new MLflow run (another trainer, a new process) sends what the History held
+                # before it, as the run store's run of it holds it: else the MLflow run would begin at the resume
+                self._metrics(history_values(history, sizes, self.every_step))
 
         self._submit(start)
 
     def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         if not self._on or self.error is not None or not progress.step_points:
             return
-        points = progress.step_points
-        values = []
-        if self.every_step:
-            for step, loss, lr in points:
-                if math.isfinite(loss):
-                    values.append(("step/loss", loss, step))
-                values.append(("step/lr", lr, step))
-        else:  # one point per refresh window: MLflow's SQL store spends ~0.1 ms on each value it stores
-            finite = [loss for _, loss, _ in points if math.isfinite(loss)]
-            step, _, lr = points[-1]
-            if finite:
-                values.append(("step/loss", math.fsum(finite) / len(finite), step))
-            values.append(("step/lr", lr, step))
-        self._pending += values
+        # by default one point per refresh window: MLflow's SQL store spends ~0.1 ms on each value it stores
+        self._pending += step_values(progress.step_points, self.every_step)
         if time.monotonic() - self._last_send >= self.send_interval:
             self._send()
 
@@ -358,7 +357,7 @@ class MLflowLogger(Callback):
             self._submit(lambda: self._metrics(values))
 
     def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
-        if not self._on or self.error is not None or event.get("kind") not in ("lr", "grad_accum_steps"):
+        if not self._on or self.error is not None or event.get("kind") not in CONTROL_KINDS:
             return
         self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
 
@@ -385,12 +384,7 @@ class MLflowLogger(Callback):
         if due is None:
             return
         step, logs = due
-        values = [
-            (k, float(v), step)
-            for k, v in logs.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
-        ]
-        self._send(values)
+        self._send(epoch_values(logs, step))
 
     def on_fit_end(self, trainer: LoopHost, history: Any) -> None:
         if not self._on:

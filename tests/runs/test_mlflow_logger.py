@@ -359,3 +359,25 @@ def test_one_logger_for_two_trainers_extends_each_trainers_own_run(uri, tmp_path
 
 def _approx_steps(steps):
     return [(s, pytest.approx(v)) for s, v in zip(steps["step"], steps["loss"], strict=True)]
+
+
+def test_a_resume_into_a_new_mlflow_run_holds_the_whole_history(uri, tmp_path):
+    """Before: a fit resumed from a checkpoint by a new logger (a new process) started an MLflow run that began at the
+    checkpoint's step, without the epochs and steps before it that its History and its run store run hold."""
+    ckpt = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
+    _fit(MLflowLogger(tracking_uri=uri, experiment="resume"), tmp_path, epochs=2, callbacks=[ckpt])
+    logger = MLflowLogger(tracking_uri=uri, experiment="resume", every_step=True)
+    trainer = Trainer(
+        mlp(), torch.nn.CrossEntropyLoss(), "adamw", lr=3e-3, progress=False, metrics={"acc": accuracy},
+        callbacks=[logger], refresh_interval=0.0, run_store=tmp_path / "runs.db",
+    )  # fmt: skip
+    x, y = make_classification(n=96)
+    train, val = make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32])
+    history = trainer.fit(train, val, epochs=3, resume_from=ckpt.last_model_path)
+    assert logger.flush() and logger.error is None
+    client = mlflow.MlflowClient(uri)
+    losses = client.get_metric_history(logger.run_id, "step/loss")
+    assert [(m.step, m.value) for m in losses] == _approx_steps(history.steps)
+    val = client.get_metric_history(logger.run_id, "val_acc")
+    assert [(m.step, m.value) for m in val] == [(r["steps"], pytest.approx(r["val_acc"])) for r in history.epochs]
+    assert len(val) == 3
