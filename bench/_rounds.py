@@ -31,3 +31,28 @@ def machine_line(device: torch.device) -> str:
         f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}{gpu}; "
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, python {platform.python_version()}"
     )
+
+
+def kendall_tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b of two rankings (ties in either count as neither concordant nor discordant).
+
+    Example:
+        >>> kendall_tau([1, 2, 3], [1.0, 2.5, 2.0])
+        0.3333333333333333
+    """
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else 0.0

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 from _models import small_cnn
-from _rounds import interleaved, machine_line
+from _rounds import interleaved, kendall_tau, machine_line
 from overhead import Batches
 from torch import nn
 
@@ -594,10 +594,11 @@ def measure_planner(scale: Scale, device: torch.device) -> str:
         )
     if len(timed) >= 2:
         fastest = min(t for _, t in timed)
+        tau = kendall_tau([f for f, _ in timed], [t for _, t in timed])
         spread += (
             f" Step time: Kendall's tau-b between the predicted time_factor and the measured time per optimizer step "
-            f"(the fit's steps after the first, synchronized) is **{kendall_tau_b(timed):.2f}** over {len(timed)} "
-            f"rows (target >= 0.7); measured / fastest row: " + ", ".join(f"{t / fastest:.2f}" for _, t in timed) + "."
+            f"(the fit's steps after the first, synchronized) is **{tau:.2f}** over {len(timed)} rows (target >= 0.7); "
+            f"measured / fastest row: " + ", ".join(f"{t / fastest:.2f}" for _, t in timed) + "."
         )
     params = n_params(llama(size, torch.device("meta")))
     return (
@@ -712,32 +713,6 @@ def measured_peak(
     # the loop resets CUDA's peak at each refresh window; its progress keeps the fit's (nbtrainer._memory._window)
     peak_allocated = int(max(torch.cuda.max_memory_allocated(device), trainer.progress.memory_peak or 0))
     return peak_allocated, reserved, clock.per_step()
-
-
-def kendall_tau_b(pairs: list[tuple[float, float]]) -> float:
-    """Kendall's tau-b of (predicted, measured) pairs: the rank agreement, ties counted out (rows of equal
-    ``time_factor`` are not an ordering the model claims).
-
-    Example:
-        >>> kendall_tau_b([(1, 1.0), (2, 2.5), (3, 2.0)])
-        0.3333333333333333
-    """
-    concordant = discordant = ties_x = ties_y = 0
-    for i, (x1, y1) in enumerate(pairs):
-        for x2, y2 in pairs[i + 1 :]:
-            dx, dy = x1 - x2, y1 - y2
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    denominator = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else float("nan")
 
 
 def mib(n: float) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _rounds import interleaved, machine_line
+from _rounds import interleaved, kendall_tau, machine_line
 from torch import nn
 
 from nbtrainer import Trainer, plan_memory
@@ -163,26 +163,6 @@ TIME_ROWS: dict[str, list[dict[str, Any]]] = {
         {"optimizer": "adamw", "grad_accum_steps": 4},
     ],
 }
-
-
-def kendall_tau(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b of two rankings (ties in either count as neither concordant nor discordant)."""
-    concordant = discordant = ties_x = ties_y = 0
-    for i in range(len(x)):
-        for j in range(i + 1, len(x)):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    denominator = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else 0.0
 
 
 def step_times(
