@@ -2,9 +2,9 @@
 rate grows exponentially, watch the smoothed loss, stop when it diverges, and suggest a learning rate.
 
 The sweep runs on the trainer's real model and optimizer, from a saved copy of their state that is put
-back afterwards (parameters, buffers, optimizer state and hyperparameters, the fp16 scaler, the RNGs and
-the loader's shuffling generator), so ``trainer.fit`` after ``trainer.lr_find`` starts exactly where it
-would have started without it.
+back afterwards (parameters, buffers, optimizer state and hyperparameters, the fp16 scaler, torch's, Python's
+and NumPy's RNGs and the loader's shuffling generator), so ``trainer.fit`` after ``trainer.lr_find`` starts
+exactly where it would have started without it.
 
 Suggestion rules (``LRFinderResult.suggestions``):
 
@@ -22,11 +22,13 @@ from __future__ import annotations
 import copy
 import html
 import math
+import random
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from nbtrainer._data._arrays import as_loaders
@@ -274,6 +276,9 @@ class _Snapshot:
         self.opt_state = copy.deepcopy(self.optimizer.state_dict())
         self.scaler = trainer.scaler
         self.scaler_state = copy.deepcopy(trainer.scaler.state_dict()) if trainer.scaler is not None else None
+        # torch's generators are forked around the sweep; a dataset's augmentation may draw from Python's and
+        # NumPy's instead (albumentations, random.random()), and the fit after the sweep must see them unmoved
+        self.py_rng, self.np_rng = random.getstate(), np.random.get_state()
         self.generators: list[tuple[torch.Generator, torch.Tensor]] = []
         for owner in (getattr(loader, "sampler", None), loader):
             gen = getattr(owner, "generator", None)
@@ -287,6 +292,8 @@ class _Snapshot:
         if self.scaler is not None and self.scaler_state is not None:
             self.scaler.load_state_dict(self.scaler_state)
             what.append("grad scaler")
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
         for gen, state in self.generators:
             gen.set_state(state)
         if self.generators:

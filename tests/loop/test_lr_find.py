@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_classification, make_loader, needs
+from conftest import make_classification, make_loader, mlp, needs
 from torch import nn
 
 from nbtrainer import LRFinderResult, Trainer
@@ -205,3 +205,34 @@ def test_suggest_rules_on_a_synthetic_curve():
     assert 1e-4 < valley < 1e-1
     assert 3e-3 < tenth < 3e-2
     assert suggest(lrs[:2], losses[:2]) == {"valley": None, "steepest": None, "minimum/10": None}
+
+
+def test_python_and_numpy_generators_are_restored_for_the_next_fit():
+    # an augmentation drawing from random / numpy.random (albumentations does) moved those generators during the
+    # sweep: torch's were forked and put back, these were not, so the fit after lr_find saw other noise than the
+    # fit without it
+    import random
+
+    import numpy as np
+
+    x, y = make_classification(n=128)
+
+    class Noisy(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(x)
+
+        def __getitem__(self, i: int):
+            return x[i] + random.random() + float(np.random.rand()), y[i]
+
+    weights = []
+    for sweep in (True, False):
+        model = mlp()
+        trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05), progress=False)
+        loader = torch.utils.data.DataLoader(Noisy(), batch_size=32)
+        random.seed(0)
+        np.random.seed(0)
+        if sweep:
+            trainer.lr_find(loader, steps=10, max_lr=1.0)
+        trainer.fit(loader, epochs=1)
+        weights.append(trainer.model_state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
