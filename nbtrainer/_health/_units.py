@@ -44,16 +44,22 @@ def is_compiled(model: torch.nn.Module) -> bool:
 
 
 def chance_level(criterion: Any, classes: int | None) -> float | None:
-    """The loss of a uniform guess over ``classes`` (``ln C``) when the criterion is a cross-entropy (or the model
-    returns its own loss with logits, as Hugging Face models do: ``criterion=None``); else None.
+    """The loss of a uniform guess over ``classes`` (``ln C``) when the criterion is a mean-reduced cross-entropy (or
+    the model returns its own loss with logits, as Hugging Face models do: ``criterion=None``); else None.
 
     Example:
         >>> round(chance_level(torch.nn.CrossEntropyLoss(), 10), 4)
         2.3026
+        >>> chance_level(torch.nn.CrossEntropyLoss(reduction="sum"), 10) is None
+        True
     """
     if classes is None or classes < 2:
         return None
-    if criterion is None or isinstance(criterion, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+    if criterion is None:
+        return math.log(classes)
+    # ln C is the loss of one item: a sum over the batch is n times that, with n the batch's (changing) size, so
+    # a summed loss that learnt well still sits far above ln C and would be told "not learning, weights damaged"
+    if isinstance(criterion, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and criterion.reduction == "mean":
         return math.log(classes)
     return None
 

@@ -348,6 +348,26 @@ def test_a_flat_loss_with_no_chance_level_is_a_warning():
     assert health.signals["learning rate"].level == "warning"
 
 
+def test_a_summed_cross_entropy_that_learns_is_not_called_stuck_above_chance():
+    """ln C is one item's loss at chance: CrossEntropyLoss(reduction="sum") of a batch of 32 that learnt well (noisy
+    labels, so its loss stays ~0.8 an item) sat at ~27 against 'chance 1.39' and was told, as a problem, that it
+    did not learn and that its weights were damaged, with the advice to restore those from before step 1."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 10, generator=g)
+    y = (x[:, :3].sum(1) > 0).long() + 2 * (x[:, 3] > 0).long()
+    noisy = torch.rand(2048, generator=g) < 0.2
+    y[noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=g)
+    model = mlp(d=10, hidden=32, out=4)
+    health = Health(window=40)
+    criterion = torch.nn.CrossEntropyLoss(reduction="sum")
+    trainer = Trainer(model, criterion, "adamw", lr=1e-2, callbacks=[health], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=32, shuffle=True), epochs=2)
+    with torch.no_grad():
+        assert (model(x).argmax(1) == y).float().mean() > 0.7  # it learnt
+    assert _problems(history) == [] and health._loss.chance is None
+    assert health.signals["learning rate"].level == "ok"
+
+
 def test_a_converged_regressor_continued_in_a_new_fit_is_not_called_stuck_but_a_stuck_one_still_is():
     """Continuing a fit that brought the loss to its noise floor: the loss is flat where the last fit ended and far
     below where it started, which is convergence. A run stuck from the start stays told in the next fit."""
