@@ -338,10 +338,10 @@ def lr_find(
         trainer: a :class:`~nbtrainer.Trainer` (not fitting).
         train_loader: the training batches, or arrays (``(x, y)``, a dict of arrays) with ``batch_size`` and
             ``shuffle`` as for ``fit``.
-        min_lr, max_lr: the sweep's range (``0 < min_lr < max_lr``).
+        min_lr, max_lr: the sweep's range (``0 < min_lr < max_lr``, finite).
         steps: optimizer steps of the whole sweep (>= 5).
         smoothing: EMA factor of the smoothed loss (bias-corrected).
-        diverge: stop when ``smoothed > best + (diverge - 1) * |best|``.
+        diverge: stop when ``smoothed > best + (diverge - 1) * |best|`` (a number > 1).
         rule: the default suggestion: ``"valley"``, ``"steepest"`` or ``"minimum/10"``.
         stop: a ``threading.Event`` another thread sets to end the sweep at the next optimizer step (the model and
             optimizer are restored as always; ``stop_reason`` says it was stopped). The panel's ``close()`` sets it.
@@ -356,8 +356,8 @@ def lr_find(
         raise TypeError("lr_find needs the trainer's NaN/inf gate: call trainer.lr_find(...)")
     if trainer.run_state.fitting:
         raise RuntimeError("lr_find cannot run while fit() is running; stop the run first.")
-    if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr):
-        raise ValueError(f"Need 0 < min_lr < max_lr, got min_lr={min_lr!r}, max_lr={max_lr!r}.")
+    if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr < math.inf):
+        raise ValueError(f"Need 0 < min_lr < max_lr, both finite, got min_lr={min_lr!r}, max_lr={max_lr!r}.")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 5:
         raise ValueError(f"steps must be an int >= 5, got {steps!r}.")
     train_loader, _ = as_loaders(train_loader, batch_size=batch_size, shuffle=shuffle, caller="lr_find")
@@ -365,6 +365,12 @@ def lr_find(
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
+    # diverge <= 1 ends the sweep at its second step (any loss is above 'best' times it): no curve, no suggestion
+    if isinstance(diverge, bool) or not isinstance(diverge, (int, float)) or not 1 < diverge < math.inf:
+        raise ValueError(
+            f"diverge must be a number > 1 (stop once the smoothed loss exceeds that many times its best), got "
+            f"{diverge!r}; the default 4.0 is fastai's."
+        )
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise TypeError(f"stop= takes a threading.Event (set it to end the sweep), got {type(stop).__name__}.")
     trainer.model = trainer.strategy.setup_model(trainer.model)

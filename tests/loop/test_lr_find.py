@@ -236,3 +236,25 @@ def test_python_and_numpy_generators_are_restored_for_the_next_fit():
         trainer.fit(loader, epochs=1)
         weights.append(trainer.model_state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"max_lr": math.inf}, "both finite"),
+        ({"diverge": 1.0}, "diverge must be a number > 1"),
+        ({"diverge": 0.5}, "diverge must be a number > 1"),
+        ({"diverge": math.nan}, "diverge must be a number > 1"),
+    ],
+)
+def test_a_sweep_that_cannot_give_a_curve_is_refused_before_a_step(bad, match):
+    # max_lr=inf swept to lr=inf ("loss not finite", no suggestion); diverge <= 1 stopped at the second step on any
+    # loss ("diverged at lr=1.20e-7", no suggestion): both ran steps and returned nothing usable, without an error
+    x, y = make_classification(n=64)
+    model = mlp()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=match):
+        trainer.lr_find(make_loader(x, y, batch_size=16), steps=20, **bad)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert trainer.run_state.lr_finder is None
