@@ -33,7 +33,9 @@ class ModelCheckpoint(Callback):
         every_n_steps: also save ``last.ckpt`` every n optimizer steps (mid-epoch; needs ``save_last``
             or is implied by it).
         filename: format string with ``{epoch}``, ``{step}`` (ints) and any log key (floats); checked here by
-            formatting sample values, so a spec they cannot take (``{val_loss:d}``) fails before training.
+            formatting sample values, so a spec they cannot take (``{val_loss:d}``) fails before training. A name
+            whose file is kept (an earlier fit's, another ``ModelCheckpoint``'s, a kept epoch that formats alike)
+            gets ``-v1``, ``-v2``...; only the file a save pushes out of the top k is replaced.
         save_on_interrupt: on Ctrl-C, write ``last.ckpt`` where the run stopped (the next optimizer step after
             the interrupt); default: on with ``save_last``.
         sharded: under ``strategy="fsdp"``, write each checkpoint as a directory of per-rank shards
@@ -93,6 +95,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path: str | None = None
         self.last_model_path: str | None = None
         self._pending_drops: list[str] = []  # top-k files pushed out, removed after the new save succeeded
+        self._on_disk_at_start: set[str] = set()  # files in dirpath when this fit started: never written over
         self.sharded = bool(sharded)
 
     @property
@@ -134,6 +137,11 @@ class ModelCheckpoint(Callback):
                 "ModelCheckpoint(sharded=True) writes per-rank shards, which needs Trainer(strategy='fsdp'). "
                 "Drop sharded=True: the full checkpoint file holds the same state."
             )
+        # Listed on every rank (before any save of this fit), so that all ranks name a colliding file alike.
+        try:
+            self._on_disk_at_start = {os.path.join(self.dirpath, name) for name in os.listdir(self.dirpath)}
+        except OSError:
+            self._on_disk_at_start = set()
         if not trainer.is_global_zero:
             return
         try:
@@ -175,7 +183,7 @@ class ModelCheckpoint(Callback):
             score = float(logs[self.monitor]) if self.monitor else float(epoch)
             if math.isfinite(score) and self._qualifies(score):
                 name = self.filename.format(**{**logs, "epoch": epoch, "step": trainer.global_step})
-                path = os.path.join(self.dirpath, name + ".ckpt")
+                path = self._free_path(os.path.join(self.dirpath, name), trainer)
                 self._save(trainer, path)
                 self._insert(score, path, remove=trainer.is_global_zero)
         if self.save_last:
@@ -189,6 +197,22 @@ class ModelCheckpoint(Callback):
             return True
         worst = self.best_k[-1][0]
         return score < worst if self.mode == "min" else score > worst
+
+    def _free_path(self, stem: str, trainer: TrainerView) -> str:
+        """``stem.ckpt``, or ``stem-v1.ckpt``, ``-v2``... when that file is kept: two epochs whose values format alike
+        (``{val_loss:.1f}``) or an earlier fit's file of the same name (``epoch003.ckpt``) would otherwise be written
+        over, and then removed when this run's ranking drops it. Only the file this save pushes out of the top k
+        may be replaced (``filename="best"`` stays one file)."""
+        pushed_out = self.best_k[-1][1] if 0 < self.save_top_k <= len(self.best_k) else None
+        taken = self._on_disk_at_start | {p for _, p in self.best_k} | {self.last_path}
+        for other in ModelCheckpoint.all_in(trainer.callbacks.callbacks):
+            if other is not self:  # another ModelCheckpoint into the same directory: its files are its own
+                taken.update(other.files(), [other.last_path])
+        path, version = stem + ".ckpt", 0
+        while path in taken and path != pushed_out:
+            version += 1
+            path = f"{stem}-v{version}.ckpt"
+        return path
 
     def _insert(self, score: float, path: str, remove: bool = True) -> None:
         self.best_k = [(s, p) for s, p in self.best_k if p != path]
