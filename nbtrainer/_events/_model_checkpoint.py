@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelCheckpoint"]
 
+#: best_k, best_model_path, last_model_path and the pending drops, as they were before an event's saves
+_Bookkeeping = tuple[list[tuple[float, str]], str | None, str | None, list[str]]
+
 
 class ModelCheckpoint(Callback):
     """Save full training checkpoints (model, optimizer, scheduler, scaler, loop state, RNG, history).
@@ -163,8 +166,9 @@ class ModelCheckpoint(Callback):
 
     def on_optimizer_step(self, trainer: TrainerView, step: int, skipped: bool) -> None:
         if self.every_n_steps and step % self.every_n_steps == 0:
+            before = self._bookkeeping()
             self.last_model_path = self.last_path
-            self._save(trainer, self.last_path)
+            self._save(trainer, self.last_path, before)
 
     def save_now(self, trainer: TrainerView) -> str:
         """Write ``last.ckpt`` at once (not deferred): fit calls it at a Ctrl-C, once the loop has stopped."""
@@ -179,15 +183,16 @@ class ModelCheckpoint(Callback):
         # An epoch that does not log the monitor or a key of the filename (no validation this epoch under
         # val_every_n_epochs > 1) is not ranked; keys the fit never logs were refused before the first step.
         needs = _format_fields(self.filename) | ({self.monitor} if self.monitor else set())
+        before = self._bookkeeping()
         if self.save_top_k != 0 and needs <= logs.keys() | {"epoch", "step"}:
             score = float(logs[self.monitor]) if self.monitor else float(epoch)
             if math.isfinite(score) and self._qualifies(score):
                 name = self.filename.format(**{**logs, "epoch": epoch, "step": trainer.global_step})
                 path = self._free_path(os.path.join(self.dirpath, name), trainer)
-                self._save(trainer, path)
+                self._save(trainer, path, before)
                 self._insert(score, path, remove=trainer.is_global_zero)
         if self.save_last:
-            self._save(trainer, self.last_path)
+            self._save(trainer, self.last_path, before)
             self.last_model_path = self.last_path
         if self._pending_drops:  # only once the saves above went through: a failed save keeps the old best
             trainer.defer(self._remove_dropped)
@@ -235,13 +240,25 @@ class ModelCheckpoint(Callback):
             except FileNotFoundError:
                 pass
 
-    def _save(self, trainer: TrainerView, path: str) -> None:
+    def _bookkeeping(self) -> _Bookkeeping:
+        return list(self.best_k), self.best_model_path, self.last_model_path, list(self._pending_drops)
+
+    def _save(self, trainer: TrainerView, path: str, before: _Bookkeeping) -> None:
         # Deferred until every callback has seen this event, so their state (patience counters, this
         # callback's own top-k list) is saved as it will be when training continues.
-        if self.sharded:
-            trainer.defer(lambda: trainer.save_checkpoint(path, sharded=True))
-        else:
-            trainer.defer(lambda: trainer.save_checkpoint(path))
+        def save() -> None:
+            try:
+                if self.sharded:
+                    trainer.save_checkpoint(path, sharded=True)
+                else:
+                    trainer.save_checkpoint(path)
+            except BaseException:
+                # The ranking was moved on for a file that is not there (disk full, Ctrl-C): back to the files
+                # that are, so best_model_path still loads and a fit_more ranks against what is on disk.
+                self.best_k, self.best_model_path, self.last_model_path, self._pending_drops = before
+                raise
+
+        trainer.defer(save)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
+import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
 
-from nbtrainer import ModelCheckpoint, Trainer, load_checkpoint
+from nbtrainer import CheckpointError, ModelCheckpoint, Trainer, load_checkpoint
 
 
 class Scripted:
@@ -79,3 +81,24 @@ def test_two_model_checkpoints_in_one_directory_keep_each_others_files(tmp_path)
     assert len(set(kept)) == 4 and all(os.path.isfile(path) for path in kept)
     assert sorted(_saved(path)[0] for path in top3.files()) == [2, 3, 4]
     assert _saved(top1.best_model_path)[0] == 4
+
+
+def test_a_save_that_fails_leaves_the_ranking_on_the_files_that_exist(tmp_path, monkeypatch):
+    # the disk fills at epoch 2's saves: best_model_path used to name epoch 2's file, never written, and the ranking
+    # had dropped epoch 1's file, still on disk (a fit_more then ranked against the missing one)
+    class DiskFillsAtEpoch2:
+        def on_epoch_end(self, trainer, epoch, logs):
+            if epoch == 2:  # the saves run after every callback's on_epoch_end
+                monkeypatch.setattr(os, "write", full)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ck = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=1, save_last=True)
+    with pytest.raises(CheckpointError, match="disk is full"):
+        _fit([Scripted([0.5, 0.4]), DiskFillsAtEpoch2(), ck], epochs=2)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch001-0.5000.ckpt", "last.ckpt"]
+    assert ck.best_model_path == str(tmp_path / "epoch001-0.5000.ckpt") and [s for s, _ in ck.best_k] == [0.5]
+    assert all(os.path.isfile(path) for path in ck.files())
+    assert _saved(ck.best_model_path) == _saved(tmp_path / "last.ckpt") == (1, 0.5)
