@@ -103,7 +103,8 @@ class DistillationLoss(nn.Module):
 
     ``s`` are the student's logits, ``t`` the teacher's on the same inputs, ``T`` the temperature; the KL term is
     ``F.kl_div(log_softmax(s/T), softmax(t/T), reduction="batchmean")`` over the last dimension (sequence outputs
-    are averaged per position), and ``T²`` keeps its gradient scale independent of ``T``. The history shows the
+    are averaged per position, leaving out positions labelled with the base loss's ``ignore_index``, -100:
+    padding), and ``T²`` keeps its gradient scale independent of ``T``. The history shows the
     parts, ``kd_loss`` (``T² * KL``) and ``base_loss``, so that ``loss = kd_weight * kd_loss + (1 - kd_weight) *
     base_loss``, and ``agreement``: the fraction of samples where student and teacher pick the same class.
 
@@ -291,10 +292,15 @@ class DistillationLoss(nn.Module):
         feature = self._feature_loss() if self.features else None
         t = self.temperature
         classes = student.shape[-1]
+        s_rows, t_rows = student.reshape(-1, classes), teacher.reshape(-1, classes)
+        kept = self._kept_positions(student, targets)
+        if kept is not None:
+            s_rows, t_rows = s_rows[kept], t_rows[kept]
         # float32 for the soft targets whatever the autocast dtype: bf16 softmax at T > 1 loses the small tails
-        log_p = F.log_softmax(student.float().reshape(-1, classes) / t, dim=-1)
-        q = F.softmax(teacher.float().reshape(-1, classes) / t, dim=-1)
-        kd = F.kl_div(log_p, q, reduction="batchmean") * (t * t)
+        log_p = F.log_softmax(s_rows.float() / t, dim=-1)
+        q = F.softmax(t_rows.float() / t, dim=-1)
+        # batchmean over the kept rows; a batch of padding only adds 0 (batchmean of no rows would be 0/0 = nan)
+        kd = F.kl_div(log_p, q, reduction="sum") / max(s_rows.shape[0], 1) * (t * t)
         if targets is None:
             if self.kd_weight < 1:
                 raise ValueError(
@@ -303,6 +309,23 @@ class DistillationLoss(nn.Module):
                 )
             return kd, None, feature
         return kd, self.base(student, targets), feature
+
+    def _kept_positions(self, student: torch.Tensor, targets: Any) -> torch.Tensor | None:
+        """For per-position labels (sequences), the flattened positions whose label is not the base loss's
+        ``ignore_index`` (-100: padding, a prompt), else None (every row counts).
+
+        Those positions have no token to predict: the base loss skips them, and the KD term and the agreement
+        must too, or a batch padded to a longer length would weigh the logits of pad tokens. A per-sample label of
+        -100 is left alone: it marks an unlabeled sample, which is exactly what a teacher can still teach."""
+        if (
+            not isinstance(targets, torch.Tensor)
+            or targets.ndim < 2
+            or targets.is_floating_point()
+            or tuple(targets.shape) != tuple(student.shape[:-1])
+        ):
+            return None
+        ignore_index = getattr(self.base, "ignore_index", -100)
+        return (targets != ignore_index).reshape(-1)
 
     def _feature_loss(self) -> torch.Tensor:
         seen = self._seen
@@ -330,7 +353,8 @@ class DistillationLoss(nn.Module):
         seen = self._seen
         if seen is not None:
             seen.parts = (kd.detach(), _detached(base), _detached(feature))
-        loss = kd if base is None else self.kd_weight * kd + (1.0 - self.kd_weight) * base
+        # kd_weight=1 ignores the labels: a base loss of nan (a batch whose labels are all ignored) must not leak in
+        loss = kd if base is None or self.kd_weight == 1 else self.kd_weight * kd + (1.0 - self.kd_weight) * base
         return loss if feature is None else loss + self.feature_weight * feature
 
     def extra_repr(self) -> str:
@@ -360,7 +384,9 @@ class DistillationLoss(nn.Module):
     def _agreement(self, outputs: Any, targets: Any) -> torch.Tensor:
         student = logits_of(outputs, who="The student")
         teacher = self._teacher_logits(outputs, student)
-        return (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+        same = (student.argmax(-1) == teacher.argmax(-1)).reshape(-1)
+        kept = self._kept_positions(student, targets)
+        return (same if kept is None else same[kept]).float().mean()
 
 
 def _layer(model: nn.Module, name: str, whose: str) -> nn.Module:

@@ -339,3 +339,59 @@ def test_hooks_of_a_discarded_loss_remove_themselves(teacher) -> None:
         student(torch.rand(2, 64))
         teacher(torch.rand(2, 64))
     assert not student._forward_hooks and not teacher[1]._forward_hooks
+
+
+class _Tagger(nn.Module):
+    """A per-token classifier: (batch, length) token ids -> (batch, length, 5) logits."""
+
+    def __init__(self, width: int, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed, self.out = nn.Embedding(20, width), nn.Linear(width, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(ids))
+
+
+def _token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+
+
+def test_padded_positions_are_left_out_of_the_kd_term_and_agreement() -> None:
+    # Found by distilling a padded token classifier: the KD term averaged over the pad positions too (labels -100,
+    # skipped by the base loss), so the same sentences padded longer gave another loss and agreement.
+    teacher, student = _Tagger(32, seed=0).eval(), _Tagger(8, seed=1)
+    loss = DistillationLoss(teacher, temperature=2.0, kd_weight=0.5, base=_token_ce).attach(student)
+    ids = torch.randint(1, 20, (4, 6))
+    labels = torch.randint(0, 5, (4, 6))
+    ids[:, 3:], labels[:, 3:] = 0, -100  # three real tokens, three of padding
+    labels[0, 2] = -100  # and one ignored inside a sentence
+    s = student(ids)
+    with torch.no_grad():
+        t = teacher(ids)
+    keep = labels != -100
+    kl = F.kl_div(F.log_softmax(s[keep] / 2, -1), F.softmax(t[keep] / 2, -1), reduction="batchmean")
+    torch.testing.assert_close(loss(s, labels), 0.5 * 4.0 * kl + 0.5 * _token_ce(s, labels))
+    torch.testing.assert_close(loss._kd_metric(s, labels), 4.0 * kl)
+    agreement = (s.argmax(-1) == t.argmax(-1))[keep].float().mean()
+    torch.testing.assert_close(loss._agreement(s, labels), agreement)
+
+
+def test_a_batch_of_padding_only_adds_no_kd_loss() -> None:
+    teacher, student = _Tagger(32, seed=0).eval(), _Tagger(8, seed=1)
+    loss = DistillationLoss(teacher, kd_weight=1.0, base=_token_ce).attach(student)
+    ids = torch.randint(1, 20, (2, 4))
+    assert loss(student(ids), torch.full((2, 4), -100)).item() == 0.0
+
+
+def test_per_sample_labels_of_minus_100_still_learn_from_the_teacher(teacher) -> None:
+    # An unlabeled sample (-100) is what a teacher can still teach: only per-position labels mark padding. With
+    # every label ignored the base loss is nan, and 0 * nan used to make the kd_weight=1 loss nan as well.
+    student = mlp(16, seed=1)
+    loss = DistillationLoss(teacher, kd_weight=1.0).attach(student)
+    x = torch.rand(6, 64)
+    s = student(x)
+    with torch.no_grad():
+        t = teacher(x)
+    expected = 4.0 * F.kl_div(F.log_softmax(s / 2, -1), F.softmax(t / 2, -1), reduction="batchmean")
+    torch.testing.assert_close(loss(s, torch.full((6,), -100)), expected)
