@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._inference._logits import logits_of
@@ -111,7 +112,9 @@ class DistillationLoss(nn.Module):
     Args:
         teacher: the trained model; switched to ``eval()`` (said once if it has dropout or batch norm) and frozen
             (``requires_grad_(False)``). It runs on the student's inputs, under the trainer's precision, and is
-            moved once to the trainer's device. Hugging Face outputs (``.logits``) work for both models.
+            moved once to the trainer's device; a teacher kept in another float dtype (bf16, to halve its
+            memory) stays in it and gets the inputs in that dtype. Hugging Face outputs (``.logits``) work for both
+            models.
         temperature: ``T > 0``; higher softens both distributions (2 to 5 is usual).
         kd_weight: weight of the distillation term in ``[0, 1]``; ``1`` ignores the labels.
         base: the loss on the labels, called as ``base(student_logits, targets)``.
@@ -273,8 +276,9 @@ class DistillationLoss(nn.Module):
             if self.teacher.training:  # switched back to train() since: outputs must not vary between calls
                 self._freeze_teacher()
             self._teacher_pending = {}
+            args, kwargs = _in_dtype_of(self.teacher, seen.args, seen.kwargs)
             with torch.no_grad():
-                teacher = logits_of(self.teacher(*seen.args, **seen.kwargs), who="The teacher")
+                teacher = logits_of(self.teacher(*args, **kwargs), who="The teacher")
             seen.teacher_features, self._teacher_pending = self._teacher_pending, {}
             if teacher.shape != student.shape:
                 raise ValueError(
@@ -387,6 +391,22 @@ class DistillationLoss(nn.Module):
         same = (student.argmax(-1) == teacher.argmax(-1)).reshape(-1)
         kept = self._kept_positions(student, targets)
         return (same if kept is None else same[kept]).float().mean()
+
+
+def _in_dtype_of(teacher: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The student's inputs with their float tensors in the teacher's float dtype, when it has another one.
+
+    A teacher kept in bf16 or fp16 (half the memory of the student's fp32) would otherwise fail on the student's
+    float32 inputs (``mat1 and mat2 must have the same dtype``) outside autocast; token ids are left as they are."""
+    dtype = next((p.dtype for p in teacher.parameters() if p.is_floating_point()), None)
+    if dtype is None:
+        return args, kwargs
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
+
+    cast_args, cast_kwargs = tree_map_only(torch.Tensor, cast, (args, kwargs))
+    return cast_args, cast_kwargs
 
 
 def _layer(model: nn.Module, name: str, whose: str) -> nn.Module:

@@ -395,3 +395,23 @@ def test_per_sample_labels_of_minus_100_still_learn_from_the_teacher(teacher) ->
         t = teacher(x)
     expected = 4.0 * F.kl_div(F.log_softmax(s / 2, -1), F.softmax(t / 2, -1), reduction="batchmean")
     torch.testing.assert_close(loss(s, torch.full((6,), -100)), expected)
+
+
+def test_a_bf16_teacher_teaches_an_fp32_student_in_its_own_dtype(data, teacher) -> None:
+    # Found by keeping the teacher in bf16 to halve its memory: the fp32 step failed on the first batch with
+    # "mat1 and mat2 must have the same dtype" (and a hint to convert the targets to float).
+    half = copy.deepcopy(teacher).to(torch.bfloat16)
+    student = mlp(16, seed=1)
+    loss = DistillationLoss(half, kd_weight=1.0)
+    trainer = Trainer(student, loss, "adamw", lr=1e-3, progress=False)
+    before = [p.clone() for p in student.parameters()]
+    history = trainer.fit(data[0][:2], epochs=1)
+    assert math.isfinite(history.epochs[0]["kd_loss"])
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())  # not cast up behind the user's back
+    assert any(not torch.equal(a, b) for a, b in zip(before, student.parameters(), strict=True))
+    x = data[0][0][0][:8]
+    s = student(x)
+    with torch.no_grad():
+        t = half(x.to(torch.bfloat16)).float()
+    expected = 4.0 * F.kl_div(F.log_softmax(s / 2, -1), F.softmax(t / 2, -1), reduction="batchmean")
+    torch.testing.assert_close(loss(s, None), expected)
