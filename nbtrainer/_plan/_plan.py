@@ -30,7 +30,14 @@ from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._options import SWITCH, MemoryOptions
 from nbtrainer._plan import _arithmetic as arith
 from nbtrainer._plan._context import Context, micro_batches, repeated_stack, shared_cache
-from nbtrainer._plan._result import MemoryPlan, PlanRow, check_batch_size, check_budget_gb, check_share
+from nbtrainer._plan._result import (
+    MemoryPlan,
+    PlanRow,
+    check_batch_size,
+    check_budget_gb,
+    check_criterion,
+    check_share,
+)
 from nbtrainer._plan._search import RowSearch
 from nbtrainer._plan._steps import plan_row
 
@@ -134,7 +141,8 @@ def plan_memory(
 
     Raises:
         ValueError: a budget that is not positive, an unknown target, a batch that does not fit the model, a model
-            with no trainable parameters, ``world_size`` < 1, ``strategy="fsdp"`` on one rank.
+            with no trainable parameters, ``world_size`` < 1, ``strategy="fsdp"`` on one rank, a criterion that runs
+            a teacher model (``DistillationLoss``: not planned yet).
     """
     start = time.perf_counter()
     from nbtrainer._plan._distributed import check_strategy, fsdp_units
@@ -144,6 +152,7 @@ def plan_memory(
     check_share(margin, "plan_memory", "margin")
     if not isinstance(model, nn.Module):
         raise TypeError(f"plan_memory: model must be a torch.nn.Module, got {type(model).__name__}.")
+    check_criterion(criterion, "plan_memory")
     target = _resolve_target(device)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(

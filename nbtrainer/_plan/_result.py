@@ -12,7 +12,16 @@ from typing import Any
 from nbtrainer._options import LABELS, SWITCH, MemoryOptions
 from nbtrainer._report._format import format_bytes
 
-__all__ = ["PARTS", "PART_COLORS", "MemoryPlan", "PlanRow", "check_batch_size", "check_budget_gb", "check_share"]
+__all__ = [
+    "PARTS",
+    "PART_COLORS",
+    "MemoryPlan",
+    "PlanRow",
+    "check_batch_size",
+    "check_budget_gb",
+    "check_criterion",
+    "check_share",
+]
 
 
 # The arguments every "will it fit" question takes, checked alike by plan_memory and profile_model(...).fits()
@@ -23,6 +32,24 @@ def check_budget_gb(budget_gb: Any, caller: str) -> None:
     number = isinstance(budget_gb, (int, float)) and not isinstance(budget_gb, bool)
     if not number or not math.isfinite(budget_gb) or not budget_gb > 0:
         raise ValueError(f"{caller}(budget_gb={budget_gb!r}): the budget must be a positive number of GiB, e.g. 16.")
+
+
+def check_criterion(criterion: Any, caller: str) -> None:
+    """Refuse a criterion that runs a model of its own (``DistillationLoss``'s teacher): the simulated step would
+    run that model's real weights on fake tensors (torch's FakeTensor assertion), and no row counts its weights
+    nor its forward pass, so a plan would promise a fit the real step does not have."""
+    from torch import nn
+
+    teacher = getattr(criterion, "teacher", None)
+    if not isinstance(teacher, nn.Module):
+        return
+    size = sum(t.numel() * t.element_size() for t in (*teacher.parameters(), *teacher.buffers()))
+    raise ValueError(
+        f"{caller}: the criterion {type(criterion).__name__} runs a teacher model ({type(teacher).__name__}, "
+        f"{format_bytes(size)} of weights) that the memory plan does not count yet. Plan the student alone "
+        "(plan_memory(student, batch, budget_gb=...) with the base loss) and add the teacher's weights and one "
+        "forward pass of it by hand, then set the switches yourself and drop memory_budget_gb."
+    )
 
 
 def check_share(value: Any, caller: str, name: str) -> None:

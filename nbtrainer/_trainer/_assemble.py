@@ -113,7 +113,9 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
             "memory_budget_gb": options.budget and options.budget.budget_gb,
         },
     )
-    budget = check_budget(options.budget, model=model, memory=memory, setup=options.setup, strategy=strategy)
+    budget = check_budget(
+        options.budget, model=model, criterion=criterion, memory=memory, setup=options.setup, strategy=strategy
+    )
     # The model setup: checked, and a named optimizer built, now; applied last.
     setup = ModelSetup(model, requested, setup=options.setup, memory=memory)
     memory = setup.savers.memory  # the switches as checked

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrainer._options import SWITCH
 from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
+from nbtrainer._plan._result import check_criterion
 from nbtrainer._report._format import format_bytes
 
 if TYPE_CHECKING:
@@ -42,12 +43,19 @@ class BudgetPlan:
 
 
 def check_budget(
-    budget: BudgetOptions | None, *, model: Any, memory: MemoryOptions, setup: SetupOptions, strategy: Any
+    budget: BudgetOptions | None,
+    *,
+    model: Any,
+    criterion: Any,
+    memory: MemoryOptions,
+    setup: SetupOptions,
+    strategy: Any,
 ) -> BudgetPlan | None:
     """``memory_budget_gb`` and the options it cannot plan with, refused when the Trainer is built (None: no budget).
 
     ``quantize=`` / ``lora=`` (QLoRA) and DDP / FSDP are planned: the rows keep the quantized base and the adapters,
-    and plan one rank. ``compile=`` is refused (not planned yet).
+    and plan one rank. ``compile=`` and a criterion with a teacher model (``DistillationLoss``) are refused (not
+    planned yet).
     """
     if budget is None:
         return None
@@ -60,6 +68,7 @@ def check_budget(
             "compiled code allocates otherwise). Use one of the two: the budget without compile=, or compile= "
             "without memory_budget_gb."
         )
+    check_criterion(criterion, "memory_budget_gb")
     source = None
     if memory.quantize is not None or memory.lora is not None or strategy.distributed:
         from nbtrainer._plan._simulate import meta_copy

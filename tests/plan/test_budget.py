@@ -167,6 +167,21 @@ def test_a_budget_that_is_not_positive_is_refused(budget: Any) -> None:
         Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=budget, progress=False)
 
 
+def test_a_distillation_criterion_is_refused_when_the_trainer_is_built() -> None:
+    # Found by distilling under a budget: the first fit died in the plan's simulated step with torch's "Please
+    # convert all Tensors to FakeTensors first" (the real teacher ran on fake inputs), and no row counted the
+    # teacher's weights anyway.
+    from nbtrainer import DistillationLoss
+
+    teacher = nn.Sequential(nn.Linear(D_IN, 512), nn.ReLU(), nn.Linear(512, 10)).eval()
+    loss = DistillationLoss(teacher)
+    with pytest.raises(ValueError, match=r"DistillationLoss runs a teacher model \(Sequential, 1\d\d KiB") as info:
+        Trainer(_wide(), loss, "adamw", memory_budget_gb=1, progress=False)
+    assert "Plan the student alone" in str(info.value)
+    with pytest.raises(ValueError, match="plan_memory: the criterion DistillationLoss runs a teacher model"):
+        plan_memory(_wide(), _data()[0], budget_gb=1, device="cpu", criterion=loss)
+
+
 def test_switches_the_plan_cannot_change_are_refused_or_kept() -> None:
     with pytest.raises(ValueError, match="compile is not planned yet"):
         Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", memory_budget_gb=1, compile=True, progress=False)
