@@ -91,6 +91,11 @@ def judge_norms(
         than = f"{total / max(typical, 1e-12):.0f}x its median {format_number(typical)}"
     else:  # the first samples: against the weights' own norm
         exploded = weights[0] > 0 and total > 10 * weights[0]
+        # A gradient's size depends on the loss's scale (reduction="sum" multiplies it by the batch): a healthy
+        # AdamW run with a summed loss has a first gradient 14x its weights' norm. Where this step's update is
+        # known, it must be large too: a step that moved the weights by under UPDATE_RATIO did no harm.
+        if exploded and ratios is not None and math.isfinite(ratios[0]):
+            exploded = ratios[0] > UPDATE_RATIO
         than = f"{total / max(weights[0], 1e-12):.0f}x the weights' norm"
     totals.append(total)
     summary = f"norm {format_number(total)} at step {step} · largest block {largest[0]} {format_number(largest[1])}"

@@ -368,6 +368,35 @@ def test_a_summed_cross_entropy_that_learns_is_not_called_stuck_above_chance():
     assert health.signals["learning rate"].level == "ok"
 
 
+def test_a_large_first_gradient_that_moves_the_weights_little_is_not_called_exploded():
+    """Before a median exists the first gradients are judged against the weights' norm, which depends on the loss's
+    scale: a summed cross-entropy over batches of 256 gave AdamW a first gradient 14x its weights' norm and got
+    "the gradient norm exploded at step 1" as a problem (on_problem="pause" would halt a healthy run). Its step
+    moved the weights by about 1%: the same gradient with an update that large is still a problem."""
+    from sklearn.datasets import load_digits
+
+    data, target = load_digits(return_X_y=True)
+    x, y = torch.tensor(data, dtype=torch.float32) / 16, torch.tensor(target)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    health = Health()
+    criterion = torch.nn.CrossEntropyLoss(reduction="sum")
+    trainer = Trainer(model, criterion, "adamw", lr=1e-3, callbacks=[health], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=256, shuffle=True), epochs=5)
+    with torch.no_grad():
+        assert (model(x).argmax(1) == y).float().mean() > 0.7  # it learns (chance: 0.1)
+    assert [r.kind for r in _problems(history)] == [], [r.message for r in _problems(history)]
+
+    # the same summed loss with plain SGD at a step size that really moves the weights by far more than 10%
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    health = Health()
+    trainer = Trainer(model, criterion, "sgd", lr=0.5, callbacks=[health], progress=False)
+    history = trainer.fit(make_loader(x, y, batch_size=256, shuffle=True), epochs=1)
+    kinds = {r.kind for r in _problems(history)}
+    assert kinds & {"grad_norm", "update_ratio", "nonfinite"}, [r.message for r in _reports(history)]
+
+
 def test_a_converged_regressor_continued_in_a_new_fit_is_not_called_stuck_but_a_stuck_one_still_is():
     """Continuing a fit that brought the loss to its noise floor: the loss is flat where the last fit ended and far
     below where it started, which is convergence. A run stuck from the start stays told in the next fit."""
