@@ -24,8 +24,9 @@ from nbtrainer._know._data_report import DataReport
 from nbtrainer._know._findings import Split, findings
 from nbtrainer._know._stats import FieldStats, HashLog, TargetStats, row_hashes
 from nbtrainer._look._interpret import indexed_batches
-from nbtrainer._look._side import kept_rng, side_pass
+from nbtrainer._look._side import side_pass
 from nbtrainer._loop._metrics import metric_input
+from nbtrainer._setup._seed import kept_rng
 
 __all__ = ["check_at_fit", "check_data", "check_max_items", "output_size"]
 

@@ -19,8 +19,8 @@ import torch
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import BatchSpec
 from nbtrainer._look._gallery import input_html, picture_html, rows_html
-from nbtrainer._look._side import kept_rng
 from nbtrainer._report._format import format_number
+from nbtrainer._setup._seed import kept_rng
 
 __all__ = ["BatchView", "show_batch"]
 

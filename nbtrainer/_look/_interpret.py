@@ -26,8 +26,9 @@ from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._look._interpretation import Interpretation, ItemTable
 from nbtrainer._look._per_item import NoPerItemLoss, is_causal_lm, per_item_loss
-from nbtrainer._look._side import kept_rng, side_pass
+from nbtrainer._look._side import side_pass
 from nbtrainer._loop._metrics import metric_input
+from nbtrainer._setup._seed import kept_rng
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost

@@ -22,14 +22,10 @@ from __future__ import annotations
 import copy
 import html
 import math
-import random
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import torch
 
 from nbtrainer._data._arrays import as_loaders
 from nbtrainer._data._batch import move_to_device
@@ -38,6 +34,7 @@ from nbtrainer._loop._put_back import ModelPutBack
 from nbtrainer._loop._step import TrainStep
 from nbtrainer._report._format import format_lr, format_number
 from nbtrainer._setup._optim import move_optimizer_state
+from nbtrainer._setup._seed import kept_rng, loader_generators
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -276,14 +273,8 @@ class _Snapshot:
         self.opt_state = copy.deepcopy(self.optimizer.state_dict())
         self.scaler = trainer.scaler
         self.scaler_state = copy.deepcopy(trainer.scaler.state_dict()) if trainer.scaler is not None else None
-        # torch's generators are forked around the sweep; a dataset's augmentation may draw from Python's and
-        # NumPy's instead (albumentations, random.random()), and the fit after the sweep must see them unmoved
-        self.py_rng, self.np_rng = random.getstate(), np.random.get_state()
-        self.generators: list[tuple[torch.Generator, torch.Tensor]] = []
-        for owner in (getattr(loader, "sampler", None), loader):
-            gen = getattr(owner, "generator", None)
-            if isinstance(gen, torch.Generator) and all(gen is not g for g, _ in self.generators):
-                self.generators.append((gen, gen.get_state()))
+        # the random generators (the global ones and the loader's own) are kept around the sweep (kept_rng)
+        self.data_order = bool(loader_generators(loader))
 
     def restore(self) -> list[str]:
         self.model.restore()
@@ -292,11 +283,7 @@ class _Snapshot:
         if self.scaler is not None and self.scaler_state is not None:
             self.scaler.load_state_dict(self.scaler_state)
             what.append("grad scaler")
-        random.setstate(self.py_rng)
-        np.random.set_state(self.np_rng)
-        for gen, state in self.generators:
-            gen.set_state(state)
-        if self.generators:
+        if self.data_order:
             what.append("data order")
         return [*what, "RNG"]
 
@@ -390,10 +377,11 @@ def lr_find(
     reason = f"reached max_lr={format_lr(max_lr)}"
     stopped = False
     snap = _Snapshot(trainer, train_loader)
-    cuda = [trainer.device] if trainer.device.type == "cuda" else []
     hooks = step.attach()  # optimizer_in_backward: the sweep's updates happen in backward too
     try:
-        with torch.random.fork_rng(devices=cuda):
+        # every random generator as it was: torch's, Python's and NumPy's (a dataset's augmentation may draw from
+        # those: albumentations, random.random()) and the loader's own, so the fit after the sweep sees them unmoved
+        with kept_rng(train_loader):
             model.train()
             opt.zero_grad(set_to_none=True)
             batches = iter(_batches(train_loader))

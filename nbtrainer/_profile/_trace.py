@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import torch
 from nbtrainer._data._arrays import as_loaders
 from nbtrainer._loop._put_back import ModelPutBack
 from nbtrainer._report._format import format_duration
+from nbtrainer._setup._seed import kept_rng
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -134,17 +134,9 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
         for cb in callbacks
         if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))
     ]
-    py_state = random.getstate()
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
-        np_state = None
-    else:
-        np_state = np.random.get_state()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     run_recorder = trainer.run_recorder
     try:
-        with torch.random.fork_rng(devices=devices), trainer.run_state.preserved():
+        with kept_rng(), trainer.run_state.preserved():
             trainer.scheduler = None
             if callbacks:
                 trainer.callbacks = CallbackList(cb for cb in callbacks if cb is not run_recorder)
@@ -156,9 +148,6 @@ def _untouched(trainer: Trainer) -> Iterator[None]:
             module.training = training
         for cb, state in states:
             cb.load_state_dict(state)
-        random.setstate(py_state)
-        if np_state is not None:
-            np.random.set_state(np_state)
 
 
 def profile_training(

@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "rng_untouched", "seed_everything", "seed_worker", "set_deterministic"]
+__all__ = [
+    "capture_rng",
+    "kept_rng",
+    "loader_generators",
+    "restore_rng",
+    "rng_untouched",
+    "seed_everything",
+    "seed_worker",
+    "set_deterministic",
+]
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> int:
@@ -114,3 +123,35 @@ def restore_rng(state: dict[str, Any]) -> None:
                 f"{torch.cuda.device_count()} are visible; set CUDA_VISIBLE_DEVICES to match."
             )
         torch.cuda.set_rng_state_all(cuda)
+
+
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The generators a DataLoader and its samplers draw from, each once (a DataLoader passes its ``generator=``
+    to the sampler it builds; a sampler given its own keeps that)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: dict[int, torch.Generator] = {}
+    for owner in owners:
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator):
+            found.setdefault(id(g), g)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def kept_rng(loader: Any = None) -> Iterator[None]:
+    """Every global random generator as it was on entry, whatever ran inside (also when it raised); with
+    ``loader``, also the generators that loader and its samplers own."""
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    own = [(g, g.get_state()) for g in loader_generators(loader)] if loader is not None else []
+    try:
+        yield
+    finally:
+        for g, state in own:
+            g.set_state(state)
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
