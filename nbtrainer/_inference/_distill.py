@@ -296,15 +296,17 @@ class DistillationLoss(nn.Module):
         feature = self._feature_loss() if self.features else None
         t = self.temperature
         classes = student.shape[-1]
-        s_rows, t_rows = student.reshape(-1, classes), teacher.reshape(-1, classes)
-        kept = self._kept_positions(student, targets)
-        if kept is not None:
-            s_rows, t_rows = s_rows[kept], t_rows[kept]
         # float32 for the soft targets whatever the autocast dtype: bf16 softmax at T > 1 loses the small tails
-        log_p = F.log_softmax(s_rows.float() / t, dim=-1)
-        q = F.softmax(t_rows.float() / t, dim=-1)
-        # batchmean over the kept rows; a batch of padding only adds 0 (batchmean of no rows would be 0/0 = nan)
-        kd = F.kl_div(log_p, q, reduction="sum") / max(s_rows.shape[0], 1) * (t * t)
+        log_p = F.log_softmax(student.float().reshape(-1, classes) / t, dim=-1)
+        q = F.softmax(teacher.float().reshape(-1, classes) / t, dim=-1)
+        kept = self._kept_positions(student, targets)
+        if kept is None:
+            kd = F.kl_div(log_p, q, reduction="batchmean") * (t * t)
+        else:
+            # batchmean over the kept rows, by a mask: indexing by a boolean tensor would wait for the device to
+            # count it (a host sync every step). A batch of padding only adds 0 (no rows: 0/0 would be nan).
+            per_row = torch.where(kept, F.kl_div(log_p, q, reduction="none").sum(-1), 0.0)
+            kd = per_row.sum() / kept.sum().clamp(min=1) * (t * t)
         if targets is None:
             if self.kd_weight < 1:
                 raise ValueError(
@@ -390,7 +392,9 @@ class DistillationLoss(nn.Module):
         teacher = self._teacher_logits(outputs, student)
         same = (student.argmax(-1) == teacher.argmax(-1)).reshape(-1)
         kept = self._kept_positions(student, targets)
-        return (same if kept is None else same[kept]).float().mean()
+        if kept is None:
+            return same.float().mean()
+        return (same & kept).sum() / kept.sum()  # a mask, not an index (no host sync); no kept row: nan, as before
 
 
 def _in_dtype_of(teacher: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:

@@ -377,6 +377,17 @@ def test_padded_positions_are_left_out_of_the_kd_term_and_agreement() -> None:
     torch.testing.assert_close(loss._agreement(s, labels), agreement)
 
 
+def test_leaving_out_padded_positions_needs_no_host_sync() -> None:
+    """The padded positions are left out by a mask, not by indexing with a boolean tensor: that needs the count of
+    kept positions on the host, a sync every step on a GPU. On the meta device nothing can be counted, so a
+    data-dependent shape raises there (torch.nonzero has no meta kernel)."""
+    teacher, student = _Tagger(32, seed=0).eval().to("meta"), _Tagger(8, seed=1).to("meta")
+    loss = DistillationLoss(teacher, temperature=2.0, kd_weight=0.5, base=_token_ce).attach(student)
+    ids, labels = torch.randint(1, 20, (4, 6)).to("meta"), torch.randint(0, 5, (4, 6)).to("meta")
+    s = student(ids)
+    assert loss(s, labels).shape == () and loss._agreement(s, labels).shape == ()
+
+
 def test_a_batch_of_padding_only_adds_no_kd_loss() -> None:
     teacher, student = _Tagger(32, seed=0).eval(), _Tagger(8, seed=1)
     loss = DistillationLoss(teacher, kd_weight=1.0, base=_token_ce).attach(student)
