@@ -110,27 +110,30 @@ class TrainStep:
     def backward(self, loss: torch.Tensor, window: int, size: int = 0, nth: int = 1) -> None:
         """Back-propagate ``loss`` as one of ``window`` micro-batches (scaled by the GradScaler under fp16):
         ``size`` items, the ``nth`` of its window (see the module docstring; ``size=0``: no weighting)."""
-        if nth == 1:
-            self._nominal, self._extra = size, 0
-        nominal = self._nominal
-        if size == nominal or not nominal:
+        nominal = self._count(size, nth)
+        if nominal is None:
             scaled = loss / window if window != 1 else loss
         else:
-            self._extra += size - nominal
             scaled = loss * (size / (nominal * window))
         self.propagate(scaled)
 
     def weigh(self, size: int, nth: int) -> float:
         """What :meth:`backward` multiplies a loss by for its size (1.0 for the window's usual size), for a caller
         that back-propagates a batch in parts (:func:`split_steps`); counts the items as backward does."""
+        nominal = self._count(size, nth)
+        return 1.0 if nominal is None else size / nominal
+
+    def _count(self, size: int, nth: int) -> int | None:
+        """Count a micro-batch of ``size`` items, the ``nth`` of its window; returns the window's first size when
+        this one differs from it (its loss is then weighted), else None."""
         if nth == 1:
             self._nominal, self._extra = size, 0
-            return 1.0
+            return None
         nominal = self._nominal
         if size == nominal or not nominal:
-            return 1.0
+            return None
         self._extra += size - nominal
-        return size / nominal
+        return nominal
 
     def window_rescale(self, window: int, taken: int) -> float:
         """The factor for the gradients of a window planned as ``window`` micro-batches that closed after ``taken``:
