@@ -33,6 +33,7 @@ from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._mlflow_http import bounded_calls
 from nbtrainer._runs._mlflow_values import (
     CONTROL_KINDS,
+    control_value,
     epoch_values,
     history_sizes,
     history_values,
@@ -359,7 +360,7 @@ class MLflowLogger(Callback):
     def on_control(self, trainer: LoopHost, event: dict[str, Any]) -> None:
         if not self._on or self.error is not None or event.get("kind") not in CONTROL_KINDS:
             return
-        self._pending.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
+        self._pending.append(control_value(event))
 
     def on_health(self, trainer: LoopHost, report: Any) -> None:
         """A health report: metric ``health/<kind>`` (1 at its step) and tag ``nbtrainer.health.<kind>`` (its

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["CONTROL_KINDS", "epoch_values", "history_sizes", "history_values", "step_values"]
+__all__ = ["CONTROL_KINDS", "control_value", "epoch_values", "history_sizes", "history_values", "step_values"]
 
 CONTROL_KINDS = ("lr", "grad_accum_steps")
 #: at most this many ``step/*`` points for a resumed History's steps when the logger sends one point per window
@@ -44,6 +44,11 @@ def epoch_values(logs: dict[str, Any], step: int) -> list[tuple[str, float, int]
     ]
 
 
+def control_value(event: dict[str, Any]) -> tuple[str, float, int]:
+    """An LR or accumulation change (one of ``CONTROL_KINDS``) as ``control/<kind>`` at its step."""
+    return f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)
+
+
 def history_sizes(history: Any) -> tuple[int, int, int]:
     """How many steps, epoch rows and events ``history`` holds now: what a resume carries over."""
     return len(history.steps["step"]), len(history.epochs), len(history.events)
@@ -64,5 +69,5 @@ def history_values(history: Any, sizes: tuple[int, int, int], every_step: bool) 
         values += epoch_values(row, int(row.get("steps") or 0))
     for event in history.events[:n_events]:
         if event.get("kind") in CONTROL_KINDS:
-            values.append((f"control/{event['kind']}", float(event["new"]), int(event.get("step") or 0)))
+            values.append(control_value(event))
     return values
