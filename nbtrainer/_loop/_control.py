@@ -32,6 +32,7 @@ __all__ = [
     "is_plateau",
     "lr_parts",
     "plateau_monitor",
+    "reference_key",
     "reference_lr",
     "rescale_lr",
     "step_epoch_scheduler",
@@ -239,10 +240,16 @@ class LiveControl:
 
 
 # -- LR arithmetic: what a set_lr request does to the optimizer and its schedule -------------------------------
+def reference_key(group: dict[str, Any]) -> str:
+    """Which key of a param group holds its reference LR: OneCycle's ``max_lr``, else the base (``initial_lr``) a
+    scheduler started from, else ``lr``."""
+    return "max_lr" if "max_lr" in group else "initial_lr" if "initial_lr" in group else "lr"
+
+
 def reference_lr(optimizer: Any) -> float:
-    """The reference learning rate: OneCycle's ``max_lr``, else the base (initial) LR of group 0."""
+    """The reference learning rate of group 0 (:func:`reference_key`)."""
     group = optimizer.param_groups[0]
-    return float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+    return float(group[reference_key(group)])
 
 
 #: The absolute LRs a param group holds for its schedule: ``initial_lr`` (every scheduler's start), OneCycleLR's
@@ -274,8 +281,7 @@ def _snap_reference(optimizer: Any, lr: float) -> None:
     """The reference LR set is the one asked for: ``old * (lr / old)`` can land one ulp off (3e-3 read back as
     0.0029999999999999996 in the History and the run store)."""
     group = optimizer.param_groups[0]
-    key = "max_lr" if "max_lr" in group else "initial_lr" if "initial_lr" in group else "lr"
-    group[key] = lr
+    group[reference_key(group)] = lr
 
 
 def _rescale_scheduler(scheduler: Any, factor: float) -> None:

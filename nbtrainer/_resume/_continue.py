@@ -20,6 +20,7 @@ import torch
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import safe_len
 from nbtrainer._events._model_checkpoint import ModelCheckpoint
+from nbtrainer._loop._control import reference_key
 
 if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
@@ -169,7 +170,7 @@ def _reset_for_fresh_schedule(optimizer: torch.optim.Optimizer) -> None:
     """Each group's LR back to the run's reference LR (OneCycle's ``max_lr``, else the LR the old schedule
     started from), without the old schedule's bookkeeping keys, so a new scheduler starts from it."""
     for group in optimizer.param_groups:
-        ref = group.get("max_lr", group.get("initial_lr", group["lr"]))
+        ref = group[reference_key(group)]
         for key in _SCHEDULE_KEYS:
             group.pop(key, None)
         group["lr"] = ref
