@@ -134,8 +134,8 @@ GPU = Scale(
     dist_steps=20,
     # 4, not 5: about 30 s a trial on the H200 (two interpreters, each with its CUDA start), and step 9 comes after
     soak_trials=4,
-    # ~1 ms a step on the GPU: 400 steps make an epoch long enough that the panel's few UI pushes are in it
-    # 400 steps and 5 rounds (9,600 steps with the warm-up round) ran past the step's 45 s on the first H200 run
+    # an epoch long enough that the panel's few UI pushes are in it; 400 steps and 5 rounds (9,600 steps with the
+    # warm-up round) ran past the step's 45 s on the first H200 run
     panel_steps=200,
     panel_rounds=3,
     strategy_args=("--steps", "30", "--warmup", "5"),
