@@ -141,10 +141,7 @@ class ModelCheckpoint(Callback):
                 "Drop sharded=True: the full checkpoint file holds the same state."
             )
         # Listed on every rank (before any save of this fit), so that all ranks name a colliding file alike.
-        try:
-            self._on_disk_at_start = {os.path.join(self.dirpath, name) for name in os.listdir(self.dirpath)}
-        except OSError:
-            self._on_disk_at_start = set()
+        self._on_disk_at_start = self._listing()
         if not trainer.is_global_zero:
             return
         try:
@@ -268,9 +265,31 @@ class ModelCheckpoint(Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", [])]
-        self.best_model_path = state.get("best_model_path")
-        self.last_model_path = state.get("last_model_path")
+        """Restore the ranking a checkpoint saved, reconciled with this callback's directory as it is now.
+
+        A checkpoint holds the top k as of its own save: resumed or rolled back from an earlier (the best) one, the
+        run went on and removed some of those files and wrote others. A removed file would hold a place in the top
+        k with nothing on disk, and a file in another directory (a resume into a new ``dirpath``) is not this
+        callback's to remove, so both leave the ranking. Files on disk that the restored ranking does not list (the
+        later epochs of the run it went back from) are never written over nor removed: they are not its files.
+        """
+        here = os.path.realpath(self.dirpath)
+
+        def owned(path: str) -> bool:
+            return os.path.realpath(os.path.dirname(path)) == here and os.path.exists(path)
+
+        self.best_k = [(float(s), str(p)) for s, p in state.get("best_k", []) if owned(str(p))]
+        self.best_model_path = self.best_k[0][1] if self.best_k else None
+        last = state.get("last_model_path")
+        self.last_model_path = last if last is not None and owned(last) else None
+        self._pending_drops = []
+        self._on_disk_at_start = self._listing()  # a rollback mid-fit restores with no on_fit_start to list them
+
+    def _listing(self) -> set[str]:
+        try:
+            return {os.path.join(self.dirpath, name) for name in os.listdir(self.dirpath)}
+        except OSError:  # not created yet: nothing in it to keep
+            return set()
 
 
 #: the epoch row's keys that hold ints; every other logged value is a float

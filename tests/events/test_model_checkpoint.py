@@ -22,7 +22,7 @@ class Scripted:
         logs["val_loss"] = self.values[epoch - 1]
 
 
-def _fit(callbacks, epochs, validate=True):
+def _fit(callbacks, epochs, validate=True, resume_from=None):
     model = mlp()
     trainer = Trainer(
         model,
@@ -32,7 +32,7 @@ def _fit(callbacks, epochs, validate=True):
         progress=False,
     )
     loader = make_loader(*make_classification(n=64))
-    trainer.fit(loader, loader if validate else None, epochs=epochs)
+    trainer.fit(loader, loader if validate else None, epochs=epochs, resume_from=resume_from)
     return trainer
 
 
@@ -102,3 +102,61 @@ def test_a_save_that_fails_leaves_the_ranking_on_the_files_that_exist(tmp_path, 
     assert ck.best_model_path == str(tmp_path / "epoch001-0.5000.ckpt") and [s for s, _ in ck.best_k] == [0.5]
     assert all(os.path.isfile(path) for path in ck.files())
     assert _saved(ck.best_model_path) == _saved(tmp_path / "last.ckpt") == (1, 0.5)
+
+
+class InOrder:
+    """Sets val_loss to the next scripted value at each epoch end, whichever epoch a rollback made it."""
+
+    def __init__(self, values):
+        self.values = iter(values)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        logs["val_loss"] = next(self.values)
+
+
+def test_a_resume_from_the_best_checkpoint_ranks_only_the_files_on_disk(tmp_path):
+    # epoch 2's file saved the top 2 as of epoch 2 (epochs 2 and 1); epochs 3 and 4 then removed epoch 1's file. The
+    # resume listed the removed file as kept: an epoch 3 of 0.6 lost to it and was not saved
+    first = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=2)
+    _fit([Scripted([0.5, 0.3, 0.4, 0.35]), first], epochs=4)
+    names = ["epoch002-0.3000.ckpt", "epoch004-0.3500.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    resumed = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=2)
+    _fit([Scripted([0.5, 0.3, 0.6, 0.7]), resumed], epochs=4, resume_from=first.best_model_path)
+    assert [score for score, _ in resumed.best_k] == [0.3, 0.6]
+    assert all(os.path.isfile(path) for path in resumed.files())
+    assert resumed.best_model_path == str(tmp_path / names[0])
+    # the earlier run's epoch 4 is not the resumed run's to rank or remove: it stays, as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names, "epoch003-0.6000.ckpt"])
+    assert _saved(tmp_path / names[1]) == (4, 0.35)
+
+
+def test_a_rollback_to_the_best_checkpoint_keeps_the_files_written_after_it(tmp_path):
+    # rolled back from epoch 5 to epoch 2's file: the rerun's epoch 4 wrote over the first epoch 4's epoch004.ckpt,
+    # which the restored top 2 did not list
+    class RollbackToBest:
+        done = False
+
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 9 and not self.done:  # epoch 5's first step, once
+                self.done = True
+                trainer.rollback(ck.best_model_path)
+
+    ck = ModelCheckpoint(tmp_path, monitor="val_loss", save_top_k=2, filename="epoch{epoch:03d}")
+    _fit([InOrder([0.5, 0.3, 0.4, 0.35, 0.45, 0.42, 0.6]), ck, RollbackToBest()], epochs=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch002.ckpt", "epoch004-v1.ckpt", "epoch004.ckpt"]
+    assert _saved(tmp_path / "epoch004.ckpt") == (4, 0.35)  # the first epoch 4, as it was
+    assert [score for score, _ in ck.best_k] == [0.3, 0.42]
+    assert ck.best_k[1][1] == str(tmp_path / "epoch004-v1.ckpt") and _saved(ck.best_k[1][1]) == (4, 0.42)
+
+
+def test_a_resume_into_another_directory_leaves_the_first_directory_alone(tmp_path):
+    # the restored top 1 named a/epoch002.ckpt: the resumed run's better epoch 3 removed it from a directory it was
+    # not given
+    first = ModelCheckpoint(tmp_path / "a", save_top_k=1, save_last=True)
+    _fit([first], epochs=2, validate=False)
+    second = ModelCheckpoint(tmp_path / "b", save_top_k=1)
+    _fit([second], epochs=4, validate=False, resume_from=first.last_model_path)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["epoch002.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["epoch004.ckpt"]
+    assert second.best_model_path == str(tmp_path / "b" / "epoch004.ckpt") and second.last_model_path is None
