@@ -15,7 +15,7 @@ import torch
 from nbtrainer._data._order import ShuffleOrder, loader_size
 from nbtrainer._setup._seed import capture_rng
 
-__all__ = ["LoopState", "close_windows"]
+__all__ = ["LoopState", "close_windows", "window_loss"]
 
 
 class LoopState:
@@ -88,12 +88,16 @@ def close_windows(
         if cum > end:
             break
         hi = cum - first
-        if hi - lo == 1:
-            points.append((step, vals[lo][0], float(lr)))
-        else:
-            window = vals[lo:hi]
-            total = sum(b for _, b in window) or 1
-            points.append((step, sum(v * b for v, b in window) / total, float(lr)))
+        points.append((step, window_loss(vals[lo:hi]), float(lr)))
         lo = hi
         j += 1
     return points, vals[lo:], marks[j:]
+
+
+def window_loss(window: list[tuple[float, int]]) -> float:
+    """An optimizer step's loss from its window's ``(loss, batch size)``: the sample-weighted mean (a one-batch window
+    is just its loss), so a smaller last micro-batch counts for its items, as its gradient does (``TrainStep``)."""
+    if len(window) == 1:
+        return window[0][0]
+    total = sum(b for _, b in window) or 1
+    return sum(v * b for v, b in window) / total

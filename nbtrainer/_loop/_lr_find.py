@@ -27,9 +27,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nbtrainer._data._arrays import as_loaders
-from nbtrainer._data._batch import move_to_device
+from nbtrainer._data._batch import batch_size_of, move_to_device
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._loop._loop_state import window_loss
 from nbtrainer._loop._put_back import ModelPutBack
 from nbtrainer._loop._step import TrainStep
 from nbtrainer._report._format import format_lr, format_number
@@ -333,7 +336,8 @@ def lr_find(
         stop: a ``threading.Event`` another thread sets to end the sweep at the next optimizer step (the model and
             optimizer are restored as always; ``stop_reason`` says it was stopped). The panel's ``close()`` sets it.
         nonfinite: the trainer's NaN/inf gate (``Trainer.lr_find`` passes it): each step is fit's own
-            :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after unscaling),
+            :class:`~nbtrainer._loop._step.TrainStep` (DDP ``no_sync``, the NaN/inf gate, clipping after unscaling, each
+            micro-batch weighted by its size),
             without the scheduler and the events (the sweep sets the LR itself).
 
     Returns:
@@ -392,7 +396,8 @@ def lr_find(
                 lr = min_lr * ratio**i
                 for g, f in zip(groups, factors, strict=True):
                     g["lr"] = lr * f
-                total = None
+                parts: list[torch.Tensor] = []
+                sizes: list[int] = []
                 guard, batch_steps = nonfinite, trainer.batch_steps
                 for j in range(k):
                     batch = move_to_device(next(batches), trainer.device, trainer.options.data.non_blocking)
@@ -403,12 +408,14 @@ def lr_find(
                             batch_steps.check_first_loss(loss, outputs, targets)
                         if guard.gating:
                             guard.observe(loss)
-                        step.backward(loss, k)
-                    total = loss.detach().float() if total is None else total + loss.detach().float()
+                        # weighted by its items in its window, as fit weighs it: a smaller last batch counts less
+                        sizes.append(batch_size_of(targets, batch))
+                        step.backward(loss, k, sizes[-1], j + 1)
+                    parts.append(loss.detach())
                     del loss, outputs, targets, batch
-                assert total is not None  # k >= 1 micro-batches
-                step.step()
-                value = float(total) / k  # one read per step: the sweep needs the curve as it goes
+                step.step(step.window_rescale(k, k))
+                # one read per step (the sweep needs the curve as it goes), the step's loss as fit records it
+                value = window_loss(list(zip(torch.stack(parts).float().tolist(), sizes, strict=True)))
                 lrs.append(lr)
                 losses.append(value)
                 if not math.isfinite(value):

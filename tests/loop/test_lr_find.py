@@ -258,3 +258,33 @@ def test_a_sweep_that_cannot_give_a_curve_is_refused_before_a_step(bad, match):
         trainer.lr_find(make_loader(x, y, batch_size=16), steps=20, **bad)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     assert trainer.run_state.lr_finder is None
+
+
+def test_a_short_last_micro_batch_is_weighted_by_its_size_as_fit_weighs_it():
+    # 80 samples in batches of 32, 32 and 16, accumulated 3 at a time: fit weighs each micro-batch by its items (one
+    # step over the 80 samples' mean); the sweep averaged the three losses alike, the 16 samples counted double
+    x, y = make_classification(n=80)
+    loader = make_loader(x, y, batch_size=32)
+    lr = 1e-3
+
+    def trainer():
+        model = mlp()
+        sgd = torch.optim.SGD(model.parameters(), lr=lr)
+        return Trainer(model, nn.CrossEntropyLoss(), sgd, progress=False, grad_accum_steps=3), model
+
+    fitted, model = trainer()
+    history = fitted.fit(loader, epochs=1)
+    assert history.steps["step"] == [1]  # the three batches are one window
+    swept, swept_model = trainer()
+    after_first: list[list[torch.Tensor]] = []
+
+    def keep_first(opt, args, kwargs):
+        if not after_first:
+            after_first.append([p.detach().clone() for p in swept_model.parameters()])
+
+    swept.optimizer.register_step_post_hook(keep_first)
+    result = swept.lr_find(loader, min_lr=lr, max_lr=1.0, steps=5)  # its first step at min_lr
+    assert result.lrs[0] == lr
+    for a, b in zip(after_first[0], model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert result.losses[0] == history.steps["loss"][0]
