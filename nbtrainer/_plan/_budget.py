@@ -101,7 +101,7 @@ class PeakCheck:
         device: torch.device,
         over: Callable[[int], None],
         context_bytes: int = 0,
-        timed: Callable[[int, float], None] | None = None,
+        timed: Callable[..., None] | None = None,
     ) -> None:
         self.budget_bytes = budget_bytes
         self.device = device
@@ -110,7 +110,9 @@ class PeakCheck:
         self.measured: list[int] = []  # each check's peak, in order
         #: seconds per optimizer step of the :data:`TIMED_STEPS` after each check (a tracked step is slower)
         self.step_seconds: list[float] = []
-        self._timed = timed  # called with (the check's peak, seconds per step) once they are timed
+        # called with (the check's peak, seconds per step) once they are timed; at the end of a fit that ended first
+        # (finish), with what was measured by then: seconds None when no step was timed, and the steps it covers
+        self._timed = timed
         self._left = 0
         self._tracker: Any = None
         self._clock: list[float] = []  # the ends of the timed steps (the first: where timing starts)
@@ -154,6 +156,13 @@ class PeakCheck:
         self._left -= 1
         if self._left:
             return
+        peak = self._read_peak()
+        if peak + self.context_bytes > self.budget_bytes:
+            self.over(peak)
+        else:
+            self._tick()  # the next TIMED_STEPS steps, untracked, are timed
+
+    def _read_peak(self) -> int:
         if self.device.type == "cuda":
             peak = int(torch.cuda.max_memory_reserved(self.device))
         else:
@@ -161,10 +170,22 @@ class PeakCheck:
             self._close()
         peak = _largest_over_ranks(peak, self.device)  # every rank steps down together, or none does
         self.measured.append(peak)
-        if peak + self.context_bytes > self.budget_bytes:
-            self.over(peak)
-        else:
-            self._tick()  # the next TIMED_STEPS steps, untracked, are timed
+        return peak
+
+    def finish(self) -> None:
+        """The fit's loop has ended: a fit shorter than the check and its timing (a smoke run of a few steps) is
+        told what was measured by then, once here and not at each step. Its peak is read now when the check had
+        steps left; a timing cut short is not kept in :attr:`step_seconds`, whose rounds are TIMED_STEPS long."""
+        left, clock = self._left, self._clock
+        self._left, self._clock = 0, []
+        if 0 < left < CHECKED_STEPS:  # stepped since armed, the peak not read yet; a fit never steps down at its end
+            peak = self._read_peak()
+            if self._timed is not None:
+                self._timed(peak, None, peak_steps=CHECKED_STEPS - left, timed_steps=0)
+        elif clock and self.measured and self._timed is not None:  # checked, fewer steps timed than planned
+            timed = len(clock) - 1
+            seconds = (clock[-1] - clock[0]) / timed if timed else None
+            self._timed(self.measured[-1], seconds, peak_steps=CHECKED_STEPS, timed_steps=timed)
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         self._left = 0

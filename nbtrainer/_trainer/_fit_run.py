@@ -238,6 +238,8 @@ class FitRun:
     def _finish(self, interrupted: bool) -> None:
         """The status of a loop that returned: finished, stopped (a request), or interrupted (Ctrl-C)."""
         trainer = self.trainer
+        if self.parts.budget is not None:  # a fit shorter than the budget's check: what it measured, one line
+            self.parts.budget.finish()
         control = self.parts.live.requests
         st, reason = trainer.run_state.loop_state, control.stop_reason
         # on_nonfinite="stop" saw a NaN/inf loss: the run did not end as planned, even when the loss was only read

@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._options import SWITCH
-from nbtrainer._plan._budget import PeakCheck, choose, example_batch, step_down
+from nbtrainer._plan._budget import CHECKED_STEPS, TIMED_STEPS, PeakCheck, choose, example_batch, step_down
 from nbtrainer._plan._result import check_criterion
 from nbtrainer._report._format import format_bytes
 
@@ -152,6 +152,10 @@ class MemoryBudget:
             self.announce()
         self.check.arm(trainer.model, trainer.optimizer)
 
+    def finish(self) -> None:
+        """The fit's loop ended (not failed): a fit shorter than the check's steps says what it measured by then."""
+        self.check.finish()
+
     def _plan(self, train_loader: Any) -> None:
         from nbtrainer._optimizer_kinds import counted_kind
         from nbtrainer._plan._plan import plan_memory
@@ -249,22 +253,37 @@ class MemoryBudget:
         if self.row is not None:
             self._live.event("memory_plan", None, self.describe(self.row))
 
-    def _measured(self, peak: int, seconds: float) -> None:
+    def _measured(
+        self, peak: int, seconds: float | None, *, peak_steps: int = CHECKED_STEPS, timed_steps: int = TIMED_STEPS
+    ) -> None:
         """The measured peak and step time of the applied row, beside what the plan predicted (an ``on_control``
         event ``memory_check``: a progress line, the History, the run store). The time factor is relative to plain
-        fp32, so ``seconds / time_factor`` is what plain fp32 would take if the cost model is right."""
+        fp32, so ``seconds / time_factor`` is what plain fp32 would take if the cost model is right. A fit that
+        ended before the check's steps were done says over how many steps each figure is (``seconds`` None: none
+        was timed), so that a short run's figures are not read as the steady state's."""
         row = self.row
         if row is None:
             return
         on_cuda = self._trainer.device.type == "cuda"
         predicted = row.reserved_bytes if on_cuda else row.peak_bytes
+        # before the optimizer's second step its state may not all be there yet: the plan predicts the steady state
+        over = f" over {peak_steps} step{'s' * (peak_steps != 1)}" if peak_steps < CHECKED_STEPS else ""
+        first = CHECKED_STEPS + 1
+        if seconds is None:
+            time = (
+                f"step time not measured (the fit ended before steps {first}-{first + TIMED_STEPS - 1}, the timed ones)"
+            )
+        else:
+            of = f" over {timed_steps} of the {TIMED_STEPS} timed steps" if timed_steps < TIMED_STEPS else ""
+            time = (
+                f"step time {seconds * 1000:.0f} ms{of} (predicted {row.time_factor:.2f}x the time of plain fp32: "
+                f"plain fp32 would take about {seconds / max(row.time_factor, 1e-9) * 1000:.0f} ms)"
+            )
         self._live.event(
             "memory_check",
             None,
-            f"{row.describe()}: measured peak {format_bytes(peak)} ({'reserved' if on_cuda else 'tensors'}; "
-            f"predicted {format_bytes(predicted)}), step time {seconds * 1000:.0f} ms (predicted "
-            f"{row.time_factor:.2f}x the time of plain fp32: plain fp32 would take about "
-            f"{seconds / max(row.time_factor, 1e-9) * 1000:.0f} ms)",
+            f"{row.describe()}: measured peak {format_bytes(peak)}{over} ({'reserved' if on_cuda else 'tensors'}; "
+            f"predicted {format_bytes(predicted)}), {time}",
         )
 
     def _over(self, measured: int) -> None:

@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from nbtrainer import Trainer, plan_memory
 from nbtrainer._memory._peak import FitPeak
+from nbtrainer._report._format import format_bytes
 
 GiB = 2**30
 D_IN, HIDDEN, N = 64, 256, 1024
@@ -83,7 +84,8 @@ def test_budget_splits_the_batch_keeps_the_gradient_and_stays_under() -> None:
     assert trainer.micro_split == plan.best.grad_accum_steps >= 2
     assert plan.best.memory.precision == "fp32" and plan.best.memory.optimizer == "adamw"  # kept as given
     assert peak.peak_bytes <= budget_gb * GiB, (peak.peak_bytes, budget_gb * GiB)
-    assert [e["kind"] for e in history.events] == ["memory_plan"]  # 2 steps: checked, none left to time
+    # 2 steps: checked, none left to time; the check is logged at the fit's end
+    assert [e["kind"] for e in history.events] == ["memory_plan", "memory_check"]
     line = next(s for s in out.getvalue().splitlines() if s.startswith("memory plan:"))
     assert f"micro-batch {N // trainer.micro_split} x {trainer.micro_split}" in line and "kept" in line
     # the gradient the optimizer steps on is the whole batch's in one pass: equal parts of a mean loss, divided by
@@ -303,3 +305,29 @@ def test_a_row_that_splits_the_batch_is_measured_within_6_percent_of_its_predict
     assert best is not None and trainer.micro_split == best.grad_accum_steps > 1
     (measured,) = trainer._budget.check.measured  # type: ignore[union-attr]
     assert abs(best.peak_bytes / measured - 1) <= 0.06, (best.describe(), best.peak_bytes, measured)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_fit_shorter_than_the_timed_steps_logs_what_was_measured_at_its_end(steps: int) -> None:
+    # the check is told after 2 measured steps and 3 timed ones: a smoke run of fewer than 5 steps logged nothing
+    out = io.StringIO()
+    trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", precision="fp32", memory_budget_gb=1, device="cpu",
+                      progress="lines", run_store=False)  # fmt: skip
+    with redirect_stdout(out):
+        history = trainer.fit((_data() * 2)[:steps], epochs=1)
+    assert history.steps["step"] == list(range(1, steps + 1))
+    check = trainer._budget.check  # type: ignore[union-attr]
+    (peak,) = check.measured
+    assert 0 < peak <= GiB and check.step_seconds == []  # a partial timing is not one of the timed rounds
+    (event,) = [e for e in history.events if e["kind"] == "memory_check"]
+    assert event["step"] == steps
+    best = trainer.memory_plan.best  # type: ignore[union-attr]
+    assert best is not None and event["new"].startswith(f"{best.describe()}: measured peak ")
+    assert f"predicted {format_bytes(best.peak_bytes)}" in event["new"]
+    if steps == 1:  # the peak before the optimizer's second step, said so; no time
+        assert "over 1 step (tensors" in event["new"] and "step time not measured" in event["new"]
+    elif steps == 2:  # the peak of the checked steps; no untracked step to time
+        assert "step (" not in event["new"] and "step time not measured" in event["new"]
+    else:
+        assert "step time " in event["new"] and "ms over 1 of the 3 timed steps" in event["new"]
+    assert any(s.startswith("memory check: ") for s in out.getvalue().splitlines())
