@@ -18,15 +18,19 @@ change arrives), so the next step trains on the restored weights with the new LR
 ``trainer.rollback``. Between fits all of it applies at once.
 
 After a fix, the next ``window`` steps are compared with the ``window`` before it (:meth:`Fixer.check`): a fix that
-did not lower the loss, or left it at the chance level, is reported (``"fix_failed"``) with the next step to try.
+did not lower the loss, or left it at the chance level, is reported (``"fix_failed"``) with the next step to try. A
+fix applied between fits is checked over the first window of the next fit of the same model
+(:meth:`Fixer.start_fit`).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._health._advice import main_optimizer
 from nbtrainer._health._health_report import HealthReport, readable
 from nbtrainer._health._snapshot import Snapshot, Snapshots
@@ -59,10 +63,16 @@ class Fixer:
         self.pending: tuple[Snapshot | None, list[str], str] | None = None  # (snapshot, modules to reinit, action)
         self.check: Check | None = None
         self.fixes: list[dict[str, Any]] = []
+        # The model the pending fix and its check are for: a weak reference, as an id may be reused by a model
+        # built after this one is gone
+        self._model: weakref.ref[Any] | None = None
 
-    def reset(self) -> None:
+    def start_fit(self, model: Any) -> None:
+        """A fit of ``model`` starts. A fix applied between fits to this same model (the learner read the report,
+        clicked, then trained on) keeps its check, judged on this fit's first window; another model's is dropped."""
         with self._lock:
-            self.pending, self.check = None, None
+            if self._model is None or self._model() is not model:
+                self.pending, self.check, self._model = None, None, None
 
     # -- the click (any thread) ----------------------------------------------------------------------------
     def apply(self, trainer: LoopHost, report: HealthReport, snaps: Snapshots, before: float | None) -> str:
@@ -96,6 +106,7 @@ class Fixer:
         with self._lock:
             self.pending = (snap, reinit, action) if snap is not None or reinit else None
             self.check = Check(step, action, before, dict(data))
+            self._model = weakref.ref(unwrap_model(trainer.model))
         clip = data.get("max_grad_norm")
         if isinstance(clip, (int, float)):
             trainer.set_max_grad_norm(float(clip))

@@ -214,8 +214,8 @@ class Health(Callback):
         roll back to the last checkpoint, re-initialize, clip, and set the LR, as ``report.data`` says
         (``report.action`` in words). From any thread: a running fit applies it at its next step boundary (resume
         a paused one with ``trainer.resume()``: the restore takes effect before its next step); between fits at
-        once. The next ``window`` steps are then checked against the ones before (:attr:`fixes`). Returns what
-        was done. Raises ``ValueError`` when the report has nothing to apply.
+        once. The next ``window`` steps (between fits: of the model's next fit) are then checked against the ones
+        before (:attr:`fixes`). Returns what was done. Raises ``ValueError`` when the report has nothing to apply.
 
         Example:
             >>> # health = Health(on_problem="pause"); trainer = Trainer(..., callbacks=[health])
@@ -236,11 +236,11 @@ class Health(Callback):
     def _start(self, trainer: LoopHost) -> None:
         """This fit's state (``on_fit_start``, or the first event after being added mid-fit)."""
         self._reset()
-        self._fixer.reset()
         self._started = True
         st = trainer.run_state.loop_state
         self._epoch = st.epoch + (2 if st.epoch_complete else 1)
         self._model = unwrap_model(trainer.model)
+        self._fixer.start_fit(self._model)
         self._compiled = is_compiled(trainer.model)
         params = _params(trainer.optimizer)
         why = self._why_no_norms(trainer)

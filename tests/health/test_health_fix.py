@@ -284,3 +284,50 @@ def test_health_and_samples_can_be_added_and_removed_mid_fit(digits):
     assert [s["step"] for s in history.samples] == [30, 40, 50, 60, 70]
     assert all(not m._forward_hooks for m in model.modules())  # nothing left hooked after the removal
     assert history.status == "finished" and health.signals["learning rate"].level == "ok"
+
+
+@pytest.mark.parametrize("fix", ["advised", "lr_only"])
+def test_a_fix_applied_between_fits_is_judged_in_the_next_fit(digits, fix):
+    """The learner reads the report after the fit, clicks, and trains on: the fix's check runs over the next fit's
+    first window. SGD at lr=50 kills every hidden unit in one step. The advised fix (the weights before step 1, LR
+    0.1) works; lowering the LR alone leaves the dead units dead and the loss above chance, and that is said too."""
+    model = _model()
+    health = Health(every_n_steps=10, window=40)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=50.0), callbacks=[health],
+                      progress=False, run_store=False)  # fmt: skip
+    train = _loader(digits[0])
+    trainer.fit(train, epochs=1)
+    report = health.last_problem
+    assert report is not None and report.data["restore"] == "snapshot"
+    if fix == "lr_only":
+        report = HealthReport(report.kind, report.step, report.epoch, "...", data={"lr": 20.0, "lr_factor": 0.4})
+    health.apply_advice(trainer, report)
+    (record,) = health.fixes
+    assert "worked" not in record and record["before"] > 2 * math.log(10)
+    trainer.fit(train, epochs=2)  # 88 steps: a full window of 40 after the fix
+    (record,) = health.fixes
+    if fix == "advised":
+        assert record["worked"] is True and record["after"] < math.log(10)
+        assert [r.kind for r in health.reports if r.kind == "fix_failed"] == []
+    else:
+        assert record["worked"] is False and record["after"] > math.log(10)
+        failed = [r for r in health.reports if r.kind == "fix_failed"]
+        assert failed and failed[0].message.startswith(f"The fix at step {record['step']} (apply LR 20) did not work")
+
+
+def test_a_fix_pending_for_one_model_is_not_judged_on_another(digits):
+    """A Health reused with a new model starts afresh: the check of a fix applied to the old model is dropped, not
+    judged on the new model's losses."""
+    health = Health(every_n_steps=10, window=40)
+    train = _loader(digits[0])
+    old = _model()
+    trainer = Trainer(old, nn.CrossEntropyLoss(), torch.optim.SGD(old.parameters(), lr=50.0), callbacks=[health],
+                      progress=False, run_store=False)  # fmt: skip
+    trainer.fit(train, epochs=1)
+    health.apply_advice(trainer)
+    new = _model()
+    trainer = Trainer(new, nn.CrossEntropyLoss(), torch.optim.SGD(new.parameters(), lr=0.1), callbacks=[health],
+                      progress=False, run_store=False)  # fmt: skip
+    trainer.fit(train, epochs=2)
+    (record,) = health.fixes
+    assert "worked" not in record and not [r for r in health.reports if r.kind == "fix_failed"]
