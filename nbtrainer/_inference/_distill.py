@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_map_only
 
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._inference._logits import logits_of
+from nbtrainer._look._per_item import is_causal_lm
 
 if TYPE_CHECKING:
     from nbtrainer._trainer._trainer import Trainer
@@ -109,6 +110,12 @@ class DistillationLoss(nn.Module):
     parts, ``kd_loss`` (``T² * KL``) and ``base_loss``, so that ``loss = kd_weight * kd_loss + (1 - kd_weight) *
     base_loss``, and ``agreement``: the fraction of samples where student and teacher pick the same class.
 
+    A causal LM's logits at position ``t`` predict token ``t + 1`` and its labels are the input ids, shifted
+    inside its own loss (Hugging Face's convention). For such a student the per-position labels are shifted the
+    same way (``labels[:, 1:]`` against ``logits[:, :-1]``): the KD term and ``agreement`` count position ``t``
+    where label ``t + 1`` is not ignored, and the default base loss is the model's own causal-LM loss. A ``base``
+    of your own gets the logits and labels as they are, and shifts them itself as the model's loss does.
+
     Args:
         teacher: the trained model; switched to ``eval()`` (said once if it has dropout or batch norm) and frozen
             (``requires_grad_(False)``). It runs on the student's inputs, under the trainer's precision, and is
@@ -117,11 +124,16 @@ class DistillationLoss(nn.Module):
             models.
         temperature: ``T > 0``; higher softens both distributions (2 to 5 is usual).
         kd_weight: weight of the distillation term in ``[0, 1]``; ``1`` ignores the labels.
-        base: the loss on the labels, called as ``base(student_logits, targets)``.
+        base: the loss on the labels, called as ``base(student_logits, targets)``. The default is
+            ``nn.CrossEntropyLoss()``, taken per position for per-position labels (shifted for a causal LM).
         features: optional feature distillation, ``{student layer name: teacher layer name}`` (names as in
             ``named_modules()``): ``feature_weight * mean(MSE(student layer output, teacher layer output))`` is
             added to the loss and logged as ``feature_loss``. The outputs must have the same shape.
         feature_weight: weight of the feature term (>= 0).
+        shift_labels: whether per-position labels are shifted by one against the logits (above). None: when the
+            student is a causal LM (a Hugging Face model that generates and is not an encoder-decoder); False for
+            batches whose labels are already the next tokens; True for a model of your own with Hugging Face's
+            convention.
 
     Example:
         >>> import torch
@@ -140,9 +152,10 @@ class DistillationLoss(nn.Module):
         *,
         temperature: float = 2.0,
         kd_weight: float = 0.5,
-        base: Callable[..., torch.Tensor] = nn.CrossEntropyLoss(),  # noqa: B008 - stateless, the issue's signature
+        base: Callable[..., torch.Tensor] | None = None,
         features: Mapping[str, str] | None = None,
         feature_weight: float = 1.0,
+        shift_labels: bool | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(teacher, nn.Module):
@@ -159,7 +172,7 @@ class DistillationLoss(nn.Module):
                 f"kd_weight must be a number in [0, 1], got {kd_weight!r}: the weight of the distillation term "
                 "(1 - kd_weight goes to the base loss on the labels), e.g. 0.5."
             )
-        if not callable(base):
+        if base is not None and not callable(base):
             raise TypeError(f"base must be a loss function base(logits, targets), got {type(base).__name__}.")
         if features is not None and (
             not isinstance(features, Mapping)
@@ -172,9 +185,15 @@ class DistillationLoss(nn.Module):
             )
         if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or not feature_weight >= 0:
             raise ValueError(f"feature_weight must be a number >= 0, got {feature_weight!r}.")
+        if shift_labels is not None and not isinstance(shift_labels, bool):
+            raise TypeError(f"shift_labels must be True, False or None (decided by the student), got {shift_labels!r}.")
         self.temperature = float(temperature)
         self.kd_weight = float(kd_weight)
-        self.base = base
+        self.base = base if base is not None else nn.CrossEntropyLoss()
+        # the default is applied per position (and shifted for a causal LM); a base of one's own gets what it is given
+        self._default_base = base is None
+        self.shift_labels = shift_labels
+        self._shift = bool(shift_labels)  # decided by the student at attach() when shift_labels is None
         self.features = dict(features or {})
         self.feature_weight = float(feature_weight)
         # Not a submodule: criterion.to()/.train()/.state_dict() and anything that walks modules leave it alone.
@@ -230,6 +249,8 @@ class DistillationLoss(nn.Module):
                 "teacher, which would freeze them in the student too. Distill into a separate model "
                 "(copy.deepcopy the teacher to start from its weights)."
             )
+        if self.shift_labels is None:
+            self._shift = is_causal_lm(unwrap_model(student))
         if student not in self._hooked:
             layers = [(name, _layer(unwrap_model(student), name, "student")) for name in self.features]
             for name, layer in layers:
@@ -299,7 +320,8 @@ class DistillationLoss(nn.Module):
         # float32 for the soft targets whatever the autocast dtype: bf16 softmax at T > 1 loses the small tails
         log_p = F.log_softmax(student.float().reshape(-1, classes) / t, dim=-1)
         q = F.softmax(teacher.float().reshape(-1, classes) / t, dim=-1)
-        kept = self._kept_positions(student, targets)
+        labels = self._position_labels(student, targets)
+        kept = labels != self._ignore_index if labels is not None else None
         if kept is None:
             kd = F.kl_div(log_p, q, reduction="batchmean") * (t * t)
         else:
@@ -314,15 +336,23 @@ class DistillationLoss(nn.Module):
                     "kd_weight=1.0 to learn from the teacher alone."
                 )
             return kd, None, feature
+        if self._default_base and labels is not None:
+            return kd, self.base(student.reshape(-1, classes), labels), feature
         return kd, self.base(student, targets), feature
 
-    def _kept_positions(self, student: torch.Tensor, targets: Any) -> torch.Tensor | None:
-        """For per-position labels (sequences), the flattened positions whose label is not the base loss's
-        ``ignore_index`` (-100: padding, a prompt), else None (every row counts).
+    @property
+    def _ignore_index(self) -> int:
+        return int(getattr(self.base, "ignore_index", -100))
 
-        Those positions have no token to predict: the base loss skips them, and the KD term and the agreement
-        must too, or a batch padded to a longer length would weigh the logits of pad tokens. A per-sample label of
-        -100 is left alone: it marks an unlabeled sample, which is exactly what a teacher can still teach."""
+    def _position_labels(self, student: torch.Tensor, targets: Any) -> torch.Tensor | None:
+        """For per-position labels (sequences), the label each flattened logits row is judged against, else None
+        (one label per sample: every row counts). For a causal LM (``_shift``) row ``t`` of a sequence gets label
+        ``t + 1`` and its last row the ``ignore_index``, as Hugging Face's causal-LM loss pads and shifts them.
+
+        Positions labelled with the ``ignore_index`` (-100: padding, a prompt) have no token to predict: the base
+        loss skips them, and the KD term and the agreement must too, or a batch padded to a longer length would
+        weigh the logits of pad tokens. A per-sample label of -100 is left alone: it marks an unlabeled sample,
+        which is exactly what a teacher can still teach. Built without a host sync (no data-dependent shape)."""
         if (
             not isinstance(targets, torch.Tensor)
             or targets.ndim < 2
@@ -330,8 +360,9 @@ class DistillationLoss(nn.Module):
             or tuple(targets.shape) != tuple(student.shape[:-1])
         ):
             return None
-        ignore_index = getattr(self.base, "ignore_index", -100)
-        return (targets != ignore_index).reshape(-1)
+        if self._shift:
+            targets = F.pad(targets[..., 1:], (0, 1), value=self._ignore_index)
+        return targets.reshape(-1)
 
     def _feature_loss(self) -> torch.Tensor:
         seen = self._seen
@@ -391,9 +422,10 @@ class DistillationLoss(nn.Module):
         student = logits_of(outputs, who="The student")
         teacher = self._teacher_logits(outputs, student)
         same = (student.argmax(-1) == teacher.argmax(-1)).reshape(-1)
-        kept = self._kept_positions(student, targets)
-        if kept is None:
+        labels = self._position_labels(student, targets)
+        if labels is None:
             return same.float().mean()
+        kept = labels != self._ignore_index
         return (same & kept).sum() / kept.sum()  # a mask, not an index (no host sync); no kept row: nan, as before
 
 

@@ -426,3 +426,93 @@ def test_a_bf16_teacher_teaches_an_fp32_student_in_its_own_dtype(data, teacher) 
         t = half(x.to(torch.bfloat16)).float()
     expected = 4.0 * F.kl_div(F.log_softmax(s / 2, -1), F.softmax(t / 2, -1), reduction="batchmean")
     torch.testing.assert_close(loss(s, None), expected)
+
+
+def _causal_lm(kind: str, width: int, seed: int) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    if kind == "llama":
+        config = transformers.LlamaConfig(vocab_size=40, hidden_size=width, intermediate_size=2 * width,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                          max_position_embeddings=16)  # fmt: skip
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.GPT2Config(vocab_size=40, n_embd=width, n_layer=1, n_head=2, n_positions=16, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _padded_tokens() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two sequences of 7 token ids: the second ends in 3 pad tokens and starts with a 2-token prompt (ignored)."""
+    ids = torch.randint(1, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[1, 4:], mask[1, 4:] = 0, 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[1, :2] = -100
+    return ids, mask, labels
+
+
+def _causal_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A user's causal-LM base loss, shifting as the model's own loss does."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("base", ["default", "shifting"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_causal_lm_distills_over_the_positions_its_shifted_labels_keep(kind, base) -> None:
+    """A causal LM's logits at position t predict token t + 1: its labels are the input ids, shifted inside the
+    model's own loss. The KD term, the agreement and the default base loss count position t where label t + 1 is
+    kept, as Hugging Face's causal-LM loss does: the last position of each sequence (nothing to predict) and the
+    position before a pad or prompt token are left out. With the unshifted labels one extra position per sequence
+    was counted, and the teacher taught over positions a shifting base loss skips (the default base failed)."""
+    teacher, student = _causal_lm(kind, 32, seed=0).eval(), _causal_lm(kind, 16, seed=1)
+    loss = DistillationLoss(teacher, temperature=2.0, kd_weight=0.5, base=_causal_ce if base == "shifting" else None)
+    loss.attach(student)
+    ids, mask, labels = _padded_tokens()
+    s = student(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        t = teacher(input_ids=ids, attention_mask=mask).logits
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = labels[:, 1:] != -100
+    assert keep.sum().item() == 6 + 2  # the first's six; of the second positions 1 and 2 (its tokens 2 and 3)
+    kl = F.kl_div(F.log_softmax(s.logits[keep] / 2, -1), F.softmax(t[keep] / 2, -1), reduction="batchmean")
+    total, kd, base = loss(s, labels), loss._kd_metric(s, labels), loss._base_metric(s, labels)
+    agreed = loss._agreement(s, labels)
+    own = student(input_ids=ids, attention_mask=mask, labels=labels).loss  # the model's own causal-LM loss
+    torch.testing.assert_close(kd, 4.0 * kl)
+    torch.testing.assert_close(base, own)
+    torch.testing.assert_close(total, 0.5 * 4.0 * kl + 0.5 * own)
+    torch.testing.assert_close(agreed, (s.logits.argmax(-1) == t.argmax(-1))[keep].float().mean())
+
+
+def test_a_causal_lm_is_distilled_by_the_trainer_on_its_dict_batches() -> None:
+    """The Trainer's way in: dict batches whose labels go to the criterion; the evaluated base loss is the model's
+    own loss, and the run trains."""
+    teacher, student = _causal_lm("llama", 32, seed=0).eval(), _causal_lm("llama", 16, seed=1)
+    ids, mask, labels = _padded_tokens()
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    trainer = Trainer(student, DistillationLoss(teacher), "adamw", lr=1e-3, progress=False, run_store=False)
+    history = trainer.fit([batch] * 3, epochs=1)
+    assert math.isfinite(history.epochs[0]["kd_loss"])
+    with torch.no_grad():
+        own = student(**batch).loss.item()
+    assert trainer.evaluate([batch])["val_base_loss"] == pytest.approx(own, rel=1e-5)
+
+
+def test_labels_already_aligned_with_the_logits_are_not_shifted_again() -> None:
+    """``shift_labels=False`` for a causal LM whose batches carry the next tokens as labels (already shifted); and
+    ``shift_labels=True`` for a model of one's own that follows Hugging Face's convention, here on the meta device
+    (the shifted mask needs no host sync either)."""
+    teacher, student = _causal_lm("gpt2", 32, seed=0).eval(), _causal_lm("gpt2", 16, seed=1)
+    loss = DistillationLoss(teacher, kd_weight=1.0, shift_labels=False).attach(student)
+    ids, mask, labels = _padded_tokens()
+    s = student(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        t = teacher(input_ids=ids, attention_mask=mask).logits
+    keep = labels != -100
+    kl = F.kl_div(F.log_softmax(s.logits[keep] / 2, -1), F.softmax(t[keep] / 2, -1), reduction="batchmean")
+    torch.testing.assert_close(loss(s, labels), 4.0 * kl)
+    teacher, student = _Tagger(32, seed=0).eval().to("meta"), _Tagger(8, seed=1).to("meta")
+    loss = DistillationLoss(teacher, base=_token_ce, shift_labels=True).attach(student)
+    ids, labels = torch.randint(1, 20, (4, 6)).to("meta"), torch.randint(0, 5, (4, 6)).to("meta")
+    s = student(ids)
+    assert loss(s, labels).shape == () and loss._agreement(s, labels).shape == ()
