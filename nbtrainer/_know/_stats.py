@@ -218,6 +218,7 @@ class TargetStats:
         self.counts: dict[int, int] = {}
         self.items = 0
         self.values = FieldStats("targets", torch.zeros(1, 1))
+        self._first_float = True  # the first float batch shapes ``values``
         self.positives: Tensor | None = None
 
     def add(self, targets: Any, indices: np.ndarray | None = None) -> np.ndarray | None:
@@ -238,28 +239,33 @@ class TargetStats:
             for v, c in zip(values.tolist(), counts.tolist(), strict=True):
                 self.counts[v] = self.counts.get(v, 0) + c
             return t.numpy().astype(np.int64)
-        single = t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)
-        if t.is_floating_point() and single and self.kind in (None, "binary") and bool(((t == 0) | (t == 1)).all()):
-            # 0/1 floats, one per item: a binary classifier's targets (BCEWithLogitsLoss), counted as classes 0 and 1
-            self.kind = "binary"
-            labels = t.reshape(-1).long()
-            ones = int(labels.sum())
-            self.counts[1] = self.counts.get(1, 0) + ones
-            self.counts[0] = self.counts.get(0, 0) + len(labels) - ones
-            return labels.numpy().astype(np.int64)
-        if self.kind == "binary" and t.is_floating_point():  # values other than 0 and 1 after all: not labels
-            self.counts.clear()
-            self.kind = None
-        if t.is_floating_point() and t.ndim == 2 and t.shape[1] > 1 and bool(((t == 0) | (t == 1)).all()):
-            self.kind = "multilabel"
-            sums = t.sum(0).double()
-            self.positives = sums if self.positives is None else self.positives + sums
-            return None
         if t.is_floating_point():
-            if self.kind not in ("values",):
-                self.kind = "values"
+            # Every float batch enters the moments, whatever the targets turn out to be: 0/1 batches read as a binary
+            # or multi-label head's may be followed by soft ones (label smoothing), and then the targets are values
+            # whose statistics (a NaN's items among them) include those first batches.
+            if self._first_float:
+                self._first_float = False
                 self.values = FieldStats("targets", t.reshape(n, -1))
             self.values.add(t.reshape(n, -1), indices if indices is not None else np.arange(self.items - n, self.items))
+            hard = bool(((t == 0) | (t == 1)).all())
+            single = t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)
+            if hard and single and self.kind in (None, "binary"):
+                # 0/1 floats, one per item: a binary classifier's targets (BCEWithLogitsLoss), counted as classes
+                self.kind = "binary"
+                labels = t.reshape(-1).long()
+                ones = int(labels.sum())
+                self.counts[1] = self.counts.get(1, 0) + ones
+                self.counts[0] = self.counts.get(0, 0) + len(labels) - ones
+                return labels.numpy().astype(np.int64)
+            if hard and t.ndim == 2 and t.shape[1] > 1 and self.kind in (None, "multilabel"):
+                self.kind = "multilabel"
+                sums = t.sum(0).double()
+                self.positives = sums if self.positives is None else self.positives + sums
+                return None
+            # values other than 0 and 1 (or after them): not labels, for good; one 0/1 batch later changes nothing
+            self.counts.clear()
+            self.positives = None
+            self.kind = "values"
             return None
         self.kind = "other"  # integer targets of several values per item (tokens, masks)
         values, counts = torch.unique(t, return_counts=True)

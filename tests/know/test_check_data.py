@@ -18,6 +18,7 @@ from conftest import make_classification, mlp
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer import DataReport, ProgressBar, Trainer
+from nbtrainer._know._stats import TargetStats
 
 
 def _trainer(model: torch.nn.Module | None = None, **kw: Any) -> Trainer:
@@ -305,3 +306,34 @@ def test_copies_in_batches_padded_to_different_lengths_are_found():
     assert report.by_kind("duplicates_within")[0].data["indices"] == [4]
     across = report.by_kind("duplicates_across")[0]
     assert across.data["val_indices"] == [0] and across.data["train_indices"] == [0]
+
+
+def test_float_targets_that_turn_soft_after_hard_batches_keep_every_items_statistics():
+    """Hard 0/1 targets first (a binary classifier's, it seems), then soft ones (label smoothing on the later items):
+    the targets are values, and their moments count every item, the hard ones read before too."""
+    g = torch.Generator().manual_seed(0)
+    hard = torch.randint(0, 2, (128, 1), generator=g).float()
+    soft = torch.rand(64, 1, generator=g)
+    stats = TargetStats()
+    for batch in (hard[:64], hard[64:], soft):
+        stats.add(batch)
+    assert stats.kind == "values" and stats.counts == {}  # not class counts: 0.37 is no class
+    everything = torch.cat([hard, soft]).double()
+    mean, std = stats.values.moments()
+    assert int(stats.values.count.sum()) == 192
+    torch.testing.assert_close(mean, everything.mean(0))
+    torch.testing.assert_close(std, everything.std(0, correction=0))
+
+
+def test_a_nan_target_is_still_named_after_soft_multilabel_targets_and_a_hard_batch():
+    """Soft multi-label targets with a NaN in the first batch, then a batch that happens to be all 0/1, then soft
+    ones again: the NaN stays found (the statistics of the first batch are not dropped when the kind flips)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(192, 4, generator=g), torch.rand(192, 3, generator=g)
+    y[64:128] = y[64:128].round()  # the second batch: 0/1 only
+    y[5, 1] = float("nan")
+    trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.BCEWithLogitsLoss(), "sgd", progress=False, run_store=False)
+    report = trainer.check_data(DataLoader(TensorDataset(x, y), batch_size=64))
+    assert report.splits["train"]["targets"] == "values"
+    (bad,) = report.by_kind("nonfinite")
+    assert bad.data["field"] == "targets" and bad.data["indices"] == [5] and bad.data["items"] == 1
