@@ -32,6 +32,7 @@ from nbtrainer._data._fetch import index_tensor
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._know._batch_rows import order_check, same_data
 from nbtrainer._know._issues import LabelIssue, LabelIssues, map_gallery, map_html
+from nbtrainer._know._map_rows import classify, last_visits
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
 from nbtrainer._look._per_item import NoPerItemLoss, PerItem, per_item_loss
@@ -277,15 +278,16 @@ class DataMap:
                 targets = torch.cat([p[1].reshape(len(p[0]), -1) for p in pending])
             else:
                 targets = torch.cat([p[1] for p in pending])
-            label, valid, p, margin, other = self._classify(logits, targets)
+            label, valid, p, margin, other = classify(self.mode, self._probabilities, logits, targets)
             idx = torch.where(valid, idx, trash)  # an ignored label (-100), one past the outputs, a NaN: not counted
             rows = torch.stack([torch.ones_like(p), p, p * p, (margin > 0).float(), margin])
             self._stats.index_add_(1, idx, rows)
-            # scatter_, not index_put_: a CPU index_put_ of int64 values is ~50x slower
-            self._suggest[0].scatter_(0, idx, other)  # the strongest other class at the last visit
+            # scatter_, not index_put_ (a CPU index_put_ of int64 values is ~50x slower), of each item's last row
+            last = last_visits(idx, trash)
+            self._suggest[0].scatter_(0, last, other)  # the strongest other class at the last visit
             # ... and at the last visit the model got wrong: a memorized mislabeled item's true class is there
-            self._suggest[1].scatter_(0, torch.where(margin < 0, idx, trash), other)
-            self._given.scatter_(0, idx, label)
+            self._suggest[1].scatter_(0, last_visits(torch.where(margin < 0, idx, trash), trash), other)
+            self._given.scatter_(0, last, label)
 
     def _misaligned(self, rows: int, items: int) -> bool:
         """A collate_fn that drops or adds items: which row is which item cannot be told (shapes: nothing read)."""
@@ -295,26 +297,6 @@ class DataMap:
                 "adds items), so the map cannot tell which row is which item"
             )
         return rows != items
-
-    def _classify(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
-        """label, valid, probability of the label, margin, strongest other class (per row)."""
-        if self.mode == "binary":
-            z = logits.reshape(-1)
-            if self._probabilities:  # BCELoss: the outputs are probabilities already
-                z = torch.logit(z.clamp(1e-6, 1 - 1e-6))
-            label = (targets.reshape(-1) > 0.5).long()
-            margin = torch.where(label.bool(), z, -z)
-            return label, torch.isfinite(margin), torch.sigmoid(margin), margin, 1 - label
-        c = logits.shape[1]
-        label = targets.argmax(1) if targets.is_floating_point() and targets.ndim == 2 else targets.reshape(-1).long()
-        safe = label.clamp(0, c - 1)
-        chosen = logits.gather(1, safe[:, None])[:, 0]
-        # the label's softmax probability: a CPU's softmax over short rows is ~6x slower than one logsumexp
-        p = torch.exp(chosen - torch.logsumexp(logits, 1))
-        # then the logits themselves (joined for this reduction: no one else holds them) lose the label's column
-        best_other, other = logits.scatter_(1, safe[:, None], -math.inf).max(1)
-        margin = chosen - best_other
-        return label, (safe == label) & torch.isfinite(margin), p, margin, other
 
     # -- reading (host copies, consistent across the columns) ----------------------------------------
     def _settle_order(self) -> None:

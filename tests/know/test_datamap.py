@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import make_classification, mlp
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from nbtrainer import CleanedDataset, DataMap, Trainer
@@ -292,3 +293,47 @@ def test_every_result_type_displays() -> None:
     for r in results:
         assert repr(r) and str(r) and "<" in r._repr_html_(), type(r).__name__
     assert isinstance(report, DataReport) and isinstance(report.problems[0], DataProblem)
+
+
+class _FirstWriteWins(TorchFunctionMode):
+    """``scatter_`` with repeated indices writes them in no defined order: on a GPU any of them may win, on the CPU
+    the last one does. This mode makes the first one win, another order torch allows."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.scatter_ and len(args) == 4 and isinstance(args[3], torch.Tensor):
+            target, dim, index, src = args
+            if index.ndim == 1:
+                return func(target, dim, index.flip(0), src.flip(0), **kwargs)
+        return func(*args, **kwargs)
+
+
+def test_an_item_drawn_twice_in_a_batch_is_suggested_what_its_last_visit_said_whatever_order_scatter_takes():
+    """A sampler with replacement draws an item several times in one batch (and a refresh's reduction may hold an
+    item's visits of several steps). Dropout gives each copy its own prediction; the suggestion is the one of the
+    last visit (the last one predicted wrong, else the last one's strongest other class), in the order the rows
+    came, not the one a GPU's scatter_ happens to write last."""
+    x, y = make_classification(n=12, classes=5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 5))
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 12, (24,), generator=g).tolist() for _ in range(6)]  # each item about twice a batch
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=batches)
+    dm, rec = DataMap(), Recorder(y)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[rec, dm], progress=False,
+                      run_store=False, seed=0)  # fmt: skip
+    with _FirstWriteWins():
+        trainer.fit(loader, epochs=2)
+    logits, idx = torch.cat(rec.outputs), torch.cat(rec.seen)
+    label = y[idx]
+    chosen = logits.gather(1, label[:, None])[:, 0]
+    best_other, other = logits.scatter(1, label[:, None], -math.inf).max(1)
+    last, last_wrong = {}, {}
+    for row, item in enumerate(idx.tolist()):  # in the order the rows were trained
+        last[item] = int(other[row])
+        if chosen[row] < best_other[row]:
+            last_wrong[item] = int(other[row])
+    expected = [last_wrong.get(i, last.get(i, -1)) for i in range(12)]
+    assert all(len(set(b)) < len(b) for b in batches)  # every batch repeats items
+    assert dm.table()["suggested"].tolist() == expected
+    assert int(dm.visits.sum()) == 2 * 6 * 24

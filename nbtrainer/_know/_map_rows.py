@@ -1,0 +1,55 @@
+"""What one ``DataMap`` reduction writes per training row: the label's probability, the margin and the strongest
+other class of each row, and, for an item with several rows in one reduction, which row is its last visit.
+
+An item has several rows when a sampler with replacement draws it twice in a batch, or when a reduction holds
+several steps' rows (a tiny dataset, a long refresh interval). The running sums add every row; the label and the
+suggestion keep what the last visit said, and ``scatter_`` with repeated indices writes them in no defined order
+(a GPU's threads race), so only each item's last row is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["classify", "last_visits"]
+
+Tensor = torch.Tensor
+
+
+def classify(mode: str | None, probabilities: bool, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
+    """label, valid, probability of the label, margin, strongest other class (per row); ``logits`` is written
+    over (its label column), the reduction's own concatenation."""
+    if mode == "binary":
+        z = logits.reshape(-1)
+        if probabilities:  # BCELoss: the outputs are probabilities already
+            z = torch.logit(z.clamp(1e-6, 1 - 1e-6))
+        label = (targets.reshape(-1) > 0.5).long()
+        margin = torch.where(label.bool(), z, -z)
+        return label, torch.isfinite(margin), torch.sigmoid(margin), margin, 1 - label
+    c = logits.shape[1]
+    label = targets.argmax(1) if targets.is_floating_point() and targets.ndim == 2 else targets.reshape(-1).long()
+    safe = label.clamp(0, c - 1)
+    chosen = logits.gather(1, safe[:, None])[:, 0]
+    # the label's softmax probability: a CPU's softmax over short rows is ~6x slower than one logsumexp
+    p = torch.exp(chosen - torch.logsumexp(logits, 1))
+    # then the logits themselves (joined for this reduction: no one else holds them) lose the label's column
+    best_other, other = logits.scatter_(1, safe[:, None], -math.inf).max(1)
+    margin = chosen - best_other
+    return label, (safe == label) & torch.isfinite(margin), p, margin, other
+
+
+def last_visits(idx: Tensor, trash: int) -> Tensor:
+    """``idx`` (the item of each row, in the order the rows were trained) with every row but each item's last sent
+    to ``trash``: no index then repeats but ``trash``, whose values nobody reads. On the device, nothing read.
+
+    Example:
+        >>> last_visits(torch.tensor([4, 1, 4, 2, 1]), trash=9).tolist()
+        [9, 9, 4, 2, 1]
+    """
+    ordered, rows = torch.sort(idx, stable=True)  # an item's rows stay in their order
+    last = torch.ones_like(ordered, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    keep = torch.empty_like(last).scatter_(0, rows, last)  # rows is a permutation: each index written once
+    return torch.where(keep, idx, trash)
