@@ -18,6 +18,7 @@ its ``check_data`` and ``show_batch`` verbs here; the panel's data section reads
                        drops items, and whether a fit's data is the last fit's
 ``_map_rows``          what a map's reduction writes per row: the label's probability, the margin, the strongest
                        other class, and each item's last row (an item drawn twice)
+``_map_state``         a map in a checkpoint: saved with the run, loaded when it resumes (each step counted once)
 ``_issues``            LabelIssue / LabelIssues, the map's picture (confidence against variability)
 =====================  ================================================================================
 """

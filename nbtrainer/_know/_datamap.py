@@ -33,6 +33,7 @@ from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._know._batch_rows import order_check, same_data
 from nbtrainer._know._issues import LabelIssue, LabelIssues, map_gallery, map_html
 from nbtrainer._know._map_rows import classify, last_visits
+from nbtrainer._know._map_state import load_map_state, map_state, move_map
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
 from nbtrainer._look._per_item import NoPerItemLoss, PerItem, per_item_loss
@@ -115,6 +116,8 @@ class DataMap:
         # device, with the dataset's at the batch's indices (read with the map: no sync in the fit)
         self._verify = False
         self._misordered: Tensor | None = None
+        self._through = 0  # the optimizer steps the map covers as of its last fit's end (or checkpoint, then 0)
+        self._per_rank = False  # under DDP: a rank's share, left out of checkpoints (_map_state)
 
     # -- the event stream --------------------------------------------------------------------------
     def on_fit_start(self, trainer: LoopHost) -> None:
@@ -126,8 +129,14 @@ class DataMap:
             self.note = "added during a fit: the data map records from the next fit on"
             return
         size = track.size
-        if fresh or size != self._size or trainer.device != self._device:
+        if fresh or size != self._size:
             self._reset(size, trainer.device)
+        elif trainer.global_step < self._through:  # resumed before steps it recorded, from a checkpoint without it
+            at, self._through = trainer.global_step, 0
+            self._reset(size, trainer.device)
+            self.note = f"resumed at step {at} from a checkpoint without this map: it records again from there"
+        elif trainer.device != self._device:  # another device (or loaded on the CPU): the sums go along
+            move_map(self, trainer.device)
         dataset = getattr(track.loader, "dataset", None)
         if len(self.edits) and (dataset is self._handed or not same_data(dataset, self._dataset)):
             # the decisions were indices of the data trained before: built into this view, or about other data
@@ -139,7 +148,8 @@ class DataMap:
         self.note = f"no data map: {track.note}" if track.note is not None else self.note
         if self.mode is None or fresh:
             self.mode, self._loss_fn = None, None
-        if trainer.strategy.distributed:
+        self._per_rank = trainer.strategy.distributed
+        if self._per_rank:
             self.note = "under DDP each rank maps its own share of the items; this is this rank's"
 
     def on_train_forward(self, trainer: LoopHost, outputs: Any, targets: Any, indices: Any) -> None:
@@ -173,12 +183,16 @@ class DataMap:
 
     def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         self._reduce()
+        self._through = trainer.global_step
         self._settle_order()
         if self._stats is None and self.note is None:
             self.note = (
                 "nothing recorded: this fit's steps make their own forward pass (training_step=, LBFGS or a "
                 "memory plan's split), which the loop does not see"
             )
+
+    # a checkpoint holds the map (_map_state): a run resumed from it counts each step once
+    state_dict, load_state_dict = map_state, load_map_state
 
     # -- recording ---------------------------------------------------------------------------------
     def _reset(self, size: int | None, device: torch.device) -> None:

@@ -15,7 +15,7 @@ from conftest import make_classification, mlp
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from nbtrainer import CleanedDataset, DataMap, Trainer
+from nbtrainer import CleanedDataset, DataMap, ModelCheckpoint, Trainer
 
 F = torch.nn.functional
 
@@ -337,3 +337,56 @@ def test_an_item_drawn_twice_in_a_batch_is_suggested_what_its_last_visit_said_wh
     assert all(len(set(b)) < len(b) for b in batches)  # every batch repeats items
     assert dm.table()["suggested"].tolist() == expected
     assert int(dm.visits.sum()) == 2 * 6 * 24
+
+
+class _SaveAt:
+    """Writes a checkpoint after optimizer step ``step`` (mid-epoch), once every callback has seen it."""
+
+    def __init__(self, path: Any, step: int) -> None:
+        self.path, self.step = str(path), step
+
+    def on_optimizer_step(self, trainer: Any, step: int, skipped: bool) -> None:
+        if step == self.step:
+            trainer.defer(lambda: trainer.save_checkpoint(self.path))
+
+
+def _resumable(dm: DataMap, path: Any) -> Trainer:
+    return Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.2, callbacks=[dm, _SaveAt(path, 9)],
+                   progress=False, run_store=False, seed=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("map_", ["reused", "new"])
+def test_a_run_resumed_from_an_earlier_checkpoint_maps_each_visit_once(tmp_path, map_):
+    """Four epochs of 6 steps, a checkpoint at step 9 (mid-epoch 2); the run resumed from it trains steps 10 to 24
+    again. The map resumed with it (the same map, or a new one as in a new process) is the map of the run that was
+    not interrupted: its state comes from the checkpoint, so the steps trained again count once, and the new map has
+    the steps before the checkpoint too."""
+    x, y = make_classification(n=96)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    dm = DataMap()
+    _resumable(dm, tmp_path / "a.ckpt").fit(loader, epochs=4)
+    whole = dm.table()
+    assert whole["visits"].tolist() == [4] * 96 and dm.epochs == 4
+    resumed = dm if map_ == "reused" else DataMap()
+    _resumable(resumed, tmp_path / "b.ckpt").fit(loader, epochs=4, resume_from=str(tmp_path / "a.ckpt"))
+    again = resumed.table()
+    assert again["visits"].tolist() == [4] * 96 and resumed.epochs == 4
+    for column in ("confidence", "variability", "correctness", "aum"):
+        torch.testing.assert_close(again[column], whole[column])
+    assert torch.equal(again["given"], whole["given"]) and torch.equal(again["suggested"], whole["suggested"])
+
+
+def test_a_checkpoint_without_the_maps_state_starts_the_map_again_from_it(tmp_path):
+    """A checkpoint written without this map (by a run that had none): a map that recorded past it cannot take
+    those steps back, so it starts again from the checkpoint and says so, rather than counting them twice."""
+    x, y = make_classification(n=96)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    saver = ModelCheckpoint(tmp_path, filename="epoch{epoch}", save_top_k=-1)
+    Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.2, callbacks=[saver], progress=False, run_store=False,
+            seed=0).fit(loader, epochs=4)  # fmt: skip
+    dm = DataMap()
+    trainer = _resumable(dm, tmp_path / "b.ckpt")
+    trainer.fit(loader, epochs=4)
+    trainer.fit(loader, epochs=4, resume_from=str(tmp_path / "epoch2.ckpt"))  # from the end of epoch 2, step 12
+    assert dm.visits.tolist() == [2] * 96 and dm.epochs == 2
+    assert dm.note is not None and "step 12" in dm.note
