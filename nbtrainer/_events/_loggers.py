@@ -4,6 +4,10 @@ Per-step values (loss, LR) come from ``on_refresh``'s ``progress.step_points``: 
 by the trainer's throttled refresh, so a logger adds no device sync and nothing to the per-step path.
 Epoch values (train and validation) come from ``on_epoch_end``; LR and accumulation changes made from the
 panel (or ``set_lr`` / ``set_grad_accum_steps``) from ``on_control``. Only rank 0 writes under DDP.
+
+Each fresh fit writes into a folder of its own under the logger's folder, ``version_0``, ``version_1``... (as
+Lightning's loggers do), so runs that share a folder (an Optuna sweep's trials, two notebooks) never replace each
+other's files; ``fit_more`` and a resume write into the folder of the run they continue (a checkpoint names it).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import csv
 import io
 import math
 import os
+import re
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
@@ -35,7 +41,67 @@ def _scalars(logs: dict[str, Any]) -> dict[str, float]:
     }
 
 
-class TensorBoardLogger(Callback):
+_VERSION = re.compile(r"version_(\d+)")
+
+
+def _claim_version(root: str, owner: str) -> str:
+    """Create ``root/version_N``, ``N`` one past the highest there, and return its name."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        n = max((int(m.group(1)) for name in os.listdir(root) if (m := _VERSION.fullmatch(name))), default=-1) + 1
+        while True:
+            try:
+                os.mkdir(os.path.join(root, f"version_{n}"))
+                return f"version_{n}"
+            except FileExistsError:  # another process (a parallel trial) took it between the listing and the mkdir
+                n += 1
+    except OSError as exc:
+        raise PermissionError(
+            f"{owner} cannot create a run folder in {root!r}: {exc.strerror}. Pass a writable folder."
+        ) from exc
+
+
+class _RunFolders(Callback):
+    """A logger's run folders under ``root``: a new ``version_N`` for each fresh fit, the folder of the run it
+    continues for ``fit_more`` and a resume. A checkpoint holds the folder's name (``state_dict``), so a resume in
+    another process finds it; kept per trainer, because one logger may serve several (a sweep, a notebook)."""
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self._resumed: str | None = None  # the folder named by the checkpoint being resumed
+        self._folders: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    @property
+    def _root(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def run_dir(self) -> str | None:
+        """The folder of the current (or last) run; ``None`` before the first fit."""
+        return None if self.version is None else os.path.join(self._root, self.version)
+
+    def _open_run(self, trainer: TrainerView) -> bool:
+        """Choose the fit's folder (``self.version``); True when the fit continues a folder that exists."""
+        resumed, self._resumed = self._resumed, None
+        if not trainer.fresh_fit:
+            version = resumed or self._folders.get(trainer)
+            if version is not None and os.path.isdir(os.path.join(self._root, version)):
+                self.version = self._folders[trainer] = version
+                return True
+        # A fresh fit, or a continuation whose folder is gone or unknown (a checkpoint written without this
+        # logger): a new folder, which the caller fills with what the resumed History holds.
+        self.version = self._folders[trainer] = _claim_version(self._root, type(self).__name__)
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.version is None else {"version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version = state.get("version")
+        self._resumed = version if isinstance(version, str) and _VERSION.fullmatch(version) else None
+
+
+class TensorBoardLogger(_RunFolders):
     """Write TensorBoard event files: per-step loss and LR, every epoch value, mid-run LR / accumulation changes.
 
     Tags (the x axis is the optimizer step everywhere): ``step/loss``, ``step/lr``; ``epoch/<key>`` for every
@@ -44,28 +110,42 @@ class TensorBoardLogger(Callback):
     (the accumulation also at the start), with a ``control`` text entry. Event files are flushed at each
     epoch end and closed when the fit ends.
 
-    One folder per run: a resumed or continued run appends to it, and TensorBoard discards the events of
-    earlier files after the step the fit starts from (``purge_step``), so a resume after a crash shows no
-    duplicates and a re-run from scratch into the same folder replaces the old curves.
+    One folder per run, under ``log_dir``: each fresh fit creates the next ``version_N`` (``version_0``,
+    ``version_1``...), so fits that share ``log_dir`` (a sweep's trials, a second ``fit``) each keep their curves,
+    and ``%tensorboard --logdir <log_dir>`` shows them side by side. ``fit_more`` and a resume (``resume_from=``,
+    also in a new process: the checkpoint names the folder) append to the run's own folder, and TensorBoard
+    discards the events of its earlier files after the step the fit starts from (``purge_step``), so a resume after
+    a crash shows no duplicates. A resume whose folder is unknown (a checkpoint saved without this logger) gets a
+    new folder that starts with the checkpoint's History.
 
     Args:
-        log_dir: the run's folder; ``%tensorboard --logdir <log_dir or its parent>`` shows it.
+        log_dir: the folder of the runs; ``%tensorboard --logdir <log_dir or its parent>`` shows them.
+
+    Attributes:
+        log_dir: the folder given.
+        version: the current (or last) run's folder name, ``"version_0"``...; ``None`` before the first fit.
+        run_dir: ``log_dir/version``, where the event files of that run are.
 
     Raises:
         ImportError: ``tensorboard`` is not installed (``pip install "nbtrainer[tensorboard]"``).
 
     Example:
         >>> from nbtrainer import TensorBoardLogger
-        >>> logger = TensorBoardLogger("runs/digits")  # Trainer(..., callbacks=[logger])
+        >>> logger = TensorBoardLogger("runs/digits")  # Trainer(..., callbacks=[logger]); runs/digits/version_0
     """
 
     def __init__(self, log_dir: str | os.PathLike[str] = "runs") -> None:
         require(
             "tensorboard", "TensorBoardLogger", 'pip install "nbtrainer[tensorboard]"  (or: pip install tensorboard)'
         )
+        super().__init__()
         self.log_dir = os.fspath(log_dir)
         self._writer: Any = None
         self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not written yet
+
+    @property
+    def _root(self) -> str:
+        return self.log_dir
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         if not trainer.is_global_zero:
@@ -73,26 +153,45 @@ class TensorBoardLogger(Callback):
         from torch.utils.tensorboard import SummaryWriter
 
         step = trainer.global_step
-        # A resume keeps what its checkpoint had seen (up to `step`, the last epoch's values included);
-        # a fresh run (step 0) replaces whatever an earlier run left in this folder.
-        self._writer = SummaryWriter(self.log_dir, purge_step=step + 1 if step else 0)
+        continuing = self._open_run(trainer)
+        # A continuation keeps what its checkpoint had seen (up to `step`, the last epoch's values included) and
+        # drops what a crashed process logged after it.
+        self._writer = SummaryWriter(self.run_dir, purge_step=step + 1 if continuing and step else None)
+        if step and not continuing:
+            self._write_history(trainer.history, step)
         self._writer.add_scalar("control/grad_accum_steps", trainer.grad_accum_steps, step)
 
-    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
+    def _write_history(self, history: Any, upto: int) -> None:
+        """A resumed run's History up to its step ``upto``, into a new folder, as the fits before wrote it."""
+        steps = history.steps
+        self._write_steps(
+            (s, loss, lr) for s, loss, lr in zip(steps["step"], steps["loss"], steps["lr"], strict=False) if s <= upto
+        )
+        for row in history.epochs:
+            for key, value in _scalars(row).items():
+                self._writer.add_scalar(f"epoch/{key}", value, int(row.get("steps") or 0))
+        for event in history.events:
+            if event.get("kind") in _CONTROL_KINDS:
+                self._write_control(event)
+
+    def _write_steps(self, points: Any) -> None:
         writer = self._writer
-        if writer is None:
-            return
-        for step, loss, lr in progress.step_points:
+        for step, loss, lr in points:
             if math.isfinite(loss):
                 writer.add_scalar("step/loss", loss, step)
             writer.add_scalar("step/lr", lr, step)
 
+    def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
+        if self._writer is not None:
+            self._write_steps(progress.step_points)
+
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
-        if self._writer is None or event.get("kind") not in _CONTROL_KINDS:
-            return
-        step = int(event.get("step") or 0)
-        self._writer.add_scalar(f"control/{event['kind']}", float(event["new"]), step)
-        kind = event["kind"]
+        if self._writer is not None and event.get("kind") in _CONTROL_KINDS:
+            self._write_control(event)
+
+    def _write_control(self, event: dict[str, Any]) -> None:
+        step, kind = int(event.get("step") or 0), event["kind"]
+        self._writer.add_scalar(f"control/{kind}", float(event["new"]), step)
         change = f"{format_value(kind, event.get('old'))} -> {format_value(kind, event['new'])}"
         self._writer.add_text("control", f"step {step}: {kind} {change}", step)
 
@@ -122,8 +221,8 @@ class TensorBoardLogger(Callback):
             writer.close()
 
 
-class CSVLogger(Callback):
-    """Write a run as CSV files in ``dir``: ``epochs.csv``, ``steps.csv`` and ``events.csv``.
+class CSVLogger(_RunFolders):
+    """Write each run as CSV files in a folder of its own under ``dir``: ``epochs.csv``, ``steps.csv``, ``events.csv``.
 
     * ``epochs.csv``: the History's epoch rows (train and validation values, time, samples/s...),
       rewritten **atomically** at each epoch end (temp file + ``os.replace``): small, its columns can grow
@@ -136,48 +235,68 @@ class CSVLogger(Callback):
     * ``events.csv``: LR / accumulation changes, pauses, ``fit_more`` (``step,epoch,kind,old,new``),
       rewritten atomically when one happens.
 
+    The folder: each fresh fit creates the next ``dir/version_N`` (``version_0``, ``version_1``...), so fits that
+    share ``dir`` (a sweep's trials, a second ``fit``) each keep their files. ``fit_more`` and a resume
+    (``resume_from=``, also in a new process: the checkpoint names the folder) continue the run's own folder; a resume
+    whose folder is unknown (a checkpoint saved without this logger) gets a new one, written from the checkpoint's
+    History.
+
     Values are written in full precision (``repr`` of the float). Only rank 0 writes under DDP.
 
     Args:
-        dir: the folder (created).
+        dir: the folder of the runs (created).
+
+    Attributes:
+        dir: the folder given.
+        version: the current (or last) run's folder name, ``"version_0"``...; ``None`` before the first fit.
+        run_dir: ``dir/version``, the folder of that run's files (``epochs_path``, ``steps_path``,
+            ``events_path`` are in it).
 
     Example:
         >>> from nbtrainer import CSVLogger
-        >>> logger = CSVLogger("runs/digits-csv")  # Trainer(..., callbacks=[logger])
+        >>> logger = CSVLogger("runs/digits-csv")  # Trainer(..., callbacks=[logger]); runs/digits-csv/version_0
     """
 
     STEP_FIELDS = ("step", "epoch", "loss", "lr")
     EVENT_FIELDS = ("step", "epoch", "kind", "old", "new")
 
     def __init__(self, dir: str | os.PathLike[str] = "runs") -> None:
+        super().__init__()
         self.dir = os.fspath(dir)
         self._steps: Any = None
         self._writer: Any = None
 
     @property
+    def _root(self) -> str:
+        return self.dir
+
+    def _path(self, name: str) -> str:
+        folder = self.run_dir
+        if folder is None:
+            raise RuntimeError(
+                f"CSVLogger({self.dir!r}) has written no run yet: each fit writes its files into a new "
+                f"{os.path.join(self.dir, 'version_N')} folder. Read the paths once a fit has started."
+            )
+        return os.path.join(folder, name)
+
+    @property
     def epochs_path(self) -> str:
-        return os.path.join(self.dir, "epochs.csv")
+        return self._path("epochs.csv")
 
     @property
     def steps_path(self) -> str:
-        return os.path.join(self.dir, "steps.csv")
+        return self._path("steps.csv")
 
     @property
     def events_path(self) -> str:
-        return os.path.join(self.dir, "events.csv")
+        return self._path("events.csv")
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         if not trainer.is_global_zero:
             return
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError as exc:
-            raise PermissionError(
-                f"CSVLogger cannot create {self.dir!r}: {exc.strerror}. Pass a writable folder."
-            ) from exc
         start = trainer.global_step
         written = 0
-        if start and os.path.exists(self.steps_path):
+        if self._open_run(trainer) and start and os.path.exists(self.steps_path):
             # A resume: the rows a killed run wrote after its checkpoint go.
             written = self._truncate_steps(start)
             self._steps = open(self.steps_path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - closed in on_fit_end

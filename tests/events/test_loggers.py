@@ -64,9 +64,10 @@ def _approx(steps, values):
 
 def test_tensorboard_logger_writes_steps_epochs_and_control_changes(tmp_path):
     train, val = _loaders()
-    trainer = _trainer([TensorBoardLogger(tmp_path / "tb"), Steer()])
-    h = trainer.fit(train, val, epochs=3)
-    acc = _accumulator(tmp_path / "tb")
+    logger = TensorBoardLogger(tmp_path / "tb")
+    h = _trainer([logger, Steer()]).fit(train, val, epochs=3)
+    assert logger.run_dir == os.path.join(tmp_path / "tb", "version_0")
+    acc = _accumulator(logger.run_dir)
     steps = h.steps
     assert _series(acc, "step/loss") == _approx(steps["step"], steps["loss"])
     assert _series(acc, "step/lr") == _approx(steps["step"], steps["lr"])
@@ -89,12 +90,14 @@ def test_tensorboard_resume_replaces_what_came_after_the_checkpoint(tmp_path):
     first.fit_more(train, epochs=1)  # logged up to step 15, then "crashed": resume from the epoch-2 checkpoint
     resumed = _trainer([TensorBoardLogger(log_dir)], seed=3)
     h = resumed.fit(train, epochs=3, resume_from=ckpt)
-    losses = _series(_accumulator(log_dir), "step/loss")
+    losses = _series(_accumulator(log_dir / "version_0"), "step/loss")
     assert [s for s, _ in losses] == list(range(1, 3 * BATCHES + 1))  # no duplicates of steps 11-15
     assert losses[2 * BATCHES :] == _approx(h.steps["step"], h.steps["loss"])[2 * BATCHES :]
-    # A fresh run into the same folder replaces the old curves.
+    # A fresh run into the same folder gets a folder of its own; the resumed run's curves stay. (This test asserted
+    # that the fresh run replaced them: the data a user had logged was lost.)
     _trainer([TensorBoardLogger(log_dir)], seed=5).fit(train, epochs=1)
-    assert [s for s, _ in _series(_accumulator(log_dir), "step/loss")] == list(range(1, BATCHES + 1))
+    assert [s for s, _ in _series(_accumulator(log_dir / "version_1"), "step/loss")] == list(range(1, BATCHES + 1))
+    assert _series(_accumulator(log_dir / "version_0"), "step/loss") == losses
 
 
 def _read(path):
@@ -178,15 +181,78 @@ def test_numpy_and_tensor_values_a_callback_adds_are_logged_and_the_checkpoint_l
     pickles), TensorBoard dropped the np.float32 and the tensor, and epochs.csv held 'tensor(1.5000)'."""
     train, _ = _loaders()
     csv_logger, ckpt = CSVLogger(tmp_path / "csv"), ModelCheckpoint(tmp_path / "ck", save_last=True)
-    h = _trainer([AddsLibraryValues(), ckpt, csv_logger, TensorBoardLogger(tmp_path / "tb")]).fit(train, epochs=2)
+    tb_logger = TensorBoardLogger(tmp_path / "tb")
+    h = _trainer([AddsLibraryValues(), ckpt, csv_logger, tb_logger]).fit(train, epochs=2)
     resumed = _trainer([]).fit(train, epochs=3, resume_from=ckpt.last_model_path)
     assert resumed.epochs[1]["f1"] == 0.5 and len(resumed.epochs) == 3
     assert [(r["f1"], r["f1_32"], r["grad_norm"], r["per_class"]) for r in h.epochs] == [
         (0.25, 0.5, 1.5, [0.5, 0.75]),
         (0.5, 0.5, 3.0, [0.5, 0.75]),
     ]
-    acc = _accumulator(tmp_path / "tb")
+    acc = _accumulator(tb_logger.run_dir)
     for key in ("f1", "f1_32", "grad_norm"):
         assert _series(acc, f"epoch/{key}") == [(row["steps"], row[key]) for row in h.epochs], key
     rows = _read(csv_logger.epochs_path)
     assert [(r["f1"], r["f1_32"], r["grad_norm"]) for r in rows] == [("0.25", "0.5", "1.5"), ("0.5", "0.5", "3.0")]
+
+
+def _runs_under(root, read):
+    """``read(folder)`` for every folder under ``root`` that holds a run's files, in name order."""
+    found = []
+    for folder, _, files in sorted(os.walk(root)):
+        if any(f.startswith("events.out.tfevents") or f == "steps.csv" for f in files):
+            found.append(read(folder))
+    return found
+
+
+def _tb_losses(folder):
+    return _series(_accumulator(folder), "step/loss")
+
+
+def _tb_losses_by_file(folder):
+    """``step/loss`` of each event file in the order they were written. TensorBoard reads a folder's files in name
+    order, and two files one process writes in the same second are named by a counter that sorts as text (``.10``
+    before ``.9``): a test's fits, a second apart at most, would be read out of order."""
+    files = sorted(os.listdir(folder), key=lambda f: [int(part) for part in f.split(".") if part.isdigit()])
+    return [point for f in files for point in _tb_losses(os.path.join(folder, f))]
+
+
+def _csv_losses(folder):
+    return [(int(r["step"]), float(r["loss"])) for r in _read(os.path.join(folder, "steps.csv"))]
+
+
+@pytest.mark.parametrize("kind", ["tensorboard", "csv"])
+def test_fresh_fits_into_one_folder_keep_every_run(tmp_path, kind):
+    """Before: a second fresh fit into the folder (two Trainers sharing a logger, an Optuna sweep's trials) replaced
+    the first run's curves (TensorBoard's purge at step 0, steps.csv opened with "w"): only the last run was left."""
+    train, _ = _loaders()
+    make, read = (TensorBoardLogger, _tb_losses) if kind == "tensorboard" else (CSVLogger, _csv_losses)
+    shared = make(tmp_path / "logs")
+    first = _trainer([shared]).fit(train, epochs=2)
+    second = _trainer([shared], seed=1).fit(train, epochs=1)
+    third = _trainer([make(tmp_path / "logs")], seed=2).fit(train, epochs=1)  # another logger, the same folder
+    assert _runs_under(tmp_path / "logs", read) == [
+        _approx(h.steps["step"], h.steps["loss"]) for h in (first, second, third)
+    ]
+    assert sorted(os.listdir(tmp_path / "logs")) == ["version_0", "version_1", "version_2"]
+
+
+@pytest.mark.parametrize("kind", ["tensorboard", "csv"])
+def test_fit_more_and_a_resume_from_a_new_process_continue_the_runs_folder(tmp_path, kind):
+    """fit_more, and a resume by a new Trainer and logger (what a new process does), write into the folder of the
+    run they continue, which the checkpoint names; a fresh fit between them has its own."""
+    train, _ = _loaders()
+    make, read = (TensorBoardLogger, _tb_losses_by_file) if kind == "tensorboard" else (CSVLogger, _csv_losses)
+    ckpt = ModelCheckpoint(tmp_path / "ck", save_last=True)
+    first = _trainer([make(tmp_path / "logs"), ckpt])
+    first.fit(train, epochs=1)
+    first.fit_more(train, epochs=1)
+    other = _trainer([make(tmp_path / "logs")], seed=1).fit(train, epochs=1)
+    resumed_logger = make(tmp_path / "logs")
+    resumed = _trainer([resumed_logger, ModelCheckpoint(tmp_path / "ck", save_last=True)], seed=3)
+    h = resumed.fit(train, epochs=3, resume_from=ckpt.last_path)
+    assert resumed_logger.version == "version_0"
+    assert _runs_under(tmp_path / "logs", read) == [
+        _approx(h.steps["step"], h.steps["loss"]),
+        _approx(other.steps["step"], other.steps["loss"]),
+    ]

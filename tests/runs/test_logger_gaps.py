@@ -5,6 +5,7 @@ resume, from the checkpoint's History), and the epoch row of a fit that a callba
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,8 +39,9 @@ def test_a_resume_writes_the_steps_a_killed_run_had_not_flushed_to_steps_csv(tmp
     must fill steps 3..5 in from the checkpoint, not go on from 6."""
     train, _ = _loaders()
     csv_dir, ckpt = tmp_path / "csv", ModelCheckpoint(tmp_path / "ck", save_last=True)
-    _trainer([CSVLogger(csv_dir), ckpt]).fit(train, epochs=1)
-    path = csv_dir / "steps.csv"
+    first = CSVLogger(csv_dir)
+    _trainer([first, ckpt]).fit(train, epochs=1)
+    path = Path(first.steps_path)
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:3]))  # header + steps 1, 2: the rest died in the killed process's buffer
     logger = CSVLogger(csv_dir)
@@ -47,6 +49,7 @@ def test_a_resume_writes_the_steps_a_killed_run_had_not_flushed_to_steps_csv(tmp
         train, epochs=2, resume_from=ckpt.last_path
     )
     rows = _steps(logger.steps_path)
+    assert logger.steps_path == str(path)  # the run's own folder, named by the checkpoint
     assert [s for s, _ in rows] == list(range(1, 2 * BATCHES + 1)) == history.steps["step"]
     assert [loss for _, loss in rows] == history.steps["loss"]
 
@@ -60,6 +63,27 @@ def test_a_resume_into_an_empty_csv_folder_writes_the_checkpoint_steps_too(tmp_p
     assert [s for s, _ in _steps(logger.steps_path)] == history.steps["step"] == list(range(1, 2 * BATCHES + 1))
 
 
+def test_a_resume_into_a_new_tensorboard_folder_writes_the_checkpoint_history_too(tmp_path):
+    """A checkpoint saved without the logger names no folder: the resume starts a new one, which must hold the run
+    from its first step (as CSVLogger's does), not from the checkpoint's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val = _loaders()
+    ckpt = ModelCheckpoint(tmp_path / "ck", save_last=True)
+    _trainer([ckpt]).fit(train, val, epochs=1)
+    logger = TensorBoardLogger(tmp_path / "tb")
+    history = _trainer([logger], seed=3).fit(train, val, epochs=2, resume_from=ckpt.last_path)
+    acc = EventAccumulator(logger.run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = history.steps
+    assert [(e.step, e.value) for e in acc.Scalars("step/loss")] == [
+        (s, pytest.approx(v, rel=1e-6)) for s, v in zip(steps["step"], steps["loss"], strict=True)
+    ]
+    assert [(e.step, e.value) for e in acc.Scalars("epoch/val_loss")] == [
+        (row["steps"], pytest.approx(row["val_loss"], rel=1e-6)) for row in history.epochs
+    ]
+
+
 class EndAtFirstEpoch:
     """Ends the fit from on_epoch_end, as OptunaPruning does when the pruner says so."""
 
@@ -71,10 +95,11 @@ def test_the_epoch_a_callback_ends_the_fit_at_reaches_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     train, val = _loaders()
-    trainer = _trainer([TensorBoardLogger(tmp_path / "tb"), EndAtFirstEpoch()])
+    logger = TensorBoardLogger(tmp_path / "tb")
+    trainer = _trainer([logger, EndAtFirstEpoch()])
     with pytest.raises(RuntimeError, match="ended from on_epoch_end"):
         trainer.fit(train, val, epochs=3)
-    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(logger.run_dir, size_guidance={"scalars": 0})
     acc.Reload()
     row = trainer.history.epochs[0]
     assert [(e.step, e.value) for e in acc.Scalars("epoch/val_loss")] == [
