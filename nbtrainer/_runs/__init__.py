@@ -5,6 +5,7 @@
 ``_recorder``       RunRecorder: the callback that records each fit (attached by the Trainer)
 ``_runs``           Runs, Run, RunTable, RunsPlot: table, overlays, histories, tags, diffs
 ``_mlflow``         MLflowLogger: the same events into MLflow (local SQLite or a tracking server)
+``_mlflow_crash``   the MLflow run a checkpoint names: ended KILLED when a resume finds its process gone
 ``_mlflow_http``    bounded HTTP retries and timeouts for MLflowLogger's own calls to a tracking server
 ``_mlflow_values``  the metric points MLflowLogger sends: per step, per epoch, a resumed History's
 ``_optuna``         OptunaPruning, tune: hyperparameter search, each trial a run

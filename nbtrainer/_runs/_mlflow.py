@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
 from nbtrainer._optional import import_optional, require
+from nbtrainer._runs._mlflow_crash import TOKEN_TAG, checkpoint_state, end_earlier, new_token, read_state
 from nbtrainer._runs._mlflow_http import bounded_calls
 from nbtrainer._runs._mlflow_values import (
     CONTROL_KINDS,
@@ -116,7 +117,10 @@ class MLflowLogger(Callback):
     :class:`~nbtrainer.Health` reported (its message in the tag ``nbtrainer.health.<kind>``); tags ``nbtrainer.status``,
     ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the events as
     ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The MLflow
-    run ends FINISHED, KILLED (stopped, interrupted) or FAILED. A character MLflow does not take in a name becomes
+    run ends FINISHED, KILLED (stopped, interrupted) or FAILED. ``fit_more`` extends the trainer's run; a resume
+    (``resume_from=``) in a new process starts a run that holds the whole History, tagged ``nbtrainer.resumed_from``
+    (the run the checkpoint names by its id or its tag ``nbtrainer.fit_token``), which gets ``nbtrainer.continued_by``
+    and, if a killed process left it RUNNING, ends KILLED. A character MLflow does not take in a name becomes
     ``_``; two metrics that would then share a name (``acc@1``, ``acc#1``) stay apart (``acc_1``, ``acc_1_2``, said
     once in a warning).
 
@@ -195,6 +199,11 @@ class MLflowLogger(Callback):
         self._names: dict[str, str] = {}  # metric name -> its MLflow key (the worker thread's)
         self._owners: dict[str, str] = {}  # MLflow key -> the metric name it holds
         self._epoch_due: tuple[int, dict[str, Any]] | None = None  # an epoch row not sent yet
+        # The MLflow run of the current (or last) fit, which checkpoints name: its id once the logger's thread has it,
+        # and the token it is tagged with (known at once): _mlflow_crash
+        self._fit_run: str | None = None
+        self._fit_token: str | None = None
+        self._resumed: dict[str, Any] | None = None  # the MLflow run the checkpoint being resumed names
         # Each trainer's last MLflow run with its metric keys (the worker thread's): one logger may serve several
         # trainers in a notebook, and a fit_more extends its own trainer's run, not the one this logger logged last.
         self._runs: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, str], dict[str, str]]] = (
@@ -293,6 +302,8 @@ class MLflowLogger(Callback):
             return
         # fit_more (and a fit that continues the History) extends this trainer's MLflow run, as it does the run store's
         fresh = trainer.fresh_fit
+        resumed, self._resumed, self._fit_run = None if fresh else self._resumed, None, None
+        self._fit_token = None
         self.error = None
         self._pending, self._last_send = [], time.monotonic()
         reason = _reachable(self.tracking_uri)
@@ -300,13 +311,14 @@ class MLflowLogger(Callback):
             self._fail(reason)
             self._on = False
             return
+        token = self._fit_token = new_token()
         params = flatten_params({**_config(trainer), "model": _model(trainer), "env": _environment(trainer)})
         accum, step = trainer.grad_accum_steps, trainer.global_step
         history, sizes = trainer.history, history_sizes(trainer.history)
 
         def start() -> None:
             mlflow = import_optional("mlflow", "MLflowLogger", _INSTALL)
-            from mlflow.entities import Metric, Param
+            from mlflow.entities import Metric, Param, RunTag
 
             if self._client is None:
                 self._client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
@@ -323,13 +335,14 @@ class MLflowLogger(Callback):
             accum_metric = Metric("control/grad_accum_steps", float(accum), int(time.time() * 1000), step)
             if earlier is not None:  # params stay as logged (MLflow refuses a changed value); metrics go on
                 continued, self._names, self._owners = earlier
-                self.run_id = continued
+                self.run_id = self._fit_run = continued
                 client.update_run(continued, status="RUNNING")
-                client.set_tag(continued, "nbtrainer.status", "running")
-                client.log_batch(continued, metrics=[accum_metric])
+                running = [RunTag("nbtrainer.status", "running"), RunTag(TOKEN_TAG, token)]
+                client.log_batch(continued, metrics=[accum_metric], tags=running)
                 return
-            tags = {"nbtrainer.status": "running", "nbtrainer.model": str(params.get("model.class")), **self.tags}
-            self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
+            tags = {"nbtrainer.status": "running", TOKEN_TAG: token, "nbtrainer.model": str(params.get("model.class"))}
+            tags.update(self.tags)
+            self.run_id = self._fit_run = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
             self._names, self._owners = {}, {}  # each run names its metrics afresh
             self._runs[trainer] = (self.run_id, self._names, self._owners)
             items = [Param(k, v) for k, v in params.items()]
@@ -339,8 +352,18 @@ class MLflowLogger(Callback):
                 # a resume that starts a new MLflow run (another trainer, a new process) sends what the History held
                 # before it, as the run store's run of it holds it: else the MLflow run would begin at the resume
                 self._metrics(history_values(history, sizes, self.every_step))
+            if resumed is not None:  # the run a killed process left RUNNING ends; the two point at each other
+                old = end_earlier(client, resumed, self.tracking_uri, self.run_id)
+                if old is not None:
+                    client.set_tag(self.run_id, "nbtrainer.resumed_from", old)
 
         self._submit(start)
+
+    def state_dict(self) -> dict[str, Any]:
+        return checkpoint_state(self._fit_run, self._fit_token, self.tracking_uri, self.experiment)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed = read_state(state)
 
     def on_refresh(self, trainer: LoopHost, progress: Any) -> None:
         if not self._on or self.error is not None or not progress.step_points:

@@ -381,3 +381,78 @@ def test_a_resume_into_a_new_mlflow_run_holds_the_whole_history(uri, tmp_path):
     val = client.get_metric_history(logger.run_id, "val_acc")
     assert [(m.step, m.value) for m in val] == [(r["steps"], pytest.approx(r["val_acc"])) for r in history.epochs]
     assert len(val) == 3
+
+
+_KILLED_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import torch
+from conftest import accuracy, make_classification, make_loader, mlp
+from nbtrainer import MLflowLogger, ModelCheckpoint, Trainer
+
+class KillAfterCheckpoint:
+    # step 8: epoch 1's last.ckpt (step 6) is written and MLflow holds the run's first points
+    def on_train_batch_end(self, trainer, **kw):
+        if trainer.global_step == 8:
+            assert logger.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+logger = MLflowLogger(tracking_uri={uri!r}, experiment="killed", send_interval=0.0)
+trainer = Trainer(
+    mlp(), torch.nn.CrossEntropyLoss(), "adamw", lr=3e-3, progress=False, metrics={{"acc": accuracy}},
+    callbacks=[ModelCheckpoint({ckpt!r}, save_last=True), logger, KillAfterCheckpoint()],
+    refresh_interval=0.0, run_store=False,
+)
+x, y = make_classification(n=96)
+trainer.fit(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=3)
+"""
+
+
+@pytest.mark.slow
+def test_the_mlflow_run_of_a_killed_process_is_ended_when_a_new_process_resumes_it(tmp_path):
+    """Before: a fit whose process was SIGKILLed left its MLflow run RUNNING for good; the resume from another process
+    started a new run and nothing ended (or pointed at) the killed one. Now the killed run ends KILLED, tagged with
+    the run that continues it, which is tagged with the run it resumes."""
+    uri, ckpt = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ckpt"
+    code = _KILLED_CHILD.format(tests=os.path.dirname(os.path.dirname(__file__)), uri=uri, ckpt=str(ckpt))
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    (killed,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert killed.info.status == "RUNNING"  # what the killed process left
+    logger = MLflowLogger(tracking_uri=uri, experiment="killed")
+    trainer = Trainer(
+        mlp(), torch.nn.CrossEntropyLoss(), "adamw", lr=3e-3, progress=False, metrics={"acc": accuracy},
+        callbacks=[ModelCheckpoint(ckpt, save_last=True), logger], refresh_interval=0.0, run_store=False,
+    )  # fmt: skip
+    x, y = make_classification(n=96)
+    history = trainer.fit(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epochs=3, resume_from="last")
+    assert history.status == "finished" and logger.error is None
+    old, new = client.get_run(killed.info.run_id), client.get_run(logger.run_id)
+    assert old.info.status == "KILLED" and old.info.end_time is not None
+    assert old.data.tags["nbtrainer.status"] == "killed" and "killed" in old.data.tags["nbtrainer.stop_reason"]
+    assert old.data.tags["nbtrainer.continued_by"] == new.info.run_id
+    assert new.info.status == "FINISHED" and new.data.tags["nbtrainer.resumed_from"] == old.info.run_id
+    assert [m.value for m in client.get_metric_history(new.info.run_id, "val_acc")] == pytest.approx(history["val_acc"])
+
+
+def test_a_resume_leaves_a_finished_run_and_a_run_still_training_as_they_are(uri, tmp_path):
+    """Branching from a checkpoint of a run that finished, or of one whose process still trains (here: this
+    process), ends nothing; the earlier run only gets the pointer to the branch."""
+    ckpt = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
+    first = MLflowLogger(tracking_uri=uri, experiment="branch")
+    _fit(first, tmp_path, epochs=1, callbacks=[ckpt])
+    client = mlflow.MlflowClient(uri)
+    for status in ("FINISHED", "RUNNING"):
+        client.update_run(first.run_id, status=status)  # RUNNING: as a process that still trains shows it
+        logger = MLflowLogger(tracking_uri=uri, experiment="branch")
+        trainer = Trainer(
+            mlp(), torch.nn.CrossEntropyLoss(), "adamw", lr=3e-3, progress=False, metrics={"acc": accuracy},
+            callbacks=[ModelCheckpoint(tmp_path / status, save_last=True), logger], refresh_interval=0.0,
+            run_store=tmp_path / "runs.db",
+        )  # fmt: skip
+        x, y = make_classification(n=96)
+        trainer.fit(make_loader(x, y, batch_size=16), epochs=2, resume_from=ckpt.last_model_path)
+        assert logger.error is None and logger.run_id != first.run_id
+        earlier = client.get_run(first.run_id)
+        assert earlier.info.status == status and earlier.data.tags["nbtrainer.continued_by"] == logger.run_id
