@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._events._history import group_lr_key
 from nbtrainer._events._stream import Progress
 from nbtrainer._report._format import format_number
 from nbtrainer._report._html import resolve_mode
@@ -207,7 +208,7 @@ class LRMonitor(Callback):
         if not lrs and trainer.optimizer is not None:
             lrs = [float(group["lr"]) for group in trainer.optimizer.param_groups]
         for i, lr in enumerate(lrs):
-            logs[f"lr_group{i}"] = lr
+            logs[group_lr_key(i)] = lr
 
 
 class HistoryRecorder:
@@ -218,7 +219,7 @@ class HistoryRecorder:
 
     def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if progress.step_points:
-            self.history.add_steps(progress.step_points, progress.epoch)
+            self.history.add_steps(progress.step_points, progress.epoch, progress.step_group_lrs)
 
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         self.history.add_event(**event)

@@ -16,7 +16,53 @@ from typing import Any
 
 from nbtrainer._events._sample_list import SampleList
 
-__all__ = ["History"]
+__all__ = ["History", "append_steps", "group_lr_key", "group_lr_keys", "group_lrs_of"]
+
+_BASE_STEP_KEYS = ("step", "epoch", "loss", "lr")
+
+
+def group_lr_key(index: int) -> str:
+    """The name of param group ``index``'s LR: in an epoch's row (``LRMonitor``), a step's column (index 1 up: group
+    0's is ``lr``) and the loggers' series."""
+    return f"lr_group{index}"
+
+
+def group_lr_keys(steps: dict[str, list]) -> list[str]:
+    """The param groups' LR columns of a History's ``steps`` (``lr_group1``...), in group order."""
+    keys = [k for k in steps if k.startswith("lr_group") and k[len("lr_group") :].isdigit()]
+    return sorted(keys, key=lambda k: int(k[len("lr_group") :]))
+
+
+def group_lrs_of(steps: dict[str, list]) -> dict[int, tuple[float, ...]]:
+    """A History's group LR columns by step, as ``Progress.step_group_lrs`` delivers them (group 0's first; NaN for a
+    group a step did not have); empty with one param group."""
+    keys = group_lr_keys(steps)
+    if not keys:
+        return {}
+    columns = [steps["lr"], *(steps[k] for k in keys)]
+    return {step: tuple(c[i] for c in columns) for i, step in enumerate(steps["step"])}
+
+
+def append_steps(
+    steps: dict[str, list], points: list[tuple[int, float, float]], epoch: int, group_lrs: dict[int, Any] | None = None
+) -> None:
+    """Append ``points`` (``(step, loss, lr)``) to the columns ``steps``; ``group_lrs``: every param group's LR at the
+    steps taken with several groups (``Progress.step_group_lrs``), into ``lr_group1``... A column starts at the first
+    step with its group (NaN before), and a step without the group (one param group then) has NaN in it."""
+    for step, loss, lr in points:
+        steps["step"].append(step)
+        steps["epoch"].append(epoch)
+        steps["loss"].append(loss)
+        steps["lr"].append(lr)
+        lrs = group_lrs.get(step) if group_lrs else None
+        if lrs is None and len(steps) == len(_BASE_STEP_KEYS):  # one param group: the usual case, nothing more
+            continue
+        n = len(steps["step"])
+        for i, value in enumerate(lrs[1:] if lrs else (), 1):
+            steps.setdefault(group_lr_key(i), [math.nan] * (n - 1)).append(value)
+        for column in steps.values():
+            if len(column) < n:
+                column.append(math.nan)
 
 
 class History:
@@ -29,7 +75,9 @@ class History:
             epoch's end (optimizer steps taken since the run started, resumed and ``fit_more`` runs counted on;
             skipped ones among them: fp16 overflow, ``on_nonfinite="skip"``), not per-epoch counts: an epoch's
             own are the difference with the row before.
-        steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``.
+        steps: per optimizer step, columnar: ``{"step": [...], "epoch": [...], "loss": [...], "lr": [...]}``
+            (``lr``: param group 0's LR the step used); with several param groups, also ``lr_group1``,
+            ``lr_group2``... (named as :class:`~nbtrainer.LRMonitor` names them): each group's LR the step used.
         events: control changes and notable moments (``{"step", "epoch", "kind", "old", "new"}``; a health
             report is one of kind ``"health"``).
         samples: what :class:`~nbtrainer.Samples` took: ``{"step", "epoch", "name", "kind": "text" | "image",
@@ -61,12 +109,11 @@ class History:
         # The same dict the callbacks receive: keys they add in on_epoch_end (LRMonitor) land here too.
         self.epochs.append(row)
 
-    def add_steps(self, points: list[tuple[int, float, float]], epoch: int) -> None:
-        for step, loss, lr in points:
-            self.steps["step"].append(step)
-            self.steps["epoch"].append(epoch)
-            self.steps["loss"].append(loss)
-            self.steps["lr"].append(lr)
+    def add_steps(
+        self, points: list[tuple[int, float, float]], epoch: int, group_lrs: dict[int, Any] | None = None
+    ) -> None:
+        """Append a refresh's step points; ``group_lrs`` as :func:`append_steps` takes them."""
+        append_steps(self.steps, points, epoch, group_lrs)
 
     def add_event(self, **event: Any) -> None:
         self.events.append(event)
@@ -253,7 +300,7 @@ class History:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epochs = [dict(r) for r in state.get("epochs", [])]
         steps = state.get("steps") or {}
-        self.steps = {k: list(steps.get(k, [])) for k in ("step", "epoch", "loss", "lr")}
+        self.steps = {k: list(steps.get(k, [])) for k in (*_BASE_STEP_KEYS, *group_lr_keys(steps))}
         self.events = [dict(e) for e in state.get("events", [])]
         self.samples = SampleList(_decoded(s) for s in state.get("samples", []))
         self.health = _no_health()

@@ -1,7 +1,8 @@
 """Loggers: ``TensorBoardLogger`` and ``CSVLogger``, callbacks fed by the trainer's events.
 
-Per-step values (loss, LR) come from ``on_refresh``'s ``progress.step_points``: already on the host, read
-by the trainer's throttled refresh, so a logger adds no device sync and nothing to the per-step path.
+Per-step values (loss, LR) come from ``on_refresh``'s ``progress.step_points`` (each param group's LR from its
+``step_group_lrs``): already on the host, read by the trainer's throttled refresh, so a logger adds no device sync
+and nothing to the per-step path.
 Epoch values (train and validation) come from ``on_epoch_end``; LR and accumulation changes made from the
 panel (or ``set_lr`` / ``set_grad_accum_steps``) from ``on_control``. Only rank 0 writes under DDP.
 
@@ -21,6 +22,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
+from nbtrainer._events._history import group_lr_key, group_lr_keys, group_lrs_of
 from nbtrainer._events._stream import Progress
 from nbtrainer._optional import require
 from nbtrainer._report._format import format_value
@@ -104,7 +106,8 @@ class _RunFolders(Callback):
 class TensorBoardLogger(_RunFolders):
     """Write TensorBoard event files: per-step loss and LR, every epoch value, mid-run LR / accumulation changes.
 
-    Tags (the x axis is the optimizer step everywhere): ``step/loss``, ``step/lr``; ``epoch/<key>`` for every
+    Tags (the x axis is the optimizer step everywhere): ``step/loss``, ``step/lr`` (param group 0's; with several
+    groups also ``step/lr_group1``..., each group's LR); ``epoch/<key>`` for every
     value of the epoch's History row at the epoch's last step (``epoch/loss``, ``epoch/val_loss``,
     ``epoch/val_acc``, ``epoch/epoch``...); ``control/lr`` and ``control/grad_accum_steps`` where they change
     (the accumulation also at the start), with a ``control`` text entry. Event files are flushed at each
@@ -164,9 +167,8 @@ class TensorBoardLogger(_RunFolders):
     def _write_history(self, history: Any, upto: int) -> None:
         """A resumed run's History up to its step ``upto``, into a new folder, as the fits before wrote it."""
         steps = history.steps
-        self._write_steps(
-            (s, loss, lr) for s, loss, lr in zip(steps["step"], steps["loss"], steps["lr"], strict=False) if s <= upto
-        )
+        points = [p for p in zip(steps["step"], steps["loss"], steps["lr"], strict=False) if p[0] <= upto]
+        self._write_steps(points, group_lrs_of(steps))
         for row in history.epochs:
             for key, value in _scalars(row).items():
                 self._writer.add_scalar(f"epoch/{key}", value, int(row.get("steps") or 0))
@@ -174,16 +176,19 @@ class TensorBoardLogger(_RunFolders):
             if event.get("kind") in _CONTROL_KINDS:
                 self._write_control(event)
 
-    def _write_steps(self, points: Any) -> None:
+    def _write_steps(self, points: list[tuple[int, float, float]], group_lrs: dict[int, tuple[float, ...]]) -> None:
         writer = self._writer
         for step, loss, lr in points:
             if math.isfinite(loss):
                 writer.add_scalar("step/loss", loss, step)
             writer.add_scalar("step/lr", lr, step)
+            for i, value in enumerate(group_lrs.get(step, ())[1:], 1):
+                if math.isfinite(value):  # NaN: the step had no such group
+                    writer.add_scalar(f"step/{group_lr_key(i)}", value, step)
 
     def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if self._writer is not None:
-            self._write_steps(progress.step_points)
+            self._write_steps(progress.step_points, progress.step_group_lrs)
 
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if self._writer is not None and event.get("kind") in _CONTROL_KINDS:
@@ -227,7 +232,8 @@ class CSVLogger(_RunFolders):
     * ``epochs.csv``: the History's epoch rows (train and validation values, time, samples/s...),
       rewritten **atomically** at each epoch end (temp file + ``os.replace``): small, its columns can grow
       (validation every n epochs, keys added by callbacks), and a reader never sees half a file.
-    * ``steps.csv``: ``step,epoch,loss,lr`` per optimizer step, **append-only**, flushed at each epoch end
+    * ``steps.csv``: ``step,epoch,loss,lr`` per optimizer step (with several param groups also ``lr_group1``...,
+      each group's LR; ``lr`` is group 0's), **append-only**, flushed at each epoch end
       and when the fit ends: it grows with every step, so rewriting it would cost O(steps) each time;
       its columns are fixed, so appending is safe. A resume first drops the rows after the checkpoint's step,
       then writes the checkpoint's steps the file lacks (the rows a killed run had not flushed yet), so the
@@ -265,6 +271,7 @@ class CSVLogger(_RunFolders):
         self.dir = os.fspath(dir)
         self._steps: Any = None
         self._writer: Any = None
+        self._groups = 0  # the param groups after group 0 that steps.csv has a column for
 
     @property
     def _root(self) -> str:
@@ -298,11 +305,16 @@ class CSVLogger(_RunFolders):
         written = 0
         if self._open_run(trainer) and start and os.path.exists(self.steps_path):
             # A resume: the rows a killed run wrote after its checkpoint go.
-            written = self._truncate_steps(start)
+            written, header = self._truncate_steps(start)
+            self._groups = max(len(header) - len(self.STEP_FIELDS), 0)  # the file's columns stay
             self._steps = open(self.steps_path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - closed in on_fit_end
         else:
+            optimizer = trainer.optimizer
+            n = max(len(optimizer.param_groups) if optimizer is not None else 1, 1)
+            self._groups = max(n - 1, len(group_lr_keys(trainer.history.steps)))
             self._steps = open(self.steps_path, "w", newline="", encoding="utf-8")  # noqa: SIM115
-            csv.writer(self._steps).writerow(self.STEP_FIELDS)
+            groups = [group_lr_key(i) for i in range(1, self._groups + 1)]
+            csv.writer(self._steps).writerow([*self.STEP_FIELDS, *groups])
         self._writer = csv.writer(self._steps)
         if start:
             # Rows the killed run had not flushed yet (steps.csv is buffered until an epoch end) died with it,
@@ -311,8 +323,8 @@ class CSVLogger(_RunFolders):
         trainer.history.to_csv(self.epochs_path)
         self._write_events(trainer.history.events)
 
-    def _truncate_steps(self, last: int) -> int:
-        """Drop the rows after step ``last``; returns the last step the file keeps (0: none)."""
+    def _truncate_steps(self, last: int) -> tuple[int, list[str]]:
+        """Drop the rows after step ``last``; returns the last step the file keeps (0: none) and its header."""
         from nbtrainer._atomic import atomic_write_bytes
 
         with open(self.steps_path, newline="", encoding="utf-8") as fh:
@@ -321,20 +333,30 @@ class CSVLogger(_RunFolders):
         buf = io.StringIO()
         csv.writer(buf).writerows(kept)
         atomic_write_bytes(self.steps_path, buf.getvalue().encode())
-        return max((int(r[0]) for r in kept[1:]), default=0)
+        return max((int(r[0]) for r in kept[1:]), default=0), (rows[0] if rows else [])
+
+    def _rows(self, points: Any, group_lrs: dict[int, tuple[float, ...]]) -> list[tuple[Any, ...]]:
+        """``(step, epoch, loss, lr)`` points as rows: full precision, and each param group's LR in its column (empty
+        where the step had no such group; a group added after the file began has no column: the History has it)."""
+        n = self._groups
+        rows = []
+        for step, epoch, loss, lr in points:
+            lrs = group_lrs.get(step, ()) if n else ()
+            groups = (repr(lrs[i]) if i < len(lrs) and math.isfinite(lrs[i]) else "" for i in range(1, n + 1))
+            rows.append((step, epoch, repr(loss), repr(lr), *groups))
+        return rows
 
     def _write_history_steps(self, steps: dict[str, list], *, after: int, upto: int) -> None:
-        rows = zip(steps["step"], steps["epoch"], steps["loss"], steps["lr"], strict=False)
-        self._writer.writerows(
-            (step, epoch, repr(loss), repr(lr)) for step, epoch, loss, lr in rows if after < step <= upto
-        )
+        points = zip(steps["step"], steps["epoch"], steps["loss"], steps["lr"], strict=False)
+        self._writer.writerows(self._rows([p for p in points if after < p[0] <= upto], group_lrs_of(steps)))
         self._steps.flush()
 
     def on_refresh(self, trainer: TrainerView, progress: Progress) -> None:
         if self._writer is None or not progress.step_points:
             return
         epoch = progress.epoch
-        self._writer.writerows((step, epoch, repr(loss), repr(lr)) for step, loss, lr in progress.step_points)
+        points = [(step, epoch, loss, lr) for step, loss, lr in progress.step_points]
+        self._writer.writerows(self._rows(points, progress.step_group_lrs))
 
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
         if self._writer is not None:

@@ -116,7 +116,8 @@ class Progress:
 
     ``lr`` is group 0's learning rate now (a per-step scheduler has already moved it on for the next step);
     ``step_lrs`` each param group's LR as the last optimizer step used it: what the epoch's row and ``LRMonitor``
-    report.
+    report. ``step_group_lrs``: with several param groups, every group's LR (group 0's first: the point's ``lr``)
+    that each step of ``step_points`` used, by step; empty with one param group.
 
     ``status`` is ``running``, ``pausing`` (a pause was requested; the loop has not reached the step
     boundary yet), ``paused`` (the loop holds), ``stopping``, then the fit's final status. ``memory`` is the
@@ -142,6 +143,7 @@ class Progress:
     step_lrs: list[float] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     step_points: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    step_group_lrs: dict[int, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     eta_epoch: float | None = None
     eta_fit: float | None = None
     step_times: dict[str, float] | None = None

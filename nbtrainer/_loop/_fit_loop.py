@@ -406,9 +406,9 @@ class FitLoop:
         """How the training batches reach the device (``"loader"``, ``"batched"``, ``"device"``, ``"pinned"``)."""
         return self.train_data.mode
 
-    def pending_points(self) -> list[tuple[int, float, float]]:
-        """Per-step ``(step, loss, lr)`` points read from the device but not yet delivered by a refresh."""
-        return list(self.pending.points)
+    def pending_points(self) -> tuple[list[tuple[int, float, float]], dict[int, tuple[float, ...]]]:
+        """Per-step ``(step, loss, lr)`` points read, not yet delivered by a refresh, and their groups' LRs by step."""
+        return list(self.pending.points), dict(self.pending.group_lrs)
 
     def epoch_elapsed(self) -> float:
         """Seconds spent in the current epoch (a resumed epoch counts its time before the resume)."""
@@ -481,7 +481,7 @@ class FitLoop:
         used = st.step_lrs if st.step_lrs is not None else [g["lr"] for g in self.step.optimizer.param_groups]
         p.step_lrs = [float(v) for v in used]
         p.metrics = t.run_state.train_metrics.running(st.samples)
-        p.step_points = self.pending.take_points()
+        p.step_points, p.step_group_lrs = self.pending.take_points()
         p.grad_accum_steps = t.options.step.grad_accum_steps
         p.skipped_steps = st.skipped_steps
         p.step_times = self._step_times

@@ -72,23 +72,24 @@ class LoopState:
 def close_windows(
     open_window: list[tuple[float, int]],
     read: Iterable[tuple[float, int]],
-    marks: list[tuple[int, int, float]],
+    marks: list[tuple[int, int, Any]],
     *,
     end: int,
-) -> tuple[list[tuple[int, float, float]], list[tuple[float, int]], list[tuple[int, int, float]]]:
+) -> tuple[list[tuple[int, float, Any]], list[tuple[float, int]], list[tuple[int, int, Any]]]:
     """One point per closed optimizer step: its window's sample-weighted mean loss (a one-batch window is just its
     loss). ``open_window`` holds the ``(loss, batch size)`` read earlier of the window still open, ``read`` those
     just read, ``marks`` the steps taken as ``(step, cumulative micro-batch end, lr)`` and ``end`` the cumulative
-    micro-batch count read so far. Returns the points, the window left open and the marks not yet closed."""
+    micro-batch count read so far. Returns the points (each with its mark's ``lr`` as it was marked), the window
+    left open and the marks not yet closed."""
     vals = open_window + list(read)
     first = end - len(vals)  # cumulative micro-batch index of vals[0]
-    points: list[tuple[int, float, float]] = []
+    points: list[tuple[int, float, Any]] = []
     lo = j = 0
     for step, cum, lr in marks:
         if cum > end:
             break
         hi = cum - first
-        points.append((step, window_loss(vals[lo:hi]), float(lr)))
+        points.append((step, window_loss(vals[lo:hi]), lr))
         lo = hi
         j += 1
     return points, vals[lo:], marks[j:]

@@ -1,10 +1,10 @@
 """The training values a fit has not read from the device yet (:class:`PendingReads`), and what one read makes of them.
 
-Each micro-batch leaves its detached loss (a 0-d device tensor) and its batch size here, and each optimizer step a
-mark (the step, the micro-batches taken so far, its LR). :meth:`PendingReads.read` is the throttled read of the loop's
-sync budget (``_fit_loop``'s docstring, points 1 and 2): the losses and the metrics' pending values stacked and read in
-one transfer, added exactly to the epoch's running sums (``LoopState``), and turned into one point per closed optimizer
-step (``close_windows``), kept until the next refresh delivers them.
+Each micro-batch leaves its detached loss (a 0-d device tensor) and its batch size here, and each optimizer step a mark
+(the step, the micro-batches taken so far, its LR: with several param groups, every group's). :meth:`PendingReads.read`
+is the throttled read of the loop's sync budget (``_fit_loop``'s docstring, points 1 and 2): the losses and the metrics'
+pending values stacked and read in one transfer, added exactly to the epoch's running sums (``LoopState``), and turned
+into one point per closed optimizer step (``close_windows``), kept until the next refresh delivers them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,8 +36,10 @@ class PendingReads:
         losses / sizes: each micro-batch's loss (on the device) and batch size since the last read. The epoch loop
             appends to these very lists (it holds them as locals): they are cleared in place, never replaced.
         taken: micro-batches taken in the whole fit.
-        marks: the optimizer steps not yet closed by a read: ``(global step, micro-batches taken, lr)``.
-        points: per-step ``(step, loss, lr)`` read, not yet delivered by a refresh.
+        marks: the optimizer steps not yet closed by a read: ``(global step, micro-batches taken, lr)`` (``lr`` as
+            ``_step.used_lr`` gives it: a list with several param groups).
+        points: per-step ``(step, loss, lr)`` read, not yet delivered by a refresh (``lr``: group 0's).
+        group_lrs: every param group's LR at the steps of ``points`` taken with several groups, by step.
         open: ``(loss, batch size)`` read so far of the accumulation window still open.
     """
 
@@ -46,16 +48,18 @@ class PendingReads:
         self.sizes: list[int] = []
         self.base = 0  # cumulative micro-batch index of losses[0]
         self.taken = 0
-        self.marks: list[tuple[int, int, float]] = []
+        self.marks: list[tuple[int, int, Any]] = []
         self.points: list[tuple[int, float, float]] = []
+        self.group_lrs: dict[int, tuple[float, ...]] = {}
         self.open: list[tuple[float, int]] = []
 
-    def mark_step(self, step: int, lr: float) -> None:
+    def mark_step(self, step: int, lr: Any) -> None:
         self.marks.append((step, self.taken, lr))
 
-    def take_points(self) -> list[tuple[int, float, float]]:
-        points, self.points = self.points, []
-        return points
+    def take_points(self) -> tuple[list[tuple[int, float, float]], dict[int, tuple[float, ...]]]:
+        """The points read since the last call, and their steps' param groups' LRs (``Progress.step_group_lrs``)."""
+        points, group_lrs, self.points, self.group_lrs = self.points, self.group_lrs, [], {}
+        return points, group_lrs
 
     def release(self) -> None:
         """Drop the device values not read yet (an out-of-memory error frees them with the step's tensors)."""
@@ -66,7 +70,7 @@ class PendingReads:
         """Forget the steps since the last read too (a rollback restored an earlier state)."""
         self.release()
         self.base = self.taken
-        self.marks, self.points, self.open = [], [], []
+        self.marks, self.points, self.open, self.group_lrs = [], [], [], {}
 
     def deliver_after_failure(self, flush: Callable[[], None], refresh: Callable[[], None]) -> None:
         """A fit failed: read what is pending (one transfer) and deliver the steps read with one last refresh, so that
@@ -101,11 +105,17 @@ class PendingReads:
             weighted = [v * b for v, b in zip(losses, sizes, strict=True)]
         state.loss_sum = exact_add(state.loss_parts, weighted)
         metrics.absorb(metric_vals, sizes)
-        points, self.open, self.marks = close_windows(
+        marked, self.open, self.marks = close_windows(
             self.open, zip(losses, sizes, strict=True), self.marks, end=self.base + n
         )
         self.base += n
         self.losses.clear()  # in place: the epoch loop holds local aliases of these lists
         self.sizes.clear()
+        points = []
+        for step, loss, lr in marked:
+            if isinstance(lr, list):  # several param groups: group 0's is the point's, every group's kept beside
+                lrs = self.group_lrs[step] = tuple(float(v) for v in lr)
+                lr = lrs[0]
+            points.append((step, loss, float(lr)))
         self.points += points
         return losses, points

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from nbtrainer._loop._host import LoopHost
     from nbtrainer._loop._nonfinite import NonFiniteGuard
 
-__all__ = ["TrainStep", "split_steps"]
+__all__ = ["TrainStep", "split_steps", "used_lr"]
 
 _NULL = contextlib.nullcontext()
 
@@ -161,20 +161,21 @@ class TrainStep:
         scaler = self.host.scaler
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
-    def step(self, rescale: float = 1.0) -> tuple[bool, float]:
+    def step(self, rescale: float = 1.0) -> tuple[bool, Any]:
         """The optimizer step of a closed window; ``rescale`` corrects a window that ended early (its
-        micro-batches were divided by the planned size). Returns ``(skipped, lr the step used)``."""
+        micro-batches were divided by the planned size). Returns ``(skipped, the LR the step used)``: see
+        :func:`used_lr`."""
         host = self.host
         opt, scaler = self.optimizer, host.scaler
         if self.manual is not None:  # training_step stepped each optimizer (and its scheduler) itself
             self.scheduled_from = used = self.manual.handle.used_lrs
-            lr = used[0] if used is not None else opt.param_groups[0]["lr"]
+            lr = used_lr(opt, used)
             stepped = self.manual.window_closed(first_window=host.run_state.loop_state.global_step == 0)
             if scaler is not None:
                 scaler.update()  # one scale for every optimizer of the window
             return not stepped, lr
         if self._in_backward is not None:  # updated during backward; parameters without a gradient keep none
-            lr = opt.param_groups[0]["lr"]
+            lr = used_lr(opt)
             opt.zero_grad(set_to_none=True)
             skipped = not self._stepped
             self._schedule(skipped)
@@ -187,7 +188,7 @@ class TrainStep:
             closure, self.closure = self.closure, None
             if closure is not None:  # LBFGS: the gradients (clipped) come from the closure, inside the step
                 self._before_step(opt)
-                lr = opt.param_groups[0]["lr"]
+                lr = used_lr(opt)
                 self._stepped = False
                 opt.step(closure)
                 opt.zero_grad(set_to_none=True)
@@ -205,7 +206,7 @@ class TrainStep:
             else:
                 self.grad_norm = None
             self._before_step(opt)
-            lr = opt.param_groups[0]["lr"]
+            lr = used_lr(opt)
             self._stepped = False
             # on_nonfinite="skip"/"stop": a window with a non-finite loss does not update (see _nonfinite)
             guard = self.nonfinite
@@ -226,7 +227,7 @@ class TrainStep:
             if cb.has("on_before_optimizer_step") or step >= cb.next_due:
                 cb.call_before_step(step, trainer=self.host, optimizer=opt)
 
-    def _after_step(self, lr: float) -> tuple[bool, float]:
+    def _after_step(self, lr: Any) -> tuple[bool, Any]:
         skipped = not self._stepped
         self._schedule(skipped)
         return skipped, lr
@@ -239,6 +240,16 @@ class TrainStep:
             scheduler.step()
         else:
             self.scheduled_from = None
+
+
+def used_lr(optimizer: Any, used: list[Any] | None = None) -> Any:
+    """The LR a step used, as the loop keeps it until the throttled read: group 0's, or with several param groups a list
+    of every group's (``used``: the manual step's record of them). Read as they are: an LR held in a tensor becomes a
+    float at the read, with the losses, never at the step."""
+    groups = optimizer.param_groups
+    if len(groups) == 1:
+        return used[0] if used is not None else groups[0]["lr"]
+    return list(used) if used is not None else [group["lr"] for group in groups]
 
 
 class _Handles:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._events._history import append_steps
 from nbtrainer._events._model_checkpoint import ModelCheckpoint
 from nbtrainer._resume._checkpoint_io import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from nbtrainer._resume._full_state import gather_full, load_weights, shards_parameters
@@ -65,11 +66,8 @@ def trainer_state_dict(trainer: LoopHost, *, weights: bool = True) -> dict[str, 
     if loop is not None:
         # Per-step points read by the flush reach the History at the next refresh: put them in the saved
         # copy now, or a resumed run's step series would have a hole.
-        pending = loop.pending_points()
-        epoch = st.epoch + 1
-        for step, loss, lr in pending:
-            for key, value in (("step", step), ("epoch", epoch), ("loss", loss), ("lr", lr)):
-                history["steps"][key].append(value)
+        points, group_lrs = loop.pending_points()
+        append_steps(history["steps"], points, st.epoch + 1, group_lrs)
         if not st.epoch_complete:
             loop_state["epoch_time"] = loop.epoch_elapsed()
     model_state: dict[str, Any] = {}

@@ -108,21 +108,21 @@ def _reachable(uri: str) -> str | None:
 class MLflowLogger(Callback):
     """Log each fit to MLflow: settings as params, per-step and epoch values, panel changes, status, checkpoints.
 
-    What goes where: params are the run's flattened settings (``optimizer``, ``optimizer_params.lr``,
-    ``precision``, ``batch_size``, ``model.params``...; values longer than MLflow's 6000 characters are cut);
-    metrics ``step/loss`` and ``step/lr`` at the refresh interval (the mean loss of the steps since the last
-    refresh and the LR, at the last of those steps; ``every_step=True``: every step's values), every epoch value
-    under its own name (``loss``, ``val_loss``, ``val_acc``...) at the epoch's last step, ``control/lr`` and
-    ``control/grad_accum_steps`` where the panel (or ``set_lr``) changed them, ``health/<kind>`` where
-    :class:`~nbtrainer.Health` reported (its message in the tag ``nbtrainer.health.<kind>``); tags ``nbtrainer.status``,
-    ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the events as
-    ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The MLflow
-    run ends FINISHED, KILLED (stopped, interrupted) or FAILED. ``fit_more`` extends the trainer's run; a resume
+    What goes where: params are the run's flattened settings (``optimizer``, ``optimizer_params.lr``, ``precision``,
+    ``batch_size``, ``model.params``...; values longer than MLflow's 6000 characters are cut); metrics ``step/loss`` and
+    ``step/lr`` (and ``step/lr_group1``... with several param groups) at the refresh interval (the mean loss of the
+    steps since the last refresh and the LR, at the last of those steps; ``every_step=True``: every step's values),
+    every epoch value under its own name (``loss``, ``val_loss``, ``val_acc``...) at the epoch's last step,
+    ``control/lr`` and ``control/grad_accum_steps`` where the panel (or ``set_lr``) changed them, ``health/<kind>``
+    where :class:`~nbtrainer.Health` reported (its message in the tag ``nbtrainer.health.<kind>``); tags
+    ``nbtrainer.status``, ``nbtrainer.stop_reason``, ``nbtrainer.run_id`` (the run in ``nbtrainer.Runs``) and yours; the
+    events as ``events.json``; with ``log_checkpoints=True`` every ModelCheckpoint file under ``checkpoints/``. The
+    MLflow run ends FINISHED, KILLED (stopped, interrupted) or FAILED. ``fit_more`` extends the trainer's run; a resume
     (``resume_from=``) in a new process starts a run that holds the whole History, tagged ``nbtrainer.resumed_from``
     (the run the checkpoint names by its id or its tag ``nbtrainer.fit_token``), which gets ``nbtrainer.continued_by``
-    and, if a killed process left it RUNNING, ends KILLED. A character MLflow does not take in a name becomes
-    ``_``; two metrics that would then share a name (``acc@1``, ``acc#1``) stay apart (``acc_1``, ``acc_1_2``, said
-    once in a warning).
+    and, if a killed process left it RUNNING, ends KILLED. A character MLflow does not take in a name becomes ``_``; two
+    metrics that would then share a name (``acc@1``, ``acc#1``) stay apart (``acc_1``, ``acc_1_2``, said once in a
+    warning).
 
     Args:
         tracking_uri: ``None``: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working folder
@@ -369,7 +369,7 @@ class MLflowLogger(Callback):
         if not self._on or self.error is not None or not progress.step_points:
             return
         # by default one point per refresh window: MLflow's SQL store spends ~0.1 ms on each value it stores
-        self._pending += step_values(progress.step_points, self.every_step)
+        self._pending += step_values(progress.step_points, self.every_step, progress.step_group_lrs)
         if time.monotonic() - self._last_send >= self.send_interval:
             self._send()
 
