@@ -361,6 +361,36 @@ def eval_loader(data: Any, batch_size: int | None, *, name: str) -> Any:
     return as_loader(data, batch_size=EVAL_BATCH_SIZE if batch_size is None else batch_size, name=name)
 
 
+def predict_loader(data: Any, batch_size: int | None) -> Any:
+    """``predict``: as :func:`eval_loader`, and a DataLoader that draws its items in a random order refused (its
+    outputs would line up with no row of the dataset, and the mismatch would show nowhere)."""
+    loader = eval_loader(data, batch_size, name="predict() loader")
+    sampler = _shuffling_sampler(loader)
+    if sampler is not None:
+        raise ValueError(
+            f"The predict() loader draws its items in a random order (a {type(sampler).__name__}), so the outputs "
+            "would come back in that order and match no row of the dataset. Predict on a loader in order: "
+            "DataLoader(dataset, batch_size=..., shuffle=False) (not the training loader, which shuffles), or pass "
+            "the dataset or arrays themselves with batch_size=."
+        )
+    return loader
+
+
+def _shuffling_sampler(loader: Any) -> Any:
+    """The sampler of a DataLoader that visits its items in a random order, else None (an order the loader does
+    not show, such as a sampler of the user's own or an IterableDataset, is taken as it comes)."""
+    from torch.utils.data import DataLoader, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+
+    if not isinstance(loader, DataLoader):
+        return None
+    # DataLoader(batch_sampler=...) keeps a SequentialSampler as .sampler: the order is its batch sampler's
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    sampler = loader.sampler if sampler is None else sampler
+    if isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
+        return sampler
+    return sampler if getattr(sampler, "shuffle", False) is True else None  # DistributedSampler(shuffle=True)
+
+
 def _what(loader: Any) -> str:
     """'a DataLoader', 'a list of 3 batches'... for errors about what was passed."""
     if isinstance(loader, list):

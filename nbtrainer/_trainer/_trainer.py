@@ -380,12 +380,12 @@ class Trainer:
         the model's structure (tuple, dict, ``ModelOutput``, dataclass) of concatenated tensors (others, such as an
         LSTM's ``(h, c)``, as a list per batch), from ``predict_step=`` / :meth:`predict_step` (the rule when only
         ``compute_loss`` is customised: ``nbtrainer._data._predict_collect``), in eval mode under ``torch.no_grad``
-        and the trainer's precision. ``loader``: batches, or arrays as in :meth:`fit` (``batch_size`` default 256).
-        ``per_batch``: a list of each batch's outputs. ``pad_index``: fills the dimensions that vary between batches
-        (-100). ``keep_dtype``: keep autocast's half-precision outputs (default: float32, so ``.numpy()`` works).
-        ``keep``: entries left out by default as they grow with the data: ``"loss"``, ``"cache"`` (Hugging Face
-        models then run with ``use_cache=False``), ``"hidden_states"``, ``"attentions"``. ``to_cpu``: each batch's
-        outputs moved to the CPU as they come (``False``: kept on the trainer's device).
+        and the trainer's precision. ``loader``: batches in order (a DataLoader that shuffles is refused), or arrays
+        as in :meth:`fit` (``batch_size`` default 256). ``per_batch``: a list of each batch's outputs. ``pad_index``:
+        fills the dimensions that vary between batches (-100). ``keep_dtype``: keep autocast's half-precision outputs
+        (default: float32, so ``.numpy()`` works). ``keep``: entries left out by default as they grow with the data:
+        ``"loss"``, ``"cache"`` (Hugging Face models then run with ``use_cache=False``), ``"hidden_states"``,
+        ``"attentions"``. ``to_cpu``: each batch's outputs moved to the CPU as they come (``False``: kept on device).
 
         Example:
             >>> import torch
@@ -394,7 +394,7 @@ class Trainer:
             >>> tuple(out.shape), out.dtype
             ((6, 2), torch.float32)
         """
-        loader = self._steps.batches(_arrays.eval_loader(loader, batch_size, name="predict() loader"))
+        loader = self._steps.batches(_arrays.predict_loader(loader, batch_size))
         self._place()
         return self._steps.predict(
             loader, per_batch=per_batch, pad_index=pad_index, keep_dtype=keep_dtype, keep=keep, to_cpu=to_cpu

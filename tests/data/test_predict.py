@@ -439,3 +439,46 @@ def test_predict_refuses_a_loader_that_yields_no_batches(empty: str) -> None:
     }
     with pytest.raises(ValueError, match=r"predict\(\) loader yielded no batches.*drop_last=True"):
         Trainer(mlp(), None, progress=False).predict(loaders[empty])
+
+
+# -- the order of the outputs -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        lambda ds: torch.utils.data.RandomSampler(ds),
+        lambda ds: torch.utils.data.SubsetRandomSampler(range(len(ds))),
+        lambda ds: torch.utils.data.WeightedRandomSampler(torch.ones(len(ds)), len(ds)),
+        lambda ds: torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True),
+    ],
+    ids=["shuffle", "subset", "weighted", "distributed"],
+)
+@pytest.mark.parametrize("as_batch_sampler", [False, True])
+def test_predict_refuses_a_loader_that_shuffles(make_sampler, as_batch_sampler):
+    """Outputs in a random order match no row of the dataset: refused with the fix, before the model runs."""
+    dataset = torch.utils.data.TensorDataset(X, Y)
+    sampler = make_sampler(dataset)
+    if as_batch_sampler:
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=torch.utils.data.BatchSampler(sampler, 8, False))
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+    model = mlp()
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", progress=False)
+    with pytest.raises(ValueError, match=r"predict\(\) loader.*Sampler.*shuffle=False") as info:
+        trainer.predict(loader)
+    assert type(sampler).__name__ in str(info.value)
+    assert calls == []
+
+
+def test_predict_keeps_the_dataset_order_of_a_loader_in_order():
+    dataset = torch.utils.data.TensorDataset(X, Y)
+    model = mlp()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), "adamw", progress=False)
+    in_order = torch.utils.data.DataLoader(dataset, batch_size=5, sampler=torch.utils.data.SequentialSampler(dataset))
+    with torch.no_grad():
+        expected = model(X)
+    torch.testing.assert_close(trainer.predict(in_order), expected)
+    torch.testing.assert_close(trainer.predict(torch.utils.data.DataLoader(dataset, batch_size=5)), expected)
+    # the loader fit trains on is refused, the same data in order is not
+    torch.testing.assert_close(trainer.predict(dataset, batch_size=7), expected)
