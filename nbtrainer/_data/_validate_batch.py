@@ -173,10 +173,14 @@ def _criterion_hint(criterion: Any, exc: BaseException, outputs: Any, targets: A
     out_map = as_mapping(outputs) if out_t is None else None
     if out_map is not None and "logits" in out_map:
         call = f"{name}()" if isinstance(criterion, torch.nn.Module) else "loss_fn"
+        # a plain dict has no .logits, a dataclass no ["logits"]: the suggestion must run as pasted
+        take = "out.logits" if hasattr(outputs, "logits") else 'out["logits"]'
+        # a loss field (None here: no labels were passed) means the model computes one; a dict of logits does not
+        own_loss = "loss" in out_map or "loss" in getattr(type(outputs), "__dataclass_fields__", {})
+        other = " (or criterion=None to use the model's own loss from 'labels')" if own_loss else ""
         return (
             f"The model returns a {type(outputs).__name__}, and the criterion gets it whole. Take the tensor "
-            f"it needs: criterion=lambda out, y: {call}(out.logits, y) (or criterion=None to use the "
-            "model's own loss from 'labels')."
+            f"it needs: criterion=lambda out, y: {call}({take}, y){other}."
         )
     if ("0D or 1D target" in text or "multi-target" in text) and tgt_t is not None:
         return (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -106,7 +108,7 @@ def test_evaluate_names_the_fix_when_the_criterion_or_a_metric_fails_on_the_firs
             return {"logits": self.layer(x)}
 
     whole = Trainer(Logits(), torch.nn.CrossEntropyLoss(), progress=False)
-    _refused(whole, [(x, y)], TypeError, "criterion=lambda out, y: CrossEntropyLoss()(out.logits, y)")
+    _refused(whole, [(x, y)], TypeError, 'criterion=lambda out, y: CrossEntropyLoss()(out["logits"], y)')
     int32 = Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False)
     _refused(int32, [(x, y.int())], RuntimeError, "wants int64 class indices", "y.long()")
     wrong = Trainer(mlp(), torch.nn.CrossEntropyLoss(), progress=False, metrics={"acc": lambda out, t: out.argmax(-1)})
@@ -142,3 +144,41 @@ def test_evaluate_refuses_a_loader_without_len_that_yields_no_batches(empty: str
     loader = iter(nothing) if empty == "iterator" else (b for b in nothing)
     with pytest.raises(ValueError, match=r"evaluate\(\) loader yielded no batches.*already consumed"):
         trainer.evaluate(loader)
+
+
+@dataclasses.dataclass
+class _LogitsAndLoss:  # an output object read by attribute, with a loss field, as Hugging Face's are
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class _Structured(torch.nn.Module):
+    def __init__(self, wrap: Any) -> None:
+        super().__init__()
+        self.layer, self.wrap = torch.nn.Linear(10, 3), wrap
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.wrap(self.layer(x))
+
+
+@pytest.mark.parametrize(
+    "wrap, model_loss",
+    [(lambda t: {"logits": t}, False), (lambda t: _LogitsAndLoss(t), True)],
+    ids=["dict", "object"],
+)
+def test_the_criterion_the_refusal_suggests_for_a_structured_output_runs(wrap, model_loss):
+    """The fix in the message is code: pasted back, it must evaluate (a dict has no .logits attribute), and
+    criterion=None is offered only where the output has a loss to use."""
+    x, y = make_classification(n=8)
+    model = _Structured(wrap)
+    with pytest.raises(TypeError, match="the criterion gets it whole") as info:
+        Trainer(model, torch.nn.CrossEntropyLoss(), progress=False).evaluate([(x, y)])
+    message = str(info.value)
+    suggested = re.search(r"criterion=(lambda out, y: .*?\(out\S*, y\))", message)
+    assert suggested is not None, message
+    criterion = eval(suggested.group(1), {"CrossEntropyLoss": torch.nn.CrossEntropyLoss})
+    logs = Trainer(model, criterion, progress=False).evaluate([(x, y)])
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model.layer(x), y).item()
+    assert logs["val_loss"] == pytest.approx(expected)
+    assert ("criterion=None" in message) is model_loss
