@@ -147,6 +147,27 @@ def module_mode(model: torch.nn.Module, training: bool) -> Iterator[None]:
             module.training = was
 
 
+def frozen_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers with running statistics (BatchNorm, InstanceNorm tracking them) in eval mode inside ``model`` in
+    train mode: frozen by the user for fine-tuning, they train frozen (:func:`train_mode`), their statistics kept.
+
+    Only those: other modules in eval mode (Dropout) change no state of the model, and a backbone built with
+    ``from_pretrained`` inside a model of the user's own (or the PeftModel of ``lora=``) comes in eval mode, all
+    of it, where training has always meant its Dropout on. None when ``model`` itself is in eval mode: inference
+    leaves a whole model so, and training it then means training all of it."""
+    if not model.training:
+        return []
+    return [m for m in model.modules() if not m.training and getattr(m, "running_mean", None) is not None]
+
+
+def train_mode(model: torch.nn.Module, frozen: list[torch.nn.Module]) -> None:
+    """``model.train()``, then each of ``frozen`` (:func:`frozen_modules`) back in eval mode: ``model.train()``
+    alone would move a frozen BatchNorm's running statistics with every training batch."""
+    model.train()
+    for module in frozen:
+        module.training = False
+
+
 def eval_mode(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
     """``model`` in eval mode inside, each module's own flag put back (:func:`module_mode`)."""
     return module_mode(model, False)

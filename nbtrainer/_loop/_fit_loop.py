@@ -29,6 +29,7 @@ import torch
 
 from nbtrainer._data._batch import batch_size_of, move_to_device, safe_len
 from nbtrainer._data._order import ShuffleOrder
+from nbtrainer._data._predict_collect import frozen_modules, train_mode
 from nbtrainer._data._prefetch import DataPath, lookahead
 from nbtrainer._loop._closure import ClosureStep, needs_closure
 from nbtrainer._loop._epoch_end import end_epoch
@@ -80,10 +81,9 @@ class FitLoop:
         nonfinite: NonFiniteGuard,
     ) -> None:
         self.host, self.live, self.nonfinite = host, live, nonfinite
-        self.train_loader = train_loader
-        self.val_loader = val_loader
-        self.epochs = epochs
-        self.max_steps = max_steps
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.frozen = frozen_modules(host.model)  # submodules the user put in eval mode stay there (train_mode)
+        self.epochs, self.max_steps = epochs, max_steps
         self.profiler = profiler
         self.state = host.run_state.loop_state
         self.n_batches = safe_len(train_loader)
@@ -169,7 +169,7 @@ class FitLoop:
             st.loss_parts, st.nonfinite_samples = [], 0
             t.run_state.train_metrics.reset()
             self._restore_rng()  # resumed at an epoch boundary: RNG as it was when saved
-        t.model.train()
+        train_mode(t.model, self.frozen)
         p = self.progress
         p.epoch, p.batch, p.batches, p.stage, p.status = epoch_no, st.batch, self.n_batches, "train", "running"
         self._epoch_start = time.perf_counter() - st.epoch_time

@@ -31,6 +31,7 @@ import torch
 
 from nbtrainer._data._arrays import as_loaders
 from nbtrainer._data._batch import batch_size_of, move_to_device
+from nbtrainer._data._predict_collect import frozen_modules, train_mode
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._loop._loop_state import window_loss
 from nbtrainer._loop._put_back import ModelPutBack
@@ -386,7 +387,7 @@ def lr_find(
         # every random generator as it was: torch's, Python's and NumPy's (a dataset's augmentation may draw from
         # those: albumentations, random.random()) and the loader's own, so the fit after the sweep sees them unmoved
         with kept_rng(train_loader):
-            model.train()
+            train_mode(model, frozen_modules(model))  # as fit trains it: a frozen BatchNorm stays frozen
             opt.zero_grad(set_to_none=True)
             batches = iter(_batches(train_loader))
             for i in range(steps):
