@@ -12,5 +12,6 @@
 ``_step_result``      what a manual training_step / validation_step returns, checked
 ``_predict_collect``  predict's output collection: padding, concatenation, caches left out
 ``_validate_batch``   the first batch checked in stages (batch -> model -> criterion)
+``_batch_norm``       a BatchNorm the epoch's last batch of one item would break, found at the first batch
 ====================  ================================================================================
 """

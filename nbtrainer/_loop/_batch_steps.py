@@ -20,6 +20,7 @@ import torch
 
 from nbtrainer._data import _validate_batch as _first
 from nbtrainer._data._batch import batch_size_of, move_to_device, overridden
+from nbtrainer._data._batch_norm import batch_norm_inputs, check_last_batch
 from nbtrainer._data._loss import batch_loss, plain_pairs
 from nbtrainer._data._predict_collect import add_note, collect, eval_mode, no_cache
 from nbtrainer._data._prefetch import DataPath
@@ -129,8 +130,13 @@ class BatchSteps:
         )
 
     def first_compute(self, batch: Any) -> tuple[Any, Any, Any]:
-        """The first micro-batch of a fresh fit: computed in stages with clear errors, the training metrics tried."""
-        loss, outputs, targets = self._staged(batch, training=True)
+        """The first micro-batch of a fresh fit: computed in stages with clear errors, the training metrics tried, a
+        BatchNorm that the epoch's last batch would break refused (``nbtrainer._data._batch_norm``)."""
+        owner, state = self._owner, self._run.loop_state
+        with batch_norm_inputs(owner.model) as norms:
+            loss, outputs, targets = self._staged(batch, training=True)
+        accum = owner.options.step.grad_accum_steps
+        check_last_batch(norms, state.loader_size, max_steps=state.fit_max_steps, accum=accum, model=owner.model)
         metrics = self._run.train_metrics
         if metrics:
             with torch.no_grad():

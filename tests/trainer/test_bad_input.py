@@ -82,6 +82,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  73   Keras' ``fit(x, y, batch_size=16)`` (y taken as validation)   TypeError             ``fit((x, y), batch_size=...)``
  74   ``DataLoader(dataset, batch_size=None)`` (items one by one)   TypeError             ``batch_size=32``
  75   ``compute_loss`` returning ``(loss, outputs)``                ValueError            ``(loss, outputs, targets)``
+ 76   a BatchNorm over features, the epoch's last batch of 1 item   ValueError            ``drop_last=True`` / batch_size
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -728,6 +729,21 @@ case("75-compute-loss-two-tuple", ValueError, r"compute_loss returned a tuple of
      r"\(loss, outputs, targets\)")(lambda e: e.trainer(compute_loss=_two_tuple_loss).fit(_loader(), epochs=1))  # fmt: skip
 
 
+def _batch_norm_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _batch_norm_last_item(e):
+    e.__init__(e.ck, _batch_norm_model())  # the checks after the case look at this model and its optimizer
+    return e.trainer().fit(_loader(X[:33], Y[:33]), epochs=1)  # batches of 16, 16 and 1
+
+
+# once the end of epoch 1's bare "Expected more than 1 value per channel when training", after its optimizer steps
+case("76-batch-norm-last-batch-of-one", ValueError, r"last batch of each epoch holds 1 item \(33 samples",
+     r"BatchNorm1d '1'", r"drop_last=True", r"batch_size=15")(_batch_norm_last_item)  # fmt: skip
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_is_caught_before_anything_happens(tmp_path, name):
     fn, exc, patterns = CASES[name]
@@ -907,3 +923,35 @@ def test_nll_loss_on_log_softmax_outputs_trains():
     model = nn.Sequential(nn.Linear(8, 2), nn.LogSoftmax(dim=1))
     h = Trainer(model, nn.NLLLoss(), "adamw", lr=1e-2, progress=False).fit((x, y), batch_size=32, epochs=3)
     assert h.status == "finished" and 0 < h.epochs[-1]["loss"] < h.epochs[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    "make_model, loader",
+    [
+        # a BatchNorm2d normalizes over the item's pixels too: one image is enough for torch
+        (lambda: nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)), "images"),
+        (lambda: _frozen_norm(_batch_norm_model()), "features"),  # in eval mode it uses its running statistics
+        (_batch_norm_model, "drop_last"),  # the fix the refusal names
+        (_batch_norm_model, "even"),  # 32 samples in batches of 16: no single item
+    ],
+    ids=["batchnorm2d", "frozen", "drop_last", "even"],
+)
+def test_a_batch_norm_that_can_take_every_batch_trains(make_model, loader):
+    torch.manual_seed(0)
+    x = {"images": torch.randn(33, 1, 6, 6)}.get(loader, X[:33])
+    data = TensorDataset(x[:32] if loader == "even" else x, Y[:32] if loader == "even" else Y[:33])
+    batches = DataLoader(data, batch_size=16, drop_last=loader == "drop_last")
+    history = Trainer(make_model(), nn.CrossEntropyLoss(), "adam", progress=False).fit(batches, epochs=1)
+    assert history.status == "finished"
+
+
+def _frozen_norm(model):
+    model[1].eval()
+    return model
+
+
+def test_a_batch_of_one_item_is_not_refused_where_max_steps_ends_the_fit_before_it():
+    history = Trainer(_batch_norm_model(), nn.CrossEntropyLoss(), "adam", progress=False).fit(
+        _loader(X[:33], Y[:33]), epochs=1, max_steps=2
+    )
+    assert history.status == "finished" and len(history.steps["step"]) == 2
