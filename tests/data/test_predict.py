@@ -447,7 +447,7 @@ def test_predict_refuses_a_loader_that_yields_no_batches(empty: str) -> None:
     [
         lambda ds: torch.utils.data.RandomSampler(ds),
         lambda ds: torch.utils.data.SubsetRandomSampler(range(len(ds))),
-        lambda ds: torch.utils.data.WeightedRandomSampler(torch.ones(len(ds)), len(ds)),
+        lambda ds: torch.utils.data.WeightedRandomSampler([1.0] * len(ds), len(ds)),
         lambda ds: torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True),
     ],
     ids=["shuffle", "subset", "weighted", "distributed"],

@@ -37,22 +37,22 @@ def test_a_submodule_frozen_in_eval_mode_stays_frozen_through_fit():
     stats = {k: v.clone() for k, v in model[1].named_buffers()}  # running mean, variance and count
     seen = _record_modes(model)
     trainer = Trainer(model, nn.CrossEntropyLoss(), "adam", progress=False)
-    before = model[0].weight.detach().clone()
+    before = dict(model.named_parameters())["0.weight"].detach().clone()
     trainer.fit(make_loader(x, y, 16), make_loader(x, y, 32), epochs=2)  # validation between the epochs
     trainer.fit_more(make_loader(x, y, 16), epochs=1)
     assert len(seen) == 12 and set(seen) == {(False, True)}  # the BatchNorm frozen, the Dropout on
     assert all(torch.equal(v, dict(model[1].named_buffers())[k]) for k, v in stats.items())  # statistics unmoved
     assert [m.training for m in model.modules()] == [True, True, False, True, True, True]
-    assert not torch.equal(before, model[0].weight)  # the rest trained
+    assert not torch.equal(before, dict(model.named_parameters())["0.weight"])  # the rest trained
 
 
 def test_a_model_wholly_in_eval_mode_trains_whole():
     x, y = make_classification(n=64)
     model = _model().eval()
     seen = _record_modes(model)
-    mean = model[1].running_mean.clone()
+    mean = dict(model.named_buffers())["1.running_mean"].clone()
     Trainer(model, nn.CrossEntropyLoss(), "adam", progress=False).fit(make_loader(x, y, 16), epochs=1)
-    assert set(seen) == {(True, True)} and not torch.equal(mean, model[1].running_mean)
+    assert set(seen) == {(True, True)} and not torch.equal(mean, dict(model.named_buffers())["1.running_mean"])
     assert all(m.training for m in model.modules())
 
 
