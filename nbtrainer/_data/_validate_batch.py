@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -440,7 +441,8 @@ def _check_value(name: str, value: Any) -> None:
                 "return one number per batch (reduce it, e.g. with .mean())."
             )
         return
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    # numbers.Real: NumPy's scalars too (a float32 output's .numpy().mean() is no Python float)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(
             f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
         )

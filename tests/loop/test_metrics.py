@@ -57,6 +57,32 @@ def test_metric_returning_non_scalar_is_refused():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # before the first step
 
 
+@pytest.mark.parametrize("kind", ["numpy float32", "numpy int64", "float", "0-d tensor"])
+def test_a_metric_returning_a_number_of_any_kind_logs_its_value(kind):
+    """A NumPy scalar (``o.numpy().mean()`` of float32 outputs is a float32, not a Python float) is a number: it logs
+    the same sample-weighted value as a tensor would, in fit and in evaluate."""
+    import numpy as np
+
+    x, y = make_classification(n=50)
+    model = mlp()
+    as_kind = {"numpy float32": np.float32, "numpy int64": np.int64, "float": float, "0-d tensor": torch.tensor}[kind]
+    metrics = {"hits": lambda o, t: as_kind((o.argmax(1) == t).sum().item())}  # a count: exact in every kind
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-9, metrics=metrics, progress=False)
+    loader = make_loader(x, y, batch_size=16)  # 16, 16, 16 and 2 items
+    with torch.no_grad():
+        hits = [(model(xb).argmax(1) == yb).sum().item() for xb, yb in loader]
+    expected = sum(h * len(yb) for h, (_, yb) in zip(hits, loader, strict=True)) / 50
+    assert trainer.evaluate(loader)["val_hits"] == pytest.approx(expected)
+    assert trainer.fit(loader, epochs=1).epochs[-1]["hits"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_metric_returning_something_else_than_a_number_is_refused():
+    model = mlp()
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", metrics={"m": lambda o, t: "0.5"}, progress=False)
+    with pytest.raises(TypeError, match=r"Metric 'm' returned a str; it must return a number"):
+        trainer.fit(make_loader(*make_classification(n=32)), epochs=1)
+
+
 def test_bad_metric_object():
     model = mlp()
     with pytest.raises(TypeError, match="torchmetrics Metric or a callable"):
