@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from conftest import LazyModule, accuracy, make_classification, make_loader, mlp
@@ -65,7 +68,13 @@ def test_a_metric_returning_a_number_of_any_kind_logs_its_value(kind):
 
     x, y = make_classification(n=50)
     model = mlp()
-    as_kind = {"numpy float32": np.float32, "numpy int64": np.int64, "float": float, "0-d tensor": torch.tensor}[kind]
+    kinds: dict[str, Callable[[int], Any]] = {
+        "numpy float32": np.float32,
+        "numpy int64": np.int64,
+        "float": float,
+        "0-d tensor": torch.tensor,
+    }
+    as_kind = kinds[kind]
     metrics = {"hits": lambda o, t: as_kind((o.argmax(1) == t).sum().item())}  # a count: exact in every kind
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=1e-9, metrics=metrics, progress=False)
     loader = make_loader(x, y, batch_size=16)  # 16, 16, 16 and 2 items
