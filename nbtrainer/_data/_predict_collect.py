@@ -33,6 +33,8 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -157,7 +159,23 @@ def frozen_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     leaves a whole model so, and training it then means training all of it."""
     if not model.training:
         return []
-    return [m for m in model.modules() if not m.training and getattr(m, "running_mean", None) is not None]
+    frozen = [m for m in model.modules() if not m.training and getattr(m, "running_mean", None) is not None]
+    if frozen and model not in _TOLD:
+        # said once per model: a from_pretrained CNN inside a new model of the user's comes with its BatchNorms in
+        # eval mode, and plain PyTorch's model.train() would have trained them: the choice is the user's to see
+        _TOLD.add(model)
+        names = [name for name, m in model.named_modules() if m in frozen]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        warnings.warn(
+            f"{len(frozen)} layer(s) with running statistics are in eval mode inside a model in train mode ({shown}): "
+            "they train frozen, their running statistics kept. To train them as well, call model.train() before "
+            "fit.",
+            stacklevel=2,
+        )
+    return frozen
+
+
+_TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def train_mode(model: torch.nn.Module, frozen: list[torch.nn.Module]) -> None:

@@ -5,6 +5,8 @@ leave it) trains whole, and so does a Dropout in eval mode (a ``from_pretrained`
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import make_classification, make_loader
@@ -38,8 +40,13 @@ def test_a_submodule_frozen_in_eval_mode_stays_frozen_through_fit():
     seen = _record_modes(model)
     trainer = Trainer(model, nn.CrossEntropyLoss(), "adam", progress=False)
     before = dict(model.named_parameters())["0.weight"].detach().clone()
-    trainer.fit(make_loader(x, y, 16), make_loader(x, y, 32), epochs=2)  # validation between the epochs
-    trainer.fit_more(make_loader(x, y, 16), epochs=1)
+    with pytest.warns(
+        UserWarning, match=r"1 layer\(s\) with running statistics are in eval mode .*\(1\).*model\.train\(\)"
+    ):
+        trainer.fit(make_loader(x, y, 16), make_loader(x, y, 32), epochs=2)  # validation between the epochs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per model, not at every fit
+        trainer.fit_more(make_loader(x, y, 16), epochs=1)
     assert len(seen) == 12 and set(seen) == {(False, True)}  # the BatchNorm frozen, the Dropout on
     assert all(torch.equal(v, dict(model[1].named_buffers())[k]) for k, v in stats.items())  # statistics unmoved
     assert [m.training for m in model.modules()] == [True, True, False, True, True, True]
@@ -51,7 +58,9 @@ def test_a_model_wholly_in_eval_mode_trains_whole():
     model = _model().eval()
     seen = _record_modes(model)
     mean = dict(model.named_buffers())["1.running_mean"].clone()
-    Trainer(model, nn.CrossEntropyLoss(), "adam", progress=False).fit(make_loader(x, y, 16), epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is kept frozen: nothing to say
+        Trainer(model, nn.CrossEntropyLoss(), "adam", progress=False).fit(make_loader(x, y, 16), epochs=1)
     assert set(seen) == {(True, True)} and not torch.equal(mean, dict(model.named_buffers())["1.running_mean"])
     assert all(m.training for m in model.modules())
 
