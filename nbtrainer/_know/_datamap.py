@@ -32,7 +32,7 @@ from nbtrainer._data._fetch import index_tensor
 from nbtrainer._dist._placement import unwrap_model
 from nbtrainer._know._batch_rows import order_check, same_data
 from nbtrainer._know._issues import LabelIssue, LabelIssues, map_gallery, map_html
-from nbtrainer._know._map_rows import classify, last_visits
+from nbtrainer._know._map_rows import classify, last_visits, may_repeat
 from nbtrainer._know._map_state import load_map_state, map_state, move_map
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
@@ -117,6 +117,7 @@ class DataMap:
         self._verify = False
         self._misordered: Tensor | None = None
         self._through = 0  # the optimizer steps the map covers as of its last fit's end (or checkpoint, then 0)
+        self._repeats = True  # an item may have several rows in one reduction (may_repeat; set at each fit)
         self._per_rank = False  # under DDP: a rank's share, left out of checkpoints (_map_state)
 
     # -- the event stream --------------------------------------------------------------------------
@@ -138,6 +139,7 @@ class DataMap:
         elif trainer.device != self._device:  # another device (or loaded on the CPU): the sums go along
             move_map(self, trainer.device)
         dataset = getattr(track.loader, "dataset", None)
+        self._repeats = may_repeat(track.loader)
         if len(self.edits) and (dataset is self._handed or not same_data(dataset, self._dataset)):
             # the decisions were indices of the data trained before: built into this view, or about other data
             self.edits.clear()
@@ -297,10 +299,12 @@ class DataMap:
             rows = torch.stack([torch.ones_like(p), p, p * p, (margin > 0).float(), margin])
             self._stats.index_add_(1, idx, rows)
             # scatter_, not index_put_ (a CPU index_put_ of int64 values is ~50x slower), of each item's last row
-            last = last_visits(idx, trash)
+            repeats = self._repeats
+            last = last_visits(idx, trash) if repeats else idx
             self._suggest[0].scatter_(0, last, other)  # the strongest other class at the last visit
             # ... and at the last visit the model got wrong: a memorized mislabeled item's true class is there
-            self._suggest[1].scatter_(0, last_visits(torch.where(margin < 0, idx, trash), trash), other)
+            wrong = torch.where(margin < 0, idx, trash)
+            self._suggest[1].scatter_(0, last_visits(wrong, trash) if repeats else wrong, other)
             self._given.scatter_(0, last, label)
 
     def _misaligned(self, rows: int, items: int) -> bool:
