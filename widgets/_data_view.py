@@ -198,7 +198,7 @@ class DataView:
             self.map_box.children = self._map_parts
 
     def section_detail(self) -> str:
-        issues = len(self.data_map.label_issues())
+        issues = self.data_map.label_issue_count()
         return f"map after epoch {self.data_map.epochs}: {issues} likely label issues"
 
     # -- clicks (the kernel's thread) -----------------------------------------------------------------

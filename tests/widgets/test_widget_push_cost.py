@@ -9,6 +9,7 @@ from collections import Counter
 
 import ipywidgets
 import pytest
+import torch
 from widget_helpers import make_widget
 
 from nbtrainer.widgets._pump import UiPump
@@ -103,3 +104,35 @@ def test_a_push_with_nothing_new_sends_nothing_and_rebuilds_no_health_card(sent)
     for _ in range(5):
         w._pump._apply([], True)
     assert [m for m, _ in pushes[-5:]] == [0] * 5 and built["n"] == 0, (pushes[-5:], built["n"])
+
+
+def test_the_data_section_counts_the_label_issues_without_listing_them_at_each_push(monkeypatch):
+    """The data section's headline ("N likely label issues") was ``len(data_map.label_issues())``: every item the
+    model mostly got wrong built into a list at each push, on the UI thread. With random labels that is most of the
+    data set: a 96,000-item tiny MLP ran 2.1x headless in the panel. A push now counts them; the list is built only
+    when someone asks for it."""
+    import nbtrainer._know._issues as issues
+    from nbtrainer import TrainerWidget
+
+    built = Counter()
+    init = issues.LabelIssue.__init__
+
+    def counted(self, *args, **kwargs):
+        built[threading.current_thread().name.split(" ")[0]] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(issues.LabelIssue, "__init__", counted)
+    torch.manual_seed(0)
+    x, y = torch.randn(3072, 8), torch.randint(0, 4, (3072,))  # random labels: most items are "likely issues"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), "sgd", loader, epochs=2, lr=0.05, progress=False,
+                      refresh_interval=0.02, ui_interval=0.02)  # fmt: skip
+    w.start()
+    w.wait(timeout=120)
+    assert w.trainer.status == "finished" and w.ui_updates >= 2
+    dm = w.looks.data.data_map
+    count = dm.label_issue_count()
+    assert count > 1000 and f"{count} likely label issues" in w.looks.data.section_detail()
+    assert built["nbtrainer-ui"] == 0, built  # counted at each push, none listed
+    assert len(dm.label_issues()) == count  # the same items, when asked for
