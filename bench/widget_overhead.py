@@ -23,6 +23,7 @@ its idle OpenMP pool), for the before/after table.
 
     python bench/widget_overhead.py                 # tiny, medium, cnn; 7 rounds
     python bench/widget_overhead.py --rounds 9 --workloads tiny
+    python bench/widget_overhead.py --panel-only --loader   # a shuffled DataLoader: the panel's DataMap records
     python bench/widget_overhead.py --kernel --rounds 5 [--before]
 """
 
@@ -34,6 +35,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -165,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--kernel", action="store_true", help="w.fit() and Start in a real Jupyter kernel")
     parser.add_argument("--before", action="store_true", help="as before issue 49 (the idle pool is kept)")
+    parser.add_argument(
+        "--loader",
+        action="store_true",
+        help="the same batches as a shuffled DataLoader: the panel's DataMap records (it cannot tell the items of "
+        "a re-iterable of ready batches, so without this the map's cost is not in the figures)",
+    )
     args = parser.parse_args(argv)
     if args.kernel:
         import _kernel_panel
@@ -196,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     all_w = overhead.workloads(args.scale)
+    if args.loader:
+        for w in all_w.values():
+            w.data = as_loader(w.data)
     names = ["headless", "widget"] if args.panel_only else ["headless", "headless-thread", "helper-thread", "widget"]
     for key in args.workloads:
         w = all_w[key]
@@ -224,6 +235,15 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def as_loader(batches: Any) -> Any:
+    """The ready batches as one shuffled DataLoader of the same batch size (each item's index known to the loop)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    xs, ys = zip(*batches, strict=True)
+    data = TensorDataset(torch.cat(xs), torch.cat(ys))
+    return DataLoader(data, batch_size=len(xs[0]), shuffle=True, generator=torch.Generator().manual_seed(0))
 
 
 def _spread(ratios: list[float]) -> str:

@@ -11,6 +11,8 @@ libgomp compares the pools' workers with):
   one pool, the training thread's. That is the cause the speed depends on, and it is exact whatever the machine's
   load, after the main thread ran parallel regions of its own (a headless fit) before each panel run, and each
   headless fit starts once the workers that came with the panel before it have exited (they leave on their own);
+* the same with a DataLoader of 40,000 items after the panel's UI thread drew its data map (a read of every item:
+  parallel regions of that thread's own, whose pool it gives back after each push);
 * the panel's results equal the headless fit's bit for bit (a small CNN, whose reductions would differ with
   another intra-op thread count).
 
@@ -91,6 +93,39 @@ for r in range(3):
     on_main, in_panel = headless(tiny, data)[0], panel_settled(tiny, data)[0]
     workers.append((on_main.workers, in_panel.workers))
 
+class WorkersAfterTheMapIsDrawn(Workers):
+    # a DataLoader's items are known to the panel's data map, whose table (every item of the data set) the UI thread
+    # reads to draw it after an epoch: parallel regions of the UI thread's own. Epoch 2 waits until that push is
+    # done, then its steps count the workers: the UI thread's pool, kept, would stay beside the training thread's
+    def __init__(self):
+        self.widget, self.pushes = None, None
+    def on_epoch_end(self, trainer, epoch, logs):
+        self.pushes = self.widget.ui_updates if self.widget is not None else None
+    def on_epoch_start(self, trainer, epoch):
+        deadline = time.monotonic() + 30
+        while epoch == 2 and self.pushes is not None and self.widget.ui_updates <= self.pushes:
+            assert time.monotonic() < deadline, "the UI thread never pushed epoch 1"
+            time.sleep(0.002)
+        self.counting = epoch == 2
+    def on_train_batch_end(self, trainer, batch_idx, loss):
+        if getattr(self, "counting", False):
+            super().on_train_batch_end(trainer, batch_idx, loss)
+
+from torch.utils.data import DataLoader, TensorDataset
+items = TensorDataset(torch.randn(40_000, 32), torch.randint(0, 10, (40_000,)))  # past torch's parallel grain
+loader = DataLoader(items, batch_size=200, shuffle=True, generator=torch.Generator().manual_seed(0))
+seen = WorkersAfterTheMapIsDrawn()
+m, c, o = tiny()
+Trainer(m, c, o, progress=False, callbacks=[seen]).fit(loader, epochs=2)
+on_main = seen.workers
+m, c, o = tiny()
+seen = WorkersAfterTheMapIsDrawn()
+w = TrainerWidget(m, c, o, loader, epochs=2, progress=False, callbacks=[seen])
+seen.widget = w
+w.start()
+assert w.wait().status == "finished"
+workers.append((on_main, seen.workers))
+
 torch.manual_seed(0)
 images = [(torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))) for _ in range(8)]
 def cnn():
@@ -119,6 +154,7 @@ def test_the_panels_thread_trains_as_fast_as_a_fit_on_the_main_thread() -> None:
     for on_main, in_panel in res["workers"]:
         assert in_panel == on_main, (
             f"while the panel trained, the process had {in_panel} OpenMP workers, {on_main} during a fit on the "
-            f"main thread: the starting thread kept its idle pool, so the panel's regions are throttled ({said})"
+            f"main thread: another thread's idle pool (the starting thread's, or the UI thread's after it read the "
+            f"data map) stayed beside the training thread's, so the panel's regions are throttled ({said})"
         )
     assert res["equal"], "the panel's weights differ from the headless fit's"
