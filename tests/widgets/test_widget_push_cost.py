@@ -114,7 +114,7 @@ def test_the_data_section_counts_the_label_issues_without_listing_them_at_each_p
     import nbtrainer._know._issues as issues
     from nbtrainer import TrainerWidget
 
-    built = Counter()
+    built: Counter[str] = Counter()
     init = issues.LabelIssue.__init__
 
     def counted(self, *args, **kwargs):
