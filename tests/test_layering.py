@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(r"""
                 callbacks=[EarlyStopping("val_loss"), ModelCheckpoint(d, monitor="val_acc", save_last=True)],
                 precision="bf16", grad_accum_steps=2, progress=True)
     h = t.fit(dl, dl, epochs=3)
-    t.evaluate(dl); t.predict(dl)
+    t.evaluate(dl); t.predict(torch.utils.data.DataLoader(dl.dataset, batch_size=16))  # in order: predict refuses a shuffle
     h2 = History.from_json(h.to_json(os.path.join(d, "h.json")) and os.path.join(d, "h.json"))
     assert h2.epochs == h.epochs
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("ipywidgets", "bqplot", "IPython", "ipykernel"))
@@ -75,13 +75,14 @@ PLAIN_RUN = textwrap.dedent(r"""
     # no optimizer: evaluate and predict, which must not bring in torch._dynamo either
     Trainer(model, nn.CrossEntropyLoss(), metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()},
             progress="lines").evaluate(dl)
-    Trainer(model, None).predict(dl)
+    ordered = torch.utils.data.DataLoader(dl.dataset, batch_size=16)  # predict refuses a loader that shuffles
+    Trainer(model, None).predict(ordered)
     dynamo_before_fit = "torch._dynamo" in sys.modules
     t = Trainer(model, nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters(), 1e-3), progress="lines",
                 metrics={"acc": lambda o, t: (o.argmax(1) == t).float().mean()}, precision="bf16-mixed",
                 grad_accum_steps=2, max_grad_norm=1.0)
     h = t.fit(dl, dl, epochs=2)
-    t.evaluate(dl); t.predict(dl)
+    t.evaluate(dl); t.predict(ordered)
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
     print("DYNAMO", dynamo_before_fit, "LOADED", loaded, "STATUS", h.status)
     # then the other side of the sys.modules checks, in the same interpreter (one start, not two): a user who
