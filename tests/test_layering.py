@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(r"""
                 callbacks=[EarlyStopping("val_loss"), ModelCheckpoint(d, monitor="val_acc", save_last=True)],
                 precision="bf16", grad_accum_steps=2, progress=True)
     h = t.fit(dl, dl, epochs=3)
-    t.evaluate(dl); t.predict(torch.utils.data.DataLoader(dl.dataset, batch_size=16))  # in order: predict refuses a shuffle
+    t.evaluate(dl); t.predict(torch.utils.data.DataLoader(dl.dataset, batch_size=16))  # in order: no shuffle
     h2 = History.from_json(h.to_json(os.path.join(d, "h.json")) and os.path.join(d, "h.json"))
     assert h2.epochs == h.epochs
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("ipywidgets", "bqplot", "IPython", "ipykernel"))
