@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
 from nbtrainer._events._history import group_lr_key, group_lr_keys, group_lrs_of
-from nbtrainer._events._stream import Progress
+from nbtrainer._events._stream import CONTROL_KINDS, Progress
 from nbtrainer._optional import require
 from nbtrainer._report._format import format_value
 
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from nbtrainer._events._trainer_view import TrainerView
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
-
-_CONTROL_KINDS = ("lr", "grad_accum_steps")
 
 
 def _scalars(logs: dict[str, Any]) -> dict[str, float]:
@@ -173,7 +171,7 @@ class TensorBoardLogger(_RunFolders):
             for key, value in _scalars(row).items():
                 self._writer.add_scalar(f"epoch/{key}", value, int(row.get("steps") or 0))
         for event in history.events:
-            if event.get("kind") in _CONTROL_KINDS:
+            if event.get("kind") in CONTROL_KINDS:
                 self._write_control(event)
 
     def _write_steps(self, points: list[tuple[int, float, float]], group_lrs: dict[int, tuple[float, ...]]) -> None:
@@ -191,7 +189,7 @@ class TensorBoardLogger(_RunFolders):
             self._write_steps(progress.step_points, progress.step_group_lrs)
 
     def on_control(self, trainer: TrainerView, event: dict[str, Any]) -> None:
-        if self._writer is not None and event.get("kind") in _CONTROL_KINDS:
+        if self._writer is not None and event.get("kind") in CONTROL_KINDS:
             self._write_control(event)
 
     def _write_control(self, event: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._frontend import in_notebook
-from nbtrainer._events._stream import Progress
+from nbtrainer._events._stream import CONTROL_KINDS, Progress
 from nbtrainer._report._format import format_duration, format_lr, format_number, format_value
 
 if TYPE_CHECKING:
@@ -234,11 +234,11 @@ class ProgressBar:
         if event.get("kind") in ("memory_plan", "memory_step_down", "memory_check") and self.active_mode is not None:
             self._write(f"{event['kind'].replace('_', ' ')}: {event.get('new')}")
             return
-        if self.active_mode != "lines" or event.get("kind") not in ("lr", "grad_accum_steps", "pause", "resume"):
+        if self.active_mode != "lines" or event.get("kind") not in (*CONTROL_KINDS, "pause", "resume"):
             return
         kind = event["kind"]
         text = f"control  step={format_number(event.get('step'))}  epoch={event.get('epoch')}  {kind}"
-        if kind in ("lr", "grad_accum_steps"):
+        if kind in CONTROL_KINDS:
             text += f" {format_value(kind, event.get('old'))} -> {format_value(kind, event.get('new'))}"
         self._write(text)
 

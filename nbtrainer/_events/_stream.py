@@ -59,7 +59,10 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["EVENTS", "HOOK_KEYWORDS", "CallbackList", "Progress", "check_hook_signatures"]
+__all__ = ["CONTROL_KINDS", "EVENTS", "HOOK_KEYWORDS", "CallbackList", "Progress", "check_hook_signatures"]
+
+#: the ``on_control`` events that change a value the run trains with (``old`` -> ``new``): what loggers chart
+CONTROL_KINDS = ("lr", "grad_accum_steps")
 
 EVENTS: tuple[str, ...] = (
     "on_fit_start",

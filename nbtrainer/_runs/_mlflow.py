@@ -29,11 +29,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._events._callbacks import Callback
+from nbtrainer._events._stream import CONTROL_KINDS
 from nbtrainer._optional import import_optional, require
 from nbtrainer._runs._mlflow_crash import TOKEN_TAG, checkpoint_state, end_earlier, new_token, read_state
 from nbtrainer._runs._mlflow_http import bounded_calls
 from nbtrainer._runs._mlflow_values import (
-    CONTROL_KINDS,
     control_value,
     epoch_values,
     history_sizes,

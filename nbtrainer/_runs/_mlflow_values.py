@@ -7,10 +7,10 @@ import math
 from typing import Any
 
 from nbtrainer._events._history import group_lr_key, group_lrs_of
+from nbtrainer._events._stream import CONTROL_KINDS
 
-__all__ = ["CONTROL_KINDS", "control_value", "epoch_values", "history_sizes", "history_values", "step_values"]
+__all__ = ["control_value", "epoch_values", "history_sizes", "history_values", "step_values"]
 
-CONTROL_KINDS = ("lr", "grad_accum_steps")
 #: at most this many ``step/*`` points for a resumed History's steps when the logger sends one point per window
 BACKFILL_WINDOWS = 1000
 
