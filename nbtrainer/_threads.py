@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -99,9 +100,9 @@ def _pause(path: str) -> Any:
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 _TRIM_THRESHOLD = 256 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
-_MALLOC_TUNED: list[bool] = []  # [whether it was applied], once a process
 
 
+@functools.cache  # once a process (two threads starting at once may both set the same values: harmless)
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep the memory a training step frees for the next step (once a process, Linux glibc only).
 
@@ -116,13 +117,6 @@ def keep_freed_memory() -> bool:
     Returns:
         Whether the thresholds are set (by this call or an earlier one).
     """
-    with _LOCK:
-        if not _MALLOC_TUNED:
-            _MALLOC_TUNED.append(_tune_malloc())
-        return _MALLOC_TUNED[0]
-
-
-def _tune_malloc() -> bool:
     env = os.environ
     if env.get("NBT_KEEP_FREED_MEMORY") == "0" or "MALLOC_MMAP_THRESHOLD_" in env or "MALLOC_TRIM_THRESHOLD_" in env:
         return False
