@@ -27,7 +27,7 @@ import torch
 from nbtrainer._data._batch import safe_len
 from nbtrainer._setup._seed import capture_rng, restore_rng, seed_worker
 
-__all__ = ["ShuffleOrder", "loader_size"]
+__all__ = ["ShuffleOrder", "item_sampler", "loader_size"]
 
 
 def loader_size(loader: Any) -> dict[str, int | None]:
@@ -39,6 +39,14 @@ def loader_size(loader: Any) -> dict[str, int | None]:
         "batch_size": size if isinstance(size, int) else None,
         "samples": _sampler_len(getattr(loader, "sampler", None)),
     }
+
+
+def item_sampler(loader: Any) -> Any:
+    """The sampler that orders a DataLoader's items when torch's own ``BatchSampler`` batches them, else None: a batch
+    sampler of the user's own decides the order itself (and ``DataLoader(batch_sampler=...)`` keeps a
+    ``SequentialSampler`` as ``.sampler`` that says nothing of it)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return batch_sampler.sampler if type(batch_sampler) is torch.utils.data.BatchSampler else None
 
 
 def _sampler_len(sampler: Any) -> int | None:

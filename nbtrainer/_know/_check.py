@@ -19,6 +19,7 @@ import torch
 
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import move_to_device
+from nbtrainer._data._order import item_sampler
 from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._know._data_report import DataReport
 from nbtrainer._know._findings import Split, findings
@@ -68,10 +69,9 @@ def _drawn(loader: Any, n: int) -> Tensor:
     dataset (a weighted one can draw any of them), a subset sampler's own indices, else one epoch drawn under
     ``kept_rng`` (the run's generators untouched), each index once. A split made by samplers over one dataset
     (``SubsetRandomSampler``) is then checked as the split it is, not as the whole dataset twice."""
-    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, WeightedRandomSampler
+    from torch.utils.data import RandomSampler, SequentialSampler, WeightedRandomSampler
 
-    batch_sampler = loader.batch_sampler
-    sampler = batch_sampler.sampler if type(batch_sampler) is BatchSampler else None
+    batch_sampler, sampler = loader.batch_sampler, item_sampler(loader)
     if type(sampler) is SequentialSampler or type(sampler) is WeightedRandomSampler:
         return torch.arange(n)
     if type(sampler) is RandomSampler and sampler.data_source is loader.dataset and not sampler.replacement:

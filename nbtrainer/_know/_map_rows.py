@@ -13,7 +13,9 @@ import math
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import RandomSampler, SequentialSampler
+
+from nbtrainer._data._order import item_sampler
 
 __all__ = ["classify", "last_visits", "may_repeat"]
 
@@ -50,10 +52,9 @@ def may_repeat(loader: Any) -> bool:
     measured at 3.4% of a tiny MLP's fit when done for every loader: 1.072x against 1.038x, bench/data_map.py)."""
     if isinstance(loader, (list, tuple)):
         return False
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if type(batch_sampler) is not BatchSampler:
+    sampler = item_sampler(loader)
+    if sampler is None:
         return True
-    sampler = batch_sampler.sampler
     if type(sampler) is SequentialSampler:
         return False
     return not (type(sampler) is RandomSampler and not sampler.replacement)
