@@ -74,22 +74,26 @@ class Kernel:
                 assert msg["content"]["status"] == "ok", msg["content"]
                 return msg
 
-    def idle(self, msg_id: str, timeout: float = 120) -> None:
+    def idle(self, msg_id: str, timeout: float = 120, *, from_last: bool = False) -> None:
         """Collect iopub until the kernel's idle status for ``msg_id``: every output of a request comes before it
         on iopub, however late a loaded machine delivers them (a fixed pump after the shell reply lost the
-        set-up cell's output under load)."""
+        set-up cell's output under load). ``from_last``: for a cell that streams many messages, ``timeout`` counts
+        from the last message, so it fails once none comes (stuck), not while a loaded machine delivers them (slow)."""
         end = time.monotonic() + timeout
         seen = len(self.messages)
         if self._idle_in(self.messages, msg_id):
             return
         while True:  # each message read is checked once (a cell that opens thousands of comms stays linear)
             if time.monotonic() > end:
-                raise AssertionError(f"no idle status after {msg_id} in {timeout} s ({len(self.messages) - seen} new)")
+                what = f"no message for {timeout} s" if from_last else f"in {timeout} s"
+                raise AssertionError(f"no idle status after {msg_id} {what} ({len(self.messages) - seen} new)")
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.1)
             except queue.Empty:
                 continue
             self.messages.append(msg)
+            if from_last:
+                end = time.monotonic() + timeout
             if self._idle_in([msg], msg_id):
                 return
 
@@ -157,13 +161,18 @@ def kernel(venv_kernelspec: Any) -> Any:
         k.close()
 
 
-def _wait_step(kernel: Kernel, info_id: str, at_least: int, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
+def _wait_step(kernel: Kernel, info_id: str, at_least: int, stalled: float = 60.0) -> None:
+    """Pump iopub until the panel's progress shows step ``at_least``; fail once the step has not moved for
+    ``stalled`` seconds (a stuck run), however long a loaded machine takes to get there (a slow one)."""
+    end, last = time.monotonic() + stalled, 0
     while time.monotonic() < end:
         kernel.pump(0.1)
-        if max([_step(v) for _, v in kernel.values(info_id)] or [0]) >= at_least:
+        step = max([_step(v) for _, v in kernel.values(info_id)] or [0])
+        if step >= at_least:
             return
-    raise AssertionError(f"the run did not reach step {at_least} in {timeout} s")
+        if step > last:
+            end, last = time.monotonic() + stalled, step
+    raise AssertionError(f"the run did not move past step {last} (of {at_least}) in {stalled} s")
 
 
 def _wait_status(kernel: Kernel, status_id: str, word: str, timeout: float = 15.0) -> float:
@@ -385,7 +394,9 @@ def test_a_waiting_cell_costs_no_cpu_however_many_widgets_the_notebook_holds(ker
     much CPU as the training thread after 40 panels (w.fit() 2-3x slower). A button made by the training thread
     while the cell waits is still routed: its click stops the run long before its 400 epochs."""
     setup_id = kernel.kc.execute(SETUP + BUSY)
-    kernel.idle(setup_id)  # read while the cell runs: thousands of comm_opens would overflow iopub's queue otherwise
+    # read while the cell runs: thousands of comm_opens would overflow iopub's queue otherwise. It streams 8,500
+    # messages: two fresh-clone suites and two CPU burners on the 2 cores took it past a fixed 120 s while they flowed
+    kernel.idle(setup_id, timeout=60, from_last=True)
     kernel.reply(setup_id, timeout=30)
     info_id = kernel.stdout(setup_id).rsplit("IDS", 1)[-1].split()[0]  # the busy panel's (SETUP prints one too)
     fit_id = kernel.kc.execute("h = bw.fit()\nprint('RESULT', h.status, bw.trainer.global_step, round(meter.ratio, 4))")
