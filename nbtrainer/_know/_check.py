@@ -66,15 +66,16 @@ def _lists(loader: Any, max_items: int | None) -> tuple[list[list[int]] | None, 
 
 def _drawn(loader: Any, n: int) -> Tensor:
     """The dataset indices the loader's sampler draws from: every item for the stock samplers over the whole
-    dataset (a weighted one can draw any of them), a subset sampler's own indices, else one epoch drawn under
-    ``kept_rng`` (the run's generators untouched), each index once. A split made by samplers over one dataset
-    (``SubsetRandomSampler``) is then checked as the split it is, not as the whole dataset twice."""
+    dataset (a weighted one, or one with replacement, can draw any of them), a subset sampler's own indices, else
+    one epoch drawn under ``kept_rng`` (the run's generators untouched), each index once. A split made by samplers
+    over one dataset (``SubsetRandomSampler``) is then checked as the split it is, not as the whole dataset twice."""
     from torch.utils.data import RandomSampler, SequentialSampler, WeightedRandomSampler
 
     batch_sampler, sampler = loader.batch_sampler, item_sampler(loader)
     if type(sampler) is SequentialSampler or type(sampler) is WeightedRandomSampler:
         return torch.arange(n)
-    if type(sampler) is RandomSampler and sampler.data_source is loader.dataset and not sampler.replacement:
+    # with replacement, one epoch draws about 63% of the items; the fit's epochs can draw any of them
+    if type(sampler) is RandomSampler and sampler.data_source is loader.dataset:
         return torch.arange(n)
     indices = getattr(sampler, "indices", None)  # SubsetRandomSampler, and samplers written like it
     try:
