@@ -420,15 +420,21 @@ def _unseen(train: Split, val: Split, ignore: int) -> list[DataProblem]:
     _, indices, labels = val.hashes.arrays()
     items = sorted(indices[np.isin(labels, missing)].tolist())
     n = sum(val.targets.counts[k] for k in missing)
-    return [
-        DataProblem(
-            "unseen_class",
-            f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot "
-            "learn them.",
-            "Move some of their items into training, or drop them from validation (check the split is stratified).",
-            {"classes": missing, "indices": items},
+    said, advice, level = (
+        f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot "
+        "learn them.",
+        "Move some of their items into training, or drop them from validation (check the split is stratified).",
+        "problem",
+    )
+    if train.sampled:  # a rare class may be in the training items the sample left out: not a finding to act on
+        of = f" of {train.of:,}" if train.of else ""
+        said = (
+            f"validation has classes {_few(missing)} ({_n(n, 'item')}) that none of the {train.items:,} training "
+            f"items sampled{of} has: check_data(max_items=None) reads every training item to tell whether training "
+            "lacks them."
         )
-    ]
+        advice, level = f"If training lacks them: {advice[0].lower()}{advice[1:]}", "warning"
+    return [DataProblem("unseen_class", said, advice, {"classes": missing, "indices": items}, level=level)]
 
 
 def _summary(split: Split) -> dict[str, Any]:

@@ -28,3 +28,22 @@ def test_a_sampler_with_replacement_has_every_item_checked() -> None:
     assert report.splits["train"]["items"] == 1000, report.splits["train"]
     (nan,) = report.by_kind("nonfinite")
     assert nan.data["indices"] == [10, 500, 900], nan.message
+
+
+def test_a_class_the_training_sample_missed_is_not_said_to_be_lacking_from_training() -> None:
+    """max_items reads a sample of the training items: a rare class absent from the sample is not absent from the
+    training data. The check said 'validation has classes 3 that the training data lacks' as a problem (a red light)
+    when two training items had class 3; a full pass (max_items=None) is what can say a class is lacking."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2000, 4, generator=g), torch.randint(0, 3, (2000,), generator=g)
+    y[[7, 1500]] = 3  # a rare class, left out of the seeded sample of 500
+    val = (torch.randn(200, 4, generator=g), torch.randint(0, 4, (200,), generator=g))
+    sampled = _trainer(4).check_data((x, y), val, max_items=500)
+    assert 3 not in sampled.splits["train"]["classes"]  # the premise: the sample missed it
+    for problem in sampled.by_kind("unseen_class"):
+        assert problem.level == "warning" and "the training data lacks" not in problem.message, problem.message
+        assert "max_items=None" in problem.message, problem.message
+    assert _trainer(4).check_data((x, y), val).by_kind("unseen_class") == []
+    y[[7, 1500]] = 0  # now training really lacks class 3: the full pass says so, as a problem
+    (lacking,) = _trainer(4).check_data((x, y), val).by_kind("unseen_class")
+    assert lacking.level == "problem" and "the training data lacks" in lacking.message
