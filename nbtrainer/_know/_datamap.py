@@ -260,7 +260,8 @@ class DataMap:
         if all(isinstance(p, range) for p in parts):
             stop = max(p.stop for p in parts)
             self._extent = max(self._extent, stop)
-            if self._stats is None or stop > self._stats.shape[1]:
+            # the last column is the one where rows that do not count land: an item there is lost at the next growth
+            if self._stats is None or stop > self._stats.shape[1] - 1:
                 self._allocate(max(stop, 2 * (self._stats.shape[1] if self._stats is not None else 0)))
             return torch.cat([torch.arange(p.start, p.stop, device=self._device) for p in parts])
         flat = list(itertools.chain.from_iterable(p.tolist() if isinstance(p, Tensor) else p for p in parts))
