@@ -197,11 +197,13 @@ def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: li
     try:
         with kept_rng(), torch.no_grad():
             for indices, batch in batches:
+                # a stream or a list of batches: its first items, a sample only if a batch is left over (said so)
+                if max_items is not None and lists is None and scan.items >= max_items:
+                    sampled = True
+                    break
                 if not first:
                     first.append(batch)
                 scan.add(trainer, indices.numpy() if indices is not None else None, batch)
-                if max_items is not None and lists is None and scan.items >= max_items:
-                    break
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise type(exc)(
             f"check_data could not read {name}: {type(exc).__name__}: {exc}. It reads the batches the fit would "

@@ -151,8 +151,8 @@ class DataReport:
         for name, split in self.splits.items():
             of = split.get("of")
             read = f"{split['items']:,}"
-            if split.get("sampled") and of:
-                read += f" sampled of {of:,}"
+            if split.get("sampled"):
+                read = f"{read} sampled of {of:,}" if of else f"first {read}"
             parts.append(f"{name} {read} items")
         found = (
             f"{len(self.problems)} finding{'s' if len(self.problems) != 1 else ''}" if self.problems else "no problem"

@@ -481,6 +481,8 @@ def findings(
             notes.append(f"{split.name}: some inputs cannot be split per item: duplicates not checked")
         if split.sampled and split.of:
             notes.append(f"{split.name}: a seeded sample of {split.items:,} of {split.of:,} items was read (max_items)")
+        elif split.sampled:
+            notes.append(f"{split.name}: the first {split.items:,} items were read (max_items), not the rest")
         if split.targets.kind == "multilabel":
             notes.append(f"{split.name}: multi-label targets (0/1 per label): per-label counts only")
         elif split.targets.kind in ("none", "other") and split is train:

@@ -47,3 +47,31 @@ def test_a_class_the_training_sample_missed_is_not_said_to_be_lacking_from_train
     y[[7, 1500]] = 0  # now training really lacks class 3: the full pass says so, as a problem
     (lacking,) = _trainer(4).check_data((x, y), val).by_kind("unseen_class")
     assert lacking.level == "problem" and "the training data lacks" in lacking.message
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A stream written class by class, as files of one class each are read one after the other."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(120, 4, generator=g), torch.arange(3).repeat_interleave(40)
+
+    def __iter__(self) -> Any:
+        return zip(self.x, self.y, strict=True)
+
+
+def test_the_first_items_of_a_stream_are_said_to_be_a_sample() -> None:
+    """max_items on a stream (or a list of batches) reads its first batches up to that many items: the report said
+    'train 64 items' as if that were the whole split, and from those first items that class 2 was never a training
+    label (missing_class) and that training lacked the validation's class 2 (unseen_class, a problem)."""
+    stream = _Stream()
+    val = (stream.x[:30].clone(), torch.full((30,), 2))
+    batches = [(stream.x[i : i + 16], stream.y[i : i + 16]) for i in range(0, 120, 16)]
+    for train in (DataLoader(stream, batch_size=16), batches):
+        report = _trainer().check_data(train, val, max_items=50)
+        assert report.splits["train"]["sampled"], report.summary()
+        assert "first 64" in report.summary() and any("first 64" in n for n in report.notes), str(report)
+        assert report.by_kind("missing_class") == [], str(report)
+        assert [p.level for p in report.by_kind("unseen_class")] == ["warning"], str(report)
+        whole = _trainer().check_data(train, val, max_items=120)  # the stream's every item: not a sample
+        assert not whole.splits["train"]["sampled"] and whole.by_kind("unseen_class") == [], str(whole)
