@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbtrainer._events._progress import replan
@@ -152,11 +153,19 @@ class LiveControl:
     def on_fit_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` now, or from another thread while a fit runs, on the training thread at the next step boundary
         (the call waits for it)."""
-        fit_thread = self._trainer.run_state.fit_thread
-        if fit_thread is not None and threading.get_ident() != fit_thread:
-            result: T = self.requests.submit(fn).result()
-            return result
-        return fn()
+        run = self._trainer.run_state
+        fit_thread = run.fit_thread
+        if fit_thread is None or threading.get_ident() == fit_thread:
+            return fn()
+        future = self.requests.submit(fn)
+        while True:
+            try:
+                result: T = future.result(timeout=0.1)
+                return result
+            except FutureTimeout:
+                # the fit ended between the check above and the submit, after its end ran what was asked for
+                if not run.fitting and future.cancel():
+                    return fn()
 
     def apply_or_queue(self, key: str, value: Any) -> None:
         """Request ``key = value``; applied now between fits, else at the next step boundary."""

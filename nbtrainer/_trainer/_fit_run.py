@@ -284,6 +284,10 @@ class FitRun:
         finally:
             run.loop = run.fit_thread = None  # drop references to batches/outputs held by the loop
             self.parts.active.discard(trainer)
+            # A change or call asked for after the last step boundary (during the last validation) has no boundary
+            # left to wait for: without this the LR / accumulation shown was never trained with, and a save waited
+            # for ever. Applied as between fits; a request from here on applies itself (the fit is over).
+            self.parts.live.apply()
             # A failed rank skips the barrier: its peers may be waiting in another collective (a gradient
             # all-reduce) and would never reach it, so both would hang and the error would never show; the
             # exception propagates instead and the launcher ends the other ranks.
