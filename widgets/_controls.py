@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SCHEDULES = {"constant": "constant LR", "onecycle": "one-cycle (max LR)", "cosine": "cosine decay"}
 _OneCycle = torch.optim.lr_scheduler.OneCycleLR
+_GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")  # what a scheduler keeps in each param group
 
 
 class Controls:
@@ -37,6 +38,7 @@ class Controls:
         self.running = False
         self._syncing = False
         self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
+        self._user_groups: list[dict[str, Any]] | None = None  # the groups' LRs as the user's scheduler left them
         self.support = precision_support(trainer.device)
         v = view
         v.precision.options = [(n if ok else f"{n} (unavailable)", n) for n, (ok, _) in self.support.items()]
@@ -119,6 +121,7 @@ class Controls:
         """Steer ``trainer`` from now on (the panel rebuilt it at Start); its schedule is the one "keep" restores."""
         self.trainer = trainer
         self._user_scheduler, self._user_interval = trainer.scheduler, trainer.scheduler_interval
+        self._user_groups = None
         self._show_optimizers()
 
     def set_running(self, running: bool) -> None:
@@ -216,7 +219,7 @@ class Controls:
         self.lr.show(t.lrs.get(self.view.lr_target.value, t.lr))
         if choice == "keep":
             if t.scheduler is not self._user_scheduler:
-                t.set_scheduler(self._user_scheduler, self._user_interval)
+                self._keep_user_scheduler()
             s = t.scheduler
             if isinstance(s, _OneCycle) and s.last_epoch >= s.total_steps:
                 raise ValueError(
@@ -230,9 +233,11 @@ class Controls:
                 total = t.total_steps(train_loader, epochs)
             except TypeError as exc:
                 raise ValueError(f"The {SCHEDULES[choice]} schedule needs the number of steps: {exc}") from None
-        self._reset_groups()
         opt = t.optimizer
         assert opt is not None  # the panel's Trainer always has one (TrainerWidget builds or checks it)
+        if t.scheduler is self._user_scheduler and t.scheduler is not None:  # "keep" must find its groups again
+            self._user_groups = [{k: g[k] for k in _GROUP_LRS if k in g} for g in opt.param_groups]
+        self._reset_groups()
         if choice == "constant":
             t.set_scheduler(None)
         elif choice == "onecycle":
@@ -240,6 +245,26 @@ class Controls:
         else:
             assert total is not None  # counted above for every schedule but "constant"
             t.set_scheduler(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total), "step")
+
+    def _keep_user_scheduler(self) -> None:
+        """Put the user's scheduler back after runs on the menu's schedules, on the groups' LRs as it left them: the
+        menu's schedule ended elsewhere (a cosine near 0) and took off the keys it reads (OneCycleLR's
+        ``initial_lr``). A reference LR set since (the control) is the next run's, the schedule scaled to it."""
+        t = self.trainer
+        assert t.optimizer is not None  # the panel's Trainer always has one
+        groups, lrs, lr = t.optimizer.param_groups, t.lrs, t.lr
+        saved = self._user_groups
+        if saved is not None and len(saved) == len(groups):
+            for group, keys in zip(groups, saved, strict=True):
+                for key in _GROUP_LRS:
+                    group.pop(key, None)
+                group.update(keys)
+        t.set_scheduler(self._user_scheduler, self._user_interval)
+        for name, value in lrs.items():  # several named optimizers: each its own reference
+            if t.lrs[name] != value:
+                t.set_lr(value, optimizer=name)
+        if not lrs and t.lr != lr:
+            t.set_lr(lr)
 
     def _reset_groups(self) -> None:
         """Every group back to its plain reference LR, scheduler bookkeeping removed. Not scaled to the control's
