@@ -300,7 +300,13 @@ class UiPump:
 
     def _finish(self) -> None:
         host, run = self.host, self.run
-        h = run.history if run.history is not None else run.trainer.history
+        h = run.history
+        if h is None:  # fit refused the run before its first step: no summary (the last run's stays "previous")
+            error = f"{type(run.error).__name__}: {run.error}"
+            host.notify("error", f"training failed: {error}", run.traceback)
+            self.view.set_status(run.status, error)
+            host.set_running(False)
+            return
         steps = h.steps["step"]
         n_steps = int(steps[-1]) if steps else 0
         if run.error is not None:

@@ -114,7 +114,7 @@ class Run:
         self.fit_kwargs = fit_kwargs
         self.owner = owner
         self.on_done = on_done
-        self.history: Any = None
+        self.history: Any = None  # this run's History (None: it failed before fit began one)
         self.error: BaseException | None = None
         self.traceback = ""
         self.stop_reason: str | None = None
@@ -162,13 +162,15 @@ class Run:
         return not self.thread.is_alive()
 
     def _main(self) -> None:
+        before = self.trainer.history
         try:
             self.history = self.trainer.fit(**self.fit_kwargs)
         except BaseException as exc:
             log.debug("the fit failed: shown in the panel, and re-raised by wait()", exc_info=True)
             self.error = exc
             self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            self.history = self.trainer.history
+            # None when fit refused its arguments before beginning a History: the trainer's is the last run's
+            self.history = self.trainer.history if self.trainer.history is not before else None
         finally:
             self.status = "failed" if self.error is not None else self.trainer.status
             with _LOCK:

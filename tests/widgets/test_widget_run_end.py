@@ -52,3 +52,23 @@ def test_save_during_the_last_validation_returns_when_the_run_ends(tmp_path):
     saver.join(30)
     assert not saver.is_alive(), "save_checkpoint still blocks after the run ended (waits for a step that never comes)"
     assert box["path"].endswith("last-val.ckpt") and (tmp_path / "last-val.ckpt").exists()
+
+
+def test_a_run_that_fails_before_its_first_step_does_not_show_the_last_runs_summary_as_its_own(tmp_path):
+    from nbtrainer import ModelCheckpoint
+
+    # validation every second epoch: a one-epoch run never logs the val_loss the checkpoint monitors (refused by fit)
+    w = make_widget(epochs=2, val_every_n_epochs=2, callbacks=[ModelCheckpoint(tmp_path, monitor="val_loss")])
+    w.start()
+    first = w.wait(timeout=60)
+    assert first.status == "finished" and "finished" in w.summary_html
+    w.view.epochs.value = 1
+    w.start()
+    with pytest.raises(ValueError, match="will never log"):
+        w.wait(timeout=60)
+    assert w.status == "failed" and "nbt-status-failed" in w.view.status.value
+    assert "ValueError" in w.view.status.value, "the badge names no reason (the last run's stop_reason, None)"
+    section = w.view.summary_section
+    assert "nbt-summary-previous" in section.root._dom_classes, "the last run's summary is shown as this run's"
+    bundle = w._summary.bundle()
+    assert "previous run" in bundle["text/html"] and "finished, 2 epoch(s)" in bundle["text/html"]
