@@ -146,9 +146,15 @@ class LiveCharts:
         self._legends()
 
     # -- data in (UI thread) ------------------------------------------------------------------------
-    def clear(self) -> None:
+    def clear(self, memory_through: float | None = None) -> None:
+        """Empty every series (a new run); ``memory_through``: a rollback to that step, whose memory up to it stays
+        drawn (the History keeps no memory to redraw it from)."""
+        memory = self.mem.stream.points()
         for s in (self._raw, self._smooth, self._lr, self.mem.stream):
             s.clear()
+        if memory_through is not None:
+            x, y = memory
+            self.mem.stream.extend(x[x <= memory_through], y[x <= memory_through])
         self._ema.clear()
         self.rows, self.events = [], []
         self._last_loss = math.nan

@@ -16,6 +16,7 @@ small :class:`PumpHost` protocol, so this module depends on no panel class.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import math
@@ -129,6 +130,7 @@ class UiPump:
         self.stream_status = "running"  # the status the last drained item implies
         self.best: tuple[str, float, Any] | None = None
         self._warned_nonfinite = False
+        self._rollbacks = 0  # rollback events drawn so far (the History's events have them too, in the same order)
         self._table_pending = False  # epochs arrived that the table does not show yet
         self._table_next = self._charts_next = 0.0  # when the table / the charts may be sent again (budgets)
         self._charts_pending = False  # data the charts hold back until _charts_next
@@ -261,10 +263,31 @@ class UiPump:
             self.host.notify("info", change_label(event) or kind)
 
     def _rewind_charts(self, event: dict[str, Any]) -> None:
+        """The charts back to the checkpoint's step, from the History: its steps and epochs, the LR / accumulation
+        changes still in effect there (each marker after the steps before it, on their loss), the memory up to it."""
         history, step, charts = self.run.trainer.history, event["new"], self.charts
+        self._rollbacks += 1
+        changes: list[dict[str, Any]] = []
+        seen = 0
+        for e in list(history.events):  # in order: an earlier rollback undid the changes after the step it went to
+            if e.get("kind") == "rollback":
+                seen += 1
+                if seen == self._rollbacks:  # this one (the later events arrive through the feed)
+                    break
+                changes = [c for c in changes if (c.get("step") or 0) <= e["new"]]
+            else:  # the charts mark the LR and accumulation changes among them
+                changes.append(e)
         s = history.steps
-        charts.clear()
-        charts.add_steps([p for p in zip(s["step"], s["loss"], s["lr"], strict=False) if p[0] <= step])
+        points = [p for p in zip(s["step"], s["loss"], s["lr"], strict=False) if p[0] <= step]
+        xs = [p[0] for p in points]
+        charts.clear(memory_through=step)
+        done = 0
+        for change in (c for c in changes if (c.get("step") or 0) <= step):
+            upto = bisect.bisect_right(xs, change.get("step") or 0)
+            charts.add_steps(points[done:upto])
+            done = max(done, upto)
+            charts.add_event(change)
+        charts.add_steps(points[done:])
         for row in [r for r in history.epochs if r.get("steps", 0) <= step]:
             charts.add_epoch(row)
         self.host.notify("info", f"rolled back to step {step} ({event.get('path')})")
