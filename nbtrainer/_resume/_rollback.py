@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._atomic import CheckpointError
@@ -83,7 +84,7 @@ def rollback(trainer: LoopHost, path: str | os.PathLike[str], live: Any) -> str:
         try:
             future.result(timeout=0.1)
             return file
-        except TimeoutError:
+        except FutureTimeout:
             if not run.fitting and future.cancel():  # the fit ended before its next step boundary
                 restore(trainer, file)
                 return file
