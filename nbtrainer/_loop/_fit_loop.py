@@ -374,13 +374,13 @@ class FitLoop:
 
     def rewind(self) -> None:
         """The run state was just restored from a checkpoint at a step boundary (``Trainer.rollback``): drop the
-        values of the steps since then, leave the epoch in progress, and go on from the restored position (the
-        resume path: that epoch's data order replayed up to the saved batch, then the saved RNG)."""
+        values of the steps since then, show the restored state from the next refresh (still paused), leave the
+        epoch in progress and go on from there (the resume path: the epoch's order replayed, then the saved RNG)."""
         self.pending.drop()
         if self.kept is not None:
             self.kept.clear()
         self.order.give_back()
-        self._rewound = True
+        self.state, self._rewound = self.host.run_state.loop_state, True
         self.live.requests.dirty = True  # the loop looks at the next step boundary (also from a callback)
 
     def keep_window_batches(self) -> KeptBatches:

@@ -212,3 +212,47 @@ def test_rollback_to_an_epoch_end_checkpoint(tmp_path):
     assert [r["epoch"] for r in history.epochs] == [1, 2, 3]
     for a, b in zip(trainer.model.parameters(), reference.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_refreshes_after_a_rollback_while_paused_show_the_restored_step(tmp_path):
+    """Paused at step 12 and rolled back to step 10 from another thread: every progress snapshot after the rollback
+    says step 10 or later in the replay, never the step the run left (the panel's badge said "paused at step 12" and
+    drew a memory point at 12 until it trained on)."""
+
+    class Watch:
+        def __init__(self) -> None:
+            self.done, self.rolled = False, False
+            self.after: list[int] = []
+
+        def on_optimizer_step(self, trainer, step, skipped):
+            if step == 12 and not self.done:
+                self.done = True
+                trainer.pause()
+
+        def on_control(self, trainer, event):
+            if event.get("kind") == "rollback":
+                self.rolled = True
+
+        def on_refresh(self, trainer, progress):
+            if self.rolled and len(self.after) < 3:  # the snapshots up to the replay's first steps
+                self.after.append(progress.global_step)
+
+    watch = Watch()
+    trainer = _trainer(tmp_path, watch, refresh_interval=0.0)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run(trainer, errors))
+    thread.start()
+    try:
+        for _ in range(600):
+            if trainer.status == "paused":
+                break
+            thread.join(0.05)
+        assert trainer.status == "paused" and trainer.global_step == 12
+        trainer.rollback()
+        assert trainer.global_step == 10
+    finally:
+        trainer.resume()
+        thread.join(60)
+    assert not errors
+    assert watch.after and watch.after[0] == 10 and max(watch.after) <= 12, watch.after
+    assert watch.after == sorted(watch.after), watch.after
