@@ -80,7 +80,9 @@ class Client:
         self.messages: list[dict[str, Any]] = []
 
     def run(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
-        """Execute ``code``; the iopub messages it caused, up to its idle status."""
+        """Execute ``code``; the iopub messages it caused, up to its idle status. ``timeout`` counts from the
+        cell's last message: it fails when none comes (stuck), not while a loaded machine delivers a cell that opens
+        a thousand comms slowly (two panels' set-up ran past a fixed 120 s in a loaded trial)."""
         msg_id = self.kc.execute(code)
         end = time.monotonic() + timeout
         mine: list[dict[str, Any]] = []
@@ -89,12 +91,14 @@ class Client:
                 m = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
                 if time.monotonic() > end:
-                    raise AssertionError(f"no idle after {timeout} s; got {[x['msg_type'] for x in mine]}") from None
+                    got = [x["msg_type"] for x in mine]
+                    raise AssertionError(f"no message for {timeout} s, no idle; got {got}") from None
                 continue
             self.messages.append(m)
             if m["parent_header"].get("msg_id") != msg_id:
                 continue
             mine.append(m)
+            end = time.monotonic() + timeout
             if m["msg_type"] == "error":
                 raise AssertionError("\n".join(m["content"]["traceback"]))
             if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
