@@ -153,19 +153,23 @@ class LiveControl:
     def on_fit_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` now, or from another thread while a fit runs, on the training thread at the next step boundary
         (the call waits for it)."""
-        run = self._trainer.run_state
-        fit_thread = run.fit_thread
+        fit_thread = self._trainer.run_state.fit_thread
         if fit_thread is None or threading.get_ident() == fit_thread:
             return fn()
-        future = self.requests.submit(fn)
+        return self.wait_for(self.requests.submit(fn), fn)
+
+    def wait_for(self, future: Future, ended: Callable[[], T]) -> T:
+        """The result of a call submitted to the training thread (``requests.submit``), waited for from another
+        thread; ``ended()`` in its place when the fit ended without taking it (it ended between the caller's check
+        and the submit, after its end had run what was queued: nothing would ever take the call)."""
+        run = self._trainer.run_state
         while True:
             try:
                 result: T = future.result(timeout=0.1)
                 return result
             except FutureTimeout:
-                # the fit ended between the check above and the submit, after its end ran what was asked for
                 if not run.fitting and future.cancel():
-                    return fn()
+                    return ended()
 
     def apply_or_queue(self, key: str, value: Any) -> None:
         """Request ``key = value``; applied now between fits, else at the next step boundary."""

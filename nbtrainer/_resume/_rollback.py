@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from typing import TYPE_CHECKING, Any
 
 from nbtrainer._atomic import CheckpointError
@@ -79,15 +78,9 @@ def rollback(trainer: LoopHost, path: str | os.PathLike[str], live: Any) -> str:
             "rollback() while the fit runs in another thread needs it paused first: trainer.pause(), then "
             "trainer.rollback(...), then trainer.resume() (the panel's health card does this for you)."
         )
-    future = live.requests.submit(lambda: _in_fit(trainer, file, live))
-    while True:
-        try:
-            future.result(timeout=0.1)
-            return file
-        except FutureTimeout:
-            if not run.fitting and future.cancel():  # the fit ended before its next step boundary
-                restore(trainer, file)
-                return file
+    # the fit may end before its next step boundary: the checkpoint is then loaded here, as between fits
+    live.wait_for(live.requests.submit(lambda: _in_fit(trainer, file, live)), lambda: restore(trainer, file))
+    return file
 
 
 def _in_fit(trainer: LoopHost, file: str, live: Any) -> None:
