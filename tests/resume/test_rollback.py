@@ -69,24 +69,9 @@ def test_rollback_from_another_thread_while_paused(tmp_path):
     training thread at its step boundary, returns once done, and the resumed run ends as the reference does."""
     reference = _trainer(tmp_path / "a")
     reference.fit(_loader(), epochs=3)
-
-    class PauseAt:
-        done = False
-
-        def on_optimizer_step(self, trainer, step, skipped):
-            if step == 12 and not self.done:  # once: the rolled-back run passes step 12 again
-                self.done = True
-                trainer.pause()
-
-    trainer = _trainer(tmp_path / "b", PauseAt())
-    errors: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _run(trainer, errors))
-    thread.start()
+    trainer = _trainer(tmp_path / "b", PauseAt12())
+    thread, errors = _fit_until_paused(trainer)
     try:
-        for _ in range(600):
-            if trainer.status == "paused":
-                break
-            thread.join(0.05)
         assert trainer.status == "paused" and trainer.global_step == 12
         assert trainer.rollback() == str(tmp_path / "b" / "ckpt" / "last.ckpt")
         assert trainer.global_step == 10 and trainer.status == "paused"
@@ -96,6 +81,30 @@ def test_rollback_from_another_thread_while_paused(tmp_path):
     assert not errors and trainer.history.status == "finished"
     for a, b in zip(trainer.model.parameters(), reference.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+class PauseAt12:
+    """Pauses the fit at step 12, once: the rolled-back run passes step 12 again."""
+
+    done = False
+
+    def on_optimizer_step(self, trainer, step, skipped):
+        if step == 12 and not self.done:
+            self.done = True
+            trainer.pause()
+
+
+def _fit_until_paused(trainer) -> tuple[threading.Thread, list[BaseException]]:
+    """``trainer.fit`` in a thread of its own, returned once it holds at a pause (the panel's path), with the list
+    its error goes to."""
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run(trainer, errors))
+    thread.start()
+    for _ in range(600):
+        if trainer.status == "paused":
+            break
+        thread.join(0.05)
+    return thread, errors
 
 
 def _run(trainer, errors):
@@ -221,13 +230,8 @@ def test_refreshes_after_a_rollback_while_paused_show_the_restored_step(tmp_path
 
     class Watch:
         def __init__(self) -> None:
-            self.done, self.rolled = False, False
+            self.rolled = False
             self.after: list[int] = []
-
-        def on_optimizer_step(self, trainer, step, skipped):
-            if step == 12 and not self.done:
-                self.done = True
-                trainer.pause()
 
         def on_control(self, trainer, event):
             if event.get("kind") == "rollback":
@@ -238,15 +242,9 @@ def test_refreshes_after_a_rollback_while_paused_show_the_restored_step(tmp_path
                 self.after.append(progress.global_step)
 
     watch = Watch()
-    trainer = _trainer(tmp_path, watch, refresh_interval=0.0)
-    errors: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _run(trainer, errors))
-    thread.start()
+    trainer = _trainer(tmp_path, PauseAt12(), watch, refresh_interval=0.0)
+    thread, errors = _fit_until_paused(trainer)
     try:
-        for _ in range(600):
-            if trainer.status == "paused":
-                break
-            thread.join(0.05)
         assert trainer.status == "paused" and trainer.global_step == 12
         trainer.rollback()
         assert trainer.global_step == 10
