@@ -39,11 +39,10 @@ def _accuracy(model, val) -> float:
         return (model(val[0]).argmax(1) == val[1]).float().mean().item()
 
 
-def _wait_paused(trainer, thread, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
+def _wait_paused(trainer, thread) -> None:
+    # readiness, not a clock: the run either pauses or ends (then Health never paused it); pytest-timeout ends a hang
     while trainer.status != "paused":
-        assert thread.is_alive(), "the run ended without pausing"
-        assert time.monotonic() < end, "Health did not pause the run"
+        assert thread.is_alive(), "the run ended without Health pausing it"
         time.sleep(0.01)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
+from _waits import wait_for  # noqa: F401  (the widget tests import it from here)
 from conftest import make_classification, make_loader, mlp
 
 
@@ -60,14 +61,6 @@ def make_widget(n: int = 512, bs: int = 16, epochs: int = 2, slow: float | None 
         callbacks=callbacks,
         **kw,
     )
-
-
-def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what} not reached in {timeout} s")
-        time.sleep(0.005)
 
 
 def tooltip(widget) -> str:
