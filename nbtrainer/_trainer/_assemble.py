@@ -90,7 +90,16 @@ def assemble(model: Any, criterion: Any, optimizer: Any, options: TrainerOptions
     )
     callbacks = list(parts.callbacks)  # read more than once (checks, then the CallbackList)
     if criterion is not None and not callable(criterion):
-        raise TypeError(f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}.")
+        swapped = hasattr(criterion, "param_groups") and callable(requested)  # Trainer(model, optimizer, loss)
+        raise TypeError(
+            f"criterion must be callable (e.g. nn.CrossEntropyLoss()), got {type(criterion).__name__}."
+            + (
+                " The arguments are Trainer(model, criterion, optimizer): swap the second and third, or pass them "
+                "by name (criterion=..., optimizer=...)."
+                if swapped
+                else ""
+            )
+        )
     # Where the model runs: one device, or DDP under torchrun (nbtrainer._dist._ddp). First, so that under DDP
     # nothing touches a CUDA device before this rank's device is set.
     from nbtrainer._dist._fsdp import make_strategy  # DDP / FSDP machinery only once a Trainer is built

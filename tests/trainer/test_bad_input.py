@@ -83,6 +83,7 @@ and that no file was written (the ModelCheckpoint directory is absent or empty).
  74   ``DataLoader(dataset, batch_size=None)`` (items one by one)   TypeError             ``batch_size=32``
  75   ``compute_loss`` returning ``(loss, outputs)``                ValueError            ``(loss, outputs, targets)``
  76   a BatchNorm over features, the epoch's last batch of 1 item   ValueError            ``drop_last=True`` / batch_size
+ 77   ``Trainer(model, optimizer, loss)``: the two swapped          TypeError             ``Trainer(model, criterion, optimizer)``
 ====  ==========================================================  ====================  ==================================
 
 "(same)": the original exception type is kept (``except RuntimeError`` in user code still works),
@@ -742,6 +743,11 @@ def _batch_norm_last_item(e):
 # once the end of epoch 1's bare "Expected more than 1 value per channel when training", after its optimizer steps
 case("76-batch-norm-last-batch-of-one", ValueError, r"last batch of each epoch holds 1 item \(33 samples",
      r"BatchNorm1d '1'", r"drop_last=True", r"batch_size=15")(_batch_norm_last_item)  # fmt: skip
+
+
+# the order other libraries use (optimizer before loss): the message said only "got AdamW"
+case("77-optimizer-and-criterion-swapped", TypeError, r"got Adam\.", r"Trainer\(model, criterion, optimizer\)",
+     r"criterion=\.\.\., optimizer=\.\.\.")(lambda e: e.trainer(criterion=e.opt, optimizer=nn.CrossEntropyLoss()))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
