@@ -1,11 +1,11 @@
 """``nbtrainer.show_batch(loader)``: a batch as the model receives it, after the dataset, its transforms and the
 collate function, split into inputs and targets by the batch protocol the fit uses.
 
-What an item becomes: images (a ``(C, H, W)`` / ``(H, W)`` tensor per item) a grid of pictures (normalized values
-stretched to each picture's own range, and said), token ids text through ``decode=`` (a function or a tokenizer),
-a row of floats one row of a table with ``feature_names`` as its columns; each with its target (``classes=`` names
-class numbers). The loader is read for one batch, under the run's random generators put back (a shuffling loader
-draws its order from them).
+What an item becomes: images (a ``(C, H, W)``, ``(H, W, C)`` or ``(H, W)`` tensor per item; floats in [0, 1] or
+0-255 integers of any type) a grid of pictures (normalized values stretched to each picture's own range, and said),
+token ids text through ``decode=`` (a function or a tokenizer), a row of floats one row of a table with
+``feature_names`` as its columns; each with its target (``classes=`` names class numbers). The loader is read for
+one batch, under the run's random generators put back (a shuffling loader draws its order from them).
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ def _kind(value: Any) -> str:
         return "text"
     if not isinstance(value, Tensor) or value.ndim == 0:
         return "other"
-    if value.ndim >= 3 and (value.ndim == 3 or value.shape[1] in (1, 3, 4)):
+    # (N, H, W), (N, C, H, W), or (N, H, W, C) as NumPy and PIL pipelines hand them
+    channels = (1, 3, 4)
+    if (
+        value.ndim == 3
+        or (value.ndim >= 4 and value.shape[1] in channels)
+        or (value.ndim == 4 and value.shape[-1] in channels)
+    ):
         return "images"
     if value.ndim == 2:
         return "table" if value.is_floating_point() else "ids"
@@ -156,8 +162,11 @@ def show_batch(
                 f"<div>{html.escape(labels[i])}</div></div>"
             )
         body = f"<div style='display:flex;flex-flow:row wrap;align-items:flex-end'>{''.join(cards)}</div>"
-        if main.is_floating_point() and (float(main.min()) < 0 or float(main.max()) > 1):
+        lo, hi = (float(main[:shown].min()), float(main[:shown].max())) if main.numel() else (0.0, 0.0)
+        if main.is_floating_point() and (lo < 0 or hi > 1):
             note = "normalized values: each picture stretched to its own range"
+        elif not main.is_floating_point() and main.dtype != torch.bool and (lo < 0 or hi > 255):
+            note = "values beyond 0-255: each picture stretched to its own range"
         text_items = [f"{i}: {_describe(main[i])} -> {labels[i]}" for i in range(shown)]
     elif kind == "table":
         cols = list(feature_names) if feature_names is not None else [f"x{j}" for j in range(main.shape[1])]

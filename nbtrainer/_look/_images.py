@@ -4,8 +4,10 @@ A PNG is a signature and three chunks (``IHDR``, one zlib-compressed ``IDAT``, `
 standard library's ``zlib`` writes it (PNG spec, ISO/IEC 15948). Pillow is used only when the user hands a PIL image
 (then it is installed); nothing here imports it.
 
-What counts as an image (``as_pixels``): a torch tensor ``(C, H, W)`` (C = 1, 3 or 4) or ``(H, W)``, a NumPy array
-``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``, float in [0, 1] (clipped; NaN drawn black) or uint8.
+What counts as an image (``as_pixels``): a torch tensor ``(C, H, W)`` (C = 1, 3 or 4), ``(H, W, C)`` (as NumPy and
+PIL pipelines hand them) or ``(H, W)``, a NumPy array ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``; float in [0, 1]
+(clipped; NaN drawn black), or integers: 0-255 as pixels whatever the type (``torch.tensor`` of a list of pixels is
+int64), a 0/1 mask black and white, other ranges (16-bit) stretched to their own.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ __all__ = ["IMAGE_TYPES", "as_pixels", "is_pil", "to_png"]
 
 #: how the accepted kinds are named in errors
 IMAGE_TYPES = (
-    "an image: a torch tensor (C, H, W) with C = 1, 3 or 4 or (H, W), float in [0, 1] or uint8; a NumPy array "
-    "(H, W), (H, W, C) or (C, H, W); or a PIL image"
+    "an image: a torch tensor (C, H, W) or (H, W, C) with C = 1, 3 or 4, or (H, W), float in [0, 1] or 0-255 "
+    "integers; a NumPy array (H, W), (H, W, C) or (C, H, W); or a PIL image"
 )
 _CHANNELS = (1, 3, 4)
 
@@ -38,6 +40,13 @@ def _to_uint8(arr: np.ndarray) -> np.ndarray:
         return arr.astype(np.uint8) * 255
     if not np.issubdtype(arr.dtype, np.number):
         raise TypeError(f"an image's values must be numbers, got {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.integer) and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo >= 0 and hi <= 1:  # a 0/1 mask: black and white, not black and nearly black
+            return arr.astype(np.uint8) * 255
+        if lo >= 0 and hi <= 255:  # pixels in a wider type: clipping them to [0, 1] drew every non-zero one white
+            return arr.astype(np.uint8)
+        return ((arr.astype(np.float64) - lo) / (hi - lo) * 255.0 + 0.5).astype(np.uint8)
     values = np.nan_to_num(arr.astype(np.float32), nan=0.0, posinf=1.0, neginf=0.0)
     return (np.clip(values, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
@@ -51,7 +60,7 @@ def as_pixels(value: Any) -> np.ndarray | None:
         t = value.detach()
         if t.ndim == 3 and t.shape[0] in _CHANNELS:
             t = t.permute(1, 2, 0)
-        elif t.ndim != 2:
+        elif not (t.ndim == 2 or (t.ndim == 3 and t.shape[-1] in _CHANNELS)):
             return None
         if t.dtype == torch.bfloat16 or t.dtype == torch.float16:
             t = t.float()
