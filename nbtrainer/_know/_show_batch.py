@@ -3,7 +3,8 @@ collate function, split into inputs and targets by the batch protocol the fit us
 
 What an item becomes: images (a ``(C, H, W)``, ``(H, W, C)`` or ``(H, W)`` tensor per item; floats in [0, 1] or
 0-255 integers of any type) a grid of pictures (normalized values stretched to each picture's own range, and said),
-token ids text through ``decode=`` (a function or a tokenizer), a row of floats one row of a table with
+token ids text through ``decode=`` (a function or a tokenizer; of a dict batch with an ``attention_mask``, each item's
+positions the mask keeps, without the batch's padding), a row of floats one row of a table with
 ``feature_names`` as its columns; each with its target (``classes=`` names class numbers). The loader is read for
 one batch, under the run's random generators put back (a shuffling loader draws its order from them).
 """
@@ -181,8 +182,12 @@ def show_batch(
         ]
     else:
         cards, text_items = [], []
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        # a tokenizer pads each row to the batch's longest: decode= gets the item's own tokens, not the pad ids
+        if not (kind == "ids" and isinstance(mask, Tensor) and mask.shape == main.shape):
+            mask = None
         for i in range(shown):
-            item = main[i]
+            item = main[i] if mask is None else main[i][mask[i].bool()]
             shown_html = input_html((item,), decode=decode) if kind != "text" else html.escape(str(item))
             cards.append(
                 f"<div class='nbt-batch-item' style='margin:0 0 6px 0;font-size:11px'>{shown_html}"

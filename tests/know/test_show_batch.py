@@ -58,3 +58,21 @@ def test_images_draw_in_their_layout_and_on_their_scale_whatever_the_pipeline() 
     first = _pictures(view)[0]
     assert first.shape == (5, 7, 3) and first.min() == 0 and first.max() == 255
     assert "stretched to its own range" in view.text
+
+
+def test_decode_gets_each_items_real_tokens_not_the_batchs_padding() -> None:
+    """A tokenizer's batch pads its rows to one length: decode= gets each item's positions its attention_mask keeps
+    (right or left padding), in the picture and in the text, not the pad ids a plain function would spell out."""
+    ids = torch.tensor([[5, 6, 7, 0, 0], [0, 0, 0, 8, 9], [4, 4, 4, 4, 4]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 1, 1], [1, 1, 1, 1, 1]])
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([1, 0, 1])}
+    got: list[list[int]] = []
+
+    def decode(token_ids: list[int]) -> str:
+        got.append(list(token_ids))
+        return " ".join(f"w{i}" for i in token_ids)
+
+    view = show_batch([batch], 3, decode=decode)
+    assert got and all(g in ([5, 6, 7], [8, 9], [4, 4, 4, 4, 4]) for g in got)
+    assert str(view).splitlines()[1:] == ["0: w5 w6 w7 -> 1", "1: w8 w9 -> 0", "2: w4 w4 w4 w4 w4 -> 1"]
+    assert "w0" not in view.html and "w5 w6 w7" in view.html
