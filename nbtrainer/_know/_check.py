@@ -136,8 +136,11 @@ def output_size(trainer: Any, batch: Any) -> tuple[int | None, int, str | None]:
         log.debug("check_data: the model did not run on the first batch; labels not checked", exc_info=True)
         return None, ignore, f"the model could not run on the first batch ({type(exc).__name__}: {str(exc)[:200]})"
     logits = metric_input(outputs)
-    if not isinstance(logits, Tensor) or not isinstance(targets, Tensor) or targets.is_floating_point():
+    if not isinstance(logits, Tensor) or not isinstance(targets, Tensor):
         return None, ignore, None
+    if targets.is_floating_point():  # class probabilities: one per output
+        rows = class_rows(criterion) and logits.ndim == 2 and logits.shape == targets.shape
+        return (int(logits.shape[1]) if rows else None), ignore, None
     if logits.ndim == targets.ndim + 1:
         if logits.ndim == 2 or logits.shape[: targets.ndim] == targets.shape:
             return int(logits.shape[-1]), ignore, None  # (B, C) or (B, T, V)
@@ -146,14 +149,24 @@ def output_size(trainer: Any, batch: Any) -> tuple[int | None, int, str | None]:
     return None, ignore, None
 
 
+def class_rows(criterion: Any) -> bool | None:
+    """What float target rows ``(items, classes)`` are to ``criterion``: class probabilities (True: a
+    ``CrossEntropyLoss`` takes one-hot or soft rows as such), several labels per item (False), or None (unknown: a
+    loss function of one's own, a model computing its own loss)."""
+    if isinstance(criterion, torch.nn.CrossEntropyLoss):
+        return True
+    multi = (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss, torch.nn.MultiLabelSoftMarginLoss)
+    return False if isinstance(criterion, multi) else None
+
+
 class _Scan:
     """One split read once: its fields' statistics, its item hashes and its targets."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, probabilities: bool | None = None) -> None:
         self.name = name
         self.fields: dict[str, FieldStats] = {}
         self.hashes = HashLog()
-        self.targets = TargetStats()
+        self.targets = TargetStats(probabilities=probabilities)
         self.items = 0
         self.unreadable: dict[str, str] = {}
         self.unhashed = False
@@ -193,7 +206,7 @@ def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: li
     lists, of, sampled = _lists(loader, max_items)
     batches: Iterator[tuple[Tensor | None, Any]]
     batches, _ = indexed_batches(loader, fast=trainer.fast_fetch, lists=lists)
-    scan = _Scan(name)
+    scan = _Scan(name, probabilities=class_rows(trainer.criterion))
     try:
         with kept_rng(), torch.no_grad():
             for indices, batch in batches:

@@ -152,7 +152,8 @@ def _field_name(split: Split, field: str) -> str:
 def _values(split: Split) -> list[DataProblem]:
     problems = []
     fields = dict(split.fields)
-    if split.targets.kind == "values":
+    # float targets' moments are kept whatever they turn out to be: a NaN in a class-probability row is named too
+    if split.targets.kind == "values" or split.targets.values.nonfinite_items:
         fields["targets"] = split.targets.values
     for name, stats in fields.items():
         if stats.nonfinite_items:
@@ -483,7 +484,12 @@ def findings(
             notes.append(f"{split.name}: a seeded sample of {split.items:,} of {split.of:,} items was read (max_items)")
         elif split.sampled:
             notes.append(f"{split.name}: the first {split.items:,} items were read (max_items), not the rest")
-        if split.targets.kind == "multilabel":
+        if split.targets.kind == "labels" and split.targets.probabilities and split.targets.values.items:
+            notes.append(
+                f"{split.name}: targets are class probabilities (float rows with CrossEntropyLoss): each item is "
+                "counted as its largest class"
+            )
+        elif split.targets.kind == "multilabel":
             notes.append(f"{split.name}: multi-label targets (0/1 per label): per-label counts only")
         elif split.targets.kind in ("none", "other") and split is train:
             notes.append(f"{split.name}: targets are not one class label per item: class checks skipped")

@@ -211,9 +211,14 @@ class FieldStats:
 
 
 class TargetStats:
-    """What the targets are: class labels (counted), float values (moments) or several labels per item."""
+    """What the targets are: class labels (counted), float values (moments) or several labels per item.
 
-    def __init__(self) -> None:
+    ``probabilities``: what float rows ``(items, classes)`` are, where the criterion tells: True for class
+    probabilities (``CrossEntropyLoss``: one-hot or soft rows, each item counted as its largest class), False for
+    several labels per item (``BCEWithLogitsLoss``), None where it cannot tell (then 0/1 rows read as multi-label)."""
+
+    def __init__(self, *, probabilities: bool | None = None) -> None:
+        self.probabilities = probabilities
         self.kind: str | None = None  # "labels", "binary", "multilabel", "values", "none" or "other"
         self.counts: dict[int, int] = {}
         self.items = 0
@@ -247,6 +252,8 @@ class TargetStats:
                 self._first_float = False
                 self.values = FieldStats("targets", t.reshape(n, -1))
             self.values.add(t.reshape(n, -1), indices if indices is not None else np.arange(self.items - n, self.items))
+            if self.probabilities and t.ndim == 2 and t.shape[1] > 1 and self.kind in (None, "labels"):
+                return self._largest_class(t)
             hard = bool(((t == 0) | (t == 1)).all())
             single = t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)
             if hard and single and self.kind in (None, "binary"):
@@ -272,3 +279,16 @@ class TargetStats:
         for v, c in zip(values.tolist(), counts.tolist(), strict=True):
             self.counts[v] = self.counts.get(v, 0) + c
         return None
+
+    def _largest_class(self, t: Tensor) -> np.ndarray:
+        """Class-probability rows as labels: each row's largest class, counted; a row with a NaN counts for no class
+        (its item is named by the moments' non-finite check) and gets no label."""
+        self.kind = "labels"
+        finite = torch.isfinite(t).all(1)
+        labels = t.argmax(1)
+        values, counts = torch.unique(labels[finite], return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            self.counts[v] = self.counts.get(v, 0) + c
+        out = labels.numpy().astype(np.int64)
+        out[~finite.numpy()] = np.iinfo(np.int64).min  # HashLog's "no label"
+        return out

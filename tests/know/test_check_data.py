@@ -337,3 +337,37 @@ def test_a_nan_target_is_still_named_after_soft_multilabel_targets_and_a_hard_ba
     assert report.splits["train"]["targets"] == "values"
     (bad,) = report.by_kind("nonfinite")
     assert bad.data["field"] == "targets" and bad.data["indices"] == [5] and bad.data["items"] == 1
+
+
+def test_one_hot_and_soft_targets_of_a_cross_entropy_are_classes_and_multi_label_stays_multi_label():
+    """CrossEntropyLoss with float rows (one-hot, or label-smoothed soft rows) trains on class probabilities: the
+    check counts each item's largest class (an imbalance, copies with different labels are found as for int labels)
+    and says so; under BCEWithLogitsLoss the same rows, and rows with
+    several 1s, stay multi-label; a NaN in a row is still named."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(240, 4, generator=g)
+    y = torch.randint(0, 3, (240,), generator=g)
+    y[:200] = 0  # 200 of class 0 against about 20 each
+    x[201], y[200], y[201] = x[200], 1, 2  # copies with different labels
+    hot = torch.nn.functional.one_hot(y, 3).float()
+    for rows in (hot, hot * 0.9 + 0.1 / 3):
+        trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.CrossEntropyLoss(), "sgd", progress=False, run_store=False)
+        val = torch.nn.functional.one_hot(torch.tensor([2, 2]), 3).float()
+        report = trainer.check_data((x[:230], rows[:230]), (x[230:232], val))
+        train = report.splits["train"]
+        counts = torch.bincount(y[:230], minlength=3).tolist()
+        assert train["targets"] == "labels" and train["classes"] == dict(enumerate(counts)), train
+        assert report.by_kind("imbalance")[0].data["counts"] == dict(enumerate(counts))
+        assert report.by_kind("conflicting_labels")[0].data["indices"] == [200, 201]
+        assert report.outputs == 3 and any("class probabilities" in n for n in report.notes)
+    # the same rows under BCEWithLogitsLoss, and rows with several 1s: multi-label
+    several = (torch.rand(240, 3, generator=g) > 0.5).float()
+    for rows in (hot, several):
+        trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.BCEWithLogitsLoss(), "sgd", progress=False, run_store=False)
+        report = trainer.check_data((x, rows))
+        assert report.splits["train"]["targets"] == "multilabel" and not report.by_kind("imbalance")
+    bad = hot.clone()
+    bad[7, 1] = float("nan")
+    trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.CrossEntropyLoss(), "sgd", progress=False, run_store=False)
+    (nonfinite,) = trainer.check_data((x, bad)).by_kind("nonfinite")
+    assert nonfinite.data["field"] == "targets" and nonfinite.data["indices"] == [7]

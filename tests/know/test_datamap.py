@@ -422,3 +422,20 @@ def test_a_checkpoint_without_the_maps_state_starts_the_map_again_from_it(tmp_pa
     trainer.fit(loader, epochs=4, resume_from=str(tmp_path / "epoch2.ckpt"))  # from the end of epoch 2, step 12
     assert dm.visits.tolist() == [2] * 96 and dm.epochs == 2
     assert dm.note is not None and "step 12" in dm.note
+
+
+def test_one_hot_targets_of_a_cross_entropy_are_mapped_as_classes_and_multi_label_by_its_loss():
+    """The criterion decides what float rows are: class probabilities under CrossEntropyLoss (the map's labels are
+    each row's largest class, soft rows too), several labels under BCEWithLogitsLoss (the map follows the loss)."""
+    x, y = make_classification(n=96)
+    hot = F.one_hot(y, 3).float()
+    for rows in (hot, hot * 0.9 + 0.1 / 3):
+        dm = DataMap()
+        trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.2, callbacks=[dm], progress=False,
+                          run_store=False)  # fmt: skip
+        trainer.fit((x, rows), batch_size=32, epochs=2)
+        assert dm.mode == "classification" and torch.equal(dm.given, y) and bool(dm.correctness.isfinite().all())
+    dm = DataMap()
+    trainer = Trainer(mlp(), torch.nn.BCEWithLogitsLoss(), "sgd", callbacks=[dm], progress=False, run_store=False)
+    trainer.fit((x, hot), batch_size=32, epochs=1)
+    assert dm.mode == "loss" and "multi-label" in (dm.note or "")
