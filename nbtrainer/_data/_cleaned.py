@@ -123,11 +123,14 @@ class DataEdits:
         target: int | str | None = None,
         spec: BatchSpec | None = None,
         custom: bool = False,
+        classes: int | None = None,
     ) -> CleanedDataset:
         """``dataset`` without the dropped items and with the relabeled ones' new labels: these decisions plus
         ``drop`` (indices, or a boolean mask) and ``relabel`` (``{index: label}``) given here (which win over the
         decisions where both speak; an item both dropped and relabeled here is refused). ``target``, ``spec`` and
-        ``custom``: where each item's label is (:func:`cleaned`)."""
+        ``custom``: where each item's label is (:func:`cleaned`). ``classes``: the model's number of outputs, when
+        known: a new label outside ``0..classes - 1`` is refused here (the next fit would fail at the batch holding
+        it, after the steps before it)."""
         given_drop = _indices(drop, "drop")
         given_labels = {_index(i, "relabel"): _label(v, _index(i, "relabel")) for i, v in (relabel or {}).items()}
         both = sorted(set(given_drop) & set(given_labels))
@@ -136,6 +139,8 @@ class DataEdits:
         decisions = dict(self._decisions)
         decisions.update(dict.fromkeys(given_drop))
         decisions.update(given_labels)
+        if classes is not None:
+            _check_classes({i: v for i, v in decisions.items() if v is not None}, classes)
         return cleaned(
             dataset,
             drop=[i for i, v in decisions.items() if v is None],
@@ -143,6 +148,18 @@ class DataEdits:
             target=target,
             spec=spec,
             custom=custom,
+        )
+
+
+def _check_classes(labels: dict[int, int], classes: int) -> None:
+    bad = sorted((i, v) for i, v in labels.items() if not 0 <= v < classes)
+    if bad:
+        said = ", ".join(f"item {i} the class {v}" for i, v in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        raise ValueError(
+            f"cleaned(): relabel gives {said}, outside the model's {classes} outputs (0..{classes - 1}): a fit on "
+            f"the view would fail at the batch holding {'it' if len(bad) == 1 else 'them'}, after the steps before. "
+            f"Relabel to a class in 0..{classes - 1} (label_issues().suggestions are), or drop the item; in the "
+            "panel's cleaner, edits.keep(index) undoes a relabel."
         )
 
 

@@ -106,6 +106,7 @@ class DataMap:
         self._rows = 0
         self._loss_fn: Any = None
         self._probabilities = False
+        self._outputs: int | None = None  # the model's classes (binary: 2), which a relabel must stay within
         self._size: int | None = None
         self._extent = 0  # a list of batches: the items numbered so far
         self._device = torch.device("cpu")
@@ -232,8 +233,10 @@ class DataMap:
         criterion = trainer.criterion
         task = task_of(criterion, trainer.model, logits, targets)
         self._probabilities = isinstance(criterion, torch.nn.BCELoss)
+        self._outputs = None
         if task in ("classification", "binary"):
             self.mode = task
+            self._outputs = 2 if task == "binary" else int(logits.shape[1]) if isinstance(logits, Tensor) else None
             return
         what = {
             "multilabel": "multi-label targets",
@@ -431,8 +434,9 @@ class DataMap:
         relabeled, in the panel's cleaner (:attr:`edits`) and here (``drop``: indices or a boolean mask such as
         ``dm.confidence < 0.2``, ``relabel``: ``{index: label}``), as a view for the next fit: nothing is copied.
         The new labels go where the Trainer read each item's label (its ``num_inputs=`` / ``target_keys=``), or at
-        ``target=`` (a position in each item, or a key) where it cannot tell (a ``compute_loss=``). A fit on the
-        view clears :attr:`edits` (they are in it; the map's indices are then the view's).
+        ``target=`` (a position in each item, or a key) where it cannot tell (a ``compute_loss=``). A new label
+        the model has no output for is refused here. A fit on the view clears :attr:`edits` (they are in it; the
+        map's indices are then the view's).
 
         Example:
             >>> # clean = dm.cleaned(train_ds, relabel={i.index: i.suggested for i in dm.label_issues(20)})
@@ -441,7 +445,9 @@ class DataMap:
         if dataset is None:
             raise ValueError("cleaned(dataset): pass the training dataset (this map has not seen a DataLoader's).")
         spec, custom = self._layout
-        view = self.edits.cleaned(dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom)
+        view = self.edits.cleaned(
+            dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom, classes=self._outputs
+        )
         self._handed = view
         return view
 

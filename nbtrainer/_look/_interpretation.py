@@ -283,7 +283,11 @@ class Interpretation:
                 "interpreted); pass the dataset: interp.cleaned(dataset, drop=[...])."
             )
         spec, custom = self._layout
-        return self.edits.cleaned(dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom)
+        # a new label past the model's classes would fail the next fit at its batch, after the steps before
+        classes = self.n_classes if self.task == "classification" else 2 if self.task == "binary" else None
+        return self.edits.cleaned(
+            dataset, drop=drop, relabel=relabel, target=target, spec=spec, custom=custom, classes=classes
+        )
 
     # -- pictures ----------------------------------------------------------------------------------
     def show(self, items: Sequence[int] | None = None, k: int = 9, *, decode: Any = None) -> Gallery:

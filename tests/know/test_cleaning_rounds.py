@@ -258,3 +258,29 @@ def test_sequences_padded_per_batch_are_checked_in_every_batch() -> None:
     every = torch.cat(items)
     finite = every[torch.isfinite(every).all(1)]
     assert report.splits["train"]["fields"]["inputs"]["max"] == pytest.approx(float(finite.max()))
+
+
+def test_a_relabel_to_a_class_the_model_has_no_output_for_is_refused_before_any_step() -> None:
+    """relabel={100: 7} for a 3-class model (a typo, a class number of another label map) was taken, and the next fit
+    trained 6 steps before the batch holding item 100 failed. The map knows the model's outputs: refused at cleaned(),
+    naming the item, the label and the range; decisions made in the panel's cleaner too; Interpretation alike."""
+    x, y = _data(120)
+    dm = DataMap()
+    trainer = _trainer(torch.nn.Linear(4, 3), dm)
+    trainer.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1)
+    for relabel in ({100: 7}, {100: -1}):
+        with pytest.raises(ValueError, match=r"item 100 .*outside the model's 3 outputs \(0\.\.2\)"):
+            dm.cleaned(relabel=relabel)
+    dm.edits.relabel(5, 3)  # the panel's cleaner
+    with pytest.raises(ValueError, match=r"item 5 .*class 3"):
+        dm.cleaned(relabel={100: 2})
+    dm.edits.keep(5)
+    assert int(dm.cleaned(relabel={100: 2})[100][1]) == 2  # in range: taken
+    interp = trainer.interpret(DataLoader(TensorDataset(x, y), batch_size=16))
+    with pytest.raises(ValueError, match=r"item 9 .*outside the model's 3 outputs"):
+        interp.cleaned(relabel={9: 3})
+    binary = DataMap()
+    head = Trainer(torch.nn.Linear(4, 1), torch.nn.BCEWithLogitsLoss(), "sgd", callbacks=[binary], progress=False)
+    head.fit((x, (y > 0).float()[:, None]), batch_size=16, epochs=1)
+    with pytest.raises(ValueError, match=r"outside the model's 2 outputs \(0\.\.1\)"):
+        binary.cleaned(relabel={3: 2})
