@@ -34,6 +34,7 @@ from nbtrainer._know._batch_rows import order_check, same_data
 from nbtrainer._know._issues import LabelIssues, issue_count, map_gallery, map_html, rank_issues
 from nbtrainer._know._map_rows import classify, last_visits, may_repeat
 from nbtrainer._know._map_state import load_map_state, map_state, move_map
+from nbtrainer._know._stats import label_part
 from nbtrainer._look._interpret import task_of
 from nbtrainer._look._interpretation import Gallery
 from nbtrainer._look._per_item import NoPerItemLoss, PerItem, per_item_loss
@@ -158,8 +159,12 @@ class DataMap:
     def on_train_forward(self, trainer: LoopHost, outputs: Any, targets: Any, indices: Any) -> None:
         if indices is None:
             return
+        labels = label_part(targets)  # (y, weight): the map follows y
+        targets = labels if labels is not None else targets
         if self.mode is None:
             self._choose_mode(trainer, outputs, targets)
+            if labels is not None and self.mode in ("classification", "binary"):
+                self.note = "the targets are a tuple: the map reads its first part as the class labels"
         if self.mode == "off":
             return
         if self._verify:  # once a fit, on the first batch (the labels compared on the device)

@@ -484,6 +484,11 @@ def findings(
             notes.append(f"{split.name}: a seeded sample of {split.items:,} of {split.of:,} items was read (max_items)")
         elif split.sampled:
             notes.append(f"{split.name}: the first {split.items:,} items were read (max_items), not the rest")
+        if split.targets.parts and split is train:
+            notes.append(
+                f"{split.name}: targets are a tuple of {split.targets.parts} (a label and per-item extras, such as a "
+                "weight): the class checks read its first part"
+            )
         if split.targets.kind == "labels" and split.targets.probabilities and split.targets.values.items:
             notes.append(
                 f"{split.name}: targets are class probabilities (float rows with CrossEntropyLoss): each item is "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["FieldStats", "HashLog", "TargetStats", "row_hashes"]
+__all__ = ["FieldStats", "HashLog", "TargetStats", "label_part", "row_hashes"]
 
 Tensor = torch.Tensor
 
@@ -210,6 +210,19 @@ class FieldStats:
         return same.nonzero().flatten().tolist()
 
 
+def label_part(targets: Any) -> Tensor | None:
+    """The class labels inside a tuple of targets: its first part, when that is one integer label per item and every
+    other part has a row per item too (``(y, weight)`` of items ``(x, y, weight)`` with ``num_inputs=1``: a weighted
+    loss's per-item weights); None otherwise (a tensor of targets is read as it is)."""
+    if not isinstance(targets, (tuple, list)) or len(targets) < 2:
+        return None
+    first = targets[0]
+    if not (isinstance(first, Tensor) and first.ndim == 1 and not first.is_floating_point()):
+        return None
+    n = first.shape[0]
+    return first if all(isinstance(p, Tensor) and p.ndim and p.shape[0] == n for p in targets[1:]) else None
+
+
 class TargetStats:
     """What the targets are: class labels (counted), float values (moments) or several labels per item.
 
@@ -219,6 +232,7 @@ class TargetStats:
 
     def __init__(self, *, probabilities: bool | None = None) -> None:
         self.probabilities = probabilities
+        self.parts: int | None = None  # targets a tuple of that many: its first read as the class labels
         self.kind: str | None = None  # "labels", "binary", "multilabel", "values", "none" or "other"
         self.counts: dict[int, int] = {}
         self.items = 0
@@ -232,6 +246,9 @@ class TargetStats:
         if targets is None:
             self.kind = self.kind or "none"
             return None
+        part = label_part(targets)
+        if part is not None:
+            self.parts, targets = len(targets), part
         if not isinstance(targets, Tensor):
             self.kind = "other"
             return None

@@ -284,3 +284,25 @@ def test_a_relabel_to_a_class_the_model_has_no_output_for_is_refused_before_any_
     head.fit((x, (y > 0).float()[:, None]), batch_size=16, epochs=1)
     with pytest.raises(ValueError, match=r"outside the model's 2 outputs \(0\.\.1\)"):
         binary.cleaned(relabel={3: 2})
+
+
+def test_items_with_a_weight_beside_their_label_are_checked_and_mapped_by_the_label() -> None:
+    """(x, y, weight) items with num_inputs=1 and a weighted loss: the targets are (y, weight). The check counted no
+    class ('targets are not one class label per item') and the map turned itself off; both now read y, and say so."""
+    x, y = _data(120)
+    y[:100] = 0  # 100 of class 0 against about 10 each
+    w = torch.rand(120, generator=torch.Generator().manual_seed(1))
+
+    def weighted(out: torch.Tensor, t: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return (torch.nn.functional.cross_entropy(out, t[0], reduction="none") * t[1]).mean()
+
+    dm = DataMap()
+    trainer = Trainer(torch.nn.Linear(4, 3), weighted, "sgd", lr=0.1, callbacks=[dm], progress=False, num_inputs=1)
+    loader = DataLoader(TensorDataset(x, y, w), batch_size=16, shuffle=True)
+    report = trainer.check_data(loader)
+    counts = dict(enumerate(torch.bincount(y, minlength=3).tolist()))
+    assert report.splits["train"]["classes"] == counts and report.by_kind("imbalance")
+    assert any("first" in n for n in report.notes)
+    trainer.fit(loader, epochs=2)
+    assert dm.mode == "classification" and torch.equal(dm.given, y) and int(dm.visits.sum()) == 240
+    assert dm.note is not None and "first" in dm.note
