@@ -8,7 +8,9 @@ its ``check_data`` and ``show_batch`` verbs here; the panel's data section reads
 ``_check``             check_data: one streamed pass per split (dataset order or a seeded sample), the model run
                        once for its outputs; ``check_at_fit`` for ``Trainer(check_data=True)``
 ``_stats``             the pass's statistics: moments per feature, NaN / Inf, item hashes, class counts
-``_findings``          statistics -> DataProblem records (duplicates, leaks, values, scale, targets)
+``_findings``          statistics -> DataProblem records (duplicates, leaks, values, scale, shift), and the report's
+                       notes and per-split summaries
+``_label_findings``    the targets' findings (label range, imbalance, missing and unseen classes) and notes
 ``_data_report``       DataProblem, DataReport (lights, text, HTML)
 ``_option``            ``Trainer(check_data=...)`` checked (imports nothing else)
 ``_show_batch``        show_batch: a batch as the model receives it (pictures, text, a table)

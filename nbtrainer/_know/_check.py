@@ -22,8 +22,8 @@ from nbtrainer._data._batch import move_to_device
 from nbtrainer._data._order import item_sampler
 from nbtrainer._data._predict_collect import no_cache
 from nbtrainer._know._data_report import DataReport
-from nbtrainer._know._findings import Split, findings
-from nbtrainer._know._stats import FieldStats, HashLog, TargetStats, row_hashes
+from nbtrainer._know._findings import findings
+from nbtrainer._know._stats import FieldStats, HashLog, Split, TargetStats, row_hashes
 from nbtrainer._look._interpret import indexed_batches
 from nbtrainer._look._side import side_pass
 from nbtrainer._loop._metrics import metric_input

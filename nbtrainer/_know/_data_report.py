@@ -10,7 +10,7 @@ from typing import Any
 from nbtrainer._look._gallery import rows_html
 from nbtrainer._report._format import format_number
 
-__all__ = ["AREAS", "KINDS", "DataProblem", "DataReport"]
+__all__ = ["AREAS", "KINDS", "DataProblem", "DataReport", "few", "is_are", "items_text", "plural"]
 
 #: What a problem can be about, and the light (area) of the panel's data section it belongs to.
 KINDS: dict[str, str] = {
@@ -33,6 +33,27 @@ _RANK = {"ok": 0, "warning": 1, "problem": 2}
 # the theme's own colours in JupyterLab, these elsewhere
 _COLOURS = {"ok": "var(--jp-success-color1, #1a7f37)", "warning": "var(--jp-warn-color1, #9a6700)",
             "problem": "var(--jp-error-color1, #cf222e)"}  # fmt: skip
+
+
+SHOWN = 8  # indices quoted in a message
+
+
+def few(values: list[Any]) -> str:
+    """The first values of a list, and how many more: how a message quotes indices or classes."""
+    shown = ", ".join(str(v) for v in values[:SHOWN])
+    return shown + (f" and {len(values) - SHOWN:,} more" if len(values) > SHOWN else "")
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def is_are(count: int) -> str:
+    return "is" if count == 1 else "are"
+
+
+def items_text(values: list[Any]) -> str:
+    return f"item{'' if len(values) == 1 else 's'} {few(values)}"
 
 
 @dataclasses.dataclass

@@ -1,55 +1,21 @@
 """From the statistics of a data check's splits to its findings: each :class:`DataProblem` with its message, advice
-and the items it concerns (dataset indices), plus plain notes on what could not be checked."""
+and the items it concerns (dataset indices), plus plain notes on what could not be checked. The inputs' findings
+(duplicates, leaks, NaN / Inf, scale, constant features, a shifted validation set) are here; the targets' are
+``_label_findings``'."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
-from nbtrainer._know._data_report import DataProblem
-from nbtrainer._know._stats import FieldStats, HashLog, TargetStats
+from nbtrainer._know._data_report import DataProblem, few, is_are, items_text, plural
+from nbtrainer._know._label_findings import imbalance, label_range, missing_classes, target_notes, unseen_classes
+from nbtrainer._know._stats import Split
 from nbtrainer._report._format import format_number
 
-__all__ = ["Split", "findings"]
-
-#: A split's largest class over its smallest, from which the imbalance is reported.
-IMBALANCE = 5.0
-_SHOW = 8  # indices quoted in a message
-
-
-@dataclasses.dataclass
-class Split:
-    """What one pass over a split kept (``_check``)."""
-
-    name: str
-    items: int
-    of: int | None
-    sampled: bool
-    fields: dict[str, FieldStats]
-    hashes: HashLog
-    targets: TargetStats
-    unreadable: dict[str, str]
-    unhashed: bool
-
-
-def _few(values: list[Any]) -> str:
-    shown = ", ".join(str(v) for v in values[:_SHOW])
-    return shown + (f" and {len(values) - _SHOW:,} more" if len(values) > _SHOW else "")
-
-
-def _n(count: int, word: str) -> str:
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
-
-
-def _are(count: int) -> str:
-    return "is" if count == 1 else "are"
-
-
-def _items(values: list[Any]) -> str:
-    return f"item{'' if len(values) == 1 else 's'} {_few(values)}"
+__all__ = ["findings"]
 
 
 def _groups(hashes: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
@@ -73,9 +39,9 @@ def _duplicates(split: Split) -> list[DataProblem]:
     problems = [
         DataProblem(
             "duplicates_within",
-            f"{_n(len(copies), where + ' item')} "
+            f"{plural(len(copies), where + ' item')} "
             f"{'is an exact copy of another' if len(copies) == 1 else 'are exact copies of others'} "
-            f"({_n(len(groups), 'group')}; e.g. {_items([int(i) for i in groups[0]])}).",
+            f"({plural(len(groups), 'group')}; e.g. {items_text([int(i) for i in groups[0]])}).",
             "Copies weigh those items more and inflate scores on them: drop them, e.g. "
             f"{name} = nbtrainer.CleanedDataset.of({name}, drop=report.by_kind('duplicates_within')[0].data['indices']"
             ").",
@@ -97,8 +63,8 @@ def _duplicates(split: Split) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "conflicting_labels",
-                    f"{_n(len(items), where + ' item')} {_are(len(items))} copies with different labels "
-                    f"({_n(len(clashes), 'group')}; e.g. {example}).",
+                    f"{plural(len(items), where + ' item')} {is_are(len(items))} copies with different labels "
+                    f"({plural(len(clashes), 'group')}; e.g. {example}).",
                     "At most one label of each group can be right: relabel or drop the others.",
                     {"split": split.name, "indices": items, "groups": [[int(i) for i in g] for g in clashes[:100]]},
                     level="warning",
@@ -159,12 +125,12 @@ def _values(split: Split) -> list[DataProblem]:
         if stats.nonfinite_items:
             bad = stats.nonfinite.nonzero().flatten().tolist()
             axis = "channels" if stats.layout == "channels" else "features"
-            where = f" ({axis} {_few(bad)})" if stats.features > 1 else ""
+            where = f" ({axis} {few(bad)})" if stats.features > 1 else ""
             problems.append(
                 DataProblem(
                     "nonfinite",
-                    f"{_field_name(split, name)}: NaN or Inf in {_n(stats.nonfinite_items, 'item')}{where}; e.g. "
-                    f"{_items(stats.nonfinite_first)}.",
+                    f"{_field_name(split, name)}: NaN or Inf in {plural(stats.nonfinite_items, 'item')}{where}; e.g. "
+                    f"{items_text(stats.nonfinite_first)}.",
                     "A NaN target makes the loss NaN: drop those items (or fix their targets)."
                     if stats is split.targets.values
                     else "A NaN input makes the loss NaN: fill them (torch.nan_to_num, an imputer) or drop the items.",
@@ -239,9 +205,9 @@ def _scale(split: Split, done: set[str]) -> list[DataProblem]:
             problems.append(
                 DataProblem(
                     "constant",
-                    f"{_field_name(split, name)}: {len(constant)} of {stats.features} {axis}s {_are(len(constant))} "
+                    f"{_field_name(split, name)}: {len(constant)} of {stats.features} {axis}s {is_are(len(constant))} "
                     "constant over all "
-                    f"{split.items:,} items ({axis}s {_few(constant)}).",
+                    f"{split.items:,} items ({axis}s {few(constant)}).",
                     "They carry no information: drop them, or check the pipeline that made them.",
                     {"split": split.name, "field": name, f"{axis}s": constant, "values": values},
                     level="warning",
@@ -286,8 +252,8 @@ def _shift(train: Split, val: Split, scaled: set[str]) -> list[DataProblem]:
         else:
             i = bad[0]
             said = (
-                f"{_n(len(bad), axis)} of {t.features}, e.g. {axis} {i}: mean {format_number(float(vm[i]))} and std "
-                f"{format_number(float(vs[i]))}, against {format_number(float(tm[i]))} and "
+                f"{plural(len(bad), axis)} of {t.features}, e.g. {axis} {i}: mean {format_number(float(vm[i]))} and "
+                f"std {format_number(float(vs[i]))}, against {format_number(float(tm[i]))} and "
                 f"{format_number(float(ts[i]))} in training"
             )
         problems.append(
@@ -308,134 +274,6 @@ def _shift(train: Split, val: Split, scaled: set[str]) -> list[DataProblem]:
             )
         )
     return problems
-
-
-def _missing(train: Split, val: Split | None, outputs: int | None) -> list[DataProblem]:
-    """Classes the model has an output for and the training data no item of (class numbers from 0); those the
-    validation data has are ``unseen_class``'s."""
-    if train.targets.kind != "labels" or outputs is None or outputs < 2 or train.sampled:
-        return []
-    in_val = val.targets.counts if val is not None and val.targets.kind == "labels" else {}
-    missing = [c for c in range(outputs) if not train.targets.counts.get(c) and not in_val.get(c)]
-    if not missing or len(missing) == outputs:
-        return []
-    return [
-        DataProblem(
-            "missing_class",
-            f"{_n(len(missing), 'class')} of the model's {outputs} outputs {_are(len(missing))} never a training "
-            f"label (class{'' if len(missing) == 1 else 'es'} {_few(missing)}): the model will never predict "
-            f"{'it' if len(missing) == 1 else 'them'}.",
-            "Check the labels are 0-based and complete, or give the model as many outputs as there are classes.",
-            {"classes": missing, "outputs": outputs},
-            level="warning",
-        )
-    ]
-
-
-def _imbalance(train: Split, outputs: int | None, ignore: int) -> list[DataProblem]:
-    if train.targets.kind == "binary":
-        return _binary_imbalance(train)
-    counts = {k: v for k, v in train.targets.counts.items() if k != ignore and (outputs is None or 0 <= k < outputs)}
-    if train.targets.kind != "labels" or len(counts) < 2:
-        return []
-    present = {k: v for k, v in counts.items() if v > 0}
-    big, small = max(present, key=lambda k: present[k]), min(present, key=lambda k: present[k])
-    ratio = present[big] / present[small]
-    if ratio < IMBALANCE:
-        return []
-    total = sum(present.values())
-    n_classes = outputs or (max(present) + 1)
-    weights = [round(total / (len(present) * present[c]), 3) if present.get(c) else 0.0 for c in range(n_classes)]
-    return [
-        DataProblem(
-            "imbalance",
-            f"class {small} has {_n(present[small], 'training item')}, class {big} {present[big]:,} ({ratio:.1f} to "
-            "1): a model can score well by ignoring the rare classes.",
-            f"Weight the loss: CrossEntropyLoss(weight=torch.tensor({weights})), or sample evenly: "
-            "WeightedRandomSampler(weights=1 / count[label] per item); watch per-class scores "
-            "(interpret().per_class()).",
-            {"counts": dict(sorted(present.items())), "ratio": ratio, "weights": weights},
-            level="warning",
-        )
-    ]
-
-
-def _binary_imbalance(train: Split) -> list[DataProblem]:
-    pos, neg = train.targets.counts.get(1, 0), train.targets.counts.get(0, 0)
-    if not pos or not neg:
-        return []
-    ratio = max(pos, neg) / min(pos, neg)
-    if ratio < IMBALANCE:
-        return []
-    rare = "positive" if pos < neg else "negative"
-    return [
-        DataProblem(
-            "imbalance",
-            f"{_n(pos, 'positive training item')} against {neg:,} negative ({ratio:.1f} to 1): a model can score "
-            f"well by predicting the {'negative' if rare == 'positive' else 'positive'} class every time.",
-            f"Weight the positives: BCEWithLogitsLoss(pos_weight=torch.tensor([{neg / pos:.3g}])) (negatives / "
-            "positives), or sample evenly with a WeightedRandomSampler; watch precision and recall, not accuracy.",
-            {"counts": {0: neg, 1: pos}, "ratio": ratio, "pos_weight": neg / pos},
-            level="warning",
-        )
-    ]
-
-
-def _label_range(splits: list[Split], outputs: int, ignore: int) -> list[DataProblem]:
-    problems = []
-    for split in splits:
-        if split.targets.kind not in ("labels", "other"):  # 0/1 floats of a binary head: not class numbers
-            continue
-        bad = sorted(k for k in split.targets.counts if k != ignore and not 0 <= k < outputs)
-        if not bad:
-            continue
-        _, indices, labels = split.hashes.arrays()
-        wrong = indices[np.isin(labels, bad)].tolist() if split.targets.kind == "labels" else []
-        n = sum(split.targets.counts[k] for k in bad)
-        where = "training" if split.name == "train" else "validation"
-        problems.append(
-            DataProblem(
-                "label_range",
-                f"{where} labels {_few(bad)} are outside the model's {outputs} outputs (0..{outputs - 1}): "
-                f"{_n(n, 'item' if split.targets.kind == 'labels' else 'value')}"
-                + (f", e.g. {_items(sorted(wrong))}." if wrong else "."),
-                (
-                    f"Give the model {max(bad) + 1} outputs (its last layer as wide as the number of classes) or map "
-                    f"the labels to 0..{outputs - 1} (0-based class numbers)."
-                    if min(bad) >= 0
-                    else f"Map the labels to 0..{outputs - 1} (0-based class numbers); a label to leave out of the "
-                    f"loss is {ignore} (the criterion's ignore_index)."
-                ),
-                {"split": split.name, "labels": bad, "outputs": outputs, "indices": sorted(wrong)},
-            )
-        )
-    return problems
-
-
-def _unseen(train: Split, val: Split, ignore: int) -> list[DataProblem]:
-    if train.targets.kind != "labels" or val.targets.kind != "labels":
-        return []
-    missing = sorted(k for k in val.targets.counts if k not in train.targets.counts and k != ignore)
-    if not missing:
-        return []
-    _, indices, labels = val.hashes.arrays()
-    items = sorted(indices[np.isin(labels, missing)].tolist())
-    n = sum(val.targets.counts[k] for k in missing)
-    said, advice, level = (
-        f"validation has classes {_few(missing)} that the training data lacks ({_n(n, 'item')}): the model cannot "
-        "learn them.",
-        "Move some of their items into training, or drop them from validation (check the split is stratified).",
-        "problem",
-    )
-    if train.sampled:  # a rare class may be in the training items the sample left out: not a finding to act on
-        of = f" of {train.of:,}" if train.of else ""
-        said = (
-            f"validation has classes {_few(missing)} ({_n(n, 'item')}) that none of the {train.items:,} training "
-            f"items sampled{of} has: check_data(max_items=None) reads every training item to tell whether training "
-            "lacks them."
-        )
-        advice, level = f"If training lacks them: {advice[0].lower()}{advice[1:]}", "warning"
-    return [DataProblem("unseen_class", said, advice, {"classes": missing, "indices": items}, level=level)]
 
 
 def _summary(split: Split) -> dict[str, Any]:
@@ -468,7 +306,7 @@ def findings(
     problems: list[DataProblem] = []
     notes: list[str] = []
     if outputs is not None:
-        problems += _label_range(splits, outputs, ignore_index)
+        problems += label_range(splits, outputs, ignore_index)
     if val is not None:
         problems += _across(train, val)
     scaled: set[str] = set()  # fields whose scale was said for training
@@ -484,24 +322,11 @@ def findings(
             notes.append(f"{split.name}: a seeded sample of {split.items:,} of {split.of:,} items was read (max_items)")
         elif split.sampled:
             notes.append(f"{split.name}: the first {split.items:,} items were read (max_items), not the rest")
-        if split.targets.parts and split is train:
-            notes.append(
-                f"{split.name}: targets are a tuple of {split.targets.parts} (a label and per-item extras, such as a "
-                "weight): the class checks read its first part"
-            )
-        if split.targets.kind == "labels" and split.targets.probabilities and split.targets.values.items:
-            notes.append(
-                f"{split.name}: targets are class probabilities (float rows with CrossEntropyLoss): each item is "
-                "counted as its largest class"
-            )
-        elif split.targets.kind == "multilabel":
-            notes.append(f"{split.name}: multi-label targets (0/1 per label): per-label counts only")
-        elif split.targets.kind in ("none", "other") and split is train:
-            notes.append(f"{split.name}: targets are not one class label per item: class checks skipped")
-    problems += _imbalance(train, outputs, ignore_index)
-    problems += _missing(train, val, outputs)
+        notes += target_notes(split, train=split is train)
+    problems += imbalance(train, outputs, ignore_index)
+    problems += missing_classes(train, val, outputs)
     if val is not None:
-        problems += _unseen(train, val, ignore_index)
+        problems += unseen_classes(train, val, ignore_index)
         said = {str(p.data["field"]) for p in problems if p.kind == "scale" and p.data.get("split") == "val"}
         problems += _shift(train, val, scaled | said)
     return problems, notes, {s.name: _summary(s) for s in splits}

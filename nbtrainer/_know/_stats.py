@@ -8,6 +8,7 @@ never by keeping items. Targets: class counts (integer labels), or moments (floa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["FieldStats", "HashLog", "TargetStats", "label_part", "row_hashes"]
+__all__ = ["FieldStats", "HashLog", "Split", "TargetStats", "label_part", "row_hashes"]
 
 Tensor = torch.Tensor
 
@@ -309,3 +310,18 @@ class TargetStats:
         out = labels.numpy().astype(np.int64)
         out[~finite.numpy()] = np.iinfo(np.int64).min  # HashLog's "no label"
         return out
+
+
+@dataclasses.dataclass
+class Split:
+    """What one pass over a split kept (``_check``)."""
+
+    name: str
+    items: int
+    of: int | None
+    sampled: bool
+    fields: dict[str, FieldStats]
+    hashes: HashLog
+    targets: TargetStats
+    unreadable: dict[str, str]
+    unhashed: bool
