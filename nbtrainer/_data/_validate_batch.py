@@ -441,11 +441,28 @@ def _check_value(name: str, value: Any) -> None:
                 "return one number per batch (reduce it, e.g. with .mean())."
             )
         return
+    if _is_numpy_array(value):  # sklearn-style metrics: np.asarray(score), np.mean(..., keepdims=True)
+        if value.size != 1:
+            raise ValueError(
+                f"Metric {name!r} returned a numpy array of shape {tuple(value.shape)}; a metric must return one "
+                "number per batch (reduce it, e.g. with .mean())."
+            )
+        if value.dtype.kind not in "iuf":
+            raise TypeError(
+                f"Metric {name!r} returned a numpy array of dtype {value.dtype}; it must return a number per batch."
+            )
+        return
     # numbers.Real: NumPy's scalars too (a float32 output's .numpy().mean() is no Python float)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(
             f"Metric {name!r} returned a {type(value).__name__}; it must return a number or a 0-d tensor per batch."
         )
+
+
+def _is_numpy_array(value: Any) -> bool:
+    """A ``numpy.ndarray`` (read by its type, so that NumPy is not imported for a check no value needs)."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ == "ndarray"
 
 
 def _unnamed_targets_hint(args: tuple, kwargs: dict[str, Any], batch: Any) -> str:

@@ -60,10 +60,15 @@ def test_metric_returning_non_scalar_is_refused():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # before the first step
 
 
-@pytest.mark.parametrize("kind", ["numpy float32", "numpy int64", "float", "0-d tensor"])
+@pytest.mark.parametrize(
+    "kind",
+    ["numpy float32", "numpy int64", "numpy float64", "numpy 0-d array", "numpy array of one", "float", "0-d tensor"],
+)
 def test_a_metric_returning_a_number_of_any_kind_logs_its_value(kind):
     """A NumPy scalar (``o.numpy().mean()`` of float32 outputs is a float32, not a Python float) is a number: it logs
-    the same sample-weighted value as a tensor would, in fit and in evaluate."""
+    the same sample-weighted value as a tensor would, in fit and in evaluate. So is a 0-d NumPy array (``np.mean``
+    with ``keepdims``, ``np.asarray`` of a score, sklearn-style metrics) and an array of one value, as a tensor of one
+    value is (the first-batch check refused the arrays as not 'a number or a 0-d tensor')."""
     import numpy as np
 
     x, y = make_classification(n=50)
@@ -71,6 +76,9 @@ def test_a_metric_returning_a_number_of_any_kind_logs_its_value(kind):
     kinds: dict[str, Callable[[int], Any]] = {
         "numpy float32": np.float32,
         "numpy int64": np.int64,
+        "numpy float64": np.float64,
+        "numpy 0-d array": lambda v: np.asarray(v, dtype=np.float64),
+        "numpy array of one": lambda v: np.asarray([v], dtype=np.float32),
         "float": float,
         "0-d tensor": torch.tensor,
     }
@@ -83,6 +91,18 @@ def test_a_metric_returning_a_number_of_any_kind_logs_its_value(kind):
     expected = sum(h * len(yb) for h, (_, yb) in zip(hits, loader, strict=True)) / 50
     assert trainer.evaluate(loader)["val_hits"] == pytest.approx(expected)
     assert trainer.fit(loader, epochs=1).epochs[-1]["hits"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_metric_returning_a_numpy_array_of_several_values_is_refused_before_the_first_step():
+    import numpy as np
+
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = {"per_item": lambda o, t: (o.argmax(1) == t).numpy().astype(np.float64)}
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, metrics=metrics, progress=False)
+    with pytest.raises(ValueError, match=r"'per_item' returned a numpy array of shape \(32,\).*one number per batch"):
+        trainer.fit(make_loader(*make_classification(n=32)), epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_a_metric_returning_something_else_than_a_number_is_refused():
