@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from nbtrainer._events._sample_list import SampleList
 __all__ = ["History", "append_steps", "group_lr_key", "group_lr_keys", "group_lrs_of"]
 
 _BASE_STEP_KEYS = ("step", "epoch", "loss", "lr")
+_EVENT_KEYS = ("step", "epoch", "kind", "old", "new")
 
 
 def group_lr_key(index: int) -> str:
@@ -261,14 +263,33 @@ class History:
             frame = frame.set_index("epoch")
         return frame
 
-    def to_csv(self, path: str | None = None) -> str:
-        """Write the epoch table as CSV (atomically) and return the text."""
+    def to_csv(self, path: str | os.PathLike[str] | None = None, *, what: str = "epochs") -> str:
+        """Write a table as CSV (atomically) and return the text: ``what="epochs"`` (default) the epoch rows,
+        ``"steps"`` one row per optimizer step (:attr:`steps`), ``"events"`` the control events.
+
+        A fit that ended inside its first epoch (``max_steps``, a stop, an interrupt) has no epoch row: its epoch
+        table is the header ``epoch`` alone (an empty table that csv and pandas read as such), and its steps are
+        in ``to_csv(what="steps")``. Samples hold image bytes: :meth:`to_json` writes them.
+        """
+        if what not in ("epochs", "steps", "events"):
+            raise ValueError(
+                f"what must be 'epochs', 'steps' or 'events', got {what!r} (the samples, images included, are in "
+                "to_json())."
+            )
+        if what == "steps":
+            fields = list(self.steps)
+            rows: list[dict[str, Any]] = [
+                dict(zip(fields, r, strict=True)) for r in zip(*self.steps.values(), strict=True)
+            ]
+        elif what == "events":
+            rows = self.events
+            fields = list(dict.fromkeys([*_EVENT_KEYS, *(k for e in rows for k in e)]))
+        else:
+            rows, fields = self.epochs, self.keys() or ["epoch"]
         buf = io.StringIO()
-        keys = self.keys()
-        writer = csv.DictWriter(buf, fieldnames=keys)
+        writer = csv.DictWriter(buf, fieldnames=fields)
         writer.writeheader()
-        for row in self.epochs:
-            writer.writerow(row)
+        writer.writerows(rows)
         text = buf.getvalue()
         if path is not None:
             from nbtrainer._atomic import atomic_write_bytes
