@@ -142,7 +142,11 @@ def check_schedule(
         unit = "steps"
     else:
         need, unit = _epochs_left(loop, plan.epochs), "epochs"
-    if need is None or need <= total - taken:
+    if need is None:
+        return
+    if need < total and fresh and plan.max_steps is None:
+        _warn_unfinished(total, need, batches, accum, plan.epochs)
+    if need <= total - taken:
         return
     if fresh and per_step:  # say how to size it
         if batches is None:
@@ -163,6 +167,30 @@ def check_schedule(
         + f") needs {need} more: it would fail part-way (OneCycleLR cannot step past its end). "
         + _HOW.format(resume=resume_hint)
         + "; or, for a new run, build a new scheduler for it (trainer.set_scheduler(...))."
+    )
+
+
+def _warn_unfinished(total: int, need: int, batches: int | None, accum: int, epochs: int) -> None:
+    """A OneCycleLR built for this fit but for more steps than it takes ends before it anneals: the fit's last LR is
+    mid-schedule (near the peak when it is far too long), and nothing fails to say so."""
+    import warnings
+
+    if batches is None:  # stepped per epoch
+        taken = f"steps it once per epoch (scheduler_interval='epoch'), {need} epochs"
+        fix = (
+            "Step it per optimizer step (scheduler_interval='step') with total_steps=trainer.total_steps(train_loader, "
+            f"epochs), or build it with total_steps={need} (the epochs)"
+        )
+    else:
+        taken = f"takes {need} optimizer steps ({batches} batches / grad_accum_steps={accum}, {epochs} epochs)"
+        if accum > 1 and total == batches * epochs:
+            taken += f"; {batches} x {epochs} counts batches, and each optimizer step takes {accum} of them"
+        fix = "Build it with total_steps=trainer.total_steps(train_loader, epochs) (it counts the accumulation)"
+    warnings.warn(
+        f"OneCycleLR was built for total_steps={total} but this fit {taken}: the schedule stops after {need} of its "
+        f"{total} steps, before its annealing ends, and the run ends at a higher LR than it was built to end at. "
+        f"{fix}, or fit for as long as it was built for.",
+        stacklevel=7,  # the user's fit() call
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import make_classification, make_loader, mlp
@@ -25,6 +27,34 @@ def test_onecycle_steps_equal_total_steps(accum, n, bs):
     # The recorded per-step LR is the schedule: warm-up then anneal, peak at max_lr.
     lrs = history.steps["lr"]
     assert max(lrs) == pytest.approx(0.1, rel=0.05) and lrs[0] < 0.01 and lrs[-1] < 1e-3
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_onecycle_longer_than_the_fit_is_said_before_the_first_step(interval):
+    """total_steps=len(loader) * epochs under grad_accum_steps=3 (Lightning's and a hand loop's count, which forgets
+    the accumulation), or a per-step count stepped once per epoch: the fit ended with the LR near its peak, never
+    annealed, and nothing said so (a schedule too short was already refused)."""
+    x, y = make_classification(n=70)
+    loader = make_loader(x, y, batch_size=10)  # 7 batches: windows of 3, 3 and 1, 3 optimizer steps an epoch
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), opt, grad_accum_steps=3, progress=False)
+    total = len(loader) * 2 if interval == "step" else trainer.total_steps(loader, 2)
+    trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total), interval)
+    steps = "6 optimizer steps" if interval == "step" else "2 epochs"
+    with pytest.warns(UserWarning, match=rf"OneCycleLR was built for total_steps={total} but this fit .*{steps}") as w:
+        history = trainer.fit(loader, epochs=2)
+    assert w[0].filename == __file__  # points at the fit() call
+    assert "trainer.total_steps(train_loader, epochs)" in str(w[0].message)
+    assert history.steps["lr"][-1] > 0.01  # what it warned of: the LR ended far from its annealed end
+
+    exact = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=trainer.total_steps(loader, 2))
+    trainer.set_scheduler(exact, "step")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.fit(loader, epochs=2)  # sized for the fit: nothing to say
+        trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=100), "step")
+        trainer.fit(loader, epochs=2, max_steps=4)  # a fit cut short on purpose: nothing to say either
 
 
 def test_epoch_interval_and_plateau():
