@@ -29,6 +29,7 @@ T = TypeVar("T")
 
 __all__ = [
     "Control",
+    "ForeignStop",
     "LiveControl",
     "is_plateau",
     "lr_parts",
@@ -358,3 +359,30 @@ def step_epoch_scheduler(host: TrainerView, logs: dict[str, Any]) -> None:
         scheduler.step(logs[key])
     else:
         scheduler.step()
+
+
+class ForeignStop:
+    """Another trainer's stop flag on the Trainer (Lightning's ``trainer.should_stop = True``, Keras'
+    ``stop_training``): nbtrainer never reads one, so a callback setting it trained on to the last epoch. Reading or
+    setting it raises, naming ``request_stop``."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin, self.name = origin, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        raise AttributeError(self._message())
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"Trainer.{self.name} is {self.origin}'s stop flag; nbtrainer never reads it, so setting it would not "
+            "stop the fit. Call trainer.request_stop('your reason') (a callback may, in any hook): the fit stops at "
+            "the next optimizer-step boundary and returns normally, with history.stop_reason saying why."
+        )

@@ -21,7 +21,7 @@ from nbtrainer._events._stream import Progress
 from nbtrainer._keywords import KEYWORDS, Option, checked_keywords
 from nbtrainer._loop import _oom
 from nbtrainer._loop._batch_steps import BatchSteps
-from nbtrainer._loop._control import LiveControl, reference_lr
+from nbtrainer._loop._control import ForeignStop, LiveControl, reference_lr
 from nbtrainer._options import SWITCH, TrainerOptions, keyword_signature
 from nbtrainer._resume import _checkpoint_state as _state
 from nbtrainer._resume import _continue
@@ -98,8 +98,8 @@ class Trainer:
 
     #: Every keyword ``Trainer(...)`` takes (a front end that forwards keywords checks its own against these).
     KEYWORDS: ClassVar[frozenset[str]] = frozenset(KEYWORDS)
-    # Trainers inside fit() in this process (weak: a trainer that is dropped leaves it).
-    _active: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
+    _active: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # those inside fit() (weak: a dropped one leaves)
+    should_stop, stop_training = ForeignStop("Lightning"), ForeignStop("Keras")  # request_stop
 
     # -- the options, by group: the only copy; the attributes below read them; assigned: their setter, if any --
     options: TrainerOptions

@@ -157,3 +157,20 @@ def test_second_fit_while_running_is_refused():
         trainer.set_precision("bf16")
     trainer.request_stop()
     th.join(10)
+
+
+@pytest.mark.parametrize("flag", ["should_stop", "stop_training"])
+def test_another_trainers_stop_flag_is_refused_naming_request_stop(flag):
+    """Lightning's ``trainer.should_stop = True`` and Keras' ``stop_training = True`` in a callback: nbtrainer never
+    read them, so the fit trained on to its last epoch (3 of 3 here) as if nothing had been asked."""
+
+    class StopAfterFirstEpoch:
+        def on_epoch_end(self, trainer, epoch, logs):
+            setattr(trainer, flag, True)
+
+    x, y = make_classification(n=64)
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", callbacks=[StopAfterFirstEpoch()], progress=False)
+    with pytest.raises(AttributeError, match=rf"{flag} .*never reads.*trainer\.request_stop\("):
+        trainer.fit(make_loader(x, y), epochs=3)
+    assert len(trainer.history.epochs) == 1
+    assert not hasattr(trainer, flag)  # getattr(trainer, flag, False) reads False, as for any missing attribute

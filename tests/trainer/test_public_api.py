@@ -145,6 +145,8 @@ ADDED_TRAINER_NAMES = (
     "data_report",
     "show_batch",
     "fresh_fit",  # whether a fit started a new run, for callbacks that keep state across fits
+    "should_stop",  # Lightning's and Keras' stop flags: refused (AttributeError naming request_stop), never read
+    "stop_training",
 )
 
 ROOT_ALL = [
