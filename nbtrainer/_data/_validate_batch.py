@@ -11,6 +11,7 @@ import contextlib
 import logging
 import numbers
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -460,9 +461,9 @@ def _check_value(name: str, value: Any) -> None:
 
 
 def _is_numpy_array(value: Any) -> bool:
-    """A ``numpy.ndarray`` (read by its type, so that NumPy is not imported for a check no value needs)."""
-    kind = type(value)
-    return kind.__module__ == "numpy" and kind.__name__ == "ndarray"
+    """A ``numpy.ndarray``. NumPy is not imported for it: a value cannot be an array unless NumPy is loaded."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
 
 
 def _unnamed_targets_hint(args: tuple, kwargs: dict[str, Any], batch: Any) -> str:
