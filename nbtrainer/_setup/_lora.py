@@ -272,9 +272,14 @@ def apply_lora(model: nn.Module, config: Any, keep_trainable: Iterable[str] = ()
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state entries of the parameters that train (adapters, unfrozen layers): what a LoRA checkpoint
-    holds instead of the whole model."""
+    """The state entries of the parameters that train (adapters, unfrozen layers) and of the model's buffers: what
+    a LoRA checkpoint holds instead of the whole model.
+
+    Buffers change without a gradient: a frozen BatchNorm updates its running mean and variance at every training
+    forward, so a resume that took them from the fresh model would normalise with other statistics than the run
+    that wrote the checkpoint. They are small; the frozen weights, which do not change, stay out."""
     names = {name for name, p in model.named_parameters() if p.requires_grad}
+    names |= {name for name, _ in model.named_buffers()}
     return {k: v for k, v in model.state_dict().items() if k in names}
 
 

@@ -7,10 +7,10 @@ validated in :class:`MemorySavers`' constructor, before the model changes and be
 layers with its quantization-aware LoRA layers), and the optimizer is built afterwards over what trains:
 an optimizer built before would hold the replaced parameters. ``ModelSetup`` owns one of these.
 
-Checkpoints of a quantized or LoRA model hold what trains (adapters, unfrozen layers), the optimizer and
-the loop state; the frozen base comes from the model the resumed Trainer is given (``save_base=True``
-stores it too, in its quantized form). The configuration goes into the checkpoint so that a checkpoint
-trained on an nf4 base is not resumed over a full-precision one.
+Checkpoints of a quantized or LoRA model hold what trains (adapters, unfrozen layers), the buffers (running
+statistics change without gradients), the optimizer and the loop state; the frozen base comes from the model the
+resumed Trainer is given (``save_base=True`` stores it too, in its quantized form). The configuration goes into the
+checkpoint so that a checkpoint trained on an nf4 base is not resumed over a full-precision one.
 """
 
 from __future__ import annotations

@@ -422,3 +422,27 @@ def test_trainable_and_lora_that_leave_nothing_to_adapt_or_overlap_modules_to_sa
     with pytest.raises(ValueError, match=saved):
         Trainer(model, nn.CrossEntropyLoss(), "adamw", lora={"r": 4, "modules_to_save": ["head"]}, trainable=["head"])
     assert type(model.fc1) is nn.Linear and all(p.requires_grad for p in model.parameters())
+
+
+def _bn_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_a_lora_checkpoint_keeps_the_frozen_bases_running_statistics(tmp_path) -> None:
+    """A frozen BatchNorm still updates its running mean and variance in train mode: a checkpoint of what trains left
+    them out, so a resumed run (and its evaluation) started from the fresh model's statistics."""
+    x, y = mlp_data(64)
+
+    def trainer() -> Trainer:
+        lora = {"r": 2, "modules_to_save": ["3"]}
+        return Trainer(_bn_net(), nn.CrossEntropyLoss(), "adamw", lr=1e-2, lora=lora, progress=False, seed=0)
+
+    first = trainer()
+    first.fit((x * 3 + 1, y), batch_size=32, epochs=1)
+    path = first.save_checkpoint(str(tmp_path / "bn.ckpt"))
+    resumed = trainer()
+    resumed.load_state_dict(torch.load(path, weights_only=True))
+    want, got = first.model.state_dict(), resumed.model.state_dict()
+    stats = [k for k in want if "running_" in k or "num_batches_tracked" in k]
+    assert stats and all(torch.equal(want[k], got[k]) for k in stats)
