@@ -469,15 +469,23 @@ class TrainerOptions:
 
 
 def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
-    """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout and targets."""
+    """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout, targets, bias
+    and ``modules_to_save`` (the planner counts a saved module as trained in full: without it, a plan under
+    ``memory_budget_gb`` left out that module's copy, gradient and optimizer state)."""
     if config is None:
         return None
     if isinstance(given, Mapping):
         return dict(given)
     targets = config.target_modules
-    return {
+    settings = {
         "r": config.r,
         "alpha": config.lora_alpha,
         "dropout": config.lora_dropout,
         "target_modules": targets if isinstance(targets, str) else sorted(targets or ()),
+        "bias": config.bias,
     }
+    # the user's, not ``config``'s: that one has a Hugging Face task head added, which the planner adds on its own
+    saved = getattr(given, "modules_to_save", None)
+    if saved is not None:
+        settings["modules_to_save"] = list(saved)
+    return settings

@@ -331,3 +331,24 @@ def test_a_fit_shorter_than_the_timed_steps_logs_what_was_measured_at_its_end(st
     else:
         assert "step time " in event["new"] and "ms over 1 of the 3 timed steps" in event["new"]
     assert any(s.startswith("memory check: ") for s in out.getvalue().splitlines())
+
+
+@needs("peft")
+def test_a_lora_configs_modules_to_save_are_planned_as_trained() -> None:
+    """A ``peft.LoraConfig``'s ``modules_to_save`` train in full, as the same settings given as a dict do: the plan
+    under a budget counted the adapters alone (the saved head's copy, its gradient and its AdamW state left out)."""
+    from peft import LoraConfig
+
+    def planned(lora: Any) -> Any:
+        trainer = Trainer(
+            _wide(), nn.CrossEntropyLoss(), "adamw", lora=lora, memory_budget_gb=1, device="cpu", progress=False,
+            run_store=False,
+        )  # fmt: skip
+        trainer.fit(_data()[:1], epochs=1)
+        plan = trainer.memory_plan
+        assert plan is not None and plan.best is not None
+        return plan.best.parts
+
+    as_dict = planned({"r": 4, "target_modules": ["l1", "l2"], "modules_to_save": ["l3"]})
+    as_config = planned(LoraConfig(r=4, target_modules=["l1", "l2"], modules_to_save=["l3"]))
+    assert as_config == as_dict
