@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +141,20 @@ def save_trainer_checkpoint(trainer: LoopHost, path: str, *, sharded: bool = Fal
 def _check_model(trainer: LoopHost, state: dict[str, torch.Tensor]) -> None:
     own = _model_state(trainer)
     missing = [k for k in own if k not in state]
+    savers = _savers(trainer)
+    if missing and savers is not None and savers.partial_checkpoints:
+        # LoRA / quantize= checkpoints hold the buffers since 2026-11-30; an older one lacks them, and the adapters
+        # in it still fit: the model's own buffers (a BatchNorm's running statistics) stay, and the user is told
+        buffers = {name for name, _ in unwrap_model(trainer.model).named_buffers()}
+        if all(k in buffers for k in missing):
+            warnings.warn(
+                f"The checkpoint holds no buffers ({missing[:4]}{' ...' if len(missing) > 4 else ''}): it was "
+                "written before LoRA / quantize= checkpoints kept them. Its adapters are loaded; the buffers stay "
+                "this model's own (a BatchNorm's running statistics are then not those of the run that wrote it). "
+                "A checkpoint written now keeps them.",
+                stacklevel=4,
+            )
+            missing = []
     unexpected = [k for k in state if k not in own]
     shapes = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"

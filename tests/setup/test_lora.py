@@ -446,3 +446,26 @@ def test_a_lora_checkpoint_keeps_the_frozen_bases_running_statistics(tmp_path) -
     want, got = first.model.state_dict(), resumed.model.state_dict()
     stats = [k for k in want if "running_" in k or "num_batches_tracked" in k]
     assert stats and all(torch.equal(want[k], got[k]) for k in stats)
+
+
+def test_a_lora_checkpoint_written_before_buffers_were_kept_still_resumes_and_says_so(tmp_path) -> None:
+    """A checkpoint of what trains alone (as written until buffers were kept): its adapters load, the model keeps its
+    own running statistics, and a warning says which; refusing it ("different architecture?") lost the run."""
+    x, y = mlp_data(64)
+
+    def trainer() -> Trainer:
+        return Trainer(_bn_net(), nn.CrossEntropyLoss(), "adamw", lr=1e-2, lora={"r": 2}, progress=False, seed=0)
+
+    first = trainer()
+    first.fit((x * 3 + 1, y), batch_size=32, epochs=1)
+    state = first.state_dict()
+    buffers = {name for name, _ in first.model.named_buffers()}
+    state["model"] = {k: v for k, v in state["model"].items() if k not in buffers}  # the old checkpoint's content
+    resumed = trainer()
+    own = {k: v.clone() for k, v in resumed.model.state_dict().items() if k in buffers}
+    with pytest.warns(UserWarning, match="holds no buffers"):
+        resumed.load_state_dict(state)
+    got = resumed.model.state_dict()
+    adapters = [k for k in state["model"] if "lora_" in k]
+    assert adapters and all(torch.equal(state["model"][k], got[k]) for k in adapters)
+    assert own and all(torch.equal(own[k], got[k]) for k in own)
