@@ -42,7 +42,7 @@ class LaunchView(LaunchMonitor):
     Example:
         >>> import nbtrainer
         >>> view = nbtrainer.LaunchView()
-        >>> # results = nbtrainer.launch(train, nprocs=2, view=view)  # doctest: +SKIP
+        >>> results = nbtrainer.launch(train, nprocs=2, view=view)  # doctest: +SKIP
     """
 
     def __init__(self, *, title: str = "nbtrainer.launch") -> None:

@@ -119,12 +119,14 @@ def show_batch(
 ) -> BatchView:
     """The first ``n`` items of ``loader``'s first batch as the model receives them (see the module docstring).
 
+    Arrays and a map-style dataset have no batch of their own: they are read as one batch of ``n`` items.
+
     Example:
         >>> import torch
         >>> from nbtrainer import show_batch
         >>> view = show_batch((torch.rand(8, 1, 4, 4), torch.arange(8)), 4, classes=list("abcdefgh"))
         >>> view.items, view.fields["inputs"]
-        (4, 'float32 [8, 1, 4, 4]')
+        (4, 'float32 [4, 1, 4, 4]')
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}.")
