@@ -84,11 +84,12 @@ prof = profile_model(cnn, torch.randn(32, 3, 32, 32), precisions=("fp32", "bf16-
 prof
 
 # %% [markdown]
-# Every number is also data: `to_pandas()` gives one long table (and `to_dict()` plain JSON-able data).
+# Every number is also data: `to_pandas()` gives one long table, a row per number in sections `model`, `compute`,
+# `latency` and `memory` (and `to_dict()` plain JSON-able data).
 
 # %%
 frame = prof.to_pandas()
-frame[frame.section.isin(["size", "compute"])].head(12)
+frame[frame.section.isin(["model", "compute"])].head(12)
 
 # %% [markdown]
 # Would a batch of 4,096 fit in 64 MiB for training? If not, `fits()` suggests a micro-batch and the gradient

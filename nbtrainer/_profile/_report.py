@@ -196,7 +196,16 @@ class ModelProfile:
         return cls(**copy.deepcopy(data))
 
     def to_pandas(self) -> Any:
-        """One long table: columns ``section, device, precision, metric, value, unit, source``."""
+        """One long table: columns ``section, device, precision, metric, value, unit, source``; the sections are
+        ``model`` (parameters and sizes), ``compute`` (MACs / FLOPs), ``latency`` and ``memory``.
+
+        Example:
+            >>> import torch
+            >>> from nbtrainer import profile_model
+            >>> prof = profile_model(torch.nn.Linear(8, 4), torch.randn(2, 8), include=("flops",))
+            >>> list(dict.fromkeys(prof.to_pandas().section))
+            ['model', 'compute']
+        """
         return to_frame(self)
 
     def _repr_html_(self) -> str:
