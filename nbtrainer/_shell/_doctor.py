@@ -254,9 +254,10 @@ def _unavailable(dev: Any) -> str | None:
     return f"torch has no usable {dev.type!r} device here"
 
 
-def bad_device(devices: list[str]) -> str | None:
+def bad_device(devices: list[str], *, command: str = "nbtrainer doctor") -> str | None:
     """``bad --device 'x': <reason and fix>`` for the first name torch cannot parse or this machine cannot use,
-    else None (the CLI and ``%nbtrainer doctor`` refuse it, in one line, before any check runs)."""
+    else None (the CLI and ``%nbtrainer doctor`` refuse it, in one line, before any check runs). ``command``: what
+    the user typed, named in the fix (``%nbtrainer doctor`` in a notebook)."""
     if not devices:
         return None
     import torch
@@ -268,7 +269,7 @@ def bad_device(devices: list[str]) -> str | None:
             return f"bad --device {dev!r}: {exc}"
         reason = _unavailable(parsed)
         if reason:
-            return f"bad --device {dev!r}: {reason}; `nbtrainer doctor` without --device checks what is here"
+            return f"bad --device {dev!r}: {reason}; `{command}` without --device checks what is here"
     return None
 
 

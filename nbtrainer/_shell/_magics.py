@@ -109,7 +109,7 @@ class NbtrainerMagics(Magics):
     # -- subcommands ---------------------------------------------------------------------------
     def _cmd_doctor(self, args: Any) -> None:
         devices = split_list(args.device) or None
-        problem = bad_device(devices or [])
+        problem = bad_device(devices or [], command="%nbtrainer doctor")
         if problem:
             raise UsageError(f"%nbtrainer doctor: {problem}")
         report = doctor_report(devices)

@@ -97,6 +97,8 @@ def test_doctor_refuses_a_device_this_machine_lacks(shell: Any, device: str) -> 
     with pytest.raises(UsageError, match=rf"%nbtrainer doctor: bad --device '{device}': ") as info:
         nbt(shell, f"doctor --device cpu,{device}")
     assert "\n" not in str(info.value) and "registered at" not in str(info.value)
+    # the fix is the magic the user is typing, not the shell command (`nbtrainer doctor` in a cell is a NameError)
+    assert str(info.value).endswith("`%nbtrainer doctor` without --device checks what is here")
 
 
 def test_doctor_in_a_cell_shows_report(shell: Any) -> None:
