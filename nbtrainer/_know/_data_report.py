@@ -119,7 +119,7 @@ class DataReport:
         >>> from nbtrainer import Trainer
         >>> model = torch.nn.Linear(4, 3)
         >>> trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, progress=False)
-        >>> x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        >>> x, y = torch.randn(40, 4, generator=torch.Generator().manual_seed(0)), torch.arange(40) % 3
         >>> report = trainer.check_data((x, y), (x[:10], y[:10]))
         >>> [p.kind for p in report.problems]
         ['duplicates_across']
