@@ -22,8 +22,12 @@ def free_port() -> int:
     outgoing connection (a browser's, a kernel's ZMQ sockets'), and one of those took a server's port between this
     check and the server's bind ("port 53339 is already in use", once in a fresh-clone run)."""
     low = _ephemeral_low()
+    # the OS's randomness, not the random module's generator: tests seed that (Trainer(seed=0), the doctests), and
+    # two suites side by side then drew the same ports; one's mlflow server answered the other's test, then went
+    # away under it ("Connection refused", loaded trial 33)
+    draw = random.SystemRandom()
     for _ in range(50 if low > 20_000 else 0):
-        port = random.randrange(20_000, low)
+        port = draw.randrange(20_000, low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((HOST, port))
