@@ -468,14 +468,18 @@ class TrainerOptions:
         return dataclasses.replace(self, **{group: dataclasses.replace(getattr(self, group), **changes)})
 
 
-def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
+def lora_settings(given: Any, config: Any, keep: Iterable[str] = ()) -> dict[str, Any] | None:
     """``lora=`` as plain settings: the user's dict, or a ``peft.LoraConfig``'s rank, alpha, dropout, targets, bias
     and ``modules_to_save`` (the planner counts a saved module as trained in full: without it, a plan under
-    ``memory_budget_gb`` left out that module's copy, gradient and optimizer state)."""
+    ``memory_budget_gb`` left out that module's copy, gradient and optimizer state). ``keep``: the parameters
+    ``trainable=`` trains in full beside the adapters, as ``"trainable"`` (sorted names), for the planner as well:
+    without them a plan left out their gradients and optimizer state (and counted a task head PEFT does not save
+    once ``trainable=`` is given)."""
     if config is None:
         return None
+    kept = {"trainable": sorted(keep)} if keep else {}
     if isinstance(given, Mapping):
-        return dict(given)
+        return {**given, **kept}
     targets = config.target_modules
     settings = {
         "r": config.r,
@@ -488,4 +492,4 @@ def lora_settings(given: Any, config: Any) -> dict[str, Any] | None:
     saved = getattr(given, "modules_to_save", None)
     if saved is not None:
         settings["modules_to_save"] = list(saved)
-    return settings
+    return {**settings, **kept}

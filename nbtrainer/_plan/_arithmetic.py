@@ -203,9 +203,11 @@ class RowTensors:
 
 
 def lora_saved(structure: dict[str, Any], lora: Mapping[str, Any]) -> list[str]:
-    """The modules ``lora=`` trains in full: a Hugging Face task head (``nbtrainer._setup._lora.task_heads``) and
+    """The modules ``lora=`` trains in full as a copy: a Hugging Face task head (``nbtrainer._setup._lora.task_heads``:
+    not once ``trainable=`` chooses what trains beside the adapters, as ``MemorySavers`` does) and
     ``modules_to_save``."""
-    return [*structure.get("lora_heads", ()), *(lora.get("modules_to_save") or ())]
+    heads = () if lora.get("trainable") else structure.get("lora_heads", ())
+    return [*heads, *(lora.get("modules_to_save") or ())]
 
 
 def row_tensors(
@@ -217,12 +219,13 @@ def row_tensors(
     linears = [row for row in structure["linears"] if keep is None or keep(row[0])]
     sizes = {row[0]: [row[1] * row[2]] for row in rows}
     trained = [(n, e, shape) for _, n, e, trains, shape in rows if trains]
+    kept = set((memory.lora or {}).get("trainable") or ())  # trainable= beside lora=: neither quantized nor adapted
     dequant = 0
     if memory.quantize:
         by_name = {row[0]: row for row in rows}
         names: set[str] = set()
         for name, n_in, n_out, _, q in linears:
-            if not q or f"{name}.weight" not in by_name:
+            if not q or f"{name}.weight" not in by_name or f"{name}.weight" in kept:
                 continue
             sizes[f"{name}.weight"] = quantized_tensors(memory.quantize, n_in, n_out)
             dequant = max(dequant, n_in * n_out * (2 if memory.precision != "fp32" else 4))
@@ -245,5 +248,7 @@ def row_tensors(
         # a saved module trains as a full copy beside its frozen original (PEFT's ModulesToSaveWrapper)
         trained += [(n, e, shape) for name, n, e, _, shape in rows if inside_modules(name, saved)]
         adapters = [n * e for n, e, _ in trained]
+        # trainable= keeps the model's own parameters training beside the adapters: no copy, their gradient and state
+        trained += [(n, e, shape) for name, n, e, _, shape in rows if name in kept and not inside_modules(name, saved)]
     params = [size for tensors in sizes.values() for size in tensors] + adapters
     return RowTensors(params, trained, dequant)

@@ -420,9 +420,9 @@ def _sim_lora(model: nn.Module, *, lora: Mapping[str, Any], structure: dict[str,
     from nbtrainer._setup._lora import inside_modules
 
     model.requires_grad_(False)
-    saved = arith.lora_saved(structure, lora)
+    saved, kept = arith.lora_saved(structure, lora), set(lora.get("trainable") or ())
     for name, p in model.named_parameters():
-        if inside_modules(name, saved):  # a task head / modules_to_save trains in full
+        if inside_modules(name, saved) or name in kept:  # a task head / modules_to_save / trainable= trains in full
             p.requires_grad_(True)
     for name, _n_in, _n_out, _bias, quantizable in structure["linears"]:
         if inside_modules(name, saved):

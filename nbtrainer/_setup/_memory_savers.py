@@ -101,7 +101,7 @@ class MemorySavers:
             memory,
             precision=precision,
             quantize=quantize,
-            lora=lora_settings(memory.lora, self.lora_config),
+            lora=lora_settings(memory.lora, self.lora_config, self.keep),
             attention=attention,
         )
         #: The optimizer waits for transform(): quantize / lora / offload_optimizer decide its parameters.
