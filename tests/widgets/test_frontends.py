@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -78,6 +80,11 @@ class Client:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
         self.messages: list[dict[str, Any]] = []
+        self.dump = Path(tempfile.mkdtemp(prefix="nbt-stacks")) / "stacks.txt"
+        self.run(
+            f"import faulthandler as _fh, signal as _sig\n_nbt_stacks = open({str(self.dump)!r}, 'w')\n"
+            "_fh.register(_sig.SIGUSR1, file=_nbt_stacks, all_threads=True)"
+        )
 
     def run(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
         """Execute ``code``; the iopub messages it caused, up to its idle status. ``timeout`` counts from the
@@ -92,7 +99,10 @@ class Client:
             except queue.Empty:
                 if time.monotonic() > end:
                     got = [x["msg_type"] for x in mine]
-                    raise AssertionError(f"no message for {timeout} s, no idle; got {got}") from None
+                    raise AssertionError(
+                        f"no message for {timeout} s, no idle; got {len(got)} messages, the last {got[-12:]}; the "
+                        f"kernel's threads:\n{self.stacks()}"
+                    ) from None
                 continue
             self.messages.append(m)
             if m["parent_header"].get("msg_id") != msg_id:
@@ -103,6 +113,20 @@ class Client:
                 raise AssertionError("\n".join(m["content"]["traceback"]))
             if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
                 return mine
+
+    def stacks(self) -> str:
+        """Where each of the kernel's threads is: a kernel that sent nothing for minutes once, in a loaded trial, and
+        the message list alone could not tell a busy kernel from a stuck one. The kernel's ``faulthandler`` writes
+        them on SIGUSR1 (registered at start)."""
+        pid = getattr(self.km.provisioner, "pid", None)
+        if pid is None:
+            return "(no kernel pid)"
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            time.sleep(2.0)  # the handler writes at once; the file is read after it
+            return self.dump.read_text()[-6000:] or "(nothing written)"
+        except OSError as exc:
+            return f"(no dump: {exc})"
 
     @staticmethod
     def stdout(messages: list[dict[str, Any]]) -> str:
