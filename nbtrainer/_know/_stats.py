@@ -258,9 +258,7 @@ class TargetStats:
         self.items += n
         if not t.is_floating_point() and t.ndim == 1:
             self.kind = "labels"
-            values, counts = torch.unique(t, return_counts=True)
-            for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-                self.counts[v] = self.counts.get(v, 0) + c
+            self._count(t)
             return t.numpy().astype(np.int64)
         if t.is_floating_point():
             # Every float batch enters the moments, whatever the targets turn out to be: 0/1 batches read as a binary
@@ -293,10 +291,14 @@ class TargetStats:
             self.kind = "values"
             return None
         self.kind = "other"  # integer targets of several values per item (tokens, masks)
-        values, counts = torch.unique(t, return_counts=True)
+        self._count(t)
+        return None
+
+    def _count(self, labels: Tensor) -> None:
+        """Each value's items added to :attr:`counts`."""
+        values, counts = torch.unique(labels, return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist(), strict=True):
             self.counts[v] = self.counts.get(v, 0) + c
-        return None
 
     def _largest_class(self, t: Tensor) -> np.ndarray:
         """Class-probability rows as labels: each row's largest class, counted; a row with a NaN counts for no class
@@ -304,9 +306,7 @@ class TargetStats:
         self.kind = "labels"
         finite = torch.isfinite(t).all(1)
         labels = t.argmax(1)
-        values, counts = torch.unique(labels[finite], return_counts=True)
-        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-            self.counts[v] = self.counts.get(v, 0) + c
+        self._count(labels[finite])
         out = labels.numpy().astype(np.int64)
         out[~finite.numpy()] = np.iinfo(np.int64).min  # HashLog's "no label"
         return out

@@ -35,6 +35,7 @@ __all__ = [
     "MIN_KBIT",
     "RowTensors",
     "adam_state_bytes",
+    "lora_kept",
     "lora_saved",
     "model_structure",
     "optimizer_state_bytes",
@@ -206,8 +207,14 @@ def lora_saved(structure: dict[str, Any], lora: Mapping[str, Any]) -> list[str]:
     """The modules ``lora=`` trains in full as a copy: a Hugging Face task head (``nbtrainer._setup._lora.task_heads``:
     not once ``trainable=`` chooses what trains beside the adapters, as ``MemorySavers`` does) and
     ``modules_to_save``."""
-    heads = () if lora.get("trainable") else structure.get("lora_heads", ())
+    heads = () if lora_kept(lora) else structure.get("lora_heads", ())
     return [*heads, *(lora.get("modules_to_save") or ())]
+
+
+def lora_kept(lora: Mapping[str, Any] | None) -> set[str]:
+    """The parameters ``trainable=`` trains in full beside ``lora=``'s adapters (``nbtrainer._options.lora_settings``
+    puts them in the settings): no copy, neither quantized nor adapted."""
+    return set((lora or {}).get("trainable") or ())
 
 
 def row_tensors(
@@ -219,7 +226,7 @@ def row_tensors(
     linears = [row for row in structure["linears"] if keep is None or keep(row[0])]
     sizes = {row[0]: [row[1] * row[2]] for row in rows}
     trained = [(n, e, shape) for _, n, e, trains, shape in rows if trains]
-    kept = set((memory.lora or {}).get("trainable") or ())  # trainable= beside lora=: neither quantized nor adapted
+    kept = lora_kept(memory.lora)
     dequant = 0
     if memory.quantize:
         by_name = {row[0]: row for row in rows}

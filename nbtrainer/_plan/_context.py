@@ -420,7 +420,7 @@ def _sim_lora(model: nn.Module, *, lora: Mapping[str, Any], structure: dict[str,
     from nbtrainer._setup._lora import inside_modules
 
     model.requires_grad_(False)
-    saved, kept = arith.lora_saved(structure, lora), set(lora.get("trainable") or ())
+    saved, kept = arith.lora_saved(structure, lora), arith.lora_kept(lora)
     for name, p in model.named_parameters():
         if inside_modules(name, saved) or name in kept:  # a task head / modules_to_save / trainable= trains in full
             p.requires_grad_(True)

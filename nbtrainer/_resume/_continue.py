@@ -11,6 +11,7 @@ checkpoint) has the steps left, and points to :meth:`Trainer.fit_more` when it h
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -173,8 +174,6 @@ def check_schedule(
 def _warn_unfinished(total: int, need: int, batches: int | None, accum: int, epochs: int) -> None:
     """A OneCycleLR built for this fit but for more steps than it takes ends before it anneals: the fit's last LR is
     mid-schedule (near the peak when it is far too long), and nothing fails to say so."""
-    import warnings
-
     if batches is None:  # stepped per epoch
         taken = f"steps it once per epoch (scheduler_interval='epoch'), {need} epochs"
         fix = (
