@@ -10,10 +10,11 @@ test.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["wait_for"]
+__all__ = ["wait_for", "wait_while_alive"]
 
 
 def wait_for(
@@ -39,4 +40,19 @@ def wait_for(
                 f"{what} not reached in {hang_s} s of wall time, in which this process spent less than "
                 f"{timeout} CPU seconds: nothing it waits on is working"
             )
+        time.sleep(0.005)
+
+
+def wait_while_alive(cond: Callable[[], object], thread: threading.Thread, failure: str) -> None:
+    """Return once ``cond()`` is true; fail with ``failure`` when ``thread`` (the run) ends first. No clock: a run
+    either reaches the state or ends, whatever the load; pytest-timeout ends a hang.
+
+    >>> done = threading.Thread(target=lambda: None); done.start(); done.join()
+    >>> wait_while_alive(lambda: False, done, "the run ended first")
+    Traceback (most recent call last):
+    AssertionError: the run ended first
+    """
+    while not cond():
+        if not thread.is_alive():
+            raise AssertionError(failure)
         time.sleep(0.005)

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
+from _waits import wait_while_alive
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -40,10 +40,7 @@ def _accuracy(model, val) -> float:
 
 
 def _wait_paused(trainer, thread) -> None:
-    # readiness, not a clock: the run either pauses or ends (then Health never paused it); pytest-timeout ends a hang
-    while trainer.status != "paused":
-        assert thread.is_alive(), "the run ended without Health pausing it"
-        time.sleep(0.01)
+    wait_while_alive(lambda: trainer.status == "paused", thread, "the run ended without Health pausing it")
 
 
 def _run_to_pause(trainer, digits, epochs: int):

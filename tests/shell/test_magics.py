@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _waits import wait_while_alive
 
 pytest.importorskip("IPython")
 
@@ -415,9 +416,8 @@ def test_status_and_stop_a_background_run(shell: Any, capsys: pytest.CaptureFixt
     )
     thread.start()
     try:
-        while trainer not in Trainer.active() or trainer.progress.global_step < 2:
-            assert thread.is_alive(), "the run ended before its second step"  # readiness, whatever the load
-            time.sleep(0.02)
+        started = lambda: trainer in Trainer.active() and trainer.progress.global_step >= 2  # noqa: E731
+        wait_while_alive(started, thread, "the run ended before its second step")
         nbt(shell, "status")
         out = capsys.readouterr().out
         assert "1 training run(s) in progress" in out

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from _waits import wait_while_alive
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import Trainer, load_checkpoint
@@ -43,12 +44,8 @@ def _run_in_thread(trainer, loader, epochs=3):
 
 
 def _wait_for(cond, th):
-    # Readiness, not a clock: wait while the training thread lives (its first step includes one-time imports
-    # that took over 10 s on a loaded machine); pytest-timeout still ends a real hang.
-    while not cond():
-        if not th.is_alive():
-            raise AssertionError("the training thread ended before the condition held")
-        time.sleep(0.005)
+    # readiness, not a clock: the first step includes one-time imports that took over 10 s on a loaded machine
+    wait_while_alive(cond, th, "the training thread ended before the condition held")
 
 
 def test_stop_from_another_thread_within_one_step():
