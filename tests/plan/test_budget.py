@@ -375,3 +375,23 @@ def test_trainable_beside_lora_is_planned_as_trained_without_a_copy() -> None:
     assert kept_trains == saved_trains  # the premise: the same tensors train (l3's own, or its copy)
     assert kept["optimizer_state"] == saved["optimizer_state"] and kept["gradients"] == saved["gradients"]
     assert kept["parameters"] < saved["parameters"]  # no copy of l3 beside the original
+
+
+def test_what_trainable_beside_lora_adds_to_the_plan_is_what_it_adds_to_the_measured_peak() -> None:
+    """The plan's peak against the peak the budget check measures on the first steps: ``trainable=["l3.*"]`` beside
+    the adapters moves both by the same bytes (l3's gradient and AdamW state; 30,848 bytes here)."""
+
+    def peaks(**kw: Any) -> tuple[int, int]:
+        lora = {"r": 4, "target_modules": ["l1", "l2"]}
+        trainer = Trainer(_wide(), nn.CrossEntropyLoss(), "adamw", lora=lora, memory_budget_gb=1, device="cpu",
+                          progress=False, run_store=False, **kw)  # fmt: skip
+        trainer.fit(_data() * 3, epochs=1)
+        plan = trainer.memory_plan
+        assert plan is not None and plan.best is not None
+        (measured,) = trainer._budget.check.measured  # type: ignore[union-attr]
+        return plan.best.peak_bytes, measured
+
+    planned_alone, measured_alone = peaks()
+    planned_kept, measured_kept = peaks(trainable=["l3.*"])
+    assert measured_kept > measured_alone  # the premise: the kept layer's tensors are in the measured peak
+    assert planned_kept - planned_alone == measured_kept - measured_alone
