@@ -79,6 +79,10 @@ def data_map_scenario(page: Any) -> None:
 
     # a lasso around the lower half of the plot: the items inside, most suspicious first
     page.locator(".nbt-data-map-mode button", has_text="lasso").click()
+    # the mode goes to the kernel, which sets the figure's interaction; the front end then builds the lasso's
+    # drag surface. A drag drawn before that surface exists lands on the bare plot and selects nothing (the
+    # colab pass's failure in CI, 2026-11-30), so the mouse waits for it
+    page.locator(".nbt-data-map svg g.lassoselector rect").wait_for(state="attached", timeout=15_000)
     page.locator(".nbt-data-map").scroll_into_view_if_needed()
     dots = page.evaluate(DOTS)
     box = page.locator(".nbt-data-map svg.svg-figure rect.plotarea_events").bounding_box()
