@@ -42,6 +42,51 @@ def test_a_phase_sharing_its_cpu_with_a_busy_process_reads_as_its_own_work():
     assert abs(ready - work) < 0.1 * waited + 0.005, (wall, ready, work)
 
 
+def _run_delay() -> int:
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1])
+
+
+def test_a_wait_between_the_wall_clock_and_the_wait_read_is_not_taken_from_the_phase(monkeypatch):
+    # Trial 33 of the loaded suite (docs/testing.md): a forward that slept 3 ms read as 1.03 ms. The thread was taken
+    # off its CPU between the clock's two reads, after the wall clock and before the wait, so the wait counted and
+    # the wall time did not. Here a burner shares this thread's CPU, and the phase's closing reading is made to
+    # wait for the CPU right after it reads the wall clock: the phase (a 10 ms sleep) reads its 10 ms all the same.
+    import nbtrainer._loop._ready_clock as module
+
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    real = time.perf_counter
+    armed, forced = [False], [0]
+
+    def perf_counter() -> float:
+        now = real()
+        if armed[0]:  # spin on this CPU until the scheduler gives it to the burner and back: a real wait
+            armed[0] = False
+            start, deadline = _run_delay(), real() + 2.0
+            while _run_delay() == start and real() < deadline:
+                pass
+            forced[0] = _run_delay() - start
+        return now
+
+    monkeypatch.setattr(module, "time", type("T", (), {"perf_counter": staticmethod(perf_counter)}))
+    burner = subprocess.Popen([sys.executable, "-c", BURN % cpu], stdout=subprocess.PIPE, text=True)
+    try:
+        assert burner.stdout is not None and burner.stdout.readline().strip() == "ready"
+        os.sched_setaffinity(0, {cpu})
+        clock = ReadyClock()
+        start = clock()
+        time.sleep(0.01)
+        armed[0] = True
+        phase = clock() - start
+    finally:
+        os.sched_setaffinity(0, mine)
+        burner.kill()
+        burner.wait()
+    assert forced[0] > 1_000_000, forced  # the closing reading did wait for the CPU, over a millisecond
+    assert phase >= 0.0095, (phase, forced[0] * 1e-9)  # not the sleep less that wait
+
+
 def test_without_the_file_the_clock_is_the_wall_clock(monkeypatch):
     import nbtrainer._loop._ready_clock as rc
 
@@ -58,7 +103,7 @@ def test_the_clock_never_runs_backwards_when_the_wait_grows_faster_than_the_wall
     # card (a fresh-clone run of the suite). Here the OS's counter jumps by a second between two reads.
     import nbtrainer._loop._ready_clock as module
 
-    delays = iter([0, 10**9, 10**9, 2 * 10**9])
+    delays = iter([0, 0, 10**9, 10**9, 10**9, 10**9, 2 * 10**9, 2 * 10**9])  # each reading reads the wait twice
     monkeypatch.setattr(module.os, "pread", lambda fd, n, off: f"1 {next(delays)} 1\n".encode())
     clock = ReadyClock()
     readings = [clock() for _ in range(4)]
