@@ -3,6 +3,7 @@ a store of the previous schema, and the errors for bad paths."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -139,7 +140,16 @@ def test_a_sigkilled_run_shows_as_killed_with_every_value_up_to_its_last_refresh
             time.sleep(0.1)
         seen = tap.read_text().splitlines()
         assert len(seen) >= 200
-        time.sleep(2.0)  # the writer thread commits a refresh within milliseconds; give it ample time
+        # the kill comes once the store holds the last step the child handed over (its writer thread commits a
+        # refresh within milliseconds, on a loaded machine when it next gets the CPU), read from the file itself
+        last = max(int(line.split()[0]) for line in seen)
+        uri = f"file:{store}?mode=ro"
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the child ended before it was killed"
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30)) as db:
+                if (db.execute("SELECT MAX(step) FROM steps").fetchone()[0] or 0) >= last:
+                    break
+            time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
