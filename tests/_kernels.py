@@ -7,13 +7,10 @@ in that window, and the kernel dies at start ("Address already in use", then nbc
 to kernel_info": a fresh-clone run of 3ba3546). Unix sockets in a directory of the kernel's own cannot be taken by
 anyone else. The directory is short (a Unix socket path is at most 107 bytes) and removed with the kernel.
 
-A kernel's messages to a test are never dropped (``kernel_manager``). Its IOPub is a PUB socket: ZeroMQ keeps at most
-1,000 messages queued for a subscriber on each side of the connection (the kernel's and the client's high-water
-marks) and drops the rest without a word. Two panels' set-up publishes 1,518 messages in about two seconds; in a loaded
-trial of the suite the client's process did not read for long enough, the last messages of that cell were dropped
-with its ``idle`` status, and the test waited for an idle that never came ("no message for 120 s", trial 33). Stopping
-the client's process for 6 s while that cell ran lost the same ones (992 of 1,518 arrived). So each kernel's IOPub
-queue is set unbounded before a test's client connects, and so is each client's.
+A kernel's messages to a test are never dropped: ZeroMQ drops what is past 1,000 queued messages on each side of a
+kernel's IOPub, and a loaded trial lost the end of a 1,518-message cell that way (``tests/_site/_nbt_zmq.py`` says
+more). The kernels the suite starts make their IOPub queue unbounded (``tests/_site``), and each client made here reads
+into an unbounded one.
 """
 
 from __future__ import annotations
@@ -21,21 +18,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from typing import Any
-
-# how a test's kernel starts, in place of ``-m ipykernel_launcher``: its IOPub socket is made with an unbounded send
-# queue. ZeroMQ copies a socket's queue limit into its listener when it binds, so it is set where the socket is made
-# (ipykernel makes its own context, and binds at once); the rest is ipykernel_launcher as ``-m`` runs it.
-_LAUNCH = """
-import runpy, zmq
-_socket = zmq.Context.socket
-def _unbounded(self, socket_type, *args, **kwargs):
-    made = _socket(self, socket_type, *args, **kwargs)
-    if socket_type in (zmq.PUB, zmq.XPUB):
-        made.setsockopt(zmq.SNDHWM, 0)
-    return made
-zmq.Context.socket = _unbounded
-runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
-"""
 
 __all__ = ["kernel_manager", "notebook_client"]
 
@@ -55,7 +37,7 @@ def kernel_manager(kernel_name: str = "python3", **kw: Any) -> Any:
             shutil.rmtree(folder, ignore_errors=True)
 
     km.shutdown_kernel = shutdown_and_clean  # type: ignore[method-assign]  # the folder goes with the kernel
-    make_client, format_cmd = km.client, km.format_kernel_cmd
+    make_client = km.client
 
     def client(*args: Any, **kwargs: Any) -> Any:
         import zmq
@@ -64,15 +46,7 @@ def kernel_manager(kernel_name: str = "python3", **kw: Any) -> Any:
         kc.context.setsockopt(zmq.RCVHWM, 0)  # a default for the sockets it makes: its channels are made later
         return kc
 
-    def kernel_cmd(*args: Any, **kwargs: Any) -> list[str]:
-        cmd = list(format_cmd(*args, **kwargs))
-        for i in range(len(cmd) - 1):
-            if cmd[i : i + 2] == ["-m", "ipykernel_launcher"]:
-                return [*cmd[:i], "-c", _LAUNCH, *cmd[i + 2 :]]
-        raise RuntimeError(f"not an ipykernel command, its IOPub queue cannot be unbounded: {cmd}")
-
     km.client = client  # type: ignore[method-assign]
-    km.format_kernel_cmd = kernel_cmd  # type: ignore[method-assign]
     return km
 
 

@@ -27,3 +27,6 @@ _spec = importlib.machinery.PathFinder.find_spec(
 if _spec is not None and _spec.loader is not None:
     _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
+
+# ZeroMQ's queues without a limit in the kernels and servers the suite starts, and NBT_SLOW_COMM (_nbt_zmq.py)
+import _nbt_zmq  # noqa: E402, F401  (this folder is on sys.path: PYTHONPATH)
