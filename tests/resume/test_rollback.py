@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from _waits import wait_while_alive
 from conftest import make_classification, make_loader, mlp
 
 from nbtrainer import CheckpointError, Health, ModelCheckpoint, Trainer
@@ -100,10 +101,7 @@ def _fit_until_paused(trainer) -> tuple[threading.Thread, list[BaseException]]:
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _run(trainer, errors))
     thread.start()
-    for _ in range(600):
-        if trainer.status == "paused":
-            break
-        thread.join(0.05)
+    wait_while_alive(lambda: trainer.status == "paused", thread, f"the fit ended without pausing: {errors}")
     return thread, errors
 
 
@@ -248,6 +246,10 @@ def test_refreshes_after_a_rollback_while_paused_show_the_restored_step(tmp_path
         assert trainer.status == "paused" and trainer.global_step == 12
         trainer.rollback()
         assert trainer.global_step == 10
+        # still paused, the loop shows the restored state at its next refresh; rollback() returns once the state is
+        # restored, before that refresh, and a resume at once would let the run train on first (trial 34: [11, 12,
+        # 13]), so the paused refresh is waited for, as a person sees it before clicking Resume
+        wait_while_alive(lambda: watch.after, thread, "the fit ended before a refresh after the rollback")
     finally:
         trainer.resume()
         thread.join(60)
