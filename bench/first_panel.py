@@ -1,6 +1,7 @@
 """A panel's construction in a fresh interpreter, as a user's first cell meets it: ``TrainerWidget(...)`` on a tiny
 MLP, no front end, timed alone (torch, ``nbtrainer.widgets`` and torch's first optimizer, which imports
-``torch._dynamo`` in any loop, are imported before the clock starts), and whether it imported bitsandbytes.
+``torch._dynamo`` in any loop, are imported before the clock starts), how many widgets it made (each one a comm the
+kernel opens and the front end builds when the panel is displayed), and whether it imported bitsandbytes.
 
 With ``--old REV`` the same is run for that revision too, in alternating order, each round a fresh interpreter per
 revision whose ``nbtrainer`` (and ``nbtrainer.widgets``) is that revision's, copied from a ``git worktree``.
@@ -36,9 +37,12 @@ x, y = torch.randn(512, 8), torch.randint(0, 3, (512,))
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
 optimizer = torch.optim.AdamW(model.parameters())
 from nbtrainer import TrainerWidget
+import ipywidgets
+live = getattr(ipywidgets.Widget, "_active_widgets", None) or ipywidgets.Widget.widgets
+before = len(live)
 cpu, wall = time.process_time(), time.perf_counter()
 w = TrainerWidget(model, nn.CrossEntropyLoss(), optimizer, DataLoader(TensorDataset(x, y), batch_size=16), epochs=1)
-print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
+print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall, "widgets": len(live) - before,
                   "bitsandbytes": "bitsandbytes" in sys.modules, "from": nbtrainer.widgets.__file__}))
 """
 
@@ -79,13 +83,13 @@ def main(argv: list[str] | None = None) -> None:
                 if r:
                     results[name].append(row)
     print(f"TrainerWidget(...) in a fresh interpreter, {args.rounds} rounds, alternating; medians [min-max]")
-    print("| revision | construction, CPU s | wall s | imports bitsandbytes |")
-    print("|---|---|---|---|")
+    print("| revision | construction, CPU s | wall s | widgets (comms) | imports bitsandbytes |")
+    print("|---|---|---|---|---|")
     for name, rows in results.items():
         cpu = [r["cpu"] for r in rows]
         wall = statistics.median(r["wall"] for r in rows)
         print(f"| {name} | {statistics.median(cpu):.3f} [{min(cpu):.3f}-{max(cpu):.3f}] | {wall:.3f} | "
-              f"{'yes' if rows[0]['bitsandbytes'] else 'no'} |")  # fmt: skip
+              f"{rows[0].get('widgets', '?')} | {'yes' if rows[0]['bitsandbytes'] else 'no'} |")  # fmt: skip
 
 
 if __name__ == "__main__":

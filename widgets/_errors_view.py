@@ -106,6 +106,15 @@ class ErrorsView:
 
     def __init__(self, notify: Callable[[str, str], None], options: dict[str, Any] | None) -> None:
         self.notify, self.options = notify, options
+        self.interpretation: Any = None  # the last one drawn
+        self._pending: Any = None  # set by the training thread, taken by the UI thread
+        self._collector: _Collector | None = None
+        self._lock = threading.RLock()
+        if options is None:
+            # off (the default): the section can never show, so none of its 70 widgets is made. Each widget is a comm
+            # that the kernel opens and the front end builds a model for when the panel is displayed.
+            self.root = W.Box(layout=W.Layout(display="none"))
+            return
         self.section = Section("errors", "nbt-errors")
         self.root = self.section.root
         self.summary = W.HTML()
@@ -170,10 +179,6 @@ class ErrorsView:
              self.cleaner.root, W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"),
              self.gallery]
         )  # fmt: skip
-        self.interpretation: Any = None  # the last one drawn
-        self._pending: Any = None  # set by the training thread, taken by the UI thread
-        self._collector: _Collector | None = None
-        self._lock = threading.RLock()
         self.cells.observe(self._on_cell, "selected")
 
     # -- the run (the panel attaches it at Start, detaches it when the run ends) ---------------------------

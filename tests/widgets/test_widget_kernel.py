@@ -372,7 +372,7 @@ class Meter:  # CPU seconds of the training thread and of the waiting cell's, an
         self.t0, self.m0 = time.thread_time(), time.clock_gettime(self.main)
     def on_optimizer_step(self, trainer, step, skipped):
         if step == 20:
-            b = ipywidgets.Button()
+            b = ipywidgets.Button(description="meter stop")  # told apart from the panel's own (areas made as they show)
             b.on_click(lambda _: bw.stop())
             made.append(b)
     def on_fit_end(self, trainer, history):
@@ -405,6 +405,7 @@ def test_a_waiting_cell_costs_no_cpu_however_many_widgets_the_notebook_holds(ker
         m["content"]["comm_id"]
         for m in kernel.messages
         if m["msg_type"] == "comm_open" and m["content"]["data"].get("state", {}).get("_model_name") == "ButtonModel"
+        and m["content"]["data"]["state"].get("description") == "meter stop"
         and m["parent_header"].get("msg_id") == fit_id
     ]  # fmt: skip
     assert made, "the training thread's button was announced"
