@@ -41,6 +41,22 @@ _SHOWN = 12  # items a selection shows in the cleaner
 _COLOURS = ["#cf222e", "#bf8700", "#0969da"]  # correctness 0 -> 1 (the core's static picture uses the same)
 
 
+def _top(score: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the ``k`` highest scores (NaN lowest), highest first, ties in position order: what a stable
+    ``argsort(-score)[:k]`` gives, without sorting every item (9 ms of the map's drawing on 96,000 items).
+
+    Example:
+        >>> _top(np.array([0.1, 0.9, np.nan, 0.9, 0.5]), 3).tolist()
+        [1, 3, 4]
+    """
+    key = -np.nan_to_num(score, nan=-np.inf)
+    if k >= len(key):
+        return np.argsort(key, kind="stable")
+    bound = np.partition(key, k - 1)[k - 1]  # the k-th smallest key: every position at or under it may be in
+    near = np.flatnonzero(key <= bound)
+    return near[np.argsort(key[near], kind="stable")[:k]]
+
+
 class DataView:
     """The data section of one panel (see the module docstring). ``root`` is its :class:`Section`.
 
@@ -170,11 +186,11 @@ class DataView:
                     self._show_map()
                 return
             if len(seen) > _POINTS:
-                score = table["score"].numpy()[seen]
-                top = seen[np.argsort(-np.nan_to_num(score, nan=-np.inf), kind="stable")[:_SUSPECTS]]
-                rest = np.setdiff1d(seen, top)
-                pick = np.random.default_rng(0).choice(rest, _POINTS - len(top), replace=False)
-                seen = np.sort(np.concatenate([top, pick]))
+                top = _top(table["score"].numpy()[seen], _SUSPECTS)  # positions in seen, most suspicious first
+                rest = np.ones(len(seen), dtype=bool)
+                rest[top] = False
+                pick = np.random.default_rng(0).choice(seen[rest], _POINTS - len(top), replace=False)
+                seen = np.sort(np.concatenate([seen[top], pick]))
             self._points = seen
             x = np.nan_to_num(table["variability"].numpy()[seen])
             y = np.nan_to_num(table["confidence"].numpy()[seen])
@@ -187,18 +203,18 @@ class DataView:
             shown = f"{len(seen):,} of {total:,} items drawn" if len(seen) < total else f"{total:,} items"
             note = f" · {dm.note}" if dm.note else ""
             self.map_note.value = (
-                f"<div style='font-size:12px'>{html.escape(dm.summary())} · {shown} drawn; colour: right in how many "
-                f"epochs (red never, blue always){html.escape(note)}</div>"
+                f"<div style='font-size:12px'>{html.escape(dm.summary(table=table))} · {shown} drawn; colour: right "
+                f"in how many epochs (red never, blue always){html.escape(note)}</div>"
             )
             self._show_map()
-            self.section.show(self.body, detail=self.section_detail())
+            self.section.show(self.body, detail=self.section_detail(table))
 
     def _show_map(self) -> None:
         if not self.map_box.children:  # filled once, in a box that is already shown (see __init__)
             self.map_box.children = self._map_parts
 
-    def section_detail(self) -> str:
-        issues = self.data_map.label_issue_count()
+    def section_detail(self, table: Any = None) -> str:
+        issues = self.data_map.label_issue_count(table=table)
         return f"map after epoch {self.data_map.epochs}: {issues} likely label issues"
 
     # -- clicks (the kernel's thread) -----------------------------------------------------------------

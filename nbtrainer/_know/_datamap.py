@@ -422,10 +422,12 @@ class DataMap:
         """
         return rank_issues(self.table(), self.mode, k, self.classes)
 
-    def label_issue_count(self) -> int:
+    def label_issue_count(self, *, table: Mapping[str, Tensor] | None = None) -> int:
         """How many items ``label_issues()`` (``k=None``) lists, without building the list: what a panel shows at
-        each refresh (on a dataset of 100,000 items built per refresh, the list took the panel's thread seconds)."""
-        return issue_count(self.table(), self.mode)
+        each refresh (on a dataset of 100,000 items built per refresh, the list took the panel's thread seconds).
+        ``table``: one already read with :meth:`table`, so that the map is not read again (about 6 ms on 96,000
+        items)."""
+        return issue_count(table if table is not None else self.table(), self.mode)
 
     def cleaned(
         self,
@@ -465,8 +467,10 @@ class DataMap:
         return map_gallery(self.table(), picked, self._dataset, self.classes, self.note, decode=decode)
 
     # -- display -----------------------------------------------------------------------------------
-    def summary(self) -> str:
-        t = self.table()
+    def summary(self, *, table: Mapping[str, Tensor] | None = None) -> str:
+        """One line: the items seen, the epochs, the mode and the likely label issues. ``table``: as in
+        :meth:`label_issue_count`."""
+        t = table if table is not None else self.table()
         seen = int((t["visits"] > 0).sum())
         if not seen:
             return self.note or "empty: nothing recorded yet"

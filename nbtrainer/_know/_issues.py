@@ -7,7 +7,7 @@ import dataclasses
 import html
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,7 +111,7 @@ class LabelIssues(list):  # list[LabelIssue], displayed as a table
         return f"LabelIssues({len(self)} items: {self.indices[:8]}{'...' if len(self) > 8 else ''})"
 
 
-def _suspects(t: dict[str, torch.Tensor], mode: str | None, everyone: bool) -> torch.Tensor:
+def _suspects(t: Mapping[str, torch.Tensor], mode: str | None, everyone: bool) -> torch.Tensor:
     """The items a ranking may list: those visited, and for ``label_issues()`` without ``k`` (``everyone`` False)
     outside loss mode only those predicted right in fewer than half of their visits (by score alone, one right in
     2 of 3 visits but with a low probability would outrank one wrong in 2 of 3 and take its place)."""
@@ -121,7 +121,7 @@ def _suspects(t: dict[str, torch.Tensor], mode: str | None, everyone: bool) -> t
     return seen
 
 
-def issue_count(t: dict[str, torch.Tensor], mode: str | None) -> int:
+def issue_count(t: Mapping[str, torch.Tensor], mode: str | None) -> int:
     """How many items ``rank_issues(t, mode, None)`` lists (``DataMap.label_issue_count``), nothing built."""
     n = int(_suspects(t, mode, everyone=False).sum())
     return max(1, int(0.01 * n)) if mode == "loss" and n else n
