@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import os
 import resource
+import shutil
 import sys
 import time
 from typing import Any
@@ -203,6 +204,25 @@ def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
     shared.mkdir(exist_ok=True)
     return shared
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """An empty MLflow SQLite store at its schema's head, made once per worker. A fresh store runs MLflow's alembic
+    migrations when it is first opened (0.8-1.6 s of CPU); a copy of this one opens in 0.03 s."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Any, mlflow_template: Any) -> str:
+    """A fresh, empty MLflow store of this test's own (``tmp_path / "mlflow.db"``, a copy of ``mlflow_template``)."""
+    dest = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_template, dest)
+    return f"sqlite:///{dest}"
 
 
 @pytest.fixture

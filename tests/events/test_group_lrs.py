@@ -82,10 +82,10 @@ def test_tensorboard_and_csv_log_each_groups_lr(tmp_path):
 
 
 @needs("mlflow")
-def test_mlflow_logs_each_groups_lr(tmp_path):
+def test_mlflow_logs_each_groups_lr(tmp_path, mlflow_uri):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     logger = MLflowLogger(uri, experiment="groups", every_step=True)
     history = _trainer([logger]).fit(_train(), epochs=2)
     assert logger.error is None

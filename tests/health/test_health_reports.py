@@ -81,10 +81,10 @@ mlflow = LazyModule("mlflow")
 
 
 @needs("mlflow")
-def test_reports_reach_mlflow(tmp_path):
+def test_reports_reach_mlflow(mlflow_uri):
     from nbtrainer import MLflowLogger
 
-    logger = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="health")
+    logger = MLflowLogger(tracking_uri=mlflow_uri, experiment="health")
     trainer = Trainer(
         mlp(hidden=32),
         torch.nn.CrossEntropyLoss(),

@@ -108,10 +108,10 @@ def test_the_epoch_a_callback_ends_the_fit_at_reaches_tensorboard(tmp_path):
 
 
 @needs("mlflow")
-def test_the_epoch_a_callback_ends_the_fit_at_reaches_mlflow(tmp_path):
+def test_the_epoch_a_callback_ends_the_fit_at_reaches_mlflow(mlflow_uri):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     train, val = _loaders()
     logger = MLflowLogger(uri, experiment="ended")
     trainer = _trainer([logger, EndAtFirstEpoch()])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +27,10 @@ mlflow = LazyModule("mlflow")
 
 
 @pytest.fixture(scope="module")
-def uri(tmp_path_factory):
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+def uri(tmp_path_factory, mlflow_template):
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(mlflow_template, path)  # tests/conftest.py: an empty store at the schema's head
+    return f"sqlite:///{path}"
 
 
 def _fit(logger, tmp_path, *, epochs=2, callbacks=(), metrics=None, **kw):
@@ -43,12 +46,14 @@ def _fit(logger, tmp_path, *, epochs=2, callbacks=(), metrics=None, **kw):
 
 
 @pytest.mark.slow
-def test_an_experiment_created_by_another_process_between_lookup_and_create_is_joined(tmp_path, monkeypatch):
+def test_an_experiment_created_by_another_process_between_lookup_and_create_is_joined(
+    tmp_path, mlflow_uri, monkeypatch
+):
     """Seen once under load, against a real server: the create failed with RESOURCE_ALREADY_EXISTS (the client had
     sent it again after a slow answer) and the run was not logged. The same race happens when two notebooks or a
     sweep's trials start the same new experiment. Here the other process creates it in the real store just after
     this logger looked it up and found nothing."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     real = mlflow.MlflowClient.get_experiment_by_name
     raced: list[str] = []
 
@@ -174,9 +179,10 @@ def mlflow_server(mlflow_server_process):
 
 
 @pytest.fixture
-def mlflow_server_process(tmp_path):
+def mlflow_server_process(tmp_path, mlflow_template):
     """A real ``mlflow server`` on localhost: (its URL, its process, the leader of its own process group)."""
     port = free_port()  # below the ephemeral range (tests/_ports.py)
+    shutil.copyfile(mlflow_template, tmp_path / "server.db")  # at the schema's head: the server migrates nothing
     cmd = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
@@ -409,11 +415,11 @@ trainer.fit(make_loader(x, y, batch_size=16), make_loader(x[:32], y[:32]), epoch
 
 
 @pytest.mark.slow
-def test_the_mlflow_run_of_a_killed_process_is_ended_when_a_new_process_resumes_it(tmp_path):
+def test_the_mlflow_run_of_a_killed_process_is_ended_when_a_new_process_resumes_it(tmp_path, mlflow_uri):
     """Before: a fit whose process was SIGKILLed left its MLflow run RUNNING for good; the resume from another process
     started a new run and nothing ended (or pointed at) the killed one. Now the killed run ends KILLED, tagged with
     the run that continues it, which is tagged with the run it resumes."""
-    uri, ckpt = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ckpt"
+    uri, ckpt = mlflow_uri, tmp_path / "ckpt"
     code = _KILLED_CHILD.format(tests=os.path.dirname(os.path.dirname(__file__)), uri=uri, ckpt=str(ckpt))
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
