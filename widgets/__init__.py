@@ -61,9 +61,8 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
 ``nbt-cleaner``              keep / drop / relabel per item (``_cleaner``; in the data and errors sections):
                              ``nbt-cleaner-item`` (and ``nbt-cleaner-item-<index>``), ``nbt-cleaner-choice``,
                              ``nbt-cleaner-label``, ``nbt-cleaner-summary``; errors: ``nbt-errors-cleaner``
-``nbt-section``              a collapsible area (made when it first shows: the samples section at the first
-                             sample, the errors section only with ``interpret``, a header when its area shows; each
-                             widget is a comm the front end builds): header with ``nbt-section-title``,
+``nbt-section``              a collapsible area (the errors section is made only with ``interpret``: each widget
+                             is a comm the front end builds): header with ``nbt-section-title``,
                              ``nbt-collapse`` (and ``nbt-close``), body: ``nbt-epochs-area`` (the newest rows of
                              the live table ``nbt-epoch-table`` in ``nbt-epoch-table-box``, ``nbt-epoch-note``
                              saying how many are hidden, ``nbt-epoch-all`` to show them),

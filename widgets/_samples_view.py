@@ -74,8 +74,7 @@ def _picture(value: Any, name: str) -> str:
 
 
 class SamplesView:
-    """The samples section. ``root`` is an empty hidden box until a sample comes; it then holds the :class:`Section`
-    (class ``nbt-samples``).
+    """The samples section. ``root`` is its :class:`Section` (class ``nbt-samples``), hidden until a sample comes.
 
     Args:
         charts: the panel's live charts: a click on a point of the loss chart picks the nearest sample.
@@ -91,35 +90,10 @@ class SamplesView:
         >>> view.refresh()  # on the UI thread: new samples drawn, the slider extended  # doctest: +SKIP
     """
 
-    slider: W.IntSlider  # these widgets and the section are made with the first sample or failure (_build)
-    step_label: W.HTML
-    compare: W.Dropdown
-    left: W.HTML
-    right: W.HTML
-    errors: W.HTML
-    body: W.VBox
-
     def __init__(self, charts: LiveCharts, source: Callable[[], Any], notify: Callable[[str, str], None]) -> None:
         self.source, self.notify = source, notify
-        # Most runs take no sample, so the section's widgets are made when the first sample or failure comes (the UI
-        # thread, in refresh): each one is a comm that the kernel opens and the front end builds a model for when the
-        # panel is displayed. Until then the root is an empty hidden box, which then holds the section.
-        self.root = W.VBox(layout=W.Layout(display="none"))
-        self.section: Section | None = None
-        self.steps: list[int] = []  # the sampled steps, in order
-        self._by_step: dict[int, list[dict[str, Any]]] = {}
-        self._history: Any = None
-        self._seen = self._seen_events = 0
-        self._lock = threading.RLock()  # the UI thread (refresh) and the kernel's (slider, clicks) both draw
-        # the loss chart's hover points take clicks too: a click is a step to look at
-        self._points = charts.loss_hover
-        self._points.interactions = {**dict(self._points.interactions), "click": "select"}
-        self._points.observe(self._on_click, "selected")
-
-    def _build(self) -> Section:
-        if self.section is not None:
-            return self.section
-        section = Section("samples", "nbt-samples")
+        self.section = Section("samples", "nbt-samples")
+        self.root = self.section.root
         self.slider = W.IntSlider(value=0, min=0, max=0, description="step", readout=False, continuous_update=True,
                                   layout=W.Layout(width="320px"))  # fmt: skip
         self.slider.add_class("nbt-samples-slider")
@@ -135,12 +109,17 @@ class SamplesView:
         self.errors.add_class("nbt-samples-error")
         bar = W.HBox([self.slider, self.step_label, self.compare], layout=W.Layout(flex_flow="row wrap"))
         self.body = W.VBox([W.HTML(_STYLE), bar, W.HBox([self.left, self.right]), self.errors])
+        self.steps: list[int] = []  # the sampled steps, in order
+        self._by_step: dict[int, list[dict[str, Any]]] = {}
+        self._history: Any = None
+        self._seen = self._seen_events = 0
+        self._lock = threading.RLock()  # the UI thread (refresh) and the kernel's (slider, clicks) both draw
         self.slider.observe(lambda _: self.render(), "value")
         self.compare.observe(lambda _: self.render(), "value")
-        self.section = section
-        self.root.children = (section.root,)
-        self.root.layout.display = "flex"
-        return section
+        # the loss chart's hover points take clicks too: a click is a step to look at
+        self._points = charts.loss_hover
+        self._points.interactions = {**dict(self._points.interactions), "click": "select"}
+        self._points.observe(self._on_click, "selected")
 
     # -- data in (UI thread) ------------------------------------------------------------------------------
     def refresh(self, final: bool = False) -> bool:
@@ -160,13 +139,11 @@ class SamplesView:
             for e in failed:
                 self.notify("warning", f"sample {e.get('old')!r} failed at step {e.get('step')}: {e.get('new')}")
             if failed:
-                self._build()
                 self.errors.value = "<br>".join(
                     html.escape(f"step {e.get('step')}: {e.get('old')} failed: {e.get('new')}") for e in failed[-3:]
                 )
             if not new:
                 return self._rest_on_latest(final) or bool(failed)
-            section = self._build()
             following = not self.steps or self.slider.value >= len(self.steps) - 1
             for s in new:
                 if s["step"] not in self._by_step:
@@ -177,8 +154,8 @@ class SamplesView:
                 self.slider.max = len(self.steps) - 1
                 if following:
                     self.slider.value = len(self.steps) - 1
-            if not section.visible:
-                section.show(self.body, detail="")
+            if not self.section.visible:
+                self.section.show(self.body, detail="")
             if not self._rest_on_latest(final):
                 self.render()
             return True

@@ -18,55 +18,25 @@ __all__ = ["Section"]
 
 
 class Section:
-    """``root`` is a VBox (class ``css``): a header (title, collapse toggle, optional close button) and a body.
-
-    The header's widgets (eleven, with their layouts and styles) are made when the area first shows, or when one of
-    them is asked for (:attr:`title`, :attr:`toggle`, :attr:`close_button`, :attr:`header`): most of a panel's areas
-    stay hidden through a run, and each widget is a comm that the kernel opens and the front end builds a model for
-    when the panel is displayed.
-    """
+    """``root`` is a VBox (class ``css``): a header (title, collapse toggle, optional close button) and a body."""
 
     def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
-        self._title, self._detail, self._closable = title, "", closable
-        self._chrome: tuple[W.HTML, W.Button, W.Button, W.HBox] | None = None
+        self._title = title
+        self.title = W.HTML(layout=W.Layout(flex="0 1 auto", min_width="0"))
+        self.title.add_class("nbt-section-title")
+        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
+        self.toggle.add_class("nbt-collapse")
+        self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
+        self.close_button.add_class("nbt-close")
+        buttons = [self.toggle, *([self.close_button] if closable else [])]
+        self.header = W.HBox([self.title, *buttons], layout=W.Layout(align_items="center"))
         self.body = W.VBox()
-        self.root = W.VBox([self.body], layout=W.Layout(display="none", margin="4px 0"))
+        self.root = W.VBox([self.header, self.body], layout=W.Layout(display="none", margin="4px 0"))
         self.root.add_class(css)
         self.root.add_class("nbt-section")
-
-    def _header(self) -> tuple[W.HTML, W.Button, W.Button, W.HBox]:
-        if self._chrome is None:
-            title = W.HTML(layout=W.Layout(flex="0 1 auto", min_width="0"))
-            title.add_class("nbt-section-title")
-            toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
-            toggle.add_class("nbt-collapse")
-            close = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
-            close.add_class("nbt-close")
-            buttons = [toggle, *([close] if self._closable else [])]
-            header = W.HBox([title, *buttons], layout=W.Layout(align_items="center"))
-            toggle.on_click(lambda _: self.set_open(not self.is_open))
-            close.on_click(lambda _: self.close())
-            self._chrome = (title, toggle, close, header)
-            self._draw_title()
-            self._draw_toggle()
-            self.root.children = (header, self.body)
-        return self._chrome
-
-    @property
-    def title(self) -> W.HTML:
-        return self._header()[0]
-
-    @property
-    def toggle(self) -> W.Button:
-        return self._header()[1]
-
-    @property
-    def close_button(self) -> W.Button:
-        return self._header()[2]
-
-    @property
-    def header(self) -> W.HBox:
-        return self._header()[3]
+        self.toggle.on_click(lambda _: self.set_open(not self.is_open))
+        self.close_button.on_click(lambda _: self.close())
+        self.set_title(title)
 
     @property
     def is_open(self) -> bool:
@@ -77,25 +47,13 @@ class Section:
         return self.root.layout.display != "none"
 
     def set_title(self, title: str, detail: str = "") -> None:
-        self._title, self._detail = title, detail
-        if self._chrome is not None:
-            self._draw_title()
-
-    def _draw_title(self) -> None:
-        assert self._chrome is not None
-        detail = self._detail
+        self._title = title
         tail = f" <span style='font-weight:normal'>{text_html(detail)}</span>" if detail else ""
         # One line ("5 epoch(s)" never splits in a narrow panel); too long for the width, it ends in "...".
-        self._chrome[0].value = (
+        self.title.value = (
             f"<div style='white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:{FG};font-size:12px'>"
-            f"<b>{html.escape(self._title)}</b>{tail}</div>"
+            f"<b>{html.escape(title)}</b>{tail}</div>"
         )
-
-    def _draw_toggle(self) -> None:
-        assert self._chrome is not None
-        toggle, is_open = self._chrome[1], self.is_open
-        toggle.icon = "chevron-up" if is_open else "chevron-down"
-        toggle.tooltip = "collapse" if is_open else "expand"
 
     def show(self, *children: Any, detail: str = "", is_open: bool = True) -> None:
         """Show the area (open, or folded to its title line), then put ``children`` in the body.
@@ -104,15 +62,14 @@ class Section:
         plot stayed invisible)."""
         if detail:
             self.set_title(self._title, detail)
-        self._header()
         self.set_open(is_open)
         self.root.layout.display = "flex"
         self.body.children = tuple(children)
 
     def set_open(self, is_open: bool) -> None:
         self.body.layout.display = "flex" if is_open else "none"
-        if self._chrome is not None:
-            self._draw_toggle()
+        self.toggle.icon = "chevron-up" if is_open else "chevron-down"
+        self.toggle.tooltip = "collapse" if is_open else "expand"
 
     def close(self) -> None:
         """Hide the area and drop its content (a later ``show`` brings it back)."""
