@@ -240,9 +240,11 @@ class PanelActions:
                 for widget in exclusive:
                     widget.disabled = off
                 if name == "lrfind":
+                    # Stop first, the LR control last: one that is usable again means the sweep has ended (a click,
+                    # or a test, that reads the LR control on saw Stop still on under load)
+                    v.stop.disabled = not self.host.running
                     v.save.disabled = "save" in self.busy
                     v.lr.disabled = v.lr_exact.disabled = False
-                    v.stop.disabled = not self.host.running
 
         # Profile and the LR finder train (and Profile times steps): their thread must not be throttled by the
         # kernel thread's idle OpenMP pool (nbtrainer.start_training_thread gives it back first; issue 49).
