@@ -88,7 +88,8 @@ class _Collector:
 
 
 class ErrorsView:
-    """The errors section. ``root`` is its :class:`Section` (class ``nbt-errors``), hidden until a result comes.
+    """The errors section. ``root`` is its :class:`Section` (class ``nbt-errors``), hidden until a result comes; with
+    ``options=None`` an empty hidden box, and the section's widgets are not made.
 
     Args:
         notify: the panel's messages (``level, text``).
@@ -111,7 +112,7 @@ class ErrorsView:
         self._collector: _Collector | None = None
         self._lock = threading.RLock()
         if options is None:
-            # off (the default): the section can never show, so none of its 70 widgets is made. Each widget is a comm
+            # off (the default): the section can never show, so none of its 52 widgets is made. Each widget is a comm
             # that the kernel opens and the front end builds a model for when the panel is displayed.
             self.root = W.Box(layout=W.Layout(display="none"))
             return
