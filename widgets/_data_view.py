@@ -134,16 +134,19 @@ class DataView:
                 )
                 self.section.show(self.body, detail="check failed")
                 return
+            try:
+                batch = show_batch(train_loader, 8, classes=self.data_map.classes)._repr_html_()
+            except Exception as exc:
+                log.debug("the panel's batch preview failed: said in its data section", exc_info=True)
+                batch = f"<div style='font-size:12px'>no batch preview: {html.escape(str(exc))}</div>"
+            # the batch goes out before the lights: the lights say the check is done, so whoever reads them (a
+            # person, a browser test) finds the whole section drawn, not the lights with the batch still to come
+            self.batch_html.value = batch
             self.report = report
             self.report_html.value = report._repr_html_()
             lights = report.lights()
             worst = "problem" if "problem" in lights.values() else "warning" if "warning" in lights.values() else "ok"
             self.section.show(self.body, detail=f"{worst}: {report.summary()}")
-            try:
-                self.batch_html.value = show_batch(train_loader, 8, classes=self.data_map.classes)._repr_html_()
-            except Exception as exc:
-                log.debug("the panel's batch preview failed: said in its data section", exc_info=True)
-                self.batch_html.value = f"<div style='font-size:12px'>no batch preview: {html.escape(str(exc))}</div>"
 
         self._check = start_training_thread(check, name="nbtrainer-data-check")
 

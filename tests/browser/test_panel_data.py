@@ -58,7 +58,9 @@ def data_map_scenario(page: Any) -> None:
     lights.first.wait_for(timeout=60_000)  # the check's lights, before Start
     assert lights.count() == 4
     assert "nbt-data-ok" in (lights.first.get_attribute("class") or "")
-    assert page.locator(".nbt-data-batch img").count() >= 4  # the batch as the model receives it
+    # the batch as the model receives it: the panel sends it before the lights, but each widget's model applies
+    # its update on its own in the front end, so the page is read once the pictures are there
+    page.locator(".nbt-data-batch img").nth(3).wait_for(timeout=15_000)
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", timeout_s=90)
     page.wait_for_function(f"() => ({DOTS})().length === {N}", timeout=30_000)
