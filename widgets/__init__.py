@@ -75,7 +75,8 @@ Stable CSS classes (``add_class``), for browser tests and custom styling:
                              ``nbt-lrfinder-restore``, the chosen LR ``nbt-lrfinder-choice``, a warning
                              ``nbt-lrfinder-warning`` when the model was already trained
 ``nbt-messages``             the last messages (``nbt-message-info|warning|error``; tracebacks in
-                             ``nbt-traceback``) and ``nbt-messages-all`` (show the whole log)
+                             ``nbt-traceback``) and ``nbt-messages-all`` (show the whole log, in the scroll box
+                             ``nbt-messages-scroll``)
 ``nbt-summary-static``       the plain-HTML summary left in the output below the panel for front ends
                              without widgets (hidden where the panel renders); inside it
                              ``nbt-summary``, ``nbt-summary-table``, SVG charts ``nbt-summary-chart``

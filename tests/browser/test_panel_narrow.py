@@ -4,6 +4,8 @@
 * The LR finder's x tick labels do not overlap; the live epoch table shows the newest rows and says how many
   are hidden, its lr and time columns are reachable, and "show all" does not pull the view back to the newest
   row once the user has scrolled up; the status and section titles stay on one line.
+* The message area shows a run's last three messages (one an epoch, from the training thread); "show all" with the
+  mouse lists every one, "show fewer" three again.
 * A second run marks the first run's summary as the previous run.
 * At 1280 px the LR finder button sits on the buttons' first row.
 * At 800 and at 1280 px the compare menu's choices and its step / epoch buttons read in full (issue 38).
@@ -32,6 +34,8 @@ CELLS = [
     "class Slow:  # each optimizer step takes a little wall time: epochs arrive a few per second\n"
     "    def on_optimizer_step(self, trainer, step, skipped):\n"
     "        time.sleep(0.01)\n"
+    "    def on_epoch_end(self, trainer, epoch, logs):  # a message an epoch, from the training thread\n"
+    "        w.notify('info', f'epoch {epoch} ended')\n"
     "\n"
     "def acc(outputs, targets):\n"
     "    return (outputs.argmax(1) == targets).float().mean()\n"
@@ -159,6 +163,21 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     # the panel is taller than the window: its parts one by one (an element shot shows only what is in view)
     for part in (".nbt-header", ".nbt-epochs-area", ".nbt-chart-metrics"):
         screenshot(page, f"panel-narrow-800{part.replace('.nbt', '')}", selector=part)
+
+    # the message area: the last three messages (the run's last two and the panel's "run finished"); "show all"
+    # with the mouse lists every one, "show fewer" three again
+    lines = page.locator(".nbt-messages-lines .nbt-message-info")
+    said = lines.filter(has_text="ended")
+    lines.filter(has_text="run finished").wait_for(timeout=30_000)
+    texts = lines.all_inner_texts()
+    assert texts[:2] == ["info: epoch 19 ended", "info: epoch 20 ended"] and len(texts) == 3, texts
+    page.locator(".nbt-messages-all").click()
+    said.filter(has_text="epoch 1 ended").wait_for(timeout=15_000)
+    assert said.all_inner_texts() == [f"info: epoch {e} ended" for e in range(1, 21)], said.all_inner_texts()
+    page.locator(".nbt-messages-all", has_text="show fewer").click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('.nbt-messages-lines .nbt-message-info').length === 3", timeout=15_000
+    )
 
     # the compare menu lists the finished run; its choices and both align buttons read in full (issue 38)
     page.wait_for_function("() => document.querySelectorAll('.nbt-compare select option').length >= 1")

@@ -35,5 +35,36 @@ def test_a_panel_whose_errors_section_is_off_makes_none_of_its_widgets() -> None
     assert not _with_class(made, "nbt-errors")
     _, made_on = _made(lambda: make_widget(epochs=1, interpret=True))
     assert _with_class(made_on, "nbt-errors-matrix") and len(made_on) - len(made) >= 50, (len(made_on), len(made))
-    # the whole default panel: 552 widgets before, 500 since
-    assert len(made) <= 510, len(made)
+    # the whole default panel: 552 widgets before, 500 since; 512 with the message area's lines made here (each an
+    # HTML, its layout and its style) instead of a widget per message later, from the UI thread
+    assert len(made) <= 515, len(made)
+
+
+def test_messages_are_new_text_in_lines_made_at_construction_never_new_widgets() -> None:
+    """The message area gets messages from the panel's UI thread mid-run: none of them opens a comm."""
+    import threading
+
+    w = make_widget(epochs=1)
+    log = w.view.messages_log
+
+    def flood() -> None:
+        for i in range(200):
+            w.notify("warning" if i % 2 else "info", f"message {i}")
+
+    def from_a_thread() -> None:
+        thread = threading.Thread(target=flood)
+        thread.start()
+        thread.join()
+
+    _, made = _made(from_a_thread)
+    _, made_too = _made(lambda: setattr(log.show_all, "value", True))
+    assert made == [] and made_too == [], (made, made_too)
+    # what a person sees: the last three, each with its level's class; "show all" lists every one
+    log.show_all.value = False
+    lines = log.lines.children
+    assert [line.value.count("message 19") for line in lines] == [1, 1, 1]
+    assert [[c for c in line._dom_classes if c.startswith("nbt-message-")] for line in lines] == [
+        ["nbt-message-warning"],
+        ["nbt-message-info"],
+        ["nbt-message-warning"],
+    ]

@@ -86,8 +86,11 @@ def test_the_message_area_shows_three_lines_and_keeps_the_rest_one_click_away():
     assert len(log.lines.children) == 3 and "message 11" in log.lines.children[-1].value
     assert log.show_all.layout.display == "flex" and "(12)" in log.show_all.description
     log.show_all.value = True
-    assert len(log.lines.children) == 12 and log.lines.layout.max_height == "240px"
+    (scroll,) = log.lines.children
+    assert "nbt-messages-scroll" in scroll._dom_classes and log.lines.layout.max_height == "240px"
+    assert scroll.value.count("class='nbt-message-info'") == 12 and "message 0<" in scroll.value
     log.show_all.value = False
+    assert len(log.lines.children) == 3 and "message 11" in log.lines.children[-1].value
     for i in range(600):
         w.notify("warning", f"flood {i}")
     assert len(log.log) == 500 and len(log.lines.children) == 3  # bounded however long the panel lives
