@@ -112,7 +112,7 @@ class DataView:
         self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
         self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
-        self._drawn_epochs = -1
+        self._drawn_updates = 0  # DataMap.updates when last drawn (a fresh map has nothing to draw)
         self._lock = threading.RLock()
         self._check: threading.Thread | None = None
         self.scatter.observe(self._on_selected, "selected")
@@ -166,14 +166,14 @@ class DataView:
         """A run starts: the data map rides on it (a fresh map for a fresh run)."""
         if self.data_map not in trainer.callbacks.callbacks:
             trainer.add_callback(self.data_map)
-        self._drawn_epochs = -1
 
     def refresh(self, final: bool = False) -> bool:
-        """The UI thread: redraw the map when an epoch has ended since the last drawing (or at the run's end)."""
+        """The UI thread: redraw the map when it has been brought up to date since the last drawing (an epoch's end,
+        the end of a fit stopped mid-epoch: ``DataMap.updates``), once, whenever the UI thread gets to it."""
         dm = self.data_map
-        if dm.epochs == self._drawn_epochs and not final:
+        if dm.updates == self._drawn_updates:
             return False
-        self._drawn_epochs = dm.epochs
+        self._drawn_updates = dm.updates
         self.draw()
         return True
 

@@ -64,6 +64,8 @@ class DataMap:
         mode: ``"classification"``, ``"binary"``, ``"loss"`` (targets that are not class labels), or None before
             the first batch.
         note: a plain sentence when the map is partial or empty (indices unknown, loss mode), else None.
+        updates: moves when the map is brought up to date for its readers (an epoch's end, the end of a fit stopped
+            mid-epoch, a new note, a checkpoint loaded): a view redraws when it moves, without reading the map.
         edits: the decisions made in the panel's cleaner (:class:`~nbtrainer._data._cleaned.DataEdits`).
 
     Args:
@@ -98,6 +100,8 @@ class DataMap:
         self.note: str | None = None
         self.edits = DataEdits()
         self.epochs = 0
+        self.updates = 0
+        self._unpublished = False  # rows reduced (or a note) since updates last moved
         self._lock = threading.RLock()  # _off from inside a reduction
         self._stats: Tensor | None = None  # (5, N) float32 on the run's device
         self._given: Tensor | None = None  # (N,) the label last seen (-1: never)
@@ -188,6 +192,7 @@ class DataMap:
     def on_epoch_end(self, trainer: TrainerView, epoch: int, logs: dict[str, Any]) -> None:
         self._reduce()
         self.epochs += 1
+        self.updates, self._unpublished = self.updates + 1, False
 
     def on_fit_end(self, trainer: TrainerView, history: Any) -> None:
         self._reduce()
@@ -198,6 +203,9 @@ class DataMap:
                 "nothing recorded: this fit's steps make their own forward pass (training_step=, LBFGS or a "
                 "memory plan's split), which the loop does not see"
             )
+            self._unpublished = True
+        if self._unpublished:  # rows since the last epoch's end (a fit stopped mid-epoch), or a note
+            self.updates, self._unpublished = self.updates + 1, False
 
     # a checkpoint holds the map (_map_state): a run resumed from it counts each step once
     state_dict, load_state_dict = map_state, load_map_state
@@ -216,7 +224,7 @@ class DataMap:
         with self._lock:
             self.mode, self.note = "off", f"no data map: {why}"
             self._stats = self._given = self._suggest = None
-            self._pending, self._rows = [], 0
+            self._pending, self._rows, self._unpublished = [], 0, True
 
     def _allocate(self, n: int) -> None:
         """Room for ``n`` items and one more column where rows that do not count (an ignored label, a NaN) land."""
@@ -281,6 +289,7 @@ class DataMap:
         pending, self._pending, self._rows = self._pending, [], 0
         if not pending:
             return
+        self._unpublished = True
         with self._lock, torch.no_grad():
             idx = self._index([p[2] for p in pending])
             if self._stats is None:
@@ -475,17 +484,14 @@ class DataMap:
         if not seen:
             return self.note or "empty: nothing recorded yet"
         parts = [f"{format_count(seen)} items", f"{self.epochs} epochs", self.mode or "?"]
-        if self.mode != "loss":
-            parts.append(f"{issue_count(t, self.mode)} likely label issues")
-        return " · ".join(parts)
+        issues = [f"{issue_count(t, self.mode)} likely label issues"] if self.mode != "loss" else []
+        return " · ".join(parts + issues)
 
     def __repr__(self) -> str:
         return f"DataMap({self.summary()})"
 
     def __str__(self) -> str:
-        lines = [repr(self)]
-        if self.note:
-            lines.append(f"note: {self.note}")
+        lines = [repr(self), *([f"note: {self.note}"] if self.note else [])]
         lines += [str(issue) for issue in self.label_issues(10)] if self._stats is not None else []
         return "\n".join(lines)
 

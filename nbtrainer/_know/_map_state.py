@@ -38,6 +38,7 @@ def load_map_state(dm: Any, state: dict[str, Any]) -> None:
         dm._pending, dm._rows, dm._misordered = [], 0, None
         dm._size, dm._extent, dm.epochs = state.get("size"), int(state.get("extent", 0)), int(state.get("epochs", 0))
         dm._through = 0  # it holds the checkpoint's steps: a resume from it takes nothing back
+        dm.updates += 1
         stats, given, suggest = (state.get(name) for name in _TENSORS)
         if stats is None or given is None or suggest is None:  # none saved (under DDP, or nothing recorded yet)
             dm._stats = dm._given = dm._suggest = None

@@ -439,3 +439,15 @@ def test_one_hot_targets_of_a_cross_entropy_are_mapped_as_classes_and_multi_labe
     trainer = Trainer(mlp(), torch.nn.BCEWithLogitsLoss(), "sgd", callbacks=[dm], progress=False, run_store=False)
     trainer.fit((x, hot), batch_size=32, epochs=1)
     assert dm.mode == "loss" and "multi-label" in (dm.note or "")
+
+
+def test_updates_move_at_each_epochs_end_and_at_the_end_of_a_fit_stopped_mid_epoch() -> None:
+    x, y = make_classification(n=64, classes=3)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    dm = DataMap()
+    trainer = Trainer(torch.nn.Linear(10, 3), torch.nn.CrossEntropyLoss(), "sgd", lr=0.1, callbacks=[dm],
+                      progress=False, run_store=False, seed=0, refresh_interval=0.0)  # fmt: skip
+    trainer.fit(loader, epochs=3)  # a reduction at every refresh as well: those are not updates
+    assert dm.updates == 3 and int(dm.visits.sum()) == 192
+    trainer.fit(loader, epochs=5, max_steps=2)  # a new fit (a fresh map), stopped 2 steps into its first epoch
+    assert dm.updates == 4 and int(dm.visits.sum()) == 32 and dm.epochs == 0
