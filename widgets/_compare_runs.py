@@ -9,6 +9,12 @@ Alignment: ``step`` puts the earlier run's losses at its own optimizer steps; ``
 its epoch k ends where the live run's epoch k ends (by each run's steps per epoch), so runs with different
 batch sizes line up. The metric chart is per epoch either way: x is the epoch number.
 
+Two threads draw: the kernel's (a click in the menu) and the panel's UI thread (each push follows the loss axis and
+the live epoch length; a run's end re-reads the stores). A lock makes each drawing read the menu and place its lines
+whole (a deselection racing a push's redraw once left the run drawn, unchosen). Each run's lines are made once, on
+the thread that built the menu (a widget made by the UI thread mid-run races the kernel's ``comm_info``), and kept
+for that run: a redraw moves their data, scales and colours.
+
 Stable CSS classes: ``nbt-compare`` (root), ``nbt-compare-runs`` (the menu), ``nbt-compare-align``.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +79,9 @@ class CompareRuns:
         self.root.add_class("nbt-compare")
         self.loss_lines: dict[str, bq.Lines] = {}
         self.metric_lines: dict[str, bq.Lines] = {}
+        self._made: dict[tuple[str, str], bq.Lines] = {}  # ("loss" | "metric", key) -> its line, made once
+        self._owner = threading.get_ident()  # the kernel's thread: the only one that makes widgets
+        self._lock = threading.RLock()
         self._runs: dict[str, tuple[Runs, str]] = {}  # key -> (store, run id)
         self._drawn: tuple[Any, ...] = ()
         self._quiet = False
@@ -145,9 +155,12 @@ class CompareRuns:
         return None
 
     def draw(self) -> None:
-        """Rebuild the overlay lines for the chosen runs; safe to call after every render (cheap when unchanged)."""
-        if self._quiet:
-            return
+        """Redraw the overlay lines for the chosen runs; safe to call after every render (cheap when unchanged)."""
+        with self._lock:
+            if not self._quiet:
+                self._draw()
+
+    def _draw(self) -> None:
         ch = self.charts
         live_spe = _steps_per_epoch(ch.rows)
         loss_scale = ch.loss_fig.axes[1].scale
@@ -173,7 +186,11 @@ class CompareRuns:
                 if spe and live_spe:
                     x = x * (live_spe / spe)
             lx, ly = decimate(x, y, self.max_points)
-            loss_lines[key] = self._line(lx, ly, ch.loss_x, loss_scale, color, f"{name} · loss")
+            line = self._line(("loss", key), lx, ly, ch.loss_x, loss_scale, color, f"{name} · loss")
+            if line is None:  # not the kernel's thread, and no line yet: the click's own drawing makes it
+                self._drawn = ()
+                continue
+            loss_lines[key] = line
             chosen = shown or self._live_metric(h.epochs)
             if chosen is not None:
                 metric, fig = chosen
@@ -186,24 +203,31 @@ class CompareRuns:
                 if pts:
                     ex, ey = decimate([p[0] for p in pts], [p[1] for p in pts], self.max_points)
                     sc = fig.axes
-                    metric_lines[key] = self._line(ex, ey, sc[0].scale, sc[1].scale, color, f"{name} · {k}")
+                    mline = self._line(("metric", key), ex, ey, sc[0].scale, sc[1].scale, color, f"{name} · {k}")
+                    if mline is not None:
+                        metric_lines[key] = mline
         self._place(ch.loss_fig, self.loss_lines, loss_lines)
         for fig in metric_figs:
             mine = {k: m for k, m in metric_lines.items() if m.scales["x"] is fig.axes[0].scale}
             self._place(fig, self.metric_lines, mine)
         self.loss_lines, self.metric_lines = loss_lines, metric_lines
 
-    @staticmethod
-    def _line(x: np.ndarray, y: np.ndarray, sx: Any, sy: Any, color: str, label: str) -> bq.Lines:
-        return bq.Lines(
-            x=x,
-            y=y,
-            scales={"x": sx, "y": sy},
-            colors=[color],
-            opacities=[_OPACITY],
-            stroke_width=1.5,
-            labels=[label],
-        )
+    def _line(self, key: tuple[str, str], x: Any, y: Any, sx: Any, sy: Any, color: str, label: str) -> bq.Lines | None:
+        """The run's line with this data, scales, colour and label: made once (on the kernel's thread), then moved."""
+        line = self._made.get(key)
+        if line is None:
+            if threading.get_ident() != self._owner:
+                return None
+            line = self._made[key] = bq.Lines(
+                x=x, y=y, scales={"x": sx, "y": sy}, colors=[color], opacities=[_OPACITY], stroke_width=1.5,
+                labels=[label],
+            )  # fmt: skip
+            return line
+        with line.hold_sync():
+            line.x, line.y = x, y
+            line.scales = {"x": sx, "y": sy}  # unchanged scales send nothing (traitlets compares)
+            line.colors, line.labels = [color], [label]
+        return line
 
     @staticmethod
     def _place(fig: bq.Figure, old: dict[str, bq.Lines], new: dict[str, bq.Lines]) -> None:

@@ -125,3 +125,61 @@ def test_a_panels_name_names_its_runs_in_the_store_and_every_compare_menu(tmp_pa
     fast.compare.refresh()  # (the menu is re-read when a run starts or ends; the others ran since)
     listed = [label.split(" · ")[0] for label, _ in fast.compare.select.options]
     assert {"slow", "fast", "slow (2)"} <= set(listed), listed
+
+
+def test_a_deselection_racing_a_redraw_on_the_ui_thread_leaves_the_run_undrawn(two_runs, monkeypatch):
+    """The UI thread redraws the overlays at a push (the loss axis, the live epoch length) while a click in the menu
+    redraws them on the kernel's thread. Without one drawing at a time, the push's drawing, paused after it read the
+    menu, put the deselected run back (the browser check of 2026-11-30 saw the line stay, unchosen)."""
+    import threading
+
+    import nbtrainer.widgets._compare_runs as compare_runs
+
+    a, _ = two_runs
+    w = make_widget(n=64, bs=16, epochs=1)
+    key = _key(w, a.run_id)
+    w.compare.select.value = (key,)  # a click: its line made on this (the kernel's) thread
+    live = [m for m in w.charts.loss_fig.marks if m not in w.compare.loss_lines.values()]
+    inside, go = threading.Event(), threading.Event()
+    real = compare_runs.decimate
+
+    def held(*args, **kwargs):  # the UI thread's drawing pauses here, after it read the menu
+        if threading.current_thread().name == "push":
+            inside.set()
+            go.wait(5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_runs, "decimate", held)
+    w.compare._drawn = ()  # something a push follows changed (the live epoch length)
+    push = threading.Thread(target=w.compare.draw, name="push")
+    push.start()
+    assert inside.wait(5)
+    click = threading.Thread(target=lambda: setattr(w.compare.select, "value", ()))  # the deselection
+    click.start()
+    click.join(0.5)  # it waits for the push's drawing to end (before: it drew at once, in the middle of it)
+    go.set()
+    push.join(5)
+    click.join(5)
+    assert w.compare.select.value == () and not w.compare.loss_lines
+    assert list(w.charts.loss_fig.marks) == live, "the deselected run is still drawn"
+
+
+def test_the_ui_threads_redraws_move_the_lines_made_at_the_click_and_make_none(two_runs):
+    import threading
+
+    import ipywidgets
+
+    a, _ = two_runs
+    w = make_widget(n=64, bs=16, epochs=2, slow=0.002)
+    w.compare.select.value = (_key(w, a.run_id),)
+    (line,) = w.compare.loss_lines.values()
+    made: list[str] = []
+    previous = ipywidgets.Widget._widget_construction_callback
+    ipywidgets.Widget.on_widget_constructed(lambda widget: made.append(threading.current_thread().name))
+    try:
+        w.start()  # the live epoch length becomes known at the first epoch's end: the overlay is redrawn for it
+        w.wait(timeout=60)
+    finally:
+        ipywidgets.Widget._widget_construction_callback = previous
+    assert [name for name in made if name != threading.current_thread().name] == []
+    assert list(w.compare.loss_lines.values()) == [line] and line in w.charts.loss_fig.marks
