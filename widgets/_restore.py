@@ -29,6 +29,14 @@ models already.
 Only on ipywidgets 7 (the classic Notebook's and Colab's stack): ipywidgets 8's JupyterLab manager refuses to open
 a comm twice and re-renders nothing, and Colab's own manager never asks ``comm_info``. Installed once per kernel
 (:func:`guard_restore`, before a panel makes its first widget); a kernel whose internals differ is left alone.
+
+On every widget stack, a ``comm_info_request`` is answered even when another thread opens or closes a comm while the
+kernel lists them. ipykernel (6 and 7) builds its answer with a comprehension over the comm manager's dict; a widget
+made at that moment by a panel's helper thread (the LR finder's and Profile's results, the plan's rows) or by a
+subshell's click handler changes the dict's size, the handler raises, and the page waits for an answer that never
+comes (a loaded trial's reload check waited 30 s for one). The guard answers from one copy of the dict (a single C
+call under the GIL), with ipykernel's own reply; asking ipykernel again until a listing went through was not enough
+when another thread opens comms without pause.
 """
 
 from __future__ import annotations
@@ -62,8 +70,9 @@ class RestoreGuard:
         >>> guard_restore()  # in a notebook cell, before the panel's widgets are made  # doctest: +SKIP
     """
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, *, restore: bool = True) -> None:
         self.kernel = kernel
+        self.restore = restore  # ipywidgets 7: a late restore is left unanswered
         self.known: dict[str, frozenset[str]] = {}
         self._set_parent: Callable[..., Any] = kernel.set_parent
         self._answer: Callable[..., Any] = kernel.shell_handlers["comm_info_request"]
@@ -86,7 +95,7 @@ class RestoreGuard:
 
     def late(self, parent: dict[str, Any]) -> bool:
         """``parent`` (a ``comm_info_request``) is a page's restore coming after its own cells made widgets."""
-        if (parent.get("content") or {}).get("target_name") != WIDGET_TARGET:
+        if not self.restore or (parent.get("content") or {}).get("target_name") != WIDGET_TARGET:
             return False
         self.first_contact(parent)  # set_parent saw it first, unless this kernel skips it
         known = self.known.get(_session(parent) or "")
@@ -95,9 +104,20 @@ class RestoreGuard:
     async def comm_info_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         if self.late(parent):
             return  # unanswered: see the module docstring
-        result = self._answer(stream, ident, parent)
-        if hasattr(result, "__await__"):
-            await result
+        manager, session = getattr(self.kernel, "comm_manager", None), getattr(self.kernel, "session", None)
+        comms = getattr(manager, "comms", None)
+        if not isinstance(comms, dict) or session is None:  # internals it does not know: the kernel's own answer
+            result = self._answer(stream, ident, parent)
+            if hasattr(result, "__await__"):
+                await result
+            return
+        target = (parent.get("content") or {}).get("target_name")
+        listed = {
+            cid: {"target_name": comm.target_name}
+            for cid, comm in dict(comms).items()  # the copy: other threads open and close comms meanwhile
+            if target is None or comm.target_name == target
+        }
+        session.send(stream, "comm_info_reply", {"comms": listed, "status": "ok"}, parent, ident)
 
 
 def _kernel() -> Any:
@@ -106,8 +126,8 @@ def _kernel() -> Any:
 
 
 def guard_restore() -> bool:
-    """Install the guard in this process's kernel (once; ipywidgets 7 only). False where there is no kernel, another
-    ipywidgets, or internals it does not know.
+    """Install the guard in this process's kernel (once): comm_info answered whatever the threads; on ipywidgets 7,
+    a page's late restore left unanswered. False where there is no kernel, or internals it does not know.
 
     The session of the request being handled now (the cell that makes the panel) is noted first, so the widgets made
     from here on count as made since that page connected."""
@@ -115,20 +135,18 @@ def guard_restore() -> bool:
 
     kernel = _kernel()
     handlers = getattr(kernel, "shell_handlers", None)
-    if kernel is None or not str(ipywidgets.__version__).startswith("7."):
+    if kernel is None or not isinstance(handlers, dict) or not callable(handlers.get("comm_info_request")):
         return False
-    if not isinstance(handlers, dict) or not callable(handlers.get("comm_info_request")):
-        return False
-    if not callable(getattr(kernel, "set_parent", None)):
-        return False
+    restore = str(ipywidgets.__version__).startswith("7.") and callable(getattr(kernel, "set_parent", None))
     with _LOCK:
         if id(kernel) in _GUARDED:
             return True
-        guard = RestoreGuard(kernel)
-        get_parent = getattr(kernel, "get_parent", None)
-        if callable(get_parent):
-            guard.first_contact(get_parent())
-        kernel.set_parent = guard.set_parent  # an instance attribute over the method: the kernel calls it by name
+        guard = RestoreGuard(kernel, restore=restore)
+        if restore:
+            get_parent = getattr(kernel, "get_parent", None)
+            if callable(get_parent):
+                guard.first_contact(get_parent())
+            kernel.set_parent = guard.set_parent  # an instance attribute over the method: the kernel calls it by name
         handlers["comm_info_request"] = guard.comm_info_request
         _GUARDED.add(id(kernel))
     return True

@@ -458,3 +458,39 @@ def test_a_pages_late_widget_restore_cannot_take_the_panel_over(kernel: Kernel) 
         assert again not in {r["parent_header"]["msg_id"] for r in replies}
     finally:
         reloaded.stop_channels()
+
+
+FLOOD = """
+import sys, threading, ipywidgets
+_made, _stop = [], threading.Event()
+def _open_and_close():  # what a panel's helper thread does when it shows the LR finder's result, without end
+    while not _stop.is_set():
+        _made.append(ipywidgets.HTML("x"))
+        if len(_made) > 50:
+            _made.pop(0).close()
+_flood = threading.Thread(target=_open_and_close, daemon=True)
+sys.setswitchinterval(1e-6)  # the threads take turns every few bytecodes: the race, whenever it can happen
+_flood.start()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_comm_info_is_answered_while_another_thread_opens_and_closes_comms(kernel: Kernel) -> None:
+    """ipykernel lists the comms for ``comm_info`` with a comprehension over its dict of comms; a widget made or
+    closed by another thread meanwhile changed the dict's size, the handler raised and the page never got its answer
+    (a loaded trial's reload check waited 30 s). The panel's guard (``widgets/_restore``) lists them again. The
+    requests ask for every target: on ipywidgets 7 the guard leaves a ``jupyter.widget`` request from a page whose
+    session has seen widgets made since unanswered on purpose (its late restore), and the flood makes them always."""
+    kernel.run(SETUP)  # a panel: its guard is installed
+    kernel.run(FLOOD)
+    kc = kernel.kc
+    try:
+        for i in range(30):
+            try:
+                reply = _shell_reply(kc, kc.comm_info(), timeout=15)
+            except queue.Empty:
+                raise AssertionError(f"comm_info request {i + 1} of 30 was never answered") from None
+            assert reply["content"]["status"] == "ok" and reply["content"]["comms"]
+    finally:
+        kernel.run("_stop.set(); _flood.join(); sys.setswitchinterval(0.005); print(len(_made))", timeout=120)
