@@ -180,11 +180,9 @@ def test_a_drawing_of_a_large_map_reads_it_once_and_keeps_the_most_suspicious_it
     assert dm.summary(table=t) == dm.summary() and f"{dm.label_issue_count(table=t)} likely" in data.section.title.value
 
 
-def test_the_map_is_drawn_once_an_epoch_and_at_the_end_only_with_rows_not_drawn_yet() -> None:
-    # each drawing holds the GIL on the UI thread (7 ms on 96,000 items): a run whose last epoch ended was drawn at
-    # that end and again at the run's end, with nothing new; a run stopped mid-epoch needs the end's drawing
-    x, y = make_classification(n=320)
-    w = _panel(x, y, epochs=3)
+def _drawings(x: torch.Tensor, y: torch.Tensor, **kw) -> list[int]:
+    """Run a panel to its end; the rows the map held at each of its drawings."""
+    w = _panel(x, y, **kw)
     data, dm = w.looks.data, w.data_map
     data.wait_check(30)
     drawn: list[int] = []
@@ -197,22 +195,16 @@ def test_the_map_is_drawn_once_an_epoch_and_at_the_end_only_with_rows_not_drawn_
     data.draw = counted  # type: ignore[method-assign]
     w.start()
     w.wait(timeout=60)
+    return drawn
+
+
+def test_the_map_is_drawn_once_an_epoch_and_at_the_end_only_with_rows_not_drawn_yet() -> None:
+    # each drawing holds the GIL on the UI thread (7 ms on 96,000 items): a run whose last epoch ended was drawn at
+    # that end and again at the run's end, with nothing new; a run stopped mid-epoch needs the end's drawing
+    x, y = make_classification(n=320)
+    drawn = _drawings(x, y, epochs=3)
     # at an epoch's end when the UI thread gets there (each epoch's, or one for several), each drawing with rows the
     # last did not have: never an empty map at Start, never the last epoch's rows again at the run's end
     assert drawn[-1] == 960 and all(0 < a < b for a, b in itertools.pairwise(drawn)) and drawn[0] > 0, drawn
-
     # stopped after 4 of an epoch's 10 steps: no epoch ended, and the run's end draws its 128 rows
-    w = _panel(x, y, epochs=3, max_steps=4)
-    data, dm = w.looks.data, w.data_map
-    data.wait_check(30)
-    stopped: list[int] = []
-    draw_stopped = data.draw
-
-    def counted_stopped() -> None:
-        stopped.append(int(dm.visits.sum()))
-        draw_stopped()
-
-    data.draw = counted_stopped  # type: ignore[method-assign]
-    w.start()
-    w.wait(timeout=60)
-    assert stopped == [128], stopped
+    assert _drawings(x, y, epochs=3, max_steps=4) == [128]
