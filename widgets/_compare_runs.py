@@ -79,7 +79,7 @@ class CompareRuns:
         self.root.add_class("nbt-compare")
         self.loss_lines: dict[str, bq.Lines] = {}
         self.metric_lines: dict[str, bq.Lines] = {}
-        self._made: dict[tuple[str, str], bq.Lines] = {}  # ("loss" | "metric", key) -> its line, made once
+        self._made: dict[str, tuple[bq.Lines, bq.Lines]] = {}  # key -> its loss and metric lines, made once
         self._owner = threading.get_ident()  # the kernel's thread: the only one that makes widgets
         self._lock = threading.RLock()
         self._runs: dict[str, tuple[Runs, str]] = {}  # key -> (store, run id)
@@ -185,12 +185,13 @@ class CompareRuns:
                 spe = _steps_per_epoch(h.epochs)
                 if spe and live_spe:
                     x = x * (live_spe / spe)
-            lx, ly = decimate(x, y, self.max_points)
-            line = self._line(("loss", key), lx, ly, ch.loss_x, loss_scale, color, f"{name} · loss")
-            if line is None:  # not the kernel's thread, and no line yet: the click's own drawing makes it
+            lines = self._lines(key, ch.loss_x, loss_scale)
+            if lines is None:  # not the kernel's thread, and no lines yet: the click's own drawing makes them
                 self._drawn = ()
                 continue
-            loss_lines[key] = line
+            loss, metric_line = lines
+            lx, ly = decimate(x, y, self.max_points)
+            loss_lines[key] = self._move(loss, lx, ly, ch.loss_x, loss_scale, color, f"{name} · loss")
             chosen = shown or self._live_metric(h.epochs)
             if chosen is not None:
                 metric, fig = chosen
@@ -203,29 +204,34 @@ class CompareRuns:
                 if pts:
                     ex, ey = decimate([p[0] for p in pts], [p[1] for p in pts], self.max_points)
                     sc = fig.axes
-                    mline = self._line(("metric", key), ex, ey, sc[0].scale, sc[1].scale, color, f"{name} · {k}")
-                    if mline is not None:
-                        metric_lines[key] = mline
+                    metric_lines[key] = self._move(
+                        metric_line, ex, ey, sc[0].scale, sc[1].scale, color, f"{name} · {k}"
+                    )
         self._place(ch.loss_fig, self.loss_lines, loss_lines)
         for fig in metric_figs:
             mine = {k: m for k, m in metric_lines.items() if m.scales["x"] is fig.axes[0].scale}
             self._place(fig, self.metric_lines, mine)
         self.loss_lines, self.metric_lines = loss_lines, metric_lines
 
-    def _line(self, key: tuple[str, str], x: Any, y: Any, sx: Any, sy: Any, color: str, label: str) -> bq.Lines | None:
-        """The run's line with this data, scales, colour and label: made once (on the kernel's thread), then moved."""
-        line = self._made.get(key)
-        if line is None:
-            if threading.get_ident() != self._owner:
-                return None
-            line = self._made[key] = bq.Lines(
-                x=x, y=y, scales={"x": sx, "y": sy}, colors=[color], opacities=[_OPACITY], stroke_width=1.5,
-                labels=[label],
-            )  # fmt: skip
-            return line
+    def _lines(self, key: str, sx: Any, sy: Any) -> tuple[bq.Lines, bq.Lines] | None:
+        """The run's loss and metric lines, made together once, on the kernel's thread (None elsewhere before then):
+        a later drawing only moves them, whichever chart the metric line goes to."""
+        made = self._made.get(key)
+        if made is None and threading.get_ident() == self._owner:
+
+            def line() -> bq.Lines:
+                empty = np.zeros(0)
+                return bq.Lines(x=empty, y=empty, scales={"x": sx, "y": sy}, opacities=[_OPACITY], stroke_width=1.5)
+
+            made = self._made[key] = (line(), line())
+        return made
+
+    @staticmethod
+    def _move(line: bq.Lines, x: Any, y: Any, sx: Any, sy: Any, color: str, label: str) -> bq.Lines:
+        """``line`` with this data, scales, colour and label (unchanged traits send nothing: traitlets compares)."""
         with line.hold_sync():
             line.x, line.y = x, y
-            line.scales = {"x": sx, "y": sy}  # unchanged scales send nothing (traitlets compares)
+            line.scales = {"x": sx, "y": sy}
             line.colors, line.labels = [color], [label]
         return line
 
