@@ -51,8 +51,7 @@ class MessageLog:
     """
 
     def __init__(self) -> None:
-        self.log: list[tuple[str, str]] = []  # (level, text): what tests and callers read
-        self._bodies: list[tuple[str, str]] = []  # (level, the message's HTML)
+        self._kept: list[tuple[str, str, str]] = []  # (level, text, the message's HTML), the last KEEP
         self._lock = threading.Lock()  # the UI thread and click handlers both add messages
         self._shown = [W.HTML() for _ in range(SHOWN)]
         self._all = W.HTML()
@@ -67,12 +66,16 @@ class MessageLog:
         self.root.add_class("nbt-messages")
         self.show_all.observe(lambda _: self._locked_render(), "value")
 
+    @property
+    def log(self) -> list[tuple[str, str]]:
+        """``(level, text)`` of each kept message, oldest first."""
+        return [(level, text) for level, text, _ in self._kept]
+
     def add(self, level: str, text: str, details: str | None = None) -> None:
         body = _body(level, text, details)
         with self._lock:
-            self.log.append((level, text))
-            self._bodies.append((level, body))
-            del self.log[:-KEEP], self._bodies[:-KEEP]
+            self._kept.append((level, text, body))
+            del self._kept[:-KEEP]
             self._render()
 
     def _locked_render(self) -> None:
@@ -80,16 +83,16 @@ class MessageLog:
             self._render()
 
     def _render(self) -> None:
-        bodies = self._bodies
-        hidden = len(bodies) - SHOWN
+        kept = self._kept
+        hidden = len(kept) - SHOWN
         if self.show_all.value:
-            self._all.value = "".join(_line(body, f" class='nbt-message-{level}'") for level, body in bodies)
+            self._all.value = "".join(_line(body, f" class='nbt-message-{level}'") for level, _, body in kept)
             self.lines.layout.max_height, self.lines.layout.overflow = "240px", "auto"
             self.lines.children = (self._all,)
             self.show_all.description = "show fewer"
         else:
-            last = bodies[-SHOWN:]
-            for line, (level, body) in zip(self._shown, last, strict=False):
+            last = kept[-SHOWN:]
+            for line, (level, _, body) in zip(self._shown, last, strict=False):
                 line.value = _line(body)  # an unchanged value sends nothing (traitlets compares)
                 for css in _LEVEL_CLASSES:
                     if css != f"nbt-message-{level}":
@@ -97,6 +100,6 @@ class MessageLog:
                 line.add_class(f"nbt-message-{level}")
             self.lines.layout.max_height, self.lines.layout.overflow = None, None
             self.lines.children = tuple(self._shown[: len(last)])
-            self.show_all.description = f"show all ({len(bodies)})"
+            self.show_all.description = f"show all ({len(kept)})"
         self.show_all.layout.display = "flex" if hidden > 0 else "none"
         self.show_all.tooltip = f"{max(hidden, 0)} earlier message(s)"
