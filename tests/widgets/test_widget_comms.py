@@ -74,32 +74,18 @@ def test_a_run_with_every_section_on_makes_no_widget_off_the_kernels_thread() ->
     """Start to the end of a run with the samples, errors, health and data sections on, then a second run: every
     widget is made on the thread that built the panel (the kernel's, which answers ``comm_info``), none by the
     panel's UI thread or the training thread."""
-    import threading
-
-    from widget_helpers import Slow
+    from widget_helpers import Slow, widgets_made_elsewhere
 
     from nbtrainer import Samples
-
-    made_on: list[tuple[str, str]] = []
-    previous = ipywidgets.Widget._widget_construction_callback
-
-    def record(widget: Any) -> None:
-        made_on.append((threading.current_thread().name, type(widget).__name__))
 
     def probe(model: Any) -> dict[str, Any]:
         return {"weights": model[0].weight.detach().abs()}
 
-    ipywidgets.Widget.on_widget_constructed(record)
-    try:
-        w = make_widget(epochs=2, interpret=True, callbacks=[Samples(probe, every_n_steps=4), Slow(0.002)])
-        main = threading.current_thread().name
-        built = len(made_on)
+    w = make_widget(epochs=2, interpret=True, callbacks=[Samples(probe, every_n_steps=4), Slow(0.002)])
+    with widgets_made_elsewhere() as off:
         for _ in range(2):
             w.start()
             w.wait()
             w.notify("warning", "between runs")  # a message after a run, as the panel's own are
-    finally:
-        ipywidgets.Widget._widget_construction_callback = previous
     assert w.looks.samples.section.visible and w.looks.errors.section.visible  # the sections did show
-    off = [(thread, kind) for thread, kind in made_on[built:] if thread != main]
     assert off == [], off

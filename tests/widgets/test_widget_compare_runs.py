@@ -165,21 +165,14 @@ def test_a_deselection_racing_a_redraw_on_the_ui_thread_leaves_the_run_undrawn(t
 
 
 def test_the_ui_threads_redraws_move_the_lines_made_at_the_click_and_make_none(two_runs):
-    import threading
-
-    import ipywidgets
+    from widget_helpers import widgets_made_elsewhere
 
     a, _ = two_runs
     w = make_widget(n=64, bs=16, epochs=2, slow=0.002)
     w.compare.select.value = (_key(w, a.run_id),)
     (line,) = w.compare.loss_lines.values()
-    made: list[str] = []
-    previous = ipywidgets.Widget._widget_construction_callback
-    ipywidgets.Widget.on_widget_constructed(lambda widget: made.append(threading.current_thread().name))
-    try:
+    with widgets_made_elsewhere() as off:
         w.start()  # the live epoch length becomes known at the first epoch's end: the overlay is redrawn for it
         w.wait(timeout=60)
-    finally:
-        ipywidgets.Widget._widget_construction_callback = previous
-    assert [name for name in made if name != threading.current_thread().name] == []
+    assert off == [], off
     assert list(w.compare.loss_lines.values()) == [line] and line in w.charts.loss_fig.marks

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 
 import torch
 from _waits import wait_for  # noqa: F401  (the widget tests import it from here)
 from conftest import make_classification, make_loader, mlp
+
+
+@contextlib.contextmanager
+def widgets_made_elsewhere() -> Iterator[list[tuple[str, str]]]:
+    """``(thread name, widget class)`` of each widget made while the block runs by a thread other than this one
+    (ipywidgets' construction hook, the one there was put back after): a widget made off the kernel's thread races
+    its answer to ``comm_info``."""
+    import ipywidgets
+
+    here, made = threading.get_ident(), list[tuple[str, str]]()
+    previous = ipywidgets.Widget._widget_construction_callback
+
+    def record(widget: object) -> None:
+        if threading.get_ident() != here:
+            made.append((threading.current_thread().name, type(widget).__name__))
+
+    ipywidgets.Widget.on_widget_constructed(record)
+    try:
+        yield made
+    finally:
+        ipywidgets.Widget._widget_construction_callback = previous
 
 
 class Slow:
