@@ -19,7 +19,7 @@ its ``check_data`` and ``show_batch`` verbs here; the panel's data section reads
 ``_batch_rows``        which row of a batch is which item: the map's checks against a collate_fn that reorders or
                        drops items, and whether a fit's data is the last fit's
 ``_map_rows``          what a map's reduction writes per row: the label's probability, the margin, the strongest
-                       other class, and each item's last row (an item drawn twice)
+                       other class, and each item's last row (an item drawn twice); what a map follows (map_mode)
 ``_map_state``         a map in a checkpoint: saved with the run, loaded when it resumes (each step counted once)
 ``_issues``            LabelIssue / LabelIssues, the map's picture (confidence against variability)
 =====================  ================================================================================

@@ -1,5 +1,6 @@
 """What one ``DataMap`` reduction writes per training row: the label's probability, the margin and the strongest
-other class of each row, and, for an item with several rows in one reduction, which row is its last visit.
+other class of each row, and, for an item with several rows in one reduction, which row is its last visit; and what a
+map follows (``map_mode``: class labels, each item's loss, or nothing), chosen at a fit's first batch.
 
 An item has several rows when a sampler with replacement draws it twice in a batch, or when a reduction holds
 several steps' rows (a tiny dataset, a long refresh interval). The running sums add every row; the label and the
@@ -10,16 +11,51 @@ suggestion keep what the last visit said, and ``scatter_`` with repeated indices
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import RandomSampler, SequentialSampler
 
 from nbtrainer._data._order import item_sampler
+from nbtrainer._dist._placement import unwrap_model
+from nbtrainer._look._interpret import task_of
+from nbtrainer._look._per_item import NoPerItemLoss, per_item_loss
 
-__all__ = ["classify", "last_visits", "may_repeat"]
+__all__ = ["MapMode", "classify", "last_visits", "map_mode", "may_repeat"]
 
 Tensor = torch.Tensor
+_WHAT = {
+    "multilabel": "multi-label targets",
+    "regression": "regression targets",
+    "lm": "a language model's tokens",
+    "tokens": "per-token labels",
+}
+
+
+class MapMode(NamedTuple):
+    mode: str  # "classification", "binary", "loss" or "off"
+    loss_fn: Any = None  # loss mode: fn(outputs, targets) -> one loss per item
+    outputs: int | None = None  # the model's classes (binary: 2), which a relabel must stay within
+    note: str | None = None
+
+
+def map_mode(trainer: Any, logits: Any, targets: Any, loss_per_item: Any) -> MapMode:
+    """What a map follows for this fit's first batch: the label's probability (class labels), else each item's loss
+    where it can be split per item, else nothing (``"off"``, with a note saying why)."""
+    criterion = trainer.criterion
+    task = task_of(criterion, trainer.model, logits, targets)
+    if task in ("classification", "binary"):
+        classes = 2 if task == "binary" else int(logits.shape[1]) if isinstance(logits, Tensor) else None
+        return MapMode(task, outputs=classes)
+    what = _WHAT.get(task, "targets that are not class labels")
+    try:
+        custom = trainer.batch_steps.custom_loss
+        loss_fn = per_item_loss(criterion, unwrap_model(trainer.model), loss_per_item, custom=custom)
+    except NoPerItemLoss as exc:
+        why = str(exc).removeprefix("interpret: ").replace("interpret(..., loss_", "DataMap(loss_")
+        return MapMode("off", note=f"no data map: {what}, and the loss cannot be split per item ({why})")
+    note = f"{what}: the map follows each item's loss (confidence = exp(-loss)); correctness and the margin are for "
+    return MapMode("loss", loss_fn=loss_fn, note=note + "class labels")
 
 
 def classify(mode: str | None, probabilities: bool, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:

@@ -97,3 +97,20 @@ def test_the_panels_feed_is_called_per_refresh_not_per_step():
         feed = Feed()
         counts.append(_calls([feed], n)["feed"])
     assert counts[0] == counts[1] > 0
+
+
+def test_the_data_map_makes_one_call_a_step():
+    """``DataMap`` keeps a step's outputs, targets and indices with one call (its hook), and picks out the logits and
+    labels at the reduction, for a window's rows at once: the calls of 300 more steps are those 300 hooks (the
+    reductions are at the first refresh and the epoch's end in both fits). Its hook did four calls a step (itself, the
+    labels of a tuple, the logits of structured outputs, a reduction check), each with the caches a step left cold."""
+    from nbtrainer import DataMap
+
+    know = (str(ROOT / "_know"), str(ROOT / "_loop" / "_metrics.py"))
+    WATCHERS["map"] = know
+    try:
+        _calls([DataMap()], 10)
+        short, long = _calls([DataMap()], 100), _calls([DataMap()], 400)
+    finally:
+        del WATCHERS["map"]
+    assert short["map"] > 0 and (long["map"] - short["map"]) / 300 <= 1.0, (short, long)
