@@ -193,10 +193,12 @@ class DataMap:
             self._pending.append((values, None, indices))
         else:  # kept as they are (detached when reduced, under no_grad): a detach per step costs a dispatch
             self._pending.append((metric_input(outputs), targets, indices))
-            # the next steps' rows go straight in (above) up to about flush_rows, counted in batches of this size
-            self._direct = max(1, self.flush_rows // max(1, len(indices)))
+            # plain tensors (the common case): the next steps' go straight in (above), up to about flush_rows counted
+            # in batches of this size; of structured outputs only the logits are kept (not a model's hidden states)
+            plain = labels is None and type(outputs) is Tensor and type(targets) is Tensor
+            self._direct = max(1, self.flush_rows // max(1, len(indices))) if plain else 0
         self._rows += len(indices)
-        if self._rows >= self.flush_rows or len(self._pending) > self._direct:
+        if self._rows >= self.flush_rows or 0 < self._direct < len(self._pending):
             self._reduce()
 
     def on_refresh(self, trainer: TrainerView, progress: Any) -> None:

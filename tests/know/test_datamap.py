@@ -451,3 +451,42 @@ def test_updates_move_at_each_epochs_end_and_at_the_end_of_a_fit_stopped_mid_epo
     assert dm.updates == 3 and int(dm.visits.sum()) == 192
     trainer.fit(loader, epochs=5, max_steps=2)  # a new fit (a fresh map), stopped 2 steps into its first epoch
     assert dm.updates == 4 and int(dm.visits.sum()) == 32 and dm.epochs == 0
+
+
+class _WithHidden(torch.nn.Module):
+    """A classifier returning a dict with its logits and a hidden state each step; the hidden states are followed by
+    weak references."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(8, 32), torch.nn.Linear(32, 3)
+        self.hidden: list[Any] = []
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        import weakref
+
+        h = self.body(x).relu()
+        self.hidden.append(weakref.ref(h))
+        return {"logits": self.head(h), "hidden": h}
+
+
+def test_structured_outputs_leave_only_their_logits_with_the_map_until_it_reduces() -> None:
+    """Plain tensor outputs are kept as they come until the reduction (one call a step); a model's structured outputs
+    are not: the map keeps their logits, and a hidden state is freed with its step, as without a map (the refresh
+    interval holds the reduction off until the epoch's end)."""
+
+    class Check:
+        def __init__(self) -> None:
+            self.alive: list[int] = []  # per step: the earlier steps' hidden states still alive
+
+        def on_train_batch_end(self, trainer: Any, **_: Any) -> None:
+            self.alive.append(sum(ref() is not None for ref in model.hidden[:-1]))
+
+    x, y = make_classification(n=320, d=8, classes=3)
+    model, check, dm = _WithHidden(), Check(), DataMap()
+    loss = lambda out, t: F.cross_entropy(out["logits"], t)  # noqa: E731
+    trainer = Trainer(model, loss, "sgd", lr=0.1, callbacks=[dm, check], progress=False, run_store=False,
+                      refresh_interval=3600.0)  # fmt: skip
+    trainer.fit(DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), epochs=1)
+    assert len(model.hidden) == 20 and check.alive == [0] * 20, check.alive
+    assert dm.mode == "classification" and int(dm.visits.sum()) == 320
