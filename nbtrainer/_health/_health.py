@@ -306,7 +306,7 @@ class Health(Callback):
         probe.before_step(pre_clip, trainer.max_grad_norm, ratio=True)
         self._sample_lrs[step] = float(optimizer.param_groups[0]["lr"])  # a host value: what the ratio is at
         if self._problem_at is None and self._snaps.due():  # a healthy state, before this step's update
-            self._snaps.take(step, probe.params, probe.before, self._model, trainer.optimizer)
+            probe.kept_before = self._snaps.take(step, probe.params, probe.before, self._model, trainer.optimizer)
         self._spent += time.perf_counter() - start
 
     def on_optimizer_step(self, trainer: LoopHost, step: int, skipped: bool) -> None:

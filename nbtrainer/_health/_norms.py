@@ -5,8 +5,9 @@ The blocks are the model's top-level children, with a repeated stack split into 
 parameters that sit directly on a module that was split form a block named by that module.
 
 Cost, at a sampled step only (``Health(every_n_steps=...)``): one ``torch._foreach_norm`` over the gradients and the
-weights together, a copy of the trainable weights (kept by Health as its snapshot, else freed after the step), and
-one more ``_foreach_norm`` over their change: four operations whatever the model's size (on a small model each
+weights together, a copy of the trainable weights (kept by Health as its snapshot; else, after the step, the
+weights are subtracted from it in place: a sample holds one copy of the weights, not two), and one more
+``_foreach_norm`` over their change: four operations whatever the model's size (on a small model each
 operation's dispatch is what costs, not its arithmetic). The per-parameter norms stay on the device until the
 refresh reads them, stacked with everything else Health measured, in one ``tolist()``; the sums of squares per
 block, the totals and the ratios are then host arithmetic on those few numbers. Health calls :meth:`before_step`
@@ -144,6 +145,7 @@ class NormProbe:
         self._index = index  # each parameter's block
         self.pending: list[Sample] = []
         self.before: list[torch.Tensor] | None = None
+        self.kept_before = False  # a snapshot took :attr:`before` as its weights (Health sets it at the sample)
         self._current: Sample | None = None
 
     # -- the sampled step: before the optimizer's step, then after it ----------------------------------------
@@ -164,6 +166,7 @@ class NormProbe:
             per_param = [next(found) if g is not None else None for g in grads]
             self._current = Sample(0, per_param, norms[len(present) :], None, pre_clip_total, max_norm)
             self.before = list(torch._foreach_mul(detached, 1.0)) if ratio else None
+            self.kept_before = False
 
     def after_step(self, step: int) -> None:
         """The update of the sampled step; the sample is queued for the refresh (:attr:`pending`)."""
@@ -173,7 +176,12 @@ class NormProbe:
             return
         with torch.no_grad():
             if before is not None:
-                sample.change = _norms(torch._foreach_sub([p.detach() for p in self.params], before))
+                after = [p.detach() for p in self.params]
+                if self.kept_before:  # a snapshot holds the copy as its weights: the change is a new tensor
+                    sample.change = _norms(torch._foreach_sub(after, before))
+                else:  # the copy becomes the change (its sign aside): no second copy of the weights at a sample
+                    torch._foreach_sub_(before, after)
+                    sample.change = _norms(before)
         sample.step = step
         self.pending.append(sample)
 

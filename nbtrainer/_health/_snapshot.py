@@ -118,8 +118,9 @@ class Snapshots:
 
     def take(
         self, step: int, params: list[torch.Tensor], copies: list[torch.Tensor] | None, model: Any, optimizer: Any
-    ) -> None:
-        """Keep the state before ``step``'s update; ``copies``: the weights already copied (on the device)."""
+    ) -> bool:
+        """Keep the state before ``step``'s update; ``copies``: the weights already copied (on the device). Returns
+        whether the snapshot kept ``copies`` themselves (on the CPU), which must then stay as they are."""
         start = time.perf_counter()
         with torch.no_grad():
             if copies is not None and all(c.device.type == "cpu" for c in copies):
@@ -148,11 +149,12 @@ class Snapshots:
         if nbytes > self.budget:
             self.kept = []
             self.off = f"one copy of the weights and optimizer state ({nbytes / 2**20:.0f} MiB) exceeds the budget"
-            return
+            return False
         self.kept.append(Snapshot(step, weights, buffers, states, nbytes))
         fits = max(1, min(3, self.budget // max(nbytes, 1)))
         while len(self.kept) > fits:  # keep the fit's first while three fit, else the newest
             self.kept.pop(1 if fits == 3 else 0)
+        return weights is copies
 
     def choose(self, onset: int) -> Snapshot | None:
         """The newest snapshot taken at or before step ``onset`` (its weights are those before that step)."""

@@ -191,3 +191,57 @@ def test_frozen_blocks_are_left_out_and_optimizer_in_backward_is_said():
         progress=False,
     ).fit(make_loader(x, y, batch_size=16), epochs=1)
     assert "optimizer_in_backward" in health.signals["gradients"].summary
+
+
+class _NewBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The bytes of the tensors the ops under it create (outputs whose storage none of the inputs has)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if
+                  isinstance(t, torch.Tensor)}  # fmt: skip
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.bytes += t.untyped_storage().nbytes()
+        return out
+
+
+@pytest.mark.parametrize("snapshots", [False, True])
+def test_a_sample_holds_one_copy_of_the_weights_not_two(monkeypatch, snapshots):
+    """The update is measured against the copy of the weights taken before the step: after it the weights are
+    subtracted from that copy in place, so a sampled step holds one extra copy of the trainable weights (which a
+    model near its memory limit must fit), not that copy and a second one for the change. The copy a snapshot keeps
+    as its weights stays as it is (the restore test trains from it): that sample makes the change anew."""
+    from nbtrainer._health._norms import NormProbe
+
+    made: list[int] = []
+    original = NormProbe.after_step
+
+    def measured(self, step):
+        with _NewBytes() as mode:
+            original(self, step)
+        made.append(mode.bytes)
+
+    monkeypatch.setattr(NormProbe, "after_step", measured)
+    x, y = make_classification(n=20 * 16, d=10)
+    model = Net()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    initial = {id(p): p.detach().clone() for p in model.parameters()}
+    health = Health(every_n_steps=5, snapshot_mb=256 if snapshots else 0)
+    trainer = Trainer(model, torch.nn.CrossEntropyLoss(), torch.optim.AdamW(model.parameters(), lr=1e-3),
+                      callbacks=[health], progress=False, refresh_interval=3600.0)  # fmt: skip
+    trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
+    assert len(made) == 5, made  # steps 1, 5, 10, 15, 20
+    copies = [b >= weights for b in made]  # the norms are a few bytes a parameter
+    if snapshots:  # the fit's first snapshot keeps the copy of step 1: untouched, the weights the fit started from
+        first, probe = health._snaps.kept[0], health._probe  # the snapshot's weights are in the probe's order
+        assert probe is not None
+        order = probe.params
+        assert first.step == 1 and all(torch.equal(a, initial[id(p)]) for a, p in zip(first.params, order, strict=True))
+        assert copies[0], made
+    else:
+        assert not any(copies) and max(made) < weights / 10, (made, weights)
