@@ -218,6 +218,7 @@ def test_the_run_store_records_the_plan(tmp_path: Any) -> None:
     assert event["new"].startswith(trainer.memory_plan.best.describe())  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # about 3 s (a quantized base and its search; docs/testing.md: over 2 s is slow)
 @needs("bitsandbytes", "peft")
 def test_qlora_under_a_budget_keeps_the_quantized_base_and_adapters_and_splits_the_batch() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -321,6 +321,7 @@ print(trainer.run_id)
 """
 
 
+@pytest.mark.slow  # starts an interpreter (docs/testing.md: such tests are slow; the inner loop leaves them out)
 def test_writes_after_the_last_fit_reach_the_db_file_at_exit(tmp_path):
     import shutil
 

@@ -67,6 +67,7 @@ def _store_with_a_run(path: Path) -> None:
     trainer.fit(make_loader(x, y, batch_size=16), epochs=1)
 
 
+@pytest.mark.slow  # starts an interpreter as another user (docs/testing.md: slow; the inner loop leaves it out)
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
 def test_a_store_the_user_cannot_write_is_said_so_and_runs_reads_it(tmp_path):
     locked, rofile, sealed = tmp_path / "locked", tmp_path / "rofile", tmp_path / "sealed"
