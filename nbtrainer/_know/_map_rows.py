@@ -54,8 +54,11 @@ def map_mode(trainer: Any, logits: Any, targets: Any, loss_per_item: Any) -> Map
     except NoPerItemLoss as exc:
         why = str(exc).removeprefix("interpret: ").replace("interpret(..., loss_", "DataMap(loss_")
         return MapMode("off", note=f"no data map: {what}, and the loss cannot be split per item ({why})")
-    note = f"{what}: the map follows each item's loss (confidence = exp(-loss)); correctness and the margin are for "
-    return MapMode("loss", loss_fn=loss_fn, note=note + "class labels")
+    note = (
+        f"{what}: the map follows each item's loss (confidence = exp(-loss)); correctness and the margin are for "
+        "class labels"
+    )
+    return MapMode("loss", loss_fn=loss_fn, note=note)
 
 
 def classify(mode: str | None, probabilities: bool, logits: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
