@@ -69,7 +69,8 @@ class DataMap:
 
     Args:
         classes: class names, for display.
-        flush_rows: reduce the waiting rows on the device once this many are kept (bounds the logits held).
+        flush_rows: reduce the waiting rows on the device once about this many are kept (bounds the logits held;
+            counted in batches of the size of the fit's first).
         loss_per_item: ``fn(outputs, targets) -> one loss per item``, for targets that are not class labels where the
             criterion cannot give its loss per item (one with no ``reduction='none'``, a ``compute_loss=``).
 
