@@ -282,6 +282,10 @@ def check_at_fit(trainer: Any, option: bool | int, train_loader: Any, val_loader
     if stale or report.by_kind("label_range"):
         report = check_data(trainer, train_loader, val_loader, max_items=max_items)
     trainer.data_report = report
+    if any(split.get("sampled") for split in report.splits.values()):
+        # first, so each finding below is read as a sample's, and said even when the sample found nothing
+        said = f"data check: {report.summary()} (check_data=True reads them all)"
+        cb.call("on_control", trainer=trainer, event={**where, "old": "sample", "new": said})
     for problem in report.problems:
         cb.call("on_control", trainer=trainer, event={**where, "old": problem.kind, "new": str(problem)})
     refused = report.by_kind("label_range")

@@ -88,7 +88,7 @@ def _across(train: Split, val: Split) -> list[DataProblem]:
     val_ix = vi[hit].tolist()
     train_ix = ti[order][pos[hit]].tolist()
     pairs = sorted(zip(val_ix, train_ix, strict=True))
-    n, share = len(pairs), len(pairs) / max(val.items, 1)
+    n = len(pairs)
     verb = "is an exact copy" if n == 1 and not train.sampled else "are exact copies"
     # a sampled training split finds only the copies of the items it read: a floor, not a count
     floor = "at least " if train.sampled else ""
@@ -101,7 +101,7 @@ def _across(train: Split, val: Split) -> list[DataProblem]:
     return [
         DataProblem(
             "duplicates_across",
-            f"{floor}{n:,} of {val.items:,} validation items ({floor}{share:.0%}) {verb} of training items "
+            f"{floor}{n:,} of {val.items:,} validation items ({floor}{percent(n, val.items)}) {verb} of training items "
             f"(e.g. validation {pairs[0][0]} = training {pairs[0][1]}){sample}: validation scores will read too high.",
             "Remove them from the validation set (or from training) before trusting its scores: val_set = "
             "nbtrainer.CleanedDataset.of(val_set, drop=report.by_kind('duplicates_across')[0].data['val_indices']) "
@@ -109,6 +109,24 @@ def _across(train: Split, val: Split) -> list[DataProblem]:
             {"count": n, "val_indices": [p[0] for p in pairs], "train_indices": [p[1] for p in pairs]},
         )
     ]
+
+
+def percent(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as a percentage that reads 100% only when all are, and 0% only when none is: 199 copies
+    among 200 items are not "100%" (a user would look for the one missing and not find it).
+
+    Example:
+        >>> percent(199, 200), percent(100, 100), percent(1, 3), percent(1, 5000), percent(0, 7)
+        ('99.5%', '100%', '33%', '0.02%', '0%')
+    """
+    share = part / max(whole, 1)
+    if not 0 < part < whole:
+        return f"{share:.0%}"
+    for digits in (0, 1, 2):
+        text = f"{share:.{digits}%}"
+        if 0 < float(text[:-1]) < 100:
+            return text
+    return ">99.99%" if share > 0.5 else "<0.01%"
 
 
 def _field_name(split: Split, field: str) -> str:

@@ -140,6 +140,34 @@ def test_a_new_users_silent_cases_get_one_line_each():
     assert history.status == "finished"
 
 
+def test_a_leak_of_all_but_one_item_does_not_read_100_percent():
+    """199 copies among 200 validation items read "(100%)" (99.5% rounded): a user looks for the one item that is
+    not a copy and is told there is none."""
+    x, y = make_classification(n=300)
+    val_x = x[:200].clone()
+    val_x[7] += 1.0  # no longer a copy
+    problem = _trainer().check_data((x, y), (val_x, y[:200])).by_kind("duplicates_across")[0]
+    assert "199 of 200 validation items (99.5%)" in problem.message, problem.message
+    assert "100%" in _trainer().check_data((x, y), (x[:200], y[:200])).by_kind("duplicates_across")[0].message
+
+
+def test_a_sampled_check_at_fit_says_its_sample_in_the_progress_even_when_it_finds_nothing():
+    """Trainer(check_data=N) reads a seeded sample of N items: its progress lines said so for the duplicates only,
+    and nothing at all when the sample found nothing, so a clean sample read like clean data."""
+    x, y = make_classification(n=400)
+    out = io.StringIO()
+    trainer = Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.01, run_store=False, check_data=100,
+                      progress=ProgressBar(mode="lines", file=out))  # fmt: skip
+    history = trainer.fit((x, y), batch_size=50, epochs=1)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("data ")]
+    assert lines == ["data check: train 100 sampled of 400 items · no problem (check_data=True reads them all)"]
+    assert [e["old"] for e in history.events if e["kind"] == "data_check"] == ["sample"]
+    out.truncate(0)
+    Trainer(mlp(), torch.nn.CrossEntropyLoss(), "sgd", lr=0.01, run_store=False, check_data=True,
+            progress=ProgressBar(mode="lines", file=out)).fit((x, y), batch_size=50, epochs=1)  # fmt: skip
+    assert not [line for line in out.getvalue().splitlines() if line.startswith("data ")]  # clean, all read: quiet
+
+
 def test_the_pass_leaves_the_rng_and_model_as_they_were_and_the_report_is_reused():
     x, y = make_classification(n=100)
     loader = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)
