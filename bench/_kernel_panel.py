@@ -190,16 +190,27 @@ def measure(workloads: list[str], rounds: int, scale: float, before: bool) -> li
             row = {"workload": key, "threads": dict(threads)}
             row["faults"] = {name: statistics.median(v) for name, v in faults.items()}
             row.update({name: statistics.median(values) for name, values in res.items()})
+            # each round's variants against that round's headless fit (the same minute of the machine's load)
+            row["spread"] = {
+                name: spread([v / b for v, b in zip(res[name], res["headless"], strict=True)]) for name in res
+            }
             rows.append(row)
         return rows
     finally:
         kernel.close()
 
 
+def spread(ratios: list[float]) -> tuple[float, float, float]:
+    """The median of paired ratios and their interquartile range (one round: no spread)."""
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return statistics.median(ratios), q[0], q[2]
+
+
 def table(rows: list[dict[str, Any]], label: str) -> None:
     names = ("headless", "thread", "w.fit()", "Start")
     print(
-        f"| {label} | headless ms/step | thread / headless | w.fit() / headless | Start / headless | "
+        f"| {label} | headless ms/step | thread / headless: median [IQR] of paired rounds | w.fit() / headless | "
+        "Start / headless | "
         "threads at fit end: headless / thread / w.fit() / Start | page faults per step (same order) |"
     )
     print("|---|---:|---:|---:|---:|---|---|")
@@ -207,8 +218,7 @@ def table(rows: list[dict[str, Any]], label: str) -> None:
         base = r["headless"]
         threads = " / ".join(str(r["threads"][n]) for n in names)
         faults = " / ".join(f"{r['faults'][n]:.0f}" for n in names)
-        print(
-            f"| {r['workload']} | {base * 1e3:.4f} | {r['thread'] / base:.3f}x | {r['w.fit()'] / base:.3f}x | "
-            f"{r['Start'] / base:.3f}x | {threads} | {faults} |",
-            flush=True,
+        cells = " | ".join(
+            "**{:.3f}x** [{:.3f}-{:.3f}]".format(*r["spread"][n]) for n in ("thread", "w.fit()", "Start")
         )
+        print(f"| {r['workload']} | {base * 1e3:.4f} | {cells} | {threads} | {faults} |", flush=True)

@@ -185,7 +185,7 @@ def measure(w: Workload, names: list[str], rounds: int, device: torch.device) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--workloads", nargs="+", default=list(workloads()))
     parser.add_argument("--rounds", type=int, default=7)

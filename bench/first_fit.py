@@ -86,7 +86,7 @@ def run_once(name: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--variants", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
     args = parser.parse_args()

@@ -137,7 +137,7 @@ def run(fault: str, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.T
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--faults", nargs="+", default=["lr x100", "lr /1000", "NaN layer", "exploding", "dead at init"]
     )

@@ -76,7 +76,7 @@ def _fit(w: overhead.Workload, device: torch.device, health: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["tiny-sgd", "tiny", "medium"])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--scale", type=float, default=1.0)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                 b, h = base(), health()
             pairs.append((b / steps, h / steps))
         ratios = sorted(h / b for b, h in pairs)
-        q = statistics.quantiles(ratios, n=4)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3  # one round: no spread
         without = statistics.median(b for b, _ in pairs) * 1e3
         with_ = statistics.median(h for _, h in pairs) * 1e3
         print(

@@ -187,7 +187,7 @@ def _timed(trainer: Any, loader: DataLoader, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)

@@ -43,7 +43,7 @@ def run(name: str, share: float) -> tuple[str, str, int, int, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=["mlp", "cnn", "encoder", "llama"], choices=list(FAMILIES))
     ap.add_argument("--shares", nargs="*", type=float, default=[0.6, 0.8])
     args = ap.parse_args()

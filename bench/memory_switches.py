@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, name: str, options: dict, data: list, steps: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, default in (("hidden", 512), ("layers", 8), ("vocab", 8000), ("seq", 256), ("batch", 4), ("steps", 20)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     parser.add_argument("--qlora-steps", type=int, default=50)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, options: dict[str, Any], data: list) -> dict[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, default in (("hidden", 1024), ("layers", 16), ("vocab", 32000), ("seq", 512), ("batch", 8)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     parser.add_argument("--intermediate", type=int, default=2816)

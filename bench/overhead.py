@@ -174,7 +174,7 @@ def measure(w: Workload, names: list[str], rounds: int, device: torch.device) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", default=["hand", "nbtrainer", "lightning"])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "medium", "cnn"])
     parser.add_argument("--rounds", type=int, default=7)

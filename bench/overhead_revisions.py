@@ -37,7 +37,7 @@ def run(tree: Path, workloads: list[str], inner_rounds: int) -> dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", required=True, help="the revision to compare with (a commit or branch)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--inner-rounds", type=int, default=5)

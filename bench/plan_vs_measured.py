@@ -269,7 +269,7 @@ def step_time_table(args: Any) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--skip-8b", action="store_true")
     ap.add_argument("--skip-time", action="store_true", help="leave out the step-time check of time_factor")

@@ -226,7 +226,7 @@ def run_pair(args: argparse.Namespace, folder: str, data: list, checkpointing: b
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, default in (
         ("hidden", 512),
         ("layers", 8),

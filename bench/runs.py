@@ -168,7 +168,7 @@ def read(path: str, runs: int, steps: int, repeats: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["overhead", "read", "both"], default="both")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=3000, help="training steps per round (overhead)")

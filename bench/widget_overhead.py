@@ -1,4 +1,4 @@
-"""Overhead of the TrainerWidget panel (issues 4, 49): the panel vs the headless Trainer on the main thread.
+"""Overhead of the TrainerWidget panel (issues 4, 49, 54): the panel vs the headless Trainer on the main thread.
 
 Same method and workloads as ``bench/overhead.py`` (interleaved rounds in one process, median time per
 step), at torch's default intra-op threads (``--threads`` to change them). Variants, registered into
@@ -157,7 +157,7 @@ def before_issue_49() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "medium", "cnn"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
