@@ -12,6 +12,12 @@ and the data map of the run with a cleaner.
   (``nbt-data-map-mode`` set to ``lasso``: bqplot's ``LassoSelector``), shows those items with their labels in the
   cleaner (``_cleaner``): keep, drop or relabel each, written to ``w.data_map.edits``;
   ``w.data_map.cleaned()`` is the next fit's dataset.
+
+  A browser draws each of the scatter's points as an SVG element: a 3,000-point map redrawn at every push of a run
+  with short epochs (a tiny MLP's, a dozen a second) kept headless Chromium's main thread busy 95% of the time, 0.93
+  of a core of a 2-core machine beside the training, against 0.25 with the map left out (``bench/browser_cost.py``).
+  So the map has a budget, like the charts (``_pump``): at most ``_MAP_POINTS_PER_S`` points a second (half in VS
+  Code and Colab), a 3,000-point map redrawn at most every 6 s; a run that holds or ends gets its last map at once.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import html
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +36,7 @@ import numpy as np
 from nbtrainer import DataMap, show_batch, start_training_thread
 
 from ._cleaner import Cleaner
+from ._frontends import detect
 from ._section import Section
 
 __all__ = ["DataView"]
@@ -38,6 +46,7 @@ log = logging.getLogger(__name__)
 _POINTS = 3000  # drawn at most (a seeded sample, plus the most suspicious labels)
 _SUSPECTS = 200
 _SHOWN = 12  # items a selection shows in the cleaner
+_MAP_POINTS_PER_S = 500  # the map's budget (module docstring)
 _COLOURS = ["#cf222e", "#bf8700", "#0969da"]  # correctness 0 -> 1 (the core's static picture uses the same)
 
 
@@ -113,6 +122,8 @@ class DataView:
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
         self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
         self._drawn_updates = 0  # DataMap.updates when last drawn (a fresh map has nothing to draw)
+        self._next_draw = 0.0  # when the budget lets the map be drawn again (time.monotonic)
+        self._points_per_s = _MAP_POINTS_PER_S * detect().budget
         self._lock = threading.RLock()
         self._check: threading.Thread | None = None
         self.scatter.observe(self._on_selected, "selected")
@@ -167,15 +178,21 @@ class DataView:
         if self.data_map not in trainer.callbacks.callbacks:
             trainer.add_callback(self.data_map)
 
-    def refresh(self, final: bool = False) -> bool:
+    def refresh(self, final: bool = False, whole: bool = False) -> bool:
         """The UI thread: redraw the map when it has been brought up to date since the last drawing (an epoch's end,
-        the end of a fit stopped mid-epoch: ``DataMap.updates``), once, whenever the UI thread gets to it."""
-        dm = self.data_map
-        if dm.updates == self._drawn_updates:
+        the end of a fit stopped mid-epoch: ``DataMap.updates``) and its budget allows, or at once when ``whole``
+        (the run holds or has ended: ``final``)."""
+        if not (self.pending() or ((whole or final) and self.data_map.updates != self._drawn_updates)):
             return False
-        self._drawn_updates = dm.updates
+        self._drawn_updates = self.data_map.updates
         self.draw()
+        # from the end of this drawing: a slow read of a big map is not a head start on the next
+        self._next_draw = time.monotonic() + len(self._points) / self._points_per_s
         return True
+
+    def pending(self) -> bool:
+        """An update of the map the budget held back is due now."""
+        return self.data_map.updates != self._drawn_updates and time.monotonic() >= self._next_draw
 
     def draw(self) -> None:
         """Draw the map from one consistent read of it."""

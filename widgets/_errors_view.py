@@ -199,7 +199,11 @@ class ErrorsView:
         self._pending = result  # one reference swap: the UI thread takes the newest
 
     # -- drawing (UI thread) -----------------------------------------------------------------------------
-    def refresh(self, final: bool = False) -> bool:
+    def pending(self) -> bool:
+        """An interpretation waits to be drawn (one made just before a pause is drawn while the run holds)."""
+        return self._pending is not None
+
+    def refresh(self, final: bool = False, whole: bool = False) -> bool:
         result, self._pending = self._pending, None
         if result is None:
             return False

@@ -80,9 +80,14 @@ class PumpHost(Protocol):
 
 class LivePart(Protocol):
     """A section the UI thread redraws at each push from what the run has made so far (the samples section reads
-    ``history.samples``, the errors section its latest interpretation): ``refresh(final)`` draws what is new."""
+    ``history.samples``, the errors section its latest interpretation, the data section its map): ``refresh(final,
+    whole)`` draws what is new (``final``: the run has ended), all of it when ``whole`` (the run holds or has ended),
+    else what its budget allows; ``pending()``: something its budget held back is due (a paused run's pushes carry
+    no new items to bring it)."""
 
-    def refresh(self, final: bool = False) -> bool: ...
+    def refresh(self, final: bool = False, whole: bool = False) -> bool: ...
+
+    def pending(self) -> bool: ...
 
 
 class UiPump:
@@ -237,8 +242,8 @@ class UiPump:
                     _POINTS_PER_S * self._budget
                 )
             self.compare.draw()  # the overlays follow the loss axis (linear/log) and the live epoch length
-        for part in self.parts:  # sections that read the run's History themselves (samples, errors)
-            part.refresh(final)
+        for part in self.parts:  # sections that read the run's History or a callback themselves (samples, errors, data)
+            part.refresh(final, whole)
         self.health.draw()
         if status is not None:
             v.set_status(*status)
@@ -247,7 +252,11 @@ class UiPump:
     def _deferred(self) -> bool:
         """Data held back by a budget is due (a paused run sends no new items to carry it)."""
         now = time.monotonic()
-        return (self._table_pending and now >= self._table_next) or (self._charts_pending and now >= self._charts_next)
+        return (
+            (self._table_pending and now >= self._table_next)
+            or (self._charts_pending and now >= self._charts_next)
+            or any(part.pending() for part in self.parts)
+        )
 
     def _control(self, event: dict[str, Any]) -> None:
         kind = event["kind"]

@@ -122,7 +122,11 @@ class SamplesView:
         self._points.observe(self._on_click, "selected")
 
     # -- data in (UI thread) ------------------------------------------------------------------------------
-    def refresh(self, final: bool = False) -> bool:
+    def pending(self) -> bool:
+        """Nothing is held back: the samples come with the run's progress, which every push drains."""
+        return False
+
+    def refresh(self, final: bool = False, whole: bool = False) -> bool:
         """Take the samples and sample failures the History gained; redraw if any. True when something changed."""
         history = getattr(self.source(), "history", None)
         if history is None:

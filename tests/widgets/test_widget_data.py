@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 
 import pytest
 import torch
@@ -208,3 +209,56 @@ def test_the_map_is_drawn_once_an_epoch_and_at_the_end_only_with_rows_not_drawn_
     assert drawn[-1] == 960 and all(0 < a < b for a, b in itertools.pairwise(drawn)) and drawn[0] > 0, drawn
     # stopped after 4 of an epoch's 10 steps: no epoch ended, and the run's end draws its 128 rows
     assert _drawings(x, y, epochs=3, max_steps=4) == [128]
+
+
+def _budgeted(x: torch.Tensor, y: torch.Tensor, points_per_s: float, **kw) -> tuple[TrainerWidget, list]:
+    """A panel whose map may draw ``points_per_s`` points a second, and a record of its drawings: (the time a drawing
+    ended, the points drawn, the map's ``updates`` it drew)."""
+    w = _panel(x, y, **kw)
+    data, dm = w.looks.data, w.data_map
+    data._points_per_s = points_per_s
+    data.wait_check(30)
+    drawings: list[tuple[float, int, int]] = []
+    draw = data.draw
+
+    def recorded() -> None:
+        updates = dm.updates
+        draw()
+        drawings.append((time.monotonic(), len(data.scatter.x), updates))
+
+    data.draw = recorded  # type: ignore[method-assign]
+    return w, drawings
+
+
+@pytest.mark.slow  # about 2 s: 250 short epochs, for several drawings the budget spaces out
+def test_the_map_keeps_to_its_budget_of_points_and_a_run_that_ends_gets_its_last_map():
+    # A browser draws each point of the scatter as an SVG element: redrawn at every push of a run with short epochs,
+    # a 3,000-point map kept headless Chromium's main thread busy 95% of the time (0.93 of a core of a 2-core machine,
+    # beside the training; bench/browser_cost.py). So the map has a budget of points a second, as the charts have.
+    x, y = make_classification(n=320)  # 10 steps an epoch: epochs end far more often than the budget lets it draw
+    # a 320-point drawing, then 0.1 s of rest; pushes every 0.02 s
+    w, drawings = _budgeted(x, y, points_per_s=320 / 0.1, epochs=250, ui_interval=0.02)
+    w.start()
+    assert w.wait(timeout=120).status == "finished"
+    live = drawings[:-1]
+    # the premise: more epochs ended than the map was drawn (the budget held updates back), over several drawings
+    assert w.data_map.updates == 250 and 2 <= len(live) < 250, drawings
+    # never more than the budget allows: each drawing waits for the points of the one before it (a load only
+    # lengthens the waits)
+    assert sum(n for _, n, _ in live[:-1]) <= 320 / 0.1 * (live[-1][0] - live[0][0]), live
+    # the run's end draws the map as it ended, whatever the budget
+    assert drawings[-1][2] == 250 and drawings[-1][1] == 320
+
+
+def test_a_map_held_back_by_its_budget_is_drawn_when_the_run_pauses():
+    # the pushes of a paused run bring no new items: a map the budget held back must still be drawn while it holds
+    x, y = make_classification(n=320)
+    w, drawings = _budgeted(x, y, points_per_s=320 / 3600, epochs=10_000)  # after its first drawing, an hour's rest
+    w.start()
+    wait_for(lambda: drawings and w.data_map.updates >= drawings[0][2] + 3, 60, "epochs past the first drawing")
+    w.view.pause.click()
+    wait_for(lambda: w.trainer.status == "paused", 60, "the pause")
+    held = w.data_map.updates  # no epoch ends while the run holds
+    wait_for(lambda: drawings[-1][2] == held, 60, "the map drawn as the run holds")
+    w.view.stop.click()
+    assert w.wait(timeout=60).status == "stopped"
