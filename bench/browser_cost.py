@@ -18,6 +18,10 @@ Variants, switched inside the kernel between windows (a file the callback reads)
 * ``map every update``: the map redrawn at every push after an epoch's end, as before its budget;
 * ``no map``: the map never redrawn after Start (what the rest of the panel costs).
 
+Chromium runs headless with ``--disable-gpu`` (the suite's flags): it rasterizes and composites in software, which a
+desktop browser with a GPU does not, so the rendering share of these figures is an upper bound; the JavaScript
+share (bqplot's drawing, the widget messages) is the same anywhere.
+
     python bench/browser_cost.py                  # 3 rounds of 10 s windows
     python bench/browser_cost.py --rounds 5 --seconds 15
 """
