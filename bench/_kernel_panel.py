@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from _rounds import interleaved
+from _rounds import interleaved, spread
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
@@ -200,12 +200,6 @@ def measure(workloads: list[str], rounds: int, scale: float, before: bool) -> li
         kernel.close()
 
 
-def spread(ratios: list[float]) -> tuple[float, float, float]:
-    """The median of paired ratios and their interquartile range (one round: no spread)."""
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return statistics.median(ratios), q[0], q[2]
-
-
 def table(rows: list[dict[str, Any]], label: str) -> None:
     names = ("headless", "thread", "w.fit()", "Start")
     print(
@@ -218,7 +212,5 @@ def table(rows: list[dict[str, Any]], label: str) -> None:
         base = r["headless"]
         threads = " / ".join(str(r["threads"][n]) for n in names)
         faults = " / ".join(f"{r['faults'][n]:.0f}" for n in names)
-        cells = " | ".join(
-            "**{:.3f}x** [{:.3f}-{:.3f}]".format(*r["spread"][n]) for n in ("thread", "w.fit()", "Start")
-        )
+        cells = " | ".join(r["spread"][n] for n in ("thread", "w.fit()", "Start"))
         print(f"| {r['workload']} | {base * 1e3:.4f} | {cells} | {threads} | {faults} |", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -22,6 +23,17 @@ def interleaved(run: Callable[[str], T], names: list[str], rounds: int) -> dict[
         for n in names[r % len(names) :] + names[: r % len(names)]:
             results[n].append(run(n))
     return results
+
+
+def spread(ratios: list[float]) -> str:
+    """Paired ratios as ``**median x** [lower quartile-upper quartile]`` (one round: no spread).
+
+    Example:
+        >>> spread([1.0, 1.1, 1.2, 1.3])
+        '**1.150x** [1.025-1.275]'
+    """
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"**{statistics.median(ratios):.3f}x** [{q[0]:.3f}-{q[2]:.3f}]"
 
 
 def machine_line(device: torch.device) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import overhead
 import torch
 from _models import medium_mlp, tiny_mlp
-from _rounds import machine_line
+from _rounds import machine_line, spread
 
 
 def _taught(d: int, batch: int) -> Any:
@@ -110,12 +110,10 @@ def main(argv: list[str] | None = None) -> None:
                 b, h = base(), health()
             pairs.append((b / steps, h / steps))
         ratios = sorted(h / b for b, h in pairs)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3  # one round: no spread
         without = statistics.median(b for b, _ in pairs) * 1e3
         with_ = statistics.median(h for _, h in pairs) * 1e3
         print(
-            f"| {w.name} | {steps} | {without:.4f} | {with_:.4f} | **{statistics.median(ratios):.3f}x** "
-            f"[{q[0]:.3f}-{q[2]:.3f}] |",
+            f"| {w.name} | {steps} | {without:.4f} | {with_:.4f} | {spread(ratios)} |",
             flush=True,
         )
     print(f"# load average after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")

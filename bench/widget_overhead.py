@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead
+from _rounds import spread
 
 THREADS: dict[str, int] = {}  # variant -> threads of the process at the end of its last fit
 END_TO_END: dict[str, list[float]] = {}
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         med = {k: statistics.median(v) for k, v in res.items()}
         base = med["headless"]
         # each round's ratio to that round's headless run (the rounds rotate the order: load hits both sides)
-        wid = _spread([x / h for x, h in zip(res["widget"], res["headless"], strict=True)])
-        e2e = _spread([x / h for x, h in zip(END_TO_END[w.name][1:], res["headless"], strict=True)])
+        wid = spread([x / h for x, h in zip(res["widget"], res["headless"], strict=True)])
+        e2e = spread([x / h for x, h in zip(END_TO_END[w.name][1:], res["headless"], strict=True)])
         share = statistics.median(UI_CPU[w.name][1:])
         first = {k: statistics.median(f for f, _ in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
         last = {k: statistics.median(t for _, t in FIXED[k][1:]) * 1e3 for k in ("headless", "widget")}
@@ -244,11 +245,6 @@ def as_loader(batches: Any) -> Any:
     xs, ys = zip(*batches, strict=True)
     data = TensorDataset(torch.cat(xs), torch.cat(ys))
     return DataLoader(data, batch_size=len(xs[0]), shuffle=True, generator=torch.Generator().manual_seed(0))
-
-
-def _spread(ratios: list[float]) -> str:
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return f"**{statistics.median(ratios):.3f}x** [{q[0]:.3f}-{q[2]:.3f}]"
 
 
 if __name__ == "__main__":
