@@ -181,8 +181,8 @@ class DataView:
     def refresh(self, final: bool = False, whole: bool = False) -> bool:
         """The UI thread: redraw the map when it has been brought up to date since the last drawing (an epoch's end,
         the end of a fit stopped mid-epoch: ``DataMap.updates``) and its budget allows, or at once when ``whole``
-        (the run holds or has ended: ``final``)."""
-        if not (self.pending() or ((whole or final) and self.data_map.updates != self._drawn_updates)):
+        (the run holds or has ended)."""
+        if not (self.pending() or (whole and self.data_map.updates != self._drawn_updates)):
             return False
         self._drawn_updates = self.data_map.updates
         self.draw()
