@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+from _machine import machine_speed
 
 T = TypeVar("T")
 
@@ -37,10 +37,11 @@ def spread(ratios: list[float]) -> str:
 
 
 def machine_line(device: torch.device) -> str:
-    """``# machine: ...``: processor, CPUs, device (with the GPU's name), torch, threads and Python."""
+    """``# machine: ...``: processor and its speed (``_machine``), device (with the GPU's name), torch, threads and
+    Python."""
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     return (
-        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device={device}{gpu}; "
+        f"# machine: {machine_speed()}; device={device}{gpu}; "
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, python {platform.python_version()}"
     )
 

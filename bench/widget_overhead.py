@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead
+from _machine import machine_speed
 from _rounds import spread
 
 THREADS: dict[str, int] = {}  # variant -> threads of the process at the end of its last fit
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.device("cpu")
     print(
-        f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, no GPU; torch {torch.__version__}, threads "
+        f"# machine: {machine_speed()}, no GPU; torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}, python {platform.python_version()}, ipywidgets {ipywidgets.__version__}, "
         f"bqplot {bqplot.__version__}; {args.rounds} interleaved rounds{'; BEFORE issue 49' if args.before else ''}; "
         f"load average {os.getloadavg()[0]:.1f}"

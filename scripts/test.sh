@@ -37,6 +37,9 @@ if [ "$#" -gt 0 ]; then
   # a subset such as the inner loop is mostly CPU-bound unit tests: a third worker only adds contention
   exec "$py" -m pytest -q -rs -n "${NBT_WORKERS:-2}" "$@"
 fi
+# how fast this machine's cores are, read before the suite loads them (1 s): the same 2-core VM type has run this
+# suite in 7 to 18 minutes, and a log's times compare only beside this line (bench/_machine.py, docs/testing.md)
+"$py" "$root/bench/_machine.py" --loop-only || true
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
 NBT_PYTHON="$py" bash scripts/lint.sh >"$logs/lint" 2>&1 &
