@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,3 +66,35 @@ def test_a_kernel_loses_no_message_while_the_tests_process_is_stopped() -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # a rank's pipes are its own: nothing waits for it to close them
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_launch_that_runs_past_its_guard_takes_every_process_it_started_with_it(tmp_path) -> None:
+    """torchrun's ranks outlived ``subprocess.run``'s timeout (it kills only torchrun) and kept both cores busy for
+    the rest of the suite: ``run_group`` ends the whole group and says what it printed."""
+    from _launch import run_group
+
+    with pytest.raises(pytest.fail.Exception, match=r"ran past 3 s") as failed:
+        run_group([sys.executable, "-c", _PARENT], timeout=3, what="the parent")
+    child = int(str(failed.value).split("STDOUT:\n", 1)[1].split()[0])
+    deadline = time.monotonic() + 10  # the kill is sent; the kernel reaps the orphan through init
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"the launched command's child {child} outlived the guard"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False

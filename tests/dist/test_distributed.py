@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
+from _launch import run_group
 
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
@@ -48,10 +48,7 @@ def _env() -> dict:
 
 def torchrun(tmp_path, *args: str) -> None:
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=_env())
-    except subprocess.TimeoutExpired as exc:  # a hang: show what the ranks printed
-        pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT}s (hang?)\n{(exc.stderr or b'')[-3000:]!r}")
+    proc = run_group(cmd, timeout=LAUNCH_TIMEOUT, what="torchrun", cwd=tmp_path, env=_env())
     assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
 
 
@@ -288,9 +285,7 @@ LAUNCH_SCRIPT = textwrap.dedent("""
 def test_launch_from_main_module(tmp_path):
     script = tmp_path / "nb.py"
     script.write_text(LAUNCH_SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=tmp_path, env=_env()
-    )
+    proc = run_group([sys.executable, str(script)], timeout=LAUNCH_TIMEOUT, what="launch", cwd=tmp_path, env=_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     r0, r1 = json.loads(line[len("RESULT ") :])
@@ -343,9 +338,7 @@ def test_launch_propagates_a_rank_failure(tmp_path):
         if __name__ == "__main__":
             nbtrainer.launch(boom, nprocs=2)
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path, env=_env()
-    )
+    proc = run_group([sys.executable, "-c", code], timeout=90, what="launch", cwd=tmp_path, env=_env())
     assert proc.returncode != 0 and "rank one failed" in proc.stderr
 
 
@@ -479,18 +472,8 @@ FAILURE_TIMEOUT = 90  # a launch of these small fits takes ~10 s; a hang fails t
 def failures_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_failures")
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "scenario.py"), "failures", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out, env=_env())
-    try:
-        stdout, stderr = proc.communicate(timeout=FAILURE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # torchrun ends its ranks on SIGTERM (a SIGKILL would leave them running, hung)
-        try:
-            stderr = proc.communicate(timeout=30)[1]
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stderr = proc.communicate()[1]
-        pytest.fail(f"torchrun did not finish in {FAILURE_TIMEOUT}s (a rank hung)\n{stderr[-3000:]}")
-    return out, subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    # a rank that hangs fails the test, and the whole group (torchrun and both ranks) is ended with it
+    return out, run_group(cmd, timeout=FAILURE_TIMEOUT, what="torchrun (a rank hung)", cwd=out, env=_env())
 
 
 def _nan_reference() -> tuple[Trainer, str]:

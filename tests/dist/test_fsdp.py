@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
+from _launch import run_group
 
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
@@ -43,10 +43,7 @@ def torchrun(out, *args: str, killed: bool = False) -> None:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TQDM_DISABLE"):
         env.pop(key, None)
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", os.path.join(SCRIPTS, "fsdp_scenario.py"), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=out, env=env)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT}s (hang?)\n{(exc.stderr or b'')[-3000:]!r}")
+    proc = run_group(cmd, timeout=LAUNCH_TIMEOUT, what="torchrun", cwd=out, env=env)
     if killed:  # the ranks died by SIGKILL, as planned (an exception would name another cause)
         assert proc.returncode != 0 and "Signal 9 (SIGKILL)" in proc.stderr, proc.stderr[-6000:]
         return

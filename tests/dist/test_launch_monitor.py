@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch.distributed as dist
+from _launch import run_group
 
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover - depends on the torch build
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
@@ -70,12 +70,7 @@ def _run(tmp_path, kind: str) -> dict:
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", NBTRAINER_FRONTEND="console")
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(script), kind], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the launch did not stop in {TIMEOUT}s (a rank left behind?)\n{(exc.stderr or b'')[-3000:]!r}")
+    proc = run_group([sys.executable, str(script), kind], timeout=TIMEOUT, what="the launch", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])

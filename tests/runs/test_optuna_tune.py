@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from _launch import run_group
 from conftest import LazyModule, make_classification, make_loader, mlp, needs
 
 import nbtrainer
@@ -148,7 +149,6 @@ json.dump(out, open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w"))
 def test_pruning_is_agreed_across_ddp_ranks(tmp_path):
     import json
     import os
-    import subprocess
 
     script = tmp_path / "ddp_prune.py"
     script.write_text(_DDP_CHILD)
@@ -157,7 +157,7 @@ def test_pruning_is_agreed_across_ddp_ranks(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            str(tmp_path), str(tmp_path / "runs.db")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    proc = run_group(cmd, timeout=240, what="torchrun", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks == [{"pruned": True, "epochs": 2, "status": "stopped"}] * 2  # both leave at epoch 2
