@@ -19,6 +19,14 @@ import torch
 # threads only add contention (spinning OpenMP workers made tiny ops orders of magnitude slower).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# torch._dynamo whole, before any test's timeout is armed. The first optimizer a worker builds imports it (torch's
+# _disable_dynamo), and so does torch.use_deterministic_algorithms; when pytest-timeout fired in the middle of that
+# first import (a loaded trial, 2026-12-01: a browser test's 240 s ran out while its teardown imported it), the
+# package was left half-imported in that worker for good ("partially initialized module 'torch._dynamo' has no
+# attribute 'decorators'": its submodules stay in sys.modules, the package is never rebuilt) and the worker's next
+# 500 tests failed. Imported here, it is frozen out of the collector's sight with the rest (_freeze_survivors).
+import torch._dynamo  # noqa: E402
+
 # every interpreter the tests start defers full garbage collections to the code that asks (tests/_site/sitecustomize.py)
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -235,7 +243,8 @@ def classification():
 def _no_determinism_leak() -> Any:
     """Trainer(deterministic=True) switches torch's global flags on; every test starts with them off."""
     yield
-    torch.use_deterministic_algorithms(False)
+    if torch.are_deterministic_algorithms_enabled():  # switching it off imports torch._inductor's config: not per test
+        torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.deterministic = False
 
 

@@ -98,3 +98,36 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+_DYNAMO_BEFORE_THE_FIRST_TEST = "torch._dynamo" in sys.modules  # this module is imported at collection
+
+_INTERRUPTED_IMPORT = """
+import signal, sys, torch
+def stop(*_):  # what pytest-timeout's signal method does: an exception wherever the main thread is
+    raise TimeoutError("the test's time ran out")
+signal.signal(signal.SIGALRM, stop)
+signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
+try:
+    import torch._dynamo
+except TimeoutError:
+    pass
+signal.setitimer(signal.ITIMER_REAL, 0)
+import torch._dynamo  # the second import: finishes the package, or finds it broken
+print("whole")
+"""
+
+
+@pytest.mark.slow
+def test_torch_dynamo_is_imported_before_any_test_whose_timeout_could_cut_its_import_in_half() -> None:
+    """A pytest-timeout firing inside torch._dynamo's first import (every first optimizer, and
+    ``use_deterministic_algorithms``, import it) left it half-imported in the worker for good, and 500 later tests
+    failed: shown here in a fresh interpreter (an alarm early in the import, then the import again), and avoided by
+    ``tests/conftest.py`` importing it at collection."""
+    broke = []
+    for delay in (0.1, 0.2, 0.3, 0.5):  # inside the import (1-2 s) on any machine: at least one leaves it broken
+        proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT, str(delay)], capture_output=True, text=True)
+        if "whole" not in proc.stdout:  # where the alarm landed names the half-imported part: sympy, _inductor...
+            broke.append(proc.stderr.strip().splitlines()[-1])
+    assert broke, "no alarm left torch._dynamo broken: the hazard this guards against was not shown"
+    assert _DYNAMO_BEFORE_THE_FIRST_TEST, "tests/conftest.py must import torch._dynamo before the first test"
