@@ -25,8 +25,12 @@ from typing import Any
 import psutil  # ipykernel depends on it
 from _ports import HOST, free_port
 
+_XSRF = "nbtrainer-tests"  # any value: tornado checks that the header's token is the cookie's
+XSRF_HEADERS = {"X-XSRFToken": _XSRF, "Cookie": f"_xsrf={_XSRF}"}
+
 __all__ = [
     "BAD_WIDGET_TEXTS",
+    "XSRF_HEADERS",
     "Server",
     "chromium_args",
     "chromium_env",
@@ -150,7 +154,13 @@ class Server:
     def shutdown_kernels(self, timeout: float = 10.0) -> None:
         """Shut down every session and kernel of a Jupyter server (its REST API), recording their processes first
         so that ``stop`` can still find a survivor. A shared server calls this after each test: a kernel left
-        training in a thread would take the CPU from the tests after it."""
+        training in a thread would take the CPU from the tests after it, and each idle one holds ~0.5 GB.
+
+        A server without a token refuses a DELETE without an XSRF token ("403: '_xsrf' argument missing"): each
+        request carries one in its header and the same in its ``_xsrf`` cookie, which is what tornado compares.
+        Until that was sent, every test's kernel in the shared JupyterLab lived on to the end of its worker, and the
+        refusals were swallowed: a refusal now fails the test's teardown; a session or kernel already gone (404)
+        and a server that has gone away are fine."""
         self.remember_children()
         for listing, prefix in (("/api/sessions", "/api/sessions/"), ("/api/kernels", "/api/kernels/")):
             try:
@@ -158,9 +168,16 @@ class Server:
             except (urllib.error.URLError, OSError):
                 return  # the server is gone: stop() handles what is left
             for item in json.loads(body or b"[]"):
-                request = urllib.request.Request(self.url + prefix + item["id"], method="DELETE")
-                with contextlib.suppress(urllib.error.URLError, OSError):
+                request = urllib.request.Request(self.url + prefix + item["id"], method="DELETE", headers=XSRF_HEADERS)
+                try:
                     urllib.request.urlopen(request, timeout=timeout).close()
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 404:  # 404: ended with its session, or by the test itself
+                        raise RuntimeError(f"{self.kind} refused to shut down {prefix}{item['id']}: {exc}") from exc
+                except TimeoutError:
+                    continue  # a loaded server still shutting it down: the next one's request goes in meanwhile
+                except (urllib.error.URLError, OSError):
+                    return  # the server is gone: stop() ends what it started
 
     def wait_ready(self, path: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

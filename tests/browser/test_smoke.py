@@ -3,9 +3,12 @@ Chromium, in Voila and in JupyterLab, and a click travels to the kernel and back
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 
-from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
+from ._servers import XSRF_HEADERS, lab_run_all, wait_widgets_rendered, widget_problems
 
 SMOKE_CELLS = [
     ("markdown", "# nbtrainer browser smoke test"),
@@ -64,3 +67,22 @@ def test_lab_runs_notebook_and_renders_widgets(shared_lab, make_notebook, page, 
     _click_round_trip(page)
     assert widget_problems(page) == []
     assert screenshot(page, "smoke-lab", selector=".nbt-smoke-figure").stat().st_size > 0
+
+
+@pytest.mark.timeout(240)  # a hang guard: a loaded machine takes minutes to start a kernel
+def test_the_shared_lab_shuts_down_the_kernels_a_test_started(shared_lab) -> None:
+    """Each test's kernels end with it (``Server.shutdown_kernels``, the shared lab's teardown): the server refused
+    every DELETE without an XSRF token, and each test's kernel lived on beside the next tests (five idle kernels,
+    ~0.5 GB each, seen in one worker's lab midway through its browser tests)."""
+    server = shared_lab.server
+    for _ in range(2):  # as two notebook pages would
+        request = urllib.request.Request(
+            server.url + "/api/kernels",
+            data=b"{}",
+            method="POST",
+            headers={**XSRF_HEADERS, "Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=120).close()
+    assert len(json.loads(server.get("/api/kernels")[1])) >= 2
+    server.shutdown_kernels(timeout=60)
+    assert json.loads(server.get("/api/kernels")[1]) == []
