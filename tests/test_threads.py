@@ -232,19 +232,22 @@ def test_a_training_thread_reuses_the_memory_its_steps_free(tuned: bool) -> None
     once: every step of a small CNN faulted its activations in afresh (hundreds of minor page faults a step against
     0-3 on the main thread; 5-7% of its time). start_training_thread sets malloc's thresholds first
     (keep_freed_memory): 0.04-0.13 faults a step here, against 375-950 with NBT_KEEP_FREED_MEMORY=0, which leaves
-    them and shows the cause is still there to be removed. Page faults, not time. Tuned, the best of the three fits
-    counts: the tuning is process-wide, so one fit near 0 shows the heap keeps what it frees, and a heap that hands
-    it back faults in every fit. A loaded trial (two suites and two CPU burners beside this one, on 2 cores and
-    24 GB) read 11 and 22 faults a step in two fits and 0.03 in the third: faults the load added, not the arena."""
+    them and shows the cause is still there to be removed. Page faults, not time. What counts, tuned or not, is
+    the middle of the three fits. One fit can read either way by chance: a loaded trial (two suites
+    and two CPU burners beside this one, on 2 cores and 24 GB) read 11 and 22 faults a step tuned in two fits and 0.03
+    in the third (faults the load added, not the arena), and a quiet run on the VM of 2026-12-01 read 1,295 and 1,572
+    untuned and 0.03 in the third (its heap kept, by chance). The best fit (what this test counted before) let such a
+    fit decide the untuned case; the middle one needs two fits of three to agree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["NBT_KEEP_FREED_MEMORY"] = "1" if tuned else "0"
     proc = subprocess.run([sys.executable, "-c", FAULTS], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     faults = json.loads(proc.stdout.strip().splitlines()[-1])["faults"]
+    middle = sorted(faults)[1]
     if tuned:
-        assert min(faults) < 20, faults  # 0.04-0.13 a step measured quiet
+        assert middle < 20, faults  # 0.04-0.13 a step measured quiet
     else:
-        assert min(faults) > 100, faults  # 375-950 a step measured
+        assert middle > 100, faults  # 375-1,572 a step measured
 
 
 HEAPS = r"""
