@@ -3,28 +3,49 @@ that a guard ending it ends all of them.
 
 ``subprocess.run(..., timeout=...)`` kills only the process it started: torchrun's ranks, or ranks waiting for each
 other in a collective, outlive it and keep two cores busy for the rest of a suite (seen: a launch timed out, both
-ranks still training a minute later). Here the command runs in a session of its own, and a timeout, pytest-timeout's
-signal or a Ctrl-C kills the whole group; a timeout fails the test with what the processes had printed.
+ranks still training a minute later). Killing the command's process group is not enough either: torchrun starts each
+rank in a session of its own. Here a timeout, pytest-timeout's signal or a Ctrl-C first asks the command's group to
+end (SIGTERM: torchrun ends its ranks on it), then kills every process it started, found by descent (psutil), and a
+timeout fails the test with what they had printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+import psutil  # ipykernel depends on it
 import pytest
 
 __all__ = ["run_group"]
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
+GRACE = 30.0  # seconds torchrun has to end its ranks on SIGTERM (it gives them 30 s before its own SIGKILL)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
     try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:  # the command has ended
+        return []
+
+
+def _end_all(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """End the command and every process it started; what they printed."""
+    family = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=GRACE)
+    for p in [*family, *_descendants(proc.pid)]:  # ranks in sessions of their own included
+        with contextlib.suppress(psutil.Error):
+            p.kill()  # psutil checks it is still the process it found (a reused PID is left alone)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # every process of the group had ended
-        pass
     out, err = proc.communicate()
     return out or "", err or ""
 
@@ -38,9 +59,9 @@ def run_group(cmd: Sequence[str], *, timeout: float, what: str = "the command", 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        out, err = _kill_group(proc)
+        out, err = _end_all(proc)
         pytest.fail(f"{what} ran past {timeout:g} s (stuck, not slow)\nSTDOUT:\n{out[-3000:]}\nSTDERR:\n{err[-6000:]}")
     except BaseException:  # pytest-timeout's signal, KeyboardInterrupt: no process outlives the test
-        _kill_group(proc)
+        _end_all(proc)
         raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

@@ -7,6 +7,7 @@ import gc
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -71,32 +72,35 @@ def test_a_kernel_loses_no_message_while_the_tests_process_is_stopped() -> None:
 _PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)  # a rank's pipes are its own: nothing waits for it to close them
+                         stderr=subprocess.DEVNULL,  # a rank's pipes are its own: nothing waits for it to close them
+                         start_new_session=sys.argv[1] == "own")  # torchrun starts each rank in a session of its own
 print(child.pid, flush=True)
 time.sleep(60)
 """
 
 
 @pytest.mark.slow
-def test_a_launch_that_runs_past_its_guard_takes_every_process_it_started_with_it(tmp_path) -> None:
+@pytest.mark.parametrize("session", ["own", "shared"])
+def test_a_launch_that_runs_past_its_guard_takes_every_process_it_started_with_it(session: str) -> None:
     """torchrun's ranks outlived ``subprocess.run``'s timeout (it kills only torchrun) and kept both cores busy for
-    the rest of the suite: ``run_group`` ends the whole group and says what it printed."""
+    the rest of the suite: ``run_group`` ends everything the command started, a child in a session of its own (as
+    torchrun's ranks are) included, and says what it printed."""
+    import psutil
     from _launch import run_group
 
     with pytest.raises(pytest.fail.Exception, match=r"ran past 3 s") as failed:
-        run_group([sys.executable, "-c", _PARENT], timeout=3, what="the parent")
+        run_group([sys.executable, "-c", _PARENT, session], timeout=3, what="the parent")
     child = int(str(failed.value).split("STDOUT:\n", 1)[1].split()[0])
     deadline = time.monotonic() + 10  # the kill is sent; the kernel reaps the orphan through init
-    while _alive(child) and time.monotonic() < deadline:
+    while _alive(psutil, child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child), f"the launched command's child {child} outlived the guard"
+    assert not _alive(psutil, child), f"the launched command's child {child} outlived the guard"
 
 
-def _alive(pid: int) -> bool:
+def _alive(psutil: Any, pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie has ended
+    except psutil.NoSuchProcess:
         return False
 
 
