@@ -7,8 +7,8 @@ import gc
 import subprocess
 import sys
 import time
-from typing import Any
 
+import psutil  # ipykernel depends on it
 import pytest
 
 
@@ -85,19 +85,18 @@ def test_a_launch_that_runs_past_its_guard_takes_every_process_it_started_with_i
     """torchrun's ranks outlived ``subprocess.run``'s timeout (it kills only torchrun) and kept both cores busy for
     the rest of the suite: ``run_group`` ends everything the command started, a child in a session of its own (as
     torchrun's ranks are) included, and says what it printed."""
-    import psutil
     from _launch import run_group
 
     with pytest.raises(pytest.fail.Exception, match=r"ran past 3 s") as failed:
         run_group([sys.executable, "-c", _PARENT, session], timeout=3, what="the parent")
     child = int(str(failed.value).split("STDOUT:\n", 1)[1].split()[0])
     deadline = time.monotonic() + 10  # the kill is sent; the kernel reaps the orphan through init
-    while _alive(psutil, child) and time.monotonic() < deadline:
+    while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(psutil, child), f"the launched command's child {child} outlived the guard"
+    assert not _alive(child), f"the launched command's child {child} outlived the guard"
 
 
-def _alive(psutil: Any, pid: int) -> bool:
+def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie has ended
     except psutil.NoSuchProcess:
