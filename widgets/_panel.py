@@ -294,7 +294,7 @@ class TrainerWidget:
         if not self._closed:
             self._closed = True
             self._actions.close()  # the sweep stops at its next step, the model put back; Profile and Save end
-            self.plan_view.close()  # a plan being made is waited for, and not drawn
+            self.plan_view.close()  # a plan being made is cancelled (its row waited for), not drawn
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.wait_check()
             close_widgets(self.panel)

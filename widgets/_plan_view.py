@@ -7,6 +7,7 @@ panel is :class:`PlanHost`; it reads only public names of the core.
 
 from __future__ import annotations
 
+import concurrent.futures
 import html
 import logging
 import threading
@@ -86,6 +87,7 @@ class PlanView:
         self.root = self.section.root
         self.plan: MemoryPlan | None = None
         self.thread: threading.Thread | None = None
+        self.cancel = threading.Event()  # ends the plan being made: the panel closes, the interpreter exits
         self.closed = False  # the panel was closed: a plan that ends now is not drawn
         self.plan_button.on_click(lambda _: self.start())
 
@@ -98,17 +100,30 @@ class PlanView:
             return
         self.plan_button.disabled = True
         self.note.value = f"<span style='color:{FG2}'>planning...</span>"
+        self.cancel = threading.Event()
         # start_training_thread: planning runs torch ops (on the meta device), so an interpreter that exits while it
-        # plans waits for it (bounded) instead of aborting mid-op ("terminate called"), and it plans at full speed
-        self.thread = start_training_thread(self._plan, args=(float(self.budget.value),), name="nbtrainer-plan")
+        # plans cancels the plan and waits for the row being simulated, instead of aborting mid-op ("terminate
+        # called") or waiting for the whole search (a minute on a loaded machine); and it plans at full speed
+        self.thread = start_training_thread(
+            self._plan, args=(float(self.budget.value), self.cancel), name="nbtrainer-plan", stop=self.cancel.set
+        )
 
-    def _plan(self, budget_gb: float) -> None:
+    def _plan(self, budget_gb: float, cancel: threading.Event) -> None:
         trainer = self.host.trainer
         try:
             batch = example_batch(self.host.train_loader)
             plan = plan_memory(
-                self.model, batch, budget_gb=budget_gb, device=trainer.device, criterion=trainer.criterion
+                self.model,
+                batch,
+                budget_gb=budget_gb,
+                device=trainer.device,
+                criterion=trainer.criterion,
+                cancel=cancel,
             )
+            _ = plan.rows, plan.best  # every row simulated here, in this thread: show() only draws them
+        except concurrent.futures.CancelledError:  # the panel closed or the interpreter exits: nothing to show
+            self.note.value = ""
+            return
         except Exception as exc:  # the planner's message says what is wrong and the fix
             log.debug("the memory plan failed: its message is shown in the panel", exc_info=True)
             self.note.value = ""
@@ -120,8 +135,9 @@ class PlanView:
             self.show(plan)
 
     def close(self) -> None:
-        """The panel is closing: wait for a plan being made (seconds: it runs on the meta device), draw nothing."""
+        """The panel is closing: cancel a plan being made, wait for the row being simulated (a second), draw nothing."""
         self.closed = True
+        self.cancel.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
 

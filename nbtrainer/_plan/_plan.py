@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -114,6 +115,7 @@ def plan_memory(
     keep: Mapping[str, Any] | None = None,
     world_size: int = 1,
     strategy: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> MemoryPlan:
     """Which memory switches make a training step of ``model`` on ``batch`` fit ``budget_gb``, and which is fastest.
 
@@ -135,6 +137,10 @@ def plan_memory(
         world_size, strategy: plan one rank of ``world_size`` under ``"ddp"`` (each rank holds the whole model,
             and DDP's gradient buckets) or ``"fsdp"`` (FSDP2: parameters, gradients and optimizer state sharded,
             one unit gathered at a time); the batch is one rank's (``nbtrainer._plan._distributed``).
+        cancel: an event another thread may set to end the search: the plan simulates its rows when first asked
+            (``rows``, ``best``), one at a time, and once the event is set a row not yet simulated raises
+            ``concurrent.futures.CancelledError`` (the panel's Plan button plans in a helper thread, ended so when
+            the panel closes or the interpreter exits).
 
     Returns:
         A :class:`MemoryPlan`.
@@ -143,11 +149,16 @@ def plan_memory(
         ValueError: a budget that is not positive, an unknown target, a batch that does not fit the model, a model
             with no trainable parameters, ``world_size`` < 1, ``strategy="fsdp"`` on one rank, a criterion that runs
             a teacher model (``DistillationLoss``: not planned yet).
+        TypeError: ``cancel`` that is not a ``threading.Event`` (anything with ``is_set()``).
+        concurrent.futures.CancelledError: ``cancel`` was set before the first row was simulated (and later, from
+            ``rows`` or ``best`` if it was set before they were).
     """
     start = time.perf_counter()
     from nbtrainer._plan._distributed import check_strategy, fsdp_units
 
     check_strategy(world_size, strategy)
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise TypeError(f"plan_memory(cancel=...) takes a threading.Event, got {type(cancel).__name__}.")
     check_budget_gb(budget_gb, "plan_memory")
     check_share(margin, "plan_memory", "margin")
     if not isinstance(model, nn.Module):
@@ -310,6 +321,7 @@ def plan_memory(
         context_bytes=context,
         pickable=lambda m: (m.quantize is None and m.lora is None) or SWITCH.lora in allowed,
         plain=plain,
+        cancel=cancel,
     )
     search.row(0)  # one step now: a batch that does not fit the model is refused here, not at the first question
 

@@ -11,6 +11,7 @@ best (the same object in ``rows``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import math
 import threading
@@ -57,6 +58,8 @@ class RowSearch:
         batch_size, usable, context_bytes: as :func:`nbtrainer._plan._steps.plan_row` takes them.
         pickable: whether ``best`` may pick a row with these switches (rows that change what trains: when asked).
         plain: the switches of the baseline row (listed even when another row beats it).
+        cancel: set from another thread, no further row is simulated: a row not yet known raises
+            ``concurrent.futures.CancelledError`` (a row takes a second; a search, up to a minute on a loaded machine).
     """
 
     def __init__(
@@ -69,10 +72,11 @@ class RowSearch:
         context_bytes: int,
         pickable: Callable[[MemoryOptions], bool],
         plain: MemoryOptions,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.ctx, self.specs = ctx, list(specs)
         self.batch_size, self.usable, self.context_bytes = batch_size, usable, context_bytes
-        self.pickable, self.plain = pickable, plain
+        self.pickable, self.plain, self.cancel = pickable, plain, cancel
         self.seconds = 0.0  # spent simulating rows here (the plan adds it to its own time)
         self._rows: list[PlanRow | None] = [None] * len(self.specs)
         self._best: tuple[PlanRow | None] | None = None
@@ -83,6 +87,8 @@ class RowSearch:
         with self._lock:
             row = self._rows[i]
             if row is None:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise concurrent.futures.CancelledError("plan_memory: cancelled (its cancel event is set)")
                 memory, micro = self.specs[i]
                 start = time.perf_counter()
                 row = plan_row(self.ctx, memory, micro, self.batch_size, self.usable, self.context_bytes)

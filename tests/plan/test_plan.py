@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
+import threading
 from typing import Any
 
 import pytest
@@ -316,3 +318,24 @@ def test_a_plan_simulates_only_the_rows_a_question_needs_and_answers_as_a_full_s
     # the same answers as a plan whose table was read first
     again = plan_memory(model, batch, budget_gb=1, device="cpu")
     assert str(again) == str(plan) and again.best == best and again._candidates == plan._candidates
+
+
+def test_a_cancelled_plan_simulates_no_further_row_and_keeps_what_it_answered() -> None:
+    """The panel's Plan runs in a helper thread that the panel's close or the interpreter's exit cancels: the search
+    ends at the row being simulated instead of running on for the whole table."""
+    model, batch = _mlp(), (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    cancel = threading.Event()
+    plan = plan_memory(model, batch, budget_gb=1, device="cpu", cancel=cancel)
+    simulated = lambda: sum(r is not None for r in plan._search._rows)  # noqa: E731
+    best = plan.best
+    known = simulated()
+    assert best is not None and known < len(plan._search.specs)
+    cancel.set()
+    with pytest.raises(concurrent.futures.CancelledError, match="cancel"):
+        plan.rows
+    assert simulated() == known
+    assert plan.best is best  # answered before the cancel: still answered
+    with pytest.raises(concurrent.futures.CancelledError):  # set before it starts: not one row
+        plan_memory(model, batch, budget_gb=1, device="cpu", cancel=cancel)
+    with pytest.raises(TypeError, match=r"threading\.Event"):
+        plan_memory(model, batch, budget_gb=1, device="cpu", cancel=True)  # type: ignore[arg-type]

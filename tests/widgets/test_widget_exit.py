@@ -1,5 +1,5 @@
 """A script (or a kernel) that exits while the panel trains, plans or searches: the work is stopped at a step boundary
-(or, for the memory plan, waited for) and the interpreter ends cleanly.
+(the memory plan: cancelled at the row being simulated) and the interpreter ends cleanly.
 
 Before, the training thread (a daemon) was still inside a torch op while the interpreter's C++ state was torn down:
 every script that called ``start()`` and returned aborted ("terminate called without an active exception", exit
@@ -61,12 +61,17 @@ PLAN_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow  # an interpreter
-def test_a_script_that_returns_while_the_panel_plans_waits_for_the_plan_and_exits_cleanly() -> None:
-    """Before: the plan's thread was a plain daemon inside a torch op at exit, and 4 runs of 4 aborted (status 134)."""
+def test_a_script_that_returns_while_the_panel_plans_cancels_the_plan_and_exits_cleanly() -> None:
+    """Before: the plan's thread was a plain daemon inside a torch op at exit, and 4 runs of 4 aborted (status 134).
+    Then the exit waited for the whole search, up to a minute: on a loaded machine (the suite's loaded trial 47) the
+    search took longer and the exit still aborted. Now the exit cancels the plan: it ends with the row being
+    simulated, and nothing is shown."""
     proc = subprocess.run([sys.executable, "-c", PLAN_SCRIPT], capture_output=True, text=True, timeout=300)
     assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[:2] == ["returning while planning: True", "at exit: plan shown True"], proc.stdout
+    assert "the interpreter is exiting: stopping 'nbtrainer-plan'" in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["returning while planning: True", "at exit: plan shown False"], proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
 TUNE_SCRIPT = textwrap.dedent(
