@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import sys
 import tempfile
@@ -144,6 +145,7 @@ class Client:
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+        shutil.rmtree(self.dump.parent, ignore_errors=True)  # left behind, one folder in /tmp per kernel
 
 
 def _env(venv_kernelspec: Any, **extra: str) -> dict[str, str]:
