@@ -27,6 +27,9 @@ torch.set_num_threads(1)
 # 500 tests failed. Imported here, it is frozen out of the collector's sight with the rest (_freeze_survivors).
 import torch._dynamo  # noqa: E402
 
+# pytest-timeout's timeouts end a test that has stopped moving, not one still at work on a loaded machine
+from _guard import pytest_timeout_cancel_timer, pytest_timeout_set_timer  # noqa: E402, F401
+
 # every interpreter the tests start defers full garbage collections to the code that asks (tests/_site/sitecustomize.py)
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):

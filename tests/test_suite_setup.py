@@ -4,9 +4,11 @@ without failing anything else."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil  # ipykernel depends on it
 import pytest
@@ -20,7 +22,7 @@ def test_the_worker_keeps_what_survived_the_earlier_tests_out_of_the_collectors_
 @pytest.mark.slow  # starts an interpreter (docs/testing.md)
 def test_an_interpreter_the_suite_starts_leaves_full_collections_to_the_code_that_asks() -> None:
     code = "import gc, sitecustomize; print(gc.get_threshold()[2], sitecustomize.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     threshold, path = out.stdout.split()
     assert int(threshold) >= 1000 and path.endswith("tests/_site/sitecustomize.py"), out.stdout
 
@@ -139,3 +141,43 @@ def test_torch_dynamo_is_imported_before_any_test_whose_timeout_could_cut_its_im
             broke.append(proc.stderr.strip().splitlines()[-1])
     assert broke, "no cut left torch._dynamo broken: the hazard this guards against was not shown"
     assert _DYNAMO_BEFORE_THE_FIRST_TEST, "tests/conftest.py must import torch._dynamo before the first test"
+
+
+_GUARDED_TESTS = """
+import time, pytest
+
+@pytest.mark.timeout(3)
+def test_idle():  # a deadlock: nothing runs
+    time.sleep(60)
+
+@pytest.mark.timeout(3)
+def test_busy_past_its_timeout():  # still working at its timeout, as a loaded machine stretches a test: 2x its timeout
+    end = time.monotonic() + 6
+    while time.monotonic() < end:
+        pass
+
+@pytest.mark.timeout(3)
+def test_busy_forever():
+    while True:
+        pass
+"""
+
+
+@pytest.mark.slow  # a pytest session in an interpreter, about 20 s
+def test_the_hang_guard_ends_a_test_that_stopped_moving_and_lets_one_still_at_work_finish(tmp_path: Path) -> None:
+    """tests/_guard.py: pytest-timeout's timeout ends an idle test at its timeout, as before, and one still using CPU
+    at 4x its timeout; a test still at work past its timeout finishes (the VS Code browser test, 44 s alone, was
+    ended at its 240 s while its kernel and browser worked, in loaded trial 48)."""
+    (tmp_path / "test_guarded.py").write_text(_GUARDED_TESTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "-p", "_guard", "-p", "no:cacheprovider", "-q", "-rA", "test_guarded.py"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env).stdout
+    assert "PASSED test_guarded.py::test_busy_past_its_timeout" in out, out[-3000:]
+    ended = {
+        line.split("::")[1].split()[0]: line.split(" past its timeout: ")[1]
+        for line in out.splitlines()
+        if line.startswith("the hang guard (tests/_guard.py) ended")
+    }
+    assert ended.keys() == {"test_idle", "test_busy_forever"}, out[-3000:]
+    assert ended["test_idle"].startswith("nothing moved"), ended
+    assert ended["test_busy_forever"].startswith("still busy at 4x its timeout"), ended

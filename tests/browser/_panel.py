@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from _guard import tree_cpu
+
 PANEL_SELECTORS = [
     ".nbt-panel",
     ".nbt-status",
@@ -79,8 +81,37 @@ def badge(page: Any) -> str:
     }""")
 
 
-def wait_badge(page: Any, word: str, timeout_s: float = 20.0) -> None:
-    page.locator(f".nbt-status .nbt-status-{word}").first.wait_for(timeout=int(timeout_s * 1000))
+def wait_page(page: Any, predicate: str, arg: Any = None, *, cpu_s: float = 30.0, what: str = "") -> Any:
+    """``page.wait_for_function(predicate, arg=arg)``: its value once truthy. The budget is ``cpu_s`` CPU seconds
+    spent by the test's processes (the kernel that trains, the browser that draws, the Jupyter server, this worker:
+    ``tests/_guard.tree_cpu``), not wall seconds: the work a page state waits on costs about the same CPU quiet or
+    loaded, while its wall time stretched 10-20x in a loaded trial on a slower VM (loaded trial 48: "paused" not
+    shown within 20 s). A page on which nothing works spends no CPU; the test's hang guard ends that wait.
+    Raises ``TimeoutError`` naming ``what``."""
+    start = tree_cpu()
+    while True:
+        try:
+            return page.wait_for_function(predicate, arg=arg, timeout=1000)
+        except Exception as exc:  # Playwright's TimeoutError: a one-second slice ran out
+            if "Timeout" not in type(exc).__name__:
+                raise
+        used = tree_cpu() - start
+        if used > cpu_s:
+            raise TimeoutError(
+                f"{what or predicate[:80]} not shown after the test's processes spent {used:.0f} CPU seconds on it "
+                f"(budget {cpu_s:.0f}): they worked, the page never got there"
+            )
+
+
+_BADGE = """(word) => {
+    const b = document.querySelector('.nbt-status .nbt-status-' + word);
+    return !!b && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';
+}"""
+
+
+def wait_badge(page: Any, word: str, cpu_s: float = 20.0) -> None:
+    """Until the status badge says ``word`` (visible), within ``cpu_s`` CPU seconds of the test's processes."""
+    wait_page(page, _BADGE, word, cpu_s=cpu_s, what=f"the badge {word!r}")
 
 
 def scatter_points(page: Any, selector: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._panel import chart, curve, global_step, state_errors, wait_badge
+from ._panel import chart, curve, global_step, state_errors, wait_badge, wait_page
 from ._servers import widget_problems
 
 # bqplot draws marks in steps: wait until the raw loss line has more points than `base`
@@ -40,11 +40,11 @@ def run_controls_scenario(
     """
     page.locator("button.nbt-start").click()
     wait_badge(page, "running")
-    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[2], timeout=30_000)
+    wait_page(page, LOSS_POINTS_ABOVE, [2], cpu_s=30)
     a_step, a_points = global_step(page), loss_points(page)
-    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[a_points + 10], timeout=30_000)
+    wait_page(page, LOSS_POINTS_ABOVE, [a_points + 10], cpu_s=30)
     # the step line is its own widget message, which can be drawn after the chart's (seen on ipywidgets 7)
-    page.wait_for_function(STEP_ABOVE, arg=[a_step], timeout=30_000)
+    wait_page(page, STEP_ABOVE, [a_step], cpu_s=30)
     b_step = global_step(page)
     assert b_step > a_step > 0, (a_step, b_step)
     screenshot(page, f"{name}-running", selector=".nbt-panel")
@@ -61,13 +61,13 @@ def run_controls_scenario(
     # Resume: running again, the chart grows past the pause
     page.locator("button.nbt-pause").click()
     wait_badge(page, "running")
-    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[held_points + 5], timeout=30_000)
+    wait_page(page, LOSS_POINTS_ABOVE, [held_points + 5], cpu_s=30)
     # the step line is its own widget message, which can land after the chart's: wait for it too
-    page.wait_for_function(STEP_ABOVE, arg=[held_step], timeout=30_000)
+    wait_page(page, STEP_ABOVE, [held_step], cpu_s=30)
 
     # Stop: "stopped", the step shown is final, Start is enabled again
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)  # a deadline; the hold below is the check
+    wait_badge(page, "stopped", cpu_s=30)  # a deadline; the hold below is the check
     final = global_step(page)
     page.wait_for_timeout(HOLD_S * 1000)
     assert global_step(page) == final, "training went on after Stop"

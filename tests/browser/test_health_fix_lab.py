@@ -63,7 +63,7 @@ def test_one_click_on_the_health_card_restores_lowers_and_the_run_trains(
     wait_widgets_rendered(page, [".nbt-panel", ".nbt-health .nbt-health-lights", "button.nbt-start"], timeout=60)
 
     _mouse_click(page, "button.nbt-start")
-    wait_badge(page, "paused", timeout_s=60)  # Health paused it at the step after step 1 wrecked the weights
+    wait_badge(page, "paused", cpu_s=60)  # Health paused it at the step after step 1 wrecked the weights
     page.wait_for_function(f"() => ({LIGHT})('learning rate').level === 'nbt-health-problem'", timeout=30_000)
     button = "button.nbt-health-apply"
     page.wait_for_function(
@@ -77,7 +77,7 @@ def test_one_click_on_the_health_card_restores_lowers_and_the_run_trains(
     screenshot(page, "health-fix-lab", selector=".nbt-health")
 
     _mouse_click(page, button)
-    wait_badge(page, "finished", timeout_s=90)  # resumed, and trained to its end
+    wait_badge(page, "finished", cpu_s=90)  # resumed, and trained to its end
     page.wait_for_function(
         "() => { const i = document.querySelector('.nbt-lr-exact input'); return i && i.value === '1.00e-1'; }",
         timeout=30_000,

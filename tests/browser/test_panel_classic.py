@@ -27,7 +27,17 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from . import _servers
-from ._panel import PANEL_SELECTORS, badge, click_matrix_cell, incomplete, low_contrast, panel_state, state_errors
+from ._panel import (
+    PANEL_SELECTORS,
+    badge,
+    click_matrix_cell,
+    incomplete,
+    low_contrast,
+    panel_state,
+    state_errors,
+    wait_badge,
+    wait_page,
+)
 from ._scenario import run_controls_scenario
 from ._servers import Server, wait_widgets_rendered, widget_problems
 
@@ -95,9 +105,9 @@ def classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str,
 
 def _run_all(page: Any, url: str) -> None:
     page.goto(url, wait_until="domcontentloaded", timeout=60_000)
-    page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+    wait_page(page, KERNEL_IDLE, cpu_s=90, what="the kernel idle")
     page.evaluate("() => window.Jupyter.notebook.execute_all_cells()")
-    page.wait_for_function(ALL_RAN, timeout=120_000)
+    wait_page(page, ALL_RAN, cpu_s=120, what="every cell run")
 
 
 @pytest.mark.timeout(300)
@@ -225,15 +235,17 @@ def _finished(page: Any, how: str) -> bool:
     its badge; False when the panel never shows the end (its updates lost, or the panel re-rendered away)."""
     try:
         if how == "fit":
-            page.wait_for_function(ALL_RAN, timeout=120_000)  # the cell returns when the run has ended
+            wait_page(page, ALL_RAN, cpu_s=120, what="every cell run")  # the cell returns when the run has ended
         else:
-            page.wait_for_function(
+            wait_page(
+                page,
                 "() => { const b = document.querySelector('button.nbt-start'); return b && !b.disabled; }",
-                timeout=120_000,
+                cpu_s=120,
+                what="Start enabled",
             )
             page.locator("button.nbt-start").click(timeout=10_000)
-        page.locator(".nbt-status .nbt-status-finished").wait_for(timeout=60_000 if how == "start" else 10_000)
-    except PlaywrightTimeout:
+        wait_badge(page, "finished", cpu_s=60 if how == "start" else 10)
+    except (PlaywrightTimeout, TimeoutError):
         return False
     return True
 

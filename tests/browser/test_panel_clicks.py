@@ -124,7 +124,7 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
     assert len(earlier) == 1, page.evaluate(OPTIONS)
     name = earlier[0].split(" · ")[0]
     page.locator("button.nbt-start").click()
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.wait_for_function(f"() => ({LOSS_LINES})().some(l => l.label === 'loss (step)' && l.n > 5)", timeout=30_000)
     option = page.locator(".nbt-compare-runs option", has_text=name)
     option.click()
@@ -150,6 +150,6 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
     )
     assert page.evaluate("() => document.querySelector('.nbt-compare-runs select').selectedOptions.length") == 0
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
     assert chart(page, ".nbt-chart-loss") is not None
     assert widget_problems(page) == []

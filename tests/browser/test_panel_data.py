@@ -62,7 +62,7 @@ def data_map_scenario(page: Any) -> None:
     # its update on its own in the front end, so the page is read once the pictures are there
     page.locator(".nbt-data-batch img").nth(3).wait_for(timeout=15_000)
     page.locator("button.nbt-start").click()
-    wait_badge(page, "finished", timeout_s=90)
+    wait_badge(page, "finished", cpu_s=90)
     page.wait_for_function(f"() => ({DOTS})().length === {N}", timeout=30_000)
     page.locator(".nbt-data-map").scroll_into_view_if_needed()  # the mouse works in the viewport's coordinates
     dots = page.evaluate(DOTS)

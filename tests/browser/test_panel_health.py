@@ -57,7 +57,7 @@ def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server
 
     page.locator("button.nbt-start").click()
     page.wait_for_function(f"() => ({LR_LIGHT})() === 'nbt-health-problem'", timeout=60_000)
-    wait_badge(page, "paused", timeout_s=60)  # on_problem="pause": held at the next step boundary
+    wait_badge(page, "paused", cpu_s=60)  # on_problem="pause": held at the next step boundary
     button = page.locator("button.nbt-health-apply-lr")
     button.wait_for(state="visible", timeout=30_000)
     page.wait_for_function(
@@ -73,7 +73,7 @@ def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server
     screenshot(page, "panel-health-problem", selector=".nbt-health")
 
     button.click()
-    wait_badge(page, "running", timeout_s=60)  # resumed
+    wait_badge(page, "running", cpu_s=60)  # resumed
     # the LR change came back through the event stream: the panel's exact-LR box shows the trainer's new LR
     shown = format_lr(float(advised.group(1)))
     page.wait_for_function(
@@ -81,5 +81,5 @@ def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server
         timeout=30_000,
     )
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=60)
+    wait_badge(page, "stopped", cpu_s=60)
     assert not widget_problems(page)

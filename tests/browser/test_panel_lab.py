@@ -103,20 +103,20 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     # Not awaited: the command's promise settles only when every cell has run, and the 2nd cell blocks.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[5], timeout=30_000)
 
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "paused", timeout_s=30)  # the click reached the kernel while the cell is busy
+    wait_badge(page, "paused", cpu_s=30)  # the click reached the kernel while the cell is busy
     held, points = global_step(page), loss_points(page)
     page.wait_for_timeout(1500)
     assert (global_step(page), loss_points(page)) == (held, points), "the run moved while paused"
     screenshot(page, "blocking-fit-lab-paused", selector=".nbt-panel")
     page.locator("button.nbt-pause").click()
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.wait_for_function(LOSS_POINTS_ABOVE, arg=[points + 5], timeout=30_000)
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
     out = page.locator(".jp-OutputArea-output", has_text=re.compile(r"RESULT \w+ \d+")).first
     out.wait_for(timeout=30_000)
@@ -140,7 +140,7 @@ def test_a_confusion_matrix_cell_clicked_in_jupyterlab_shows_its_items(shared_la
     lab_run_all(page, timeout=120)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     page.locator("button.nbt-start").click()
-    wait_badge(page, "finished", timeout_s=60)
+    wait_badge(page, "finished", cpu_s=60)
     matrix = page.locator(".nbt-errors-matrix svg.svg-figure")
     matrix.wait_for(timeout=30_000)
     matrix.scroll_into_view_if_needed()

@@ -88,5 +88,5 @@ def test_lr_changes_from_the_panel_are_labelled_on_a_titled_lr_chart(voila_serve
     screenshot(page, "panel-lr-dragged", selector=".nbt-chart-lr")
 
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
     assert widget_problems(page) == []

@@ -149,7 +149,7 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
 
     # a run of 20 epochs: the table shows the newest rows and says how many are hidden
     page.locator("button.nbt-start").click()
-    wait_badge(page, "finished", timeout_s=120)
+    wait_badge(page, "finished", cpu_s=120)
     table = _table_until(page, lambda t: 20 in t["rows"])
     assert table["rows"][-1] == 20 and len(table["rows"]) == 8, table
     assert "12 earlier hidden" in table["note"], table
@@ -190,7 +190,7 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     epochs.press("Enter")
     page.wait_for_function("() => document.querySelector('.nbt-epochs input').value === '2000'")
     page.locator("button.nbt-start").click()
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.wait_for_function(
         "() => document.querySelector('.nbt-summary-area').innerText.includes('previous run')", timeout=30_000
     )
@@ -217,7 +217,7 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     assert page.evaluate(f"() => {BOX}.scrollTop") < -40
     screenshot(page, "panel-narrow-800-show-all", selector=".nbt-epochs-area")
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
 
     # full width: the LR finder button on the first row of buttons
     page.set_viewport_size({"width": 1280, "height": 900})

@@ -55,7 +55,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     # Not awaited: the command settles only when every cell has run, and the 2nd cell blocks for the run.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.wait_for_function("() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)")
     # the saved notebook holds the panel's output (what a reload shows), then the page is reloaded
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -70,7 +70,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     page.wait_for_function(PANEL_BACK, timeout=BACK_DEADLINE_S * 1000)  # what the kernel answers: the models
     back_after = time.monotonic() - t0
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     # live: the progress the page shows moves on past what the restore showed
     page.wait_for_function(
         "(s) => { const m = /step ([\\d,]+)/.exec(document.querySelector('.nbt-progress-info').innerText);"
@@ -82,7 +82,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     screenshot(page, "reload-mid-fit-live", selector=".nbt-panel")
 
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
     final = global_step(page)
     page.wait_for_timeout(1000)
     assert global_step(page) == final, "training went on after Stop"

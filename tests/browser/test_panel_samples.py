@@ -63,7 +63,7 @@ def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_lo
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
     wait_widgets_rendered(page, [".nbt-panel", ".nbt-chart-loss svg.svg-figure"], timeout=60)
     page.locator("button.nbt-start").click()
-    wait_badge(page, "finished", timeout_s=60)
+    wait_badge(page, "finished", cpu_s=60)
     page.wait_for_function(f"() => {{ const s = ({SHOWN})(); return s && s[1] === s[2] && s[2] > 3; }}")
     last, k, n = _shown(page) or [0, 0, 0]
     assert last == 44 and k == n  # 22 steps per epoch: the newest sample is the last step's

@@ -82,7 +82,7 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     shown = time.monotonic() - t0
     print(f"\npanel rendered {shown:.1f} s after the request")
-    wait_badge(page, "running", timeout_s=30)
+    wait_badge(page, "running", cpu_s=30)
     page.locator("button.nbt-pause").click()  # usable: the click reaches the blocking cell's run
     wait_badge(page, "paused")
     held = global_step(page)
@@ -94,7 +94,7 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     # epoch has no summary table to check (and the notebook's best-epoch cell has nothing to print)
     page.locator(".nbt-epoch-table tbody tr").first.wait_for(state="attached", timeout=60_000)
     page.locator("button.nbt-stop").click()
-    wait_badge(page, "stopped", timeout_s=30)
+    wait_badge(page, "stopped", cpu_s=30)
     # the summary renders inside the panel (Voila never re-renders the plain-HTML slot under it)
     # the badge says "stopped" one UI push before the summary is built and shown (folded): wait for it, then open it
     page.locator(".nbt-summary-area .nbt-section-title").wait_for(state="visible", timeout=30_000)

@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, badge, global_step
+from ._panel import PANEL_SELECTORS, badge, global_step, wait_page
 from ._scenario import STEP_ABOVE, run_controls_scenario
 from ._servers import Server, isolated_env, wait_widgets_rendered, widget_problems
 from ._vscode import (
@@ -156,8 +156,9 @@ def cell(page: Any, index: int) -> dict[str, Any]:
     return info
 
 
-def wait_cell(page: Any, index: int, timeout_s: float = 120.0) -> dict[str, Any]:
-    page.wait_for_function("(i) => window.harness.cells[i].done", arg=index, timeout=int(timeout_s * 1000))
+def wait_cell(page: Any, index: int, cpu_s: float = 120.0) -> dict[str, Any]:
+    """Until the cell has run, within ``cpu_s`` CPU seconds of the test's processes (``_panel.wait_page``)."""
+    wait_page(page, "(i) => window.harness.cells[i].done", index, cpu_s=cpu_s, what=f"cell {index} done")
     info = cell(page, index)
     assert info["status"] == "ok", (index, info)
     return info
@@ -181,7 +182,7 @@ def test_panel_renders_and_trains_in_vscode_bundle(vscode_harness, harness_page,
     assert {"bqplot", "bqscales"} <= set(vscode_harness.sources), vscode_harness.sources
     open_harness(page, vscode_harness)
     cells = [run_cell(page, code) for code in notebook_code(PANEL_NB)]  # Run All: queued, run in order
-    last = wait_cell(page, cells[-1], timeout_s=120)
+    last = wait_cell(page, cells[-1], cpu_s=120)
     assert any(WIDGET_VIEW in o.get("mimetypes", ()) for o in last["outputs"]), last
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     assert badge(page) == "idle"
@@ -230,7 +231,7 @@ STEP_PAST_OR_DONE = """([n, i]) => {
 def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screenshot, console_log) -> None:
     page = harness_page
     open_harness(page, vscode_harness)
-    wait_cell(page, run_cell(page, BLOCKING_CELL), timeout_s=60)
+    wait_cell(page, run_cell(page, BLOCKING_CELL), cpu_s=60)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     fit = run_cell(page, "h = wb.fit()  # blocks until the run ends\nprint('RESULT', h.status, len(h.epochs))")
 
@@ -243,7 +244,7 @@ def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screensho
     assert badge(page) == "running"
     screenshot(page, "panel-vscode-blocking-fit", selector=".nbt-panel")
 
-    info = wait_cell(page, fit, timeout_s=120)
+    info = wait_cell(page, fit, cpu_s=120)
     assert any(o.get("text", "").startswith("RESULT finished 5") for o in info["outputs"]), info["outputs"]
     page.wait_for_function(STEP_ABOVE, arg=[TOTAL_STEPS - 1], timeout=30_000)
     assert global_step(page) == TOTAL_STEPS
@@ -258,7 +259,7 @@ def test_harness_detects_bqplot_that_cannot_load(vscode_harness, harness_page, s
     """The negative control: what the positive tests check fails when bqplot's JS cannot load."""
     page = harness_page
     open_harness(page, vscode_harness, "config-no-bqplot.json")
-    wait_cell(page, run_cell(page, BLOCKING_CELL.replace("wb", "wn")), timeout_s=60)
+    wait_cell(page, run_cell(page, BLOCKING_CELL.replace("wb", "wn")), cpu_s=60)
     with pytest.raises(AssertionError) as failed:
         wait_widgets_rendered(page, PANEL_SELECTORS, timeout=30)
     assert "error-widget" in str(failed.value) or any(c in str(failed.value) for c in CHART_SELECTORS), failed.value

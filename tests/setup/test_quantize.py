@@ -151,7 +151,7 @@ def test_building_a_trainer_shows_no_advice_to_fetch_kernels_from_the_hub() -> N
     kernels-community ... pip install kernels" (a package that downloads kernels at run time, which nbtrainer
     never does). A user saw it as red text in every notebook that built a Trainer; nbtrainer drops it."""
     probe = "import bitsandbytes.functional as F; print(bool(F.has_avx512bf16()))"
-    has = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    has = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     if has.stdout.strip() != "True":
         pytest.skip("bitsandbytes only tries the Hub kernel on CPUs with AVX512-BF16")
     assert "kernels-community" in has.stderr, "bitsandbytes alone still logs the notice (else this test is moot)"

@@ -16,7 +16,7 @@ from nbtrainer._shell._cli import main
 
 def _run(*args: str, importtime: bool = False) -> subprocess.CompletedProcess:
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "nbtrainer", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def _imported(stderr: str) -> set[str]:
@@ -92,7 +92,7 @@ def test_bad_arguments_exit_with_usage(capsys):
 def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "nbtrainer")
     assert os.path.exists(script), "reinstall the project (bash scripts/venv.sh): [project.scripts] nbtrainer"
-    proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: nbtrainer")
 
 
