@@ -39,7 +39,9 @@ STRETCH = 4  # a test still working at its timeout goes on up to this many times
 
 def tree_cpu(pid: int | None = None) -> float:
     """CPU seconds (user and system) used so far by the process ``pid`` (default: this one) and its descendants alive
-    now. A descendant that ended is not counted: a sample's difference can only undercount work, never invent it."""
+    now, each with the children it has waited for (an interpreter that ended and was reaped stays counted, in its
+    parent). Only an orphan that ended (reaped by init) drops out: a sample's difference can undercount work, never
+    invent it."""
     try:
         root = psutil.Process(pid or os.getpid())
         family = [root, *root.children(recursive=True)]
@@ -51,7 +53,6 @@ def tree_cpu(pid: int | None = None) -> float:
             t = p.cpu_times()
         except psutil.Error:
             continue
-        # with the children each one has waited for: an interpreter that ended is counted once, in its parent
         total += t.user + t.system + t.children_user + t.children_system
     return total
 
