@@ -5,7 +5,8 @@ and the data map of the run with a cleaner.
   ``nbtrainer.show_batch(train)``: the report's lights and findings (``nbt-data-report``: ``nbt-data-light``,
   ``nbt-data-ok|warning|problem``, each finding ``nbt-data-problem``) and the batch (``nbt-data-batch``). The fit
   reuses the report (``Trainer(check_data=True)`` on the same loaders); labels past the model's outputs refuse the
-  run before its first step.
+  run before its first step. Closing the panel, a newer check (a plan row's batch size) or the interpreter's exit
+  cancels a check under way at its next batch (``check_data(cancel=)``).
 * **During the run** a ``nbtrainer.DataMap`` rides on it; at each epoch's end the UI thread draws the map as a bqplot
   scatter (``nbt-data-map``: confidence against variability, coloured by correctness, at most 3,000 points: a seeded
   sample plus the most suspicious labels). A click on a point (``interactions={"click": "select"}``), or a lasso
@@ -22,6 +23,7 @@ and the data map of the run with a cleaner.
 
 from __future__ import annotations
 
+import concurrent.futures
 import html
 import logging
 import threading
@@ -126,17 +128,23 @@ class DataView:
         self._points_per_s = _MAP_POINTS_PER_S * detect().budget
         self._lock = threading.RLock()
         self._check: threading.Thread | None = None
+        self._cancel = threading.Event()  # ends the check under way: the panel closes, the interpreter exits
         self.scatter.observe(self._on_selected, "selected")
 
     # -- before Start: the data check and the batch preview (a helper thread) ----------------------------
     def start_check(self, trainer: Any, train_loader: Any, val_loader: Any) -> None:
-        """Check the data in a helper thread; the lights and the batch show when it is done."""
+        """Check the data in a helper thread; the lights and the batch show when it is done. A check still under way
+        is cancelled first: an older one must not draw over the new one."""
+        self.close_check()
+        cancel = self._cancel = threading.Event()
         self.report_html.value = "<div class='nbt-data-checking' style='font-size:12px'>checking the data…</div>"
         self.section.show(self.body, detail="checking…")
 
         def check() -> None:
             try:
-                report = trainer.check_data(train_loader, val_loader)
+                report = trainer.check_data(train_loader, val_loader, cancel=cancel)
+            except concurrent.futures.CancelledError:  # closed, exiting, or a newer check: nothing to draw
+                return
             except Exception as exc:  # said; Start still works (the fit's own checks run)
                 log.debug("the panel's data check failed: said in its data section", exc_info=True)
                 self.report_html.value = (
@@ -159,12 +167,20 @@ class DataView:
             worst = "problem" if "problem" in lights.values() else "warning" if "warning" in lights.values() else "ok"
             self.section.show(self.body, detail=f"{worst}: {report.summary()}")
 
-        self._check = start_training_thread(check, name="nbtrainer-data-check")
+        # start_training_thread: an interpreter that exits mid-check cancels it (at its next batch) and waits for that
+        # batch, rather than for the whole pass (a minute for a big data set) or aborting mid-op
+        self._check = start_training_thread(check, name="nbtrainer-data-check", stop=cancel.set)
 
     def wait_check(self, timeout: float | None = None) -> None:
         """Wait for the data check (Start does: the fit reuses its report)."""
         if self._check is not None:
             self._check.join(timeout)
+
+    def close_check(self) -> None:
+        """Cancel the data check under way, if any, and wait for the batch it is reading (the panel closes)."""
+        self._cancel.set()
+        if self._check is not None and self._check is not threading.current_thread():
+            self._check.join()
 
     def refused(self) -> str | None:
         """Why Start must not train (labels the model has no output for), or None."""

@@ -296,7 +296,7 @@ class TrainerWidget:
             self._actions.close()  # the sweep stops at its next step, the model put back; Profile and Save end
             self.plan_view.close()  # a plan being made is cancelled (its row waited for), not drawn
             end_run(self._run, self._pump, "the panel was closed")
-            self.looks.data.wait_check()
+            self.looks.data.close_check()  # cancelled at its next batch, not read to the end
             close_widgets(self.panel)
 
     def __repr__(self) -> str:
@@ -348,7 +348,6 @@ class TrainerWidget:
         if self._rebatch is None:
             return False
         if getattr(self.train_loader, "batch_size", None) != batch_size:
-            self.looks.data.wait_check()  # one check at a time: an older one must not draw over the new one
             self.train_loader = self._rebatch(batch_size)
             self.looks.data.start_check(self.trainer, self.train_loader, self.val_loader)
         return True

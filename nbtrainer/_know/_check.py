@@ -10,7 +10,9 @@ on the first batch, to learn its number of outputs (the label range). The findin
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,7 +204,9 @@ class _Scan:
         )
 
 
-def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: list[Any]) -> Split:
+def _read(
+    trainer: Any, loader: Any, name: str, max_items: int | None, first: list[Any], cancel: threading.Event | None
+) -> Split:
     lists, of, sampled = _lists(loader, max_items)
     batches: Iterator[tuple[Tensor | None, Any]]
     batches, _ = indexed_batches(loader, fast=trainer.fast_fetch, lists=lists)
@@ -210,6 +214,8 @@ def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: li
     try:
         with kept_rng(), torch.no_grad():
             for indices, batch in batches:
+                if cancel is not None and cancel.is_set():  # between batches: no half-read batch, no torch op cut
+                    raise concurrent.futures.CancelledError(f"check_data: cancelled while reading {name}")
                 # a stream or a list of batches: its first items, a sample only if a batch is left over (said so)
                 if max_items is not None and lists is None and scan.items >= max_items:
                     sampled = True
@@ -227,10 +233,20 @@ def _read(trainer: Any, loader: Any, name: str, max_items: int | None, first: li
 
 
 def check_data(
-    trainer: Any, train_loader: Any, val_loader: Any = None, *, max_items: int | None = None, batch_size: Any = None
+    trainer: Any,
+    train_loader: Any,
+    val_loader: Any = None,
+    *,
+    max_items: int | None = None,
+    batch_size: Any = None,
+    cancel: threading.Event | None = None,
 ) -> DataReport:
-    """The pass of :meth:`nbtrainer.Trainer.check_data` (see the module docstring and that method)."""
+    """The pass of :meth:`nbtrainer.Trainer.check_data` (see the module docstring and that method). ``cancel``: an
+    event another thread may set; the pass then ends before its next batch with ``concurrent.futures.CancelledError``
+    (the panel's check, when the panel closes or the interpreter exits)."""
     check_max_items(max_items)
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise TypeError(f"check_data(cancel=...) takes a threading.Event, got {type(cancel).__name__}.")
     train = _arrays.eval_loader(train_loader, batch_size, name="check_data() train_loader")
     val = (
         _arrays.eval_loader(val_loader, batch_size, name="check_data() val_loader") if val_loader is not None else None
@@ -242,9 +258,9 @@ def check_data(
                 "up before the fit. Pass a DataLoader, a list of batches or arrays."
             )
     first: list[Any] = []
-    splits = [_read(trainer, train, "train", max_items, first)]
+    splits = [_read(trainer, train, "train", max_items, first, cancel)]
     if val is not None:
-        splits.append(_read(trainer, val, "val", max_items, []))
+        splits.append(_read(trainer, val, "val", max_items, [], cancel))
     outputs, ignore, why = output_size(trainer, first[0]) if first else (None, -100, None)
     problems, notes, summaries = findings(splits, outputs=outputs, ignore_index=ignore)
     if why:

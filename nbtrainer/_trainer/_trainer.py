@@ -34,6 +34,8 @@ from nbtrainer._trainer._memory_budget import MemoryBudget
 from nbtrainer._trainer._validate import between_fits, requires_optimizer
 
 if TYPE_CHECKING:
+    import threading
+
     from typing_extensions import Unpack
 
     from nbtrainer._data._batch import BatchSpec
@@ -159,23 +161,21 @@ class Trainer:
     # -- read-only views of its parts --------------------------------------------------------------------------
     @property
     def run_state(self) -> RunState:
-        """The run's progress from one ``fit`` to the next (:class:`~nbtrainer._loop._run_state.RunState`): where
-        the loop is (``loop_state``), the training metrics' running state, the seconds trained, the History being
-        fed and, while a fit runs, its loop. What a checkpoint saves and a resume or ``fit_more`` continues."""
+        """The run's progress across fits (:class:`~nbtrainer._loop._run_state.RunState`): ``loop_state``, the training
+        metrics' state, seconds trained, the History fed, a running fit's loop; what a checkpoint saves and resumes."""
         return self._run
 
     @property
     def batch_steps(self) -> BatchSteps:
-        """How this trainer turns a batch into a loss or outputs, evaluates and predicts
-        (:class:`~nbtrainer._loop._batch_steps.BatchSteps`): the ``compute_loss=`` / ``predict_step=`` functions,
-        the autocast and inference contexts, the validation metrics."""
+        """How a batch becomes a loss or outputs (:class:`~nbtrainer._loop._batch_steps.BatchSteps`): ``compute_loss=``
+        and ``predict_step=``, the autocast and inference contexts, the validation metrics."""
         return self._steps
 
     @property
     def model_setup(self) -> ModelSetup:
         """What was done to the model before the first step (:class:`~nbtrainer._setup._model_setup.ModelSetup`):
-        freezing, quantize / LoRA / offload (its ``savers``, which also decide what of the model a checkpoint
-        holds), activation checkpointing, ``channels_last``, compile; ``describe()`` says it in one line."""
+        freezing, quantize / LoRA / offload (``savers``: also what a checkpoint holds), activation checkpointing,
+        ``channels_last``, compile; ``describe()`` says it in one line."""
         return self._setup
 
     @property
@@ -423,12 +423,12 @@ class Trainer:
         options = {"loss_per_item": loss_per_item, "decode": decode, "feature_names": feature_names}
         return interpret(self, loader, max_items=max_items, classes=classes, batch_size=batch_size, **options)
 
-    def check_data(
-        self, train_loader: Any, val_loader: Any = None, *, max_items: int | None = None, batch_size: int | None = None
-    ) -> DataReport:
+    def check_data(self, train_loader: Any, val_loader: Any = None, *, max_items: int | None = None,
+                   batch_size: int | None = None, cancel: threading.Event | None = None) -> DataReport:  # fmt: skip
         """Check the data in one streamed pass per split that keeps no items: duplicates (inside a split, between
         training and validation), NaN / Inf, scale, constant features, class balance, labels past the model's outputs
-        (``nbtrainer._know._check``). ``max_items``: a seeded sample per split; arrays: ``batch_size``. Example:
+        (``nbtrainer._know._check``). ``max_items``: a seeded sample per split; arrays: ``batch_size``; ``cancel``: an
+        Event set from another thread ends the pass before its next batch (``CancelledError``). Example:
             >>> import torch
             >>> trainer = Trainer(torch.nn.Linear(4, 3), torch.nn.CrossEntropyLoss(), "sgd", progress=False)
             >>> x, y = torch.randn(100, 4) * 1000, torch.randint(0, 3, (100,))
@@ -438,8 +438,9 @@ class Trainer:
         from nbtrainer._know._check import check_data
 
         self._place()
-        self.data_report = check_data(self, train_loader, val_loader, max_items=max_items, batch_size=batch_size)
-        return self.data_report
+        report = check_data(self, train_loader, val_loader, max_items=max_items, batch_size=batch_size, cancel=cancel)
+        self.data_report = report
+        return report
 
     def show_batch(self, loader: Any, n: int = 16, *, decode: Any = None, **options: Any) -> Any:
         """The first ``n`` items of ``loader``'s first batch as the model receives them (``nbtrainer.show_batch``),
@@ -485,10 +486,9 @@ class Trainer:
         """Go back to a checkpoint (``"last"``: a ``ModelCheckpoint``'s ``last.ckpt``, or a file) and train on from
         there: model, optimizer, scheduler, scaler and the loop's position restored at a step boundary (the epoch's
         data order replayed up to the saved batch). Between fits, loaded in place (``fit_more`` goes on from it).
-        From another thread the fit is paused first, as the panel's health card does. Refused up front: no
-        checkpoint, a running fit not paused, DDP / FSDP. Returns the path. Example, with a ``ModelCheckpoint(dir,
-        save_last=True)``: ``trainer.pause(); trainer.rollback(); trainer.set_lr(trainer.lr / 3); trainer.resume()``.
-        """
+        Refused up front: no checkpoint, a running fit not paused (from another thread: pause first, as the health
+        card does), DDP / FSDP. Returns the path. Example, with ``ModelCheckpoint(dir, save_last=True)``:
+        ``trainer.pause(); trainer.rollback(); trainer.set_lr(trainer.lr / 3); trainer.resume()``."""
         from nbtrainer._resume._rollback import rollback
 
         return rollback(self, path, self._live)

@@ -6,9 +6,11 @@ or a plain statement."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import random
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -207,6 +209,35 @@ def test_max_items_takes_a_seeded_sample_and_says_so():
     assert again.splits["train"]["fields"] == report.splits["train"]["fields"]
     with pytest.raises(ValueError, match="max_items must be an int >= 1"):
         _trainer().check_data((x, y), max_items=0)
+
+
+def test_a_cancelled_check_reads_no_further_batch_and_keeps_the_last_report():
+    """``cancel=``: the panel's check ends at the next batch when the panel closes or the interpreter exits. Here the
+    dataset sets the event as it hands out item 100, in the middle of a batch of 32 (the panel's thread is another
+    thread; where it is set from does not change where the pass looks)."""
+    x, y = make_classification(n=1000)
+    cancel, read = threading.Event(), []
+
+    class Watched(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(x)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            read.append(i)
+            if len(read) == 100:
+                cancel.set()
+            return x[i], y[i]
+
+    trainer = _trainer()
+    before = trainer.check_data((x[:50], y[:50]))
+    with pytest.raises(concurrent.futures.CancelledError, match="cancelled while reading train"):
+        trainer.check_data(DataLoader(Watched(), batch_size=32), cancel=cancel)
+    assert len(read) == 128  # the batch under way (items 96-127) is read whole, then nothing more
+    assert trainer.data_report is before  # a cancelled pass replaces no report
+    cancel.clear()
+    assert trainer.check_data((x, y), cancel=cancel).splits["train"]["items"] == 1000  # not set: the whole pass
+    with pytest.raises(TypeError, match=r"check_data\(cancel=...\) takes a threading.Event, got bool"):
+        trainer.check_data((x, y), cancel=True)  # type: ignore[arg-type]
 
 
 def test_bad_input_gets_a_clear_error_or_a_plain_statement():

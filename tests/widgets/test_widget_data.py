@@ -262,3 +262,36 @@ def test_a_map_held_back_by_its_budget_is_drawn_when_the_run_pauses():
     wait_for(lambda: drawings[-1][2] == held, 60, "the map drawn as the run holds")
     w.view.stop.click()
     assert w.wait(timeout=60).status == "stopped"
+
+
+def test_closing_the_panel_mid_check_cancels_the_check_at_its_next_batch_and_a_new_check_replaces_an_old_one() -> None:
+    """Before, ``close()`` (and a plan row's new batch size) waited for the whole pass over the data."""
+    x, y = make_classification(n=4000)
+    read: list[int] = []
+
+    class Slow(torch.utils.data.Dataset):  # a data set read from disk: 1 ms an item, 4 s for the whole pass
+        def __len__(self) -> int:
+            return len(x)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            read.append(i)
+            time.sleep(0.001)
+            return x[i], y[i]
+
+    model = mlp()
+    loader = torch.utils.data.DataLoader(Slow(), batch_size=50)
+    w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), "sgd", loader, run_store=False)
+    data = w.looks.data
+    wait_for(lambda: len(read) >= 100, 30, "the check under way")
+    first = data._check
+    data.start_check(w.trainer, w.train_loader, None)  # a newer check: the older one ends, drawing nothing
+    assert first is not None and not first.is_alive() and data.report is None
+    before_second = len(read)
+    assert before_second < len(x)  # the first pass ended early
+    wait_for(lambda: len(read) >= before_second + 200, 30, "the second check under way")
+    w.close()
+    assert data._check is not None and not data._check.is_alive()
+    at_close = len(read)
+    assert at_close - before_second < len(x) and data.report is None  # the second pass ended early, nothing drawn
+    time.sleep(0.1)
+    assert len(read) == at_close  # nothing reads after close() returned
