@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,9 +51,13 @@ def _end_all(proc: subprocess.Popen[str]) -> tuple[str, str]:
     return out or "", err or ""
 
 
-def run_group(cmd: Sequence[str], *, timeout: float, what: str = "the command", **kwargs: Any) -> Any:
+def run_group(cmd: Sequence[str], *, timeout: float | None = None, what: str = "the command", **kwargs: Any) -> Any:
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)``, with every process the
-    command started ended by the timeout (which fails the test, saying what they printed) or by an exception."""
+    command started ended by the timeout (which fails the test, saying what they printed) or by an exception.
+
+    Without ``timeout`` (the suite's launches) the hang guard decides (``tests/_guard.py``): a command still at work
+    under load goes on, one that stopped moving fails the test at its pytest timeout, and its processes are ended
+    here as on any exception. Wall-clock deadlines here failed commands that were only slow (loaded trial 48)."""
     proc = subprocess.Popen(
         list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
     )
@@ -60,8 +65,10 @@ def run_group(cmd: Sequence[str], *, timeout: float, what: str = "the command", 
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         out, err = _end_all(proc)
-        pytest.fail(f"{what} ran past {timeout:g} s (stuck, not slow)\nSTDOUT:\n{out[-3000:]}\nSTDERR:\n{err[-6000:]}")
-    except BaseException:  # pytest-timeout's signal, KeyboardInterrupt: no process outlives the test
-        _end_all(proc)
+        pytest.fail(f"{what} ran past {timeout} s\nSTDOUT:\n{out[-3000:]}\nSTDERR:\n{err[-6000:]}")
+    except BaseException:  # the hang guard's signal, KeyboardInterrupt: no process outlives the test
+        out, err = _end_all(proc)
+        # what they printed, in the failed test's captured stderr: where a hung rank was is the first thing to know
+        print(f"{what} was ended with the test\nSTDOUT:\n{out[-3000:]}\nSTDERR:\n{err[-6000:]}", file=sys.stderr)
         raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

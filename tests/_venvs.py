@@ -21,9 +21,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """Run ``cmd``; on failure raise with the tail of its output."""
-    proc = subprocess.run(cmd, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=clean_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise AssertionError(
             f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"

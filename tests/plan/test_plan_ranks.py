@@ -24,12 +24,11 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, SCRIPTS)
 import plan_common as pc  # noqa: E402
 
-LAUNCH_TIMEOUT = 600  # both scenarios under both strategies in one launch
 STRATEGIES = ("fsdp", "ddp")
-# pytest's guard (300 s, pyproject.toml) must not end the launch before the launch's own guard, which says what the
-# ranks printed: alone the launch takes 36 s (58 CPU s), beside the whole suite 175 s on the VM of 2026-12-01, and a
-# loaded machine stretches that again
-pytestmark = pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
+# both scenarios under both strategies in one launch: alone 36 s (58 CPU s), beside the whole suite 175 s on the VM of
+# 2026-12-01, and a loaded machine stretches that again. The launch has no deadline of its own: at this timeout the
+# hang guard (tests/_guard.py) ends it only if its ranks stopped moving, and run_group says what they printed
+pytestmark = pytest.mark.timeout(600)
 
 
 def _launch(out) -> dict[str, dict[str, list]]:
@@ -41,7 +40,7 @@ def _launch(out) -> dict[str, dict[str, list]]:
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(SCRIPTS, "plan_scenario.py"), ",".join(STRATEGIES), str(out), "both"]  # fmt: skip
-    proc = run_group(cmd, timeout=LAUNCH_TIMEOUT, what="torchrun", cwd=out, env=env)
+    proc = run_group(cmd, what="torchrun", cwd=out, env=env)
     assert proc.returncode == 0, f"torchrun failed\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return {
         strategy: {

@@ -328,7 +328,7 @@ def test_writes_after_the_last_fit_reach_the_db_file_at_exit(tmp_path):
     store = tmp_path / "runs.db"
     script = tmp_path / "child.py"
     script.write_text(_TAG_AND_EXIT.format(root=str(ROOT), tests=str(ROOT / "tests"), store=str(store)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=300)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     (tmp_path / "copy").mkdir()
     shutil.copy(store, tmp_path / "copy" / "runs.db")
     assert "after-fit" in Runs(tmp_path / "copy" / "runs.db")[out.stdout.split()[-1]].tags

@@ -57,7 +57,7 @@ def _unprivileged(script: Path) -> dict:
             pytest.skip("running as root without setpriv: permissions cannot be enforced")
         caps = "-dac_override,-dac_read_search"
         cmd = [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

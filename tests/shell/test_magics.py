@@ -451,7 +451,7 @@ def test_magics_in_a_real_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
         nbformat.v4.new_code_cell(src)
         for src in ("%load_ext nbtrainer", "%nbtrainer doctor --device cpu", "%nbtrainer status")
     ]
-    notebook_client(nb, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    notebook_client(nb, timeout=None, resources={"metadata": {"path": str(tmp_path)}}).execute()
     [result] = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
     assert 'class="nbt-doctor"' in result.data["text/html"]
     assert "ZMQInteractiveShell" in result.data["text/plain"]
