@@ -20,8 +20,20 @@ PACKAGE = REPO / "nbtrainer"
 # Lowest first. A folder may import its own layer's other folders and any layer below; never one above.
 LAYERS: list[set[str]] = [
     # no torch: optional imports (and their known import noise), atomic files, the options groups, numbers and SVG
-    # ... and the OpenMP pools of threads that train (_threads: ctypes only, no torch import)
-    {"_optional", "_quiet", "_atomic", "_keywords", "_options", "_optimizer_kinds", "_report", "plotting", "_threads"},
+    # ... the OpenMP pools of threads that train (_threads: ctypes only, no torch import), the Event that ends a long
+    # call from another thread (_cancel)
+    {
+        "_optional",
+        "_quiet",
+        "_atomic",
+        "_keywords",
+        "_options",
+        "_optimizer_kinds",
+        "_report",
+        "plotting",
+        "_threads",
+        "_cancel",
+    },
     # model setup before the first step: precision, seeds, optimizers, memory switches
     {"_setup"},
     {"_dist"},  # placement: one device, DDP, FSDP2, launchers

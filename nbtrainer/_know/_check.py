@@ -10,7 +10,6 @@ on the first batch, to learn its number of outputs (the label range). The findin
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nbtrainer._cancel import cancel_event, raise_if_cancelled
 from nbtrainer._data import _arrays
 from nbtrainer._data._batch import move_to_device
 from nbtrainer._data._order import item_sampler
@@ -214,8 +214,8 @@ def _read(
     try:
         with kept_rng(), torch.no_grad():
             for indices, batch in batches:
-                if cancel is not None and cancel.is_set():  # between batches: no half-read batch, no torch op cut
-                    raise concurrent.futures.CancelledError(f"check_data: cancelled while reading {name}")
+                # between batches: no half-read batch, no torch op cut
+                raise_if_cancelled(cancel, f"check_data: cancelled while reading {name}")
                 # a stream or a list of batches: its first items, a sample only if a batch is left over (said so)
                 if max_items is not None and lists is None and scan.items >= max_items:
                     sampled = True
@@ -245,8 +245,7 @@ def check_data(
     event another thread may set; the pass then ends before its next batch with ``concurrent.futures.CancelledError``
     (the panel's check, when the panel closes or the interpreter exits)."""
     check_max_items(max_items)
-    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
-        raise TypeError(f"check_data(cancel=...) takes a threading.Event, got {type(cancel).__name__}.")
+    cancel_event(cancel, caller="check_data")
     train = _arrays.eval_loader(train_loader, batch_size, name="check_data() train_loader")
     val = (
         _arrays.eval_loader(val_loader, batch_size, name="check_data() val_loader") if val_loader is not None else None

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbtrainer._cancel import cancel_event
 from nbtrainer._data._arrays import as_loaders
 from nbtrainer._data._batch import batch_size_of, move_to_device
 from nbtrainer._data._predict_collect import frozen_modules, train_mode
@@ -363,8 +364,7 @@ def lr_find(
             f"diverge must be a number > 1 (stop once the smoothed loss exceeds that many times its best), got "
             f"{diverge!r}; the default 4.0 is fastai's."
         )
-    if stop is not None and not callable(getattr(stop, "is_set", None)):
-        raise TypeError(f"stop= takes a threading.Event (set it to end the sweep), got {type(stop).__name__}.")
+    cancel_event(stop, caller="lr_find", keyword="stop")
     trainer.model = trainer.strategy.setup_model(trainer.model)
     opt, model = trainer.optimizer, trainer.model
     assert opt is not None  # Trainer.lr_find refuses a trainer without one

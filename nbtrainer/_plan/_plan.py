@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbtrainer._cancel import cancel_event
 from nbtrainer._data._batch import iter_tensors
 from nbtrainer._optimizer_kinds import OPTIMIZERS
 from nbtrainer._options import SWITCH, MemoryOptions
@@ -157,8 +158,7 @@ def plan_memory(
     from nbtrainer._plan._distributed import check_strategy, fsdp_units
 
     check_strategy(world_size, strategy)
-    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
-        raise TypeError(f"plan_memory(cancel=...) takes a threading.Event, got {type(cancel).__name__}.")
+    cancel_event(cancel, caller="plan_memory")
     check_budget_gb(budget_gb, "plan_memory")
     check_share(margin, "plan_memory", "margin")
     if not isinstance(model, nn.Module):

@@ -11,7 +11,6 @@ best (the same object in ``rows``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import math
 import threading
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nbtrainer._cancel import raise_if_cancelled
 from nbtrainer._options import MemoryOptions
 from nbtrainer._plan._context import Context
 from nbtrainer._plan._cost import time_factor
@@ -87,8 +87,7 @@ class RowSearch:
         with self._lock:
             row = self._rows[i]
             if row is None:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise concurrent.futures.CancelledError("plan_memory: cancelled (its cancel event is set)")
+                raise_if_cancelled(self.cancel, "plan_memory: cancelled (its cancel event is set)")
                 memory, micro = self.specs[i]
                 start = time.perf_counter()
                 row = plan_row(self.ctx, memory, micro, self.batch_size, self.usable, self.context_bytes)
