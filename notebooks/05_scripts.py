@@ -124,3 +124,13 @@ history.to_pandas()[["loss", "acc", "val_loss", "val_acc", "time"]].round(4)
 # %%
 assert history.status == "finished" and len(history) == 3, history
 history.last["val_acc"]
+
+# %% [markdown]
+# The script and its saved `History` were written to a temporary folder, removed here so that each run of this
+# notebook leaves nothing behind (copy them elsewhere first to keep them).
+
+# %%
+import shutil
+
+print(f"removing {workdir}")
+shutil.rmtree(workdir)

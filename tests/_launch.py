@@ -58,6 +58,11 @@ def run_group(cmd: Sequence[str], *, timeout: float | None = None, what: str = "
     Without ``timeout`` (the suite's launches) the hang guard decides (``tests/_guard.py``): a command still at work
     under load goes on, one that stopped moving fails the test at its pytest timeout, and its processes are ended
     here as on any exception. Wall-clock deadlines here failed commands that were only slow (loaded trial 48)."""
+    if "torch.distributed.run" in cmd and kwargs.get("cwd") is not None:
+        # torchrun keeps its agent's logs in a new /tmp/torchelastic_* folder at every launch unless told where;
+        # the launch's own working folder (a test's tmp_path) goes with the test's other files
+        logs = os.path.join(kwargs["cwd"], "torchelastic")
+        kwargs["env"] = {"PET_LOG_DIR": logs, **(kwargs.get("env") or os.environ)}
     proc = subprocess.Popen(
         list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
     )

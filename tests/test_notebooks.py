@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,8 @@ def test_scripts_notebook_trains_headless(execute: Any) -> None:
     assert "no notebook front end" in streams, streams[-2000:]
     assert "finished: 3 epochs" in streams, streams[-2000:]  # examples/train_digits.py's last line
     assert not widget_state(nb) or not models_with_class(widget_state(nb), "nbt-panel")
+    removed = re.search(r"^removing (\S+)$", streams, flags=re.M)  # the temporary folder of scripts goes at the end
+    assert removed and not Path(removed.group(1)).exists(), streams[-2000:]
 
 
 # -- on disk ---------------------------------------------------------------------------------------
