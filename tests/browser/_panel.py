@@ -110,8 +110,14 @@ _BADGE = """(word) => {
 
 
 def wait_badge(page: Any, word: str, cpu_s: float = 20.0) -> None:
-    """Until the status badge says ``word`` (visible), within ``cpu_s`` CPU seconds of the test's processes."""
-    wait_page(page, _BADGE, word, cpu_s=cpu_s, what=f"the badge {word!r}")
+    """Until the status badge says ``word`` (visible), within ``cpu_s`` CPU seconds of the test's processes. On
+    failure the message says what the panel shows instead (badge, detail, step): "finished" where "stopped" was
+    awaited is a run that ended before its Stop was handled, not a Stop that was ignored."""
+    try:
+        wait_page(page, _BADGE, word, cpu_s=cpu_s, what=f"the badge {word!r}")
+    except TimeoutError as exc:
+        shown = status(page) if page.locator(".nbt-status").count() else "(no status)"
+        raise TimeoutError(f"{exc}; the panel shows {shown!r} at step {global_step(page)}") from None
 
 
 def scatter_points(page: Any, selector: str) -> int:

@@ -2,9 +2,9 @@
 
 ``tests/browser/notebooks/panel_live.ipynb`` (its source is ``panel_live.py``) is the quickstart's panel
 without the blocking ``fit()``: training starts only when the test presses Start, and each forward pass sleeps
-a little so a 40-epoch run lasts long enough to watch. The quickstart itself runs in Voila with progressive
-rendering (``voila.json`` at the repository root): the panel must show and respond while its ``w.fit()`` cell
-still runs, and the summary must render.
+a little so a run lasts long enough to watch (1,000 epochs: the test stops it). The quickstart itself runs in
+Voila with progressive rendering (``voila.json`` at the repository root): the panel must show and respond while
+its ``w.fit()`` cell still runs, and the summary must render.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@
 # # Panel for the real-browser tests (not a demo)
 #
 # The quickstart's panel, but nothing starts training: the test presses **Start** and **Stop** in the browser.
-# Each forward pass sleeps a little so that a run lasts long enough to watch the charts grow.
+# Each forward pass sleeps a little so that a run lasts long enough to watch the charts grow, and it is
+# 1,000 epochs long: every test stops it, and none may meet its natural end first (with 40 epochs, a
+# loaded CI machine once reached the last step while a test was still at its screenshots, and the
+# Stop clicked then found a finished run).
 
 # %%
 import torch
@@ -73,7 +76,7 @@ from nbtrainer import TrainerWidget
 
 
 class Slow(nn.Module):
-    """Wraps a model and sleeps in each forward: about 40 steps/s, so the browser can watch the run."""
+    """Wraps a model and sleeps in each forward: about 20 steps/s here, so the browser can watch the run."""
 
     def __init__(self, inner: nn.Module, delay: float = 0.02) -> None:
         super().__init__()
@@ -92,7 +95,7 @@ w = TrainerWidget(
     train_loader,
     val_loader,
     metrics={"acc": accuracy},
-    epochs=40,
+    epochs=1000,
     seed=0,
 )
 w
