@@ -31,6 +31,7 @@ from nbtrainer.plotting import change_label, higher_is_better
 from ._charts import LiveCharts
 from ._compare_runs import CompareRuns
 from ._controls import Controls
+from ._flow import PageFlow
 from ._frontends import detect
 from ._health_card import HealthCard
 from ._runner import Feed, Run
@@ -141,6 +142,8 @@ class UiPump:
         self._charts_pending = False  # data the charts hold back until _charts_next
         self.cpu_live_s = 0.0  # CPU time of this thread while the run was alive (what it can take from training)
         self.cpu_total_s = 0.0  # ... including the final push and the summary
+        # the page's answers: a push goes only once the page has drawn the one before (_flow); an answer wakes the loop
+        self.flow = PageFlow(on_answer=feed.wake.set)
         self.thread = threading.Thread(target=self._main, name=f"nbtrainer-ui ({run.owner})", daemon=True)
         run.followers.append(self.thread)  # joined after the run if the interpreter exits while it trains
 
@@ -168,6 +171,8 @@ class UiPump:
                 if rest > 0:  # ...but never more often than once per interval
                     run.done.wait(rest)
                 final = run.done.is_set()
+                if not final and not self.flow.ready():
+                    continue  # the page is still drawing the last push: what comes meanwhile goes in the next
             items = feed.drain()
             if final:
                 self.cpu_live_s = time.thread_time() - cpu0
@@ -183,9 +188,13 @@ class UiPump:
                 # with two pools libgomp throttles the training thread's spin waits (a tiny MLP on a 96,000-item
                 # DataLoader trained at 1.94x headless in the panel, 1.14x with the pool given back after each push)
                 release_openmp_pool()
+                self.flow.sent()
                 last = time.monotonic()
             if final:
-                self._finish()  # after the last progress was drawn: only now the final status
+                try:
+                    self._finish()  # after the last progress was drawn: only now the final status
+                finally:
+                    self.flow.close()
                 return
 
     def _apply(self, items: list[tuple[str, Any]], final: bool) -> None:

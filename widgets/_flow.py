@@ -1,0 +1,92 @@
+"""Flow control between the panel's UI thread and the page that draws it.
+
+A page that draws slower than the kernel sends (a loaded machine, a slow laptop, a renderer without a GPU) queues
+the widget messages in order, so a click's answer waits behind every chart update sent before it. With Chromium's
+renderer slowed 6x (``Emulation.setCPUThrottlingRate``), the classic Notebook's panel still showed "running" at step
+128, 3.8 s into the run, after its Pause had been clicked and the test's processes had spent 20 CPU seconds: the
+page drew a past the kernel had long left. Budgets in points a second (``_pump``) bound what is sent, not what a
+page can draw.
+
+So the page says how far it has got. After each push the pump sets ``ping`` to the push's number; a ``jsdlink`` in
+the page copies it to ``pong`` once the page has applied every message sent before it (each model's updates run in
+arrival order), and ``pong``'s change comes back to the kernel. The pump sends a push only while fewer than
+``MAX_IN_FLIGHT`` are unanswered, so a page is never more than that behind, however slow it draws; what arrives
+meanwhile goes in the next push (the charts keep every point). Where no page has ever answered (none shows the
+panel, a front end without links, a headless run), nothing waits. Where the answers stop (the page was closed), the
+pump pushes once every ``STALE_S`` seconds, so a page that comes back is answered within that, and the run's final
+push always goes.
+
+Example:
+    >>> flow = PageFlow()
+    >>> flow.ready()  # no page has answered yet: push
+    True
+    >>> flow.sent(); flow.sent()
+    >>> flow.pong.value = 0  # what a page's link does once it has drawn push 0
+    >>> flow.ready()  # pushes 1 and 2 are unanswered
+    False
+    >>> flow.pong.value = 2
+    >>> flow.ready()
+    True
+    >>> flow.close()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as W
+
+__all__ = ["MAX_IN_FLIGHT", "STALE_S", "PageFlow"]
+
+MAX_IN_FLIGHT = 1  # pushes a page may have unanswered (a push is a few messages: the status among them)
+STALE_S = 10.0  # no answer for this long: the page is gone, or the kernel does not read its messages now
+
+
+class PageFlow:
+    """The numbered pushes and the page's answers. ``on_answer`` runs on the thread that reads the page's messages
+    (it wakes the pump)."""
+
+    def __init__(self, on_answer: Callable[[], Any] | None = None) -> None:
+        hidden = W.Layout(display="none")
+        self.ping = W.IntText(value=0, layout=hidden)
+        self.pong = W.IntText(value=-1, layout=hidden)  # the page's first sync (0) is its first answer
+        self.link = W.jsdlink((self.ping, "value"), (self.pong, "value"))
+        self.pushes = 0  # numbered from 1; ping 0 is the links' own first sync
+        self.answered: int | None = None  # the newest push a page has answered (None: no page ever has)
+        self._on_answer = on_answer
+        self._lock = threading.Lock()
+        self._last = time.monotonic()  # the last answer, or the last push sent without one
+        self.pong.observe(self._answer, "value")
+
+    def _answer(self, change: dict[str, Any]) -> None:
+        value = change["new"]
+        if not isinstance(value, int) or value < 0:
+            return
+        with self._lock:
+            self.answered = value if self.answered is None else max(self.answered, value)
+            self._last = time.monotonic()
+        if self._on_answer is not None:
+            self._on_answer()
+
+    def ready(self) -> bool:
+        """May the next push go now?"""
+        with self._lock:
+            if self.answered is None or self.pushes - self.answered < MAX_IN_FLIGHT:
+                return True
+            return time.monotonic() - self._last >= STALE_S
+
+    def sent(self) -> None:
+        """A push has just been sent: number it (one small message, after the push's own)."""
+        with self._lock:
+            self.pushes += 1
+            n = self.pushes
+            if self.answered is not None and n - self.answered > MAX_IN_FLIGHT:
+                self._last = time.monotonic()  # sent unanswered (STALE_S): the next one waits as long again
+        self.ping.value = n
+
+    def close(self) -> None:
+        for w in (self.link, self.ping, self.pong):
+            w.close()
