@@ -12,9 +12,10 @@ the page copies it to ``pong`` once the page has applied every message sent befo
 arrival order), and ``pong``'s change comes back to the kernel. The pump sends a push only while fewer than
 ``MAX_IN_FLIGHT`` are unanswered, so a page is never more than that behind, however slow it draws; what arrives
 meanwhile goes in the next push (the charts keep every point). Where no page has ever answered (none shows the
-panel, a front end without links, a headless run), nothing waits. Where the answers stop (the page was closed), the
-pump pushes once every ``STALE_S`` seconds, so a page that comes back is answered within that, and the run's final
-push always goes.
+panel, a front end without links, a headless run), nothing waits. Where the answers stop for ``STALE_S`` seconds,
+the pushes go as before until the next answer: the page was closed, or the kernel does not read the page's messages
+now (another cell runs while the panel trains in the background; VS Code on ipykernel 6 while ``w.fit()`` blocks),
+and a panel must not stop moving for that. The run's final push always goes.
 
 Example:
     >>> flow = PageFlow()
@@ -42,7 +43,7 @@ import ipywidgets as W
 __all__ = ["MAX_IN_FLIGHT", "STALE_S", "PageFlow"]
 
 MAX_IN_FLIGHT = 1  # pushes a page may have unanswered (a push is a few messages: the status among them)
-STALE_S = 10.0  # no answer for this long: the page is gone, or the kernel does not read its messages now
+STALE_S = 3.0  # no answer for this long: the page is gone, or the kernel does not read its messages now
 
 
 class PageFlow:
@@ -58,7 +59,7 @@ class PageFlow:
         self.answered: int | None = None  # the newest push a page has answered (None: no page ever has)
         self._on_answer = on_answer
         self._lock = threading.Lock()
-        self._last = time.monotonic()  # the last answer, or the last push sent without one
+        self._last = time.monotonic()  # the last answer
         self.pong.observe(self._answer, "value")
 
     def _answer(self, change: dict[str, Any]) -> None:
@@ -83,8 +84,6 @@ class PageFlow:
         with self._lock:
             self.pushes += 1
             n = self.pushes
-            if self.answered is not None and n - self.answered > MAX_IN_FLIGHT:
-                self._last = time.monotonic()  # sent unanswered (STALE_S): the next one waits as long again
         self.ping.value = n
 
     def close(self) -> None:

@@ -1,0 +1,81 @@
+"""The panel's pushes wait for the page (``widgets/_flow``), with the page's side played by a thread that does what
+the page's ``jsdlink`` does: copy ``ping`` to ``pong`` once it has drawn, here after a fixed delay. The real link, in
+a real page: ``test_a_page_that_draws_slowly_still_answers_pause_resume_and_stop`` (tests/browser/test_panel_classic).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from widget_helpers import make_widget, wait_for
+
+from nbtrainer.widgets._flow import MAX_IN_FLIGHT, STALE_S
+
+
+def _slow_page(flow, delay: float, stop: threading.Event, seen: list[tuple[int, int | None]]) -> threading.Thread:
+    """Answers each push ``delay`` seconds after it came; ``seen``: (push number, answered before it) per push."""
+
+    def on_ping(change) -> None:
+        seen.append((change["new"], flow.answered))
+
+    flow.ping.observe(on_ping, "value")
+
+    def page() -> None:
+        flow.pong.value = flow.ping.value  # the link's first sync, as a page that renders the panel does
+        while not stop.is_set():
+            n = flow.ping.value
+            if n > (flow.answered or 0):
+                time.sleep(delay)  # drawing it
+                flow.pong.value = n
+            else:
+                time.sleep(0.005)
+
+    t = threading.Thread(target=page, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_slow_page_has_at_most_one_push_unanswered_and_the_run_is_not_slowed():
+    # ~100 steps of ~10 ms, a push every 50 ms: far more often than this page draws
+    w = make_widget(n=256, bs=8, epochs=3, slow=0.01)
+    w.start()
+    flow = w._pump.flow
+    stop, seen = threading.Event(), list[tuple[int, int | None]]()
+    page = _slow_page(flow, 0.3, stop, seen)
+    try:
+        h = w.wait(timeout=120)
+    finally:
+        stop.set()
+        page.join(5)
+    assert h.status == "finished"
+    live = seen[:-1]  # the final push goes whatever the page has drawn
+    assert len(live) >= 3, seen
+    # each push went only once the one before it had been answered (the first sync answered push 0)
+    late = [(n, answered) for n, answered in live if answered is None or n - 1 - answered >= MAX_IN_FLIGHT]
+    assert not late, f"pushes sent with {MAX_IN_FLIGHT} or more unanswered: {late}"
+
+
+def test_without_a_page_or_once_it_stops_answering_the_pushes_go_as_before():
+    w = make_widget(n=256, bs=8, epochs=2, slow=0.01)
+    w.start()
+    flow = w._pump.flow
+    w.wait(timeout=120)
+    assert flow.answered is None and flow.pushes >= 3  # nobody answered: nothing waited
+
+    w = make_widget(n=512, bs=8, epochs=40, slow=0.01)
+    w.start()
+    flow = w._pump.flow
+    wait_for(lambda: flow.pushes >= 1, what="the first push")
+    flow.pong.value = 0  # a page drew the first sync, then went away (closed, or its messages not read)
+    answered_at = time.monotonic()
+    time.sleep(0.2)  # a push the gate let through just before the answer has gone out
+    held = flow.pushes
+    time.sleep(STALE_S / 2)
+    if time.monotonic() - answered_at < STALE_S:  # (a loaded machine may oversleep)
+        assert flow.pushes == held, "pushed with push 1 unanswered"
+    # no answer for STALE_S: the pushes go again, one per interval
+    wait_for(lambda: flow.pushes > held + 2, what="pushes after STALE_S without an answer")
+    assert time.monotonic() - answered_at >= STALE_S
+    w.stop()
+    w.wait(timeout=120)
