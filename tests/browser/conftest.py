@@ -182,6 +182,8 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
     context = browser.new_context(viewport={"width": 1280, "height": height})
     pg = context.new_page()
     pg.set_default_timeout(30_000)
+    if os.environ.get("NBT_SLOW_PAGE"):  # the renderer N times slower: a page that draws behind the kernel (testing.md)
+        context.new_cdp_session(pg).send("Emulation.setCPUThrottlingRate", {"rate": float(os.environ["NBT_SLOW_PAGE"])})
     pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
     pg.on("pageerror", lambda e: console_log.append(f"pageerror: {e}"))
     try:
