@@ -204,7 +204,9 @@ def test_one_stalled_fetch_is_not_reported_as_a_slow_loader(batch):
     health = Health()
     model = mlp(d=256, hidden=2048)
     trainer = Trainer(model, torch.nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=[health], progress=False)
-    history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, 0.05, only=16 * batch), batch_size=16), epochs=1)
+    # a stall of 0.2 s: over 0.9 of its step with the step's compute up to 20 ms. At 0.05 s it read 0.88 in a quiet
+    # suite run (the same compute's CPU time 6-7 ms among the suite's workers, against 4-5 ms alone)
+    history = trainer.fit(torch.utils.data.DataLoader(Sleepy(x, y, 0.2, only=16 * batch), batch_size=16), epochs=1)
     stalled = [share for step, share in history.health["data_wait"] if step == batch + 1]
     assert stalled and stalled[0] > 0.9  # the stall was sampled: most of that step waited for data
     assert [r for r in _reports(history) if r.kind == "data_wait"] == []
