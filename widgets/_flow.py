@@ -12,7 +12,7 @@ the page copies it to ``pong`` once the page has applied every message sent befo
 arrival order), and ``pong``'s change comes back to the kernel. The pump sends a push only while fewer than
 ``MAX_IN_FLIGHT`` are unanswered, so a page is never more than that behind, however slow it draws; what arrives
 meanwhile goes in the next push (the charts keep every point). Where no page has ever answered (none shows the
-panel, a front end without links, a headless run), nothing waits. Where the answers stop for ``STALE_S`` seconds,
+panel, a front end without links, a headless run), nothing waits. Where the answers stop for ``stale_s`` seconds,
 the pushes go as before until the next answer: the page was closed, or the kernel does not read the page's messages
 now (another cell runs while the panel trains in the background; VS Code on ipykernel 6 while ``w.fit()`` blocks),
 and a panel must not stop moving for that. The run's final push always goes.
@@ -43,14 +43,14 @@ import ipywidgets as W
 __all__ = ["MAX_IN_FLIGHT", "STALE_S", "PageFlow"]
 
 MAX_IN_FLIGHT = 1  # pushes a page may have unanswered (a push is a few messages: the status among them)
-STALE_S = 3.0  # no answer for this long: the page is gone, or the kernel does not read its messages now
+STALE_S = 3.0  # no answer for this long: the page is gone, or the kernel does not read its messages now (the default)
 
 
 class PageFlow:
     """The numbered pushes and the page's answers. ``on_answer`` runs on the thread that reads the page's messages
-    (it wakes the pump)."""
+    (it wakes the pump); ``stale_s``: how long without an answer before the pushes go ungated."""
 
-    def __init__(self, on_answer: Callable[[], Any] | None = None) -> None:
+    def __init__(self, on_answer: Callable[[], Any] | None = None, *, stale_s: float = STALE_S) -> None:
         hidden = W.Layout(display="none")
         self.ping = W.IntText(value=0, layout=hidden)
         self.pong = W.IntText(value=-1, layout=hidden)  # the page's first sync (0) is its first answer
@@ -58,6 +58,7 @@ class PageFlow:
         self.pushes = 0  # numbered from 1; ping 0 is the links' own first sync
         self.answered: int | None = None  # the newest push a page has answered (None: no page ever has)
         self._on_answer = on_answer
+        self.stale_s = stale_s
         self._lock = threading.Lock()
         self._last = time.monotonic()  # the last answer
         self.pong.observe(self._answer, "value")
@@ -75,7 +76,7 @@ class PageFlow:
         with self._lock:
             if self.answered is None or self.pushes - self.answered < MAX_IN_FLIGHT:
                 return True
-            return time.monotonic() - self._last >= STALE_S
+            return time.monotonic() - self._last >= self.stale_s
 
     def sent(self) -> None:
         """A push has just been sent: number it (one small message, after the push's own)."""

@@ -10,7 +10,7 @@ import time
 
 from widget_helpers import make_widget, wait_for
 
-from nbtrainer.widgets._flow import MAX_IN_FLIGHT, STALE_S
+from nbtrainer.widgets._flow import MAX_IN_FLIGHT
 
 
 def _slow_page(flow, delay: float, stop: threading.Event, seen: list[tuple[int, int | None]]) -> threading.Thread:
@@ -66,16 +66,17 @@ def test_without_a_page_or_once_it_stops_answering_the_pushes_go_as_before():
     w = make_widget(n=512, bs=8, epochs=40, slow=0.01)
     w.start()
     flow = w._pump.flow
+    flow.stale_s = stale_s = 0.8  # the default's 3 s, shortened: the same gate, a shorter wait
     wait_for(lambda: flow.pushes >= 1, what="the first push")
     flow.pong.value = 0  # a page drew the first sync, then went away (closed, or its messages not read)
     answered_at = time.monotonic()
     time.sleep(0.2)  # a push the gate let through just before the answer has gone out
     held = flow.pushes
-    time.sleep(STALE_S / 2)
-    if time.monotonic() - answered_at < STALE_S:  # (a loaded machine may oversleep)
+    time.sleep(stale_s / 2)
+    if time.monotonic() - answered_at < stale_s:  # (a loaded machine may oversleep)
         assert flow.pushes == held, "pushed with push 1 unanswered"
-    # no answer for STALE_S: the pushes go again, one per interval
-    wait_for(lambda: flow.pushes > held + 2, what="pushes after STALE_S without an answer")
-    assert time.monotonic() - answered_at >= STALE_S
+    # no answer for stale_s: the pushes go again, one per interval
+    wait_for(lambda: flow.pushes > held + 2, what="pushes after stale_s without an answer")
+    assert time.monotonic() - answered_at >= stale_s
     w.stop()
     w.wait(timeout=120)
