@@ -170,6 +170,9 @@ def test_the_hang_guard_ends_a_test_that_stopped_moving_and_lets_one_still_at_wo
     ended at its 240 s while its kernel and browser worked, in loaded trial 48)."""
     (tmp_path / "test_guarded.py").write_text(_GUARDED_TESTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    # the outer run's options are not this session's: PYTEST_ADDOPTS="-x" (a loaded trial's, to fail early) stopped it
+    # at test_idle's expected failure, before the busy test ran (loaded trial 55, both sides)
+    env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "_guard", "-p", "no:cacheprovider", "-q", "-rA", "test_guarded.py"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env).stdout
     assert "PASSED test_guarded.py::test_busy_past_its_timeout" in out, out[-3000:]
