@@ -1219,6 +1219,9 @@ def child_env(dry_run: bool) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # a killed step's log holds its last lines
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)  # a launcher's variables around this script would make every Trainer a rank of it
+    # step 1 is `pytest -m gpu` on its files, whatever options a surrounding pytest run was given (the suite runs the
+    # dry run; PYTEST_ADDOPTS="-x" or "-k ..." there would stop or deselect the step's own session)
+    env.pop("PYTEST_ADDOPTS", None)
     if dry_run:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU, whatever the machine has: the dry run must not depend on it
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -108,3 +108,20 @@ def test_an_uninstalled_tree_gets_nbtrainer_widgets_for_the_run_only(tmp_path: P
     # the run saw widgets/ through the link, the installed layout (the link is gone now, so the path is compared)
     assert Path(proc.stdout.strip()) == tree / "nbtrainer" / "widgets" / "__init__.py", proc.stdout
     assert not (tree / "nbtrainer" / "widgets").exists() and not (tree / "nbtrainer" / "widgets").is_symlink()
+
+
+@pytest.mark.slow  # starts an interpreter (docs/testing.md: such tests are slow; the inner loop leaves them out)
+def test_step_one_runs_its_own_pytest_session_whatever_options_surround_it(tmp_path: Path) -> None:
+    """The suite runs the dry run, so a run given PYTEST_ADDOPTS ("-x" to fail early in a loaded trial, "-k" for a
+    subset) must not reach step 1's ``pytest -m gpu``: with "-k" it collected nothing and the step failed (exit 5)."""
+    out = tmp_path / "section.md"
+    env = dict(os.environ, NBT_PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="", PYTEST_ADDOPTS="-k no_such_test")
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", "--only", "1", "--out", str(out), "--logs", str(tmp_path / "logs")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert re.search(r"^### 1\. `pytest -m gpu` — OK$", out.read_text(), flags=re.M), out.read_text()
