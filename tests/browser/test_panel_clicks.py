@@ -15,9 +15,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from ._panel import badge, chart, wait_badge
+from ._panel import badge, chart, wait_badge, wait_page
 from ._servers import wait_widgets_rendered, widget_problems
 
 CELLS = [
@@ -95,27 +94,41 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
 
     # -- the LR finder: a point hovered, then clicked
     page.locator("button.nbt-lrfind").click()
-    page.wait_for_function(f"() => ({LRF_POINTS})().length > 10", timeout=60_000)
+    # the waits on what the kernel computes (the sweep, the run, the overlay read from the store) are CPU-second
+    # budgets of the test's processes (tests/browser/_panel.wait_page), so a loaded machine is not a failure
+    wait_page(page, f"() => ({LRF_POINTS})().length > 10", cpu_s=60, what="the LR finder's curve")
     page.locator(".nbt-lrfinder-chart").scroll_into_view_if_needed()
     points = page.evaluate(LRF_POINTS)
     x, y = points[len(points) // 3]  # well before the divergence
     page.mouse.move(x, y)
-    page.wait_for_function(f"() => ({TOOLTIP})() !== ''", timeout=10_000)
+    wait_page(page, f"() => ({TOOLTIP})() !== ''", cpu_s=10, what="the hovered point's tooltip")
     tip = page.evaluate(TOOLTIP)
     hovered = _number(tip.split("lr", 1)[1])
     page.mouse.click(x, y)
     choice = page.locator(".nbt-lrfinder-choice", has_text="clicked on the curve")
-    choice.wait_for(timeout=15_000)
+    wait_page(
+        page,
+        "() => [...document.querySelectorAll('.nbt-lrfinder-choice')]"
+        ".some(e => e.innerText.includes('clicked on the curve'))",
+        cpu_s=15,
+        what="the clicked LR's line",
+    )
     chosen = _number(choice.inner_text().split(":", 1)[1])
     assert abs(chosen / hovered - 1) < 0.01, (tip, choice.inner_text())
-    page.wait_for_function(
-        f"(x) => {{ const m = ({MARKER_X})(); return m !== null && Math.abs(m - x) < 2; }}", arg=x, timeout=10_000
+    wait_page(
+        page,
+        f"(x) => {{ const m = ({MARKER_X})(); return m !== null && Math.abs(m - x) < 2; }}",
+        x,
+        cpu_s=10,
+        what="the marker at the clicked point",
     )
-    page.wait_for_function(
+    wait_page(
+        page,
         "(lr) => { const b = document.querySelector('.nbt-lr-exact input');"
         " return b && Math.abs(parseFloat(b.value) / lr - 1) < 0.01; }",
-        arg=chosen,
-        timeout=10_000,
+        chosen,
+        cpu_s=10,
+        what="the LR control at the clicked LR",
     )
     screenshot(page, "panel-lrfinder-clicked", selector=".nbt-lrfinder")
 
@@ -125,14 +138,16 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
     name = earlier[0].split(" · ")[0]
     page.locator("button.nbt-start").click()
     wait_badge(page, "running", cpu_s=30)
-    page.wait_for_function(f"() => ({LOSS_LINES})().some(l => l.label === 'loss (step)' && l.n > 5)", timeout=30_000)
+    wait_page(
+        page, f"() => ({LOSS_LINES})().some(l => l.label === 'loss (step)' && l.n > 5)", cpu_s=30, what="the loss line"
+    )
     option = page.locator(".nbt-compare-runs option", has_text=name)
     option.click()
     try:
-        page.wait_for_function(
-            f"(name) => ({LOSS_LINES})().some(l => l.label === name + ' · loss' && l.n > 10)", arg=name, timeout=15_000
+        wait_page(
+            page, f"(name) => ({LOSS_LINES})().some(l => l.label === name + ' · loss' && l.n > 10)", name, cpu_s=15
         )
-    except PlaywrightTimeout:
+    except TimeoutError:
         raise AssertionError(f"no overlay of {name!r}: {page.evaluate(LOSS_LINES)}, {page.evaluate(OPTIONS)}") from None
     lines = page.evaluate(LOSS_LINES)
     labels = [line["label"] for line in lines]
@@ -142,11 +157,13 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
     assert lines[overlay]["opacity"] < 0.5 < lines[labels.index("smoothed")]["opacity"], lines  # faint
     screenshot(page, "panel-compare-overlay", selector=".nbt-chart-loss")
     option.click(modifiers=["Control"])
-    page.wait_for_function(
+    wait_page(
+        page,
         f"(name) => {{ const l = ({LOSS_LINES})(); return !l.some(c => c.label.startsWith(name + ' · '))"
         " && l.some(c => c.label === 'smoothed' && c.n > 1); }",
-        arg=name,
-        timeout=15_000,
+        name,
+        cpu_s=15,
+        what="the overlay gone after its Ctrl-click",
     )
     assert page.evaluate("() => document.querySelector('.nbt-compare-runs select').selectedOptions.length") == 0
     page.locator("button.nbt-stop").click()

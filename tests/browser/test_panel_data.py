@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ._panel import wait_badge
+from ._panel import wait_badge, wait_page
 from ._servers import wait_widgets_rendered, widget_problems
 
 N = 240
@@ -52,18 +52,27 @@ def _isolated(dots: list[list[float]], order: list[int], gap: float = 9.0) -> in
     raise AssertionError("no point stands alone on the map")
 
 
+# the n-th element matching a selector is drawn (a locator's wait_for, as a predicate for wait_page)
+_VISIBLE = """([selector, n]) => {
+    const e = document.querySelectorAll(selector)[n];
+    return !!e && e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden';
+}"""
+
+
 def data_map_scenario(page: Any) -> None:
-    """Start, wait for the map, click a point, drop it, draw a lasso (shared with the classic Notebook's test)."""
+    """Start, wait for the map, click a point, drop it, draw a lasso (shared with the classic Notebook's test). Each
+    wait is a CPU-second budget of the test's processes (``wait_page``): what it waits for is the kernel's work (the
+    data check, the run, the cleaner's answer), which a loaded machine stretches in wall time, not in CPU."""
     lights = page.locator(".nbt-data .nbt-data-light")
-    lights.first.wait_for(timeout=60_000)  # the check's lights, before Start
+    wait_page(page, _VISIBLE, [".nbt-data .nbt-data-light", 0], cpu_s=60, what="the check's lights")  # before Start
     assert lights.count() == 4
     assert "nbt-data-ok" in (lights.first.get_attribute("class") or "")
     # the batch as the model receives it: the panel sends it before the lights, but each widget's model applies
     # its update on its own in the front end, so the page is read once the pictures are there
-    page.locator(".nbt-data-batch img").nth(3).wait_for(timeout=15_000)
+    wait_page(page, _VISIBLE, [".nbt-data-batch img", 3], cpu_s=15, what="the batch's fourth picture")
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", cpu_s=90)
-    page.wait_for_function(f"() => ({DOTS})().length === {N}", timeout=30_000)
+    wait_page(page, f"() => ({DOTS})().length === {N}", cpu_s=30, what=f"the map's {N} points")
     page.locator(".nbt-data-map").scroll_into_view_if_needed()  # the mouse works in the viewport's coordinates
     dots = page.evaluate(DOTS)
 
@@ -71,20 +80,28 @@ def data_map_scenario(page: Any) -> None:
     lowest = sorted(range(N), key=lambda i: -dots[i][1])  # largest page y: lowest confidence
     target = _isolated(dots, lowest)
     page.mouse.click(*dots[target])
-    page.wait_for_function(f"() => ({SHOWN})().length === 1", timeout=15_000)
+    wait_page(page, f"() => ({SHOWN})().length === 1", cpu_s=15, what="the clicked item in the cleaner")
     assert page.evaluate(SHOWN) == [target]
     item = page.locator(f".nbt-cleaner-item-{target}")
     assert re.search(rf"#{target} · given \d", item.inner_text())
     item.locator("button", has_text="drop").click()
-    summary = page.locator(".nbt-data-selection .nbt-cleaner-summary")
-    summary.filter(has_text=f"1 dropped ({target})").wait_for(timeout=15_000)
+    wait_page(
+        page,
+        "(text) => [...document.querySelectorAll('.nbt-data-selection .nbt-cleaner-summary')]"
+        ".some(e => e.innerText.includes(text))",
+        f"1 dropped ({target})",
+        cpu_s=15,
+        what="the cleaner's summary of the drop",
+    )
 
     # a lasso around the lower half of the plot: the items inside, most suspicious first
     page.locator(".nbt-data-map-mode button", has_text="lasso").click()
     # the mode goes to the kernel, which sets the figure's interaction; the front end then builds the lasso's
     # drag surface. A drag drawn before that surface exists lands on the bare plot and selects nothing (the
     # colab pass's failure in CI, 2026-11-30), so the mouse waits for it
-    page.locator(".nbt-data-map svg g.lassoselector rect").wait_for(state="attached", timeout=15_000)
+    wait_page(
+        page, "() => !!document.querySelector('.nbt-data-map svg g.lassoselector rect')", cpu_s=15, what="the lasso"
+    )
     page.locator(".nbt-data-map").scroll_into_view_if_needed()
     dots = page.evaluate(DOTS)
     box = page.locator(".nbt-data-map svg.svg-figure rect.plotarea_events").bounding_box()
@@ -98,7 +115,7 @@ def data_map_scenario(page: Any) -> None:
         page.mouse.move(x, y, steps=8)
     page.mouse.up()
     inside = {i for i, (x, y) in enumerate(dots) if y > top + 3 and box["x"] + 4 < x < box["x"] + box["width"] - 4}
-    page.wait_for_function(f"() => ({SHOWN})().length > 1", timeout=15_000)
+    wait_page(page, f"() => ({SHOWN})().length > 1", cpu_s=15, what="the lassoed items in the cleaner")
     shown = page.evaluate(SHOWN)
     assert len(shown) == min(12, len(inside)) and set(shown) <= inside, (shown, sorted(inside))
     assert widget_problems(page) == []
