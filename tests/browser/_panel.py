@@ -103,6 +103,22 @@ def wait_page(page: Any, predicate: str, arg: Any = None, *, cpu_s: float = 30.0
             )
 
 
+_SHOWN = """([selector, n, text]) => {
+    const all = [...document.querySelectorAll(selector)].filter(e => text === null || e.innerText.includes(text));
+    const e = all[n];
+    return !!e && e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden';
+}"""
+
+
+def wait_shown(
+    page: Any, selector: str, *, n: int = 0, has_text: str | None = None, cpu_s: float = 30.0, what: str = ""
+) -> None:
+    """A locator's ``wait_for()`` (the ``n``-th element matching ``selector``, among those whose text holds
+    ``has_text``, is drawn) within ``cpu_s`` CPU seconds of the test's processes (``wait_page``), for what the kernel's
+    work puts on the page."""
+    wait_page(page, _SHOWN, [selector, n, has_text], cpu_s=cpu_s, what=what or f"{selector} ({has_text or n})")
+
+
 _BADGE = """(word) => {
     const b = document.querySelector('.nbt-status .nbt-status-' + word);
     return !!b && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._panel import wait_badge
+from ._panel import wait_badge, wait_page
 from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 CELLS = [
@@ -64,12 +64,13 @@ def test_one_click_on_the_health_card_restores_lowers_and_the_run_trains(
 
     _mouse_click(page, "button.nbt-start")
     wait_badge(page, "paused", cpu_s=60)  # Health paused it at the step after step 1 wrecked the weights
-    page.wait_for_function(f"() => ({LIGHT})('learning rate').level === 'nbt-health-problem'", timeout=30_000)
+    wait_page(page, f"() => ({LIGHT})('learning rate').level === 'nbt-health-problem'", cpu_s=30)
     button = "button.nbt-health-apply"
-    page.wait_for_function(
+    wait_page(
+        page,
         f"() => (document.querySelector('{button}') || {{}}).textContent === "
         "'restore the weights before step 1, apply LR 0.1 and resume'",
-        timeout=30_000,
+        cpu_s=30,
     )
     advice = page.locator(".nbt-health-advice").inner_text()
     assert "Lower the LR to 0.1" in advice and "rounded to 0.1" in advice and "The weights are damaged" in advice
@@ -78,12 +79,13 @@ def test_one_click_on_the_health_card_restores_lowers_and_the_run_trains(
 
     _mouse_click(page, button)
     wait_badge(page, "finished", cpu_s=90)  # resumed, and trained to its end
-    page.wait_for_function(
+    wait_page(
+        page,
         "() => { const i = document.querySelector('.nbt-lr-exact input'); return i && i.value === '1.00e-1'; }",
-        timeout=30_000,
+        cpu_s=30,
     )
-    page.wait_for_function(
-        f"() => ({LIGHT})('learning rate').title.includes('worked')", timeout=30_000
+    wait_page(
+        page, f"() => ({LIGHT})('learning rate').title.includes('worked')", cpu_s=30
     )  # the next window confirmed the fix
     assert page.locator(button).is_hidden()  # nothing left to apply
     assert widget_problems(page) == []

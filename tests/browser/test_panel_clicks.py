@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from ._panel import badge, chart, wait_badge, wait_page
+from ._panel import badge, chart, wait_badge, wait_page, wait_shown
 from ._servers import wait_widgets_rendered, widget_problems
 
 CELLS = [
@@ -106,13 +106,7 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
     hovered = _number(tip.split("lr", 1)[1])
     page.mouse.click(x, y)
     choice = page.locator(".nbt-lrfinder-choice", has_text="clicked on the curve")
-    wait_page(
-        page,
-        "() => [...document.querySelectorAll('.nbt-lrfinder-choice')]"
-        ".some(e => e.innerText.includes('clicked on the curve'))",
-        cpu_s=15,
-        what="the clicked LR's line",
-    )
+    wait_shown(page, ".nbt-lrfinder-choice", has_text="clicked on the curve", cpu_s=15)
     chosen = _number(choice.inner_text().split(":", 1)[1])
     assert abs(chosen / hovered - 1) < 0.01, (tip, choice.inner_text())
     wait_page(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ._panel import wait_badge, wait_page
+from ._panel import wait_badge, wait_page, wait_shown
 from ._servers import wait_widgets_rendered, widget_problems
 
 N = 240
@@ -52,24 +52,17 @@ def _isolated(dots: list[list[float]], order: list[int], gap: float = 9.0) -> in
     raise AssertionError("no point stands alone on the map")
 
 
-# the n-th element matching a selector is drawn (a locator's wait_for, as a predicate for wait_page)
-_VISIBLE = """([selector, n]) => {
-    const e = document.querySelectorAll(selector)[n];
-    return !!e && e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden';
-}"""
-
-
 def data_map_scenario(page: Any) -> None:
     """Start, wait for the map, click a point, drop it, draw a lasso (shared with the classic Notebook's test). Each
     wait is a CPU-second budget of the test's processes (``wait_page``): what it waits for is the kernel's work (the
     data check, the run, the cleaner's answer), which a loaded machine stretches in wall time, not in CPU."""
     lights = page.locator(".nbt-data .nbt-data-light")
-    wait_page(page, _VISIBLE, [".nbt-data .nbt-data-light", 0], cpu_s=60, what="the check's lights")  # before Start
+    wait_shown(page, ".nbt-data .nbt-data-light", cpu_s=60, what="the check's lights")  # before Start
     assert lights.count() == 4
     assert "nbt-data-ok" in (lights.first.get_attribute("class") or "")
     # the batch as the model receives it: the panel sends it before the lights, but each widget's model applies
     # its update on its own in the front end, so the page is read once the pictures are there
-    wait_page(page, _VISIBLE, [".nbt-data-batch img", 3], cpu_s=15, what="the batch's fourth picture")
+    wait_shown(page, ".nbt-data-batch img", n=3, cpu_s=15, what="the batch's fourth picture")
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", cpu_s=90)
     wait_page(page, f"() => ({DOTS})().length === {N}", cpu_s=30, what=f"the map's {N} points")
@@ -85,14 +78,7 @@ def data_map_scenario(page: Any) -> None:
     item = page.locator(f".nbt-cleaner-item-{target}")
     assert re.search(rf"#{target} · given \d", item.inner_text())
     item.locator("button", has_text="drop").click()
-    wait_page(
-        page,
-        "(text) => [...document.querySelectorAll('.nbt-data-selection .nbt-cleaner-summary')]"
-        ".some(e => e.innerText.includes(text))",
-        f"1 dropped ({target})",
-        cpu_s=15,
-        what="the cleaner's summary of the drop",
-    )
+    wait_shown(page, ".nbt-data-selection .nbt-cleaner-summary", has_text=f"1 dropped ({target})", cpu_s=15)
 
     # a lasso around the lower half of the plot: the items inside, most suspicious first
     page.locator(".nbt-data-map-mode button", has_text="lasso").click()

@@ -13,7 +13,7 @@ import pytest
 
 from nbtrainer import format_lr
 
-from ._panel import wait_badge
+from ._panel import wait_badge, wait_page, wait_shown
 from ._servers import wait_widgets_rendered, widget_problems
 
 CELLS = [
@@ -56,13 +56,14 @@ def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server
     assert page.evaluate(LR_LIGHT) == "nbt-health-ok"
 
     page.locator("button.nbt-start").click()
-    page.wait_for_function(f"() => ({LR_LIGHT})() === 'nbt-health-problem'", timeout=60_000)
+    wait_page(page, f"() => ({LR_LIGHT})() === 'nbt-health-problem'", cpu_s=60)
     wait_badge(page, "paused", cpu_s=60)  # on_problem="pause": held at the next step boundary
     button = page.locator("button.nbt-health-apply-lr")
-    button.wait_for(state="visible", timeout=30_000)
-    page.wait_for_function(
+    wait_shown(page, "button.nbt-health-apply-lr", cpu_s=30)
+    wait_page(
+        page,
         "() => (document.querySelector('button.nbt-health-apply-lr') || {}).textContent.includes('and resume')",
-        timeout=30_000,
+        cpu_s=30,
     )
     # the advised action in words; the LR computed from the measured update ratio (issue 56)
     words = button.inner_text().strip()
@@ -76,9 +77,10 @@ def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server
     wait_badge(page, "running", cpu_s=60)  # resumed
     # the LR change came back through the event stream: the panel's exact-LR box shows the trainer's new LR
     shown = format_lr(float(advised.group(1)))
-    page.wait_for_function(
+    wait_page(
+        page,
         f"() => {{ const i = document.querySelector('.nbt-lr-exact input'); return i && i.value === '{shown}'; }}",
-        timeout=30_000,
+        cpu_s=30,
     )
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", cpu_s=60)

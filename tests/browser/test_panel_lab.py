@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, badge, click_matrix_cell, global_step, low_contrast, wait_badge
+from ._panel import (
+    PANEL_SELECTORS,
+    badge,
+    click_matrix_cell,
+    global_step,
+    low_contrast,
+    wait_badge,
+    wait_page,
+    wait_shown,
+)
 from ._scenario import LOSS_POINTS_ABOVE, loss_points, run_controls_scenario
 from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
@@ -41,12 +50,13 @@ def _expand_side_areas(page) -> None:
     for toggle in page.locator(".nbt-section .nbt-collapse").all():
         if toggle.is_visible() and "expand" in (toggle.get_attribute("title") or ""):
             toggle.click()
-    page.wait_for_function(
+    wait_page(
+        page,
         """() => [...document.querySelectorAll('.nbt-section')].filter(s => s.offsetParent !== null).every(s => {
             const toggle = s.querySelector('.nbt-collapse'), body = s.children[1];
             return !(toggle.title || '').includes('expand') && body && getComputedStyle(body).display !== 'none';
         })""",
-        timeout=30_000,
+        cpu_s=30,
     )
 
 
@@ -54,7 +64,7 @@ def _expand_side_areas(page) -> None:
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
 def test_panel_in_jupyterlab(theme, lab_server, shared_lab, page, screenshot, console_log, tmp_path) -> None:
     _open(page, lab_server, shared_lab, tmp_path, PANEL_NB, theme)
-    page.wait_for_function(f"() => document.body.dataset.jpThemeName === {theme!r}", timeout=60_000)
+    wait_page(page, f"() => document.body.dataset.jpThemeName === {theme!r}", cpu_s=60)
     lab_run_all(page, timeout=120)
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     page.locator(".nbt-panel").first.scroll_into_view_if_needed()
@@ -94,17 +104,18 @@ BLOCKING_CELLS = [
 def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebook, page, screenshot, console_log):
     nb = make_notebook("blocking_fit", BLOCKING_CELLS)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
-    page.wait_for_function(
+    wait_page(
+        page,
         "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
         " return !!k && k.status === 'idle'; }",
-        timeout=60_000,
+        cpu_s=60,
     )
     # Not awaited: the command's promise settles only when every cell has run, and the 2nd cell blocks.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     wait_badge(page, "running", cpu_s=30)
-    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[5], timeout=30_000)
+    wait_page(page, LOSS_POINTS_ABOVE, [5], cpu_s=30)
 
     page.locator("button.nbt-pause").click()
     wait_badge(page, "paused", cpu_s=30)  # the click reached the kernel while the cell is busy
@@ -114,7 +125,7 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     screenshot(page, "blocking-fit-lab-paused", selector=".nbt-panel")
     page.locator("button.nbt-pause").click()
     wait_badge(page, "running", cpu_s=30)
-    page.wait_for_function(LOSS_POINTS_ABOVE, arg=[points + 5], timeout=30_000)
+    wait_page(page, LOSS_POINTS_ABOVE, [points + 5], cpu_s=30)
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", cpu_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
@@ -142,11 +153,11 @@ def test_a_confusion_matrix_cell_clicked_in_jupyterlab_shows_its_items(shared_la
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", cpu_s=60)
     matrix = page.locator(".nbt-errors-matrix svg.svg-figure")
-    matrix.wait_for(timeout=30_000)
+    wait_shown(page, ".nbt-errors-matrix svg.svg-figure", cpu_s=30)
     matrix.scroll_into_view_if_needed()
     for at, skip in (((0.5, 0.5), 0), ((0.1, 0.9), 1)):
         target, predicted, count = click_matrix_cell(page, at=at, skip=skip)
         head = f"target {target}, predicted {predicted}: {count} item(s)"
-        page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+        wait_shown(page, ".nbt-errors-examples", has_text=head, cpu_s=15)
     screenshot(page, "panel-lab-matrix-click", selector=".nbt-errors")
     assert widget_problems(page) == []

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, wait_badge
+from ._panel import PANEL_SELECTORS, wait_badge, wait_page
 from ._scenario import STEP_ABOVE
 from ._servers import wait_widgets_rendered, widget_problems
 
@@ -44,7 +44,7 @@ def _labels(page: Any) -> list[dict[str, Any]]:
 
 
 def _wait_label(page: Any, word: str) -> dict[str, Any]:
-    page.wait_for_function(f"() => ({LR_LABELS})().some(l => l.text.endsWith(' {word}') && l.shown)", timeout=30_000)
+    wait_page(page, f"() => ({LR_LABELS})().some(l => l.text.endsWith(' {word}') && l.shown)", cpu_s=30)
     return next(label for label in _labels(page) if label["text"].endswith(f" {word}"))
 
 
@@ -59,7 +59,7 @@ def test_lr_changes_from_the_panel_are_labelled_on_a_titled_lr_chart(voila_serve
 
     page.locator("button.nbt-start").click()
     wait_badge(page, "running")
-    page.wait_for_function(STEP_ABOVE, arg=[5], timeout=30_000)
+    wait_page(page, STEP_ABOVE, [5], cpu_s=30)
 
     # typed: the exact box takes the value on Enter
     box = page.locator(".nbt-lr-exact input").first
