@@ -39,6 +39,7 @@ from ._panel import (
     state_errors,
     wait_badge,
     wait_page,
+    wait_shown,
 )
 from ._scenario import run_controls_scenario
 from ._servers import Server, wait_widgets_rendered, widget_problems
@@ -302,10 +303,10 @@ def test_a_finished_panel_shows_all_of_itself_every_time(classic, page, screensh
                 page.locator(".nbt-errors-matrix").scroll_into_view_if_needed()
                 target, predicted, count = click_matrix_cell(page)
                 head = f"target {target}, predicted {predicted}: {count} item(s)"
-                page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+                wait_shown(page, ".nbt-errors-examples", has_text=head, cpu_s=15)
                 target, predicted, count = click_matrix_cell(page, at=(0.1, 0.9), skip=1)  # near a corner
                 head = f"target {target}, predicted {predicted}: {count} item(s)"
-                page.locator(".nbt-errors-examples", has_text=head).wait_for(timeout=15_000)
+                wait_shown(page, ".nbt-errors-examples", has_text=head, cpu_s=15)
                 screenshot(page, "panel-classic-errors", selector=".nbt-errors")
             _close_widgets(page)
         if any(seen["fit"] + seen["start"]):  # the first incomplete panel fails the test: no need to wait on more

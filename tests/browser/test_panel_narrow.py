@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, wait_badge
+from ._panel import PANEL_SELECTORS, wait_badge, wait_page, wait_shown
 from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 from .test_panel_reload import bqplot_noise
 
@@ -141,8 +141,8 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
 
     # LR finder: x tick labels readable (no two overlap)
     page.locator("button.nbt-lrfind").click()
-    page.locator(".nbt-lrfinder-chart svg.svg-figure").first.wait_for(timeout=60_000)
-    page.wait_for_function(f"(s) => ({X_TICKS})(s) !== null", arg=".nbt-lrfinder-chart", timeout=30_000)
+    wait_shown(page, ".nbt-lrfinder-chart svg.svg-figure", cpu_s=60)  # the sweep: the kernel's work, in CPU seconds
+    wait_page(page, f"(s) => ({X_TICKS})(s) !== null", ".nbt-lrfinder-chart", cpu_s=30)
     ticks = page.evaluate(X_TICKS, ".nbt-lrfinder-chart")
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(ticks)), ticks
     screenshot(page, "panel-narrow-800-lrfinder", selector=".nbt-lrfinder")
@@ -168,16 +168,14 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     # with the mouse lists every one, "show fewer" three again
     lines = page.locator(".nbt-messages-lines .nbt-message-info")
     said = lines.filter(has_text="ended")
-    lines.filter(has_text="run finished").wait_for(timeout=30_000)
+    wait_shown(page, ".nbt-messages-lines .nbt-message-info", has_text="run finished", cpu_s=30)
     texts = lines.all_inner_texts()
     assert texts[:2] == ["info: epoch 19 ended", "info: epoch 20 ended"] and len(texts) == 3, texts
     page.locator(".nbt-messages-all").click()
-    said.filter(has_text="epoch 1 ended").wait_for(timeout=15_000)
+    wait_shown(page, ".nbt-messages-lines .nbt-message-info", has_text="epoch 1 ended", cpu_s=15)
     assert said.all_inner_texts() == [f"info: epoch {e} ended" for e in range(1, 21)], said.all_inner_texts()
     page.locator(".nbt-messages-all", has_text="show fewer").click()
-    page.wait_for_function(
-        "() => document.querySelectorAll('.nbt-messages-lines .nbt-message-info').length === 3", timeout=15_000
-    )
+    wait_page(page, "() => document.querySelectorAll('.nbt-messages-lines .nbt-message-info').length === 3", cpu_s=15)
 
     # the compare menu lists the finished run; its choices and both align buttons read in full (issue 38)
     page.wait_for_function("() => document.querySelectorAll('.nbt-compare select option').length >= 1")
@@ -191,15 +189,14 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     page.wait_for_function("() => document.querySelector('.nbt-epochs input').value === '2000'")
     page.locator("button.nbt-start").click()
     wait_badge(page, "running", cpu_s=30)
-    page.wait_for_function(
-        "() => document.querySelector('.nbt-summary-area').innerText.includes('previous run')", timeout=30_000
-    )
+    wait_page(page, "() => document.querySelector('.nbt-summary-area').innerText.includes('previous run')", cpu_s=30)
 
     # it follows the newest epoch while the run goes on
-    page.wait_for_function(
+    wait_page(
+        page,
         f"""() => {{ const t = ({TABLE})(); const m = /(\\d+) so far/.exec(t.title);
                     return t && m && Number(m[1]) >= 20 && t.rows[t.rows.length - 1] === Number(m[1]); }}""",
-        timeout=60_000,
+        cpu_s=60,
     )
     # "show all": opens at the newest row; once the user scrolls up, new epochs do not pull the view back
     page.locator(".nbt-epoch-all").first.click()
@@ -211,8 +208,11 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     # the user scrolls up (column-reverse: negative from the newest row); done once the box holds the position
     page.wait_for_function(f"() => {{ {BOX}.scrollTop = -80; return {BOX}.scrollTop < -40; }}")
     before = _epochs_so_far(page)
-    page.wait_for_function(
-        f"() => Number(/(\\d+) so far/.exec(document.querySelector('.nbt-epochs-area').innerText)[1]) > {before}"
+    wait_page(
+        page,
+        f"() => Number(/(\\d+) so far/.exec(document.querySelector('.nbt-epochs-area').innerText)[1]) > {before}",
+        cpu_s=30,
+        what="an epoch after the scroll",
     )
     assert page.evaluate(f"() => {BOX}.scrollTop") < -40
     screenshot(page, "panel-narrow-800-show-all", selector=".nbt-epochs-area")

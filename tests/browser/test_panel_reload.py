@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, global_step, wait_badge
+from ._panel import PANEL_SELECTORS, global_step, wait_badge, wait_page
 from ._servers import wait_widgets_rendered, widget_problems
 from .test_panel_lab import BLOCKING_CELLS
 
-BACK_DEADLINE_S = 60.0  # a deadline for readiness, not a measure: the cell never ends by itself
+BACK_DEADLINE_S = 60.0  # CPU seconds: a deadline for readiness, not a measure (the cell never ends by itself)
 KERNEL_READY = (
     "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
     " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
@@ -51,12 +51,12 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     assert "epochs=3000" in cells[0]
     nb = make_notebook("reload_mid_fit", cells)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
-    page.wait_for_function(KERNEL_READY, timeout=60_000)
+    wait_page(page, KERNEL_READY, cpu_s=60)
     # Not awaited: the command settles only when every cell has run, and the 2nd cell blocks for the run.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     wait_badge(page, "running", cpu_s=30)
-    page.wait_for_function("() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)")
+    wait_page(page, "() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)", cpu_s=30)
     # the saved notebook holds the panel's output (what a reload shows), then the page is reloaded
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function(
@@ -65,18 +65,19 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     before = global_step(page)
     page.reload(wait_until="domcontentloaded", timeout=60_000)
 
-    page.wait_for_function(OUTPUTS_BACK, timeout=60_000)
+    wait_page(page, OUTPUTS_BACK, cpu_s=60)
     t0 = time.monotonic()
-    page.wait_for_function(PANEL_BACK, timeout=BACK_DEADLINE_S * 1000)  # what the kernel answers: the models
+    wait_page(page, PANEL_BACK, cpu_s=BACK_DEADLINE_S, what="the panel back")  # what the kernel answers: the models
     back_after = time.monotonic() - t0
     wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
     wait_badge(page, "running", cpu_s=30)
     # live: the progress the page shows moves on past what the restore showed
-    page.wait_for_function(
+    wait_page(
+        page,
         "(s) => { const m = /step ([\\d,]+)/.exec(document.querySelector('.nbt-progress-info').innerText);"
         " return !!m && Number(m[1].replace(/,/g, '')) > s; }",
-        arg=max(before, global_step(page)),
-        timeout=30_000,
+        max(before, global_step(page)),
+        cpu_s=30,
     )
     live_after = time.monotonic() - t0
     screenshot(page, "reload-mid-fit-live", selector=".nbt-panel")
