@@ -119,7 +119,7 @@ def test_a_panels_name_names_its_runs_in_the_store_and_every_compare_menu(tmp_pa
     plain = make_widget(n=64, bs=16, epochs=1, run_store=store)
     for w in (slow, fast, slow, plain):
         w.start()
-        w.wait(timeout=60)
+        w.wait()
     names = [r["name"] for r in Runs(store).table().rows]
     assert names[:3] == ["slow", "fast", "slow (2)"] and names[3].startswith("sequential-"), names
     fast.compare.refresh()  # (the menu is re-read when a run starts or ends; the others ran since)
@@ -173,6 +173,6 @@ def test_the_ui_threads_redraws_move_the_lines_made_at_the_click_and_make_none(t
     (line,) = w.compare.loss_lines.values()
     with widgets_made_elsewhere() as off:
         w.start()  # the live epoch length becomes known at the first epoch's end: the overlay is redrawn for it
-        w.wait(timeout=60)
+        w.wait()
     assert off == [], off
     assert list(w.compare.loss_lines.values()) == [line] and line in w.charts.loss_fig.marks

@@ -29,7 +29,7 @@ def test_stop_from_another_thread_ends_within_one_step():
     th = threading.Thread(target=stopper)
     th.start()
     th.join()
-    h = w.wait(timeout=20)
+    h = w.wait()
     assert h.status == "stopped" and h.stop_reason == "user clicked stop" and w.status == "stopped"
     assert w.trainer.global_step <= box["step"] + 1
     assert "stopped" in w.view.status.value and not w.view.start.disabled
@@ -43,7 +43,7 @@ def test_stop_button_while_paused():
     w.view.pause.click()
     wait_for(lambda: w.status == "paused", what="paused")
     w.view.stop.click()
-    assert w.wait(timeout=20).status == "stopped"
+    assert w.wait().status == "stopped"
 
 
 def test_pause_holds_and_resume_continues():
@@ -59,7 +59,7 @@ def test_pause_holds_and_resume_continues():
     wait_for(lambda: "paused" in w.view.status.value, 5, "paused badge")
     w.view.pause.click()  # Resume
     assert w.view.pause.description == "Pause"
-    h = w.wait(timeout=30)
+    h = w.wait()
     assert h.status == "finished" and len(h.steps["step"]) == 64
     assert [e["kind"] for e in h.events] == ["pause", "resume"]
 
@@ -70,7 +70,7 @@ def test_lr_and_accumulation_changes_mid_run_reach_optimizer_history_and_charts(
     wait_for(lambda: w.trainer.global_step >= 10)
     w.view.lr.value = 0.2  # what dragging the slider does
     w.view.accum.value = 4
-    h = w.wait(timeout=60)
+    h = w.wait()
     assert w.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
     events = {e["kind"]: e for e in h.events}
     assert events["lr"]["new"] == pytest.approx(0.2) and events["lr"]["old"] == pytest.approx(0.05)
@@ -116,7 +116,7 @@ def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
     )
     w.view.start.click()
     with pytest.raises(ValueError, match="metric exploded"):
-        w.wait(timeout=30)
+        w.wait()
     assert w.status == "failed" and w.history.status == "failed"
     assert "failed" in w.view.status.value
     errors = [m for m in w.view.messages_log.lines.children if "nbt-message-error" in m._dom_classes]
@@ -125,7 +125,7 @@ def test_an_exception_in_a_metric_fails_the_run_shows_it_and_wait_reraises():
     assert not w.view.start.disabled and w.view.stop.disabled
     assert not Trainer.active()
     w.start()  # the kernel (and this widget) stay usable: the metric works again now
-    assert w.wait(timeout=30).status == "finished"
+    assert w.wait().status == "finished"
 
 
 def test_a_second_widget_on_the_same_model_stops_the_first():
@@ -146,7 +146,7 @@ def test_a_second_widget_on_the_same_model_stops_the_first():
     assert "replaced by" in (w1.history.stop_reason or "")
     assert any("Stopped the previous run" in text for _, text in w2.view.message_log)
     w2.start()
-    assert w2.wait(timeout=30).status == "finished"
+    assert w2.wait().status == "finished"
 
 
 def test_start_while_another_widget_runs_the_model_stops_that_run():
@@ -158,7 +158,7 @@ def test_start_while_another_widget_runs_the_model_stops_that_run():
     wait_for(lambda: w1.trainer.global_step >= 3)
     w2.start()  # same model (and trainer): the old run is stopped first, not left training
     assert w1.status == "stopped"
-    assert w2.wait(timeout=30).status == "finished"
+    assert w2.wait().status == "finished"
 
 
 def test_a_fit_not_started_by_a_widget_is_refused_with_a_clear_message():
@@ -183,7 +183,7 @@ def test_ui_updates_are_throttled_by_wall_clock():
     w = make_widget(n=4096, epochs=1, slow=0.004, refresh_interval=0.0, ui_interval=0.2, callbacks=[counter])
     t0 = time.monotonic()
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     duration = time.monotonic() - t0
     times = w.ui_update_times
     assert duration > 0.8, "the run must be long enough to mean something"
@@ -251,7 +251,7 @@ def test_rerunning_a_cell_that_recreates_the_model_stops_the_old_run(monkeypatch
         w3 = make_widget(epochs=1)  # another cell: w2 is left alone
     w2.start()
     w3.start()
-    assert w2.wait(timeout=30).status == "finished" and w3.wait(timeout=30).status == "finished"
+    assert w2.wait().status == "finished" and w3.wait().status == "finished"
 
 
 @pytest.mark.slow  # a few seconds: enough steps for a chart payload the budget holds back
@@ -276,7 +276,7 @@ def test_a_long_run_keeps_the_charts_to_their_budget_while_the_progress_goes_at_
     w = make_widget(n=4096, bs=4, epochs=2, slow=0.001, ui_interval=0.05)
     monkeypatch.setattr(W.Widget, "_send", spy)
     w.start()
-    h = w.wait(timeout=120)
+    h = w.wait()
     assert len(h.steps["step"]) == 2048
     raw = [(t, c) for t, wid, c in sends if wid is w.charts.raw][:-1]  # live renders (the last is the final one)
     assert len(raw) >= 3, "the run must be long enough to mean something"
@@ -309,7 +309,7 @@ def test_paused_badge_comes_with_every_point_up_to_the_held_step():
     time.sleep(1.5)  # longer than any budget wait of this run's charts
     assert (w.charts.sent_points(), w.charts.raw.x.tolist(), w.view.epoch_table.value) == seen["charts"]
     w.view.stop.click()
-    assert w.wait(timeout=30).status == "stopped"
+    assert w.wait().status == "stopped"
 
 
 @pytest.mark.parametrize("how", ["w.close()", "w.panel.close()"])

@@ -40,7 +40,7 @@ def test_the_check_shows_before_start_the_run_maps_the_items_and_the_cleaner_wri
     assert "nbt-batch" in data.batch_html.value and data.section.visible
     assert not data.map_box.children  # no map before a run
     w.start()
-    history = w.wait(timeout=60)
+    history = w.wait()
     assert history.status == "finished"
     assert w.trainer.data_report is report  # the fit reused the panel's check
     wait_for(lambda: len(data.scatter.x) == 320, 10, "the map drawn at the run's end")
@@ -84,7 +84,7 @@ def test_the_errors_sections_cleaner_writes_the_interpretations_edits() -> None:
     x, y = make_classification(n=256)
     w = _panel(x, y, interpret=True, epochs=1)
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     errors = w.looks.errors
     wait_for(lambda: errors.interpretation is not None, 10, "an interpretation drawn")
     interp = errors.interpretation
@@ -114,7 +114,7 @@ def test_arrays_train_as_in_fit_with_the_check_and_the_batch_shown() -> None:
     assert data.report is not None and data.report.by_kind("duplicates_across")  # the check read the arrays
     assert "nbt-batch" in data.batch_html.value
     w.start()
-    history = w.wait(timeout=60)
+    history = w.wait()
     assert history.status == "finished" and w.trainer.global_step == 2 * 10  # 320 rows in batches of 32
     assert int(w.data_map.visits.sum()) == 2 * 320  # the fast path knew every item's index
     assert not torch.equal(next(iter(w.train_loader))[0], x[:32])  # shuffled, as fit shuffles training arrays
@@ -142,13 +142,13 @@ def test_wait_after_a_refused_start_says_it_was_refused_and_why() -> None:
     x, y = make_classification(n=96)
     w = _panel(x, y)
     w.start()  # a first run: wait() must not hand its History back for the refused start below
-    assert w.wait(timeout=60).status == "finished"
+    assert w.wait().status == "finished"
     y[40] = 9  # the model has 3 outputs: the next start is refused
     for panel in (w, _panel(x, y)):  # after a run, and on a fresh panel
         panel.looks.data.start_check(panel.trainer, panel.train_loader, panel.val_loader)
         panel.start()
         with pytest.raises(RuntimeError, match=r"not started: .*labels 9"):
-            panel.wait(timeout=60)
+            panel.wait()
 
 
 def test_a_drawing_of_a_large_map_reads_it_once_and_keeps_the_most_suspicious_items() -> None:
@@ -159,7 +159,7 @@ def test_a_drawing_of_a_large_map_reads_it_once_and_keeps_the_most_suspicious_it
     w = _panel(x, y, epochs=1)
     w.looks.data.wait_check(30)
     w.start()
-    w.wait(timeout=120)
+    w.wait()
     data, dm = w.looks.data, w.data_map
     reads = []
     table = dm.table
@@ -195,7 +195,7 @@ def _drawings(x: torch.Tensor, y: torch.Tensor, **kw) -> list[int]:
 
     data.draw = counted  # type: ignore[method-assign]
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     return drawn
 
 
@@ -239,7 +239,7 @@ def test_the_map_keeps_to_its_budget_of_points_and_a_run_that_ends_gets_its_last
     # a 320-point drawing, then 0.1 s of rest; pushes every 0.02 s
     w, drawings = _budgeted(x, y, points_per_s=320 / 0.1, epochs=250, ui_interval=0.02)
     w.start()
-    assert w.wait(timeout=120).status == "finished"
+    assert w.wait().status == "finished"
     live = drawings[:-1]
     # the premise: more epochs ended than the map was drawn (the budget held updates back), over several drawings
     assert w.data_map.updates == 250 and 2 <= len(live) < 250, drawings
@@ -261,7 +261,7 @@ def test_a_map_held_back_by_its_budget_is_drawn_when_the_run_pauses():
     held = w.data_map.updates  # no epoch ends while the run holds
     wait_for(lambda: drawings[-1][2] == held, 60, "the map drawn as the run holds")
     w.view.stop.click()
-    assert w.wait(timeout=60).status == "stopped"
+    assert w.wait().status == "stopped"
 
 
 def test_closing_the_panel_mid_check_cancels_the_check_at_its_next_batch_and_a_new_check_replaces_an_old_one() -> None:

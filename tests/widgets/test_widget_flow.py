@@ -44,7 +44,7 @@ def test_a_slow_page_has_at_most_one_push_unanswered_and_the_run_is_not_slowed()
     stop, seen = threading.Event(), list[tuple[int, int | None]]()
     page = _slow_page(flow, 0.3, stop, seen)
     try:
-        h = w.wait(timeout=120)
+        h = w.wait()
     finally:
         stop.set()
         page.join(5)
@@ -60,7 +60,7 @@ def test_without_a_page_or_once_it_stops_answering_the_pushes_go_as_before():
     w = make_widget(n=256, bs=8, epochs=2, slow=0.01)
     w.start()
     flow = w._pump.flow
-    w.wait(timeout=120)
+    w.wait()
     assert flow.answered is None and flow.pushes >= 3  # nobody answered: nothing waited
 
     w = make_widget(n=512, bs=8, epochs=40, slow=0.01)
@@ -79,4 +79,4 @@ def test_without_a_page_or_once_it_stops_answering_the_pushes_go_as_before():
     wait_for(lambda: flow.pushes > held + 2, what="pushes after stale_s without an answer")
     assert time.monotonic() - answered_at >= stale_s
     w.stop()
-    w.wait(timeout=120)
+    w.wait()

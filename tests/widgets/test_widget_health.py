@@ -17,7 +17,7 @@ def test_the_panel_adds_health_and_shows_its_lights_and_norms():
     health = [cb for cb in w.trainer.callbacks.callbacks if isinstance(cb, Health)]
     assert health == [w.health_card.health] and health[0].on_problem == "warn"  # one, at its defaults
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     lights = w.health_card.lights.value
     for signal in ("gradients", "loss", "non-finite", "learning rate", "dead units", "data"):
         assert f"<b style='flex:none'>{signal}</b>" in lights
@@ -103,7 +103,7 @@ def test_apply_lr_button_sets_the_advised_lr_and_resumes():
         wait_for(lambda: abs(w.trainer.lr - lr) < 1e-12, what="the advised LR")
     finally:
         w.stop()
-        w.wait(timeout=30)
+        w.wait()
     events = [e for e in w.history.events if e["kind"] == "lr"]
     assert events and events[0]["source"] == "health" and events[0]["new"] == lr
     assert [e["new"] for e in w.history.events if e["kind"] == "health_fix"] == [report.action]
@@ -139,7 +139,7 @@ def test_rollback_button_goes_back_to_the_last_checkpoint_and_resumes(tmp_path):
         wait_for(lambda: not w.running, timeout=30, what="the run's end")
     finally:
         w.stop()
-        history = w.wait(timeout=30)
+        history = w.wait()
     (event,) = [e for e in history.events if e["kind"] == "rollback"]
     assert (event["old"], event["new"]) == (42, 40) and history.status == "finished"
     assert history.steps["step"] == list(range(1, 61))  # steps 41 and 42 once, from the rolled-back run
@@ -170,5 +170,5 @@ def test_skip_button_resumes_past_a_nonfinite_batch():
         wait_for(lambda: not w.running, timeout=30, what="the run's end")
     finally:
         w.stop()
-        history = w.wait(timeout=30)
+        history = w.wait()
     assert history.status == "finished" and history.epochs[-1]["skipped_steps"] == 1

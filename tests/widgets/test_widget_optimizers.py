@@ -75,7 +75,7 @@ def test_a_training_step_runs_in_the_panel_and_its_values_reach_history_table_an
         training_step=_manual_step, validation_step=_validation_step, grad_accum_steps=2,
     )  # fmt: skip
     w.start()
-    h = w.wait(timeout=60)
+    h = w.wait()
     assert h.status == "finished" and w.trainer.global_step == 6  # 6 batches an epoch, windows of 2
     assert {"loss", "body_loss", "val_loss"} <= set(h.epochs[-1])
     assert "body_loss" in w.view.epoch_table.value  # a column of the live epoch table

@@ -122,7 +122,7 @@ def test_a_row_clicked_is_the_row_trained_its_optimizer_lora_rank_and_micro_batc
     assert w.view.accum.value == 2 and next(iter(w.train_loader))[0].shape[0] == 32
     assert _messages(w, "info")[-1].count("memory plan row set: " + split.describe()) == 1
     w.start()
-    history = w.wait(timeout=120)
+    history = w.wait()
     assert history.status == "finished" and w.trainer.grad_accum_steps == 2
     assert w.trainer.global_step == 512 // 32 // 2  # micro-batches of 32, two per step
     ranks = {p.shape[0] for n, p in w.trainer.model.named_parameters() if "lora_A" in n}

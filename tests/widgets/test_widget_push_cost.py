@@ -66,7 +66,7 @@ def _last_push(sent, steps_per_epoch: int) -> tuple[int, int]:
         n=16 * steps_per_epoch, bs=16, epochs=2, ui_interval=60.0, callbacks=[SecondEpochAfterAPush(pushed)]
     )
     w.start()
-    w.wait(timeout=120)
+    w.wait()
     assert w.trainer.status == "finished"
     assert len(pushes) == 2, pushes
     return pushes[-1]
@@ -96,7 +96,7 @@ def test_a_push_with_nothing_new_sends_nothing_and_rebuilds_no_health_card(sent)
 
     card._lights_html = counted
     w.start()
-    w.wait(timeout=120)  # the UI thread has ended: the pushes below are the only ones
+    w.wait()  # the UI thread has ended: the pushes below are the only ones
     assert w.trainer.status == "finished" and built["n"] >= 1  # the card was drawn during the run
     count["any_thread"] = True
     w._pump._apply([], True)  # what a push with nothing new does (the run's end was drawn already)
@@ -129,7 +129,7 @@ def test_the_data_section_counts_the_label_issues_without_listing_them_at_each_p
     w = TrainerWidget(model, torch.nn.CrossEntropyLoss(), "sgd", loader, epochs=2, lr=0.05, progress=False,
                       refresh_interval=0.02, ui_interval=0.02)  # fmt: skip
     w.start()
-    w.wait(timeout=120)
+    w.wait()
     assert w.trainer.status == "finished" and w.ui_updates >= 2
     dm = w.looks.data.data_map
     count = dm.label_issue_count()

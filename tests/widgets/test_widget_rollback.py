@@ -23,7 +23,7 @@ def test_a_rollback_keeps_the_change_markers_and_the_memory_up_to_the_checkpoint
     w.trainer.rollback("last")  # what the health card's rollback button does
     rolled_to = w.trainer.global_step
     w.resume()
-    h = w.wait(timeout=60)
+    h = w.wait()
     (change,) = [e for e in h.events if e["kind"] == "lr"]
     assert change["step"] < rolled_to == 20
     assert w.charts.lr_events.x.tolist() == [change["step"]], "the LR change's marker was lost in the rollback"

@@ -70,7 +70,7 @@ def test_nf4_lora_adamw8bit_chosen_before_start_trains_only_the_adapters():
     s.quantize.value, s.lora.value, s.optimizer.value = "nf4", True, "adamw8bit"
     w.view.start.click()
     assert w.trainer is not before, _messages(w, "error")
-    history = w.wait(timeout=120)
+    history = w.wait()
     assert history.status == "finished" and w.trainer.global_step == 4
     counts = w.trainer.param_counts
     assert counts.trainable_names and all("lora_" in n for n in counts.trainable_names)
@@ -111,7 +111,7 @@ def test_step_in_backward_chosen_before_start_trains_and_the_controls_that_canno
     s.optimizer.value, s.in_backward.value = "adamw", True
     assert s.options() == {"optimizer": "adamw", "optimizer_in_backward": True}
     w.view.start.click()
-    history = w.wait(timeout=120)
+    history = w.wait()
     assert history.status == "finished", _messages(w, "error")
     assert w.trainer.optimizer_in_backward and w.trainer.global_step == 4
     assert all(p.grad is None for p in w.trainer.model.parameters())
@@ -185,5 +185,5 @@ def test_the_group_opened_during_a_run_is_checked_when_the_run_ends():
         assert w.savers.section.is_open and not w.savers.probed
     finally:
         hold.release.set()
-    assert w.wait(timeout=120).status == "finished"
+    assert w.wait().status == "finished"
     wait_for(lambda: w.savers.probed, timeout=30, what="the check once the run ended")

@@ -42,7 +42,7 @@ def test_paused_is_shown_only_once_the_loop_holds_and_then_nothing_moves():
     wait_for(lambda: _shown_step(w) > held, what="running again")
     w.stop()
     assert _badge(w) == "stopping"  # not "stopped" before the loop has ended
-    h = w.wait(timeout=30)
+    h = w.wait()
     assert h.status == "stopped" and _badge(w) == "stopped"
     assert _shown_step(w) == h.steps["step"][-1]  # the final step was drawn before the status
     detail = re.sub(r"<[^>]+>", " ", w.view.status.value)
@@ -52,7 +52,7 @@ def test_paused_is_shown_only_once_the_loop_holds_and_then_nothing_moves():
 def test_the_epoch_table_fills_as_epochs_end_with_one_number_format():
     w = make_widget(epochs=3)
     w.start()
-    h = w.wait(timeout=60)
+    h = w.wait()
     table = w.view.epoch_table.value
     assert table.count("<tr>") == 1 + 3 and w.view.epoch_section.visible
     for col in ("epoch", "loss", "val_loss", "acc", "val_acc", "lr", "time"):
@@ -69,7 +69,7 @@ def test_the_step_time_card_says_how_many_micro_batches_make_the_step(accum):
     # the loop's sample counts every micro-batch of the window (tests/loop/test_accumulation.py); the card says so
     w = make_widget(epochs=1, grad_accum_steps=accum)
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     card = re.search(r"nbt-stat-steptime.*?line-height:14px'>([^<]+)</div></div>", w.view.stats.value)
     assert card, w.view.stats.value
     sub = html.unescape(card.group(1))
@@ -134,7 +134,7 @@ def test_lr_finder_says_when_the_model_was_trained_and_restores_the_previous_lr(
 
     w = make_widget(epochs=1)
     w.start()
-    w.wait(timeout=60)
+    w.wait()
     w.lr_find(steps=15)
     assert "already been trained" in w.lr_finder.warning.value and "re-run" in w.lr_finder.warning.value
     assert any(level == "warning" and "already been trained" in text for level, text in w.view.message_log)
@@ -207,7 +207,7 @@ def test_resume_after_changes_made_while_paused_never_shows_paused_again():
     w.view.accum.value = 2
     gate.mark = len(seen)
     w.view.pause.click()  # Resume
-    assert w.wait(timeout=60).status == "finished"
+    assert w.wait().status == "finished"
     assert gate.drawn()  # the UI thread did draw between the boundary's events
     after = [status for status, _ in seen[gate.mark :]]
     assert after[0] == "running" and "paused" not in after, after
