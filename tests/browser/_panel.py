@@ -119,21 +119,25 @@ def wait_shown(
     wait_page(page, _SHOWN, [selector, n, has_text], cpu_s=cpu_s, what=what or f"{selector} ({has_text or n})")
 
 
-_BADGE = """(word) => {
-    const b = document.querySelector('.nbt-status .nbt-status-' + word);
+_BADGE = """([word, panel]) => {
+    const root = panel === null ? document : document.querySelectorAll('.nbt-panel')[panel];
+    const b = root && root.querySelector('.nbt-status .nbt-status-' + word);
     return !!b && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';
 }"""
 
 
-def wait_badge(page: Any, word: str, cpu_s: float = 20.0) -> None:
-    """Until the status badge says ``word`` (visible), within ``cpu_s`` CPU seconds of the test's processes. On
-    failure the message says what the panel shows instead (badge, detail, step): "finished" where "stopped" was
-    awaited is a run that ended before its Stop was handled, not a Stop that was ignored."""
+def wait_badge(page: Any, word: str, cpu_s: float = 20.0, *, panel: int | None = None) -> None:
+    """Until the status badge says ``word`` (visible), within ``cpu_s`` CPU seconds of the test's processes; ``panel``:
+    the badge of the page's ``panel``-th panel (default: the first badge on the page). On failure the message says
+    what the panel shows instead (badge, detail, step): "finished" where "stopped" was awaited is a run that ended
+    before its Stop was handled, not a Stop that was ignored."""
     try:
-        wait_page(page, _BADGE, word, cpu_s=cpu_s, what=f"the badge {word!r}")
+        wait_page(page, _BADGE, [word, panel], cpu_s=cpu_s, what=f"the badge {word!r}")
     except TimeoutError as exc:
-        shown = status(page) if page.locator(".nbt-status").count() else "(no status)"
-        raise TimeoutError(f"{exc}; the panel shows {shown!r} at step {global_step(page)}") from None
+        root = page if panel is None else page.locator(".nbt-panel").nth(panel)
+        shown = root.locator(".nbt-status").first.inner_text().strip() if root.locator(".nbt-status").count() else ""
+        step = f" at step {global_step(page)}" if panel is None else ""
+        raise TimeoutError(f"{exc}; the panel shows {shown or '(no status)'!r}{step}") from None
 
 
 def scatter_points(page: Any, selector: str) -> int:

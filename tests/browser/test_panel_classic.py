@@ -90,17 +90,12 @@ ALL_RAN = """() => {
 }"""
 
 
-# the second panel of a page (the first is the scenario's): its badge, and its progress line's step past a value
-SECOND_BADGE = """(word) => {
-    const p = document.querySelectorAll('.nbt-panel')[1];
-    const b = p && p.querySelector('.nbt-status .nbt-status-' + word);
-    return !!b && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';
-}"""
+# the second panel of a page (the first is the scenario's): its progress line's step past a value
 SECOND_STEP_ABOVE = """(n) => {
     const p = document.querySelectorAll('.nbt-panel')[1];
     const el = p && p.querySelector('.nbt-progress-info');
     const m = el && el.innerText.match(/step ([\\d,]+)/);
-    return m !== null && m !== undefined && parseInt(m[1].replace(/,/g, ''), 10) > n;
+    return !!m && parseInt(m[1].replace(/,/g, ''), 10) > n;
 }"""
 
 
@@ -173,18 +168,12 @@ def test_panel_in_classic_notebook_on_ipywidgets_7(classic, page, screenshot, co
             cell.execute();
         }"""
     )
-    wait_page(page, SECOND_BADGE, "running", cpu_s=60, what="the second panel's badge 'running'")
+    wait_badge(page, "running", cpu_s=60, panel=1)
     wait_page(page, SECOND_STEP_ABOVE, 20, cpu_s=60, what="the second panel past step 20")
     page.locator(".nbt-panel").nth(1).locator("button.nbt-stop").click()
-    wait_page(page, SECOND_BADGE, "stopped", cpu_s=30, what="the second panel's badge 'stopped'")
-    result = page.locator(".output_area pre", has_text="RESULT")
-    wait_page(
-        page,
-        "() => [...document.querySelectorAll('.output_area pre')].some(e => e.innerText.startsWith('RESULT'))",
-        cpu_s=30,
-        what="the fit cell's RESULT line",
-    )
-    words = result.inner_text().split()
+    wait_badge(page, "stopped", cpu_s=30, panel=1)
+    wait_shown(page, ".output_area pre", has_text="RESULT", cpu_s=30, what="the fit cell's RESULT line")
+    words = page.locator(".output_area pre", has_text="RESULT").inner_text().split()
     assert words[:2] == ["RESULT", "stopped"] and int(words[2]) < 1000, words
     assert widget_problems(page) == []
     assert not state_errors(console_log), state_errors(console_log)[:5]
