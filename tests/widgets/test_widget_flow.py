@@ -14,7 +14,12 @@ from nbtrainer.widgets._flow import MAX_IN_FLIGHT
 
 
 def _slow_page(flow, delay: float, stop: threading.Event, seen: list[tuple[int, int | None]]) -> threading.Thread:
-    """Answers each push ``delay`` seconds after it came; ``seen``: (push number, answered before it) per push."""
+    """Answers each push ``delay`` seconds after it came; ``seen``: (push number, answered before it) per push.
+
+    The link's first sync (a page that renders the panel) happens here, before the first push is watched: done on the
+    page's thread, it raced the pump's first pushes, which go ungated while no page has answered, and a loaded CI
+    machine recorded push 1 as sent with nothing answered (the colab pass of ebf0f23)."""
+    flow.pong.value = flow.ping.value
 
     def on_ping(change) -> None:
         seen.append((change["new"], flow.answered))
@@ -22,7 +27,6 @@ def _slow_page(flow, delay: float, stop: threading.Event, seen: list[tuple[int, 
     flow.ping.observe(on_ping, "value")
 
     def page() -> None:
-        flow.pong.value = flow.ping.value  # the link's first sync, as a page that renders the panel does
         while not stop.is_set():
             n = flow.ping.value
             if n > (flow.answered or 0):
