@@ -242,10 +242,10 @@ def test_a_training_thread_reuses_the_memory_its_steps_free(malloc: str) -> None
     that reads high by chance (a loaded trial read 11, 22 and 0.03 a step) does not decide.
 
     The control holds glibc's starting thresholds and top pad as a user's ``MALLOC_*`` settings would
-    (keep_freed_memory leaves them alone): 4,819-4,859 faults a step, every fit, so the count sees an arena that gives its memory back.
-    glibc's untouched defaults are not the control: their thresholds rise as the process runs, and they read
-    120-1,572 a step in most fits but 0.03-33 in some (the fresh clone of ebf0f23 read 33, 0.07 and 102: its heap
-    kept, by chance); bench/RESULTS.md ("Training thread") has those figures."""
+    (keep_freed_memory leaves them alone): 4,819-4,859 faults a step, every fit, so the count sees an arena that
+    gives its memory back. glibc's untouched defaults are not the control: their thresholds rise as the process runs,
+    and they read 120-1,572 a step in most fits but 0.03-33 in some (the fresh clone of ebf0f23 read 33, 0.07 and
+    102: its heap kept, by chance); bench/RESULTS.md ("A training thread's malloc arena") has those figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "NBT_KEEP_FREED_MEMORY"}
     if malloc == "gives back":
         env.update(_GIVES_BACK)
