@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from _guard import tree_cpu
+from ._servers import wait_page
 
 PANEL_SELECTORS = [
     ".nbt-panel",
@@ -79,28 +79,6 @@ def badge(page: Any) -> str:
         const b = document.querySelector('.nbt-status .nbt-status-badge');
         return b ? b.textContent.trim() : '';
     }""")
-
-
-def wait_page(page: Any, predicate: str, arg: Any = None, *, cpu_s: float = 30.0, what: str = "") -> Any:
-    """``page.wait_for_function(predicate, arg=arg)``: its value once truthy. The budget is ``cpu_s`` CPU seconds
-    spent by the test's processes (the kernel that trains, the browser that draws, the Jupyter server, this worker:
-    ``tests/_guard.tree_cpu``), not wall seconds: the work a page state waits on costs about the same CPU quiet or
-    loaded, while its wall time stretched 10-20x in a loaded trial on a slower VM (loaded trial 48: "paused" not
-    shown within 20 s). A page on which nothing works spends no CPU; the test's hang guard ends that wait.
-    Raises ``TimeoutError`` naming ``what``."""
-    start = tree_cpu()
-    while True:
-        try:
-            return page.wait_for_function(predicate, arg=arg, timeout=1000)
-        except Exception as exc:  # Playwright's TimeoutError: a one-second slice ran out
-            if "Timeout" not in type(exc).__name__:
-                raise
-        used = tree_cpu() - start
-        if used > cpu_s:
-            raise TimeoutError(
-                f"{what or predicate[:80]} not shown after the test's processes spent {used:.0f} CPU seconds on it "
-                f"(budget {cpu_s:.0f}): they worked, the page never got there"
-            )
 
 
 _SHOWN = """([selector, n, text]) => {

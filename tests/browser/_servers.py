@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil  # ipykernel depends on it
+from _guard import tree_cpu
 from _ports import HOST, free_port
 
 _XSRF = "nbtrainer-tests"  # any value: tornado checks that the header's token is the cookie's
@@ -41,6 +42,7 @@ __all__ = [
     "start_lab",
     "start_notebook7",
     "start_voila",
+    "wait_page",
     "wait_widgets_rendered",
     "widget_problems",
     "write_notebook",
@@ -457,12 +459,14 @@ def widget_problems(page: Any) -> list[str]:
     return problems
 
 
-def wait_widgets_rendered(page: Any, selectors: Sequence[str], timeout: float = 30.0) -> None:
-    """Wait until every selector is visible and no widget is loading or broken; raise with the reason."""
-    deadline = time.monotonic() + timeout
+def wait_widgets_rendered(page: Any, selectors: Sequence[str], cpu_s: float = 30.0) -> None:
+    """Wait until every selector is visible and no widget is loading or broken; raise with the reason. The budget is
+    ``cpu_s`` CPU seconds of the test's processes (``wait_page``): a kernel's imports and a page's first drawing
+    are work, and on a VM 2.4x slower than usual, or beside a loaded suite, their wall time stretches."""
+    start = tree_cpu()
     missing: list[str] = list(selectors)
     problems: list[str] = []
-    while time.monotonic() < deadline:
+    while tree_cpu() - start < cpu_s:
         missing = [s for s in selectors if page.locator(s).count() == 0 or not page.locator(s).first.is_visible()]
         problems = widget_problems(page)
         if not missing and not problems:
@@ -473,19 +477,42 @@ def wait_widgets_rendered(page: Any, selectors: Sequence[str], timeout: float = 
     raise AssertionError(f"widgets not rendered: missing={missing} problems={problems}")
 
 
-def lab_run_all(page: Any, timeout: float = 60.0) -> None:
+def wait_page(page: Any, predicate: str, arg: Any = None, *, cpu_s: float = 30.0, what: str = "") -> Any:
+    """``page.wait_for_function(predicate, arg=arg)``: its value once truthy. The budget is ``cpu_s`` CPU seconds
+    spent by the test's processes (the kernel that trains, the browser that draws, the Jupyter server, this worker:
+    ``tests/_guard.tree_cpu``), not wall seconds: the work a page state waits on costs about the same CPU quiet or
+    loaded, while its wall time stretched 10-20x in a loaded trial on a slower VM (loaded trial 48: "paused" not
+    shown within 20 s). A page on which nothing works spends no CPU; the test's hang guard ends that wait.
+    Raises ``TimeoutError`` naming ``what``."""
+    start = tree_cpu()
+    while True:
+        try:
+            return page.wait_for_function(predicate, arg=arg, timeout=1000)
+        except Exception as exc:  # Playwright's TimeoutError: a one-second slice ran out
+            if "Timeout" not in type(exc).__name__:
+                raise
+        used = tree_cpu() - start
+        if used > cpu_s:
+            raise TimeoutError(
+                f"{what or predicate[:80]} not shown after the test's processes spent {used:.0f} CPU seconds on it "
+                f"(budget {cpu_s:.0f}): they worked, the page never got there"
+            )
+
+
+def lab_run_all(page: Any, cpu_s: float = 60.0) -> None:
     """In JupyterLab (``expose_app_in_browser``): wait for the notebook's kernel to be idle, run all cells,
-    and wait until the kernel is idle again with every code cell executed."""
-    ms = int(timeout * 1000)
+    and wait until the kernel is idle again with every code cell executed; each wait within ``cpu_s`` CPU seconds of the
+    test's processes (``wait_page``)."""
     kernel_idle = """() => {
         const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
         const s = w && w.sessionContext;
         return !!(s && s.session && s.session.kernel && s.session.kernel.status === 'idle'
                   && !s.pendingInput);
     }"""
-    page.wait_for_function(kernel_idle, timeout=ms)
+    wait_page(page, kernel_idle, cpu_s=cpu_s, what="the notebook's kernel idle")
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_function(
+    wait_page(
+        page,
         """() => {
             const w = window.jupyterapp.shell.currentWidget;
             if (!w || !w.content || !w.sessionContext.session) return false;
@@ -495,5 +522,6 @@ def lab_run_all(page: Any, timeout: float = 60.0) -> None:
                 && cells.every(c => c.model.executionCount !== null && !c.node.classList.contains('jp-mod-running'))
                 && cells.every(c => c.promptNode === undefined || !/\\[\\*\\]/.test(c.promptNode.textContent));
         }""",
-        timeout=ms,
+        cpu_s=cpu_s,
+        what="every cell run and the kernel idle",
     )

@@ -34,9 +34,9 @@ Fixtures
 
 ``Server`` has ``url``, ``pid``, ``port``, ``root_dir``, ``log_tail()``, ``get(path)``, ``stop()``.
 Page helpers live in ``_servers`` (import them: ``from _servers import wait_widgets_rendered, lab_run_all``):
-``wait_widgets_rendered(page, selectors, timeout=30)`` waits until every selector is visible and no
+``wait_widgets_rendered(page, selectors, cpu_s=30)`` waits until every selector is visible and no
 "Loading widget" / "Error displaying widget" / "Error rendering" / error-widget remains;
-``widget_problems(page)`` lists those problems now; ``lab_run_all(page, timeout=60)`` waits for the kernel,
+``widget_problems(page)`` lists those problems now; ``lab_run_all(page, cpu_s=60)`` waits for the kernel,
 runs all cells through ``window.jupyterapp.commands`` and waits until every code cell has executed.
 
 Example::

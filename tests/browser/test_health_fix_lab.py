@@ -59,8 +59,8 @@ def test_one_click_on_the_health_card_restores_lowers_and_the_run_trains(
     notebook = make_notebook("health_fix", CELLS)
     server = lab_server(notebook.parent)
     page.goto(f"{server.url}/lab/tree/{notebook.name}?reset", wait_until="domcontentloaded", timeout=60_000)
-    lab_run_all(page, timeout=120)
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-health .nbt-health-lights", "button.nbt-start"], timeout=60)
+    lab_run_all(page, cpu_s=120)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-health .nbt-health-lights", "button.nbt-start"], cpu_s=60)
 
     _mouse_click(page, "button.nbt-start")
     wait_badge(page, "paused", cpu_s=60)  # Health paused it at the step after step 1 wrecked the weights

@@ -126,7 +126,7 @@ def _run_all(page: Any, url: str) -> None:
 def test_panel_in_classic_notebook_on_ipywidgets_7(classic, page, screenshot, console_log) -> None:
     server = classic("classic_panel", [SETUP, "w = panel(1000)\nw"])
     _run_all(page, f"{server.url}/notebooks/classic_panel.ipynb")
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     page.locator(".nbt-panel").first.scroll_into_view_if_needed()
     assert badge(page) == "idle"
     run_controls_scenario(page, screenshot, "panel-classic", console_log)
@@ -234,9 +234,12 @@ def _open_and_run_all(page: Any, url: str) -> None:
     extension loaded after the cells' comm_open messages arrived has no ``jupyter.widget`` target for them ("Class
     jupyter.widget not found in registry"): the panel never draws (seen once in about 15 suite runs)."""
     page.goto(url, wait_until="domcontentloaded", timeout=60_000)
-    page.wait_for_function(
+    wait_page(
+        page,
         "() => !!(window.Jupyter && window.Jupyter.notebook && window.Jupyter.notebook.kernel"
-        " && window.Jupyter.notebook.kernel.widget_manager)"
+        " && window.Jupyter.notebook.kernel.widget_manager)",
+        cpu_s=60,
+        what="the page's widget manager",
     )
     page.evaluate("() => window.Jupyter.notebook.execute_all_cells()")
 
@@ -312,6 +315,6 @@ def test_the_data_map_takes_a_click_and_a_lasso_on_bqplot_0_12(classic, page, sc
 
     server = classic("classic_data", CELLS)
     _run_all(page, f"{server.url}/notebooks/classic_data.ipynb")
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], timeout=60)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], cpu_s=60)
     data_map_scenario(page)
     screenshot(page, "panel-data-classic", selector=".nbt-data")

@@ -90,12 +90,12 @@ def test_the_lr_finder_curve_and_the_run_overlays_answer_the_mouse(
 ) -> None:
     server = voila_server(make_notebook("clicks", CELLS))
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-chart-loss svg.svg-figure", "button.nbt-lrfind"], timeout=60)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-chart-loss svg.svg-figure", "button.nbt-lrfind"], cpu_s=60)
 
     # -- the LR finder: a point hovered, then clicked
     page.locator("button.nbt-lrfind").click()
     # the waits on what the kernel computes (the sweep, the run, the overlay read from the store) are CPU-second
-    # budgets of the test's processes (tests/browser/_panel.wait_page), so a loaded machine is not a failure
+    # budgets of the test's processes (tests/browser/_servers.wait_page), so a loaded machine is not a failure
     wait_page(page, f"() => ({LRF_POINTS})().length > 10", cpu_s=60, what="the LR finder's curve")
     page.locator(".nbt-lrfinder-chart").scroll_into_view_if_needed()
     points = page.evaluate(LRF_POINTS)

@@ -111,6 +111,6 @@ def data_map_scenario(page: Any) -> None:
 def test_the_data_map_takes_a_click_and_a_lasso(voila_server, make_notebook, page, screenshot) -> None:
     server = voila_server(make_notebook("data", CELLS))
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], timeout=60)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-data"], cpu_s=60)
     data_map_scenario(page)
     screenshot(page, "panel-data", selector=".nbt-data")

@@ -52,7 +52,7 @@ LR_LIGHT = """() => {
 def test_the_card_turns_to_problem_and_apply_lr_sets_it_and_resumes(voila_server, make_notebook, page, screenshot):
     server = voila_server(make_notebook("panel_health", CELLS))
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-health .nbt-health-lights", "button.nbt-start"], timeout=60)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-health .nbt-health-lights", "button.nbt-start"], cpu_s=60)
     assert page.evaluate(LR_LIGHT) == "nbt-health-ok"
 
     page.locator("button.nbt-start").click()

@@ -65,8 +65,8 @@ def _expand_side_areas(page) -> None:
 def test_panel_in_jupyterlab(theme, lab_server, shared_lab, page, screenshot, console_log, tmp_path) -> None:
     _open(page, lab_server, shared_lab, tmp_path, PANEL_NB, theme)
     wait_page(page, f"() => document.body.dataset.jpThemeName === {theme!r}", cpu_s=60)
-    lab_run_all(page, timeout=120)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    lab_run_all(page, cpu_s=120)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     page.locator(".nbt-panel").first.scroll_into_view_if_needed()
     assert badge(page) == "idle"
     name = "panel-lab-" + theme.split()[-1].lower()
@@ -80,6 +80,10 @@ def test_panel_in_jupyterlab(theme, lab_server, shared_lab, page, screenshot, co
     assert widget_problems(page) == []
 
 
+# the blocking fit cell's output line, by its text as written (below a tall panel JupyterLab's windowing may leave
+# it unrendered: innerText "")
+RESULT_LINE = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+    .some(e => /RESULT \\w+ \\d+/.test(e.textContent || ''))"""
 BLOCKING_CELLS = [
     "import time, torch\n"
     "from torch import nn\n"
@@ -113,7 +117,7 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     )
     # Not awaited: the command's promise settles only when every cell has run, and the 2nd cell blocks.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     wait_badge(page, "running", cpu_s=30)
     wait_page(page, LOSS_POINTS_ABOVE, [5], cpu_s=30)
 
@@ -129,8 +133,8 @@ def test_blocking_fit_cell_still_obeys_pause_resume_stop(shared_lab, make_notebo
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", cpu_s=30)
     # the blocking cell returned the History: status stopped, long before its 60 epochs
+    wait_page(page, RESULT_LINE, cpu_s=30, what="the fit cell's RESULT line")
     out = page.locator(".jp-OutputArea-output", has_text=re.compile(r"RESULT \w+ \d+")).first
-    out.wait_for(timeout=30_000)
     # the text as written, not as laid out: below a tall panel the output is off screen, where JupyterLab 4's
     # notebook windowing leaves it unrendered (innerText "")
     status, epochs = (out.text_content() or "").split()[1:3]
@@ -148,8 +152,8 @@ def test_a_confusion_matrix_cell_clicked_in_jupyterlab_shows_its_items(shared_la
 
     nb = make_notebook("matrix_click", CELLS)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
-    lab_run_all(page, timeout=120)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    lab_run_all(page, cpu_s=120)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", cpu_s=60)
     matrix = page.locator(".nbt-errors-matrix svg.svg-figure")

@@ -52,7 +52,7 @@ def _wait_label(page: Any, word: str) -> dict[str, Any]:
 def test_lr_changes_from_the_panel_are_labelled_on_a_titled_lr_chart(voila_server, page, screenshot) -> None:
     server = voila_server(NOTEBOOK)
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     titles = page.evaluate(TITLES)
     assert titles.get("nbt-chart-lr") == "learning rate", titles
     assert all(titles.values()), f"a chart without a title: {titles}"

@@ -130,8 +130,8 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     page.set_viewport_size({"width": 800, "height": 900})
     nb = make_notebook("panel_narrow", CELLS)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
-    lab_run_all(page, timeout=120)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    lab_run_all(page, cpu_s=120)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     panel = page.locator(".nbt-panel").first
     if panel.bounding_box()["width"] > 450:  # the side panel closed: open it, as the user had it
         page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")

@@ -25,8 +25,8 @@ def test_panel_in_notebook7(notebook7_server, page, screenshot, console_log, tmp
     shutil.copy(NOTEBOOK, dest)
     server = notebook7_server(dest.parent)
     page.goto(f"{server.url}/notebooks/{dest.name}", wait_until="domcontentloaded", timeout=60_000)
-    lab_run_all(page, timeout=120)  # Notebook 7 is built on the same application shell and commands
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    lab_run_all(page, cpu_s=120)  # Notebook 7 is built on the same application shell and commands
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     page.locator(".nbt-panel").first.scroll_into_view_if_needed()
     assert badge(page) == "idle"
     run_controls_scenario(page, screenshot, "panel-notebook7", console_log, known_page_errors=NOTEBOOK7_OWN_ERRORS)

@@ -54,13 +54,15 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     wait_page(page, KERNEL_READY, cpu_s=60)
     # Not awaited: the command settles only when every cell has run, and the 2nd cell blocks for the run.
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     wait_badge(page, "running", cpu_s=30)
     wait_page(page, "() => /step [1-9]/.test(document.querySelector('.nbt-progress-info').innerText)", cpu_s=30)
     # the saved notebook holds the panel's output (what a reload shows), then the page is reloaded
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function(
-        "() => { const w = window.jupyterapp.shell.currentWidget; return !!w && !w.context.model.dirty; }"
+    wait_page(
+        page,
+        "() => { const w = window.jupyterapp.shell.currentWidget; return !!w && !w.context.model.dirty; }",
+        what="the notebook saved",
     )
     before = global_step(page)
     page.reload(wait_until="domcontentloaded", timeout=60_000)
@@ -69,7 +71,7 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     t0 = time.monotonic()
     wait_page(page, PANEL_BACK, cpu_s=BACK_DEADLINE_S, what="the panel back")  # what the kernel answers: the models
     back_after = time.monotonic() - t0
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     wait_badge(page, "running", cpu_s=30)
     # live: the progress the page shows moves on past what the restore showed
     wait_page(

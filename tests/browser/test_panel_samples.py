@@ -73,7 +73,7 @@ def test_samples_show_the_baseline_and_a_later_step_and_follow_a_click_on_the_lo
 ) -> None:
     server = voila_server(make_notebook("samples", CELLS))
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, [".nbt-panel", ".nbt-chart-loss svg.svg-figure"], timeout=60)
+    wait_widgets_rendered(page, [".nbt-panel", ".nbt-chart-loss svg.svg-figure"], cpu_s=60)
     page.locator("button.nbt-start").click()
     wait_badge(page, "finished", cpu_s=60)
     # The badge comes in the run's final push after the samples' own updates; where that push is the first to show the

@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from ._panel import PANEL_ATTACHED, PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, wait_badge
+from ._panel import (
+    PANEL_ATTACHED,
+    PANEL_SELECTORS,
+    badge,
+    chart,
+    curve,
+    global_step,
+    scatter_points,
+    wait_badge,
+    wait_page,
+    wait_shown,
+)
 from ._scenario import run_controls_scenario
 from ._servers import wait_widgets_rendered, widget_problems
 
@@ -28,7 +39,7 @@ PROGRESSIVE = ("--VoilaConfiguration.progressive_rendering=True",)
 def test_panel_in_voila_start_pause_resume_stop(voila_server, page, screenshot, console_log) -> None:
     server = voila_server(NOTEBOOK)
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=90_000)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     assert widget_problems(page) == []
     assert all(page.locator(s).count() == 1 for s in PANEL_ATTACHED), PANEL_ATTACHED
     assert badge(page) == "idle"
@@ -79,7 +90,7 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     t0 = time.monotonic()
     page.goto(server.url + "/", wait_until="commit", timeout=120_000)
     # progressive rendering: the panel shows while the notebook's own w.fit() cell is still training
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     shown = time.monotonic() - t0
     print(f"\npanel rendered {shown:.1f} s after the request")
     wait_badge(page, "running", cpu_s=30)
@@ -92,17 +103,17 @@ def test_quickstart_in_voila_responds_while_it_trains(voila_server, page, screen
     wait_badge(page, "running")
     # stop only once an epoch has ended: on a loaded machine Stop can land inside epoch 1, and a run with no
     # epoch has no summary table to check (and the notebook's best-epoch cell has nothing to print)
-    page.locator(".nbt-epoch-table tbody tr").first.wait_for(state="attached", timeout=60_000)
+    wait_page(page, "() => !!document.querySelector('.nbt-epoch-table tbody tr')", cpu_s=60, what="an epoch's row")
     page.locator("button.nbt-stop").click()
     wait_badge(page, "stopped", cpu_s=30)
     # the summary renders inside the panel (Voila never re-renders the plain-HTML slot under it)
     # the badge says "stopped" one UI push before the summary is built and shown (folded): wait for it, then open it
-    page.locator(".nbt-summary-area .nbt-section-title").wait_for(state="visible", timeout=30_000)
+    wait_shown(page, ".nbt-summary-area .nbt-section-title", what="the summary's title")
     page.locator(".nbt-summary-area .nbt-collapse").click()
-    page.locator(".nbt-summary-live .nbt-summary-table").wait_for(timeout=30_000)
+    wait_shown(page, ".nbt-summary-live .nbt-summary-table", what="the summary's table")
     assert page.locator(".nbt-summary-live svg.nbt-summary-chart").count() >= 3
     # the fit cell returned and the cells after it ran: the History report and its table
-    page.locator("text=best val_acc").first.wait_for(timeout=30_000)
+    wait_page(page, "() => document.body.innerText.includes('best val_acc')", what="the History report's cell")
     assert "torch._C.Generator" not in page.inner_text("body"), "a stray output in the notebook"
     assert widget_problems(page) == []
     assert not [m for m in console_log if m.startswith("pageerror")], console_log

@@ -140,7 +140,7 @@ def _js(page: Any, script: str, arg: Any = None) -> Any:
 
 def open_harness(page: Any, harness: Harness, config: str = "config.json") -> None:
     page.goto(f"{harness.site.url}/index.html?config={config}", wait_until="domcontentloaded")
-    page.wait_for_function("() => window.harness && window.harness.state !== 'loading'", timeout=60_000)
+    wait_page(page, "() => window.harness && window.harness.state !== 'loading'", cpu_s=60, what="the harness")
     state = page.evaluate("() => window.harness.state")
     assert state == "ready", state
 
@@ -157,7 +157,7 @@ def cell(page: Any, index: int) -> dict[str, Any]:
 
 
 def wait_cell(page: Any, index: int, cpu_s: float = 120.0) -> dict[str, Any]:
-    """Until the cell has run, within ``cpu_s`` CPU seconds of the test's processes (``_panel.wait_page``)."""
+    """Until the cell has run, within ``cpu_s`` CPU seconds of the test's processes (``_servers.wait_page``)."""
     wait_page(page, "(i) => window.harness.cells[i].done", index, cpu_s=cpu_s, what=f"cell {index} done")
     info = cell(page, index)
     assert info["status"] == "ok", (index, info)
@@ -184,7 +184,7 @@ def test_panel_renders_and_trains_in_vscode_bundle(vscode_harness, harness_page,
     cells = [run_cell(page, code) for code in notebook_code(PANEL_NB)]  # Run All: queued, run in order
     last = wait_cell(page, cells[-1], cpu_s=120)
     assert any(WIDGET_VIEW in o.get("mimetypes", ()) for o in last["outputs"]), last
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     assert badge(page) == "idle"
     # bqplot's classes came through VS Code's route: the first third-party module asked of the script loader
     # registered every local source in requirejs, which loaded bqplot from the nbextensions copy
@@ -232,12 +232,12 @@ def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screensho
     page = harness_page
     open_harness(page, vscode_harness)
     wait_cell(page, run_cell(page, BLOCKING_CELL), cpu_s=60)
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=60)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=60)
     fit = run_cell(page, "h = wb.fit()  # blocks until the run ends\nprint('RESULT', h.status, len(h.epochs))")
 
     seen = [0]
     for _ in range(2):  # the counter moves twice while the cell still runs
-        step, done = page.wait_for_function(STEP_PAST_OR_DONE, arg=[seen[-1], fit], timeout=60_000).json_value()
+        step, done = wait_page(page, STEP_PAST_OR_DONE, [seen[-1], fit], cpu_s=60, what="a step").json_value()
         assert not done, f"the cell returned before the page saw progress during it (steps seen: {seen})"
         assert step > seen[-1], (step, seen)
         seen.append(step)
@@ -246,7 +246,7 @@ def test_updates_arrive_while_fit_blocks(vscode_harness, harness_page, screensho
 
     info = wait_cell(page, fit, cpu_s=120)
     assert any(o.get("text", "").startswith("RESULT finished 5") for o in info["outputs"]), info["outputs"]
-    page.wait_for_function(STEP_ABOVE, arg=[TOTAL_STEPS - 1], timeout=30_000)
+    wait_page(page, STEP_ABOVE, [TOTAL_STEPS - 1], cpu_s=30, what="the last step")
     assert global_step(page) == TOTAL_STEPS
     assert 0 < seen[1] < seen[2] < TOTAL_STEPS, seen
     assert widget_problems(page) == []
@@ -261,10 +261,10 @@ def test_harness_detects_bqplot_that_cannot_load(vscode_harness, harness_page, s
     open_harness(page, vscode_harness, "config-no-bqplot.json")
     wait_cell(page, run_cell(page, BLOCKING_CELL.replace("wb", "wn")), cpu_s=60)
     with pytest.raises(AssertionError) as failed:
-        wait_widgets_rendered(page, PANEL_SELECTORS, timeout=30)
+        wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=30)
     assert "error-widget" in str(failed.value) or any(c in str(failed.value) for c in CHART_SELECTORS), failed.value
     # what failed is the four charts, each an error widget in its place, and nothing else
-    page.wait_for_function(REST_DRAWN_CHARTS_FAILED, arg=[OTHER_SELECTORS, len(CHART_SELECTORS)], timeout=30_000)
+    wait_page(page, REST_DRAWN_CHARTS_FAILED, [OTHER_SELECTORS, len(CHART_SELECTORS)], cpu_s=30)
     assert [c for c in CHART_SELECTORS if page.locator(c).count()] == []
     assert page.locator(".jupyter-widgets-error-widget").count() == len(CHART_SELECTORS)
     screenshot(page, "panel-vscode-no-bqplot", selector=".nbt-panel")

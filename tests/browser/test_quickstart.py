@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ._panel import PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, state_errors
+from ._panel import PANEL_SELECTORS, badge, chart, curve, global_step, scatter_points, state_errors, wait_page
 from ._servers import lab_run_all, wait_widgets_rendered, widget_problems
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
@@ -36,23 +36,25 @@ def test_quickstart_in_jupyterlab_run_all(shared_lab, page, screenshot, console_
     nb = _copy(tmp_path)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded", timeout=60_000)
     t0 = time.monotonic()
-    lab_run_all(page, timeout=200)
+    lab_run_all(page, cpu_s=200)
     print(f"\nquickstart Run All in JupyterLab: {time.monotonic() - t0:.1f} s")
-    wait_widgets_rendered(page, PANEL_SELECTORS, timeout=30)
+    wait_widgets_rendered(page, PANEL_SELECTORS, cpu_s=30)
     page.locator(".nbt-panel").first.scroll_into_view_if_needed()
     assert badge(page) == "finished"
-    page.wait_for_function(
+    wait_page(
+        page,
         "(n) => [...document.querySelectorAll('.nbt-chart-loss svg.svg-figure path.dot')]"
         ".filter(d => !d.closest('g.curve')).length >= n",
-        arg=EPOCHS,
-        timeout=20_000,
+        EPOCHS,
+        cpu_s=20,
+        what="the loss chart's validation points",
     )
     loss = chart(page, ".nbt-chart-loss")
     assert curve(loss, "loss (step)")["n"] == EPOCHS * STEPS_PER_EPOCH and scatter_points(page, ".nbt-chart-loss")
     assert global_step(page) == EPOCHS * STEPS_PER_EPOCH
     # the epoch table is a widget of its own: its last row may land a moment after the chart's last point
     rows = page.locator(".nbt-epoch-table tbody tr")
-    rows.nth(EPOCHS - 1).wait_for(state="attached", timeout=20_000)
+    wait_page(page, "(n) => document.querySelectorAll('.nbt-epoch-table tbody tr').length >= n", EPOCHS, cpu_s=20)
     assert rows.count() == EPOCHS
     # the History report cell: its table and SVG charts, outside the panel
     report = page.locator(".jp-OutputArea-output .nbt-summary:not(.nbt-summary-static .nbt-summary)")

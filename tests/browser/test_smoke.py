@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from ._servers import XSRF_HEADERS, lab_run_all, wait_widgets_rendered, widget_problems
+from ._servers import XSRF_HEADERS, lab_run_all, wait_page, wait_widgets_rendered, widget_problems
 
 SMOKE_CELLS = [
     ("markdown", "# nbtrainer browser smoke test"),
@@ -38,19 +38,20 @@ LINE_DRAWN = """() => {
     const p = document.querySelector('.nbt-smoke-figure svg.svg-figure path.line');
     return !!(p && (p.getAttribute('d') || '').length > 10);
 }"""
+CLICKED = "() => [...document.querySelectorAll('.nbt-smoke-label')].some(e => e.innerText.includes('clicks: 1'))"
 
 
 def _click_round_trip(page) -> None:
     page.locator(".nbt-smoke-button").click()
-    page.locator(".nbt-smoke-label", has_text="clicks: 1").wait_for(timeout=30_000)
+    wait_page(page, CLICKED, cpu_s=30, what="the kernel's answer to the click")
 
 
 @pytest.mark.timeout(240)  # a hang guard: a loaded machine takes minutes to start a server and a kernel
 def test_voila_renders_button_and_bqplot(voila_server, make_notebook, page, screenshot, console_log):
     server = voila_server(make_notebook("smoke", SMOKE_CELLS))
     page.goto(server.url + "/", wait_until="domcontentloaded", timeout=120_000)  # Voila runs the notebook first
-    wait_widgets_rendered(page, SELECTORS, timeout=60)
-    page.wait_for_function(LINE_DRAWN, timeout=30_000)
+    wait_widgets_rendered(page, SELECTORS, cpu_s=60)
+    wait_page(page, LINE_DRAWN, cpu_s=30, what="the line")
     _click_round_trip(page)
     assert widget_problems(page) == []
     assert not [m for m in console_log if m.startswith("pageerror")], console_log
@@ -61,9 +62,9 @@ def test_voila_renders_button_and_bqplot(voila_server, make_notebook, page, scre
 def test_lab_runs_notebook_and_renders_widgets(shared_lab, make_notebook, page, screenshot):
     nb = make_notebook("smoke_lab", SMOKE_CELLS)
     page.goto(shared_lab.url(nb), wait_until="domcontentloaded")
-    lab_run_all(page, timeout=40)
-    wait_widgets_rendered(page, SELECTORS, timeout=20)
-    page.wait_for_function(LINE_DRAWN, timeout=30_000)
+    lab_run_all(page, cpu_s=40)
+    wait_widgets_rendered(page, SELECTORS, cpu_s=20)
+    wait_page(page, LINE_DRAWN, cpu_s=30, what="the line")
     _click_round_trip(page)
     assert widget_problems(page) == []
     assert screenshot(page, "smoke-lab", selector=".nbt-smoke-figure").stat().st_size > 0
