@@ -178,7 +178,7 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     wait_page(page, "() => document.querySelectorAll('.nbt-messages-lines .nbt-message-info').length === 3", cpu_s=15)
 
     # the compare menu lists the finished run; its choices and both align buttons read in full (issue 38)
-    page.wait_for_function("() => document.querySelectorAll('.nbt-compare select option').length >= 1")
+    wait_page(page, "() => document.querySelectorAll('.nbt-compare select option').length >= 1", cpu_s=15)
     assert page.evaluate(COMPARE_CUT) == [], page.evaluate(COMPARE_CUT)
     screenshot(page, "panel-narrow-800-compare", selector=".nbt-compare")
 
@@ -201,9 +201,12 @@ def test_narrow_panel_long_run_and_a_second_run(shared_lab, make_notebook, page,
     # "show all": opens at the newest row; once the user scrolls up, new epochs do not pull the view back
     page.locator(".nbt-epoch-all").first.click()
     # ready when every row is there and the box scrolls (its class, rows and height arrive in separate messages)
-    page.wait_for_function(
+    wait_page(
+        page,
         f"() => {BOX}.classList.contains('nbt-epoch-scrolls') && {BOX}.scrollTop === 0"
-        f" && {BOX}.scrollHeight > {BOX}.clientHeight + 120 && {BOX}.querySelectorAll('tbody tr').length > 20"
+        f" && {BOX}.scrollHeight > {BOX}.clientHeight + 120 && {BOX}.querySelectorAll('tbody tr').length > 20",
+        cpu_s=30,
+        what="every row in a box that scrolls",
     )
     # the user scrolls up (column-reverse: negative from the newest row); done once the box holds the position
     page.wait_for_function(f"() => {{ {BOX}.scrollTop = -80; return {BOX}.scrollTop < -40; }}")
