@@ -69,8 +69,9 @@ def curve(info: dict[str, Any] | None, label: str) -> dict[str, Any]:
     return {}
 
 
-def status(page: Any) -> str:
-    return page.locator(".nbt-status").first.inner_text().strip()
+def status(root: Any) -> str:
+    """The status line (badge and detail) of the first panel under ``root``: the page, or a panel's locator."""
+    return root.locator(".nbt-status").first.inner_text().strip()
 
 
 def badge(page: Any) -> str:
@@ -113,7 +114,7 @@ def wait_badge(page: Any, word: str, cpu_s: float = 20.0, *, panel: int | None =
         wait_page(page, _BADGE, [word, panel], cpu_s=cpu_s, what=f"the badge {word!r}")
     except TimeoutError as exc:
         root = page if panel is None else page.locator(".nbt-panel").nth(panel)
-        shown = root.locator(".nbt-status").first.inner_text().strip() if root.locator(".nbt-status").count() else ""
+        shown = status(root) if root.locator(".nbt-status").count() else ""
         step = f" at step {global_step(page)}" if panel is None else ""
         raise TimeoutError(f"{exc}; the panel shows {shown or '(no status)'!r}{step}") from None
 
