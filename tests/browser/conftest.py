@@ -67,7 +67,7 @@ from typing import Any
 
 import pytest
 
-from . import _servers
+from . import _servers, _wstrace
 from ._servers import Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,6 +185,9 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
     if os.environ.get("NBT_SLOW_PAGE"):  # the renderer N times slower: a page that draws behind the kernel (testing.md)
         context.new_cdp_session(pg).send("Emulation.setCPUThrottlingRate", {"rate": float(os.environ["NBT_SLOW_PAGE"])})
     pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
+    trace = _wstrace.Trace() if os.environ.get("NBT_WS_TRACE") else None  # the kernel messages (_wstrace.py)
+    if trace is not None:
+        pg.on("websocket", trace.attach)
     pg.on("pageerror", lambda e: console_log.append(f"pageerror: {e}"))
     try:
         yield pg
@@ -200,6 +203,8 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
             whole.write_text("\n".join(console_log) + "\n")
             print(f"[browser console] the last 80 of {len(console_log)} lines (all in {whole})")
             print("\n".join(console_log[-80:]))
+        if trace is not None and (_failed(request) or os.environ["NBT_WS_TRACE"] == "all"):
+            print(f"[kernel messages] {trace.write(artifacts_dir / f'{_safe(request.node.name)}-ws.log')}")
         context.close()
 
 

@@ -1,0 +1,93 @@
+"""The kernel messages a page sends and receives, as one line each: what a widget restore asked and got, and when.
+
+``NBT_WS_TRACE=1`` makes the ``page`` fixture record every kernel websocket frame of the page (Jupyter's
+``v1.kernel.websocket.jupyter.org`` binary frames, or the older JSON text frames) and write them to
+``test-artifacts/<test>-ws.log`` when the test fails. A line reads::
+
+    12.345 < iopub comm_msg id=ab12 parent=cd34 comm=ef56 method=update_states states=518
+
+``>`` is page to kernel, ``<`` kernel to page; times are seconds since the page opened. Decoding happens when the
+log is written, not per frame, so a trace costs the running test only a list append per frame.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _parts(payload: bytes | str) -> tuple[str, dict, dict, dict] | None:
+    """(channel, header, parent_header, content) of one frame, or None where it is not a kernel message."""
+    if isinstance(payload, str):
+        try:
+            msg = json.loads(payload)
+        except ValueError:
+            return None
+        return msg.get("channel", "?"), msg.get("header", {}), msg.get("parent_header", {}), msg.get("content", {})
+    if len(payload) < 8:
+        return None
+    (count,) = struct.unpack_from("<Q", payload, 0)
+    if not 5 <= count <= 1000 or 8 + 8 * count > len(payload):
+        return None
+    offsets = [*struct.unpack_from(f"<{count}Q", payload, 8), len(payload)]
+    chunks = [payload[offsets[i] : offsets[i + 1]] for i in range(count)]
+    try:
+        channel = chunks[0].decode()
+        header, parent, _meta, content = (json.loads(c or b"{}") for c in chunks[1:5])
+    except ValueError:
+        return None
+    return channel, header, parent, content
+
+
+def describe(payload: bytes | str) -> str:
+    parts = _parts(payload)
+    if parts is None:
+        return f"(not a kernel message, {len(payload)} bytes)"
+    channel, header, parent, content = parts
+    words = [channel, str(header.get("msg_type")), f"id={str(header.get('msg_id', ''))[-8:]}"]
+    if parent.get("msg_id"):
+        words.append(f"parent={str(parent['msg_id'])[-8:]}")
+    if header.get("subshell_id"):
+        words.append(f"subshell={str(header['subshell_id'])[-6:]}")
+    if not isinstance(content, dict):
+        return " ".join(words)
+    for key in ("comm_id", "target_name", "execution_state", "status"):
+        if content.get(key):
+            words.append(f"{key}={str(content[key])[-12:]}")
+    if isinstance(content.get("comms"), dict):
+        words.append(f"comms={len(content['comms'])}")
+    data = content.get("data")
+    if isinstance(data, dict):
+        if data.get("method"):
+            words.append(f"method={data['method']}")
+        if isinstance(data.get("states"), dict):
+            words.append(f"states={len(data['states'])}")
+        if isinstance(data.get("state"), dict) and data["state"].get("_model_name"):
+            words.append(f"model={data['state']['_model_name']}")
+    if content.get("ename"):
+        words.append(f"error={content['ename']}: {str(content.get('evalue'))[:200]}")
+    return " ".join(words)
+
+
+class Trace:
+    """Frames of every kernel websocket a page opens (``page.on("websocket", trace.attach)``)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.frames: list[tuple[float, str, Any]] = []
+
+    def attach(self, ws: Any) -> None:
+        if "/api/kernels/" not in ws.url:
+            return
+        self.frames.append((time.monotonic() - self.t0, "=", f"websocket opened {ws.url.rsplit('/', 2)[-2]}"))
+        ws.on("framesent", lambda p: self.frames.append((time.monotonic() - self.t0, ">", p)))
+        ws.on("framereceived", lambda p: self.frames.append((time.monotonic() - self.t0, "<", p)))
+        ws.on("close", lambda _ws: self.frames.append((time.monotonic() - self.t0, "=", "websocket closed")))
+
+    def write(self, path: Path) -> Path:
+        lines = [f"{t:9.3f} {d} {p if d == '=' else describe(p)}" for t, d, p in self.frames]
+        path.write_text("\n".join(lines) + "\n")
+        return path
