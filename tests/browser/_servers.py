@@ -102,6 +102,24 @@ class Server:
         except OSError:
             return "<no log>"
 
+    def log_size(self) -> int:
+        """Where the log ends now: ``log_since(size)`` later gives what was written from here on."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int, chars: int = 6000) -> str:
+        """The log written since ``offset`` (its first ``chars`` characters: a kernel's traceback or its restart is
+        near the start of a test's part, and a long report gets cut at its end)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return "<no log>"
+        return text if len(text) <= chars else text[:chars] + f"\n[... {len(text) - chars} more characters]"
+
     # -- process tree --------------------------------------------------------------------------
     def descendants(self) -> dict[int, float]:
         """``{pid: create_time}`` of the server's live descendants (kernels included)."""

@@ -12,6 +12,7 @@ log is written, not per frame, so a trace costs the running test only a list app
 
 from __future__ import annotations
 
+import collections
 import json
 import struct
 import time
@@ -87,7 +88,42 @@ class Trace:
         ws.on("framereceived", lambda p: self.frames.append((time.monotonic() - self.t0, "<", p)))
         ws.on("close", lambda _ws: self.frames.append((time.monotonic() - self.t0, "=", "websocket closed")))
 
+    def lines(self) -> list[str]:
+        return [f"{t:9.3f} {d} {p if d == '=' else describe(p)}" for t, d, p in self.frames]
+
+    def summary(self, limit: int = 80) -> str:
+        """What a widget restore turns on, for a failure report: each websocket's opening and closing, kernel_info,
+        comm_info, the control comm's request and answer, the comms the page opened and any comm closed, subshells
+        made and deleted, a kernel's restart and errors, one line each (at most ``limit``), then every message kind
+        counted with its first and last time."""
+        keep = (
+            "websocket",
+            "kernel_info",
+            "comm_info",
+            "comm_open",
+            "comm_close",
+            "subshell_",
+            "request_states",
+            "update_states",
+            "error",
+            "restarting",
+            "starting",
+            "dead",
+        )
+        shown, counts, first, last = [], collections.Counter(), {}, {}
+        for line in self.lines():
+            words = line.split()
+            kind = " ".join(words[1:4] if words[1] != "=" else words[1:3])
+            kind += "".join(f" {w}" for w in words if w.startswith("method="))
+            counts[kind] += 1
+            first.setdefault(kind, words[0])
+            last[kind] = words[0]
+            if any(k in line for k in keep) and not (" < " in line and " comm_open " in line):  # the kernel's: counted
+                shown.append(line)
+        cut = f"\n[... {len(shown) - limit} more such lines in the -ws.log]" if len(shown) > limit else ""
+        table = "\n".join(f"{n:6d} {k} (first {first[k]}, last {last[k]})" for k, n in counts.most_common(25))
+        return "[kernel messages a restore turns on]\n" + "\n".join(shown[:limit]) + cut + "\n[counted]\n" + table
+
     def write(self, path: Path) -> Path:
-        lines = [f"{t:9.3f} {d} {p if d == '=' else describe(p)}" for t, d, p in self.frames]
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text("\n".join(self.lines()) + "\n")
         return path

@@ -185,7 +185,9 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
     if os.environ.get("NBT_SLOW_PAGE"):  # the renderer N times slower: a page that draws behind the kernel (testing.md)
         context.new_cdp_session(pg).send("Emulation.setCPUThrottlingRate", {"rate": float(os.environ["NBT_SLOW_PAGE"])})
     pg.on("console", lambda m: console_log.append(f"{m.type}: {m.text}"))
-    trace = _wstrace.Trace() if os.environ.get("NBT_WS_TRACE") else None  # the kernel messages (_wstrace.py)
+    # the kernel messages (_wstrace.py): with NBT_WS_TRACE, or for a test marked ws_trace (its restore is printed)
+    marked = request.node.get_closest_marker("ws_trace") is not None
+    trace = _wstrace.Trace() if os.environ.get("NBT_WS_TRACE") or marked else None
     if trace is not None:
         pg.on("websocket", trace.attach)
     pg.on("pageerror", lambda e: console_log.append(f"pageerror: {e}"))
@@ -203,8 +205,10 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
             whole.write_text("\n".join(console_log) + "\n")
             print(f"[browser console] the last 80 of {len(console_log)} lines (all in {whole})")
             print("\n".join(console_log[-80:]))
-        if trace is not None and (_failed(request) or os.environ["NBT_WS_TRACE"] == "all"):
+        if trace is not None and (_failed(request) or os.environ.get("NBT_WS_TRACE") == "all"):
             print(f"[kernel messages] {trace.write(artifacts_dir / f'{_safe(request.node.name)}-ws.log')}")
+            if marked and _failed(request):
+                print(trace.summary())
         context.close()
 
 
@@ -322,9 +326,10 @@ def shared_lab(
     _lab_for_the_session: Callable[[], Server], request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[SharedLab]:
     server = _lab_for_the_session()
+    start = server.log_size()
     try:
         yield SharedLab(server, tmp_path)
     finally:
-        if _failed(request):
-            print(f"\n[shared {server.kind} log, pid {server.pid}]\n{server.log_tail()}")
+        if _failed(request):  # this test's part of the log: earlier tests' lines would crowd out its kernel's
+            print(f"\n[shared {server.kind} log, pid {server.pid}, since this test began]\n{server.log_since(start)}")
         server.shutdown_kernels()  # nothing this test started runs on into the next

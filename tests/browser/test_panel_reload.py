@@ -43,6 +43,7 @@ def bqplot_noise(console_log: list[str]) -> list[str]:
     return [m for m in console_log if m.startswith("error") and any(k in m for k in BQPLOT_NOISE)]
 
 
+@pytest.mark.ws_trace  # a failure's report says what the reloaded page asked the kernel and what it got
 @pytest.mark.timeout(300)
 def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_works(
     shared_lab, make_notebook, page, screenshot, console_log
