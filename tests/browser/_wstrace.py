@@ -110,7 +110,10 @@ class Trace:
             "starting",
             "dead",
         )
-        shown, counts, first, last = [], collections.Counter(), {}, {}
+        shown: list[str] = []
+        counts: collections.Counter[str] = collections.Counter()
+        first: dict[str, str] = {}
+        last: dict[str, str] = {}
         for line in self.lines():
             words = line.split()
             kind = " ".join(words[1:4] if words[1] != "=" else words[1:3])
