@@ -5,9 +5,11 @@ tests hold the cause: no consumer is called per step, except at the steps it ask
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +25,22 @@ WATCHERS = {  # a consumer's code: the files its calls land in
     "feed": (str(ROOT / "widgets" / "_runner.py"), str(ROOT.parent / "widgets" / "_runner.py")),
     "kept": (str(ROOT / "_loop" / "_kept.py"),),
 }
+
+
+@pytest.fixture(autouse=True)
+def _available_memory_read_once() -> Any:
+    """Health reads the system's available memory at a fit's start at most every 30 wall seconds (one call into its
+    files when it does). These tests count calls per step, not per 30 seconds: on a loaded machine a long fit began
+    past the window and made one call more than its short twin (293 against 294, a loaded trial). The value read now
+    is kept for the module's tests."""
+    from nbtrainer._health import _snapshot
+
+    saved = _snapshot._AVAILABLE
+    _snapshot._AVAILABLE = (math.inf, _snapshot.available_bytes())  # never older than 30 s while these tests run
+    try:
+        yield
+    finally:
+        _snapshot._AVAILABLE = saved
 
 
 def _calls(callbacks: list, n_batches: int, **trainer_kw) -> Counter:
@@ -61,7 +79,7 @@ def test_health_makes_no_call_per_step_between_its_samples():
     The loop's step-time samples past the 21st micro-batch are moved beyond the run too: Health reads each one (a
     few calls every ``timing_every`` steps, counted in the next test)."""
     quiet = {"timing_every": 10**6}
-    _calls([Health(every_n_steps=10**6)], 10, **quiet)  # once-a-process work (the available memory, read every 30 s)
+    _calls([Health(every_n_steps=10**6)], 10, **quiet)  # once-a-process work
     short = _calls([Health(every_n_steps=10**6)], 100, **quiet)
     long = _calls([Health(every_n_steps=10**6)], 400, **quiet)
     assert short["health"] > 0 and long["health"] == short["health"], (short, long)
