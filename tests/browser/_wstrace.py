@@ -19,6 +19,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The page's side of a restore (JupyterLab): every kernel connection it holds, and whether each handles comms. The
+# services' KernelManager gives comms only to the first connection to a kernel (``connectTo``: a later one gets
+# ``handleComms: false``), and a widget manager whose notebook holds such a connection "restores" nothing and reports
+# success, so every widget output then says "model not found". Read on failure only; private names, best effort.
+PAGE_CONNECTIONS = """() => {
+    const app = window.jupyterapp;
+    if (!app) return 'no jupyterapp on the page';
+    const km = app.serviceManager && app.serviceManager.kernels;
+    const conns = Array.from((km && km._kernelConnections) || []).map(k => ({
+        id: k.id, clientId: k.clientId, handleComms: k.handleComms,
+        connection: k.connectionStatus, status: k.status, disposed: k.isDisposed}));
+    const w = app.shell.currentWidget;
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    const text = document.body.innerText;
+    return JSON.stringify({
+        connections: conns,
+        notebook: k ? {id: k.id, clientId: k.clientId, handleComms: k.handleComms} : null,
+        loading_widget: (text.match(/Loading widget/g) || []).length,
+        model_not_found: (text.match(/model not found/g) || []).length});
+}"""
+
 
 def _parts(payload: bytes | str) -> tuple[str, dict, dict, dict] | None:
     """(channel, header, parent_header, content) of one frame, or None where it is not a kernel message."""
@@ -126,6 +147,14 @@ class Trace:
         cut = f"\n[... {len(shown) - limit} more such lines in the -ws.log]" if len(shown) > limit else ""
         table = "\n".join(f"{n:6d} {k} (first {first[k]}, last {last[k]})" for k, n in counts.most_common(25))
         return "[kernel messages a restore turns on]\n" + "\n".join(shown[:limit]) + cut + "\n[counted]\n" + table
+
+    @staticmethod
+    def page_connections(page: Any) -> str:
+        """The page's kernel connections (:data:`PAGE_CONNECTIONS`), one JSON line, or why they could not be read."""
+        try:
+            return "[the page's kernel connections] " + str(page.evaluate(PAGE_CONNECTIONS))
+        except Exception as exc:  # a page that crashed or navigated away: the report goes on without it
+            return f"[the page's kernel connections] not read: {type(exc).__name__}: {exc}"
 
     def write(self, path: Path) -> Path:
         path.write_text("\n".join(self.lines()) + "\n")

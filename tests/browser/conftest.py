@@ -208,6 +208,7 @@ def page(browser: Any, console_log: list[str], request: pytest.FixtureRequest, a
         if trace is not None and (_failed(request) or os.environ.get("NBT_WS_TRACE") == "all"):
             print(f"[kernel messages] {trace.write(artifacts_dir / f'{_safe(request.node.name)}-ws.log')}")
             if marked and _failed(request):
+                print(trace.page_connections(pg))
                 print(trace.summary())
         context.close()
 

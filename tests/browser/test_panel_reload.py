@@ -18,6 +18,7 @@ import pytest
 
 from ._panel import PANEL_SELECTORS, global_step, wait_badge, wait_page
 from ._servers import wait_widgets_rendered, widget_problems
+from ._wstrace import Trace
 from .test_panel_lab import BLOCKING_CELLS
 
 BACK_DEADLINE_S = 60.0  # CPU seconds: a deadline for readiness, not a measure (the cell never ends by itself)
@@ -95,3 +96,4 @@ def test_reload_while_a_fit_cell_blocks_brings_the_panel_back_live_and_stop_work
     assert widget_problems(page) == []
     assert not bqplot_noise(console_log), bqplot_noise(console_log)[:5]
     print(f"panel back {back_after:.1f} s and live {live_after:.1f} s after the outputs were back")
+    print(Trace.page_connections(page))  # a healthy restore's connections, beside a failed one's in its report
