@@ -22,7 +22,9 @@ from typing import Any
 # The page's side of a restore (JupyterLab): every kernel connection it holds, and whether each handles comms. The
 # services' KernelManager gives comms only to the first connection to a kernel (``connectTo``: a later one gets
 # ``handleComms: false``), and a widget manager whose notebook holds such a connection "restores" nothing and reports
-# success, so every widget output then says "model not found". Read on failure only; private names, best effort.
+# success, so every widget output then says "model not found". The sessions the server lists show the other way there:
+# a notebook attached to a kernel other than the one its session names (a new kernel has no widgets). Read for a
+# failure's report (the reload test prints a healthy page's too); private names, best effort.
 PAGE_CONNECTIONS = """() => {
     const app = window.jupyterapp;
     if (!app) return 'no jupyterapp on the page';
@@ -32,8 +34,11 @@ PAGE_CONNECTIONS = """() => {
         connection: k.connectionStatus, status: k.status, disposed: k.isDisposed}));
     const w = app.shell.currentWidget;
     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    const sm = app.serviceManager.sessions;
+    const sessions = Array.from((sm && sm.running()) || []).map(s => ({path: s.path, kernel: s.kernel && s.kernel.id}));
     const text = document.body.innerText;
     return JSON.stringify({
+        sessions: sessions,
         connections: conns,
         notebook: k ? {id: k.id, clientId: k.clientId, handleComms: k.handleComms} : null,
         loading_widget: (text.match(/Loading widget/g) || []).length,
