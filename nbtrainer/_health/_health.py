@@ -178,7 +178,8 @@ class Health(Callback):
         self._readings = Readings(self)
         self._kept: Any = None
         self._loss = LossWatch(window=self.window, zscore=self.spike_zscore)
-        self._lrs: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.window + 1)
+        # the last steps' (step, loss, lr), as the refresh gives them: the LR each step used
+        self._lrs: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=self.window + 1)
         self._lr_raised_at: int | None = None
         self._since = 0  # the first step of the run at its current LR, from these weights (a damage's earliest)
         self._grad_totals: list[float] = []

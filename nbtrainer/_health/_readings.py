@@ -83,7 +83,7 @@ class Readings:
             at = h._sample_lrs.pop(step, None)
             if math.isfinite(ratios[0]) and at:
                 h._ratios.append((step, ratios[0], at))
-        lr = h._lrs[-1][1] if h._lrs else None
+        lr = h._lrs[-1][2] if h._lrs else None
         drafts, lights = judge_norms(step, probe.names, grads, ratios, weights, h._grad_totals, lr)
         for draft in drafts:  # the steps before at this LR were as large: the damage may start with the first
             draft.onset = min(h._since, step) if draft.kind == "update_ratio" else draft.onset
@@ -116,12 +116,12 @@ class Readings:
     def watch_loss(self, trainer: LoopHost, progress: Any) -> None:
         h = self.health
         points = progress.step_points
-        h._lrs.extend([(step, lr) for step, _, lr in points[-h.window - 1 :]])  # the deque keeps those
+        h._lrs.extend(points[-h.window - 1 :])  # the points themselves (step, loss, lr): the deque keeps those
         last = points[-1][0]
         # every point of one refresh is in progress.epoch (the epoch's end has a refresh of its own): a step's
         # batch counts back from where the loop is
         k = max(progress.grad_accum_steps, 1)
-        for spike in h._loss.add([(step, loss) for step, loss, _ in points]):
+        for spike in h._loss.add(points):
             batch = progress.batch - 1 - (progress.global_step - spike.step) * k
             epoch = progress.epoch
             at = f"step {spike.step}" + (f", batch {batch} of epoch {epoch}" if batch >= 0 else "")
@@ -181,7 +181,7 @@ class Readings:
         h = self.health
         if h._lr_raised_at is not None and 0 <= step - h._lr_raised_at <= h.window:
             return f"set at step {h._lr_raised_at}"
-        recent = [lr for s, lr in h._lrs if s <= step]
+        recent = [lr for s, _, lr in h._lrs if s <= step]
         if len(recent) >= 2 and recent[-1] > 1.05 * min(recent[:-1]):
             return "the LR is warming up or was raised"
         return None

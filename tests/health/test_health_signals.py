@@ -3,6 +3,7 @@ and the healthy runs beside them, which must stay quiet."""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -244,15 +245,53 @@ def test_one_huge_loss_in_the_warmup_leaves_no_false_spike_after_it_left_the_win
     window's own again: no false spike at every later step, the mean exact, a real spike still seen."""
     watch = LossWatch(window=100, zscore=6.0)
     rng = random.Random(0)
-    points = [(s, 1.4 - 0.002 * s + rng.gauss(0, 0.05)) for s in range(1, 400)]
-    points[4] = (5, huge)
+    points = [(s, 1.4 - 0.002 * s + rng.gauss(0, 0.05), 0.01) for s in range(1, 400)]  # (step, loss, lr)
+    points[4] = (5, huge, 0.01)
     spikes = []
     for i in range(0, len(points), 37):  # in refresh-sized chunks, as the loop delivers them
         spikes += watch.add(points[i : i + 37])
     assert spikes == []
-    last = [loss for _, loss in points[-100:]]
+    last = [loss for _, loss, _ in points[-100:]]
     assert watch.mean == pytest.approx(sum(last) / 100, rel=1e-9)
-    assert [s.step for s in watch.add([(400, 3.0)])] == [400]
+    assert [s.step for s in watch.add([(400, 3.0, 0.01)])] == [400]
+
+
+def _spikes_by_the_definition(losses: list[float], window: int, zscore: float, warmup: int) -> list[int]:
+    """The spikes of ``LossWatch``'s docstring, from the window's values each time (no running sums, no shortcut)."""
+    recent: list[float] = []
+    found = []
+    for step, loss in enumerate(losses, 1):
+        if not math.isfinite(loss):
+            continue
+        if len(recent) >= warmup:
+            mean = statistics.fmean(recent)
+            std = max(statistics.pstdev(recent), 0.01 * abs(mean), 1e-12)
+            if loss > mean + zscore * std:
+                found.append(step)
+                continue
+        recent = [*recent, loss][-window:]
+    return found
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_spikes_found_are_the_definitions(seed):
+    """The refresh's loop over its points skips the standard deviation for a loss within the band (issue 54): it
+    must find the spikes the definition finds, among noise, a falling loss, NaNs and spikes from barely over the band
+    to far over it, fed in refresh-sized chunks."""
+    rng = random.Random(seed)
+    losses = [2.0 * math.exp(-s / 300) + rng.gauss(0, 0.05) for s in range(1, 1200)]
+    for s in rng.sample(range(30, len(losses)), 40):
+        losses[s] += rng.choice([0.2, 0.3, 0.35, 0.5, 1.0, 10.0])  # 4-200 standard deviations of the noise
+    for s in rng.sample(range(len(losses)), 5):
+        losses[s] = math.nan
+    watch = LossWatch(window=100, zscore=6.0)
+    points = [(s, loss, 0.01) for s, loss in enumerate(losses, 1)]
+    found = []
+    for i in range(0, len(points), 53):
+        found += [spike.step for spike in watch.add(points[i : i + 53])]
+    expected = _spikes_by_the_definition(losses, 100, 6.0, watch.warmup)
+    assert 10 <= len(expected) < 40  # the band is crossed by some injected values and missed by others
+    assert found == expected
 
 
 def test_a_spike_after_an_lr_increase_gets_a_concrete_lr():
