@@ -13,6 +13,10 @@ process runs, all its threads), one torch thread, ``PYTHONHASHSEED=0``:
 * ``none`` runs twice, and the difference between its two counts is printed as the count's own noise (hash seeds,
   the allocator and the garbage collector make it deterministic up to a few parts per million).
 
+Two of the consumers' choices follow the wall clock, which valgrind stretches about 50 times: the loop's refreshes
+(every 0.25 s; here only at the first step and at each epoch's end, as in these fits natively, which are shorter
+than that) and ``Health``'s paced samples (``--every N`` fixes them; the table says how many were taken).
+
 An instruction count is the work the consumers do: their Python, their reductions, the copies a Health sample makes.
 It does not see what the work does to the caches, nor a memory-bound stretch, so it is a lower bound of the time
 ratio, and the timed benchmarks (``health_overhead.py``, ``data_map.py``, ``widget_overhead.py``) stay the measure
@@ -43,10 +47,16 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ["tiny-sgd", "medium", "map-tiny"]
+# The loop refreshes (reads the running values and calls on_refresh) every refresh_interval seconds of wall time,
+# and a fit under valgrind takes about 50x its time: at the default 0.25 s it would refresh 50x as often per step as
+# it does natively, and count the refreshes' work (Health's loss statistics, the data map's reductions) 50x over.
+# These fits are shorter than 0.25 s natively, where the loop refreshes at the first step and at each epoch's end:
+# so here too.
+_REFRESH = 1e6
 CONSUMERS = {"tiny-sgd": ["health"], "medium": ["health"], "map-tiny": ["map", "health", "both"]}
 
 
-def _prepare(workload: str, consumer: str, warm: bool) -> Callable[[], object]:
+def _prepare(workload: str, consumer: str, warm: bool, every: int | None = None) -> Callable[[], Any]:
     """The data, the model and the ``Trainer`` of one fit of ``workload`` watched by ``consumer`` (``none``,
     ``health``, ``map``, ``both``), and the fit to run: what is counted is the fit alone, as the timed benchmarks
     time it. ``warm`` makes it short (a few steps: the lazy imports and first-fit set-up that the measured fit then
@@ -61,7 +71,7 @@ def _prepare(workload: str, consumer: str, warm: bool) -> Callable[[], object]:
 
     callbacks: list[Any] = []
     if consumer in ("health", "both"):
-        callbacks.append(Health())
+        callbacks.append(Health(every_n_steps=every))
     if consumer in ("map", "both"):
         callbacks.append(DataMap())
     torch.manual_seed(0)
@@ -72,37 +82,49 @@ def _prepare(workload: str, consumer: str, warm: bool) -> Callable[[], object]:
         n = 320 if warm else 12800
         x, y = torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
         trainer = Trainer(tiny_mlp(), nn.CrossEntropyLoss(), "sgd", lr=0.05, callbacks=callbacks, progress=False,
-                          run_store=False, seed=0)  # fmt: skip
+                          run_store=False, seed=0, refresh_interval=_REFRESH)  # fmt: skip
         return lambda: trainer.fit((x, y), batch_size=32, epochs=1 if warm else 3)
     w = health_workload(workload, scale=0.1 if warm else 1.0)
     model = w.make_model()
     sgd = getattr(w, "sgd", False)
     opt = torch.optim.SGD(model.parameters(), lr=0.05) if sgd else torch.optim.Adam(model.parameters(), lr=1e-3)
-    trainer = Trainer(model, nn.CrossEntropyLoss(), opt, progress=False, run_store=False, callbacks=callbacks)
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        opt,
+        progress=False,
+        run_store=False,
+        callbacks=callbacks,
+        refresh_interval=_REFRESH,
+    )
     return lambda: trainer.fit(w.data, epochs=1 if warm else getattr(w, "epochs", 1))
 
 
-def _child(workload: str, consumer: str, measured: bool) -> None:
-    """The two interpreters of a case: both warm up and prepare the measured fit; only the second runs it."""
+def _child(workload: str, consumer: str, measured: bool, every: int | None) -> None:
+    """The two interpreters of a case: both warm up and prepare the measured fit; only the second runs it, and
+    prints how many steps ``Health`` sampled in it."""
     import torch
 
     torch.set_num_threads(1)
-    _prepare(workload, consumer, warm=True)()
-    fit = _prepare(workload, consumer, warm=False)
+    _prepare(workload, consumer, warm=True, every=every)()
+    fit = _prepare(workload, consumer, warm=False, every=every)
     if measured:
-        fit()
+        history = fit()
+        print(f"samples {len(history.health.get('grad_norm', {}).get('total', []))}")
 
 
-def _count(workload: str, consumer: str, measured: bool) -> int:
-    """Instructions of one interpreter running ``_child`` under cachegrind."""
+def _count(workload: str, consumer: str, measured: bool, every: int | None) -> tuple[int, int]:
+    """Instructions of one interpreter running ``_child`` under cachegrind, and the samples Health took."""
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", NBTRAINER_DEVICE="cpu")
+    child = [workload, consumer, "1" if measured else "0", str(every or 0)]
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable,
-           os.path.abspath(__file__), "--child", workload, consumer, "1" if measured else "0"]  # fmt: skip
+           os.path.abspath(__file__), "--child", *child]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     match = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
     if proc.returncode != 0 or not match:
         raise RuntimeError(f"{' '.join(cmd[-4:])} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return int(match.group(1).replace(",", ""))
+    samples = re.search(r"samples (\d+)", proc.stdout)
+    return int(match.group(1).replace(",", "")), int(samples.group(1)) if samples else 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,10 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
     parser.add_argument("--consumers", nargs="+", default=None, help="default: each workload's (see the docstring)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs side by side")
-    parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "CONSUMER", "MEASURED"), help=argparse.SUPPRESS)
+    parser.add_argument("--every", type=int, default=None, help="Health(every_n_steps=N): a fixed schedule of samples")
+    child = ("WORKLOAD", "CONSUMER", "MEASURED", "EVERY")
+    parser.add_argument("--child", nargs=4, metavar=child, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child(args.child[0], args.child[1], args.child[2] == "1")
+        _child(args.child[0], args.child[1], args.child[2] == "1", int(args.child[3]) or None)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind): it counts the instructions")
@@ -130,23 +154,25 @@ def main(argv: list[str] | None = None) -> None:
             cases += [(w, c, False), (w, c, True)]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        counts = list(pool.map(lambda case: _count(*case), cases))
+        counts = list(pool.map(lambda case: _count(*case, args.every), cases))
     print(f"# {len(cases)} interpreters under valgrind in {time.perf_counter() - start:.0f} s\n")
-    print("| workload | consumer | instructions of the fit | against none | noise (none's two counts) |")
+    schedule = f"every {args.every} steps" if args.every else "paced (the default)"
+    print(f"| workload | consumer | instructions of the fit | against none | Health's samples ({schedule}) |")
     print("|---|---|---:|---:|---:|")
     for w in args.workloads:
-        fits: dict[str, list[int]] = {}
+        fits: dict[str, list[tuple[int, int]]] = {}
         for i, (cw, c, measured) in enumerate(cases):
             if cw == w and measured:
-                fits.setdefault(c, []).append(counts[i] - counts[i - 1])
-        none = fits["none"]
+                fits.setdefault(c, []).append((counts[i][0] - counts[i - 1][0], counts[i][1]))
+        none = [n for n, _ in fits["none"]]
         base = sum(none) / len(none)
         noise = abs(none[0] - none[1]) / base
         for c, got in fits.items():
             if c == "none":
-                print(f"| {w} | none | {base:,.0f} | 1 | {noise * 1e6:.0f} ppm |")
+                print(f"| {w} | none | {base:,.0f} (two counts {noise * 1e6:.0f} ppm apart) | 1 | |")
             else:
-                print(f"| {w} | {c} | {got[0]:,.0f} | {got[0] / base:.4f}x | |")
+                samples = str(got[0][1]) if c in ("health", "both") else ""
+                print(f"| {w} | {c} | {got[0][0]:,.0f} | {got[0][0] / base:.4f}x | {samples} |")
 
 
 if __name__ == "__main__":

@@ -95,29 +95,23 @@ class LossWatch:
 
     def add(self, points: Sequence[tuple[int, float, float]]) -> list[Spike]:
         """Feed the refresh's ``(step, loss, lr)`` points (``Progress.step_points``) in order; returns the spikes
-        among them. One pass with local names and no call per point: a refresh of a small model's run brings about a
-        thousand, and this loop was most of what ``Health`` costs such a run (issue 54; ``bench/instructions.py``)."""
+        among them. One pass with local names and no call per point: a refresh of a small model's run brings about
+        a thousand (issue 54)."""
         if points and points[0][0] < self.since:
             # A fix takes effect at a step boundary before the refresh that reads the steps up to it: the step it
             # closed trained on the old weights (the diverged loss the fix is for), and must not count as after it.
             points = [p for p in points if p[0] >= self.since]
         spikes: list[Spike] = []
         chance, warmup, zscore = self.chance, self.warmup, self.zscore
-        # a loss at or below the mean is never a spike, nor one whose squared distance from it is within zscore**2
-        # times the variance (the band's standard deviation is at least the variance's root): the square root, the
-        # floors and their calls are left to the few points past that (slack: a rounding must not drop a spike)
-        z2 = zscore * zscore * (1 - 1e-9)
         recent, full = self._recent, self._recent.maxlen
-        n = len(recent)
         total, squares, seen, below = self._sum, self._sumsq, self.seen, self.below_chance_at
         first = self._first if self.start is None else None
-        first_step = self.first_step
-        sqrt, inf = math.sqrt, math.inf
+        isfinite, sqrt, inf = math.isfinite, math.sqrt, math.inf
         for step, loss, _ in points:
-            if loss - loss != 0.0:  # NaN or infinite (math.isfinite without a call): the non-finite signal's business
-                continue
-            if first_step is None:
-                first_step = step
+            if not isfinite(loss):
+                continue  # the non-finite signal's business
+            if self.first_step is None:
+                self.first_step = step
             seen += 1
             if first is not None:
                 first.append(loss)
@@ -127,36 +121,31 @@ class LossWatch:
                         self.first_seen = self.start
             if chance is not None and loss < chance:
                 below = step
+            n = len(recent)
             if n >= warmup:
                 mean = total / n
-                above = loss - mean
-                if above > 0 and above * above > z2 * (squares / n - mean * mean):
-                    # sums drift a little over a long run: the variance is floored at 0
-                    std = max(sqrt(max(squares / n - mean * mean, 0.0)), 0.01 * abs(mean), 1e-12)
-                    if loss > mean + zscore * std:
-                        spikes.append(Spike(step, loss, mean, std))
-                        continue
+                # sums drift a little over a long run: the variance is floored at 0
+                std = max(sqrt(max(squares / n - mean * mean, 0.0)), 0.01 * abs(mean), 1e-12)
+                if loss > mean + zscore * std:
+                    spikes.append(Spike(step, loss, mean, std))
+                    continue
             if n == full:
                 old = recent[0]
                 square = old * old
-                total -= old
-                squares -= square
-                # A value that held most of the squares (a diverging start's 1e26 in a window of losses near 1)
+                # A value that holds most of the squares (a diverging start's 1e26 in a window of losses near 1)
                 # must not be subtracted: the sums kept only the rounding error of adding the small losses to it,
                 # and without it the mean came out 0.01 or negative, a false spike at every later step. The window
-                # is summed again instead (such a value leaves rarely: the common step stays a few float ops). Not
-                # below inf: a square had overflowed (and inf - inf is NaN, which fails both comparisons).
-                if not square <= squares < inf:
+                # is summed again instead (such a value leaves rarely: the common step stays a few float ops).
+                if square + square > squares or squares == inf:  # inf: a square overflowed (inf - inf is NaN)
                     recent.append(loss)
                     total, squares = sum(recent), sum([v * v for v in recent])
                     continue
-            else:
-                n += 1
+                total -= old
+                squares -= square
             recent.append(loss)
             total += loss
             squares += loss * loss
         self._sum, self._sumsq, self.seen, self.below_chance_at = total, squares, seen, below
-        self.first_step = first_step
         return spikes
 
     def _halves(self) -> tuple[float, float, float] | None:
