@@ -22,8 +22,10 @@ It does not see what the work does to the caches, nor a memory-bound stretch, so
 ratio, and the timed benchmarks (``health_overhead.py``, ``data_map.py``, ``widget_overhead.py``) stay the measure
 of time. What it settles is whether the work itself fits the target.
 
-    python bench/instructions.py                      # every workload below (about 15 minutes on 2 cores)
+    python bench/instructions.py --workloads tiny-sgd map-tiny --every 50   # RESULTS.md's rows (about 12 min, 2 cores)
     python bench/instructions.py --workloads tiny-sgd --consumers health
+
+(``medium`` runs its matrix products under valgrind too, for much longer; RESULTS.md says why it is not counted.)
 
 Workloads: ``tiny-sgd`` (issue 54's Health target 1.03x: MLP 64-128-10, SGD, batch 64, 2 epochs of 128 steps),
 ``medium`` (issue 54's Health target 1.01x: MLP 784-1024-1024-10, Adam, batch 128, 150 steps) and ``map-tiny``

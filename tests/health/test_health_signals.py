@@ -275,9 +275,9 @@ def _spikes_by_the_definition(losses: list[float], window: int, zscore: float, w
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_spikes_found_are_the_definitions(seed):
-    """The refresh's loop over its points skips the standard deviation for a loss within the band (issue 54): it
-    must find the spikes the definition finds, among noise, a falling loss, NaNs and spikes from barely over the band
-    to far over it, fed in refresh-sized chunks."""
+    """The refresh's loop over its points keeps running sums, not the window's values: it must find the spikes the
+    definition finds, among noise, a falling loss, NaNs and spikes from barely over the band to far over it, fed in
+    refresh-sized chunks."""
     rng = random.Random(seed)
     losses = [2.0 * math.exp(-s / 300) + rng.gauss(0, 0.05) for s in range(1, 1200)]
     for s in rng.sample(range(30, len(losses)), 40):
