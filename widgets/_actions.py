@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from nbtrainer import Trainer, format_lr, start_training_thread
 
 from ._controls import Controls
+from ._lifecycle import close_widgets
 from ._view import PanelView
 
 __all__ = ["ActionsHost", "PanelActions"]
@@ -93,6 +94,7 @@ class PanelActions:
     ) -> None:
         self.host, self.model, self.view, self.controls, self.settle = host, model, view, controls, settle
         self.lr_finder: Any = None  # the LRFinderView of the last lr_find()
+        self.profile_card: Any = None  # the ProfileCard of the last profile()
         self.busy: set[str] = set()  # the actions running in helper threads now
         self.threads: dict[str, threading.Thread] = {}  # each action's last helper thread
         self.closed = False  # the panel was closed: nothing more is shown
@@ -137,7 +139,10 @@ class PanelActions:
             kwargs.setdefault("criterion", t.criterion)
             kwargs.setdefault("targets", targets)
         prof = profile_model(self.model, inputs, devices=(str(t.device),), optimizer=t.optimizer, **kwargs)
-        self.view.profile_section.show(ProfileCard(prof), detail=f"batch size {prof.batch_size}")
+        old, self.profile_card = self.profile_card, ProfileCard(prof)
+        self.view.profile_section.show(self.profile_card, detail=f"batch size {prof.batch_size}")
+        if old is not None:  # replaced: closed (shown or not, its comms would outlive it)
+            close_widgets(old)
         return prof
 
     def lr_find(self, **kwargs: Any) -> Any:
@@ -182,6 +187,7 @@ class PanelActions:
             self._lr_find_lock.release()
         if self.closed:  # stopped by close(): its widgets are going
             return None
+        old = self.lr_finder
         self.lr_finder = LRFinderView(
             result,
             on_choose=self.controls.choose_lr,
@@ -189,6 +195,8 @@ class PanelActions:
             warning=warning,
         )
         self.view.lrfinder_section.show(self.lr_finder.root, detail=f"{len(result.lrs)} steps")
+        if old is not None:  # replaced: closed (shown or not, its comms would outlive it)
+            close_widgets(old.root)
         sug = "none" if result.suggestion is None else format_lr(result.suggestion)
         self.host.notify(
             "info",
@@ -259,6 +267,12 @@ class PanelActions:
         self._lr_find_stop.set()
         self.host.notify("info", "LR finder: stopping at its next step (the model and optimizer are put back)")
         return True
+
+    @property
+    def held(self) -> tuple[Any, ...]:
+        """The last profile card and LR finder chart: out of the panel's tree once a person closes their area (the
+        panel closes them with itself)."""
+        return tuple(w for w in (self.profile_card, getattr(self.lr_finder, "root", None)) if w is not None)
 
     def close(self) -> None:
         """Stop the LR finder's sweep (at its next step; the model and optimizer are put back) and wait for every

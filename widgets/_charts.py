@@ -143,6 +143,8 @@ class LiveCharts:
         self._shown = [self.loss_box, self.lr_box, self.metrics_box, self.mem_box]
         self.box = W.HBox([b.root for b in self._shown], layout=W.Layout(flex_flow="row wrap", width="100%"))
         self.box.add_class("nbt-charts")
+        # the other metric's chart and the loss axis not in use: in the tree only at times (closed with the panel)
+        self.held: tuple[W.Widget, ...] = (self.other_box.root, self.loss_lin, self.loss_log)
         self._legends()
 
     # -- data in (UI thread) ------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 
 import ipywidgets as W
 
+from ._lifecycle import close_widgets
+
 __all__ = ["Cleaner"]
 
 _CHOICES = ("keep", "drop", "relabel")
@@ -82,13 +84,19 @@ class Cleaner:
             row.add_class("nbt-cleaner-item")
             row.add_class(f"nbt-cleaner-item-{index}")
             rows.append(row)
-        self.items.children = tuple(rows)
+        self._replace(tuple(rows))
         self._summarize()
 
     def clear(self) -> None:
-        self.items.children = ()
+        self._replace(())
         self.choices, self.labels = {}, {}
         self._summarize()
+
+    def _replace(self, rows: tuple[W.Widget, ...]) -> None:
+        """The rows in view become ``rows``; the old ones are closed (each selection makes new ones: left open, a
+        person clicking through the map made a few hundred comms that lived as long as the kernel)."""
+        old, self.items.children = self.items.children, rows
+        close_widgets(*old)
 
     def _chosen(self, index: int) -> None:
         edits = self.edits

@@ -121,6 +121,7 @@ class DataView:
         # the box's layout arrives (VS Code: its axes at translate(0,NaN)). An empty VBox takes no room.
         self.map_box = W.VBox()
         self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
+        self.held: tuple[W.Widget, ...] = (*self._map_parts, self.lasso)  # in the tree once there is a map, or a lasso
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])
         self._points = np.zeros(0, dtype=np.int64)  # the dataset index of each drawn point
         self._drawn_updates = 0  # DataMap.updates when last drawn (a fresh map has nothing to draw)

@@ -111,6 +111,7 @@ class ErrorsView:
         self._pending: Any = None  # set by the training thread, taken by the UI thread
         self._collector: _Collector | None = None
         self._lock = threading.RLock()
+        self.held: tuple[W.Widget, ...] = ()  # widgets made here that the panel's tree may not hold (closed with it)
         if options is None:
             # off (the default): the section can never show, so none of its 52 widgets is made. Each widget is a comm
             # that the kernel opens and the front end builds a model for when the panel is displayed.
@@ -180,6 +181,7 @@ class ErrorsView:
              self.cleaner.root, W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"),
              self.gallery]
         )  # fmt: skip
+        self.held = (self.body,)  # in the section once an interpretation is drawn
         self.cells.observe(self._on_cell, "selected")
 
     # -- the run (the panel attaches it at Start, detaches it when the run ends) ---------------------------

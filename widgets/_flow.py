@@ -40,6 +40,8 @@ from typing import Any
 
 import ipywidgets as W
 
+from ._lifecycle import close_widgets
+
 __all__ = ["MAX_IN_FLIGHT", "STALE_S", "PageFlow"]
 
 MAX_IN_FLIGHT = 1  # pushes a page may have unanswered (a push is a few messages: the status among them)
@@ -86,5 +88,4 @@ class PageFlow:
         self.ping.value = n
 
     def close(self) -> None:
-        for w in (self.link, self.ping, self.pong):
-            w.close()
+        close_widgets(self.link, self.ping, self.pong)  # their layout and styles too: each is a comm of its own

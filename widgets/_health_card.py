@@ -124,6 +124,7 @@ class HealthCard:
         # the chart joins the tree once there are two samples (a chart of one point says nothing, and a figure
         # rendered hidden measures 0 x 0: bqplot logs negative sizes)
         self.chart = W.VBox()
+        self.held: tuple[W.Widget, ...] = (self.legend, self.fig)  # in ``chart`` from the second sample on
         self.root = W.VBox([self.lights, self.advice, self.buttons, self.chart], layout=W.Layout(margin="2px 0 4px 0"))
         self.root.add_class("nbt-health")
         self._drawn = -1  # samples of the total norm on the chart

@@ -73,11 +73,11 @@ def on_close(widget: W.Widget, callback: Callable[[], Any]) -> None:
     widget.observe(closed, "comm")
 
 
-def close_widgets(root: W.Widget) -> int:
-    """Close ``root`` and every widget it holds (children, a figure's marks, axes and scales, layouts and styles);
+def close_widgets(*roots: W.Widget) -> int:
+    """Close ``roots`` and every widget they hold (children, a figure's marks, axes and scales, layouts and styles);
     returns how many were open. A closed widget's comm is gone, so each is closed once."""
     seen: set[int] = set()
-    stack, closed = [root], 0
+    stack, closed = list(roots), 0
     while stack:
         widget = stack.pop()
         if id(widget) in seen:

@@ -54,6 +54,7 @@ class Looks:
         self.data = DataView(notify)
         self.roots = (self.data.root, self.samples.root, self.errors.root)
         self.parts = (self.samples, self.errors, self.data)
+        self.held: tuple[Any, ...] = (*self.data.held, *self.samples.held, *self.errors.held)
 
     def refused(self) -> str | None:
         """Why Start must not train, said before any step (labels past the model's outputs), or None; waits for the

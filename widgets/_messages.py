@@ -64,6 +64,7 @@ class MessageLog:
         self.show_all.add_class("nbt-messages-all")
         self.root = W.VBox([self.lines, self.show_all])
         self.root.add_class("nbt-messages")
+        self.held: tuple[W.Widget, ...] = (*self._shown, self._all)  # made here, in the tree only when in use
         self.show_all.observe(lambda _: self._locked_render(), "value")
 
     @property

@@ -297,7 +297,8 @@ class TrainerWidget:
             self.plan_view.close()  # a plan being made is cancelled (its row waited for), not drawn
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.close_check()  # cancelled at its next batch, not read to the end
-            close_widgets(self.panel)
+            parts = (self.view, self.charts, self.looks, self.health_card, self._actions)  # and what each holds
+            close_widgets(self.panel, *(widget for part in parts for widget in part.held))
 
     def __repr__(self) -> str:
         return f"<{self._label}: {self.status}, {self.trainer!r}>"

@@ -109,6 +109,7 @@ class SamplesView:
         self.errors.add_class("nbt-samples-error")
         bar = W.HBox([self.slider, self.step_label, self.compare], layout=W.Layout(flex_flow="row wrap"))
         self.body = W.VBox([W.HTML(_STYLE), bar, W.HBox([self.left, self.right]), self.errors])
+        self.held: tuple[W.Widget, ...] = (self.body,)  # in the section from the first sample on
         self.steps: list[int] = []  # the sampled steps, in order
         self._by_step: dict[int, list[dict[str, Any]]] = {}
         self._history: Any = None

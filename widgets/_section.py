@@ -26,16 +26,19 @@ class Section:
         self.title.add_class("nbt-section-title")
         self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
         self.toggle.add_class("nbt-collapse")
-        self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
-        self.close_button.add_class("nbt-close")
-        buttons = [self.toggle, *([self.close_button] if closable else [])]
+        # only where the area can close: a button never shown would be a widget (a comm) the panel never closes
+        self.close_button: W.Button | None = None
+        if closable:
+            self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
+            self.close_button.add_class("nbt-close")
+            self.close_button.on_click(lambda _: self.close())
+        buttons = [self.toggle, *([self.close_button] if self.close_button is not None else [])]
         self.header = W.HBox([self.title, *buttons], layout=W.Layout(align_items="center"))
         self.body = W.VBox()
         self.root = W.VBox([self.header, self.body], layout=W.Layout(display="none", margin="4px 0"))
         self.root.add_class(css)
         self.root.add_class("nbt-section")
         self.toggle.on_click(lambda _: self.set_open(not self.is_open))
-        self.close_button.on_click(lambda _: self.close())
         self.set_title(title)
 
     @property

@@ -257,6 +257,7 @@ class PanelView:
         self.summary = _cls(W.HTML(), "nbt-summary-live")
         self.messages_log = MessageLog()
         self.messages = self.messages_log.root
+        self.held: tuple[W.Widget, ...] = (self.epoch_area, self.summary, *self.messages_log.held)  # off-tree at times
         self.root = _cls(
             W.VBox(
                 [

@@ -107,6 +107,7 @@ def test_side_areas_collapse_and_close():
     assert section.visible and not section.is_open and section.toggle.icon == "chevron-down"
     section.toggle.click()
     assert section.is_open
+    assert section.close_button is not None  # a closable area
     section.close_button.click()
     assert not section.visible and section.body.children == ()
 
