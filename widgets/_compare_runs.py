@@ -213,6 +213,11 @@ class CompareRuns:
             self._place(fig, self.metric_lines, mine)
         self.loss_lines, self.metric_lines = loss_lines, metric_lines
 
+    @property
+    def held(self) -> tuple[bq.Lines, ...]:
+        """Every compared run's lines, drawn or not (a run unchosen keeps its lines for the next time)."""
+        return tuple(line for pair in self._made.values() for line in pair)
+
     def _lines(self, key: str, sx: Any, sy: Any) -> tuple[bq.Lines, bq.Lines] | None:
         """The run's loss and metric lines, made together once, on the kernel's thread (None elsewhere before then):
         a later drawing only moves them, whichever chart the metric line goes to."""

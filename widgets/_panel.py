@@ -297,7 +297,7 @@ class TrainerWidget:
             self.plan_view.close()  # a plan being made is cancelled (its row waited for), not drawn
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.close_check()  # cancelled at its next batch, not read to the end
-            parts = (self.view, self.charts, self.looks, self.health_card, self._actions)  # and what each holds
+            parts = (self.view, self.charts, self.compare, self.looks, self.health_card, self._actions)  # their own
             close_widgets(self.panel, *(widget for part in parts for widget in part.held))
 
     def __repr__(self) -> str:

@@ -66,6 +66,8 @@ def test_choosing_a_run_overlays_its_history_and_unchoosing_removes_it(two_runs)
     assert not w.compare.loss_lines and not w.compare.metric_lines
     assert list(w.charts.loss_fig.marks) == live
     assert line not in w.charts.loss_fig.marks and metric not in w.charts.metrics.fig.marks
+    w.close()  # the unchosen runs' lines, kept for their next choice, are closed with the panel
+    assert line.comm is None and metric.comm is None
 
 
 def test_overlays_are_decimated_like_the_live_series(two_runs):

@@ -75,6 +75,24 @@ def test_a_budget_nothing_fits_says_so_and_sets_nothing() -> None:
     assert not [c for c in pv.rows.children if "nbt-plan-best" in classes(c)]
 
 
+def test_a_second_plan_closes_the_rows_of_the_first() -> None:
+    """Each plan draws its own row buttons and bars; the last plan's are closed (a comm each, for the kernel's life
+    otherwise), and closing the panel leaves none of its widgets open."""
+    import ipywidgets
+
+    registry = getattr(ipywidgets.Widget, "_active_widgets", None) or ipywidgets.Widget.widgets
+    before = set(registry)
+    w = _widget()
+    _planned(w)
+    first = list(w.plan_view.rows.children)
+    _planned(w)
+    assert first and all(row.comm is None for row in first)
+    assert all(row.comm is not None for row in w.plan_view.rows.children)
+    made = [x for key, x in list(registry.items()) if key not in before]
+    w.close()
+    assert not [type(x).__name__ for x in made if x.comm is not None]
+
+
 def _planned(w: Any, budget_gb: float = 0.004) -> Any:
     pv = w.plan_view
     pv.budget.value = budget_gb
