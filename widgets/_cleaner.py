@@ -93,8 +93,8 @@ class Cleaner:
         self._summarize()
 
     def _replace(self, rows: tuple[W.Widget, ...]) -> None:
-        """The rows in view become ``rows``; the old ones are closed (each selection makes new ones: left open, a
-        person clicking through the map made a few hundred comms that lived as long as the kernel)."""
+        """The rows in view become ``rows``; the old ones are closed (each selection makes new ones, about eleven
+        widgets an item: left open, each would be a comm for the kernel's life)."""
         old, self.items.children = self.items.children, rows
         close_widgets(*old)
 
