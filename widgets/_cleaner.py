@@ -16,7 +16,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ._lifecycle import close_widgets
+from ._lifecycle import replace_children
 
 __all__ = ["Cleaner"]
 
@@ -84,19 +84,13 @@ class Cleaner:
             row.add_class("nbt-cleaner-item")
             row.add_class(f"nbt-cleaner-item-{index}")
             rows.append(row)
-        self._replace(tuple(rows))
+        replace_children(self.items, tuple(rows))  # about eleven widgets an item, at each selection
         self._summarize()
 
     def clear(self) -> None:
-        self._replace(())
+        replace_children(self.items, ())
         self.choices, self.labels = {}, {}
         self._summarize()
-
-    def _replace(self, rows: tuple[W.Widget, ...]) -> None:
-        """The rows in view become ``rows``; the old ones are closed (each selection makes new ones, about eleven
-        widgets an item: left open, each would be a comm for the kernel's life)."""
-        old, self.items.children = self.items.children, rows
-        close_widgets(*old)
 
     def _chosen(self, index: int) -> None:
         edits = self.edits

@@ -19,7 +19,7 @@ from . import _frontends
 from ._poll import wait_until
 from ._runner import Run
 
-__all__ = ["close_widgets", "end_run", "on_close", "say_foreground", "wait_run"]
+__all__ = ["close_widgets", "end_run", "on_close", "replace_children", "say_foreground", "wait_run"]
 
 
 def wait_run(run: Run, *, label: str, view: Any, timeout: float | None) -> None:
@@ -92,3 +92,10 @@ def close_widgets(*roots: W.Widget) -> int:
             closed += 1
             widget.close()
     return closed
+
+
+def replace_children(box: W.Box, children: tuple[W.Widget, ...]) -> None:
+    """``box`` shows ``children`` instead of what it showed, and what it showed is closed: for rows made anew at each
+    drawing (a selection's cleaner rows, a plan's rows), which left open would each be a comm for the kernel's life."""
+    old, box.children = box.children, children
+    close_widgets(*old)

@@ -18,7 +18,7 @@ import ipywidgets as W
 from nbtrainer import MemoryOptions, Trainer, start_training_thread
 from nbtrainer.profile import PART_COLORS, MemoryPlan, PlanRow, example_batch, plan_memory
 
-from ._lifecycle import close_widgets
+from ._lifecycle import replace_children
 from ._savers import AS_GIVEN, Savers
 from ._section import Section
 from ._theme import FG2
@@ -160,8 +160,7 @@ class PlanView:
                 button.add_class("nbt-plan-over")
             button.on_click(lambda _, row=row: self.choose(row))
             children += [button, W.HTML(_bar(row, plan, top))]
-        old, self.rows.children = self.rows.children, tuple(children)
-        close_widgets(*old)  # the last plan's rows: each plan makes its own
+        replace_children(self.rows, tuple(children))  # the last plan's rows closed: each plan makes its own
         best = plan.best.describe() if plan.best is not None else "nothing fits: smaller batch, LoRA or a bigger device"
         self.note.value = (
             f"<span style='color:{FG2}'>{html.escape(plan.device)}, batch {plan.batch_size}, "
