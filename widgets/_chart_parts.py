@@ -18,6 +18,7 @@ import numpy as np
 from nbtrainer import format_bytes
 from nbtrainer.plotting import PALETTE, MinMaxStream, minmax_indices, nice_ticks
 
+from ._layouts import shared_layout
 from ._theme import FG, FG2
 
 __all__ = [
@@ -130,7 +131,7 @@ def figure(css: str, marks: list, x: Any, y: Any, xlabel: str, ylabel: str, y_fo
         title=title,
         fig_margin=dict(_MARGIN),
         animation_duration=0,
-        layout=W.Layout(**_FIG),
+        layout=shared_layout(**_FIG),
     )
     fig.add_class(css)
     return fig
@@ -155,7 +156,10 @@ def change_markers(scales: dict[str, Any], size: int) -> bq.Scatter:
 
 def tooltip(*fields: tuple[str, str, str]) -> bq.Tooltip:
     return bq.Tooltip(
-        fields=[f for f, _, _ in fields], labels=[lab for _, lab, _ in fields], formats=[fmt for _, _, fmt in fields]
+        fields=[f for f, _, _ in fields],
+        labels=[lab for _, lab, _ in fields],
+        formats=[fmt for _, _, fmt in fields],
+        layout=shared_layout(),
     )
 
 
@@ -164,11 +168,10 @@ class Box:
 
     def __init__(self, fig: bq.Figure, *controls: W.Widget) -> None:
         self.fig = fig
-        self.legend = W.HTML(layout=W.Layout(flex="1 1 auto"))
+        self.legend = W.HTML(layout=shared_layout(flex="1 1 auto"))
         self.legend.add_class("nbt-legend")
-        self.root = W.VBox(
-            [W.HBox([self.legend, *controls], layout=W.Layout(align_items="center")), fig], layout=W.Layout(**_BOX)
-        )
+        header = W.HBox([self.legend, *controls], layout=shared_layout(align_items="center"))
+        self.root = W.VBox([header, fig], layout=shared_layout(**_BOX))
 
 
 class EpochChart:

@@ -39,6 +39,7 @@ from nbtrainer import DataMap, show_batch, start_training_thread
 
 from ._cleaner import Cleaner
 from ._frontends import detect
+from ._layouts import shared_layout
 from ._section import Section
 
 __all__ = ["DataView"]
@@ -87,7 +88,7 @@ class DataView:
         self.report: Any = None
         self.section = Section("data", "nbt-data", closable=False)
         self.root = self.section.root
-        self.report_html, self.batch_html, self.map_note = W.HTML(), W.HTML(), W.HTML()
+        self.report_html, self.batch_html, self.map_note = (W.HTML(layout=shared_layout()) for _ in range(3))
         self.report_html.add_class("nbt-data-report-box")
         self.batch_html.add_class("nbt-data-batch")
         self.map_note.add_class("nbt-data-map-note")
@@ -119,7 +120,7 @@ class DataView:
         # empty until the first drawing, and never hidden: a bqplot figure whose view is made inside a hidden box
         # measures 0 x 0 and stays so, and one whose box is shown by the same push that adds it can render before
         # the box's layout arrives (VS Code: its axes at translate(0,NaN)). An empty VBox takes no room.
-        self.map_box = W.VBox()
+        self.map_box = W.VBox(layout=shared_layout())
         self._map_parts = (self.map_note, W.HBox([self.figure, self.mode]), self.cleaner.root)
         self.held: tuple[W.Widget, ...] = (*self._map_parts, self.lasso)  # in the tree once there is a map, or a lasso
         self.body = W.VBox([self.report_html, self.batch_html, self.map_box])

@@ -25,6 +25,7 @@ import ipywidgets as W
 import numpy as np
 
 from ._cleaner import Cleaner
+from ._layouts import shared_layout
 from ._markup import text_html
 from ._section import Section
 
@@ -119,7 +120,7 @@ class ErrorsView:
             return
         self.section = Section("errors", "nbt-errors")
         self.root = self.section.root
-        self.summary = W.HTML()
+        self.summary = W.HTML(layout=shared_layout())
         self.summary.add_class("nbt-errors-summary")
         # no padding: the click squares' size would otherwise pad the scales and shrink the cells under them
         rows, cols = bq.OrdinalScale(reverse=True, allow_padding=False), bq.OrdinalScale(allow_padding=False)
@@ -169,7 +170,7 @@ class ErrorsView:
             ),
         )
         self.figure.add_class("nbt-errors-matrix")
-        self.examples, self.table, self.gallery = W.HTML(), W.HTML(), W.HTML()
+        self.examples, self.table, self.gallery = (W.HTML(layout=shared_layout()) for _ in range(3))
         self.examples.add_class("nbt-errors-examples")
         self.table.add_class("nbt-errors-table")
         self.gallery.add_class("nbt-errors-gallery")

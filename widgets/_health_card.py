@@ -28,6 +28,7 @@ from nbtrainer import Health, ModelCheckpoint
 from nbtrainer.plotting import PALETTE, log_ticks
 
 from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
+from ._layouts import shared_layout
 from ._markup import plain_text, text_html
 from ._theme import FG, FG2
 
@@ -81,7 +82,7 @@ class HealthCard:
         self.host = host
         self.health = health_of(host.trainer)
         self.problem: Any = None  # the report the buttons act on
-        self.lights = W.HTML()
+        self.lights = W.HTML(layout=shared_layout())
         self.lights.add_class("nbt-health-lights")
         self.x, self.y = lin_scale(min=0.0, max=1.0), log_scale(min=1e-3, max=1.0)
         e = np.empty(0)
@@ -109,9 +110,9 @@ class HealthCard:
             layout=W.Layout(width="100%", max_width="560px", height="200px"),
         )
         self.fig.add_class("nbt-health-chart")
-        self.legend = W.HTML()
+        self.legend = W.HTML(layout=shared_layout())
         self.legend.add_class("nbt-legend")
-        self.advice = W.HTML()
+        self.advice = W.HTML(layout=shared_layout())
         self.advice.add_class("nbt-health-advice")
         self.apply_lr = _button("apply LR", "nbt-health-apply-lr")
         self.apply_lr.add_class("nbt-health-apply")
@@ -123,7 +124,7 @@ class HealthCard:
         self.buttons = W.HBox([self.apply_lr, self.rollback, self.skip], layout=W.Layout(flex_flow="row wrap"))
         # the chart joins the tree once there are two samples (a chart of one point says nothing, and a figure
         # rendered hidden measures 0 x 0: bqplot logs negative sizes)
-        self.chart = W.VBox()
+        self.chart = W.VBox(layout=shared_layout())
         self.held: tuple[W.Widget, ...] = (self.legend, self.fig)  # in ``chart`` from the second sample on
         self.root = W.VBox([self.lights, self.advice, self.buttons, self.chart], layout=W.Layout(margin="2px 0 4px 0"))
         self.root.add_class("nbt-health")

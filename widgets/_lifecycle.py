@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as W
 
 from . import _frontends
+from ._layouts import SharedLayout
 from ._poll import wait_until
 from ._runner import Run
 
@@ -74,8 +75,9 @@ def on_close(widget: W.Widget, callback: Callable[[], Any]) -> None:
 
 
 def close_widgets(*roots: W.Widget) -> int:
-    """Close ``roots`` and every widget they hold (children, a figure's marks, axes and scales, layouts and styles);
-    returns how many were open. A closed widget's comm is gone, so each is closed once."""
+    """Close ``roots`` and every widget they hold (children, a figure's marks, axes and scales, layouts and styles)
+    but a panel's shared layouts, which other widgets of it may show (the panel passes them as roots when it closes,
+    ``_layouts``); returns how many were open. A closed widget's comm is gone, so each is closed once."""
     seen: set[int] = set()
     stack, closed = list(roots), 0
     while stack:
@@ -87,7 +89,8 @@ def close_widgets(*roots: W.Widget) -> int:
             value = getattr(widget, name, None)
             if isinstance(value, dict):
                 value = list(value.values())
-            stack += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, W.Widget)]
+            values = value if isinstance(value, (list, tuple)) else [value]
+            stack += [v for v in values if isinstance(v, W.Widget) and not isinstance(v, SharedLayout)]
         if widget.comm is not None:
             closed += 1
             widget.close()

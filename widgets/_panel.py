@@ -27,6 +27,7 @@ from ._controls import Controls
 from ._display import SummaryDisplay
 from ._forms import parse_panel_args
 from ._health_card import HealthCard
+from ._layouts import layout_scope
 from ._lifecycle import close_widgets, end_run, on_close, say_foreground, wait_run
 from ._looks import Looks
 from ._plan_view import PlanView
@@ -109,38 +110,37 @@ class TrainerWidget:
         self._paused_requested = self._closed = False
         self._refused: str | None = None  # why the last start() did not train (wait() says so)
         self.ui_update_times: list[float] = []  # when the UI thread pushed (time.monotonic()), every run
-
-        self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
-        # The compare menu; its store is run_store= (a Trainer passed in records where no public name reports)
-        self.compare = CompareRuns(
-            self.charts, trainer, run_store=trainer_options.get("run_store"), max_points=max_points
-        )
-        self.looks = Looks(self.charts, lambda: self.trainer, self.notify, interpret=interpret, val_loader=a.val_loader)
-        self.data_map = self.looks.data.data_map  # the runs' DataMap: its edits are the data section's cleaner's
-        self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
-        self.panel: W.VBox = v.root
-        self.controls = Controls(v, trainer, epochs, self.notify)
-        self._actions = PanelActions(
-            self, model=user_model, view=v, controls=self.controls, settle=self.looks.data.wait_check
-        )
-        self._summary = SummaryDisplay(v, label=self._label)
-        built = "the panel was given a built Trainer: pass these options to Trainer(...) instead"
-        self.savers = Savers(trainer, locked_reason=None if self._build is not None else built)
-        self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
-        v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
-        self.health_card = HealthCard(self, view=v)  # nbtrainer.Health's lights, norms, advice and buttons
-        self._show_title()
-        slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
-        v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
-        guarded = self._actions.guarded  # Save, Profile and the LR finder: wired by PanelActions
-        v.start.on_click(lambda _: guarded(self.start))
-        v.pause.on_click(lambda _: guarded(self.resume if self._paused_requested else self.pause))
-        v.stop.on_click(lambda _: guarded(self.stop))
-        v.set_status("idle")
-        v.set_stats(None, None)
-        self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
-        self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
-        self.panel.children = (self._hide_static, *self.panel.children)
+        with layout_scope() as self._shared_layouts:  # one Layout per setting for the widgets built here (_layouts)
+            self.charts = LiveCharts(max_points=max_points, smoothing=smoothing, lr=trainer.lr)
+            store = trainer_options.get("run_store")  # a Trainer passed in records where no public name reports
+            self.compare = CompareRuns(self.charts, trainer, run_store=store, max_points=max_points)  # the menu
+            looks = {"interpret": interpret, "val_loader": a.val_loader}
+            self.looks = Looks(self.charts, lambda: self.trainer, self.notify, **looks)
+            self.data_map = self.looks.data.data_map  # the runs' DataMap: its edits are the data section's cleaner's
+            self.view = v = PanelView(W.VBox([self.compare.root, self.charts.box, *self.looks.roots]))
+            self.panel: W.VBox = v.root
+            self.controls = Controls(v, trainer, epochs, self.notify)
+            self._actions = PanelActions(
+                self, model=user_model, view=v, controls=self.controls, settle=self.looks.data.wait_check
+            )
+            self._summary = SummaryDisplay(v, label=self._label)
+            built = "the panel was given a built Trainer: pass these options to Trainer(...) instead"
+            self.savers = Savers(trainer, locked_reason=None if self._build is not None else built)
+            self.plan_view = PlanView(self, model=user_model, view=v, savers=self.savers)
+            v.controls.children = (*v.controls.children, self.savers.root, self.plan_view.root)
+            self.health_card = HealthCard(self, view=v)  # nbtrainer.Health's lights, norms, advice and buttons
+            self._show_title()
+            slug = re.sub(r"[^\w.-]+", "-", self.name.lower()).strip("-.") or "run"
+            v.save_path.value = save_path or os.path.join("checkpoints", f"{slug}.ckpt")
+            guarded = self._actions.guarded  # Save, Profile and the LR finder: wired by PanelActions
+            v.start.on_click(lambda _: guarded(self.start))
+            v.pause.on_click(lambda _: guarded(self.resume if self._paused_requested else self.pause))
+            v.stop.on_click(lambda _: guarded(self.stop))
+            v.set_status("idle")
+            v.set_stats(None, None)
+            self._hide_static = W.HTML(HIDE_STATIC, layout=W.Layout(height="0px", margin="0px"))
+            self._hide_static.add_class("nbt-style")  # first: asked for before the text it colours (issue 57)
+            self.panel.children = (self._hide_static, *self.panel.children)
         self._cell = _notebook.cell_id()
         try:
             msg = claim_model(user_model, owner=self._label, cell=self._cell)
@@ -298,7 +298,7 @@ class TrainerWidget:
             end_run(self._run, self._pump, "the panel was closed")
             self.looks.data.close_check()  # cancelled at its next batch, not read to the end
             parts = (self.view, self.charts, self.compare, self.looks, self.health_card, self._actions)  # their own
-            close_widgets(self.panel, *(widget for part in parts for widget in part.held))
+            close_widgets(self.panel, *(w for part in parts for w in part.held), *self._shared_layouts.values())
 
     def __repr__(self) -> str:
         return f"<{self._label}: {self.status}, {self.trainer!r}>"

@@ -28,6 +28,7 @@ import ipywidgets as W
 from nbtrainer.plotting import png_img
 
 from ._charts import LiveCharts
+from ._layouts import shared_layout
 from ._section import Section
 
 __all__ = ["SamplesView", "word_diff"]
@@ -97,7 +98,7 @@ class SamplesView:
         self.slider = W.IntSlider(value=0, min=0, max=0, description="step", readout=False, continuous_update=True,
                                   layout=W.Layout(width="320px"))  # fmt: skip
         self.slider.add_class("nbt-samples-slider")
-        self.step_label = W.HTML()
+        self.step_label = W.HTML(layout=shared_layout())
         self.step_label.add_class("nbt-samples-step")
         self.compare = W.Dropdown(options=_COMPARE, value="baseline", description="compare with",
                                   style={"description_width": "initial"}, layout=W.Layout(width="240px"))  # fmt: skip
@@ -105,7 +106,7 @@ class SamplesView:
         self.left, self.right = W.HTML(layout=W.Layout(flex="1 1 0")), W.HTML(layout=W.Layout(flex="1 1 0"))
         self.left.add_class("nbt-samples-left")
         self.right.add_class("nbt-samples-right")
-        self.errors = W.HTML()
+        self.errors = W.HTML(layout=shared_layout())
         self.errors.add_class("nbt-samples-error")
         bar = W.HBox([self.slider, self.step_label, self.compare], layout=W.Layout(flex_flow="row wrap"))
         self.body = W.VBox([W.HTML(_STYLE), bar, W.HBox([self.left, self.right]), self.errors])

@@ -17,6 +17,7 @@ import ipywidgets as W
 
 from nbtrainer import MemoryOptions, Trainer, memory_saver_support
 
+from ._layouts import shared_layout
 from ._section import Section
 from ._style import set_tooltip
 from ._theme import FG2
@@ -76,14 +77,14 @@ class Savers:
         self.in_backward = W.Checkbox(
             value=False, description="step in backward", indent=False, layout=W.Layout(width="150px")
         )
-        self.note = W.HTML()
+        self.note = W.HTML(layout=shared_layout())
         self.note.add_class("nbt-savers-note")
         self.locked_reason: str | None = None
         self.section = Section("memory savers", "nbt-savers", closable=False)
         self.section.show(
             W.HBox(
                 [*self.widgets],
-                layout=W.Layout(flex_flow="row wrap", align_items="center"),
+                layout=shared_layout(flex_flow="row wrap", align_items="center"),
             ),
             self.note,
             detail="applied at Start",

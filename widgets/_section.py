@@ -11,6 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from ._layouts import shared_layout
 from ._markup import text_html
 from ._theme import FG
 
@@ -22,18 +23,19 @@ class Section:
 
     def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
         self._title = title
-        self.title = W.HTML(layout=W.Layout(flex="0 1 auto", min_width="0"))
+        self.title = W.HTML(layout=shared_layout(flex="0 1 auto", min_width="0"))
         self.title.add_class("nbt-section-title")
-        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=W.Layout(width="32px", height="24px"))
+        icon = shared_layout(width="32px", height="24px")  # every section's two icon buttons (_layouts)
+        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=icon)
         self.toggle.add_class("nbt-collapse")
         # only where the area can close: a button never shown would be a widget (a comm) the panel never closes
         self.close_button: W.Button | None = None
         if closable:
-            self.close_button = W.Button(icon="times", tooltip="close", layout=W.Layout(width="32px", height="24px"))
+            self.close_button = W.Button(icon="times", tooltip="close", layout=icon)
             self.close_button.add_class("nbt-close")
             self.close_button.on_click(lambda _: self.close())
         buttons = [self.toggle, *([self.close_button] if self.close_button is not None else [])]
-        self.header = W.HBox([self.title, *buttons], layout=W.Layout(align_items="center"))
+        self.header = W.HBox([self.title, *buttons], layout=shared_layout(align_items="center"))
         self.body = W.VBox()
         self.root = W.VBox([self.header, self.body], layout=W.Layout(display="none", margin="4px 0"))
         self.root.add_class(css)

@@ -17,6 +17,7 @@ import ipywidgets as W
 from nbtrainer import format_bytes, format_count, format_duration, format_lr, format_number
 
 from ._epoch_table import CSS, MAX_ALL, epoch_table
+from ._layouts import shared_layout
 from ._markup import text_html
 from ._messages import MessageLog
 from ._section import Section
@@ -69,8 +70,8 @@ class PanelView:
     """Every widget of the panel. ``root`` is what is displayed; classes are listed in the package docstring."""
 
     def __init__(self, charts_box: W.Widget) -> None:
-        self.title = _cls(W.HTML(), "nbt-title")
-        self.status = _cls(W.HTML(), "nbt-status")
+        self.title = _cls(W.HTML(layout=shared_layout()), "nbt-title")
+        self.status = _cls(W.HTML(layout=shared_layout()), "nbt-status")
         self.header = _cls(
             W.HBox(
                 [self.title, self.status],
@@ -146,16 +147,17 @@ class PanelView:
             ),
             "nbt-checkpointing",
         )
-        self.precision_note = _cls(W.HTML(), "nbt-precision-note")
+        self.precision_note = _cls(W.HTML(layout=shared_layout()), "nbt-precision-note")
         self.controls = _cls(
             W.VBox(
                 [
                     W.HBox(
                         [self.precision, self.accum, W.HBox([self.lr, self.lr_exact, self.lr_target]), self.epochs],
-                        layout=W.Layout(flex_flow="row wrap", align_items="center"),
+                        layout=shared_layout(flex_flow="row wrap", align_items="center"),
                     ),
                     W.HBox(
-                        [self.scheduler, self.max_grad_norm, self.checkpointing], layout=W.Layout(flex_flow="row wrap")
+                        [self.scheduler, self.max_grad_norm, self.checkpointing],
+                        layout=shared_layout(flex_flow="row wrap"),
                     ),
                     self.lr_readout,
                     self.precision_note,
@@ -170,12 +172,12 @@ class PanelView:
                 description="Start",
                 icon="play",
                 style={"button_color": "#1a7f37"},  # white text: _style.THEME_CSS
-                layout=W.Layout(width="auto"),
+                layout=shared_layout(width="auto"),
             ),
             "nbt-start",
         )
         self.pause = _cls(
-            W.Button(description="Pause", icon="pause", disabled=True, layout=W.Layout(width="auto")), "nbt-pause"
+            W.Button(description="Pause", icon="pause", disabled=True, layout=shared_layout(width="auto")), "nbt-pause"
         )
         self.stop = _cls(
             W.Button(
@@ -183,23 +185,23 @@ class PanelView:
                 icon="stop",
                 disabled=True,
                 style={"button_color": "#cf222e"},
-                layout=W.Layout(width="auto"),
+                layout=shared_layout(width="auto"),
             ),
             "nbt-stop",
         )
         self.save = _cls(
-            W.Button(description="Save checkpoint", icon="save", layout=W.Layout(width="auto")), "nbt-save"
+            W.Button(description="Save checkpoint", icon="save", layout=shared_layout(width="auto")), "nbt-save"
         )
         self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="220px")), "nbt-save-path")
         self.profile = _cls(
-            W.Button(description="Profile", icon="tachometer", layout=W.Layout(width="auto")), "nbt-profile"
+            W.Button(description="Profile", icon="tachometer", layout=shared_layout(width="auto")), "nbt-profile"
         )
         self.lrfind = _cls(
             W.Button(
                 description="LR finder",
                 icon="search",
                 tooltip="LR range test on the train loader; click its curve to set the LR",
-                layout=W.Layout(width="auto"),
+                layout=shared_layout(width="auto"),
             ),
             "nbt-lrfind",
         )
@@ -216,36 +218,33 @@ class PanelView:
                     self.profile,
                     self.lrfind,
                 ],
-                layout=W.Layout(flex_flow="row wrap", align_items="center"),
+                layout=shared_layout(flex_flow="row wrap", align_items="center"),
             ),
             "nbt-buttons",
         )
 
-        self.epoch_bar = _cls(
-            W.IntProgress(value=0, min=0, max=1, description="epoch 0/?", style=_WIDE, layout=W.Layout(width="48%")),
-            "nbt-progress-epoch",
+        half = shared_layout(width="48%")  # the two bars side by side
+        self.epoch_bar, self.step_bar = (
+            _cls(W.IntProgress(value=0, min=0, max=1, description=f"{what} 0/?", style=_WIDE, layout=half), css)
+            for what, css in (("epoch", "nbt-progress-epoch"), ("batch", "nbt-progress-step"))
         )
-        self.step_bar = _cls(
-            W.IntProgress(value=0, min=0, max=1, description="batch 0/?", style=_WIDE, layout=W.Layout(width="48%")),
-            "nbt-progress-step",
-        )
-        self.progress_info = _cls(W.HTML(), "nbt-progress-info")
+        self.progress_info = _cls(W.HTML(layout=shared_layout()), "nbt-progress-info")
         self.progress = _cls(W.VBox([W.HBox([self.epoch_bar, self.step_bar]), self.progress_info]), "nbt-progress")
 
-        self.stats = _cls(W.HTML(), "nbt-stats")
+        self.stats = _cls(W.HTML(layout=shared_layout()), "nbt-stats")
         self.epoch_section = Section("epochs", "nbt-epochs-area", closable=False)
         self.epoch_table = _cls(
             W.HTML(layout=W.Layout(width="100%", overflow="auto")),
             "nbt-epoch-table-box",
             "nbt-epoch-follow",
         )
-        self.epoch_note = _cls(W.HTML(), "nbt-epoch-note")
+        self.epoch_note = _cls(W.HTML(layout=shared_layout()), "nbt-epoch-note")
         self.epoch_all = _cls(
             W.ToggleButton(value=False, description="show all", layout=W.Layout(width="auto", display="none")),
             "nbt-epoch-all",
         )
         self.epoch_area = W.VBox(
-            [W.HBox([self.epoch_note, self.epoch_all], layout=W.Layout(align_items="center")), self.epoch_table]
+            [W.HBox([self.epoch_note, self.epoch_all], layout=shared_layout(align_items="center")), self.epoch_table]
         )
         self._epoch_rows: list[dict[str, Any]] = []
         self.epoch_all.observe(lambda _: self.set_epoch_rows(self._epoch_rows), "value")
@@ -254,7 +253,7 @@ class PanelView:
         self.lrfinder_section = Section("LR finder", "nbt-lrfinder-area")
         self.lrfinder_area = self.lrfinder_section.body
         self.summary_section = Section("summary", "nbt-summary-area")
-        self.summary = _cls(W.HTML(), "nbt-summary-live")
+        self.summary = _cls(W.HTML(layout=shared_layout()), "nbt-summary-live")
         self.messages_log = MessageLog()
         self.messages = self.messages_log.root
         self.held: tuple[W.Widget, ...] = (self.epoch_area, self.summary, *self.messages_log.held)  # off-tree at times

@@ -38,7 +38,8 @@ def _private(name: str) -> bool:
 
 
 def defined_privates(tree: ast.Module) -> set[str]:
-    """Private names a module defines: functions and methods, class attributes with a value, ``self._x = ...``.
+    """Private names a module defines: functions and methods, class attributes with a value, ``self._x = ...``
+    (or ``with ... as self._x``).
 
     A bare annotation (``_run: Any`` in a class body) defines nothing: it is how a mixin declares the attributes
     it expects another module's class to set.
@@ -52,6 +53,8 @@ def defined_privates(tree: ast.Module) -> set[str]:
             targets = node.targets
         elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             targets = [node.target]
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:  # with ... as self._x
+            targets = [node.optional_vars]
         else:
             continue
         for target in targets:
