@@ -18,7 +18,7 @@ import numpy as np
 from nbtrainer import format_bytes
 from nbtrainer.plotting import PALETTE, MinMaxStream, minmax_indices, nice_ticks
 
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._theme import FG, FG2
 
 __all__ = [
@@ -168,7 +168,7 @@ class Box:
 
     def __init__(self, fig: bq.Figure, *controls: W.Widget) -> None:
         self.fig = fig
-        self.legend = W.HTML(layout=shared_layout(flex="1 1 auto"))
+        self.legend = plain_html(flex="1 1 auto")
         self.legend.add_class("nbt-legend")
         header = W.HBox([self.legend, *controls], layout=shared_layout(align_items="center"))
         self.root = W.VBox([header, fig], layout=shared_layout(**_BOX))

@@ -53,6 +53,7 @@ from ._chart_parts import (
     step_ticks,
     tooltip,
 )
+from ._layouts import shared_layout
 from ._lr_chart import LRChart
 
 __all__ = ["LiveCharts"]
@@ -106,7 +107,7 @@ class LiveCharts:
         self.loss_scale = W.Dropdown(
             options=[("y: auto", "auto"), ("y: linear", "linear"), ("y: log", "log")],
             value="auto",
-            layout=W.Layout(width="105px"),
+            layout=shared_layout(width="105px"),
         )
         self.loss_scale.add_class("nbt-loss-scale")
         self.loss_scale.observe(lambda _: self._dirty.add("steps"), "value")
@@ -120,7 +121,7 @@ class LiveCharts:
 
         # 3. bounded metrics per epoch: 0-1 axis; train solid, val dashed; points carry tooltips
         self.metrics_scale = W.Dropdown(
-            options=[("y: auto", "auto"), ("y: 0-1", "full")], value="auto", layout=W.Layout(width="105px")
+            options=[("y: auto", "auto"), ("y: 0-1", "full")], value="auto", layout=shared_layout(width="105px")
         )
         self.metrics_scale.add_class("nbt-metrics-scale")
         self.metrics_scale.observe(lambda _: self._dirty.add("epochs"), "value")

@@ -16,7 +16,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ._layouts import shared_layout
+from ._layouts import plain_html
 from ._lifecycle import replace_children
 
 __all__ = ["Cleaner"]
@@ -38,7 +38,7 @@ class Cleaner:
     def __init__(self, what: str) -> None:
         self.what = what
         self.items = W.VBox(layout=W.Layout(flex_flow="row wrap", display="flex"))
-        self.summary = W.HTML(layout=shared_layout())
+        self.summary = plain_html()
         self.summary.add_class("nbt-cleaner-summary")
         self.root = W.VBox([self.items, self.summary])
         self.root.add_class("nbt-cleaner")

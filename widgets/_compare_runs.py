@@ -33,6 +33,8 @@ import numpy as np
 from nbtrainer import Runs
 from nbtrainer.plotting import PALETTE, classify_metrics, decimate
 
+from ._layouts import shared_layout
+
 if TYPE_CHECKING:
     from nbtrainer import Trainer
 
@@ -75,7 +77,7 @@ class CompareRuns:
         # sized to their words: a fixed 56 px cut "epoch" to "ep..." in JupyterLab's 13 px font (10 px padding)
         self.align.style.button_width = "auto"
         self.align.add_class("nbt-compare-align")
-        self.root = W.HBox([self.select, self.align], layout=W.Layout(align_items="center", flex_flow="row wrap"))
+        self.root = W.HBox([self.select, self.align], layout=shared_layout(align_items="center", flex_flow="row wrap"))
         self.root.add_class("nbt-compare")
         self.loss_lines: dict[str, bq.Lines] = {}
         self.metric_lines: dict[str, bq.Lines] = {}

@@ -39,7 +39,7 @@ from nbtrainer import DataMap, show_batch, start_training_thread
 
 from ._cleaner import Cleaner
 from ._frontends import detect
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._section import Section
 
 __all__ = ["DataView"]
@@ -88,7 +88,7 @@ class DataView:
         self.report: Any = None
         self.section = Section("data", "nbt-data", closable=False)
         self.root = self.section.root
-        self.report_html, self.batch_html, self.map_note = (W.HTML(layout=shared_layout()) for _ in range(3))
+        self.report_html, self.batch_html, self.map_note = (plain_html() for _ in range(3))
         self.report_html.add_class("nbt-data-report-box")
         self.batch_html.add_class("nbt-data-batch")
         self.map_note.add_class("nbt-data-map-note")

@@ -25,7 +25,7 @@ import ipywidgets as W
 import numpy as np
 
 from ._cleaner import Cleaner
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._markup import text_html
 from ._section import Section
 
@@ -120,7 +120,7 @@ class ErrorsView:
             return
         self.section = Section("errors", "nbt-errors")
         self.root = self.section.root
-        self.summary = W.HTML(layout=shared_layout())
+        self.summary = plain_html()
         self.summary.add_class("nbt-errors-summary")
         # no padding: the click squares' size would otherwise pad the scales and shrink the cells under them
         rows, cols = bq.OrdinalScale(reverse=True, allow_padding=False), bq.OrdinalScale(allow_padding=False)
@@ -170,7 +170,7 @@ class ErrorsView:
             ),
         )
         self.figure.add_class("nbt-errors-matrix")
-        self.examples, self.table, self.gallery = (W.HTML(layout=shared_layout()) for _ in range(3))
+        self.examples, self.table, self.gallery = (plain_html() for _ in range(3))
         self.examples.add_class("nbt-errors-examples")
         self.table.add_class("nbt-errors-table")
         self.gallery.add_class("nbt-errors-gallery")
@@ -178,7 +178,7 @@ class ErrorsView:
         self.cleaner = Cleaner("w.looks.errors.interpretation.cleaned()")
         self.cleaner.root.add_class("nbt-errors-cleaner")
         self.body = W.VBox(
-            [self.summary, W.HBox([self.figure, self.table], layout=W.Layout(flex_flow="row wrap")), self.examples,
+            [self.summary, W.HBox([self.figure, self.table], layout=shared_layout(flex_flow="row wrap")), self.examples,
              self.cleaner.root, W.HTML("<div style='font-size:12px;margin-top:4px'><b>top losses</b></div>"),
              self.gallery]
         )  # fmt: skip

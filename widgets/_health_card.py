@@ -28,7 +28,7 @@ from nbtrainer import Health, ModelCheckpoint
 from nbtrainer.plotting import PALETTE, log_ticks
 
 from ._chart_parts import legend_html, lin_scale, log_scale, step_ticks
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._markup import plain_text, text_html
 from ._theme import FG, FG2
 
@@ -82,7 +82,7 @@ class HealthCard:
         self.host = host
         self.health = health_of(host.trainer)
         self.problem: Any = None  # the report the buttons act on
-        self.lights = W.HTML(layout=shared_layout())
+        self.lights = plain_html()
         self.lights.add_class("nbt-health-lights")
         self.x, self.y = lin_scale(min=0.0, max=1.0), log_scale(min=1e-3, max=1.0)
         e = np.empty(0)
@@ -110,9 +110,9 @@ class HealthCard:
             layout=W.Layout(width="100%", max_width="560px", height="200px"),
         )
         self.fig.add_class("nbt-health-chart")
-        self.legend = W.HTML(layout=shared_layout())
+        self.legend = plain_html()
         self.legend.add_class("nbt-legend")
-        self.advice = W.HTML(layout=shared_layout())
+        self.advice = plain_html()
         self.advice.add_class("nbt-health-advice")
         self.apply_lr = _button("apply LR", "nbt-health-apply-lr")
         self.apply_lr.add_class("nbt-health-apply")
@@ -121,7 +121,7 @@ class HealthCard:
         self.apply_lr.on_click(lambda _: self._guard(self.click_apply_lr))
         self.rollback.on_click(lambda _: self._guard(self.click_rollback))
         self.skip.on_click(lambda _: self._guard(self.click_skip))
-        self.buttons = W.HBox([self.apply_lr, self.rollback, self.skip], layout=W.Layout(flex_flow="row wrap"))
+        self.buttons = W.HBox([self.apply_lr, self.rollback, self.skip], layout=shared_layout(flex_flow="row wrap"))
         # the chart joins the tree once there are two samples (a chart of one point says nothing, and a figure
         # rendered hidden measures 0 x 0: bqplot logs negative sizes)
         self.chart = W.VBox(layout=shared_layout())

@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 
 from . import _frontends
-from ._layouts import SharedLayout
+from ._layouts import Shared
 from ._poll import wait_until
 from ._runner import Run
 
@@ -90,7 +90,7 @@ def close_widgets(*roots: W.Widget) -> int:
             if isinstance(value, dict):
                 value = list(value.values())
             values = value if isinstance(value, (list, tuple)) else [value]
-            stack += [v for v in values if isinstance(v, W.Widget) and not isinstance(v, SharedLayout)]
+            stack += [v for v in values if isinstance(v, W.Widget) and not isinstance(v, Shared)]
         if widget.comm is not None:
             closed += 1
             widget.close()

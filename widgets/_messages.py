@@ -16,7 +16,7 @@ import threading
 
 import ipywidgets as W
 
-from ._layouts import shared_layout
+from ._layouts import plain_html
 from ._markup import text_html
 from ._theme import ERROR, FG, WARN
 
@@ -54,8 +54,8 @@ class MessageLog:
     def __init__(self) -> None:
         self._kept: list[tuple[str, str, str]] = []  # (level, text, the message's HTML), the last KEEP
         self._lock = threading.Lock()  # the UI thread and click handlers both add messages
-        self._shown = [W.HTML(layout=shared_layout()) for _ in range(SHOWN)]
-        self._all = W.HTML(layout=shared_layout())
+        self._shown = [plain_html() for _ in range(SHOWN)]
+        self._all = plain_html()
         self._all.add_class("nbt-messages-scroll")
         self.lines = W.VBox()
         self.lines.add_class("nbt-messages-lines")

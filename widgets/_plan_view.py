@@ -18,7 +18,7 @@ import ipywidgets as W
 from nbtrainer import MemoryOptions, Trainer, start_training_thread
 from nbtrainer.profile import PART_COLORS, MemoryPlan, PlanRow, example_batch, plan_memory
 
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._lifecycle import replace_children
 from ._savers import AS_GIVEN, Savers
 from ._section import Section
@@ -74,13 +74,13 @@ class PlanView:
         self.budget.add_class("nbt-plan-budget")
         self.plan_button = W.Button(description="Plan", tooltip="plan_memory for the first batch on this device")
         self.plan_button.add_class("nbt-plan-button")
-        self.note = W.HTML(layout=shared_layout())
+        self.note = plain_html()
         self.note.add_class("nbt-plan-note")
         self.rows = W.VBox(layout=shared_layout())
         self.rows.add_class("nbt-plan-rows")
         self.section = Section("memory plan", "nbt-plan-view", closable=False)
         self.section.show(
-            W.HBox([self.budget, self.plan_button], layout=W.Layout(align_items="center")),
+            W.HBox([self.budget, self.plan_button], layout=shared_layout(align_items="center")),
             self.note,
             self.rows,
             detail="which switches fit, before Start",

@@ -28,7 +28,7 @@ import ipywidgets as W
 from nbtrainer.plotting import png_img
 
 from ._charts import LiveCharts
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._section import Section
 
 __all__ = ["SamplesView", "word_diff"]
@@ -98,17 +98,17 @@ class SamplesView:
         self.slider = W.IntSlider(value=0, min=0, max=0, description="step", readout=False, continuous_update=True,
                                   layout=W.Layout(width="320px"))  # fmt: skip
         self.slider.add_class("nbt-samples-slider")
-        self.step_label = W.HTML(layout=shared_layout())
+        self.step_label = plain_html()
         self.step_label.add_class("nbt-samples-step")
         self.compare = W.Dropdown(options=_COMPARE, value="baseline", description="compare with",
                                   style={"description_width": "initial"}, layout=W.Layout(width="240px"))  # fmt: skip
         self.compare.add_class("nbt-samples-compare")
-        self.left, self.right = W.HTML(layout=W.Layout(flex="1 1 0")), W.HTML(layout=W.Layout(flex="1 1 0"))
+        self.left, self.right = plain_html(flex="1 1 0"), plain_html(flex="1 1 0")
         self.left.add_class("nbt-samples-left")
         self.right.add_class("nbt-samples-right")
-        self.errors = W.HTML(layout=shared_layout())
+        self.errors = plain_html()
         self.errors.add_class("nbt-samples-error")
-        bar = W.HBox([self.slider, self.step_label, self.compare], layout=W.Layout(flex_flow="row wrap"))
+        bar = W.HBox([self.slider, self.step_label, self.compare], layout=shared_layout(flex_flow="row wrap"))
         self.body = W.VBox([W.HTML(_STYLE), bar, W.HBox([self.left, self.right]), self.errors])
         self.held: tuple[W.Widget, ...] = (self.body,)  # in the section from the first sample on
         self.steps: list[int] = []  # the sampled steps, in order

@@ -17,7 +17,7 @@ import ipywidgets as W
 
 from nbtrainer import MemoryOptions, Trainer, memory_saver_support
 
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout
 from ._section import Section
 from ._style import set_tooltip
 from ._theme import FG2
@@ -77,7 +77,7 @@ class Savers:
         self.in_backward = W.Checkbox(
             value=False, description="step in backward", indent=False, layout=W.Layout(width="150px")
         )
-        self.note = W.HTML(layout=shared_layout())
+        self.note = plain_html()
         self.note.add_class("nbt-savers-note")
         self.locked_reason: str | None = None
         self.section = Section("memory savers", "nbt-savers", closable=False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout, shared_style
 from ._markup import text_html
 from ._theme import FG
 
@@ -23,15 +23,15 @@ class Section:
 
     def __init__(self, title: str, css: str, *, closable: bool = True) -> None:
         self._title = title
-        self.title = W.HTML(layout=shared_layout(flex="0 1 auto", min_width="0"))
+        self.title = plain_html(flex="0 1 auto", min_width="0")
         self.title.add_class("nbt-section-title")
-        icon = shared_layout(width="32px", height="24px")  # every section's two icon buttons (_layouts)
-        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", layout=icon)
+        icon = {"layout": shared_layout(width="32px", height="24px"), "style": shared_style(W.Button)}  # _layouts
+        self.toggle = W.Button(icon="chevron-up", tooltip="collapse", **icon)
         self.toggle.add_class("nbt-collapse")
         # only where the area can close: a button never shown would be a widget (a comm) the panel never closes
         self.close_button: W.Button | None = None
         if closable:
-            self.close_button = W.Button(icon="times", tooltip="close", layout=icon)
+            self.close_button = W.Button(icon="times", tooltip="close", **icon)
             self.close_button.add_class("nbt-close")
             self.close_button.on_click(lambda _: self.close())
         buttons = [self.toggle, *([self.close_button] if self.close_button is not None else [])]

@@ -17,7 +17,7 @@ import ipywidgets as W
 from nbtrainer import format_bytes, format_count, format_duration, format_lr, format_number
 
 from ._epoch_table import CSS, MAX_ALL, epoch_table
-from ._layouts import shared_layout
+from ._layouts import plain_html, shared_layout, shared_style
 from ._markup import text_html
 from ._messages import MessageLog
 from ._section import Section
@@ -70,8 +70,8 @@ class PanelView:
     """Every widget of the panel. ``root`` is what is displayed; classes are listed in the package docstring."""
 
     def __init__(self, charts_box: W.Widget) -> None:
-        self.title = _cls(W.HTML(layout=shared_layout()), "nbt-title")
-        self.status = _cls(W.HTML(layout=shared_layout()), "nbt-status")
+        self.title = _cls(plain_html(), "nbt-title")
+        self.status = _cls(plain_html(), "nbt-status")
         self.header = _cls(
             W.HBox(
                 [self.title, self.status],
@@ -147,7 +147,7 @@ class PanelView:
             ),
             "nbt-checkpointing",
         )
-        self.precision_note = _cls(W.HTML(layout=shared_layout()), "nbt-precision-note")
+        self.precision_note = _cls(plain_html(), "nbt-precision-note")
         self.controls = _cls(
             W.VBox(
                 [
@@ -166,6 +166,7 @@ class PanelView:
             "nbt-controls",
         )
 
+        plain = {"layout": shared_layout(width="auto"), "style": shared_style(W.Button)}  # as wide as the text
         # Explicit colours: ipywidgets' "success" green under white text is 4.1:1, below WCAG AA (4.5:1).
         self.start = _cls(
             W.Button(
@@ -176,9 +177,7 @@ class PanelView:
             ),
             "nbt-start",
         )
-        self.pause = _cls(
-            W.Button(description="Pause", icon="pause", disabled=True, layout=shared_layout(width="auto")), "nbt-pause"
-        )
+        self.pause = _cls(W.Button(description="Pause", icon="pause", disabled=True, **plain), "nbt-pause")
         self.stop = _cls(
             W.Button(
                 description="Stop",
@@ -189,19 +188,15 @@ class PanelView:
             ),
             "nbt-stop",
         )
-        self.save = _cls(
-            W.Button(description="Save checkpoint", icon="save", layout=shared_layout(width="auto")), "nbt-save"
-        )
+        self.save = _cls(W.Button(description="Save checkpoint", icon="save", **plain), "nbt-save")
         self.save_path = _cls(W.Text(placeholder="checkpoint path", layout=W.Layout(width="220px")), "nbt-save-path")
-        self.profile = _cls(
-            W.Button(description="Profile", icon="tachometer", layout=shared_layout(width="auto")), "nbt-profile"
-        )
+        self.profile = _cls(W.Button(description="Profile", icon="tachometer", **plain), "nbt-profile")
         self.lrfind = _cls(
             W.Button(
                 description="LR finder",
                 icon="search",
                 tooltip="LR range test on the train loader; click its curve to set the LR",
-                layout=shared_layout(width="auto"),
+                **plain,
             ),
             "nbt-lrfind",
         )
@@ -228,17 +223,17 @@ class PanelView:
             _cls(W.IntProgress(value=0, min=0, max=1, description=f"{what} 0/?", style=_WIDE, layout=half), css)
             for what, css in (("epoch", "nbt-progress-epoch"), ("batch", "nbt-progress-step"))
         )
-        self.progress_info = _cls(W.HTML(layout=shared_layout()), "nbt-progress-info")
+        self.progress_info = _cls(plain_html(), "nbt-progress-info")
         self.progress = _cls(W.VBox([W.HBox([self.epoch_bar, self.step_bar]), self.progress_info]), "nbt-progress")
 
-        self.stats = _cls(W.HTML(layout=shared_layout()), "nbt-stats")
+        self.stats = _cls(plain_html(), "nbt-stats")
         self.epoch_section = Section("epochs", "nbt-epochs-area", closable=False)
         self.epoch_table = _cls(
             W.HTML(layout=W.Layout(width="100%", overflow="auto")),
             "nbt-epoch-table-box",
             "nbt-epoch-follow",
         )
-        self.epoch_note = _cls(W.HTML(layout=shared_layout()), "nbt-epoch-note")
+        self.epoch_note = _cls(plain_html(), "nbt-epoch-note")
         self.epoch_all = _cls(
             W.ToggleButton(value=False, description="show all", layout=W.Layout(width="auto", display="none")),
             "nbt-epoch-all",
@@ -253,7 +248,7 @@ class PanelView:
         self.lrfinder_section = Section("LR finder", "nbt-lrfinder-area")
         self.lrfinder_area = self.lrfinder_section.body
         self.summary_section = Section("summary", "nbt-summary-area")
-        self.summary = _cls(W.HTML(layout=shared_layout()), "nbt-summary-live")
+        self.summary = _cls(plain_html(), "nbt-summary-live")
         self.messages_log = MessageLog()
         self.messages = self.messages_log.root
         self.held: tuple[W.Widget, ...] = (self.epoch_area, self.summary, *self.messages_log.held)  # off-tree at times

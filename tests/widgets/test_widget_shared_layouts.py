@@ -1,7 +1,7 @@
-"""One layout per setting for a panel's widgets whose layout never changes (``widgets/_layouts.py``): a shared layout
-refuses a change (it would change every widget showing it), a redraw that closes the widgets it replaces leaves
-the shared layouts to the panel, and a whole panel's life (runs with every section on, clicks, Profile, the LR finder)
-changes none of them and fails no drawing."""
+"""One layout (and style) per setting for a panel's widgets whose layout never changes (``widgets/_layouts.py``): a
+shared one refuses a change (it would change every widget showing it), a redraw that closes the widgets it replaces
+leaves the shared ones to the panel, and a whole panel's life (runs with every section on, clicks, Profile, the LR
+finder) changes none of them and fails no drawing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import ipywidgets as W
 import pytest
 from widget_helpers import make_widget
 
-from nbtrainer.widgets._layouts import SharedLayout, layout_scope, shared_layout
+from nbtrainer.widgets._layouts import Shared, layout_scope, plain_html, shared_layout, shared_style
 from nbtrainer.widgets._lifecycle import close_widgets, replace_children
 
 
@@ -28,6 +28,13 @@ def test_a_shared_layout_refuses_a_change_and_says_what_to_do_instead() -> None:
     with pytest.raises(AttributeError, match=r"shared by several .* own W\.Layout"):
         a.layout.display = "none"  # would hide b too
     assert b.layout.display is None and a.layout.width == "auto"
+    with layout_scope() as styles:
+        text, more = plain_html("a"), plain_html("b")
+        button = W.Button(style=shared_style(W.Button))
+    assert text.style is more.style and text.layout is more.layout and len(styles) == 3
+    with pytest.raises(AttributeError, match="shared by several"):
+        button.style.button_color = "red"
+    close_widgets(text, more, button, *styles.values())
     # outside a panel's construction: a plain layout of the widget's own, which may change
     alone = W.Button(layout=shared_layout(width="auto"))
     assert type(alone.layout) is W.Layout
@@ -59,11 +66,11 @@ def test_a_panels_life_changes_no_shared_layout_and_fails_no_drawing() -> None:
     before = set(_registry())
     w = make_widget(epochs=2, interpret=True, callbacks=[Samples(probe, every_n_steps=4), Slow(0.001)])
     made = [x for key, x in list(_registry().items()) if key not in before]
-    shared = [x for x in made if isinstance(x, SharedLayout)]
+    shared: list[Any] = [x for x in made if isinstance(x, Shared)]
     states = {id(x): x.get_state() for x in shared}
-    users = sum(isinstance(getattr(x, "layout", None), SharedLayout) for x in made)
-    # 11 layouts stand for the 104 that widgets of the panel had each before
-    assert len(shared) <= 15 and users >= 90, (len(shared), users)
+    users = sum(isinstance(getattr(x, name, None), Shared) for x in made for name in ("layout", "style"))
+    # 15 layouts and styles stand for the 154 that widgets of the panel had each before
+    assert len(shared) <= 18 and users >= 140, (len(shared), users)
     w.start()
     w.pause()
     w.resume()
