@@ -57,3 +57,21 @@ def test_labels_outside_the_outputs_are_not_counted() -> None:
     _, valid, p, _, _ = classify("classification", False, logits.clone(), label)
     assert valid.tolist() == [True, False, False, True]
     assert bool(torch.isfinite(p).all())
+
+
+def test_ties_give_the_first_strongest_class_on_both_layouts() -> None:
+    """Up to 12 classes a CPU reduces across a (classes, rows) copy, above that along the rows: both name the first
+    of the tied strongest other classes, as ``max`` does, and give the textbook values (logits drawn from 3 values,
+    so most rows tie)."""
+    g = torch.Generator().manual_seed(2)
+    for classes in (1, 2, 3, 5, 10, 12, 13, 40):
+        for dtype in (torch.float32, torch.float64):
+            logits = torch.randint(-1, 2, (300, classes), generator=g).to(dtype)
+            label = torch.randint(0, classes, (300,), generator=g)
+            p_ref, margin_ref, other_ref = _reference(logits, label)
+            _, valid, p, margin, other = classify("classification", False, logits.clone(), label)
+            assert bool(valid.all()) == (classes > 1), classes  # one class: no other class, no finite margin
+            if classes > 1:
+                torch.testing.assert_close(p.double(), p_ref)
+                torch.testing.assert_close(margin, margin_ref)
+                assert other.tolist() == other_ref.tolist(), classes
