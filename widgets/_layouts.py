@@ -26,7 +26,7 @@ from typing import Any
 
 import ipywidgets as W
 
-__all__ = ["Shared", "SharedLayout", "layout_scope", "plain_html", "shared_layout", "shared_style"]
+__all__ = ["Shared", "layout_scope", "plain_html", "shared_layout", "shared_style"]
 
 _Made = dict[tuple[Any, ...], W.Widget]
 _SCOPE: contextvars.ContextVar[_Made | None] = contextvars.ContextVar("nbtrainer_layout_scope", default=None)
@@ -49,19 +49,13 @@ class Shared:
         super().__setattr__(name, value)
 
 
-class SharedLayout(Shared, W.Layout):
-    """A ``Layout`` that several widgets show and nobody changes."""
-
-
-_SHARED_STYLES: dict[type, type] = {}
+_SHARED_CLASSES: dict[type, type] = {}  # Layout -> SharedLayout, HTMLStyle -> SharedHTMLStyle...
 
 
 def _shared_class(klass: type) -> type:
-    if klass is W.Layout:
-        return SharedLayout
-    if klass not in _SHARED_STYLES:
-        _SHARED_STYLES[klass] = type(f"Shared{klass.__name__}", (Shared, klass), {"__module__": __name__})
-    return _SHARED_STYLES[klass]
+    if klass not in _SHARED_CLASSES:
+        _SHARED_CLASSES[klass] = type(f"Shared{klass.__name__}", (Shared, klass), {"__module__": __name__})
+    return _SHARED_CLASSES[klass]
 
 
 @contextlib.contextmanager
